@@ -1,0 +1,100 @@
+//! Device backends, split like candle's: the `cuda` and `rocm` features compile the real ones;
+//! without them the same API exists and answers with [`BackendError::NotCompiled`], so the
+//! default build, and every test, runs on a CPU-only machine.
+
+#[cfg(feature = "cuda")]
+mod cuda;
+#[cfg(feature = "rocm")]
+mod rocm;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::config::DataPlane;
+
+/// A device as its driver reports it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DriverDevice {
+    /// Ordinal among the devices visible to this process.
+    pub ordinal: u32,
+    /// Name reported by the driver.
+    pub name: String,
+    /// Total device memory in bytes.
+    pub memory_bytes: u64,
+}
+
+/// Why a device backend cannot serve a request.
+#[derive(Debug, Error)]
+pub enum BackendError {
+    /// The binary was built without the feature that backend needs.
+    #[error("{what} needs {backend}, but this binary was not compiled with {backend} support; rebuild with `cargo build --release --features {feature}`")]
+    NotCompiled {
+        /// What was asked for, e.g. `data plane nccl`.
+        what: String,
+        /// `CUDA` or `ROCm`.
+        backend: &'static str,
+        /// The cargo feature.
+        feature: &'static str,
+    },
+    /// The driver library is missing or returned an error.
+    #[error("{backend} driver: {reason}")]
+    Driver {
+        /// `CUDA` or `ROCm`.
+        backend: &'static str,
+        /// The driver's message.
+        reason: String,
+    },
+}
+
+/// Checks that this binary can drive `plane`; MPI always can.
+pub fn check_data_plane(plane: DataPlane) -> Result<(), BackendError> {
+    let what = || format!("data plane `{}`", serde_json::to_value(plane).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default());
+    match plane {
+        DataPlane::Mpi => Ok(()),
+        DataPlane::Nccl if cfg!(feature = "cuda") => Ok(()),
+        DataPlane::Rccl if cfg!(feature = "rocm") => Ok(()),
+        DataPlane::Nccl => Err(BackendError::NotCompiled { what: what(), backend: "CUDA", feature: "cuda" }),
+        DataPlane::Rccl => Err(BackendError::NotCompiled { what: what(), backend: "ROCm", feature: "rocm" }),
+    }
+}
+
+/// CUDA devices visible to this process, from the CUDA driver.
+pub fn cuda_devices() -> Result<Vec<DriverDevice>, BackendError> {
+    #[cfg(feature = "cuda")]
+    return cuda::devices();
+    #[cfg(not(feature = "cuda"))]
+    Err(BackendError::NotCompiled { what: "CUDA device discovery".into(), backend: "CUDA", feature: "cuda" })
+}
+
+/// HIP devices visible to this process, from the HIP runtime.
+pub fn rocm_devices() -> Result<Vec<DriverDevice>, BackendError> {
+    #[cfg(feature = "rocm")]
+    return rocm::devices();
+    #[cfg(not(feature = "rocm"))]
+    Err(BackendError::NotCompiled { what: "ROCm device discovery".into(), backend: "ROCm", feature: "rocm" })
+}
+
+/// The backends compiled into this binary, e.g. `mpi, cuda`.
+pub fn compiled_backends() -> &'static str {
+    match (cfg!(feature = "cuda"), cfg!(feature = "rocm")) {
+        (true, true) => "mpi, cuda (nccl), rocm",
+        (true, false) => "mpi, cuda (nccl)",
+        (false, true) => "mpi, rocm",
+        (false, false) => "mpi",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mpi_always_works_and_gpu_planes_need_their_feature() {
+        assert!(check_data_plane(DataPlane::Mpi).is_ok());
+        assert_eq!(check_data_plane(DataPlane::Nccl).is_ok(), cfg!(feature = "cuda"));
+        assert_eq!(check_data_plane(DataPlane::Rccl).is_ok(), cfg!(feature = "rocm"));
+        if let Err(e) = check_data_plane(DataPlane::Nccl) {
+            assert!(e.to_string().contains("--features cuda"), "{e}");
+        }
+    }
+}

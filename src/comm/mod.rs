@@ -1,0 +1,15 @@
+//! Communication: the MPI control plane (bring-up, agreement, gathers, watchdog).
+//!
+//! MPI is always the control plane: rank 0 plans, every rank agrees on what it received before
+//! acting. The tensor data plane (MPI over host memory here; NCCL/RCCL behind the `cuda` and
+//! `rocm` features) builds on the same world and watchdog.
+
+mod control;
+mod error;
+mod watchdog;
+mod world;
+
+pub use control::{agree, all_gather_bytes, gather_bytes_to_root, Agreement};
+pub use error::CommError;
+pub use watchdog::{FaultInjection, Watchdog};
+pub use world::World;

@@ -1,0 +1,70 @@
+//! MPI bring-up: one [`World`] per process, under `mpirun`, `srun --mpi=pmix`, or as a singleton.
+
+use mpi::environment::Universe;
+use mpi::topology::{Communicator, SimpleCommunicator};
+use mpi::Threading;
+
+use super::CommError;
+
+/// The initialized MPI environment of this process. Dropping it finalizes MPI.
+///
+/// It is created once in `main` and passed by reference: there is no global communicator.
+pub struct World {
+    universe: Universe,
+    comm: SimpleCommunicator,
+    threading: Threading,
+}
+
+impl World {
+    /// Initializes MPI, asking for `MPI_THREAD_MULTIPLE` so the watchdog thread may call
+    /// `MPI_Abort` while the main thread is blocked in a collective.
+    pub fn init() -> Result<World, CommError> {
+        let (universe, threading) = mpi::initialize_with_threading(Threading::Multiple).ok_or_else(|| {
+            CommError::Init { reason: "MPI was already initialized in this process".into() }
+        })?;
+        let comm = universe.world();
+        Ok(World { universe, comm, threading })
+    }
+
+    /// The world communicator.
+    pub fn comm(&self) -> &SimpleCommunicator {
+        &self.comm
+    }
+
+    /// This process's world rank.
+    pub fn rank(&self) -> i32 {
+        self.comm.rank()
+    }
+
+    /// Number of ranks in the job.
+    pub fn size(&self) -> i32 {
+        self.comm.size()
+    }
+
+    /// `world (N ranks)`, for messages.
+    pub fn describe(&self) -> String {
+        format!("world ({} ranks)", self.size())
+    }
+
+    /// Whether another thread may call MPI (and so `MPI_Abort`) while this one is blocked.
+    pub fn threads_may_call_mpi(&self) -> bool {
+        self.threading == Threading::Multiple
+    }
+
+    /// The host name MPI reports for this rank (`MPI_Get_processor_name`).
+    pub fn processor_name(&self) -> String {
+        mpi::environment::processor_name().unwrap_or_else(|_| "unknown-host".into())
+    }
+
+    /// The MPI library's name and version, e.g. `Open MPI v4.1.4`.
+    pub fn library_version(&self) -> String {
+        let full = mpi::environment::library_version().unwrap_or_default();
+        let first = full.lines().next().unwrap_or("unknown MPI");
+        first.split(',').next().unwrap_or(first).trim().to_string()
+    }
+
+    /// Keeps the universe alive for as long as the world is used.
+    pub fn universe(&self) -> &Universe {
+        &self.universe
+    }
+}

@@ -1,0 +1,158 @@
+//! `[cluster]`: the machine the job runs on — nodes, devices, memory, compute and links.
+//!
+//! Values come in layers, later ones winning: detection (`detect = true`, from hwloc and the
+//! launcher) < an included cluster file (`include = "clusters/h200.toml"`) < keys written in the
+//! job file's own `[cluster]` section < CLI flags. [`ClusterSection`] is one such layer (every
+//! key optional); [`ClusterSpec`] is the resolved, complete, validated result.
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+use super::{check, ConfigError};
+
+/// Which library moves tensors between ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DataPlane {
+    /// MPI over host memory: CPU-only machines and every test.
+    Mpi,
+    /// NCCL over device memory (NVIDIA GPUs, InfiniBand); needs the `cuda` feature.
+    Nccl,
+    /// RCCL over device memory (AMD GPUs, Slingshot); needs the `rocm` feature.
+    Rccl,
+}
+
+/// One layer of `[cluster]` values, as written in a TOML file; unset keys are `None`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSection {
+    /// A cluster file (a TOML file holding one `[cluster]` table) whose values this section
+    /// extends; relative paths resolve against the including file's directory.
+    pub include: Option<PathBuf>,
+    /// Fill every key left unset from hwloc and the launcher (node count, devices, memory).
+    pub detect: Option<bool>,
+    /// Cluster name, for logs and reports (e.g. `lumi-g`).
+    pub name: Option<String>,
+    /// Number of nodes.
+    pub nodes: Option<u32>,
+    /// Accelerators (GPUs, or GCDs on MI250X) per node; on CPU-only machines, ranks per node.
+    pub devices_per_node: Option<u32>,
+    /// Memory of one device in GB (10^9 bytes).
+    pub device_memory_gb: Option<f64>,
+    /// Dense peak of one device in TFLOP/s at the models' dtype.
+    pub device_peak_tflops: Option<f64>,
+    /// Device-to-device bandwidth inside a node in GB/s per direction (NVLink, Infinity Fabric).
+    pub intra_node_gbps: Option<f64>,
+    /// Network interfaces per node (Slingshot or InfiniBand NICs).
+    pub nics_per_node: Option<u32>,
+    /// Bandwidth of one NIC in GB/s per direction.
+    pub nic_gbps: Option<f64>,
+    /// Data plane for tensors: `mpi`, `nccl` or `rccl`.
+    pub data_plane: Option<DataPlane>,
+}
+
+/// The resolved `[cluster]`: every value known and validated.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSpec {
+    /// Cluster name.
+    pub name: String,
+    /// Number of nodes.
+    pub nodes: u32,
+    /// Devices per node.
+    pub devices_per_node: u32,
+    /// Memory of one device in GB (10^9 bytes).
+    pub device_memory_gb: f64,
+    /// Dense peak of one device in TFLOP/s.
+    pub device_peak_tflops: f64,
+    /// Intra-node device-to-device bandwidth, GB/s per direction.
+    pub intra_node_gbps: f64,
+    /// NICs per node.
+    pub nics_per_node: u32,
+    /// Bandwidth of one NIC, GB/s per direction.
+    pub nic_gbps: f64,
+    /// Data plane for tensors.
+    pub data_plane: DataPlane,
+}
+
+impl ClusterSpec {
+    /// Total devices (and so the largest rank count a plan may use).
+    pub fn devices(&self) -> u32 {
+        self.nodes * self.devices_per_node
+    }
+
+    /// Bytes of memory per device.
+    pub fn device_memory_bytes(&self) -> u64 {
+        (self.device_memory_gb * 1e9) as u64
+    }
+
+    /// Injection bandwidth of one node into the network, GB/s per direction.
+    pub fn inter_node_gbps(&self) -> f64 {
+        f64::from(self.nics_per_node) * self.nic_gbps
+    }
+}
+
+/// A cluster file: exactly one `[cluster]` table.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterFile {
+    /// The cluster's values.
+    pub cluster: ClusterSection,
+}
+
+impl ClusterSection {
+    /// Returns `self` with every key that `over` sets replaced by `over`'s value.
+    pub fn overlaid_with(self, over: ClusterSection) -> ClusterSection {
+        ClusterSection {
+            include: over.include.or(self.include),
+            detect: over.detect.or(self.detect),
+            name: over.name.or(self.name),
+            nodes: over.nodes.or(self.nodes),
+            devices_per_node: over.devices_per_node.or(self.devices_per_node),
+            device_memory_gb: over.device_memory_gb.or(self.device_memory_gb),
+            device_peak_tflops: over.device_peak_tflops.or(self.device_peak_tflops),
+            intra_node_gbps: over.intra_node_gbps.or(self.intra_node_gbps),
+            nics_per_node: over.nics_per_node.or(self.nics_per_node),
+            nic_gbps: over.nic_gbps.or(self.nic_gbps),
+            data_plane: over.data_plane.or(self.data_plane),
+        }
+    }
+
+    /// Completes this layer into a [`ClusterSpec`], naming the first missing or invalid key.
+    pub fn resolve(&self) -> Result<ClusterSpec, ConfigError> {
+        fn need<T: Clone>(key: &str, v: &Option<T>) -> Result<T, ConfigError> {
+            v.clone().ok_or_else(|| ConfigError::Missing {
+                key: format!("cluster.{key}"),
+                hint: "set it in [cluster], include a cluster file (`include = \"clusters/h200.toml\"` \
+                       or `--cluster FILE`), or set `cluster.detect = true`"
+                    .into(),
+            })
+        }
+        let spec = ClusterSpec {
+            name: self.name.clone().unwrap_or_else(|| "unnamed".into()),
+            nodes: need("nodes", &self.nodes)?,
+            devices_per_node: need("devices_per_node", &self.devices_per_node)?,
+            device_memory_gb: need("device_memory_gb", &self.device_memory_gb)?,
+            device_peak_tflops: need("device_peak_tflops", &self.device_peak_tflops)?,
+            intra_node_gbps: need("intra_node_gbps", &self.intra_node_gbps)?,
+            nics_per_node: need("nics_per_node", &self.nics_per_node)?,
+            nic_gbps: need("nic_gbps", &self.nic_gbps)?,
+            data_plane: self.data_plane.unwrap_or(DataPlane::Mpi),
+        };
+        spec.validate()?;
+        Ok(spec)
+    }
+}
+
+impl ClusterSpec {
+    /// Checks ranges; errors name the key under `cluster.`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check::at_least_one("cluster.nodes", self.nodes)?;
+        check::at_least_one("cluster.devices_per_node", self.devices_per_node)?;
+        check::positive("cluster.device_memory_gb", self.device_memory_gb)?;
+        check::positive("cluster.device_peak_tflops", self.device_peak_tflops)?;
+        check::positive("cluster.intra_node_gbps", self.intra_node_gbps)?;
+        check::at_least_one("cluster.nics_per_node", self.nics_per_node)?;
+        check::positive("cluster.nic_gbps", self.nic_gbps)
+    }
+}

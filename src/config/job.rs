@@ -1,0 +1,54 @@
+//! `[job]`: what the job is called, how it is seeded, how long it runs, where it writes.
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+use super::{check, ConfigError};
+
+/// The `[job]` section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSection {
+    /// Job name; used in output file names, so letters, digits, `-`, `_` and `.` only.
+    pub name: String,
+    /// Seed of every random stream (data order, sampling, initialization); per-rank streams are
+    /// derived from it and the rank's data-parallel position, never from the world rank.
+    #[serde(default)]
+    pub seed: u64,
+    /// Number of RL steps to run.
+    pub steps: u32,
+    /// Directory for metrics (JSON lines), checkpoints and logs; created by rank 0.
+    #[serde(default = "default_output_dir")]
+    pub output_dir: PathBuf,
+    /// Seconds a control-plane collective may wait before the watchdog aborts the whole job.
+    #[serde(default = "default_collective_timeout_s")]
+    pub collective_timeout_s: f64,
+}
+
+fn default_output_dir() -> PathBuf {
+    PathBuf::from("runs")
+}
+
+fn default_collective_timeout_s() -> f64 {
+    300.0
+}
+
+impl JobSection {
+    /// Checks ranges; errors name the key under `job.`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let name_ok = !self.name.is_empty()
+            && self.name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+        if !name_ok {
+            return Err(ConfigError::invalid(
+                "job.name",
+                format!("{:?}", self.name),
+                "must be non-empty and use only letters, digits, `-`, `_` and `.`",
+            ));
+        }
+        check::at_least_one("job.steps", self.steps)?;
+        if self.output_dir.as_os_str().is_empty() {
+            return Err(ConfigError::invalid("job.output_dir", "\"\"", "must be a directory path"));
+        }
+        check::positive("job.collective_timeout_s", self.collective_timeout_s)
+    }
+}

@@ -1,0 +1,11 @@
+//! Nereus: a cost-aware runtime that keeps an LLM RL post-training job (PPO, GRPO, ReMax) on an
+//! efficient, memory-feasible parallel plan while it runs.
+//!
+//! Layers, bottom-up (see `docs/architecture.md`): [`config`] → [`topology`] → [`comm`] →
+//! [`runtime`]; [`backend`] holds the device backends behind the `cuda` and `rocm` features.
+
+pub mod backend;
+pub mod comm;
+pub mod config;
+pub mod runtime;
+pub mod topology;

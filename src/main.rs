@@ -1,0 +1,119 @@
+//! The `nereus` command line: one SPMD binary, started by `srun` or `mpirun` (or by hand).
+//!
+//! This file only parses arguments; `nereus::runtime` does the work on every rank.
+
+use clap::{Args, Parser, Subcommand};
+use log::LevelFilter;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use nereus::config::{Algorithm, Overrides};
+use nereus::runtime::{self, Command, LogOptions, SessionOptions};
+
+/// Nereus: keeps an RL post-training job on the fastest memory-feasible parallel plan.
+#[derive(Parser, Debug)]
+#[command(name = "nereus", version, about, propagate_version = true)]
+struct Cli {
+    /// Log level of rank 0 (error, warn, info, debug, trace); default: RUST_LOG, else info.
+    #[arg(long, global = true, value_name = "LEVEL")]
+    log_level: Option<LevelFilter>,
+    /// Let every rank log at that level, not only rank 0 (others log warnings and errors).
+    #[arg(long, global = true)]
+    log_all_ranks: bool,
+    /// Seconds a collective may wait before the watchdog aborts the job
+    /// (default: job.collective_timeout_s, else 300).
+    #[arg(long, global = true, value_name = "SECONDS")]
+    collective_timeout: Option<f64>,
+    #[command(subcommand)]
+    command: TopCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum TopCommand {
+    /// Show what a job would run with, or where its ranks sit.
+    #[command(subcommand)]
+    Inspect(InspectCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum InspectCommand {
+    /// Validate a job config on every rank and print it resolved (CLI > TOML > defaults).
+    Config {
+        /// Job file (TOML); the embedded default (configs/tiny-ppo.toml) when omitted.
+        file: Option<PathBuf>,
+        #[command(flatten)]
+        overrides: OverrideArgs,
+    },
+    /// Print nodes, packages, NUMA domains, cores, GPUs and each rank's binding and device.
+    Topology {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Flags that override keys of the job file.
+#[derive(Args, Debug, Clone)]
+struct OverrideArgs {
+    /// Overrides job.seed.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Overrides job.steps.
+    #[arg(long)]
+    steps: Option<u32>,
+    /// Overrides job.output_dir.
+    #[arg(long, value_name = "DIR")]
+    output_dir: Option<PathBuf>,
+    /// Overrides rl.algorithm (ppo, grpo, remax).
+    #[arg(long, value_parser = parse_algorithm)]
+    algorithm: Option<Algorithm>,
+    /// Cluster file replacing the job file's [cluster] table (e.g. configs/clusters/lumi-g.toml).
+    #[arg(long, value_name = "FILE")]
+    cluster: Option<PathBuf>,
+    /// Overrides cluster.nodes.
+    #[arg(long)]
+    nodes: Option<u32>,
+}
+
+fn parse_algorithm(s: &str) -> Result<Algorithm, String> {
+    match s {
+        "ppo" => Ok(Algorithm::Ppo),
+        "grpo" => Ok(Algorithm::Grpo),
+        "remax" => Ok(Algorithm::Remax),
+        other => Err(format!("unknown algorithm `{other}`; expected ppo, grpo or remax")),
+    }
+}
+
+impl From<OverrideArgs> for Overrides {
+    fn from(a: OverrideArgs) -> Overrides {
+        Overrides {
+            seed: a.seed,
+            steps: a.steps,
+            output_dir: a.output_dir,
+            algorithm: a.algorithm,
+            cluster_file: a.cluster,
+            nodes: a.nodes,
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Some(t) = cli.collective_timeout {
+        if !(t.is_finite() && t > 0.0) {
+            eprintln!("nereus: error: --collective-timeout must be a positive number of seconds, got {t}");
+            return ExitCode::from(runtime::EXIT_USAGE);
+        }
+    }
+    let options = SessionOptions {
+        log: LogOptions { level: cli.log_level, all_ranks: cli.log_all_ranks },
+        collective_timeout_s: cli.collective_timeout,
+    };
+    let command = match cli.command {
+        TopCommand::Inspect(InspectCommand::Config { file, overrides }) => {
+            Command::InspectConfig { config: file, overrides: overrides.into() }
+        }
+        TopCommand::Inspect(InspectCommand::Topology { json }) => Command::InspectTopology { json },
+    };
+    ExitCode::from(runtime::run(options, command))
+}

@@ -1,0 +1,104 @@
+//! The SPMD runtime: bring-up, config agreement, and the commands every rank executes.
+//!
+//! `main.rs` parses the command line into a [`Command`] and calls [`run`]; everything else,
+//! including which rank prints what and the exit status, is decided here.
+
+mod inspect;
+pub mod logging;
+mod session;
+
+pub use logging::LogOptions;
+pub use session::{Session, SessionOptions};
+
+use std::path::PathBuf;
+use thiserror::Error;
+
+use crate::backend::BackendError;
+use crate::comm::CommError;
+use crate::config::{ConfigError, Overrides};
+use crate::topology::TopologyError;
+
+/// Exit status for usage and configuration errors.
+pub const EXIT_USAGE: u8 = 2;
+/// Exit status for runtime failures (MPI, hwloc, drivers).
+pub const EXIT_FAILURE: u8 = 1;
+
+/// A command as every rank executes it.
+#[derive(Debug, Clone)]
+pub enum Command {
+    /// Load, resolve, validate and agree on a job config; rank 0 prints it.
+    InspectConfig {
+        /// The job file; `None` for the embedded default.
+        config: Option<PathBuf>,
+        /// CLI overrides.
+        overrides: Overrides,
+    },
+    /// Discover every rank's node, binding and device; rank 0 prints them.
+    InspectTopology {
+        /// Print JSON instead of a table.
+        json: bool,
+    },
+}
+
+/// Why a command failed.
+#[derive(Debug, Error)]
+pub enum RuntimeError {
+    /// The job config is broken on this rank.
+    #[error("{0}")]
+    Config(#[from] ConfigError),
+    /// A collective or MPI bring-up failed.
+    #[error("{0}")]
+    Comm(#[from] CommError),
+    /// hwloc failed.
+    #[error("{0}")]
+    Topology(#[from] TopologyError),
+    /// A device backend is missing or failed.
+    #[error("{0}")]
+    Backend(#[from] BackendError),
+    /// Writing the output failed.
+    #[error("cannot write output: {0}")]
+    Output(#[from] std::io::Error),
+}
+
+impl RuntimeError {
+    /// The process exit status: 2 for anything the user can fix in the config or command line.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            RuntimeError::Config(_) => EXIT_USAGE,
+            RuntimeError::Comm(CommError::Disagreement { .. }) => EXIT_USAGE,
+            _ => EXIT_FAILURE,
+        }
+    }
+
+    /// Whether rank 0 already holds the whole story (a gathered report), so other ranks stay quiet.
+    fn reported_by_root(&self) -> bool {
+        matches!(self, RuntimeError::Comm(CommError::Disagreement { .. }))
+    }
+}
+
+/// Starts the SPMD session, runs `command` on every rank, reports errors, and returns the exit
+/// status. MPI is finalized before this returns.
+pub fn run(options: SessionOptions, command: Command) -> u8 {
+    let mut session = match Session::start(options) {
+        Ok(session) => session,
+        Err(e) => {
+            eprintln!("nereus: error: {e}");
+            return e.exit_code();
+        }
+    };
+    let outcome = match &command {
+        Command::InspectConfig { config, overrides } => inspect::config(&mut session, config.as_deref(), overrides),
+        Command::InspectTopology { json } => inspect::topology(&session, *json),
+    };
+    match outcome {
+        Ok(()) => 0,
+        // `nereus inspect config | head`: the reader left; nothing is wrong with the job.
+        Err(RuntimeError::Output(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => 0,
+        Err(e) => {
+            if session.rank() == 0 || !e.reported_by_root() {
+                eprintln!("[r{}] nereus: error: {e}", session.rank());
+            }
+            e.exit_code()
+        }
+    }
+}

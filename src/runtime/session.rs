@@ -1,0 +1,111 @@
+//! One SPMD session: MPI world, watchdog, world layout, and the agreed job config.
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::comm::{agree, all_gather_bytes, Watchdog, World};
+use crate::config::{ClusterSection, JobConfig, Overrides};
+use crate::topology::{detect_cluster, Launcher, NodeTopology, WorldLayout};
+
+use super::{logging, LogOptions, RuntimeError};
+
+/// Collective time limit before a job config has set one, in seconds.
+const DEFAULT_COLLECTIVE_TIMEOUT_S: f64 = 300.0;
+
+/// How the session starts (global CLI flags).
+#[derive(Debug, Clone, Default)]
+pub struct SessionOptions {
+    /// Logging.
+    pub log: LogOptions,
+    /// `--collective-timeout`: wins over `job.collective_timeout_s`.
+    pub collective_timeout_s: Option<f64>,
+}
+
+/// Everything a rank needs to take part in the job; passed by reference, never global.
+pub struct Session {
+    world: World,
+    watchdog: Watchdog,
+    layout: WorldLayout,
+    launcher: Launcher,
+    hostname: String,
+    timeout_from_cli: bool,
+}
+
+impl Session {
+    /// Initializes MPI and logging, and learns which node every rank is on.
+    pub fn start(options: SessionOptions) -> Result<Session, RuntimeError> {
+        let world = World::init()?;
+        logging::init(world.rank(), &options.log);
+        let timeout = options.collective_timeout_s.unwrap_or(DEFAULT_COLLECTIVE_TIMEOUT_S);
+        let watchdog = Watchdog::new(Duration::from_secs_f64(timeout.max(0.001)), world.rank(), world.threads_may_call_mpi());
+        let hostname = world.processor_name();
+        let hosts = all_gather_bytes(&world, &watchdog, "host exchange", hostname.as_bytes())?;
+        let hosts: Vec<String> = hosts.iter().map(|h| String::from_utf8_lossy(h).into_owned()).collect();
+        let layout = WorldLayout::from_hostnames(&hosts);
+        let launcher = Launcher::of_this_process();
+        log::debug!("rank {} of {} on {hostname} ({}), {}", world.rank(), world.size(), launcher.describe(), world.library_version());
+        Ok(Session { world, watchdog, layout, launcher, hostname, timeout_from_cli: options.collective_timeout_s.is_some() })
+    }
+
+    /// The MPI world.
+    pub fn world(&self) -> &World {
+        &self.world
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> i32 {
+        self.world.rank()
+    }
+
+    /// The collective watchdog.
+    pub fn watchdog(&self) -> &Watchdog {
+        &self.watchdog
+    }
+
+    /// Which node each rank runs on.
+    pub fn layout(&self) -> &WorldLayout {
+        &self.layout
+    }
+
+    /// How this job was launched.
+    pub fn launcher(&self) -> &Launcher {
+        &self.launcher
+    }
+
+    /// This rank's host name.
+    pub fn hostname(&self) -> &str {
+        &self.hostname
+    }
+
+    /// Every rank loads the job config, then all ranks agree on its hash with one all-reduce.
+    ///
+    /// A rank whose config fails to load still joins the agreement, so nobody hangs; any failure
+    /// or mismatch makes every rank return an error, and rank 0's names the ranks involved.
+    pub fn load_config(&mut self, path: Option<&Path>, overrides: &Overrides) -> Result<JobConfig, RuntimeError> {
+        let local = JobConfig::load(path, overrides, &mut || self.detect_cluster());
+        let hash = local.as_ref().map(JobConfig::hash).map_err(ToString::to_string);
+        let agreement = agree(&self.world, &self.watchdog, "config agreement", hash);
+        let config = match (local, agreement) {
+            (Ok(config), Ok(_)) => config,
+            // Alone, a rank's own error is the clearest message.
+            (Err(e), _) if self.world.size() == 1 => return Err(e.into()),
+            (Err(e), Ok(_)) => return Err(e.into()),
+            (_, Err(e)) => return Err(e.into()),
+        };
+        if !self.timeout_from_cli {
+            self.watchdog = self.watchdog.with_timeout(Duration::from_secs_f64(config.job.collective_timeout_s));
+        }
+        Ok(config)
+    }
+
+    /// This rank's view of the cluster for `[cluster] detect = true`.
+    fn detect_cluster(&self) -> ClusterSection {
+        match NodeTopology::discover(&self.hostname) {
+            Ok(node) => detect_cluster(&node, &self.layout),
+            Err(e) => {
+                log::warn!("cluster detection failed ({e}); only values written in the config are used");
+                ClusterSection::default()
+            }
+        }
+    }
+}

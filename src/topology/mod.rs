@@ -1,0 +1,33 @@
+//! Topology: nodes, devices and links; hwloc discovery; rank placement and binding.
+//!
+//! Rank arithmetic about *where* ranks run lives here ([`WorldLayout`]); which ranks a
+//! model-stage uses lives in `plan`.
+
+mod detect;
+mod device;
+mod index_list;
+mod launcher;
+mod layout;
+mod node;
+pub mod pci;
+
+pub use detect::detect_cluster;
+pub use device::{assign_device, DeviceAssignment};
+pub use index_list::{format_index_list, parse_index_list};
+pub use launcher::Launcher;
+pub use layout::{RankPlacement, WorldLayout};
+pub use node::{CpuBinding, NodeTopology};
+pub use pci::{GpuInfo, GpuVendor};
+
+use thiserror::Error;
+
+/// Why topology discovery failed.
+#[derive(Debug, Error)]
+pub enum TopologyError {
+    /// hwloc could not load or query this node's topology.
+    #[error("hwloc: {reason}")]
+    Hwloc {
+        /// What failed.
+        reason: String,
+    },
+}
