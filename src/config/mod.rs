@@ -260,3 +260,6 @@ impl JobConfig {
         u64::from_be_bytes(digest[..8].try_into().expect("SHA-256 has 32 bytes"))
     }
 }
+
+#[cfg(test)]
+mod tests;

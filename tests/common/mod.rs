@@ -1,0 +1,103 @@
+//! Helpers shared by the integration tests: the built binary, mpirun, and config editing.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The `nereus` binary cargo built for these tests.
+pub fn nereus() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_nereus"))
+}
+
+/// The repository root (for `configs/`).
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Runs `nereus ARGS` as a single process (an MPI singleton).
+pub fn run_single(args: &[&str]) -> Output {
+    Command::new(nereus()).args(args).current_dir(repo()).output().expect("nereus starts")
+}
+
+/// `mpirun` with what this machine needs: root allowed, more ranks than cores, shared memory.
+pub fn mpirun() -> Command {
+    let mut cmd = Command::new("mpirun");
+    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMPI_MCA_btl", "self,vader")
+        .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
+        .current_dir(repo());
+    cmd
+}
+
+/// Runs `mpirun -n N nereus ARGS`.
+pub fn run_mpi(n: usize, args: &[&str]) -> Output {
+    mpirun().arg("-n").arg(n.to_string()).arg(nereus()).args(args).output().expect("mpirun starts")
+}
+
+/// stdout and stderr as text.
+pub fn text(out: &Output) -> (String, String) {
+    (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// The text of a shipped config.
+pub fn shipped(name: &str) -> String {
+    std::fs::read_to_string(repo().join("configs").join(name)).expect("shipped config exists")
+}
+
+/// Sets `key = value` in `[section]` (replacing the key's line, or adding it after the header);
+/// `None` removes the key.
+pub fn set_key(toml: &str, section: &str, key: &str, value: Option<&str>) -> String {
+    let header = format!("[{section}]");
+    let mut out = Vec::new();
+    let mut in_section = false;
+    let mut done = false;
+    for line in toml.lines() {
+        let trimmed = line.trim();
+        if trimmed.starts_with('[') {
+            if in_section && !done {
+                if let Some(v) = value {
+                    out.push(format!("{key} = {v}"));
+                }
+                done = true;
+            }
+            in_section = trimmed == header;
+        } else if in_section && !done && trimmed.split('=').next().map(str::trim) == Some(key) {
+            if let Some(v) = value {
+                out.push(format!("{key} = {v}"));
+            }
+            done = true;
+            continue;
+        }
+        out.push(line.to_string());
+    }
+    if in_section && !done {
+        if let Some(v) = value {
+            out.push(format!("{key} = {v}"));
+        }
+    }
+    out.join("\n") + "\n"
+}
+
+/// Removes a whole `[section]` table.
+pub fn drop_section(toml: &str, section: &str) -> String {
+    let header = format!("[{section}]");
+    let mut skipping = false;
+    let mut out = Vec::new();
+    for line in toml.lines() {
+        if line.trim().starts_with('[') {
+            skipping = line.trim() == header;
+        }
+        if !skipping {
+            out.push(line);
+        }
+    }
+    out.join("\n") + "\n"
+}
+
+/// Writes `text` to `dir/name` and returns the path.
+pub fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("temp file writes");
+    path
+}

@@ -1,0 +1,38 @@
+//! `sbatch` on the local one-node Slurm cluster (`slurm/local-cluster.sh start`).
+//!
+//! Runs when `NEREUS_SLURM_TESTS=1` (set by `scripts/test.sh` once the cluster is up); then a
+//! missing or broken cluster fails the test rather than skipping it.
+
+mod common;
+
+use common::{nereus, repo, text};
+use std::process::Command;
+
+#[test]
+fn sbatch_runs_every_rank_under_srun_pmix() {
+    if std::env::var("NEREUS_SLURM_TESTS").as_deref() != Ok("1") {
+        eprintln!("skipped: set NEREUS_SLURM_TESTS=1 after `bash slurm/local-cluster.sh start`");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let output = dir.path().join("job.out");
+    let out = Command::new("sbatch")
+        .arg("--wait")
+        .arg(format!("--output={}", output.display()))
+        .arg(repo().join("slurm/local-test.sbatch"))
+        .env("NEREUS", nereus())
+        .current_dir(repo())
+        .output()
+        .expect("sbatch starts");
+    let (stdout, stderr) = text(&out);
+    let job_output = std::fs::read_to_string(&output).unwrap_or_default();
+    assert!(out.status.success(), "sbatch failed: {stdout}{stderr}\njob output:\n{job_output}");
+    let job_id = stdout.trim().rsplit(' ').next().unwrap().to_string();
+    let report: serde_json::Value = serde_json::from_str(&job_output).expect("rank 0 printed the topology as JSON");
+    assert_eq!(report["world_size"], 4);
+    let ranks = report["ranks"].as_array().unwrap();
+    assert_eq!(ranks.iter().map(|r| r["rank"].as_i64().unwrap()).collect::<Vec<_>>(), [0, 1, 2, 3]);
+    for r in ranks {
+        assert_eq!(r["launcher"]["srun"]["job_id"].as_str(), Some(job_id.as_str()), "{r}");
+    }
+}
