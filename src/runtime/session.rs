@@ -34,6 +34,8 @@ pub struct Session {
 impl Session {
     /// Initializes MPI and logging, and learns which node every rank is on.
     pub fn start(options: SessionOptions) -> Result<Session, RuntimeError> {
+        // Read before MPI_Init: a singleton's MPI library sets PMIx variables of its own.
+        let launcher = Launcher::of_this_process();
         let world = World::init()?;
         logging::init(world.rank(), &options.log);
         let timeout = options.collective_timeout_s.unwrap_or(DEFAULT_COLLECTIVE_TIMEOUT_S);
@@ -42,7 +44,6 @@ impl Session {
         let hosts = all_gather_bytes(&world, &watchdog, "host exchange", hostname.as_bytes())?;
         let hosts: Vec<String> = hosts.iter().map(|h| String::from_utf8_lossy(h).into_owned()).collect();
         let layout = WorldLayout::from_hostnames(&hosts);
-        let launcher = Launcher::of_this_process();
         log::debug!("rank {} of {} on {hostname} ({}), {}", world.rank(), world.size(), launcher.describe(), world.library_version());
         Ok(Session { world, watchdog, layout, launcher, hostname, timeout_from_cli: options.collective_timeout_s.is_some() })
     }

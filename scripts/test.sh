@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The test suite: unit tests, integration tests that launch target/release/nereus under
+# `mpirun -n 4` (and under `sbatch`/`srun --mpi=pmix` on a local one-node Slurm cluster when one
+# can be started), then the `cuda` and `rocm` builds with their tests.
+#
+#   bash scripts/test.sh
+#
+# Under CI=true every part is required; elsewhere the Slurm and ROCm parts are skipped, with a
+# note, when this machine cannot run them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ci=${CI:-false}
+
+if [ "$(id -u)" = 0 ] && command -v slurmctld >/dev/null; then
+  bash slurm/local-cluster.sh start
+  export NEREUS_SLURM_TESTS=1
+elif [ "$ci" = true ]; then
+  echo "test: CI needs root and slurm-wlm for the sbatch test" >&2
+  exit 1
+else
+  echo "test: no local Slurm cluster (needs root and slurm-wlm); the sbatch test will be skipped"
+fi
+if [ "$(id -u)" = 0 ]; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fi
+
+echo "== default build: unit + MPI + Slurm integration tests"
+cargo test --release --locked
+
+echo "== cuda feature (cudarc loads the CUDA driver and NCCL at run time: no toolkit needed to build)"
+features=cuda
+if [ -f /usr/include/hip/hip_runtime_api.h ] || [ -n "${HIP_PATH:-}" ]; then
+  export HIP_PATH=${HIP_PATH:-/usr}
+  features=cuda,rocm
+  echo "== rocm feature (HIP runtime from HIP_PATH=$HIP_PATH)"
+elif [ "$ci" = true ]; then
+  echo "test: CI needs the HIP headers (libamdhip64-dev) to compile the rocm feature" >&2
+  exit 1
+else
+  echo "test: no HIP headers; skipping the rocm build (NEREUS_WITH_HIP=1 bash scripts/setup.sh installs them)"
+fi
+cargo test --release --locked --features "$features" --lib
