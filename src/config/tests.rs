@@ -44,7 +44,9 @@ fn the_paper_clusters_have_their_published_figures() {
 
 #[test]
 fn cli_beats_toml_beats_included_file_beats_detection() {
-    let text = r#"
+    let model = "layers = 1\nhidden = 8\nheads = 2\nkv_heads = 1\nffn = 16\nvocab = 8\ndtype = \"f32\"\n";
+    let text = format!(
+        r#"
 [job]
 name = "p"
 steps = 3
@@ -53,29 +55,11 @@ include = "clusters/h200.toml"
 detect = true
 nodes = 4
 [models.actor]
-layers = 1
-hidden = 8
-heads = 2
-kv_heads = 1
-ffn = 16
-vocab = 8
-dtype = "f32"
+{model}
 [models.reference]
-layers = 1
-hidden = 8
-heads = 2
-kv_heads = 1
-ffn = 16
-vocab = 8
-dtype = "f32"
+{model}
 [models.reward]
-layers = 1
-hidden = 8
-heads = 2
-kv_heads = 1
-ffn = 16
-vocab = 8
-dtype = "f32"
+{model}
 [rl]
 algorithm = "remax"
 prompts_per_step = 4
@@ -83,8 +67,9 @@ prompt_len = 2
 max_response_len = 2
 mini_batch = 4
 micro_batch = 2
-"#;
-    let src = source(text);
+"#
+    );
+    let src = source(&text);
     let detected_calls = std::cell::Cell::new(0);
     let mut detect = || {
         detected_calls.set(detected_calls.get() + 1);
