@@ -7,5 +7,6 @@
 pub mod backend;
 pub mod comm;
 pub mod config;
+pub mod model;
 pub mod runtime;
 pub mod topology;

@@ -51,6 +51,12 @@ pub struct ModelSpec {
     /// Share the input embedding with the output (LM) head.
     #[serde(default)]
     pub tie_embeddings: bool,
+    /// Width of one attention head; default `hidden / heads` (Qwen3 uses 128 at every size).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_dim: Option<u32>,
+    /// Per-head RMSNorm of queries and keys (Qwen3).
+    #[serde(default)]
+    pub qk_norm: bool,
 }
 
 impl ModelSpec {
@@ -62,15 +68,24 @@ impl ModelSpec {
         check::at_least_one(&key("heads"), self.heads)?;
         check::at_least_one(&key("kv_heads"), self.kv_heads)?;
         check::at_least_one(&key("ffn"), self.ffn)?;
-        check::divides(&key("heads"), self.heads, self.hidden, &format!("models.{role}.hidden"))?;
         check::divides(&key("kv_heads"), self.kv_heads, self.heads, &format!("models.{role}.heads"))?;
-        let head_dim = self.hidden / self.heads;
-        if head_dim % 2 != 0 {
-            return Err(ConfigError::invalid(
-                key("heads"),
-                self.heads,
-                format!("gives an odd head dimension {} / {} = {head_dim}; rotary embeddings need it even", self.hidden, self.heads),
-            ));
+        match self.head_dim {
+            Some(head_dim) => {
+                if head_dim == 0 || head_dim % 2 != 0 {
+                    return Err(ConfigError::invalid(key("head_dim"), head_dim, "must be even and at least 2 (rotary embeddings rotate pairs)"));
+                }
+            }
+            None => {
+                check::divides(&key("heads"), self.heads, self.hidden, &format!("models.{role}.hidden"))?;
+                let head_dim = self.hidden / self.heads;
+                if head_dim % 2 != 0 {
+                    return Err(ConfigError::invalid(
+                        key("heads"),
+                        self.heads,
+                        format!("gives an odd head dimension {} / {} = {head_dim}; rotary embeddings need it even", self.hidden, self.heads),
+                    ));
+                }
+            }
         }
         if self.vocab < 2 {
             return Err(ConfigError::invalid(key("vocab"), self.vocab, "must be at least 2"));

@@ -1,0 +1,116 @@
+//! Architectures: a Llama-style decoder described by its shape, and the published models.
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{Dtype, ModelSpec};
+
+/// What sits on top of the last block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputHead {
+    /// Language-model head over the vocabulary (actor, reference).
+    Lm,
+    /// Scalar value head (critic, reward model), as Hugging Face's `score.weight`.
+    Value,
+}
+
+/// The shape of a decoder-only transformer (Llama 3 / Qwen3 family).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Architecture {
+    /// Vocabulary size.
+    pub vocab: u64,
+    /// Residual width.
+    pub hidden: u64,
+    /// Transformer blocks.
+    pub layers: u64,
+    /// Query heads.
+    pub heads: u64,
+    /// Key/value heads (grouped-query attention).
+    pub kv_heads: u64,
+    /// Width of one head (`hidden / heads` for Llama; 128 for every Qwen3 size).
+    pub head_dim: u64,
+    /// SwiGLU inner width.
+    pub ffn: u64,
+    /// The LM head reuses the embedding matrix.
+    pub tie_embeddings: bool,
+    /// Per-head RMSNorm on queries and keys (Qwen3).
+    pub qk_norm: bool,
+    /// LM or value head.
+    pub head: OutputHead,
+    /// Parameter dtype.
+    pub dtype: Dtype,
+}
+
+impl Architecture {
+    /// The architecture a `[models.<role>]` table describes; `value_head` for critic and reward.
+    pub fn from_spec(spec: &ModelSpec, value_head: bool) -> Architecture {
+        Architecture {
+            vocab: spec.vocab.into(),
+            hidden: spec.hidden.into(),
+            layers: spec.layers.into(),
+            heads: spec.heads.into(),
+            kv_heads: spec.kv_heads.into(),
+            head_dim: spec.head_dim.map_or(u64::from(spec.hidden / spec.heads), u64::from),
+            ffn: spec.ffn.into(),
+            tie_embeddings: spec.tie_embeddings,
+            qk_norm: spec.qk_norm,
+            head: if value_head { OutputHead::Value } else { OutputHead::Lm },
+            dtype: spec.dtype,
+        }
+    }
+
+    /// Meta Llama-3.1-8B (model card: 32 layers, 4096 wide, 32/8 heads, SwiGLU 14336, 128,256 tokens).
+    pub fn llama3_1_8b() -> Architecture {
+        Self::llama(128_256, 4096, 32, 32, 8, 14_336)
+    }
+
+    /// Meta Llama-3.3-70B (80 layers, 8192 wide, 64/8 heads, SwiGLU 28672, 128,256 tokens).
+    pub fn llama3_3_70b() -> Architecture {
+        Self::llama(128_256, 8192, 80, 64, 8, 28_672)
+    }
+
+    /// Qwen3-14B (40 layers, 5120 wide, 40/8 heads of 128, SwiGLU 17408, 151,936 tokens, QK-norm).
+    pub fn qwen3_14b() -> Architecture {
+        Self::qwen3(5120, 40, 40, 17_408)
+    }
+
+    /// Qwen3-32B (64 layers, 5120 wide, 64/8 heads of 128, SwiGLU 25600, 151,936 tokens, QK-norm).
+    pub fn qwen3_32b() -> Architecture {
+        Self::qwen3(5120, 64, 64, 25_600)
+    }
+
+    fn llama(vocab: u64, hidden: u64, layers: u64, heads: u64, kv_heads: u64, ffn: u64) -> Architecture {
+        Architecture {
+            vocab,
+            hidden,
+            layers,
+            heads,
+            kv_heads,
+            head_dim: hidden / heads,
+            ffn,
+            tie_embeddings: false,
+            qk_norm: false,
+            head: OutputHead::Lm,
+            dtype: Dtype::Bf16,
+        }
+    }
+
+    fn qwen3(hidden: u64, layers: u64, heads: u64, ffn: u64) -> Architecture {
+        Architecture { head_dim: 128, qk_norm: true, ..Self::llama(151_936, hidden, layers, heads, 8, ffn) }
+    }
+
+    /// The same architecture with a scalar value head instead of the LM head.
+    pub fn with_value_head(self) -> Architecture {
+        Architecture { head: OutputHead::Value, tie_embeddings: false, ..self }
+    }
+
+    /// Query projection width (`heads × head_dim`).
+    pub fn q_width(&self) -> u64 {
+        self.heads * self.head_dim
+    }
+
+    /// Key (and value) projection width (`kv_heads × head_dim`).
+    pub fn kv_width(&self) -> u64 {
+        self.kv_heads * self.head_dim
+    }
+}

@@ -1,0 +1,274 @@
+//! The parameter catalogue: every tensor of a model, its shape, its sharding rule and its
+//! pipeline stage — the single source of truth for where every byte lives.
+//!
+//! Shapes follow Hugging Face: a linear layer's weight is `[out_features, in_features]`,
+//! row-major. Megatron's rules then make every shard a rectangle of its tensor:
+//!
+//! | rule | tensors | a TP rank holds |
+//! |---|---|---|
+//! | column-parallel | `q/k/v_proj`, `gate/up_proj` | a contiguous block of rows (output features; whole heads for q/k/v) |
+//! | row-parallel | `o_proj`, `down_proj` | a block of columns (input features) of every row |
+//! | vocab-parallel | `embed_tokens`, `lm_head` | a contiguous block of vocabulary rows |
+//! | replicated | norms, `score` (value head) | everything |
+//!
+//! Pipeline stage `j` of `pp` holds a balanced contiguous range of blocks (the first
+//! `layers mod pp` stages take one extra); embeddings live on the first stage, the final norm
+//! and the output head on the last.
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use super::{Architecture, Layout, OutputHead, Position};
+
+/// How a tensor is divided among the `tp` ranks of a stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Sharding {
+    /// Every TP rank holds the whole tensor.
+    Replicated,
+    /// Rows (output features) are split.
+    ColumnParallel,
+    /// Columns (input features) are split.
+    RowParallel,
+    /// Vocabulary rows are split.
+    VocabParallel,
+}
+
+/// Where in the pipeline a tensor lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StageOwner {
+    /// The first stage (embeddings).
+    First,
+    /// The stage holding this block.
+    Block(u64),
+    /// The last stage (final norm, output head).
+    Last,
+}
+
+/// One tensor of the model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TensorSpec {
+    /// Hugging Face name, e.g. `model.layers.3.self_attn.q_proj.weight`.
+    pub name: String,
+    /// Rows (`out_features`; 1 for vectors).
+    pub rows: u64,
+    /// Columns (`in_features`; the length for vectors).
+    pub cols: u64,
+    /// TP sharding rule.
+    pub sharding: Sharding,
+    /// Pipeline placement.
+    pub owner: StageOwner,
+}
+
+impl TensorSpec {
+    /// Elements in the whole tensor.
+    pub fn elements(&self) -> u64 {
+        self.rows * self.cols
+    }
+}
+
+/// A rectangle of a tensor: rows `row0..row0+rows`, columns `col0..col0+cols`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Region {
+    /// First row.
+    pub row0: u64,
+    /// Row count.
+    pub rows: u64,
+    /// First column.
+    pub col0: u64,
+    /// Column count.
+    pub cols: u64,
+}
+
+impl Region {
+    /// Elements in the rectangle.
+    pub fn elements(&self) -> u64 {
+        self.rows * self.cols
+    }
+
+    /// The overlap of two rectangles of the same tensor, if any.
+    pub fn intersect(&self, other: &Region) -> Option<Region> {
+        let r0 = self.row0.max(other.row0);
+        let r1 = (self.row0 + self.rows).min(other.row0 + other.rows);
+        let c0 = self.col0.max(other.col0);
+        let c1 = (self.col0 + self.cols).min(other.col0 + other.cols);
+        (r0 < r1 && c0 < c1).then(|| Region { row0: r0, rows: r1 - r0, col0: c0, cols: c1 - c0 })
+    }
+}
+
+/// One tensor's shard in a position's flat buffer: the region it holds and where it starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Piece {
+    /// Index into [`Catalogue::tensors`].
+    pub tensor: usize,
+    /// The rectangle held, stored row-major.
+    pub region: Region,
+    /// Element offset of the rectangle in the flat buffer (per state section).
+    pub offset: u64,
+}
+
+/// The size table of one position: its pieces in catalogue order, packed back to back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardTable {
+    /// Pieces in catalogue order.
+    pub pieces: Vec<Piece>,
+    /// Total elements (the length of one state section of the flat buffer).
+    pub elements: u64,
+}
+
+/// Why a layout cannot hold a model.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum LayoutError {
+    /// A degree of zero.
+    #[error("layout {layout}: tp and pp must be at least 1")]
+    Zero {
+        /// The layout.
+        layout: Layout,
+    },
+    /// `tp` does not divide a dimension that TP splits.
+    #[error("layout {layout}: tp = {} does not divide {what} = {value}; every TP rank must hold whole heads and equal shards", layout.tp)]
+    TpDoesNotDivide {
+        /// The layout.
+        layout: Layout,
+        /// The dimension, e.g. `kv_heads`.
+        what: &'static str,
+        /// Its size.
+        value: u64,
+    },
+    /// More stages than blocks.
+    #[error("layout {layout}: pp = {} exceeds the {layers} transformer blocks", layout.pp)]
+    TooManyStages {
+        /// The layout.
+        layout: Layout,
+        /// Blocks in the model.
+        layers: u64,
+    },
+    /// Tied embeddings would need the embedding on two stages.
+    #[error("layout {layout}: tied embeddings need pp = 1 (the embedding would live on the first and the last stage)")]
+    TiedAcrossStages {
+        /// The layout.
+        layout: Layout,
+    },
+}
+
+/// Every tensor of one model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Catalogue {
+    /// The architecture described.
+    pub arch: Architecture,
+    /// Tensors in a fixed order: embeddings, blocks in order, final norm, head.
+    pub tensors: Vec<TensorSpec>,
+}
+
+impl Catalogue {
+    /// Lists every tensor of `arch`.
+    pub fn new(arch: Architecture) -> Catalogue {
+        let a = &arch;
+        let mut t = Vec::new();
+        let mut add = |name: String, rows: u64, cols: u64, sharding: Sharding, owner: StageOwner| {
+            t.push(TensorSpec { name, rows, cols, sharding, owner });
+        };
+        add("model.embed_tokens.weight".into(), a.vocab, a.hidden, Sharding::VocabParallel, StageOwner::First);
+        for l in 0..a.layers {
+            let p = |s: &str| format!("model.layers.{l}.{s}");
+            let b = StageOwner::Block(l);
+            add(p("input_layernorm.weight"), 1, a.hidden, Sharding::Replicated, b);
+            add(p("self_attn.q_proj.weight"), a.q_width(), a.hidden, Sharding::ColumnParallel, b);
+            add(p("self_attn.k_proj.weight"), a.kv_width(), a.hidden, Sharding::ColumnParallel, b);
+            add(p("self_attn.v_proj.weight"), a.kv_width(), a.hidden, Sharding::ColumnParallel, b);
+            if a.qk_norm {
+                add(p("self_attn.q_norm.weight"), 1, a.head_dim, Sharding::Replicated, b);
+                add(p("self_attn.k_norm.weight"), 1, a.head_dim, Sharding::Replicated, b);
+            }
+            add(p("self_attn.o_proj.weight"), a.hidden, a.q_width(), Sharding::RowParallel, b);
+            add(p("post_attention_layernorm.weight"), 1, a.hidden, Sharding::Replicated, b);
+            add(p("mlp.gate_proj.weight"), a.ffn, a.hidden, Sharding::ColumnParallel, b);
+            add(p("mlp.up_proj.weight"), a.ffn, a.hidden, Sharding::ColumnParallel, b);
+            add(p("mlp.down_proj.weight"), a.hidden, a.ffn, Sharding::RowParallel, b);
+        }
+        add("model.norm.weight".into(), 1, a.hidden, Sharding::Replicated, StageOwner::Last);
+        match (a.head, a.tie_embeddings) {
+            (OutputHead::Lm, false) => add("lm_head.weight".into(), a.vocab, a.hidden, Sharding::VocabParallel, StageOwner::Last),
+            (OutputHead::Lm, true) => {} // the LM head is model.embed_tokens.weight
+            (OutputHead::Value, _) => add("score.weight".into(), 1, a.hidden, Sharding::Replicated, StageOwner::Last),
+        }
+        Catalogue { arch, tensors: t }
+    }
+
+    /// Total parameters.
+    pub fn parameter_count(&self) -> u64 {
+        self.tensors.iter().map(TensorSpec::elements).sum()
+    }
+
+    /// Checks that `layout` can hold this model with equal, whole-head shards.
+    pub fn check_layout(&self, layout: Layout) -> Result<(), LayoutError> {
+        let a = &self.arch;
+        if layout.tp == 0 || layout.pp == 0 {
+            return Err(LayoutError::Zero { layout });
+        }
+        let tp = u64::from(layout.tp);
+        for (what, value) in [("heads", a.heads), ("kv_heads", a.kv_heads), ("ffn", a.ffn), ("vocab", a.vocab)] {
+            if value % tp != 0 {
+                return Err(LayoutError::TpDoesNotDivide { layout, what, value });
+            }
+        }
+        if u64::from(layout.pp) > a.layers {
+            return Err(LayoutError::TooManyStages { layout, layers: a.layers });
+        }
+        if a.tie_embeddings && a.head == OutputHead::Lm && layout.pp > 1 {
+            return Err(LayoutError::TiedAcrossStages { layout });
+        }
+        Ok(())
+    }
+
+    /// Blocks `start..end` held by pipeline stage `stage` of `pp`.
+    pub fn blocks_of_stage(&self, pp: u32, stage: u32) -> std::ops::Range<u64> {
+        let (pp, stage) = (u64::from(pp), u64::from(stage));
+        let (base, extra) = (self.arch.layers / pp, self.arch.layers % pp);
+        let start = stage * base + stage.min(extra);
+        start..start + base + u64::from(stage < extra)
+    }
+
+    /// The pipeline stage holding tensor `index` under `pp` stages.
+    pub fn stage_of(&self, index: usize, pp: u32) -> u32 {
+        match self.tensors[index].owner {
+            StageOwner::First => 0,
+            StageOwner::Last => pp - 1,
+            StageOwner::Block(b) => (0..pp).find(|&s| self.blocks_of_stage(pp, s).contains(&b)).unwrap_or(pp - 1),
+        }
+    }
+
+    /// The rectangle of tensor `index` held at TP index `tp_index` of `tp`.
+    pub fn region(&self, index: usize, tp: u32, tp_index: u32) -> Region {
+        let t = &self.tensors[index];
+        let (tp, i) = (u64::from(tp), u64::from(tp_index));
+        let whole = Region { row0: 0, rows: t.rows, col0: 0, cols: t.cols };
+        match t.sharding {
+            Sharding::Replicated => whole,
+            Sharding::ColumnParallel | Sharding::VocabParallel => {
+                Region { row0: i * t.rows / tp, rows: t.rows / tp, ..whole }
+            }
+            Sharding::RowParallel => Region { col0: i * t.cols / tp, cols: t.cols / tp, ..whole },
+        }
+    }
+
+    /// The size table of `position` in `layout`: which rectangles of which tensors it holds,
+    /// packed in catalogue order. The layout must have passed [`Catalogue::check_layout`].
+    pub fn shard(&self, layout: Layout, position: Position) -> ShardTable {
+        let mut pieces = Vec::new();
+        let mut offset = 0;
+        for index in 0..self.tensors.len() {
+            if self.stage_of(index, layout.pp) != position.pp {
+                continue;
+            }
+            let region = self.region(index, layout.tp, position.tp);
+            pieces.push(Piece { tensor: index, region, offset });
+            offset += region.elements();
+        }
+        ShardTable { pieces, elements: offset }
+    }
+}
+
+#[cfg(test)]
+mod tests;
