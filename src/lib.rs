@@ -7,6 +7,8 @@
 pub mod backend;
 pub mod comm;
 pub mod config;
+pub mod emu;
 pub mod model;
+pub mod plan;
 pub mod runtime;
 pub mod topology;

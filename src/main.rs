@@ -33,6 +33,22 @@ enum TopCommand {
     /// Show what a job would run with, or where its ranks sit.
     #[command(subcommand)]
     Inspect(InspectCommand),
+    /// Check the runtime's machinery on this job's ranks.
+    #[command(subcommand)]
+    Selftest(SelftestCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum SelftestCommand {
+    /// Random Split/Merge/Extend/Destroy sequences; checks digests, bytes and refusals.
+    Primitives {
+        /// Random cases to run.
+        #[arg(long, default_value_t = 20)]
+        cases: u32,
+        /// Seed of the random decisions (same on every rank).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -114,6 +130,7 @@ fn main() -> ExitCode {
             Command::InspectConfig { config: file, overrides: overrides.into() }
         }
         TopCommand::Inspect(InspectCommand::Topology { json }) => Command::InspectTopology { json },
+        TopCommand::Selftest(SelftestCommand::Primitives { cases, seed }) => Command::SelftestPrimitives { cases, seed },
     };
     ExitCode::from(runtime::run(options, command))
 }

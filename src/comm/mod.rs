@@ -5,10 +5,12 @@
 //! `rocm` features) builds on the same world and watchdog.
 
 mod control;
+pub mod data_plane;
 mod error;
 mod watchdog;
 mod world;
 
+pub use data_plane::{DataPlane, GroupId, MpiPlane, Transfer};
 pub use control::{agree, all_gather_bytes, gather_bytes_to_root, Agreement};
 pub use error::CommError;
 pub use watchdog::{FaultInjection, Watchdog};

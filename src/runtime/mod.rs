@@ -5,9 +5,12 @@
 
 mod inspect;
 pub mod logging;
+mod rng;
+mod selftest;
 mod session;
 
 pub use logging::LogOptions;
+pub use rng::Rng;
 pub use session::{Session, SessionOptions};
 
 use std::path::PathBuf;
@@ -38,6 +41,13 @@ pub enum Command {
         /// Print JSON instead of a table.
         json: bool,
     },
+    /// Random EMU primitive sequences with state checks after every step.
+    SelftestPrimitives {
+        /// Random cases.
+        cases: u32,
+        /// Seed of the decisions.
+        seed: u64,
+    },
 }
 
 /// Why a command failed.
@@ -55,6 +65,12 @@ pub enum RuntimeError {
     /// A device backend is missing or failed.
     #[error("{0}")]
     Backend(#[from] BackendError),
+    /// An EMU primitive failed.
+    #[error("{0}")]
+    Emu(#[from] crate::emu::EmuError),
+    /// A self-test found state that was lost or changed.
+    #[error("selftest failed: {0}")]
+    SelftestFailed(String),
     /// Writing the output failed.
     #[error("cannot write output: {0}")]
     Output(#[from] std::io::Error),
@@ -89,6 +105,7 @@ pub fn run(options: SessionOptions, command: Command) -> u8 {
     let outcome = match &command {
         Command::InspectConfig { config, overrides } => inspect::config(&mut session, config.as_deref(), overrides),
         Command::InspectTopology { json } => inspect::topology(&session, *json),
+        Command::SelftestPrimitives { cases, seed } => selftest_primitives(&session, *cases, *seed),
     };
     match outcome {
         Ok(()) => 0,
@@ -100,5 +117,16 @@ pub fn run(options: SessionOptions, command: Command) -> u8 {
             }
             e.exit_code()
         }
+    }
+}
+
+fn selftest_primitives(session: &Session, cases: u32, seed: u64) -> Result<(), RuntimeError> {
+    let summary = selftest::primitives(session, cases, seed)?;
+    if session.rank() == 0 {
+        println!("{}", serde_json::to_string(&summary).expect("summaries serialize"));
+    }
+    match summary.failures.first() {
+        None => Ok(()),
+        Some(first) => Err(RuntimeError::SelftestFailed(format!("{} failed checks; first: {first}", summary.failures.len()))),
     }
 }

@@ -1,0 +1,325 @@
+//! [`EmuSet`]: one rank's view of every EMU of the job (replicated metadata) and the shards it
+//! holds, with the four primitives.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::comm::DataPlane;
+use crate::model::{Catalogue, Layout, Position};
+use crate::plan::{ModelStage, Role};
+
+use super::digest::{counters_digest, shard_digest};
+use super::execute::{move_bytes, scratch_bytes};
+use super::{shard_bytes, synthetic_fill, Counters, Digest, Emu, EmuError, EmuId, LocalShard, Movement, Section, ShardStore, TargetEmu};
+
+/// What a primitive did (identical on every rank: computed from the movement, not measured).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PrimitiveReport {
+    /// `Split`, `Merge`, `Extend` or `Destroy`.
+    pub primitive: String,
+    /// Bytes that crossed ranks over the data plane, all ranks together.
+    pub bytes_sent: u64,
+    /// Bytes sliced locally, all ranks together.
+    pub bytes_local: u64,
+    /// Wall time on this rank.
+    pub seconds: f64,
+    /// EMUs the primitive created.
+    pub created: Vec<EmuId>,
+}
+
+/// Every EMU of the job as this rank knows it, and this rank's shards.
+pub struct EmuSet {
+    rank: i32,
+    world: Vec<i32>,
+    catalogues: BTreeMap<Role, Catalogue>,
+    emus: BTreeMap<EmuId, Emu>,
+    next_id: u64,
+    store: ShardStore,
+}
+
+/// Ranks of the `k = a·b` EMUs that `Split` makes from `emu` with layout `sub`
+/// (`a = tp / sub.tp`, `b = pp / sub.pp`): sub-EMU `w·a + u` takes the source positions
+/// `(i'·a + u, j'·b + w)`, so each of its ranks already holds a `1/(a·b)` slice of what it needs.
+pub fn split_ranks(emu: &Emu, sub: Layout) -> Vec<Vec<i32>> {
+    let (a, b) = (emu.layout.tp / sub.tp, emu.layout.pp / sub.pp);
+    (0..a * b)
+        .map(|k| {
+            let (u, w) = (k % a, k / a);
+            sub.positions().map(|p| emu.rank_at(Position { tp: p.tp * a + u, pp: p.pp * b + w })).collect()
+        })
+        .collect()
+}
+
+/// Ranks of the EMU that `Merge` makes from `parts` (the inverse of [`split_ranks`]): target
+/// position `(i'·a + u, j'·b + w)` is the rank at `(i', j')` of part `w·a + u`, which already
+/// holds the target shard whenever stage boundaries line up — then Merge sends no byte.
+pub fn merge_ranks(parts: &[&Emu], layout: Layout) -> Vec<i32> {
+    let sub = parts[0].layout;
+    let (a, b) = (layout.tp / sub.tp, layout.pp / sub.pp);
+    layout
+        .positions()
+        .map(|p| {
+            let part = parts[((p.pp % b) * a + p.tp % a) as usize];
+            part.rank_at(Position { tp: p.tp / a, pp: p.pp / b })
+        })
+        .collect()
+}
+
+impl EmuSet {
+    /// An empty set for `rank` of `world_size`, with `capacity` bytes of device memory and the
+    /// catalogue of every model of the job.
+    pub fn new(rank: i32, world_size: i32, capacity: u64, catalogues: BTreeMap<Role, Catalogue>) -> EmuSet {
+        EmuSet { rank, world: (0..world_size).collect(), catalogues, emus: BTreeMap::new(), next_id: 0, store: ShardStore::new(rank, capacity) }
+    }
+
+    /// Number of ranks in the world.
+    pub fn world_size(&self) -> i32 {
+        self.world.len() as i32
+    }
+
+    /// Every EMU of the job.
+    pub fn emus(&self) -> impl Iterator<Item = &Emu> {
+        self.emus.values()
+    }
+
+    /// One EMU.
+    pub fn emu(&self, id: EmuId) -> Option<&Emu> {
+        self.emus.get(&id)
+    }
+
+    /// The replicas of a model-stage.
+    pub fn replicas(&self, model_stage: ModelStage) -> Vec<&Emu> {
+        self.emus.values().filter(|e| e.model_stage == model_stage).collect()
+    }
+
+    /// This rank's shards and ledger.
+    pub fn store(&self) -> &ShardStore {
+        &self.store
+    }
+
+    /// Mutable store (to change the capacity, or charge other buffers).
+    pub fn store_mut(&mut self) -> &mut ShardStore {
+        &mut self.store
+    }
+
+    /// The catalogue of a role.
+    pub fn catalogue(&self, role: Role) -> &Catalogue {
+        &self.catalogues[&role]
+    }
+
+    fn sections(&self, model_stage: ModelStage) -> Vec<Section> {
+        Section::of(model_stage.trains(), self.catalogue(model_stage.role).arch.dtype)
+    }
+
+    fn fresh_id(&mut self) -> EmuId {
+        self.next_id += 1;
+        EmuId(self.next_id - 1)
+    }
+
+    fn get(&self, id: EmuId, primitive: &str) -> Result<&Emu, EmuError> {
+        self.emus.get(&id).ok_or_else(|| EmuError::Invalid { primitive: primitive.into(), reason: format!("{id} does not exist") })
+    }
+
+    /// Checks that `ranks` are distinct world ranks not used by another replica of `model_stage`.
+    fn check_ranks(&self, primitive: &str, model_stage: ModelStage, ranks: &[i32], except: &[EmuId]) -> Result<(), EmuError> {
+        let invalid = |reason: String| EmuError::Invalid { primitive: primitive.into(), reason };
+        let mut sorted = ranks.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        if sorted.len() != ranks.len() || ranks.iter().any(|r| !self.world.contains(r)) {
+            return Err(invalid(format!("ranks {ranks:?} must be distinct ranks of the world (0..{})", self.world.len())));
+        }
+        for other in self.replicas(model_stage).into_iter().filter(|e| !except.contains(&e.id)) {
+            if let Some(r) = ranks.iter().find(|r| other.ranks.contains(r)) {
+                return Err(invalid(format!("rank {r} already holds {} of {model_stage}", other.id)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates a replica filled with [`synthetic_fill`] bytes (tests, benchmarks, drills).
+    pub fn create_synthetic<P: DataPlane>(&mut self, plane: &mut P, model_stage: ModelStage, layout: Layout, ranks: &[i32], counters: Counters) -> Result<EmuId, EmuError> {
+        let what = format!("Create {model_stage} {layout} on {ranks:?}");
+        self.catalogue(model_stage.role).check_layout(layout)?;
+        if ranks.len() != layout.size() as usize {
+            return Err(EmuError::Invalid { primitive: what, reason: format!("{layout} needs {} ranks, got {}", layout.size(), ranks.len()) });
+        }
+        self.check_ranks(&what, model_stage, ranks, &[])?;
+        let id = self.fresh_id();
+        let target = TargetEmu { id, layout, ranks: ranks.to_vec() };
+        let mut shards = self.allocate_targets(plane, &what, model_stage, std::slice::from_ref(&target), 0)?;
+        let catalogue = &self.catalogues[&model_stage.role];
+        for shard in shards.values_mut() {
+            synthetic_fill(shard, catalogue, counters.seed);
+        }
+        self.install(model_stage, counters, &[target], shards);
+        Ok(id)
+    }
+
+    /// Checks on every rank that the new shards (and pack buffers) fit, then allocates this
+    /// rank's. If any rank lacks room, every rank returns [`EmuError::NoRoom`] naming them and
+    /// nothing is allocated.
+    fn allocate_targets<P: DataPlane>(&mut self, plane: &mut P, what: &str, model_stage: ModelStage, targets: &[TargetEmu], scratch: u64) -> Result<BTreeMap<EmuId, LocalShard>, EmuError> {
+        let catalogue = &self.catalogues[&model_stage.role];
+        let (sections, dtype) = (self.sections(model_stage), catalogue.arch.dtype);
+        let mine: Vec<(EmuId, Position)> = targets
+            .iter()
+            .filter_map(|t| t.ranks.iter().position(|&r| r == self.rank).map(|i| (t.id, t.layout.position(i))))
+            .collect();
+        let tables: Vec<_> = mine.iter().map(|(id, pos)| (*id, *pos, catalogue.shard(targets.iter().find(|t| t.id == *id).unwrap().layout, *pos))).collect();
+        let need: u64 = tables.iter().map(|(_, _, table)| shard_bytes(table, &sections, dtype)).sum::<u64>() + scratch;
+        let mut short = vec![0u64; self.world.len()];
+        short[self.rank as usize] = u64::from(!self.store.ledger().fits(need));
+        let group = plane.group(&self.world)?;
+        plane.all_reduce_sum_u64(group, &mut short)?;
+        let ranks: Vec<i32> = short.iter().enumerate().filter(|(_, &s)| s > 0).map(|(r, _)| r as i32).collect();
+        if !ranks.is_empty() {
+            return Err(EmuError::NoRoom { primitive: what.into(), ranks: crate::topology::format_index_list(&ranks) });
+        }
+        let mut shards = BTreeMap::new();
+        for (id, position, table) in tables {
+            self.store.ledger_mut().charge(&format!("{id} shard"), shard_bytes(&table, &sections, dtype))?;
+            shards.insert(id, LocalShard::zeroed(id, position, table, sections.clone(), dtype));
+        }
+        Ok(shards)
+    }
+
+    /// Registers targets in the metadata and hands their shards (already charged) to the store.
+    fn install(&mut self, model_stage: ModelStage, counters: Counters, targets: &[TargetEmu], shards: BTreeMap<EmuId, LocalShard>) {
+        for t in targets {
+            self.emus.insert(t.id, Emu { id: t.id, model_stage, layout: t.layout, ranks: t.ranks.clone(), counters });
+        }
+        for (_, shard) in shards {
+            self.store.adopt(shard);
+        }
+    }
+
+    /// Builds `targets` from `sources` (same model-stage, same layout), then frees the sources
+    /// if `consume`. Fails before moving a byte if any rank lacks room.
+    fn redistribute<P: DataPlane>(&mut self, plane: &mut P, what: String, sources: &[EmuId], targets: Vec<TargetEmu>, consume: bool) -> Result<PrimitiveReport, EmuError> {
+        let start = Instant::now();
+        let src: Vec<Emu> = sources.iter().map(|id| self.get(*id, &what).cloned()).collect::<Result<_, _>>()?;
+        let model_stage = src[0].model_stage;
+        let catalogue = &self.catalogues[&model_stage.role];
+        for t in &targets {
+            catalogue.check_layout(t.layout)?;
+        }
+        let src_refs: Vec<&Emu> = src.iter().collect();
+        let movement = Movement::plan(catalogue, &src_refs, &targets);
+        let (sections, dtype) = (self.sections(model_stage), catalogue.arch.dtype);
+        let element_bytes: Vec<u64> = sections.iter().map(|s| s.element_bytes(dtype)).collect();
+        let scratch = scratch_bytes(&movement, self.rank, &element_bytes);
+        let (bytes_sent, bytes_local) = (movement.bytes_sent(&sections, dtype), movement.bytes_local(&sections, dtype));
+        let mut shards = self.allocate_targets(plane, &what, model_stage, &targets, scratch)?;
+        self.store.ledger_mut().charge("pack buffers", scratch)?;
+        let moved = {
+            let sources: BTreeMap<EmuId, &LocalShard> = sources.iter().filter_map(|id| self.store.get(*id).map(|s| (*id, s))).collect();
+            move_bytes(plane, &movement, &sources, &mut shards)
+        };
+        self.store.ledger_mut().release(scratch);
+        moved?;
+        if consume {
+            for id in sources {
+                self.store.free(*id);
+                self.emus.remove(id);
+            }
+        }
+        let created = targets.iter().map(|t| t.id).collect();
+        self.install(model_stage, src[0].counters, &targets, shards);
+        Ok(PrimitiveReport { primitive: what, bytes_sent, bytes_local, seconds: start.elapsed().as_secs_f64(), created })
+    }
+
+    /// `Split(EMU, T_sub) → k EMUs` on the same ranks (see [`split_ranks`]).
+    pub fn split<P: DataPlane>(&mut self, plane: &mut P, id: EmuId, sub: Layout) -> Result<PrimitiveReport, EmuError> {
+        let what = format!("Split {id} -> {sub}");
+        let emu = self.get(id, &what)?.clone();
+        let l = emu.layout;
+        if sub.tp == 0 || sub.pp == 0 || l.tp % sub.tp != 0 || l.pp % sub.pp != 0 || sub == l {
+            return Err(EmuError::Invalid { primitive: what, reason: format!("{sub} must divide {l} in tp and pp, and be smaller") });
+        }
+        let targets = split_ranks(&emu, sub).into_iter().map(|ranks| TargetEmu { id: self.fresh_id(), layout: sub, ranks }).collect();
+        self.redistribute(plane, what, &[id], targets, true)
+    }
+
+    /// `Merge(k EMUs, T) → one EMU` on the union of their ranks (see [`merge_ranks`]).
+    pub fn merge<P: DataPlane>(&mut self, plane: &mut P, ids: &[EmuId], layout: Layout) -> Result<PrimitiveReport, EmuError> {
+        let what = format!("Merge {ids:?} -> {layout}");
+        let parts: Vec<Emu> = ids.iter().map(|id| self.get(*id, &what).cloned()).collect::<Result<_, _>>()?;
+        let sub = parts[0].layout;
+        let same = parts.iter().all(|p| p.layout == sub && p.model_stage == parts[0].model_stage);
+        let fits = sub.tp > 0 && layout.tp % sub.tp == 0 && layout.pp % sub.pp == 0 && (layout.tp / sub.tp) * (layout.pp / sub.pp) == ids.len() as u32;
+        if !same || !fits || ids.len() < 2 {
+            return Err(EmuError::Invalid { primitive: what, reason: format!("needs k >= 2 replicas of one model-stage with one layout whose tp and pp multiply up to {layout}") });
+        }
+        let refs: Vec<&Emu> = parts.iter().collect();
+        let target = TargetEmu { id: self.fresh_id(), layout, ranks: merge_ranks(&refs, layout) };
+        self.redistribute(plane, what, ids, vec![target], true)
+    }
+
+    /// `Extend(EMU, R') → EMU + EMU'`: a new replica on `ranks`, each shard sent once from the
+    /// rank at the same position.
+    pub fn extend<P: DataPlane>(&mut self, plane: &mut P, id: EmuId, ranks: &[i32]) -> Result<PrimitiveReport, EmuError> {
+        let what = format!("Extend {id} -> ranks {ranks:?}");
+        let emu = self.get(id, &what)?.clone();
+        if ranks.len() != emu.ranks.len() {
+            return Err(EmuError::Invalid { primitive: what, reason: format!("{} needs {} ranks, got {}", emu.layout, emu.ranks.len(), ranks.len()) });
+        }
+        self.check_ranks(&what, emu.model_stage, ranks, &[])?;
+        let target = TargetEmu { id: self.fresh_id(), layout: emu.layout, ranks: ranks.to_vec() };
+        self.redistribute(plane, what, &[id], vec![target], false)
+    }
+
+    /// `Destroy(EMU)`: frees its shards locally; refuses the last replica of a model-stage.
+    pub fn destroy(&mut self, id: EmuId) -> Result<PrimitiveReport, EmuError> {
+        let what = format!("Destroy {id}");
+        let emu = self.get(id, &what)?.clone();
+        if self.replicas(emu.model_stage).len() == 1 {
+            return Err(EmuError::LastReplica { emu: id, model_stage: emu.model_stage.to_string() });
+        }
+        self.store.free(id);
+        self.emus.remove(&id);
+        Ok(PrimitiveReport { primitive: what, bytes_sent: 0, bytes_local: 0, seconds: 0.0, created: Vec::new() })
+    }
+
+    /// The digest of every EMU, with one all-reduce over the world.
+    pub fn digests<P: DataPlane>(&self, plane: &mut P) -> Result<BTreeMap<EmuId, Digest>, EmuError> {
+        let ids: Vec<EmuId> = self.emus.keys().copied().collect();
+        let mut sums = vec![0u64; 2 * ids.len()];
+        for (k, id) in ids.iter().enumerate() {
+            let emu = &self.emus[id];
+            let mut add = |d: [u64; 2]| {
+                sums[2 * k] = sums[2 * k].wrapping_add(d[0]);
+                sums[2 * k + 1] = sums[2 * k + 1].wrapping_add(d[1]);
+            };
+            if let Some(shard) = self.store.get(*id) {
+                add(shard_digest(shard, &self.catalogues[&emu.model_stage.role]));
+            }
+            if emu.ranks[0] == self.rank {
+                add(counters_digest(&emu.counters));
+            }
+        }
+        let group = plane.group(&self.world)?;
+        plane.all_reduce_sum_u64(group, &mut sums)?;
+        Ok(ids.iter().enumerate().map(|(k, id)| (*id, Digest([sums[2 * k], sums[2 * k + 1]]))).collect())
+    }
+
+    /// Gathers one replica's whole state onto `root` as a `(tp, pp) = (1, 1)` shard (diagnostics
+    /// and tests; not charged to the ledger). `None` on other ranks.
+    pub fn gather<P: DataPlane>(&self, plane: &mut P, id: EmuId, root: i32) -> Result<Option<LocalShard>, EmuError> {
+        let emu = self.get(id, "Gather")?;
+        let catalogue = &self.catalogues[&emu.model_stage.role];
+        let layout = Layout::new(1, 1);
+        let target = TargetEmu { id: EmuId(u64::MAX), layout, ranks: vec![root] };
+        let movement = Movement::plan(catalogue, &[emu], std::slice::from_ref(&target));
+        let mut targets = BTreeMap::new();
+        if self.rank == root {
+            let table = catalogue.shard(layout, Position { tp: 0, pp: 0 });
+            targets.insert(target.id, LocalShard::zeroed(target.id, Position { tp: 0, pp: 0 }, table, self.sections(emu.model_stage), catalogue.arch.dtype));
+        }
+        let sources: BTreeMap<EmuId, &LocalShard> = self.store.get(id).map(|s| (id, s)).into_iter().collect();
+        move_bytes(plane, &movement, &sources, &mut targets)?;
+        Ok(targets.remove(&target.id))
+    }
+}

@@ -1,0 +1,116 @@
+//! The shard store: on each rank, one flat buffer per EMU it belongs to, carved per tensor by
+//! the position's size table and per state section (θ, then ω), every byte charged to the ledger.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+use crate::config::Dtype;
+use crate::model::{Piece, Position, ShardTable};
+
+use super::{EmuError, EmuId, MemoryLedger, Section};
+
+/// This rank's shard of one EMU: `sections.len()` back-to-back copies of the size table's
+/// layout, section `s` holding `table.elements` elements of `s.element_bytes(dtype)` bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalShard {
+    /// The EMU.
+    pub emu: EmuId,
+    /// This rank's position in it.
+    pub position: Position,
+    /// Which rectangles of which tensors, in buffer order.
+    pub table: ShardTable,
+    /// State sections, in buffer order.
+    pub sections: Vec<Section>,
+    /// Parameter dtype.
+    pub dtype: Dtype,
+    /// The flat buffer.
+    pub buffer: Vec<u8>,
+}
+
+/// Bytes of a shard with `table` and `sections`.
+pub fn shard_bytes(table: &ShardTable, sections: &[Section], dtype: Dtype) -> u64 {
+    sections.iter().map(|s| table.elements * s.element_bytes(dtype)).sum()
+}
+
+impl LocalShard {
+    /// A zero-filled shard (the caller has charged its bytes).
+    pub fn zeroed(emu: EmuId, position: Position, table: ShardTable, sections: Vec<Section>, dtype: Dtype) -> LocalShard {
+        let bytes = shard_bytes(&table, &sections, dtype) as usize;
+        LocalShard { emu, position, table, sections, dtype, buffer: vec![0u8; bytes] }
+    }
+
+    /// Byte range of section `s` in the buffer.
+    pub fn section_range(&self, s: usize) -> Range<usize> {
+        let start: u64 = self.sections[..s].iter().map(|x| self.table.elements * x.element_bytes(self.dtype)).sum();
+        let len = self.table.elements * self.sections[s].element_bytes(self.dtype);
+        start as usize..(start + len) as usize
+    }
+
+    /// The piece of tensor `tensor`, if this shard holds part of it.
+    pub fn piece(&self, tensor: usize) -> Option<&Piece> {
+        self.table.pieces.iter().find(|p| p.tensor == tensor)
+    }
+
+    /// Bytes in the buffer.
+    pub fn bytes(&self) -> u64 {
+        self.buffer.len() as u64
+    }
+}
+
+/// Every shard this rank holds, and its ledger.
+#[derive(Debug)]
+pub struct ShardStore {
+    ledger: MemoryLedger,
+    shards: BTreeMap<EmuId, LocalShard>,
+}
+
+impl ShardStore {
+    /// An empty store for `rank` with `capacity` bytes of device memory.
+    pub fn new(rank: i32, capacity: u64) -> ShardStore {
+        ShardStore { ledger: MemoryLedger::new(rank, capacity), shards: BTreeMap::new() }
+    }
+
+    /// The ledger.
+    pub fn ledger(&self) -> &MemoryLedger {
+        &self.ledger
+    }
+
+    /// The ledger, for charging buffers other than shards (activations, KV cache).
+    pub fn ledger_mut(&mut self) -> &mut MemoryLedger {
+        &mut self.ledger
+    }
+
+    /// Charges and allocates a zeroed shard.
+    pub fn allocate(&mut self, emu: EmuId, position: Position, table: ShardTable, sections: Vec<Section>, dtype: Dtype) -> Result<&mut LocalShard, EmuError> {
+        self.ledger.charge(&format!("{emu} shard"), shard_bytes(&table, &sections, dtype))?;
+        let shard = LocalShard::zeroed(emu, position, table, sections, dtype);
+        Ok(self.shards.entry(emu).or_insert(shard))
+    }
+
+    /// Takes in a shard whose bytes the caller has already charged to this store's ledger.
+    pub fn adopt(&mut self, shard: LocalShard) {
+        self.shards.insert(shard.emu, shard);
+    }
+
+    /// Frees a shard and returns its bytes to the ledger.
+    pub fn free(&mut self, emu: EmuId) -> Option<LocalShard> {
+        let shard = self.shards.remove(&emu)?;
+        self.ledger.release(shard.bytes());
+        Some(shard)
+    }
+
+    /// The shard of `emu`, if this rank holds one.
+    pub fn get(&self, emu: EmuId) -> Option<&LocalShard> {
+        self.shards.get(&emu)
+    }
+
+    /// Mutable access to the shard of `emu`.
+    pub fn get_mut(&mut self, emu: EmuId) -> Option<&mut LocalShard> {
+        self.shards.get_mut(&emu)
+    }
+
+    /// Every shard held.
+    pub fn shards(&self) -> impl Iterator<Item = &LocalShard> {
+        self.shards.values()
+    }
+}

@@ -1,0 +1,68 @@
+//! Model-stages: one model in one stage of the RL step, e.g. `actor/generation`.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// A model of the RL job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// The policy.
+    Actor,
+    /// The value model (PPO).
+    Critic,
+    /// The frozen reference policy.
+    Reference,
+    /// The reward model.
+    Reward,
+}
+
+/// A stage of the synchronous RL step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stage {
+    /// Sampling responses.
+    Generation,
+    /// Log-probs, values, rewards.
+    Inference,
+    /// Optimizer updates.
+    Training,
+}
+
+/// One model in one stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ModelStage {
+    /// The model.
+    pub role: Role,
+    /// The stage.
+    pub stage: Stage,
+}
+
+impl ModelStage {
+    /// `role/stage`.
+    pub const fn new(role: Role, stage: Stage) -> ModelStage {
+        ModelStage { role, stage }
+    }
+
+    /// Whether this model-stage keeps optimizer state (training).
+    pub fn trains(self) -> bool {
+        self.stage == Stage::Training
+    }
+}
+
+impl fmt::Display for ModelStage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let role = match self.role {
+            Role::Actor => "actor",
+            Role::Critic => "critic",
+            Role::Reference => "reference",
+            Role::Reward => "reward",
+        };
+        let stage = match self.stage {
+            Stage::Generation => "generation",
+            Stage::Inference => "inference",
+            Stage::Training => "training",
+        };
+        write!(f, "{role}/{stage}")
+    }
+}
