@@ -73,3 +73,6 @@ pub enum EmuError {
     #[error("{0}")]
     Comm(#[from] CommError),
 }
+
+#[cfg(test)]
+mod tests;
