@@ -33,9 +33,28 @@ enum TopCommand {
     /// Show what a job would run with, or where its ranks sit.
     #[command(subcommand)]
     Inspect(InspectCommand),
+    /// Measure the runtime's machinery (run under mpirun/srun).
+    #[command(subcommand)]
+    Bench(BenchCommand),
     /// Check the runtime's machinery on this job's ranks.
     #[command(subcommand)]
     Selftest(SelftestCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCommand {
+    /// Split/Merge/Extend/Destroy bytes, time and bandwidth vs MPI point-to-point (>= 2 ranks).
+    Primitives {
+        /// Unit sizes in MiB, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,4,16,64,256,1024")]
+        sizes_mib: Vec<u64>,
+        /// Repetitions per size (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// Also write the report as JSON.
+        #[arg(long, value_name = "PATH")]
+        json: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -130,6 +149,9 @@ fn main() -> ExitCode {
             Command::InspectConfig { config: file, overrides: overrides.into() }
         }
         TopCommand::Inspect(InspectCommand::Topology { json }) => Command::InspectTopology { json },
+        TopCommand::Bench(BenchCommand::Primitives { sizes_mib, reps, json }) => {
+            Command::BenchPrimitives { sizes_mib, reps: reps.max(1), json }
+        }
         TopCommand::Selftest(SelftestCommand::Primitives { cases, seed }) => Command::SelftestPrimitives { cases, seed },
     };
     ExitCode::from(runtime::run(options, command))

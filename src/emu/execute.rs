@@ -1,55 +1,96 @@
-//! Executing a [`Movement`] on this rank: local slices, then every cross-rank pair at once.
+//! Executing a [`Movement`] on this rank: local slices, then every cross-rank message at once.
 //!
-//! Between two ranks all segments travel as one message per pair. When a pair's segments are a
-//! whole source shard going to a target shard with the same size table (Extend), the message is
-//! the source's flat buffer itself and lands directly in the target's; otherwise rectangles are
-//! packed in segment order, every state section after the other, and unpacked on arrival.
+//! Both ends of a rank pair walk the pair's segments in the same order — state section by
+//! section, then segment by segment — so they agree on every message without telling each
+//! other. A rectangle that is contiguous in a buffer (whole rows) is sent from, or received
+//! into, that buffer directly; runs of such rectangles that are adjacent in both buffers are
+//! coalesced into one message, so an Extend sends each shard as one contiguous buffer per rank
+//! pair. Only non-contiguous rectangles (column blocks of row-parallel weights) are packed or
+//! unpacked through scratch.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 
 use crate::comm::{DataPlane, Transfer};
 use crate::model::Region;
 
-use super::movement::{Movement, Segment};
-use super::{EmuError, EmuId, LocalShard};
+use super::movement::{Movement, Segment, Stored};
+use super::{EmuError, EmuId, LocalShard, Section};
+use crate::config::Dtype;
 
-/// A rectangle stored row-major from a byte offset.
-#[derive(Clone, Copy)]
-struct Stored {
-    byte_offset: u64,
-    region: Region,
+/// Byte offset of element `(row, col)` of `r` inside its stored piece, in section `s`.
+fn byte_at(at: &Stored, r: &Region, row: u64, s_base: u64, eb: u64) -> u64 {
+    let p = at.piece_region;
+    s_base + (at.piece_offset + (r.row0 + row - p.row0) * p.cols + (r.col0 - p.col0)) * eb
 }
 
-/// Copies rectangle `r` from `src` (stored as `sv`) to `dst` (stored as `dv`); `eb` bytes/element.
-fn copy_region(src: &[u8], sv: Stored, dst: &mut [u8], dv: Stored, r: Region, eb: u64) {
-    let at = |v: Stored, row: u64| -> usize {
-        (v.byte_offset + ((r.row0 + row - v.region.row0) * v.region.cols + (r.col0 - v.region.col0)) * eb) as usize
-    };
-    if r.cols == sv.region.cols && r.cols == dv.region.cols {
-        let (s, d, n) = (at(sv, 0), at(dv, 0), (r.elements() * eb) as usize);
+/// Byte offset where section `s` starts in a shard of `elements` elements per section.
+fn section_base(sections: &[Section], dtype: Dtype, s: usize, elements: u64) -> u64 {
+    sections[..s].iter().map(|x| elements * x.element_bytes(dtype)).sum()
+}
+
+/// One message of a pair: a source and a target byte range when contiguous, else the segment
+/// and section whose rectangle goes through scratch on that side.
+struct Chunk {
+    emus: (EmuId, EmuId),
+    src: Result<Range<u64>, (usize, usize)>,
+    dst: Result<Range<u64>, (usize, usize)>,
+    bytes: u64,
+}
+
+/// The messages between `src_rank` and `dst_rank`, identical on both ends.
+fn chunks(segs: &[(usize, &Segment)], sections: &[Section], dtype: Dtype) -> Vec<Chunk> {
+    let mut out: Vec<Chunk> = Vec::new();
+    for (s, section) in sections.iter().enumerate() {
+        let eb = section.element_bytes(dtype);
+        for &(k, seg) in segs {
+            let r = &seg.region;
+            let bytes = r.elements() * eb;
+            let range = |at: &Stored| {
+                let contiguous = r.cols == at.piece_region.cols || r.rows == 1;
+                let base = section_base(sections, dtype, s, at.section_elements);
+                let start = byte_at(at, r, 0, base, eb);
+                if contiguous { Ok(start..start + bytes) } else { Err((k, s)) }
+            };
+            let (src, dst) = (range(&seg.src_at), range(&seg.dst_at));
+            let emus = (seg.src.0, seg.dst.0);
+            if let (Some(last), Ok(sr), Ok(dr)) = (out.last_mut(), &src, &dst) {
+                if let (Ok(ls), Ok(ld)) = (&mut last.src, &mut last.dst) {
+                    if last.emus == emus && ls.end == sr.start && ld.end == dr.start {
+                        ls.end = sr.end;
+                        ld.end = dr.end;
+                        last.bytes += bytes;
+                        continue;
+                    }
+                }
+            }
+            out.push(Chunk { emus, src, dst, bytes });
+        }
+    }
+    out
+}
+
+/// Copies rectangle `r` between two stored pieces (or a packed buffer, `Stored` with the
+/// rectangle itself as its piece).
+fn copy_rect(src: &[u8], sa: &Stored, s_base: u64, dst: &mut [u8], da: &Stored, d_base: u64, r: &Region, eb: u64) {
+    if r.cols == sa.piece_region.cols && r.cols == da.piece_region.cols {
+        let (s, d, n) = (byte_at(sa, r, 0, s_base, eb) as usize, byte_at(da, r, 0, d_base, eb) as usize, (r.elements() * eb) as usize);
         dst[d..d + n].copy_from_slice(&src[s..s + n]);
         return;
     }
     let n = (r.cols * eb) as usize;
     for row in 0..r.rows {
-        let (s, d) = (at(sv, row), at(dv, row));
+        let (s, d) = (byte_at(sa, r, row, s_base, eb) as usize, byte_at(da, r, row, d_base, eb) as usize);
         dst[d..d + n].copy_from_slice(&src[s..s + n]);
     }
 }
 
-fn stored_in(shard: &LocalShard, seg: &Segment, eb: u64) -> Stored {
-    let piece = shard.piece(seg.tensor).expect("movement only names tensors the shard holds");
-    Stored { byte_offset: piece.offset * eb, region: piece.region }
+/// The rectangle as its own packed piece.
+fn packed(r: &Region) -> Stored {
+    Stored { piece_offset: 0, piece_region: *r, section_elements: r.elements() }
 }
 
-/// Whether `segs` are exactly `src`'s whole shard going into `dst` laid out identically.
-fn is_whole_shard(segs: &[&Segment], src: &LocalShard, dst_table_matches: bool) -> bool {
-    dst_table_matches
-        && segs.len() == src.table.pieces.len()
-        && segs.iter().zip(&src.table.pieces).all(|(s, p)| s.tensor == p.tensor && s.region == p.region)
-}
-
-/// Bytes of packed messages this rank sends and receives for `movement` (for the memory check).
+/// Bytes of scratch this rank may need for `movement` (an upper bound, for the memory check).
 pub fn scratch_bytes(movement: &Movement, me: i32, element_bytes: &[u64]) -> u64 {
     let per_element: u64 = element_bytes.iter().sum();
     movement
@@ -60,6 +101,20 @@ pub fn scratch_bytes(movement: &Movement, me: i32, element_bytes: &[u64]) -> u64
         .sum()
 }
 
+/// Splits `buffer` into disjoint mutable slices for `ranges` (sorted, non-overlapping).
+fn carve<'a>(mut buffer: &'a mut [u8], ranges: &[(usize, Range<u64>)]) -> Vec<(usize, &'a mut [u8])> {
+    let mut out = Vec::with_capacity(ranges.len());
+    let mut consumed = 0u64;
+    for (key, range) in ranges {
+        let (_, rest) = std::mem::take(&mut buffer).split_at_mut((range.start - consumed) as usize);
+        let (piece, rest) = rest.split_at_mut((range.end - range.start) as usize);
+        out.push((*key, piece));
+        buffer = rest;
+        consumed = range.end;
+    }
+    out
+}
+
 /// Moves this rank's part of `movement` from `sources` into `targets`.
 pub fn move_bytes<P: DataPlane>(
     plane: &P,
@@ -68,110 +123,99 @@ pub fn move_bytes<P: DataPlane>(
     targets: &mut BTreeMap<EmuId, LocalShard>,
 ) -> Result<(), EmuError> {
     let me = plane.rank();
-    let sections_of = |shard: &LocalShard| shard.sections.len();
-    // Local slices.
+    let Some(any) = sources.values().next().map(|s| (s.sections.clone(), s.dtype)).or_else(|| targets.values().next().map(|t| (t.sections.clone(), t.dtype))) else {
+        return Ok(()); // this rank takes no part
+    };
+    let (sections, dtype) = any;
     for seg in movement.segments.iter().filter(|s| !s.is_remote() && s.dst.1 == me) {
         let src = sources[&seg.src.0];
         let dst = targets.get_mut(&seg.dst.0).expect("target allocated");
-        for s in 0..sections_of(src) {
-            let eb = src.sections[s].element_bytes(src.dtype);
-            let (sv, dv) = (stored_in(src, seg, eb), stored_in(dst, seg, eb));
-            let (sr, dr) = (src.section_range(s), dst.section_range(s));
-            copy_region(&src.buffer[sr], sv, &mut dst.buffer[dr], dv, seg.region, eb);
+        for (s, section) in sections.iter().enumerate() {
+            let eb = section.element_bytes(dtype);
+            let (sb, db) = (section_base(&sections, dtype, s, seg.src_at.section_elements), section_base(&sections, dtype, s, seg.dst_at.section_elements));
+            copy_rect(&src.buffer, &seg.src_at, sb, &mut dst.buffer, &seg.dst_at, db, &seg.region, eb);
         }
     }
-    // Group remote segments by peer, keeping the global order within each pair.
-    let mut outgoing: BTreeMap<i32, Vec<&Segment>> = BTreeMap::new();
-    let mut incoming: BTreeMap<i32, Vec<&Segment>> = BTreeMap::new();
-    for seg in movement.segments.iter().filter(|s| s.is_remote()) {
+    let mut outgoing: BTreeMap<i32, Vec<(usize, &Segment)>> = BTreeMap::new();
+    let mut incoming: BTreeMap<i32, Vec<(usize, &Segment)>> = BTreeMap::new();
+    for (k, seg) in movement.segments.iter().enumerate().filter(|(_, s)| s.is_remote()) {
         if seg.src.1 == me {
-            outgoing.entry(seg.dst.1).or_default().push(seg);
+            outgoing.entry(seg.dst.1).or_default().push((k, seg));
         }
         if seg.dst.1 == me {
-            incoming.entry(seg.src.1).or_default().push(seg);
+            incoming.entry(seg.src.1).or_default().push((k, seg));
         }
     }
-    // Pack what cannot go as a whole buffer.
-    let mut packed_out: BTreeMap<i32, Vec<u8>> = BTreeMap::new();
-    let mut direct_out: BTreeMap<i32, EmuId> = BTreeMap::new();
+    let segment = |k: usize| &movement.segments[k];
+    // Sends: direct slices of source buffers, or packed rectangles.
+    let mut send_plan: Vec<(i32, Result<(EmuId, Range<u64>), Vec<u8>>)> = Vec::new();
     for (&peer, segs) in &outgoing {
-        let src = sources[&segs[0].src.0];
-        let same_src = segs.iter().all(|s| s.src.0 == segs[0].src.0 && s.dst.0 == segs[0].dst.0);
-        if same_src && is_whole_shard(segs, src, true) {
-            direct_out.insert(peer, src.emu);
-            continue;
+        for c in chunks(segs, &sections, dtype) {
+            let item = match c.src {
+                Ok(range) => Ok((c.emus.0, range)),
+                Err((k, s)) => {
+                    let seg = segment(k);
+                    let eb = sections[s].element_bytes(dtype);
+                    let mut out = vec![0u8; c.bytes as usize];
+                    let sb = section_base(&sections, dtype, s, seg.src_at.section_elements);
+                    copy_rect(&sources[&seg.src.0].buffer, &seg.src_at, sb, &mut out, &packed(&seg.region), 0, &seg.region, eb);
+                    Err(out)
+                }
+            };
+            send_plan.push((peer, item));
         }
-        packed_out.insert(peer, pack(segs, sources));
     }
-    // Receive directly into a target shard when the sender sends its whole shard.
-    let mut direct_in: BTreeMap<i32, EmuId> = BTreeMap::new();
-    let mut packed_in: BTreeMap<i32, Vec<u8>> = BTreeMap::new();
+    // Receives: direct ranges of target buffers, or scratch to unpack afterwards.
+    let mut direct: BTreeMap<EmuId, Vec<(usize, Range<u64>)>> = BTreeMap::new();
+    let mut scratch: Vec<(usize, (usize, usize), Vec<u8>)> = Vec::new();
+    let mut recv_order: Vec<(i32, Result<usize, usize>)> = Vec::new();
     for (&peer, segs) in &incoming {
-        let dst = &targets[&segs[0].dst.0];
-        let same = segs.iter().all(|s| s.src.0 == segs[0].src.0 && s.dst.0 == segs[0].dst.0);
-        if same && is_whole_shard(segs, dst, true) {
-            direct_in.insert(peer, dst.emu);
-        } else {
-            let per_element: u64 = dst.sections.iter().map(|s| s.element_bytes(dst.dtype)).sum();
-            let bytes: u64 = segs.iter().map(|s| s.region.elements() * per_element).sum();
-            packed_in.insert(peer, vec![0u8; bytes as usize]);
+        for c in chunks(segs, &sections, dtype) {
+            match c.dst {
+                Ok(range) => {
+                    let slot = recv_order.len();
+                    direct.entry(c.emus.1).or_default().push((slot, range));
+                    recv_order.push((peer, Ok(slot)));
+                }
+                Err(ks) => {
+                    scratch.push((recv_order.len(), ks, vec![0u8; c.bytes as usize]));
+                    recv_order.push((peer, Err(scratch.len() - 1)));
+                }
+            }
         }
     }
     {
         let mut transfers: Vec<Transfer<'_>> = Vec::new();
-        for (&peer, emu) in &direct_out {
-            transfers.push(Transfer::Send { peer, data: &sources[emu].buffer });
+        for (peer, item) in &send_plan {
+            let data: &[u8] = match item {
+                Ok((emu, r)) => &sources[emu].buffer[r.start as usize..r.end as usize],
+                Err(packed) => packed,
+            };
+            transfers.push(Transfer::Send { peer: *peer, data });
         }
-        for (&peer, data) in &packed_out {
-            transfers.push(Transfer::Send { peer, data });
+        let mut slices: BTreeMap<usize, &mut [u8]> = BTreeMap::new();
+        for (emu, shard) in targets.iter_mut() {
+            if let Some(ranges) = direct.get_mut(emu) {
+                ranges.sort_by_key(|(_, r)| r.start);
+                slices.extend(carve(&mut shard.buffer, ranges));
+            }
         }
-        let mut by_emu: BTreeMap<EmuId, &mut LocalShard> = targets.iter_mut().map(|(k, v)| (*k, v)).collect();
-        for (&peer, emu) in &direct_in {
-            let shard = by_emu.remove(emu).expect("one whole-shard sender per target");
-            transfers.push(Transfer::Recv { peer, data: &mut shard.buffer });
-        }
-        for (&peer, data) in packed_in.iter_mut() {
-            transfers.push(Transfer::Recv { peer, data });
+        let mut scratch_slices: Vec<Option<&mut [u8]>> = scratch.iter_mut().map(|(_, _, b)| Some(b.as_mut_slice())).collect();
+        for (peer, which) in &recv_order {
+            let data = match which {
+                Ok(slot) => slices.remove(slot).expect("each direct range carved once"),
+                Err(i) => scratch_slices[*i].take().expect("each scratch buffer received once"),
+            };
+            transfers.push(Transfer::Recv { peer: *peer, data });
         }
         plane.exchange(&mut transfers)?;
     }
-    for (peer, data) in &packed_in {
-        unpack(&incoming[peer], data, targets);
+    for (_, (k, s), data) in &scratch {
+        let seg = segment(*k);
+        let eb = sections[*s].element_bytes(dtype);
+        let db = section_base(&sections, dtype, *s, seg.dst_at.section_elements);
+        let dst = targets.get_mut(&seg.dst.0).expect("target allocated");
+        copy_rect(data, &packed(&seg.region), 0, &mut dst.buffer, &seg.dst_at, db, &seg.region, eb);
     }
     Ok(())
-}
-
-/// Concatenates, section by section, the rectangles of `segs` from their source shards.
-fn pack(segs: &[&Segment], sources: &BTreeMap<EmuId, &LocalShard>) -> Vec<u8> {
-    let first = sources[&segs[0].src.0];
-    let per_element: u64 = first.sections.iter().map(|s| s.element_bytes(first.dtype)).sum();
-    let mut out = vec![0u8; segs.iter().map(|s| s.region.elements() * per_element).sum::<u64>() as usize];
-    let mut cursor = 0u64; // bytes
-    for s in 0..first.sections.len() {
-        for seg in segs {
-            let src = sources[&seg.src.0];
-            let eb = src.sections[s].element_bytes(src.dtype);
-            let dv = Stored { byte_offset: cursor, region: seg.region };
-            copy_region(&src.buffer[src.section_range(s)], stored_in(src, seg, eb), &mut out, dv, seg.region, eb);
-            cursor += seg.region.elements() * eb;
-        }
-    }
-    out
-}
-
-/// Inverse of [`pack`] on the receiving side.
-fn unpack(segs: &[&Segment], data: &[u8], targets: &mut BTreeMap<EmuId, LocalShard>) {
-    let sections = targets[&segs[0].dst.0].sections.len();
-    let mut cursor = 0u64;
-    for s in 0..sections {
-        for seg in segs {
-            let dst = targets.get_mut(&seg.dst.0).expect("target allocated");
-            let eb = dst.sections[s].element_bytes(dst.dtype);
-            let sv = Stored { byte_offset: cursor, region: seg.region };
-            let dv = stored_in(dst, seg, eb);
-            let range = dst.section_range(s);
-            copy_region(data, sv, &mut dst.buffer[range], dv, seg.region, eb);
-            cursor += seg.region.elements() * eb;
-        }
-    }
 }

@@ -9,10 +9,22 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Catalogue, Layout, Position, Region};
+use crate::model::{Catalogue, Layout, Position, Region, ShardTable};
 
 use super::{Emu, EmuId, Section};
 use crate::config::Dtype;
+
+/// Where a rectangle lives inside a shard: the stored piece it belongs to, and the shard's
+/// elements per state section (so both ends of a transfer can compute both byte ranges).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stored {
+    /// Element offset of the piece within a section.
+    pub piece_offset: u64,
+    /// The rectangle the piece holds.
+    pub piece_region: Region,
+    /// Elements per section of the whole shard.
+    pub section_elements: u64,
+}
 
 /// One rectangle of one tensor moving from a source shard to a target shard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -25,6 +37,10 @@ pub struct Segment {
     pub src: (EmuId, i32),
     /// Target EMU and the rank that needs it.
     pub dst: (EmuId, i32),
+    /// Where it lives in the source shard.
+    pub src_at: Stored,
+    /// Where it goes in the target shard.
+    pub dst_at: Stored,
 }
 
 impl Segment {
@@ -56,6 +72,7 @@ impl Movement {
     /// Plans the segments that build `targets` from `sources` (replicas sharing one layout).
     pub fn plan(catalogue: &Catalogue, sources: &[&Emu], targets: &[TargetEmu]) -> Movement {
         let src_layout = sources[0].layout;
+        let src_tables: Vec<ShardTable> = src_layout.positions().map(|p| catalogue.shard(src_layout, p)).collect();
         let mut segments = Vec::new();
         for (t_index, target) in targets.iter().enumerate() {
             for (k, &dst_rank) in target.ranks.iter().enumerate() {
@@ -79,7 +96,16 @@ impl Movement {
                             .copied()
                             .find(|&(_, r)| r == dst_rank)
                             .unwrap_or(holders[(k + t_index) % holders.len()]);
-                        segments.push(Segment { tensor: piece.tensor, region: overlap, src, dst: (target.id, dst_rank) });
+                        let src_table = &src_tables[src_layout.index(Position { tp: i, pp: src_stage })];
+                        let src_piece = src_table.pieces.iter().find(|p| p.tensor == piece.tensor).expect("the holder's table lists the tensor");
+                        segments.push(Segment {
+                            tensor: piece.tensor,
+                            region: overlap,
+                            src,
+                            dst: (target.id, dst_rank),
+                            src_at: Stored { piece_offset: src_piece.offset, piece_region: src_piece.region, section_elements: src_table.elements },
+                            dst_at: Stored { piece_offset: piece.offset, piece_region: piece.region, section_elements: table.elements },
+                        });
                     }
                 }
             }

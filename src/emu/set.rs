@@ -180,8 +180,7 @@ impl EmuSet {
         }
         let mut shards = BTreeMap::new();
         for (id, position, table) in tables {
-            self.store.ledger_mut().charge(&format!("{id} shard"), shard_bytes(&table, &sections, dtype))?;
-            shards.insert(id, LocalShard::zeroed(id, position, table, sections.clone(), dtype));
+            shards.insert(id, self.store.new_shard(id, position, table, sections.clone(), dtype)?);
         }
         Ok(shards)
     }

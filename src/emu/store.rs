@@ -57,17 +57,22 @@ impl LocalShard {
     }
 }
 
-/// Every shard this rank holds, and its ledger.
+/// Every shard this rank holds, its ledger, and a cache of freed buffers.
+///
+/// Freed shard buffers are kept (like a GPU caching allocator) and handed out again for shards
+/// of the same size, already paged in; they are dropped whenever live shards plus the cache
+/// would exceed the capacity, so real memory never passes it. The ledger charges live bytes.
 #[derive(Debug)]
 pub struct ShardStore {
     ledger: MemoryLedger,
     shards: BTreeMap<EmuId, LocalShard>,
+    cache: Vec<Vec<u8>>,
 }
 
 impl ShardStore {
     /// An empty store for `rank` with `capacity` bytes of device memory.
     pub fn new(rank: i32, capacity: u64) -> ShardStore {
-        ShardStore { ledger: MemoryLedger::new(rank, capacity), shards: BTreeMap::new() }
+        ShardStore { ledger: MemoryLedger::new(rank, capacity), shards: BTreeMap::new(), cache: Vec::new() }
     }
 
     /// The ledger.
@@ -80,11 +85,26 @@ impl ShardStore {
         &mut self.ledger
     }
 
-    /// Charges and allocates a zeroed shard.
-    pub fn allocate(&mut self, emu: EmuId, position: Position, table: ShardTable, sections: Vec<Section>, dtype: Dtype) -> Result<&mut LocalShard, EmuError> {
-        self.ledger.charge(&format!("{emu} shard"), shard_bytes(&table, &sections, dtype))?;
-        let shard = LocalShard::zeroed(emu, position, table, sections, dtype);
-        Ok(self.shards.entry(emu).or_insert(shard))
+    /// Bytes held in the cache of freed buffers.
+    pub fn cached_bytes(&self) -> u64 {
+        self.cache.iter().map(|b| b.len() as u64).sum()
+    }
+
+    /// Charges a new shard and builds it on a cached buffer of the right size if there is one.
+    /// Its contents are unspecified (a redistribution overwrites every byte).
+    pub fn new_shard(&mut self, emu: EmuId, position: Position, table: ShardTable, sections: Vec<Section>, dtype: Dtype) -> Result<LocalShard, EmuError> {
+        let bytes = shard_bytes(&table, &sections, dtype);
+        self.ledger.charge(&format!("{emu} shard"), bytes)?;
+        let buffer = match self.cache.iter().position(|b| b.len() as u64 == bytes) {
+            Some(i) => self.cache.swap_remove(i),
+            None => {
+                while self.ledger.used() + self.cached_bytes() > self.ledger.capacity() && !self.cache.is_empty() {
+                    self.cache.remove(0);
+                }
+                vec![0u8; bytes as usize]
+            }
+        };
+        Ok(LocalShard { emu, position, table, sections, dtype, buffer })
     }
 
     /// Takes in a shard whose bytes the caller has already charged to this store's ledger.
@@ -92,11 +112,17 @@ impl ShardStore {
         self.shards.insert(shard.emu, shard);
     }
 
-    /// Frees a shard and returns its bytes to the ledger.
-    pub fn free(&mut self, emu: EmuId) -> Option<LocalShard> {
-        let shard = self.shards.remove(&emu)?;
-        self.ledger.release(shard.bytes());
-        Some(shard)
+    /// Frees a shard: its bytes return to the ledger and its buffer to the cache.
+    pub fn free(&mut self, emu: EmuId) {
+        if let Some(shard) = self.shards.remove(&emu) {
+            self.ledger.release(shard.bytes());
+            self.cache.push(shard.buffer);
+        }
+    }
+
+    /// Drops every cached buffer.
+    pub fn trim(&mut self) {
+        self.cache.clear();
     }
 
     /// The shard of `emu`, if this rank holds one.

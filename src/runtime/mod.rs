@@ -3,6 +3,7 @@
 //! `main.rs` parses the command line into a [`Command`] and calls [`run`]; everything else,
 //! including which rank prints what and the exit status, is decided here.
 
+pub mod bench;
 mod inspect;
 pub mod logging;
 mod rng;
@@ -41,6 +42,15 @@ pub enum Command {
         /// Print JSON instead of a table.
         json: bool,
     },
+    /// Benchmark the EMU primitives against MPI point-to-point bandwidth.
+    BenchPrimitives {
+        /// Unit sizes in MiB.
+        sizes_mib: Vec<u64>,
+        /// Repetitions per size.
+        reps: usize,
+        /// Where to write the JSON report.
+        json: Option<PathBuf>,
+    },
     /// Random EMU primitive sequences with state checks after every step.
     SelftestPrimitives {
         /// Random cases.
@@ -65,6 +75,9 @@ pub enum RuntimeError {
     /// A device backend is missing or failed.
     #[error("{0}")]
     Backend(#[from] BackendError),
+    /// A command was used wrongly (e.g. too few ranks).
+    #[error("{0}")]
+    Usage(String),
     /// An EMU primitive failed.
     #[error("{0}")]
     Emu(#[from] crate::emu::EmuError),
@@ -80,7 +93,7 @@ impl RuntimeError {
     /// The process exit status: 2 for anything the user can fix in the config or command line.
     pub fn exit_code(&self) -> u8 {
         match self {
-            RuntimeError::Config(_) => EXIT_USAGE,
+            RuntimeError::Config(_) | RuntimeError::Usage(_) => EXIT_USAGE,
             RuntimeError::Comm(CommError::Disagreement { .. }) => EXIT_USAGE,
             _ => EXIT_FAILURE,
         }
@@ -105,6 +118,7 @@ pub fn run(options: SessionOptions, command: Command) -> u8 {
     let outcome = match &command {
         Command::InspectConfig { config, overrides } => inspect::config(&mut session, config.as_deref(), overrides),
         Command::InspectTopology { json } => inspect::topology(&session, *json),
+        Command::BenchPrimitives { sizes_mib, reps, json } => bench::primitives::run(&session, sizes_mib, *reps, json.as_deref()),
         Command::SelftestPrimitives { cases, seed } => selftest_primitives(&session, *cases, *seed),
     };
     match outcome {
