@@ -48,8 +48,8 @@ enum BenchCommand {
         /// Unit sizes in MiB, comma-separated.
         #[arg(long, value_delimiter = ',', default_value = "1,4,16,64,256,1024")]
         sizes_mib: Vec<u64>,
-        /// Repetitions per size (the median is reported).
-        #[arg(long, default_value_t = 3)]
+        /// Measured repetitions per size after one warm-up (the median is reported).
+        #[arg(long, default_value_t = 5)]
         reps: usize,
         /// Also write the report as JSON.
         #[arg(long, value_name = "PATH")]
