@@ -21,5 +21,6 @@ fn random_primitive_sequences_lose_and_change_nothing_on_8_ranks() {
         }
         assert!(summary["gathers"].as_u64().unwrap() >= 40 * 9, "a byte-exact gather after every step");
         assert!(summary["bytes_sent"].as_u64().unwrap() > 0);
+        assert_eq!(summary["group_checks"], 1, "disjoint groups formed and ran collectives");
     }
 }

@@ -1,8 +1,11 @@
 //! The data plane: what primitives and the engine need to move tensors between ranks.
 //!
-//! [`DataPlane`] is written against an associated memory type so that an NCCL/RCCL
-//! implementation over device buffers fits beside [`MpiPlane`] (host memory) without changing
-//! callers: groups are named by their world ranks, created only by their members, and cached.
+//! Callers name groups by their world ranks (created only by their members, cached) and hand
+//! the plane byte slices; nothing above this trait knows MPI. [`MpiPlane`] moves host memory.
+//! An NCCL/RCCL plane keeps the same calls — groups become communicators made from a unique id
+//! broadcast over the MPI control plane, `exchange` becomes grouped `ncclSend`/`ncclRecv` — with
+//! byte slices that live in device memory (the shard store's buffers will move there with the
+//! GPU engine).
 
 use mpi::collective::SystemOperation;
 use mpi::topology::{Communicator, SimpleCommunicator};

@@ -68,7 +68,6 @@ impl ModelSpec {
         check::at_least_one(&key("heads"), self.heads)?;
         check::at_least_one(&key("kv_heads"), self.kv_heads)?;
         check::at_least_one(&key("ffn"), self.ffn)?;
-        check::divides(&key("kv_heads"), self.kv_heads, self.heads, &format!("models.{role}.heads"))?;
         match self.head_dim {
             Some(head_dim) => {
                 if head_dim == 0 || head_dim % 2 != 0 {
@@ -87,6 +86,7 @@ impl ModelSpec {
                 }
             }
         }
+        check::divides(&key("kv_heads"), self.kv_heads, self.heads, &format!("models.{role}.heads"))?;
         if self.vocab < 2 {
             return Err(ConfigError::invalid(key("vocab"), self.vocab, "must be at least 2"));
         }

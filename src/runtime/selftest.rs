@@ -36,6 +36,8 @@ pub struct SelftestSummary {
     pub refusals: BTreeMap<String, u64>,
     /// Full-state byte comparisons on rank 0.
     pub gathers: u64,
+    /// Data-plane checks on disjoint groups (all-reduce, all-gather, broadcast).
+    pub group_checks: u64,
     /// Bytes sent over the data plane.
     pub bytes_sent: u64,
     /// Failed checks (empty on success).
@@ -81,11 +83,39 @@ pub fn primitives(session: &Session, cases: u32, seed: u64) -> Result<SelftestSu
     let world = session.world().size();
     let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
     let mut summary = SelftestSummary { cases, ..SelftestSummary::default() };
+    check_disjoint_groups(&mut plane, world, &mut summary)?;
     for case in 0..cases {
         let mut rng = Rng::new(seed.wrapping_mul(1_000_003).wrapping_add(u64::from(case)));
         run_case(&mut plane, world, &mut rng, case, &mut summary)?;
     }
     Ok(summary)
+}
+
+/// Two disjoint groups (the lower and upper half of the world, each created by its members
+/// only) run collectives at the same time; every result depends on every member.
+fn check_disjoint_groups(plane: &mut MpiPlane<'_>, world: i32, summary: &mut SelftestSummary) -> Result<(), RuntimeError> {
+    let me = plane.rank();
+    let half = (world / 2).max(1);
+    let members: Vec<i32> = if me < half { (0..half).collect() } else { (half..world).collect() };
+    let group = plane.group(&members)?;
+    let again = plane.group(&members)?;
+    let mut sum = [u64::try_from(me).unwrap_or(0) + 1];
+    plane.all_reduce_sum_u64(group, &mut sum)?;
+    let mut gathered = vec![0u8; members.len()];
+    plane.all_gather(group, &[me as u8], &mut gathered)?;
+    let mut root_value = [if me == members[0] { 100 + me as u8 } else { 0 }];
+    plane.broadcast(group, 0, &mut root_value)?;
+    let expected_sum: u64 = members.iter().map(|&r| r as u64 + 1).sum();
+    let expected_gather: Vec<u8> = members.iter().map(|&r| r as u8).collect();
+    let ok = group == again && sum[0] == expected_sum && gathered == expected_gather && root_value[0] == 100 + members[0] as u8;
+    let mut failures = [u64::from(!ok)];
+    let all = plane.group(&(0..world).collect::<Vec<_>>())?;
+    plane.all_reduce_sum_u64(all, &mut failures)?;
+    if failures[0] > 0 {
+        summary.failures.push(format!("disjoint-group collectives gave wrong results on {} rank(s)", failures[0]));
+    }
+    summary.group_checks += 1;
+    Ok(())
 }
 
 fn run_case(plane: &mut MpiPlane<'_>, world: i32, rng: &mut Rng, case: u32, summary: &mut SelftestSummary) -> Result<(), RuntimeError> {
