@@ -41,6 +41,8 @@ pub struct ClusterSection {
     pub device_memory_gb: Option<f64>,
     /// Dense peak of one device in TFLOP/s at the models' dtype.
     pub device_peak_tflops: Option<f64>,
+    /// Memory bandwidth of one device in GB/s (HBM; decode is bound by it).
+    pub device_hbm_gbps: Option<f64>,
     /// Device-to-device bandwidth inside a node in GB/s per direction (NVLink, Infinity Fabric).
     pub intra_node_gbps: Option<f64>,
     /// Network interfaces per node (Slingshot or InfiniBand NICs).
@@ -65,6 +67,8 @@ pub struct ClusterSpec {
     pub device_memory_gb: f64,
     /// Dense peak of one device in TFLOP/s.
     pub device_peak_tflops: f64,
+    /// Memory bandwidth of one device, GB/s.
+    pub device_hbm_gbps: f64,
     /// Intra-node device-to-device bandwidth, GB/s per direction.
     pub intra_node_gbps: f64,
     /// NICs per node.
@@ -111,6 +115,7 @@ impl ClusterSection {
             devices_per_node: over.devices_per_node.or(self.devices_per_node),
             device_memory_gb: over.device_memory_gb.or(self.device_memory_gb),
             device_peak_tflops: over.device_peak_tflops.or(self.device_peak_tflops),
+            device_hbm_gbps: over.device_hbm_gbps.or(self.device_hbm_gbps),
             intra_node_gbps: over.intra_node_gbps.or(self.intra_node_gbps),
             nics_per_node: over.nics_per_node.or(self.nics_per_node),
             nic_gbps: over.nic_gbps.or(self.nic_gbps),
@@ -134,6 +139,7 @@ impl ClusterSection {
             devices_per_node: need("devices_per_node", &self.devices_per_node)?,
             device_memory_gb: need("device_memory_gb", &self.device_memory_gb)?,
             device_peak_tflops: need("device_peak_tflops", &self.device_peak_tflops)?,
+            device_hbm_gbps: need("device_hbm_gbps", &self.device_hbm_gbps)?,
             intra_node_gbps: need("intra_node_gbps", &self.intra_node_gbps)?,
             nics_per_node: need("nics_per_node", &self.nics_per_node)?,
             nic_gbps: need("nic_gbps", &self.nic_gbps)?,
@@ -151,6 +157,7 @@ impl ClusterSpec {
         check::at_least_one("cluster.devices_per_node", self.devices_per_node)?;
         check::positive("cluster.device_memory_gb", self.device_memory_gb)?;
         check::positive("cluster.device_peak_tflops", self.device_peak_tflops)?;
+        check::positive("cluster.device_hbm_gbps", self.device_hbm_gbps)?;
         check::positive("cluster.intra_node_gbps", self.intra_node_gbps)?;
         check::at_least_one("cluster.nics_per_node", self.nics_per_node)?;
         check::positive("cluster.nic_gbps", self.nic_gbps)

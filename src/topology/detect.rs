@@ -17,6 +17,8 @@ use super::pci::GpuVendor;
 const CPU_FLOP_PER_CYCLE: f64 = 32.0;
 /// Assumed CPU clock when none can be read, in GHz.
 const CPU_ASSUMED_GHZ: f64 = 2.0;
+/// Assumed memory bandwidth available to one rank, GB/s.
+const CPU_MEMORY_GBPS: f64 = 10.0;
 /// Assumed MPI shared-memory bandwidth between two ranks on a node, GB/s.
 const CPU_INTRA_NODE_GBPS: f64 = 5.0;
 /// Assumed bandwidth of one node's network link, GB/s.
@@ -34,6 +36,7 @@ pub fn detect_cluster(node: &NodeTopology, layout: &WorldLayout) -> ClusterSecti
             // Whole megabytes, so the printed config stays readable.
             device_memory_gb: Some((node.memory_bytes / u64::from(devices) / 1_000_000) as f64 / 1e3),
             device_peak_tflops: Some(cores_per_device * CPU_ASSUMED_GHZ * CPU_FLOP_PER_CYCLE / 1e3),
+            device_hbm_gbps: Some(CPU_MEMORY_GBPS),
             intra_node_gbps: Some(CPU_INTRA_NODE_GBPS),
             nics_per_node: Some(1),
             nic_gbps: Some(CPU_NIC_GBPS),
@@ -48,6 +51,7 @@ pub fn detect_cluster(node: &NodeTopology, layout: &WorldLayout) -> ClusterSecti
         devices_per_node: Some(node.gpus.len() as u32),
         device_memory_gb: memory_gb,
         device_peak_tflops: known.map(|k| k.peak_tflops),
+        device_hbm_gbps: known.map(|k| k.hbm_gbps),
         intra_node_gbps: known.map(|k| k.intra_node_gbps),
         data_plane: Some(match first.vendor {
             GpuVendor::Nvidia => DataPlane::Nccl,

@@ -46,17 +46,19 @@ pub struct KnownGpu {
     pub intra_node_gbps: f64,
     /// Device memory in GB, for drivers that do not expose it in sysfs.
     pub memory_gb: f64,
+    /// Memory bandwidth in GB/s.
+    pub hbm_gbps: f64,
 }
 
 /// The table behind cluster detection for GPUs (figures as in `configs/clusters/*.toml`).
 pub const KNOWN_GPUS: &[KnownGpu] = &[
-    KnownGpu { vendor: GpuVendor::Nvidia, device_id: 0x2335, model: "H200 SXM 141GB", peak_tflops: 989.0, intra_node_gbps: 900.0, memory_gb: 141.0 },
-    KnownGpu { vendor: GpuVendor::Nvidia, device_id: 0x2330, model: "H100 SXM5 80GB", peak_tflops: 989.0, intra_node_gbps: 900.0, memory_gb: 80.0 },
-    KnownGpu { vendor: GpuVendor::Nvidia, device_id: 0x20b2, model: "A100 SXM4 80GB", peak_tflops: 312.0, intra_node_gbps: 600.0, memory_gb: 80.0 },
-    KnownGpu { vendor: GpuVendor::Nvidia, device_id: 0x20b0, model: "A100 SXM4 40GB", peak_tflops: 312.0, intra_node_gbps: 600.0, memory_gb: 40.0 },
-    KnownGpu { vendor: GpuVendor::Amd, device_id: 0x7408, model: "Instinct MI250X (one GCD)", peak_tflops: 191.5, intra_node_gbps: 400.0, memory_gb: 64.0 },
-    KnownGpu { vendor: GpuVendor::Amd, device_id: 0x740c, model: "Instinct MI250X/MI250 (one GCD)", peak_tflops: 181.0, intra_node_gbps: 400.0, memory_gb: 64.0 },
-    KnownGpu { vendor: GpuVendor::Amd, device_id: 0x74a1, model: "Instinct MI300X", peak_tflops: 1307.4, intra_node_gbps: 896.0, memory_gb: 192.0 },
+    KnownGpu { vendor: GpuVendor::Nvidia, device_id: 0x2335, model: "H200 SXM 141GB", peak_tflops: 989.0, intra_node_gbps: 900.0, memory_gb: 141.0, hbm_gbps: 4800.0 },
+    KnownGpu { vendor: GpuVendor::Nvidia, device_id: 0x2330, model: "H100 SXM5 80GB", peak_tflops: 989.0, intra_node_gbps: 900.0, memory_gb: 80.0, hbm_gbps: 3350.0 },
+    KnownGpu { vendor: GpuVendor::Nvidia, device_id: 0x20b2, model: "A100 SXM4 80GB", peak_tflops: 312.0, intra_node_gbps: 600.0, memory_gb: 80.0, hbm_gbps: 2039.0 },
+    KnownGpu { vendor: GpuVendor::Nvidia, device_id: 0x20b0, model: "A100 SXM4 40GB", peak_tflops: 312.0, intra_node_gbps: 600.0, memory_gb: 40.0, hbm_gbps: 1555.0 },
+    KnownGpu { vendor: GpuVendor::Amd, device_id: 0x7408, model: "Instinct MI250X (one GCD)", peak_tflops: 191.5, intra_node_gbps: 400.0, memory_gb: 64.0, hbm_gbps: 1600.0 },
+    KnownGpu { vendor: GpuVendor::Amd, device_id: 0x740c, model: "Instinct MI250X/MI250 (one GCD)", peak_tflops: 181.0, intra_node_gbps: 400.0, memory_gb: 64.0, hbm_gbps: 1600.0 },
+    KnownGpu { vendor: GpuVendor::Amd, device_id: 0x74a1, model: "Instinct MI300X", peak_tflops: 1307.4, intra_node_gbps: 896.0, memory_gb: 192.0, hbm_gbps: 5300.0 },
 ];
 
 impl GpuInfo {
