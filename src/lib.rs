@@ -7,8 +7,10 @@
 pub mod backend;
 pub mod comm;
 pub mod config;
+pub mod cost;
 pub mod emu;
 pub mod model;
 pub mod plan;
+pub mod planner;
 pub mod runtime;
 pub mod topology;

@@ -33,6 +33,22 @@ enum TopCommand {
     /// Show what a job would run with, or where its ranks sit.
     #[command(subcommand)]
     Inspect(InspectCommand),
+    /// Find the fastest memory-feasible TP/PP/DP plan for a job (per model-stage).
+    Plan {
+        /// Job file (TOML); the embedded default when omitted.
+        file: Option<PathBuf>,
+        /// GPUs in the pool (default: the cluster's nodes x devices per node).
+        #[arg(long)]
+        gpus: Option<u32>,
+        /// Response length in tokens to plan for (default: rl.max_response_len).
+        #[arg(long, value_name = "TOKENS")]
+        seq_len: Option<u64>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        overrides: OverrideArgs,
+    },
     /// Measure the runtime's machinery (run under mpirun/srun).
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -149,6 +165,9 @@ fn main() -> ExitCode {
             Command::InspectConfig { config: file, overrides: overrides.into() }
         }
         TopCommand::Inspect(InspectCommand::Topology { json }) => Command::InspectTopology { json },
+        TopCommand::Plan { file, gpus, seq_len, json, overrides } => {
+            Command::Plan { config: file, overrides: overrides.into(), gpus, seq_len, json }
+        }
         TopCommand::Bench(BenchCommand::Primitives { sizes_mib, reps, json }) => {
             Command::BenchPrimitives { sizes_mib, reps: reps.max(1), json }
         }

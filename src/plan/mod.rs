@@ -1,5 +1,7 @@
 //! Plans: model-stages, candidates and plans (the types transitions and the planner share).
 
+mod candidate;
 mod model_stage;
 
+pub use candidate::{model_stages, Candidate, Placement, Plan, PlanError, Recompute};
 pub use model_stage::{ModelStage, Role, Stage};

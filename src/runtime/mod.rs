@@ -5,6 +5,7 @@
 
 pub mod bench;
 mod inspect;
+pub mod plan;
 pub mod logging;
 mod rng;
 mod selftest;
@@ -42,6 +43,19 @@ pub enum Command {
         /// Print JSON instead of a table.
         json: bool,
     },
+    /// Find the fastest memory-feasible plan for a job.
+    Plan {
+        /// The job file; `None` for the embedded default.
+        config: Option<PathBuf>,
+        /// CLI overrides.
+        overrides: Overrides,
+        /// Pool size (default: the cluster's devices).
+        gpus: Option<u32>,
+        /// Response length to plan for (default: rl.max_response_len).
+        seq_len: Option<u64>,
+        /// Print JSON.
+        json: bool,
+    },
     /// Benchmark the EMU primitives against MPI point-to-point bandwidth.
     BenchPrimitives {
         /// Unit sizes in MiB.
@@ -75,6 +89,9 @@ pub enum RuntimeError {
     /// A device backend is missing or failed.
     #[error("{0}")]
     Backend(#[from] BackendError),
+    /// No plan fits.
+    #[error("{0}")]
+    Planner(#[from] crate::planner::PlannerError),
     /// A command was used wrongly (e.g. too few ranks).
     #[error("{0}")]
     Usage(String),
@@ -93,7 +110,7 @@ impl RuntimeError {
     /// The process exit status: 2 for anything the user can fix in the config or command line.
     pub fn exit_code(&self) -> u8 {
         match self {
-            RuntimeError::Config(_) | RuntimeError::Usage(_) => EXIT_USAGE,
+            RuntimeError::Config(_) | RuntimeError::Usage(_) | RuntimeError::Planner(_) => EXIT_USAGE,
             RuntimeError::Comm(CommError::Disagreement { .. }) => EXIT_USAGE,
             _ => EXIT_FAILURE,
         }
@@ -118,6 +135,7 @@ pub fn run(options: SessionOptions, command: Command) -> u8 {
     let outcome = match &command {
         Command::InspectConfig { config, overrides } => inspect::config(&mut session, config.as_deref(), overrides),
         Command::InspectTopology { json } => inspect::topology(&session, *json),
+        Command::Plan { config, overrides, gpus, seq_len, json } => plan::run(&mut session, config.as_deref(), overrides, *gpus, *seq_len, *json),
         Command::BenchPrimitives { sizes_mib, reps, json } => bench::primitives::run(&session, sizes_mib, *reps, json.as_deref()),
         Command::SelftestPrimitives { cases, seed } => selftest_primitives(&session, *cases, *seed),
     };

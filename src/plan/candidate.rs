@@ -1,0 +1,228 @@
+//! Candidates, plans, validity and the execution-overlap graph.
+//!
+//! Rank arithmetic: a candidate's ranks are `dp` replicas of `tp · pp` ranks each; replica `r`
+//! is `ranks[r·tp·pp .. (r+1)·tp·pp]`, ordered TP-fastest inside (see
+//! [`Layout::position`](crate::model::Layout::position)). Example: `(tp, pp, dp) = (2, 2, 2)`
+//! on ranks `[8..16]`: replica 1 is ranks 12–15, and its stage-1 TP group is ranks 14–15.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+use super::{ModelStage, Role, Stage};
+use crate::config::Algorithm;
+use crate::model::Layout;
+
+/// Activation recomputation of a training model-stage (Korthikanti et al., 2022).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Recompute {
+    /// Store every activation.
+    None,
+    /// Recompute the attention core (softmax, dropout, scores) in the backward pass.
+    Selective,
+    /// Store only each block's input; recompute the whole block.
+    Full,
+}
+
+/// `⟨tp, pp, dp⟩` (and recomputation) for one model-stage, before ranks are assigned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Candidate {
+    /// The model-stage.
+    pub model_stage: ModelStage,
+    /// `(tp, pp)`.
+    pub layout: Layout,
+    /// Replicas.
+    pub dp: u32,
+    /// Recomputation (training only; `None` elsewhere).
+    pub recompute: Recompute,
+    /// Sequences per micro-batch (training and inference; at most the configured one).
+    pub micro_batch: u32,
+}
+
+impl Candidate {
+    /// Ranks the candidate occupies.
+    pub fn ranks(&self) -> u32 {
+        self.layout.size() * self.dp
+    }
+}
+
+/// A candidate with concrete ranks: `π_M = ⟨tp, pp, dp, R_M⟩`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    /// The candidate.
+    pub candidate: Candidate,
+    /// `dp · tp · pp` world ranks, replica-major, TP-fastest inside a replica.
+    pub ranks: Vec<i32>,
+}
+
+impl Placement {
+    /// The ranks of replica `r`.
+    pub fn replica(&self, r: usize) -> &[i32] {
+        let size = self.candidate.layout.size() as usize;
+        &self.ranks[r * size..(r + 1) * size]
+    }
+}
+
+/// One placement per model-stage.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Plan {
+    /// Placements, in model-stage order.
+    pub placements: Vec<Placement>,
+}
+
+/// Why a plan is not valid.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    /// A placement's rank count does not match `tp · pp · dp`.
+    #[error("{model_stage}: {got} ranks given for tp·pp·dp = {want}")]
+    RankCount {
+        /// The model-stage.
+        model_stage: ModelStage,
+        /// Ranks listed.
+        got: usize,
+        /// Ranks needed.
+        want: u32,
+    },
+    /// A rank outside the pool.
+    #[error("{model_stage}: rank {rank} is outside the pool of {pool} ranks")]
+    OutsidePool {
+        /// The model-stage.
+        model_stage: ModelStage,
+        /// The rank.
+        rank: i32,
+        /// Pool size.
+        pool: u32,
+    },
+    /// Two model-stages of one stage share a rank (they must run concurrently).
+    #[error("{a} and {b} run in the same stage but share rank {rank}")]
+    SharedInStage {
+        /// One model-stage.
+        a: ModelStage,
+        /// The other.
+        b: ModelStage,
+        /// The rank.
+        rank: i32,
+    },
+}
+
+/// The model-stages of one RL step of `algorithm`, in stage order (generation → inference →
+/// training). ReMax's greedy baseline rollout is extra work of `actor/generation`.
+pub fn model_stages(algorithm: Algorithm) -> Vec<ModelStage> {
+    use Role::*;
+    use Stage::*;
+    let mut out = vec![ModelStage::new(Actor, Generation), ModelStage::new(Reference, Inference), ModelStage::new(Reward, Inference)];
+    if algorithm.uses_critic() {
+        out.push(ModelStage::new(Critic, Inference));
+    }
+    out.push(ModelStage::new(Actor, Training));
+    if algorithm.uses_critic() {
+        out.push(ModelStage::new(Critic, Training));
+    }
+    out
+}
+
+impl Plan {
+    /// Checks rank counts, the pool, and disjointness within each stage.
+    pub fn validate(&self, pool: u32) -> Result<(), PlanError> {
+        let mut owner: BTreeMap<(Stage, i32), ModelStage> = BTreeMap::new();
+        for p in &self.placements {
+            let ms = p.candidate.model_stage;
+            if p.ranks.len() != p.candidate.ranks() as usize {
+                return Err(PlanError::RankCount { model_stage: ms, got: p.ranks.len(), want: p.candidate.ranks() });
+            }
+            for &r in &p.ranks {
+                if r < 0 || r as u32 >= pool {
+                    return Err(PlanError::OutsidePool { model_stage: ms, rank: r, pool });
+                }
+                if let Some(other) = owner.insert((ms.stage, r), ms) {
+                    if other != ms {
+                        return Err(PlanError::SharedInStage { a: other, b: ms, rank: r });
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The step latency of the execution-overlap graph: stages run one after another; inside a
+    /// stage, model-stages sharing ranks serialize and groups on disjoint ranks overlap, so a
+    /// stage takes the longest chain of rank-sharing model-stages.
+    pub fn step_latency(&self, latency_of: impl Fn(&Placement) -> f64) -> f64 {
+        let mut total = 0.0;
+        for stage in [Stage::Generation, Stage::Inference, Stage::Training] {
+            let members: Vec<&Placement> = self.placements.iter().filter(|p| p.candidate.model_stage.stage == stage).collect();
+            total += overlap_groups(&members).iter().map(|g| g.iter().map(|p| latency_of(p)).sum::<f64>()).fold(0.0, f64::max);
+        }
+        total
+    }
+}
+
+/// Connected components of placements under "shares a rank".
+fn overlap_groups<'a>(members: &[&'a Placement]) -> Vec<Vec<&'a Placement>> {
+    let mut group: Vec<usize> = (0..members.len()).collect();
+    fn root(g: &mut [usize], mut i: usize) -> usize {
+        while g[i] != i {
+            g[i] = g[g[i]];
+            i = g[i];
+        }
+        i
+    }
+    for i in 0..members.len() {
+        for j in i + 1..members.len() {
+            if members[i].ranks.iter().any(|r| members[j].ranks.contains(r)) {
+                let (a, b) = (root(&mut group, i), root(&mut group, j));
+                group[a] = b;
+            }
+        }
+    }
+    let mut out: BTreeMap<usize, Vec<&Placement>> = BTreeMap::new();
+    for i in 0..members.len() {
+        let r = root(&mut group, i);
+        out.entry(r).or_default().push(members[i]);
+    }
+    out.into_values().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn place(role: Role, stage: Stage, ranks: Vec<i32>) -> Placement {
+        let n = ranks.len() as u32;
+        Placement { candidate: Candidate { model_stage: ModelStage::new(role, stage), layout: Layout::new(1, 1), dp: n, recompute: Recompute::None, micro_batch: 1 }, ranks }
+    }
+
+    #[test]
+    fn stages_add_up_and_disjoint_model_stages_overlap() {
+        let plan = Plan {
+            placements: vec![
+                place(Role::Actor, Stage::Generation, vec![0, 1, 2, 3]),
+                place(Role::Reference, Stage::Inference, vec![0, 1]),
+                place(Role::Reward, Stage::Inference, vec![2, 3]),
+                place(Role::Actor, Stage::Training, vec![0, 1, 2, 3]),
+            ],
+        };
+        plan.validate(4).unwrap();
+        let latency = |p: &Placement| match p.candidate.model_stage.role {
+            Role::Actor => 10.0,
+            Role::Reference => 3.0,
+            _ => 5.0,
+        };
+        assert_eq!(plan.step_latency(latency), 10.0 + 5.0 + 10.0);
+    }
+
+    #[test]
+    fn sharing_ranks_inside_a_stage_is_invalid() {
+        let plan = Plan { placements: vec![place(Role::Reference, Stage::Inference, vec![0, 1]), place(Role::Reward, Stage::Inference, vec![1, 2])] };
+        assert!(matches!(plan.validate(4), Err(PlanError::SharedInStage { rank: 1, .. })));
+        let outside = Plan { placements: vec![place(Role::Reward, Stage::Inference, vec![1, 2])] };
+        assert!(matches!(outside.validate(2), Err(PlanError::OutsidePool { rank: 2, .. })));
+    }
+
+    #[test]
+    fn algorithms_have_their_model_stages() {
+        assert_eq!(model_stages(Algorithm::Ppo).len(), 6);
+        assert_eq!(model_stages(Algorithm::Grpo).len(), 4);
+        assert!(!model_stages(Algorithm::Remax).iter().any(|m| m.role == Role::Critic));
+    }
+}

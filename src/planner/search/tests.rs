@@ -1,0 +1,97 @@
+//! The DP against the exhaustive search, memory bounds, rank assignment and stability.
+
+use super::*;
+use crate::config::{ConfigSource, Overrides, RawJobConfig};
+use crate::runtime::Rng;
+
+fn tiny(rng: &mut Rng) -> JobConfig {
+    let source = ConfigSource::embedded_default();
+    let mut config = RawJobConfig::parse(&source).unwrap().resolve(&source, &Overrides::default(), &mut || unreachable!()).unwrap();
+    config.rl.algorithm = *rng.pick(&[Algorithm::Ppo, Algorithm::Grpo, Algorithm::Remax]);
+    if !config.rl.algorithm.uses_critic() {
+        config.models.critic = None;
+    }
+    if config.rl.algorithm == Algorithm::Grpo {
+        config.rl.samples_per_prompt = 2;
+    }
+    config.rl.prompts_per_step = *rng.pick(&[2, 4, 8]);
+    config.rl.mini_batch = 2;
+    config.rl.micro_batch = *rng.pick(&[1, 2]);
+    config.rl.max_response_len = *rng.pick(&[16, 256, 2048]);
+    for (_, spec) in [("a", &mut config.models.actor), ("r", &mut config.models.reference), ("w", &mut config.models.reward)] {
+        spec.layers = *rng.pick(&[1, 2, 3, 4]);
+    }
+    config.cluster.devices_per_node = *rng.pick(&[2, 4]);
+    config.cluster.nodes = 2;
+    config.cluster.device_memory_gb = *rng.pick(&[0.06, 0.1, 0.3, 2.0]);
+    config
+}
+
+#[test]
+fn dp_matches_the_exhaustive_optimum_and_respects_memory() {
+    let mut agreed = 0;
+    let mut infeasible = 0;
+    for case in 0..300 {
+        let mut rng = Rng::new(case);
+        let config = tiny(&mut rng);
+        let gpus = 1 + rng.below(8) as u32;
+        let planner = Planner::new(&config, gpus, None, Efficiencies::default()).unwrap();
+        let exhaustive = planner.exhaustive();
+        match (planner.search(None), exhaustive) {
+            (Ok(job), Some(best)) => {
+                assert!((job.step_latency_s - best).abs() <= 1e-12 * best.max(1.0), "case {case}: DP {} vs exhaustive {best}", job.step_latency_s);
+                job.plan().validate(gpus).unwrap();
+                let usable = planner.cost.hardware.usable_bytes();
+                for m in &job.model_stages {
+                    assert!(m.estimate.memory.total() <= usable, "case {case}: {} over memory", m.placement.candidate.model_stage);
+                    assert_eq!(m.estimate, planner.estimate(&m.placement.candidate));
+                }
+                agreed += 1;
+            }
+            (Err(_), None) => infeasible += 1,
+            (dp, ex) => panic!("case {case}: DP {:?} but exhaustive {ex:?}", dp.map(|j| j.step_latency_s)),
+        }
+    }
+    assert!(agreed >= 150 && infeasible > 0, "agreed {agreed}, infeasible {infeasible}: the cases must exercise both outcomes");
+}
+
+#[test]
+fn tp_groups_stay_inside_nodes_and_a_replan_keeps_the_plan() {
+    let config = JobConfig::load(Some(std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/configs/llama3.1-8b-ppo.toml"))), &Overrides::default(), &mut || unreachable!()).unwrap();
+    for gpus in [8, 16, 64, 256] {
+        let planner = Planner::new(&config, gpus, Some(2048), Efficiencies::default()).unwrap();
+        let job = planner.search(None).unwrap();
+        let plan = job.plan();
+        plan.validate(gpus).unwrap();
+        let per_node = config.cluster.devices_per_node as i32;
+        for p in &plan.placements {
+            let tp = p.candidate.layout.tp as usize;
+            for group in p.ranks.chunks(tp) {
+                assert!(group.iter().all(|r| r / per_node == group[0] / per_node), "{gpus} GPUs: TP group {group:?} spans nodes");
+            }
+        }
+        let again = planner.search(Some(&plan)).unwrap();
+        assert_eq!(again.plan(), plan, "replanning with nothing changed must not move anything");
+    }
+}
+
+#[test]
+fn the_training_plan_moves_as_sequences_grow() {
+    let config = JobConfig::load(Some(std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/configs/llama3.1-8b-ppo.toml"))), &Overrides::default(), &mut || unreachable!()).unwrap();
+    let actor_training = |len| {
+        let job = Planner::new(&config, 64, Some(len), Efficiencies::default()).unwrap().search(None).unwrap();
+        job.model_stages.iter().find(|m| m.placement.candidate.model_stage == ModelStage::new(Role::Actor, Stage::Training)).unwrap().placement.candidate
+    };
+    let (short, long) = (actor_training(1024), actor_training(8192));
+    assert_ne!((short.layout, short.dp, short.recompute), (long.layout, long.dp, long.recompute));
+}
+
+#[test]
+fn an_impossible_pool_says_what_would_fit() {
+    let mut config = JobConfig::load(Some(std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/configs/llama3.1-8b-ppo.toml"))), &Overrides::default(), &mut || unreachable!()).unwrap();
+    config.cluster.device_memory_gb = 24.0;
+    let err = Planner::new(&config, 2, Some(8192), Efficiencies::default()).unwrap().search(None).unwrap_err();
+    let message = err.to_string();
+    assert!(message.contains("no plan fits 2 GPUs"), "{message}");
+    assert!(message.contains("GPUs would fit") || message.contains("tokens would fit"), "{message}");
+}

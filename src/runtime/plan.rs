@@ -1,0 +1,120 @@
+//! `nereus plan CONFIG --gpus N [--seq-len L] [--json]`: the fastest memory-feasible plan.
+
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+
+use crate::config::Overrides;
+use crate::cost::{Efficiencies, MemoryBreakdown};
+use crate::planner::{PlannedJob, Planner};
+use crate::plan::Recompute;
+use crate::topology::format_index_list;
+
+use super::{RuntimeError, Session};
+
+/// One model-stage in `nereus plan --json`.
+#[derive(Debug, Serialize)]
+pub struct ModelStageOut {
+    /// `role/stage`.
+    pub model_stage: String,
+    /// Tensor parallelism.
+    pub tp: u32,
+    /// Pipeline parallelism.
+    pub pp: u32,
+    /// Data parallelism.
+    pub dp: u32,
+    /// Activation recomputation.
+    pub recompute: Recompute,
+    /// Sequences per micro-batch.
+    pub micro_batch: u32,
+    /// World ranks, replica-major.
+    pub ranks: Vec<i32>,
+    /// Predicted latency per step, seconds.
+    pub latency_s: f64,
+    /// Predicted peak memory of the heaviest rank, bytes.
+    pub peak_memory_bytes: u64,
+    /// Its parts.
+    pub memory: MemoryBreakdown,
+}
+
+/// `nereus plan --json`.
+#[derive(Debug, Serialize)]
+pub struct PlanOut {
+    /// Pool size.
+    pub gpus: u32,
+    /// Response length planned for.
+    pub response_len: u64,
+    /// Predicted step latency, seconds.
+    pub step_latency_s: f64,
+    /// Parameters per model (from the catalogue).
+    pub parameters: BTreeMap<String, u64>,
+    /// Per model-stage.
+    pub model_stages: Vec<ModelStageOut>,
+}
+
+/// Builds the report of a planned job.
+pub fn report(job: &PlannedJob, planner: &Planner, gpus: u32, response_len: u64) -> PlanOut {
+    PlanOut {
+        gpus,
+        response_len,
+        step_latency_s: job.step_latency_s,
+        parameters: planner.parameters().into_iter().map(|(r, n)| (format!("{r:?}").to_lowercase(), n)).collect(),
+        model_stages: job
+            .model_stages
+            .iter()
+            .map(|m| {
+                let c = m.placement.candidate;
+                ModelStageOut {
+                    model_stage: c.model_stage.to_string(),
+                    tp: c.layout.tp,
+                    pp: c.layout.pp,
+                    dp: c.dp,
+                    recompute: c.recompute,
+                    micro_batch: c.micro_batch,
+                    ranks: m.placement.ranks.clone(),
+                    latency_s: m.estimate.seconds,
+                    peak_memory_bytes: m.estimate.memory.total(),
+                    memory: m.estimate.memory,
+                }
+            })
+            .collect(),
+    }
+}
+
+/// Every rank agrees on the config; rank 0 plans and prints.
+pub fn run(session: &mut Session, path: Option<&Path>, overrides: &Overrides, gpus: Option<u32>, seq_len: Option<u64>, json: bool) -> Result<(), RuntimeError> {
+    let config = session.load_config(path, overrides)?;
+    if session.rank() != 0 {
+        return Ok(());
+    }
+    let gpus = gpus.unwrap_or(config.cluster.devices());
+    let response_len = seq_len.unwrap_or(config.rl.max_response_len.into());
+    let planner = Planner::new(&config, gpus, Some(response_len), Efficiencies::default())?;
+    let job = planner.search(None)?;
+    let out = report(&job, &planner, gpus, response_len);
+    let mut w = std::io::stdout().lock();
+    if json {
+        writeln!(w, "{}", serde_json::to_string_pretty(&out).expect("plans serialize"))?;
+        return Ok(());
+    }
+    writeln!(w, "plan for {} on {gpus} GPUs of {} at {} + {response_len} tokens", config.job.name, config.cluster.name, config.rl.prompt_len)?;
+    writeln!(w, "{:<22} {:>3} {:>3} {:>4} {:>9} {:>5} {:>11} {:>10}  ranks", "model-stage", "tp", "pp", "dp", "recompute", "micro", "latency s", "peak GB")?;
+    for m in &out.model_stages {
+        writeln!(
+            w,
+            "{:<22} {:>3} {:>3} {:>4} {:>9} {:>5} {:>11.3} {:>10.2}  {}",
+            m.model_stage,
+            m.tp,
+            m.pp,
+            m.dp,
+            format!("{:?}", m.recompute).to_lowercase(),
+            m.micro_batch,
+            m.latency_s,
+            m.peak_memory_bytes as f64 / 1e9,
+            format_index_list(&m.ranks)
+        )?;
+    }
+    writeln!(w, "predicted step latency: {:.3} s", out.step_latency_s)?;
+    Ok(())
+}
