@@ -27,6 +27,9 @@ fi
 echo "== default build: unit + MPI + Slurm integration tests"
 cargo test --release --locked
 
+echo "== criterion benches compile"
+cargo build --release --locked --benches
+
 echo "== cuda feature (cudarc loads the CUDA driver and NCCL at run time: no toolkit needed to build)"
 features=cuda
 if [ -f /usr/include/hip/hip_runtime_api.h ] || [ -n "${HIP_PATH:-}" ]; then

@@ -71,6 +71,21 @@ enum BenchCommand {
         #[arg(long, value_name = "PATH")]
         json: Option<PathBuf>,
     },
+    /// Replan time and peak memory of the plan search from 8 to 16,384 GPUs.
+    Planner {
+        /// The job to plan (run from the repository root for the default).
+        #[arg(long, default_value = "configs/llama3.1-8b-ppo.toml")]
+        config: PathBuf,
+        /// Response length in tokens to plan for.
+        #[arg(long, default_value_t = 4096)]
+        seq_len: u64,
+        /// Repetitions per size (the median is reported).
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
+        /// Also write the report as JSON.
+        #[arg(long, value_name = "PATH")]
+        json: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -148,6 +163,10 @@ impl From<OverrideArgs> for Overrides {
     }
 }
 
+/// Heap metering for `nereus bench planner`'s peak-memory figure.
+#[global_allocator]
+static ALLOCATOR: nereus::runtime::alloc_meter::MeteredAllocator = nereus::runtime::alloc_meter::MeteredAllocator;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Some(t) = cli.collective_timeout {
@@ -171,6 +190,7 @@ fn main() -> ExitCode {
         TopCommand::Bench(BenchCommand::Primitives { sizes_mib, reps, json }) => {
             Command::BenchPrimitives { sizes_mib, reps: reps.max(1), json }
         }
+        TopCommand::Bench(BenchCommand::Planner { config, seq_len, reps, json }) => Command::BenchPlanner { config, seq_len, reps, json },
         TopCommand::Selftest(SelftestCommand::Primitives { cases, seed }) => Command::SelftestPrimitives { cases, seed },
     };
     ExitCode::from(runtime::run(options, command))

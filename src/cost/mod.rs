@@ -13,7 +13,7 @@ pub use stats::ModelStats;
 use serde::Serialize;
 
 use crate::config::ClusterSpec;
-use crate::model::{Catalogue, OutputHead};
+use crate::model::OutputHead;
 use crate::plan::{Candidate, Recompute, Stage};
 
 /// Per-message latency of a collective or send, seconds (launch and synchronization).
@@ -122,27 +122,46 @@ pub struct CostModel {
 }
 
 impl CostModel {
-    /// Estimates `candidate` for a model with `catalogue`/`stats` under `workload`;
-    /// `resident` is the per-rank state of other model-stages kept on the same ranks.
-    pub fn estimate(&self, catalogue: &Catalogue, stats: &ModelStats, candidate: &Candidate, workload: &Workload, resident: u64) -> Estimate {
-        let concurrent = self.concurrent_sequences(catalogue, stats, candidate, workload, resident);
-        let memory = self.memory(catalogue, stats, candidate, workload, resident, concurrent);
+    /// Estimates `candidate` for a model with `stats` under `workload`; `params_per_rank` is the
+    /// heaviest rank's parameter count for the candidate's layout
+    /// ([`ModelStats::max_params_per_rank`]) and `resident` the per-rank state of other
+    /// model-stages kept on the same ranks. Infeasible candidates get infinite latency.
+    pub fn estimate(&self, params_per_rank: u64, stats: &ModelStats, candidate: &Candidate, workload: &Workload, resident: u64) -> Estimate {
+        let concurrent = self.concurrent_sequences(params_per_rank, stats, candidate, workload, resident);
+        let memory = self.memory(params_per_rank, stats, candidate, workload, resident, concurrent);
+        let feasible = memory.total() <= self.hardware.usable_bytes();
+        if !feasible {
+            return Estimate { memory, ideal: LatencyBreakdown::default(), seconds: f64::INFINITY, feasible };
+        }
         let ideal = self.latency(stats, candidate, workload, concurrent);
-        Estimate { memory, ideal, seconds: ideal.seconds(&self.efficiencies), feasible: memory.total() <= self.hardware.usable_bytes() }
+        Estimate { memory, ideal, seconds: ideal.seconds(&self.efficiencies), feasible }
     }
 
     /// Sequences a replica decodes at once. Generation keeps as many sequences in flight as
     /// the KV cache left after everything else allows (like vLLM's scheduler) and decodes the
     /// rest in further waves; at least one. Other stages: the replica's whole share.
-    pub fn concurrent_sequences(&self, catalogue: &Catalogue, stats: &ModelStats, c: &Candidate, w: &Workload, resident: u64) -> u64 {
+    pub fn concurrent_sequences(&self, params_per_rank: u64, stats: &ModelStats, c: &Candidate, w: &Workload, resident: u64) -> u64 {
         let b_rep = Self::per_replica(c, w);
         if c.model_stage.stage != Stage::Generation {
             return b_rep;
         }
-        let fixed = self.memory(catalogue, stats, c, w, resident, 0).total();
-        let per_sequence = self.memory(catalogue, stats, c, w, 0, 1).total() - self.memory(catalogue, stats, c, w, 0, 0).total();
+        let fixed = self.memory(params_per_rank, stats, c, w, resident, 0).total();
+        let (kv, logits) = Self::generation_bytes_per_sequence(stats, c, w);
         let room = self.hardware.usable_bytes().saturating_sub(fixed);
-        (room / per_sequence.max(1)).clamp(1, b_rep)
+        (room / (kv + logits).max(1)).clamp(1, b_rep)
+    }
+
+    /// KV-cache and logit bytes one in-flight sequence adds on the heaviest rank.
+    fn generation_bytes_per_sequence(stats: &ModelStats, c: &Candidate, w: &Workload) -> (u64, u64) {
+        let a = &stats.arch;
+        let tp = u64::from(c.layout.tp);
+        let kv = kv_cache_bytes_per_sequence(a, w.seq_len()) / tp * stats.max_layers_per_stage(c.layout.pp) / a.layers;
+        (kv, Self::head_width(stats, c) * 4)
+    }
+
+    /// Outputs of the head per token on one rank: the vocabulary shard, or one value.
+    fn head_width(stats: &ModelStats, c: &Candidate) -> u64 {
+        if stats.arch.head == OutputHead::Lm { stats.arch.vocab / u64::from(c.layout.tp) } else { 1 }
     }
 
     /// Sequences of the slowest replica.
@@ -151,19 +170,18 @@ impl CostModel {
     }
 
     /// Memory of the heaviest rank; `concurrent` sequences in flight for generation.
-    pub fn memory(&self, catalogue: &Catalogue, stats: &ModelStats, c: &Candidate, w: &Workload, resident: u64, concurrent: u64) -> MemoryBreakdown {
+    pub fn memory(&self, params_per_rank: u64, stats: &ModelStats, c: &Candidate, w: &Workload, resident: u64, concurrent: u64) -> MemoryBreakdown {
         let a = &stats.arch;
         let (tp, pp) = (u64::from(c.layout.tp), u64::from(c.layout.pp));
-        let p = stats.max_params_per_rank(catalogue, c.layout);
+        let p = params_per_rank;
         let s = w.seq_len();
         let b_rep = Self::per_replica(c, w);
         let micro = u64::from(c.micro_batch).min(b_rep).max(1);
         let layers = stats.max_layers_per_stage(c.layout.pp);
         let mut m = MemoryBreakdown { params: p * a.dtype.bytes(), resident, ..MemoryBreakdown::default() };
         let one_layer = |recompute| activation_bytes_per_layer(s as f64, micro as f64, a.hidden as f64, a.heads as f64, tp as f64, recompute) as u64;
-        // f32 outputs of the head: the vocabulary for LM heads, one value for value heads.
-        let head_width = if a.head == OutputHead::Lm { a.vocab / tp } else { 1 };
-        let logits = s * micro * head_width * 4;
+        // f32 outputs of the head: the vocabulary shard for LM heads, one value for value heads.
+        let logits = s * micro * Self::head_width(stats, c) * 4;
         match c.model_stage.stage {
             Stage::Training => {
                 m.gradients = p * GRADIENT_BYTES;
@@ -181,8 +199,9 @@ impl CostModel {
             }
             Stage::Generation => {
                 // The heaviest stage keeps the KV cache of its layers for every sequence in flight.
-                m.kv_cache = concurrent * kv_cache_bytes_per_sequence(a, s) / tp * layers / a.layers;
-                m.logits = concurrent * head_width * 4;
+                let (kv, logits) = Self::generation_bytes_per_sequence(stats, c, w);
+                m.kv_cache = concurrent * kv;
+                m.logits = concurrent * logits;
                 m.activations = one_layer(Recompute::Selective); // prefill, one layer at a time
             }
         }
@@ -203,9 +222,12 @@ impl CostModel {
         let bubble = (m + pp - 1.0) / m;
         let s = w.seq_len() as f64;
         let (layers, h, bytes) = (a.layers as f64, a.hidden as f64, a.dtype.bytes() as f64);
+
         let n = stats.matmul_params as f64;
         let q_width = a.q_width() as f64;
-        let devices = tp * pp;
+        // The slowest (fullest) pipeline stage sets the pace: with `ceil(layers/pp)` blocks it
+        // works as if the model were spread over `layers / ceil(layers/pp)` stages.
+        let devices = tp * layers / stats.max_layers_per_stage(c.layout.pp) as f64;
         let flops_rate = hw.peak_flops * devices;
         let ranks = c.ranks();
         let pp_class = if c.layout.size() <= hw.devices_per_node { OpClass::PpP2pIntra } else { OpClass::PpP2pInter };

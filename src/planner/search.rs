@@ -2,6 +2,7 @@
 
 use serde::Serialize;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use thiserror::Error;
 
 use crate::config::{Algorithm, JobConfig};
@@ -75,10 +76,12 @@ struct Model {
     stats: ModelStats,
 }
 
-/// A planner for one job on one pool.
+/// A planner for one job on one pool. The models' catalogues are built once and shared by
+/// every [`Planner::replanned`] copy, so a replan only redoes the search.
+#[derive(Clone)]
 pub struct Planner {
     cost: CostModel,
-    models: BTreeMap<Role, Model>,
+    models: Arc<BTreeMap<Role, Model>>,
     workloads: BTreeMap<ModelStage, Workload>,
     model_stages: Vec<ModelStage>,
     resident: BTreeMap<Stage, u64>,
@@ -121,9 +124,25 @@ impl Planner {
             };
             workloads.insert(*ms, w);
         }
-        let mut planner = Planner { cost: CostModel { hardware, efficiencies }, models, workloads, model_stages, resident: BTreeMap::new() };
+        let mut planner = Planner { cost: CostModel { hardware, efficiencies }, models: Arc::new(models), workloads, model_stages, resident: BTreeMap::new() };
         planner.resident = planner.resident_per_stage();
         Ok(planner)
+    }
+
+    /// The same job re-targeted: another pool size, response length or calibration. Cheap:
+    /// the catalogues are shared, only the workloads and resident state are recomputed.
+    pub fn replanned(&self, gpus: u32, response_len: u64, efficiencies: Efficiencies) -> Result<Planner, PlannerError> {
+        if gpus == 0 {
+            return Err(PlannerError::EmptyPool);
+        }
+        let mut p = self.clone();
+        p.cost.hardware.devices = gpus;
+        p.cost.efficiencies = efficiencies;
+        for w in p.workloads.values_mut() {
+            w.response_len = response_len;
+        }
+        p.resident = p.resident_per_stage();
+        Ok(p)
     }
 
     /// Per stage: one replica of every other stage's model-stage state, spread evenly over the
@@ -156,7 +175,13 @@ impl Planner {
     /// Estimates one candidate.
     pub fn estimate(&self, c: &Candidate) -> Estimate {
         let m = &self.models[&c.model_stage.role];
-        self.cost.estimate(&m.catalogue, &m.stats, c, &self.workloads[&c.model_stage], self.resident[&c.model_stage.stage])
+        self.estimate_with(m.stats.max_params_per_rank(&m.catalogue, c.layout), c)
+    }
+
+    /// Estimates one candidate whose layout's heaviest-rank parameter count is known.
+    fn estimate_with(&self, params_per_rank: u64, c: &Candidate) -> Estimate {
+        let m = &self.models[&c.model_stage.role];
+        self.cost.estimate(params_per_rank, &m.stats, c, &self.workloads[&c.model_stage], self.resident[&c.model_stage.stage])
     }
 
     /// Every candidate of `ms` (feasible or not) with TP inside a node.
@@ -177,11 +202,16 @@ impl Planner {
         };
         let mut out = Vec::new();
         for tp in (1..=hw.devices_per_node.min(hw.devices)).filter(|t| hw.devices_per_node % t == 0) {
-            for pp in 1..=(hw.devices / tp).min(model.stats.arch.layers as u32) {
+            // A deeper pipeline whose fullest stage has as many blocks as a shallower one's is as
+            // slow and needs more ranks: only the shallowest pp per stage size can be optimal.
+            let layers = model.stats.arch.layers as u32;
+            let pps = (1..=(hw.devices / tp).min(layers)).filter(|&pp| pp == 1 || layers.div_ceil(pp) < layers.div_ceil(pp - 1));
+            for pp in pps {
                 let layout = Layout::new(tp, pp);
                 if model.catalogue.check_layout(layout).is_err() {
                     continue;
                 }
+                let params_per_rank = model.stats.max_params_per_rank(&model.catalogue, layout);
                 let max_dp = (hw.devices / layout.size()).min(sequences.min(u64::from(u32::MAX)) as u32);
                 let mut last_batch = u64::MAX;
                 for dp in 1..=max_dp {
@@ -190,10 +220,16 @@ impl Planner {
                         continue;
                     }
                     last_batch = batch;
-                    for &recompute in recomputes {
-                        for &micro_batch in &micro_batches {
+                    for &micro_batch in &micro_batches {
+                        // Recomputation only trades speed for memory: past the first feasible
+                        // mode, the others are slower on the same ranks.
+                        for &recompute in recomputes {
                             let c = Candidate { model_stage: ms, layout, dp, recompute, micro_batch };
-                            out.push((c, self.estimate(&c)));
+                            let e = self.estimate_with(params_per_rank, &c);
+                            out.push((c, e));
+                            if prune && e.feasible {
+                                break;
+                            }
                         }
                     }
                 }
@@ -297,25 +333,14 @@ impl Planner {
 
     /// What would fit: more GPUs, or shorter responses (recomputation is already searched).
     fn hint(&self) -> String {
-        let feasible_with = |gpus: u32, response: Option<u64>| -> bool {
-            let mut p = Planner { cost: self.cost.clone(), models: BTreeMap::new(), workloads: self.workloads.clone(), model_stages: self.model_stages.clone(), resident: BTreeMap::new() };
-            p.cost.hardware.devices = gpus;
-            p.models = self.models.iter().map(|(r, m)| (*r, Model { catalogue: m.catalogue.clone(), stats: m.stats.clone() })).collect();
-            if let Some(len) = response {
-                for w in p.workloads.values_mut() {
-                    w.response_len = len;
-                }
-            }
-            p.resident = p.resident_per_stage();
-            p.search_quiet()
-        };
+        let len = self.workloads.values().next().map_or(0, |w| w.response_len);
+        let feasible_with = |gpus: u32, response: u64| self.replanned(gpus, response, self.cost.efficiencies).is_ok_and(|p| p.search_quiet());
         let n = self.cost.hardware.devices;
         let mut hints = Vec::new();
-        if let Some(g) = (1..=6).map(|k| n << k).find(|&g| feasible_with(g, None)) {
+        if let Some(g) = (1..=6).map(|k| n << k).find(|&g| feasible_with(g, len)) {
             hints.push(format!("{g} GPUs would fit"));
         }
-        let len = self.workloads.values().next().map_or(0, |w| w.response_len);
-        if let Some(l) = (1..=6).map(|k| len >> k).filter(|&l| l > 0).find(|&l| feasible_with(n, Some(l))) {
+        if let Some(l) = (1..=6).map(|k| len >> k).filter(|&l| l > 0).find(|&l| feasible_with(n, l)) {
             hints.push(format!("responses of {l} tokens would fit (--seq-len {l})"));
         }
         if hints.is_empty() {

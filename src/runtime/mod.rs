@@ -3,6 +3,7 @@
 //! `main.rs` parses the command line into a [`Command`] and calls [`run`]; everything else,
 //! including which rank prints what and the exit status, is decided here.
 
+pub mod alloc_meter;
 pub mod bench;
 mod inspect;
 pub mod plan;
@@ -60,6 +61,17 @@ pub enum Command {
     BenchPrimitives {
         /// Unit sizes in MiB.
         sizes_mib: Vec<u64>,
+        /// Repetitions per size.
+        reps: usize,
+        /// Where to write the JSON report.
+        json: Option<PathBuf>,
+    },
+    /// Benchmark replan time and memory from 8 to 16,384 GPUs.
+    BenchPlanner {
+        /// The job to plan.
+        config: PathBuf,
+        /// Response length to plan for.
+        seq_len: u64,
         /// Repetitions per size.
         reps: usize,
         /// Where to write the JSON report.
@@ -137,6 +149,7 @@ pub fn run(options: SessionOptions, command: Command) -> u8 {
         Command::InspectTopology { json } => inspect::topology(&session, *json),
         Command::Plan { config, overrides, gpus, seq_len, json } => plan::run(&mut session, config.as_deref(), overrides, *gpus, *seq_len, *json),
         Command::BenchPrimitives { sizes_mib, reps, json } => bench::primitives::run(&session, sizes_mib, *reps, json.as_deref()),
+        Command::BenchPlanner { config, seq_len, reps, json } => bench::planner::run(&mut session, config, *seq_len, *reps, json.as_deref()),
         Command::SelftestPrimitives { cases, seed } => selftest_primitives(&session, *cases, *seed),
     };
     match outcome {

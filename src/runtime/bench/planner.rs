@@ -1,0 +1,84 @@
+//! `nereus bench planner`: replan time and peak memory of the plan search from 8 to 16,384 GPUs.
+//!
+//! A replan is everything the controller does on rank 0: building the planner (catalogues,
+//! workloads, resident state), the frontiers, the per-stage DP and the rank assignment. Rank 0
+//! runs it; the job is Llama-3.1-8B PPO by default (`configs/llama3.1-8b-ppo.toml`, H200).
+
+use serde::Serialize;
+use std::io::Write;
+use std::path::Path;
+use std::time::Instant;
+
+use crate::config::Overrides;
+use crate::cost::Efficiencies;
+use crate::planner::Planner;
+use crate::runtime::{alloc_meter, RuntimeError, Session};
+
+use super::{machine, BenchReport, Floor};
+
+/// One pool size.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    /// GPUs in the pool.
+    pub gpus: u32,
+    /// Response length planned for.
+    pub response_len: u64,
+    /// Median replan time, seconds: re-targeting the planner (pool, lengths, calibration) and
+    /// the whole search — what the controller does at every replan.
+    pub replan_seconds: f64,
+    /// Median one-time setup, seconds: building the planner from the config (catalogues of
+    /// every model), done once per job.
+    pub setup_seconds: f64,
+    /// Peak heap bytes of one replan.
+    pub peak_memory_bytes: u64,
+    /// Predicted step latency of the plan found, seconds.
+    pub step_latency_s: f64,
+}
+
+/// Pool sizes measured.
+pub const SIZES: [u32; 12] = [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384];
+
+/// Runs the benchmark (rank 0 plans; other ranks only agree on the config).
+pub fn run(session: &mut Session, config_path: &Path, seq_len: u64, reps: usize, json: Option<&Path>) -> Result<(), RuntimeError> {
+    let config = session.load_config(Some(config_path), &Overrides::default())?;
+    if session.rank() != 0 {
+        return Ok(());
+    }
+    let median = |mut xs: Vec<f64>| {
+        xs.sort_by(f64::total_cmp);
+        xs[xs.len() / 2]
+    };
+    let mut rows = Vec::new();
+    for gpus in SIZES {
+        let (mut setups, mut replans) = (Vec::new(), Vec::new());
+        let mut peak = 0;
+        let mut latency = 0.0;
+        for _ in 0..reps.max(1) {
+            let baseline = alloc_meter::start();
+            let start = Instant::now();
+            let planner = Planner::new(&config, gpus, Some(seq_len), Efficiencies::default())?;
+            setups.push(start.elapsed().as_secs_f64());
+            let start = Instant::now();
+            let job = planner.replanned(gpus, seq_len, Efficiencies::default())?.search(None)?;
+            replans.push(start.elapsed().as_secs_f64());
+            peak = peak.max(alloc_meter::peak_above(baseline) as u64);
+            latency = job.step_latency_s;
+        }
+        rows.push(Row { gpus, response_len: seq_len, replan_seconds: median(replans), setup_seconds: median(setups), peak_memory_bytes: peak, step_latency_s: latency });
+    }
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{:>7} {:>12} {:>10} {:>10} {:>10}", "GPUs", "replan ms", "setup ms", "peak MB", "step s")?;
+    for r in &rows {
+        writeln!(out, "{:>7} {:>12.3} {:>10.3} {:>10.2} {:>10.2}", r.gpus, r.replan_seconds * 1e3, r.setup_seconds * 1e3, r.peak_memory_bytes as f64 / 1e6, r.step_latency_s)?;
+    }
+    drop(out);
+    let at = |g: u32| rows.iter().find(|r| r.gpus == g).map_or(f64::INFINITY, |r| r.replan_seconds * 1e3);
+    let peak_mb = rows.iter().map(|r| r.peak_memory_bytes as f64 / 1e6).fold(0.0, f64::max);
+    let floors = vec![
+        Floor::at_most("replan_ms_at_32_gpus", at(32), 1.0, "ms"),
+        Floor::at_most("replan_ms_at_1024_gpus", at(1024), 20.0, "ms"),
+        Floor::at_most("replan_ms_at_16384_gpus", at(16384), 1000.0, "ms"),
+        Floor::at_most("peak_memory_mb", peak_mb, 100.0, "MB"),
+    ];
+    BenchReport { bench: "planner".into(), machine: machine(session), rows, floors }.finish(json)
+}
