@@ -263,6 +263,13 @@ impl Planner {
         frontier
     }
 
+    /// Predicted step latency of any plan under this planner's workload and calibration
+    /// (infinite if a placement does not fit): what admission compares, `ΔL = L(S) − L(S*)`.
+    pub fn predict(&self, plan: &Plan) -> f64 {
+        let latency: BTreeMap<ModelStage, f64> = plan.placements.iter().map(|p| (p.candidate.model_stage, self.estimate(&p.candidate).seconds)).collect();
+        plan.step_latency(|p| latency[&p.candidate.model_stage])
+    }
+
     /// The fastest feasible plan (ties: the current plan's candidates and ranks).
     pub fn search(&self, current: Option<&Plan>) -> Result<PlannedJob, PlannerError> {
         let prefer = |ms: ModelStage| current.and_then(|p| p.placements.iter().find(|x| x.candidate.model_stage == ms)).map(|p| p.candidate);

@@ -72,6 +72,11 @@ fn tp_groups_stay_inside_nodes_and_a_replan_keeps_the_plan() {
         }
         let again = planner.search(Some(&plan)).unwrap();
         assert_eq!(again.plan(), plan, "replanning with nothing changed must not move anything");
+        assert_eq!(planner.predict(&plan), job.step_latency_s);
+        // The plan found at 2K tokens, predicted at 8K, is no faster than the 8K optimum.
+        let longer = planner.replanned(gpus, 8192, Efficiencies::default()).unwrap();
+        let best = longer.search(Some(&plan)).unwrap().step_latency_s;
+        assert!(longer.predict(&plan) >= best, "{gpus} GPUs");
     }
 }
 
