@@ -14,3 +14,4 @@ pub mod plan;
 pub mod planner;
 pub mod runtime;
 pub mod topology;
+pub mod transition;

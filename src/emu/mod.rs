@@ -16,7 +16,7 @@ mod unit;
 pub use digest::{mix, synthetic_fill, Digest};
 pub use ledger::MemoryLedger;
 pub use movement::{Movement, Segment, TargetEmu};
-pub use set::{split_ranks, merge_ranks, EmuSet, PrimitiveReport};
+pub use set::{merge_ranks, merge_ranks_of, split_ranks, split_ranks_of, EmuSet, PrimitiveReport};
 pub use store::{shard_bytes, LocalShard, ShardStore};
 pub use unit::{Counters, Emu, EmuId, Section};
 

@@ -43,11 +43,16 @@ pub struct EmuSet {
 /// (`a = tp / sub.tp`, `b = pp / sub.pp`): sub-EMU `w·a + u` takes the source positions
 /// `(i'·a + u, j'·b + w)`, so each of its ranks already holds a `1/(a·b)` slice of what it needs.
 pub fn split_ranks(emu: &Emu, sub: Layout) -> Vec<Vec<i32>> {
-    let (a, b) = (emu.layout.tp / sub.tp, emu.layout.pp / sub.pp);
+    split_ranks_of(emu.layout, &emu.ranks, sub)
+}
+
+/// [`split_ranks`] for a unit given by its layout and ordered ranks.
+pub fn split_ranks_of(layout: Layout, ranks: &[i32], sub: Layout) -> Vec<Vec<i32>> {
+    let (a, b) = (layout.tp / sub.tp, layout.pp / sub.pp);
     (0..a * b)
         .map(|k| {
             let (u, w) = (k % a, k / a);
-            sub.positions().map(|p| emu.rank_at(Position { tp: p.tp * a + u, pp: p.pp * b + w })).collect()
+            sub.positions().map(|p| ranks[layout.index(Position { tp: p.tp * a + u, pp: p.pp * b + w })]).collect()
         })
         .collect()
 }
@@ -56,14 +61,16 @@ pub fn split_ranks(emu: &Emu, sub: Layout) -> Vec<Vec<i32>> {
 /// position `(i'·a + u, j'·b + w)` is the rank at `(i', j')` of part `w·a + u`, which already
 /// holds the target shard whenever stage boundaries line up — then Merge sends no byte.
 pub fn merge_ranks(parts: &[&Emu], layout: Layout) -> Vec<i32> {
-    let sub = parts[0].layout;
+    let ranks: Vec<&[i32]> = parts.iter().map(|p| p.ranks.as_slice()).collect();
+    merge_ranks_of(parts[0].layout, &ranks, layout)
+}
+
+/// [`merge_ranks`] for parts given by their common layout and ordered ranks.
+pub fn merge_ranks_of(sub: Layout, parts: &[&[i32]], layout: Layout) -> Vec<i32> {
     let (a, b) = (layout.tp / sub.tp, layout.pp / sub.pp);
     layout
         .positions()
-        .map(|p| {
-            let part = parts[((p.pp % b) * a + p.tp % a) as usize];
-            part.rank_at(Position { tp: p.tp / a, pp: p.pp / b })
-        })
+        .map(|p| parts[((p.pp % b) * a + p.tp % a) as usize][sub.index(Position { tp: p.tp / a, pp: p.pp / b })])
         .collect()
 }
 

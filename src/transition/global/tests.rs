@@ -1,0 +1,188 @@
+//! Property tests over random plan pairs, and the Nereus paper's example.
+
+use super::*;
+use crate::config::Dtype;
+use crate::emu::{shard_bytes, Section};
+use crate::model::{Architecture, Catalogue, OutputHead};
+use crate::plan::{Candidate, Placement, Recompute, Role};
+use crate::runtime::Rng;
+use petgraph::algo::is_cyclic_directed;
+use petgraph::visit::EdgeRef;
+
+fn catalogue() -> Catalogue {
+    Catalogue::new(Architecture { vocab: 64, hidden: 16, layers: 8, heads: 8, kv_heads: 8, head_dim: 2, ffn: 32, tie_embeddings: false, qk_norm: false, head: OutputHead::Lm, dtype: Dtype::Bf16 })
+}
+
+fn sizer(c: &Catalogue) -> impl Fn(ModelStage, Layout, Position) -> u64 + '_ {
+    move |ms, layout, position| shard_bytes(&c.shard(layout, position), &Section::of(ms.trains(), Dtype::Bf16), Dtype::Bf16)
+}
+
+const MODEL_STAGES: [(Role, Stage); 6] = [
+    (Role::Actor, Stage::Generation),
+    (Role::Reference, Stage::Inference),
+    (Role::Reward, Stage::Inference),
+    (Role::Critic, Stage::Inference),
+    (Role::Actor, Stage::Training),
+    (Role::Critic, Stage::Training),
+];
+
+/// `plan` with `k` of its stages re-drawn (the others keep their placements).
+fn perturbed(rng: &mut Rng, plan: &Plan, pool: u32) -> Plan {
+    let fresh = random_plan(rng, pool);
+    let redraw: Vec<Stage> = [Stage::Generation, Stage::Inference, Stage::Training].into_iter().filter(|_| rng.below(2) == 0).collect();
+    Plan {
+        placements: plan
+            .placements
+            .iter()
+            .zip(&fresh.placements)
+            .map(|(old, new)| if redraw.contains(&old.candidate.model_stage.stage) { new.clone() } else { old.clone() })
+            .collect(),
+    }
+}
+
+/// A random valid plan: per stage, the ranks are shuffled and handed out to its model-stages.
+fn random_plan(rng: &mut Rng, pool: u32) -> Plan {
+    let c = catalogue();
+    let mut placements = Vec::new();
+    for stage in [Stage::Generation, Stage::Inference, Stage::Training] {
+        let members: Vec<ModelStage> = MODEL_STAGES.iter().filter(|(_, s)| *s == stage).map(|&(r, s)| ModelStage::new(r, s)).collect();
+        let mut free: Vec<i32> = (0..pool as i32).collect();
+        rng.shuffle(&mut free);
+        for (k, ms) in members.iter().enumerate() {
+            let left = members.len() - k - 1; // keep a rank for each later member
+            let budget = free.len() - left;
+            let layouts: Vec<Layout> = [1, 2, 4, 8].iter().flat_map(|&tp| [1, 2, 4, 8].iter().map(move |&pp| Layout::new(tp, pp))).filter(|l| l.size() as usize <= budget && c.check_layout(*l).is_ok()).collect();
+            let layout = *rng.pick(&layouts);
+            let dp = 1 + rng.below(budget / layout.size() as usize) as u32;
+            let take = (layout.size() * dp) as usize;
+            let ranks: Vec<i32> = free.drain(..take).collect();
+            placements.push(Placement { candidate: Candidate { model_stage: *ms, layout, dp, recompute: Recompute::None, micro_batch: 1 }, ranks });
+        }
+    }
+    Plan { placements }
+}
+
+fn links(capacity: u64) -> Links {
+    Links { devices_per_node: 4, intra_bytes_per_s: 100e9, inter_bytes_per_s: 10e9, memory_bytes_per_s: 1000e9, setup_seconds: 1e-3, capacity_bytes: capacity }
+}
+
+/// Replays the schedule and checks memory, rank ownership and the final units.
+fn replay(dag: &TransitionDag, target: &Plan, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64, capacity: u64) {
+    let mut usage: BTreeMap<i32, u64> = BTreeMap::new();
+    let mut alive: BTreeSet<UnitId> = dag.initial.iter().copied().collect();
+    for id in &alive {
+        for (r, b) in per_rank(&dag.units[id], bytes) {
+            *usage.entry(r).or_default() += b;
+        }
+    }
+    let position: BTreeMap<usize, usize> = dag.schedule.order.iter().enumerate().map(|(k, &i)| (i, k)).collect();
+    for e in dag.graph.edge_indices() {
+        let (a, b) = dag.graph.edge_endpoints(e).unwrap();
+        assert!(position[&a.index()] < position[&b.index()], "the order respects every edge");
+    }
+    for &i in &dag.schedule.order {
+        let node = &dag.graph[NodeIndex::new(i)];
+        for &(r, b) in &node.acquire {
+            *usage.entry(r).or_default() += b;
+            assert!(usage[&r] <= capacity, "{}: rank {r} over capacity", node.label);
+        }
+        for &(r, b) in &node.release {
+            *usage.get_mut(&r).unwrap() -= b;
+        }
+        node.primitive.frees().iter().for_each(|id| assert!(alive.remove(id), "{} frees a dead unit", node.label));
+        alive.extend(node.primitive.creates());
+        // No rank is held by two model-stages of one stage.
+        let mut owner: BTreeMap<(Stage, i32), ModelStage> = BTreeMap::new();
+        for id in &alive {
+            let u = &dag.units[id];
+            for &r in &u.ranks {
+                let prev = owner.insert((u.model_stage.stage, r), u.model_stage);
+                assert!(prev.is_none_or(|p| p == u.model_stage), "after {}: rank {r} held by {} and {}", node.label, prev.unwrap(), u.model_stage);
+            }
+        }
+    }
+    for p in &target.placements {
+        let ms = p.candidate.model_stage;
+        let mut want: Vec<(Layout, Vec<i32>)> = (0..p.candidate.dp as usize).map(|r| (p.candidate.layout, p.replica(r).to_vec())).collect();
+        let mut got: Vec<(Layout, Vec<i32>)> = alive.iter().map(|id| &dag.units[id]).filter(|u| u.model_stage == ms).map(|u| (u.layout, u.ranks.clone())).collect();
+        want.sort();
+        got.sort();
+        assert_eq!(got, want, "{ms} reaches exactly its target units");
+    }
+}
+
+#[test]
+fn random_plan_pairs_give_acyclic_memory_safe_dags_that_reach_the_target() {
+    let c = catalogue();
+    let bytes = sizer(&c);
+    let (mut planned, mut refused, mut with_resource_edges) = (0, 0, 0);
+    for case in 0..400 {
+        let mut rng = Rng::new(case);
+        let pool = 3 + rng.below(62) as u32;
+        let from = random_plan(&mut rng, pool);
+        let to = perturbed(&mut rng, &from, pool);
+        let initial: u64 = (0..pool as i32)
+            .map(|r| from.placements.iter().map(|p| p.ranks.iter().position(|x| *x == r).map_or(0, |k| {
+                let size = p.candidate.layout.size() as usize;
+                bytes(p.candidate.model_stage, p.candidate.layout, p.candidate.layout.position(k % size))
+            })).sum::<u64>())
+            .max()
+            .unwrap();
+        let capacity = initial * (2 + rng.below(3) as u64);
+        match TransitionDag::plan(&from, &to, &bytes, &links(capacity), true) {
+            Ok(dag) => {
+                assert!(!is_cyclic_directed(&dag.graph), "case {case}");
+                replay(&dag, &to, &bytes, capacity);
+                assert!(dag.schedule.seconds >= 0.0);
+                planned += 1;
+                with_resource_edges += usize::from(dag.resource_edges > 0);
+            }
+            // Refusals are swaps (two model-stages of a stage trading ranks, each Destroy waiting
+            // for the other's) or a T_sub too large for a rank: rejected before any move.
+            Err(TransitionError::Blocked { .. }) => refused += 1,
+            Err(e) => panic!("case {case}: {e}"),
+        }
+    }
+    assert!(planned >= 150 && with_resource_edges >= 50 && refused > 0, "planned {planned}, refused {refused}, with resource edges {with_resource_edges}");
+}
+
+#[test]
+fn an_unchanged_plan_has_no_nodes() {
+    let c = catalogue();
+    let mut rng = Rng::new(7);
+    let plan = random_plan(&mut rng, 16);
+    let dag = TransitionDag::plan(&plan, &plan, &sizer(&c), &links(u64::MAX), true).unwrap();
+    assert_eq!(dag.graph.node_count(), 0);
+    assert_eq!(dag.schedule.seconds, 0.0);
+}
+
+/// The paper's example: reward inference goes from (TP 4, PP 8) to (TP 8, PP 2) and frees
+/// ranks 16–31, onto which reference and critic inference Extend — after it releases them.
+#[test]
+fn the_paper_example_orders_extends_after_the_release() {
+    let c = catalogue();
+    let ms = |r| ModelStage::new(r, Stage::Inference);
+    let place = |r, tp, pp, ranks: Vec<i32>| {
+        let dp = ranks.len() as u32 / (tp * pp);
+        Placement { candidate: Candidate { model_stage: ms(r), layout: Layout::new(tp, pp), dp, recompute: Recompute::None, micro_batch: 1 }, ranks }
+    };
+    let from = Plan { placements: vec![place(Role::Reward, 4, 8, (0..32).collect()), place(Role::Reference, 8, 1, (32..40).collect()), place(Role::Critic, 8, 1, (40..48).collect())] };
+    let to = Plan {
+        placements: vec![
+            place(Role::Reward, 8, 2, (0..16).collect()),
+            place(Role::Reference, 8, 1, (32..40).chain(16..24).collect()),
+            place(Role::Critic, 8, 1, (40..48).chain(24..32).collect()),
+        ],
+    };
+    let bytes = sizer(&c);
+    let dag = TransitionDag::plan(&from, &to, &bytes, &links(u64::MAX), true).unwrap();
+    replay(&dag, &to, &bytes, u64::MAX);
+    assert!(dag.resource_edges >= 2, "both Extends wait for the reward model's release: {}", dag.resource_edges);
+    for name in ["Extend reference", "Extend critic"] {
+        let extend = dag.graph.node_indices().find(|&i| dag.graph[i].label.starts_with(name)).unwrap_or_else(|| panic!("no {name}"));
+        let waits_for_reward = dag.graph.edges_directed(extend, Direction::Incoming).any(|e| *e.weight() == EdgeKind::Resource && dag.graph[e.source()].model_stage.role == Role::Reward);
+        assert!(waits_for_reward, "{name} has a resource edge from the reward model's release");
+        let timing = dag.schedule.timings.iter().find(|t| t.label.starts_with(name)).unwrap();
+        assert!(timing.start > 0.0, "{name} starts after the reward model has moved");
+    }
+}
