@@ -161,144 +161,124 @@ impl TransitionDag {
         Ok(dag)
     }
 
-    /// List scheduling: Destroys as soon as they are ready; otherwise the first ready
-    /// acquisition (stage order, then index) that fits; resource edges record which Destroys
-    /// a blocked acquisition waited for.
+    /// List scheduling: Destroys as soon as they are ready (they only free); otherwise the
+    /// first ready acquisition, in stage order then index, that fits.
     fn schedule(&mut self, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64, links: &Links, cross: bool) -> Result<(), TransitionError> {
         let n = self.graph.node_count();
-        let mut usage: BTreeMap<i32, u64> = BTreeMap::new();
-        let mut holders: BTreeMap<(Stage, i32), BTreeMap<ModelStage, usize>> = BTreeMap::new();
-        for id in &self.initial {
-            let u = &self.units[id];
-            for (k, &r) in u.ranks.iter().enumerate() {
-                *usage.entry(r).or_default() += bytes(u.model_stage, u.layout, u.layout.position(k));
-                *holders.entry((u.model_stage.stage, r)).or_default().entry(u.model_stage).or_default() += 1;
-            }
-        }
-        let mut peak = usage.values().copied().max().unwrap_or(0);
+        let mut state = ResourceState::new(self, bytes, links.capacity_bytes, cross);
         let mut waiting: Vec<usize> = (0..n).map(|i| self.graph.neighbors_directed(NodeIndex::new(i), Direction::Incoming).count()).collect();
-        let mut done = vec![false; n];
-        // Per rank: (node, bytes) freed there so far by each node.
-        let mut releases: BTreeMap<i32, Vec<(usize, u64)>> = BTreeMap::new();
+        let priority = |i: usize| {
+            let node = &self.graph[NodeIndex::new(i)];
+            (!matches!(node.primitive, Primitive::Destroy { .. }), stage_rank(node.model_stage.stage), i)
+        };
+        let mut ready: BTreeSet<(bool, usize, usize)> = (0..n).filter(|&i| waiting[i] == 0).map(priority).collect();
         let mut order = Vec::with_capacity(n);
         let mut new_edges: Vec<(usize, usize)> = Vec::new();
         while order.len() < n {
-            let mut ready: Vec<usize> = (0..n).filter(|&i| !done[i] && waiting[i] == 0).collect();
-            ready.sort_by_key(|&i| (!matches!(self.graph[NodeIndex::new(i)].primitive, Primitive::Destroy { .. }), stage_rank(self.graph[NodeIndex::new(i)].model_stage.stage), i));
-            let fits = |i: usize, usage: &BTreeMap<i32, u64>, holders: &BTreeMap<(Stage, i32), BTreeMap<ModelStage, usize>>| -> Result<(), (Vec<i32>, String)> {
-                let node = &self.graph[NodeIndex::new(i)];
-                let mut short = Vec::new();
-                let mut reason = String::new();
-                for &(r, b) in &node.acquire {
-                    let others: Vec<ModelStage> = holders.get(&(node.model_stage.stage, r)).map(|h| h.keys().copied().filter(|m| *m != node.model_stage).collect()).unwrap_or_default();
-                    let over = usage.get(&r).copied().unwrap_or(0) + b > links.capacity_bytes;
-                    if cross && (over || !others.is_empty()) {
-                        short.push(r);
-                        reason = if over { format!("needs {b} bytes on a rank holding {} of {}", usage.get(&r).copied().unwrap_or(0), links.capacity_bytes) } else { format!("still held by {}", others[0]) };
-                    }
-                }
-                if short.is_empty() { Ok(()) } else { Err((short, reason)) }
-            };
             let mut chosen = None;
             let mut first_block = None;
-            for &i in &ready {
-                match fits(i, &usage, &holders) {
+            for &key in &ready {
+                match state.fits(&self.graph[NodeIndex::new(key.2)]) {
                     Ok(()) => {
-                        chosen = Some(i);
+                        chosen = Some(key);
                         break;
                     }
                     Err(why) => {
-                        first_block.get_or_insert((i, why));
+                        first_block.get_or_insert((key.2, why));
                     }
                 }
             }
-            let Some(i) = chosen else {
+            let Some(key) = chosen else {
                 let (i, (ranks, reason)) = first_block.expect("a ready node exists while nodes remain (the DAG is acyclic)");
                 return Err(TransitionError::Blocked { primitive: self.graph[NodeIndex::new(i)].label.clone(), ranks: format_index_list(&ranks), reason });
             };
-            let node = self.graph[NodeIndex::new(i)].clone();
-            if cross {
-                // Release-before-acquire: an earlier node of another model-stage that freed a
-                // rank this one acquires is a dependency when the rank was exclusive to it (same
-                // stage) or when, without what it freed, this acquisition would not fit.
-                let mut seen = BTreeSet::new();
-                for &(r, b) in &node.acquire {
-                    let mut freed_by_others = 0;
-                    let mut owners_seen = BTreeSet::new();
-                    for &(d, freed) in releases.get(&r).into_iter().flatten().rev() {
-                        let other = self.graph[NodeIndex::new(d)].model_stage;
-                        if other == node.model_stage {
-                            continue;
-                        }
-                        // Only the latest release of each other same-stage model-stage matters.
-                        let exclusive = other.stage == node.model_stage.stage && owners_seen.insert(other);
-                        let needed = usage.get(&r).copied().unwrap_or(0) + b + freed_by_others > links.capacity_bytes.saturating_sub(freed);
-                        freed_by_others += freed;
-                        if (exclusive || needed) && seen.insert(d) && !self.graph.contains_edge(NodeIndex::new(d), NodeIndex::new(i)) {
-                            new_edges.push((d, i));
-                        }
-                    }
-                }
-            }
-            for &(r, b) in &node.acquire {
-                let u = usage.entry(r).or_default();
-                *u += b;
-                peak = peak.max(*u);
-            }
-            for &(r, b) in &node.release {
-                let u = usage.entry(r).or_default();
-                *u = u.saturating_sub(b);
-                releases.entry(r).or_default().push((i, b));
-            }
-            for id in node.primitive.creates() {
-                for &r in &self.units[&id].ranks {
-                    *holders.entry((node.model_stage.stage, r)).or_default().entry(node.model_stage).or_default() += 1;
-                }
-            }
-            for id in node.primitive.frees() {
-                for &r in &self.units[&id].ranks {
-                    let h = holders.entry((node.model_stage.stage, r)).or_default();
-                    if let Some(c) = h.get_mut(&node.model_stage) {
-                        *c -= 1;
-                        if *c == 0 {
-                            h.remove(&node.model_stage);
-                        }
-                    }
-                }
-            }
-            done[i] = true;
+            ready.remove(&key);
+            let i = key.2;
+            let deps = state.apply(i, &self.graph[NodeIndex::new(i)], &self.graph);
+            new_edges.extend(deps.into_iter().filter(|&d| !self.graph.contains_edge(NodeIndex::new(d), NodeIndex::new(i))).map(|d| (d, i)));
             order.push(i);
-            for succ in self.graph.neighbors_directed(NodeIndex::new(i), Direction::Outgoing).collect::<Vec<_>>() {
+            for succ in self.graph.neighbors_directed(NodeIndex::new(i), Direction::Outgoing) {
                 waiting[succ.index()] -= 1;
+                if waiting[succ.index()] == 0 {
+                    ready.insert(priority(succ.index()));
+                }
             }
         }
         for (d, i) in &new_edges {
             self.graph.add_edge(NodeIndex::new(*d), NodeIndex::new(*i), EdgeKind::Resource);
         }
         self.resource_edges = new_edges.len();
-        self.schedule = self.cost(order, peak, links);
+        let timings = self.timings(&order, &[]);
+        let seconds = timings.iter().map(|t| t.finish).fold(0.0, f64::max);
+        self.schedule = Schedule { order, timings, seconds, peak_bytes: state.peak };
         Ok(())
     }
 
-    /// Critical path of the order: a node starts when its predecessors and all its ranks'
-    /// earlier nodes have finished.
-    fn cost(&self, order: Vec<usize>, peak: u64, _links: &Links) -> Schedule {
+    /// When each node of `order` runs: after its predecessors in the graph, the `extra`
+    /// dependencies, and every earlier node on its ranks.
+    fn timings(&self, order: &[usize], extra: &[(usize, usize)]) -> Vec<NodeTiming> {
         let mut finish = vec![0.0f64; self.graph.node_count()];
         let mut rank_free: BTreeMap<i32, f64> = BTreeMap::new();
         let mut timings = Vec::with_capacity(order.len());
-        for &i in &order {
+        for &i in order {
             let node = &self.graph[NodeIndex::new(i)];
             let after_preds = self.graph.neighbors_directed(NodeIndex::new(i), Direction::Incoming).map(|p| finish[p.index()]).fold(0.0, f64::max);
+            let after_extra = extra.iter().filter(|(_, b)| *b == i).map(|(a, _)| finish[*a]).fold(0.0, f64::max);
             let after_ranks = node.ranks.iter().map(|r| rank_free.get(r).copied().unwrap_or(0.0)).fold(0.0, f64::max);
-            let start = after_preds.max(after_ranks);
+            let start = after_preds.max(after_extra).max(after_ranks);
             finish[i] = start + node.seconds;
             for r in &node.ranks {
                 rank_free.insert(*r, finish[i]);
             }
             timings.push(NodeTiming { label: node.label.clone(), start, finish: finish[i] });
         }
-        let seconds = finish.iter().copied().fold(0.0, f64::max);
-        Schedule { order, timings, seconds, peak_bytes: peak }
+        timings
+    }
+
+    /// The shortest critical path over every feasible order of the local DAGs (exponential:
+    /// small instances only), to measure how far the list schedule is from optimal.
+    pub fn optimal_seconds(&self, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64, links: &Links) -> Option<f64> {
+        let local: DiGraph<Node, EdgeKind> = self.graph.filter_map(|_, n| Some(n.clone()), |_, e| (*e == EdgeKind::Local).then_some(*e));
+        let view = TransitionDag { graph: local, units: self.units.clone(), initial: self.initial.clone(), targets: BTreeMap::new(), resource_edges: 0, schedule: self.schedule.clone() };
+        let n = view.graph.node_count();
+        let mut best: Option<f64> = None;
+        let mut order = Vec::with_capacity(n);
+        let mut edges = Vec::new();
+        let waiting: Vec<usize> = (0..n).map(|i| view.graph.neighbors_directed(NodeIndex::new(i), Direction::Incoming).count()).collect();
+        let mut state = ResourceState::new(&view, bytes, links.capacity_bytes, true);
+        view.search(&mut state, waiting, &mut order, &mut edges, &mut best);
+        best
+    }
+
+    fn search(&self, state: &mut ResourceState, waiting: Vec<usize>, order: &mut Vec<usize>, edges: &mut Vec<(usize, usize)>, best: &mut Option<f64>) {
+        let n = self.graph.node_count();
+        if order.len() == n {
+            let t = self.timings(order, edges).iter().map(|t| t.finish).fold(0.0, f64::max);
+            if best.is_none_or(|b| t < b) {
+                *best = Some(t);
+            }
+            return;
+        }
+        let candidates: Vec<usize> = (0..n).filter(|&i| waiting[i] == 0 && !order.contains(&i)).collect();
+        for i in candidates {
+            let node = &self.graph[NodeIndex::new(i)];
+            if state.fits(node).is_err() {
+                continue;
+            }
+            let saved = state.clone();
+            let deps = state.apply(i, node, &self.graph);
+            let added = deps.len();
+            edges.extend(deps.into_iter().map(|d| (d, i)));
+            order.push(i);
+            let mut next = waiting.clone();
+            for succ in self.graph.neighbors_directed(NodeIndex::new(i), Direction::Outgoing) {
+                next[succ.index()] -= 1;
+            }
+            self.search(state, next, order, edges, best);
+            order.pop();
+            edges.truncate(edges.len() - added);
+            *state = saved;
+        }
     }
 
     /// The units alive at the end of the schedule (for checks).
@@ -314,6 +294,119 @@ impl TransitionDag {
             }
         }
         alive
+    }
+}
+
+/// Memory and rank ownership while a schedule is walked: what every ordering decision, the
+/// list schedule's and the exhaustive search's alike, is checked against.
+#[derive(Clone)]
+struct ResourceState {
+    capacity: u64,
+    cross: bool,
+    usage: BTreeMap<i32, u64>,
+    holders: BTreeMap<(Stage, i32), BTreeMap<ModelStage, usize>>,
+    units: BTreeMap<UnitId, (ModelStage, Vec<i32>)>,
+    releases: BTreeMap<i32, Vec<(usize, u64)>>,
+    peak: u64,
+}
+
+impl ResourceState {
+    fn new(dag: &TransitionDag, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64, capacity: u64, cross: bool) -> ResourceState {
+        let mut s = ResourceState { capacity, cross, usage: BTreeMap::new(), holders: BTreeMap::new(), units: BTreeMap::new(), releases: BTreeMap::new(), peak: 0 };
+        for u in dag.units.values() {
+            s.units.insert(u.id, (u.model_stage, u.ranks.clone()));
+        }
+        for id in &dag.initial {
+            let u = &dag.units[id];
+            for (r, b) in per_rank(u, bytes) {
+                *s.usage.entry(r).or_default() += b;
+            }
+            s.hold(u.model_stage, &u.ranks, true);
+        }
+        s.peak = s.usage.values().copied().max().unwrap_or(0);
+        s
+    }
+
+    fn hold(&mut self, ms: ModelStage, ranks: &[i32], add: bool) {
+        for &r in ranks {
+            let h = self.holders.entry((ms.stage, r)).or_default();
+            let c = h.entry(ms).or_default();
+            if add {
+                *c += 1;
+            } else {
+                *c = c.saturating_sub(1);
+                if *c == 0 {
+                    h.remove(&ms);
+                }
+            }
+        }
+    }
+
+    /// `Ok` if `node` may run now: its allocations fit and (across model-stages) no other
+    /// model-stage of its stage holds a rank it acquires; else the ranks and why.
+    fn fits(&self, node: &Node) -> Result<(), (Vec<i32>, String)> {
+        if !self.cross {
+            return Ok(());
+        }
+        let mut short = Vec::new();
+        let mut reason = String::new();
+        for &(r, b) in &node.acquire {
+            let used = self.usage.get(&r).copied().unwrap_or(0);
+            let other = self.holders.get(&(node.model_stage.stage, r)).and_then(|h| h.keys().copied().find(|m| *m != node.model_stage));
+            if used + b > self.capacity {
+                short.push(r);
+                reason = format!("needs {b} bytes on a rank holding {used} of {}", self.capacity);
+            } else if let Some(other) = other {
+                short.push(r);
+                reason = format!("still held by {other}");
+            }
+        }
+        if short.is_empty() { Ok(()) } else { Err((short, reason)) }
+    }
+
+    /// Runs node `i`; returns the earlier nodes of other model-stages it had to wait for
+    /// (release-before-acquire): one that freed a rank it acquires, when that rank was
+    /// exclusive to the other model-stage (same stage) or when, without what it freed, the
+    /// allocation would not fit.
+    fn apply(&mut self, i: usize, node: &Node, graph: &DiGraph<Node, EdgeKind>) -> Vec<usize> {
+        let mut deps = Vec::new();
+        if self.cross {
+            for &(r, b) in &node.acquire {
+                let mut freed_after = 0;
+                let mut owners_seen = BTreeSet::new();
+                for &(d, freed) in self.releases.get(&r).into_iter().flatten().rev() {
+                    let other = graph[NodeIndex::new(d)].model_stage;
+                    if other == node.model_stage {
+                        continue;
+                    }
+                    let exclusive = other.stage == node.model_stage.stage && owners_seen.insert(other);
+                    let needed = self.usage.get(&r).copied().unwrap_or(0) + b + freed_after > self.capacity.saturating_sub(freed);
+                    freed_after += freed;
+                    if (exclusive || needed) && !deps.contains(&d) {
+                        deps.push(d);
+                    }
+                }
+            }
+        }
+        for &(r, b) in &node.acquire {
+            let u = self.usage.entry(r).or_default();
+            *u += b;
+            self.peak = self.peak.max(*u);
+        }
+        for &(r, b) in &node.release {
+            let u = self.usage.entry(r).or_default();
+            *u = u.saturating_sub(b);
+            self.releases.entry(r).or_default().push((i, b));
+        }
+        for id in node.primitive.creates() {
+            let (ms, ranks) = self.units[&id].clone();
+            self.hold(ms, &ranks, true);
+        }
+        for id in node.primitive.frees() {
+            let (ms, ranks) = self.units[&id].clone();
+            self.hold(ms, &ranks, false);
+        }
+        deps
     }
 }
 
