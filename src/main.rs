@@ -71,6 +71,18 @@ enum BenchCommand {
         #[arg(long, value_name = "PATH")]
         json: Option<PathBuf>,
     },
+    /// Global transition DAG build time from 32 to 16,384 ranks, and its gap to the best order.
+    TransitionPlanning {
+        /// The job whose plans change (run from the repository root for the default).
+        #[arg(long, default_value = "configs/llama3.1-8b-ppo.toml")]
+        config: PathBuf,
+        /// Repetitions per size (the median is reported).
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
+        /// Also write the report as JSON.
+        #[arg(long, value_name = "PATH")]
+        json: Option<PathBuf>,
+    },
     /// Replan time and peak memory of the plan search from 8 to 16,384 GPUs.
     Planner {
         /// The job to plan (run from the repository root for the default).
@@ -190,6 +202,7 @@ fn main() -> ExitCode {
         TopCommand::Bench(BenchCommand::Primitives { sizes_mib, reps, json }) => {
             Command::BenchPrimitives { sizes_mib, reps: reps.max(1), json }
         }
+        TopCommand::Bench(BenchCommand::TransitionPlanning { config, reps, json }) => Command::BenchTransitionPlanning { config, reps, json },
         TopCommand::Bench(BenchCommand::Planner { config, seq_len, reps, json }) => Command::BenchPlanner { config, seq_len, reps, json },
         TopCommand::Selftest(SelftestCommand::Primitives { cases, seed }) => Command::SelftestPrimitives { cases, seed },
     };

@@ -77,6 +77,15 @@ pub enum Command {
         /// Where to write the JSON report.
         json: Option<PathBuf>,
     },
+    /// Benchmark building the global transition DAG from 32 to 16,384 ranks.
+    BenchTransitionPlanning {
+        /// The job whose plans change.
+        config: PathBuf,
+        /// Repetitions per size.
+        reps: usize,
+        /// Where to write the JSON report.
+        json: Option<PathBuf>,
+    },
     /// Random EMU primitive sequences with state checks after every step.
     SelftestPrimitives {
         /// Random cases.
@@ -150,6 +159,7 @@ pub fn run(options: SessionOptions, command: Command) -> u8 {
         Command::Plan { config, overrides, gpus, seq_len, json } => plan::run(&mut session, config.as_deref(), overrides, *gpus, *seq_len, *json),
         Command::BenchPrimitives { sizes_mib, reps, json } => bench::primitives::run(&session, sizes_mib, *reps, json.as_deref()),
         Command::BenchPlanner { config, seq_len, reps, json } => bench::planner::run(&mut session, config, *seq_len, *reps, json.as_deref()),
+        Command::BenchTransitionPlanning { config, reps, json } => bench::transition::run(&mut session, config, *reps, json.as_deref()),
         Command::SelftestPrimitives { cases, seed } => selftest_primitives(&session, *cases, *seed),
     };
     match outcome {

@@ -161,46 +161,57 @@ impl TransitionDag {
         Ok(dag)
     }
 
-    /// List scheduling: Destroys as soon as they are ready (they only free); otherwise the
-    /// first ready acquisition, in stage order then index, that fits.
+    /// List scheduling by earliest start: among the ready nodes that fit, the one that can
+    /// start first (after its predecessors and its ranks' earlier nodes) runs next; ties go to
+    /// Destroys, then to the longest remaining path, then to stage order generation →
+    /// inference → training.
     fn schedule(&mut self, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64, links: &Links, cross: bool) -> Result<(), TransitionError> {
         let n = self.graph.node_count();
         let mut state = ResourceState::new(self, bytes, links.capacity_bytes, cross);
         let mut waiting: Vec<usize> = (0..n).map(|i| self.graph.neighbors_directed(NodeIndex::new(i), Direction::Incoming).count()).collect();
-        let priority = |i: usize| {
-            let node = &self.graph[NodeIndex::new(i)];
-            (!matches!(node.primitive, Primitive::Destroy { .. }), stage_rank(node.model_stage.stage), i)
-        };
-        let mut ready: BTreeSet<(bool, usize, usize)> = (0..n).filter(|&i| waiting[i] == 0).map(priority).collect();
+        let bottom = self.bottom_levels();
+        let mut ready: Vec<usize> = (0..n).filter(|&i| waiting[i] == 0).collect();
+        let mut finish = vec![0.0f64; n];
+        let mut rank_free: BTreeMap<i32, f64> = BTreeMap::new();
         let mut order = Vec::with_capacity(n);
         let mut new_edges: Vec<(usize, usize)> = Vec::new();
         while order.len() < n {
-            let mut chosen = None;
+            let mut chosen: Option<(f64, usize)> = None;
             let mut first_block = None;
-            for &key in &ready {
-                match state.fits(&self.graph[NodeIndex::new(key.2)]) {
-                    Ok(()) => {
-                        chosen = Some(key);
-                        break;
-                    }
-                    Err(why) => {
-                        first_block.get_or_insert((key.2, why));
-                    }
+            for &i in &ready {
+                let node = &self.graph[NodeIndex::new(i)];
+                if let Err(why) = state.fits(node) {
+                    first_block.get_or_insert((i, why));
+                    continue;
+                }
+                let preds = self.graph.neighbors_directed(NodeIndex::new(i), Direction::Incoming).map(|p| finish[p.index()]).fold(0.0, f64::max);
+                let est = node.ranks.iter().map(|r| rank_free.get(r).copied().unwrap_or(0.0)).fold(preds, f64::max);
+                // Destroys cost nothing and free resources others may wait for: first among equals.
+                let key = |j: usize, e: f64| {
+                    let n = &self.graph[NodeIndex::new(j)];
+                    (e, !matches!(n.primitive, Primitive::Destroy { .. }), -bottom[j], stage_rank(n.model_stage.stage), j)
+                };
+                if chosen.is_none_or(|(e, j)| key(i, est) < key(j, e)) {
+                    chosen = Some((est, i));
                 }
             }
-            let Some(key) = chosen else {
+            let Some((est, i)) = chosen else {
                 let (i, (ranks, reason)) = first_block.expect("a ready node exists while nodes remain (the DAG is acyclic)");
                 return Err(TransitionError::Blocked { primitive: self.graph[NodeIndex::new(i)].label.clone(), ranks: format_index_list(&ranks), reason });
             };
-            ready.remove(&key);
-            let i = key.2;
+            ready.retain(|&j| j != i);
             let deps = state.apply(i, &self.graph[NodeIndex::new(i)], &self.graph);
+            let start = deps.iter().map(|&d| finish[d]).fold(est, f64::max);
             new_edges.extend(deps.into_iter().filter(|&d| !self.graph.contains_edge(NodeIndex::new(d), NodeIndex::new(i))).map(|d| (d, i)));
+            finish[i] = start + self.graph[NodeIndex::new(i)].seconds;
+            for r in &self.graph[NodeIndex::new(i)].ranks {
+                rank_free.insert(*r, finish[i]);
+            }
             order.push(i);
             for succ in self.graph.neighbors_directed(NodeIndex::new(i), Direction::Outgoing) {
                 waiting[succ.index()] -= 1;
                 if waiting[succ.index()] == 0 {
-                    ready.insert(priority(succ.index()));
+                    ready.push(succ.index());
                 }
             }
         }
@@ -212,6 +223,17 @@ impl TransitionDag {
         let seconds = timings.iter().map(|t| t.finish).fold(0.0, f64::max);
         self.schedule = Schedule { order, timings, seconds, peak_bytes: state.peak };
         Ok(())
+    }
+
+    /// Longest path from each node to the end of the local DAG, its own duration included.
+    fn bottom_levels(&self) -> Vec<f64> {
+        let mut level = vec![0.0f64; self.graph.node_count()];
+        let order = petgraph::algo::toposort(&self.graph, None).expect("local DAGs are acyclic");
+        for &i in order.iter().rev() {
+            let below = self.graph.neighbors_directed(i, Direction::Outgoing).map(|s| level[s.index()]).fold(0.0, f64::max);
+            level[i.index()] = self.graph[i].seconds + below;
+        }
+        level
     }
 
     /// When each node of `order` runs: after its predecessors in the graph, the `extra`

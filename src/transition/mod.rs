@@ -17,6 +17,7 @@
 
 pub mod global;
 pub mod local;
+pub mod testing;
 
 pub use global::{NodeTiming, Schedule, TransitionDag, TransitionError};
 pub use local::{Primitive, Unit, UnitId};

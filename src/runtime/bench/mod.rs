@@ -3,6 +3,7 @@
 
 pub mod planner;
 pub mod primitives;
+pub mod transition;
 
 use serde::Serialize;
 use std::io::Write;

@@ -1,0 +1,67 @@
+//! Random valid plan pairs over a tiny model, shared by the property tests and
+//! `nereus bench transition-planning`.
+
+use crate::config::Dtype;
+use crate::model::{Architecture, Catalogue, Layout, OutputHead};
+use crate::plan::{Candidate, ModelStage, Placement, Plan, Recompute, Role, Stage};
+use crate::runtime::Rng;
+
+/// PPO's model-stages.
+pub const MODEL_STAGES: [(Role, Stage); 6] = [
+    (Role::Actor, Stage::Generation),
+    (Role::Reference, Stage::Inference),
+    (Role::Reward, Stage::Inference),
+    (Role::Critic, Stage::Inference),
+    (Role::Actor, Stage::Training),
+    (Role::Critic, Stage::Training),
+];
+
+/// An 8-block bf16 model that every `tp, pp ∈ {1, 2, 4, 8}` can hold.
+pub fn tiny_catalogue() -> Catalogue {
+    Catalogue::new(Architecture { vocab: 64, hidden: 16, layers: 8, heads: 8, kv_heads: 8, head_dim: 2, ffn: 32, tie_embeddings: false, qk_norm: false, head: OutputHead::Lm, dtype: Dtype::Bf16 })
+}
+
+/// A random valid plan on `pool` ranks (`pool >= 3`): per stage, the ranks are shuffled and
+/// handed out to its model-stages, each a random layout the catalogue accepts and a random DP.
+pub fn random_plan(rng: &mut Rng, catalogue: &Catalogue, pool: u32) -> Plan {
+    let mut placements = Vec::new();
+    for stage in [Stage::Generation, Stage::Inference, Stage::Training] {
+        let members: Vec<ModelStage> = MODEL_STAGES.iter().filter(|(_, s)| *s == stage).map(|&(r, s)| ModelStage::new(r, s)).collect();
+        let mut free: Vec<i32> = (0..pool as i32).collect();
+        rng.shuffle(&mut free);
+        for (k, ms) in members.iter().enumerate() {
+            let budget = free.len() - (members.len() - k - 1); // a rank for each later member
+            let layouts: Vec<Layout> = [1, 2, 4, 8]
+                .iter()
+                .flat_map(|&tp| [1, 2, 4, 8].iter().map(move |&pp| Layout::new(tp, pp)))
+                .filter(|l| l.size() as usize <= budget && catalogue.check_layout(*l).is_ok())
+                .collect();
+            let layout = *rng.pick(&layouts);
+            let dp = 1 + rng.below(budget / layout.size() as usize) as u32;
+            let ranks: Vec<i32> = free.drain(..(layout.size() * dp) as usize).collect();
+            placements.push(Placement { candidate: Candidate { model_stage: *ms, layout, dp, recompute: Recompute::None, micro_batch: 1 }, ranks });
+        }
+    }
+    Plan { placements }
+}
+
+/// `plan` with a random subset of its stages re-drawn (the others keep their placements).
+pub fn perturbed(rng: &mut Rng, catalogue: &Catalogue, plan: &Plan, pool: u32) -> Plan {
+    let fresh = random_plan(rng, catalogue, pool);
+    let redraw: Vec<Stage> = [Stage::Generation, Stage::Inference, Stage::Training].into_iter().filter(|_| rng.below(2) == 0).collect();
+    Plan {
+        placements: plan
+            .placements
+            .iter()
+            .zip(&fresh.placements)
+            .map(|(old, new)| if redraw.contains(&old.candidate.model_stage.stage) { new.clone() } else { old.clone() })
+            .collect(),
+    }
+}
+
+/// A current plan and a perturbed target on `pool` ranks.
+pub fn plan_pair(rng: &mut Rng, catalogue: &Catalogue, pool: u32) -> (Plan, Plan) {
+    let from = random_plan(rng, catalogue, pool);
+    let to = perturbed(rng, catalogue, &from, pool);
+    (from, to)
+}
