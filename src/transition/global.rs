@@ -4,7 +4,8 @@
 use petgraph::graph::{DiGraph, NodeIndex};
 use petgraph::Direction;
 use serde::Serialize;
-use std::collections::{BTreeMap, BTreeSet};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use thiserror::Error;
 
 use super::local::{local_dag, units_of, Primitive, Unit, UnitId};
@@ -164,56 +165,80 @@ impl TransitionDag {
     /// List scheduling by earliest start: among the ready nodes that fit, the one that can
     /// start first (after its predecessors and its ranks' earlier nodes) runs next; ties go to
     /// Destroys, then to the longest remaining path, then to stage order generation →
-    /// inference → training.
+    /// inference → training. Ready nodes sit in a heap keyed by their earliest start, which
+    /// only grows, so stale keys are refreshed when popped; a node that does not fit waits on
+    /// the ranks that block it until something is freed there.
     fn schedule(&mut self, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64, links: &Links, cross: bool) -> Result<(), TransitionError> {
         let n = self.graph.node_count();
         let mut state = ResourceState::new(self, bytes, links.capacity_bytes, cross);
+        let pool = state.usage.len();
         let mut waiting: Vec<usize> = (0..n).map(|i| self.graph.neighbors_directed(NodeIndex::new(i), Direction::Incoming).count()).collect();
         let bottom = self.bottom_levels();
-        let mut ready: Vec<usize> = (0..n).filter(|&i| waiting[i] == 0).collect();
         let mut finish = vec![0.0f64; n];
-        let mut rank_free: BTreeMap<i32, f64> = BTreeMap::new();
+        let mut rank_free = vec![0.0f64; pool];
+        let est = |i: usize, finish: &[f64], rank_free: &[f64]| {
+            let preds = self.graph.neighbors_directed(NodeIndex::new(i), Direction::Incoming).map(|p| finish[p.index()]).fold(0.0, f64::max);
+            self.graph[NodeIndex::new(i)].ranks.iter().map(|&r| rank_free[r as usize]).fold(preds, f64::max)
+        };
+        // Keys compare as (start, not-Destroy, −remaining path, stage, index); starts and paths
+        // are non-negative, so their bit patterns order like the numbers.
+        let key = |i: usize, start: f64| {
+            let node = &self.graph[NodeIndex::new(i)];
+            Reverse((start.to_bits(), !matches!(node.primitive, Primitive::Destroy { .. }), u64::MAX - bottom[i].to_bits(), stage_rank(node.model_stage.stage), i))
+        };
+        let mut heap: BinaryHeap<Reverse<(u64, bool, u64, usize, usize)>> = (0..n).filter(|&i| waiting[i] == 0).map(|i| key(i, 0.0)).collect();
+        let mut blocked_on: Vec<Vec<usize>> = vec![Vec::new(); pool];
+        let mut is_blocked = vec![false; n];
+        let mut first_block: Option<(usize, Vec<i32>, String)> = None;
         let mut order = Vec::with_capacity(n);
         let mut new_edges: Vec<(usize, usize)> = Vec::new();
-        while order.len() < n {
-            let mut chosen: Option<(f64, usize)> = None;
-            let mut first_block = None;
-            for &i in &ready {
-                let node = &self.graph[NodeIndex::new(i)];
-                if let Err(why) = state.fits(node) {
-                    first_block.get_or_insert((i, why));
-                    continue;
-                }
-                let preds = self.graph.neighbors_directed(NodeIndex::new(i), Direction::Incoming).map(|p| finish[p.index()]).fold(0.0, f64::max);
-                let est = node.ranks.iter().map(|r| rank_free.get(r).copied().unwrap_or(0.0)).fold(preds, f64::max);
-                // Destroys cost nothing and free resources others may wait for: first among equals.
-                let key = |j: usize, e: f64| {
-                    let n = &self.graph[NodeIndex::new(j)];
-                    (e, !matches!(n.primitive, Primitive::Destroy { .. }), -bottom[j], stage_rank(n.model_stage.stage), j)
-                };
-                if chosen.is_none_or(|(e, j)| key(i, est) < key(j, e)) {
-                    chosen = Some((est, i));
-                }
+        while let Some(Reverse((start_bits, _, _, _, i))) = heap.pop() {
+            let start = est(i, &finish, &rank_free);
+            if start.to_bits() > start_bits {
+                heap.push(key(i, start));
+                continue;
             }
-            let Some((est, i)) = chosen else {
-                let (i, (ranks, reason)) = first_block.expect("a ready node exists while nodes remain (the DAG is acyclic)");
-                return Err(TransitionError::Blocked { primitive: self.graph[NodeIndex::new(i)].label.clone(), ranks: format_index_list(&ranks), reason });
-            };
-            ready.retain(|&j| j != i);
-            let deps = state.apply(i, &self.graph[NodeIndex::new(i)], &self.graph);
-            let start = deps.iter().map(|&d| finish[d]).fold(est, f64::max);
+            let node = &self.graph[NodeIndex::new(i)];
+            if let Err((ranks, reason)) = state.fits(node) {
+                for &r in &ranks {
+                    blocked_on[r as usize].push(i);
+                }
+                is_blocked[i] = true;
+                first_block.get_or_insert((i, ranks, reason));
+                continue;
+            }
+            is_blocked[i] = false;
+            let deps = state.apply(i, node, &self.graph);
+            let begin = deps.iter().map(|&d| finish[d]).fold(start, f64::max);
             new_edges.extend(deps.into_iter().filter(|&d| !self.graph.contains_edge(NodeIndex::new(d), NodeIndex::new(i))).map(|d| (d, i)));
-            finish[i] = start + self.graph[NodeIndex::new(i)].seconds;
-            for r in &self.graph[NodeIndex::new(i)].ranks {
-                rank_free.insert(*r, finish[i]);
+            finish[i] = begin + node.seconds;
+            for &r in &node.ranks {
+                rank_free[r as usize] = finish[i];
+            }
+            // Whatever waited on a rank this node freed may fit now.
+            for &(r, _) in &node.release {
+                for j in std::mem::take(&mut blocked_on[r as usize]) {
+                    if is_blocked[j] {
+                        is_blocked[j] = false;
+                        heap.push(key(j, est(j, &finish, &rank_free)));
+                    }
+                }
             }
             order.push(i);
             for succ in self.graph.neighbors_directed(NodeIndex::new(i), Direction::Outgoing) {
                 waiting[succ.index()] -= 1;
                 if waiting[succ.index()] == 0 {
-                    ready.push(succ.index());
+                    heap.push(key(succ.index(), est(succ.index(), &finish, &rank_free)));
                 }
             }
+        }
+        if order.len() < n {
+            let (i, ranks, reason) = first_block.expect("unscheduled nodes of an acyclic DAG are blocked");
+            let (i, ranks, reason) = (0..n).find(|&j| is_blocked[j]).map_or((i, ranks, reason.clone()), |j| {
+                let (r, why) = state.fits(&self.graph[NodeIndex::new(j)]).err().unwrap_or((vec![], reason.clone()));
+                (j, r, why)
+            });
+            return Err(TransitionError::Blocked { primitive: self.graph[NodeIndex::new(i)].label.clone(), ranks: format_index_list(&ranks), reason });
         }
         for (d, i) in &new_edges {
             self.graph.add_edge(NodeIndex::new(*d), NodeIndex::new(*i), EdgeKind::Resource);
@@ -320,46 +345,58 @@ impl TransitionDag {
 }
 
 /// Memory and rank ownership while a schedule is walked: what every ordering decision, the
-/// list schedule's and the exhaustive search's alike, is checked against.
+/// list schedule's and the exhaustive search's alike, is checked against. Indexed by rank.
 #[derive(Clone)]
 struct ResourceState {
     capacity: u64,
     cross: bool,
-    usage: BTreeMap<i32, u64>,
-    holders: BTreeMap<(Stage, i32), BTreeMap<ModelStage, usize>>,
-    units: BTreeMap<UnitId, (ModelStage, Vec<i32>)>,
-    releases: BTreeMap<i32, Vec<(usize, u64)>>,
+    usage: Vec<u64>,
+    /// Per `(stage, rank)`: model-stages holding units there, with unit counts.
+    holders: Vec<Vec<(ModelStage, u32)>>,
+    /// Per unit id: its model-stage and ranks.
+    units: Vec<Option<(ModelStage, Vec<i32>)>>,
+    /// Per rank: the latest node of each model-stage that freed bytes there.
+    last_release: Vec<Vec<(ModelStage, usize, u64)>>,
     peak: u64,
 }
 
 impl ResourceState {
     fn new(dag: &TransitionDag, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64, capacity: u64, cross: bool) -> ResourceState {
-        let mut s = ResourceState { capacity, cross, usage: BTreeMap::new(), holders: BTreeMap::new(), units: BTreeMap::new(), releases: BTreeMap::new(), peak: 0 };
+        let pool = dag.units.values().flat_map(|u| u.ranks.iter().copied()).max().map_or(0, |r| r as usize + 1);
+        let ids = dag.units.keys().map(|u| u.0 + 1).max().unwrap_or(0);
+        let mut s = ResourceState { capacity, cross, usage: vec![0; pool], holders: vec![Vec::new(); 3 * pool], units: vec![None; ids], last_release: vec![Vec::new(); pool], peak: 0 };
         for u in dag.units.values() {
-            s.units.insert(u.id, (u.model_stage, u.ranks.clone()));
+            s.units[u.id.0] = Some((u.model_stage, u.ranks.clone()));
         }
         for id in &dag.initial {
             let u = &dag.units[id];
             for (r, b) in per_rank(u, bytes) {
-                *s.usage.entry(r).or_default() += b;
+                s.usage[r as usize] += b;
             }
             s.hold(u.model_stage, &u.ranks, true);
         }
-        s.peak = s.usage.values().copied().max().unwrap_or(0);
+        s.peak = s.usage.iter().copied().max().unwrap_or(0);
         s
+    }
+
+    fn slot(&self, stage: Stage, r: i32) -> usize {
+        stage_rank(stage) * self.usage.len() + r as usize
     }
 
     fn hold(&mut self, ms: ModelStage, ranks: &[i32], add: bool) {
         for &r in ranks {
-            let h = self.holders.entry((ms.stage, r)).or_default();
-            let c = h.entry(ms).or_default();
-            if add {
-                *c += 1;
-            } else {
-                *c = c.saturating_sub(1);
-                if *c == 0 {
-                    h.remove(&ms);
+            let slot = self.slot(ms.stage, r);
+            let h = &mut self.holders[slot];
+            match h.iter_mut().position(|(m, _)| *m == ms) {
+                Some(k) if add => h[k].1 += 1,
+                Some(k) => {
+                    h[k].1 -= 1;
+                    if h[k].1 == 0 {
+                        h.swap_remove(k);
+                    }
                 }
+                None if add => h.push((ms, 1)),
+                None => {}
             }
         }
     }
@@ -373,8 +410,8 @@ impl ResourceState {
         let mut short = Vec::new();
         let mut reason = String::new();
         for &(r, b) in &node.acquire {
-            let used = self.usage.get(&r).copied().unwrap_or(0);
-            let other = self.holders.get(&(node.model_stage.stage, r)).and_then(|h| h.keys().copied().find(|m| *m != node.model_stage));
+            let used = self.usage[r as usize];
+            let other = self.holders[self.slot(node.model_stage.stage, r)].iter().map(|(m, _)| *m).find(|m| *m != node.model_stage);
             if used + b > self.capacity {
                 short.push(r);
                 reason = format!("needs {b} bytes on a rank holding {used} of {}", self.capacity);
@@ -387,45 +424,43 @@ impl ResourceState {
     }
 
     /// Runs node `i`; returns the earlier nodes of other model-stages it had to wait for
-    /// (release-before-acquire): one that freed a rank it acquires, when that rank was
-    /// exclusive to the other model-stage (same stage) or when, without what it freed, the
-    /// allocation would not fit.
-    fn apply(&mut self, i: usize, node: &Node, graph: &DiGraph<Node, EdgeKind>) -> Vec<usize> {
+    /// (release-before-acquire): the latest release of another model-stage on a rank it
+    /// acquires, when that rank was exclusive to it (same stage) or when, without what it
+    /// freed, the allocation would not fit.
+    fn apply(&mut self, i: usize, node: &Node, _graph: &DiGraph<Node, EdgeKind>) -> Vec<usize> {
         let mut deps = Vec::new();
         if self.cross {
             for &(r, b) in &node.acquire {
-                let mut freed_after = 0;
-                let mut owners_seen = BTreeSet::new();
-                for &(d, freed) in self.releases.get(&r).into_iter().flatten().rev() {
-                    let other = graph[NodeIndex::new(d)].model_stage;
-                    if other == node.model_stage {
-                        continue;
-                    }
-                    let exclusive = other.stage == node.model_stage.stage && owners_seen.insert(other);
-                    let needed = self.usage.get(&r).copied().unwrap_or(0) + b + freed_after > self.capacity.saturating_sub(freed);
-                    freed_after += freed;
-                    if (exclusive || needed) && !deps.contains(&d) {
+                let used = self.usage[r as usize];
+                for &(other, d, freed) in &self.last_release[r as usize] {
+                    let exclusive = other.stage == node.model_stage.stage;
+                    let needed = used + b + freed > self.capacity;
+                    if other != node.model_stage && (exclusive || needed) && !deps.contains(&d) {
                         deps.push(d);
                     }
                 }
             }
         }
         for &(r, b) in &node.acquire {
-            let u = self.usage.entry(r).or_default();
+            let u = &mut self.usage[r as usize];
             *u += b;
             self.peak = self.peak.max(*u);
         }
         for &(r, b) in &node.release {
-            let u = self.usage.entry(r).or_default();
+            let u = &mut self.usage[r as usize];
             *u = u.saturating_sub(b);
-            self.releases.entry(r).or_default().push((i, b));
+            let last = &mut self.last_release[r as usize];
+            match last.iter_mut().find(|(m, _, _)| *m == node.model_stage) {
+                Some(entry) => *entry = (node.model_stage, i, b),
+                None => last.push((node.model_stage, i, b)),
+            }
         }
         for id in node.primitive.creates() {
-            let (ms, ranks) = self.units[&id].clone();
+            let (ms, ranks) = self.units[id.0].clone().expect("created units are registered");
             self.hold(ms, &ranks, true);
         }
         for id in node.primitive.frees() {
-            let (ms, ranks) = self.units[&id].clone();
+            let (ms, ranks) = self.units[id.0].clone().expect("freed units are registered");
             self.hold(ms, &ranks, false);
         }
         deps
@@ -450,7 +485,8 @@ fn make_node(p: Primitive, ms: ModelStage, units: &BTreeMap<UnitId, Unit>, bytes
             let acquire: Vec<(i32, u64)> = parts.iter().flat_map(|id| per_rank(u(id), bytes)).collect();
             let held = per_rank(src, bytes);
             // Each rank receives what its new shard has beyond its old one, from its unit's ranks.
-            let slowest_bw = src.ranks.iter().flat_map(|&a| src.ranks.iter().map(move |&b| (a, b))).map(|(a, b)| bw(a, b)).fold(f64::INFINITY, f64::min);
+            let one_node = src.ranks.iter().all(|&r| node_of(links, r) == node_of(links, src.ranks[0]));
+            let slowest_bw = if one_node { links.intra_bytes_per_s } else { links.inter_bytes_per_s };
             let incoming = acquire.iter().map(|(r, b)| b.saturating_sub(held.iter().find(|(x, _)| x == r).map_or(0, |(_, h)| *h))).max().unwrap_or(0);
             let secs = incoming as f64 / slowest_bw + links.setup_seconds;
             (src.ranks.clone(), acquire, held, secs, format!("Split {ms} {:?} {} -> {} on [{}]", source, src.layout, u(&parts[0]).layout, format_index_list(&sorted(&src.ranks))))

@@ -1,6 +1,7 @@
 //! Local DAGs: the primitives that turn one model-stage's current units into its target units.
 
 use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, HashSet};
 
 use crate::emu::{merge_ranks_of, split_ranks_of};
 use crate::model::Layout;
@@ -118,7 +119,8 @@ pub fn units_of(placement: &Placement, next: &mut usize) -> Vec<Unit> {
 /// Builds the local DAG turning `current` units into units laid out as `target`
 /// (`(layout, ranks)` per replica); new unit ids come from `next`.
 pub fn local_dag(current: &[Unit], target: &[(Layout, Vec<i32>)], next: &mut usize) -> LocalDag {
-    let unchanged = current.len() == target.len() && current.iter().all(|c| target.contains(&(c.layout, c.ranks.clone())));
+    let goal: HashSet<(Layout, &Vec<i32>)> = target.iter().map(|(l, r)| (*l, r)).collect();
+    let unchanged = current.len() == target.len() && current.iter().all(|c| goal.contains(&(c.layout, &c.ranks)));
     if unchanged {
         return LocalDag { targets: current.iter().map(|c| c.id).collect(), ..LocalDag::default() };
     }
@@ -156,17 +158,19 @@ fn build(current: &[Unit], target: &[(Layout, Vec<i32>)], sub: Layout, next: &mu
     // Needed sub-units per target.
     let needed: Vec<Vec<Vec<i32>>> = target.iter().map(|(layout, ranks)| if *layout == sub { vec![ranks.clone()] } else { split_ranks_of(*layout, ranks, sub) }).collect();
     let flat: Vec<&Vec<i32>> = needed.iter().flatten().collect();
-    let kept: Vec<bool> = available.iter().map(|(_, r, _)| flat.contains(&r)).collect();
+    let wanted: HashSet<&Vec<i32>> = flat.iter().copied().collect();
+    let kept: Vec<bool> = available.iter().map(|(_, r, _)| wanted.contains(r)).collect();
+    // Who produces each needed unit: a kept unit, or an Extend.
+    let mut producer: HashMap<Vec<i32>, (UnitId, Option<usize>)> = available.iter().zip(&kept).filter(|(_, k)| **k).map(|((id, r, n), _)| (r.clone(), (*id, *n))).collect();
     // Sources for Extends: kept units first (they outlive the transition), then the others.
-    let mut producer: Vec<(Vec<i32>, UnitId, Option<usize>)> = available.iter().zip(&kept).filter(|(_, k)| **k).map(|((id, r, n), _)| (r.clone(), *id, *n)).collect();
-    let mut extends: Vec<(usize, usize)> = Vec::new(); // (extend node, index of its source in `available`)
+    let mut ordered: Vec<usize> = (0..available.len()).filter(|&i| kept[i]).collect();
+    ordered.extend((0..available.len()).filter(|&i| !kept[i]));
+    let mut feeds: Vec<Vec<usize>> = vec![Vec::new(); available.len()]; // Extend nodes per source
     let mut rotation = 0;
     for ranks in &flat {
-        if producer.iter().any(|(r, _, _)| r == *ranks) {
+        if producer.contains_key(*ranks) {
             continue;
         }
-        let mut ordered: Vec<usize> = (0..available.len()).filter(|&i| kept[i]).collect();
-        ordered.extend((0..available.len()).filter(|&i| !kept[i]));
         let src = ordered[rotation % ordered.len()];
         rotation += 1;
         let copy = fresh(sub, (*ranks).clone(), &mut dag, next);
@@ -175,8 +179,8 @@ fn build(current: &[Unit], target: &[(Layout, Vec<i32>)], sub: Layout, next: &mu
         if let Some(split) = available[src].2 {
             dag.edges.push((split, node));
         }
-        extends.push((node, src));
-        producer.push(((*ranks).clone(), copy, Some(node)));
+        feeds[src].push(node);
+        producer.insert((*ranks).clone(), (copy, Some(node)));
     }
     // Destroy what no target needs, after the Extends it feeds.
     for (i, (id, _, made_by)) in available.iter().enumerate() {
@@ -188,15 +192,13 @@ fn build(current: &[Unit], target: &[(Layout, Vec<i32>)], sub: Layout, next: &mu
         if let Some(split) = made_by {
             dag.edges.push((*split, node));
         }
-        for &(extend, src) in &extends {
-            if src == i {
-                dag.edges.push((extend, node));
-            }
+        for &extend in &feeds[i] {
+            dag.edges.push((extend, node));
         }
     }
     // Merge each target from its parts.
     for ((layout, ranks), parts) in target.iter().zip(&needed) {
-        let part_ids: Vec<(UnitId, Option<usize>)> = parts.iter().map(|p| producer.iter().find(|(r, _, _)| r == p).map(|(_, id, n)| (*id, *n)).expect("every needed unit is produced")).collect();
+        let part_ids: Vec<(UnitId, Option<usize>)> = parts.iter().map(|p| *producer.get(p).expect("every needed unit is produced")).collect();
         if *layout == sub {
             dag.targets.push(part_ids[0].0);
             continue;
