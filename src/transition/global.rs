@@ -63,8 +63,21 @@ pub struct Node {
     pub release: Vec<(i32, u64)>,
     /// Estimated duration, seconds.
     pub seconds: f64,
-    /// Human-readable label.
-    pub label: String,
+}
+
+impl Node {
+    /// `Split actor/training UnitId(3) (tp=2, pp=2) -> (tp=1, pp=2) on [0-3]` and the like
+    /// (built on demand: plans of thousands of nodes need no strings).
+    pub fn label(&self, units: &Units) -> String {
+        let ms = self.model_stage;
+        let on = |id: &UnitId| format_index_list(&sorted(&units[id].ranks));
+        match &self.primitive {
+            Primitive::Split { source, parts } => format!("Split {ms} {source:?} {} -> {} on [{}]", units[source].layout, units[&parts[0]].layout, on(source)),
+            Primitive::Extend { source, copy } => format!("Extend {ms} {source:?} [{}] -> [{}]", on(source), on(copy)),
+            Primitive::Merge { merged, .. } => format!("Merge {ms} -> {} on [{}]", units[merged].layout, on(merged)),
+            Primitive::Destroy { unit } => format!("Destroy {ms} {unit:?} on [{}]", on(unit)),
+        }
+    }
 }
 
 /// Why an edge exists.
@@ -79,8 +92,8 @@ pub enum EdgeKind {
 /// Start and finish of one node in the schedule.
 #[derive(Debug, Clone, Serialize)]
 pub struct NodeTiming {
-    /// Node label.
-    pub label: String,
+    /// Node index in the graph (`TransitionDag::label` names it).
+    pub node: usize,
     /// Start, seconds after the transition begins.
     pub start: f64,
     /// Finish.
@@ -106,7 +119,7 @@ pub struct TransitionDag {
     /// Nodes and edges.
     pub graph: DiGraph<Node, EdgeKind>,
     /// Every unit: current, intermediate and target.
-    pub units: BTreeMap<UnitId, Unit>,
+    pub units: Units,
     /// Units alive at the start.
     pub initial: Vec<UnitId>,
     /// Units alive at the end, per model-stage.
@@ -115,6 +128,41 @@ pub struct TransitionDag {
     pub resource_edges: usize,
     /// The schedule.
     pub schedule: Schedule,
+}
+
+/// Every unit of a transition, indexed by its id (ids are dense, in creation order).
+#[derive(Debug, Clone, Default)]
+pub struct Units(Vec<Unit>);
+
+impl Units {
+    fn push(&mut self, unit: Unit) {
+        debug_assert_eq!(unit.id.0, self.0.len(), "unit ids are dense and in creation order");
+        self.0.push(unit);
+    }
+
+    /// Every unit.
+    pub fn iter(&self) -> impl Iterator<Item = &Unit> {
+        self.0.iter()
+    }
+
+    /// One more than the highest rank any unit uses.
+    pub fn pool(&self) -> usize {
+        self.0.iter().flat_map(|u| u.ranks.iter().copied()).max().map_or(0, |r| r as usize + 1)
+    }
+}
+
+impl std::ops::Index<UnitId> for Units {
+    type Output = Unit;
+    fn index(&self, id: UnitId) -> &Unit {
+        &self.0[id.0]
+    }
+}
+
+impl std::ops::Index<&UnitId> for Units {
+    type Output = Unit;
+    fn index(&self, id: &UnitId) -> &Unit {
+        &self.0[id.0]
+    }
 }
 
 const STAGES: [Stage; 3] = [Stage::Generation, Stage::Inference, Stage::Training];
@@ -130,7 +178,7 @@ impl TransitionDag {
     /// against other model-stages' memory or ranks.
     pub fn plan(current: &Plan, target: &Plan, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64, links: &Links, cross_model_stage: bool) -> Result<TransitionDag, TransitionError> {
         let mut next = 0;
-        let mut units: BTreeMap<UnitId, Unit> = BTreeMap::new();
+        let mut units = Units::default();
         let mut initial = Vec::new();
         let mut graph: DiGraph<Node, EdgeKind> = DiGraph::new();
         let mut targets = BTreeMap::new();
@@ -141,7 +189,7 @@ impl TransitionDag {
             let want: Vec<(Layout, Vec<i32>)> = (0..goal.candidate.dp as usize).map(|r| (goal.candidate.layout, goal.replica(r).to_vec())).collect();
             let local = local_dag(&cur, &want, &mut next);
             for u in cur.iter().chain(&local.units) {
-                units.insert(u.id, u.clone());
+                units.push(u.clone());
             }
             initial.extend(cur.iter().map(|u| u.id));
             let base = graph.node_count();
@@ -238,15 +286,17 @@ impl TransitionDag {
                 let (r, why) = state.fits(&self.graph[NodeIndex::new(j)]).err().unwrap_or((vec![], reason.clone()));
                 (j, r, why)
             });
-            return Err(TransitionError::Blocked { primitive: self.graph[NodeIndex::new(i)].label.clone(), ranks: format_index_list(&ranks), reason });
+            return Err(TransitionError::Blocked { primitive: self.label(i), ranks: format_index_list(&ranks), reason });
         }
+        let peak_bytes = state.peak;
+        drop(state);
         for (d, i) in &new_edges {
             self.graph.add_edge(NodeIndex::new(*d), NodeIndex::new(*i), EdgeKind::Resource);
         }
         self.resource_edges = new_edges.len();
         let timings = self.timings(&order, &[]);
         let seconds = timings.iter().map(|t| t.finish).fold(0.0, f64::max);
-        self.schedule = Schedule { order, timings, seconds, peak_bytes: state.peak };
+        self.schedule = Schedule { order, timings, seconds, peak_bytes };
         Ok(())
     }
 
@@ -265,19 +315,23 @@ impl TransitionDag {
     /// dependencies, and every earlier node on its ranks.
     fn timings(&self, order: &[usize], extra: &[(usize, usize)]) -> Vec<NodeTiming> {
         let mut finish = vec![0.0f64; self.graph.node_count()];
-        let mut rank_free: BTreeMap<i32, f64> = BTreeMap::new();
+        let mut rank_free = vec![0.0f64; self.units.pool()];
+        let mut extra_preds: Vec<Vec<usize>> = vec![Vec::new(); if extra.is_empty() { 0 } else { self.graph.node_count() }];
+        for &(a, b) in extra {
+            extra_preds[b].push(a);
+        }
         let mut timings = Vec::with_capacity(order.len());
         for &i in order {
             let node = &self.graph[NodeIndex::new(i)];
             let after_preds = self.graph.neighbors_directed(NodeIndex::new(i), Direction::Incoming).map(|p| finish[p.index()]).fold(0.0, f64::max);
-            let after_extra = extra.iter().filter(|(_, b)| *b == i).map(|(a, _)| finish[*a]).fold(0.0, f64::max);
-            let after_ranks = node.ranks.iter().map(|r| rank_free.get(r).copied().unwrap_or(0.0)).fold(0.0, f64::max);
+            let after_extra = extra_preds.get(i).into_iter().flatten().map(|&a| finish[a]).fold(0.0, f64::max);
+            let after_ranks = node.ranks.iter().map(|&r| rank_free[r as usize]).fold(0.0, f64::max);
             let start = after_preds.max(after_extra).max(after_ranks);
             finish[i] = start + node.seconds;
-            for r in &node.ranks {
-                rank_free.insert(*r, finish[i]);
+            for &r in &node.ranks {
+                rank_free[r as usize] = finish[i];
             }
-            timings.push(NodeTiming { label: node.label.clone(), start, finish: finish[i] });
+            timings.push(NodeTiming { node: i, start, finish: finish[i] });
         }
         timings
     }
@@ -328,17 +382,20 @@ impl TransitionDag {
         }
     }
 
+    /// A readable name for node `i`.
+    pub fn label(&self, i: usize) -> String {
+        self.graph[NodeIndex::new(i)].label(&self.units)
+    }
+
     /// The units alive at the end of the schedule (for checks).
     pub fn final_units(&self) -> BTreeSet<UnitId> {
         let mut alive: BTreeSet<UnitId> = self.initial.iter().copied().collect();
         for &i in &self.schedule.order {
             let p = &self.graph[NodeIndex::new(i)].primitive;
             for id in p.frees() {
-                alive.remove(&id);
+                alive.remove(id);
             }
-            for id in p.creates() {
-                alive.insert(id);
-            }
+            alive.extend(p.creates().iter().copied());
         }
         alive
     }
@@ -347,27 +404,22 @@ impl TransitionDag {
 /// Memory and rank ownership while a schedule is walked: what every ordering decision, the
 /// list schedule's and the exhaustive search's alike, is checked against. Indexed by rank.
 #[derive(Clone)]
-struct ResourceState {
+struct ResourceState<'a> {
+    units: &'a Units,
     capacity: u64,
     cross: bool,
     usage: Vec<u64>,
     /// Per `(stage, rank)`: model-stages holding units there, with unit counts.
     holders: Vec<Vec<(ModelStage, u32)>>,
-    /// Per unit id: its model-stage and ranks.
-    units: Vec<Option<(ModelStage, Vec<i32>)>>,
     /// Per rank: the latest node of each model-stage that freed bytes there.
     last_release: Vec<Vec<(ModelStage, usize, u64)>>,
     peak: u64,
 }
 
-impl ResourceState {
-    fn new(dag: &TransitionDag, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64, capacity: u64, cross: bool) -> ResourceState {
-        let pool = dag.units.values().flat_map(|u| u.ranks.iter().copied()).max().map_or(0, |r| r as usize + 1);
-        let ids = dag.units.keys().map(|u| u.0 + 1).max().unwrap_or(0);
-        let mut s = ResourceState { capacity, cross, usage: vec![0; pool], holders: vec![Vec::new(); 3 * pool], units: vec![None; ids], last_release: vec![Vec::new(); pool], peak: 0 };
-        for u in dag.units.values() {
-            s.units[u.id.0] = Some((u.model_stage, u.ranks.clone()));
-        }
+impl<'a> ResourceState<'a> {
+    fn new(dag: &'a TransitionDag, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64, capacity: u64, cross: bool) -> ResourceState<'a> {
+        let pool = dag.units.pool();
+        let mut s = ResourceState { units: &dag.units, capacity, cross, usage: vec![0; pool], holders: vec![Vec::new(); 3 * pool], last_release: vec![Vec::new(); pool], peak: 0 };
         for id in &dag.initial {
             let u = &dag.units[id];
             for (r, b) in per_rank(u, bytes) {
@@ -455,13 +507,12 @@ impl ResourceState {
                 None => last.push((node.model_stage, i, b)),
             }
         }
+        let units = self.units;
         for id in node.primitive.creates() {
-            let (ms, ranks) = self.units[id.0].clone().expect("created units are registered");
-            self.hold(ms, &ranks, true);
+            self.hold(units[id].model_stage, &units[id].ranks, true);
         }
         for id in node.primitive.frees() {
-            let (ms, ranks) = self.units[id.0].clone().expect("freed units are registered");
-            self.hold(ms, &ranks, false);
+            self.hold(units[id].model_stage, &units[id].ranks, false);
         }
         deps
     }
@@ -476,10 +527,10 @@ fn per_rank(unit: &Unit, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64) ->
 }
 
 /// A node with its rank set, memory effects and estimated duration.
-fn make_node(p: Primitive, ms: ModelStage, units: &BTreeMap<UnitId, Unit>, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64, links: &Links) -> Node {
+fn make_node(p: Primitive, ms: ModelStage, units: &Units, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64, links: &Links) -> Node {
     let u = |id: &UnitId| &units[id];
     let bw = |a: i32, b: i32| if node_of(links, a) == node_of(links, b) { links.intra_bytes_per_s } else { links.inter_bytes_per_s };
-    let (ranks, acquire, release, seconds, label) = match &p {
+    let (ranks, acquire, release, seconds) = match &p {
         Primitive::Split { source, parts } => {
             let src = u(source);
             let acquire: Vec<(i32, u64)> = parts.iter().flat_map(|id| per_rank(u(id), bytes)).collect();
@@ -487,9 +538,9 @@ fn make_node(p: Primitive, ms: ModelStage, units: &BTreeMap<UnitId, Unit>, bytes
             // Each rank receives what its new shard has beyond its old one, from its unit's ranks.
             let one_node = src.ranks.iter().all(|&r| node_of(links, r) == node_of(links, src.ranks[0]));
             let slowest_bw = if one_node { links.intra_bytes_per_s } else { links.inter_bytes_per_s };
-            let incoming = acquire.iter().map(|(r, b)| b.saturating_sub(held.iter().find(|(x, _)| x == r).map_or(0, |(_, h)| *h))).max().unwrap_or(0);
-            let secs = incoming as f64 / slowest_bw + links.setup_seconds;
-            (src.ranks.clone(), acquire, held, secs, format!("Split {ms} {:?} {} -> {} on [{}]", source, src.layout, u(&parts[0]).layout, format_index_list(&sorted(&src.ranks))))
+            let held_at: rustc_hash::FxHashMap<i32, u64> = held.iter().copied().collect();
+            let incoming = acquire.iter().map(|(r, b)| b.saturating_sub(held_at.get(r).copied().unwrap_or(0))).max().unwrap_or(0);
+            (src.ranks.clone(), acquire, held, incoming as f64 / slowest_bw + links.setup_seconds)
         }
         Primitive::Extend { source, copy } => {
             let (src, dst) = (u(source), u(copy));
@@ -497,21 +548,21 @@ fn make_node(p: Primitive, ms: ModelStage, units: &BTreeMap<UnitId, Unit>, bytes
             let secs = acquire.iter().zip(&src.ranks).map(|((r, b), s)| *b as f64 / bw(*s, *r)).fold(0.0, f64::max) + links.setup_seconds;
             let mut ranks = src.ranks.clone();
             ranks.extend(&dst.ranks);
-            (ranks, acquire, vec![], secs, format!("Extend {ms} {:?} [{}] -> [{}]", source, format_index_list(&sorted(&src.ranks)), format_index_list(&sorted(&dst.ranks))))
+            (ranks, acquire, vec![], secs)
         }
         Primitive::Merge { parts, merged } => {
             let m = u(merged);
             let acquire = per_rank(m, bytes);
             let release: Vec<(i32, u64)> = parts.iter().flat_map(|id| per_rank(u(id), bytes)).collect();
             let secs = acquire.iter().map(|(_, b)| *b as f64 / links.memory_bytes_per_s).fold(0.0, f64::max);
-            (m.ranks.clone(), acquire, release, secs, format!("Merge {ms} -> {} on [{}]", m.layout, format_index_list(&sorted(&m.ranks))))
+            (m.ranks.clone(), acquire, release, secs)
         }
         Primitive::Destroy { unit } => {
             let x = u(unit);
-            (x.ranks.clone(), vec![], per_rank(x, bytes), 0.0, format!("Destroy {ms} {:?} on [{}]", unit, format_index_list(&sorted(&x.ranks))))
+            (x.ranks.clone(), vec![], per_rank(x, bytes), 0.0)
         }
     };
-    Node { primitive: p, model_stage: ms, ranks, acquire, release, seconds, label }
+    Node { primitive: p, model_stage: ms, ranks, acquire, release, seconds }
 }
 
 fn sorted(ranks: &[i32]) -> Vec<i32> {

@@ -1,7 +1,7 @@
 //! Local DAGs: the primitives that turn one model-stage's current units into its target units.
 
 use serde::{Deserialize, Serialize};
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use crate::emu::{merge_ranks_of, split_ranks_of};
 use crate::model::Layout;
@@ -57,22 +57,22 @@ pub enum Primitive {
 
 impl Primitive {
     /// Units this primitive creates.
-    pub fn creates(&self) -> Vec<UnitId> {
+    pub fn creates(&self) -> &[UnitId] {
         match self {
-            Primitive::Split { parts, .. } => parts.clone(),
-            Primitive::Extend { copy, .. } => vec![*copy],
-            Primitive::Merge { merged, .. } => vec![*merged],
-            Primitive::Destroy { .. } => Vec::new(),
+            Primitive::Split { parts, .. } => parts,
+            Primitive::Extend { copy, .. } => std::slice::from_ref(copy),
+            Primitive::Merge { merged, .. } => std::slice::from_ref(merged),
+            Primitive::Destroy { .. } => &[],
         }
     }
 
     /// Units this primitive frees when it completes.
-    pub fn frees(&self) -> Vec<UnitId> {
+    pub fn frees(&self) -> &[UnitId] {
         match self {
-            Primitive::Split { source, .. } => vec![*source],
-            Primitive::Merge { parts, .. } => parts.clone(),
-            Primitive::Destroy { unit } => vec![*unit],
-            Primitive::Extend { .. } => Vec::new(),
+            Primitive::Split { source, .. } => std::slice::from_ref(source),
+            Primitive::Merge { parts, .. } => parts,
+            Primitive::Destroy { unit } => std::slice::from_ref(unit),
+            Primitive::Extend { .. } => &[],
         }
     }
 

@@ -47,7 +47,7 @@ pub struct Row {
 /// Per-position state bytes from the catalogues, memoized per (role, training, layout, stage).
 struct Sizer {
     catalogues: HashMap<Role, Catalogue>,
-    memo: RefCell<HashMap<(Role, bool, Layout, u32), u64>>,
+    memo: RefCell<rustc_hash::FxHashMap<(Role, bool, Layout, u32), u64>>,
 }
 
 impl Sizer {
@@ -108,7 +108,7 @@ pub fn run(session: &mut Session, config_path: &Path, reps: usize, json: Option<
 
 fn large(config: &JobConfig, reps: usize) -> Result<Vec<Row>, RuntimeError> {
     let base = Planner::new(config, 8, Some(1024), Efficiencies::default())?;
-    let sizer = Sizer { catalogues: catalogues(config), memo: RefCell::new(HashMap::new()) };
+    let sizer = Sizer { catalogues: catalogues(config), memo: RefCell::new(Default::default()) };
     let mut rows = Vec::new();
     for ranks in SIZES {
         let from = base.replanned(ranks, 1024, Efficiencies::default())?.search(None)?.plan();
@@ -157,7 +157,7 @@ fn catalogues(config: &JobConfig) -> HashMap<Role, Catalogue> {
 /// Random small plan pairs whose DAG is small enough to enumerate every order.
 fn small(cases: u64) -> Vec<Row> {
     let tiny = crate::transition::testing::tiny_catalogue();
-    let sizer = Sizer { catalogues: [Role::Actor, Role::Critic, Role::Reference, Role::Reward].into_iter().map(|r| (r, tiny.clone())).collect(), memo: RefCell::new(HashMap::new()) };
+    let sizer = Sizer { catalogues: [Role::Actor, Role::Critic, Role::Reference, Role::Reward].into_iter().map(|r| (r, tiny.clone())).collect(), memo: RefCell::new(Default::default()) };
     let bytes = |ms: ModelStage, l: Layout, p: Position| sizer.bytes(ms, l, p);
     let mut rows = Vec::new();
     for case in 0..cases {
