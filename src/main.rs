@@ -76,6 +76,9 @@ enum BenchCommand {
         /// The job whose plans change (run from the repository root for the default).
         #[arg(long, default_value = "configs/llama3.1-8b-ppo.toml")]
         config: PathBuf,
+        /// Pool sizes (ranks), comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "32,64,128,256,512,1024,2048,4096,8192,16384")]
+        ranks: Vec<u32>,
         /// Repetitions per size (the median is reported).
         #[arg(long, default_value_t = 5)]
         reps: usize,
@@ -202,7 +205,7 @@ fn main() -> ExitCode {
         TopCommand::Bench(BenchCommand::Primitives { sizes_mib, reps, json }) => {
             Command::BenchPrimitives { sizes_mib, reps: reps.max(1), json }
         }
-        TopCommand::Bench(BenchCommand::TransitionPlanning { config, reps, json }) => Command::BenchTransitionPlanning { config, reps, json },
+        TopCommand::Bench(BenchCommand::TransitionPlanning { config, ranks, reps, json }) => Command::BenchTransitionPlanning { config, ranks, reps, json },
         TopCommand::Bench(BenchCommand::Planner { config, seq_len, reps, json }) => Command::BenchPlanner { config, seq_len, reps, json },
         TopCommand::Selftest(SelftestCommand::Primitives { cases, seed }) => Command::SelftestPrimitives { cases, seed },
     };

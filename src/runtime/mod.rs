@@ -81,6 +81,8 @@ pub enum Command {
     BenchTransitionPlanning {
         /// The job whose plans change.
         config: PathBuf,
+        /// Pool sizes.
+        ranks: Vec<u32>,
         /// Repetitions per size.
         reps: usize,
         /// Where to write the JSON report.
@@ -159,7 +161,7 @@ pub fn run(options: SessionOptions, command: Command) -> u8 {
         Command::Plan { config, overrides, gpus, seq_len, json } => plan::run(&mut session, config.as_deref(), overrides, *gpus, *seq_len, *json),
         Command::BenchPrimitives { sizes_mib, reps, json } => bench::primitives::run(&session, sizes_mib, *reps, json.as_deref()),
         Command::BenchPlanner { config, seq_len, reps, json } => bench::planner::run(&mut session, config, *seq_len, *reps, json.as_deref()),
-        Command::BenchTransitionPlanning { config, reps, json } => bench::transition::run(&mut session, config, *reps, json.as_deref()),
+        Command::BenchTransitionPlanning { config, ranks, reps, json } => bench::transition::run(&mut session, config, ranks, *reps, json.as_deref()),
         Command::SelftestPrimitives { cases, seed } => selftest_primitives(&session, *cases, *seed),
     };
     match outcome {

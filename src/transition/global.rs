@@ -188,13 +188,13 @@ impl TransitionDag {
             let cur = units_of(placement, &mut next);
             let want: Vec<(Layout, Vec<i32>)> = (0..goal.candidate.dp as usize).map(|r| (goal.candidate.layout, goal.replica(r).to_vec())).collect();
             let local = local_dag(&cur, &want, &mut next);
-            for u in cur.iter().chain(&local.units) {
-                units.push(u.clone());
-            }
             initial.extend(cur.iter().map(|u| u.id));
+            for u in cur.into_iter().chain(local.units) {
+                units.push(u);
+            }
             let base = graph.node_count();
-            for p in &local.nodes {
-                let node = make_node(p.clone(), ms, &units, bytes, links);
+            for p in local.nodes {
+                let node = make_node(p, ms, &units, bytes, links);
                 graph.add_node(node);
             }
             for (a, b) in &local.edges {
@@ -240,6 +240,7 @@ impl TransitionDag {
         let mut first_block: Option<(usize, Vec<i32>, String)> = None;
         let mut order = Vec::with_capacity(n);
         let mut new_edges: Vec<(usize, usize)> = Vec::new();
+        let mut deps = Vec::new();
         while let Some(Reverse((start_bits, _, _, _, i))) = heap.pop() {
             let start = est(i, &finish, &rank_free);
             if start.to_bits() > start_bits {
@@ -256,9 +257,9 @@ impl TransitionDag {
                 continue;
             }
             is_blocked[i] = false;
-            let deps = state.apply(i, node, &self.graph);
+            state.apply_into(i, node, &mut deps);
             let begin = deps.iter().map(|&d| finish[d]).fold(start, f64::max);
-            new_edges.extend(deps.into_iter().filter(|&d| !self.graph.contains_edge(NodeIndex::new(d), NodeIndex::new(i))).map(|d| (d, i)));
+            new_edges.extend(deps.iter().copied().filter(|&d| !self.graph.contains_edge(NodeIndex::new(d), NodeIndex::new(i))).map(|d| (d, i)));
             finish[i] = begin + node.seconds;
             for &r in &node.ranks {
                 rank_free[r as usize] = finish[i];
@@ -294,8 +295,10 @@ impl TransitionDag {
             self.graph.add_edge(NodeIndex::new(*d), NodeIndex::new(*i), EdgeKind::Resource);
         }
         self.resource_edges = new_edges.len();
-        let timings = self.timings(&order, &[]);
-        let seconds = timings.iter().map(|t| t.finish).fold(0.0, f64::max);
+        // The loop already timed every node under the final edges: a node's start was bounded
+        // by its predecessors, the dependencies it acquired and its ranks' earlier nodes.
+        let timings: Vec<NodeTiming> = order.iter().map(|&i| NodeTiming { node: i, start: finish[i] - self.graph[NodeIndex::new(i)].seconds, finish: finish[i] }).collect();
+        let seconds = finish.iter().copied().fold(0.0, f64::max);
         self.schedule = Schedule { order, timings, seconds, peak_bytes };
         Ok(())
     }
@@ -409,17 +412,21 @@ struct ResourceState<'a> {
     capacity: u64,
     cross: bool,
     usage: Vec<u64>,
-    /// Per `(stage, rank)`: model-stages holding units there, with unit counts.
-    holders: Vec<Vec<(ModelStage, u32)>>,
+    /// Per `(stage, rank)`: model-stages holding units there, with unit counts (inline: a job
+    /// has at most [`MAX_MODEL_STAGES`] model-stages, so nothing is allocated per rank).
+    holders: Vec<[Option<(ModelStage, u32)>; MAX_MODEL_STAGES]>,
     /// Per rank: the latest node of each model-stage that freed bytes there.
-    last_release: Vec<Vec<(ModelStage, usize, u64)>>,
+    last_release: Vec<[Option<(ModelStage, usize, u64)>; MAX_MODEL_STAGES]>,
     peak: u64,
 }
+
+/// Model-stages of the largest RL algorithm, with room to spare.
+const MAX_MODEL_STAGES: usize = 8;
 
 impl<'a> ResourceState<'a> {
     fn new(dag: &'a TransitionDag, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64, capacity: u64, cross: bool) -> ResourceState<'a> {
         let pool = dag.units.pool();
-        let mut s = ResourceState { units: &dag.units, capacity, cross, usage: vec![0; pool], holders: vec![Vec::new(); 3 * pool], last_release: vec![Vec::new(); pool], peak: 0 };
+        let mut s = ResourceState { units: &dag.units, capacity, cross, usage: vec![0; pool], holders: vec![[None; MAX_MODEL_STAGES]; 3 * pool], last_release: vec![[None; MAX_MODEL_STAGES]; pool], peak: 0 };
         for id in &dag.initial {
             let u = &dag.units[id];
             for (r, b) in per_rank(u, bytes) {
@@ -439,15 +446,14 @@ impl<'a> ResourceState<'a> {
         for &r in ranks {
             let slot = self.slot(ms.stage, r);
             let h = &mut self.holders[slot];
-            match h.iter_mut().position(|(m, _)| *m == ms) {
-                Some(k) if add => h[k].1 += 1,
-                Some(k) => {
-                    h[k].1 -= 1;
-                    if h[k].1 == 0 {
-                        h.swap_remove(k);
+            match h.iter_mut().flatten().find(|(m, _)| *m == ms) {
+                Some(entry) if add => entry.1 += 1,
+                Some(entry) => entry.1 = entry.1.saturating_sub(1),
+                None if add => {
+                    if let Some(free) = h.iter_mut().find(|e| e.is_none_or(|(_, c)| c == 0)) {
+                        *free = Some((ms, 1));
                     }
                 }
-                None if add => h.push((ms, 1)),
                 None => {}
             }
         }
@@ -463,7 +469,7 @@ impl<'a> ResourceState<'a> {
         let mut reason = String::new();
         for &(r, b) in &node.acquire {
             let used = self.usage[r as usize];
-            let other = self.holders[self.slot(node.model_stage.stage, r)].iter().map(|(m, _)| *m).find(|m| *m != node.model_stage);
+            let other = self.holders[self.slot(node.model_stage.stage, r)].iter().flatten().filter(|(_, c)| *c > 0).map(|(m, _)| *m).find(|m| *m != node.model_stage);
             if used + b > self.capacity {
                 short.push(r);
                 reason = format!("needs {b} bytes on a rank holding {used} of {}", self.capacity);
@@ -481,10 +487,17 @@ impl<'a> ResourceState<'a> {
     /// freed, the allocation would not fit.
     fn apply(&mut self, i: usize, node: &Node, _graph: &DiGraph<Node, EdgeKind>) -> Vec<usize> {
         let mut deps = Vec::new();
+        self.apply_into(i, node, &mut deps);
+        deps
+    }
+
+    /// [`ResourceState::apply`] into a reused buffer (cleared first).
+    fn apply_into(&mut self, i: usize, node: &Node, deps: &mut Vec<usize>) {
+        deps.clear();
         if self.cross {
             for &(r, b) in &node.acquire {
                 let used = self.usage[r as usize];
-                for &(other, d, freed) in &self.last_release[r as usize] {
+                for &(other, d, freed) in self.last_release[r as usize].iter().flatten() {
                     let exclusive = other.stage == node.model_stage.stage;
                     let needed = used + b + freed > self.capacity;
                     if other != node.model_stage && (exclusive || needed) && !deps.contains(&d) {
@@ -502,9 +515,9 @@ impl<'a> ResourceState<'a> {
             let u = &mut self.usage[r as usize];
             *u = u.saturating_sub(b);
             let last = &mut self.last_release[r as usize];
-            match last.iter_mut().find(|(m, _, _)| *m == node.model_stage) {
-                Some(entry) => *entry = (node.model_stage, i, b),
-                None => last.push((node.model_stage, i, b)),
+            match last.iter_mut().position(|e| e.is_none_or(|(m, _, _)| m == node.model_stage)) {
+                Some(k) => last[k] = Some((node.model_stage, i, b)),
+                None => debug_assert!(false, "more than {MAX_MODEL_STAGES} model-stages"),
             }
         }
         let units = self.units;
@@ -514,7 +527,6 @@ impl<'a> ResourceState<'a> {
         for id in node.primitive.frees() {
             self.hold(units[id].model_stage, &units[id].ranks, false);
         }
-        deps
     }
 }
 
@@ -523,7 +535,19 @@ fn node_of(links: &Links, r: i32) -> i32 {
 }
 
 fn per_rank(unit: &Unit, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64) -> Vec<(i32, u64)> {
-    unit.ranks.iter().enumerate().map(|(k, &r)| (r, bytes(unit.model_stage, unit.layout, unit.layout.position(k)))).collect()
+    // Ranks are TP-fastest and TP positions of a stage hold equal shards: ask once per stage.
+    let mut stage = (u32::MAX, 0);
+    unit.ranks
+        .iter()
+        .enumerate()
+        .map(|(k, &r)| {
+            let p = unit.layout.position(k);
+            if stage.0 != p.pp {
+                stage = (p.pp, bytes(unit.model_stage, unit.layout, p));
+            }
+            (r, stage.1)
+        })
+        .collect()
 }
 
 /// A node with its rank set, memory effects and estimated duration.
@@ -538,8 +562,10 @@ fn make_node(p: Primitive, ms: ModelStage, units: &Units, bytes: &dyn Fn(ModelSt
             // Each rank receives what its new shard has beyond its old one, from its unit's ranks.
             let one_node = src.ranks.iter().all(|&r| node_of(links, r) == node_of(links, src.ranks[0]));
             let slowest_bw = if one_node { links.intra_bytes_per_s } else { links.inter_bytes_per_s };
-            let held_at: rustc_hash::FxHashMap<i32, u64> = held.iter().copied().collect();
-            let incoming = acquire.iter().map(|(r, b)| b.saturating_sub(held_at.get(r).copied().unwrap_or(0))).max().unwrap_or(0);
+            // At most: the largest new shard less the smallest old one.
+            let largest_new = acquire.iter().map(|(_, b)| *b).max().unwrap_or(0);
+            let smallest_old = held.iter().map(|(_, b)| *b).min().unwrap_or(0);
+            let incoming = largest_new.saturating_sub(smallest_old);
             (src.ranks.clone(), acquire, held, incoming as f64 / slowest_bw + links.setup_seconds)
         }
         Primitive::Extend { source, copy } => {

@@ -75,16 +75,14 @@ fn links(hw: &Hardware) -> Links {
     }
 }
 
-/// Pool sizes of the large instances.
-pub const SIZES: [u32; 10] = [32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384];
 
 /// Runs the benchmark on rank 0.
-pub fn run(session: &mut Session, config_path: &Path, reps: usize, json: Option<&Path>) -> Result<(), RuntimeError> {
+pub fn run(session: &mut Session, config_path: &Path, sizes: &[u32], reps: usize, json: Option<&Path>) -> Result<(), RuntimeError> {
     let config = session.load_config(Some(config_path), &Overrides::default())?;
     if session.rank() != 0 {
         return Ok(());
     }
-    let mut rows = large(&config, reps)?;
+    let mut rows = large(&config, sizes, reps)?;
     rows.extend(small(200));
     let mut out = std::io::stdout().lock();
     writeln!(out, "{:<6} {:>7} {:>7} {:>9} {:>11} {:>11} {:>11}", "kind", "ranks", "nodes", "res.edges", "build ms", "L_tran s", "optimal s")?;
@@ -106,11 +104,11 @@ pub fn run(session: &mut Session, config_path: &Path, reps: usize, json: Option<
     BenchReport { bench: "transition-planning".into(), machine: machine(session), rows, floors }.finish(json)
 }
 
-fn large(config: &JobConfig, reps: usize) -> Result<Vec<Row>, RuntimeError> {
+fn large(config: &JobConfig, sizes: &[u32], reps: usize) -> Result<Vec<Row>, RuntimeError> {
     let base = Planner::new(config, 8, Some(1024), Efficiencies::default())?;
     let sizer = Sizer { catalogues: catalogues(config), memo: RefCell::new(Default::default()) };
     let mut rows = Vec::new();
-    for ranks in SIZES {
+    for &ranks in sizes {
         let from = base.replanned(ranks, 1024, Efficiencies::default())?.search(None)?.plan();
         let to = base.replanned(ranks, 8192, Efficiencies::default())?.search(Some(&from))?.plan();
         let hw = Hardware::new(&config.cluster, ranks, 0.0);
