@@ -105,6 +105,15 @@ enum BenchCommand {
 
 #[derive(Subcommand, Debug)]
 enum SelftestCommand {
+    /// Random plan pairs executed as global transition DAGs; checks targets and digests.
+    Transitions {
+        /// Random cases to run.
+        #[arg(long, default_value_t = 20)]
+        cases: u32,
+        /// Seed of the random decisions (rank 0's draw is broadcast).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
     /// Random Split/Merge/Extend/Destroy sequences; checks digests, bytes and refusals.
     Primitives {
         /// Random cases to run.
@@ -207,6 +216,7 @@ fn main() -> ExitCode {
         }
         TopCommand::Bench(BenchCommand::TransitionPlanning { config, ranks, reps, json }) => Command::BenchTransitionPlanning { config, ranks, reps, json },
         TopCommand::Bench(BenchCommand::Planner { config, seq_len, reps, json }) => Command::BenchPlanner { config, seq_len, reps, json },
+        TopCommand::Selftest(SelftestCommand::Transitions { cases, seed }) => Command::SelftestTransitions { cases, seed },
         TopCommand::Selftest(SelftestCommand::Primitives { cases, seed }) => Command::SelftestPrimitives { cases, seed },
     };
     ExitCode::from(runtime::run(options, command))

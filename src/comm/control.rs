@@ -76,6 +76,17 @@ fn group_by_verdict(verdicts: &[Vec<u8>]) -> String {
     lines.join("; ")
 }
 
+/// Sends rank 0's bytes to every rank (`local` is read on rank 0 only); returns them everywhere.
+pub fn broadcast_bytes(world: &World, watchdog: &Watchdog, op: &str, local: &[u8]) -> Result<Vec<u8>, CommError> {
+    let root = world.comm().process_at_rank(0);
+    let _guard = watchdog.guard(op, &world.describe());
+    let mut len = [if world.rank() == 0 { message_len(world, op, local)? as u64 } else { 0 }];
+    root.broadcast_into(&mut len[..]);
+    let mut data = if world.rank() == 0 { local.to_vec() } else { vec![0u8; len[0] as usize] };
+    root.broadcast_into(&mut data[..]);
+    Ok(data)
+}
+
 /// Gathers one byte string from every rank to rank 0: `Some(per-rank bytes)` there, `None` elsewhere.
 pub fn gather_bytes_to_root(world: &World, watchdog: &Watchdog, op: &str, local: &[u8]) -> Result<Option<Vec<Vec<u8>>>, CommError> {
     let count = message_len(world, op, local)?;

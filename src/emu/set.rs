@@ -267,12 +267,27 @@ impl EmuSet {
     /// `Extend(EMU, R') → EMU + EMU'`: a new replica on `ranks`, each shard sent once from the
     /// rank at the same position.
     pub fn extend<P: DataPlane>(&mut self, plane: &mut P, id: EmuId, ranks: &[i32]) -> Result<PrimitiveReport, EmuError> {
+        self.extend_checked(plane, id, ranks, true)
+    }
+
+    /// [`EmuSet::extend`] inside a transition, where intermediate units of one model-stage may
+    /// share ranks (the transition's schedule has checked memory); only the target plan's
+    /// replicas must be disjoint.
+    pub fn extend_in_transition<P: DataPlane>(&mut self, plane: &mut P, id: EmuId, ranks: &[i32]) -> Result<PrimitiveReport, EmuError> {
+        self.extend_checked(plane, id, ranks, false)
+    }
+
+    fn extend_checked<P: DataPlane>(&mut self, plane: &mut P, id: EmuId, ranks: &[i32], disjoint_replicas: bool) -> Result<PrimitiveReport, EmuError> {
         let what = format!("Extend {id} -> ranks {ranks:?}");
         let emu = self.get(id, &what)?.clone();
         if ranks.len() != emu.ranks.len() {
             return Err(EmuError::Invalid { primitive: what, reason: format!("{} needs {} ranks, got {}", emu.layout, emu.ranks.len(), ranks.len()) });
         }
-        self.check_ranks(&what, emu.model_stage, ranks, &[])?;
+        if disjoint_replicas {
+            self.check_ranks(&what, emu.model_stage, ranks, &[])?;
+        } else {
+            self.check_ranks(&what, emu.model_stage, ranks, &self.replicas(emu.model_stage).iter().map(|e| e.id).collect::<Vec<_>>())?;
+        }
         let target = TargetEmu { id: self.fresh_id(), layout: emu.layout, ranks: ranks.to_vec() };
         self.redistribute(plane, what, &[id], vec![target], false)
     }

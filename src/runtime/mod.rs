@@ -9,8 +9,9 @@ mod inspect;
 pub mod plan;
 pub mod logging;
 mod rng;
-mod selftest;
+pub mod selftest;
 mod session;
+pub mod transition;
 
 pub use logging::LogOptions;
 pub use rng::Rng;
@@ -88,6 +89,13 @@ pub enum Command {
         /// Where to write the JSON report.
         json: Option<PathBuf>,
     },
+    /// Random plan pairs executed as global transition DAGs, state checked.
+    SelftestTransitions {
+        /// Random cases.
+        cases: u32,
+        /// Seed of the decisions.
+        seed: u64,
+    },
     /// Random EMU primitive sequences with state checks after every step.
     SelftestPrimitives {
         /// Random cases.
@@ -112,6 +120,9 @@ pub enum RuntimeError {
     /// A device backend is missing or failed.
     #[error("{0}")]
     Backend(#[from] BackendError),
+    /// A transition cannot be planned.
+    #[error("{0}")]
+    Transition(#[from] crate::transition::TransitionError),
     /// No plan fits.
     #[error("{0}")]
     Planner(#[from] crate::planner::PlannerError),
@@ -163,6 +174,7 @@ pub fn run(options: SessionOptions, command: Command) -> u8 {
         Command::BenchPlanner { config, seq_len, reps, json } => bench::planner::run(&mut session, config, *seq_len, *reps, json.as_deref()),
         Command::BenchTransitionPlanning { config, ranks, reps, json } => bench::transition::run(&mut session, config, ranks, *reps, json.as_deref()),
         Command::SelftestPrimitives { cases, seed } => selftest_primitives(&session, *cases, *seed),
+        Command::SelftestTransitions { cases, seed } => selftest_transitions(&session, *cases, *seed),
     };
     match outcome {
         Ok(()) => 0,
@@ -179,6 +191,17 @@ pub fn run(options: SessionOptions, command: Command) -> u8 {
 
 fn selftest_primitives(session: &Session, cases: u32, seed: u64) -> Result<(), RuntimeError> {
     let summary = selftest::primitives(session, cases, seed)?;
+    if session.rank() == 0 {
+        println!("{}", serde_json::to_string(&summary).expect("summaries serialize"));
+    }
+    match summary.failures.first() {
+        None => Ok(()),
+        Some(first) => Err(RuntimeError::SelftestFailed(format!("{} failed checks; first: {first}", summary.failures.len()))),
+    }
+}
+
+fn selftest_transitions(session: &Session, cases: u32, seed: u64) -> Result<(), RuntimeError> {
+    let summary = selftest::transitions(session, cases, seed)?;
     if session.rank() == 0 {
         println!("{}", serde_json::to_string(&summary).expect("summaries serialize"));
     }

@@ -19,8 +19,8 @@ use crate::emu::{synthetic_fill, Counters, Digest, EmuError, EmuId, EmuSet, Loca
 use crate::model::{Architecture, Catalogue, Layout, OutputHead, Position};
 use crate::plan::{ModelStage, Role, Stage};
 
-use super::rng::Rng;
-use super::{RuntimeError, Session};
+use crate::runtime::rng::Rng;
+use crate::runtime::{RuntimeError, Session};
 
 /// Tensor-parallel and pipeline degrees drawn from.
 const DEGREES: [u32; 5] = [1, 2, 3, 4, 8];

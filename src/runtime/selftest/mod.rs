@@ -1,0 +1,8 @@
+//! `nereus selftest …`: randomized checks of the runtime's machinery on the job's own ranks,
+//! whose verdicts depend on every rank.
+
+mod primitives;
+mod transitions;
+
+pub use primitives::{primitives, SelftestSummary};
+pub use transitions::{transitions, TransitionSummary};
