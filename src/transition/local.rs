@@ -197,6 +197,7 @@ fn build(current: &[Unit], target: &[(Layout, Vec<i32>)], sub: Layout, next: &mu
         }
     }
     // Merge each target from its parts.
+    let index_of: HashMap<UnitId, usize> = available.iter().enumerate().map(|(i, (id, _, _))| (*id, i)).collect();
     for ((layout, ranks), parts) in target.iter().zip(&needed) {
         let part_ids: Vec<(UnitId, Option<usize>)> = parts.iter().map(|p| *producer.get(p).expect("every needed unit is produced")).collect();
         if *layout == sub {
@@ -207,9 +208,15 @@ fn build(current: &[Unit], target: &[(Layout, Vec<i32>)], sub: Layout, next: &mu
         debug_assert_eq!(merge_ranks_of(sub, &parts.iter().map(|p| p.as_slice()).collect::<Vec<_>>(), *layout), *ranks);
         let node = dag.nodes.len();
         dag.nodes.push(Primitive::Merge { parts: part_ids.iter().map(|(id, _)| *id).collect(), merged });
-        for (_, made_by) in &part_ids {
+        for (part, made_by) in &part_ids {
             if let Some(n) = made_by {
                 dag.edges.push((*n, node));
+            }
+            // A kept part may also be an Extend's source: the Merge consumes it only after.
+            if let Some(&i) = index_of.get(part) {
+                for &extend in &feeds[i] {
+                    dag.edges.push((extend, node));
+                }
             }
         }
         dag.targets.push(merged);

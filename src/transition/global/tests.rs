@@ -50,6 +50,9 @@ fn replay(dag: &TransitionDag, target: &Plan, bytes: &dyn Fn(ModelStage, Layout,
         for &(r, b) in &node.release {
             *usage.get_mut(&r).unwrap() -= b;
         }
+        if let Primitive::Extend { source, .. } = &node.primitive {
+            assert!(alive.contains(source), "{label} copies a unit that no longer exists");
+        }
         node.primitive.frees().iter().for_each(|id| assert!(alive.remove(id), "{label} frees a dead unit"));
         alive.extend(node.primitive.creates().iter().copied());
         // No rank is held by two model-stages of one stage.
