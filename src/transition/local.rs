@@ -133,6 +133,7 @@ pub fn local_dag(current: &[Unit], target: &[(Layout, Vec<i32>)], next: &mut usi
 /// what the global schedule checks); only the target units must be disjoint, as the plan says.
 fn build(current: &[Unit], target: &[(Layout, Vec<i32>)], sub: Layout, next: &mut usize) -> LocalDag {
     let ms = current[0].model_stage;
+    let first_new = *next;
     let mut dag = LocalDag::default();
     let fresh = |layout: Layout, ranks: Vec<i32>, dag: &mut LocalDag, next: &mut usize| {
         let id = UnitId(*next);
@@ -141,50 +142,56 @@ fn build(current: &[Unit], target: &[(Layout, Vec<i32>)], sub: Layout, next: &mu
         id
     };
     // Split: available sub-units, each with the node that made it (None: it existed).
-    let mut available: Vec<(UnitId, Vec<i32>, Option<usize>)> = Vec::new();
+    let mut available: Vec<(UnitId, Option<usize>)> = Vec::new();
     for c in current {
         if c.layout == sub {
-            available.push((c.id, c.ranks.clone(), None));
+            available.push((c.id, None));
             continue;
         }
         let node = dag.nodes.len();
-        let parts: Vec<UnitId> = split_ranks_of(c.layout, &c.ranks, sub).into_iter().map(|r| {
-            let id = fresh(sub, r.clone(), &mut dag, next);
-            available.push((id, r, Some(node)));
-            id
-        }).collect();
+        let parts: Vec<UnitId> = split_ranks_of(c.layout, &c.ranks, sub).into_iter().map(|r| fresh(sub, r, &mut dag, next)).collect();
+        available.extend(parts.iter().map(|&id| (id, Some(node))));
         dag.nodes.push(Primitive::Split { source: c.id, parts });
     }
-    // Needed sub-units per target.
+    // Needed sub-units, per target and flattened; which available unit already is one.
     let needed: Vec<Vec<Vec<i32>>> = target.iter().map(|(layout, ranks)| if *layout == sub { vec![ranks.clone()] } else { split_ranks_of(*layout, ranks, sub) }).collect();
-    let flat: Vec<&Vec<i32>> = needed.iter().flatten().collect();
-    let wanted: HashSet<&Vec<i32>> = flat.iter().copied().collect();
-    let kept: Vec<bool> = available.iter().map(|(_, r, _)| wanted.contains(r)).collect();
+    let flat: Vec<&[i32]> = needed.iter().flatten().map(Vec::as_slice).collect();
+    let slot: HashMap<&[i32], usize> = flat.iter().enumerate().map(|(k, r)| (*r, k)).collect();
+    // Current units have consecutive ids, new ones continue from `first_new`.
+    let ranks_of = |id: UnitId| -> &[i32] {
+        if id.0 >= first_new { &dag.units[id.0 - first_new].ranks } else { &current[id.0 - current[0].id.0].ranks }
+    };
+    let kept: Vec<Option<usize>> = available.iter().map(|(id, _)| slot.get(ranks_of(*id)).copied()).collect();
     // Who produces each needed unit: a kept unit, or an Extend.
-    let mut producer: HashMap<Vec<i32>, (UnitId, Option<usize>)> = available.iter().zip(&kept).filter(|(_, k)| **k).map(|((id, r, n), _)| (r.clone(), (*id, *n))).collect();
+    let mut producer: Vec<Option<(UnitId, Option<usize>)>> = vec![None; flat.len()];
+    for (i, k) in kept.iter().enumerate() {
+        if let Some(k) = k {
+            producer[*k] = Some(available[i]);
+        }
+    }
     // Sources for Extends: kept units first (they outlive the transition), then the others.
-    let mut ordered: Vec<usize> = (0..available.len()).filter(|&i| kept[i]).collect();
-    ordered.extend((0..available.len()).filter(|&i| !kept[i]));
+    let mut ordered: Vec<usize> = (0..available.len()).filter(|&i| kept[i].is_some()).collect();
+    ordered.extend((0..available.len()).filter(|&i| kept[i].is_none()));
     let mut feeds: Vec<Vec<usize>> = vec![Vec::new(); available.len()]; // Extend nodes per source
     let mut rotation = 0;
-    for ranks in &flat {
-        if producer.contains_key(*ranks) {
+    for (k, ranks) in flat.iter().enumerate() {
+        if producer[k].is_some() {
             continue;
         }
         let src = ordered[rotation % ordered.len()];
         rotation += 1;
-        let copy = fresh(sub, (*ranks).clone(), &mut dag, next);
+        let copy = fresh(sub, ranks.to_vec(), &mut dag, next);
         let node = dag.nodes.len();
         dag.nodes.push(Primitive::Extend { source: available[src].0, copy });
-        if let Some(split) = available[src].2 {
+        if let Some(split) = available[src].1 {
             dag.edges.push((split, node));
         }
         feeds[src].push(node);
-        producer.insert((*ranks).clone(), (copy, Some(node)));
+        producer[k] = Some((copy, Some(node)));
     }
     // Destroy what no target needs, after the Extends it feeds.
-    for (i, (id, _, made_by)) in available.iter().enumerate() {
-        if kept[i] {
+    for (i, (id, made_by)) in available.iter().enumerate() {
+        if kept[i].is_some() {
             continue;
         }
         let node = dag.nodes.len();
@@ -197,9 +204,11 @@ fn build(current: &[Unit], target: &[(Layout, Vec<i32>)], sub: Layout, next: &mu
         }
     }
     // Merge each target from its parts.
-    let index_of: HashMap<UnitId, usize> = available.iter().enumerate().map(|(i, (id, _, _))| (*id, i)).collect();
+    let index_of: HashMap<UnitId, usize> = available.iter().enumerate().map(|(i, (id, _))| (*id, i)).collect();
+    let mut k = 0;
     for ((layout, ranks), parts) in target.iter().zip(&needed) {
-        let part_ids: Vec<(UnitId, Option<usize>)> = parts.iter().map(|p| *producer.get(p).expect("every needed unit is produced")).collect();
+        let part_ids: Vec<(UnitId, Option<usize>)> = (k..k + parts.len()).map(|j| producer[j].expect("every needed unit is produced")).collect();
+        k += parts.len();
         if *layout == sub {
             dag.targets.push(part_ids[0].0);
             continue;
