@@ -25,7 +25,8 @@ pub fn dag_hash(dag: &TransitionDag) -> u64 {
     let mut h = Sha256::new();
     for &i in &dag.schedule.order {
         let node = &dag.graph[petgraph::graph::NodeIndex::new(i)];
-        h.update(format!("{:?}|{:?}|{:?};", node.primitive, node.model_stage, node.ranks).as_bytes());
+        let ranks: Vec<i32> = node.ranks(&dag.units).collect();
+        h.update(format!("{:?}|{:?}|{ranks:?};", node.primitive, node.model_stage).as_bytes());
     }
     u64::from_be_bytes(h.finalize()[..8].try_into().expect("SHA-256 has 32 bytes"))
 }

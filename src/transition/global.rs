@@ -55,8 +55,6 @@ pub struct Node {
     pub primitive: Primitive,
     /// Its model-stage.
     pub model_stage: ModelStage,
-    /// Ranks taking part.
-    pub ranks: Vec<i32>,
     /// Bytes it allocates per rank (before it frees anything).
     pub acquire: Vec<(i32, u64)>,
     /// Bytes it frees per rank when done.
@@ -66,6 +64,17 @@ pub struct Node {
 }
 
 impl Node {
+    /// The ranks taking part: the unit's ranks, or for an Extend the source's and the copy's.
+    pub fn ranks<'u>(&self, units: &'u Units) -> impl Iterator<Item = i32> + 'u {
+        let (a, b): (&[i32], &[i32]) = match &self.primitive {
+            Primitive::Split { source, .. } => (&units[source].ranks, &[]),
+            Primitive::Extend { source, copy } => (&units[source].ranks, &units[copy].ranks),
+            Primitive::Merge { merged, .. } => (&units[merged].ranks, &[]),
+            Primitive::Destroy { unit } => (&units[unit].ranks, &[]),
+        };
+        a.iter().chain(b).copied()
+    }
+
     /// `Split actor/training UnitId(3) (tp=2, pp=2) -> (tp=1, pp=2) on [0-3]` and the like
     /// (built on demand: plans of thousands of nodes need no strings).
     pub fn label(&self, units: &Units) -> String {
@@ -226,22 +235,27 @@ impl TransitionDag {
         let mut rank_free = vec![0.0f64; pool];
         let est = |i: usize, finish: &[f64], rank_free: &[f64]| {
             let preds = self.graph.neighbors_directed(NodeIndex::new(i), Direction::Incoming).map(|p| finish[p.index()]).fold(0.0, f64::max);
-            self.graph[NodeIndex::new(i)].ranks.iter().map(|&r| rank_free[r as usize]).fold(preds, f64::max)
+            self.graph[NodeIndex::new(i)].ranks(&self.units).map(|r| rank_free[r as usize]).fold(preds, f64::max)
         };
-        // Keys compare as (start, not-Destroy, −remaining path, stage, index); starts and paths
-        // are non-negative, so their bit patterns order like the numbers.
-        let key = |i: usize, start: f64| {
-            let node = &self.graph[NodeIndex::new(i)];
-            Reverse((start.to_bits(), !matches!(node.primitive, Primitive::Destroy { .. }), u64::MAX - bottom[i].to_bits(), stage_rank(node.model_stage.stage), i))
-        };
-        let mut heap: BinaryHeap<Reverse<(u64, bool, u64, usize, usize)>> = (0..n).filter(|&i| waiting[i] == 0).map(|i| key(i, 0.0)).collect();
+        // Keys compare as (start, not-Destroy, −remaining path, stage, index). Starts are
+        // non-negative, so their bits order like the numbers; the rest is one precomputed rank.
+        let mut by_priority: Vec<usize> = (0..n).collect();
+        by_priority.sort_by(|&a, &b| bottom[b].total_cmp(&bottom[a]).then(stage_rank(self.graph[NodeIndex::new(a)].model_stage.stage).cmp(&stage_rank(self.graph[NodeIndex::new(b)].model_stage.stage))).then(a.cmp(&b)));
+        let mut tie = vec![0u64; n];
+        for (position, &i) in by_priority.iter().enumerate() {
+            let destroy = matches!(self.graph[NodeIndex::new(i)].primitive, Primitive::Destroy { .. });
+            tie[i] = (u64::from(!destroy) << 63) | position as u64;
+        }
+        let key = |i: usize, start: f64| Reverse((start.to_bits(), tie[i]));
+        let mut heap: BinaryHeap<Reverse<(u64, u64)>> = (0..n).filter(|&i| waiting[i] == 0).map(|i| key(i, 0.0)).collect();
         let mut blocked_on: Vec<Vec<usize>> = vec![Vec::new(); pool];
         let mut is_blocked = vec![false; n];
         let mut first_block: Option<(usize, Vec<i32>, String)> = None;
         let mut order = Vec::with_capacity(n);
         let mut new_edges: Vec<(usize, usize)> = Vec::new();
         let mut deps = Vec::new();
-        while let Some(Reverse((start_bits, _, _, _, i))) = heap.pop() {
+        while let Some(Reverse((start_bits, tie_bits))) = heap.pop() {
+            let i = by_priority[(tie_bits & !(1 << 63)) as usize];
             let start = est(i, &finish, &rank_free);
             if start.to_bits() > start_bits {
                 heap.push(key(i, start));
@@ -261,7 +275,7 @@ impl TransitionDag {
             let begin = deps.iter().map(|&d| finish[d]).fold(start, f64::max);
             new_edges.extend(deps.iter().copied().filter(|&d| !self.graph.contains_edge(NodeIndex::new(d), NodeIndex::new(i))).map(|d| (d, i)));
             finish[i] = begin + node.seconds;
-            for &r in &node.ranks {
+            for r in node.ranks(&self.units) {
                 rank_free[r as usize] = finish[i];
             }
             // Whatever waited on a rank this node freed may fit now.
@@ -328,10 +342,10 @@ impl TransitionDag {
             let node = &self.graph[NodeIndex::new(i)];
             let after_preds = self.graph.neighbors_directed(NodeIndex::new(i), Direction::Incoming).map(|p| finish[p.index()]).fold(0.0, f64::max);
             let after_extra = extra_preds.get(i).into_iter().flatten().map(|&a| finish[a]).fold(0.0, f64::max);
-            let after_ranks = node.ranks.iter().map(|&r| rank_free[r as usize]).fold(0.0, f64::max);
+            let after_ranks = node.ranks(&self.units).map(|r| rank_free[r as usize]).fold(0.0, f64::max);
             let start = after_preds.max(after_extra).max(after_ranks);
             finish[i] = start + node.seconds;
-            for &r in &node.ranks {
+            for r in node.ranks(&self.units) {
                 rank_free[r as usize] = finish[i];
             }
             timings.push(NodeTiming { node: i, start, finish: finish[i] });
@@ -554,7 +568,7 @@ fn per_rank(unit: &Unit, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64) ->
 fn make_node(p: Primitive, ms: ModelStage, units: &Units, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64, links: &Links) -> Node {
     let u = |id: &UnitId| &units[id];
     let bw = |a: i32, b: i32| if node_of(links, a) == node_of(links, b) { links.intra_bytes_per_s } else { links.inter_bytes_per_s };
-    let (ranks, acquire, release, seconds) = match &p {
+    let (acquire, release, seconds) = match &p {
         Primitive::Split { source, parts } => {
             let src = u(source);
             let acquire: Vec<(i32, u64)> = parts.iter().flat_map(|id| per_rank(u(id), bytes)).collect();
@@ -566,29 +580,27 @@ fn make_node(p: Primitive, ms: ModelStage, units: &Units, bytes: &dyn Fn(ModelSt
             let largest_new = acquire.iter().map(|(_, b)| *b).max().unwrap_or(0);
             let smallest_old = held.iter().map(|(_, b)| *b).min().unwrap_or(0);
             let incoming = largest_new.saturating_sub(smallest_old);
-            (src.ranks.clone(), acquire, held, incoming as f64 / slowest_bw + links.setup_seconds)
+            (acquire, held, incoming as f64 / slowest_bw + links.setup_seconds)
         }
         Primitive::Extend { source, copy } => {
             let (src, dst) = (u(source), u(copy));
             let acquire = per_rank(dst, bytes);
             let secs = acquire.iter().zip(&src.ranks).map(|((r, b), s)| *b as f64 / bw(*s, *r)).fold(0.0, f64::max) + links.setup_seconds;
-            let mut ranks = src.ranks.clone();
-            ranks.extend(&dst.ranks);
-            (ranks, acquire, vec![], secs)
+            (acquire, vec![], secs)
         }
         Primitive::Merge { parts, merged } => {
             let m = u(merged);
             let acquire = per_rank(m, bytes);
             let release: Vec<(i32, u64)> = parts.iter().flat_map(|id| per_rank(u(id), bytes)).collect();
             let secs = acquire.iter().map(|(_, b)| *b as f64 / links.memory_bytes_per_s).fold(0.0, f64::max);
-            (m.ranks.clone(), acquire, release, secs)
+            (acquire, release, secs)
         }
         Primitive::Destroy { unit } => {
             let x = u(unit);
-            (x.ranks.clone(), vec![], per_rank(x, bytes), 0.0)
+            (vec![], per_rank(x, bytes), 0.0)
         }
     };
-    Node { primitive: p, model_stage: ms, ranks, acquire, release, seconds }
+    Node { primitive: p, model_stage: ms, acquire, release, seconds }
 }
 
 fn sorted(ranks: &[i32]) -> Vec<i32> {
