@@ -16,4 +16,4 @@
 
 mod search;
 
-pub use search::{ModelStagePlan, PlannedJob, Planner, PlannerError};
+pub use search::{catalogues, ModelStagePlan, PlannedJob, Planner, PlannerError};

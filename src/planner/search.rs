@@ -89,6 +89,24 @@ pub struct Planner {
 
 type Scored = (Candidate, Estimate);
 
+/// The parameter catalogue of every model of a job (critic and reward carry value heads).
+pub fn catalogues(config: &JobConfig) -> BTreeMap<Role, Catalogue> {
+    config
+        .models
+        .roles()
+        .into_iter()
+        .map(|(name, spec)| {
+            let role = match name {
+                "actor" => Role::Actor,
+                "critic" => Role::Critic,
+                "reference" => Role::Reference,
+                _ => Role::Reward,
+            };
+            (role, Catalogue::new(Architecture::from_spec(spec, matches!(role, Role::Critic | Role::Reward))))
+        })
+        .collect()
+}
+
 impl Planner {
     /// A planner for `config`'s job on `gpus` devices of its cluster, at `response_len` tokens
     /// (default: the configured maximum).
@@ -98,15 +116,7 @@ impl Planner {
         }
         let hardware = Hardware::new(&config.cluster, gpus, config.policy.memory_headroom);
         let mut models = BTreeMap::new();
-        for (role, spec) in config.models.roles() {
-            let role = match role {
-                "actor" => Role::Actor,
-                "critic" => Role::Critic,
-                "reference" => Role::Reference,
-                _ => Role::Reward,
-            };
-            let arch = Architecture::from_spec(spec, matches!(role, Role::Critic | Role::Reward));
-            let catalogue = Catalogue::new(arch);
+        for (role, catalogue) in catalogues(config) {
             let stats = ModelStats::new(&catalogue);
             models.insert(role, Model { catalogue, stats });
         }

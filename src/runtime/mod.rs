@@ -173,8 +173,8 @@ pub fn run(options: SessionOptions, command: Command) -> u8 {
         Command::BenchPrimitives { sizes_mib, reps, json } => bench::primitives::run(&session, sizes_mib, *reps, json.as_deref()),
         Command::BenchPlanner { config, seq_len, reps, json } => bench::planner::run(&mut session, config, *seq_len, *reps, json.as_deref()),
         Command::BenchTransitionPlanning { config, ranks, reps, json } => bench::transition::run(&mut session, config, ranks, *reps, json.as_deref()),
-        Command::SelftestPrimitives { cases, seed } => selftest_primitives(&session, *cases, *seed),
-        Command::SelftestTransitions { cases, seed } => selftest_transitions(&session, *cases, *seed),
+        Command::SelftestPrimitives { cases, seed } => selftest::primitives(&session, *cases, *seed).and_then(|s| report_selftest(&session, &s, &s.failures)),
+        Command::SelftestTransitions { cases, seed } => selftest::transitions(&session, *cases, *seed).and_then(|s| report_selftest(&session, &s, &s.failures)),
     };
     match outcome {
         Ok(()) => 0,
@@ -189,24 +189,13 @@ pub fn run(options: SessionOptions, command: Command) -> u8 {
     }
 }
 
-fn selftest_primitives(session: &Session, cases: u32, seed: u64) -> Result<(), RuntimeError> {
-    let summary = selftest::primitives(session, cases, seed)?;
+/// Prints a selftest's JSON summary on rank 0; any failed check fails the command.
+fn report_selftest<S: serde::Serialize>(session: &Session, summary: &S, failures: &[String]) -> Result<(), RuntimeError> {
     if session.rank() == 0 {
-        println!("{}", serde_json::to_string(&summary).expect("summaries serialize"));
+        println!("{}", serde_json::to_string(summary).expect("summaries serialize"));
     }
-    match summary.failures.first() {
+    match failures.first() {
         None => Ok(()),
-        Some(first) => Err(RuntimeError::SelftestFailed(format!("{} failed checks; first: {first}", summary.failures.len()))),
-    }
-}
-
-fn selftest_transitions(session: &Session, cases: u32, seed: u64) -> Result<(), RuntimeError> {
-    let summary = selftest::transitions(session, cases, seed)?;
-    if session.rank() == 0 {
-        println!("{}", serde_json::to_string(&summary).expect("summaries serialize"));
-    }
-    match summary.failures.first() {
-        None => Ok(()),
-        Some(first) => Err(RuntimeError::SelftestFailed(format!("{} failed checks; first: {first}", summary.failures.len()))),
+        Some(first) => Err(RuntimeError::SelftestFailed(format!("{} failed checks; first: {first}", failures.len()))),
     }
 }

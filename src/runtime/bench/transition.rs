@@ -16,7 +16,7 @@ use std::time::Instant;
 use crate::config::{JobConfig, Overrides};
 use crate::cost::{Efficiencies, Hardware};
 use crate::emu::{shard_bytes, Section};
-use crate::model::{Architecture, Catalogue, Layout, Position};
+use crate::model::{Catalogue, Layout, Position};
 use crate::plan::{ModelStage, Plan, Role};
 use crate::planner::Planner;
 use crate::transition::global::Links;
@@ -106,7 +106,7 @@ pub fn run(session: &mut Session, config_path: &Path, sizes: &[u32], reps: usize
 
 fn large(config: &JobConfig, sizes: &[u32], reps: usize) -> Result<Vec<Row>, RuntimeError> {
     let base = Planner::new(config, 8, Some(1024), Efficiencies::default())?;
-    let sizer = Sizer { catalogues: catalogues(config), memo: RefCell::new(Default::default()) };
+    let sizer = Sizer { catalogues: crate::planner::catalogues(config).into_iter().collect(), memo: RefCell::new(Default::default()) };
     let mut rows = Vec::new();
     for &ranks in sizes {
         let from = base.replanned(ranks, 1024, Efficiencies::default())?.search(None)?.plan();
@@ -133,23 +133,6 @@ fn large(config: &JobConfig, sizes: &[u32], reps: usize) -> Result<Vec<Row>, Run
         rows.push(row);
     }
     Ok(rows)
-}
-
-fn catalogues(config: &JobConfig) -> HashMap<Role, Catalogue> {
-    config
-        .models
-        .roles()
-        .into_iter()
-        .map(|(name, spec)| {
-            let role = match name {
-                "actor" => Role::Actor,
-                "critic" => Role::Critic,
-                "reference" => Role::Reference,
-                _ => Role::Reward,
-            };
-            (role, Catalogue::new(Architecture::from_spec(spec, matches!(role, Role::Critic | Role::Reward))))
-        })
-        .collect()
 }
 
 /// Random small plan pairs whose DAG is small enough to enumerate every order.
