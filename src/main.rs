@@ -86,6 +86,18 @@ enum BenchCommand {
         #[arg(long, value_name = "PATH")]
         json: Option<PathBuf>,
     },
+    /// The three overlap types, 100 trials each, Nereus vs the per-component baseline (8 ranks).
+    Coordination {
+        /// Trials per overlap type.
+        #[arg(long, default_value_t = 100)]
+        trials: u32,
+        /// Seed of the random placements and delays.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Also write the report as JSON.
+        #[arg(long, value_name = "PATH")]
+        json: Option<PathBuf>,
+    },
     /// Replan time and peak memory of the plan search from 8 to 16,384 GPUs.
     Planner {
         /// The job to plan (run from the repository root for the default).
@@ -215,6 +227,7 @@ fn main() -> ExitCode {
             Command::BenchPrimitives { sizes_mib, reps: reps.max(1), json }
         }
         TopCommand::Bench(BenchCommand::TransitionPlanning { config, ranks, reps, json }) => Command::BenchTransitionPlanning { config, ranks, reps, json },
+        TopCommand::Bench(BenchCommand::Coordination { trials, seed, json }) => Command::BenchCoordination { trials, seed, json },
         TopCommand::Bench(BenchCommand::Planner { config, seq_len, reps, json }) => Command::BenchPlanner { config, seq_len, reps, json },
         TopCommand::Selftest(SelftestCommand::Transitions { cases, seed }) => Command::SelftestTransitions { cases, seed },
         TopCommand::Selftest(SelftestCommand::Primitives { cases, seed }) => Command::SelftestPrimitives { cases, seed },

@@ -19,3 +19,22 @@ fn random_transitions_reach_their_targets_without_changing_state() {
         assert!(summary["bytes_sent"].as_u64().unwrap() > 0);
     }
 }
+
+#[test]
+fn bench_coordination_keeps_every_overlap_type_at_100_percent() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("c.json");
+    let out = run_mpi(8, &["bench", "coordination", "--trials", "20", "--json", json.to_str().unwrap()]);
+    let (_, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(report["bench"], "coordination");
+    let rows = report["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 3, "the paper's three overlap types");
+    for r in rows {
+        assert_eq!(r["nereus_successes"], r["trials"], "{r}");
+        assert!(r["resource_edges"].as_u64().unwrap() > 0, "{r}");
+    }
+    assert!(rows.iter().any(|r| r["baseline_successes"].as_u64() < r["trials"].as_u64()), "uncoordinated orders must conflict somewhere");
+    assert!(report["floors"].as_array().unwrap().iter().all(|f| f["ok"] == true));
+}

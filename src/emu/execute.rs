@@ -90,14 +90,18 @@ fn packed(r: &Region) -> Stored {
     Stored { piece_offset: 0, piece_region: *r, section_elements: r.elements() }
 }
 
-/// Bytes of scratch this rank may need for `movement` (an upper bound, for the memory check).
-pub fn scratch_bytes(movement: &Movement, me: i32, element_bytes: &[u64]) -> u64 {
-    let per_element: u64 = element_bytes.iter().sum();
-    movement
-        .segments
+/// Bytes of pack and unpack buffers this rank needs for `movement`: exactly the messages
+/// [`move_bytes`] cannot send from, or receive into, a buffer directly.
+pub fn scratch_bytes(movement: &Movement, me: i32, sections: &[Section], dtype: Dtype) -> u64 {
+    let mut pairs: BTreeMap<(i32, i32), Vec<(usize, &Segment)>> = BTreeMap::new();
+    for (k, seg) in movement.segments.iter().enumerate().filter(|(_, s)| s.is_remote() && (s.src.1 == me || s.dst.1 == me)) {
+        pairs.entry((seg.src.1, seg.dst.1)).or_default().push((k, seg));
+    }
+    pairs
         .iter()
-        .filter(|s| s.is_remote() && (s.src.1 == me || s.dst.1 == me))
-        .map(|s| s.region.elements() * per_element)
+        .flat_map(|(&(src, _), segs)| chunks(segs, sections, dtype).into_iter().map(move |c| (src, c)))
+        .filter(|(src, c)| if *src == me { c.src.is_err() } else { c.dst.is_err() })
+        .map(|(_, c)| c.bytes)
         .sum()
 }
 

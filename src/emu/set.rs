@@ -215,8 +215,7 @@ impl EmuSet {
         let src_refs: Vec<&Emu> = src.iter().collect();
         let movement = Movement::plan(catalogue, &src_refs, &targets);
         let (sections, dtype) = (self.sections(model_stage), catalogue.arch.dtype);
-        let element_bytes: Vec<u64> = sections.iter().map(|s| s.element_bytes(dtype)).collect();
-        let scratch = scratch_bytes(&movement, self.rank, &element_bytes);
+        let scratch = scratch_bytes(&movement, self.rank, &sections, dtype);
         let (bytes_sent, bytes_local) = (movement.bytes_sent(&sections, dtype), movement.bytes_local(&sections, dtype));
         let mut shards = self.allocate_targets(plane, &what, model_stage, &targets, scratch)?;
         self.store.ledger_mut().charge("pack buffers", scratch)?;

@@ -89,6 +89,15 @@ pub enum Command {
         /// Where to write the JSON report.
         json: Option<PathBuf>,
     },
+    /// The paper's three overlap types, Nereus vs the per-component baseline.
+    BenchCoordination {
+        /// Trials per overlap type.
+        trials: u32,
+        /// Seed of the placements and delays.
+        seed: u64,
+        /// Where to write the JSON report.
+        json: Option<PathBuf>,
+    },
     /// Random plan pairs executed as global transition DAGs, state checked.
     SelftestTransitions {
         /// Random cases.
@@ -173,6 +182,7 @@ pub fn run(options: SessionOptions, command: Command) -> u8 {
         Command::BenchPrimitives { sizes_mib, reps, json } => bench::primitives::run(&session, sizes_mib, *reps, json.as_deref()),
         Command::BenchPlanner { config, seq_len, reps, json } => bench::planner::run(&mut session, config, *seq_len, *reps, json.as_deref()),
         Command::BenchTransitionPlanning { config, ranks, reps, json } => bench::transition::run(&mut session, config, ranks, *reps, json.as_deref()),
+        Command::BenchCoordination { trials, seed, json } => bench::coordination::run(&session, *trials, *seed, json.as_deref()),
         Command::SelftestPrimitives { cases, seed } => selftest::primitives(&session, *cases, *seed).and_then(|s| report_selftest(&session, &s, &s.failures)),
         Command::SelftestTransitions { cases, seed } => selftest::transitions(&session, *cases, *seed).and_then(|s| report_selftest(&session, &s, &s.failures)),
     };

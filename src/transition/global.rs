@@ -61,6 +61,8 @@ pub struct Node {
     pub release: Vec<(i32, u64)>,
     /// Estimated duration, seconds.
     pub seconds: f64,
+    /// Pack/unpack buffer bytes it may need on each rank it acquires on, only while it runs.
+    pub transient: u64,
 }
 
 impl Node {
@@ -399,6 +401,30 @@ impl TransitionDag {
         }
     }
 
+    /// Walks `order` and returns the first step that would overrun a rank's memory or take a
+    /// rank another model-stage of its stage still holds, if any — how a schedule built
+    /// without cross-model-stage edges (the per-component baseline) fails.
+    pub fn first_conflict(&self, order: &[usize], bytes: &dyn Fn(ModelStage, Layout, Position) -> u64, capacity: u64) -> Option<String> {
+        let mut state = ResourceState::new(self, bytes, capacity, true);
+        let mut deps = Vec::new();
+        for &i in order {
+            let node = &self.graph[NodeIndex::new(i)];
+            if let Err((ranks, reason)) = state.fits(node) {
+                return Some(format!("{} on rank(s) {}: {reason}", self.label(i), format_index_list(&ranks)));
+            }
+            state.apply_into(i, node, &mut deps);
+        }
+        None
+    }
+
+    /// The schedule's order when each model-stage starts `delay` seconds late (the nodes of a
+    /// model-stage keep their relative order; model-stages interleave by start time).
+    pub fn delayed_order(&self, delay: &dyn Fn(ModelStage) -> f64) -> Vec<usize> {
+        let mut timed: Vec<(f64, usize)> = self.schedule.timings.iter().map(|t| (t.start + delay(self.graph[NodeIndex::new(t.node)].model_stage), t.node)).collect();
+        timed.sort_by(|a, b| a.0.total_cmp(&b.0));
+        timed.into_iter().map(|(_, i)| i).collect()
+    }
+
     /// A readable name for node `i`.
     pub fn label(&self, i: usize) -> String {
         self.graph[NodeIndex::new(i)].label(&self.units)
@@ -484,7 +510,7 @@ impl<'a> ResourceState<'a> {
         for &(r, b) in &node.acquire {
             let used = self.usage[r as usize];
             let other = self.holders[self.slot(node.model_stage.stage, r)].iter().flatten().filter(|(_, c)| *c > 0).map(|(m, _)| *m).find(|m| *m != node.model_stage);
-            if used + b > self.capacity {
+            if used + b + node.transient > self.capacity {
                 short.push(r);
                 reason = format!("needs {b} bytes on a rank holding {used} of {}", self.capacity);
             } else if let Some(other) = other {
@@ -513,7 +539,7 @@ impl<'a> ResourceState<'a> {
                 let used = self.usage[r as usize];
                 for &(other, d, freed) in self.last_release[r as usize].iter().flatten() {
                     let exclusive = other.stage == node.model_stage.stage;
-                    let needed = used + b + freed > self.capacity;
+                    let needed = used + b + node.transient + freed > self.capacity;
                     if other != node.model_stage && (exclusive || needed) && !deps.contains(&d) {
                         deps.push(d);
                     }
@@ -568,6 +594,7 @@ fn per_rank(unit: &Unit, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64) ->
 fn make_node(p: Primitive, ms: ModelStage, units: &Units, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64, links: &Links) -> Node {
     let u = |id: &UnitId| &units[id];
     let bw = |a: i32, b: i32| if node_of(links, a) == node_of(links, b) { links.intra_bytes_per_s } else { links.inter_bytes_per_s };
+    let mut transient = 0;
     let (acquire, release, seconds) = match &p {
         Primitive::Split { source, parts } => {
             let src = u(source);
@@ -580,6 +607,9 @@ fn make_node(p: Primitive, ms: ModelStage, units: &Units, bytes: &dyn Fn(ModelSt
             let largest_new = acquire.iter().map(|(_, b)| *b).max().unwrap_or(0);
             let smallest_old = held.iter().map(|(_, b)| *b).min().unwrap_or(0);
             let incoming = largest_new.saturating_sub(smallest_old);
+            // Pack buffers: at most what a rank receives plus its old shard once per other part.
+            let largest_old = held.iter().map(|(_, b)| *b).max().unwrap_or(0);
+            transient = incoming + largest_old * (parts.len() as u64 - 1);
             (acquire, held, incoming as f64 / slowest_bw + links.setup_seconds)
         }
         Primitive::Extend { source, copy } => {
@@ -600,7 +630,7 @@ fn make_node(p: Primitive, ms: ModelStage, units: &Units, bytes: &dyn Fn(ModelSt
             (vec![], per_rank(x, bytes), 0.0)
         }
     };
-    Node { primitive: p, model_stage: ms, acquire, release, seconds }
+    Node { primitive: p, model_stage: ms, acquire, release, seconds, transient }
 }
 
 fn sorted(ranks: &[i32]) -> Vec<i32> {
