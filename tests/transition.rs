@@ -38,3 +38,15 @@ fn bench_coordination_keeps_every_overlap_type_at_100_percent() {
     assert!(rows.iter().any(|r| r["baseline_successes"].as_u64() < r["trials"].as_u64()), "uncoordinated orders must conflict somewhere");
     assert!(report["floors"].as_array().unwrap().iter().all(|f| f["ok"] == true));
 }
+
+#[test]
+fn a_stalled_primitive_aborts_the_job_naming_the_transition_node() {
+    let mut cmd = common::mpirun();
+    cmd.args(["-n", "8", "-x", "NEREUS_FAULT_STALL=3:point-to-point exchange"]).arg(common::nereus()).args(["--collective-timeout", "2", "selftest", "transitions", "--cases", "3"]);
+    let start = std::time::Instant::now();
+    let out = cmd.output().unwrap();
+    let (_, stderr) = text(&out);
+    assert!(!out.status.success());
+    assert!(start.elapsed() < std::time::Duration::from_secs(60), "aborted, not hung");
+    assert!(stderr.contains("watchdog") && stderr.contains("during transition node"), "{stderr}");
+}

@@ -59,12 +59,16 @@ pub trait DataPlane {
     /// Runs all `transfers` concurrently and waits for all of them. Between a pair of ranks,
     /// sends and receives match in the order they are listed.
     fn exchange(&self, transfers: &mut [Transfer<'_>]) -> Result<(), CommError>;
+    /// Names what the calls that follow are part of (e.g. a transition's primitive and ranks),
+    /// so a watchdog abort says which step stalled; `None` clears it.
+    fn set_context(&mut self, _context: Option<String>) {}
 }
 
 /// The MPI data plane over host memory.
 pub struct MpiPlane<'w> {
     world: &'w World,
     watchdog: Watchdog,
+    context: Option<String>,
     groups: Vec<(Vec<i32>, SimpleCommunicator)>,
     index: HashMap<Vec<i32>, usize>,
 }
@@ -72,7 +76,7 @@ pub struct MpiPlane<'w> {
 impl<'w> MpiPlane<'w> {
     /// A data plane on `world`, every blocking call under `watchdog`.
     pub fn new(world: &'w World, watchdog: Watchdog) -> MpiPlane<'w> {
-        MpiPlane { world, watchdog, groups: Vec::new(), index: HashMap::new() }
+        MpiPlane { world, watchdog, context: None, groups: Vec::new(), index: HashMap::new() }
     }
 
     fn comm(&self, group: GroupId) -> &SimpleCommunicator {
@@ -80,7 +84,14 @@ impl<'w> MpiPlane<'w> {
     }
 
     fn describe(&self, group: GroupId) -> String {
-        format!("group [{}]", crate::topology::format_index_list(&self.groups[group.0].0))
+        self.in_context(format!("group [{}]", crate::topology::format_index_list(&self.groups[group.0].0)))
+    }
+
+    fn in_context(&self, what: String) -> String {
+        match &self.context {
+            Some(c) => format!("{what} during {c}"),
+            None => what,
+        }
     }
 
     /// Number of groups created so far (each costs one `MPI_Comm_create_group`).
@@ -103,7 +114,7 @@ impl DataPlane for MpiPlane<'_> {
             return Err(not_member());
         }
         let comm = {
-            let _guard = self.watchdog.guard("group creation", &format!("ranks {ranks:?}"));
+            let _guard = self.watchdog.guard("group creation", &self.in_context(format!("ranks {ranks:?}")));
             let group = self.world.comm().group().include(ranks);
             self.world.comm().split_by_subgroup(&group).ok_or_else(not_member)?
         };
@@ -146,8 +157,12 @@ impl DataPlane for MpiPlane<'_> {
         Ok(())
     }
 
+    fn set_context(&mut self, context: Option<String>) {
+        self.context = context;
+    }
+
     fn exchange(&self, transfers: &mut [Transfer<'_>]) -> Result<(), CommError> {
-        let _guard = self.watchdog.guard("point-to-point exchange", &self.world.describe());
+        let _guard = self.watchdog.guard("point-to-point exchange", &self.in_context(self.world.describe()));
         let world = self.world.comm();
         mpi::request::scope(|scope| {
             let mut requests = Vec::new();

@@ -33,6 +33,7 @@ pub struct PrimitiveReport {
 pub struct EmuSet {
     rank: i32,
     world: Vec<i32>,
+    participants_only: bool,
     catalogues: BTreeMap<Role, Catalogue>,
     emus: BTreeMap<EmuId, Emu>,
     next_id: u64,
@@ -78,7 +79,17 @@ impl EmuSet {
     /// An empty set for `rank` of `world_size`, with `capacity` bytes of device memory and the
     /// catalogue of every model of the job.
     pub fn new(rank: i32, world_size: i32, capacity: u64, catalogues: BTreeMap<Role, Catalogue>) -> EmuSet {
-        EmuSet { rank, world: (0..world_size).collect(), catalogues, emus: BTreeMap::new(), next_id: 0, store: ShardStore::new(rank, capacity) }
+        EmuSet { rank, world: (0..world_size).collect(), participants_only: false, catalogues, emus: BTreeMap::new(), next_id: 0, store: ShardStore::new(rank, capacity) }
+    }
+
+    /// Who checks room for a primitive. By default the whole world agrees, so every rank learns
+    /// the outcome and a refusal leaves every rank's metadata unchanged. With
+    /// `participants_only`, only the primitive's ranks communicate, so primitives on disjoint
+    /// ranks run concurrently; for transitions, whose schedule has already checked memory (a
+    /// refusal then ends the job rather than diverging silently: the refusing ranks return an
+    /// error and the launcher stops the others).
+    pub fn set_participants_only(&mut self, participants_only: bool) {
+        self.participants_only = participants_only;
     }
 
     /// Number of ranks in the world.
@@ -156,7 +167,7 @@ impl EmuSet {
         self.check_ranks(&what, model_stage, ranks, &[])?;
         let id = self.fresh_id();
         let target = TargetEmu { id, layout, ranks: ranks.to_vec() };
-        let mut shards = self.allocate_targets(plane, &what, model_stage, std::slice::from_ref(&target), 0)?;
+        let mut shards = self.allocate_targets(plane, &what, model_stage, std::slice::from_ref(&target), &[], 0)?;
         let catalogue = &self.catalogues[&model_stage.role];
         for shard in shards.values_mut() {
             synthetic_fill(shard, catalogue, counters.seed);
@@ -168,7 +179,7 @@ impl EmuSet {
     /// Checks on every rank that the new shards (and pack buffers) fit, then allocates this
     /// rank's. If any rank lacks room, every rank returns [`EmuError::NoRoom`] naming them and
     /// nothing is allocated.
-    fn allocate_targets<P: DataPlane>(&mut self, plane: &mut P, what: &str, model_stage: ModelStage, targets: &[TargetEmu], scratch: u64) -> Result<BTreeMap<EmuId, LocalShard>, EmuError> {
+    fn allocate_targets<P: DataPlane>(&mut self, plane: &mut P, what: &str, model_stage: ModelStage, targets: &[TargetEmu], sources: &[i32], scratch: u64) -> Result<BTreeMap<EmuId, LocalShard>, EmuError> {
         let catalogue = &self.catalogues[&model_stage.role];
         let (sections, dtype) = (self.sections(model_stage), catalogue.arch.dtype);
         let mine: Vec<(EmuId, Position)> = targets
@@ -177,9 +188,20 @@ impl EmuSet {
             .collect();
         let tables: Vec<_> = mine.iter().map(|(id, pos)| (*id, *pos, catalogue.shard(targets.iter().find(|t| t.id == *id).unwrap().layout, *pos))).collect();
         let need: u64 = tables.iter().map(|(_, _, table)| shard_bytes(table, &sections, dtype)).sum::<u64>() + scratch;
+        let group_ranks: Vec<i32> = if self.participants_only {
+            let mut ranks: Vec<i32> = targets.iter().flat_map(|t| t.ranks.iter().copied()).chain(sources.iter().copied()).collect();
+            ranks.sort_unstable();
+            ranks.dedup();
+            ranks
+        } else {
+            self.world.clone()
+        };
+        if !group_ranks.contains(&self.rank) {
+            return Ok(BTreeMap::new());
+        }
         let mut short = vec![0u64; self.world.len()];
         short[self.rank as usize] = u64::from(!self.store.ledger().fits(need));
-        let group = plane.group(&self.world)?;
+        let group = plane.group(&group_ranks)?;
         plane.all_reduce_sum_u64(group, &mut short)?;
         let ranks: Vec<i32> = short.iter().enumerate().filter(|(_, &s)| s > 0).map(|(r, _)| r as i32).collect();
         if !ranks.is_empty() {
@@ -217,7 +239,8 @@ impl EmuSet {
         let (sections, dtype) = (self.sections(model_stage), catalogue.arch.dtype);
         let scratch = scratch_bytes(&movement, self.rank, &sections, dtype);
         let (bytes_sent, bytes_local) = (movement.bytes_sent(&sections, dtype), movement.bytes_local(&sections, dtype));
-        let mut shards = self.allocate_targets(plane, &what, model_stage, &targets, scratch)?;
+        let source_ranks: Vec<i32> = src.iter().flat_map(|e| e.ranks.iter().copied()).collect();
+        let mut shards = self.allocate_targets(plane, &what, model_stage, &targets, &source_ranks, scratch)?;
         self.store.ledger_mut().charge("pack buffers", scratch)?;
         let moved = {
             let sources: BTreeMap<EmuId, &LocalShard> = sources.iter().filter_map(|id| self.store.get(*id).map(|s| (*id, s))).collect();

@@ -51,7 +51,19 @@ pub fn execute<P: DataPlane>(set: &mut EmuSet, plane: &mut P, dag: &TransitionDa
         ids.insert(*uid, emu.id);
     }
     let mut report = ExecutionReport::default();
+    // The schedule has checked memory: primitives need only their own ranks to agree, so
+    // primitives on disjoint ranks run concurrently.
+    set.set_participants_only(true);
+    let outcome = run_nodes(set, plane, dag, &mut ids, &mut report);
+    set.set_participants_only(false);
+    plane.set_context(None);
+    outcome?;
+    Ok((ids, report))
+}
+
+fn run_nodes<P: DataPlane>(set: &mut EmuSet, plane: &mut P, dag: &TransitionDag, ids: &mut BTreeMap<UnitId, EmuId>, report: &mut ExecutionReport) -> Result<(), RuntimeError> {
     for &i in &dag.schedule.order {
+        plane.set_context(Some(format!("transition node {i}: {}", dag.label(i))));
         let primitive = &dag.graph[petgraph::graph::NodeIndex::new(i)].primitive;
         let done = match primitive {
             Primitive::Split { source, parts } => set.split(plane, ids[source], dag.units[&parts[0]].layout)?,
@@ -72,5 +84,5 @@ pub fn execute<P: DataPlane>(set: &mut EmuSet, plane: &mut P, dag: &TransitionDa
         report.primitives += 1;
         report.bytes_sent += done.bytes_sent;
     }
-    Ok((ids, report))
+    Ok(())
 }
