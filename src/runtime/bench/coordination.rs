@@ -29,7 +29,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::comm::{DataPlane, MpiPlane};
-use crate::emu::{shard_bytes, Counters, EmuSet, Section};
+use crate::runtime::selftest::{changed_digests, materialize, missed_targets, state_bytes};
 use crate::model::{Catalogue, Layout, Position};
 use crate::plan::{Candidate, ModelStage, Placement, Plan, Recompute, Role, Stage};
 use crate::runtime::rng::Rng;
@@ -116,10 +116,7 @@ pub fn run(session: &Session, trials: u32, seed: u64, json: Option<&Path>) -> Re
         return Err(RuntimeError::Usage("bench coordination needs 8 MPI ranks (mpirun -n 8 …)".into()));
     }
     let catalogue = tiny_catalogue();
-    let bytes = |ms: ModelStage, layout: Layout, p: Position| {
-        let dtype = catalogue.arch.dtype;
-        shard_bytes(&catalogue.shard(layout, p), &Section::of(ms.trains(), dtype), dtype)
-    };
+    let bytes = state_bytes(&catalogue);
     let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
     let mut rows = Vec::new();
     for (kind, name) in OVERLAPS.iter().enumerate() {
@@ -172,30 +169,12 @@ pub fn run(session: &Session, trials: u32, seed: u64, json: Option<&Path>) -> Re
 fn run_nereus(session: &Session, plane: &mut MpiPlane<'_>, catalogue: &Catalogue, from: &Plan, to: &Plan, dag: &TransitionDag, capacity: u64, rng: &mut Rng) -> Result<bool, RuntimeError> {
     agree_on_dag(session.world(), session.watchdog(), dag)?;
     let world = session.world().size();
-    let catalogues: BTreeMap<Role, Catalogue> = [Role::Actor, Role::Critic, Role::Reference, Role::Reward].into_iter().map(|r| (r, catalogue.clone())).collect();
-    let mut set = EmuSet::new(plane.rank(), world, capacity, catalogues);
-    for (k, p) in from.placements.iter().enumerate() {
-        for r in 0..p.candidate.dp as usize {
-            set.create_synthetic(plane, p.candidate.model_stage, p.candidate.layout, p.replica(r), Counters { seed: 77 + k as u64, ..Counters::default() })?;
-        }
-    }
-    let before: BTreeMap<ModelStage, crate::emu::Digest> = {
-        let d = set.digests(plane)?;
-        set.emus().map(|e| (e.model_stage, d[&e.id])).collect()
-    };
+    let (mut set, before) = materialize(plane, world, catalogue, from, capacity)?;
     let mut own = Rng::new(rng.next_u64() ^ plane.rank() as u64);
     std::thread::sleep(Duration::from_micros(own.below(3000) as u64));
     execute(&mut set, plane, dag)?;
-    let after = set.digests(plane)?;
-    let reached = to.placements.iter().all(|p| {
-        let mut want: Vec<Vec<i32>> = (0..p.candidate.dp as usize).map(|r| p.replica(r).to_vec()).collect();
-        let mut got: Vec<Vec<i32>> = set.replicas(p.candidate.model_stage).iter().filter(|e| e.layout == p.candidate.layout).map(|e| e.ranks.clone()).collect();
-        want.sort();
-        got.sort();
-        want == got && set.replicas(p.candidate.model_stage).len() == want.len()
-    });
-    let unchanged = set.emus().all(|e| after[&e.id] == before[&e.model_stage]);
-    let mut bad = [u64::from(!(reached && unchanged))];
+    let ok = missed_targets(&set, to).is_empty() && changed_digests(plane, &set, &before)?.is_empty();
+    let mut bad = [u64::from(!ok)];
     let all = plane.group(&(0..world).collect::<Vec<_>>())?;
     plane.all_reduce_sum_u64(all, &mut bad)?;
     Ok(bad[0] == 0)

@@ -6,3 +6,4 @@ mod transitions;
 
 pub use primitives::{primitives, SelftestSummary};
 pub use transitions::{transitions, TransitionSummary};
+pub(crate) use transitions::{changed_digests, materialize, missed_targets, state_bytes};

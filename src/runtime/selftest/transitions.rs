@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 use crate::comm::{broadcast_bytes, DataPlane, MpiPlane};
-use crate::emu::{shard_bytes, Counters, EmuSet, LocalShard, Section};
+use crate::emu::{shard_bytes, Counters, Digest, EmuSet, LocalShard, Section};
 use crate::model::{Catalogue, Layout, Position};
 use crate::plan::{ModelStage, Plan, Role};
 use crate::runtime::rng::Rng;
@@ -46,6 +46,56 @@ struct Pair {
     to: Plan,
 }
 
+/// State bytes of one position of a unit of `catalogue`, as the EMU store charges them.
+pub(crate) fn state_bytes(catalogue: &Catalogue) -> impl Fn(ModelStage, Layout, Position) -> u64 + '_ {
+    move |ms, layout, p| {
+        let dtype = catalogue.arch.dtype;
+        shard_bytes(&catalogue.shard(layout, p), &Section::of(ms.trains(), dtype), dtype)
+    }
+}
+
+/// An EMU set holding `plan`'s replicas of a `catalogue` model (every role), filled with
+/// synthetic state, and each model-stage's digest.
+pub(crate) fn materialize(plane: &mut MpiPlane<'_>, world: i32, catalogue: &Catalogue, plan: &Plan, capacity: u64) -> Result<(EmuSet, BTreeMap<ModelStage, Digest>), RuntimeError> {
+    let catalogues: BTreeMap<Role, Catalogue> = [Role::Actor, Role::Critic, Role::Reference, Role::Reward].into_iter().map(|r| (r, catalogue.clone())).collect();
+    let mut set = EmuSet::new(plane.rank(), world, capacity, catalogues);
+    for (k, p) in plan.placements.iter().enumerate() {
+        let counters = Counters { updates: k as u64, model_version: 1, policy_version: 1, data_position: 7 * k as u64, seed: 1000 + k as u64 };
+        for r in 0..p.candidate.dp as usize {
+            set.create_synthetic(plane, p.candidate.model_stage, p.candidate.layout, p.replica(r), counters)?;
+        }
+    }
+    let digests = set.digests(plane)?;
+    let before = set.emus().map(|e| (e.model_stage, digests[&e.id])).collect();
+    Ok((set, before))
+}
+
+/// How each model-stage of `target` differs from the replicas `set` holds (empty: all reached).
+pub(crate) fn missed_targets(set: &EmuSet, target: &Plan) -> Vec<String> {
+    let mut missed = Vec::new();
+    for p in &target.placements {
+        let ms = p.candidate.model_stage;
+        let mut want: Vec<(Layout, Vec<i32>)> = (0..p.candidate.dp as usize).map(|r| (p.candidate.layout, p.replica(r).to_vec())).collect();
+        let mut got: Vec<(Layout, Vec<i32>)> = set.replicas(ms).iter().map(|e| (e.layout, e.ranks.clone())).collect();
+        want.sort();
+        got.sort();
+        if got != want {
+            missed.push(format!("{ms} ended at {got:?}, target {want:?}"));
+        }
+    }
+    missed
+}
+
+/// Replicas whose digest differs from their model-stage's digest `before`.
+pub(crate) fn changed_digests(plane: &mut MpiPlane<'_>, set: &EmuSet, before: &BTreeMap<ModelStage, Digest>) -> Result<Vec<String>, RuntimeError> {
+    let digests = set.digests(plane)?;
+    Ok(set
+        .emus()
+        .filter(|e| digests[&e.id] != before[&e.model_stage])
+        .map(|e| format!("{} of {} has digest {} after the transition, {} before", e.id, e.model_stage, digests[&e.id], before[&e.model_stage]))
+        .collect())
+}
+
 /// Runs `cases` random transitions on every rank (at least 3 ranks).
 pub fn transitions(session: &Session, cases: u32, seed: u64) -> Result<TransitionSummary, RuntimeError> {
     let world = session.world().size();
@@ -53,10 +103,7 @@ pub fn transitions(session: &Session, cases: u32, seed: u64) -> Result<Transitio
         return Err(RuntimeError::Usage("selftest transitions needs at least 3 MPI ranks (one per inference model-stage)".into()));
     }
     let catalogue = tiny_catalogue();
-    let bytes = |ms: ModelStage, layout: Layout, p: Position| {
-        let dtype = catalogue.arch.dtype;
-        shard_bytes(&catalogue.shard(layout, p), &Section::of(ms.trains(), dtype), dtype)
-    };
+    let bytes = state_bytes(&catalogue);
     let links = Links { devices_per_node: 4, intra_bytes_per_s: 5e9, inter_bytes_per_s: 1e9, memory_bytes_per_s: 10e9, setup_seconds: 1e-3, capacity_bytes: u64::MAX / 4 };
     let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
     let mut summary = TransitionSummary { cases, ..TransitionSummary::default() };
@@ -78,19 +125,7 @@ pub fn transitions(session: &Session, cases: u32, seed: u64) -> Result<Transitio
             Err(e) => return Err(e.into()),
         };
         agree_on_dag(session.world(), session.watchdog(), &dag)?;
-        let catalogues: BTreeMap<Role, Catalogue> = [Role::Actor, Role::Critic, Role::Reference, Role::Reward].into_iter().map(|r| (r, catalogue.clone())).collect();
-        let mut set = EmuSet::new(plane.rank(), world, u64::MAX / 4, catalogues);
-        let mut before: BTreeMap<ModelStage, crate::emu::Digest> = BTreeMap::new();
-        for (k, p) in pair.from.placements.iter().enumerate() {
-            let counters = Counters { updates: k as u64, model_version: 1, policy_version: 1, data_position: 7 * k as u64, seed: 1000 + k as u64 };
-            for r in 0..p.candidate.dp as usize {
-                set.create_synthetic(&mut plane, p.candidate.model_stage, p.candidate.layout, p.replica(r), counters)?;
-            }
-        }
-        let digests = set.digests(&mut plane)?;
-        for e in set.emus() {
-            before.entry(e.model_stage).or_insert(digests[&e.id]);
-        }
+        let (mut set, before) = materialize(&mut plane, world, &catalogue, &pair.from, u64::MAX / 4)?;
         let (_, report) = execute(&mut set, &mut plane, &dag)?;
         summary.executed += 1;
         summary.primitives += report.primitives as u64;
@@ -102,26 +137,11 @@ pub fn transitions(session: &Session, cases: u32, seed: u64) -> Result<Transitio
 }
 
 /// Target replicas reached, digests unchanged, ledgers exact — agreed across ranks.
-fn check(case: u32, plane: &mut MpiPlane<'_>, set: &EmuSet, target: &Plan, before: &BTreeMap<ModelStage, crate::emu::Digest>, summary: &mut TransitionSummary) -> Result<(), RuntimeError> {
-    for p in &target.placements {
-        let ms = p.candidate.model_stage;
-        let mut want: Vec<(Layout, Vec<i32>)> = (0..p.candidate.dp as usize).map(|r| (p.candidate.layout, p.replica(r).to_vec())).collect();
-        let mut got: Vec<(Layout, Vec<i32>)> = set.replicas(ms).iter().map(|e| (e.layout, e.ranks.clone())).collect();
-        want.sort();
-        got.sort();
-        if got != want {
-            summary.failures.push(format!("case {case}: {ms} ended at {got:?}, target {want:?}"));
-        }
-    }
-    let digests = set.digests(plane)?;
-    for e in set.emus() {
-        if digests[&e.id] != before[&e.model_stage] {
-            summary.failures.push(format!("case {case}: {} of {} has digest {} after the transition, {} before", e.id, e.model_stage, digests[&e.id], before[&e.model_stage]));
-        }
-    }
+fn check(case: u32, plane: &mut MpiPlane<'_>, set: &EmuSet, target: &Plan, before: &BTreeMap<ModelStage, Digest>, summary: &mut TransitionSummary) -> Result<(), RuntimeError> {
+    let found = missed_targets(set, target).into_iter().chain(changed_digests(plane, set, before)?);
+    summary.failures.extend(found.map(|f| format!("case {case}: {f}")));
     let held: u64 = set.store().shards().map(LocalShard::bytes).sum();
-    let ledger_ok = held == set.store().ledger().used();
-    let mut bad = [u64::from(!ledger_ok)];
+    let mut bad = [u64::from(held != set.store().ledger().used())];
     let all = plane.group(&(0..set.world_size()).collect::<Vec<_>>())?;
     plane.all_reduce_sum_u64(all, &mut bad)?;
     if bad[0] > 0 {
