@@ -3,16 +3,12 @@
 
 mod common;
 
-use common::{run_mpi, text};
+use common::selftest_summary;
 
 #[test]
 fn random_primitive_sequences_lose_and_change_nothing_on_8_ranks() {
     for seed in ["1", "2"] {
-        let out = run_mpi(8, &["selftest", "primitives", "--cases", "40", "--seed", seed]);
-        let (stdout, stderr) = text(&out);
-        assert!(out.status.success(), "seed {seed}: {stderr}");
-        let summary: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON summary from rank 0");
-        assert_eq!(summary["failures"].as_array().unwrap().len(), 0);
+        let summary = selftest_summary("primitives", "40", seed);
         for kind in ["split", "merge", "extend", "destroy"] {
             assert!(summary["executed"][kind].as_u64().unwrap_or(0) > 0, "seed {seed}: no {kind} ran: {summary}");
         }

@@ -3,16 +3,12 @@
 
 mod common;
 
-use common::{run_mpi, text};
+use common::{run_mpi, selftest_summary, text};
 
 #[test]
 fn random_transitions_reach_their_targets_without_changing_state() {
     for seed in ["1", "2"] {
-        let out = run_mpi(8, &["selftest", "transitions", "--cases", "30", "--seed", seed]);
-        let (stdout, stderr) = text(&out);
-        assert!(out.status.success(), "seed {seed}: {stderr}");
-        let summary: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON summary from rank 0");
-        assert_eq!(summary["failures"].as_array().unwrap().len(), 0);
+        let summary = selftest_summary("transitions", "30", seed);
         assert!(summary["executed"].as_u64().unwrap() >= 20, "most plan pairs are feasible: {summary}");
         assert!(summary["primitives"].as_u64().unwrap() > 100, "{summary}");
         assert!(summary["resource_edges"].as_u64().unwrap() > 0, "model-stages waited for each other's releases: {summary}");

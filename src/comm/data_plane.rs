@@ -94,10 +94,6 @@ impl<'w> MpiPlane<'w> {
         }
     }
 
-    /// Number of groups created so far (each costs one `MPI_Comm_create_group`).
-    pub fn groups_created(&self) -> usize {
-        self.groups.len()
-    }
 }
 
 impl DataPlane for MpiPlane<'_> {

@@ -10,8 +10,9 @@ use super::CommError;
 ///
 /// It is created once in `main` and passed by reference: there is no global communicator.
 pub struct World {
-    universe: Universe,
     comm: SimpleCommunicator,
+    /// Held so that dropping the world (after its communicator) finalizes MPI.
+    _universe: Universe,
     threading: Threading,
 }
 
@@ -23,7 +24,7 @@ impl World {
             CommError::Init { reason: "MPI was already initialized in this process".into() }
         })?;
         let comm = universe.world();
-        Ok(World { universe, comm, threading })
+        Ok(World { comm, _universe: universe, threading })
     }
 
     /// The world communicator.
@@ -61,10 +62,5 @@ impl World {
         let full = mpi::environment::library_version().unwrap_or_default();
         let first = full.lines().next().unwrap_or("unknown MPI");
         first.split(',').next().unwrap_or(first).trim().to_string()
-    }
-
-    /// Keeps the universe alive for as long as the world is used.
-    pub fn universe(&self) -> &Universe {
-        &self.universe
     }
 }

@@ -120,11 +120,6 @@ impl ShardStore {
         }
     }
 
-    /// Drops every cached buffer.
-    pub fn trim(&mut self) {
-        self.cache.clear();
-    }
-
     /// The shard of `emu`, if this rank holds one.
     pub fn get(&self, emu: EmuId) -> Option<&LocalShard> {
         self.shards.get(&emu)

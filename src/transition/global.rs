@@ -5,7 +5,7 @@ use petgraph::graph::{DiGraph, NodeIndex};
 use petgraph::Direction;
 use serde::Serialize;
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::collections::{BTreeMap, BinaryHeap};
 use thiserror::Error;
 
 use super::local::{local_dag, units_of, Primitive, Unit, UnitId};
@@ -149,11 +149,6 @@ impl Units {
     fn push(&mut self, unit: Unit) {
         debug_assert_eq!(unit.id.0, self.0.len(), "unit ids are dense and in creation order");
         self.0.push(unit);
-    }
-
-    /// Every unit.
-    pub fn iter(&self) -> impl Iterator<Item = &Unit> {
-        self.0.iter()
     }
 
     /// One more than the highest rank any unit uses.
@@ -386,7 +381,8 @@ impl TransitionDag {
                 continue;
             }
             let saved = state.clone();
-            let deps = state.apply(i, node, &self.graph);
+            let mut deps = Vec::new();
+            state.apply_into(i, node, &mut deps);
             let added = deps.len();
             edges.extend(deps.into_iter().map(|d| (d, i)));
             order.push(i);
@@ -430,18 +426,6 @@ impl TransitionDag {
         self.graph[NodeIndex::new(i)].label(&self.units)
     }
 
-    /// The units alive at the end of the schedule (for checks).
-    pub fn final_units(&self) -> BTreeSet<UnitId> {
-        let mut alive: BTreeSet<UnitId> = self.initial.iter().copied().collect();
-        for &i in &self.schedule.order {
-            let p = &self.graph[NodeIndex::new(i)].primitive;
-            for id in p.frees() {
-                alive.remove(id);
-            }
-            alive.extend(p.creates().iter().copied());
-        }
-        alive
-    }
 }
 
 /// Memory and rank ownership while a schedule is walked: what every ordering decision, the
@@ -521,17 +505,10 @@ impl<'a> ResourceState<'a> {
         if short.is_empty() { Ok(()) } else { Err((short, reason)) }
     }
 
-    /// Runs node `i`; returns the earlier nodes of other model-stages it had to wait for
-    /// (release-before-acquire): the latest release of another model-stage on a rank it
-    /// acquires, when that rank was exclusive to it (same stage) or when, without what it
-    /// freed, the allocation would not fit.
-    fn apply(&mut self, i: usize, node: &Node, _graph: &DiGraph<Node, EdgeKind>) -> Vec<usize> {
-        let mut deps = Vec::new();
-        self.apply_into(i, node, &mut deps);
-        deps
-    }
-
-    /// [`ResourceState::apply`] into a reused buffer (cleared first).
+    /// Runs node `i`; puts into `deps` (cleared first) the earlier nodes of other model-stages
+    /// it had to wait for (release-before-acquire): the latest release of another model-stage
+    /// on a rank it acquires, when that rank was exclusive to it (same stage) or when, without
+    /// what it freed, the allocation would not fit.
     fn apply_into(&mut self, i: usize, node: &Node, deps: &mut Vec<usize>) {
         deps.clear();
         if self.cross {

@@ -101,3 +101,14 @@ pub fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     std::fs::write(&path, text).expect("temp file writes");
     path
 }
+
+/// Runs `mpirun -n 8 nereus selftest KIND --cases N --seed S`, requires success and no failed
+/// check, and returns rank 0's JSON summary.
+pub fn selftest_summary(kind: &str, cases: &str, seed: &str) -> serde_json::Value {
+    let out = run_mpi(8, &["selftest", kind, "--cases", cases, "--seed", seed]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "selftest {kind}, seed {seed}: {stderr}");
+    let summary: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON summary from rank 0");
+    assert_eq!(summary["failures"].as_array().unwrap().len(), 0, "{summary}");
+    summary
+}

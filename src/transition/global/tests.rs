@@ -1,6 +1,7 @@
 //! Property tests over random plan pairs, and the Nereus paper's example.
 
 use super::*;
+use std::collections::BTreeSet;
 use crate::config::Dtype;
 use crate::emu::{shard_bytes, Section};
 use crate::model::Catalogue;
