@@ -9,6 +9,7 @@ pub mod comm;
 pub mod config;
 pub mod cost;
 pub mod emu;
+pub mod engine;
 pub mod model;
 pub mod plan;
 pub mod planner;
