@@ -126,6 +126,9 @@ enum SelftestCommand {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+    /// Every (tp, pp, dp) with degrees in {1, 2, 4} that fits the world trains one step of a
+    /// tiny LM and value model; parameters and gradients must match (1, 1, 1) within 1e-5.
+    Engine,
     /// Random Split/Merge/Extend/Destroy sequences; checks digests, bytes and refusals.
     Primitives {
         /// Random cases to run.
@@ -230,6 +233,7 @@ fn main() -> ExitCode {
         TopCommand::Bench(BenchCommand::Coordination { trials, seed, json }) => Command::BenchCoordination { trials, seed, json },
         TopCommand::Bench(BenchCommand::Planner { config, seq_len, reps, json }) => Command::BenchPlanner { config, seq_len, reps, json },
         TopCommand::Selftest(SelftestCommand::Transitions { cases, seed }) => Command::SelftestTransitions { cases, seed },
+        TopCommand::Selftest(SelftestCommand::Engine) => Command::SelftestEngine,
         TopCommand::Selftest(SelftestCommand::Primitives { cases, seed }) => Command::SelftestPrimitives { cases, seed },
     };
     ExitCode::from(runtime::run(options, command))

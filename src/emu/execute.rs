@@ -119,18 +119,31 @@ fn carve<'a>(mut buffer: &'a mut [u8], ranges: &[(usize, Range<u64>)]) -> Vec<(u
     out
 }
 
-/// Moves this rank's part of `movement` from `sources` into `targets`.
+/// Moves this rank's part of `movement` from `sources` into `targets`, every state section.
 pub fn move_bytes<P: DataPlane>(
     plane: &P,
     movement: &Movement,
     sources: &BTreeMap<EmuId, &LocalShard>,
     targets: &mut BTreeMap<EmuId, LocalShard>,
 ) -> Result<(), EmuError> {
-    let me = plane.rank();
-    let Some(any) = sources.values().next().map(|s| (s.sections.clone(), s.dtype)).or_else(|| targets.values().next().map(|t| (t.sections.clone(), t.dtype))) else {
+    let Some((sections, dtype)) = sources.values().next().map(|s| (s.sections.clone(), s.dtype)).or_else(|| targets.values().next().map(|t| (t.sections.clone(), t.dtype))) else {
         return Ok(()); // this rank takes no part
     };
-    let (sections, dtype) = any;
+    move_sections(plane, movement, sources, targets, &sections, dtype)
+}
+
+/// Moves this rank's part of `movement` for the leading `sections` of every shard only (e.g.
+/// parameters alone, from a training replica to a generation replica that keeps no moments).
+pub fn move_sections<P: DataPlane>(
+    plane: &P,
+    movement: &Movement,
+    sources: &BTreeMap<EmuId, &LocalShard>,
+    targets: &mut BTreeMap<EmuId, LocalShard>,
+    sections: &[Section],
+    dtype: Dtype,
+) -> Result<(), EmuError> {
+    let me = plane.rank();
+    let sections = sections.to_vec();
     for seg in movement.segments.iter().filter(|s| !s.is_remote() && s.dst.1 == me) {
         let src = sources[&seg.src.0];
         let dst = targets.get_mut(&seg.dst.0).expect("target allocated");

@@ -11,7 +11,7 @@ use crate::model::{Catalogue, Layout, Position};
 use crate::plan::{ModelStage, Role};
 
 use super::digest::{counters_digest, shard_digest};
-use super::execute::{move_bytes, scratch_bytes};
+use super::execute::{move_bytes, move_sections, scratch_bytes};
 use super::{shard_bytes, synthetic_fill, Counters, Digest, Emu, EmuError, EmuId, LocalShard, Movement, Section, ShardStore, TargetEmu};
 
 /// What a primitive did (identical on every rank: computed from the movement, not measured).
@@ -159,6 +159,17 @@ impl EmuSet {
 
     /// Creates a replica filled with [`synthetic_fill`] bytes (tests, benchmarks, drills).
     pub fn create_synthetic<P: DataPlane>(&mut self, plane: &mut P, model_stage: ModelStage, layout: Layout, ranks: &[i32], counters: Counters) -> Result<EmuId, EmuError> {
+        self.create(plane, model_stage, layout, ranks, counters, |shard, catalogue| {
+            synthetic_fill(shard, catalogue, counters.seed);
+            Ok(())
+        })
+    }
+
+    /// Creates a replica of `model_stage` in `layout` on `ranks` (every rank of the world calls
+    /// it; it fails on every rank, allocating nothing, if one lacks room); `fill` writes each
+    /// new shard of this rank (e.g. the engine's initialization or a checkpoint's tensors); if
+    /// it fails, this rank's new shards are freed and the replica is not registered.
+    pub fn create<P: DataPlane>(&mut self, plane: &mut P, model_stage: ModelStage, layout: Layout, ranks: &[i32], counters: Counters, mut fill: impl FnMut(&mut LocalShard, &Catalogue) -> Result<(), String>) -> Result<EmuId, EmuError> {
         let what = format!("Create {model_stage} {layout} on {ranks:?}");
         self.catalogue(model_stage.role).check_layout(layout)?;
         if ranks.len() != layout.size() as usize {
@@ -169,11 +180,50 @@ impl EmuSet {
         let target = TargetEmu { id, layout, ranks: ranks.to_vec() };
         let mut shards = self.allocate_targets(plane, &what, model_stage, std::slice::from_ref(&target), &[], 0)?;
         let catalogue = &self.catalogues[&model_stage.role];
-        for shard in shards.values_mut() {
-            synthetic_fill(shard, catalogue, counters.seed);
+        let filled: Result<(), String> = shards.values_mut().try_for_each(|shard| fill(shard, catalogue));
+        if let Err(reason) = filled {
+            for shard in shards.into_values() {
+                self.store.ledger_mut().release(shard.bytes());
+            }
+            return Err(EmuError::Invalid { primitive: what, reason });
         }
         self.install(model_stage, counters, &[target], shards);
         Ok(id)
+    }
+
+    /// Copies the parameters of replica `from` into replica `to` of another model-stage of the
+    /// same model, resharding between their layouts (the weight sync from `actor/training` to
+    /// `actor/generation`): each target rectangle moves once, rank to rank, concurrently; no
+    /// copy passes through a root. Optimizer sections stay where they are.
+    pub fn sync_params<P: DataPlane>(&mut self, plane: &mut P, from: EmuId, to: EmuId) -> Result<PrimitiveReport, EmuError> {
+        let start = Instant::now();
+        let (src, dst) = (self.get(from, "Sync")?.clone(), self.get(to, "Sync")?.clone());
+        let what = format!("Sync {} {} -> {} {}", src.model_stage, src.layout, dst.model_stage, dst.layout);
+        if src.model_stage.role != dst.model_stage.role {
+            return Err(EmuError::Invalid { primitive: what, reason: "weights can only sync between stages of the same model".into() });
+        }
+        let catalogue = &self.catalogues[&src.model_stage.role];
+        let target = TargetEmu { id: to, layout: dst.layout, ranks: dst.ranks.clone() };
+        let movement = Movement::plan(catalogue, &[&src], std::slice::from_ref(&target));
+        let mut targets: BTreeMap<EmuId, LocalShard> = self.store.take(to).map(|s| (to, s)).into_iter().collect();
+        let moved = {
+            let sources: BTreeMap<EmuId, &LocalShard> = self.store.get(from).map(|s| (from, s)).into_iter().collect();
+            move_sections(plane, &movement, &sources, &mut targets, &[Section::Params], catalogue.arch.dtype)
+        };
+        if let Some(shard) = targets.remove(&to) {
+            self.store.put(shard);
+        }
+        moved?;
+        let sections = [Section::Params];
+        let report = PrimitiveReport { primitive: what, bytes_sent: movement.bytes_sent(&sections, catalogue.arch.dtype), bytes_local: movement.bytes_local(&sections, catalogue.arch.dtype), seconds: start.elapsed().as_secs_f64(), created: vec![] };
+        Ok(report)
+    }
+
+    /// Sets the counters of replica `id` (after a training step or a weight sync).
+    pub fn set_counters(&mut self, id: EmuId, counters: Counters) {
+        if let Some(emu) = self.emus.get_mut(&id) {
+            emu.counters = counters;
+        }
     }
 
     /// Checks on every rank that the new shards (and pack buffers) fit, then allocates this

@@ -120,6 +120,23 @@ impl ShardStore {
         }
     }
 
+    /// Removes a shard for a moment without returning its bytes to the ledger (it stays
+    /// charged); hand it back with [`ShardStore::put`].
+    pub fn take(&mut self, emu: EmuId) -> Option<LocalShard> {
+        self.shards.remove(&emu)
+    }
+
+    /// Returns a shard taken with [`ShardStore::take`].
+    pub fn put(&mut self, shard: LocalShard) {
+        self.shards.insert(shard.emu, shard);
+    }
+
+    /// The shard of `emu` and the ledger at once, so the engine can read parameters in place
+    /// while charging its activations.
+    pub fn shard_and_ledger(&mut self, emu: EmuId) -> Option<(&mut LocalShard, &mut MemoryLedger)> {
+        self.shards.get_mut(&emu).map(|s| (s, &mut self.ledger))
+    }
+
     /// The shard of `emu`, if this rank holds one.
     pub fn get(&self, emu: EmuId) -> Option<&LocalShard> {
         self.shards.get(&emu)

@@ -105,6 +105,8 @@ pub enum Command {
         /// Seed of the decisions.
         seed: u64,
     },
+    /// Every (tp, pp, dp) layout of a tiny model trains one step; parity with (1, 1, 1).
+    SelftestEngine,
     /// Random EMU primitive sequences with state checks after every step.
     SelftestPrimitives {
         /// Random cases.
@@ -141,6 +143,9 @@ pub enum RuntimeError {
     /// An EMU primitive failed.
     #[error("{0}")]
     Emu(#[from] crate::emu::EmuError),
+    /// The engine failed (out of memory, shapes, communication).
+    #[error("{0}")]
+    Engine(#[from] crate::engine::EngineError),
     /// A self-test found state that was lost or changed.
     #[error("selftest failed: {0}")]
     SelftestFailed(String),
@@ -184,6 +189,7 @@ pub fn run(options: SessionOptions, command: Command) -> u8 {
         Command::BenchTransitionPlanning { config, ranks, reps, json } => bench::transition::run(&mut session, config, ranks, *reps, json.as_deref()),
         Command::BenchCoordination { trials, seed, json } => bench::coordination::run(&session, *trials, *seed, json.as_deref()),
         Command::SelftestPrimitives { cases, seed } => selftest::primitives(&session, *cases, *seed).and_then(|s| report_selftest(&session, &s, &s.failures)),
+        Command::SelftestEngine => selftest::engine(&session).and_then(|s| report_selftest(&session, &s, &s.failures)),
         Command::SelftestTransitions { cases, seed } => selftest::transitions(&session, *cases, *seed).and_then(|s| report_selftest(&session, &s, &s.failures)),
     };
     match outcome {

@@ -1,9 +1,11 @@
 //! `nereus selftest …`: randomized checks of the runtime's machinery on the job's own ranks,
 //! whose verdicts depend on every rank.
 
+mod engine;
 mod primitives;
 mod transitions;
 
+pub use engine::{engine, parity_arch, CrossEntropy, EngineSummary};
 pub use primitives::{primitives, SelftestSummary};
 pub use transitions::{transitions, TransitionSummary};
 pub(crate) use transitions::{changed_digests, materialize, missed_targets, state_bytes};

@@ -1,0 +1,48 @@
+//! Layout-independent initialization: every element's initial value is a function of the seed,
+//! the tensor and the element's coordinates in the whole tensor, so a model initialized under
+//! any `(tp, pp)` holds the same logical weights.
+
+use crate::emu::{mix, LocalShard};
+use crate::model::{Catalogue, Sharding};
+
+use super::{f32_sections, EngineError};
+
+/// Standard deviation of weight matrices (GPT-2's 0.02); residual output projections are
+/// further scaled by `1/√(2L)` (GPT-2), norms start at one.
+const INIT_STD: f64 = 0.02;
+
+/// A uniform value in `[-1, 1)` from counters.
+pub fn uniform(seed: u64, stream: u64, index: u64) -> f64 {
+    let bits = mix(mix(seed ^ mix(stream)) ^ index);
+    (bits >> 11) as f64 / (1u64 << 52) as f64 - 1.0
+}
+
+/// Writes initial parameters (and zero Adam moments) into `shard`.
+pub fn init_shard(shard: &mut LocalShard, catalogue: &Catalogue, seed: u64) -> Result<(), EngineError> {
+    let table = shard.table.clone();
+    let (params, moments) = f32_sections(shard)?;
+    if let Some((m, v)) = moments {
+        m.fill(0.0);
+        v.fill(0.0);
+    }
+    let layers = catalogue.arch.layers as f64;
+    for piece in &table.pieces {
+        let spec = &catalogue.tensors[piece.tensor];
+        let out = &mut params[piece.offset as usize..(piece.offset + piece.region.elements()) as usize];
+        if spec.rows == 1 && spec.sharding == Sharding::Replicated && !spec.name.starts_with("score") {
+            out.fill(1.0); // RMSNorm gains
+            continue;
+        }
+        let residual = spec.name.ends_with("o_proj.weight") || spec.name.ends_with("down_proj.weight");
+        let std = if residual { INIT_STD / (2.0 * layers).sqrt() } else { INIT_STD };
+        let r = piece.region;
+        for row in 0..r.rows {
+            for col in 0..r.cols {
+                let global = (r.row0 + row) * spec.cols + r.col0 + col;
+                // Uniform on [-a, a) has standard deviation a/√3.
+                out[(row * r.cols + col) as usize] = (uniform(seed, piece.tensor as u64, global) * std * 3f64.sqrt()) as f32;
+            }
+        }
+    }
+    Ok(())
+}

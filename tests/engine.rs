@@ -1,0 +1,23 @@
+//! The reference engine under `mpirun -n 8`: every (tp, pp, dp) layout of a tiny model gives the
+//! (1, 1, 1) loss, gradients and post-step parameters.
+
+mod common;
+
+use common::{run_mpi, text};
+
+#[test]
+fn every_layout_that_fits_8_ranks_matches_the_single_rank_step() {
+    let out = run_mpi(8, &["selftest", "engine"]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "selftest engine: {stderr}");
+    let summary: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON summary from rank 0");
+    assert_eq!(summary["failures"].as_array().unwrap().len(), 0, "{summary}");
+    let rows = summary["rows"].as_array().unwrap();
+    // 17 layouts with tp, pp, dp in {1, 2, 4} and tp·pp·dp <= 8, for the LM and the value model.
+    assert_eq!(rows.len(), 34, "{summary}");
+    for row in rows {
+        assert!(row["params_rel"].as_f64().unwrap() <= 1e-5 && row["grads_rel"].as_f64().unwrap() <= 1e-5, "{row}");
+    }
+    let lm_loss = rows[0]["loss"].as_f64().unwrap();
+    assert!((lm_loss - 32f64.ln()).abs() < 0.1, "an untrained LM over 32 tokens has loss near ln 32: {lm_loss}");
+}
