@@ -1,5 +1,6 @@
 //! The reference engine under `mpirun -n 8`: every (tp, pp, dp) layout of a tiny model gives the
-//! (1, 1, 1) loss, gradients and post-step parameters.
+//! (1, 1, 1) loss, gradients and post-step parameters, and samples the same tokens with its
+//! TP-sharded KV cache.
 
 mod common;
 
@@ -17,6 +18,7 @@ fn every_layout_that_fits_8_ranks_matches_the_single_rank_step() {
     assert_eq!(rows.len(), 34, "{summary}");
     for row in rows {
         assert!(row["params_rel"].as_f64().unwrap() <= 1e-5 && row["grads_rel"].as_f64().unwrap() <= 1e-5, "{row}");
+        assert_eq!(row["same_samples"], true, "KV-cache sampling under this layout differs: {row}");
     }
     let lm_loss = rows[0]["loss"].as_f64().unwrap();
     assert!((lm_loss - 32f64.ln()).abs() < 0.1, "an untrained LM over 32 tokens has loss near ln 32: {lm_loss}");

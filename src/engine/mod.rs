@@ -7,6 +7,7 @@
 //! are charged to the same rank's memory ledger ([`arena`]) before they are allocated.
 
 pub mod arena;
+pub mod generate;
 pub mod init;
 pub mod ops;
 pub mod optimizer;
@@ -18,6 +19,7 @@ pub mod train;
 pub mod weights;
 
 pub use arena::Arena;
+pub use generate::{sample_token, Generated, Sampling};
 pub use init::init_shard;
 pub use optimizer::AdamW;
 pub use parallel::EmuGroups;

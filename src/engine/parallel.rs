@@ -69,9 +69,25 @@ impl EmuGroups {
         })
     }
 
+    /// Whether this rank is position `(0, 0)`, which speaks for the replica (one holder of
+    /// results every rank of the EMU has).
+    pub fn is_leader(&self) -> bool {
+        self.position == Position { tp: 0, pp: 0 }
+    }
+
     /// The TP group as a reduction for the layers.
     pub fn tp_group<'a, P: DataPlane>(&self, plane: &'a P) -> TpGroup<'a, P> {
         TpGroup { plane, group: self.tp, size: self.layout.tp as usize }
+    }
+
+    /// Copies `data` from the rank at `(tp 0, last stage)` to every rank of the EMU (the
+    /// sampled tokens, which the first stage embeds next).
+    pub fn broadcast_from_last<P: DataPlane>(&self, plane: &P, data: &mut [u8]) -> Result<(), EngineError> {
+        let Some(group) = self.emu else { return Ok(()) };
+        let root = self.ranks[self.layout.index(Position { tp: 0, pp: self.layout.pp - 1 })];
+        let index = sorted(self.ranks.clone()).iter().position(|&r| r == root).unwrap_or(0);
+        plane.broadcast(group, index, data)?;
+        Ok(())
     }
 
     /// Sends `data` to the next pipeline stage.
@@ -160,4 +176,16 @@ impl ReduceFromTp {
     }
     /// Identity.
     pub fn backward(_dy: &mut [f32]) {}
+}
+
+/// Assembles a global `[rows × width]` array on every rank of `world` (a group of every rank)
+/// from the rows each holder contributes: holders pass `Some((first_row, values))`, everyone
+/// else `None`, and one sum over the group completes it. Rows must have exactly one holder.
+pub fn assemble_rows<P: DataPlane>(plane: &P, world: GroupId, rows: usize, width: usize, mine: Option<(usize, &[f32])>) -> Result<Vec<f32>, EngineError> {
+    let mut all = vec![0f32; rows * width];
+    if let Some((first, values)) = mine {
+        all[first * width..first * width + values.len()].copy_from_slice(values);
+    }
+    plane.all_reduce_sum_f32(world, &mut all)?;
+    Ok(all)
 }

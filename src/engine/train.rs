@@ -44,16 +44,14 @@ impl Batch<'_> {
         self.tokens.len() / self.seq_len.max(1)
     }
 
-    /// The sequences replica `r` of `dp` takes.
-    pub fn share(&self, (r, dp): (usize, usize)) -> Result<Range<usize>, EngineError> {
+    /// The sequences replica `r` of `dp` takes: contiguous, sizes differing by at most one.
+    pub fn share(&self, (r, dp): (usize, usize)) -> Range<usize> {
         let s = self.sequences();
-        if s % dp != 0 {
-            return Err(EngineError::Shape { what: format!("{s} sequences do not split evenly over {dp} data-parallel replicas") });
-        }
-        Ok(r * s / dp..(r + 1) * s / dp)
+        r * s / dp..(r + 1) * s / dp
     }
 
-    fn tokens_of(&self, seqs: &Range<usize>) -> &[u32] {
+    /// Tokens of `seqs`.
+    pub fn tokens_of(&self, seqs: &Range<usize>) -> &[u32] {
         &self.tokens[seqs.start * self.seq_len..seqs.end * self.seq_len]
     }
 
@@ -74,53 +72,88 @@ pub struct StepReport {
 }
 
 impl Replica {
-    /// Forward and backward over this replica's share of `batch`, accumulating into `grads`.
-    /// Returns the loss over the share (non-zero on the last pipeline stage only).
+    /// Forward through this stage for sequences `seqs` of `batch`: receives from the previous
+    /// stage or embeds, runs the blocks, then sends to the next stage or applies the head.
+    /// Returns the blocks' saved activations and, on the last stage, the outputs and head state.
+    #[allow(clippy::type_complexity)]
+    fn forward_micro<P: DataPlane>(&self, plane: &P, params: &[f32], batch: &Batch, seqs: &Range<usize>, arena: &mut Arena) -> Result<(Vec<BlockActs>, Option<(Vec<f32>, HeadActs)>), EngineError> {
+        let tp = self.groups.tp_group(plane);
+        let rows = Rows { b: seqs.len(), t: batch.seq_len, pos0: 0 };
+        let x = if self.model.weights.is_first() {
+            self.model.embed(params, batch.tokens_of(seqs), &tp, arena)?
+        } else {
+            let mut x = arena.zeros("pipeline activations", rows.b * rows.t * self.model.dims().c)?;
+            self.groups.recv_prev(plane, &mut x)?;
+            x
+        };
+        let (x, acts) = self.model.blocks_forward(params, x, rows, None, &tp, arena)?;
+        if self.model.weights.is_last() {
+            let head = self.model.head_forward(params, x, &batch.targets_of(seqs), &tp, arena)?;
+            Ok((acts, Some(head)))
+        } else {
+            self.groups.send_next(plane, &x)?;
+            Ok((acts, None))
+        }
+    }
+
+    fn micro_batches(&self, batch: &Batch, micro_batch: usize) -> Vec<Range<usize>> {
+        let share = batch.share(self.groups.replica);
+        let m = micro_batch.max(1);
+        share.clone().step_by(m).map(|s| s..(s + m).min(share.end)).collect()
+    }
+
+    /// Forward only (inference): the outputs of this replica's share of `batch`, `[share × T]`,
+    /// on the last pipeline stage (empty elsewhere).
+    pub fn infer<P: DataPlane>(&self, plane: &P, params: &[f32], batch: &Batch, micro_batch: usize, arena: &mut Arena) -> Result<Vec<f32>, EngineError> {
+        let mut outputs = Vec::new();
+        for seqs in self.micro_batches(batch, micro_batch) {
+            let mark = arena.mark();
+            let (acts, head) = self.forward_micro(plane, params, batch, &seqs, arena)?;
+            if let Some((out, _)) = head {
+                outputs.extend_from_slice(&out);
+            }
+            drop(acts);
+            arena.release_to(mark);
+        }
+        Ok(outputs)
+    }
+
+    /// Forward and backward over this replica's share of `batch` (GPipe: every micro-batch
+    /// forward, then every one backward, last first), accumulating into `grads`. Returns the
+    /// loss over the share (non-zero on the last pipeline stage only).
     #[allow(clippy::too_many_arguments)]
     pub fn forward_backward<P: DataPlane>(&self, plane: &P, params: &[f32], grads: &mut [f32], batch: &Batch, micro_batch: usize, objective: &dyn Objective, arena: &mut Arena) -> Result<f64, EngineError> {
-        let share = batch.share(self.groups.replica)?;
         let tp = self.groups.tp_group(plane);
-        let (c, t) = (self.model.dims().c, batch.seq_len);
-        let (first, last) = (self.model.weights.is_first(), self.model.weights.is_last());
-        let micro: Vec<Range<usize>> = share.clone().step_by(micro_batch.max(1)).map(|s| s..(s + micro_batch.max(1)).min(share.end)).collect();
-        let mut saved: Vec<(Vec<BlockActs>, Option<(HeadActs, Vec<f32>)>)> = Vec::with_capacity(micro.len());
+        let micro = self.micro_batches(batch, micro_batch);
+        let mut saved = Vec::with_capacity(micro.len());
         let mut loss = 0.0;
         // Activations are charged per micro-batch and released in reverse order, as they die.
         let mut marks = Vec::with_capacity(micro.len());
         for seqs in &micro {
             marks.push(arena.mark());
-            let rows = Rows { b: seqs.len(), t, pos0: 0 };
-            let x = if first {
-                self.model.embed(params, batch.tokens_of(seqs), &tp, arena)?
-            } else {
-                let mut x = arena.zeros("pipeline activations", rows.b * t * c)?;
-                self.groups.recv_prev(plane, &mut x)?;
-                x
+            let (acts, head) = self.forward_micro(plane, params, batch, seqs, arena)?;
+            let head = match head {
+                Some((out, head)) => {
+                    let mut dout = arena.zeros("output gradients", out.len())?;
+                    loss += objective.loss_and_grad(seqs.clone(), &out, &mut dout);
+                    Some((head, dout))
+                }
+                None => None,
             };
-            let (x, acts) = self.model.blocks_forward(params, x, rows, None, &tp, arena)?;
-            if last {
-                let targets = batch.targets_of(seqs);
-                let (out, head) = self.model.head_forward(params, x, &targets, &tp, arena)?;
-                let mut dout = arena.zeros("output gradients", out.len())?;
-                loss += objective.loss_and_grad(seqs.clone(), &out, &mut dout);
-                saved.push((acts, Some((head, dout))));
-            } else {
-                self.groups.send_next(plane, &x)?;
-                saved.push((acts, None));
-            }
+            saved.push((acts, head));
         }
         for ((seqs, (acts, head)), mark) in micro.iter().zip(saved).zip(marks).rev() {
-            let rows = Rows { b: seqs.len(), t, pos0: 0 };
+            let rows = Rows { b: seqs.len(), t: batch.seq_len, pos0: 0 };
             let dx = match head {
                 Some((head, dout)) => self.model.head_backward(params, grads, &head, &dout, &batch.targets_of(seqs), &tp, arena)?,
                 None => {
-                    let mut dx = arena.zeros("pipeline gradients", rows.b * t * c)?;
+                    let mut dx = arena.zeros("pipeline gradients", rows.b * rows.t * self.model.dims().c)?;
                     self.groups.recv_next(plane, &mut dx)?;
                     dx
                 }
             };
             let dx = self.model.blocks_backward(params, grads, &acts, dx, rows, &tp, arena)?;
-            if first {
+            if self.model.weights.is_first() {
                 self.model.embed_backward(grads, &dx, batch.tokens_of(seqs));
             } else {
                 self.groups.send_prev(plane, &dx)?;

@@ -9,7 +9,8 @@ use serde::Serialize;
 use crate::comm::{DataPlane, MpiPlane};
 use crate::config::Dtype;
 use crate::emu::{Counters, EmuSet, LocalShard};
-use crate::engine::{init_shard, train_step, AdamW, Batch, Objective, Replica};
+use crate::engine::parallel::assemble_rows;
+use crate::engine::{f32_sections, init_shard, train_step, AdamW, Arena, Batch, Objective, Replica, Sampling};
 use crate::model::{Architecture, Catalogue, Layout, OutputHead};
 use crate::plan::{ModelStage, Role, Stage};
 use crate::runtime::{RuntimeError, Session};
@@ -32,6 +33,8 @@ pub struct ParityRow {
     pub params_rel: f64,
     /// Largest per-tensor relative difference of the first moments (the clipped gradients).
     pub grads_rel: f64,
+    /// Whether the tokens sampled after the step (KV cache, this layout) equal `(1, 1, 1)`'s.
+    pub same_samples: bool,
 }
 
 /// What the parity selftest found.
@@ -125,6 +128,7 @@ pub fn engine(session: &Session) -> Result<EngineSummary, RuntimeError> {
             OutputHead::Value => Box::new(ValueRegression { batch }),
         };
         let mut reference: Option<(LocalShard, f64, f64)> = None;
+        let mut reference_samples = Vec::new();
         for (tp, pp, dp) in layouts(world) {
             let layout = Layout::new(tp, pp);
             let mut set = EmuSet::new(plane.rank(), world, 1 << 30, [(role, catalogue.clone())].into_iter().collect());
@@ -133,22 +137,34 @@ pub fn engine(session: &Session) -> Result<EngineSummary, RuntimeError> {
             let ids = (0..dp as i32)
                 .map(|r| set.create(&mut plane, model_stage, layout, &(r * size..(r + 1) * size).collect::<Vec<_>>(), counters, |shard, cat| init_shard(shard, cat, 7).map_err(|e| e.to_string())))
                 .collect::<Result<Vec<_>, _>>()?;
-            let mut report = None;
+            let (mut report, mut sampled) = (None, None);
             for &id in &ids {
                 if set.emu(id).is_some_and(|e| e.ranks.contains(&plane.rank())) {
                     let replica = Replica::new(&mut plane, &set, id, seq_len)?;
                     report = Some(train_step(&plane, &mut set, &replica, &batch, micro_batch, objective.as_ref(), &opt)?);
+                    if head == OutputHead::Lm {
+                        let share = sample_share(&plane, &mut set, &replica, &tokens, seq_len)?;
+                        // One rank per replica contributes its rows (every rank of it holds them).
+                        sampled = replica.groups.is_leader().then_some(share);
+                    }
                 }
             }
+            let world_group = plane.group(&(0..world).collect::<Vec<_>>())?;
+            let samples = assemble_rows(&plane, world_group, sequences, seq_len, sampled.as_ref().map(|(first, t)| (*first, t.as_slice())))?;
             let gathered = set.gather(&mut plane, ids[0], 0)?;
             let (loss, grad_norm) = broadcast_report(session, report)?;
             if let Some(shard) = gathered {
                 let Some((want, want_loss, want_norm)) = &reference else {
                     reference = Some((shard, loss, grad_norm));
-                    summary.rows.push(ParityRow { model: name.into(), layout: (tp, pp, dp), loss, grad_norm, params_rel: 0.0, grads_rel: 0.0 });
+                    reference_samples = samples;
+                    summary.rows.push(ParityRow { model: name.into(), layout: (tp, pp, dp), loss, grad_norm, params_rel: 0.0, grads_rel: 0.0, same_samples: true });
                     continue;
                 };
-                let row = ParityRow { model: name.into(), layout: (tp, pp, dp), loss, grad_norm, params_rel: max_rel(&shard, want, 0), grads_rel: max_rel(&shard, want, 1) };
+                let same_samples = samples == reference_samples;
+                let row = ParityRow { model: name.into(), layout: (tp, pp, dp), loss, grad_norm, params_rel: max_rel(&shard, want, 0), grads_rel: max_rel(&shard, want, 1), same_samples };
+                if !same_samples {
+                    summary.failures.push(format!("{name} (tp, pp, dp) = ({tp}, {pp}, {dp}): sampled tokens differ from (1, 1, 1)"));
+                }
                 let loss_rel = ((loss - want_loss) / want_loss).abs().max(((grad_norm - want_norm) / want_norm).abs());
                 if row.params_rel > TOLERANCE || row.grads_rel > TOLERANCE || loss_rel > TOLERANCE {
                     summary.failures.push(format!("{name} (tp, pp, dp) = ({tp}, {pp}, {dp}): loss {loss} vs {want_loss}, grad norm {grad_norm} vs {want_norm}, params rel {:.2e}, grads rel {:.2e}", row.params_rel, row.grads_rel));
@@ -158,6 +174,20 @@ pub fn engine(session: &Session) -> Result<EngineSummary, RuntimeError> {
         }
     }
     Ok(summary)
+}
+
+/// Samples 4 tokens after the first half of each of this replica's sequences with the KV cache;
+/// returns the replica's first sequence and its tokens (as f32, exact below 2^24).
+fn sample_share(plane: &MpiPlane, set: &mut EmuSet, replica: &Replica, tokens: &[u32], seq_len: usize) -> Result<(usize, Vec<f32>), RuntimeError> {
+    let share = Batch { tokens, seq_len }.share(replica.groups.replica);
+    let prompts: Vec<u32> = share.clone().flat_map(|s| tokens[s * seq_len..s * seq_len + seq_len / 2].to_vec()).collect();
+    let ids: Vec<u64> = share.clone().map(|s| s as u64).collect();
+    let sampling = Sampling { temperature: 1.0, top_p: 0.9, max_new_tokens: seq_len / 2, eos: 0, greedy: false, seed: 11 };
+    let (shard, ledger) = set.store_mut().shard_and_ledger(replica.emu).ok_or_else(|| RuntimeError::Usage("no shard".into()))?;
+    let mut arena = Arena::new(ledger);
+    let (params, _) = f32_sections(shard)?;
+    let out = replica.generate(plane, params, &prompts, &ids, &sampling, &mut arena)?;
+    Ok((share.start, out.tokens.iter().map(|&t| t as f32).collect()))
 }
 
 /// Every rank learns the step's loss and gradient norm from rank 0 (which trains in every layout).
