@@ -49,6 +49,17 @@ enum TopCommand {
         #[command(flatten)]
         overrides: OverrideArgs,
     },
+    /// Run an RL job (PPO, GRPO, ReMax) on the reference engine with a fixed plan (under
+    /// mpirun/srun); one line per step, JSON lines in <output_dir>/metrics.jsonl.
+    Train {
+        /// Job file (TOML); the embedded default when omitted.
+        file: Option<PathBuf>,
+        /// Resume from this checkpoint directory (any layout).
+        #[arg(long, value_name = "DIR")]
+        resume: Option<PathBuf>,
+        #[command(flatten)]
+        overrides: OverrideArgs,
+    },
     /// Measure the runtime's machinery (run under mpirun/srun).
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -226,6 +237,7 @@ fn main() -> ExitCode {
         TopCommand::Plan { file, gpus, seq_len, json, overrides } => {
             Command::Plan { config: file, overrides: overrides.into(), gpus, seq_len, json }
         }
+        TopCommand::Train { file, resume, overrides } => Command::Train { config: file, overrides: overrides.into(), resume },
         TopCommand::Bench(BenchCommand::Primitives { sizes_mib, reps, json }) => {
             Command::BenchPrimitives { sizes_mib, reps: reps.max(1), json }
         }

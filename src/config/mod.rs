@@ -1,6 +1,6 @@
 //! Job configuration: TOML files mapped one-to-one onto typed sections.
 //!
-//! A job file has the sections `[job]`, `[cluster]`, `[models.<role>]`, `[rl]` and `[policy]`
+//! A job file has the sections `[job]`, `[cluster]`, `[models.<role>]`, `[rl]`, `[policy]` and `[train]`
 //! (see `configs/tiny-ppo.toml`). Loading is two steps so that every rank of an SPMD job can do
 //! it the same way:
 //!
@@ -18,6 +18,7 @@ mod error;
 pub mod job;
 pub mod models;
 pub mod policy;
+pub mod train;
 pub mod rl;
 
 pub use cluster::{ClusterSection, ClusterSpec, DataPlane};
@@ -25,6 +26,7 @@ pub use error::ConfigError;
 pub use job::JobSection;
 pub use models::{Dtype, ModelSpec, ModelsSection};
 pub use policy::PolicySection;
+pub use train::{RewardSource, TrainSection};
 pub use rl::{Algorithm, RlSection};
 
 use serde::de::DeserializeOwned;
@@ -54,6 +56,9 @@ pub struct RawJobConfig {
     /// `[policy]` (optional; defaults apply).
     #[serde(default)]
     pub policy: PolicySection,
+    /// `[train]` (optional; defaults apply).
+    #[serde(default)]
+    pub train: TrainSection,
 }
 
 /// A complete, validated job configuration: what every rank must agree on.
@@ -70,6 +75,8 @@ pub struct JobConfig {
     pub rl: RlSection,
     /// `[policy]`.
     pub policy: PolicySection,
+    /// `[train]`.
+    pub train: TrainSection,
 }
 
 /// Values given as CLI flags; each replaces the TOML value of the key named in its doc.
@@ -167,13 +174,13 @@ impl RawJobConfig {
         overrides: &Overrides,
         detect: &mut dyn FnMut() -> ClusterSection,
     ) -> Result<JobConfig, ConfigError> {
-        let RawJobConfig { mut job, cluster, models, mut rl, policy } = self;
+        let RawJobConfig { mut job, cluster, models, mut rl, policy, train } = self;
         job.seed = overrides.seed.unwrap_or(job.seed);
         job.steps = overrides.steps.unwrap_or(job.steps);
         job.output_dir = overrides.output_dir.clone().unwrap_or(job.output_dir);
         rl.algorithm = overrides.algorithm.unwrap_or(rl.algorithm);
         let cluster = resolve_cluster(cluster, source, overrides, detect)?;
-        let config = JobConfig { job, cluster, models, rl, policy };
+        let config = JobConfig { job, cluster, models, rl, policy, train };
         config.validate()?;
         Ok(config)
     }
@@ -233,6 +240,7 @@ impl JobConfig {
         self.models.validate()?;
         self.rl.validate()?;
         self.policy.validate()?;
+        self.train.validate()?;
         match (self.rl.algorithm.uses_critic(), &self.models.critic) {
             (true, None) => Err(ConfigError::Missing {
                 key: "models.critic".into(),

@@ -75,6 +75,12 @@ impl EmuGroups {
         self.position == Position { tp: 0, pp: 0 }
     }
 
+    /// Whether this rank speaks for the replica's outputs: `(tp 0, last stage)`, one rank per
+    /// replica that holds the head's results.
+    pub fn speaks_for_outputs(&self) -> bool {
+        self.position == Position { tp: 0, pp: self.layout.pp - 1 }
+    }
+
     /// The TP group as a reduction for the layers.
     pub fn tp_group<'a, P: DataPlane>(&self, plane: &'a P) -> TpGroup<'a, P> {
         TpGroup { plane, group: self.tp, size: self.layout.tp as usize }

@@ -187,7 +187,8 @@ impl Replica {
 
 /// One optimizer step of replica `id` of a training model-stage on `batch` (every rank of every
 /// replica of the model-stage calls it): forward, backward, DP all-reduce, clipping, AdamW on
-/// the EMU's parameter and moment sections, and `updates += 1` in its counters.
+/// the EMU's parameter and moment sections, and `updates += 1` in its counters on this rank
+/// (ranks outside the model-stage learn the new counters from the caller, in lockstep).
 #[allow(clippy::too_many_arguments)]
 pub fn train_step<P: DataPlane>(plane: &P, set: &mut EmuSet, replica: &Replica, batch: &Batch, micro_batch: usize, objective: &dyn Objective, opt: &AdamW) -> Result<StepReport, EngineError> {
     let id: EmuId = replica.emu;

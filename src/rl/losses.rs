@@ -63,12 +63,16 @@ pub struct ValueLoss<'a> {
     pub clip: f64,
 }
 
-/// Next-token cross-entropy on response tokens (the actor's supervised warm-up).
-pub struct ResponseCrossEntropy<'a> {
+/// Next-token cross-entropy from row `first_row` through the last response token (the actor's
+/// supervised warm-up: with `first_row = 1` the prompt's own terms teach the rule at every
+/// position, the response teaches the format).
+pub struct SequenceCrossEntropy<'a> {
     /// Rollouts (tokens and lengths are used).
     pub rollout: &'a Rollout,
     /// Rollout sequence of each mini-batch sequence.
     pub members: &'a [usize],
+    /// First row that counts.
+    pub first_row: usize,
 }
 
 /// Squared error of the value at each sequence's last token against its score (the reward
@@ -123,15 +127,20 @@ impl Objective for ValueLoss<'_> {
     }
 }
 
-impl Objective for ResponseCrossEntropy<'_> {
+impl Objective for SequenceCrossEntropy<'_> {
     fn loss_and_grad(&self, seqs: Range<usize>, outputs: &[f32], grad: &mut [f32]) -> f64 {
-        let norm = self.rollout.action_count(self.members) as f64;
+        let r = self.rollout;
+        let rows = |s: usize| self.first_row..r.action_rows(s).end;
+        let norm = self.members.iter().map(|&s| rows(s).len()).sum::<usize>() as f64;
         let mut loss = 0.0;
         grad.fill(0.0);
-        for_actions(self.rollout, self.members, seqs, |_, j| {
-            loss -= f64::from(outputs[j]) / norm;
-            grad[j] = (-1.0 / norm) as f32;
-        });
+        for (k, mb) in seqs.enumerate() {
+            for row in rows(self.members[mb]) {
+                let j = k * r.seq_len + row;
+                loss -= f64::from(outputs[j]) / norm;
+                grad[j] = (-1.0 / norm) as f32;
+            }
+        }
         loss
     }
 }

@@ -5,8 +5,12 @@
 pub mod advantage;
 pub mod losses;
 pub mod rollout;
+pub mod step;
 pub mod task;
+pub mod warmup;
 
-pub use losses::{PolicyLoss, ResponseCrossEntropy, ScoreRegression, ValueLoss};
+pub use losses::{PolicyLoss, SequenceCrossEntropy, ScoreRegression, ValueLoss};
 pub use rollout::{AdvantageParams, Rollout};
+pub use step::{RlJob, StepMetrics, StepSettings};
 pub use task::{ArithmeticTask, EOS};
+pub use warmup::{warm_up, Warmup};

@@ -1,7 +1,7 @@
 //! The synthetic task: continue an arithmetic sequence over the symbols `1..vocab` (wrapping),
 //! with a verifiable reward. A prompt is `P` consecutive terms `a, a+k, a+2k, …` (`k ∈ {1,2,3}`);
-//! the reward is the number of correct next terms the response produces before its first
-//! mistake or EOS, capped and divided by the cap. Token 0 is EOS.
+//! a response earns `correct terms / cap` if it is nothing but correct next terms followed by
+//! EOS (or cut at the length limit), and 0 if it contains a wrong term. Token 0 is EOS.
 //!
 //! The actor starts from a short supervised warm-up (1–3 correct terms, then EOS), so it learns
 //! the format and the rule but stops early; RL then pays for every extra correct term, and the
@@ -61,15 +61,44 @@ impl ArithmeticTask {
         response.iter().zip(&want).take_while(|(got, want)| got == want).count()
     }
 
-    /// The verifiable reward in `[0, 1]`.
+    /// The verifiable reward in `[0, 1]`: the share of the cap in correct terms, for a response
+    /// that is correct terms only (then EOS, or cut at the length limit); 0 otherwise.
     pub fn reward(&self, prompt: &[u32], response: &[u32]) -> f32 {
-        self.correct_terms(prompt, response) as f32 / self.cap as f32
+        let k = self.correct_terms(prompt, response);
+        let clean = response.len() == k || (response.len() == k + 1 && response[k] == EOS) || k == self.cap;
+        if clean {
+            k as f32 / self.cap as f32
+        } else {
+            0.0
+        }
     }
 
-    /// A warm-up example: the prompt, `1 + index mod 3` correct terms, EOS.
+    /// A warm-up answer: mostly short (1–3 correct terms, EOS); one in eight is long (4 up to the
+    /// cap), so the rule is seen at every position while short answers stay the habit.
     pub fn warmup_response(&self, prompt: &[u32], index: u64) -> Vec<u32> {
-        let mut r = self.continuation(prompt, 1 + (index % 3) as usize);
-        r.push(EOS);
+        let k = if index % 8 == 7 { 4 + (uniform(0x10C, index, 0).abs() * (self.cap.saturating_sub(3)) as f64) as usize } else { 1 + (index % 3) as usize };
+        let mut r = self.continuation(prompt, k.min(self.cap));
+        if r.len() < self.cap {
+            r.push(EOS);
+        }
+        r
+    }
+
+    /// A reward-model training response of at most `max_len` tokens: `k` correct terms (`k`
+    /// uniform over `0..=max_len`), then EOS, or a wrong term and random symbols then EOS.
+    pub fn graded_response(&self, prompt: &[u32], seed: u64, index: u64, max_len: usize) -> Vec<u32> {
+        let u = |k: u64| (uniform(seed ^ 0x5EED, index, k) + 1.0) / 2.0;
+        let k = ((u(0) * (max_len + 1) as f64) as usize).min(max_len);
+        let mut r = self.continuation(prompt, k);
+        if r.len() < max_len && u(1) >= 0.5 {
+            let right = self.continuation(prompt, k + 1)[k];
+            r.push(right % self.symbols() + 1); // the next symbol: never the right one
+            let junk = (u(2) * (max_len - r.len()) as f64) as usize;
+            r.extend((0..junk as u64).map(|j| 1 + (u(3 + j) * f64::from(self.symbols())) as u32 % self.symbols()));
+        }
+        if r.len() < max_len {
+            r.push(EOS);
+        }
         r
     }
 }
@@ -85,6 +114,9 @@ mod tests {
         assert_eq!(task.continuation(&prompt, 3), vec![6, 8, 10]);
         assert_eq!(task.correct_terms(&prompt, &[6, 8, 9, 12]), 2);
         assert_eq!(task.correct_terms(&prompt, &[6, EOS]), 1);
+        assert_eq!(task.reward(&prompt, &[6, 8, EOS]), 0.25);
+        assert_eq!(task.reward(&prompt, &[6, 8]), 0.25, "cut at the length limit");
+        assert_eq!(task.reward(&prompt, &[6, 8, 9, EOS]), 0.0, "a wrong term earns nothing");
         assert_eq!(task.reward(&prompt, &[6, 8, 10, 12, 14, 16, 18, 20, 22]), 1.0);
         for index in 0..50 {
             let p = task.prompt(9, index);

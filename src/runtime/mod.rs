@@ -5,12 +5,14 @@
 
 pub mod alloc_meter;
 pub mod bench;
+pub mod checkpoint;
 mod inspect;
 pub mod plan;
 pub mod logging;
 mod rng;
 pub mod selftest;
 mod session;
+pub mod train;
 pub mod transition;
 
 pub use logging::LogOptions;
@@ -105,6 +107,15 @@ pub enum Command {
         /// Seed of the decisions.
         seed: u64,
     },
+    /// A fixed-plan RL job on the reference engine.
+    Train {
+        /// The job file; `None` for the embedded default.
+        config: Option<PathBuf>,
+        /// CLI overrides.
+        overrides: Overrides,
+        /// Checkpoint directory to resume from.
+        resume: Option<PathBuf>,
+    },
     /// Every (tp, pp, dp) layout of a tiny model trains one step; parity with (1, 1, 1).
     SelftestEngine,
     /// Random EMU primitive sequences with state checks after every step.
@@ -189,6 +200,7 @@ pub fn run(options: SessionOptions, command: Command) -> u8 {
         Command::BenchTransitionPlanning { config, ranks, reps, json } => bench::transition::run(&mut session, config, ranks, *reps, json.as_deref()),
         Command::BenchCoordination { trials, seed, json } => bench::coordination::run(&session, *trials, *seed, json.as_deref()),
         Command::SelftestPrimitives { cases, seed } => selftest::primitives(&session, *cases, *seed).and_then(|s| report_selftest(&session, &s, &s.failures)),
+        Command::Train { config, overrides, resume } => train::run(&mut session, config.as_deref(), overrides, resume.as_deref()),
         Command::SelftestEngine => selftest::engine(&session).and_then(|s| report_selftest(&session, &s, &s.failures)),
         Command::SelftestTransitions { cases, seed } => selftest::transitions(&session, *cases, *seed).and_then(|s| report_selftest(&session, &s, &s.failures)),
     };

@@ -1,0 +1,98 @@
+//! `[train]`: what the reference engine needs to run the job — optimizer, sampling, the RL
+//! coefficients, the supervised warm-up, and checkpoints. Every key has a default.
+
+use serde::{Deserialize, Serialize};
+
+use super::{check, ConfigError};
+
+/// Which score the policy is trained on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RewardSource {
+    /// The task's verifiable rule.
+    Rule,
+    /// The reward model-stage's score.
+    Model,
+}
+
+/// The `[train]` section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainSection {
+    /// Actor learning rate (AdamW).
+    pub actor_lr: f64,
+    /// Critic learning rate.
+    pub critic_lr: f64,
+    /// AdamW decoupled weight decay (matrices only).
+    pub weight_decay: f64,
+    /// Global gradient-norm clip (0 disables).
+    pub max_grad_norm: f64,
+    /// Sampling temperature of the actor.
+    pub temperature: f64,
+    /// Nucleus sampling mass.
+    pub top_p: f64,
+    /// KL coefficient: per-token reward penalty (PPO) or loss term (GRPO, ReMax).
+    pub kl_coef: f64,
+    /// PPO ratio clip ε.
+    pub clip_ratio: f64,
+    /// Critic value clip.
+    pub value_clip: f64,
+    /// GAE discount γ.
+    pub discount: f64,
+    /// GAE λ.
+    pub gae_lambda: f64,
+    /// Score the policy is trained on: `rule` or `model`.
+    pub reward: RewardSource,
+    /// Correct terms that earn the task's full reward (0: the response length cap).
+    pub reward_cap: u32,
+    /// Supervised warm-up steps of the actor before RL (0: start from random weights).
+    pub warmup_actor_steps: u32,
+    /// Supervised steps that train the reward model on the rule before RL.
+    pub warmup_reward_steps: u32,
+    /// Learning rate of both warm-ups.
+    pub warmup_lr: f64,
+    /// Save a checkpoint every this many RL steps (0: only at the end).
+    pub checkpoint_every: u32,
+}
+
+impl Default for TrainSection {
+    fn default() -> Self {
+        TrainSection {
+            actor_lr: 3e-4,
+            critic_lr: 1e-3,
+            weight_decay: 0.0,
+            max_grad_norm: 1.0,
+            temperature: 1.0,
+            top_p: 1.0,
+            kl_coef: 0.02,
+            clip_ratio: 0.2,
+            value_clip: 0.2,
+            discount: 1.0,
+            gae_lambda: 0.95,
+            reward: RewardSource::Rule,
+            reward_cap: 0,
+            warmup_actor_steps: 0,
+            warmup_reward_steps: 0,
+            warmup_lr: 3e-3,
+            checkpoint_every: 0,
+        }
+    }
+}
+
+impl TrainSection {
+    /// Checks ranges; errors name the key under `train.`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (key, value) in [("train.actor_lr", self.actor_lr), ("train.critic_lr", self.critic_lr), ("train.warmup_lr", self.warmup_lr), ("train.temperature", self.temperature)] {
+            check::positive(key, value)?;
+        }
+        check::within("train.top_p", self.top_p, 0.0, 1.0)?;
+        check::positive("train.top_p", self.top_p)?;
+        check::within("train.clip_ratio", self.clip_ratio, 0.0, 1.0)?;
+        check::within("train.discount", self.discount, 0.0, 1.0)?;
+        check::within("train.gae_lambda", self.gae_lambda, 0.0, 1.0)?;
+        for (key, value) in [("train.weight_decay", self.weight_decay), ("train.max_grad_norm", self.max_grad_norm), ("train.kl_coef", self.kl_coef), ("train.value_clip", self.value_clip)] {
+            check::within(key, value, 0.0, f64::MAX)?;
+        }
+        Ok(())
+    }
+}
