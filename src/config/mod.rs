@@ -1,6 +1,6 @@
 //! Job configuration: TOML files mapped one-to-one onto typed sections.
 //!
-//! A job file has the sections `[job]`, `[cluster]`, `[models.<role>]`, `[rl]`, `[policy]` and `[train]`
+//! A job file has the sections `[job]`, `[cluster]`, `[models.<role>]`, `[rl]`, `[policy]`, `[train]` and `[plan]`
 //! (see `configs/tiny-ppo.toml`). Loading is two steps so that every rank of an SPMD job can do
 //! it the same way:
 //!
@@ -17,6 +17,7 @@ pub mod cluster;
 mod error;
 pub mod job;
 pub mod models;
+pub mod plan;
 pub mod policy;
 pub mod train;
 pub mod rl;
@@ -25,6 +26,7 @@ pub use cluster::{ClusterSection, ClusterSpec, DataPlane};
 pub use error::ConfigError;
 pub use job::JobSection;
 pub use models::{Dtype, ModelSpec, ModelsSection};
+pub use plan::PlanEntry;
 pub use policy::PolicySection;
 pub use train::{RewardSource, TrainSection};
 pub use rl::{Algorithm, RlSection};
@@ -32,6 +34,7 @@ pub use rl::{Algorithm, RlSection};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// The embedded default job (`configs/tiny-ppo.toml`), used when no config file is given.
@@ -59,6 +62,9 @@ pub struct RawJobConfig {
     /// `[train]` (optional; defaults apply).
     #[serde(default)]
     pub train: TrainSection,
+    /// `[plan."<model-stage>"]` (optional: the planner chooses when absent).
+    #[serde(default)]
+    pub plan: BTreeMap<String, PlanEntry>,
 }
 
 /// A complete, validated job configuration: what every rank must agree on.
@@ -77,6 +83,8 @@ pub struct JobConfig {
     pub policy: PolicySection,
     /// `[train]`.
     pub train: TrainSection,
+    /// `[plan."<model-stage>"]`, empty when the planner chooses.
+    pub plan: BTreeMap<String, PlanEntry>,
 }
 
 /// Values given as CLI flags; each replaces the TOML value of the key named in its doc.
@@ -174,13 +182,13 @@ impl RawJobConfig {
         overrides: &Overrides,
         detect: &mut dyn FnMut() -> ClusterSection,
     ) -> Result<JobConfig, ConfigError> {
-        let RawJobConfig { mut job, cluster, models, mut rl, policy, train } = self;
+        let RawJobConfig { mut job, cluster, models, mut rl, policy, train, plan } = self;
         job.seed = overrides.seed.unwrap_or(job.seed);
         job.steps = overrides.steps.unwrap_or(job.steps);
         job.output_dir = overrides.output_dir.clone().unwrap_or(job.output_dir);
         rl.algorithm = overrides.algorithm.unwrap_or(rl.algorithm);
         let cluster = resolve_cluster(cluster, source, overrides, detect)?;
-        let config = JobConfig { job, cluster, models, rl, policy, train };
+        let config = JobConfig { job, cluster, models, rl, policy, train, plan };
         config.validate()?;
         Ok(config)
     }
@@ -241,6 +249,7 @@ impl JobConfig {
         self.rl.validate()?;
         self.policy.validate()?;
         self.train.validate()?;
+        plan::validate(&self.plan)?;
         match (self.rl.algorithm.uses_critic(), &self.models.critic) {
             (true, None) => Err(ConfigError::Missing {
                 key: "models.critic".into(),

@@ -16,7 +16,8 @@ use crate::config::{JobConfig, Overrides};
 use crate::cost::Efficiencies;
 use crate::emu::{Counters, EmuSet};
 use crate::engine::init_shard;
-use crate::plan::{ModelStage, Plan, Role, Stage};
+use crate::model::Layout;
+use crate::plan::{model_stages, Candidate, ModelStage, Placement, Plan, Recompute, Role, Stage};
 use crate::planner::{catalogues, Planner};
 use crate::rl::{warm_up, RlJob, StepMetrics, StepSettings, Warmup};
 use crate::topology::format_index_list;
@@ -42,8 +43,7 @@ fn model_name(role: Role) -> &'static str {
 pub fn run(session: &mut Session, path: Option<&Path>, overrides: &Overrides, resume: Option<&Path>) -> Result<(), RuntimeError> {
     let config = session.load_config(path, overrides)?;
     let world = session.world().size();
-    let planner = Planner::new(&config, world as u32, None, Efficiencies::default())?;
-    let plan = planner.search(None)?.plan();
+    let plan = job_plan(&config, world)?;
     let settings = StepSettings::new(&config);
     let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
     let out = config.job.output_dir.clone();
@@ -82,6 +82,26 @@ pub fn run(session: &mut Session, path: Option<&Path>, overrides: &Overrides, re
         }
     }
     Ok(())
+}
+
+/// The plan written in the config (checked against the world and the models), or the
+/// planner's for this many ranks.
+fn job_plan(config: &JobConfig, world: i32) -> Result<Plan, RuntimeError> {
+    if config.plan.is_empty() {
+        return Ok(Planner::new(config, world as u32, None, Efficiencies::default())?.search(None)?.plan());
+    }
+    let cats = catalogues(config);
+    let mut placements = Vec::new();
+    for ms in model_stages(config.rl.algorithm) {
+        let e = config.plan.get(&ms.to_string()).ok_or_else(|| RuntimeError::Usage(format!("[plan] has no table for {ms}: a fixed plan places every model-stage of {} (or none, to let the planner choose)", config.rl.algorithm.name())))?;
+        let layout = Layout::new(e.tp, e.pp);
+        cats[&ms.role].check_layout(layout).map_err(|err| RuntimeError::Usage(format!("[plan.\"{ms}\"]: {err}")))?;
+        let candidate = Candidate { model_stage: ms, layout, dp: e.dp, recompute: Recompute::None, micro_batch: config.rl.micro_batch };
+        placements.push(Placement { candidate, ranks: e.ranks.clone() });
+    }
+    let plan = Plan { placements };
+    plan.validate(world as u32).map_err(|err| RuntimeError::Usage(format!("[plan] does not fit {world} ranks: {err}")))?;
+    Ok(plan)
 }
 
 /// Runs the supervised warm-ups the config asks for (every rank) and returns their files.

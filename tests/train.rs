@@ -1,0 +1,114 @@
+//! `nereus train` under `mpirun`: the tiny PPO, GRPO and ReMax jobs learn; a run is
+//! bit-identical for a seed and layout; a checkpoint resumes under other layouts (TP/PP given
+//! in `[plan]`, or another world size) with the uninterrupted run's losses; bad plans are
+//! refused with exit 2.
+
+mod common;
+
+use std::path::Path;
+
+use common::{run_mpi, set_key, shipped, text, write};
+use serde_json::Value;
+
+fn train(ranks: usize, config: &Path, out: &Path, steps: u32, extra: &[&str]) -> Vec<Value> {
+    let steps = steps.to_string();
+    let mut args = vec!["train", config.to_str().unwrap(), "--steps", &steps, "--output-dir", out.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let run = run_mpi(ranks, &args);
+    let (stdout, stderr) = text(&run);
+    assert!(run.status.success(), "train failed:\n{stdout}\n{stderr}");
+    std::fs::read_to_string(out.join("metrics.jsonl")).expect("metrics.jsonl").lines().map(|l| serde_json::from_str(l).expect("one JSON object per line")).collect()
+}
+
+fn mean(records: &[Value], key: &str) -> f64 {
+    records.iter().map(|r| r[key].as_f64().unwrap()).sum::<f64>() / records.len() as f64
+}
+
+#[test]
+fn tiny_ppo_grpo_and_remax_learn_and_lengthen_their_answers_on_8_ranks() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["ppo", "grpo", "remax"] {
+        let config = dir.path().join(format!("{name}.toml"));
+        std::fs::write(&config, shipped(&format!("tiny-{name}.toml"))).unwrap();
+        let records = train(8, &config, &dir.path().join(name), 100, &[]);
+        assert_eq!(records.len(), 100);
+        let (first, last) = (&records[..3], &records[90..]);
+        let (r0, r1) = (mean(first, "reward_mean"), mean(last, "reward_mean"));
+        let (l0, l1) = (mean(first, "response_len_mean"), mean(last, "response_len_mean"));
+        assert!(r1 >= 0.5 && r1 >= 2.0 * r0, "{name}: reward {r0:.3} at the start, {r1:.3} at the end");
+        assert!(l1 >= l0 + 5.0, "{name}: response length {l0:.2} at the start, {l1:.2} at the end");
+        for key in ["step", "kl", "step_seconds", "tokens_per_second", "peak_memory_bytes", "response_len_p95"] {
+            assert!(records[0][key].is_number(), "{name}: {key} missing");
+        }
+        assert!(records[0]["plan"]["actor/training"]["ranks"].is_array() && records[0]["transition"].is_null());
+        assert!(records[0]["state_digest"]["actor/training"].is_string());
+    }
+}
+
+/// tiny-ppo with a fixed plan using TP and PP on 8 ranks.
+fn with_tp_pp_plan(toml: &str) -> String {
+    let plan = [
+        ("actor/generation", 2, 1, 4, "[0, 1, 2, 3, 4, 5, 6, 7]"),
+        ("reference/inference", 1, 2, 1, "[0, 1]"),
+        ("reward/inference", 2, 1, 1, "[2, 3]"),
+        ("critic/inference", 1, 1, 4, "[4, 5, 6, 7]"),
+        ("actor/training", 2, 2, 1, "[0, 1, 2, 3]"),
+        ("critic/training", 2, 1, 2, "[4, 5, 6, 7]"),
+    ];
+    let mut out = toml.to_string();
+    for (ms, tp, pp, dp, ranks) in plan {
+        out.push_str(&format!("\n[plan.\"{ms}\"]\ntp = {tp}\npp = {pp}\ndp = {dp}\nranks = {ranks}\n"));
+    }
+    out
+}
+
+fn assert_same_losses(a: &[Value], b: &[Value], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}");
+    for (x, y) in a.iter().zip(b) {
+        assert_eq!(x["step"], y["step"]);
+        assert_eq!(x["reward_mean"], y["reward_mean"], "{what}: the same responses were sampled");
+        for key in ["actor_loss", "critic_loss", "kl"] {
+            let (u, v) = (x[key].as_f64().unwrap(), y[key].as_f64().unwrap());
+            assert!((u - v).abs() <= 1e-5 * u.abs().max(v.abs()), "{what}: step {} {key} {u} vs {v}", x["step"]);
+        }
+    }
+}
+
+#[test]
+fn runs_are_bit_identical_and_resume_under_other_layouts_with_the_same_losses() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = set_key(&shipped("tiny-ppo.toml"), "train", "checkpoint_every", Some("2"));
+    let config = write(dir.path(), "ppo.toml", &toml);
+    let a = train(8, &config, &dir.path().join("a"), 4, &[]);
+    let b = train(8, &config, &dir.path().join("b"), 4, &[]);
+    for (x, y) in a.iter().zip(&b) {
+        for key in ["reward_mean", "response_len_mean", "kl", "actor_loss", "critic_loss", "state_digest"] {
+            assert_eq!(x[key], y[key], "same seed, same layout: {key} differs at step {}", x["step"]);
+        }
+    }
+    let checkpoint = dir.path().join("a/checkpoints/step-2");
+    for file in ["actor.safetensors", "actor.optim.safetensors", "critic.safetensors", "reference.safetensors", "reward.safetensors", "state.json"] {
+        assert!(checkpoint.join(file).exists(), "checkpoint lacks {file}");
+    }
+    let tp_pp = write(dir.path(), "tp-pp.toml", &with_tp_pp_plan(&toml));
+    let resumed = train(8, &tp_pp, &dir.path().join("c"), 4, &["--resume", checkpoint.to_str().unwrap()]);
+    assert_same_losses(&a[2..], &resumed, "resumed under (tp, pp) = (2, 2) / (2, 1) / (1, 2)");
+    let smaller = train(4, &config, &dir.path().join("d"), 4, &["--resume", checkpoint.to_str().unwrap()]);
+    assert_same_losses(&a[2..], &smaller, "resumed on 4 ranks");
+}
+
+#[test]
+fn a_plan_that_misses_a_model_stage_or_overlaps_is_refused_with_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let full = with_tp_pp_plan(&shipped("tiny-ppo.toml"));
+    let missing = full.replace("[plan.\"critic/inference\"]\ntp = 1\npp = 1\ndp = 4\nranks = [4, 5, 6, 7]\n", "");
+    // critic/training onto rank 3, which actor/training holds in the same stage.
+    let overlapping = full.replace("dp = 2\nranks = [4, 5, 6, 7]", "dp = 2\nranks = [3, 4, 5, 6]");
+    for (name, toml, needle) in [("missing", missing, "no table for critic/inference"), ("overlap", overlapping, "rank 3")] {
+        let config = write(dir.path(), &format!("{name}.toml"), &toml);
+        let out = run_mpi(8, &["train", config.to_str().unwrap(), "--steps", "1", "--output-dir", dir.path().join(name).to_str().unwrap()]);
+        let (_, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{name}: {stderr}");
+        assert!(stderr.contains(needle), "{name}: {stderr}");
+    }
+}
