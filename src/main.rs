@@ -70,6 +70,16 @@ enum TopCommand {
 
 #[derive(Subcommand, Debug)]
 enum BenchCommand {
+    /// Forward, backward, training-step and decode throughput of the CPU engine on one rank,
+    /// and its FLOP/s against the GEMM crate's on the step's own shapes.
+    Engine {
+        /// Measured repetitions after one warm-up (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// Also write the report as JSON.
+        #[arg(long, value_name = "PATH")]
+        json: Option<PathBuf>,
+    },
     /// Split/Merge/Extend/Destroy bytes, time and bandwidth vs MPI point-to-point (>= 2 ranks).
     Primitives {
         /// Unit sizes in MiB, comma-separated.
@@ -242,6 +252,7 @@ fn main() -> ExitCode {
             Command::BenchPrimitives { sizes_mib, reps: reps.max(1), json }
         }
         TopCommand::Bench(BenchCommand::TransitionPlanning { config, ranks, reps, json }) => Command::BenchTransitionPlanning { config, ranks, reps, json },
+        TopCommand::Bench(BenchCommand::Engine { reps, json }) => Command::BenchEngine { reps, json },
         TopCommand::Bench(BenchCommand::Coordination { trials, seed, json }) => Command::BenchCoordination { trials, seed, json },
         TopCommand::Bench(BenchCommand::Planner { config, seq_len, reps, json }) => Command::BenchPlanner { config, seq_len, reps, json },
         TopCommand::Selftest(SelftestCommand::Transitions { cases, seed }) => Command::SelftestTransitions { cases, seed },

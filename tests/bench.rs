@@ -1,5 +1,5 @@
-//! `nereus bench primitives` keeps its JSON contract and its byte floors (deterministic; the
-//! bandwidth floors are timing and are checked by running the benchmark, not here).
+//! `nereus bench primitives` and `bench engine` keep their JSON contracts; the primitives hold
+//! their byte floors (deterministic; timing floors are checked by running the benchmarks).
 
 mod common;
 
@@ -35,4 +35,29 @@ fn bench_primitives_needs_two_ranks() {
     let out = run_mpi(1, &["bench", "primitives", "--sizes-mib", "1"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out).1.contains("at least 2 MPI ranks"));
+}
+
+#[test]
+fn bench_engine_reports_every_phase_and_the_gemm_fraction_floor() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("e.json");
+    let out = run_mpi(1, &["bench", "engine", "--reps", "1", "--json", json.to_str().unwrap()]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(report["bench"], "engine", "{stdout}");
+    let rows = report["rows"].as_array().unwrap();
+    for phase in ["gemm_reference", "forward", "backward", "train_step", "decode"] {
+        let row = rows.iter().find(|r| r["phase"] == phase).unwrap_or_else(|| panic!("{phase} missing: {stdout}"));
+        assert!(row["tokens_per_second"].as_f64().unwrap() > 0.0, "{row}");
+    }
+    let step = rows.iter().find(|r| r["phase"] == "train_step").unwrap();
+    // 6 · (matrix parameters) · tokens, plus causal attention, worked by hand: per block q, k,
+    // v, o = 512·512 + 2·256·512 + 512·512 and SwiGLU 3·1408·512, four blocks, LM head
+    // 4096·512 → 13,893,632 matrix parameters; attention 4 blocks · 4 sequences · 8 heads ·
+    // 2 · 64 · 256 · 257 · (1 forward + 2 backward).
+    let want = 6.0 * 13_893_632.0 * 1024.0 + 3.0 * (4 * 4 * 8 * 2 * 64 * 256 * 257) as f64;
+    assert_eq!(step["flops"].as_f64().unwrap(), want, "{step}");
+    let floor = report["floors"].as_array().unwrap().iter().find(|f| f["name"] == "train_step_fraction_of_gemm_flops").expect("the floor is reported").clone();
+    assert_eq!(floor["floor"], 0.4);
 }

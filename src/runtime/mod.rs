@@ -91,6 +91,13 @@ pub enum Command {
         /// Where to write the JSON report.
         json: Option<PathBuf>,
     },
+    /// Forward/backward/decode throughput of the CPU engine against the GEMM crate.
+    BenchEngine {
+        /// Measured repetitions (the median is reported).
+        reps: usize,
+        /// Where to write the JSON report.
+        json: Option<PathBuf>,
+    },
     /// The paper's three overlap types, Nereus vs the per-component baseline.
     BenchCoordination {
         /// Trials per overlap type.
@@ -198,6 +205,7 @@ pub fn run(options: SessionOptions, command: Command) -> u8 {
         Command::BenchPrimitives { sizes_mib, reps, json } => bench::primitives::run(&session, sizes_mib, *reps, json.as_deref()),
         Command::BenchPlanner { config, seq_len, reps, json } => bench::planner::run(&mut session, config, *seq_len, *reps, json.as_deref()),
         Command::BenchTransitionPlanning { config, ranks, reps, json } => bench::transition::run(&mut session, config, ranks, *reps, json.as_deref()),
+        Command::BenchEngine { reps, json } => bench::engine::run(&session, *reps, json.as_deref()),
         Command::BenchCoordination { trials, seed, json } => bench::coordination::run(&session, *trials, *seed, json.as_deref()),
         Command::SelftestPrimitives { cases, seed } => selftest::primitives(&session, *cases, *seed).and_then(|s| report_selftest(&session, &s, &s.failures)),
         Command::Train { config, overrides, resume } => train::run(&mut session, config.as_deref(), overrides, resume.as_deref()),
