@@ -86,8 +86,10 @@ fn step_gemms(a: &Architecture, n: usize) -> Vec<Gemm> {
         .collect()
 }
 
+/// Attention FLOPs of a training step: `2·D·T(T+1)` forward (scores and values, causal) per
+/// sequence, head and block, and twice that backward.
 fn attention_flops(a: &Architecture, b: usize, t: usize) -> f64 {
-    (a.layers as usize * b * a.heads as usize * 2 * a.head_dim as usize * t * (t + 1)) as f64
+    3.0 * (a.layers as usize * b * a.heads as usize * 2 * a.head_dim as usize * t * (t + 1)) as f64
 }
 
 fn median(mut xs: Vec<f64>) -> f64 {
