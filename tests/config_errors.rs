@@ -33,8 +33,8 @@ fn cases() -> Vec<Case> {
         Case { name: "negative device memory", toml: set("cluster", "device_memory_gb", "-16.0"), expect: &["`cluster.device_memory_gb` = -16", "greater than 0"] },
         Case { name: "unknown algorithm", toml: set("rl", "algorithm", "\"dpo\""), expect: &["rl.algorithm", "unknown variant `dpo`", "`ppo`, `grpo`, `remax`"] },
         Case { name: "unknown model role", toml: ppo.replace("[models.critic]", "[models.critik]"), expect: &["models.critik", "unknown field `critik`"] },
-        Case { name: "mini-batch does not divide the batch", toml: set("rl", "mini_batch", "12"), expect: &["`rl.mini_batch` = 12", "must divide prompts_per_step * samples_per_prompt (32)"] },
-        Case { name: "micro-batch does not divide the mini-batch", toml: set("rl", "micro_batch", "5"), expect: &["`rl.micro_batch` = 5", "must divide rl.mini_batch (16)"] },
+        Case { name: "mini-batch does not divide the batch", toml: set("rl", "mini_batch", "12"), expect: &["`rl.mini_batch` = 12", "must divide prompts_per_step * samples_per_prompt (64)"] },
+        Case { name: "micro-batch does not divide the mini-batch", toml: set("rl", "micro_batch", "5"), expect: &["`rl.micro_batch` = 5", "must divide rl.mini_batch (32)"] },
         Case { name: "grpo with one sample per prompt", toml: set_key(&grpo, "rl", "samples_per_prompt", Some("1")), expect: &["`rl.samples_per_prompt` = 1", "at least 2"] },
         Case { name: "ppo without critic", toml: drop_section(&ppo, "models.critic"), expect: &["`models.critic`", "trains a value model"] },
         Case { name: "grpo with critic", toml: set("rl", "algorithm", "\"grpo\"").replace("samples_per_prompt = 1", "samples_per_prompt = 2"), expect: &["`models.critic`", "has no critic"] },
@@ -46,6 +46,10 @@ fn cases() -> Vec<Case> {
         Case { name: "zero collective timeout", toml: set("job", "collective_timeout_s", "0.0"), expect: &["`job.collective_timeout_s` = 0", "greater than 0"] },
         Case { name: "missing rl section", toml: drop_section(&ppo, "rl"), expect: &["missing field `rl`"] },
         Case { name: "reference vocab differs from actor", toml: set("models.reference", "vocab", "64"), expect: &["`models.reference.vocab` = 64", "must equal models.actor.vocab (32)"] },
+        Case { name: "top-p above one", toml: set("train", "top_p", "1.5"), expect: &["`train.top_p` = 1.5"] },
+        Case { name: "unknown key in [train]", toml: set("train", "learning_rate", "1e-3"), expect: &["train.learning_rate", "unknown field `learning_rate`"] },
+        Case { name: "plan names no model-stage", toml: format!("{ppo}\n[plan.\"actor/decoding\"]\ntp = 1\npp = 1\ndp = 1\nranks = [0]\n"), expect: &["plan.\"actor/decoding\"", "not a model-stage"] },
+        Case { name: "plan rank count", toml: format!("{ppo}\n[plan.\"actor/training\"]\ntp = 2\npp = 1\ndp = 2\nranks = [0, 1, 2]\n"), expect: &["plan.\"actor/training\".ranks", "needs dp·tp·pp = 4 ranks"] },
         Case { name: "included cluster file missing", toml: format!("{}\n[cluster]\ninclude = \"clusters/nope.toml\"\n", drop_section(&ppo, "cluster")), expect: &["cannot read config file", "clusters/nope.toml"] },
     ]
 }

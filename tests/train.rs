@@ -112,3 +112,14 @@ fn a_plan_that_misses_a_model_stage_or_overlaps_is_refused_with_exit_2() {
         assert!(stderr.contains(needle), "{name}: {stderr}");
     }
 }
+
+#[test]
+fn running_out_of_device_memory_is_an_error_at_allocation_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = set_key(&shipped("tiny-ppo.toml"), "cluster", "device_memory_gb", Some("0.003"));
+    let config = write(dir.path(), "small.toml", &toml);
+    let out = run_mpi(8, &["--collective-timeout", "30", "train", config.to_str().unwrap(), "--steps", "1", "--output-dir", dir.path().join("o").to_str().unwrap()]);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("out of memory on rank") && stderr.contains("of 3000000 already in use"), "{stderr}");
+}
