@@ -51,9 +51,12 @@ pub enum EngineError {
     },
 }
 
+/// Adam's first and second moments of a shard.
+pub type Moments<'a> = (&'a mut [f32], &'a mut [f32]);
+
 /// This rank's view of the flat buffer of an f32 shard: parameters, and Adam's `(m, v)` when
 /// the EMU trains.
-pub fn f32_sections(shard: &mut LocalShard) -> Result<(&mut [f32], Option<(&mut [f32], &mut [f32])>), EngineError> {
+pub fn f32_sections(shard: &mut LocalShard) -> Result<(&mut [f32], Option<Moments<'_>>), EngineError> {
     let what = |reason: &str| EngineError::Shape { what: format!("{} shard: {reason}", shard.emu) };
     if shard.dtype != Dtype::F32 {
         return Err(what(&format!("the CPU engine computes in f32, the model is {:?}", shard.dtype)));

@@ -130,6 +130,7 @@ impl StageModel {
     }
 
     /// Backward through every block, last first; returns `dx` of the stage input.
+    #[allow(clippy::too_many_arguments)]
     pub fn blocks_backward<G: TensorGroup<f32>>(&self, p: &[f32], g: &mut [f32], acts: &[BlockActs], mut dx: Vec<f32>, rows: Rows, tp: &G, arena: &mut Arena) -> Result<Vec<f32>, EngineError> {
         for (bw, a) in self.weights.blocks.iter().zip(acts).rev() {
             dx = self.block_backward(p, g, bw, a, dx, rows, tp, arena)?;

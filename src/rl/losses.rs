@@ -95,35 +95,36 @@ fn for_actions(rollout: &Rollout, members: &[usize], seqs: Range<usize>, mut f: 
     }
 }
 
+/// The mean over the mini-batch's action tokens of a per-token `(loss, d loss / d output)`:
+/// writes each row's gradient (zero off the action rows) and returns this micro-batch's share.
+fn token_mean(rollout: &Rollout, members: &[usize], seqs: Range<usize>, grad: &mut [f32], mut per_token: impl FnMut(usize, usize) -> (f64, f64)) -> f64 {
+    let norm = rollout.action_count(members) as f64;
+    let mut loss = 0.0;
+    grad.fill(0.0);
+    for_actions(rollout, members, seqs, |i, j| {
+        let (l, g) = per_token(i, j);
+        loss += l / norm;
+        grad[j] = (g / norm) as f32;
+    });
+    loss
+}
+
 impl Objective for PolicyLoss<'_> {
     fn loss_and_grad(&self, seqs: Range<usize>, outputs: &[f32], grad: &mut [f32]) -> f64 {
-        let norm = self.rollout.action_count(self.members) as f64;
         let r = self.rollout;
-        let mut loss = 0.0;
-        grad.fill(0.0);
-        for_actions(r, self.members, seqs, |i, j| {
+        token_mean(r, self.members, seqs, grad, |i, j| {
             let logp = f64::from(outputs[j]);
             let (l, g) = ppo_token(logp, f64::from(r.old_logp[i]), f64::from(r.advantages[i]), self.clip);
             let (kl, dkl) = if self.kl_coef > 0.0 { kl_k3(logp, f64::from(r.ref_logp[i])) } else { (0.0, 0.0) };
-            loss += (l + self.kl_coef * kl) / norm;
-            grad[j] = ((g + self.kl_coef * dkl) / norm) as f32;
-        });
-        loss
+            (l + self.kl_coef * kl, g + self.kl_coef * dkl)
+        })
     }
 }
 
 impl Objective for ValueLoss<'_> {
     fn loss_and_grad(&self, seqs: Range<usize>, outputs: &[f32], grad: &mut [f32]) -> f64 {
-        let norm = self.rollout.action_count(self.members) as f64;
         let r = self.rollout;
-        let mut loss = 0.0;
-        grad.fill(0.0);
-        for_actions(r, self.members, seqs, |i, j| {
-            let (l, g) = value_token(f64::from(outputs[j]), f64::from(r.values[i]), f64::from(r.returns[i]), self.clip);
-            loss += l / norm;
-            grad[j] = (g / norm) as f32;
-        });
-        loss
+        token_mean(r, self.members, seqs, grad, |i, j| value_token(f64::from(outputs[j]), f64::from(r.values[i]), f64::from(r.returns[i]), self.clip))
     }
 }
 

@@ -99,9 +99,9 @@ impl Rollout {
             Algorithm::Remax => Some(remax_advantages(&scores, &greedy.iter().map(|&x| f64::from(x)).collect::<Vec<_>>())),
         };
         if let Some(adv) = per_sequence {
-            for s in 0..self.sequences() {
+            for (s, &a) in adv.iter().enumerate() {
                 for t in self.action_rows(s) {
-                    self.advantages[s * self.seq_len + t] = adv[s] as f32;
+                    self.advantages[s * self.seq_len + t] = a as f32;
                 }
             }
             return;
@@ -109,11 +109,11 @@ impl Rollout {
         self.returns = vec![0.0; n];
         let mut all = Vec::new();
         let mut spans = Vec::new();
-        for s in 0..self.sequences() {
+        for (s, &score) in scores.iter().enumerate() {
             let rows: Vec<usize> = self.action_rows(s).map(|t| s * self.seq_len + t).collect();
             let mut rewards: Vec<f64> = rows.iter().map(|&i| -p.kl_coef * f64::from(self.old_logp[i] - self.ref_logp[i])).collect();
             if let Some(last) = rewards.last_mut() {
-                *last += scores[s];
+                *last += score;
             }
             let values: Vec<f64> = rows.iter().map(|&i| f64::from(self.values[i])).collect();
             let (adv, ret) = gae(&rewards, &values, p.gamma, p.lambda);
