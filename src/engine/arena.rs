@@ -30,13 +30,6 @@ impl<'l> Arena<'l> {
         Ok(vec![T::ZERO; n])
     }
 
-    /// A buffer holding a copy of `data`, charged first.
-    pub fn copy<T: Real>(&mut self, what: &str, data: &[T]) -> Result<Vec<T>, EngineError> {
-        let mut v = self.zeros(what, data.len())?;
-        v.copy_from_slice(data);
-        Ok(v)
-    }
-
     /// The current position, to release back to once the buffers allocated after it are dropped.
     pub fn mark(&self) -> Mark {
         Mark(self.charged)
@@ -46,11 +39,6 @@ impl<'l> Arena<'l> {
     pub fn release_to(&mut self, mark: Mark) {
         self.ledger.release(self.charged - mark.0);
         self.charged = mark.0;
-    }
-
-    /// Bytes charged by this arena now.
-    pub fn charged(&self) -> u64 {
-        self.charged
     }
 }
 

@@ -151,7 +151,9 @@ impl StageModel {
         linear_forward(&mut q_raw, &xn1, w(&bw.q), n, d.c, qw);
         linear_forward(&mut k_raw, &xn1, w(&bw.k), n, d.c, kw);
         linear_forward(&mut v, &xn1, w(&bw.v), n, d.c, kw);
-        let (mut q, mut k) = (q_raw.clone(), k_raw.clone());
+        let (mut q, mut k) = (z(n * qw)?, z(n * kw)?);
+        q.copy_from_slice(&q_raw);
+        k.copy_from_slice(&k_raw);
         let (mut rq, mut rk) = (z(n * d.heads)?, z(n * d.kv_heads)?);
         if let (Some(qn), Some(kn)) = (&bw.q_norm, &bw.k_norm) {
             rmsnorm_forward(&mut q, &mut rq, &q_raw, w(qn), d.d);
