@@ -35,6 +35,19 @@ impl<'l> Arena<'l> {
         Mark(self.charged)
     }
 
+    /// Bytes this arena has charged and not released.
+    pub fn charged(&self) -> u64 {
+        self.charged
+    }
+
+    /// Releases `bytes` of this arena's charges (buffers the caller has dropped, e.g. one
+    /// micro-batch's activations, which 1F1B frees first-in first-out).
+    pub fn release(&mut self, bytes: u64) {
+        let bytes = bytes.min(self.charged);
+        self.ledger.release(bytes);
+        self.charged -= bytes;
+    }
+
     /// Releases every charge made since `mark` (the caller has dropped those buffers).
     pub fn release_to(&mut self, mark: Mark) {
         self.ledger.release(self.charged - mark.0);

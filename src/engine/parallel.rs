@@ -115,6 +115,24 @@ impl EmuGroups {
     pub fn recv_next<P: DataPlane>(&self, plane: &P, data: &mut [f32]) -> Result<(), EngineError> {
         recv(plane, self.next, data)
     }
+
+    /// Sends `data` to the next stage while receiving `into` from it (Megatron's
+    /// `send_forward_recv_backward`), both posted at once so neither side waits on the other.
+    pub fn exchange_next<P: DataPlane>(&self, plane: &P, data: &[f32], into: &mut [f32]) -> Result<(), EngineError> {
+        exchange(plane, self.next, data, into)
+    }
+
+    /// Sends `data` to the previous stage while receiving `into` from it
+    /// (`send_backward_recv_forward`).
+    pub fn exchange_prev<P: DataPlane>(&self, plane: &P, data: &[f32], into: &mut [f32]) -> Result<(), EngineError> {
+        exchange(plane, self.prev, data, into)
+    }
+}
+
+fn exchange<P: DataPlane>(plane: &P, peer: Option<i32>, data: &[f32], into: &mut [f32]) -> Result<(), EngineError> {
+    let peer = peer.ok_or_else(|| EngineError::Shape { what: "pipeline exchange with a missing stage".into() })?;
+    plane.exchange(&mut [Transfer::Send { peer, data: bytemuck::cast_slice(data) }, Transfer::Recv { peer, data: bytemuck::cast_slice_mut(into) }])?;
+    Ok(())
 }
 
 fn send<P: DataPlane>(plane: &P, peer: Option<i32>, data: &[f32]) -> Result<(), EngineError> {

@@ -1,4 +1,4 @@
-//! One training step of one replica: GPipe micro-batches through the pipeline, gradients
+//! One training step of one replica: 1F1B micro-batches through the pipeline, gradients
 //! summed over the model-stage's data-parallel replicas, global-norm clipping and AdamW on the
 //! EMU's own buffers.
 //!
@@ -7,6 +7,7 @@
 //! and the objective normalizes by global counts, so the summed gradient is the same sum over
 //! the same sequences whatever `(tp, pp, dp)`.
 
+use std::collections::VecDeque;
 use std::ops::Range;
 
 use crate::comm::DataPlane;
@@ -62,6 +63,23 @@ impl Batch<'_> {
     }
 }
 
+/// What a stage's forward pass hands on.
+enum StageOut {
+    /// Hidden state for the next stage.
+    Hidden(Vec<f32>),
+    /// The last stage's outputs and head state.
+    Head(Vec<f32>, HeadActs),
+}
+
+/// A micro-batch between its forward and its backward pass.
+struct InFlight {
+    seqs: Range<usize>,
+    acts: Vec<BlockActs>,
+    head: Option<(HeadActs, Vec<f32>)>,
+    /// Bytes its forward pass charged (released by its backward pass).
+    bytes: u64,
+}
+
 /// What one training step reports (the same on every rank of the model-stage).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StepReport {
@@ -72,28 +90,33 @@ pub struct StepReport {
 }
 
 impl Replica {
-    /// Forward through this stage for sequences `seqs` of `batch`: receives from the previous
-    /// stage or embeds, runs the blocks, then sends to the next stage or applies the head.
-    /// Returns the blocks' saved activations and, on the last stage, the outputs and head state.
-    #[allow(clippy::type_complexity)]
-    fn forward_micro<P: DataPlane>(&self, plane: &P, params: &[f32], batch: &Batch, seqs: &Range<usize>, arena: &mut Arena) -> Result<(Vec<BlockActs>, Option<(Vec<f32>, HeadActs)>), EngineError> {
+    /// Forward through this stage for sequences `seqs` of `batch`, from the embedding (first
+    /// stage) or the previous stage's `input`: the blocks' saved activations, then either the
+    /// hidden state for the next stage or, on the last stage, the head's outputs and state.
+    fn stage_forward<P: DataPlane>(&self, plane: &P, params: &[f32], batch: &Batch, seqs: &Range<usize>, input: Option<Vec<f32>>, arena: &mut Arena) -> Result<(Vec<BlockActs>, StageOut), EngineError> {
         let tp = self.groups.tp_group(plane);
         let rows = Rows { b: seqs.len(), t: batch.seq_len, pos0: 0 };
-        let x = if self.model.weights.is_first() {
-            self.model.embed(params, batch.tokens_of(seqs), &tp, arena)?
-        } else {
-            let mut x = arena.zeros("pipeline activations", rows.b * rows.t * self.model.dims().c)?;
-            self.groups.recv_prev(plane, &mut x)?;
-            x
+        let x = match input {
+            Some(x) => x,
+            None => self.model.embed(params, batch.tokens_of(seqs), &tp, arena)?,
         };
         let (x, acts) = self.model.blocks_forward(params, x, rows, None, &tp, arena)?;
         if self.model.weights.is_last() {
-            let head = self.model.head_forward(params, x, &batch.targets_of(seqs), &tp, arena)?;
-            Ok((acts, Some(head)))
+            let (out, head) = self.model.head_forward(params, x, &batch.targets_of(seqs), &tp, arena)?;
+            Ok((acts, StageOut::Head(out, head)))
         } else {
-            self.groups.send_next(plane, &x)?;
-            Ok((acts, None))
+            Ok((acts, StageOut::Hidden(x)))
         }
+    }
+
+    /// The previous stage's activations for `seqs` (`None` on the first stage, which embeds).
+    fn recv_input<P: DataPlane>(&self, plane: &P, rows: usize, arena: &mut Arena) -> Result<Option<Vec<f32>>, EngineError> {
+        if self.model.weights.is_first() {
+            return Ok(None);
+        }
+        let mut x = arena.zeros("pipeline activations", rows * self.model.dims().c)?;
+        self.groups.recv_prev(plane, &mut x)?;
+        Ok(Some(x))
     }
 
     fn micro_batches(&self, batch: &Batch, micro_batch: usize) -> Vec<Range<usize>> {
@@ -108,58 +131,116 @@ impl Replica {
         let mut outputs = Vec::new();
         for seqs in self.micro_batches(batch, micro_batch) {
             let mark = arena.mark();
-            let (acts, head) = self.forward_micro(plane, params, batch, &seqs, arena)?;
-            if let Some((out, _)) = head {
-                outputs.extend_from_slice(&out);
+            let input = self.recv_input(plane, seqs.len() * batch.seq_len, arena)?;
+            match self.stage_forward(plane, params, batch, &seqs, input, arena)?.1 {
+                StageOut::Head(out, _) => outputs.extend_from_slice(&out),
+                StageOut::Hidden(x) => self.groups.send_next(plane, &x)?,
             }
-            drop(acts);
             arena.release_to(mark);
         }
         Ok(outputs)
     }
 
-    /// Forward and backward over this replica's share of `batch` (GPipe: every micro-batch
-    /// forward, then every one backward, last first), accumulating into `grads`. Returns the
-    /// loss over the share (non-zero on the last pipeline stage only).
+    /// One micro-batch forward; on the last stage the objective's loss and output gradient too.
+    /// Returns what its backward pass needs and the hidden state to send on (other stages).
+    #[allow(clippy::too_many_arguments)]
+    fn forward_one<P: DataPlane>(&self, plane: &P, params: &[f32], batch: &Batch, seqs: &Range<usize>, input: Option<Vec<f32>>, objective: &dyn Objective, loss: &mut f64, arena: &mut Arena) -> Result<(InFlight, Option<Vec<f32>>), EngineError> {
+        let before = arena.charged();
+        let (acts, out) = self.stage_forward(plane, params, batch, seqs, input, arena)?;
+        let (head, hidden) = match out {
+            StageOut::Head(out, head) => {
+                let mut dout = arena.zeros("output gradients", out.len())?;
+                *loss += objective.loss_and_grad(seqs.clone(), &out, &mut dout);
+                (Some((head, dout)), None)
+            }
+            StageOut::Hidden(x) => (None, Some(x)),
+        };
+        Ok((InFlight { seqs: seqs.clone(), acts, head, bytes: arena.charged() - before }, hidden))
+    }
+
+    /// One micro-batch backward from the head (last stage) or the next stage's `grad`;
+    /// releases its charges and returns the input gradient to send back (other than stage 0).
+    #[allow(clippy::too_many_arguments)]
+    fn backward_one<P: DataPlane>(&self, plane: &P, params: &[f32], grads: &mut [f32], batch: &Batch, f: InFlight, grad: Option<Vec<f32>>, arena: &mut Arena) -> Result<Option<Vec<f32>>, EngineError> {
+        let tp = self.groups.tp_group(plane);
+        let before = arena.charged();
+        let rows = Rows { b: f.seqs.len(), t: batch.seq_len, pos0: 0 };
+        let dx = match (f.head, grad) {
+            (Some((head, dout)), _) => self.model.head_backward(params, grads, &head, &dout, &batch.targets_of(&f.seqs), &tp, arena)?,
+            (None, Some(g)) => g,
+            (None, None) => return Err(EngineError::Shape { what: "pipeline backward without a gradient from the next stage".into() }),
+        };
+        let dx = self.model.blocks_backward(params, grads, &f.acts, dx, rows, &tp, arena)?;
+        arena.release(arena.charged() - before + f.bytes);
+        if self.model.weights.is_first() {
+            self.model.embed_backward(grads, &dx, batch.tokens_of(&f.seqs));
+            return Ok(None);
+        }
+        Ok(Some(dx))
+    }
+
+    /// Forward and backward over this replica's share of `batch`, accumulating into `grads`,
+    /// on the 1F1B schedule (Narayanan et al. 2021, Megatron's non-interleaved schedule): stage
+    /// `j` of `pp` runs `pp − 1 − j` warm-up forwards, then alternates one forward and one
+    /// backward, then drains the backwards — so it holds at most `pp − j` micro-batches of
+    /// activations instead of all of them. Sends and receives that cross in the steady phase
+    /// are posted together. Returns the loss over the share (non-zero on the last stage only).
     #[allow(clippy::too_many_arguments)]
     pub fn forward_backward<P: DataPlane>(&self, plane: &P, params: &[f32], grads: &mut [f32], batch: &Batch, micro_batch: usize, objective: &dyn Objective, arena: &mut Arena) -> Result<f64, EngineError> {
-        let tp = self.groups.tp_group(plane);
         let micro = self.micro_batches(batch, micro_batch);
-        let mut saved = Vec::with_capacity(micro.len());
+        let (pp, j) = (self.groups.layout.pp as usize, self.groups.position.pp as usize);
+        let warmup = (pp - 1 - j).min(micro.len());
+        let rows = |seqs: &Range<usize>| seqs.len() * batch.seq_len;
+        let c = self.model.dims().c;
         let mut loss = 0.0;
-        // Activations are charged per micro-batch and released in reverse order, as they die.
-        let mut marks = Vec::with_capacity(micro.len());
-        for seqs in &micro {
-            marks.push(arena.mark());
-            let (acts, head) = self.forward_micro(plane, params, batch, seqs, arena)?;
-            let head = match head {
-                Some((out, head)) => {
-                    let mut dout = arena.zeros("output gradients", out.len())?;
-                    loss += objective.loss_and_grad(seqs.clone(), &out, &mut dout);
-                    Some((head, dout))
+        let mut inflight: VecDeque<InFlight> = VecDeque::new();
+        for seqs in &micro[..warmup] {
+            let input = self.recv_input(plane, rows(seqs), arena)?;
+            let (f, hidden) = self.forward_one(plane, params, batch, seqs, input, objective, &mut loss, arena)?;
+            if let Some(x) = hidden {
+                self.groups.send_next(plane, &x)?;
+            }
+            inflight.push_back(f);
+        }
+        let steady = &micro[warmup..];
+        let mut input = match steady.first() {
+            Some(seqs) => self.recv_input(plane, rows(seqs), arena)?,
+            None => None,
+        };
+        for (i, seqs) in steady.iter().enumerate() {
+            let (f, hidden) = self.forward_one(plane, params, batch, seqs, input.take(), objective, &mut loss, arena)?;
+            inflight.push_back(f);
+            let oldest = inflight.pop_front().ok_or_else(|| EngineError::Shape { what: "1F1B: nothing in flight".into() })?;
+            let grad = match hidden {
+                Some(x) => {
+                    let mut g = arena.zeros("pipeline gradients", rows(&oldest.seqs) * c)?;
+                    self.groups.exchange_next(plane, &x, &mut g)?;
+                    Some(g)
                 }
                 None => None,
             };
-            saved.push((acts, head));
-        }
-        for ((seqs, (acts, head)), mark) in micro.iter().zip(saved).zip(marks).rev() {
-            let rows = Rows { b: seqs.len(), t: batch.seq_len, pos0: 0 };
-            let dx = match head {
-                Some((head, dout)) => self.model.head_backward(params, grads, &head, &dout, &batch.targets_of(seqs), &tp, arena)?,
-                None => {
-                    let mut dx = arena.zeros("pipeline gradients", rows.b * rows.t * self.model.dims().c)?;
-                    self.groups.recv_next(plane, &mut dx)?;
-                    dx
+            let next = steady.get(i + 1);
+            match (self.backward_one(plane, params, grads, batch, oldest, grad, arena)?, next) {
+                (Some(dx), Some(seqs)) => {
+                    let mut x = arena.zeros("pipeline activations", rows(seqs) * c)?;
+                    self.groups.exchange_prev(plane, &dx, &mut x)?;
+                    input = Some(x);
                 }
-            };
-            let dx = self.model.blocks_backward(params, grads, &acts, dx, rows, &tp, arena)?;
-            if self.model.weights.is_first() {
-                self.model.embed_backward(grads, &dx, batch.tokens_of(seqs));
+                (Some(dx), None) => self.groups.send_prev(plane, &dx)?,
+                (None, _) => {}
+            }
+        }
+        while let Some(f) = inflight.pop_front() {
+            let grad = if self.model.weights.is_last() {
+                None
             } else {
+                let mut g = arena.zeros("pipeline gradients", rows(&f.seqs) * c)?;
+                self.groups.recv_next(plane, &mut g)?;
+                Some(g)
+            };
+            if let Some(dx) = self.backward_one(plane, params, grads, batch, f, grad, arena)? {
                 self.groups.send_prev(plane, &dx)?;
             }
-            drop((acts, dx));
-            arena.release_to(mark);
         }
         Ok(loss)
     }
