@@ -50,6 +50,7 @@ fn cases() -> Vec<Case> {
         Case { name: "unknown key in [train]", toml: set("train", "learning_rate", "1e-3"), expect: &["train.learning_rate", "unknown field `learning_rate`"] },
         Case { name: "plan names no model-stage", toml: format!("{ppo}\n[plan.\"actor/decoding\"]\ntp = 1\npp = 1\ndp = 1\nranks = [0]\n"), expect: &["plan.\"actor/decoding\"", "not a model-stage"] },
         Case { name: "plan rank count", toml: format!("{ppo}\n[plan.\"actor/training\"]\ntp = 2\npp = 1\ndp = 2\nranks = [0, 1, 2]\n"), expect: &["plan.\"actor/training\".ranks", "needs dp·tp·pp = 4 ranks"] },
+        Case { name: "ReMax with a model-scored reward", toml: set("rl", "algorithm", "\"remax\"").replace("[train]", "[train]\nreward = \"model\""), expect: &["`train.reward` = model", "greedy baseline"] },
         Case { name: "included cluster file missing", toml: format!("{}\n[cluster]\ninclude = \"clusters/nope.toml\"\n", drop_section(&ppo, "cluster")), expect: &["cannot read config file", "clusters/nope.toml"] },
     ]
 }

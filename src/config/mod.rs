@@ -249,6 +249,9 @@ impl JobConfig {
         self.rl.validate()?;
         self.policy.validate()?;
         self.train.validate()?;
+        if self.train.reward == RewardSource::Model && self.rl.algorithm == Algorithm::Remax {
+            return Err(ConfigError::invalid("train.reward", "model", "ReMax scores its greedy baseline with the rule, so its samples must be scored by the rule too (reward = \"rule\")"));
+        }
         plan::validate(&self.plan)?;
         match (self.rl.algorithm.uses_critic(), &self.models.critic) {
             (true, None) => Err(ConfigError::Missing {

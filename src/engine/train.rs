@@ -30,6 +30,12 @@ pub trait Objective {
     fn loss_and_grad(&self, seqs: Range<usize>, outputs: &[f32], grad: &mut [f32]) -> f64;
 }
 
+/// The sequences of `sequences` that replica `r` of `dp` takes: contiguous, sizes differing by
+/// at most one.
+pub fn share(sequences: usize, (r, dp): (usize, usize)) -> Range<usize> {
+    r * sequences / dp..(r + 1) * sequences / dp
+}
+
 /// A model-stage's global batch: `sequences × seq_len` tokens, row-major.
 #[derive(Debug, Clone, Copy)]
 pub struct Batch<'a> {
@@ -45,10 +51,9 @@ impl Batch<'_> {
         self.tokens.len() / self.seq_len.max(1)
     }
 
-    /// The sequences replica `r` of `dp` takes: contiguous, sizes differing by at most one.
-    pub fn share(&self, (r, dp): (usize, usize)) -> Range<usize> {
-        let s = self.sequences();
-        r * s / dp..(r + 1) * s / dp
+    /// The sequences replica `r` of `dp` takes (see [`share`]).
+    pub fn share(&self, replica: (usize, usize)) -> Range<usize> {
+        share(self.sequences(), replica)
     }
 
     /// Tokens of `seqs`.

@@ -21,7 +21,7 @@ use crate::comm::{DataPlane, GroupId};
 use crate::config::{Algorithm, JobConfig, RewardSource};
 use crate::emu::{Counters, EmuId, EmuSet};
 use crate::engine::parallel::assemble_rows;
-use crate::engine::{f32_sections, train_step, AdamW, Arena, Batch, EngineError, Generated, Objective, Replica, Sampling, StepReport};
+use crate::engine::{f32_sections, share, train_step, AdamW, Arena, Batch, EngineError, Generated, Objective, Replica, Sampling, StepReport};
 use crate::plan::{ModelStage, Plan, Role, Stage};
 
 /// Everything an RL step needs besides the state, derived from the job config.
@@ -228,7 +228,7 @@ impl RlJob {
         let t = self.settings.seq_len();
         let mut mine = None;
         if let Some(replica) = self.mine.get(&GENERATION) {
-            let share = Batch { tokens: &vec![0; count * t], seq_len: t }.share(replica.groups.replica);
+            let share = share(count, replica.groups.replica);
             let prompts: Vec<u32> = share.clone().flat_map(&prompt_of).collect();
             let ids: Vec<u64> = share.clone().map(&id_of).collect();
             let out = with_params(set, replica, |params, arena| replica.generate(plane, params, &prompts, &ids, sampling, arena))?;
