@@ -1,4 +1,5 @@
-//! `sbatch` on the local one-node Slurm cluster (`slurm/local-cluster.sh start`).
+//! `sbatch` on the local one-node Slurm cluster (`slurm/local-cluster.sh start`): the topology
+//! of every rank under `srun --mpi=pmix`, and a short training run of the default job.
 //!
 //! Runs when `NEREUS_SLURM_TESTS=1` (set by `scripts/test.sh` once the cluster is up); then a
 //! missing or broken cluster fails the test rather than skipping it.
@@ -35,4 +36,30 @@ fn sbatch_runs_every_rank_under_srun_pmix() {
     for r in ranks {
         assert_eq!(r["launcher"]["srun"]["job_id"].as_str(), Some(job_id.as_str()), "{r}");
     }
+}
+
+#[test]
+fn sbatch_trains_the_default_job_under_srun_pmix() {
+    if std::env::var("NEREUS_SLURM_TESTS").as_deref() != Ok("1") {
+        eprintln!("skipped: set NEREUS_SLURM_TESTS=1 after `bash slurm/local-cluster.sh start`");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (output, runs) = (dir.path().join("job.out"), dir.path().join("run"));
+    let out = Command::new("sbatch")
+        .arg("--wait")
+        .arg(format!("--output={}", output.display()))
+        .arg(repo().join("slurm/local-test.sbatch"))
+        .args(["train", "--steps", "3", "--output-dir", runs.to_str().unwrap()])
+        .env("NEREUS", nereus())
+        .current_dir(repo())
+        .output()
+        .expect("sbatch starts");
+    let job_output = std::fs::read_to_string(&output).unwrap_or_default();
+    assert!(out.status.success(), "sbatch failed: {}\njob output:\n{job_output}", text(&out).1);
+    assert!(job_output.contains("step    2"), "{job_output}");
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(runs.join("metrics.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 3);
+    let ranks: usize = lines[0]["plan"]["actor/generation"]["ranks"].as_array().unwrap().len();
+    assert_eq!(ranks, 4, "the planner placed generation on the job's 4 ranks: {}", lines[0]["plan"]);
 }
