@@ -51,6 +51,11 @@ pub fn run(session: &mut Session, path: Option<&Path>, overrides: &Overrides, re
         Some(dir) => from_checkpoint(dir)?,
         None => warm_up_models(&mut plane, world, &config, &settings, &out.join("warmup"))?,
     };
+    if let Some(dir) = resume {
+        for p in plan.placements.iter().filter(|p| !sources.files.contains_key(&p.candidate.model_stage.role)) {
+            log::warn!("checkpoint {} has no {} model; {} starts from fresh weights", dir.display(), model_name(p.candidate.model_stage.role), p.candidate.model_stage);
+        }
+    }
     let mut set = EmuSet::new(plane.rank(), world, config.cluster.device_memory_bytes(), catalogues(&config));
     for p in &plan.placements {
         let ms = p.candidate.model_stage;
