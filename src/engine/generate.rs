@@ -92,12 +92,9 @@ impl Replica {
         let (mut input, mut rows) = (prompts.to_vec(), Rows { b, t: p, pos0: 0 });
         for step in 0..r {
             let mark = arena.mark();
-            let x = if self.model.weights.is_first() {
-                self.model.embed(params, &input, &tp, arena)?
-            } else {
-                let mut x = arena.zeros("pipeline activations", b * rows.t * c)?;
-                self.groups.recv_prev(plane, &mut x)?;
-                x
+            let x = match self.recv_input(plane, b * rows.t, arena)? {
+                Some(x) => x,
+                None => self.model.embed(params, &input, &tp, arena)?,
             };
             let (x, _) = self.model.blocks_forward(params, x, rows, Some(&mut cache), &tp, arena)?;
             let mut next = vec![s.eos; b];

@@ -78,6 +78,15 @@ pub fn f32_sections(shard: &mut LocalShard) -> Result<(&mut [f32], Option<Moment
     }
 }
 
+/// Runs `f` on the parameters of this rank's shard of EMU `id`, with an arena charging the
+/// rank's ledger (released when `f` returns).
+pub fn with_params<T, E: From<EngineError>>(set: &mut EmuSet, id: EmuId, f: impl FnOnce(&[f32], &mut Arena) -> Result<T, E>) -> Result<T, E> {
+    let (shard, ledger) = set.store_mut().shard_and_ledger(id).ok_or_else(|| EngineError::Shape { what: format!("this rank holds no shard of {id}") })?;
+    let mut arena = Arena::new(ledger);
+    let (params, _) = f32_sections(shard)?;
+    f(params, &mut arena)
+}
+
 /// This rank's part of one EMU, ready to compute: its stage of the model and its groups.
 pub struct Replica {
     /// The EMU.

@@ -15,6 +15,7 @@ pub struct HeadActs {
     rf: Vec<f32>,
     logits: Vec<f32>,
     lse: Vec<f32>,
+    targets: Vec<u32>,
 }
 
 impl StageModel {
@@ -28,7 +29,7 @@ impl StageModel {
 
     /// Last stage, forward: per row `n`, `log p(targets[n])` for an LM or the value for a value
     /// model, from the last block's output `x[N,C]`.
-    pub fn head_forward<G: TensorGroup<f32>>(&self, p: &[f32], x: Vec<f32>, targets: &[u32], tp: &G, arena: &mut Arena) -> Result<(Vec<f32>, HeadActs), EngineError> {
+    pub fn head_forward<G: TensorGroup<f32>>(&self, p: &[f32], x: Vec<f32>, targets: Vec<u32>, tp: &G, arena: &mut Arena) -> Result<(Vec<f32>, HeadActs), EngineError> {
         let (d, n) = (self.dims(), x.len() / self.dims().c);
         let (mut xf, rf) = self.final_norm(p, &x, arena)?;
         let mut out = arena.zeros("outputs", n)?;
@@ -40,27 +41,26 @@ impl StageModel {
                 logits = arena.zeros("logits", n * d.vocab)?;
                 linear_forward(&mut logits, &xf, w, n, d.c, d.vocab);
                 lse = arena.zeros("logits", n)?;
-                log_probs_forward(&mut out, &mut lse, &logits, targets, d.v0, tp)?;
+                log_probs_forward(&mut out, &mut lse, &logits, &targets, d.v0, tp)?;
             }
             OutputHead::Value => {
                 let w = &p[self.weights.score.clone().ok_or_else(|| EngineError::Shape { what: "value head missing".into() })?];
                 value_forward(&mut out, &xf, w);
             }
         }
-        Ok((out, HeadActs { x, xf, rf, logits, lse }))
+        Ok((out, HeadActs { x, xf, rf, logits, lse, targets }))
     }
 
     /// Last stage, backward: from `d loss / d output[N]` to `dx[N,C]`, accumulating the head's
     /// and the final norm's gradients.
-    #[allow(clippy::too_many_arguments)]
-    pub fn head_backward<G: TensorGroup<f32>>(&self, p: &[f32], grads: &mut [f32], a: &HeadActs, dout: &[f32], targets: &[u32], tp: &G, arena: &mut Arena) -> Result<Vec<f32>, EngineError> {
+    pub fn head_backward<G: TensorGroup<f32>>(&self, p: &[f32], grads: &mut [f32], a: &HeadActs, dout: &[f32], tp: &G, arena: &mut Arena) -> Result<Vec<f32>, EngineError> {
         let (d, n) = (self.dims(), dout.len());
         let mut dxf = arena.zeros("gradients of activations", n * d.c)?;
         match self.head {
             OutputHead::Lm => {
                 let range = self.weights.lm_head.clone().unwrap_or_default();
                 let mut dlogits = arena.zeros("logits", n * d.vocab)?;
-                log_probs_backward(&mut dlogits, dout, &a.logits, &a.lse, targets, d.v0);
+                log_probs_backward(&mut dlogits, dout, &a.logits, &a.lse, &a.targets, d.v0);
                 linear_backward(Some(&mut dxf), &mut grads[range.clone()], &dlogits, &a.xf, &p[range], n, d.c, d.vocab);
                 CopyToTp::backward(tp, &mut dxf)?;
             }

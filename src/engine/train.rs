@@ -107,15 +107,16 @@ impl Replica {
         };
         let (x, acts) = self.model.blocks_forward(params, x, rows, None, &tp, arena)?;
         if self.model.weights.is_last() {
-            let (out, head) = self.model.head_forward(params, x, &batch.targets_of(seqs), &tp, arena)?;
+            let (out, head) = self.model.head_forward(params, x, batch.targets_of(seqs), &tp, arena)?;
             Ok((acts, StageOut::Head(out, head)))
         } else {
             Ok((acts, StageOut::Hidden(x)))
         }
     }
 
-    /// The previous stage's activations for `seqs` (`None` on the first stage, which embeds).
-    fn recv_input<P: DataPlane>(&self, plane: &P, rows: usize, arena: &mut Arena) -> Result<Option<Vec<f32>>, EngineError> {
+    /// The previous stage's activations for `rows` token rows (`None` on the first stage, which
+    /// embeds).
+    pub(super) fn recv_input<P: DataPlane>(&self, plane: &P, rows: usize, arena: &mut Arena) -> Result<Option<Vec<f32>>, EngineError> {
         if self.model.weights.is_first() {
             return Ok(None);
         }
@@ -171,7 +172,7 @@ impl Replica {
         let before = arena.charged();
         let rows = Rows { b: f.seqs.len(), t: batch.seq_len, pos0: 0 };
         let dx = match (f.head, grad) {
-            (Some((head, dout)), _) => self.model.head_backward(params, grads, &head, &dout, &batch.targets_of(&f.seqs), &tp, arena)?,
+            (Some((head, dout)), _) => self.model.head_backward(params, grads, &head, &dout, &tp, arena)?,
             (None, Some(g)) => g,
             (None, None) => return Err(EngineError::Shape { what: "pipeline backward without a gradient from the next stage".into() }),
         };

@@ -17,6 +17,19 @@ pub enum Role {
     Reward,
 }
 
+impl Role {
+    /// The name in model-stage names and checkpoint files: `actor`, `critic`, `reference`,
+    /// `reward`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Actor => "actor",
+            Role::Critic => "critic",
+            Role::Reference => "reference",
+            Role::Reward => "reward",
+        }
+    }
+}
+
 /// A stage of the synchronous RL step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -52,12 +65,7 @@ impl ModelStage {
 
 impl fmt::Display for ModelStage {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let role = match self.role {
-            Role::Actor => "actor",
-            Role::Critic => "critic",
-            Role::Reference => "reference",
-            Role::Reward => "reward",
-        };
+        let role = self.role.name();
         let stage = match self.stage {
             Stage::Generation => "generation",
             Stage::Inference => "inference",

@@ -21,7 +21,7 @@ use crate::comm::{DataPlane, GroupId};
 use crate::config::{Algorithm, JobConfig, RewardSource};
 use crate::emu::{Counters, EmuId, EmuSet};
 use crate::engine::parallel::assemble_rows;
-use crate::engine::{f32_sections, share, train_step, AdamW, Arena, Batch, EngineError, Generated, Objective, Replica, Sampling, StepReport};
+use crate::engine::{share, train_step, with_params, AdamW, Batch, EngineError, Generated, Objective, Replica, Sampling, StepReport};
 use crate::plan::{ModelStage, Plan, Role, Stage};
 
 /// Everything an RL step needs besides the state, derived from the job config.
@@ -136,14 +136,6 @@ pub struct RlJob {
     world: GroupId,
 }
 
-/// Runs `f` on the parameters of this rank's shard of `replica`, charging buffers to its ledger.
-fn with_params<T>(set: &mut EmuSet, replica: &Replica, f: impl FnOnce(&[f32], &mut Arena) -> Result<T, EngineError>) -> Result<T, EngineError> {
-    let (shard, ledger) = set.store_mut().shard_and_ledger(replica.emu).ok_or_else(|| EngineError::Shape { what: format!("no shard of {}", replica.emu) })?;
-    let mut arena = Arena::new(ledger);
-    let (params, _) = f32_sections(shard)?;
-    f(params, &mut arena)
-}
-
 const GENERATION: ModelStage = ModelStage::new(Role::Actor, Stage::Generation);
 const ACTOR: ModelStage = ModelStage::new(Role::Actor, Stage::Training);
 const CRITIC: ModelStage = ModelStage::new(Role::Critic, Stage::Training);
@@ -226,27 +218,26 @@ impl RlJob {
     /// `prompt_of(i)` with draw id `id_of(i)`) and assembles tokens and lengths on every rank.
     fn sample<P: DataPlane>(&self, plane: &mut P, set: &mut EmuSet, count: usize, sampling: &Sampling, prompt_of: impl Fn(usize) -> Vec<u32>, id_of: impl Fn(usize) -> u64) -> Result<Generated, EngineError> {
         let t = self.settings.seq_len();
+        // Each row is a sequence's tokens followed by its length (f32 is exact below 2^24); the
+        // replica leaders contribute their rows, one sum over the world assembles them.
         let mut mine = None;
         if let Some(replica) = self.mine.get(&GENERATION) {
             let share = share(count, replica.groups.replica);
             let prompts: Vec<u32> = share.clone().flat_map(&prompt_of).collect();
             let ids: Vec<u64> = share.clone().map(&id_of).collect();
-            let out = with_params(set, replica, |params, arena| replica.generate(plane, params, &prompts, &ids, sampling, arena))?;
+            let out = with_params(set, replica.emu, |params, arena| replica.generate(plane, params, &prompts, &ids, sampling, arena))?;
             if replica.groups.is_leader() {
-                let rows: Vec<f32> = out.tokens.iter().map(|&x| x as f32).collect();
-                mine = Some((share, rows, out.lengths));
+                let rows: Vec<f32> = out.tokens.chunks_exact(t).zip(&out.lengths).flat_map(|(row, &len)| row.iter().map(|&x| x as f32).chain([len as f32])).collect();
+                mine = Some((share.start, rows));
             }
         }
-        // Tokens [count × t] then lengths [count], in one sum over the world.
-        let mut buf = vec![0f32; count * (t + 1)];
-        if let Some((share, rows, lengths)) = &mine {
-            buf[share.start * t..share.start * t + rows.len()].copy_from_slice(rows);
-            for (k, &l) in lengths.iter().enumerate() {
-                buf[count * t + share.start + k] = l as f32;
-            }
+        let all = assemble_rows(plane, self.world, count, t + 1, mine.as_ref().map(|(first, rows)| (*first, rows.as_slice())))?;
+        let (mut tokens, mut lengths) = (Vec::with_capacity(count * t), Vec::with_capacity(count));
+        for row in all.chunks_exact(t + 1) {
+            tokens.extend(row[..t].iter().map(|&x| x as u32));
+            lengths.push(row[t] as usize);
         }
-        plane.all_reduce_sum_f32(self.world, &mut buf)?;
-        Ok(Generated { tokens: buf[..count * t].iter().map(|&x| x as u32).collect(), lengths: buf[count * t..].iter().map(|&x| x as usize).collect() })
+        Ok(Generated { tokens, lengths })
     }
 
     fn generate<P: DataPlane>(&self, plane: &mut P, set: &mut EmuSet, step: u64) -> Result<Rollout, EngineError> {
@@ -275,7 +266,7 @@ impl RlJob {
         let mut buf = vec![0f32; n + 3 * n * t];
         for (ms, offset) in [(REWARD, 0), (REFERENCE, n), (ACTOR, n + n * t), (CRITIC_INFERENCE, n + 2 * n * t)] {
             let Some(replica) = self.mine.get(&ms) else { continue };
-            let out = with_params(set, replica, |params, arena| replica.infer(plane, params, &batch, self.settings.micro_batch, arena))?;
+            let out = with_params(set, replica.emu, |params, arena| replica.infer(plane, params, &batch, self.settings.micro_batch, arena))?;
             if !replica.groups.speaks_for_outputs() {
                 continue;
             }

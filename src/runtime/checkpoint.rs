@@ -64,7 +64,7 @@ pub fn save_model<P: DataPlane>(plane: &mut P, set: &EmuSet, id: EmuId, dir: &Pa
     let Some(whole) = set.gather(plane, id, 0)? else { return Ok(()) };
     let catalogue = set.catalogue(set.emu(id).map(|e| e.model_stage.role).ok_or_else(|| RuntimeError::Usage(format!("{id} does not exist")))?);
     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
-    write_section(&whole, catalogue, 0, "", &params_path(dir, model))?;
+    write(tensors_of(&whole, catalogue, 0, ""), &params_path(dir, model))?;
     if whole.sections.contains(&Section::AdamM) {
         let mut both = tensors_of(&whole, catalogue, 1, "exp_avg.");
         both.extend(tensors_of(&whole, catalogue, 2, "exp_avg_sq."));
@@ -87,10 +87,6 @@ fn tensors_of(whole: &LocalShard, catalogue: &Catalogue, s: usize, prefix: &str)
             (format!("{prefix}{}", spec.name), shape, bytes[range].to_vec())
         })
         .collect()
-}
-
-fn write_section(whole: &LocalShard, catalogue: &Catalogue, s: usize, prefix: &str, path: &Path) -> Result<(), RuntimeError> {
-    write(tensors_of(whole, catalogue, s, prefix), path)
 }
 
 fn write(tensors: Vec<(String, Vec<usize>, Vec<u8>)>, path: &Path) -> Result<(), RuntimeError> {

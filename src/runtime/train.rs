@@ -29,16 +29,6 @@ struct Sources {
     start_step: u64,
 }
 
-/// The model name of a role in checkpoints.
-fn model_name(role: Role) -> &'static str {
-    match role {
-        Role::Actor => "actor",
-        Role::Critic => "critic",
-        Role::Reference => "reference",
-        Role::Reward => "reward",
-    }
-}
-
 /// Runs `nereus train` on every rank.
 pub fn run(session: &mut Session, path: Option<&Path>, overrides: &Overrides, resume: Option<&Path>) -> Result<(), RuntimeError> {
     let config = session.load_config(path, overrides)?;
@@ -53,7 +43,7 @@ pub fn run(session: &mut Session, path: Option<&Path>, overrides: &Overrides, re
     };
     if let Some(dir) = resume {
         for p in plan.placements.iter().filter(|p| !sources.files.contains_key(&p.candidate.model_stage.role)) {
-            log::warn!("checkpoint {} has no {} model; {} starts from fresh weights", dir.display(), model_name(p.candidate.model_stage.role), p.candidate.model_stage);
+            log::warn!("checkpoint {} has no {} model; {} starts from fresh weights", dir.display(), p.candidate.model_stage.role.name(), p.candidate.model_stage);
         }
     }
     let mut set = EmuSet::new(plane.rank(), world, config.cluster.device_memory_bytes(), catalogues(&config));
@@ -121,10 +111,10 @@ fn warm_up_models(plane: &mut MpiPlane, world: i32, config: &JobConfig, settings
         let mut set = EmuSet::new(plane.rank(), world, config.cluster.device_memory_bytes(), catalogues(config));
         let ms = ModelStage::new(role, Stage::Training);
         let (id, loss) = warm_up(plane, &mut set, ms, kind, &settings.task, config.job.seed, steps, settings.sequences(), settings.sampling.max_new_tokens, t.warmup_lr)?;
-        checkpoint::save_model(plane, &set, id, dir, model_name(role))?;
+        checkpoint::save_model(plane, &set, id, dir, role.name())?;
         plane.barrier(everyone)?; // rank 0 has written the file before anyone reads it
         if plane.rank() == 0 {
-            log::info!("warm-up of the {} model: {steps} steps, final loss {loss:.4}", model_name(role));
+            log::info!("warm-up of the {} model: {steps} steps, final loss {loss:.4}", role.name());
         }
         files.insert(role, (TensorFile::read(&p_path(dir, role))?, None));
     }
@@ -140,7 +130,7 @@ fn warm_up_models(plane: &mut MpiPlane, world: i32, config: &JobConfig, settings
 }
 
 fn p_path(dir: &Path, role: Role) -> PathBuf {
-    checkpoint::params_path(dir, model_name(role))
+    checkpoint::params_path(dir, role.name())
 }
 
 /// Every model, its optimizer state and its counters from checkpoint `dir`.
@@ -152,7 +142,7 @@ fn from_checkpoint(dir: &Path) -> Result<Sources, RuntimeError> {
         if !params.exists() {
             continue;
         }
-        let optim = checkpoint::optim_path(dir, model_name(role));
+        let optim = checkpoint::optim_path(dir, role.name());
         let optim = if optim.exists() { Some(TensorFile::read(&optim)?) } else { None };
         files.insert(role, (TensorFile::read(&params)?, optim));
     }
@@ -169,7 +159,7 @@ fn save(plane: &mut MpiPlane, set: &EmuSet, job: &RlJob, config: &JobConfig, ste
         if saved.contains(&role) || (!ms.trains() && job.replicas.contains_key(&training)) {
             continue;
         }
-        checkpoint::save_model(plane, set, ids[0], dir, model_name(role))?;
+        checkpoint::save_model(plane, set, ids[0], dir, role.name())?;
         saved.push(role);
     }
     if plane.rank() == 0 {

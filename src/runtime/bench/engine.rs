@@ -17,7 +17,7 @@ use super::{machine, BenchReport, Floor};
 use crate::comm::MpiPlane;
 use crate::config::Dtype;
 use crate::emu::{Counters, EmuSet};
-use crate::engine::{f32_sections, init_shard, matmul, train_step, AdamW, Arena, Batch, Op, Replica, Sampling};
+use crate::engine::{init_shard, matmul, train_step, with_params, AdamW, Batch, Op, Replica, Sampling};
 use crate::model::{Architecture, Catalogue, Layout, OutputHead};
 use crate::plan::{ModelStage, Role, Stage};
 use crate::runtime::selftest::CrossEntropy;
@@ -133,20 +133,19 @@ pub fn run(session: &Session, reps: usize, json: Option<&Path>) -> Result<(), Ru
     let mut fwd = Vec::new();
     let mut steps = Vec::new();
     let mut decodes = Vec::new();
+    let (db, dp, dn) = DECODE;
+    // EOS outside the vocabulary: every sequence decodes all `dn` tokens.
+    let sampling = Sampling { temperature: 1.0, top_p: 1.0, max_new_tokens: dn, eos: arch.vocab as u32, greedy: true, seed: 1 };
+    let ids: Vec<u64> = (0..db as u64).collect();
     for rep in 0..=reps.max(1) {
-        let (shard, ledger) = set.store_mut().shard_and_ledger(id).ok_or_else(|| RuntimeError::Usage("no shard".into()))?;
-        let mut arena = Arena::new(ledger);
-        let (params, _) = f32_sections(shard)?;
-        let start = Instant::now();
-        replica.infer(&plane, params, &batch, b, &mut arena)?;
-        let f = start.elapsed().as_secs_f64();
-        let (db, dp, dn) = DECODE;
-        let prompts = &tokens[..db * dp];
-        let sampling = Sampling { temperature: 1.0, top_p: 1.0, max_new_tokens: dn, eos: arch.vocab as u32, greedy: true, seed: 1 };
-        let start = Instant::now();
-        replica.generate(&plane, params, prompts, &(0..db as u64).collect::<Vec<_>>(), &sampling, &mut arena)?;
-        let d = start.elapsed().as_secs_f64();
-        drop(arena);
+        let (f, d) = with_params(&mut set, id, |params, arena| -> Result<(f64, f64), RuntimeError> {
+            let start = Instant::now();
+            replica.infer(&plane, params, &batch, b, arena)?;
+            let f = start.elapsed().as_secs_f64();
+            let start = Instant::now();
+            replica.generate(&plane, params, &tokens[..db * dp], &ids, &sampling, arena)?;
+            Ok((f, start.elapsed().as_secs_f64()))
+        })?;
         let start = Instant::now();
         train_step(&plane, &mut set, &replica, &batch, b, &objective, &opt)?;
         let s = start.elapsed().as_secs_f64();

@@ -10,7 +10,7 @@ use crate::comm::{DataPlane, MpiPlane};
 use crate::config::Dtype;
 use crate::emu::{Counters, EmuSet, LocalShard};
 use crate::engine::parallel::assemble_rows;
-use crate::engine::{f32_sections, init_shard, train_step, AdamW, Arena, Batch, Objective, Replica, Sampling};
+use crate::engine::{init_shard, train_step, with_params, AdamW, Batch, Objective, Replica, Sampling};
 use crate::model::{Architecture, Catalogue, Layout, OutputHead};
 use crate::plan::{ModelStage, Role, Stage};
 use crate::runtime::{RuntimeError, Session};
@@ -183,10 +183,7 @@ fn sample_share(plane: &MpiPlane, set: &mut EmuSet, replica: &Replica, tokens: &
     let prompts: Vec<u32> = share.clone().flat_map(|s| tokens[s * seq_len..s * seq_len + seq_len / 2].to_vec()).collect();
     let ids: Vec<u64> = share.clone().map(|s| s as u64).collect();
     let sampling = Sampling { temperature: 1.0, top_p: 0.9, max_new_tokens: seq_len / 2, eos: 0, greedy: false, seed: 11 };
-    let (shard, ledger) = set.store_mut().shard_and_ledger(replica.emu).ok_or_else(|| RuntimeError::Usage("no shard".into()))?;
-    let mut arena = Arena::new(ledger);
-    let (params, _) = f32_sections(shard)?;
-    let out = replica.generate(plane, params, &prompts, &ids, &sampling, &mut arena)?;
+    let out = with_params(set, replica.emu, |params, arena| replica.generate(plane, params, &prompts, &ids, &sampling, arena))?;
     Ok((share.start, out.tokens.iter().map(|&t| t as f32).collect()))
 }
 
