@@ -11,12 +11,15 @@ use nereus::planner::Planner;
 
 fn replan(c: &mut Criterion) {
     let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/configs/llama3.1-8b-ppo.toml"));
-    let config = JobConfig::load(Some(path), &Overrides::default(), &mut Default::default).expect("shipped config loads");
+    let config =
+        JobConfig::load(Some(path), &Overrides::default(), &mut Default::default).expect("shipped config loads");
     let base = Planner::new(&config, 8, Some(4096), Efficiencies::default()).expect("planner builds");
     let mut group = c.benchmark_group("replan");
     for gpus in [32u32, 1024, 16384] {
         group.bench_with_input(BenchmarkId::from_parameter(gpus), &gpus, |b, &gpus| {
-            b.iter(|| base.replanned(gpus, 4096, Efficiencies::default()).and_then(|p| p.search(None)).expect("a plan fits"));
+            b.iter(|| {
+                base.replanned(gpus, 4096, Efficiencies::default()).and_then(|p| p.search(None)).expect("a plan fits")
+            });
         });
     }
     group.finish();

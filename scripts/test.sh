@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test suite: unit tests, integration tests that launch target/release/nereus under
+# The test suite: rustfmt and clippy, unit tests, integration tests that launch target/release/nereus under
 # `mpirun -n 4` (and under `sbatch`/`srun --mpi=pmix` on a local one-node Slurm cluster when one
 # can be started), then the `cuda` and `rocm` builds with their tests.
 #
@@ -24,6 +24,10 @@ if [ "$(id -u)" = 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
 
+echo "== rustfmt and clippy (the house style is enforced, not suggested)"
+cargo fmt --check
+cargo clippy --release --locked --all-targets -- -D warnings
+
 echo "== default build: unit + MPI + Slurm integration tests"
 cargo test --release --locked
 
@@ -42,4 +46,5 @@ elif [ "$ci" = true ]; then
 else
   echo "test: no HIP headers; skipping the rocm build (NEREUS_WITH_HIP=1 bash scripts/setup.sh installs them)"
 fi
+cargo clippy --release --locked --all-targets --features "$features" -- -D warnings
 cargo test --release --locked --features "$features" --lib

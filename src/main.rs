@@ -247,17 +247,29 @@ fn main() -> ExitCode {
         TopCommand::Plan { file, gpus, seq_len, json, overrides } => {
             Command::Plan { config: file, overrides: overrides.into(), gpus, seq_len, json }
         }
-        TopCommand::Train { file, resume, overrides } => Command::Train { config: file, overrides: overrides.into(), resume },
+        TopCommand::Train { file, resume, overrides } => {
+            Command::Train { config: file, overrides: overrides.into(), resume }
+        }
         TopCommand::Bench(BenchCommand::Primitives { sizes_mib, reps, json }) => {
             Command::BenchPrimitives { sizes_mib, reps: reps.max(1), json }
         }
-        TopCommand::Bench(BenchCommand::TransitionPlanning { config, ranks, reps, json }) => Command::BenchTransitionPlanning { config, ranks, reps, json },
+        TopCommand::Bench(BenchCommand::TransitionPlanning { config, ranks, reps, json }) => {
+            Command::BenchTransitionPlanning { config, ranks, reps, json }
+        }
         TopCommand::Bench(BenchCommand::Engine { reps, json }) => Command::BenchEngine { reps, json },
-        TopCommand::Bench(BenchCommand::Coordination { trials, seed, json }) => Command::BenchCoordination { trials, seed, json },
-        TopCommand::Bench(BenchCommand::Planner { config, seq_len, reps, json }) => Command::BenchPlanner { config, seq_len, reps, json },
-        TopCommand::Selftest(SelftestCommand::Transitions { cases, seed }) => Command::SelftestTransitions { cases, seed },
+        TopCommand::Bench(BenchCommand::Coordination { trials, seed, json }) => {
+            Command::BenchCoordination { trials, seed, json }
+        }
+        TopCommand::Bench(BenchCommand::Planner { config, seq_len, reps, json }) => {
+            Command::BenchPlanner { config, seq_len, reps, json }
+        }
+        TopCommand::Selftest(SelftestCommand::Transitions { cases, seed }) => {
+            Command::SelftestTransitions { cases, seed }
+        }
         TopCommand::Selftest(SelftestCommand::Engine) => Command::SelftestEngine,
-        TopCommand::Selftest(SelftestCommand::Primitives { cases, seed }) => Command::SelftestPrimitives { cases, seed },
+        TopCommand::Selftest(SelftestCommand::Primitives { cases, seed }) => {
+            Command::SelftestPrimitives { cases, seed }
+        }
     };
     ExitCode::from(runtime::run(options, command))
 }

@@ -9,7 +9,8 @@ use common::{run_mpi, text};
 fn bench_primitives_writes_the_contract_and_holds_the_byte_floors() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("p.json");
-    let out = run_mpi(2, &["bench", "primitives", "--sizes-mib", "1,2", "--reps", "1", "--json", json.to_str().unwrap()]);
+    let out =
+        run_mpi(2, &["bench", "primitives", "--sizes-mib", "1,2", "--reps", "1", "--json", json.to_str().unwrap()]);
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stderr}");
     assert!(stdout.contains("floors:"), "{stdout}");
@@ -24,7 +25,11 @@ fn bench_primitives_writes_the_contract_and_holds_the_byte_floors() {
         assert_eq!(r["bytes_sent"], r["unit_bytes"], "Extend sends one copy: {r}");
     }
     let floors = report["floors"].as_array().unwrap();
-    for name in ["merge_bytes_sent_with_resident_targets", "extend_bytes_sent_minus_one_unit", "split_bytes_sent_minus_missing_bytes"] {
+    for name in [
+        "merge_bytes_sent_with_resident_targets",
+        "extend_bytes_sent_minus_one_unit",
+        "split_bytes_sent_minus_missing_bytes",
+    ] {
         let f = floors.iter().find(|f| f["name"] == name).unwrap_or_else(|| panic!("floor {name} missing"));
         assert_eq!(f["ok"], true, "{f}");
     }
@@ -58,6 +63,12 @@ fn bench_engine_reports_every_phase_and_the_gemm_fraction_floor() {
     // 2 · 64 · 256 · 257 · (1 forward + 2 backward).
     let want = 6.0 * 13_893_632.0 * 1024.0 + 3.0 * (4 * 4 * 8 * 2 * 64 * 256 * 257) as f64;
     assert_eq!(step["flops"].as_f64().unwrap(), want, "{step}");
-    let floor = report["floors"].as_array().unwrap().iter().find(|f| f["name"] == "train_step_fraction_of_gemm_flops").expect("the floor is reported").clone();
+    let floor = report["floors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == "train_step_fraction_of_gemm_flops")
+        .expect("the floor is reported")
+        .clone();
     assert_eq!(floor["floor"], 0.4);
 }

@@ -20,38 +20,158 @@ fn cases() -> Vec<Case> {
     let rl_line = ppo.lines().position(|l| l == "[rl]").expect("tiny-ppo has [rl]") + 1;
     let syntax_at: &'static str = Box::leak(format!("line {rl_line}, column 4").into_boxed_str());
     vec![
-        Case { name: "toml syntax error", toml: ppo.replace("[rl]", "[rl"), expect: Box::leak(Box::new([syntax_at, "invalid table header"])) },
-        Case { name: "unknown key", toml: ppo.replace("steps = 100", "stepz = 100"), expect: &["job.stepz", "unknown field `stepz`"] },
-        Case { name: "unknown section", toml: format!("{ppo}\n[training]\nlr = 1e-5\n"), expect: &["unknown field `training`"] },
-        Case { name: "wrong type", toml: set("job", "steps", "\"many\""), expect: &["job.steps", "invalid type: string \"many\""] },
-        Case { name: "negative layers", toml: set("models.actor", "layers", "-2"), expect: &["models.actor.layers", "integer `-2`"] },
-        Case { name: "zero layers", toml: set("models.actor", "layers", "0"), expect: &["`models.actor.layers` = 0", "at least 1"] },
-        Case { name: "heads do not divide hidden", toml: set("models.critic", "heads", "5"), expect: &["`models.critic.heads` = 5", "must divide models.critic.hidden (64)"] },
-        Case { name: "kv_heads do not divide heads", toml: set("models.reward", "kv_heads", "3"), expect: &["`models.reward.kv_heads` = 3", "must divide models.reward.heads (4)"] },
-        Case { name: "odd head dimension", toml: set_key(&set("models.actor", "hidden", "48"), "models.actor", "heads", Some("16")), expect: &["models.actor.heads", "odd head dimension 48 / 16 = 3"] },
-        Case { name: "zero device memory", toml: set("cluster", "device_memory_gb", "0.0"), expect: &["`cluster.device_memory_gb` = 0", "greater than 0"] },
-        Case { name: "negative device memory", toml: set("cluster", "device_memory_gb", "-16.0"), expect: &["`cluster.device_memory_gb` = -16", "greater than 0"] },
-        Case { name: "unknown algorithm", toml: set("rl", "algorithm", "\"dpo\""), expect: &["rl.algorithm", "unknown variant `dpo`", "`ppo`, `grpo`, `remax`"] },
-        Case { name: "unknown model role", toml: ppo.replace("[models.critic]", "[models.critik]"), expect: &["models.critik", "unknown field `critik`"] },
-        Case { name: "mini-batch does not divide the batch", toml: set("rl", "mini_batch", "12"), expect: &["`rl.mini_batch` = 12", "must divide prompts_per_step * samples_per_prompt (64)"] },
-        Case { name: "micro-batch does not divide the mini-batch", toml: set("rl", "micro_batch", "5"), expect: &["`rl.micro_batch` = 5", "must divide rl.mini_batch (32)"] },
-        Case { name: "grpo with one sample per prompt", toml: set_key(&grpo, "rl", "samples_per_prompt", Some("1")), expect: &["`rl.samples_per_prompt` = 1", "at least 2"] },
-        Case { name: "ppo without critic", toml: drop_section(&ppo, "models.critic"), expect: &["`models.critic`", "trains a value model"] },
-        Case { name: "grpo with critic", toml: set("rl", "algorithm", "\"grpo\"").replace("samples_per_prompt = 1", "samples_per_prompt = 2"), expect: &["`models.critic`", "has no critic"] },
-        Case { name: "missing cluster key", toml: set_key(&ppo, "cluster", "nodes", None), expect: &["`cluster.nodes`", "missing value", "detect = true"] },
-        Case { name: "unknown data plane", toml: set("cluster", "data_plane", "\"gloo\""), expect: &["cluster.data_plane", "unknown variant `gloo`"] },
-        Case { name: "gamma out of range", toml: set("policy", "gamma", "1.5"), expect: &["`policy.gamma` = 1.5", "[0, 1]"] },
-        Case { name: "memory headroom out of range", toml: set("policy", "memory_headroom", "0.95"), expect: &["`policy.memory_headroom` = 0.95", "[0, 0.9]"] },
-        Case { name: "job name with a space", toml: set("job", "name", "\"my job\""), expect: &["`job.name` = \"my job\"", "letters, digits"] },
-        Case { name: "zero collective timeout", toml: set("job", "collective_timeout_s", "0.0"), expect: &["`job.collective_timeout_s` = 0", "greater than 0"] },
+        Case {
+            name: "toml syntax error",
+            toml: ppo.replace("[rl]", "[rl"),
+            expect: Box::leak(Box::new([syntax_at, "invalid table header"])),
+        },
+        Case {
+            name: "unknown key",
+            toml: ppo.replace("steps = 100", "stepz = 100"),
+            expect: &["job.stepz", "unknown field `stepz`"],
+        },
+        Case {
+            name: "unknown section",
+            toml: format!("{ppo}\n[training]\nlr = 1e-5\n"),
+            expect: &["unknown field `training`"],
+        },
+        Case {
+            name: "wrong type",
+            toml: set("job", "steps", "\"many\""),
+            expect: &["job.steps", "invalid type: string \"many\""],
+        },
+        Case {
+            name: "negative layers",
+            toml: set("models.actor", "layers", "-2"),
+            expect: &["models.actor.layers", "integer `-2`"],
+        },
+        Case {
+            name: "zero layers",
+            toml: set("models.actor", "layers", "0"),
+            expect: &["`models.actor.layers` = 0", "at least 1"],
+        },
+        Case {
+            name: "heads do not divide hidden",
+            toml: set("models.critic", "heads", "5"),
+            expect: &["`models.critic.heads` = 5", "must divide models.critic.hidden (64)"],
+        },
+        Case {
+            name: "kv_heads do not divide heads",
+            toml: set("models.reward", "kv_heads", "3"),
+            expect: &["`models.reward.kv_heads` = 3", "must divide models.reward.heads (4)"],
+        },
+        Case {
+            name: "odd head dimension",
+            toml: set_key(&set("models.actor", "hidden", "48"), "models.actor", "heads", Some("16")),
+            expect: &["models.actor.heads", "odd head dimension 48 / 16 = 3"],
+        },
+        Case {
+            name: "zero device memory",
+            toml: set("cluster", "device_memory_gb", "0.0"),
+            expect: &["`cluster.device_memory_gb` = 0", "greater than 0"],
+        },
+        Case {
+            name: "negative device memory",
+            toml: set("cluster", "device_memory_gb", "-16.0"),
+            expect: &["`cluster.device_memory_gb` = -16", "greater than 0"],
+        },
+        Case {
+            name: "unknown algorithm",
+            toml: set("rl", "algorithm", "\"dpo\""),
+            expect: &["rl.algorithm", "unknown variant `dpo`", "`ppo`, `grpo`, `remax`"],
+        },
+        Case {
+            name: "unknown model role",
+            toml: ppo.replace("[models.critic]", "[models.critik]"),
+            expect: &["models.critik", "unknown field `critik`"],
+        },
+        Case {
+            name: "mini-batch does not divide the batch",
+            toml: set("rl", "mini_batch", "12"),
+            expect: &["`rl.mini_batch` = 12", "must divide prompts_per_step * samples_per_prompt (64)"],
+        },
+        Case {
+            name: "micro-batch does not divide the mini-batch",
+            toml: set("rl", "micro_batch", "5"),
+            expect: &["`rl.micro_batch` = 5", "must divide rl.mini_batch (32)"],
+        },
+        Case {
+            name: "grpo with one sample per prompt",
+            toml: set_key(&grpo, "rl", "samples_per_prompt", Some("1")),
+            expect: &["`rl.samples_per_prompt` = 1", "at least 2"],
+        },
+        Case {
+            name: "ppo without critic",
+            toml: drop_section(&ppo, "models.critic"),
+            expect: &["`models.critic`", "trains a value model"],
+        },
+        Case {
+            name: "grpo with critic",
+            toml: set("rl", "algorithm", "\"grpo\"").replace("samples_per_prompt = 1", "samples_per_prompt = 2"),
+            expect: &["`models.critic`", "has no critic"],
+        },
+        Case {
+            name: "missing cluster key",
+            toml: set_key(&ppo, "cluster", "nodes", None),
+            expect: &["`cluster.nodes`", "missing value", "detect = true"],
+        },
+        Case {
+            name: "unknown data plane",
+            toml: set("cluster", "data_plane", "\"gloo\""),
+            expect: &["cluster.data_plane", "unknown variant `gloo`"],
+        },
+        Case {
+            name: "gamma out of range",
+            toml: set("policy", "gamma", "1.5"),
+            expect: &["`policy.gamma` = 1.5", "[0, 1]"],
+        },
+        Case {
+            name: "memory headroom out of range",
+            toml: set("policy", "memory_headroom", "0.95"),
+            expect: &["`policy.memory_headroom` = 0.95", "[0, 0.9]"],
+        },
+        Case {
+            name: "job name with a space",
+            toml: set("job", "name", "\"my job\""),
+            expect: &["`job.name` = \"my job\"", "letters, digits"],
+        },
+        Case {
+            name: "zero collective timeout",
+            toml: set("job", "collective_timeout_s", "0.0"),
+            expect: &["`job.collective_timeout_s` = 0", "greater than 0"],
+        },
         Case { name: "missing rl section", toml: drop_section(&ppo, "rl"), expect: &["missing field `rl`"] },
-        Case { name: "reference vocab differs from actor", toml: set("models.reference", "vocab", "64"), expect: &["`models.reference.vocab` = 64", "must equal models.actor.vocab (32)"] },
+        Case {
+            name: "reference vocab differs from actor",
+            toml: set("models.reference", "vocab", "64"),
+            expect: &["`models.reference.vocab` = 64", "must equal models.actor.vocab (32)"],
+        },
         Case { name: "top-p above one", toml: set("train", "top_p", "1.5"), expect: &["`train.top_p` = 1.5"] },
-        Case { name: "unknown key in [train]", toml: set("train", "learning_rate", "1e-3"), expect: &["train.learning_rate", "unknown field `learning_rate`"] },
-        Case { name: "plan names no model-stage", toml: format!("{ppo}\n[plan.\"actor/decoding\"]\ntp = 1\npp = 1\ndp = 1\nranks = [0]\n"), expect: &["plan.\"actor/decoding\"", "not a model-stage"] },
-        Case { name: "plan rank count", toml: format!("{ppo}\n[plan.\"actor/training\"]\ntp = 2\npp = 1\ndp = 2\nranks = [0, 1, 2]\n"), expect: &["plan.\"actor/training\".ranks", "needs dp·tp·pp = 4 ranks"] },
-        Case { name: "ReMax with a model-scored reward", toml: set("rl", "algorithm", "\"remax\"").replace("[train]", "[train]\nreward = \"model\""), expect: &["`train.reward` = model", "greedy baseline"] },
-        Case { name: "included cluster file missing", toml: format!("{}\n[cluster]\ninclude = \"clusters/nope.toml\"\n", drop_section(&ppo, "cluster")), expect: &["cannot read config file", "clusters/nope.toml"] },
+        Case {
+            name: "unknown key in [train]",
+            toml: set("train", "learning_rate", "1e-3"),
+            expect: &["train.learning_rate", "unknown field `learning_rate`"],
+        },
+        Case {
+            name: "plan names no model-stage",
+            toml: format!("{ppo}\n[plan.\"actor/decoding\"]\ntp = 1\npp = 1\ndp = 1\nranks = [0]\n"),
+            expect: &["plan.\"actor/decoding\"", "not a model-stage"],
+        },
+        Case {
+            name: "plan rank count",
+            toml: format!("{ppo}\n[plan.\"actor/training\"]\ntp = 2\npp = 1\ndp = 2\nranks = [0, 1, 2]\n"),
+            expect: &["plan.\"actor/training\".ranks", "needs dp·tp·pp = 4 ranks"],
+        },
+        Case {
+            name: "ReMax with a model-scored reward",
+            toml: set("rl", "algorithm", "\"remax\"").replace("[train]", "[train]\nreward = \"model\""),
+            expect: &["`train.reward` = model", "greedy baseline"],
+        },
+        Case {
+            name: "included cluster file missing",
+            toml: format!("{}\n[cluster]\ninclude = \"clusters/nope.toml\"\n", drop_section(&ppo, "cluster")),
+            expect: &["cannot read config file", "clusters/nope.toml"],
+        },
     ]
 }
 
@@ -80,7 +200,13 @@ fn every_bad_config_exits_2_with_a_one_paragraph_message_naming_the_key() {
             failures.push(format!("{}: {}\n    stderr: {message}", case.name, problems.join("; ")));
         }
     }
-    assert!(failures.is_empty(), "{} of {} bad configs misreported:\n{}", failures.len(), cases.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} bad configs misreported:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]

@@ -13,7 +13,10 @@ fn random_primitive_sequences_lose_and_change_nothing_on_8_ranks() {
             assert!(summary["executed"][kind].as_u64().unwrap_or(0) > 0, "seed {seed}: no {kind} ran: {summary}");
         }
         for refusal in ["destroy-last-replica", "no-room"] {
-            assert!(summary["refusals"][refusal].as_u64().unwrap_or(0) > 0, "seed {seed}: no {refusal} drill: {summary}");
+            assert!(
+                summary["refusals"][refusal].as_u64().unwrap_or(0) > 0,
+                "seed {seed}: no {refusal} drill: {summary}"
+            );
         }
         assert!(summary["gathers"].as_u64().unwrap() >= 40 * 9, "a byte-exact gather after every step");
         assert!(summary["bytes_sent"].as_u64().unwrap() > 0);

@@ -99,17 +99,25 @@ fn a_config_error_on_every_rank_is_reported_once_with_status_2() {
 #[test]
 fn the_watchdog_aborts_a_stalled_collective_instead_of_hanging() {
     let start = Instant::now();
-    let out = run_mpi_env(3, &[("NEREUS_FAULT_STALL", "2:config agreement")], &["--collective-timeout", "2", "inspect", "config"]);
+    let out = run_mpi_env(
+        3,
+        &[("NEREUS_FAULT_STALL", "2:config agreement")],
+        &["--collective-timeout", "2", "inspect", "config"],
+    );
     let elapsed = start.elapsed();
     let (_, stderr) = text(&out);
     assert!(!out.status.success());
     assert!(elapsed < Duration::from_secs(60), "aborted after {elapsed:?}");
-    assert!(stderr.contains("watchdog: collective `config agreement` on world (3 ranks) did not complete within 2.0 s"), "{stderr}");
+    assert!(
+        stderr.contains("watchdog: collective `config agreement` on world (3 ranks) did not complete within 2.0 s"),
+        "{stderr}"
+    );
 }
 
 #[test]
 fn detection_counts_ranks_per_node_as_devices_on_a_cpu_machine() {
-    let out = run_mpi(4, &["inspect", "config", "configs/tiny-ppo.toml", "--cluster", "configs/clusters/local-detect.toml"]);
+    let out =
+        run_mpi(4, &["inspect", "config", "configs/tiny-ppo.toml", "--cluster", "configs/clusters/local-detect.toml"]);
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stderr}");
     assert!(stdout.contains("devices_per_node = 4"), "{stdout}");

@@ -16,13 +16,24 @@ fn plan_json(args: &[&str]) -> serde_json::Value {
 #[test]
 fn plans_cover_the_pool_with_disjoint_ranks_per_stage() {
     for (cluster, gpus) in [("h200", "16"), ("a100", "32")] {
-        let p = plan_json(&["--cluster", &format!("configs/clusters/{cluster}.toml"), "--gpus", gpus, "--seq-len", "2048"]);
+        let p =
+            plan_json(&["--cluster", &format!("configs/clusters/{cluster}.toml"), "--gpus", gpus, "--seq-len", "2048"]);
         let gpus: i64 = gpus.parse().unwrap();
         assert_eq!(p["gpus"], gpus);
         assert_eq!(p["parameters"]["actor"], 8_030_261_248u64, "catalogue count of Llama-3.1-8B");
         let stages = p["model_stages"].as_array().unwrap();
         let names: Vec<&str> = stages.iter().map(|m| m["model_stage"].as_str().unwrap()).collect();
-        assert_eq!(names, ["actor/generation", "reference/inference", "reward/inference", "critic/inference", "actor/training", "critic/training"]);
+        assert_eq!(
+            names,
+            [
+                "actor/generation",
+                "reference/inference",
+                "reward/inference",
+                "critic/inference",
+                "actor/training",
+                "critic/training"
+            ]
+        );
         let mut used: std::collections::BTreeMap<&str, Vec<i64>> = Default::default();
         for m in stages {
             let (tp, pp, dp) = (m["tp"].as_i64().unwrap(), m["pp"].as_i64().unwrap(), m["dp"].as_i64().unwrap());
@@ -42,7 +53,16 @@ fn plans_cover_the_pool_with_disjoint_ranks_per_stage() {
 
 #[test]
 fn a_pool_too_small_is_refused_with_what_would_fit() {
-    let out = run_single(&["plan", "configs/llama3.1-8b-ppo.toml", "--cluster", "configs/clusters/a100.toml", "--gpus", "1", "--seq-len", "8192"]);
+    let out = run_single(&[
+        "plan",
+        "configs/llama3.1-8b-ppo.toml",
+        "--cluster",
+        "configs/clusters/a100.toml",
+        "--gpus",
+        "1",
+        "--seq-len",
+        "8192",
+    ]);
     let (_, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("no plan fits 1 GPUs"), "{stderr}");

@@ -51,9 +51,16 @@ fn sbatch_runs_every_rank_under_srun_pmix() {
 fn sbatch_trains_the_default_job_under_srun_pmix() {
     let dir = tempfile::tempdir().unwrap();
     let runs = dir.path().join("run");
-    let Some((_, job_output)) = sbatch(dir.path(), &["train", "--steps", "3", "--output-dir", runs.to_str().unwrap()]) else { return };
+    let Some((_, job_output)) = sbatch(dir.path(), &["train", "--steps", "3", "--output-dir", runs.to_str().unwrap()])
+    else {
+        return;
+    };
     assert!(job_output.contains("step    2"), "{job_output}");
-    let lines: Vec<serde_json::Value> = std::fs::read_to_string(runs.join("metrics.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(runs.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(lines.len(), 3);
     let ranks: usize = lines[0]["plan"]["actor/generation"]["ranks"].as_array().unwrap().len();
     assert_eq!(ranks, 4, "the planner placed generation on the job's 4 ranks: {}", lines[0]["plan"]);

@@ -17,7 +17,11 @@ fn train(ranks: usize, config: &Path, out: &Path, steps: u32, extra: &[&str]) ->
     let run = run_mpi(ranks, &args);
     let (stdout, stderr) = text(&run);
     assert!(run.status.success(), "train failed:\n{stdout}\n{stderr}");
-    std::fs::read_to_string(out.join("metrics.jsonl")).expect("metrics.jsonl").lines().map(|l| serde_json::from_str(l).expect("one JSON object per line")).collect()
+    std::fs::read_to_string(out.join("metrics.jsonl"))
+        .expect("metrics.jsonl")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect()
 }
 
 fn mean(records: &[Value], key: &str) -> f64 {
@@ -87,7 +91,14 @@ fn runs_are_bit_identical_and_resume_under_other_layouts_with_the_same_losses() 
         }
     }
     let checkpoint = dir.path().join("a/checkpoints/step-2");
-    for file in ["actor.safetensors", "actor.optim.safetensors", "critic.safetensors", "reference.safetensors", "reward.safetensors", "state.json"] {
+    for file in [
+        "actor.safetensors",
+        "actor.optim.safetensors",
+        "critic.safetensors",
+        "reference.safetensors",
+        "reward.safetensors",
+        "state.json",
+    ] {
         assert!(checkpoint.join(file).exists(), "checkpoint lacks {file}");
     }
     let tp_pp = write(dir.path(), "tp-pp.toml", &with_tp_pp_plan(&toml));
@@ -104,9 +115,21 @@ fn a_plan_that_misses_a_model_stage_or_overlaps_is_refused_with_exit_2() {
     let missing = full.replace("[plan.\"critic/inference\"]\ntp = 1\npp = 1\ndp = 4\nranks = [4, 5, 6, 7]\n", "");
     // critic/training onto rank 3, which actor/training holds in the same stage.
     let overlapping = full.replace("dp = 2\nranks = [4, 5, 6, 7]", "dp = 2\nranks = [3, 4, 5, 6]");
-    for (name, toml, needle) in [("missing", missing, "no table for critic/inference"), ("overlap", overlapping, "rank 3")] {
+    for (name, toml, needle) in
+        [("missing", missing, "no table for critic/inference"), ("overlap", overlapping, "rank 3")]
+    {
         let config = write(dir.path(), &format!("{name}.toml"), &toml);
-        let out = run_mpi(8, &["train", config.to_str().unwrap(), "--steps", "1", "--output-dir", dir.path().join(name).to_str().unwrap()]);
+        let out = run_mpi(
+            8,
+            &[
+                "train",
+                config.to_str().unwrap(),
+                "--steps",
+                "1",
+                "--output-dir",
+                dir.path().join(name).to_str().unwrap(),
+            ],
+        );
         let (_, stderr) = text(&out);
         assert_eq!(out.status.code(), Some(2), "{name}: {stderr}");
         assert!(stderr.contains(needle), "{name}: {stderr}");
@@ -118,7 +141,19 @@ fn running_out_of_device_memory_is_an_error_at_allocation_time() {
     let dir = tempfile::tempdir().unwrap();
     let toml = set_key(&shipped("tiny-ppo.toml"), "cluster", "device_memory_gb", Some("0.003"));
     let config = write(dir.path(), "small.toml", &toml);
-    let out = run_mpi(8, &["--collective-timeout", "30", "train", config.to_str().unwrap(), "--steps", "1", "--output-dir", dir.path().join("o").to_str().unwrap()]);
+    let out = run_mpi(
+        8,
+        &[
+            "--collective-timeout",
+            "30",
+            "train",
+            config.to_str().unwrap(),
+            "--steps",
+            "1",
+            "--output-dir",
+            dir.path().join("o").to_str().unwrap(),
+        ],
+    );
     let (_, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("out of memory on rank") && stderr.contains("of 3000000 already in use"), "{stderr}");

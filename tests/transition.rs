@@ -11,7 +11,10 @@ fn random_transitions_reach_their_targets_without_changing_state() {
         let summary = selftest_summary("transitions", "30", seed);
         assert!(summary["executed"].as_u64().unwrap() >= 20, "most plan pairs are feasible: {summary}");
         assert!(summary["primitives"].as_u64().unwrap() > 100, "{summary}");
-        assert!(summary["resource_edges"].as_u64().unwrap() > 0, "model-stages waited for each other's releases: {summary}");
+        assert!(
+            summary["resource_edges"].as_u64().unwrap() > 0,
+            "model-stages waited for each other's releases: {summary}"
+        );
         assert!(summary["bytes_sent"].as_u64().unwrap() > 0);
     }
 }
@@ -31,14 +34,24 @@ fn bench_coordination_keeps_every_overlap_type_at_100_percent() {
         assert_eq!(r["nereus_successes"], r["trials"], "{r}");
         assert!(r["resource_edges"].as_u64().unwrap() > 0, "{r}");
     }
-    assert!(rows.iter().any(|r| r["baseline_successes"].as_u64() < r["trials"].as_u64()), "uncoordinated orders must conflict somewhere");
+    assert!(
+        rows.iter().any(|r| r["baseline_successes"].as_u64() < r["trials"].as_u64()),
+        "uncoordinated orders must conflict somewhere"
+    );
     assert!(report["floors"].as_array().unwrap().iter().all(|f| f["ok"] == true));
 }
 
 #[test]
 fn a_stalled_primitive_aborts_the_job_naming_the_transition_node() {
     let mut cmd = common::mpirun();
-    cmd.args(["-n", "8", "-x", "NEREUS_FAULT_STALL=3:point-to-point exchange"]).arg(common::nereus()).args(["--collective-timeout", "2", "selftest", "transitions", "--cases", "3"]);
+    cmd.args(["-n", "8", "-x", "NEREUS_FAULT_STALL=3:point-to-point exchange"]).arg(common::nereus()).args([
+        "--collective-timeout",
+        "2",
+        "selftest",
+        "transitions",
+        "--cases",
+        "3",
+    ]);
     let start = std::time::Instant::now();
     let out = cmd.output().unwrap();
     let (_, stderr) = text(&out);

@@ -48,7 +48,12 @@ pub enum BackendError {
 
 /// Checks that this binary can drive `plane`; MPI always can.
 pub fn check_data_plane(plane: DataPlane) -> Result<(), BackendError> {
-    let what = || format!("data plane `{}`", serde_json::to_value(plane).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default());
+    let what = || {
+        format!(
+            "data plane `{}`",
+            serde_json::to_value(plane).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default()
+        )
+    };
     match plane {
         DataPlane::Mpi => Ok(()),
         DataPlane::Nccl if cfg!(feature = "cuda") => Ok(()),

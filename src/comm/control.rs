@@ -88,7 +88,12 @@ pub fn broadcast_bytes(world: &World, watchdog: &Watchdog, op: &str, local: &[u8
 }
 
 /// Gathers one byte string from every rank to rank 0: `Some(per-rank bytes)` there, `None` elsewhere.
-pub fn gather_bytes_to_root(world: &World, watchdog: &Watchdog, op: &str, local: &[u8]) -> Result<Option<Vec<Vec<u8>>>, CommError> {
+pub fn gather_bytes_to_root(
+    world: &World,
+    watchdog: &Watchdog,
+    op: &str,
+    local: &[u8],
+) -> Result<Option<Vec<Vec<u8>>>, CommError> {
     let count = message_len(world, op, local)?;
     let comm = world.comm();
     let root = comm.process_at_rank(0);
@@ -146,11 +151,7 @@ fn displacements(counts: &[i32]) -> (Vec<i32>, usize) {
 }
 
 fn split(buffer: &[u8], counts: &[i32], displs: &[i32]) -> Vec<Vec<u8>> {
-    counts
-        .iter()
-        .zip(displs)
-        .map(|(&c, &d)| buffer[d as usize..(d + c) as usize].to_vec())
-        .collect()
+    counts.iter().zip(displs).map(|(&c, &d)| buffer[d as usize..(d + c) as usize].to_vec()).collect()
 }
 
 #[cfg(test)]

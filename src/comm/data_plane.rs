@@ -93,7 +93,6 @@ impl<'w> MpiPlane<'w> {
             None => what,
         }
     }
-
 }
 
 impl DataPlane for MpiPlane<'_> {
@@ -105,7 +104,8 @@ impl DataPlane for MpiPlane<'_> {
         if let Some(&i) = self.index.get(ranks) {
             return Ok(GroupId(i));
         }
-        let not_member = || CommError::Init { reason: format!("rank {} asked for group {ranks:?} it is not in", self.world.rank()) };
+        let not_member =
+            || CommError::Init { reason: format!("rank {} asked for group {ranks:?} it is not in", self.world.rank()) };
         if !ranks.contains(&self.world.rank()) {
             return Err(not_member());
         }

@@ -10,8 +10,8 @@ mod error;
 mod watchdog;
 mod world;
 
-pub use data_plane::{DataPlane, GroupId, MpiPlane, Transfer};
 pub use control::{agree, all_gather_bytes, broadcast_bytes, gather_bytes_to_root, Agreement};
+pub use data_plane::{DataPlane, GroupId, MpiPlane, Transfer};
 pub use error::CommError;
 pub use watchdog::{FaultInjection, Watchdog};
 pub use world::World;

@@ -20,9 +20,8 @@ impl World {
     /// Initializes MPI, asking for `MPI_THREAD_MULTIPLE` so the watchdog thread may call
     /// `MPI_Abort` while the main thread is blocked in a collective.
     pub fn init() -> Result<World, CommError> {
-        let (universe, threading) = mpi::initialize_with_threading(Threading::Multiple).ok_or_else(|| {
-            CommError::Init { reason: "MPI was already initialized in this process".into() }
-        })?;
+        let (universe, threading) = mpi::initialize_with_threading(Threading::Multiple)
+            .ok_or_else(|| CommError::Init { reason: "MPI was already initialized in this process".into() })?;
         let comm = universe.world();
         Ok(World { comm, _universe: universe, threading })
     }

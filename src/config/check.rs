@@ -29,7 +29,7 @@ pub fn within(key: &str, value: f64, lo: f64, hi: f64) -> Result<(), ConfigError
 
 /// `divisor` divides `value` exactly; `what` explains the relation in the message.
 pub fn divides(key: &str, divisor: u32, value: u32, what: &str) -> Result<(), ConfigError> {
-    if divisor == 0 || value % divisor != 0 {
+    if divisor == 0 || !value.is_multiple_of(divisor) {
         return Err(ConfigError::invalid(key, divisor, format!("must divide {what} ({value})")));
     }
     Ok(())

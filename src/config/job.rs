@@ -36,8 +36,8 @@ fn default_collective_timeout_s() -> f64 {
 impl JobSection {
     /// Checks ranges; errors name the key under `job.`.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let name_ok = !self.name.is_empty()
-            && self.name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+        let name_ok =
+            !self.name.is_empty() && self.name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
         if !name_ok {
             return Err(ConfigError::invalid(
                 "job.name",

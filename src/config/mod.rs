@@ -19,8 +19,8 @@ pub mod job;
 pub mod models;
 pub mod plan;
 pub mod policy;
-pub mod train;
 pub mod rl;
+pub mod train;
 
 pub use cluster::{ClusterSection, ClusterSpec, DataPlane};
 pub use error::ConfigError;
@@ -28,8 +28,8 @@ pub use job::JobSection;
 pub use models::{Dtype, ModelSpec, ModelsSection};
 pub use plan::PlanEntry;
 pub use policy::PolicySection;
-pub use train::{RewardSource, TrainSection};
 pub use rl::{Algorithm, RlSection};
+pub use train::{RewardSource, TrainSection};
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -119,8 +119,8 @@ pub struct ConfigSource {
 impl ConfigSource {
     /// Reads a job file from disk.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
         let base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
         Ok(ConfigSource { name: path.to_path_buf(), text, base_dir })
     }
@@ -256,7 +256,10 @@ impl JobConfig {
         match (self.rl.algorithm.uses_critic(), &self.models.critic) {
             (true, None) => Err(ConfigError::Missing {
                 key: "models.critic".into(),
-                hint: format!("algorithm `{}` trains a value model; add a [models.critic] table", self.rl.algorithm.name()),
+                hint: format!(
+                    "algorithm `{}` trains a value model; add a [models.critic] table",
+                    self.rl.algorithm.name()
+                ),
             }),
             (false, Some(_)) => Err(ConfigError::invalid(
                 "models.critic",

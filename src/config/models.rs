@@ -71,17 +71,24 @@ impl ModelSpec {
         match self.head_dim {
             Some(head_dim) => {
                 if head_dim == 0 || head_dim % 2 != 0 {
-                    return Err(ConfigError::invalid(key("head_dim"), head_dim, "must be even and at least 2 (rotary embeddings rotate pairs)"));
+                    return Err(ConfigError::invalid(
+                        key("head_dim"),
+                        head_dim,
+                        "must be even and at least 2 (rotary embeddings rotate pairs)",
+                    ));
                 }
             }
             None => {
                 check::divides(&key("heads"), self.heads, self.hidden, &format!("models.{role}.hidden"))?;
                 let head_dim = self.hidden / self.heads;
-                if head_dim % 2 != 0 {
+                if !head_dim.is_multiple_of(2) {
                     return Err(ConfigError::invalid(
                         key("heads"),
                         self.heads,
-                        format!("gives an odd head dimension {} / {} = {head_dim}; rotary embeddings need it even", self.hidden, self.heads),
+                        format!(
+                            "gives an odd head dimension {} / {} = {head_dim}; rotary embeddings need it even",
+                            self.hidden, self.heads
+                        ),
                     ));
                 }
             }
@@ -129,7 +136,10 @@ impl ModelsSection {
             return Err(ConfigError::invalid(
                 "models.reference.vocab",
                 self.reference.vocab,
-                format!("must equal models.actor.vocab ({}): the KL penalty compares their token distributions", self.actor.vocab),
+                format!(
+                    "must equal models.actor.vocab ({}): the KL penalty compares their token distributions",
+                    self.actor.vocab
+                ),
             ));
         }
         Ok(())

@@ -14,7 +14,14 @@ use serde::{Deserialize, Serialize};
 use super::{check, ConfigError};
 
 /// Model-stage names a plan table may use.
-pub const MODEL_STAGE_NAMES: [&str; 6] = ["actor/generation", "actor/training", "critic/inference", "critic/training", "reference/inference", "reward/inference"];
+pub const MODEL_STAGE_NAMES: [&str; 6] = [
+    "actor/generation",
+    "actor/training",
+    "critic/inference",
+    "critic/training",
+    "reference/inference",
+    "reward/inference",
+];
 
 /// One model-stage's placement.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -34,13 +41,21 @@ pub struct PlanEntry {
 pub fn validate(plan: &std::collections::BTreeMap<String, PlanEntry>) -> Result<(), ConfigError> {
     for (name, e) in plan {
         if !MODEL_STAGE_NAMES.contains(&name.as_str()) {
-            return Err(ConfigError::invalid(format!("plan.\"{name}\""), name, format!("not a model-stage; use one of {}", MODEL_STAGE_NAMES.join(", "))));
+            return Err(ConfigError::invalid(
+                format!("plan.\"{name}\""),
+                name,
+                format!("not a model-stage; use one of {}", MODEL_STAGE_NAMES.join(", ")),
+            ));
         }
         for (key, value) in [("tp", e.tp), ("pp", e.pp), ("dp", e.dp)] {
             check::at_least_one(&format!("plan.\"{name}\".{key}"), value)?;
         }
         if e.ranks.len() != (e.tp * e.pp * e.dp) as usize {
-            return Err(ConfigError::invalid(format!("plan.\"{name}\".ranks"), format!("{:?}", e.ranks), format!("needs dp·tp·pp = {} ranks", e.tp * e.pp * e.dp)));
+            return Err(ConfigError::invalid(
+                format!("plan.\"{name}\".ranks"),
+                format!("{:?}", e.ranks),
+                format!("needs dp·tp·pp = {} ranks", e.tp * e.pp * e.dp),
+            ));
         }
     }
     Ok(())

@@ -22,7 +22,8 @@ fn source(text: &str) -> ConfigSource {
 #[test]
 fn every_shipped_job_config_is_valid() {
     for name in ["tiny-ppo", "tiny-grpo", "tiny-remax", "llama3.1-8b-ppo"] {
-        let config = load(&format!("configs/{name}.toml"), &Overrides::default()).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let config =
+            load(&format!("configs/{name}.toml"), &Overrides::default()).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(config.job.name, name);
     }
     let embedded = JobConfig::load(None, &Overrides::default(), &mut no_detection).unwrap();
@@ -31,14 +32,22 @@ fn every_shipped_job_config_is_valid() {
 
 #[test]
 fn the_paper_clusters_have_their_published_figures() {
-    let spec = |name: &str| load_cluster_file(&repo_path(&format!("configs/clusters/{name}.toml"))).unwrap().resolve().unwrap();
+    let spec = |name: &str| {
+        load_cluster_file(&repo_path(&format!("configs/clusters/{name}.toml"))).unwrap().resolve().unwrap()
+    };
     let lumi = spec("lumi-g");
     assert_eq!((lumi.devices_per_node, lumi.device_memory_gb, lumi.data_plane), (8, 64.0, DataPlane::Rccl));
     assert_eq!((lumi.intra_node_gbps, lumi.inter_node_gbps()), (400.0, 100.0));
     let a100 = spec("a100");
-    assert_eq!((a100.devices_per_node, a100.device_memory_gb, a100.intra_node_gbps, a100.inter_node_gbps()), (4, 64.0, 600.0, 50.0));
+    assert_eq!(
+        (a100.devices_per_node, a100.device_memory_gb, a100.intra_node_gbps, a100.inter_node_gbps()),
+        (4, 64.0, 600.0, 50.0)
+    );
     let h200 = spec("h200");
-    assert_eq!((h200.devices_per_node, h200.device_memory_gb, h200.intra_node_gbps, h200.inter_node_gbps()), (8, 141.0, 900.0, 25.0));
+    assert_eq!(
+        (h200.devices_per_node, h200.device_memory_gb, h200.intra_node_gbps, h200.inter_node_gbps()),
+        (8, 141.0, 900.0, 25.0)
+    );
     assert_eq!(h200.data_plane, DataPlane::Nccl);
 }
 

@@ -82,7 +82,12 @@ impl Default for TrainSection {
 impl TrainSection {
     /// Checks ranges; errors name the key under `train.`.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        for (key, value) in [("train.actor_lr", self.actor_lr), ("train.critic_lr", self.critic_lr), ("train.warmup_lr", self.warmup_lr), ("train.temperature", self.temperature)] {
+        for (key, value) in [
+            ("train.actor_lr", self.actor_lr),
+            ("train.critic_lr", self.critic_lr),
+            ("train.warmup_lr", self.warmup_lr),
+            ("train.temperature", self.temperature),
+        ] {
             check::positive(key, value)?;
         }
         check::within("train.top_p", self.top_p, 0.0, 1.0)?;
@@ -90,7 +95,12 @@ impl TrainSection {
         check::within("train.clip_ratio", self.clip_ratio, 0.0, 1.0)?;
         check::within("train.discount", self.discount, 0.0, 1.0)?;
         check::within("train.gae_lambda", self.gae_lambda, 0.0, 1.0)?;
-        for (key, value) in [("train.weight_decay", self.weight_decay), ("train.max_grad_norm", self.max_grad_norm), ("train.kl_coef", self.kl_coef), ("train.value_clip", self.value_clip)] {
+        for (key, value) in [
+            ("train.weight_decay", self.weight_decay),
+            ("train.max_grad_norm", self.max_grad_norm),
+            ("train.kl_coef", self.kl_coef),
+            ("train.value_clip", self.value_clip),
+        ] {
             check::within(key, value, 0.0, f64::MAX)?;
         }
         Ok(())

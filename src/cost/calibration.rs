@@ -28,7 +28,15 @@ pub enum OpClass {
 
 impl OpClass {
     /// Every class, in index order.
-    pub const ALL: [OpClass; 7] = [OpClass::Gemm, OpClass::Attention, OpClass::Decode, OpClass::TpAllReduce, OpClass::DpAllReduce, OpClass::PpP2pIntra, OpClass::PpP2pInter];
+    pub const ALL: [OpClass; 7] = [
+        OpClass::Gemm,
+        OpClass::Attention,
+        OpClass::Decode,
+        OpClass::TpAllReduce,
+        OpClass::DpAllReduce,
+        OpClass::PpP2pIntra,
+        OpClass::PpP2pInter,
+    ];
 
     /// Index into per-class arrays.
     pub fn index(self) -> usize {
@@ -89,7 +97,10 @@ mod tests {
     #[test]
     fn fitting_recovers_the_efficiency_that_produced_the_measurements() {
         let mut e = Efficiencies::default();
-        let ms: Vec<Measurement> = [1.0, 2.0, 4.0].iter().map(|&i| Measurement { class: OpClass::Gemm, ideal_seconds: i, measured_seconds: i / 0.72 }).collect();
+        let ms: Vec<Measurement> = [1.0, 2.0, 4.0]
+            .iter()
+            .map(|&i| Measurement { class: OpClass::Gemm, ideal_seconds: i, measured_seconds: i / 0.72 })
+            .collect();
         e.fit(&ms, 1.0);
         assert!((e.of(OpClass::Gemm) - 0.72).abs() < 1e-12);
         assert_eq!(e.of(OpClass::Decode), Efficiencies::default().of(OpClass::Decode), "other classes untouched");

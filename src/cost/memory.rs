@@ -60,7 +60,14 @@ pub struct MemoryBreakdown {
 impl MemoryBreakdown {
     /// Sum of all parts.
     pub fn total(&self) -> u64 {
-        self.params + self.gradients + self.optimizer + self.activations + self.kv_cache + self.logits + self.workspace + self.resident
+        self.params
+            + self.gradients
+            + self.optimizer
+            + self.activations
+            + self.kv_cache
+            + self.logits
+            + self.workspace
+            + self.resident
     }
 }
 

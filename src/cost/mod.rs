@@ -7,7 +7,10 @@ mod memory;
 mod stats;
 
 pub use calibration::{Efficiencies, Measurement, OpClass};
-pub use memory::{activation_bytes_per_layer, kv_cache_bytes_per_sequence, training_state_bytes_per_param, MemoryBreakdown, GRADIENT_BYTES};
+pub use memory::{
+    activation_bytes_per_layer, kv_cache_bytes_per_sequence, training_state_bytes_per_param, MemoryBreakdown,
+    GRADIENT_BYTES,
+};
 pub use stats::ModelStats;
 
 use serde::Serialize;
@@ -126,7 +129,14 @@ impl CostModel {
     /// heaviest rank's parameter count for the candidate's layout
     /// ([`ModelStats::max_params_per_rank`]) and `resident` the per-rank state of other
     /// model-stages kept on the same ranks. Infeasible candidates get infinite latency.
-    pub fn estimate(&self, params_per_rank: u64, stats: &ModelStats, candidate: &Candidate, workload: &Workload, resident: u64) -> Estimate {
+    pub fn estimate(
+        &self,
+        params_per_rank: u64,
+        stats: &ModelStats,
+        candidate: &Candidate,
+        workload: &Workload,
+        resident: u64,
+    ) -> Estimate {
         let concurrent = self.concurrent_sequences(params_per_rank, stats, candidate, workload, resident);
         let memory = self.memory(params_per_rank, stats, candidate, workload, resident, concurrent);
         let feasible = memory.total() <= self.hardware.usable_bytes();
@@ -140,7 +150,14 @@ impl CostModel {
     /// Sequences a replica decodes at once. Generation keeps as many sequences in flight as
     /// the KV cache left after everything else allows (like vLLM's scheduler) and decodes the
     /// rest in further waves; at least one. Other stages: the replica's whole share.
-    pub fn concurrent_sequences(&self, params_per_rank: u64, stats: &ModelStats, c: &Candidate, w: &Workload, resident: u64) -> u64 {
+    pub fn concurrent_sequences(
+        &self,
+        params_per_rank: u64,
+        stats: &ModelStats,
+        c: &Candidate,
+        w: &Workload,
+        resident: u64,
+    ) -> u64 {
         let b_rep = Self::per_replica(c, w);
         if c.model_stage.stage != Stage::Generation {
             return b_rep;
@@ -161,7 +178,11 @@ impl CostModel {
 
     /// Outputs of the head per token on one rank: the vocabulary shard, or one value.
     fn head_width(stats: &ModelStats, c: &Candidate) -> u64 {
-        if stats.arch.head == OutputHead::Lm { stats.arch.vocab / u64::from(c.layout.tp) } else { 1 }
+        if stats.arch.head == OutputHead::Lm {
+            stats.arch.vocab / u64::from(c.layout.tp)
+        } else {
+            1
+        }
     }
 
     /// Sequences of the slowest replica.
@@ -170,7 +191,15 @@ impl CostModel {
     }
 
     /// Memory of the heaviest rank; `concurrent` sequences in flight for generation.
-    pub fn memory(&self, params_per_rank: u64, stats: &ModelStats, c: &Candidate, w: &Workload, resident: u64, concurrent: u64) -> MemoryBreakdown {
+    pub fn memory(
+        &self,
+        params_per_rank: u64,
+        stats: &ModelStats,
+        c: &Candidate,
+        w: &Workload,
+        resident: u64,
+        concurrent: u64,
+    ) -> MemoryBreakdown {
         let a = &stats.arch;
         let (tp, pp) = (u64::from(c.layout.tp), u64::from(c.layout.pp));
         let p = params_per_rank;
@@ -179,13 +208,17 @@ impl CostModel {
         let micro = u64::from(c.micro_batch).min(b_rep).max(1);
         let layers = stats.max_layers_per_stage(c.layout.pp);
         let mut m = MemoryBreakdown { params: p * a.dtype.bytes(), resident, ..MemoryBreakdown::default() };
-        let one_layer = |recompute| activation_bytes_per_layer(s as f64, micro as f64, a.hidden as f64, a.heads as f64, tp as f64, recompute) as u64;
+        let one_layer = |recompute| {
+            activation_bytes_per_layer(s as f64, micro as f64, a.hidden as f64, a.heads as f64, tp as f64, recompute)
+                as u64
+        };
         // f32 outputs of the head: the vocabulary shard for LM heads, one value for value heads.
         let logits = s * micro * Self::head_width(stats, c) * 4;
         match c.model_stage.stage {
             Stage::Training => {
                 m.gradients = p * GRADIENT_BYTES;
-                m.optimizer = p * (training_state_bytes_per_param(a.dtype, GRADIENT_BYTES) - a.dtype.bytes() - GRADIENT_BYTES);
+                m.optimizer =
+                    p * (training_state_bytes_per_param(a.dtype, GRADIENT_BYTES) - a.dtype.bytes() - GRADIENT_BYTES);
                 // 1F1B: the first stage holds `pp` in-flight micro-batches of its layers.
                 let in_flight = pp.min(b_rep.div_ceil(micro));
                 m.activations = one_layer(c.recompute) * layers * in_flight;
@@ -233,7 +266,13 @@ impl CostModel {
         let pp_class = if c.layout.size() <= hw.devices_per_node { OpClass::PpP2pIntra } else { OpClass::PpP2pInter };
         let pp_bw = if pp_class == OpClass::PpP2pIntra { hw.intra_bytes_per_s } else { hw.inter_bytes_per_s };
         let activation_msg = s * micro * h * bytes;
-        let ring = |group: f64, msg: f64, bw: f64| if group > 1.0 { 2.0 * (group - 1.0) / group * msg / bw + 2.0 * (group - 1.0) * MESSAGE_LATENCY_S } else { 0.0 };
+        let ring = |group: f64, msg: f64, bw: f64| {
+            if group > 1.0 {
+                2.0 * (group - 1.0) / group * msg / bw + 2.0 * (group - 1.0) * MESSAGE_LATENCY_S
+            } else {
+                0.0
+            }
+        };
         let mut out = LatencyBreakdown::default();
         let tokens = b_rep * s;
         // Causal attention: 2·layers·s·q_width FLOPs per token forward (QKᵀ and AV, halved).
@@ -250,7 +289,10 @@ impl CostModel {
                 };
                 out.add(OpClass::Gemm, (6.0 + 2.0 * recompute_fwd) * n * tokens / flops_rate * bubble);
                 out.add(OpClass::Attention, attn_passes * attention_fwd / flops_rate * bubble);
-                out.add(OpClass::TpAllReduce, m * (layers / pp) * 4.0 * ring(tp, activation_msg, hw.intra_bytes_per_s) * bubble);
+                out.add(
+                    OpClass::TpAllReduce,
+                    m * (layers / pp) * 4.0 * ring(tp, activation_msg, hw.intra_bytes_per_s) * bubble,
+                );
                 if pp > 1.0 {
                     out.add(pp_class, (m + pp - 1.0) * 2.0 * (activation_msg / pp_bw + MESSAGE_LATENCY_S));
                 }
@@ -261,7 +303,10 @@ impl CostModel {
             Stage::Inference => {
                 out.add(OpClass::Gemm, 2.0 * n * tokens / flops_rate * bubble);
                 out.add(OpClass::Attention, attention_fwd / flops_rate * bubble);
-                out.add(OpClass::TpAllReduce, m * (layers / pp) * 2.0 * ring(tp, activation_msg, hw.intra_bytes_per_s) * bubble);
+                out.add(
+                    OpClass::TpAllReduce,
+                    m * (layers / pp) * 2.0 * ring(tp, activation_msg, hw.intra_bytes_per_s) * bubble,
+                );
                 if pp > 1.0 {
                     out.add(pp_class, (m + pp - 1.0) * (activation_msg / pp_bw + MESSAGE_LATENCY_S));
                 }

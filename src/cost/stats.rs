@@ -72,7 +72,8 @@ impl ModelStats {
             .map(|j| {
                 let blocks = catalogue.blocks_of_stage(layout.pp, j);
                 let (a, b) = (blocks.start as usize, blocks.end as usize);
-                let mut e = (self.block_split[b] - self.block_split[a]) / tp + (self.block_replicated[b] - self.block_replicated[a]);
+                let mut e = (self.block_split[b] - self.block_split[a]) / tp
+                    + (self.block_replicated[b] - self.block_replicated[a]);
                 if j == 0 {
                     e += self.first_split / tp;
                 }

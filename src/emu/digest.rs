@@ -87,7 +87,10 @@ pub fn counters_digest(c: &Counters) -> [u64; 2] {
     let fields = [c.updates, c.model_version, c.policy_version, c.data_position, c.seed];
     let mut out = [0u64; 2];
     for lane in 0..2 {
-        out[lane] = fields.iter().enumerate().fold(mix(LANES[lane] ^ 0xc0), |acc, (i, f)| mix(acc ^ mix(*f ^ (i as u64) << 60)));
+        out[lane] = fields
+            .iter()
+            .enumerate()
+            .fold(mix(LANES[lane] ^ 0xc0), |acc, (i, f)| mix(acc ^ mix(*f ^ (i as u64) << 60)));
     }
     out
 }

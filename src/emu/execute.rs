@@ -50,7 +50,11 @@ fn chunks(segs: &[(usize, &Segment)], sections: &[Section], dtype: Dtype) -> Vec
                 let contiguous = r.cols == at.piece_region.cols || r.rows == 1;
                 let base = section_base(sections, dtype, s, at.section_elements);
                 let start = byte_at(at, r, 0, base, eb);
-                if contiguous { Ok(start..start + bytes) } else { Err((k, s)) }
+                if contiguous {
+                    Ok(start..start + bytes)
+                } else {
+                    Err((k, s))
+                }
             };
             let (src, dst) = (range(&seg.src_at), range(&seg.dst_at));
             let emus = (seg.src.0, seg.dst.0);
@@ -70,11 +74,26 @@ fn chunks(segs: &[(usize, &Segment)], sections: &[Section], dtype: Dtype) -> Vec
     out
 }
 
+/// What one message sends: a range of a source EMU's buffer in place, or a packed copy.
+type SendItem = Result<(EmuId, Range<u64>), Vec<u8>>;
+
+/// Where a rectangle sits in a buffer: its stored piece and the byte offset of the section.
+#[derive(Clone, Copy)]
+struct At<'a> {
+    piece: &'a Stored,
+    base: u64,
+}
+
 /// Copies rectangle `r` between two stored pieces (or a packed buffer, `Stored` with the
 /// rectangle itself as its piece).
-fn copy_rect(src: &[u8], sa: &Stored, s_base: u64, dst: &mut [u8], da: &Stored, d_base: u64, r: &Region, eb: u64) {
+fn copy_rect(src: &[u8], from: At, dst: &mut [u8], to: At, r: &Region, eb: u64) {
+    let (sa, s_base, da, d_base) = (from.piece, from.base, to.piece, to.base);
     if r.cols == sa.piece_region.cols && r.cols == da.piece_region.cols {
-        let (s, d, n) = (byte_at(sa, r, 0, s_base, eb) as usize, byte_at(da, r, 0, d_base, eb) as usize, (r.elements() * eb) as usize);
+        let (s, d, n) = (
+            byte_at(sa, r, 0, s_base, eb) as usize,
+            byte_at(da, r, 0, d_base, eb) as usize,
+            (r.elements() * eb) as usize,
+        );
         dst[d..d + n].copy_from_slice(&src[s..s + n]);
         return;
     }
@@ -94,7 +113,9 @@ fn packed(r: &Region) -> Stored {
 /// [`move_bytes`] cannot send from, or receive into, a buffer directly.
 pub fn scratch_bytes(movement: &Movement, me: i32, sections: &[Section], dtype: Dtype) -> u64 {
     let mut pairs: BTreeMap<(i32, i32), Vec<(usize, &Segment)>> = BTreeMap::new();
-    for (k, seg) in movement.segments.iter().enumerate().filter(|(_, s)| s.is_remote() && (s.src.1 == me || s.dst.1 == me)) {
+    for (k, seg) in
+        movement.segments.iter().enumerate().filter(|(_, s)| s.is_remote() && (s.src.1 == me || s.dst.1 == me))
+    {
         pairs.entry((seg.src.1, seg.dst.1)).or_default().push((k, seg));
     }
     pairs
@@ -126,7 +147,12 @@ pub fn move_bytes<P: DataPlane>(
     sources: &BTreeMap<EmuId, &LocalShard>,
     targets: &mut BTreeMap<EmuId, LocalShard>,
 ) -> Result<(), EmuError> {
-    let Some((sections, dtype)) = sources.values().next().map(|s| (s.sections.clone(), s.dtype)).or_else(|| targets.values().next().map(|t| (t.sections.clone(), t.dtype))) else {
+    let Some((sections, dtype)) = sources
+        .values()
+        .next()
+        .map(|s| (s.sections.clone(), s.dtype))
+        .or_else(|| targets.values().next().map(|t| (t.sections.clone(), t.dtype)))
+    else {
         return Ok(()); // this rank takes no part
     };
     move_sections(plane, movement, sources, targets, &sections, dtype)
@@ -149,8 +175,18 @@ pub fn move_sections<P: DataPlane>(
         let dst = targets.get_mut(&seg.dst.0).expect("target allocated");
         for (s, section) in sections.iter().enumerate() {
             let eb = section.element_bytes(dtype);
-            let (sb, db) = (section_base(&sections, dtype, s, seg.src_at.section_elements), section_base(&sections, dtype, s, seg.dst_at.section_elements));
-            copy_rect(&src.buffer, &seg.src_at, sb, &mut dst.buffer, &seg.dst_at, db, &seg.region, eb);
+            let (sb, db) = (
+                section_base(&sections, dtype, s, seg.src_at.section_elements),
+                section_base(&sections, dtype, s, seg.dst_at.section_elements),
+            );
+            copy_rect(
+                &src.buffer,
+                At { piece: &seg.src_at, base: sb },
+                &mut dst.buffer,
+                At { piece: &seg.dst_at, base: db },
+                &seg.region,
+                eb,
+            );
         }
     }
     let mut outgoing: BTreeMap<i32, Vec<(usize, &Segment)>> = BTreeMap::new();
@@ -165,7 +201,7 @@ pub fn move_sections<P: DataPlane>(
     }
     let segment = |k: usize| &movement.segments[k];
     // Sends: direct slices of source buffers, or packed rectangles.
-    let mut send_plan: Vec<(i32, Result<(EmuId, Range<u64>), Vec<u8>>)> = Vec::new();
+    let mut send_plan: Vec<(i32, SendItem)> = Vec::new();
     for (&peer, segs) in &outgoing {
         for c in chunks(segs, &sections, dtype) {
             let item = match c.src {
@@ -175,7 +211,8 @@ pub fn move_sections<P: DataPlane>(
                     let eb = sections[s].element_bytes(dtype);
                     let mut out = vec![0u8; c.bytes as usize];
                     let sb = section_base(&sections, dtype, s, seg.src_at.section_elements);
-                    copy_rect(&sources[&seg.src.0].buffer, &seg.src_at, sb, &mut out, &packed(&seg.region), 0, &seg.region, eb);
+                    let (from, to) = (At { piece: &seg.src_at, base: sb }, At { piece: &packed(&seg.region), base: 0 });
+                    copy_rect(&sources[&seg.src.0].buffer, from, &mut out, to, &seg.region, eb);
                     Err(out)
                 }
             };
@@ -217,7 +254,8 @@ pub fn move_sections<P: DataPlane>(
                 slices.extend(carve(&mut shard.buffer, ranges));
             }
         }
-        let mut scratch_slices: Vec<Option<&mut [u8]>> = scratch.iter_mut().map(|(_, _, b)| Some(b.as_mut_slice())).collect();
+        let mut scratch_slices: Vec<Option<&mut [u8]>> =
+            scratch.iter_mut().map(|(_, _, b)| Some(b.as_mut_slice())).collect();
         for (peer, which) in &recv_order {
             let data = match which {
                 Ok(slot) => slices.remove(slot).expect("each direct range carved once"),
@@ -232,7 +270,14 @@ pub fn move_sections<P: DataPlane>(
         let eb = sections[*s].element_bytes(dtype);
         let db = section_base(&sections, dtype, *s, seg.dst_at.section_elements);
         let dst = targets.get_mut(&seg.dst.0).expect("target allocated");
-        copy_rect(data, &packed(&seg.region), 0, &mut dst.buffer, &seg.dst_at, db, &seg.region, eb);
+        copy_rect(
+            data,
+            At { piece: &packed(&seg.region), base: 0 },
+            &mut dst.buffer,
+            At { piece: &seg.dst_at, base: db },
+            &seg.region,
+            eb,
+        );
     }
     Ok(())
 }

@@ -89,7 +89,9 @@ impl Movement {
                         seen.push(overlap);
                         let holders: Vec<(EmuId, i32)> = (0..src_layout.tp)
                             .filter(|&h| catalogue.region(piece.tensor, src_layout.tp, h) == held)
-                            .flat_map(|h| sources.iter().map(move |s| (s.id, s.rank_at(Position { tp: h, pp: src_stage }))))
+                            .flat_map(|h| {
+                                sources.iter().map(move |s| (s.id, s.rank_at(Position { tp: h, pp: src_stage })))
+                            })
                             .collect();
                         let src = holders
                             .iter()
@@ -97,14 +99,26 @@ impl Movement {
                             .find(|&(_, r)| r == dst_rank)
                             .unwrap_or(holders[(k + t_index) % holders.len()]);
                         let src_table = &src_tables[src_layout.index(Position { tp: i, pp: src_stage })];
-                        let src_piece = src_table.pieces.iter().find(|p| p.tensor == piece.tensor).expect("the holder's table lists the tensor");
+                        let src_piece = src_table
+                            .pieces
+                            .iter()
+                            .find(|p| p.tensor == piece.tensor)
+                            .expect("the holder's table lists the tensor");
                         segments.push(Segment {
                             tensor: piece.tensor,
                             region: overlap,
                             src,
                             dst: (target.id, dst_rank),
-                            src_at: Stored { piece_offset: src_piece.offset, piece_region: src_piece.region, section_elements: src_table.elements },
-                            dst_at: Stored { piece_offset: piece.offset, piece_region: piece.region, section_elements: table.elements },
+                            src_at: Stored {
+                                piece_offset: src_piece.offset,
+                                piece_region: src_piece.region,
+                                section_elements: src_table.elements,
+                            },
+                            dst_at: Stored {
+                                piece_offset: piece.offset,
+                                piece_region: piece.region,
+                                section_elements: table.elements,
+                            },
                         });
                     }
                 }

@@ -12,7 +12,10 @@ use crate::plan::{ModelStage, Role};
 
 use super::digest::{counters_digest, shard_digest};
 use super::execute::{move_bytes, move_sections, scratch_bytes};
-use super::{shard_bytes, synthetic_fill, Counters, Digest, Emu, EmuError, EmuId, LocalShard, Movement, Section, ShardStore, TargetEmu};
+use super::{
+    shard_bytes, synthetic_fill, Counters, Digest, Emu, EmuError, EmuId, LocalShard, Movement, Section, ShardStore,
+    TargetEmu,
+};
 
 /// What a primitive did (identical on every rank: computed from the movement, not measured).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -79,7 +82,15 @@ impl EmuSet {
     /// An empty set for `rank` of `world_size`, with `capacity` bytes of device memory and the
     /// catalogue of every model of the job.
     pub fn new(rank: i32, world_size: i32, capacity: u64, catalogues: BTreeMap<Role, Catalogue>) -> EmuSet {
-        EmuSet { rank, world: (0..world_size).collect(), participants_only: false, catalogues, emus: BTreeMap::new(), next_id: 0, store: ShardStore::new(rank, capacity) }
+        EmuSet {
+            rank,
+            world: (0..world_size).collect(),
+            participants_only: false,
+            catalogues,
+            emus: BTreeMap::new(),
+            next_id: 0,
+            store: ShardStore::new(rank, capacity),
+        }
     }
 
     /// Who checks room for a primitive. By default the whole world agrees, so every rank learns
@@ -137,17 +148,28 @@ impl EmuSet {
     }
 
     fn get(&self, id: EmuId, primitive: &str) -> Result<&Emu, EmuError> {
-        self.emus.get(&id).ok_or_else(|| EmuError::Invalid { primitive: primitive.into(), reason: format!("{id} does not exist") })
+        self.emus
+            .get(&id)
+            .ok_or_else(|| EmuError::Invalid { primitive: primitive.into(), reason: format!("{id} does not exist") })
     }
 
     /// Checks that `ranks` are distinct world ranks not used by another replica of `model_stage`.
-    fn check_ranks(&self, primitive: &str, model_stage: ModelStage, ranks: &[i32], except: &[EmuId]) -> Result<(), EmuError> {
+    fn check_ranks(
+        &self,
+        primitive: &str,
+        model_stage: ModelStage,
+        ranks: &[i32],
+        except: &[EmuId],
+    ) -> Result<(), EmuError> {
         let invalid = |reason: String| EmuError::Invalid { primitive: primitive.into(), reason };
         let mut sorted = ranks.to_vec();
         sorted.sort_unstable();
         sorted.dedup();
         if sorted.len() != ranks.len() || ranks.iter().any(|r| !self.world.contains(r)) {
-            return Err(invalid(format!("ranks {ranks:?} must be distinct ranks of the world (0..{})", self.world.len())));
+            return Err(invalid(format!(
+                "ranks {ranks:?} must be distinct ranks of the world (0..{})",
+                self.world.len()
+            )));
         }
         for other in self.replicas(model_stage).into_iter().filter(|e| !except.contains(&e.id)) {
             if let Some(r) = ranks.iter().find(|r| other.ranks.contains(r)) {
@@ -158,7 +180,14 @@ impl EmuSet {
     }
 
     /// Creates a replica filled with [`synthetic_fill`] bytes (tests, benchmarks, drills).
-    pub fn create_synthetic<P: DataPlane>(&mut self, plane: &mut P, model_stage: ModelStage, layout: Layout, ranks: &[i32], counters: Counters) -> Result<EmuId, EmuError> {
+    pub fn create_synthetic<P: DataPlane>(
+        &mut self,
+        plane: &mut P,
+        model_stage: ModelStage,
+        layout: Layout,
+        ranks: &[i32],
+        counters: Counters,
+    ) -> Result<EmuId, EmuError> {
         self.create(plane, model_stage, layout, ranks, counters, |shard, catalogue| {
             synthetic_fill(shard, catalogue, counters.seed);
             Ok(())
@@ -169,11 +198,22 @@ impl EmuSet {
     /// it; it fails on every rank, allocating nothing, if one lacks room); `fill` writes each
     /// new shard of this rank (e.g. the engine's initialization or a checkpoint's tensors); if
     /// it fails, this rank's new shards are freed and the replica is not registered.
-    pub fn create<P: DataPlane>(&mut self, plane: &mut P, model_stage: ModelStage, layout: Layout, ranks: &[i32], counters: Counters, mut fill: impl FnMut(&mut LocalShard, &Catalogue) -> Result<(), String>) -> Result<EmuId, EmuError> {
+    pub fn create<P: DataPlane>(
+        &mut self,
+        plane: &mut P,
+        model_stage: ModelStage,
+        layout: Layout,
+        ranks: &[i32],
+        counters: Counters,
+        mut fill: impl FnMut(&mut LocalShard, &Catalogue) -> Result<(), String>,
+    ) -> Result<EmuId, EmuError> {
         let what = format!("Create {model_stage} {layout} on {ranks:?}");
         self.catalogue(model_stage.role).check_layout(layout)?;
         if ranks.len() != layout.size() as usize {
-            return Err(EmuError::Invalid { primitive: what, reason: format!("{layout} needs {} ranks, got {}", layout.size(), ranks.len()) });
+            return Err(EmuError::Invalid {
+                primitive: what,
+                reason: format!("{layout} needs {} ranks, got {}", layout.size(), ranks.len()),
+            });
         }
         self.check_ranks(&what, model_stage, ranks, &[])?;
         let id = self.fresh_id();
@@ -195,12 +235,20 @@ impl EmuSet {
     /// same model, resharding between their layouts (the weight sync from `actor/training` to
     /// `actor/generation`): each target rectangle moves once, rank to rank, concurrently; no
     /// copy passes through a root. Optimizer sections stay where they are.
-    pub fn sync_params<P: DataPlane>(&mut self, plane: &mut P, from: EmuId, to: EmuId) -> Result<PrimitiveReport, EmuError> {
+    pub fn sync_params<P: DataPlane>(
+        &mut self,
+        plane: &mut P,
+        from: EmuId,
+        to: EmuId,
+    ) -> Result<PrimitiveReport, EmuError> {
         let start = Instant::now();
         let (src, dst) = (self.get(from, "Sync")?.clone(), self.get(to, "Sync")?.clone());
         let what = format!("Sync {} {} -> {} {}", src.model_stage, src.layout, dst.model_stage, dst.layout);
         if src.model_stage.role != dst.model_stage.role {
-            return Err(EmuError::Invalid { primitive: what, reason: "weights can only sync between stages of the same model".into() });
+            return Err(EmuError::Invalid {
+                primitive: what,
+                reason: "weights can only sync between stages of the same model".into(),
+            });
         }
         let catalogue = &self.catalogues[&src.model_stage.role];
         let target = TargetEmu { id: to, layout: dst.layout, ranks: dst.ranks.clone() };
@@ -215,7 +263,13 @@ impl EmuSet {
         }
         moved?;
         let sections = [Section::Params];
-        let report = PrimitiveReport { primitive: what, bytes_sent: movement.bytes_sent(&sections, catalogue.arch.dtype), bytes_local: movement.bytes_local(&sections, catalogue.arch.dtype), seconds: start.elapsed().as_secs_f64(), created: vec![] };
+        let report = PrimitiveReport {
+            primitive: what,
+            bytes_sent: movement.bytes_sent(&sections, catalogue.arch.dtype),
+            bytes_local: movement.bytes_local(&sections, catalogue.arch.dtype),
+            seconds: start.elapsed().as_secs_f64(),
+            created: vec![],
+        };
         Ok(report)
     }
 
@@ -229,17 +283,29 @@ impl EmuSet {
     /// Checks on every rank that the new shards (and pack buffers) fit, then allocates this
     /// rank's. If any rank lacks room, every rank returns [`EmuError::NoRoom`] naming them and
     /// nothing is allocated.
-    fn allocate_targets<P: DataPlane>(&mut self, plane: &mut P, what: &str, model_stage: ModelStage, targets: &[TargetEmu], sources: &[i32], scratch: u64) -> Result<BTreeMap<EmuId, LocalShard>, EmuError> {
+    fn allocate_targets<P: DataPlane>(
+        &mut self,
+        plane: &mut P,
+        what: &str,
+        model_stage: ModelStage,
+        targets: &[TargetEmu],
+        sources: &[i32],
+        scratch: u64,
+    ) -> Result<BTreeMap<EmuId, LocalShard>, EmuError> {
         let catalogue = &self.catalogues[&model_stage.role];
         let (sections, dtype) = (self.sections(model_stage), catalogue.arch.dtype);
         let mine: Vec<(EmuId, Position)> = targets
             .iter()
             .filter_map(|t| t.ranks.iter().position(|&r| r == self.rank).map(|i| (t.id, t.layout.position(i))))
             .collect();
-        let tables: Vec<_> = mine.iter().map(|(id, pos)| (*id, *pos, catalogue.shard(targets.iter().find(|t| t.id == *id).unwrap().layout, *pos))).collect();
+        let tables: Vec<_> = mine
+            .iter()
+            .map(|(id, pos)| (*id, *pos, catalogue.shard(targets.iter().find(|t| t.id == *id).unwrap().layout, *pos)))
+            .collect();
         let need: u64 = tables.iter().map(|(_, _, table)| shard_bytes(table, &sections, dtype)).sum::<u64>() + scratch;
         let group_ranks: Vec<i32> = if self.participants_only {
-            let mut ranks: Vec<i32> = targets.iter().flat_map(|t| t.ranks.iter().copied()).chain(sources.iter().copied()).collect();
+            let mut ranks: Vec<i32> =
+                targets.iter().flat_map(|t| t.ranks.iter().copied()).chain(sources.iter().copied()).collect();
             ranks.sort_unstable();
             ranks.dedup();
             ranks
@@ -265,7 +331,13 @@ impl EmuSet {
     }
 
     /// Registers targets in the metadata and hands their shards (already charged) to the store.
-    fn install(&mut self, model_stage: ModelStage, counters: Counters, targets: &[TargetEmu], shards: BTreeMap<EmuId, LocalShard>) {
+    fn install(
+        &mut self,
+        model_stage: ModelStage,
+        counters: Counters,
+        targets: &[TargetEmu],
+        shards: BTreeMap<EmuId, LocalShard>,
+    ) {
         for t in targets {
             self.emus.insert(t.id, Emu { id: t.id, model_stage, layout: t.layout, ranks: t.ranks.clone(), counters });
         }
@@ -276,7 +348,14 @@ impl EmuSet {
 
     /// Builds `targets` from `sources` (same model-stage, same layout), then frees the sources
     /// if `consume`. Fails before moving a byte if any rank lacks room.
-    fn redistribute<P: DataPlane>(&mut self, plane: &mut P, what: String, sources: &[EmuId], targets: Vec<TargetEmu>, consume: bool) -> Result<PrimitiveReport, EmuError> {
+    fn redistribute<P: DataPlane>(
+        &mut self,
+        plane: &mut P,
+        what: String,
+        sources: &[EmuId],
+        targets: Vec<TargetEmu>,
+        consume: bool,
+    ) -> Result<PrimitiveReport, EmuError> {
         let start = Instant::now();
         let src: Vec<Emu> = sources.iter().map(|id| self.get(*id, &what).cloned()).collect::<Result<_, _>>()?;
         let model_stage = src[0].model_stage;
@@ -293,7 +372,8 @@ impl EmuSet {
         let mut shards = self.allocate_targets(plane, &what, model_stage, &targets, &source_ranks, scratch)?;
         self.store.ledger_mut().charge("pack buffers", scratch)?;
         let moved = {
-            let sources: BTreeMap<EmuId, &LocalShard> = sources.iter().filter_map(|id| self.store.get(*id).map(|s| (*id, s))).collect();
+            let sources: BTreeMap<EmuId, &LocalShard> =
+                sources.iter().filter_map(|id| self.store.get(*id).map(|s| (*id, s))).collect();
             move_bytes(plane, &movement, &sources, &mut shards)
         };
         self.store.ledger_mut().release(scratch);
@@ -306,7 +386,13 @@ impl EmuSet {
         }
         let created = targets.iter().map(|t| t.id).collect();
         self.install(model_stage, src[0].counters, &targets, shards);
-        Ok(PrimitiveReport { primitive: what, bytes_sent, bytes_local, seconds: start.elapsed().as_secs_f64(), created })
+        Ok(PrimitiveReport {
+            primitive: what,
+            bytes_sent,
+            bytes_local,
+            seconds: start.elapsed().as_secs_f64(),
+            created,
+        })
     }
 
     /// `Split(EMU, T_sub) → k EMUs` on the same ranks (see [`split_ranks`]).
@@ -315,21 +401,40 @@ impl EmuSet {
         let emu = self.get(id, &what)?.clone();
         let l = emu.layout;
         if sub.tp == 0 || sub.pp == 0 || l.tp % sub.tp != 0 || l.pp % sub.pp != 0 || sub == l {
-            return Err(EmuError::Invalid { primitive: what, reason: format!("{sub} must divide {l} in tp and pp, and be smaller") });
+            return Err(EmuError::Invalid {
+                primitive: what,
+                reason: format!("{sub} must divide {l} in tp and pp, and be smaller"),
+            });
         }
-        let targets = split_ranks(&emu, sub).into_iter().map(|ranks| TargetEmu { id: self.fresh_id(), layout: sub, ranks }).collect();
+        let targets = split_ranks(&emu, sub)
+            .into_iter()
+            .map(|ranks| TargetEmu { id: self.fresh_id(), layout: sub, ranks })
+            .collect();
         self.redistribute(plane, what, &[id], targets, true)
     }
 
     /// `Merge(k EMUs, T) → one EMU` on the union of their ranks (see [`merge_ranks`]).
-    pub fn merge<P: DataPlane>(&mut self, plane: &mut P, ids: &[EmuId], layout: Layout) -> Result<PrimitiveReport, EmuError> {
+    pub fn merge<P: DataPlane>(
+        &mut self,
+        plane: &mut P,
+        ids: &[EmuId],
+        layout: Layout,
+    ) -> Result<PrimitiveReport, EmuError> {
         let what = format!("Merge {ids:?} -> {layout}");
         let parts: Vec<Emu> = ids.iter().map(|id| self.get(*id, &what).cloned()).collect::<Result<_, _>>()?;
         let sub = parts[0].layout;
         let same = parts.iter().all(|p| p.layout == sub && p.model_stage == parts[0].model_stage);
-        let fits = sub.tp > 0 && layout.tp % sub.tp == 0 && layout.pp % sub.pp == 0 && (layout.tp / sub.tp) * (layout.pp / sub.pp) == ids.len() as u32;
+        let fits = sub.tp > 0
+            && layout.tp.is_multiple_of(sub.tp)
+            && layout.pp.is_multiple_of(sub.pp)
+            && (layout.tp / sub.tp) * (layout.pp / sub.pp) == ids.len() as u32;
         if !same || !fits || ids.len() < 2 {
-            return Err(EmuError::Invalid { primitive: what, reason: format!("needs k >= 2 replicas of one model-stage with one layout whose tp and pp multiply up to {layout}") });
+            return Err(EmuError::Invalid {
+                primitive: what,
+                reason: format!(
+                    "needs k >= 2 replicas of one model-stage with one layout whose tp and pp multiply up to {layout}"
+                ),
+            });
         }
         let refs: Vec<&Emu> = parts.iter().collect();
         let target = TargetEmu { id: self.fresh_id(), layout, ranks: merge_ranks(&refs, layout) };
@@ -338,27 +443,51 @@ impl EmuSet {
 
     /// `Extend(EMU, R') → EMU + EMU'`: a new replica on `ranks`, each shard sent once from the
     /// rank at the same position.
-    pub fn extend<P: DataPlane>(&mut self, plane: &mut P, id: EmuId, ranks: &[i32]) -> Result<PrimitiveReport, EmuError> {
+    pub fn extend<P: DataPlane>(
+        &mut self,
+        plane: &mut P,
+        id: EmuId,
+        ranks: &[i32],
+    ) -> Result<PrimitiveReport, EmuError> {
         self.extend_checked(plane, id, ranks, true)
     }
 
     /// [`EmuSet::extend`] inside a transition, where intermediate units of one model-stage may
     /// share ranks (the transition's schedule has checked memory); only the target plan's
     /// replicas must be disjoint.
-    pub fn extend_in_transition<P: DataPlane>(&mut self, plane: &mut P, id: EmuId, ranks: &[i32]) -> Result<PrimitiveReport, EmuError> {
+    pub fn extend_in_transition<P: DataPlane>(
+        &mut self,
+        plane: &mut P,
+        id: EmuId,
+        ranks: &[i32],
+    ) -> Result<PrimitiveReport, EmuError> {
         self.extend_checked(plane, id, ranks, false)
     }
 
-    fn extend_checked<P: DataPlane>(&mut self, plane: &mut P, id: EmuId, ranks: &[i32], disjoint_replicas: bool) -> Result<PrimitiveReport, EmuError> {
+    fn extend_checked<P: DataPlane>(
+        &mut self,
+        plane: &mut P,
+        id: EmuId,
+        ranks: &[i32],
+        disjoint_replicas: bool,
+    ) -> Result<PrimitiveReport, EmuError> {
         let what = format!("Extend {id} -> ranks {ranks:?}");
         let emu = self.get(id, &what)?.clone();
         if ranks.len() != emu.ranks.len() {
-            return Err(EmuError::Invalid { primitive: what, reason: format!("{} needs {} ranks, got {}", emu.layout, emu.ranks.len(), ranks.len()) });
+            return Err(EmuError::Invalid {
+                primitive: what,
+                reason: format!("{} needs {} ranks, got {}", emu.layout, emu.ranks.len(), ranks.len()),
+            });
         }
         if disjoint_replicas {
             self.check_ranks(&what, emu.model_stage, ranks, &[])?;
         } else {
-            self.check_ranks(&what, emu.model_stage, ranks, &self.replicas(emu.model_stage).iter().map(|e| e.id).collect::<Vec<_>>())?;
+            self.check_ranks(
+                &what,
+                emu.model_stage,
+                ranks,
+                &self.replicas(emu.model_stage).iter().map(|e| e.id).collect::<Vec<_>>(),
+            )?;
         }
         let target = TargetEmu { id: self.fresh_id(), layout: emu.layout, ranks: ranks.to_vec() };
         self.redistribute(plane, what, &[id], vec![target], false)
@@ -409,7 +538,16 @@ impl EmuSet {
         let mut targets = BTreeMap::new();
         if self.rank == root {
             let table = catalogue.shard(layout, Position { tp: 0, pp: 0 });
-            targets.insert(target.id, LocalShard::zeroed(target.id, Position { tp: 0, pp: 0 }, table, self.sections(emu.model_stage), catalogue.arch.dtype));
+            targets.insert(
+                target.id,
+                LocalShard::zeroed(
+                    target.id,
+                    Position { tp: 0, pp: 0 },
+                    table,
+                    self.sections(emu.model_stage),
+                    catalogue.arch.dtype,
+                ),
+            );
         }
         let sources: BTreeMap<EmuId, &LocalShard> = self.store.get(id).map(|s| (id, s)).into_iter().collect();
         move_bytes(plane, &movement, &sources, &mut targets)?;

@@ -34,7 +34,13 @@ pub fn shard_bytes(table: &ShardTable, sections: &[Section], dtype: Dtype) -> u6
 
 impl LocalShard {
     /// A zero-filled shard (the caller has charged its bytes).
-    pub fn zeroed(emu: EmuId, position: Position, table: ShardTable, sections: Vec<Section>, dtype: Dtype) -> LocalShard {
+    pub fn zeroed(
+        emu: EmuId,
+        position: Position,
+        table: ShardTable,
+        sections: Vec<Section>,
+        dtype: Dtype,
+    ) -> LocalShard {
         let bytes = shard_bytes(&table, &sections, dtype) as usize;
         LocalShard { emu, position, table, sections, dtype, buffer: vec![0u8; bytes] }
     }
@@ -92,7 +98,14 @@ impl ShardStore {
 
     /// Charges a new shard and builds it on a cached buffer of the right size if there is one.
     /// Its contents are unspecified (a redistribution overwrites every byte).
-    pub fn new_shard(&mut self, emu: EmuId, position: Position, table: ShardTable, sections: Vec<Section>, dtype: Dtype) -> Result<LocalShard, EmuError> {
+    pub fn new_shard(
+        &mut self,
+        emu: EmuId,
+        position: Position,
+        table: ShardTable,
+        sections: Vec<Section>,
+        dtype: Dtype,
+    ) -> Result<LocalShard, EmuError> {
         let bytes = shard_bytes(&table, &sections, dtype);
         self.ledger.charge(&format!("{emu} shard"), bytes)?;
         let buffer = match self.cache.iter().position(|b| b.len() as u64 == bytes) {

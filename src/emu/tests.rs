@@ -24,7 +24,13 @@ fn tiny() -> Catalogue {
 }
 
 fn emu(id: u64, layout: Layout, ranks: &[i32]) -> Emu {
-    Emu { id: EmuId(id), model_stage: ModelStage::new(Role::Actor, Stage::Training), layout, ranks: ranks.to_vec(), counters: Counters::default() }
+    Emu {
+        id: EmuId(id),
+        model_stage: ModelStage::new(Role::Actor, Stage::Training),
+        layout,
+        ranks: ranks.to_vec(),
+        counters: Counters::default(),
+    }
 }
 
 /// Elements one replica holds over all its positions (replicated tensors once per TP rank).
@@ -52,7 +58,8 @@ fn merge_of_split_parts_sends_nothing() {
     let c = tiny();
     let whole = emu(0, Layout::new(4, 2), &[7, 3, 5, 1, 0, 2, 4, 6]);
     for sub in [Layout::new(2, 2), Layout::new(1, 2), Layout::new(2, 1), Layout::new(1, 1)] {
-        let parts: Vec<Emu> = split_ranks(&whole, sub).into_iter().enumerate().map(|(k, r)| emu(10 + k as u64, sub, &r)).collect();
+        let parts: Vec<Emu> =
+            split_ranks(&whole, sub).into_iter().enumerate().map(|(k, r)| emu(10 + k as u64, sub, &r)).collect();
         let refs: Vec<&Emu> = parts.iter().collect();
         let target = TargetEmu { id: EmuId(99), layout: whole.layout, ranks: merge_ranks(&refs, whole.layout) };
         assert_eq!(target.ranks, whole.ranks, "merge inverts split for {sub}");
@@ -66,7 +73,11 @@ fn split_sends_only_the_missing_bytes() {
     let c = tiny();
     let whole = emu(0, Layout::new(4, 1), &[0, 1, 2, 3]);
     let sub = Layout::new(2, 1);
-    let targets: Vec<TargetEmu> = split_ranks(&whole, sub).into_iter().enumerate().map(|(k, ranks)| TargetEmu { id: EmuId(1 + k as u64), layout: sub, ranks }).collect();
+    let targets: Vec<TargetEmu> = split_ranks(&whole, sub)
+        .into_iter()
+        .enumerate()
+        .map(|(k, ranks)| TargetEmu { id: EmuId(1 + k as u64), layout: sub, ranks })
+        .collect();
     let m = Movement::plan(&c, &[&whole], &targets);
     // Each target position needs its (2,1) shard; what its rank already holds of it (its (4,1)
     // shard, which lies inside) is sliced locally; exactly the rest is sent.

@@ -51,7 +51,8 @@ pub fn sample_token(logits: &[f32], s: &Sampling, u: f64) -> u32 {
     }
     let t = f64::from(s.temperature);
     let max = f64::from(logits[argmax]);
-    let mut probs: Vec<(usize, f64)> = logits.iter().enumerate().map(|(i, &z)| (i, ((f64::from(z) - max) / t).exp())).collect();
+    let mut probs: Vec<(usize, f64)> =
+        logits.iter().enumerate().map(|(i, &z)| (i, ((f64::from(z) - max) / t).exp())).collect();
     let total: f64 = probs.iter().map(|p| p.1).sum();
     probs.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     let (mut kept, mut mass) = (0, 0.0);
@@ -74,12 +75,25 @@ impl Replica {
     /// Generates responses to `prompts[B, P]` (sequence ids `ids` seed the draws). Every rank of
     /// the EMU calls it and returns the same tokens.
     #[allow(clippy::too_many_arguments)]
-    pub fn generate<P: DataPlane>(&self, plane: &P, params: &[f32], prompts: &[u32], ids: &[u64], s: &Sampling, arena: &mut Arena) -> Result<Generated, EngineError> {
+    pub fn generate<P: DataPlane>(
+        &self,
+        plane: &P,
+        params: &[f32],
+        prompts: &[u32],
+        ids: &[u64],
+        s: &Sampling,
+        arena: &mut Arena,
+    ) -> Result<Generated, EngineError> {
         let (b, r) = (ids.len(), s.max_new_tokens);
         let p = prompts.len() / b.max(1);
         let t_cap = p + r;
         if t_cap > self.model.max_positions() {
-            return Err(EngineError::Shape { what: format!("prompt {p} + response {r} tokens exceed the {} positions prepared", self.model.max_positions()) });
+            return Err(EngineError::Shape {
+                what: format!(
+                    "prompt {p} + response {r} tokens exceed the {} positions prepared",
+                    self.model.max_positions()
+                ),
+            });
         }
         let tp = self.groups.tp_group(plane);
         let c = self.model.dims().c;
@@ -99,11 +113,16 @@ impl Replica {
             let (x, _) = self.model.blocks_forward(params, x, rows, Some(&mut cache), &tp, arena)?;
             let mut next = vec![s.eos; b];
             if self.model.weights.is_last() {
-                let last: Vec<f32> = (0..b).flat_map(|i| x[((i + 1) * rows.t - 1) * c..(i + 1) * rows.t * c].to_vec()).collect();
+                let last: Vec<f32> =
+                    (0..b).flat_map(|i| x[((i + 1) * rows.t - 1) * c..(i + 1) * rows.t * c].to_vec()).collect();
                 let logits = self.model.full_logits(params, &last, &tp, arena)?;
                 let vocab = logits.len() / b;
                 for i in (0..b).filter(|&i| !done[i]) {
-                    next[i] = sample_token(&logits[i * vocab..(i + 1) * vocab], s, uniform(s.seed, ids[i], (p + step) as u64));
+                    next[i] = sample_token(
+                        &logits[i * vocab..(i + 1) * vocab],
+                        s,
+                        uniform(s.seed, ids[i], (p + step) as u64),
+                    );
                 }
             } else {
                 self.groups.send_next(plane, &x)?;

@@ -40,7 +40,8 @@ pub fn init_shard(shard: &mut LocalShard, catalogue: &Catalogue, seed: u64) -> R
             for col in 0..r.cols {
                 let global = (r.row0 + row) * spec.cols + r.col0 + col;
                 // Uniform on [-a, a) has standard deviation a/√3.
-                out[(row * r.cols + col) as usize] = (uniform(seed, piece.tensor as u64, global) * std * 3f64.sqrt()) as f32;
+                out[(row * r.cols + col) as usize] =
+                    (uniform(seed, piece.tensor as u64, global) * std * 3f64.sqrt()) as f32;
             }
         }
     }

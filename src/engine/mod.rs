@@ -63,7 +63,8 @@ pub fn f32_sections(shard: &mut LocalShard) -> Result<(&mut [f32], Option<Moment
     }
     let per = shard.table.elements as usize * 4;
     let (params, rest) = shard.buffer.split_at_mut(per);
-    let params: &mut [f32] = bytemuck::try_cast_slice_mut(params).map_err(|e| what(&format!("buffer not f32-aligned ({e:?})")))?;
+    let params: &mut [f32] =
+        bytemuck::try_cast_slice_mut(params).map_err(|e| what(&format!("buffer not f32-aligned ({e:?})")))?;
     match shard.sections.as_slice() {
         [Section::Params] => Ok((params, None)),
         [Section::Params, Section::AdamM, Section::AdamV] => {
@@ -80,8 +81,15 @@ pub fn f32_sections(shard: &mut LocalShard) -> Result<(&mut [f32], Option<Moment
 
 /// Runs `f` on the parameters of this rank's shard of EMU `id`, with an arena charging the
 /// rank's ledger (released when `f` returns).
-pub fn with_params<T, E: From<EngineError>>(set: &mut EmuSet, id: EmuId, f: impl FnOnce(&[f32], &mut Arena) -> Result<T, E>) -> Result<T, E> {
-    let (shard, ledger) = set.store_mut().shard_and_ledger(id).ok_or_else(|| EngineError::Shape { what: format!("this rank holds no shard of {id}") })?;
+pub fn with_params<T, E: From<EngineError>>(
+    set: &mut EmuSet,
+    id: EmuId,
+    f: impl FnOnce(&[f32], &mut Arena) -> Result<T, E>,
+) -> Result<T, E> {
+    let (shard, ledger) = set
+        .store_mut()
+        .shard_and_ledger(id)
+        .ok_or_else(|| EngineError::Shape { what: format!("this rank holds no shard of {id}") })?;
     let mut arena = Arena::new(ledger);
     let (params, _) = f32_sections(shard)?;
     f(params, &mut arena)
@@ -100,7 +108,12 @@ pub struct Replica {
 impl Replica {
     /// This rank's part of replica `id` of `set`, for sequences of up to `max_positions` tokens.
     /// Every rank of every replica of the model-stage calls it (groups are created here).
-    pub fn new<P: DataPlane>(plane: &mut P, set: &EmuSet, id: EmuId, max_positions: usize) -> Result<Replica, EngineError> {
+    pub fn new<P: DataPlane>(
+        plane: &mut P,
+        set: &EmuSet,
+        id: EmuId,
+        max_positions: usize,
+    ) -> Result<Replica, EngineError> {
         let emu = set.emu(id).ok_or_else(|| EngineError::Shape { what: format!("{id} does not exist") })?;
         let replicas = set.replicas(emu.model_stage);
         let groups = EmuGroups::new(plane, emu, &replicas)?;

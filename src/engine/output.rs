@@ -21,7 +21,11 @@ pub struct HeadActs {
 impl StageModel {
     fn final_norm(&self, p: &[f32], x: &[f32], arena: &mut Arena) -> Result<(Vec<f32>, Vec<f32>), EngineError> {
         let c = self.dims().c;
-        let range = self.weights.final_norm.clone().ok_or_else(|| EngineError::Shape { what: "output head on a stage without it".into() })?;
+        let range = self
+            .weights
+            .final_norm
+            .clone()
+            .ok_or_else(|| EngineError::Shape { what: "output head on a stage without it".into() })?;
         let (mut xf, mut rf) = (arena.zeros("activations", x.len())?, arena.zeros("activations", x.len() / c)?);
         rmsnorm_forward(&mut xf, &mut rf, x, &p[range], c);
         Ok((xf, rf))
@@ -29,14 +33,25 @@ impl StageModel {
 
     /// Last stage, forward: per row `n`, `log p(targets[n])` for an LM or the value for a value
     /// model, from the last block's output `x[N,C]`.
-    pub fn head_forward<G: TensorGroup<f32>>(&self, p: &[f32], x: Vec<f32>, targets: Vec<u32>, tp: &G, arena: &mut Arena) -> Result<(Vec<f32>, HeadActs), EngineError> {
+    pub fn head_forward<G: TensorGroup<f32>>(
+        &self,
+        p: &[f32],
+        x: Vec<f32>,
+        targets: Vec<u32>,
+        tp: &G,
+        arena: &mut Arena,
+    ) -> Result<(Vec<f32>, HeadActs), EngineError> {
         let (d, n) = (self.dims(), x.len() / self.dims().c);
         let (mut xf, rf) = self.final_norm(p, &x, arena)?;
         let mut out = arena.zeros("outputs", n)?;
         let (mut logits, mut lse) = (Vec::new(), Vec::new());
         match self.head {
             OutputHead::Lm => {
-                let w = &p[self.weights.lm_head.clone().ok_or_else(|| EngineError::Shape { what: "LM head missing".into() })?];
+                let w = &p[self
+                    .weights
+                    .lm_head
+                    .clone()
+                    .ok_or_else(|| EngineError::Shape { what: "LM head missing".into() })?];
                 CopyToTp::forward(&mut xf);
                 logits = arena.zeros("logits", n * d.vocab)?;
                 linear_forward(&mut logits, &xf, w, n, d.c, d.vocab);
@@ -44,7 +59,11 @@ impl StageModel {
                 log_probs_forward(&mut out, &mut lse, &logits, &targets, d.v0, tp)?;
             }
             OutputHead::Value => {
-                let w = &p[self.weights.score.clone().ok_or_else(|| EngineError::Shape { what: "value head missing".into() })?];
+                let w = &p[self
+                    .weights
+                    .score
+                    .clone()
+                    .ok_or_else(|| EngineError::Shape { what: "value head missing".into() })?];
                 value_forward(&mut out, &xf, w);
             }
         }
@@ -53,7 +72,15 @@ impl StageModel {
 
     /// Last stage, backward: from `d loss / d output[N]` to `dx[N,C]`, accumulating the head's
     /// and the final norm's gradients.
-    pub fn head_backward<G: TensorGroup<f32>>(&self, p: &[f32], grads: &mut [f32], a: &HeadActs, dout: &[f32], tp: &G, arena: &mut Arena) -> Result<Vec<f32>, EngineError> {
+    pub fn head_backward<G: TensorGroup<f32>>(
+        &self,
+        p: &[f32],
+        grads: &mut [f32],
+        a: &HeadActs,
+        dout: &[f32],
+        tp: &G,
+        arena: &mut Arena,
+    ) -> Result<Vec<f32>, EngineError> {
         let (d, n) = (self.dims(), dout.len());
         let mut dxf = arena.zeros("gradients of activations", n * d.c)?;
         match self.head {
@@ -77,10 +104,20 @@ impl StageModel {
 
     /// Last stage, generation: the whole vocabulary's logits `[N, vocab]` of rows `x[N,C]`
     /// (each TP rank fills its columns and one sum over the group completes every row).
-    pub fn full_logits<G: TensorGroup<f32>>(&self, p: &[f32], x: &[f32], tp: &G, arena: &mut Arena) -> Result<Vec<f32>, EngineError> {
+    pub fn full_logits<G: TensorGroup<f32>>(
+        &self,
+        p: &[f32],
+        x: &[f32],
+        tp: &G,
+        arena: &mut Arena,
+    ) -> Result<Vec<f32>, EngineError> {
         let (d, n) = (self.dims(), x.len() / self.dims().c);
         let (xf, _) = self.final_norm(p, x, arena)?;
-        let w = &p[self.weights.lm_head.clone().ok_or_else(|| EngineError::Shape { what: "sampling from a model without an LM head".into() })?];
+        let w = &p[self
+            .weights
+            .lm_head
+            .clone()
+            .ok_or_else(|| EngineError::Shape { what: "sampling from a model without an LM head".into() })?];
         let mut local = arena.zeros("logits", n * d.vocab)?;
         linear_forward(&mut local, &xf, w, n, d.c, d.vocab);
         let mut full = arena.zeros("logits", n * d.vocab_total)?;

@@ -47,7 +47,9 @@ impl EmuGroups {
     /// Every rank of every replica calls this, in the same order for every EMU it belongs to.
     pub fn new<P: DataPlane>(plane: &mut P, emu: &Emu, replicas: &[&Emu]) -> Result<EmuGroups, EngineError> {
         let me = plane.rank();
-        let position = emu.position_of(me).ok_or_else(|| EngineError::Shape { what: format!("rank {me} is not in {}", emu.id) })?;
+        let position = emu
+            .position_of(me)
+            .ok_or_else(|| EngineError::Shape { what: format!("rank {me} is not in {}", emu.id) })?;
         let layout = emu.layout;
         let at = |tp: u32, pp: u32| emu.rank_at(Position { tp, pp });
         let tp_ranks = sorted((0..layout.tp).map(|i| at(i, position.pp)).collect());
@@ -131,7 +133,10 @@ impl EmuGroups {
 
 fn exchange<P: DataPlane>(plane: &P, peer: Option<i32>, data: &[f32], into: &mut [f32]) -> Result<(), EngineError> {
     let peer = peer.ok_or_else(|| EngineError::Shape { what: "pipeline exchange with a missing stage".into() })?;
-    plane.exchange(&mut [Transfer::Send { peer, data: bytemuck::cast_slice(data) }, Transfer::Recv { peer, data: bytemuck::cast_slice_mut(into) }])?;
+    plane.exchange(&mut [
+        Transfer::Send { peer, data: bytemuck::cast_slice(data) },
+        Transfer::Recv { peer, data: bytemuck::cast_slice_mut(into) },
+    ])?;
     Ok(())
 }
 
@@ -205,7 +210,13 @@ impl ReduceFromTp {
 /// Assembles a global `[rows × width]` array on every rank of `world` (a group of every rank)
 /// from the rows each holder contributes: holders pass `Some((first_row, values))`, everyone
 /// else `None`, and one sum over the group completes it. Rows must have exactly one holder.
-pub fn assemble_rows<P: DataPlane>(plane: &P, world: GroupId, rows: usize, width: usize, mine: Option<(usize, &[f32])>) -> Result<Vec<f32>, EngineError> {
+pub fn assemble_rows<P: DataPlane>(
+    plane: &P,
+    world: GroupId,
+    rows: usize,
+    width: usize,
+    mine: Option<(usize, &[f32])>,
+) -> Result<Vec<f32>, EngineError> {
     let mut all = vec![0f32; rows * width];
     if let Some((first, values)) = mine {
         all[first * width..first * width + values.len()].copy_from_slice(values);

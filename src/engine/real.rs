@@ -49,7 +49,22 @@ pub trait Real:
     /// # Safety
     /// The pointers and strides must describe valid, non-overlapping (for `c`) matrices.
     #[allow(clippy::too_many_arguments)]
-    unsafe fn gemm_raw(m: usize, k: usize, n: usize, alpha: Self, a: *const Self, rsa: isize, csa: isize, b: *const Self, rsb: isize, csb: isize, beta: Self, c: *mut Self, rsc: isize, csc: isize);
+    unsafe fn gemm_raw(
+        m: usize,
+        k: usize,
+        n: usize,
+        alpha: Self,
+        a: *const Self,
+        rsa: isize,
+        csa: isize,
+        b: *const Self,
+        rsb: isize,
+        csb: isize,
+        beta: Self,
+        c: *mut Self,
+        rsc: isize,
+        csc: isize,
+    );
 }
 
 macro_rules! impl_real {
@@ -78,9 +93,44 @@ macro_rules! impl_real {
             fn sin_cos(self) -> (Self, Self) {
                 <$t>::sin_cos(self)
             }
-            unsafe fn gemm_raw(m: usize, k: usize, n: usize, alpha: Self, a: *const Self, rsa: isize, csa: isize, b: *const Self, rsb: isize, csb: isize, beta: Self, c: *mut Self, rsc: isize, csc: isize) {
+            unsafe fn gemm_raw(
+                m: usize,
+                k: usize,
+                n: usize,
+                alpha: Self,
+                a: *const Self,
+                rsa: isize,
+                csa: isize,
+                b: *const Self,
+                rsb: isize,
+                csb: isize,
+                beta: Self,
+                c: *mut Self,
+                rsc: isize,
+                csc: isize,
+            ) {
                 // gemm computes `dst = α'·dst + β'·lhs·rhs`, column stride before row stride.
-                gemm::gemm(m, n, k, c, csc, rsc, beta != 0.0, a, csa, rsa, b, csb, rsb, beta, alpha, false, false, false, gemm::Parallelism::None)
+                gemm::gemm(
+                    m,
+                    n,
+                    k,
+                    c,
+                    csc,
+                    rsc,
+                    beta != 0.0,
+                    a,
+                    csa,
+                    rsa,
+                    b,
+                    csb,
+                    rsb,
+                    beta,
+                    alpha,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                )
             }
         }
     };
@@ -101,8 +151,24 @@ pub enum Op {
 /// `C[m,n] (+)= op(A)·op(B)`, every matrix row-major and contiguous: `A` is stored `[m,k]`
 /// (`Op::N`) or `[k,m]` (`Op::T`), `B` is `[k,n]` or `[n,k]`. `accumulate` adds to `C`.
 #[allow(clippy::too_many_arguments)]
-pub fn matmul<T: Real>(c: &mut [T], a: &[T], op_a: Op, b: &[T], op_b: Op, m: usize, k: usize, n: usize, accumulate: bool) {
-    assert!(c.len() == m * n && a.len() == m * k && b.len() == k * n, "matmul shapes: c {} a {} b {} for m={m} k={k} n={n}", c.len(), a.len(), b.len());
+pub fn matmul<T: Real>(
+    c: &mut [T],
+    a: &[T],
+    op_a: Op,
+    b: &[T],
+    op_b: Op,
+    m: usize,
+    k: usize,
+    n: usize,
+    accumulate: bool,
+) {
+    assert!(
+        c.len() == m * n && a.len() == m * k && b.len() == k * n,
+        "matmul shapes: c {} a {} b {} for m={m} k={k} n={n}",
+        c.len(),
+        a.len(),
+        b.len()
+    );
     if m == 0 || n == 0 {
         return;
     }
@@ -116,7 +182,9 @@ pub fn matmul<T: Real>(c: &mut [T], a: &[T], op_a: Op, b: &[T], op_b: Op, m: usi
     };
     let beta = if accumulate { T::ONE } else { T::ZERO };
     // SAFETY: the lengths were checked against the shapes above and `c` is a distinct slice.
-    unsafe { T::gemm_raw(m, k, n, T::ONE, a.as_ptr(), rsa, csa, b.as_ptr(), rsb, csb, beta, c.as_mut_ptr(), n as isize, 1) }
+    unsafe {
+        T::gemm_raw(m, k, n, T::ONE, a.as_ptr(), rsa, csa, b.as_ptr(), rsb, csb, beta, c.as_mut_ptr(), n as isize, 1)
+    }
 }
 
 #[cfg(test)]
@@ -131,7 +199,9 @@ mod tests {
         let at: Vec<f64> = (0..k * m).map(|i| a[(i % m) * k + i / m]).collect();
         let bt: Vec<f64> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
         let want: Vec<f64> = (0..m * n).map(|i| (0..k).map(|p| a[(i / n) * k + p] * b[p * n + i % n]).sum()).collect();
-        for (aa, oa, bb, ob) in [(&a, Op::N, &b, Op::N), (&at, Op::T, &b, Op::N), (&a, Op::N, &bt, Op::T), (&at, Op::T, &bt, Op::T)] {
+        for (aa, oa, bb, ob) in
+            [(&a, Op::N, &b, Op::N), (&at, Op::T, &b, Op::N), (&a, Op::N, &bt, Op::T), (&at, Op::T, &bt, Op::T)]
+        {
             let mut c = vec![1.0; m * n];
             matmul(&mut c, aa, oa, bb, ob, m, k, n, true);
             for (x, w) in c.iter().zip(&want) {

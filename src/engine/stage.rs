@@ -100,9 +100,19 @@ impl StageModel {
     }
 
     /// First stage: `x[N,C]` = the embedding rows of `tokens`, summed over vocabulary shards.
-    pub fn embed<G: TensorGroup<f32>>(&self, p: &[f32], tokens: &[u32], tp: &G, arena: &mut Arena) -> Result<Vec<f32>, EngineError> {
+    pub fn embed<G: TensorGroup<f32>>(
+        &self,
+        p: &[f32],
+        tokens: &[u32],
+        tp: &G,
+        arena: &mut Arena,
+    ) -> Result<Vec<f32>, EngineError> {
         let d = self.dims();
-        let range = self.weights.embed.clone().ok_or_else(|| EngineError::Shape { what: "embedding on a stage without it".into() })?;
+        let range = self
+            .weights
+            .embed
+            .clone()
+            .ok_or_else(|| EngineError::Shape { what: "embedding on a stage without it".into() })?;
         let mut x = arena.zeros("activations", tokens.len() * d.c)?;
         embedding_forward(&mut x, tokens, &p[range], d.v0, d.c);
         ReduceFromTp::forward(tp, &mut x)?;
@@ -118,7 +128,15 @@ impl StageModel {
 
     /// Runs every block of this stage on `x[N,C]`; with `cache`, keys and values are written at
     /// positions `pos0..pos0+t` and attention reads the whole cache (generation).
-    pub fn blocks_forward<G: TensorGroup<f32>>(&self, p: &[f32], mut x: Vec<f32>, rows: Rows, mut cache: Option<&mut KvCache>, tp: &G, arena: &mut Arena) -> Result<(Vec<f32>, Vec<BlockActs>), EngineError> {
+    pub fn blocks_forward<G: TensorGroup<f32>>(
+        &self,
+        p: &[f32],
+        mut x: Vec<f32>,
+        rows: Rows,
+        mut cache: Option<&mut KvCache>,
+        tp: &G,
+        arena: &mut Arena,
+    ) -> Result<(Vec<f32>, Vec<BlockActs>), EngineError> {
         let mut acts = Vec::with_capacity(self.weights.blocks.len());
         for (i, bw) in self.weights.blocks.iter().enumerate() {
             let layer = cache.as_deref_mut().map(|c| (&mut c.layers[i], c.t_cap));
@@ -131,7 +149,16 @@ impl StageModel {
 
     /// Backward through every block, last first; returns `dx` of the stage input.
     #[allow(clippy::too_many_arguments)]
-    pub fn blocks_backward<G: TensorGroup<f32>>(&self, p: &[f32], g: &mut [f32], acts: &[BlockActs], mut dx: Vec<f32>, rows: Rows, tp: &G, arena: &mut Arena) -> Result<Vec<f32>, EngineError> {
+    pub fn blocks_backward<G: TensorGroup<f32>>(
+        &self,
+        p: &[f32],
+        g: &mut [f32],
+        acts: &[BlockActs],
+        mut dx: Vec<f32>,
+        rows: Rows,
+        tp: &G,
+        arena: &mut Arena,
+    ) -> Result<Vec<f32>, EngineError> {
         for (bw, a) in self.weights.blocks.iter().zip(acts).rev() {
             dx = self.block_backward(p, g, bw, a, dx, rows, tp, arena)?;
         }
@@ -139,7 +166,16 @@ impl StageModel {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn block_forward<G: TensorGroup<f32>>(&self, p: &[f32], bw: &BlockWeights, x: Vec<f32>, rows: Rows, cache: Option<(&mut LayerCache, usize)>, tp: &G, arena: &mut Arena) -> Result<(Vec<f32>, BlockActs), EngineError> {
+    fn block_forward<G: TensorGroup<f32>>(
+        &self,
+        p: &[f32],
+        bw: &BlockWeights,
+        x: Vec<f32>,
+        rows: Rows,
+        cache: Option<(&mut LayerCache, usize)>,
+        tp: &G,
+        arena: &mut Arena,
+    ) -> Result<(Vec<f32>, BlockActs), EngineError> {
         let (d, n) = (self.dims(), rows.n());
         let (qw, kw) = (d.heads * d.d, d.kv_heads * d.d);
         let w = |r: &std::ops::Range<usize>| &p[r.clone()];
@@ -162,7 +198,15 @@ impl StageModel {
         self.rope.apply(&mut q, rows.t, d.heads, rows.pos0, false);
         self.rope.apply(&mut k, rows.t, d.kv_heads, rows.pos0, false);
         let mut att = z(n * qw)?;
-        let shape = AttentionShape { b: rows.b, tq: rows.t, tk: rows.pos0 + rows.t, t_cap: rows.t, heads: d.heads, kv_heads: d.kv_heads, d: d.d };
+        let shape = AttentionShape {
+            b: rows.b,
+            tq: rows.t,
+            tk: rows.pos0 + rows.t,
+            t_cap: rows.t,
+            heads: d.heads,
+            kv_heads: d.kv_heads,
+            d: d.d,
+        };
         let mut probs = z(rows.b * d.heads * rows.t * shape.tk)?;
         match cache {
             Some((layer, t_cap)) => {
@@ -194,7 +238,17 @@ impl StageModel {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn block_backward<G: TensorGroup<f32>>(&self, p: &[f32], grads: &mut [f32], bw: &BlockWeights, a: &BlockActs, mut dout: Vec<f32>, rows: Rows, tp: &G, arena: &mut Arena) -> Result<Vec<f32>, EngineError> {
+    fn block_backward<G: TensorGroup<f32>>(
+        &self,
+        p: &[f32],
+        grads: &mut [f32],
+        bw: &BlockWeights,
+        a: &BlockActs,
+        mut dout: Vec<f32>,
+        rows: Rows,
+        tp: &G,
+        arena: &mut Arena,
+    ) -> Result<Vec<f32>, EngineError> {
         let (d, n) = (self.dims(), rows.n());
         let (qw, kw) = (d.heads * d.d, d.kv_heads * d.d);
         let w = |r: &std::ops::Range<usize>| &p[r.clone()];
@@ -216,7 +270,15 @@ impl StageModel {
         let mut datt = z(n * qw)?;
         linear_backward(Some(&mut datt), &mut grads[bw.o.clone()], &dxmid, &a.att, w(&bw.o), n, qw, d.c);
         let (mut dq, mut dk, mut dv) = (z(n * qw)?, z(n * kw)?, z(n * kw)?);
-        let shape = AttentionShape { b: rows.b, tq: rows.t, tk: rows.t, t_cap: rows.t, heads: d.heads, kv_heads: d.kv_heads, d: d.d };
+        let shape = AttentionShape {
+            b: rows.b,
+            tq: rows.t,
+            tk: rows.t,
+            t_cap: rows.t,
+            heads: d.heads,
+            kv_heads: d.kv_heads,
+            d: d.d,
+        };
         attention_backward(&mut dq, &mut dk, &mut dv, &datt, &a.q, &a.k, &a.v, &a.probs, shape);
         self.rope.apply(&mut dq, rows.t, d.heads, rows.pos0, true);
         self.rope.apply(&mut dk, rows.t, d.kv_heads, rows.pos0, true);

@@ -98,7 +98,15 @@ impl Replica {
     /// Forward through this stage for sequences `seqs` of `batch`, from the embedding (first
     /// stage) or the previous stage's `input`: the blocks' saved activations, then either the
     /// hidden state for the next stage or, on the last stage, the head's outputs and state.
-    fn stage_forward<P: DataPlane>(&self, plane: &P, params: &[f32], batch: &Batch, seqs: &Range<usize>, input: Option<Vec<f32>>, arena: &mut Arena) -> Result<(Vec<BlockActs>, StageOut), EngineError> {
+    fn stage_forward<P: DataPlane>(
+        &self,
+        plane: &P,
+        params: &[f32],
+        batch: &Batch,
+        seqs: &Range<usize>,
+        input: Option<Vec<f32>>,
+        arena: &mut Arena,
+    ) -> Result<(Vec<BlockActs>, StageOut), EngineError> {
         let tp = self.groups.tp_group(plane);
         let rows = Rows { b: seqs.len(), t: batch.seq_len, pos0: 0 };
         let x = match input {
@@ -116,7 +124,12 @@ impl Replica {
 
     /// The previous stage's activations for `rows` token rows (`None` on the first stage, which
     /// embeds).
-    pub(super) fn recv_input<P: DataPlane>(&self, plane: &P, rows: usize, arena: &mut Arena) -> Result<Option<Vec<f32>>, EngineError> {
+    pub(super) fn recv_input<P: DataPlane>(
+        &self,
+        plane: &P,
+        rows: usize,
+        arena: &mut Arena,
+    ) -> Result<Option<Vec<f32>>, EngineError> {
         if self.model.weights.is_first() {
             return Ok(None);
         }
@@ -133,7 +146,14 @@ impl Replica {
 
     /// Forward only (inference): the outputs of this replica's share of `batch`, `[share × T]`,
     /// on the last pipeline stage (empty elsewhere).
-    pub fn infer<P: DataPlane>(&self, plane: &P, params: &[f32], batch: &Batch, micro_batch: usize, arena: &mut Arena) -> Result<Vec<f32>, EngineError> {
+    pub fn infer<P: DataPlane>(
+        &self,
+        plane: &P,
+        params: &[f32],
+        batch: &Batch,
+        micro_batch: usize,
+        arena: &mut Arena,
+    ) -> Result<Vec<f32>, EngineError> {
         let mut outputs = Vec::new();
         for seqs in self.micro_batches(batch, micro_batch) {
             let mark = arena.mark();
@@ -150,7 +170,17 @@ impl Replica {
     /// One micro-batch forward; on the last stage the objective's loss and output gradient too.
     /// Returns what its backward pass needs and the hidden state to send on (other stages).
     #[allow(clippy::too_many_arguments)]
-    fn forward_one<P: DataPlane>(&self, plane: &P, params: &[f32], batch: &Batch, seqs: &Range<usize>, input: Option<Vec<f32>>, objective: &dyn Objective, loss: &mut f64, arena: &mut Arena) -> Result<(InFlight, Option<Vec<f32>>), EngineError> {
+    fn forward_one<P: DataPlane>(
+        &self,
+        plane: &P,
+        params: &[f32],
+        batch: &Batch,
+        seqs: &Range<usize>,
+        input: Option<Vec<f32>>,
+        objective: &dyn Objective,
+        loss: &mut f64,
+        arena: &mut Arena,
+    ) -> Result<(InFlight, Option<Vec<f32>>), EngineError> {
         let before = arena.charged();
         let (acts, out) = self.stage_forward(plane, params, batch, seqs, input, arena)?;
         let (head, hidden) = match out {
@@ -167,14 +197,27 @@ impl Replica {
     /// One micro-batch backward from the head (last stage) or the next stage's `grad`;
     /// releases its charges and returns the input gradient to send back (other than stage 0).
     #[allow(clippy::too_many_arguments)]
-    fn backward_one<P: DataPlane>(&self, plane: &P, params: &[f32], grads: &mut [f32], batch: &Batch, f: InFlight, grad: Option<Vec<f32>>, arena: &mut Arena) -> Result<Option<Vec<f32>>, EngineError> {
+    fn backward_one<P: DataPlane>(
+        &self,
+        plane: &P,
+        params: &[f32],
+        grads: &mut [f32],
+        batch: &Batch,
+        f: InFlight,
+        grad: Option<Vec<f32>>,
+        arena: &mut Arena,
+    ) -> Result<Option<Vec<f32>>, EngineError> {
         let tp = self.groups.tp_group(plane);
         let before = arena.charged();
         let rows = Rows { b: f.seqs.len(), t: batch.seq_len, pos0: 0 };
         let dx = match (f.head, grad) {
             (Some((head, dout)), _) => self.model.head_backward(params, grads, &head, &dout, &tp, arena)?,
             (None, Some(g)) => g,
-            (None, None) => return Err(EngineError::Shape { what: "pipeline backward without a gradient from the next stage".into() }),
+            (None, None) => {
+                return Err(EngineError::Shape {
+                    what: "pipeline backward without a gradient from the next stage".into(),
+                })
+            }
         };
         let dx = self.model.blocks_backward(params, grads, &f.acts, dx, rows, &tp, arena)?;
         arena.release(arena.charged() - before + f.bytes);
@@ -192,7 +235,16 @@ impl Replica {
     /// activations instead of all of them. Sends and receives that cross in the steady phase
     /// are posted together. Returns the loss over the share (non-zero on the last stage only).
     #[allow(clippy::too_many_arguments)]
-    pub fn forward_backward<P: DataPlane>(&self, plane: &P, params: &[f32], grads: &mut [f32], batch: &Batch, micro_batch: usize, objective: &dyn Objective, arena: &mut Arena) -> Result<f64, EngineError> {
+    pub fn forward_backward<P: DataPlane>(
+        &self,
+        plane: &P,
+        params: &[f32],
+        grads: &mut [f32],
+        batch: &Batch,
+        micro_batch: usize,
+        objective: &dyn Objective,
+        arena: &mut Arena,
+    ) -> Result<f64, EngineError> {
         let micro = self.micro_batches(batch, micro_batch);
         let (pp, j) = (self.groups.layout.pp as usize, self.groups.position.pp as usize);
         let warmup = (pp - 1 - j).min(micro.len());
@@ -214,9 +266,11 @@ impl Replica {
             None => None,
         };
         for (i, seqs) in steady.iter().enumerate() {
-            let (f, hidden) = self.forward_one(plane, params, batch, seqs, input.take(), objective, &mut loss, arena)?;
+            let (f, hidden) =
+                self.forward_one(plane, params, batch, seqs, input.take(), objective, &mut loss, arena)?;
             inflight.push_back(f);
-            let oldest = inflight.pop_front().ok_or_else(|| EngineError::Shape { what: "1F1B: nothing in flight".into() })?;
+            let oldest =
+                inflight.pop_front().ok_or_else(|| EngineError::Shape { what: "1F1B: nothing in flight".into() })?;
             let grad = match hidden {
                 Some(x) => {
                     let mut g = arena.zeros("pipeline gradients", rows(&oldest.seqs) * c)?;
@@ -258,7 +312,14 @@ impl Replica {
             plane.all_reduce_sum_f32(dp, grads)?;
         }
         let counted = |(_, replicated): &(Range<usize>, bool)| !*replicated || self.groups.position.tp == 0;
-        let sq: f64 = self.model.weights.tensors.iter().filter(|x| counted(x)).map(|(r, _)| grads[r.clone()].iter().map(|&g| f64::from(g) * f64::from(g)).sum::<f64>()).sum();
+        let sq: f64 = self
+            .model
+            .weights
+            .tensors
+            .iter()
+            .filter(|x| counted(x))
+            .map(|(r, _)| grads[r.clone()].iter().map(|&g| f64::from(g) * f64::from(g)).sum::<f64>())
+            .sum();
         let speaks = self.model.weights.is_last() && self.groups.position.tp == 0;
         let mut sums = [sq as f32, if speaks { loss as f32 } else { 0.0 }];
         if let Some(emu) = self.groups.emu {
@@ -277,10 +338,21 @@ impl Replica {
 /// the EMU's parameter and moment sections, and `updates += 1` in its counters on this rank
 /// (ranks outside the model-stage learn the new counters from the caller, in lockstep).
 #[allow(clippy::too_many_arguments)]
-pub fn train_step<P: DataPlane>(plane: &P, set: &mut EmuSet, replica: &Replica, batch: &Batch, micro_batch: usize, objective: &dyn Objective, opt: &AdamW) -> Result<StepReport, EngineError> {
+pub fn train_step<P: DataPlane>(
+    plane: &P,
+    set: &mut EmuSet,
+    replica: &Replica,
+    batch: &Batch,
+    micro_batch: usize,
+    objective: &dyn Objective,
+    opt: &AdamW,
+) -> Result<StepReport, EngineError> {
     let id: EmuId = replica.emu;
     let mut counters = set.emu(id).ok_or_else(|| EngineError::Shape { what: format!("{id} does not exist") })?.counters;
-    let (shard, ledger) = set.store_mut().shard_and_ledger(id).ok_or_else(|| EngineError::Shape { what: format!("this rank holds no shard of {id}") })?;
+    let (shard, ledger) = set
+        .store_mut()
+        .shard_and_ledger(id)
+        .ok_or_else(|| EngineError::Shape { what: format!("this rank holds no shard of {id}") })?;
     let mut arena = Arena::new(ledger);
     let (params, moments) = f32_sections(shard)?;
     let (m, v) = moments.ok_or_else(|| EngineError::Shape { what: format!("{id} keeps no optimizer state") })?;
@@ -290,7 +362,15 @@ pub fn train_step<P: DataPlane>(plane: &P, set: &mut EmuSet, replica: &Replica, 
     let scale = opt.clip_scale(grad_norm);
     for (r, replicated) in &replica.model.weights.tensors {
         let r = r.clone();
-        opt.update(&mut params[r.clone()], &mut m[r.clone()], &mut v[r.clone()], &grads[r], counters.updates + 1, scale, !replicated);
+        opt.update(
+            &mut params[r.clone()],
+            &mut m[r.clone()],
+            &mut v[r.clone()],
+            &grads[r],
+            counters.updates + 1,
+            scale,
+            !replicated,
+        );
     }
     drop(arena);
     counters.updates += 1;

@@ -80,7 +80,12 @@ pub struct StageWeights {
 
 impl StageWeights {
     /// The views of `position` in `layout` of the model `catalogue` describes.
-    pub fn new(catalogue: &Catalogue, layout: Layout, position: Position, table: &ShardTable) -> Result<StageWeights, EngineError> {
+    pub fn new(
+        catalogue: &Catalogue,
+        layout: Layout,
+        position: Position,
+        table: &ShardTable,
+    ) -> Result<StageWeights, EngineError> {
         let a = &catalogue.arch;
         let tp = layout.tp as usize;
         let vocab = a.vocab as usize / tp;
@@ -94,7 +99,16 @@ impl StageWeights {
             v0: position.tp as usize * vocab,
             vocab_total: a.vocab as usize,
         };
-        let mut w = StageWeights { embed: None, blocks: Vec::new(), final_norm: None, lm_head: None, score: None, tensors: Vec::new(), elements: table.elements as usize, dims };
+        let mut w = StageWeights {
+            embed: None,
+            blocks: Vec::new(),
+            final_norm: None,
+            lm_head: None,
+            score: None,
+            tensors: Vec::new(),
+            elements: table.elements as usize,
+            dims,
+        };
         let blocks = catalogue.blocks_of_stage(layout.pp, position.pp);
         w.blocks = vec![BlockWeights::default(); (blocks.end - blocks.start) as usize];
         for piece in &table.pieces {

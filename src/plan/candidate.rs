@@ -110,7 +110,11 @@ pub enum PlanError {
 pub fn model_stages(algorithm: Algorithm) -> Vec<ModelStage> {
     use Role::*;
     use Stage::*;
-    let mut out = vec![ModelStage::new(Actor, Generation), ModelStage::new(Reference, Inference), ModelStage::new(Reward, Inference)];
+    let mut out = vec![
+        ModelStage::new(Actor, Generation),
+        ModelStage::new(Reference, Inference),
+        ModelStage::new(Reward, Inference),
+    ];
     if algorithm.uses_critic() {
         out.push(ModelStage::new(Critic, Inference));
     }
@@ -150,8 +154,12 @@ impl Plan {
     pub fn step_latency(&self, latency_of: impl Fn(&Placement) -> f64) -> f64 {
         let mut total = 0.0;
         for stage in [Stage::Generation, Stage::Inference, Stage::Training] {
-            let members: Vec<&Placement> = self.placements.iter().filter(|p| p.candidate.model_stage.stage == stage).collect();
-            total += overlap_groups(&members).iter().map(|g| g.iter().map(|p| latency_of(p)).sum::<f64>()).fold(0.0, f64::max);
+            let members: Vec<&Placement> =
+                self.placements.iter().filter(|p| p.candidate.model_stage.stage == stage).collect();
+            total += overlap_groups(&members)
+                .iter()
+                .map(|g| g.iter().map(|p| latency_of(p)).sum::<f64>())
+                .fold(0.0, f64::max);
         }
         total
     }
@@ -176,9 +184,9 @@ fn overlap_groups<'a>(members: &[&'a Placement]) -> Vec<Vec<&'a Placement>> {
         }
     }
     let mut out: BTreeMap<usize, Vec<&Placement>> = BTreeMap::new();
-    for i in 0..members.len() {
+    for (i, member) in members.iter().enumerate() {
         let r = root(&mut group, i);
-        out.entry(r).or_default().push(members[i]);
+        out.entry(r).or_default().push(member);
     }
     out.into_values().collect()
 }
@@ -189,7 +197,16 @@ mod tests {
 
     fn place(role: Role, stage: Stage, ranks: Vec<i32>) -> Placement {
         let n = ranks.len() as u32;
-        Placement { candidate: Candidate { model_stage: ModelStage::new(role, stage), layout: Layout::new(1, 1), dp: n, recompute: Recompute::None, micro_batch: 1 }, ranks }
+        Placement {
+            candidate: Candidate {
+                model_stage: ModelStage::new(role, stage),
+                layout: Layout::new(1, 1),
+                dp: n,
+                recompute: Recompute::None,
+                micro_batch: 1,
+            },
+            ranks,
+        }
     }
 
     #[test]
@@ -213,7 +230,12 @@ mod tests {
 
     #[test]
     fn sharing_ranks_inside_a_stage_is_invalid() {
-        let plan = Plan { placements: vec![place(Role::Reference, Stage::Inference, vec![0, 1]), place(Role::Reward, Stage::Inference, vec![1, 2])] };
+        let plan = Plan {
+            placements: vec![
+                place(Role::Reference, Stage::Inference, vec![0, 1]),
+                place(Role::Reward, Stage::Inference, vec![1, 2]),
+            ],
+        };
         assert!(matches!(plan.validate(4), Err(PlanError::SharedInStage { rank: 1, .. })));
         let outside = Plan { placements: vec![place(Role::Reward, Stage::Inference, vec![1, 2])] };
         assert!(matches!(outside.validate(2), Err(PlanError::OutsidePool { rank: 2, .. })));

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use thiserror::Error;
 
 use crate::config::{Algorithm, JobConfig};
-use crate::cost::{training_state_bytes_per_param, CostModel, Efficiencies, Estimate, Hardware, ModelStats, Workload, GRADIENT_BYTES};
+use crate::cost::{
+    training_state_bytes_per_param, CostModel, Efficiencies, Estimate, Hardware, ModelStats, Workload, GRADIENT_BYTES,
+};
 use crate::model::{Architecture, Catalogue, Layout};
 use crate::plan::{model_stages, Candidate, ModelStage, Placement, Plan, Recompute, Role, Stage};
 
@@ -110,7 +112,12 @@ pub fn catalogues(config: &JobConfig) -> BTreeMap<Role, Catalogue> {
 impl Planner {
     /// A planner for `config`'s job on `gpus` devices of its cluster, at `response_len` tokens
     /// (default: the configured maximum).
-    pub fn new(config: &JobConfig, gpus: u32, response_len: Option<u64>, efficiencies: Efficiencies) -> Result<Planner, PlannerError> {
+    pub fn new(
+        config: &JobConfig,
+        gpus: u32,
+        response_len: Option<u64>,
+        efficiencies: Efficiencies,
+    ) -> Result<Planner, PlannerError> {
         if gpus == 0 {
             return Err(PlannerError::EmptyPool);
         }
@@ -125,7 +132,11 @@ impl Planner {
         let model_stages = model_stages(rl.algorithm);
         let mut workloads = BTreeMap::new();
         for ms in &model_stages {
-            let greedy = if rl.algorithm == Algorithm::Remax && ms.stage == Stage::Generation { u64::from(rl.prompts_per_step) } else { 0 };
+            let greedy = if rl.algorithm == Algorithm::Remax && ms.stage == Stage::Generation {
+                u64::from(rl.prompts_per_step)
+            } else {
+                0
+            };
             let w = Workload {
                 sequences: sequences + greedy,
                 prompt_len: rl.prompt_len.into(),
@@ -134,7 +145,13 @@ impl Planner {
             };
             workloads.insert(*ms, w);
         }
-        let mut planner = Planner { cost: CostModel { hardware, efficiencies }, models: Arc::new(models), workloads, model_stages, resident: BTreeMap::new() };
+        let mut planner = Planner {
+            cost: CostModel { hardware, efficiencies },
+            models: Arc::new(models),
+            workloads,
+            model_stages,
+            resident: BTreeMap::new(),
+        };
         planner.resident = planner.resident_per_stage();
         Ok(planner)
     }
@@ -160,7 +177,11 @@ impl Planner {
     fn resident_per_stage(&self) -> BTreeMap<Stage, u64> {
         let state = |ms: &ModelStage| {
             let m = &self.models[&ms.role];
-            let per_param = if ms.trains() { training_state_bytes_per_param(m.stats.arch.dtype, GRADIENT_BYTES) } else { m.stats.arch.dtype.bytes() };
+            let per_param = if ms.trains() {
+                training_state_bytes_per_param(m.stats.arch.dtype, GRADIENT_BYTES)
+            } else {
+                m.stats.arch.dtype.bytes()
+            };
             m.stats.params * per_param
         };
         [Stage::Generation, Stage::Inference, Stage::Training]
@@ -191,7 +212,13 @@ impl Planner {
     /// Estimates one candidate whose layout's heaviest-rank parameter count is known.
     fn estimate_with(&self, params_per_rank: u64, c: &Candidate) -> Estimate {
         let m = &self.models[&c.model_stage.role];
-        self.cost.estimate(params_per_rank, &m.stats, c, &self.workloads[&c.model_stage], self.resident[&c.model_stage.stage])
+        self.cost.estimate(
+            params_per_rank,
+            &m.stats,
+            c,
+            &self.workloads[&c.model_stage],
+            self.resident[&c.model_stage.stage],
+        )
     }
 
     /// Every candidate of `ms` (feasible or not) with TP inside a node.
@@ -204,18 +231,20 @@ impl Planner {
         let model = &self.models[&ms.role];
         let workload = &self.workloads[&ms];
         let sequences = workload.sequences;
-        let recomputes: &[Recompute] = if ms.trains() { &[Recompute::None, Recompute::Selective, Recompute::Full] } else { &[Recompute::None] };
+        let recomputes: &[Recompute] =
+            if ms.trains() { &[Recompute::None, Recompute::Selective, Recompute::Full] } else { &[Recompute::None] };
         let micro_batches: Vec<u32> = if ms.stage == Stage::Generation {
             vec![workload.micro_batch as u32]
         } else {
             std::iter::successors(Some(workload.micro_batch.max(1) as u32), |m| (*m > 1).then_some(m / 2)).collect()
         };
         let mut out = Vec::new();
-        for tp in (1..=hw.devices_per_node.min(hw.devices)).filter(|t| hw.devices_per_node % t == 0) {
+        for tp in (1..=hw.devices_per_node.min(hw.devices)).filter(|t| hw.devices_per_node.is_multiple_of(*t)) {
             // A deeper pipeline whose fullest stage has as many blocks as a shallower one's is as
             // slow and needs more ranks: only the shallowest pp per stage size can be optimal.
             let layers = model.stats.arch.layers as u32;
-            let pps = (1..=(hw.devices / tp).min(layers)).filter(|&pp| pp == 1 || layers.div_ceil(pp) < layers.div_ceil(pp - 1));
+            let pps = (1..=(hw.devices / tp).min(layers))
+                .filter(|&pp| pp == 1 || layers.div_ceil(pp) < layers.div_ceil(pp - 1));
             for pp in pps {
                 let layout = Layout::new(tp, pp);
                 if model.catalogue.check_layout(layout).is_err() {
@@ -276,13 +305,16 @@ impl Planner {
     /// Predicted step latency of any plan under this planner's workload and calibration
     /// (infinite if a placement does not fit): what admission compares, `ΔL = L(S) − L(S*)`.
     pub fn predict(&self, plan: &Plan) -> f64 {
-        let latency: BTreeMap<ModelStage, f64> = plan.placements.iter().map(|p| (p.candidate.model_stage, self.estimate(&p.candidate).seconds)).collect();
+        let latency: BTreeMap<ModelStage, f64> =
+            plan.placements.iter().map(|p| (p.candidate.model_stage, self.estimate(&p.candidate).seconds)).collect();
         plan.step_latency(|p| latency[&p.candidate.model_stage])
     }
 
     /// The fastest feasible plan (ties: the current plan's candidates and ranks).
     pub fn search(&self, current: Option<&Plan>) -> Result<PlannedJob, PlannerError> {
-        let prefer = |ms: ModelStage| current.and_then(|p| p.placements.iter().find(|x| x.candidate.model_stage == ms)).map(|p| p.candidate);
+        let prefer = |ms: ModelStage| {
+            current.and_then(|p| p.placements.iter().find(|x| x.candidate.model_stage == ms)).map(|p| p.candidate)
+        };
         let mut chosen: Vec<Scored> = Vec::new();
         for stage in [Stage::Generation, Stage::Inference, Stage::Training] {
             let members: Vec<ModelStage> = self.model_stages.iter().copied().filter(|m| m.stage == stage).collect();
@@ -298,14 +330,24 @@ impl Planner {
                 Some(picks) => chosen.extend(picks.into_iter().enumerate().map(|(i, k)| frontiers[i][k])),
                 None => {
                     let need = frontiers.iter().map(|f| f[0].0.ranks()).sum();
-                    return Err(PlannerError::StageTooLarge { gpus: self.cost.hardware.devices, stage, need, hint: self.hint() });
+                    return Err(PlannerError::StageTooLarge {
+                        gpus: self.cost.hardware.devices,
+                        stage,
+                        need,
+                        hint: self.hint(),
+                    });
                 }
             }
         }
         let placements = assign_ranks(&chosen, self.cost.hardware.devices, current);
-        let model_stages: Vec<ModelStagePlan> = chosen.iter().zip(placements).map(|((_, e), placement)| ModelStagePlan { placement, estimate: *e }).collect();
+        let model_stages: Vec<ModelStagePlan> = chosen
+            .iter()
+            .zip(placements)
+            .map(|((_, e), placement)| ModelStagePlan { placement, estimate: *e })
+            .collect();
         let plan = Plan { placements: model_stages.iter().map(|m| m.placement.clone()).collect() };
-        let by_ms: BTreeMap<ModelStage, f64> = model_stages.iter().map(|m| (m.placement.candidate.model_stage, m.estimate.seconds)).collect();
+        let by_ms: BTreeMap<ModelStage, f64> =
+            model_stages.iter().map(|m| (m.placement.candidate.model_stage, m.estimate.seconds)).collect();
         let step_latency_s = plan.step_latency(|p| by_ms[&p.candidate.model_stage]);
         Ok(PlannedJob { model_stages, step_latency_s })
     }
@@ -351,7 +393,9 @@ impl Planner {
     /// What would fit: more GPUs, or shorter responses (recomputation is already searched).
     fn hint(&self) -> String {
         let len = self.workloads.values().next().map_or(0, |w| w.response_len);
-        let feasible_with = |gpus: u32, response: u64| self.replanned(gpus, response, self.cost.efficiencies).is_ok_and(|p| p.search_quiet());
+        let feasible_with = |gpus: u32, response: u64| {
+            self.replanned(gpus, response, self.cost.efficiencies).is_ok_and(|p| p.search_quiet())
+        };
         let n = self.cost.hardware.devices;
         let mut hints = Vec::new();
         if let Some(g) = (1..=6).map(|k| n << k).find(|&g| feasible_with(g, len)) {
@@ -369,8 +413,10 @@ impl Planner {
 
     fn search_quiet(&self) -> bool {
         [Stage::Generation, Stage::Inference, Stage::Training].into_iter().all(|stage| {
-            let frontiers: Vec<Vec<Scored>> = self.model_stages.iter().filter(|m| m.stage == stage).map(|&m| self.frontier(m, None)).collect();
-            frontiers.iter().all(|f| !f.is_empty()) && min_max_knapsack(&frontiers, self.cost.hardware.devices).is_some()
+            let frontiers: Vec<Vec<Scored>> =
+                self.model_stages.iter().filter(|m| m.stage == stage).map(|&m| self.frontier(m, None)).collect();
+            frontiers.iter().all(|f| !f.is_empty())
+                && min_max_knapsack(&frontiers, self.cost.hardware.devices).is_some()
         })
     }
 }
@@ -442,7 +488,9 @@ fn assign_ranks(chosen: &[Scored], pool: u32, current: Option<&Plan>) -> Vec<Pla
             let start = (0..pool as usize)
                 .step_by(align)
                 .find(|&s| s + size <= pool as usize && used[s..s + size].iter().all(|u| !u))
-                .or_else(|| (0..pool as usize).find(|&s| s + size <= pool as usize && used[s..s + size].iter().all(|u| !u)));
+                .or_else(|| {
+                    (0..pool as usize).find(|&s| s + size <= pool as usize && used[s..s + size].iter().all(|u| !u))
+                });
             let ranks: Vec<i32> = match start {
                 Some(s) => (s..s + size).map(|r| r as i32).collect(),
                 // Fragmented by kept ranks: take any free ranks (the DP guarantees enough).

@@ -97,7 +97,13 @@ fn for_actions(rollout: &Rollout, members: &[usize], seqs: Range<usize>, mut f: 
 
 /// The mean over the mini-batch's action tokens of a per-token `(loss, d loss / d output)`:
 /// writes each row's gradient (zero off the action rows) and returns this micro-batch's share.
-fn token_mean(rollout: &Rollout, members: &[usize], seqs: Range<usize>, grad: &mut [f32], mut per_token: impl FnMut(usize, usize) -> (f64, f64)) -> f64 {
+fn token_mean(
+    rollout: &Rollout,
+    members: &[usize],
+    seqs: Range<usize>,
+    grad: &mut [f32],
+    mut per_token: impl FnMut(usize, usize) -> (f64, f64),
+) -> f64 {
     let norm = rollout.action_count(members) as f64;
     let mut loss = 0.0;
     grad.fill(0.0);
@@ -124,7 +130,9 @@ impl Objective for PolicyLoss<'_> {
 impl Objective for ValueLoss<'_> {
     fn loss_and_grad(&self, seqs: Range<usize>, outputs: &[f32], grad: &mut [f32]) -> f64 {
         let r = self.rollout;
-        token_mean(r, self.members, seqs, grad, |i, j| value_token(f64::from(outputs[j]), f64::from(r.values[i]), f64::from(r.returns[i]), self.clip))
+        token_mean(r, self.members, seqs, grad, |i, j| {
+            value_token(f64::from(outputs[j]), f64::from(r.values[i]), f64::from(r.returns[i]), self.clip)
+        })
     }
 }
 
@@ -247,7 +255,11 @@ mod tests {
     #[test]
     fn ppo_advantages_from_rewards_with_kl_and_gae() {
         let mut r = batch();
-        r.compute_advantages(crate::config::Algorithm::Ppo, super::super::AdvantageParams { kl_coef: 0.1, gamma: 1.0, lambda: 1.0, group: 1 }, &[]);
+        r.compute_advantages(
+            crate::config::Algorithm::Ppo,
+            super::super::AdvantageParams { kl_coef: 0.1, gamma: 1.0, lambda: 1.0, group: 1 },
+            &[],
+        );
         // Rewards: row 1 −0.1·(−1 + 1.5) = −0.05; row 2 0 + score 0.5. λ = γ = 1: returns are
         // reward-to-go: 0.45 and 0.5; advantages 0.45 − 0.2 and 0.5 − 0.4, then whitened.
         close(f64::from(r.returns[1]), 0.45);

@@ -9,7 +9,7 @@ pub mod step;
 pub mod task;
 pub mod warmup;
 
-pub use losses::{PolicyLoss, SequenceCrossEntropy, ScoreRegression, ValueLoss};
+pub use losses::{PolicyLoss, ScoreRegression, SequenceCrossEntropy, ValueLoss};
 pub use rollout::{AdvantageParams, Rollout};
 pub use step::{RlJob, StepMetrics, StepSettings};
 pub use task::{ArithmeticTask, EOS};

@@ -96,7 +96,9 @@ impl Rollout {
         let per_sequence = match algorithm {
             Algorithm::Ppo => None,
             Algorithm::Grpo => Some(group_advantages(&scores, p.group)),
-            Algorithm::Remax => Some(remax_advantages(&scores, &greedy.iter().map(|&x| f64::from(x)).collect::<Vec<_>>())),
+            Algorithm::Remax => {
+                Some(remax_advantages(&scores, &greedy.iter().map(|&x| f64::from(x)).collect::<Vec<_>>()))
+            }
         };
         if let Some(adv) = per_sequence {
             for (s, &a) in adv.iter().enumerate() {
@@ -111,7 +113,8 @@ impl Rollout {
         let mut spans = Vec::new();
         for (s, &score) in scores.iter().enumerate() {
             let rows: Vec<usize> = self.action_rows(s).map(|t| s * self.seq_len + t).collect();
-            let mut rewards: Vec<f64> = rows.iter().map(|&i| -p.kl_coef * f64::from(self.old_logp[i] - self.ref_logp[i])).collect();
+            let mut rewards: Vec<f64> =
+                rows.iter().map(|&i| -p.kl_coef * f64::from(self.old_logp[i] - self.ref_logp[i])).collect();
             if let Some(last) = rewards.last_mut() {
                 *last += score;
             }

@@ -21,7 +21,9 @@ use crate::comm::{DataPlane, GroupId};
 use crate::config::{Algorithm, JobConfig, RewardSource};
 use crate::emu::{Counters, EmuId, EmuSet};
 use crate::engine::parallel::assemble_rows;
-use crate::engine::{share, train_step, with_params, AdamW, Batch, EngineError, Generated, Objective, Replica, Sampling, StepReport};
+use crate::engine::{
+    share, train_step, with_params, AdamW, Batch, EngineError, Generated, Objective, Replica, Sampling, StepReport,
+};
 use crate::plan::{ModelStage, Plan, Role, Stage};
 
 /// Everything an RL step needs besides the state, derived from the job config.
@@ -65,7 +67,12 @@ impl StepSettings {
         let (rl, t) = (&config.rl, &config.train);
         let vocab = config.models.actor.vocab;
         let cap = if t.reward_cap > 0 { t.reward_cap } else { rl.max_response_len };
-        let opt = |lr: f64| AdamW { lr: lr as f32, weight_decay: t.weight_decay as f32, max_grad_norm: t.max_grad_norm as f32, ..AdamW::default() };
+        let opt = |lr: f64| AdamW {
+            lr: lr as f32,
+            weight_decay: t.weight_decay as f32,
+            max_grad_norm: t.max_grad_norm as f32,
+            ..AdamW::default()
+        };
         StepSettings {
             algorithm: rl.algorithm,
             task: ArithmeticTask { prompt_len: rl.prompt_len as usize, vocab, cap: cap as usize },
@@ -74,10 +81,22 @@ impl StepSettings {
             mini_batch: rl.mini_batch as usize,
             micro_batch: rl.micro_batch as usize,
             epochs: rl.epochs as usize,
-            sampling: Sampling { temperature: t.temperature as f32, top_p: t.top_p as f32, max_new_tokens: rl.max_response_len as usize, eos: EOS, greedy: false, seed: config.job.seed },
+            sampling: Sampling {
+                temperature: t.temperature as f32,
+                top_p: t.top_p as f32,
+                max_new_tokens: rl.max_response_len as usize,
+                eos: EOS,
+                greedy: false,
+                seed: config.job.seed,
+            },
             actor_opt: opt(t.actor_lr),
             critic_opt: opt(t.critic_lr),
-            advantage: AdvantageParams { kl_coef: t.kl_coef, gamma: t.discount, lambda: t.gae_lambda, group: rl.samples_per_prompt as usize },
+            advantage: AdvantageParams {
+                kl_coef: t.kl_coef,
+                gamma: t.discount,
+                lambda: t.gae_lambda,
+                group: rl.samples_per_prompt as usize,
+            },
             clip: t.clip_ratio,
             value_clip: t.value_clip,
             loss_kl_coef: if rl.algorithm == Algorithm::Ppo { 0.0 } else { t.kl_coef },
@@ -146,7 +165,12 @@ const REWARD: ModelStage = ModelStage::new(Role::Reward, Stage::Inference);
 impl RlJob {
     /// The job over the EMUs of `set` (created from `plan`, replicas in plan order). Every rank
     /// calls it; groups are formed here, model-stage by model-stage.
-    pub fn new<P: DataPlane>(plane: &mut P, set: &EmuSet, plan: Plan, settings: StepSettings) -> Result<RlJob, EngineError> {
+    pub fn new<P: DataPlane>(
+        plane: &mut P,
+        set: &EmuSet,
+        plan: Plan,
+        settings: StepSettings,
+    ) -> Result<RlJob, EngineError> {
         let mut replicas: BTreeMap<ModelStage, Vec<EmuId>> = BTreeMap::new();
         for emu in set.emus() {
             replicas.entry(emu.model_stage).or_default().push(emu.id);
@@ -168,7 +192,8 @@ impl RlJob {
     pub fn step<P: DataPlane>(&self, plane: &mut P, set: &mut EmuSet, step: u64) -> Result<StepMetrics, EngineError> {
         let s = &self.settings;
         let start = Instant::now();
-        let counters: Vec<(EmuId, ModelStage, Counters)> = set.emus().map(|e| (e.id, e.model_stage, e.counters)).collect();
+        let counters: Vec<(EmuId, ModelStage, Counters)> =
+            set.emus().map(|e| (e.id, e.model_stage, e.counters)).collect();
         let mut metrics = StepMetrics::default();
         let mut lap = Instant::now();
         let mut stage_done = |name: &str, metrics: &mut StepMetrics| {
@@ -216,7 +241,15 @@ impl RlJob {
 
     /// Samples `count` sequences on the generation replicas (sequence `i` answers prompt
     /// `prompt_of(i)` with draw id `id_of(i)`) and assembles tokens and lengths on every rank.
-    fn sample<P: DataPlane>(&self, plane: &mut P, set: &mut EmuSet, count: usize, sampling: &Sampling, prompt_of: impl Fn(usize) -> Vec<u32>, id_of: impl Fn(usize) -> u64) -> Result<Generated, EngineError> {
+    fn sample<P: DataPlane>(
+        &self,
+        plane: &mut P,
+        set: &mut EmuSet,
+        count: usize,
+        sampling: &Sampling,
+        prompt_of: impl Fn(usize) -> Vec<u32>,
+        id_of: impl Fn(usize) -> u64,
+    ) -> Result<Generated, EngineError> {
         let t = self.settings.seq_len();
         // Each row is a sequence's tokens followed by its length (f32 is exact below 2^24); the
         // replica leaders contribute their rows, one sum over the world assembles them.
@@ -225,13 +258,26 @@ impl RlJob {
             let share = share(count, replica.groups.replica);
             let prompts: Vec<u32> = share.clone().flat_map(&prompt_of).collect();
             let ids: Vec<u64> = share.clone().map(&id_of).collect();
-            let out = with_params(set, replica.emu, |params, arena| replica.generate(plane, params, &prompts, &ids, sampling, arena))?;
+            let out = with_params(set, replica.emu, |params, arena| {
+                replica.generate(plane, params, &prompts, &ids, sampling, arena)
+            })?;
             if replica.groups.is_leader() {
-                let rows: Vec<f32> = out.tokens.chunks_exact(t).zip(&out.lengths).flat_map(|(row, &len)| row.iter().map(|&x| x as f32).chain([len as f32])).collect();
+                let rows: Vec<f32> = out
+                    .tokens
+                    .chunks_exact(t)
+                    .zip(&out.lengths)
+                    .flat_map(|(row, &len)| row.iter().map(|&x| x as f32).chain([len as f32]))
+                    .collect();
                 mine = Some((share.start, rows));
             }
         }
-        let all = assemble_rows(plane, self.world, count, t + 1, mine.as_ref().map(|(first, rows)| (*first, rows.as_slice())))?;
+        let all = assemble_rows(
+            plane,
+            self.world,
+            count,
+            t + 1,
+            mine.as_ref().map(|(first, rows)| (*first, rows.as_slice())),
+        )?;
         let (mut tokens, mut lengths) = (Vec::with_capacity(count * t), Vec::with_capacity(count));
         for row in all.chunks_exact(t + 1) {
             tokens.extend(row[..t].iter().map(|&x| x as u32));
@@ -243,8 +289,21 @@ impl RlJob {
     fn generate<P: DataPlane>(&self, plane: &mut P, set: &mut EmuSet, step: u64) -> Result<Rollout, EngineError> {
         let s = &self.settings;
         let n = s.sequences();
-        let out = self.sample(plane, set, n, &s.sampling, |i| self.prompt(step, i / s.samples), |i| step * n as u64 + i as u64)?;
-        Ok(Rollout { prompt_len: s.task.prompt_len, seq_len: s.seq_len(), tokens: out.tokens, lengths: out.lengths, ..Rollout::default() })
+        let out = self.sample(
+            plane,
+            set,
+            n,
+            &s.sampling,
+            |i| self.prompt(step, i / s.samples),
+            |i| step * n as u64 + i as u64,
+        )?;
+        Ok(Rollout {
+            prompt_len: s.task.prompt_len,
+            seq_len: s.seq_len(),
+            tokens: out.tokens,
+            lengths: out.lengths,
+            ..Rollout::default()
+        })
     }
 
     /// ReMax: the rule score of each prompt's greedy response, one per sequence.
@@ -252,21 +311,34 @@ impl RlJob {
         let s = &self.settings;
         let greedy = Sampling { greedy: true, ..s.sampling };
         let out = self.sample(plane, set, s.prompts, &greedy, |k| self.prompt(step, k), |k| k as u64)?;
-        let r = Rollout { prompt_len: s.task.prompt_len, seq_len: s.seq_len(), tokens: out.tokens, lengths: out.lengths, ..Rollout::default() };
+        let r = Rollout {
+            prompt_len: s.task.prompt_len,
+            seq_len: s.seq_len(),
+            tokens: out.tokens,
+            lengths: out.lengths,
+            ..Rollout::default()
+        };
         Ok((0..s.sequences()).map(|i| self.rule_score(&r, i / s.samples)).collect())
     }
 
     /// Reference, reward and critic inference plus the actor's own log-probabilities, each on
     /// its ranks; one sum over the world assembles `[rm S | ref S·T | old S·T | values S·T]`.
     /// Returns the reward model's scores.
-    fn infer<P: DataPlane>(&self, plane: &mut P, set: &mut EmuSet, rollout: &mut Rollout) -> Result<Vec<f32>, EngineError> {
+    fn infer<P: DataPlane>(
+        &self,
+        plane: &mut P,
+        set: &mut EmuSet,
+        rollout: &mut Rollout,
+    ) -> Result<Vec<f32>, EngineError> {
         let (n, t) = (rollout.sequences(), rollout.seq_len);
         let batch_tokens = rollout.tokens.clone();
         let batch = Batch { tokens: &batch_tokens, seq_len: t };
         let mut buf = vec![0f32; n + 3 * n * t];
         for (ms, offset) in [(REWARD, 0), (REFERENCE, n), (ACTOR, n + n * t), (CRITIC_INFERENCE, n + 2 * n * t)] {
             let Some(replica) = self.mine.get(&ms) else { continue };
-            let out = with_params(set, replica.emu, |params, arena| replica.infer(plane, params, &batch, self.settings.micro_batch, arena))?;
+            let out = with_params(set, replica.emu, |params, arena| {
+                replica.infer(plane, params, &batch, self.settings.micro_batch, arena)
+            })?;
             if !replica.groups.speaks_for_outputs() {
                 continue;
             }
@@ -287,7 +359,12 @@ impl RlJob {
     }
 
     /// Actor and critic updates over mini-batches; the last update's reports reach every rank.
-    fn train<P: DataPlane>(&self, plane: &mut P, set: &mut EmuSet, rollout: &Rollout) -> Result<(StepReport, StepReport), EngineError> {
+    fn train<P: DataPlane>(
+        &self,
+        plane: &mut P,
+        set: &mut EmuSet,
+        rollout: &Rollout,
+    ) -> Result<(StepReport, StepReport), EngineError> {
         let s = &self.settings;
         let none = StepReport { loss: 0.0, grad_norm: 0.0 };
         let (mut actor, mut critic) = (none, none);
@@ -297,15 +374,18 @@ impl RlJob {
                 let batch = Batch { tokens: &tokens, seq_len: rollout.seq_len };
                 if let Some(replica) = self.mine.get(&ACTOR) {
                     let loss = PolicyLoss { rollout, members: chunk, clip: s.clip, kl_coef: s.loss_kl_coef };
-                    actor = train_step(plane, set, replica, &batch, s.micro_batch, &loss as &dyn Objective, &s.actor_opt)?;
+                    actor =
+                        train_step(plane, set, replica, &batch, s.micro_batch, &loss as &dyn Objective, &s.actor_opt)?;
                 }
                 if let Some(replica) = self.mine.get(&CRITIC) {
                     let loss = ValueLoss { rollout, members: chunk, clip: s.value_clip };
-                    critic = train_step(plane, set, replica, &batch, s.micro_batch, &loss as &dyn Objective, &s.critic_opt)?;
+                    critic =
+                        train_step(plane, set, replica, &batch, s.micro_batch, &loss as &dyn Objective, &s.critic_opt)?;
                 }
             }
         }
-        let speaks = |ms: ModelStage| self.mine.get(&ms).is_some_and(|r| r.groups.replica.0 == 0 && r.groups.is_leader());
+        let speaks =
+            |ms: ModelStage| self.mine.get(&ms).is_some_and(|r| r.groups.replica.0 == 0 && r.groups.is_leader());
         let mut reports = [0f32; 4];
         if speaks(ACTOR) {
             reports[..2].copy_from_slice(&[actor.loss as f32, actor.grad_norm as f32]);

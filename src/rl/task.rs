@@ -76,7 +76,11 @@ impl ArithmeticTask {
     /// A warm-up answer: mostly short (1–3 correct terms, EOS); one in eight is long (4 up to the
     /// cap), so the rule is seen at every position while short answers stay the habit.
     pub fn warmup_response(&self, prompt: &[u32], index: u64) -> Vec<u32> {
-        let k = if index % 8 == 7 { 4 + (uniform(0x10C, index, 0).abs() * (self.cap.saturating_sub(3)) as f64) as usize } else { 1 + (index % 3) as usize };
+        let k = if index % 8 == 7 {
+            4 + (uniform(0x10C, index, 0).abs() * (self.cap.saturating_sub(3)) as f64) as usize
+        } else {
+            1 + (index % 3) as usize
+        };
         let mut r = self.continuation(prompt, k.min(self.cap));
         if r.len() < self.cap {
             r.push(EOS);

@@ -3,7 +3,7 @@
 //! learns to score responses by the rule (so the reward model-stage is a real transformer with
 //! a scalar head whose weights come from training). Both run data-parallel over every rank.
 
-use super::{ArithmeticTask, SequenceCrossEntropy, Rollout, ScoreRegression, EOS};
+use super::{ArithmeticTask, Rollout, ScoreRegression, SequenceCrossEntropy, EOS};
 use crate::comm::DataPlane;
 use crate::emu::{Counters, EmuId, EmuSet};
 use crate::engine::{init_shard, train_step, AdamW, Batch, EngineError, Objective, Replica};
@@ -41,12 +41,25 @@ fn batch(kind: Warmup, task: &ArithmeticTask, seed: u64, step: u64, count: usize
 /// on `count` sequences per step, and returns its first replica and the last loss. Every rank
 /// calls it.
 #[allow(clippy::too_many_arguments)]
-pub fn warm_up<P: DataPlane>(plane: &mut P, set: &mut EmuSet, model_stage: ModelStage, kind: Warmup, task: &ArithmeticTask, seed: u64, steps: u32, count: usize, response_len: usize, lr: f64) -> Result<(EmuId, f64), EngineError> {
+pub fn warm_up<P: DataPlane>(
+    plane: &mut P,
+    set: &mut EmuSet,
+    model_stage: ModelStage,
+    kind: Warmup,
+    task: &ArithmeticTask,
+    seed: u64,
+    steps: u32,
+    count: usize,
+    response_len: usize,
+    lr: f64,
+) -> Result<(EmuId, f64), EngineError> {
     let world = set.world_size();
     let counters = Counters { seed, ..Counters::default() };
     let mut ids = Vec::new();
     for r in 0..world {
-        ids.push(set.create(plane, model_stage, Layout::new(1, 1), &[r], counters, |shard, catalogue| init_shard(shard, catalogue, seed).map_err(|e| e.to_string()))?);
+        ids.push(set.create(plane, model_stage, Layout::new(1, 1), &[r], counters, |shard, catalogue| {
+            init_shard(shard, catalogue, seed).map_err(|e| e.to_string())
+        })?);
     }
     let replica = Replica::new(plane, set, ids[plane.rank() as usize], task.prompt_len + response_len)?;
     let opt = AdamW { lr: lr as f32, ..AdamW::default() };

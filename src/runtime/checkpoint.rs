@@ -60,9 +60,17 @@ fn io(path: &Path, e: impl std::fmt::Display) -> RuntimeError {
 
 /// Saves replica `id` as model `model` in `dir` (every rank calls it; rank 0 writes). Adam's
 /// moments go to the optimizer file when the replica trains.
-pub fn save_model<P: DataPlane>(plane: &mut P, set: &EmuSet, id: EmuId, dir: &Path, model: &str) -> Result<(), RuntimeError> {
+pub fn save_model<P: DataPlane>(
+    plane: &mut P,
+    set: &EmuSet,
+    id: EmuId,
+    dir: &Path,
+    model: &str,
+) -> Result<(), RuntimeError> {
     let Some(whole) = set.gather(plane, id, 0)? else { return Ok(()) };
-    let catalogue = set.catalogue(set.emu(id).map(|e| e.model_stage.role).ok_or_else(|| RuntimeError::Usage(format!("{id} does not exist")))?);
+    let catalogue = set.catalogue(
+        set.emu(id).map(|e| e.model_stage.role).ok_or_else(|| RuntimeError::Usage(format!("{id} does not exist")))?,
+    );
     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
     write(tensors_of(&whole, catalogue, 0, ""), &params_path(dir, model))?;
     if whole.sections.contains(&Section::AdamM) {
@@ -82,7 +90,8 @@ fn tensors_of(whole: &LocalShard, catalogue: &Catalogue, s: usize, prefix: &str)
         .iter()
         .map(|p| {
             let spec = &catalogue.tensors[p.tensor];
-            let shape = if spec.rows == 1 { vec![spec.cols as usize] } else { vec![spec.rows as usize, spec.cols as usize] };
+            let shape =
+                if spec.rows == 1 { vec![spec.cols as usize] } else { vec![spec.rows as usize, spec.cols as usize] };
             let range = p.offset as usize * 4..(p.offset + p.region.elements()) as usize * 4;
             (format!("{prefix}{}", spec.name), shape, bytes[range].to_vec())
         })
@@ -90,7 +99,11 @@ fn tensors_of(whole: &LocalShard, catalogue: &Catalogue, s: usize, prefix: &str)
 }
 
 fn write(tensors: Vec<(String, Vec<usize>, Vec<u8>)>, path: &Path) -> Result<(), RuntimeError> {
-    let views = tensors.iter().map(|(name, shape, data)| TensorView::new(StDtype::F32, shape.clone(), data).map(|v| (name.clone(), v))).collect::<Result<Vec<_>, _>>().map_err(|e| io(path, e))?;
+    let views = tensors
+        .iter()
+        .map(|(name, shape, data)| TensorView::new(StDtype::F32, shape.clone(), data).map(|v| (name.clone(), v)))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| io(path, e))?;
     let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
     safetensors::serialize_to_file(views, Some(meta), path).map_err(|e| io(path, e))
 }
@@ -120,7 +133,14 @@ impl TensorFile {
             let view = st.tensor(&name).map_err(|e| format!("{}: tensor {name}: {e}", self.path.display()))?;
             let want = (spec.rows * spec.cols) as usize;
             if view.dtype() != StDtype::F32 || view.shape().iter().product::<usize>() != want {
-                return Err(format!("{}: tensor {name} is {:?} {:?}, the model needs F32 with {want} elements ({} × {})", self.path.display(), view.dtype(), view.shape(), spec.rows, spec.cols));
+                return Err(format!(
+                    "{}: tensor {name} is {:?} {:?}, the model needs F32 with {want} elements ({} × {})",
+                    self.path.display(),
+                    view.dtype(),
+                    view.shape(),
+                    spec.rows,
+                    spec.cols
+                ));
             }
             let (r, data) = (piece.region, view.data());
             for row in 0..r.rows {
@@ -136,7 +156,12 @@ impl TensorFile {
 
 /// Fills a new shard from a checkpoint: parameters from `params`, moments from `optim` when
 /// the shard keeps them (zero when no optimizer file is given: a fresh optimizer).
-pub fn fill_shard(shard: &mut LocalShard, catalogue: &Catalogue, params: &TensorFile, optim: Option<&TensorFile>) -> Result<(), String> {
+pub fn fill_shard(
+    shard: &mut LocalShard,
+    catalogue: &Catalogue,
+    params: &TensorFile,
+    optim: Option<&TensorFile>,
+) -> Result<(), String> {
     params.fill(shard, catalogue, 0, "")?;
     if shard.sections.len() >= 3 {
         match optim {
@@ -164,7 +189,8 @@ pub fn write_sidecar(dir: &Path, sidecar: &Sidecar) -> Result<(), RuntimeError> 
 pub fn read_sidecar(dir: &Path) -> Result<Sidecar, RuntimeError> {
     let path = dir.join("state.json");
     let text = std::fs::read_to_string(&path).map_err(|e| io(&path, e))?;
-    let sidecar: Sidecar = serde_json::from_str(&text).map_err(|e| io(&path, format!("not a checkpoint sidecar: {e}")))?;
+    let sidecar: Sidecar =
+        serde_json::from_str(&text).map_err(|e| io(&path, format!("not a checkpoint sidecar: {e}")))?;
     if sidecar.format != FORMAT {
         return Err(io(&path, format!("checkpoint format {} (this build reads {FORMAT})", sidecar.format)));
     }

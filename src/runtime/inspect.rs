@@ -21,7 +21,14 @@ pub fn config(session: &mut Session, path: Option<&Path>, overrides: &Overrides)
     let mut out = std::io::stdout().lock();
     writeln!(out, "# resolved job config from {source}")?;
     writeln!(out, "# config hash {:016x}, agreed by {} rank(s)", config.hash(), session.world().size())?;
-    writeln!(out, "# {} devices ({} nodes x {}), backends in this binary: {}", config.cluster.devices(), config.cluster.nodes, config.cluster.devices_per_node, backend::compiled_backends())?;
+    writeln!(
+        out,
+        "# {} devices ({} nodes x {}), backends in this binary: {}",
+        config.cluster.devices(),
+        config.cluster.nodes,
+        config.cluster.devices_per_node,
+        backend::compiled_backends()
+    )?;
     if let Err(e) = backend::check_data_plane(config.cluster.data_plane) {
         writeln!(out, "# note: {e}")?;
     }
@@ -138,7 +145,10 @@ fn print_topology(out: &mut impl Write, report: &TopologyReport) -> std::io::Res
         let gpus = if t.gpus.is_empty() {
             "no GPUs".to_string()
         } else {
-            let model = t.gpus[0].model.clone().unwrap_or_else(|| format!("{:?} device {:04x}", t.gpus[0].vendor, t.gpus[0].device_id));
+            let model = t.gpus[0]
+                .model
+                .clone()
+                .unwrap_or_else(|| format!("{:?} device {:04x}", t.gpus[0].vendor, t.gpus[0].device_id));
             format!("{} GPUs ({model})", t.gpus.len())
         };
         writeln!(

@@ -7,8 +7,8 @@ pub mod alloc_meter;
 pub mod bench;
 pub mod checkpoint;
 mod inspect;
-pub mod plan;
 pub mod logging;
+pub mod plan;
 mod rng;
 pub mod selftest;
 mod session;
@@ -201,16 +201,32 @@ pub fn run(options: SessionOptions, command: Command) -> u8 {
     let outcome = match &command {
         Command::InspectConfig { config, overrides } => inspect::config(&mut session, config.as_deref(), overrides),
         Command::InspectTopology { json } => inspect::topology(&session, *json),
-        Command::Plan { config, overrides, gpus, seq_len, json } => plan::run(&mut session, config.as_deref(), overrides, *gpus, *seq_len, *json),
-        Command::BenchPrimitives { sizes_mib, reps, json } => bench::primitives::run(&session, sizes_mib, *reps, json.as_deref()),
-        Command::BenchPlanner { config, seq_len, reps, json } => bench::planner::run(&mut session, config, *seq_len, *reps, json.as_deref()),
-        Command::BenchTransitionPlanning { config, ranks, reps, json } => bench::transition::run(&mut session, config, ranks, *reps, json.as_deref()),
+        Command::Plan { config, overrides, gpus, seq_len, json } => {
+            plan::run(&mut session, config.as_deref(), overrides, *gpus, *seq_len, *json)
+        }
+        Command::BenchPrimitives { sizes_mib, reps, json } => {
+            bench::primitives::run(&session, sizes_mib, *reps, json.as_deref())
+        }
+        Command::BenchPlanner { config, seq_len, reps, json } => {
+            bench::planner::run(&mut session, config, *seq_len, *reps, json.as_deref())
+        }
+        Command::BenchTransitionPlanning { config, ranks, reps, json } => {
+            bench::transition::run(&mut session, config, ranks, *reps, json.as_deref())
+        }
         Command::BenchEngine { reps, json } => bench::engine::run(&session, *reps, json.as_deref()),
-        Command::BenchCoordination { trials, seed, json } => bench::coordination::run(&session, *trials, *seed, json.as_deref()),
-        Command::SelftestPrimitives { cases, seed } => selftest::primitives(&session, *cases, *seed).and_then(|s| report_selftest(&session, &s, &s.failures)),
-        Command::Train { config, overrides, resume } => train::run(&mut session, config.as_deref(), overrides, resume.as_deref()),
+        Command::BenchCoordination { trials, seed, json } => {
+            bench::coordination::run(&session, *trials, *seed, json.as_deref())
+        }
+        Command::SelftestPrimitives { cases, seed } => {
+            selftest::primitives(&session, *cases, *seed).and_then(|s| report_selftest(&session, &s, &s.failures))
+        }
+        Command::Train { config, overrides, resume } => {
+            train::run(&mut session, config.as_deref(), overrides, resume.as_deref())
+        }
         Command::SelftestEngine => selftest::engine(&session).and_then(|s| report_selftest(&session, &s, &s.failures)),
-        Command::SelftestTransitions { cases, seed } => selftest::transitions(&session, *cases, *seed).and_then(|s| report_selftest(&session, &s, &s.failures)),
+        Command::SelftestTransitions { cases, seed } => {
+            selftest::transitions(&session, *cases, *seed).and_then(|s| report_selftest(&session, &s, &s.failures))
+        }
     };
     match outcome {
         Ok(()) => 0,
@@ -226,7 +242,11 @@ pub fn run(options: SessionOptions, command: Command) -> u8 {
 }
 
 /// Prints a selftest's JSON summary on rank 0; any failed check fails the command.
-fn report_selftest<S: serde::Serialize>(session: &Session, summary: &S, failures: &[String]) -> Result<(), RuntimeError> {
+fn report_selftest<S: serde::Serialize>(
+    session: &Session,
+    summary: &S,
+    failures: &[String],
+) -> Result<(), RuntimeError> {
     if session.rank() == 0 {
         println!("{}", serde_json::to_string(summary).expect("summaries serialize"));
     }

@@ -7,8 +7,8 @@ use std::path::Path;
 
 use crate::config::Overrides;
 use crate::cost::{Efficiencies, MemoryBreakdown};
-use crate::planner::{PlannedJob, Planner};
 use crate::plan::Recompute;
+use crate::planner::{PlannedJob, Planner};
 use crate::topology::format_index_list;
 
 use super::{RuntimeError, Session};
@@ -83,7 +83,14 @@ pub fn report(job: &PlannedJob, planner: &Planner, gpus: u32, response_len: u64)
 }
 
 /// Every rank agrees on the config; rank 0 plans and prints.
-pub fn run(session: &mut Session, path: Option<&Path>, overrides: &Overrides, gpus: Option<u32>, seq_len: Option<u64>, json: bool) -> Result<(), RuntimeError> {
+pub fn run(
+    session: &mut Session,
+    path: Option<&Path>,
+    overrides: &Overrides,
+    gpus: Option<u32>,
+    seq_len: Option<u64>,
+    json: bool,
+) -> Result<(), RuntimeError> {
     let config = session.load_config(path, overrides)?;
     if session.rank() != 0 {
         return Ok(());
@@ -98,8 +105,16 @@ pub fn run(session: &mut Session, path: Option<&Path>, overrides: &Overrides, gp
         writeln!(w, "{}", serde_json::to_string_pretty(&out).expect("plans serialize"))?;
         return Ok(());
     }
-    writeln!(w, "plan for {} on {gpus} GPUs of {} at {} + {response_len} tokens", config.job.name, config.cluster.name, config.rl.prompt_len)?;
-    writeln!(w, "{:<22} {:>3} {:>3} {:>4} {:>9} {:>5} {:>11} {:>10}  ranks", "model-stage", "tp", "pp", "dp", "recompute", "micro", "latency s", "peak GB")?;
+    writeln!(
+        w,
+        "plan for {} on {gpus} GPUs of {} at {} + {response_len} tokens",
+        config.job.name, config.cluster.name, config.rl.prompt_len
+    )?;
+    writeln!(
+        w,
+        "{:<22} {:>3} {:>3} {:>4} {:>9} {:>5} {:>11} {:>10}  ranks",
+        "model-stage", "tp", "pp", "dp", "recompute", "micro", "latency s", "peak GB"
+    )?;
     for m in &out.model_stages {
         writeln!(
             w,

@@ -39,13 +39,27 @@ impl Session {
         let world = World::init()?;
         logging::init(world.rank(), &options.log);
         let timeout = options.collective_timeout_s.unwrap_or(DEFAULT_COLLECTIVE_TIMEOUT_S);
-        let watchdog = Watchdog::new(Duration::from_secs_f64(timeout.max(0.001)), world.rank(), world.threads_may_call_mpi());
+        let watchdog =
+            Watchdog::new(Duration::from_secs_f64(timeout.max(0.001)), world.rank(), world.threads_may_call_mpi());
         let hostname = world.processor_name();
         let hosts = all_gather_bytes(&world, &watchdog, "host exchange", hostname.as_bytes())?;
         let hosts: Vec<String> = hosts.iter().map(|h| String::from_utf8_lossy(h).into_owned()).collect();
         let layout = WorldLayout::from_hostnames(&hosts);
-        log::debug!("rank {} of {} on {hostname} ({}), {}", world.rank(), world.size(), launcher.describe(), world.library_version());
-        Ok(Session { world, watchdog, layout, launcher, hostname, timeout_from_cli: options.collective_timeout_s.is_some() })
+        log::debug!(
+            "rank {} of {} on {hostname} ({}), {}",
+            world.rank(),
+            world.size(),
+            launcher.describe(),
+            world.library_version()
+        );
+        Ok(Session {
+            world,
+            watchdog,
+            layout,
+            launcher,
+            hostname,
+            timeout_from_cli: options.collective_timeout_s.is_some(),
+        })
     }
 
     /// The MPI world.

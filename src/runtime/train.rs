@@ -30,7 +30,12 @@ struct Sources {
 }
 
 /// Runs `nereus train` on every rank.
-pub fn run(session: &mut Session, path: Option<&Path>, overrides: &Overrides, resume: Option<&Path>) -> Result<(), RuntimeError> {
+pub fn run(
+    session: &mut Session,
+    path: Option<&Path>,
+    overrides: &Overrides,
+    resume: Option<&Path>,
+) -> Result<(), RuntimeError> {
     let config = session.load_config(path, overrides)?;
     let world = session.world().size();
     let plan = job_plan(&config, world)?;
@@ -43,17 +48,28 @@ pub fn run(session: &mut Session, path: Option<&Path>, overrides: &Overrides, re
     };
     if let Some(dir) = resume {
         for p in plan.placements.iter().filter(|p| !sources.files.contains_key(&p.candidate.model_stage.role)) {
-            log::warn!("checkpoint {} has no {} model; {} starts from fresh weights", dir.display(), p.candidate.model_stage.role.name(), p.candidate.model_stage);
+            log::warn!(
+                "checkpoint {} has no {} model; {} starts from fresh weights",
+                dir.display(),
+                p.candidate.model_stage.role.name(),
+                p.candidate.model_stage
+            );
         }
     }
     let mut set = EmuSet::new(plane.rank(), world, config.cluster.device_memory_bytes(), catalogues(&config));
     for p in &plan.placements {
         let ms = p.candidate.model_stage;
-        let counters = sources.counters.get(&ms.to_string()).copied().unwrap_or(Counters { seed: config.job.seed, ..Counters::default() });
+        let counters = sources
+            .counters
+            .get(&ms.to_string())
+            .copied()
+            .unwrap_or(Counters { seed: config.job.seed, ..Counters::default() });
         for r in 0..p.candidate.dp as usize {
-            set.create(&mut plane, ms, p.candidate.layout, p.replica(r), counters, |shard, catalogue| match sources.files.get(&ms.role) {
-                Some((params, optim)) => fill_shard(shard, catalogue, params, optim.as_ref()),
-                None => init_shard(shard, catalogue, config.job.seed ^ ms.role as u64).map_err(|e| e.to_string()),
+            set.create(&mut plane, ms, p.candidate.layout, p.replica(r), counters, |shard, catalogue| {
+                match sources.files.get(&ms.role) {
+                    Some((params, optim)) => fill_shard(shard, catalogue, params, optim.as_ref()),
+                    None => init_shard(shard, catalogue, config.job.seed ^ ms.role as u64).map_err(|e| e.to_string()),
+                }
             })?;
         }
     }
@@ -73,7 +89,14 @@ pub fn run(session: &mut Session, path: Option<&Path>, overrides: &Overrides, re
         }
         let every = u64::from(config.train.checkpoint_every);
         if step + 1 == u64::from(config.job.steps) || (every > 0 && (step + 1) % every == 0) {
-            save(&mut plane, &set, &job, &config, step + 1, &out.join("checkpoints").join(format!("step-{}", step + 1)))?;
+            save(
+                &mut plane,
+                &set,
+                &job,
+                &config,
+                step + 1,
+                &out.join("checkpoints").join(format!("step-{}", step + 1)),
+            )?;
         }
     }
     Ok(())
@@ -91,26 +114,52 @@ fn job_plan(config: &JobConfig, world: i32) -> Result<Plan, RuntimeError> {
         let e = config.plan.get(&ms.to_string()).ok_or_else(|| RuntimeError::Usage(format!("[plan] has no table for {ms}: a fixed plan places every model-stage of {} (or none, to let the planner choose)", config.rl.algorithm.name())))?;
         let layout = Layout::new(e.tp, e.pp);
         cats[&ms.role].check_layout(layout).map_err(|err| RuntimeError::Usage(format!("[plan.\"{ms}\"]: {err}")))?;
-        let candidate = Candidate { model_stage: ms, layout, dp: e.dp, recompute: Recompute::None, micro_batch: config.rl.micro_batch };
+        let candidate = Candidate {
+            model_stage: ms,
+            layout,
+            dp: e.dp,
+            recompute: Recompute::None,
+            micro_batch: config.rl.micro_batch,
+        };
         placements.push(Placement { candidate, ranks: e.ranks.clone() });
     }
     let plan = Plan { placements };
-    plan.validate(world as u32).map_err(|err| RuntimeError::Usage(format!("[plan] does not fit {world} ranks: {err}")))?;
+    plan.validate(world as u32)
+        .map_err(|err| RuntimeError::Usage(format!("[plan] does not fit {world} ranks: {err}")))?;
     Ok(plan)
 }
 
 /// Runs the supervised warm-ups the config asks for (every rank) and returns their files.
-fn warm_up_models(plane: &mut MpiPlane, world: i32, config: &JobConfig, settings: &StepSettings, dir: &Path) -> Result<Sources, RuntimeError> {
+fn warm_up_models(
+    plane: &mut MpiPlane,
+    world: i32,
+    config: &JobConfig,
+    settings: &StepSettings,
+    dir: &Path,
+) -> Result<Sources, RuntimeError> {
     let mut files = BTreeMap::new();
     let t = &config.train;
     let everyone = plane.group(&(0..world).collect::<Vec<_>>())?;
-    for (role, kind, steps) in [(Role::Actor, Warmup::Actor, t.warmup_actor_steps), (Role::Reward, Warmup::RewardModel, t.warmup_reward_steps)] {
+    for (role, kind, steps) in
+        [(Role::Actor, Warmup::Actor, t.warmup_actor_steps), (Role::Reward, Warmup::RewardModel, t.warmup_reward_steps)]
+    {
         if steps == 0 {
             continue;
         }
         let mut set = EmuSet::new(plane.rank(), world, config.cluster.device_memory_bytes(), catalogues(config));
         let ms = ModelStage::new(role, Stage::Training);
-        let (id, loss) = warm_up(plane, &mut set, ms, kind, &settings.task, config.job.seed, steps, settings.sequences(), settings.sampling.max_new_tokens, t.warmup_lr)?;
+        let (id, loss) = warm_up(
+            plane,
+            &mut set,
+            ms,
+            kind,
+            &settings.task,
+            config.job.seed,
+            steps,
+            settings.sequences(),
+            settings.sampling.max_new_tokens,
+            t.warmup_lr,
+        )?;
         checkpoint::save_model(plane, &set, id, dir, role.name())?;
         plane.barrier(everyone)?; // rank 0 has written the file before anyone reads it
         if plane.rank() == 0 {
@@ -150,7 +199,14 @@ fn from_checkpoint(dir: &Path) -> Result<Sources, RuntimeError> {
 }
 
 /// Saves every model (its first training replica, or first replica) and the sidecar.
-fn save(plane: &mut MpiPlane, set: &EmuSet, job: &RlJob, config: &JobConfig, step: u64, dir: &Path) -> Result<(), RuntimeError> {
+fn save(
+    plane: &mut MpiPlane,
+    set: &EmuSet,
+    job: &RlJob,
+    config: &JobConfig,
+    step: u64,
+    dir: &Path,
+) -> Result<(), RuntimeError> {
     let mut saved = Vec::new();
     for (ms, ids) in &job.replicas {
         let role = ms.role;
@@ -163,7 +219,8 @@ fn save(plane: &mut MpiPlane, set: &EmuSet, job: &RlJob, config: &JobConfig, ste
         saved.push(role);
     }
     if plane.rank() == 0 {
-        let counters = job.replicas.iter().filter_map(|(ms, ids)| set.emu(ids[0]).map(|e| (ms.to_string(), e.counters))).collect();
+        let counters =
+            job.replicas.iter().filter_map(|(ms, ids)| set.emu(ids[0]).map(|e| (ms.to_string(), e.counters))).collect();
         let sidecar = Sidecar {
             format: checkpoint::FORMAT,
             job: config.job.name.clone(),
@@ -181,7 +238,13 @@ fn save(plane: &mut MpiPlane, set: &EmuSet, job: &RlJob, config: &JobConfig, ste
 }
 
 /// The step's JSON-lines record (docs/operations.md); digests and peak memory need every rank.
-fn record(plane: &mut MpiPlane, set: &EmuSet, plan: &Plan, step: u64, m: &StepMetrics) -> Result<serde_json::Value, RuntimeError> {
+fn record(
+    plane: &mut MpiPlane,
+    set: &EmuSet,
+    plan: &Plan,
+    step: u64,
+    m: &StepMetrics,
+) -> Result<serde_json::Value, RuntimeError> {
     let digests = set.digests(plane)?;
     let mut state_digest = serde_json::Map::new();
     for emu in set.emus() {
@@ -219,7 +282,14 @@ fn record(plane: &mut MpiPlane, set: &EmuSet, plan: &Plan, step: u64, m: &StepMe
 fn print_plan(plan: &Plan) {
     for p in &plan.placements {
         let c = &p.candidate;
-        println!("plan {:<22} tp {} pp {} dp {} ranks {}", c.model_stage.to_string(), c.layout.tp, c.layout.pp, c.dp, format_index_list(&p.ranks));
+        println!(
+            "plan {:<22} tp {} pp {} dp {} ranks {}",
+            c.model_stage.to_string(),
+            c.layout.tp,
+            c.layout.pp,
+            c.dp,
+            format_index_list(&p.ranks)
+        );
     }
 }
 

@@ -40,14 +40,28 @@ pub fn agree_on_dag(world: &World, watchdog: &Watchdog, dag: &TransitionDag) -> 
 
 /// Runs every primitive of `dag` in its global order. The DAG's initial units must be EMUs
 /// of `set` (same model-stage, layout and ranks); returns which EMU each unit became.
-pub fn execute<P: DataPlane>(set: &mut EmuSet, plane: &mut P, dag: &TransitionDag) -> Result<(BTreeMap<UnitId, EmuId>, ExecutionReport), RuntimeError> {
+pub fn execute<P: DataPlane>(
+    set: &mut EmuSet,
+    plane: &mut P,
+    dag: &TransitionDag,
+) -> Result<(BTreeMap<UnitId, EmuId>, ExecutionReport), RuntimeError> {
     let mut ids: BTreeMap<UnitId, EmuId> = BTreeMap::new();
     for uid in &dag.initial {
         let u = &dag.units[uid];
         let emu = set
             .emus()
-            .find(|e| e.model_stage == u.model_stage && e.layout == u.layout && e.ranks == u.ranks && !ids.values().any(|x| *x == e.id))
-            .ok_or_else(|| RuntimeError::Usage(format!("the transition starts from {} {} on {:?}, which this job does not hold", u.model_stage, u.layout, u.ranks)))?;
+            .find(|e| {
+                e.model_stage == u.model_stage
+                    && e.layout == u.layout
+                    && e.ranks == u.ranks
+                    && !ids.values().any(|x| *x == e.id)
+            })
+            .ok_or_else(|| {
+                RuntimeError::Usage(format!(
+                    "the transition starts from {} {} on {:?}, which this job does not hold",
+                    u.model_stage, u.layout, u.ranks
+                ))
+            })?;
         ids.insert(*uid, emu.id);
     }
     let mut report = ExecutionReport::default();
@@ -61,13 +75,21 @@ pub fn execute<P: DataPlane>(set: &mut EmuSet, plane: &mut P, dag: &TransitionDa
     Ok((ids, report))
 }
 
-fn run_nodes<P: DataPlane>(set: &mut EmuSet, plane: &mut P, dag: &TransitionDag, ids: &mut BTreeMap<UnitId, EmuId>, report: &mut ExecutionReport) -> Result<(), RuntimeError> {
+fn run_nodes<P: DataPlane>(
+    set: &mut EmuSet,
+    plane: &mut P,
+    dag: &TransitionDag,
+    ids: &mut BTreeMap<UnitId, EmuId>,
+    report: &mut ExecutionReport,
+) -> Result<(), RuntimeError> {
     for &i in &dag.schedule.order {
         plane.set_context(Some(format!("transition node {i}: {}", dag.label(i))));
         let primitive = &dag.graph[petgraph::graph::NodeIndex::new(i)].primitive;
         let done = match primitive {
             Primitive::Split { source, parts } => set.split(plane, ids[source], dag.units[&parts[0]].layout)?,
-            Primitive::Extend { source, copy } => set.extend_in_transition(plane, ids[source], &dag.units[copy].ranks)?,
+            Primitive::Extend { source, copy } => {
+                set.extend_in_transition(plane, ids[source], &dag.units[copy].ranks)?
+            }
             Primitive::Merge { parts, merged } => {
                 let part_ids: Vec<EmuId> = parts.iter().map(|p| ids[p]).collect();
                 set.merge(plane, &part_ids, dag.units[merged].layout)?
@@ -77,7 +99,11 @@ fn run_nodes<P: DataPlane>(set: &mut EmuSet, plane: &mut P, dag: &TransitionDag,
         for (unit, emu) in primitive.creates().iter().zip(&done.created) {
             let made = &set.emu(*emu).expect("a created EMU exists").ranks;
             if *made != dag.units[unit].ranks {
-                return Err(RuntimeError::Usage(format!("{} made ranks {made:?}, the plan expected {:?}", dag.label(i), dag.units[unit].ranks)));
+                return Err(RuntimeError::Usage(format!(
+                    "{} made ranks {made:?}, the plan expected {:?}",
+                    dag.label(i),
+                    dag.units[unit].ranks
+                )));
             }
             ids.insert(*unit, *emu);
         }

@@ -67,7 +67,15 @@ mod tests {
     use crate::topology::pci::GpuInfo;
 
     fn node(gpus: Vec<GpuInfo>) -> NodeTopology {
-        NodeTopology { hostname: "n".into(), packages: 2, numa_domains: 2, cores: 16, hardware_threads: 32, memory_bytes: 64_000_000_000, gpus }
+        NodeTopology {
+            hostname: "n".into(),
+            packages: 2,
+            numa_domains: 2,
+            cores: 16,
+            hardware_threads: 32,
+            memory_bytes: 64_000_000_000,
+            gpus,
+        }
     }
 
     #[test]
@@ -82,7 +90,13 @@ mod tests {
 
     #[test]
     fn known_gpus_fill_datasheet_figures_and_unknown_ones_leave_gaps() {
-        let gpu = |id| GpuInfo { vendor: GpuVendor::Nvidia, pci_address: "x".into(), device_id: id, model: None, memory_bytes: None };
+        let gpu = |id| GpuInfo {
+            vendor: GpuVendor::Nvidia,
+            pci_address: "x".into(),
+            device_id: id,
+            model: None,
+            memory_bytes: None,
+        };
         let layout = WorldLayout::from_hostnames(&["a".into()]);
         let h200 = detect_cluster(&node(vec![gpu(0x2335); 8]), &layout);
         assert_eq!((h200.devices_per_node, h200.device_peak_tflops), (Some(8), Some(989.0)));

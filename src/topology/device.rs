@@ -51,15 +51,26 @@ pub fn assign_device(local_rank: usize, gpus: &[GpuInfo], env: &dyn Fn(&str) -> 
             Some(visible) if !visible.is_empty() => {
                 let index = visible[local_rank % visible.len()] as usize;
                 if index >= gpus.len() {
-                    DeviceAssignment { gpu: None, pci_address: None, reason: format!("{var}={value} names GPU {index}, but the node has {}", gpus.len()) }
+                    DeviceAssignment {
+                        gpu: None,
+                        pci_address: None,
+                        reason: format!("{var}={value} names GPU {index}, but the node has {}", gpus.len()),
+                    }
                 } else {
                     chosen(index, format!("{var}={value}"))
                 }
             }
-            _ => DeviceAssignment { gpu: None, pci_address: None, reason: format!("{var}={value:?} is not a list of GPU indices") },
+            _ => DeviceAssignment {
+                gpu: None,
+                pci_address: None,
+                reason: format!("{var}={value:?} is not a list of GPU indices"),
+            },
         };
     }
-    chosen(local_rank % gpus.len(), format!("local rank {local_rank} of a node with {} GPUs; no visible-devices variable set", gpus.len()))
+    chosen(
+        local_rank % gpus.len(),
+        format!("local rank {local_rank} of a node with {} GPUs; no visible-devices variable set", gpus.len()),
+    )
 }
 
 #[cfg(test)]
@@ -68,7 +79,13 @@ mod tests {
 
     fn gpus(vendor: GpuVendor, n: usize) -> Vec<GpuInfo> {
         (0..n)
-            .map(|i| GpuInfo { vendor, pci_address: format!("0000:{:02x}:00.0", i + 1), device_id: 0, model: None, memory_bytes: None })
+            .map(|i| GpuInfo {
+                vendor,
+                pci_address: format!("0000:{:02x}:00.0", i + 1),
+                device_id: 0,
+                model: None,
+                memory_bytes: None,
+            })
             .collect()
     }
 

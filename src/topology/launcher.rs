@@ -27,7 +27,8 @@ impl Launcher {
         if env("OMPI_COMM_WORLD_SIZE").is_some() {
             return Launcher::Mpirun;
         }
-        if let (Some(job_id), Some(step_id), Some(_)) = (env("SLURM_JOB_ID"), env("SLURM_STEP_ID"), env("SLURM_PROCID")) {
+        if let (Some(job_id), Some(step_id), Some(_)) = (env("SLURM_JOB_ID"), env("SLURM_STEP_ID"), env("SLURM_PROCID"))
+        {
             return Launcher::Srun { job_id, step_id };
         }
         if env("PMIX_RANK").is_some() {
@@ -62,7 +63,10 @@ mod tests {
 
     #[test]
     fn launchers_are_told_apart() {
-        assert_eq!(Launcher::detect(&env_of(&[("OMPI_COMM_WORLD_SIZE", "4"), ("SLURM_JOB_ID", "7")])), Launcher::Mpirun);
+        assert_eq!(
+            Launcher::detect(&env_of(&[("OMPI_COMM_WORLD_SIZE", "4"), ("SLURM_JOB_ID", "7")])),
+            Launcher::Mpirun
+        );
         let srun = env_of(&[("SLURM_JOB_ID", "7"), ("SLURM_STEP_ID", "0"), ("SLURM_PROCID", "3"), ("PMIX_RANK", "3")]);
         assert_eq!(Launcher::detect(&srun), Launcher::Srun { job_id: "7".into(), step_id: "0".into() });
         assert_eq!(Launcher::detect(&env_of(&[("SLURM_JOB_ID", "7")])), Launcher::Singleton);

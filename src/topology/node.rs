@@ -53,7 +53,11 @@ impl CpuBinding {
 }
 
 fn or_none(list: String) -> String {
-    if list.is_empty() { "none".into() } else { list }
+    if list.is_empty() {
+        "none".into()
+    } else {
+        list
+    }
 }
 
 /// Loads the hwloc topology of this node.

@@ -52,13 +52,69 @@ pub struct KnownGpu {
 
 /// The table behind cluster detection for GPUs (figures as in `configs/clusters/*.toml`).
 pub const KNOWN_GPUS: &[KnownGpu] = &[
-    KnownGpu { vendor: GpuVendor::Nvidia, device_id: 0x2335, model: "H200 SXM 141GB", peak_tflops: 989.0, intra_node_gbps: 900.0, memory_gb: 141.0, hbm_gbps: 4800.0 },
-    KnownGpu { vendor: GpuVendor::Nvidia, device_id: 0x2330, model: "H100 SXM5 80GB", peak_tflops: 989.0, intra_node_gbps: 900.0, memory_gb: 80.0, hbm_gbps: 3350.0 },
-    KnownGpu { vendor: GpuVendor::Nvidia, device_id: 0x20b2, model: "A100 SXM4 80GB", peak_tflops: 312.0, intra_node_gbps: 600.0, memory_gb: 80.0, hbm_gbps: 2039.0 },
-    KnownGpu { vendor: GpuVendor::Nvidia, device_id: 0x20b0, model: "A100 SXM4 40GB", peak_tflops: 312.0, intra_node_gbps: 600.0, memory_gb: 40.0, hbm_gbps: 1555.0 },
-    KnownGpu { vendor: GpuVendor::Amd, device_id: 0x7408, model: "Instinct MI250X (one GCD)", peak_tflops: 191.5, intra_node_gbps: 400.0, memory_gb: 64.0, hbm_gbps: 1600.0 },
-    KnownGpu { vendor: GpuVendor::Amd, device_id: 0x740c, model: "Instinct MI250X/MI250 (one GCD)", peak_tflops: 181.0, intra_node_gbps: 400.0, memory_gb: 64.0, hbm_gbps: 1600.0 },
-    KnownGpu { vendor: GpuVendor::Amd, device_id: 0x74a1, model: "Instinct MI300X", peak_tflops: 1307.4, intra_node_gbps: 896.0, memory_gb: 192.0, hbm_gbps: 5300.0 },
+    KnownGpu {
+        vendor: GpuVendor::Nvidia,
+        device_id: 0x2335,
+        model: "H200 SXM 141GB",
+        peak_tflops: 989.0,
+        intra_node_gbps: 900.0,
+        memory_gb: 141.0,
+        hbm_gbps: 4800.0,
+    },
+    KnownGpu {
+        vendor: GpuVendor::Nvidia,
+        device_id: 0x2330,
+        model: "H100 SXM5 80GB",
+        peak_tflops: 989.0,
+        intra_node_gbps: 900.0,
+        memory_gb: 80.0,
+        hbm_gbps: 3350.0,
+    },
+    KnownGpu {
+        vendor: GpuVendor::Nvidia,
+        device_id: 0x20b2,
+        model: "A100 SXM4 80GB",
+        peak_tflops: 312.0,
+        intra_node_gbps: 600.0,
+        memory_gb: 80.0,
+        hbm_gbps: 2039.0,
+    },
+    KnownGpu {
+        vendor: GpuVendor::Nvidia,
+        device_id: 0x20b0,
+        model: "A100 SXM4 40GB",
+        peak_tflops: 312.0,
+        intra_node_gbps: 600.0,
+        memory_gb: 40.0,
+        hbm_gbps: 1555.0,
+    },
+    KnownGpu {
+        vendor: GpuVendor::Amd,
+        device_id: 0x7408,
+        model: "Instinct MI250X (one GCD)",
+        peak_tflops: 191.5,
+        intra_node_gbps: 400.0,
+        memory_gb: 64.0,
+        hbm_gbps: 1600.0,
+    },
+    KnownGpu {
+        vendor: GpuVendor::Amd,
+        device_id: 0x740c,
+        model: "Instinct MI250X/MI250 (one GCD)",
+        peak_tflops: 181.0,
+        intra_node_gbps: 400.0,
+        memory_gb: 64.0,
+        hbm_gbps: 1600.0,
+    },
+    KnownGpu {
+        vendor: GpuVendor::Amd,
+        device_id: 0x74a1,
+        model: "Instinct MI300X",
+        peak_tflops: 1307.4,
+        intra_node_gbps: 896.0,
+        memory_gb: 192.0,
+        hbm_gbps: 5300.0,
+    },
 ];
 
 impl GpuInfo {
@@ -74,10 +130,8 @@ pub fn scan_gpus(pci_devices: &Path) -> Vec<GpuInfo> {
     let Ok(entries) = std::fs::read_dir(pci_devices) else {
         return Vec::new();
     };
-    let mut gpus: Vec<GpuInfo> = entries
-        .flatten()
-        .filter_map(|entry| read_gpu(&entry.path(), &entry.file_name().to_string_lossy()))
-        .collect();
+    let mut gpus: Vec<GpuInfo> =
+        entries.flatten().filter_map(|entry| read_gpu(&entry.path(), &entry.file_name().to_string_lossy())).collect();
     gpus.sort_by(|a, b| a.pci_address.cmp(&b.pci_address));
     gpus
 }
@@ -98,7 +152,8 @@ fn read_gpu(dir: &Path, address: &str) -> Option<GpuInfo> {
         return None;
     }
     let device_id = u16::try_from(hex("device")?).ok()?;
-    let memory_bytes = std::fs::read_to_string(dir.join("mem_info_vram_total")).ok().and_then(|t| t.trim().parse().ok());
+    let memory_bytes =
+        std::fs::read_to_string(dir.join("mem_info_vram_total")).ok().and_then(|t| t.trim().parse().ok());
     let mut gpu = GpuInfo { vendor, pci_address: address.to_string(), device_id, model: None, memory_bytes };
     gpu.model = gpu.known().map(|k| k.model.to_string());
     Some(gpu)

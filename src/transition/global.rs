@@ -83,7 +83,12 @@ impl Node {
         let ms = self.model_stage;
         let on = |id: &UnitId| format_index_list(&sorted(&units[id].ranks));
         match &self.primitive {
-            Primitive::Split { source, parts } => format!("Split {ms} {source:?} {} -> {} on [{}]", units[source].layout, units[&parts[0]].layout, on(source)),
+            Primitive::Split { source, parts } => format!(
+                "Split {ms} {source:?} {} -> {} on [{}]",
+                units[source].layout,
+                units[&parts[0]].layout,
+                on(source)
+            ),
             Primitive::Extend { source, copy } => format!("Extend {ms} {source:?} [{}] -> [{}]", on(source), on(copy)),
             Primitive::Merge { merged, .. } => format!("Merge {ms} -> {} on [{}]", units[merged].layout, on(merged)),
             Primitive::Destroy { unit } => format!("Destroy {ms} {unit:?} on [{}]", on(unit)),
@@ -182,7 +187,13 @@ impl TransitionDag {
     /// state one position of a unit holds. With `cross_model_stage = false`, each model-stage
     /// is scheduled as if alone (the per-component baseline): no resource edges, no check
     /// against other model-stages' memory or ranks.
-    pub fn plan(current: &Plan, target: &Plan, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64, links: &Links, cross_model_stage: bool) -> Result<TransitionDag, TransitionError> {
+    pub fn plan(
+        current: &Plan,
+        target: &Plan,
+        bytes: &dyn Fn(ModelStage, Layout, Position) -> u64,
+        links: &Links,
+        cross_model_stage: bool,
+    ) -> Result<TransitionDag, TransitionError> {
         let mut next = 0;
         let mut units = Units::default();
         let mut initial = Vec::new();
@@ -190,9 +201,14 @@ impl TransitionDag {
         let mut targets = BTreeMap::new();
         for placement in &current.placements {
             let ms = placement.candidate.model_stage;
-            let goal = target.placements.iter().find(|p| p.candidate.model_stage == ms).ok_or_else(|| TransitionError::Mismatch(format!("{ms} has no target")))?;
+            let goal = target
+                .placements
+                .iter()
+                .find(|p| p.candidate.model_stage == ms)
+                .ok_or_else(|| TransitionError::Mismatch(format!("{ms} has no target")))?;
             let cur = units_of(placement, &mut next);
-            let want: Vec<(Layout, Vec<i32>)> = (0..goal.candidate.dp as usize).map(|r| (goal.candidate.layout, goal.replica(r).to_vec())).collect();
+            let want: Vec<(Layout, Vec<i32>)> =
+                (0..goal.candidate.dp as usize).map(|r| (goal.candidate.layout, goal.replica(r).to_vec())).collect();
             let local = local_dag(&cur, &want, &mut next);
             initial.extend(cur.iter().map(|u| u.id));
             for u in cur.into_iter().chain(local.units) {
@@ -211,7 +227,14 @@ impl TransitionDag {
         if target.placements.len() != current.placements.len() {
             return Err(TransitionError::Mismatch("different numbers of model-stages".into()));
         }
-        let mut dag = TransitionDag { graph, units, initial, targets, resource_edges: 0, schedule: Schedule { order: vec![], timings: vec![], seconds: 0.0, peak_bytes: 0 } };
+        let mut dag = TransitionDag {
+            graph,
+            units,
+            initial,
+            targets,
+            resource_edges: 0,
+            schedule: Schedule { order: vec![], timings: vec![], seconds: 0.0, peak_bytes: 0 },
+        };
         dag.schedule(bytes, links, cross_model_stage)?;
         Ok(dag)
     }
@@ -222,29 +245,48 @@ impl TransitionDag {
     /// inference → training. Ready nodes sit in a heap keyed by their earliest start, which
     /// only grows, so stale keys are refreshed when popped; a node that does not fit waits on
     /// the ranks that block it until something is freed there.
-    fn schedule(&mut self, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64, links: &Links, cross: bool) -> Result<(), TransitionError> {
+    fn schedule(
+        &mut self,
+        bytes: &dyn Fn(ModelStage, Layout, Position) -> u64,
+        links: &Links,
+        cross: bool,
+    ) -> Result<(), TransitionError> {
         let n = self.graph.node_count();
         let mut state = ResourceState::new(self, bytes, links.capacity_bytes, cross);
         let pool = state.usage.len();
-        let mut waiting: Vec<usize> = (0..n).map(|i| self.graph.neighbors_directed(NodeIndex::new(i), Direction::Incoming).count()).collect();
+        let mut waiting: Vec<usize> =
+            (0..n).map(|i| self.graph.neighbors_directed(NodeIndex::new(i), Direction::Incoming).count()).collect();
         let bottom = self.bottom_levels();
         let mut finish = vec![0.0f64; n];
         let mut rank_free = vec![0.0f64; pool];
         let est = |i: usize, finish: &[f64], rank_free: &[f64]| {
-            let preds = self.graph.neighbors_directed(NodeIndex::new(i), Direction::Incoming).map(|p| finish[p.index()]).fold(0.0, f64::max);
+            let preds = self
+                .graph
+                .neighbors_directed(NodeIndex::new(i), Direction::Incoming)
+                .map(|p| finish[p.index()])
+                .fold(0.0, f64::max);
             self.graph[NodeIndex::new(i)].ranks(&self.units).map(|r| rank_free[r as usize]).fold(preds, f64::max)
         };
         // Keys compare as (start, not-Destroy, −remaining path, stage, index). Starts are
         // non-negative, so their bits order like the numbers; the rest is one precomputed rank.
         let mut by_priority: Vec<usize> = (0..n).collect();
-        by_priority.sort_by(|&a, &b| bottom[b].total_cmp(&bottom[a]).then(stage_rank(self.graph[NodeIndex::new(a)].model_stage.stage).cmp(&stage_rank(self.graph[NodeIndex::new(b)].model_stage.stage))).then(a.cmp(&b)));
+        by_priority.sort_by(|&a, &b| {
+            bottom[b]
+                .total_cmp(&bottom[a])
+                .then(
+                    stage_rank(self.graph[NodeIndex::new(a)].model_stage.stage)
+                        .cmp(&stage_rank(self.graph[NodeIndex::new(b)].model_stage.stage)),
+                )
+                .then(a.cmp(&b))
+        });
         let mut tie = vec![0u64; n];
         for (position, &i) in by_priority.iter().enumerate() {
             let destroy = matches!(self.graph[NodeIndex::new(i)].primitive, Primitive::Destroy { .. });
             tie[i] = (u64::from(!destroy) << 63) | position as u64;
         }
         let key = |i: usize, start: f64| Reverse((start.to_bits(), tie[i]));
-        let mut heap: BinaryHeap<Reverse<(u64, u64)>> = (0..n).filter(|&i| waiting[i] == 0).map(|i| key(i, 0.0)).collect();
+        let mut heap: BinaryHeap<Reverse<(u64, u64)>> =
+            (0..n).filter(|&i| waiting[i] == 0).map(|i| key(i, 0.0)).collect();
         let mut blocked_on: Vec<Vec<usize>> = vec![Vec::new(); pool];
         let mut is_blocked = vec![false; n];
         let mut first_block: Option<(usize, Vec<i32>, String)> = None;
@@ -270,7 +312,12 @@ impl TransitionDag {
             is_blocked[i] = false;
             state.apply_into(i, node, &mut deps);
             let begin = deps.iter().map(|&d| finish[d]).fold(start, f64::max);
-            new_edges.extend(deps.iter().copied().filter(|&d| !self.graph.contains_edge(NodeIndex::new(d), NodeIndex::new(i))).map(|d| (d, i)));
+            new_edges.extend(
+                deps.iter()
+                    .copied()
+                    .filter(|&d| !self.graph.contains_edge(NodeIndex::new(d), NodeIndex::new(i)))
+                    .map(|d| (d, i)),
+            );
             finish[i] = begin + node.seconds;
             for r in node.ranks(&self.units) {
                 rank_free[r as usize] = finish[i];
@@ -298,7 +345,11 @@ impl TransitionDag {
                 let (r, why) = state.fits(&self.graph[NodeIndex::new(j)]).err().unwrap_or((vec![], reason.clone()));
                 (j, r, why)
             });
-            return Err(TransitionError::Blocked { primitive: self.label(i), ranks: format_index_list(&ranks), reason });
+            return Err(TransitionError::Blocked {
+                primitive: self.label(i),
+                ranks: format_index_list(&ranks),
+                reason,
+            });
         }
         let peak_bytes = state.peak;
         drop(state);
@@ -308,7 +359,14 @@ impl TransitionDag {
         self.resource_edges = new_edges.len();
         // The loop already timed every node under the final edges: a node's start was bounded
         // by its predecessors, the dependencies it acquired and its ranks' earlier nodes.
-        let timings: Vec<NodeTiming> = order.iter().map(|&i| NodeTiming { node: i, start: finish[i] - self.graph[NodeIndex::new(i)].seconds, finish: finish[i] }).collect();
+        let timings: Vec<NodeTiming> = order
+            .iter()
+            .map(|&i| NodeTiming {
+                node: i,
+                start: finish[i] - self.graph[NodeIndex::new(i)].seconds,
+                finish: finish[i],
+            })
+            .collect();
         let seconds = finish.iter().copied().fold(0.0, f64::max);
         self.schedule = Schedule { order, timings, seconds, peak_bytes };
         Ok(())
@@ -319,7 +377,8 @@ impl TransitionDag {
         let mut level = vec![0.0f64; self.graph.node_count()];
         let order = petgraph::algo::toposort(&self.graph, None).expect("local DAGs are acyclic");
         for &i in order.iter().rev() {
-            let below = self.graph.neighbors_directed(i, Direction::Outgoing).map(|s| level[s.index()]).fold(0.0, f64::max);
+            let below =
+                self.graph.neighbors_directed(i, Direction::Outgoing).map(|s| level[s.index()]).fold(0.0, f64::max);
             level[i.index()] = self.graph[i].seconds + below;
         }
         level
@@ -330,14 +389,19 @@ impl TransitionDag {
     fn timings(&self, order: &[usize], extra: &[(usize, usize)]) -> Vec<NodeTiming> {
         let mut finish = vec![0.0f64; self.graph.node_count()];
         let mut rank_free = vec![0.0f64; self.units.pool()];
-        let mut extra_preds: Vec<Vec<usize>> = vec![Vec::new(); if extra.is_empty() { 0 } else { self.graph.node_count() }];
+        let mut extra_preds: Vec<Vec<usize>> =
+            vec![Vec::new(); if extra.is_empty() { 0 } else { self.graph.node_count() }];
         for &(a, b) in extra {
             extra_preds[b].push(a);
         }
         let mut timings = Vec::with_capacity(order.len());
         for &i in order {
             let node = &self.graph[NodeIndex::new(i)];
-            let after_preds = self.graph.neighbors_directed(NodeIndex::new(i), Direction::Incoming).map(|p| finish[p.index()]).fold(0.0, f64::max);
+            let after_preds = self
+                .graph
+                .neighbors_directed(NodeIndex::new(i), Direction::Incoming)
+                .map(|p| finish[p.index()])
+                .fold(0.0, f64::max);
             let after_extra = extra_preds.get(i).into_iter().flatten().map(|&a| finish[a]).fold(0.0, f64::max);
             let after_ranks = node.ranks(&self.units).map(|r| rank_free[r as usize]).fold(0.0, f64::max);
             let start = after_preds.max(after_extra).max(after_ranks);
@@ -353,19 +417,35 @@ impl TransitionDag {
     /// The shortest critical path over every feasible order of the local DAGs (exponential:
     /// small instances only), to measure how far the list schedule is from optimal.
     pub fn optimal_seconds(&self, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64, links: &Links) -> Option<f64> {
-        let local: DiGraph<Node, EdgeKind> = self.graph.filter_map(|_, n| Some(n.clone()), |_, e| (*e == EdgeKind::Local).then_some(*e));
-        let view = TransitionDag { graph: local, units: self.units.clone(), initial: self.initial.clone(), targets: BTreeMap::new(), resource_edges: 0, schedule: self.schedule.clone() };
+        let local: DiGraph<Node, EdgeKind> =
+            self.graph.filter_map(|_, n| Some(n.clone()), |_, e| (*e == EdgeKind::Local).then_some(*e));
+        let view = TransitionDag {
+            graph: local,
+            units: self.units.clone(),
+            initial: self.initial.clone(),
+            targets: BTreeMap::new(),
+            resource_edges: 0,
+            schedule: self.schedule.clone(),
+        };
         let n = view.graph.node_count();
         let mut best: Option<f64> = None;
         let mut order = Vec::with_capacity(n);
         let mut edges = Vec::new();
-        let waiting: Vec<usize> = (0..n).map(|i| view.graph.neighbors_directed(NodeIndex::new(i), Direction::Incoming).count()).collect();
+        let waiting: Vec<usize> =
+            (0..n).map(|i| view.graph.neighbors_directed(NodeIndex::new(i), Direction::Incoming).count()).collect();
         let mut state = ResourceState::new(&view, bytes, links.capacity_bytes, true);
         view.search(&mut state, waiting, &mut order, &mut edges, &mut best);
         best
     }
 
-    fn search(&self, state: &mut ResourceState, waiting: Vec<usize>, order: &mut Vec<usize>, edges: &mut Vec<(usize, usize)>, best: &mut Option<f64>) {
+    fn search(
+        &self,
+        state: &mut ResourceState,
+        waiting: Vec<usize>,
+        order: &mut Vec<usize>,
+        edges: &mut Vec<(usize, usize)>,
+        best: &mut Option<f64>,
+    ) {
         let n = self.graph.node_count();
         if order.len() == n {
             let t = self.timings(order, edges).iter().map(|t| t.finish).fold(0.0, f64::max);
@@ -400,7 +480,12 @@ impl TransitionDag {
     /// Walks `order` and returns the first step that would overrun a rank's memory or take a
     /// rank another model-stage of its stage still holds, if any — how a schedule built
     /// without cross-model-stage edges (the per-component baseline) fails.
-    pub fn first_conflict(&self, order: &[usize], bytes: &dyn Fn(ModelStage, Layout, Position) -> u64, capacity: u64) -> Option<String> {
+    pub fn first_conflict(
+        &self,
+        order: &[usize],
+        bytes: &dyn Fn(ModelStage, Layout, Position) -> u64,
+        capacity: u64,
+    ) -> Option<String> {
         let mut state = ResourceState::new(self, bytes, capacity, true);
         let mut deps = Vec::new();
         for &i in order {
@@ -416,7 +501,12 @@ impl TransitionDag {
     /// The schedule's order when each model-stage starts `delay` seconds late (the nodes of a
     /// model-stage keep their relative order; model-stages interleave by start time).
     pub fn delayed_order(&self, delay: &dyn Fn(ModelStage) -> f64) -> Vec<usize> {
-        let mut timed: Vec<(f64, usize)> = self.schedule.timings.iter().map(|t| (t.start + delay(self.graph[NodeIndex::new(t.node)].model_stage), t.node)).collect();
+        let mut timed: Vec<(f64, usize)> = self
+            .schedule
+            .timings
+            .iter()
+            .map(|t| (t.start + delay(self.graph[NodeIndex::new(t.node)].model_stage), t.node))
+            .collect();
         timed.sort_by(|a, b| a.0.total_cmp(&b.0));
         timed.into_iter().map(|(_, i)| i).collect()
     }
@@ -425,7 +515,6 @@ impl TransitionDag {
     pub fn label(&self, i: usize) -> String {
         self.graph[NodeIndex::new(i)].label(&self.units)
     }
-
 }
 
 /// Memory and rank ownership while a schedule is walked: what every ordering decision, the
@@ -448,9 +537,22 @@ struct ResourceState<'a> {
 const MAX_MODEL_STAGES: usize = 8;
 
 impl<'a> ResourceState<'a> {
-    fn new(dag: &'a TransitionDag, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64, capacity: u64, cross: bool) -> ResourceState<'a> {
+    fn new(
+        dag: &'a TransitionDag,
+        bytes: &dyn Fn(ModelStage, Layout, Position) -> u64,
+        capacity: u64,
+        cross: bool,
+    ) -> ResourceState<'a> {
         let pool = dag.units.pool();
-        let mut s = ResourceState { units: &dag.units, capacity, cross, usage: vec![0; pool], holders: vec![[None; MAX_MODEL_STAGES]; 3 * pool], last_release: vec![[None; MAX_MODEL_STAGES]; pool], peak: 0 };
+        let mut s = ResourceState {
+            units: &dag.units,
+            capacity,
+            cross,
+            usage: vec![0; pool],
+            holders: vec![[None; MAX_MODEL_STAGES]; 3 * pool],
+            last_release: vec![[None; MAX_MODEL_STAGES]; pool],
+            peak: 0,
+        };
         for id in &dag.initial {
             let u = &dag.units[id];
             for (r, b) in per_rank(u, bytes) {
@@ -493,7 +595,12 @@ impl<'a> ResourceState<'a> {
         let mut reason = String::new();
         for &(r, b) in &node.acquire {
             let used = self.usage[r as usize];
-            let other = self.holders[self.slot(node.model_stage.stage, r)].iter().flatten().filter(|(_, c)| *c > 0).map(|(m, _)| *m).find(|m| *m != node.model_stage);
+            let other = self.holders[self.slot(node.model_stage.stage, r)]
+                .iter()
+                .flatten()
+                .filter(|(_, c)| *c > 0)
+                .map(|(m, _)| *m)
+                .find(|m| *m != node.model_stage);
             if used + b + node.transient > self.capacity {
                 short.push(r);
                 reason = format!("needs {b} bytes on a rank holding {used} of {}", self.capacity);
@@ -502,7 +609,11 @@ impl<'a> ResourceState<'a> {
                 reason = format!("still held by {other}");
             }
         }
-        if short.is_empty() { Ok(()) } else { Err((short, reason)) }
+        if short.is_empty() {
+            Ok(())
+        } else {
+            Err((short, reason))
+        }
     }
 
     /// Runs node `i`; puts into `deps` (cleared first) the earlier nodes of other model-stages
@@ -568,9 +679,21 @@ fn per_rank(unit: &Unit, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64) ->
 }
 
 /// A node with its rank set, memory effects and estimated duration.
-fn make_node(p: Primitive, ms: ModelStage, units: &Units, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64, links: &Links) -> Node {
+fn make_node(
+    p: Primitive,
+    ms: ModelStage,
+    units: &Units,
+    bytes: &dyn Fn(ModelStage, Layout, Position) -> u64,
+    links: &Links,
+) -> Node {
     let u = |id: &UnitId| &units[id];
-    let bw = |a: i32, b: i32| if node_of(links, a) == node_of(links, b) { links.intra_bytes_per_s } else { links.inter_bytes_per_s };
+    let bw = |a: i32, b: i32| {
+        if node_of(links, a) == node_of(links, b) {
+            links.intra_bytes_per_s
+        } else {
+            links.inter_bytes_per_s
+        }
+    };
     let mut transient = 0;
     let (acquire, release, seconds) = match &p {
         Primitive::Split { source, parts } => {
@@ -592,7 +715,8 @@ fn make_node(p: Primitive, ms: ModelStage, units: &Units, bytes: &dyn Fn(ModelSt
         Primitive::Extend { source, copy } => {
             let (src, dst) = (u(source), u(copy));
             let acquire = per_rank(dst, bytes);
-            let secs = acquire.iter().zip(&src.ranks).map(|((r, b), s)| *b as f64 / bw(*s, *r)).fold(0.0, f64::max) + links.setup_seconds;
+            let secs = acquire.iter().zip(&src.ranks).map(|((r, b), s)| *b as f64 / bw(*s, *r)).fold(0.0, f64::max)
+                + links.setup_seconds;
             (acquire, vec![], secs)
         }
         Primitive::Merge { parts, merged } => {

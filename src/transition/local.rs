@@ -1,7 +1,7 @@
 //! Local DAGs: the primitives that turn one model-stage's current units into its target units.
 
-use serde::{Deserialize, Serialize};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+use serde::{Deserialize, Serialize};
 
 use crate::emu::{merge_ranks_of, split_ranks_of};
 use crate::model::Layout;
@@ -102,7 +102,11 @@ pub struct LocalDag {
 }
 
 fn gcd(a: u32, b: u32) -> u32 {
-    if b == 0 { a } else { gcd(b, a % b) }
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
 }
 
 /// Units of a placement, one per replica.
@@ -111,7 +115,12 @@ pub fn units_of(placement: &Placement, next: &mut usize) -> Vec<Unit> {
     (0..c.dp as usize)
         .map(|r| {
             *next += 1;
-            Unit { id: UnitId(*next - 1), model_stage: c.model_stage, layout: c.layout, ranks: placement.replica(r).to_vec() }
+            Unit {
+                id: UnitId(*next - 1),
+                model_stage: c.model_stage,
+                layout: c.layout,
+                ranks: placement.replica(r).to_vec(),
+            }
         })
         .collect()
 }
@@ -149,17 +158,25 @@ fn build(current: &[Unit], target: &[(Layout, Vec<i32>)], sub: Layout, next: &mu
             continue;
         }
         let node = dag.nodes.len();
-        let parts: Vec<UnitId> = split_ranks_of(c.layout, &c.ranks, sub).into_iter().map(|r| fresh(sub, r, &mut dag, next)).collect();
+        let parts: Vec<UnitId> =
+            split_ranks_of(c.layout, &c.ranks, sub).into_iter().map(|r| fresh(sub, r, &mut dag, next)).collect();
         available.extend(parts.iter().map(|&id| (id, Some(node))));
         dag.nodes.push(Primitive::Split { source: c.id, parts });
     }
     // Needed sub-units, per target and flattened; which available unit already is one.
-    let needed: Vec<Vec<Vec<i32>>> = target.iter().map(|(layout, ranks)| if *layout == sub { vec![ranks.clone()] } else { split_ranks_of(*layout, ranks, sub) }).collect();
+    let needed: Vec<Vec<Vec<i32>>> = target
+        .iter()
+        .map(|(layout, ranks)| if *layout == sub { vec![ranks.clone()] } else { split_ranks_of(*layout, ranks, sub) })
+        .collect();
     let flat: Vec<&[i32]> = needed.iter().flatten().map(Vec::as_slice).collect();
     let slot: HashMap<&[i32], usize> = flat.iter().enumerate().map(|(k, r)| (*r, k)).collect();
     // Current units have consecutive ids, new ones continue from `first_new`.
     let ranks_of = |id: UnitId| -> &[i32] {
-        if id.0 >= first_new { &dag.units[id.0 - first_new].ranks } else { &current[id.0 - current[0].id.0].ranks }
+        if id.0 >= first_new {
+            &dag.units[id.0 - first_new].ranks
+        } else {
+            &current[id.0 - current[0].id.0].ranks
+        }
     };
     let kept: Vec<Option<usize>> = available.iter().map(|(id, _)| slot.get(ranks_of(*id)).copied()).collect();
     // Who produces each needed unit: a kept unit, or an Extend.
@@ -207,7 +224,8 @@ fn build(current: &[Unit], target: &[(Layout, Vec<i32>)], sub: Layout, next: &mu
     let index_of: HashMap<UnitId, usize> = available.iter().enumerate().map(|(i, (id, _))| (*id, i)).collect();
     let mut k = 0;
     for ((layout, ranks), parts) in target.iter().zip(&needed) {
-        let part_ids: Vec<(UnitId, Option<usize>)> = (k..k + parts.len()).map(|j| producer[j].expect("every needed unit is produced")).collect();
+        let part_ids: Vec<(UnitId, Option<usize>)> =
+            (k..k + parts.len()).map(|j| producer[j].expect("every needed unit is produced")).collect();
         k += parts.len();
         if *layout == sub {
             dag.targets.push(part_ids[0].0);

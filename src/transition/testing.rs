@@ -18,7 +18,19 @@ pub const MODEL_STAGES: [(Role, Stage); 6] = [
 
 /// An 8-block bf16 model that every `tp, pp ∈ {1, 2, 4, 8}` can hold.
 pub fn tiny_catalogue() -> Catalogue {
-    Catalogue::new(Architecture { vocab: 64, hidden: 16, layers: 8, heads: 8, kv_heads: 8, head_dim: 2, ffn: 32, tie_embeddings: false, qk_norm: false, head: OutputHead::Lm, dtype: Dtype::Bf16 })
+    Catalogue::new(Architecture {
+        vocab: 64,
+        hidden: 16,
+        layers: 8,
+        heads: 8,
+        kv_heads: 8,
+        head_dim: 2,
+        ffn: 32,
+        tie_embeddings: false,
+        qk_norm: false,
+        head: OutputHead::Lm,
+        dtype: Dtype::Bf16,
+    })
 }
 
 /// A random valid plan on `pool` ranks (`pool >= 3`): per stage, the ranks are shuffled and
@@ -26,7 +38,8 @@ pub fn tiny_catalogue() -> Catalogue {
 pub fn random_plan(rng: &mut Rng, catalogue: &Catalogue, pool: u32) -> Plan {
     let mut placements = Vec::new();
     for stage in [Stage::Generation, Stage::Inference, Stage::Training] {
-        let members: Vec<ModelStage> = MODEL_STAGES.iter().filter(|(_, s)| *s == stage).map(|&(r, s)| ModelStage::new(r, s)).collect();
+        let members: Vec<ModelStage> =
+            MODEL_STAGES.iter().filter(|(_, s)| *s == stage).map(|&(r, s)| ModelStage::new(r, s)).collect();
         let mut free: Vec<i32> = (0..pool as i32).collect();
         rng.shuffle(&mut free);
         for (k, ms) in members.iter().enumerate() {
@@ -39,7 +52,10 @@ pub fn random_plan(rng: &mut Rng, catalogue: &Catalogue, pool: u32) -> Plan {
             let layout = *rng.pick(&layouts);
             let dp = 1 + rng.below(budget / layout.size() as usize) as u32;
             let ranks: Vec<i32> = free.drain(..(layout.size() * dp) as usize).collect();
-            placements.push(Placement { candidate: Candidate { model_stage: *ms, layout, dp, recompute: Recompute::None, micro_batch: 1 }, ranks });
+            placements.push(Placement {
+                candidate: Candidate { model_stage: *ms, layout, dp, recompute: Recompute::None, micro_batch: 1 },
+                ranks,
+            });
         }
     }
     Plan { placements }
@@ -48,7 +64,8 @@ pub fn random_plan(rng: &mut Rng, catalogue: &Catalogue, pool: u32) -> Plan {
 /// `plan` with a random subset of its stages re-drawn (the others keep their placements).
 pub fn perturbed(rng: &mut Rng, catalogue: &Catalogue, plan: &Plan, pool: u32) -> Plan {
     let fresh = random_plan(rng, catalogue, pool);
-    let redraw: Vec<Stage> = [Stage::Generation, Stage::Inference, Stage::Training].into_iter().filter(|_| rng.below(2) == 0).collect();
+    let redraw: Vec<Stage> =
+        [Stage::Generation, Stage::Inference, Stage::Training].into_iter().filter(|_| rng.below(2) == 0).collect();
     Plan {
         placements: plan
             .placements

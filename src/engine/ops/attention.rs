@@ -83,7 +83,17 @@ pub fn attention_forward<T: Real>(out: &mut [T], probs: &mut [T], q: &[T], k: &[
 
 /// Backward of [`attention_forward`] for `tq = tk = t_cap`: accumulates `dq`, `dk`, `dv`.
 #[allow(clippy::too_many_arguments)]
-pub fn attention_backward<T: Real>(dq: &mut [T], dk: &mut [T], dv: &mut [T], dout: &[T], q: &[T], k: &[T], v: &[T], probs: &[T], s: AttentionShape) {
+pub fn attention_backward<T: Real>(
+    dq: &mut [T],
+    dk: &mut [T],
+    dv: &mut [T],
+    dout: &[T],
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    probs: &[T],
+    s: AttentionShape,
+) {
     let (d, scale) = (s.d, s.scale::<T>());
     let mut dp = vec![T::ZERO; s.tk];
     for b in 0..s.b {

@@ -8,20 +8,27 @@
 use super::TensorGroup;
 use crate::engine::{EngineError, Real};
 
-
 fn local_index(target: u32, v0: usize, v: usize) -> Option<usize> {
     (target as usize).checked_sub(v0).filter(|&i| i < v)
 }
 
 /// `logp[N] = logits[n, target_n] − logsumexp(logits[n, :])` over the whole vocabulary; this
 /// rank holds columns `v0..v0+V` of `logits[N,V]`. Saves `lse[N]` for the backward pass.
-pub fn log_probs_forward<T: Real, G: TensorGroup<T>>(logp: &mut [T], lse: &mut [T], logits: &[T], targets: &[u32], v0: usize, tp: &G) -> Result<(), EngineError> {
+pub fn log_probs_forward<T: Real, G: TensorGroup<T>>(
+    logp: &mut [T],
+    lse: &mut [T],
+    logits: &[T],
+    targets: &[u32],
+    v0: usize,
+    tp: &G,
+) -> Result<(), EngineError> {
     let v = logits.len() / targets.len().max(1);
     for (m, row) in lse.iter_mut().zip(logits.chunks_exact(v)) {
         *m = row.iter().fold(T::of(f64::NEG_INFINITY), |a, &b| a.max(b));
     }
     tp.max(lse)?;
-    let mut sums: Vec<T> = lse.iter().zip(logits.chunks_exact(v)).map(|(&m, row)| row.iter().map(|&z| (z - m).exp()).sum()).collect();
+    let mut sums: Vec<T> =
+        lse.iter().zip(logits.chunks_exact(v)).map(|(&m, row)| row.iter().map(|&z| (z - m).exp()).sum()).collect();
     tp.sum(&mut sums)?;
     for n in 0..targets.len() {
         logp[n] = local_index(targets[n], v0, v).map_or(T::ZERO, |i| logits[n * v + i]);
@@ -35,7 +42,14 @@ pub fn log_probs_forward<T: Real, G: TensorGroup<T>>(logp: &mut [T], lse: &mut [
 }
 
 /// `dlogits[N,V] = dlogp[n] · (1[v = target_n] − softmax(logits)[n,v])` (overwrites).
-pub fn log_probs_backward<T: Real>(dlogits: &mut [T], dlogp: &[T], logits: &[T], lse: &[T], targets: &[u32], v0: usize) {
+pub fn log_probs_backward<T: Real>(
+    dlogits: &mut [T],
+    dlogp: &[T],
+    logits: &[T],
+    lse: &[T],
+    targets: &[u32],
+    v0: usize,
+) {
     let v = logits.len() / targets.len().max(1);
     for n in 0..targets.len() {
         let (row, drow) = (&logits[n * v..(n + 1) * v], &mut dlogits[n * v..(n + 1) * v]);

@@ -10,7 +10,16 @@ pub fn linear_forward<T: Real>(y: &mut [T], x: &[T], w: &[T], n: usize, inp: usi
 
 /// `dx[N,in] += dy · W` (when `dx` is given) and `dW[out,in] += dyᵀ · x`.
 #[allow(clippy::too_many_arguments)]
-pub fn linear_backward<T: Real>(dx: Option<&mut [T]>, dw: &mut [T], dy: &[T], x: &[T], w: &[T], n: usize, inp: usize, out: usize) {
+pub fn linear_backward<T: Real>(
+    dx: Option<&mut [T]>,
+    dw: &mut [T],
+    dy: &[T],
+    x: &[T],
+    w: &[T],
+    n: usize,
+    inp: usize,
+    out: usize,
+) {
     if let Some(dx) = dx {
         matmul(dx, dy, Op::N, w, Op::N, n, out, inp, true);
     }

@@ -32,7 +32,10 @@ fn check(layer: &str, inputs: &[Vec<f64>], analytic: &[Vec<f64>], loss: impl Fn(
             let numeric = (loss(&plus) - loss(&minus)) / (2.0 * h);
             let got = analytic[which][e];
             let tol = 1e-6 * numeric.abs().max(got.abs()) + 1e-8;
-            assert!((numeric - got).abs() <= tol, "{layer}: input {which} element {e}: backward {got} vs finite difference {numeric}");
+            assert!(
+                (numeric - got).abs() <= tol,
+                "{layer}: input {which} element {e}: backward {got} vs finite difference {numeric}"
+            );
         }
     }
 }

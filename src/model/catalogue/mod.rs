@@ -189,7 +189,9 @@ impl Catalogue {
         }
         add("model.norm.weight".into(), 1, a.hidden, Sharding::Replicated, StageOwner::Last);
         match (a.head, a.tie_embeddings) {
-            (OutputHead::Lm, false) => add("lm_head.weight".into(), a.vocab, a.hidden, Sharding::VocabParallel, StageOwner::Last),
+            (OutputHead::Lm, false) => {
+                add("lm_head.weight".into(), a.vocab, a.hidden, Sharding::VocabParallel, StageOwner::Last)
+            }
             (OutputHead::Lm, true) => {} // the LM head is model.embed_tokens.weight
             (OutputHead::Value, _) => add("score.weight".into(), 1, a.hidden, Sharding::Replicated, StageOwner::Last),
         }

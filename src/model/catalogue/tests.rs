@@ -3,7 +3,10 @@ use crate::model::{Architecture, Layout};
 
 /// Parameter counts of the published checkpoints (sum of tensor sizes in the Hugging Face
 /// safetensors index); the model cards round them to 8.0B, 14.8B, 32.8B and 70.6B.
-const PUBLISHED: [(&str, fn() -> Architecture, u64); 4] = [
+/// A published model: name, architecture, parameter count.
+type Published = (&'static str, fn() -> Architecture, u64);
+
+const PUBLISHED: [Published; 4] = [
     ("Llama-3.1-8B", Architecture::llama3_1_8b, 8_030_261_248),
     ("Qwen3-14B", Architecture::qwen3_14b, 14_768_307_200),
     ("Qwen3-32B", Architecture::qwen3_32b, 32_762_123_264),

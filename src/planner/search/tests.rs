@@ -6,7 +6,8 @@ use crate::runtime::Rng;
 
 fn tiny(rng: &mut Rng) -> JobConfig {
     let source = ConfigSource::embedded_default();
-    let mut config = RawJobConfig::parse(&source).unwrap().resolve(&source, &Overrides::default(), &mut || unreachable!()).unwrap();
+    let mut config =
+        RawJobConfig::parse(&source).unwrap().resolve(&source, &Overrides::default(), &mut || unreachable!()).unwrap();
     config.rl.algorithm = *rng.pick(&[Algorithm::Ppo, Algorithm::Grpo, Algorithm::Remax]);
     if !config.rl.algorithm.uses_critic() {
         config.models.critic = None;
@@ -18,7 +19,9 @@ fn tiny(rng: &mut Rng) -> JobConfig {
     config.rl.mini_batch = 2;
     config.rl.micro_batch = *rng.pick(&[1, 2]);
     config.rl.max_response_len = *rng.pick(&[16, 256, 2048]);
-    for (_, spec) in [("a", &mut config.models.actor), ("r", &mut config.models.reference), ("w", &mut config.models.reward)] {
+    for (_, spec) in
+        [("a", &mut config.models.actor), ("r", &mut config.models.reference), ("w", &mut config.models.reward)]
+    {
         spec.layers = *rng.pick(&[1, 2, 3, 4]);
     }
     config.cluster.devices_per_node = *rng.pick(&[2, 4]);
@@ -39,11 +42,19 @@ fn dp_matches_the_exhaustive_optimum_and_respects_memory() {
         let exhaustive = planner.exhaustive();
         match (planner.search(None), exhaustive) {
             (Ok(job), Some(best)) => {
-                assert!((job.step_latency_s - best).abs() <= 1e-12 * best.max(1.0), "case {case}: DP {} vs exhaustive {best}", job.step_latency_s);
+                assert!(
+                    (job.step_latency_s - best).abs() <= 1e-12 * best.max(1.0),
+                    "case {case}: DP {} vs exhaustive {best}",
+                    job.step_latency_s
+                );
                 job.plan().validate(gpus).unwrap();
                 let usable = planner.cost.hardware.usable_bytes();
                 for m in &job.model_stages {
-                    assert!(m.estimate.memory.total() <= usable, "case {case}: {} over memory", m.placement.candidate.model_stage);
+                    assert!(
+                        m.estimate.memory.total() <= usable,
+                        "case {case}: {} over memory",
+                        m.placement.candidate.model_stage
+                    );
                     assert_eq!(m.estimate, planner.estimate(&m.placement.candidate));
                 }
                 agreed += 1;
@@ -52,12 +63,20 @@ fn dp_matches_the_exhaustive_optimum_and_respects_memory() {
             (dp, ex) => panic!("case {case}: DP {:?} but exhaustive {ex:?}", dp.map(|j| j.step_latency_s)),
         }
     }
-    assert!(agreed >= 150 && infeasible > 0, "agreed {agreed}, infeasible {infeasible}: the cases must exercise both outcomes");
+    assert!(
+        agreed >= 150 && infeasible > 0,
+        "agreed {agreed}, infeasible {infeasible}: the cases must exercise both outcomes"
+    );
 }
 
 #[test]
 fn tp_groups_stay_inside_nodes_and_a_replan_keeps_the_plan() {
-    let config = JobConfig::load(Some(std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/configs/llama3.1-8b-ppo.toml"))), &Overrides::default(), &mut || unreachable!()).unwrap();
+    let config = JobConfig::load(
+        Some(std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/configs/llama3.1-8b-ppo.toml"))),
+        &Overrides::default(),
+        &mut || unreachable!(),
+    )
+    .unwrap();
     for gpus in [8, 16, 64, 256] {
         let planner = Planner::new(&config, gpus, Some(2048), Efficiencies::default()).unwrap();
         let job = planner.search(None).unwrap();
@@ -67,7 +86,10 @@ fn tp_groups_stay_inside_nodes_and_a_replan_keeps_the_plan() {
         for p in &plan.placements {
             let tp = p.candidate.layout.tp as usize;
             for group in p.ranks.chunks(tp) {
-                assert!(group.iter().all(|r| r / per_node == group[0] / per_node), "{gpus} GPUs: TP group {group:?} spans nodes");
+                assert!(
+                    group.iter().all(|r| r / per_node == group[0] / per_node),
+                    "{gpus} GPUs: TP group {group:?} spans nodes"
+                );
             }
         }
         let again = planner.search(Some(&plan)).unwrap();
@@ -82,10 +104,20 @@ fn tp_groups_stay_inside_nodes_and_a_replan_keeps_the_plan() {
 
 #[test]
 fn the_training_plan_moves_as_sequences_grow() {
-    let config = JobConfig::load(Some(std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/configs/llama3.1-8b-ppo.toml"))), &Overrides::default(), &mut || unreachable!()).unwrap();
+    let config = JobConfig::load(
+        Some(std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/configs/llama3.1-8b-ppo.toml"))),
+        &Overrides::default(),
+        &mut || unreachable!(),
+    )
+    .unwrap();
     let actor_training = |len| {
         let job = Planner::new(&config, 64, Some(len), Efficiencies::default()).unwrap().search(None).unwrap();
-        job.model_stages.iter().find(|m| m.placement.candidate.model_stage == ModelStage::new(Role::Actor, Stage::Training)).unwrap().placement.candidate
+        job.model_stages
+            .iter()
+            .find(|m| m.placement.candidate.model_stage == ModelStage::new(Role::Actor, Stage::Training))
+            .unwrap()
+            .placement
+            .candidate
     };
     let (short, long) = (actor_training(1024), actor_training(8192));
     assert_ne!((short.layout, short.dp, short.recompute), (long.layout, long.dp, long.recompute));
@@ -93,7 +125,12 @@ fn the_training_plan_moves_as_sequences_grow() {
 
 #[test]
 fn an_impossible_pool_says_what_would_fit() {
-    let mut config = JobConfig::load(Some(std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/configs/llama3.1-8b-ppo.toml"))), &Overrides::default(), &mut || unreachable!()).unwrap();
+    let mut config = JobConfig::load(
+        Some(std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/configs/llama3.1-8b-ppo.toml"))),
+        &Overrides::default(),
+        &mut || unreachable!(),
+    )
+    .unwrap();
     config.cluster.device_memory_gb = 24.0;
     let err = Planner::new(&config, 2, Some(8192), Efficiencies::default()).unwrap().search(None).unwrap_err();
     let message = err.to_string();

@@ -29,10 +29,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::comm::{DataPlane, MpiPlane};
-use crate::runtime::selftest::{changed_digests, materialize, missed_targets, state_bytes};
 use crate::model::{Catalogue, Layout, Position};
 use crate::plan::{Candidate, ModelStage, Placement, Plan, Recompute, Role, Stage};
 use crate::runtime::rng::Rng;
+use crate::runtime::selftest::{changed_digests, materialize, missed_targets, state_bytes};
 use crate::runtime::transition::{agree_on_dag, execute};
 use crate::runtime::{RuntimeError, Session};
 use crate::transition::global::Links;
@@ -58,11 +58,21 @@ pub struct Row {
     pub baseline_example: Option<String>,
 }
 
-const OVERLAPS: [&str; 3] = ["same-model-across-stages", "different-models-same-stage", "different-models-across-stages"];
+const OVERLAPS: [&str; 3] =
+    ["same-model-across-stages", "different-models-same-stage", "different-models-across-stages"];
 
 fn placement(role: Role, stage: Stage, layout: Layout, ranks: Vec<i32>) -> Placement {
     let dp = ranks.len() as u32 / layout.size();
-    Placement { candidate: Candidate { model_stage: ModelStage::new(role, stage), layout, dp, recompute: Recompute::None, micro_batch: 1 }, ranks }
+    Placement {
+        candidate: Candidate {
+            model_stage: ModelStage::new(role, stage),
+            layout,
+            dp,
+            recompute: Recompute::None,
+            micro_batch: 1,
+        },
+        ranks,
+    }
 }
 
 /// A plan pair of overlap type `kind` on `world` ranks (placed by a random permutation), and
@@ -76,22 +86,52 @@ fn scenario(kind: usize, rng: &mut Rng, world: i32) -> (Plan, Plan, bool) {
         0 => {
             // Actor generation (2,1) x2 on r0-3 and training (4,1) on r0-3 → generation (4,1)
             // on r4-7, training (2,2) on r2-5.
-            let from = Plan { placements: vec![placement(Role::Actor, Stage::Generation, l(2, 1), at(0..4)), placement(Role::Actor, Stage::Training, l(4, 1), at(0..4))] };
-            let to = Plan { placements: vec![placement(Role::Actor, Stage::Generation, l(4, 1), at(4..8)), placement(Role::Actor, Stage::Training, l(2, 2), at(2..6))] };
+            let from = Plan {
+                placements: vec![
+                    placement(Role::Actor, Stage::Generation, l(2, 1), at(0..4)),
+                    placement(Role::Actor, Stage::Training, l(4, 1), at(0..4)),
+                ],
+            };
+            let to = Plan {
+                placements: vec![
+                    placement(Role::Actor, Stage::Generation, l(4, 1), at(4..8)),
+                    placement(Role::Actor, Stage::Training, l(2, 2), at(2..6)),
+                ],
+            };
             (from, to, true)
         }
         1 => {
             // Reward (2,2) on r0-3 shrinks to (2,1) on r0-1; reference (2,1) on r4-5 adds a
             // replica on r2-3, which reward still holds.
-            let from = Plan { placements: vec![placement(Role::Reward, Stage::Inference, l(2, 2), at(0..4)), placement(Role::Reference, Stage::Inference, l(2, 1), at(4..6))] };
-            let to = Plan { placements: vec![placement(Role::Reward, Stage::Inference, l(2, 1), at(0..2)), placement(Role::Reference, Stage::Inference, l(2, 1), [at(4..6), at(2..4)].concat())] };
+            let from = Plan {
+                placements: vec![
+                    placement(Role::Reward, Stage::Inference, l(2, 2), at(0..4)),
+                    placement(Role::Reference, Stage::Inference, l(2, 1), at(4..6)),
+                ],
+            };
+            let to = Plan {
+                placements: vec![
+                    placement(Role::Reward, Stage::Inference, l(2, 1), at(0..2)),
+                    placement(Role::Reference, Stage::Inference, l(2, 1), [at(4..6), at(2..4)].concat()),
+                ],
+            };
             (from, to, false)
         }
         _ => {
             // Reward inference (1,1) x4 on r0-3 shrinks to x2 on r0-1; critic training (1,1)
             // on r4 adds replicas on r2-3: each of those ranks fits one of the two.
-            let from = Plan { placements: vec![placement(Role::Reward, Stage::Inference, l(1, 1), at(0..4)), placement(Role::Critic, Stage::Training, l(1, 1), at(4..5))] };
-            let to = Plan { placements: vec![placement(Role::Reward, Stage::Inference, l(1, 1), at(0..2)), placement(Role::Critic, Stage::Training, l(1, 1), [at(4..5), at(2..4)].concat())] };
+            let from = Plan {
+                placements: vec![
+                    placement(Role::Reward, Stage::Inference, l(1, 1), at(0..4)),
+                    placement(Role::Critic, Stage::Training, l(1, 1), at(4..5)),
+                ],
+            };
+            let to = Plan {
+                placements: vec![
+                    placement(Role::Reward, Stage::Inference, l(1, 1), at(0..2)),
+                    placement(Role::Critic, Stage::Training, l(1, 1), [at(4..5), at(2..4)].concat()),
+                ],
+            };
             (from, to, true)
         }
     }
@@ -99,12 +139,21 @@ fn scenario(kind: usize, rng: &mut Rng, world: i32) -> (Plan, Plan, bool) {
 
 /// The smallest per-rank memory at which the global DAG can schedule the transition: the
 /// tightest setting in which coordination still succeeds.
-fn tightest_capacity(from: &Plan, to: &Plan, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64, links: &Links) -> u64 {
+fn tightest_capacity(
+    from: &Plan,
+    to: &Plan,
+    bytes: &dyn Fn(ModelStage, Layout, Position) -> u64,
+    links: &Links,
+) -> u64 {
     let feasible = |c: u64| TransitionDag::plan(from, to, bytes, &Links { capacity_bytes: c, ..*links }, true).is_ok();
     let (mut lo, mut hi) = (0u64, 1u64 << 40);
     while lo + 1 < hi {
         let mid = lo + (hi - lo) / 2;
-        if feasible(mid) { hi = mid } else { lo = mid }
+        if feasible(mid) {
+            hi = mid
+        } else {
+            lo = mid
+        }
     }
     hi
 }
@@ -120,17 +169,32 @@ pub fn run(session: &Session, trials: u32, seed: u64, json: Option<&Path>) -> Re
     let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
     let mut rows = Vec::new();
     for (kind, name) in OVERLAPS.iter().enumerate() {
-        let mut row = Row { overlap: name.to_string(), trials, nereus_successes: 0, baseline_successes: 0, resource_edges: 0, baseline_example: None };
+        let mut row = Row {
+            overlap: name.to_string(),
+            trials,
+            nereus_successes: 0,
+            baseline_successes: 0,
+            resource_edges: 0,
+            baseline_example: None,
+        };
         for trial in 0..trials {
             let mut rng = Rng::new(seed ^ ((kind as u64) << 40) ^ u64::from(trial));
             let (from, to, memory_bound) = scenario(kind, &mut rng, world);
-            let mut links = Links { devices_per_node: 4, intra_bytes_per_s: 5e9, inter_bytes_per_s: 1e9, memory_bytes_per_s: 10e9, setup_seconds: 1e-3, capacity_bytes: u64::MAX / 4 };
+            let mut links = Links {
+                devices_per_node: 4,
+                intra_bytes_per_s: 5e9,
+                inter_bytes_per_s: 1e9,
+                memory_bytes_per_s: 10e9,
+                setup_seconds: 1e-3,
+                capacity_bytes: u64::MAX / 4,
+            };
             if memory_bound {
                 links.capacity_bytes = tightest_capacity(&from, &to, &bytes, &links);
             }
             let capacity = links.capacity_bytes;
             // Baseline: local DAGs alone, each model-stage delayed at random.
-            let delays: BTreeMap<ModelStage, f64> = from.placements.iter().map(|p| (p.candidate.model_stage, rng.below(1000) as f64 * 1e-4)).collect();
+            let delays: BTreeMap<ModelStage, f64> =
+                from.placements.iter().map(|p| (p.candidate.model_stage, rng.below(1000) as f64 * 1e-4)).collect();
             if let Ok(alone) = TransitionDag::plan(&from, &to, &bytes, &links, false) {
                 match alone.first_conflict(&alone.delayed_order(&|ms| delays[&ms]), &bytes, capacity) {
                     None => row.baseline_successes += 1,
@@ -153,20 +217,47 @@ pub fn run(session: &Session, trials: u32, seed: u64, json: Option<&Path>) -> Re
     let mut out = std::io::stdout().lock();
     writeln!(out, "{:<32} {:>7} {:>8} {:>9} {:>10}", "overlap", "trials", "nereus", "baseline", "res.edges")?;
     for r in &rows {
-        writeln!(out, "{:<32} {:>7} {:>7.0}% {:>8.0}% {:>10}", r.overlap, r.trials, 100.0 * f64::from(r.nereus_successes) / f64::from(r.trials), 100.0 * f64::from(r.baseline_successes) / f64::from(r.trials), r.resource_edges)?;
+        writeln!(
+            out,
+            "{:<32} {:>7} {:>7.0}% {:>8.0}% {:>10}",
+            r.overlap,
+            r.trials,
+            100.0 * f64::from(r.nereus_successes) / f64::from(r.trials),
+            100.0 * f64::from(r.baseline_successes) / f64::from(r.trials),
+            r.resource_edges
+        )?;
         if let Some(e) = &r.baseline_example {
             writeln!(out, "    baseline conflict, e.g.: {e}")?;
         }
     }
     drop(out);
-    let floors = rows.iter().map(|r| Floor::at_least(&format!("nereus_success_{}", r.overlap), 100.0 * f64::from(r.nereus_successes) / f64::from(r.trials), 100.0, "%")).collect();
+    let floors = rows
+        .iter()
+        .map(|r| {
+            Floor::at_least(
+                &format!("nereus_success_{}", r.overlap),
+                100.0 * f64::from(r.nereus_successes) / f64::from(r.trials),
+                100.0,
+                "%",
+            )
+        })
+        .collect();
     BenchReport { bench: "coordination".into(), machine: machine(session), rows, floors }.finish(json)
 }
 
 /// Creates `from`'s EMUs, sleeps a random per-rank delay, executes `dag`, and checks on every
 /// rank that the targets are reached with unchanged digests.
 #[allow(clippy::too_many_arguments)]
-fn run_nereus(session: &Session, plane: &mut MpiPlane<'_>, catalogue: &Catalogue, from: &Plan, to: &Plan, dag: &TransitionDag, capacity: u64, rng: &mut Rng) -> Result<bool, RuntimeError> {
+fn run_nereus(
+    session: &Session,
+    plane: &mut MpiPlane<'_>,
+    catalogue: &Catalogue,
+    from: &Plan,
+    to: &Plan,
+    dag: &TransitionDag,
+    capacity: u64,
+    rng: &mut Rng,
+) -> Result<bool, RuntimeError> {
     agree_on_dag(session.world(), session.watchdog(), dag)?;
     let world = session.world().size();
     let (mut set, before) = materialize(plane, world, catalogue, from, capacity)?;

@@ -50,7 +50,19 @@ pub struct Row {
 /// The benchmark model: 4 blocks, 512 wide, 8 query / 4 key-value heads of 64, SwiGLU 1408,
 /// vocabulary 4096 (about 16 M parameters).
 fn bench_arch() -> Architecture {
-    Architecture { vocab: 4096, hidden: 512, layers: 4, heads: 8, kv_heads: 4, head_dim: 64, ffn: 1408, tie_embeddings: false, qk_norm: false, head: OutputHead::Lm, dtype: Dtype::F32 }
+    Architecture {
+        vocab: 4096,
+        hidden: 512,
+        layers: 4,
+        heads: 8,
+        kv_heads: 4,
+        head_dim: 64,
+        ffn: 1408,
+        tie_embeddings: false,
+        qk_norm: false,
+        head: OutputHead::Lm,
+        dtype: Dtype::F32,
+    }
 }
 
 /// One matrix product `C[m,n] = op(A)·op(B)` of a training step.
@@ -72,7 +84,8 @@ impl Gemm {
 /// Every product of one training step on `n` tokens: per linear layer `(in, out)` the forward
 /// `x·Wᵀ`, and backward `dy·W` and `dyᵀ·x` (the engine's `linear_forward/_backward`).
 fn step_gemms(a: &Architecture, n: usize) -> Vec<Gemm> {
-    let (c, q, kv, f, v) = (a.hidden as usize, a.q_width() as usize, a.kv_width() as usize, a.ffn as usize, a.vocab as usize);
+    let (c, q, kv, f, v) =
+        (a.hidden as usize, a.q_width() as usize, a.kv_width() as usize, a.ffn as usize, a.vocab as usize);
     let block = [(c, q), (c, kv), (c, kv), (q, c), (c, f), (c, f), (f, c)];
     let linears = (0..a.layers).flat_map(|_| block).chain([(c, v)]);
     linears
@@ -124,7 +137,9 @@ pub fn run(session: &Session, reps: usize, json: Option<&Path>) -> Result<(), Ru
     let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
     let ms = ModelStage::new(Role::Actor, Stage::Training);
     let mut set = EmuSet::new(0, 1, 16 << 30, [(Role::Actor, Catalogue::new(arch.clone()))].into_iter().collect());
-    let id = set.create(&mut plane, ms, Layout::new(1, 1), &[0], Counters::default(), |shard, cat| init_shard(shard, cat, 3).map_err(|e| e.to_string()))?;
+    let id = set.create(&mut plane, ms, Layout::new(1, 1), &[0], Counters::default(), |shard, cat| {
+        init_shard(shard, cat, 3).map_err(|e| e.to_string())
+    })?;
     let replica = Replica::new(&mut plane, &set, id, t.max(DECODE.1 + DECODE.2))?;
     let tokens: Vec<u32> = (0..n).map(|i| (crate::emu::mix(i as u64) % arch.vocab) as u32).collect();
     let batch = Batch { tokens: &tokens, seq_len: t };
@@ -135,7 +150,8 @@ pub fn run(session: &Session, reps: usize, json: Option<&Path>) -> Result<(), Ru
     let mut decodes = Vec::new();
     let (db, dp, dn) = DECODE;
     // EOS outside the vocabulary: every sequence decodes all `dn` tokens.
-    let sampling = Sampling { temperature: 1.0, top_p: 1.0, max_new_tokens: dn, eos: arch.vocab as u32, greedy: true, seed: 1 };
+    let sampling =
+        Sampling { temperature: 1.0, top_p: 1.0, max_new_tokens: dn, eos: arch.vocab as u32, greedy: true, seed: 1 };
     let ids: Vec<u64> = (0..db as u64).collect();
     for rep in 0..=reps.max(1) {
         let (f, d) = with_params(&mut set, id, |params, arena| -> Result<(f64, f64), RuntimeError> {
@@ -186,10 +202,22 @@ pub fn run(session: &Session, reps: usize, json: Option<&Path>) -> Result<(), Ru
         row("decode", (db * dn) as u64, d, 0.0),
     ];
     let mut out = std::io::stdout().lock();
-    writeln!(out, "model: {} parameters; batch {b} x {t} tokens; decode {db} x ({dp} + {dn}) tokens", Catalogue::new(arch).parameter_count())?;
-    writeln!(out, "{:<15} {:>8} {:>10} {:>12} {:>10} {:>9}", "phase", "tokens", "seconds", "tokens/s", "GFLOP/s", "of GEMM")?;
+    writeln!(
+        out,
+        "model: {} parameters; batch {b} x {t} tokens; decode {db} x ({dp} + {dn}) tokens",
+        Catalogue::new(arch).parameter_count()
+    )?;
+    writeln!(
+        out,
+        "{:<15} {:>8} {:>10} {:>12} {:>10} {:>9}",
+        "phase", "tokens", "seconds", "tokens/s", "GFLOP/s", "of GEMM"
+    )?;
     for r in &rows {
-        writeln!(out, "{:<15} {:>8} {:>10.4} {:>12.0} {:>10.2} {:>9.3}", r.phase, r.tokens, r.seconds, r.tokens_per_second, r.gflops_per_second, r.fraction_of_gemm)?;
+        writeln!(
+            out,
+            "{:<15} {:>8} {:>10.4} {:>12.0} {:>10.2} {:>9.3}",
+            r.phase, r.tokens, r.seconds, r.tokens_per_second, r.gflops_per_second, r.fraction_of_gemm
+        )?;
     }
     drop(out);
     let step = rows.iter().find(|r| r.phase == "train_step").map_or(0.0, |r| r.fraction_of_gemm);

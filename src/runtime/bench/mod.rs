@@ -89,5 +89,10 @@ impl<R: Serialize> BenchReport<R> {
 /// The machine description for reports.
 pub fn machine(session: &Session) -> Machine {
     let cores = crate::topology::NodeTopology::discover(session.hostname()).map_or(0, |n| n.cores);
-    Machine { hostname: session.hostname().into(), ranks: session.world().size(), cores, mpi: session.world().library_version() }
+    Machine {
+        hostname: session.hostname().into(),
+        ranks: session.world().size(),
+        cores,
+        mpi: session.world().library_version(),
+    }
 }

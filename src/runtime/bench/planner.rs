@@ -39,7 +39,13 @@ pub struct Row {
 pub const SIZES: [u32; 12] = [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384];
 
 /// Runs the benchmark (rank 0 plans; other ranks only agree on the config).
-pub fn run(session: &mut Session, config_path: &Path, seq_len: u64, reps: usize, json: Option<&Path>) -> Result<(), RuntimeError> {
+pub fn run(
+    session: &mut Session,
+    config_path: &Path,
+    seq_len: u64,
+    reps: usize,
+    json: Option<&Path>,
+) -> Result<(), RuntimeError> {
     let config = session.load_config(Some(config_path), &Overrides::default())?;
     if session.rank() != 0 {
         return Ok(());
@@ -64,12 +70,27 @@ pub fn run(session: &mut Session, config_path: &Path, seq_len: u64, reps: usize,
             peak = peak.max(alloc_meter::peak_above(baseline) as u64);
             latency = job.step_latency_s;
         }
-        rows.push(Row { gpus, response_len: seq_len, replan_seconds: median(replans), setup_seconds: median(setups), peak_memory_bytes: peak, step_latency_s: latency });
+        rows.push(Row {
+            gpus,
+            response_len: seq_len,
+            replan_seconds: median(replans),
+            setup_seconds: median(setups),
+            peak_memory_bytes: peak,
+            step_latency_s: latency,
+        });
     }
     let mut out = std::io::stdout().lock();
     writeln!(out, "{:>7} {:>12} {:>10} {:>10} {:>10}", "GPUs", "replan ms", "setup ms", "peak MB", "step s")?;
     for r in &rows {
-        writeln!(out, "{:>7} {:>12.3} {:>10.3} {:>10.2} {:>10.2}", r.gpus, r.replan_seconds * 1e3, r.setup_seconds * 1e3, r.peak_memory_bytes as f64 / 1e6, r.step_latency_s)?;
+        writeln!(
+            out,
+            "{:>7} {:>12.3} {:>10.3} {:>10.2} {:>10.2}",
+            r.gpus,
+            r.replan_seconds * 1e3,
+            r.setup_seconds * 1e3,
+            r.peak_memory_bytes as f64 / 1e6,
+            r.step_latency_s
+        )?;
     }
     drop(out);
     let at = |g: u32| rows.iter().find(|r| r.gpus == g).map_or(f64::INFINITY, |r| r.replan_seconds * 1e3);

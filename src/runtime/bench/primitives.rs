@@ -67,7 +67,11 @@ fn median(mut xs: Vec<f64>) -> f64 {
 }
 
 /// Times `op` between two barriers of the world; returns seconds on this rank.
-fn timed<'w, T>(plane: &mut MpiPlane<'w>, world: GroupId, op: impl FnOnce(&mut MpiPlane<'w>) -> Result<T, RuntimeError>) -> Result<(T, f64), RuntimeError> {
+fn timed<'w, T>(
+    plane: &mut MpiPlane<'w>,
+    world: GroupId,
+    op: impl FnOnce(&mut MpiPlane<'w>) -> Result<T, RuntimeError>,
+) -> Result<(T, f64), RuntimeError> {
     plane.barrier(world)?;
     let start = Instant::now();
     let out = op(plane)?;
@@ -110,10 +114,17 @@ pub fn run(session: &Session, sizes_mib: &[u64], reps: usize, json: Option<&Path
         let unit = catalogue.parameter_count() * 4;
         let p2p_unit = p2p_seconds(&mut plane, world, unit as usize, reps)?;
         let p2p_half = p2p_seconds(&mut plane, world, (unit / 2) as usize, reps)?;
-        let mut set = EmuSet::new(plane.rank(), world_size, u64::MAX / 4, BTreeMap::from([(Role::Actor, catalogue.clone())]));
+        let mut set =
+            EmuSet::new(plane.rank(), world_size, u64::MAX / 4, BTreeMap::from([(Role::Actor, catalogue.clone())]));
         let stage = ModelStage::new(Role::Actor, Stage::Inference);
         let single = set.create_synthetic(&mut plane, stage, Layout::new(1, 1), &[0], Counters::default())?;
-        let pair = set.create_synthetic(&mut plane, ModelStage::new(Role::Actor, Stage::Generation), Layout::new(2, 1), &[0, 1], Counters::default())?;
+        let pair = set.create_synthetic(
+            &mut plane,
+            ModelStage::new(Role::Actor, Stage::Generation),
+            Layout::new(2, 1),
+            &[0, 1],
+            Counters::default(),
+        )?;
         let mut samples: BTreeMap<&str, (Vec<f64>, u64)> = BTreeMap::new();
         let mut pair_id = pair;
         // Repetition 0 warms up (pages the buffers in; later ones reuse them through the
@@ -151,7 +162,13 @@ pub fn run(session: &Session, sizes_mib: &[u64], reps: usize, json: Option<&Path
     report.finish(json)
 }
 
-fn record(samples: &mut BTreeMap<&'static str, (Vec<f64>, u64)>, warm: bool, name: &'static str, seconds: f64, report: &PrimitiveReport) {
+fn record(
+    samples: &mut BTreeMap<&'static str, (Vec<f64>, u64)>,
+    warm: bool,
+    name: &'static str,
+    seconds: f64,
+    report: &PrimitiveReport,
+) {
     if !warm {
         return;
     }
@@ -189,7 +206,11 @@ fn split_missing_bytes(c: &Catalogue) -> u64 {
 
 fn print_table(rows: &[Row]) -> std::io::Result<()> {
     let mut out = std::io::stdout().lock();
-    writeln!(out, "{:<8} {:>10} {:>14} {:>14} {:>10} {:>9} {:>9} {:>7}", "prim", "unit MiB", "bytes sent", "expected", "seconds", "GB/s", "p2p GB/s", "frac")?;
+    writeln!(
+        out,
+        "{:<8} {:>10} {:>14} {:>14} {:>10} {:>9} {:>9} {:>7}",
+        "prim", "unit MiB", "bytes sent", "expected", "seconds", "GB/s", "p2p GB/s", "frac"
+    )?;
     for r in rows {
         writeln!(
             out,
@@ -209,9 +230,15 @@ fn print_table(rows: &[Row]) -> std::io::Result<()> {
 
 fn floors(rows: &[Row]) -> Vec<Floor> {
     let of = |name: &'static str| rows.iter().filter(move |r| r.primitive == name);
-    let max_dev = |name: &'static str| of(name).map(|r| r.bytes_sent.abs_diff(r.expected_bytes) as f64).fold(0.0, f64::max);
+    let max_dev =
+        |name: &'static str| of(name).map(|r| r.bytes_sent.abs_diff(r.expected_bytes) as f64).fold(0.0, f64::max);
     let mut floors = vec![
-        Floor::at_most("merge_bytes_sent_with_resident_targets", of("merge").map(|r| r.bytes_sent as f64).fold(0.0, f64::max), 0.0, "bytes"),
+        Floor::at_most(
+            "merge_bytes_sent_with_resident_targets",
+            of("merge").map(|r| r.bytes_sent as f64).fold(0.0, f64::max),
+            0.0,
+            "bytes",
+        ),
         Floor::at_most("extend_bytes_sent_minus_one_unit", max_dev("extend"), 0.0, "bytes"),
         Floor::at_most("split_bytes_sent_minus_missing_bytes", max_dev("split"), 0.0, "bytes"),
     ];

@@ -58,7 +58,8 @@ impl Sizer {
         }
         let c = &self.catalogues[&ms.role];
         let dtype = c.arch.dtype;
-        let b = shard_bytes(&c.shard(layout, Position { tp: 0, pp: position.pp }), &Section::of(ms.trains(), dtype), dtype);
+        let b =
+            shard_bytes(&c.shard(layout, Position { tp: 0, pp: position.pp }), &Section::of(ms.trains(), dtype), dtype);
         self.memo.borrow_mut().insert(key, b);
         b
     }
@@ -75,9 +76,14 @@ fn links(hw: &Hardware) -> Links {
     }
 }
 
-
 /// Runs the benchmark on rank 0.
-pub fn run(session: &mut Session, config_path: &Path, sizes: &[u32], reps: usize, json: Option<&Path>) -> Result<(), RuntimeError> {
+pub fn run(
+    session: &mut Session,
+    config_path: &Path,
+    sizes: &[u32],
+    reps: usize,
+    json: Option<&Path>,
+) -> Result<(), RuntimeError> {
     let config = session.load_config(Some(config_path), &Overrides::default())?;
     if session.rank() != 0 {
         return Ok(());
@@ -85,17 +91,40 @@ pub fn run(session: &mut Session, config_path: &Path, sizes: &[u32], reps: usize
     let mut rows = large(&config, sizes, reps)?;
     rows.extend(small(200));
     let mut out = std::io::stdout().lock();
-    writeln!(out, "{:<6} {:>7} {:>7} {:>9} {:>11} {:>11} {:>11}", "kind", "ranks", "nodes", "res.edges", "build ms", "L_tran s", "optimal s")?;
+    writeln!(
+        out,
+        "{:<6} {:>7} {:>7} {:>9} {:>11} {:>11} {:>11}",
+        "kind", "ranks", "nodes", "res.edges", "build ms", "L_tran s", "optimal s"
+    )?;
     for r in rows.iter().filter(|r| r.kind == "large") {
-        writeln!(out, "{:<6} {:>7} {:>7} {:>9} {:>11.3} {:>11.3} {:>11}", r.kind, r.ranks, r.nodes, r.resource_edges, r.build_seconds * 1e3, r.l_tran_s, "-")?;
+        writeln!(
+            out,
+            "{:<6} {:>7} {:>7} {:>9} {:>11.3} {:>11.3} {:>11}",
+            r.kind,
+            r.ranks,
+            r.nodes,
+            r.resource_edges,
+            r.build_seconds * 1e3,
+            r.l_tran_s,
+            "-"
+        )?;
     }
     let small: Vec<&Row> = rows.iter().filter(|r| r.kind == "small").collect();
-    let gaps: Vec<f64> = small.iter().filter_map(|r| r.optimal_l_tran_s.filter(|o| *o > 0.0).map(|o| r.l_tran_s / o - 1.0)).collect();
+    let gaps: Vec<f64> =
+        small.iter().filter_map(|r| r.optimal_l_tran_s.filter(|o| *o > 0.0).map(|o| r.l_tran_s / o - 1.0)).collect();
     let worst_gap = gaps.iter().copied().fold(0.0, f64::max);
     let mean_gap = gaps.iter().sum::<f64>() / gaps.len().max(1) as f64;
-    writeln!(out, "small instances: {} compared with the exhaustive best order; critical-path gap mean {:.2}%, worst {:.2}%", gaps.len(), mean_gap * 100.0, worst_gap * 100.0)?;
+    writeln!(
+        out,
+        "small instances: {} compared with the exhaustive best order; critical-path gap mean {:.2}%, worst {:.2}%",
+        gaps.len(),
+        mean_gap * 100.0,
+        worst_gap * 100.0
+    )?;
     drop(out);
-    let at = |n: u32| rows.iter().find(|r| r.kind == "large" && r.ranks == n).map_or(f64::INFINITY, |r| r.build_seconds * 1e3);
+    let at = |n: u32| {
+        rows.iter().find(|r| r.kind == "large" && r.ranks == n).map_or(f64::INFINITY, |r| r.build_seconds * 1e3)
+    };
     let floors = vec![
         Floor::at_most("build_ms_at_1024_ranks", at(1024), 1.0, "ms"),
         Floor::at_most("build_ms_at_16384_ranks", at(16384), 50.0, "ms"),
@@ -106,7 +135,10 @@ pub fn run(session: &mut Session, config_path: &Path, sizes: &[u32], reps: usize
 
 fn large(config: &JobConfig, sizes: &[u32], reps: usize) -> Result<Vec<Row>, RuntimeError> {
     let base = Planner::new(config, 8, Some(1024), Efficiencies::default())?;
-    let sizer = Sizer { catalogues: crate::planner::catalogues(config).into_iter().collect(), memo: RefCell::new(Default::default()) };
+    let sizer = Sizer {
+        catalogues: crate::planner::catalogues(config).into_iter().collect(),
+        memo: RefCell::new(Default::default()),
+    };
     let mut rows = Vec::new();
     for &ranks in sizes {
         let from = base.replanned(ranks, 1024, Efficiencies::default())?.search(None)?.plan();
@@ -124,10 +156,26 @@ fn large(config: &JobConfig, sizes: &[u32], reps: usize) -> Result<Vec<Row>, Run
         }
         times.sort_by(f64::total_cmp);
         let row = match last.expect("at least one repetition") {
-            Ok(dag) => Row { kind: "large".into(), ranks, nodes: dag.graph.node_count(), resource_edges: dag.resource_edges, build_seconds: times[times.len() / 2], l_tran_s: dag.schedule.seconds, optimal_l_tran_s: None },
+            Ok(dag) => Row {
+                kind: "large".into(),
+                ranks,
+                nodes: dag.graph.node_count(),
+                resource_edges: dag.resource_edges,
+                build_seconds: times[times.len() / 2],
+                l_tran_s: dag.schedule.seconds,
+                optimal_l_tran_s: None,
+            },
             Err(e) => {
                 log::warn!("{ranks} ranks: {e}");
-                Row { kind: "large".into(), ranks, nodes: 0, resource_edges: 0, build_seconds: times[times.len() / 2], l_tran_s: f64::NAN, optimal_l_tran_s: None }
+                Row {
+                    kind: "large".into(),
+                    ranks,
+                    nodes: 0,
+                    resource_edges: 0,
+                    build_seconds: times[times.len() / 2],
+                    l_tran_s: f64::NAN,
+                    optimal_l_tran_s: None,
+                }
             }
         };
         rows.push(row);
@@ -138,14 +186,27 @@ fn large(config: &JobConfig, sizes: &[u32], reps: usize) -> Result<Vec<Row>, Run
 /// Random small plan pairs whose DAG is small enough to enumerate every order.
 fn small(cases: u64) -> Vec<Row> {
     let tiny = crate::transition::testing::tiny_catalogue();
-    let sizer = Sizer { catalogues: [Role::Actor, Role::Critic, Role::Reference, Role::Reward].into_iter().map(|r| (r, tiny.clone())).collect(), memo: RefCell::new(Default::default()) };
+    let sizer = Sizer {
+        catalogues: [Role::Actor, Role::Critic, Role::Reference, Role::Reward]
+            .into_iter()
+            .map(|r| (r, tiny.clone()))
+            .collect(),
+        memo: RefCell::new(Default::default()),
+    };
     let bytes = |ms: ModelStage, l: Layout, p: Position| sizer.bytes(ms, l, p);
     let mut rows = Vec::new();
     for case in 0..cases {
         let mut rng = crate::runtime::Rng::new(case);
         let pool = 4 + rng.below(5) as u32;
         let (from, to): (Plan, Plan) = crate::transition::testing::plan_pair(&mut rng, &tiny, pool);
-        let links = Links { devices_per_node: 4, intra_bytes_per_s: 100e9, inter_bytes_per_s: 10e9, memory_bytes_per_s: 1000e9, setup_seconds: 1e-4, capacity_bytes: u64::MAX };
+        let links = Links {
+            devices_per_node: 4,
+            intra_bytes_per_s: 100e9,
+            inter_bytes_per_s: 10e9,
+            memory_bytes_per_s: 1000e9,
+            setup_seconds: 1e-4,
+            capacity_bytes: u64::MAX,
+        };
         let start = Instant::now();
         let Ok(dag) = TransitionDag::plan(&from, &to, &bytes, &links, true) else { continue };
         let build = start.elapsed().as_secs_f64();
@@ -153,7 +214,15 @@ fn small(cases: u64) -> Vec<Row> {
             continue;
         }
         let optimal = dag.optimal_seconds(&bytes, &links);
-        rows.push(Row { kind: "small".into(), ranks: pool, nodes: dag.graph.node_count(), resource_edges: dag.resource_edges, build_seconds: build, l_tran_s: dag.schedule.seconds, optimal_l_tran_s: optimal });
+        rows.push(Row {
+            kind: "small".into(),
+            ranks: pool,
+            nodes: dag.graph.node_count(),
+            resource_edges: dag.resource_edges,
+            build_seconds: build,
+            l_tran_s: dag.schedule.seconds,
+            optimal_l_tran_s: optimal,
+        });
     }
     rows
 }

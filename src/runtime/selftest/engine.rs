@@ -48,7 +48,19 @@ pub struct EngineSummary {
 
 /// The tiny model: 4 blocks, 8 query heads over 4 key/value heads of width 8, vocabulary 32.
 pub fn parity_arch(head: OutputHead) -> Architecture {
-    Architecture { vocab: 32, hidden: 32, layers: 4, heads: 8, kv_heads: 4, head_dim: 8, ffn: 64, tie_embeddings: false, qk_norm: false, head, dtype: Dtype::F32 }
+    Architecture {
+        vocab: 32,
+        hidden: 32,
+        layers: 4,
+        heads: 8,
+        kv_heads: 4,
+        head_dim: 8,
+        ffn: 64,
+        tie_embeddings: false,
+        qk_norm: false,
+        head,
+        dtype: Dtype::F32,
+    }
 }
 
 /// Mean next-token cross-entropy over every position that has a next token.
@@ -94,7 +106,11 @@ impl Objective for ValueRegression<'_> {
 
 fn layouts(world: i32) -> Vec<(u32, u32, u32)> {
     const D: [u32; 3] = [1, 2, 4];
-    let mut all: Vec<_> = D.iter().flat_map(|&tp| D.iter().flat_map(move |&pp| D.iter().map(move |&dp| (tp, pp, dp)))).filter(|&(tp, pp, dp)| (tp * pp * dp) as i32 <= world).collect();
+    let mut all: Vec<_> = D
+        .iter()
+        .flat_map(|&tp| D.iter().flat_map(move |&pp| D.iter().map(move |&dp| (tp, pp, dp))))
+        .filter(|&(tp, pp, dp)| (tp * pp * dp) as i32 <= world)
+        .collect();
     all.sort_by_key(|&(tp, pp, dp)| (tp * pp * dp, tp, pp));
     all
 }
@@ -103,12 +119,17 @@ fn layouts(world: i32) -> Vec<(u32, u32, u32)> {
 fn max_rel(got: &LocalShard, want: &LocalShard, s: usize) -> f64 {
     let view = |x: &LocalShard| -> Vec<f32> { bytemuck::cast_slice::<u8, f32>(&x.buffer[x.section_range(s)]).to_vec() };
     let (g, w) = (view(got), view(want));
-    want.table.pieces.iter().map(|p| {
-        let r = p.offset as usize..(p.offset + p.region.elements()) as usize;
-        let diff: f64 = g[r.clone()].iter().zip(&w[r.clone()]).map(|(a, b)| (f64::from(*a) - f64::from(*b)).powi(2)).sum();
-        let norm: f64 = w[r].iter().map(|b| f64::from(*b).powi(2)).sum();
-        (diff / norm.max(1e-30)).sqrt()
-    }).fold(0.0, f64::max)
+    want.table
+        .pieces
+        .iter()
+        .map(|p| {
+            let r = p.offset as usize..(p.offset + p.region.elements()) as usize;
+            let diff: f64 =
+                g[r.clone()].iter().zip(&w[r.clone()]).map(|(a, b)| (f64::from(*a) - f64::from(*b)).powi(2)).sum();
+            let norm: f64 = w[r].iter().map(|b| f64::from(*b).powi(2)).sum();
+            (diff / norm.max(1e-30)).sqrt()
+        })
+        .fold(0.0, f64::max)
 }
 
 /// Runs the parity check on every rank of the session.
@@ -121,7 +142,8 @@ pub fn engine(session: &Session) -> Result<EngineSummary, RuntimeError> {
     let opt = AdamW { lr: 1e-3, weight_decay: 0.1, max_grad_norm: 0.5, ..AdamW::default() };
     let mut summary = EngineSummary::default();
     for (name, head) in [("lm", OutputHead::Lm), ("value", OutputHead::Value)] {
-        let (role, catalogue) = (if head == OutputHead::Lm { Role::Actor } else { Role::Critic }, Catalogue::new(parity_arch(head)));
+        let (role, catalogue) =
+            (if head == OutputHead::Lm { Role::Actor } else { Role::Critic }, Catalogue::new(parity_arch(head)));
         let model_stage = ModelStage { role, stage: Stage::Training };
         let objective: Box<dyn Objective> = match head {
             OutputHead::Lm => Box::new(CrossEntropy { sequences, seq_len }),
@@ -135,13 +157,23 @@ pub fn engine(session: &Session) -> Result<EngineSummary, RuntimeError> {
             let size = layout.size() as i32;
             let counters = Counters { seed: 7, ..Counters::default() };
             let ids = (0..dp as i32)
-                .map(|r| set.create(&mut plane, model_stage, layout, &(r * size..(r + 1) * size).collect::<Vec<_>>(), counters, |shard, cat| init_shard(shard, cat, 7).map_err(|e| e.to_string())))
+                .map(|r| {
+                    set.create(
+                        &mut plane,
+                        model_stage,
+                        layout,
+                        &(r * size..(r + 1) * size).collect::<Vec<_>>(),
+                        counters,
+                        |shard, cat| init_shard(shard, cat, 7).map_err(|e| e.to_string()),
+                    )
+                })
                 .collect::<Result<Vec<_>, _>>()?;
             let (mut report, mut sampled) = (None, None);
             for &id in &ids {
                 if set.emu(id).is_some_and(|e| e.ranks.contains(&plane.rank())) {
                     let replica = Replica::new(&mut plane, &set, id, seq_len)?;
-                    report = Some(train_step(&plane, &mut set, &replica, &batch, micro_batch, objective.as_ref(), &opt)?);
+                    report =
+                        Some(train_step(&plane, &mut set, &replica, &batch, micro_batch, objective.as_ref(), &opt)?);
                     if head == OutputHead::Lm {
                         let share = sample_share(&plane, &mut set, &replica, &tokens, seq_len)?;
                         // One rank per replica contributes its rows (every rank of it holds them).
@@ -150,20 +182,44 @@ pub fn engine(session: &Session) -> Result<EngineSummary, RuntimeError> {
                 }
             }
             let world_group = plane.group(&(0..world).collect::<Vec<_>>())?;
-            let samples = assemble_rows(&plane, world_group, sequences, seq_len, sampled.as_ref().map(|(first, t)| (*first, t.as_slice())))?;
+            let samples = assemble_rows(
+                &plane,
+                world_group,
+                sequences,
+                seq_len,
+                sampled.as_ref().map(|(first, t)| (*first, t.as_slice())),
+            )?;
             let gathered = set.gather(&mut plane, ids[0], 0)?;
             let (loss, grad_norm) = broadcast_report(session, report)?;
             if let Some(shard) = gathered {
                 let Some((want, want_loss, want_norm)) = &reference else {
                     reference = Some((shard, loss, grad_norm));
                     reference_samples = samples;
-                    summary.rows.push(ParityRow { model: name.into(), layout: (tp, pp, dp), loss, grad_norm, params_rel: 0.0, grads_rel: 0.0, same_samples: true });
+                    summary.rows.push(ParityRow {
+                        model: name.into(),
+                        layout: (tp, pp, dp),
+                        loss,
+                        grad_norm,
+                        params_rel: 0.0,
+                        grads_rel: 0.0,
+                        same_samples: true,
+                    });
                     continue;
                 };
                 let same_samples = samples == reference_samples;
-                let row = ParityRow { model: name.into(), layout: (tp, pp, dp), loss, grad_norm, params_rel: max_rel(&shard, want, 0), grads_rel: max_rel(&shard, want, 1), same_samples };
+                let row = ParityRow {
+                    model: name.into(),
+                    layout: (tp, pp, dp),
+                    loss,
+                    grad_norm,
+                    params_rel: max_rel(&shard, want, 0),
+                    grads_rel: max_rel(&shard, want, 1),
+                    same_samples,
+                };
                 if !same_samples {
-                    summary.failures.push(format!("{name} (tp, pp, dp) = ({tp}, {pp}, {dp}): sampled tokens differ from (1, 1, 1)"));
+                    summary.failures.push(format!(
+                        "{name} (tp, pp, dp) = ({tp}, {pp}, {dp}): sampled tokens differ from (1, 1, 1)"
+                    ));
                 }
                 let loss_rel = ((loss - want_loss) / want_loss).abs().max(((grad_norm - want_norm) / want_norm).abs());
                 if row.params_rel > TOLERANCE || row.grads_rel > TOLERANCE || loss_rel > TOLERANCE {
@@ -178,18 +234,29 @@ pub fn engine(session: &Session) -> Result<EngineSummary, RuntimeError> {
 
 /// Samples 4 tokens after the first half of each of this replica's sequences with the KV cache;
 /// returns the replica's first sequence and its tokens (as f32, exact below 2^24).
-fn sample_share(plane: &MpiPlane, set: &mut EmuSet, replica: &Replica, tokens: &[u32], seq_len: usize) -> Result<(usize, Vec<f32>), RuntimeError> {
+fn sample_share(
+    plane: &MpiPlane,
+    set: &mut EmuSet,
+    replica: &Replica,
+    tokens: &[u32],
+    seq_len: usize,
+) -> Result<(usize, Vec<f32>), RuntimeError> {
     let share = Batch { tokens, seq_len }.share(replica.groups.replica);
-    let prompts: Vec<u32> = share.clone().flat_map(|s| tokens[s * seq_len..s * seq_len + seq_len / 2].to_vec()).collect();
+    let prompts: Vec<u32> =
+        share.clone().flat_map(|s| tokens[s * seq_len..s * seq_len + seq_len / 2].to_vec()).collect();
     let ids: Vec<u64> = share.clone().map(|s| s as u64).collect();
-    let sampling = Sampling { temperature: 1.0, top_p: 0.9, max_new_tokens: seq_len / 2, eos: 0, greedy: false, seed: 11 };
-    let out = with_params(set, replica.emu, |params, arena| replica.generate(plane, params, &prompts, &ids, &sampling, arena))?;
+    let sampling =
+        Sampling { temperature: 1.0, top_p: 0.9, max_new_tokens: seq_len / 2, eos: 0, greedy: false, seed: 11 };
+    let out = with_params(set, replica.emu, |params, arena| {
+        replica.generate(plane, params, &prompts, &ids, &sampling, arena)
+    })?;
     Ok((share.start, out.tokens.iter().map(|&t| t as f32).collect()))
 }
 
 /// Every rank learns the step's loss and gradient norm from rank 0 (which trains in every layout).
 fn broadcast_report(session: &Session, report: Option<crate::engine::StepReport>) -> Result<(f64, f64), RuntimeError> {
-    let mut bytes = report.map(|r| [r.loss.to_le_bytes(), r.grad_norm.to_le_bytes()].concat()).unwrap_or_else(|| vec![0; 16]);
+    let mut bytes =
+        report.map(|r| [r.loss.to_le_bytes(), r.grad_norm.to_le_bytes()].concat()).unwrap_or_else(|| vec![0; 16]);
     if session.rank() != 0 {
         bytes = vec![0; 16];
     }

@@ -93,7 +93,11 @@ pub fn primitives(session: &Session, cases: u32, seed: u64) -> Result<SelftestSu
 
 /// Two disjoint groups (the lower and upper half of the world, each created by its members
 /// only) run collectives at the same time; every result depends on every member.
-fn check_disjoint_groups(plane: &mut MpiPlane<'_>, world: i32, summary: &mut SelftestSummary) -> Result<(), RuntimeError> {
+fn check_disjoint_groups(
+    plane: &mut MpiPlane<'_>,
+    world: i32,
+    summary: &mut SelftestSummary,
+) -> Result<(), RuntimeError> {
     let me = plane.rank();
     let half = (world / 2).max(1);
     let members: Vec<i32> = if me < half { (0..half).collect() } else { (half..world).collect() };
@@ -107,7 +111,10 @@ fn check_disjoint_groups(plane: &mut MpiPlane<'_>, world: i32, summary: &mut Sel
     plane.broadcast(group, 0, &mut root_value)?;
     let expected_sum: u64 = members.iter().map(|&r| r as u64 + 1).sum();
     let expected_gather: Vec<u8> = members.iter().map(|&r| r as u8).collect();
-    let ok = group == again && sum[0] == expected_sum && gathered == expected_gather && root_value[0] == 100 + members[0] as u8;
+    let ok = group == again
+        && sum[0] == expected_sum
+        && gathered == expected_gather
+        && root_value[0] == 100 + members[0] as u8;
     let mut failures = [u64::from(!ok)];
     let all = plane.group(&(0..world).collect::<Vec<_>>())?;
     plane.all_reduce_sum_u64(all, &mut failures)?;
@@ -118,7 +125,13 @@ fn check_disjoint_groups(plane: &mut MpiPlane<'_>, world: i32, summary: &mut Sel
     Ok(())
 }
 
-fn run_case(plane: &mut MpiPlane<'_>, world: i32, rng: &mut Rng, case: u32, summary: &mut SelftestSummary) -> Result<(), RuntimeError> {
+fn run_case(
+    plane: &mut MpiPlane<'_>,
+    world: i32,
+    rng: &mut Rng,
+    case: u32,
+    summary: &mut SelftestSummary,
+) -> Result<(), RuntimeError> {
     let arch = random_arch(rng);
     let catalogue = Catalogue::new(arch);
     let stage = ModelStage::new(Role::Actor, *rng.pick(&[Stage::Generation, Stage::Training]));
@@ -126,7 +139,13 @@ fn run_case(plane: &mut MpiPlane<'_>, world: i32, rng: &mut Rng, case: u32, summ
     let layout = *rng.pick(&layouts);
     let mut ranks: Vec<i32> = (0..world).collect();
     rng.shuffle(&mut ranks);
-    let counters = Counters { updates: rng.next_u64() % 100, model_version: 3, policy_version: 2, data_position: rng.next_u64() % 1000, seed: rng.next_u64() };
+    let counters = Counters {
+        updates: rng.next_u64() % 100,
+        model_version: 3,
+        policy_version: 2,
+        data_position: rng.next_u64() % 1000,
+        seed: rng.next_u64(),
+    };
     let mut set = EmuSet::new(plane.rank(), world, u64::MAX / 4, BTreeMap::from([(Role::Actor, catalogue.clone())]));
     let first = set.create_synthetic(plane, stage, layout, &ranks[..layout.size() as usize], counters)?;
     let original = set.digests(plane)?[&first];
@@ -147,10 +166,21 @@ struct Checker<'s> {
 
 impl Checker<'_> {
     /// Digests of every replica, one gathered replica against the seed, and ledger accounting.
-    fn state(&mut self, plane: &mut MpiPlane<'_>, set: &EmuSet, catalogue: &Catalogue, seed: u64, rng: &mut Rng, after: &str) -> Result<(), RuntimeError> {
+    fn state(
+        &mut self,
+        plane: &mut MpiPlane<'_>,
+        set: &EmuSet,
+        catalogue: &Catalogue,
+        seed: u64,
+        rng: &mut Rng,
+        after: &str,
+    ) -> Result<(), RuntimeError> {
         for (id, digest) in set.digests(plane)? {
             if digest != self.original {
-                self.fail(format!("case {}: after {after}: {id} digest {digest} != original {}", self.case, self.original));
+                self.fail(format!(
+                    "case {}: after {after}: {id} digest {digest} != original {}",
+                    self.case, self.original
+                ));
             }
         }
         let ids: Vec<EmuId> = set.emus().map(|e| e.id).collect();
@@ -158,7 +188,13 @@ impl Checker<'_> {
         let gathered = set.gather(plane, id, 0)?;
         let mut wrong = 0u64;
         if let Some(full) = gathered {
-            let mut reference = LocalShard::zeroed(EmuId(0), Position { tp: 0, pp: 0 }, full.table.clone(), full.sections.clone(), full.dtype);
+            let mut reference = LocalShard::zeroed(
+                EmuId(0),
+                Position { tp: 0, pp: 0 },
+                full.table.clone(),
+                full.sections.clone(),
+                full.dtype,
+            );
             synthetic_fill(&mut reference, catalogue, seed);
             wrong = u64::from(reference.buffer != full.buffer);
             self.summary.gathers += 1;
@@ -181,7 +217,14 @@ impl Checker<'_> {
 }
 
 /// One random primitive (or refusal drill); returns a label for messages.
-fn step_once(plane: &mut MpiPlane<'_>, set: &mut EmuSet, catalogue: &Catalogue, world: i32, rng: &mut Rng, summary: &mut SelftestSummary) -> Result<String, RuntimeError> {
+fn step_once(
+    plane: &mut MpiPlane<'_>,
+    set: &mut EmuSet,
+    catalogue: &Catalogue,
+    world: i32,
+    rng: &mut Rng,
+    summary: &mut SelftestSummary,
+) -> Result<String, RuntimeError> {
     let emus: Vec<_> = set.emus().cloned().collect();
     let used: Vec<i32> = emus.iter().flat_map(|e| e.ranks.iter().copied()).collect();
     let mut free: Vec<i32> = (0..world).filter(|r| !used.contains(r)).collect();
@@ -195,7 +238,9 @@ fn step_once(plane: &mut MpiPlane<'_>, set: &mut EmuSet, catalogue: &Catalogue, 
         0 | 1 if free.len() >= emu.ranks.len() => {
             let target = &free[..emu.ranks.len()];
             if rng.below(4) == 0 {
-                return oom_drill(plane, set, target, summary, |set, plane| set.extend(plane, emu.id, target).map(|_| ()));
+                return oom_drill(plane, set, target, summary, |set, plane| {
+                    set.extend(plane, emu.id, target).map(|_| ())
+                });
             }
             let report = set.extend(plane, emu.id, target)?;
             record(summary, "extend", report.bytes_sent);
@@ -204,7 +249,9 @@ fn step_once(plane: &mut MpiPlane<'_>, set: &mut EmuSet, catalogue: &Catalogue, 
         2 => {
             let subs: Vec<Layout> = valid_layouts(catalogue, world as u32)
                 .into_iter()
-                .filter(|s| *s != emu.layout && emu.layout.tp % s.tp == 0 && emu.layout.pp % s.pp == 0)
+                .filter(|s| {
+                    *s != emu.layout && emu.layout.tp.is_multiple_of(s.tp) && emu.layout.pp.is_multiple_of(s.pp)
+                })
                 .collect();
             let Some(&sub) = subs.get(rng.below(subs.len().max(1))) else { return destroy(set, &emu, summary) };
             if rng.below(4) == 0 {
@@ -281,7 +328,9 @@ fn oom_drill(
         Err(EmuError::NoRoom { ranks, .. }) if ranks == victim.to_string() && before == after => {
             *summary.refusals.entry("no-room".into()).or_default() += 1;
         }
-        other => summary.failures.push(format!("out-of-memory drill on rank {victim}: expected a refusal naming it, got {other:?}")),
+        other => summary
+            .failures
+            .push(format!("out-of-memory drill on rank {victim}: expected a refusal naming it, got {other:?}")),
     }
     Ok(format!("refused primitive (no room on rank {victim})"))
 }

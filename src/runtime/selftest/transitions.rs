@@ -56,11 +56,26 @@ pub(crate) fn state_bytes(catalogue: &Catalogue) -> impl Fn(ModelStage, Layout, 
 
 /// An EMU set holding `plan`'s replicas of a `catalogue` model (every role), filled with
 /// synthetic state, and each model-stage's digest.
-pub(crate) fn materialize(plane: &mut MpiPlane<'_>, world: i32, catalogue: &Catalogue, plan: &Plan, capacity: u64) -> Result<(EmuSet, BTreeMap<ModelStage, Digest>), RuntimeError> {
-    let catalogues: BTreeMap<Role, Catalogue> = [Role::Actor, Role::Critic, Role::Reference, Role::Reward].into_iter().map(|r| (r, catalogue.clone())).collect();
+pub(crate) fn materialize(
+    plane: &mut MpiPlane<'_>,
+    world: i32,
+    catalogue: &Catalogue,
+    plan: &Plan,
+    capacity: u64,
+) -> Result<(EmuSet, BTreeMap<ModelStage, Digest>), RuntimeError> {
+    let catalogues: BTreeMap<Role, Catalogue> = [Role::Actor, Role::Critic, Role::Reference, Role::Reward]
+        .into_iter()
+        .map(|r| (r, catalogue.clone()))
+        .collect();
     let mut set = EmuSet::new(plane.rank(), world, capacity, catalogues);
     for (k, p) in plan.placements.iter().enumerate() {
-        let counters = Counters { updates: k as u64, model_version: 1, policy_version: 1, data_position: 7 * k as u64, seed: 1000 + k as u64 };
+        let counters = Counters {
+            updates: k as u64,
+            model_version: 1,
+            policy_version: 1,
+            data_position: 7 * k as u64,
+            seed: 1000 + k as u64,
+        };
         for r in 0..p.candidate.dp as usize {
             set.create_synthetic(plane, p.candidate.model_stage, p.candidate.layout, p.replica(r), counters)?;
         }
@@ -75,7 +90,8 @@ pub(crate) fn missed_targets(set: &EmuSet, target: &Plan) -> Vec<String> {
     let mut missed = Vec::new();
     for p in &target.placements {
         let ms = p.candidate.model_stage;
-        let mut want: Vec<(Layout, Vec<i32>)> = (0..p.candidate.dp as usize).map(|r| (p.candidate.layout, p.replica(r).to_vec())).collect();
+        let mut want: Vec<(Layout, Vec<i32>)> =
+            (0..p.candidate.dp as usize).map(|r| (p.candidate.layout, p.replica(r).to_vec())).collect();
         let mut got: Vec<(Layout, Vec<i32>)> = set.replicas(ms).iter().map(|e| (e.layout, e.ranks.clone())).collect();
         want.sort();
         got.sort();
@@ -87,12 +103,21 @@ pub(crate) fn missed_targets(set: &EmuSet, target: &Plan) -> Vec<String> {
 }
 
 /// Replicas whose digest differs from their model-stage's digest `before`.
-pub(crate) fn changed_digests(plane: &mut MpiPlane<'_>, set: &EmuSet, before: &BTreeMap<ModelStage, Digest>) -> Result<Vec<String>, RuntimeError> {
+pub(crate) fn changed_digests(
+    plane: &mut MpiPlane<'_>,
+    set: &EmuSet,
+    before: &BTreeMap<ModelStage, Digest>,
+) -> Result<Vec<String>, RuntimeError> {
     let digests = set.digests(plane)?;
     Ok(set
         .emus()
         .filter(|e| digests[&e.id] != before[&e.model_stage])
-        .map(|e| format!("{} of {} has digest {} after the transition, {} before", e.id, e.model_stage, digests[&e.id], before[&e.model_stage]))
+        .map(|e| {
+            format!(
+                "{} of {} has digest {} after the transition, {} before",
+                e.id, e.model_stage, digests[&e.id], before[&e.model_stage]
+            )
+        })
         .collect())
 }
 
@@ -100,11 +125,20 @@ pub(crate) fn changed_digests(plane: &mut MpiPlane<'_>, set: &EmuSet, before: &B
 pub fn transitions(session: &Session, cases: u32, seed: u64) -> Result<TransitionSummary, RuntimeError> {
     let world = session.world().size();
     if world < 3 {
-        return Err(RuntimeError::Usage("selftest transitions needs at least 3 MPI ranks (one per inference model-stage)".into()));
+        return Err(RuntimeError::Usage(
+            "selftest transitions needs at least 3 MPI ranks (one per inference model-stage)".into(),
+        ));
     }
     let catalogue = tiny_catalogue();
     let bytes = state_bytes(&catalogue);
-    let links = Links { devices_per_node: 4, intra_bytes_per_s: 5e9, inter_bytes_per_s: 1e9, memory_bytes_per_s: 10e9, setup_seconds: 1e-3, capacity_bytes: u64::MAX / 4 };
+    let links = Links {
+        devices_per_node: 4,
+        intra_bytes_per_s: 5e9,
+        inter_bytes_per_s: 1e9,
+        memory_bytes_per_s: 10e9,
+        setup_seconds: 1e-3,
+        capacity_bytes: u64::MAX / 4,
+    };
     let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
     let mut summary = TransitionSummary { cases, ..TransitionSummary::default() };
     for case in 0..cases {
@@ -115,7 +149,9 @@ pub fn transitions(session: &Session, cases: u32, seed: u64) -> Result<Transitio
         })
         .expect("plans serialize");
         // Rank 0's draw is the one every rank uses.
-        let pair: Pair = serde_json::from_slice(&broadcast_bytes(session.world(), session.watchdog(), "plan broadcast", &drawn)?).map_err(|e| RuntimeError::Usage(format!("undecodable plan from rank 0: {e}")))?;
+        let pair: Pair =
+            serde_json::from_slice(&broadcast_bytes(session.world(), session.watchdog(), "plan broadcast", &drawn)?)
+                .map_err(|e| RuntimeError::Usage(format!("undecodable plan from rank 0: {e}")))?;
         let dag = match TransitionDag::plan(&pair.from, &pair.to, &bytes, &links, true) {
             Ok(dag) => dag,
             Err(TransitionError::Blocked { .. }) => {
@@ -137,7 +173,14 @@ pub fn transitions(session: &Session, cases: u32, seed: u64) -> Result<Transitio
 }
 
 /// Target replicas reached, digests unchanged, ledgers exact — agreed across ranks.
-fn check(case: u32, plane: &mut MpiPlane<'_>, set: &EmuSet, target: &Plan, before: &BTreeMap<ModelStage, Digest>, summary: &mut TransitionSummary) -> Result<(), RuntimeError> {
+fn check(
+    case: u32,
+    plane: &mut MpiPlane<'_>,
+    set: &EmuSet,
+    target: &Plan,
+    before: &BTreeMap<ModelStage, Digest>,
+    summary: &mut TransitionSummary,
+) -> Result<(), RuntimeError> {
     let found = missed_targets(set, target).into_iter().chain(changed_digests(plane, set, before)?);
     summary.failures.extend(found.map(|f| format!("case {case}: {f}")));
     let held: u64 = set.store().shards().map(LocalShard::bytes).sum();

@@ -1,22 +1,24 @@
 //! Property tests over random plan pairs, and the Nereus paper's example.
 
 use super::*;
-use std::collections::BTreeSet;
 use crate::config::Dtype;
 use crate::emu::{shard_bytes, Section};
 use crate::model::Catalogue;
-use crate::transition::testing::{plan_pair, tiny_catalogue};
 use crate::plan::{Candidate, Placement, Recompute, Role};
 use crate::runtime::Rng;
+use crate::transition::testing::{plan_pair, tiny_catalogue};
 use petgraph::algo::is_cyclic_directed;
 use petgraph::visit::EdgeRef;
+use std::collections::BTreeSet;
 
 fn catalogue() -> Catalogue {
     tiny_catalogue()
 }
 
 fn sizer(c: &Catalogue) -> impl Fn(ModelStage, Layout, Position) -> u64 + '_ {
-    move |ms, layout, position| shard_bytes(&c.shard(layout, position), &Section::of(ms.trains(), Dtype::Bf16), Dtype::Bf16)
+    move |ms, layout, position| {
+        shard_bytes(&c.shard(layout, position), &Section::of(ms.trains(), Dtype::Bf16), Dtype::Bf16)
+    }
 }
 
 fn random_plan(rng: &mut Rng, pool: u32) -> Plan {
@@ -24,7 +26,14 @@ fn random_plan(rng: &mut Rng, pool: u32) -> Plan {
 }
 
 fn links(capacity: u64) -> Links {
-    Links { devices_per_node: 4, intra_bytes_per_s: 100e9, inter_bytes_per_s: 10e9, memory_bytes_per_s: 1000e9, setup_seconds: 1e-3, capacity_bytes: capacity }
+    Links {
+        devices_per_node: 4,
+        intra_bytes_per_s: 100e9,
+        inter_bytes_per_s: 10e9,
+        memory_bytes_per_s: 1000e9,
+        setup_seconds: 1e-3,
+        capacity_bytes: capacity,
+    }
 }
 
 /// Replays the schedule and checks memory, rank ownership and the final units.
@@ -62,14 +71,25 @@ fn replay(dag: &TransitionDag, target: &Plan, bytes: &dyn Fn(ModelStage, Layout,
             let u = &dag.units[id];
             for &r in &u.ranks {
                 let prev = owner.insert((u.model_stage.stage, r), u.model_stage);
-                assert!(prev.is_none_or(|p| p == u.model_stage), "after {label}: rank {r} held by {} and {}", prev.unwrap(), u.model_stage);
+                assert!(
+                    prev.is_none_or(|p| p == u.model_stage),
+                    "after {label}: rank {r} held by {} and {}",
+                    prev.unwrap(),
+                    u.model_stage
+                );
             }
         }
     }
     for p in &target.placements {
         let ms = p.candidate.model_stage;
-        let mut want: Vec<(Layout, Vec<i32>)> = (0..p.candidate.dp as usize).map(|r| (p.candidate.layout, p.replica(r).to_vec())).collect();
-        let mut got: Vec<(Layout, Vec<i32>)> = alive.iter().map(|id| &dag.units[id]).filter(|u| u.model_stage == ms).map(|u| (u.layout, u.ranks.clone())).collect();
+        let mut want: Vec<(Layout, Vec<i32>)> =
+            (0..p.candidate.dp as usize).map(|r| (p.candidate.layout, p.replica(r).to_vec())).collect();
+        let mut got: Vec<(Layout, Vec<i32>)> = alive
+            .iter()
+            .map(|id| &dag.units[id])
+            .filter(|u| u.model_stage == ms)
+            .map(|u| (u.layout, u.ranks.clone()))
+            .collect();
         want.sort();
         got.sort();
         assert_eq!(got, want, "{ms} reaches exactly its target units");
@@ -86,10 +106,17 @@ fn random_plan_pairs_give_acyclic_memory_safe_dags_that_reach_the_target() {
         let pool = 3 + rng.below(62) as u32;
         let (from, to) = plan_pair(&mut rng, &c, pool);
         let initial: u64 = (0..pool as i32)
-            .map(|r| from.placements.iter().map(|p| p.ranks.iter().position(|x| *x == r).map_or(0, |k| {
-                let size = p.candidate.layout.size() as usize;
-                bytes(p.candidate.model_stage, p.candidate.layout, p.candidate.layout.position(k % size))
-            })).sum::<u64>())
+            .map(|r| {
+                from.placements
+                    .iter()
+                    .map(|p| {
+                        p.ranks.iter().position(|x| *x == r).map_or(0, |k| {
+                            let size = p.candidate.layout.size() as usize;
+                            bytes(p.candidate.model_stage, p.candidate.layout, p.candidate.layout.position(k % size))
+                        })
+                    })
+                    .sum::<u64>()
+            })
             .max()
             .unwrap();
         let capacity = initial * (2 + rng.below(3) as u64);
@@ -107,7 +134,10 @@ fn random_plan_pairs_give_acyclic_memory_safe_dags_that_reach_the_target() {
             Err(e) => panic!("case {case}: {e}"),
         }
     }
-    assert!(planned >= 150 && with_resource_edges >= 50 && refused > 0, "planned {planned}, refused {refused}, with resource edges {with_resource_edges}");
+    assert!(
+        planned >= 150 && with_resource_edges >= 50 && refused > 0,
+        "planned {planned}, refused {refused}, with resource edges {with_resource_edges}"
+    );
 }
 
 #[test]
@@ -128,9 +158,24 @@ fn the_paper_example_orders_extends_after_the_release() {
     let ms = |r| ModelStage::new(r, Stage::Inference);
     let place = |r, tp, pp, ranks: Vec<i32>| {
         let dp = ranks.len() as u32 / (tp * pp);
-        Placement { candidate: Candidate { model_stage: ms(r), layout: Layout::new(tp, pp), dp, recompute: Recompute::None, micro_batch: 1 }, ranks }
+        Placement {
+            candidate: Candidate {
+                model_stage: ms(r),
+                layout: Layout::new(tp, pp),
+                dp,
+                recompute: Recompute::None,
+                micro_batch: 1,
+            },
+            ranks,
+        }
     };
-    let from = Plan { placements: vec![place(Role::Reward, 4, 8, (0..32).collect()), place(Role::Reference, 8, 1, (32..40).collect()), place(Role::Critic, 8, 1, (40..48).collect())] };
+    let from = Plan {
+        placements: vec![
+            place(Role::Reward, 4, 8, (0..32).collect()),
+            place(Role::Reference, 8, 1, (32..40).collect()),
+            place(Role::Critic, 8, 1, (40..48).collect()),
+        ],
+    };
     let to = Plan {
         placements: vec![
             place(Role::Reward, 8, 2, (0..16).collect()),
@@ -143,8 +188,15 @@ fn the_paper_example_orders_extends_after_the_release() {
     replay(&dag, &to, &bytes, u64::MAX);
     assert!(dag.resource_edges >= 2, "both Extends wait for the reward model's release: {}", dag.resource_edges);
     for name in ["Extend reference", "Extend critic"] {
-        let extend = dag.graph.node_indices().find(|&i| dag.label(i.index()).starts_with(name)).unwrap_or_else(|| panic!("no {name}"));
-        let waits_for_reward = dag.graph.edges_directed(extend, Direction::Incoming).any(|e| *e.weight() == EdgeKind::Resource && dag.graph[e.source()].model_stage.role == Role::Reward);
+        let extend = dag
+            .graph
+            .node_indices()
+            .find(|&i| dag.label(i.index()).starts_with(name))
+            .unwrap_or_else(|| panic!("no {name}"));
+        let waits_for_reward = dag
+            .graph
+            .edges_directed(extend, Direction::Incoming)
+            .any(|e| *e.weight() == EdgeKind::Resource && dag.graph[e.source()].model_stage.role == Role::Reward);
         assert!(waits_for_reward, "{name} has a resource edge from the reward model's release");
         let timing = dag.schedule.timings.iter().find(|t| t.node == extend.index()).unwrap();
         assert!(timing.start > 0.0, "{name} starts after the reward model has moved");
