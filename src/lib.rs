@@ -17,3 +17,4 @@ pub mod rl;
 pub mod runtime;
 pub mod topology;
 pub mod transition;
+pub mod units;

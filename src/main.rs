@@ -8,6 +8,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use nereus::config::{Algorithm, Overrides};
+use nereus::runtime::checkpoint::ResumeFrom;
+use nereus::runtime::train::TrainOptions;
 use nereus::runtime::{self, Command, LogOptions, SessionOptions};
 
 /// Nereus: keeps an RL post-training job on the fastest memory-feasible parallel plan.
@@ -54,9 +56,14 @@ enum TopCommand {
     Train {
         /// Job file (TOML); the embedded default when omitted.
         file: Option<PathBuf>,
-        /// Resume from this checkpoint directory (any layout).
-        #[arg(long, value_name = "DIR")]
-        resume: Option<PathBuf>,
+        /// Resume from a checkpoint (any layout): a `step-N` directory, `latest` (the newest
+        /// complete checkpoint of the output directory), or `auto` (that, or a fresh start when
+        /// there is none: for batch scripts that requeue).
+        #[arg(long, value_name = "DIR|latest|auto")]
+        resume: Option<ResumeFrom>,
+        /// Resume without the optimizer state: AdamW restarts from zero moments.
+        #[arg(long, requires = "resume")]
+        resume_reset_optimizer: bool,
         #[command(flatten)]
         overrides: OverrideArgs,
     },
@@ -230,8 +237,9 @@ static ALLOCATOR: nereus::runtime::alloc_meter::MeteredAllocator = nereus::runti
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Some(t) = cli.collective_timeout {
-        if !(t.is_finite() && t > 0.0) {
-            eprintln!("nereus: error: --collective-timeout must be a positive number of seconds, got {t}");
+        if !(t.is_finite() && t > 0.0 && t <= nereus::config::check::MAX_TIMEOUT_S) {
+            let (most, t) = (nereus::config::check::MAX_TIMEOUT_S, nereus::config::check::show(t));
+            eprintln!("nereus: error: --collective-timeout must be a positive number of seconds up to {most} (one week), got {t}");
             return ExitCode::from(runtime::EXIT_USAGE);
         }
     }
@@ -247,9 +255,11 @@ fn main() -> ExitCode {
         TopCommand::Plan { file, gpus, seq_len, json, overrides } => {
             Command::Plan { config: file, overrides: overrides.into(), gpus, seq_len, json }
         }
-        TopCommand::Train { file, resume, overrides } => {
-            Command::Train { config: file, overrides: overrides.into(), resume }
-        }
+        TopCommand::Train { file, resume, resume_reset_optimizer, overrides } => Command::Train {
+            config: file,
+            overrides: overrides.into(),
+            options: TrainOptions { resume, reset_optimizer: resume_reset_optimizer },
+        },
         TopCommand::Bench(BenchCommand::Primitives { sizes_mib, reps, json }) => {
             Command::BenchPrimitives { sizes_mib, reps: reps.max(1), json }
         }

@@ -17,10 +17,12 @@ fn train(ranks: usize, config: &Path, out: &Path, steps: u32, extra: &[&str]) ->
     let run = run_mpi(ranks, &args);
     let (stdout, stderr) = text(&run);
     assert!(run.status.success(), "train failed:\n{stdout}\n{stderr}");
+    // Step records only: a resumed run's first line is its `{"event": "resume"}` marker.
     std::fs::read_to_string(out.join("metrics.jsonl"))
         .expect("metrics.jsonl")
         .lines()
-        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .map(|l| serde_json::from_str::<Value>(l).expect("one JSON object per line"))
+        .filter(|r| r.get("event").is_none())
         .collect()
 }
 

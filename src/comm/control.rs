@@ -53,6 +53,92 @@ pub fn agree(world: &World, watchdog: &Watchdog, op: &str, local: Result<u64, St
     Err(CommError::Disagreement { op: op.into(), group: world.describe(), report, local_failures: !all_ok })
 }
 
+/// A phase that failed on at least one rank, as every rank learns it from [`agree_outcome`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PhaseFailure {
+    /// The phase, e.g. `checkpoint verification`.
+    pub op: String,
+    /// The highest exit status a failed rank asked for (2 usage/config, 1 runtime).
+    pub status: u8,
+    /// What failed where: the message alone when every rank failed the same way, else
+    /// `rank 3: …; ranks 4-5: …` (complete on rank 0; a pointer to rank 0 elsewhere).
+    pub report: String,
+}
+
+/// Ends a phase that every rank runs on its own (reading files, checking a plan, writing
+/// output): one all-reduce tells every rank whether all succeeded, so a failure on some ranks
+/// stops every rank at the same point with the same status instead of leaving the others in
+/// the next collective. `local` is this rank's outcome: `Err((status, message))` on failure.
+/// When any rank failed, rank 0 gathers the messages of the failed ranks into the report.
+pub fn agree_outcome(
+    world: &World,
+    watchdog: &Watchdog,
+    op: &str,
+    local: Result<(), (u8, String)>,
+) -> Result<Result<(), PhaseFailure>, CommError> {
+    let send = match &local {
+        Ok(()) => [0u64, 0],
+        Err((status, _)) => [1, u64::from(*status)],
+    };
+    let mut reduced = [0u64; 2];
+    {
+        let _guard = watchdog.guard(op, &world.describe());
+        world.comm().all_reduce_into(&send[..], &mut reduced[..], SystemOperation::max());
+    }
+    if reduced[0] == 0 {
+        return Ok(Ok(()));
+    }
+    let verdict = match &local {
+        Ok(()) => String::new(),
+        Err((_, message)) => message.clone(),
+    };
+    let report = match gather_bytes_to_root(world, watchdog, &format!("{op} report"), verdict.as_bytes())? {
+        Some(verdicts) => group_failures(&verdicts),
+        None => "see rank 0's report".into(),
+    };
+    Ok(Err(PhaseFailure { op: op.into(), status: reduced[1].min(u64::from(u8::MAX)) as u8, report }))
+}
+
+/// The failed ranks' messages (empty verdicts are ranks that succeeded), grouped by message;
+/// one message shared by every rank is given alone.
+fn group_failures(verdicts: &[Vec<u8>]) -> String {
+    let failed: Vec<(usize, &Vec<u8>)> = verdicts.iter().enumerate().filter(|(_, v)| !v.is_empty()).collect();
+    let alone = failed.len() == 1 && failed[0].0 == 0; // a phase only rank 0 runs
+    if alone || (failed.len() == verdicts.len() && failed.iter().all(|(_, v)| *v == failed[0].1)) {
+        return String::from_utf8_lossy(failed[0].1).into_owned();
+    }
+    let mut groups: Vec<(String, Vec<i32>)> = Vec::new();
+    for (rank, bytes) in failed {
+        let verdict = String::from_utf8_lossy(bytes).into_owned();
+        match groups.iter_mut().find(|(v, _)| *v == verdict) {
+            Some((_, ranks)) => ranks.push(rank as i32),
+            None => groups.push((verdict, vec![rank as i32])),
+        }
+    }
+    format_groups(&groups)
+}
+
+/// `rank 3: …; ranks 4-5: …`.
+fn format_groups(groups: &[(String, Vec<i32>)]) -> String {
+    let lines: Vec<String> = groups
+        .iter()
+        .map(|(verdict, ranks)| {
+            let noun = if ranks.len() == 1 { "rank" } else { "ranks" };
+            format!("{noun} {}: {verdict}", format_index_list(ranks))
+        })
+        .collect();
+    lines.join("; ")
+}
+
+/// The largest of every rank's `local` value, on every rank (e.g. whether any rank received a
+/// stop signal, so all of them stop after the same step).
+pub fn max_over_ranks(world: &World, watchdog: &Watchdog, op: &str, local: u64) -> u64 {
+    let mut out = 0u64;
+    let _guard = watchdog.guard(op, &world.describe());
+    world.comm().all_reduce_into(&local, &mut out, SystemOperation::max());
+    out
+}
+
 /// `ranks 0-1: hash …; ranks 2-3: failed: …` from one verdict per rank.
 fn group_by_verdict(verdicts: &[Vec<u8>]) -> String {
     let mut groups: Vec<(String, Vec<i32>)> = Vec::new();
@@ -66,14 +152,7 @@ fn group_by_verdict(verdicts: &[Vec<u8>]) -> String {
     if let [(verdict, ranks)] = groups.as_slice() {
         return format!("all {} ranks: {verdict}", ranks.len());
     }
-    let lines: Vec<String> = groups
-        .iter()
-        .map(|(verdict, ranks)| {
-            let noun = if ranks.len() == 1 { "rank" } else { "ranks" };
-            format!("{noun} {}: {verdict}", format_index_list(ranks))
-        })
-        .collect();
-    lines.join("; ")
+    format_groups(&groups)
 }
 
 /// Sends rank 0's bytes to every rank (`local` is read on rank 0 only); returns them everywhere.
@@ -83,7 +162,10 @@ pub fn broadcast_bytes(world: &World, watchdog: &Watchdog, op: &str, local: &[u8
     let mut len = [if world.rank() == 0 { message_len(world, op, local)? as u64 } else { 0 }];
     root.broadcast_into(&mut len[..]);
     let mut data = if world.rank() == 0 { local.to_vec() } else { vec![0u8; len[0] as usize] };
-    root.broadcast_into(&mut data[..]);
+    // An empty buffer is a null pointer to MPI, which Open MPI rejects: nothing to send anyway.
+    if !data.is_empty() {
+        root.broadcast_into(&mut data[..]);
+    }
     Ok(data)
 }
 
@@ -94,6 +176,9 @@ pub fn gather_bytes_to_root(
     op: &str,
     local: &[u8],
 ) -> Result<Option<Vec<Vec<u8>>>, CommError> {
+    // One leading byte per message: Open MPI rejects the null pointer of an empty buffer.
+    let padded: Vec<u8> = std::iter::once(0).chain(local.iter().copied()).collect();
+    let local = padded.as_slice();
     let count = message_len(world, op, local)?;
     let comm = world.comm();
     let root = comm.process_at_rank(0);
@@ -111,11 +196,14 @@ pub fn gather_bytes_to_root(
         let mut partition = PartitionMut::new(&mut buffer[..], &counts[..], &displs[..]);
         root.gather_varcount_into_root(local, &mut partition);
     }
-    Ok(Some(split(&buffer, &counts, &displs)))
+    Ok(Some(unpadded(split(&buffer, &counts, &displs))))
 }
 
 /// Gathers one byte string from every rank to every rank.
 pub fn all_gather_bytes(world: &World, watchdog: &Watchdog, op: &str, local: &[u8]) -> Result<Vec<Vec<u8>>, CommError> {
+    // One leading byte per message, as in `gather_bytes_to_root`.
+    let padded: Vec<u8> = std::iter::once(0).chain(local.iter().copied()).collect();
+    let local = padded.as_slice();
     let count = message_len(world, op, local)?;
     let comm = world.comm();
     let _guard = watchdog.guard(op, &world.describe());
@@ -127,7 +215,7 @@ pub fn all_gather_bytes(world: &World, watchdog: &Watchdog, op: &str, local: &[u
         let mut partition = PartitionMut::new(&mut buffer[..], &counts[..], &displs[..]);
         comm.all_gather_varcount_into(local, &mut partition);
     }
-    Ok(split(&buffer, &counts, &displs))
+    Ok(unpadded(split(&buffer, &counts, &displs)))
 }
 
 fn message_len(world: &World, op: &str, local: &[u8]) -> Result<i32, CommError> {
@@ -150,6 +238,11 @@ fn displacements(counts: &[i32]) -> (Vec<i32>, usize) {
     (displs, offset as usize)
 }
 
+/// The messages without the leading byte the gathers add.
+fn unpadded(messages: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
+    messages.into_iter().map(|mut m| m.split_off(1.min(m.len()))).collect()
+}
+
 fn split(buffer: &[u8], counts: &[i32], displs: &[i32]) -> Vec<Vec<u8>> {
     counts.iter().zip(displs).map(|(&c, &d)| buffer[d as usize..(d + c) as usize].to_vec()).collect()
 }
@@ -164,6 +257,15 @@ mod tests {
         let report = group_by_verdict(&[v("hash a"), v("hash a"), v("failed: x"), v("hash a")]);
         assert_eq!(report, "ranks 0-1,3: hash a; rank 2: failed: x");
         assert_eq!(group_by_verdict(&[v("failed: y"), v("failed: y")]), "all 2 ranks: failed: y");
+    }
+
+    #[test]
+    fn failures_are_grouped_and_a_shared_message_stands_alone() {
+        let v = |s: &str| s.as_bytes().to_vec();
+        assert_eq!(group_failures(&[v(""), v("disk full"), v(""), v("disk full")]), "ranks 1,3: disk full");
+        assert_eq!(group_failures(&[v("no plan"), v("no plan")]), "no plan");
+        assert_eq!(group_failures(&[v("a"), v("b")]), "rank 0: a; rank 1: b");
+        assert_eq!(group_failures(&[v("only rank 0 writes"), v("")]), "only rank 0 writes");
     }
 
     #[test]

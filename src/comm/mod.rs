@@ -10,7 +10,10 @@ mod error;
 mod watchdog;
 mod world;
 
-pub use control::{agree, all_gather_bytes, broadcast_bytes, gather_bytes_to_root, Agreement};
+pub use control::{
+    agree, agree_outcome, all_gather_bytes, broadcast_bytes, gather_bytes_to_root, max_over_ranks, Agreement,
+    PhaseFailure,
+};
 pub use data_plane::{DataPlane, GroupId, MpiPlane, Transfer};
 pub use error::CommError;
 pub use watchdog::{FaultInjection, Watchdog};

@@ -72,7 +72,7 @@ impl Watchdog {
         let timer = std::thread::spawn(move || {
             if let Err(mpsc::RecvTimeoutError::Timeout) = expired.recv_timeout(timeout) {
                 eprintln!("{message}");
-                abort_job(abort_through_mpi);
+                super::world::abort_processes(WATCHDOG_EXIT_CODE, abort_through_mpi);
             }
         });
         self.stall_if_injected(op);
@@ -99,16 +99,4 @@ impl Drop for WatchGuard {
             let _ = timer.join();
         }
     }
-}
-
-/// Ends every process of the job: `MPI_Abort` when allowed, else this process exits and the
-/// launcher (mpirun, srun) tears down the others.
-fn abort_job(abort_through_mpi: bool) -> ! {
-    if abort_through_mpi {
-        // SAFETY: MPI was initialized with MPI_THREAD_MULTIPLE, so any thread may call MPI_Abort.
-        unsafe {
-            mpi::ffi::MPI_Abort(mpi::ffi::RSMPI_COMM_WORLD, WATCHDOG_EXIT_CODE);
-        }
-    }
-    std::process::exit(WATCHDOG_EXIT_CODE)
 }

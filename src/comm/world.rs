@@ -62,4 +62,24 @@ impl World {
         let first = full.lines().next().unwrap_or("unknown MPI");
         first.split(',').next().unwrap_or(first).trim().to_string()
     }
+
+    /// Ends every process of the job with exit status `status`: a rank that cannot go on while
+    /// the others may be waiting for it in a collective (an out-of-memory on some ranks, a
+    /// failed write on rank 0) stops the whole job at once instead of leaving it to the
+    /// watchdog. The caller prints the reason first.
+    pub fn abort(&self, status: u8) -> ! {
+        abort_processes(i32::from(status), self.threads_may_call_mpi())
+    }
+}
+
+/// Ends every process of the job: `MPI_Abort` when allowed (the launcher then exits with
+/// `status`), else this process exits and the launcher (mpirun, srun) tears down the others.
+pub(super) fn abort_processes(status: i32, through_mpi: bool) -> ! {
+    if through_mpi {
+        // SAFETY: MPI was initialized with MPI_THREAD_MULTIPLE, so any thread may call MPI_Abort.
+        unsafe {
+            mpi::ffi::MPI_Abort(mpi::ffi::RSMPI_COMM_WORLD, status);
+        }
+    }
+    std::process::exit(status)
 }

@@ -3,6 +3,34 @@
 
 use super::ConfigError;
 
+/// Most devices a job or a plan may have (2^20): far past any cluster, small enough that
+/// per-device tables stay small.
+pub const MAX_DEVICES: u32 = 1 << 20;
+/// Most tokens in a prompt or a response (2^20).
+pub const MAX_TOKENS: u32 = 1 << 20;
+/// Most sequences per RL step (2^20).
+pub const MAX_SEQUENCES: u32 = 1 << 20;
+/// Longest collective time limit: one week, in seconds.
+pub const MAX_TIMEOUT_S: f64 = 7.0 * 24.0 * 3600.0;
+
+/// A float as a person reads it: plain where that is short, scientific otherwise (so `f64::MAX`
+/// is `1.7976931348623157e308`, not 309 digits).
+pub fn show(value: f64) -> String {
+    if value != 0.0 && !(1e-4..1e15).contains(&value.abs()) {
+        format!("{value:e}")
+    } else {
+        value.to_string()
+    }
+}
+
+/// `1 <= value <= max` for counts with an upper bound.
+pub fn between(key: &str, value: u32, max: u32) -> Result<(), ConfigError> {
+    if value == 0 || value > max {
+        return Err(ConfigError::invalid(key, value, format!("must be between 1 and {max}")));
+    }
+    Ok(())
+}
+
 /// `value >= 1` for counts (layers, ranks, steps, batch sizes).
 pub fn at_least_one(key: &str, value: u32) -> Result<(), ConfigError> {
     if value == 0 {
@@ -14,7 +42,7 @@ pub fn at_least_one(key: &str, value: u32) -> Result<(), ConfigError> {
 /// A finite number strictly greater than zero (memory, bandwidth, FLOP/s, learning rates).
 pub fn positive(key: &str, value: f64) -> Result<(), ConfigError> {
     if !value.is_finite() || value <= 0.0 {
-        return Err(ConfigError::invalid(key, value, "must be a finite number greater than 0"));
+        return Err(ConfigError::invalid(key, show(value), "must be a finite number greater than 0"));
     }
     Ok(())
 }
@@ -22,7 +50,7 @@ pub fn positive(key: &str, value: f64) -> Result<(), ConfigError> {
 /// A finite number in the closed interval `[lo, hi]`.
 pub fn within(key: &str, value: f64, lo: f64, hi: f64) -> Result<(), ConfigError> {
     if !value.is_finite() || value < lo || value > hi {
-        return Err(ConfigError::invalid(key, value, format!("must lie in [{lo}, {hi}]")));
+        return Err(ConfigError::invalid(key, show(value), format!("must lie in [{}, {}]", show(lo), show(hi))));
     }
     Ok(())
 }
@@ -33,4 +61,19 @@ pub fn divides(key: &str, divisor: u32, value: u32, what: &str) -> Result<(), Co
         return Err(ConfigError::invalid(key, divisor, format!("must divide {what} ({value})")));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn huge_and_tiny_floats_are_shown_briefly() {
+        assert_eq!(show(f64::MAX), "1.7976931348623157e308");
+        assert_eq!(show(1e30), "1e30");
+        assert_eq!(show(0.5), "0.5");
+        assert_eq!(show(120.0), "120");
+        assert_eq!(show(1e-9), "1e-9");
+        assert!(within("k", 1e30, 0.0, MAX_TIMEOUT_S).unwrap_err().to_string().contains("= 1e30"));
+    }
 }

@@ -80,9 +80,10 @@ pub struct ClusterSpec {
 }
 
 impl ClusterSpec {
-    /// Total devices (and so the largest rank count a plan may use).
+    /// Total devices (and so the largest rank count a plan may use; validation bounds the
+    /// product, so it cannot wrap).
     pub fn devices(&self) -> u32 {
-        self.nodes * self.devices_per_node
+        self.nodes.saturating_mul(self.devices_per_node)
     }
 
     /// Bytes of memory per device.
@@ -155,6 +156,18 @@ impl ClusterSpec {
     pub fn validate(&self) -> Result<(), ConfigError> {
         check::at_least_one("cluster.nodes", self.nodes)?;
         check::at_least_one("cluster.devices_per_node", self.devices_per_node)?;
+        let devices = u64::from(self.nodes) * u64::from(self.devices_per_node);
+        if devices > u64::from(check::MAX_DEVICES) {
+            return Err(ConfigError::invalid(
+                "cluster.nodes",
+                self.nodes,
+                format!(
+                    "times cluster.devices_per_node ({}) gives {devices} devices; at most {} are supported",
+                    self.devices_per_node,
+                    check::MAX_DEVICES
+                ),
+            ));
+        }
         check::positive("cluster.device_memory_gb", self.device_memory_gb)?;
         check::positive("cluster.device_peak_tflops", self.device_peak_tflops)?;
         check::positive("cluster.device_hbm_gbps", self.device_hbm_gbps)?;

@@ -20,10 +20,20 @@ pub struct JobSection {
     /// Directory for metrics (JSON lines), checkpoints and logs; created by rank 0.
     #[serde(default = "default_output_dir")]
     pub output_dir: PathBuf,
-    /// Seconds a control-plane collective may wait before the watchdog aborts the whole job.
+    /// Seconds a control-plane collective may wait before the watchdog aborts the whole job
+    /// (at most one week).
     #[serde(default = "default_collective_timeout_s")]
     pub collective_timeout_s: f64,
+    /// A signal that, like SIGTERM, makes `nereus train` checkpoint at the next step boundary
+    /// and exit with status 75 (for Slurm's `--signal=USR1@120` lead time, and for `mpirun`,
+    /// which forwards SIGUSR1/SIGUSR2 to the ranks but gives them only a second after SIGTERM):
+    /// `"SIGUSR1"` or `"SIGUSR2"`; unset, only SIGTERM does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_on_signal: Option<String>,
 }
+
+/// Signals `job.checkpoint_on_signal` may name.
+pub const CHECKPOINT_SIGNALS: [&str; 2] = ["SIGUSR1", "SIGUSR2"];
 
 fn default_output_dir() -> PathBuf {
     PathBuf::from("runs")
@@ -49,6 +59,15 @@ impl JobSection {
         if self.output_dir.as_os_str().is_empty() {
             return Err(ConfigError::invalid("job.output_dir", "\"\"", "must be a directory path"));
         }
-        check::positive("job.collective_timeout_s", self.collective_timeout_s)
+        check::positive("job.collective_timeout_s", self.collective_timeout_s)?;
+        check::within("job.collective_timeout_s", self.collective_timeout_s, 0.0, check::MAX_TIMEOUT_S)?;
+        match &self.checkpoint_on_signal {
+            Some(sig) if !CHECKPOINT_SIGNALS.contains(&sig.as_str()) => Err(ConfigError::invalid(
+                "job.checkpoint_on_signal",
+                format!("{sig:?}"),
+                format!("must be one of {} (SIGTERM always checkpoints)", CHECKPOINT_SIGNALS.join(", ")),
+            )),
+            _ => Ok(()),
+        }
     }
 }

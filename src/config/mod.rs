@@ -12,7 +12,7 @@
 //!
 //! [`JobConfig::hash`] is what ranks compare to prove they run the same job.
 
-mod check;
+pub mod check;
 pub mod cluster;
 mod error;
 pub mod job;
@@ -29,7 +29,7 @@ pub use models::{Dtype, ModelSpec, ModelsSection};
 pub use plan::PlanEntry;
 pub use policy::PolicySection;
 pub use rl::{Algorithm, RlSection};
-pub use train::{RewardSource, TrainSection};
+pub use train::{OnNonFinite, RewardSource, TrainSection};
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -251,6 +251,16 @@ impl JobConfig {
         self.train.validate()?;
         if self.train.reward == RewardSource::Model && self.rl.algorithm == Algorithm::Remax {
             return Err(ConfigError::invalid("train.reward", "model", "ReMax scores its greedy baseline with the rule, so its samples must be scored by the rule too (reward = \"rule\")"));
+        }
+        if self.train.reward_cap > self.rl.max_response_len {
+            return Err(ConfigError::invalid(
+                "train.reward_cap",
+                self.train.reward_cap,
+                format!(
+                    "must be at most rl.max_response_len ({}): a response cannot hold more correct terms than tokens",
+                    self.rl.max_response_len
+                ),
+            ));
         }
         plan::validate(&self.plan)?;
         match (self.rl.algorithm.uses_critic(), &self.models.critic) {

@@ -132,6 +132,19 @@ impl ModelsSection {
         for (role, spec) in self.roles() {
             spec.validate(role)?;
         }
+        let scorers = [("critic", self.critic.as_ref()), ("reward", Some(&self.reward))];
+        for (role, spec) in scorers.into_iter().filter_map(|(r, s)| s.map(|s| (r, s))) {
+            if spec.vocab < self.actor.vocab {
+                return Err(ConfigError::invalid(
+                    format!("models.{role}.vocab"),
+                    spec.vocab,
+                    format!(
+                        "must be at least models.actor.vocab ({}): the {role} model reads the actor's tokens",
+                        self.actor.vocab
+                    ),
+                ));
+            }
+        }
         if self.reference.vocab != self.actor.vocab {
             return Err(ConfigError::invalid(
                 "models.reference.vocab",

@@ -50,11 +50,18 @@ pub fn validate(plan: &std::collections::BTreeMap<String, PlanEntry>) -> Result<
         for (key, value) in [("tp", e.tp), ("pp", e.pp), ("dp", e.dp)] {
             check::at_least_one(&format!("plan.\"{name}\".{key}"), value)?;
         }
-        if e.ranks.len() != (e.tp * e.pp * e.dp) as usize {
+        let want = u64::from(e.tp) * u64::from(e.pp) * u64::from(e.dp);
+        let key = format!("plan.\"{name}\".ranks");
+        if e.ranks.len() as u64 != want {
+            return Err(ConfigError::invalid(key, format!("{:?}", e.ranks), format!("needs dp·tp·pp = {want} ranks")));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        if let Some(r) = e.ranks.iter().find(|&&r| r < 0 || !seen.insert(r)) {
+            let why = if *r < 0 { "is negative" } else { "appears twice" };
             return Err(ConfigError::invalid(
-                format!("plan.\"{name}\".ranks"),
+                key,
                 format!("{:?}", e.ranks),
-                format!("needs dp·tp·pp = {} ranks", e.tp * e.pp * e.dp),
+                format!("rank {r} {why}: a model-stage's ranks are distinct world ranks"),
             ));
         }
     }

@@ -61,9 +61,9 @@ fn one() -> u32 {
 }
 
 impl RlSection {
-    /// Sequences generated per RL step.
+    /// Sequences generated per RL step (validation bounds the product, so it cannot wrap).
     pub fn sequences_per_step(&self) -> u32 {
-        self.prompts_per_step * self.samples_per_prompt
+        self.prompts_per_step.saturating_mul(self.samples_per_prompt)
     }
 
     /// Checks ranges and batch divisibility; errors name the key under `rl.`.
@@ -77,8 +77,29 @@ impl RlSection {
                 "GRPO normalizes rewards within a group of samples of one prompt, so it needs at least 2",
             ));
         }
-        check::at_least_one("rl.prompt_len", self.prompt_len)?;
-        check::at_least_one("rl.max_response_len", self.max_response_len)?;
+        let sequences = u64::from(self.prompts_per_step) * u64::from(self.samples_per_prompt);
+        if sequences > u64::from(check::MAX_SEQUENCES) {
+            return Err(ConfigError::invalid(
+                "rl.prompts_per_step",
+                self.prompts_per_step,
+                format!(
+                    "times rl.samples_per_prompt ({}) gives {sequences} sequences per step; at most {} are supported",
+                    self.samples_per_prompt,
+                    check::MAX_SEQUENCES
+                ),
+            ));
+        }
+        if self.prompt_len < 2 || self.prompt_len > check::MAX_TOKENS {
+            return Err(ConfigError::invalid(
+                "rl.prompt_len",
+                self.prompt_len,
+                format!(
+                    "must be between 2 and {} (the task reads its step from the last two prompt terms)",
+                    check::MAX_TOKENS
+                ),
+            ));
+        }
+        check::between("rl.max_response_len", self.max_response_len, check::MAX_TOKENS)?;
         check::at_least_one("rl.mini_batch", self.mini_batch)?;
         check::at_least_one("rl.micro_batch", self.micro_batch)?;
         check::at_least_one("rl.epochs", self.epochs)?;

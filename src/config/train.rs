@@ -15,6 +15,17 @@ pub enum RewardSource {
     Model,
 }
 
+/// What `nereus train` does when an update's loss or gradient norm is not finite (the update
+/// itself is never applied).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnNonFinite {
+    /// Stop with exit status 1, naming the step, the model-stage and the value.
+    Stop,
+    /// Skip the update and go on; stop after 3 consecutive steps with skipped updates.
+    SkipStep,
+}
+
 /// The `[train]` section.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -53,6 +64,8 @@ pub struct TrainSection {
     pub warmup_lr: f64,
     /// Save a checkpoint every this many RL steps (0: only at the end).
     pub checkpoint_every: u32,
+    /// A non-finite loss or gradient norm: `stop` (exit 1) or `skip-step` (skip the update).
+    pub on_nonfinite: OnNonFinite,
 }
 
 impl Default for TrainSection {
@@ -75,6 +88,7 @@ impl Default for TrainSection {
             warmup_reward_steps: 0,
             warmup_lr: 3e-3,
             checkpoint_every: 0,
+            on_nonfinite: OnNonFinite::Stop,
         }
     }
 }

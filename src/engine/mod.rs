@@ -43,6 +43,12 @@ pub enum EngineError {
     /// A collective or transfer failed.
     #[error(transparent)]
     Comm(#[from] CommError),
+    /// A loss or gradient stopped being finite where the caller cannot skip the update.
+    #[error("training diverged in {what}; lower the learning rate")]
+    Diverged {
+        /// Where and which value.
+        what: String,
+    },
     /// Inputs whose shapes do not fit the model.
     #[error("shape mismatch: {what}")]
     Shape {

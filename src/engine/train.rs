@@ -92,6 +92,14 @@ pub struct StepReport {
     pub loss: f64,
     /// Global gradient norm before clipping.
     pub grad_norm: f64,
+    /// Whether the update was refused because the loss or the gradient norm was not finite
+    /// (parameters, moments and counters are then unchanged).
+    pub skipped: bool,
+}
+
+impl StepReport {
+    /// The report of a model-stage that did not train.
+    pub const NONE: StepReport = StepReport { loss: 0.0, grad_norm: 0.0, skipped: false };
 }
 
 impl Replica {
@@ -337,6 +345,10 @@ impl Replica {
 /// replica of the model-stage calls it): forward, backward, DP all-reduce, clipping, AdamW on
 /// the EMU's parameter and moment sections, and `updates += 1` in its counters on this rank
 /// (ranks outside the model-stage learn the new counters from the caller, in lockstep).
+///
+/// An update whose loss or gradient norm is not finite is never applied: every rank of the
+/// model-stage sees the same all-reduced values, so all of them skip it, and the caller decides
+/// whether the job stops or goes on (`train.on_nonfinite`).
 #[allow(clippy::too_many_arguments)]
 pub fn train_step<P: DataPlane>(
     plane: &P,
@@ -359,6 +371,9 @@ pub fn train_step<P: DataPlane>(
     let mut grads = arena.zeros::<f32>("gradients", params.len())?;
     let loss = replica.forward_backward(plane, params, &mut grads, batch, micro_batch, objective, &mut arena)?;
     let (grad_norm, loss) = replica.reduce(plane, &mut grads, loss)?;
+    if !(grad_norm.is_finite() && loss.is_finite()) {
+        return Ok(StepReport { loss, grad_norm, skipped: true });
+    }
     let scale = opt.clip_scale(grad_norm);
     for (r, replicated) in &replica.model.weights.tensors {
         let r = r.clone();
@@ -376,5 +391,5 @@ pub fn train_step<P: DataPlane>(
     counters.updates += 1;
     counters.model_version += 1;
     set.set_counters(id, counters);
-    Ok(StepReport { loss, grad_norm })
+    Ok(StepReport { loss, grad_norm, skipped: false })
 }

@@ -11,21 +11,22 @@ use crate::cost::{
 };
 use crate::model::{Architecture, Catalogue, Layout};
 use crate::plan::{model_stages, Candidate, ModelStage, Placement, Plan, Recompute, Role, Stage};
+use crate::units::format_bytes;
 
 /// Why no plan was found.
 #[derive(Debug, Error)]
 pub enum PlannerError {
     /// A model-stage fits no candidate even with the whole pool.
-    #[error("no plan fits {gpus} GPUs: {model_stage} needs at least {need_gb:.1} GB on its heaviest rank even at its best layout, and a device has {usable_gb:.1} GB usable ({headroom:.0}% headroom){hint}")]
+    #[error("no plan fits {gpus} GPUs: {model_stage} needs at least {} on its heaviest rank even at its best layout, and a device has {} usable ({headroom:.0}% headroom){hint}", format_bytes(*need_bytes), format_bytes(*usable_bytes))]
     DoesNotFit {
         /// Pool size.
         gpus: u32,
         /// The model-stage.
         model_stage: ModelStage,
-        /// Smallest peak over all candidates, GB.
-        need_gb: f64,
-        /// Usable memory per device, GB.
-        usable_gb: f64,
+        /// Smallest peak over all candidates, bytes.
+        need_bytes: u64,
+        /// Usable memory per device, bytes.
+        usable_bytes: u64,
         /// Headroom percentage.
         headroom: f64,
         /// What would fit.
@@ -383,8 +384,8 @@ impl Planner {
         PlannerError::DoesNotFit {
             gpus: hw.devices,
             model_stage: ms,
-            need_gb: need as f64 / 1e9,
-            usable_gb: hw.usable_bytes() as f64 / 1e9,
+            need_bytes: need,
+            usable_bytes: hw.usable_bytes(),
             headroom: hw.headroom * 100.0,
             hint: self.hint(),
         }
@@ -398,8 +399,18 @@ impl Planner {
         };
         let n = self.cost.hardware.devices;
         let mut hints = Vec::new();
-        if let Some(g) = (1..=6).map(|k| n << k).find(|&g| feasible_with(g, len)) {
-            hints.push(format!("{g} GPUs would fit"));
+        // The smallest pool that fits: doubling finds one, bisection the least below it.
+        if let Some(k) = (1..=6).find(|&k| feasible_with(n << k, len)) {
+            let (mut lo, mut hi) = (n << (k - 1), n << k);
+            while hi - lo > 1 {
+                let mid = lo + (hi - lo) / 2;
+                if feasible_with(mid, len) {
+                    hi = mid;
+                } else {
+                    lo = mid;
+                }
+            }
+            hints.push(format!("{hi} GPUs would fit"));
         }
         if let Some(l) = (1..=6).map(|k| len >> k).filter(|&l| l > 0).find(|&l| feasible_with(n, l)) {
             hints.push(format!("responses of {l} tokens would fit (--seq-len {l})"));

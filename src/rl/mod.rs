@@ -11,6 +11,6 @@ pub mod warmup;
 
 pub use losses::{PolicyLoss, ScoreRegression, SequenceCrossEntropy, ValueLoss};
 pub use rollout::{AdvantageParams, Rollout};
-pub use step::{RlJob, StepMetrics, StepSettings};
+pub use step::{NonFinite, RlJob, StepMetrics, StepSettings};
 pub use task::{ArithmeticTask, EOS};
 pub use warmup::{warm_up, Warmup};

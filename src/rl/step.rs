@@ -134,12 +134,86 @@ pub struct StepMetrics {
     pub critic_loss: f64,
     /// Last actor update's gradient norm.
     pub actor_grad_norm: f64,
+    /// Last critic update's gradient norm (PPO).
+    pub critic_grad_norm: f64,
+    /// Updates refused because their loss or gradient norm was not finite.
+    pub skipped_updates: u64,
+    /// The first refused update of the step, if any.
+    #[serde(skip)]
+    pub non_finite: Option<NonFinite>,
     /// Wall seconds per stage (rank 0, between world-wide synchronization points).
     pub stage_seconds: BTreeMap<String, f64>,
     /// Wall seconds of the step.
     pub step_seconds: f64,
     /// Response tokens generated.
     pub generated_tokens: u64,
+}
+
+/// The optimizer updates of one training model-stage during a step.
+#[derive(Debug, Clone, Copy)]
+struct Updates {
+    last: StepReport,
+    applied: u64,
+    skipped: u64,
+    first_skipped: Option<StepReport>,
+}
+
+impl Default for Updates {
+    fn default() -> Updates {
+        Updates { last: StepReport::NONE, applied: 0, skipped: 0, first_skipped: None }
+    }
+}
+
+impl Updates {
+    /// Floats per model-stage when the updates travel to every rank.
+    const WIDTH: usize = 7;
+
+    fn add(&mut self, r: StepReport) {
+        self.last = r;
+        if r.skipped {
+            self.skipped += 1;
+            self.first_skipped.get_or_insert(r);
+        } else {
+            self.applied += 1;
+        }
+    }
+
+    /// `[loss, norm, applied, skipped, has_skip, skipped loss, skipped norm]` (counts are exact
+    /// in f32 far beyond any step's updates; NaN and infinities travel unchanged).
+    fn to_row(self) -> [f32; Updates::WIDTH] {
+        let first = self.first_skipped.unwrap_or(StepReport::NONE);
+        let has = f32::from(u8::from(self.first_skipped.is_some()));
+        let (l, n) = (self.last.loss as f32, self.last.grad_norm as f32);
+        [l, n, self.applied as f32, self.skipped as f32, has, first.loss as f32, first.grad_norm as f32]
+    }
+
+    fn from_row(r: &[f32]) -> Updates {
+        let report = |loss: f32, norm: f32, skipped| StepReport { loss: loss.into(), grad_norm: norm.into(), skipped };
+        Updates {
+            last: report(r[0], r[1], false),
+            applied: r[2] as u64,
+            skipped: r[3] as u64,
+            first_skipped: (r[4] > 0.0).then(|| report(r[5], r[6], true)),
+        }
+    }
+}
+
+/// An update refused because a value was not finite: which model-stage, which value.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NonFinite {
+    /// The training model-stage.
+    pub model_stage: ModelStage,
+    /// `loss` or `gradient norm`.
+    pub quantity: &'static str,
+    /// Its value (NaN or ±inf).
+    pub value: f64,
+}
+
+impl NonFinite {
+    fn of(model_stage: ModelStage, r: StepReport) -> NonFinite {
+        let (quantity, value) = if r.loss.is_finite() { ("gradient norm", r.grad_norm) } else { ("loss", r.loss) };
+        NonFinite { model_stage, quantity, value }
+    }
 }
 
 /// This rank's part of a running RL job: the plan, every replica's id, and the replicas this
@@ -211,10 +285,10 @@ impl RlJob {
         };
         stage_done("inference", &mut metrics);
         rollout.compute_advantages(s.algorithm, s.advantage, &greedy);
-        let (actor, critic) = self.train(plane, set, &rollout)?;
+        let updates = self.train(plane, set, &rollout)?;
         stage_done("training", &mut metrics);
         self.sync_weights(plane, set)?;
-        self.advance_counters(set, counters, step);
+        self.advance_counters(set, counters, step, &updates);
         stage_done("weight_sync", &mut metrics);
         let lengths: Vec<f64> = rollout.lengths.iter().map(|&l| l as f64).collect();
         metrics.reward_mean = rule.iter().map(|&x| f64::from(x)).sum::<f64>() / rule.len() as f64;
@@ -222,7 +296,13 @@ impl RlJob {
         metrics.response_len_mean = lengths.iter().sum::<f64>() / lengths.len() as f64;
         metrics.response_len_p95 = percentile(&lengths, 0.95);
         metrics.kl = rollout.kl_mean();
-        (metrics.actor_loss, metrics.actor_grad_norm, metrics.critic_loss) = (actor.loss, actor.grad_norm, critic.loss);
+        let [actor, critic] = updates;
+        (metrics.actor_loss, metrics.actor_grad_norm) = (actor.last.loss, actor.last.grad_norm);
+        (metrics.critic_loss, metrics.critic_grad_norm) = (critic.last.loss, critic.last.grad_norm);
+        metrics.skipped_updates = actor.skipped + critic.skipped;
+        metrics.non_finite = [(ACTOR, actor), (CRITIC, critic)]
+            .into_iter()
+            .find_map(|(ms, u)| u.first_skipped.map(|r| NonFinite::of(ms, r)));
         metrics.generated_tokens = rollout.lengths.iter().sum::<usize>() as u64;
         metrics.step_seconds = start.elapsed().as_secs_f64();
         Ok(metrics)
@@ -358,44 +438,41 @@ impl RlJob {
         Ok(buf[..n].to_vec())
     }
 
-    /// Actor and critic updates over mini-batches; the last update's reports reach every rank.
+    /// Actor and critic updates over mini-batches; what they did reaches every rank.
     fn train<P: DataPlane>(
         &self,
         plane: &mut P,
         set: &mut EmuSet,
         rollout: &Rollout,
-    ) -> Result<(StepReport, StepReport), EngineError> {
+    ) -> Result<[Updates; 2], EngineError> {
         let s = &self.settings;
-        let none = StepReport { loss: 0.0, grad_norm: 0.0 };
-        let (mut actor, mut critic) = (none, none);
+        let (mut actor, mut critic) = (Updates::default(), Updates::default());
         for _ in 0..s.epochs {
             for chunk in (0..rollout.sequences()).collect::<Vec<_>>().chunks(s.mini_batch) {
                 let tokens = rollout.tokens_of(chunk);
                 let batch = Batch { tokens: &tokens, seq_len: rollout.seq_len };
                 if let Some(replica) = self.mine.get(&ACTOR) {
                     let loss = PolicyLoss { rollout, members: chunk, clip: s.clip, kl_coef: s.loss_kl_coef };
-                    actor =
-                        train_step(plane, set, replica, &batch, s.micro_batch, &loss as &dyn Objective, &s.actor_opt)?;
+                    let opt = &s.actor_opt;
+                    actor.add(train_step(plane, set, replica, &batch, s.micro_batch, &loss as &dyn Objective, opt)?);
                 }
                 if let Some(replica) = self.mine.get(&CRITIC) {
                     let loss = ValueLoss { rollout, members: chunk, clip: s.value_clip };
-                    critic =
-                        train_step(plane, set, replica, &batch, s.micro_batch, &loss as &dyn Objective, &s.critic_opt)?;
+                    let opt = &s.critic_opt;
+                    critic.add(train_step(plane, set, replica, &batch, s.micro_batch, &loss as &dyn Objective, opt)?);
                 }
             }
         }
         let speaks =
             |ms: ModelStage| self.mine.get(&ms).is_some_and(|r| r.groups.replica.0 == 0 && r.groups.is_leader());
-        let mut reports = [0f32; 4];
-        if speaks(ACTOR) {
-            reports[..2].copy_from_slice(&[actor.loss as f32, actor.grad_norm as f32]);
+        let mut rows = [0f32; 2 * Updates::WIDTH];
+        for (k, (ms, u)) in [(ACTOR, &actor), (CRITIC, &critic)].into_iter().enumerate() {
+            if speaks(ms) {
+                rows[k * Updates::WIDTH..(k + 1) * Updates::WIDTH].copy_from_slice(&u.to_row());
+            }
         }
-        if speaks(CRITIC) {
-            reports[2..].copy_from_slice(&[critic.loss as f32, critic.grad_norm as f32]);
-        }
-        let reports = assemble_rows(plane, self.world, 1, 4, Some((0, &reports)))?;
-        let r = |i: usize| f64::from(reports[i]);
-        Ok((StepReport { loss: r(0), grad_norm: r(1) }, StepReport { loss: r(2), grad_norm: r(3) }))
+        let rows = assemble_rows(plane, self.world, 1, 2 * Updates::WIDTH, Some((0, &rows)))?;
+        Ok([Updates::from_row(&rows[..Updates::WIDTH]), Updates::from_row(&rows[Updates::WIDTH..])])
     }
 
     /// Reshards trained weights into the layouts that use them: generation replica `g` from
@@ -411,16 +488,25 @@ impl RlJob {
     }
 
     /// Brings every rank's metadata to the counters the step produced, from the snapshot taken
-    /// before it: optimizer updates on the training replicas (which their own ranks already
-    /// counted, update by update), and the policy version and data position on every replica.
-    fn advance_counters(&self, set: &mut EmuSet, before: Vec<(EmuId, ModelStage, Counters)>, step: u64) {
+    /// before it: the optimizer updates applied on the training replicas (which their own ranks
+    /// already counted, update by update), and the policy version and data position on every
+    /// replica.
+    fn advance_counters(
+        &self,
+        set: &mut EmuSet,
+        before: Vec<(EmuId, ModelStage, Counters)>,
+        step: u64,
+        updates: &[Updates; 2],
+    ) {
         let s = &self.settings;
-        let updates = (s.epochs * s.sequences().div_ceil(s.mini_batch)) as u64;
         for (id, ms, mut c) in before {
-            if ms.trains() {
-                c.updates += updates;
-                c.model_version += updates;
-            }
+            let applied = match ms {
+                ACTOR => updates[0].applied,
+                CRITIC => updates[1].applied,
+                _ => 0,
+            };
+            c.updates += applied;
+            c.model_version += applied;
             c.policy_version = step + 1;
             c.data_position = (step + 1) * s.prompts as u64;
             set.set_counters(id, c);

@@ -73,7 +73,16 @@ pub fn warm_up<P: DataPlane>(
             Warmup::RewardModel => Box::new(ScoreRegression { rollout: &rollout, members: &members }),
         };
         let b = Batch { tokens: &tokens, seq_len: rollout.seq_len };
-        loss = train_step(plane, set, &replica, &b, count, objective.as_ref(), &opt)?.loss;
+        let report = train_step(plane, set, &replica, &b, count, objective.as_ref(), &opt)?;
+        if report.skipped {
+            return Err(EngineError::Diverged {
+                what: format!(
+                    "the supervised warm-up of {model_stage} at step {step}: loss {}, gradient norm {}",
+                    report.loss, report.grad_norm
+                ),
+            });
+        }
+        loss = report.loss;
     }
     Ok((ids[0], loss))
 }

@@ -19,8 +19,9 @@ pub fn config(session: &mut Session, path: Option<&Path>, overrides: &Overrides)
     }
     let source = path.map_or_else(|| crate::config::EMBEDDED_DEFAULT_NAME.to_string(), |p| p.display().to_string());
     let mut out = std::io::stdout().lock();
-    writeln!(out, "# resolved job config from {source}")?;
-    writeln!(out, "# config hash {:016x}, agreed by {} rank(s)", config.hash(), session.world().size())?;
+    writeln!(out, "# resolved job config from {source}").map_err(RuntimeError::Stdout)?;
+    writeln!(out, "# config hash {:016x}, agreed by {} rank(s)", config.hash(), session.world().size())
+        .map_err(RuntimeError::Stdout)?;
     writeln!(
         out,
         "# {} devices ({} nodes x {}), backends in this binary: {}",
@@ -28,11 +29,12 @@ pub fn config(session: &mut Session, path: Option<&Path>, overrides: &Overrides)
         config.cluster.nodes,
         config.cluster.devices_per_node,
         backend::compiled_backends()
-    )?;
+    )
+    .map_err(RuntimeError::Stdout)?;
     if let Err(e) = backend::check_data_plane(config.cluster.data_plane) {
-        writeln!(out, "# note: {e}")?;
+        writeln!(out, "# note: {e}").map_err(RuntimeError::Stdout)?;
     }
-    write!(out, "{}", config.to_toml())?;
+    write!(out, "{}", config.to_toml()).map_err(RuntimeError::Stdout)?;
     Ok(())
 }
 
@@ -99,9 +101,10 @@ pub fn topology(session: &Session, json: bool) -> Result<(), RuntimeError> {
     };
     let mut out = std::io::stdout().lock();
     if json {
-        writeln!(out, "{}", serde_json::to_string_pretty(&report).expect("reports always serialize"))?;
+        writeln!(out, "{}", serde_json::to_string_pretty(&report).expect("reports always serialize"))
+            .map_err(RuntimeError::Stdout)?;
     } else {
-        print_topology(&mut out, &report)?;
+        print_topology(&mut out, &report).map_err(RuntimeError::Stdout)?;
     }
     Ok(())
 }

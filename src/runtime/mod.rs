@@ -8,10 +8,12 @@ pub mod bench;
 pub mod checkpoint;
 mod inspect;
 pub mod logging;
+pub mod metrics;
 pub mod plan;
 mod rng;
 pub mod selftest;
 mod session;
+pub mod signals;
 pub mod train;
 pub mod transition;
 
@@ -23,7 +25,7 @@ use std::path::PathBuf;
 use thiserror::Error;
 
 use crate::backend::BackendError;
-use crate::comm::CommError;
+use crate::comm::{CommError, PhaseFailure};
 use crate::config::{ConfigError, Overrides};
 use crate::topology::TopologyError;
 
@@ -31,6 +33,9 @@ use crate::topology::TopologyError;
 pub const EXIT_USAGE: u8 = 2;
 /// Exit status for runtime failures (MPI, hwloc, drivers).
 pub const EXIT_FAILURE: u8 = 1;
+/// Exit status of a job stopped by a signal after checkpointing (sysexits' `EX_TEMPFAIL`: the
+/// batch scripts requeue the job, which resumes from the checkpoint).
+pub const EXIT_PREEMPTED: u8 = 75;
 
 /// A command as every rank executes it.
 #[derive(Debug, Clone)]
@@ -120,8 +125,8 @@ pub enum Command {
         config: Option<PathBuf>,
         /// CLI overrides.
         overrides: Overrides,
-        /// Checkpoint directory to resume from.
-        resume: Option<PathBuf>,
+        /// Where to resume from, and what a resume may change.
+        options: train::TrainOptions,
     },
     /// Every (tp, pp, dp) layout of a tiny model trains one step; parity with (1, 1, 1).
     SelftestEngine,
@@ -167,9 +172,54 @@ pub enum RuntimeError {
     /// A self-test found state that was lost or changed.
     #[error("selftest failed: {0}")]
     SelftestFailed(String),
-    /// Writing the output failed.
-    #[error("cannot write output: {0}")]
-    Output(#[from] std::io::Error),
+    /// A file or directory could not be read or written.
+    #[error("cannot {action} `{}`: {source}", path.display())]
+    Io {
+        /// What was attempted: `read`, `write`, `create directory`, …
+        action: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// Printing to standard output failed.
+    #[error("cannot write to standard output: {0}")]
+    Stdout(std::io::Error),
+    /// A checkpoint was refused (damaged, or not this job's) or could not be written.
+    #[error("{0}")]
+    Checkpoint(#[from] checkpoint::CheckpointError),
+    /// A phase failed on some ranks; every rank stopped at its end (rank 0 holds the report).
+    #[error("{}", .0.report)]
+    Phase(PhaseFailure),
+    /// A loss, gradient norm or parameter stopped being finite (every rank detects it alike).
+    #[error("training diverged at step {step}: {quantity} of {model_stage} is {value}; the job stops before the state is checkpointed (the last checkpoint is intact; lower the learning rate, or set train.on_nonfinite = \"skip-step\")")]
+    Diverged {
+        /// The RL step.
+        step: u64,
+        /// The model-stage.
+        model_stage: String,
+        /// `loss`, `gradient norm`, …
+        quantity: &'static str,
+        /// The value (NaN or ±inf).
+        value: f64,
+    },
+    /// A signal asked the job to stop; it checkpointed at the step boundary (not a failure of
+    /// the job: the batch scripts requeue it).
+    #[error("{signal} received: stopped after step {step} with a checkpoint in `{}`; continue with `--resume latest`", checkpoint.display())]
+    Preempted {
+        /// The signal's name.
+        signal: &'static str,
+        /// Steps completed.
+        step: u64,
+        /// The checkpoint written.
+        checkpoint: PathBuf,
+    },
+}
+
+/// The error-mapping closure for a failed file operation on `path`.
+pub(crate) fn io_error(action: &'static str, path: &std::path::Path) -> impl FnOnce(std::io::Error) -> RuntimeError {
+    let path = path.to_path_buf();
+    move |source| RuntimeError::Io { action, path, source }
 }
 
 impl RuntimeError {
@@ -178,13 +228,25 @@ impl RuntimeError {
         match self {
             RuntimeError::Config(_) | RuntimeError::Usage(_) | RuntimeError::Planner(_) => EXIT_USAGE,
             RuntimeError::Comm(CommError::Disagreement { .. }) => EXIT_USAGE,
+            RuntimeError::Checkpoint(e) => e.exit_code(),
+            RuntimeError::Phase(failure) => failure.status,
+            RuntimeError::Preempted { .. } => EXIT_PREEMPTED,
             _ => EXIT_FAILURE,
         }
     }
 
-    /// Whether rank 0 already holds the whole story (a gathered report), so other ranks stay quiet.
+    /// Whether every rank holds this error at the same point of the program (an agreement, or
+    /// a verdict every rank computes from the same replicated values), so rank 0 alone reports
+    /// it and nobody needs to abort the others.
     fn reported_by_root(&self) -> bool {
-        matches!(self, RuntimeError::Comm(CommError::Disagreement { .. }))
+        matches!(
+            self,
+            RuntimeError::Comm(CommError::Disagreement { .. })
+                | RuntimeError::Phase(_)
+                | RuntimeError::Diverged { .. }
+                | RuntimeError::Engine(crate::engine::EngineError::Diverged { .. })
+                | RuntimeError::Preempted { .. }
+        )
     }
 }
 
@@ -220,8 +282,8 @@ pub fn run(options: SessionOptions, command: Command) -> u8 {
         Command::SelftestPrimitives { cases, seed } => {
             selftest::primitives(&session, *cases, *seed).and_then(|s| report_selftest(&session, &s, &s.failures))
         }
-        Command::Train { config, overrides, resume } => {
-            train::run(&mut session, config.as_deref(), overrides, resume.as_deref())
+        Command::Train { config, overrides, options } => {
+            train::run(&mut session, config.as_deref(), overrides, options)
         }
         Command::SelftestEngine => selftest::engine(&session).and_then(|s| report_selftest(&session, &s, &s.failures)),
         Command::SelftestTransitions { cases, seed } => {
@@ -231,10 +293,21 @@ pub fn run(options: SessionOptions, command: Command) -> u8 {
     match outcome {
         Ok(()) => 0,
         // `nereus inspect config | head`: the reader left; nothing is wrong with the job.
-        Err(RuntimeError::Output(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => 0,
+        Err(RuntimeError::Stdout(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => 0,
+        Err(e) if e.reported_by_root() => {
+            if session.rank() == 0 {
+                let label = if matches!(e, RuntimeError::Preempted { .. }) { "stopped" } else { "error" };
+                eprintln!("[r0] nereus: {label}: {e}");
+            }
+            e.exit_code()
+        }
         Err(e) => {
-            if session.rank() == 0 || !e.reported_by_root() {
-                eprintln!("[r{}] nereus: error: {e}", session.rank());
+            // Only this rank knows: the others may be waiting for it in a collective, so the
+            // whole job ends now, with this rank's status and message, rather than at the
+            // watchdog's timeout.
+            eprintln!("[r{}] nereus: error: {e}", session.rank());
+            if session.world().size() > 1 {
+                session.world().abort(e.exit_code());
             }
             e.exit_code()
         }

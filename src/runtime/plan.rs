@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
 
+use crate::config::check::{MAX_DEVICES, MAX_TOKENS};
 use crate::config::Overrides;
 use crate::cost::{Efficiencies, MemoryBreakdown};
 use crate::plan::Recompute;
@@ -97,24 +98,28 @@ pub fn run(
     }
     let gpus = gpus.unwrap_or(config.cluster.devices());
     let response_len = seq_len.unwrap_or(config.rl.max_response_len.into());
+    check_what_if(gpus, response_len)?;
     let planner = Planner::new(&config, gpus, Some(response_len), Efficiencies::default())?;
     let job = planner.search(None)?;
     let out = report(&job, &planner, gpus, response_len);
     let mut w = std::io::stdout().lock();
     if json {
-        writeln!(w, "{}", serde_json::to_string_pretty(&out).expect("plans serialize"))?;
+        writeln!(w, "{}", serde_json::to_string_pretty(&out).expect("plans serialize"))
+            .map_err(RuntimeError::Stdout)?;
         return Ok(());
     }
     writeln!(
         w,
         "plan for {} on {gpus} GPUs of {} at {} + {response_len} tokens",
         config.job.name, config.cluster.name, config.rl.prompt_len
-    )?;
+    )
+    .map_err(RuntimeError::Stdout)?;
     writeln!(
         w,
         "{:<22} {:>3} {:>3} {:>4} {:>9} {:>5} {:>11} {:>10}  ranks",
         "model-stage", "tp", "pp", "dp", "recompute", "micro", "latency s", "peak GB"
-    )?;
+    )
+    .map_err(RuntimeError::Stdout)?;
     for m in &out.model_stages {
         writeln!(
             w,
@@ -128,8 +133,23 @@ pub fn run(
             m.latency_s,
             m.peak_memory_bytes as f64 / 1e9,
             format_index_list(&m.ranks)
-        )?;
+        )
+        .map_err(RuntimeError::Stdout)?;
     }
-    writeln!(w, "predicted step latency: {:.3} s", out.step_latency_s)?;
+    writeln!(w, "predicted step latency: {:.3} s", out.step_latency_s).map_err(RuntimeError::Stdout)?;
+    Ok(())
+}
+
+/// Bounds `--gpus` and `--seq-len` like the config's own keys (a plan for 2^32 GPUs or
+/// 2^64 tokens is a typo, and would allocate tables that size).
+fn check_what_if(gpus: u32, response_len: u64) -> Result<(), RuntimeError> {
+    if gpus == 0 || gpus > MAX_DEVICES {
+        return Err(RuntimeError::Usage(format!("--gpus {gpus}: must be between 1 and {MAX_DEVICES}")));
+    }
+    if response_len == 0 || response_len > u64::from(MAX_TOKENS) {
+        return Err(RuntimeError::Usage(format!(
+            "--seq-len {response_len}: must be between 1 and {MAX_TOKENS} tokens"
+        )));
+    }
     Ok(())
 }

@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crate::comm::{agree, all_gather_bytes, Watchdog, World};
+use crate::comm::{agree, agree_outcome, all_gather_bytes, broadcast_bytes, Watchdog, World};
 use crate::config::{ClusterSection, JobConfig, Overrides};
 use crate::topology::{detect_cluster, Launcher, NodeTopology, WorldLayout};
 
@@ -111,6 +111,25 @@ impl Session {
             self.watchdog = self.watchdog.with_timeout(Duration::from_secs_f64(config.job.collective_timeout_s));
         }
         Ok(config)
+    }
+
+    /// Ends a phase every rank runs on its own (see [`agree_outcome`]): `local` on every rank
+    /// when all succeeded; else every rank returns [`RuntimeError::Phase`] with the highest exit
+    /// status, and rank 0's error names what failed on which ranks. Nobody is left waiting.
+    pub fn agree<T>(&self, op: &str, local: Result<T, RuntimeError>) -> Result<T, RuntimeError> {
+        let verdict = match &local {
+            Ok(_) => Ok(()),
+            Err(e) => Err((e.exit_code(), e.to_string())),
+        };
+        match agree_outcome(&self.world, &self.watchdog, op, verdict)? {
+            Ok(()) => local,
+            Err(failure) => Err(RuntimeError::Phase(failure)),
+        }
+    }
+
+    /// Rank 0's `bytes`, on every rank.
+    pub fn broadcast(&self, op: &str, bytes: &[u8]) -> Result<Vec<u8>, RuntimeError> {
+        Ok(broadcast_bytes(&self.world, &self.watchdog, op, bytes)?)
     }
 
     /// This rank's view of the cluster for `[cluster] detect = true`.

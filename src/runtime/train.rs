@@ -1,18 +1,26 @@
-//! `nereus train`: a fixed-plan RL job on the reference engine. Rank 0 plans (or the planner's
-//! answer is recomputed identically everywhere: the planner is pure), every rank creates the
-//! plan's EMUs from the warm-up or a checkpoint, then steps; rank 0 prints one line per step
+//! `nereus train`: a fixed-plan RL job on the reference engine. Every rank checks the job and
+//! computes the same plan, rank 0 prepares the output directory, every rank creates the plan's
+//! EMUs from the warm-up or a verified checkpoint, then steps; rank 0 prints one line per step
 //! and appends the same as a JSON object to `<output_dir>/metrics.jsonl`.
+//!
+//! Every phase that ranks run on their own ends with an agreement ([`Session::agree`]), so a
+//! failure on some ranks stops all of them at once with one message; a failure inside a step
+//! (an out-of-memory on some ranks) aborts the job from the failing rank.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde_json::json;
 
-use super::checkpoint::{self, fill_shard, Sidecar, TensorFile};
-use super::{RuntimeError, Session};
-use crate::comm::{DataPlane, MpiPlane};
-use crate::config::{JobConfig, Overrides};
+use super::checkpoint::{
+    self, fill_shard, resume, Checkpoints, ModelToSave, ResumeFrom, ResumeOptions, Sidecar, TensorFile,
+};
+use super::metrics::MetricsLog;
+use super::signals::{self, StopSignals};
+use super::{io_error, RuntimeError, Session};
+use crate::backend::check_data_plane;
+use crate::comm::{max_over_ranks, DataPlane, MpiPlane};
+use crate::config::{DataPlane as PlaneKind, Dtype, JobConfig, OnNonFinite, Overrides};
 use crate::cost::Efficiencies;
 use crate::emu::{Counters, EmuSet};
 use crate::engine::init_shard;
@@ -21,6 +29,19 @@ use crate::plan::{model_stages, Candidate, ModelStage, Placement, Plan, Recomput
 use crate::planner::{catalogues, Planner};
 use crate::rl::{warm_up, RlJob, StepMetrics, StepSettings, Warmup};
 use crate::topology::format_index_list;
+use crate::units::format_bytes;
+
+/// How `nereus train` starts.
+#[derive(Debug, Clone, Default)]
+pub struct TrainOptions {
+    /// `--resume DIR|latest|auto`.
+    pub resume: Option<ResumeFrom>,
+    /// `--resume-reset-optimizer`: resume without the optimizer state.
+    pub reset_optimizer: bool,
+}
+
+/// Consecutive steps with skipped updates after which `on_nonfinite = "skip-step"` gives up.
+const MAX_SKIPPING_STEPS: u32 = 3;
 
 /// Where each model's initial weights come from.
 struct Sources {
@@ -34,28 +55,23 @@ pub fn run(
     session: &mut Session,
     path: Option<&Path>,
     overrides: &Overrides,
-    resume: Option<&Path>,
+    options: &TrainOptions,
 ) -> Result<(), RuntimeError> {
     let config = session.load_config(path, overrides)?;
+    let session: &Session = session;
     let world = session.world().size();
-    let plan = job_plan(&config, world)?;
+    let plan = session.agree("job checks", job_checks(&config, world))?;
+    let signals = StopSignals::install(config.job.checkpoint_on_signal.as_deref())?;
+    let out = config.job.output_dir.clone();
+    let checkpoints = Checkpoints::of(&out);
+    let metrics = MetricsLog::of(&out);
+    let resume_dir = resume_directory(session, &out, &checkpoints, &metrics, options.resume.as_ref())?;
     let settings = StepSettings::new(&config);
     let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
-    let out = config.job.output_dir.clone();
-    let sources = match resume {
-        Some(dir) => from_checkpoint(dir)?,
-        None => warm_up_models(&mut plane, world, &config, &settings, &out.join("warmup"))?,
+    let sources = match &resume_dir {
+        Some(dir) => from_checkpoint(session, dir, &config, options)?,
+        None => warm_up_models(session, &mut plane, &config, &settings, &out.join("warmup"))?,
     };
-    if let Some(dir) = resume {
-        for p in plan.placements.iter().filter(|p| !sources.files.contains_key(&p.candidate.model_stage.role)) {
-            log::warn!(
-                "checkpoint {} has no {} model; {} starts from fresh weights",
-                dir.display(),
-                p.candidate.model_stage.role.name(),
-                p.candidate.model_stage
-            );
-        }
-    }
     let mut set = EmuSet::new(plane.rank(), world, config.cluster.device_memory_bytes(), catalogues(&config));
     for p in &plan.placements {
         let ms = p.candidate.model_stage;
@@ -76,30 +92,81 @@ pub fn run(
     let job = RlJob::new(&mut plane, &set, plan.clone(), settings)?;
     if session.rank() == 0 {
         print_plan(&plan);
-        std::fs::create_dir_all(&out)?;
     }
-    let jsonl = out.join("metrics.jsonl");
+    if let Some(dir) = &resume_dir {
+        let marker = (session.rank() == 0).then(|| resume_marker(&metrics, dir, sources.start_step));
+        session.agree("metrics", marker.unwrap_or(Ok(())))?;
+    }
+    let mut skipping = 0;
     for step in sources.start_step..u64::from(config.job.steps) {
-        let metrics = job.step(&mut plane, &mut set, step)?;
-        let record = record(&mut plane, &set, &plan, step, &metrics)?;
+        let m = job.step(&mut plane, &mut set, step)?;
+        let record = record(&mut plane, &set, &plan, step, &m)?;
         if session.rank() == 0 {
-            print_step(step, &metrics);
-            let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&jsonl)?;
-            writeln!(f, "{record}")?;
+            print_step(step, &m);
         }
+        session.agree("metrics", if session.rank() == 0 { metrics.append(&record) } else { Ok(()) })?;
+        skipping = check_finite(&config, step, &m, skipping)?;
+        let signal = signals::name(max_over_ranks(
+            session.world(),
+            session.watchdog(),
+            "stop-signal check",
+            signals.received().map_or(0, signal_number),
+        ) as i32);
         let every = u64::from(config.train.checkpoint_every);
-        if step + 1 == u64::from(config.job.steps) || (every > 0 && (step + 1) % every == 0) {
-            save(
-                &mut plane,
-                &set,
-                &job,
-                &config,
-                step + 1,
-                &out.join("checkpoints").join(format!("step-{}", step + 1)),
-            )?;
+        let done = step + 1;
+        if signal.is_some() || done == u64::from(config.job.steps) || (every > 0 && done % every == 0) {
+            let saved = save(&mut plane, &set, &job, &config, done, &checkpoints);
+            let dir = session.agree("checkpoint", saved)?;
+            if session.rank() == 0 {
+                log::info!("checkpoint of step {done} written to {}", dir.display());
+            }
+            if let Some(signal) = signal {
+                return Err(RuntimeError::Preempted { signal, step: done, checkpoint: dir });
+            }
         }
     }
     Ok(())
+}
+
+fn signal_number(name: &str) -> u64 {
+    (1..64).find(|&s| signals::name(s) == Some(name)).map_or(0, |s| s as u64)
+}
+
+/// What every rank checks before touching anything: the engine can run this job here (f32
+/// models, the MPI data plane, room for the rollout), and the plan.
+fn job_checks(config: &JobConfig, world: i32) -> Result<Plan, RuntimeError> {
+    for (role, spec) in config.models.roles() {
+        if spec.dtype != Dtype::F32 {
+            return Err(RuntimeError::Usage(format!(
+                "models.{role}.dtype = {:?}: the CPU reference engine computes in f32 (bf16 and f16 models are planned with `nereus plan`, and trained by the GPU engines)",
+                format!("{:?}", spec.dtype).to_lowercase()
+            )));
+        }
+    }
+    check_data_plane(config.cluster.data_plane).map_err(RuntimeError::Backend)?;
+    if config.cluster.data_plane != PlaneKind::Mpi {
+        return Err(RuntimeError::Usage(format!(
+            "cluster.data_plane = \"{}\": the CPU reference engine moves tensors over MPI; set data_plane = \"mpi\"",
+            serde_json::to_value(config.cluster.data_plane)
+                .ok()
+                .and_then(|v| v.as_str().map(String::from))
+                .unwrap_or_default()
+        )));
+    }
+    let s = StepSettings::new(config);
+    // Tokens, the five per-position arrays, the inference buffer and the assembled samples.
+    let rollout = 11 * 4 * s.sequences() as u64 * s.seq_len() as u64;
+    let capacity = config.cluster.device_memory_bytes();
+    if rollout > capacity {
+        return Err(RuntimeError::Usage(format!(
+            "one step's rollout ({} sequences × {} tokens) needs {} on every rank, and a rank has {} (cluster.device_memory_gb); lower rl.prompts_per_step, rl.samples_per_prompt or rl.max_response_len",
+            s.sequences(),
+            s.seq_len(),
+            format_bytes(rollout),
+            format_bytes(capacity)
+        )));
+    }
+    job_plan(config, world)
 }
 
 /// The plan written in the config (checked against the world and the models), or the
@@ -111,7 +178,12 @@ fn job_plan(config: &JobConfig, world: i32) -> Result<Plan, RuntimeError> {
     let cats = catalogues(config);
     let mut placements = Vec::new();
     for ms in model_stages(config.rl.algorithm) {
-        let e = config.plan.get(&ms.to_string()).ok_or_else(|| RuntimeError::Usage(format!("[plan] has no table for {ms}: a fixed plan places every model-stage of {} (or none, to let the planner choose)", config.rl.algorithm.name())))?;
+        let e = config.plan.get(&ms.to_string()).ok_or_else(|| {
+            RuntimeError::Usage(format!(
+                "[plan] has no table for {ms}: a fixed plan places every model-stage of {} (or none, to let the planner choose)",
+                config.rl.algorithm.name()
+            ))
+        })?;
         let layout = Layout::new(e.tp, e.pp);
         cats[&ms.role].check_layout(layout).map_err(|err| RuntimeError::Usage(format!("[plan.\"{ms}\"]: {err}")))?;
         let candidate = Candidate {
@@ -129,17 +201,112 @@ fn job_plan(config: &JobConfig, world: i32) -> Result<Plan, RuntimeError> {
     Ok(plan)
 }
 
+/// Rank 0 makes the output directory ready — created, writable, the leftovers of an
+/// interrupted save removed, a torn metrics line cut — and finds the checkpoint to resume
+/// from; every rank learns the outcome and the directory.
+fn resume_directory(
+    session: &Session,
+    out: &Path,
+    checkpoints: &Checkpoints,
+    metrics: &MetricsLog,
+    from: Option<&ResumeFrom>,
+) -> Result<Option<PathBuf>, RuntimeError> {
+    let local = if session.rank() == 0 { prepare_output(out, checkpoints, metrics, from) } else { Ok(None) };
+    let dir = session.agree("output directory", local)?;
+    let bytes = dir.as_ref().map(|d| d.to_string_lossy().into_owned()).unwrap_or_default();
+    let bytes = session.broadcast("resume directory", bytes.as_bytes())?;
+    Ok((!bytes.is_empty()).then(|| PathBuf::from(String::from_utf8_lossy(&bytes).into_owned())))
+}
+
+fn prepare_output(
+    out: &Path,
+    checkpoints: &Checkpoints,
+    metrics: &MetricsLog,
+    from: Option<&ResumeFrom>,
+) -> Result<Option<PathBuf>, RuntimeError> {
+    std::fs::create_dir_all(out).map_err(io_error("create directory", out))?;
+    let probe = out.join(".nereus-write-test");
+    std::fs::write(&probe, b"").map_err(io_error("write into", out))?;
+    std::fs::remove_file(&probe).map_err(io_error("remove", &probe))?;
+    for stale in checkpoints.clean_stale()? {
+        log::warn!("removed {} (left by an interrupted checkpoint)", stale.display());
+    }
+    let torn = metrics.repair()?;
+    if torn > 0 {
+        log::warn!("cut a torn last line ({torn} bytes) off {}", metrics.path().display());
+    }
+    let dir = checkpoints.resolve(from)?;
+    if dir.is_none() {
+        let mut found = Vec::new();
+        if std::fs::metadata(metrics.path()).is_ok_and(|m| m.len() > 0) {
+            found.push("metrics.jsonl".to_string());
+        }
+        if let Some((step, _)) = checkpoints.complete().last() {
+            found.push(format!("checkpoints up to step {step}"));
+        }
+        if !found.is_empty() {
+            return Err(checkpoint::CheckpointError::ExistingRun { dir: out.into(), found: found.join(", ") }.into());
+        }
+    }
+    Ok(dir)
+}
+
+/// Every model, its optimizer state and its counters from checkpoint `dir`, verified against
+/// the job: every rank checks the sidecar and the files' structure, rank 0 also every byte.
+fn from_checkpoint(
+    session: &Session,
+    dir: &Path,
+    config: &JobConfig,
+    options: &TrainOptions,
+) -> Result<Sources, RuntimeError> {
+    let resume_options = ResumeOptions { reset_optimizer: options.reset_optimizer };
+    let opened = resume::open(dir, config, &catalogues(config), resume_options, session.rank() == 0);
+    let resumed = session.agree("checkpoint verification", opened.map_err(RuntimeError::from))?;
+    let mut counters = resumed.sidecar.counters.clone();
+    if options.reset_optimizer {
+        for (name, c) in counters.iter_mut().filter(|(name, _)| name.ends_with("/training")) {
+            if session.rank() == 0 {
+                log::warn!(
+                    "--resume-reset-optimizer: {name} restarts AdamW from zero moments (update count {} -> 0)",
+                    c.updates
+                );
+            }
+            c.updates = 0;
+        }
+    }
+    if session.rank() == 0 {
+        log::info!("resuming from {} (step {}, verified)", dir.display(), resumed.sidecar.step);
+    }
+    let files = resumed.models.into_iter().map(|(role, m)| (role, (m.params, m.optimizer))).collect();
+    Ok(Sources { files, counters, start_step: resumed.sidecar.step })
+}
+
+/// Marks a resume in the metrics: from which step and checkpoint, and how many step records it
+/// supersedes (a run resumed from an earlier checkpoint runs those steps again).
+fn resume_marker(metrics: &MetricsLog, dir: &Path, from_step: u64) -> Result<(), RuntimeError> {
+    let superseded = metrics.steps_from(from_step).len();
+    if superseded > 0 {
+        log::warn!(
+            "resuming at step {from_step}: {superseded} step records already in {} are superseded",
+            metrics.path().display()
+        );
+    }
+    metrics.append(
+        &json!({"event": "resume", "from_step": from_step, "checkpoint": dir, "superseded_records": superseded}),
+    )
+}
+
 /// Runs the supervised warm-ups the config asks for (every rank) and returns their files.
 fn warm_up_models(
+    session: &Session,
     plane: &mut MpiPlane,
-    world: i32,
     config: &JobConfig,
     settings: &StepSettings,
     dir: &Path,
 ) -> Result<Sources, RuntimeError> {
+    let world = session.world().size();
     let mut files = BTreeMap::new();
     let t = &config.train;
-    let everyone = plane.group(&(0..world).collect::<Vec<_>>())?;
     for (role, kind, steps) in
         [(Role::Actor, Warmup::Actor, t.warmup_actor_steps), (Role::Reward, Warmup::RewardModel, t.warmup_reward_steps)]
     {
@@ -160,81 +327,92 @@ fn warm_up_models(
             settings.sampling.max_new_tokens,
             t.warmup_lr,
         )?;
-        checkpoint::save_model(plane, &set, id, dir, role.name())?;
-        plane.barrier(everyone)?; // rank 0 has written the file before anyone reads it
+        let path = warm_up_path(dir, role);
+        let saved = checkpoint::save_params_file(plane, &set, role, id, &path);
+        session.agree("warm-up output", saved.map_err(RuntimeError::from))?;
         if plane.rank() == 0 {
             log::info!("warm-up of the {} model: {steps} steps, final loss {loss:.4}", role.name());
         }
-        files.insert(role, (TensorFile::read(&p_path(dir, role))?, None));
+        files.insert(role, (TensorFile::open(&path)?, None));
     }
     // The reference starts as the warmed-up actor; the critic from the reward model when they
     // share an architecture (InstructGPT's choice), otherwise fresh.
     if files.contains_key(&Role::Actor) {
-        files.insert(Role::Reference, (TensorFile::read(&p_path(dir, Role::Actor))?, None));
+        files.insert(Role::Reference, (TensorFile::open(&warm_up_path(dir, Role::Actor))?, None));
     }
     if config.models.critic.as_ref() == Some(&config.models.reward) && files.contains_key(&Role::Reward) {
-        files.insert(Role::Critic, (TensorFile::read(&p_path(dir, Role::Reward))?, None));
+        files.insert(Role::Critic, (TensorFile::open(&warm_up_path(dir, Role::Reward))?, None));
     }
     Ok(Sources { files, counters: BTreeMap::new(), start_step: 0 })
 }
 
-fn p_path(dir: &Path, role: Role) -> PathBuf {
-    checkpoint::params_path(dir, role.name())
+fn warm_up_path(dir: &Path, role: Role) -> PathBuf {
+    dir.join(checkpoint::params_file(role.name()))
 }
 
-/// Every model, its optimizer state and its counters from checkpoint `dir`.
-fn from_checkpoint(dir: &Path) -> Result<Sources, RuntimeError> {
-    let sidecar = checkpoint::read_sidecar(dir)?;
-    let mut files = BTreeMap::new();
-    for role in [Role::Actor, Role::Critic, Role::Reference, Role::Reward] {
-        let params = p_path(dir, role);
-        if !params.exists() {
-            continue;
+/// Stops on a non-finite update (`on_nonfinite = "stop"`), or counts steps with skipped updates
+/// and stops after [`MAX_SKIPPING_STEPS`] in a row; returns the new count. Every rank holds the
+/// same metrics, so every rank decides alike.
+fn check_finite(config: &JobConfig, step: u64, m: &StepMetrics, skipping: u32) -> Result<u32, RuntimeError> {
+    let Some(nf) = m.non_finite else { return Ok(0) };
+    let diverged = RuntimeError::Diverged {
+        step,
+        model_stage: nf.model_stage.to_string(),
+        quantity: nf.quantity,
+        value: nf.value,
+    };
+    match config.train.on_nonfinite {
+        OnNonFinite::Stop => Err(diverged),
+        OnNonFinite::SkipStep if skipping + 1 >= MAX_SKIPPING_STEPS => Err(diverged),
+        OnNonFinite::SkipStep => {
+            log::warn!(
+                "step {step}: {} update(s) skipped ({} of {} is {})",
+                m.skipped_updates,
+                nf.quantity,
+                nf.model_stage,
+                nf.value
+            );
+            Ok(skipping + 1)
         }
-        let optim = checkpoint::optim_path(dir, role.name());
-        let optim = if optim.exists() { Some(TensorFile::read(&optim)?) } else { None };
-        files.insert(role, (TensorFile::read(&params)?, optim));
     }
-    Ok(Sources { files, counters: sidecar.counters, start_step: sidecar.step })
 }
 
-/// Saves every model (its first training replica, or first replica) and the sidecar.
+/// Saves every model (its first training replica, or first replica) as checkpoint `step`
+/// (every rank calls it; see [`checkpoint::save`]).
 fn save(
     plane: &mut MpiPlane,
     set: &EmuSet,
     job: &RlJob,
     config: &JobConfig,
     step: u64,
-    dir: &Path,
-) -> Result<(), RuntimeError> {
-    let mut saved = Vec::new();
+    checkpoints: &Checkpoints,
+) -> Result<PathBuf, RuntimeError> {
+    let specs: BTreeMap<&str, _> = config.models.roles().into_iter().collect();
+    let mut models: Vec<ModelToSave> = Vec::new();
     for (ms, ids) in &job.replicas {
         let role = ms.role;
         let training = ModelStage::new(role, Stage::Training);
         // A model that trains is saved from its training replica (with Adam's moments).
-        if saved.contains(&role) || (!ms.trains() && job.replicas.contains_key(&training)) {
+        if models.iter().any(|m| m.role == role) || (!ms.trains() && job.replicas.contains_key(&training)) {
             continue;
         }
-        checkpoint::save_model(plane, set, ids[0], dir, role.name())?;
-        saved.push(role);
+        models.push(ModelToSave { role, emu: ids[0], architecture: specs[role.name()] });
     }
-    if plane.rank() == 0 {
-        let counters =
-            job.replicas.iter().filter_map(|(ms, ids)| set.emu(ids[0]).map(|e| (ms.to_string(), e.counters))).collect();
-        let sidecar = Sidecar {
-            format: checkpoint::FORMAT,
-            job: config.job.name.clone(),
-            algorithm: config.rl.algorithm.name().into(),
-            step,
-            seed: config.job.seed,
-            data_position: step * u64::from(config.rl.prompts_per_step),
-            counters,
-            rng: "counter-based: draws are functions of (seed, sequence id, position)".into(),
-        };
-        checkpoint::write_sidecar(dir, &sidecar)?;
-        log::info!("checkpoint of step {step} written to {}", dir.display());
-    }
-    Ok(())
+    let counters =
+        job.replicas.iter().filter_map(|(ms, ids)| set.emu(ids[0]).map(|e| (ms.to_string(), e.counters))).collect();
+    let sidecar = Sidecar {
+        format: checkpoint::FORMAT,
+        job: config.job.name.clone(),
+        algorithm: config.rl.algorithm.name().into(),
+        seed: config.job.seed,
+        step,
+        prompts_per_step: config.rl.prompts_per_step,
+        data_position: step * u64::from(config.rl.prompts_per_step),
+        counters,
+        models: BTreeMap::new(),
+        rng: "counter-based: draws are functions of (seed, sequence id, position)".into(),
+    };
+    Ok(checkpoint::save(plane, set, &models, sidecar, checkpoints)?)
 }
 
 /// The step's JSON-lines record (docs/operations.md); digests and peak memory need every rank.
@@ -269,6 +447,8 @@ fn record(
         "actor_loss": m.actor_loss,
         "critic_loss": m.critic_loss,
         "actor_grad_norm": m.actor_grad_norm,
+        "critic_grad_norm": m.critic_grad_norm,
+        "skipped_updates": m.skipped_updates,
         "step_seconds": m.step_seconds,
         "stage_seconds": m.stage_seconds,
         "tokens_per_second": m.generated_tokens as f64 / m.step_seconds.max(1e-9),
@@ -295,8 +475,10 @@ fn print_plan(plan: &Plan) {
 
 fn print_step(step: u64, m: &StepMetrics) {
     let stage = |k: &str| m.stage_seconds.get(k).copied().unwrap_or(0.0);
+    let skipped =
+        if m.skipped_updates > 0 { format!("  SKIPPED {} update(s)", m.skipped_updates) } else { String::new() };
     println!(
-        "step {step:>4}  reward {:.3}  len {:>5.2} (p95 {:>2})  kl {:+.4}  gen {:.2}s  inf {:.2}s  train {:.2}s  sync {:.3}s  tok/s {:.0}",
+        "step {step:>4}  reward {:.3}  len {:>5.2} (p95 {:>2})  kl {:+.4}  gen {:.2}s  inf {:.2}s  train {:.2}s  sync {:.3}s  tok/s {:.0}{skipped}",
         m.reward_mean,
         m.response_len_mean,
         m.response_len_p95,

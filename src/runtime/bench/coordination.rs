@@ -215,7 +215,8 @@ pub fn run(session: &Session, trials: u32, seed: u64, json: Option<&Path>) -> Re
         return Ok(());
     }
     let mut out = std::io::stdout().lock();
-    writeln!(out, "{:<32} {:>7} {:>8} {:>9} {:>10}", "overlap", "trials", "nereus", "baseline", "res.edges")?;
+    writeln!(out, "{:<32} {:>7} {:>8} {:>9} {:>10}", "overlap", "trials", "nereus", "baseline", "res.edges")
+        .map_err(RuntimeError::Stdout)?;
     for r in &rows {
         writeln!(
             out,
@@ -225,9 +226,10 @@ pub fn run(session: &Session, trials: u32, seed: u64, json: Option<&Path>) -> Re
             100.0 * f64::from(r.nereus_successes) / f64::from(r.trials),
             100.0 * f64::from(r.baseline_successes) / f64::from(r.trials),
             r.resource_edges
-        )?;
+        )
+        .map_err(RuntimeError::Stdout)?;
         if let Some(e) = &r.baseline_example {
-            writeln!(out, "    baseline conflict, e.g.: {e}")?;
+            writeln!(out, "    baseline conflict, e.g.: {e}").map_err(RuntimeError::Stdout)?;
         }
     }
     drop(out);

@@ -206,18 +206,21 @@ pub fn run(session: &Session, reps: usize, json: Option<&Path>) -> Result<(), Ru
         out,
         "model: {} parameters; batch {b} x {t} tokens; decode {db} x ({dp} + {dn}) tokens",
         Catalogue::new(arch).parameter_count()
-    )?;
+    )
+    .map_err(RuntimeError::Stdout)?;
     writeln!(
         out,
         "{:<15} {:>8} {:>10} {:>12} {:>10} {:>9}",
         "phase", "tokens", "seconds", "tokens/s", "GFLOP/s", "of GEMM"
-    )?;
+    )
+    .map_err(RuntimeError::Stdout)?;
     for r in &rows {
         writeln!(
             out,
             "{:<15} {:>8} {:>10.4} {:>12.0} {:>10.2} {:>9.3}",
             r.phase, r.tokens, r.seconds, r.tokens_per_second, r.gflops_per_second, r.fraction_of_gemm
-        )?;
+        )
+        .map_err(RuntimeError::Stdout)?;
     }
     drop(out);
     let step = rows.iter().find(|r| r.phase == "train_step").map_or(0.0, |r| r.fraction_of_gemm);

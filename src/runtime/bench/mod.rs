@@ -72,15 +72,16 @@ impl<R: Serialize> BenchReport<R> {
     /// Prints the floors and writes JSON to `json` if given (rank 0 calls this).
     pub fn finish(&self, json: Option<&Path>) -> Result<(), RuntimeError> {
         let mut out = std::io::stdout().lock();
-        writeln!(out, "floors:")?;
+        writeln!(out, "floors:").map_err(RuntimeError::Stdout)?;
         for f in &self.floors {
             let verdict = if f.ok { "ok" } else { "BELOW FLOOR" };
-            writeln!(out, "  {:<40} {:>14.4} {} {:<12} {:<8} {verdict}", f.name, f.value, f.op, f.floor, f.unit)?;
+            writeln!(out, "  {:<40} {:>14.4} {} {:<12} {:<8} {verdict}", f.name, f.value, f.op, f.floor, f.unit)
+                .map_err(RuntimeError::Stdout)?;
         }
         if let Some(path) = json {
             let text = serde_json::to_string_pretty(self).expect("reports serialize");
-            std::fs::write(path, text + "\n")?;
-            writeln!(out, "wrote {}", path.display())?;
+            std::fs::write(path, text + "\n").map_err(super::io_error("write", path))?;
+            writeln!(out, "wrote {}", path.display()).map_err(RuntimeError::Stdout)?;
         }
         Ok(())
     }

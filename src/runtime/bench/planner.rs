@@ -80,7 +80,8 @@ pub fn run(
         });
     }
     let mut out = std::io::stdout().lock();
-    writeln!(out, "{:>7} {:>12} {:>10} {:>10} {:>10}", "GPUs", "replan ms", "setup ms", "peak MB", "step s")?;
+    writeln!(out, "{:>7} {:>12} {:>10} {:>10} {:>10}", "GPUs", "replan ms", "setup ms", "peak MB", "step s")
+        .map_err(RuntimeError::Stdout)?;
     for r in &rows {
         writeln!(
             out,
@@ -90,7 +91,8 @@ pub fn run(
             r.setup_seconds * 1e3,
             r.peak_memory_bytes as f64 / 1e6,
             r.step_latency_s
-        )?;
+        )
+        .map_err(RuntimeError::Stdout)?;
     }
     drop(out);
     let at = |g: u32| rows.iter().find(|r| r.gpus == g).map_or(f64::INFINITY, |r| r.replan_seconds * 1e3);

@@ -157,7 +157,7 @@ pub fn run(session: &Session, sizes_mib: &[u64], reps: usize, json: Option<&Path
     if session.rank() != 0 {
         return Ok(());
     }
-    print_table(&rows)?;
+    print_table(&rows).map_err(RuntimeError::Stdout)?;
     let report = BenchReport { bench: "primitives".into(), machine: machine(session), floors: floors(&rows), rows };
     report.finish(json)
 }

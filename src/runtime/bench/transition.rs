@@ -95,7 +95,8 @@ pub fn run(
         out,
         "{:<6} {:>7} {:>7} {:>9} {:>11} {:>11} {:>11}",
         "kind", "ranks", "nodes", "res.edges", "build ms", "L_tran s", "optimal s"
-    )?;
+    )
+    .map_err(RuntimeError::Stdout)?;
     for r in rows.iter().filter(|r| r.kind == "large") {
         writeln!(
             out,
@@ -107,7 +108,8 @@ pub fn run(
             r.build_seconds * 1e3,
             r.l_tran_s,
             "-"
-        )?;
+        )
+        .map_err(RuntimeError::Stdout)?;
     }
     let small: Vec<&Row> = rows.iter().filter(|r| r.kind == "small").collect();
     let gaps: Vec<f64> =
@@ -120,7 +122,8 @@ pub fn run(
         gaps.len(),
         mean_gap * 100.0,
         worst_gap * 100.0
-    )?;
+    )
+    .map_err(RuntimeError::Stdout)?;
     drop(out);
     let at = |n: u32| {
         rows.iter().find(|r| r.kind == "large" && r.ranks == n).map_or(f64::INFINITY, |r| r.build_seconds * 1e3)
