@@ -5,5 +5,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-rm -f runs/tiny-ppo/metrics.jsonl
+# A fresh run refuses a directory that holds another run; the quickstart starts over.
+rm -rf runs/tiny-ppo
 bash scripts/mpirun.sh 8 train

@@ -65,3 +65,64 @@ fn sbatch_trains_the_default_job_under_srun_pmix() {
     let ranks: usize = lines[0]["plan"]["actor/generation"]["ranks"].as_array().unwrap().len();
     assert_eq!(ranks, 4, "the planner placed generation on the job's 4 ranks: {}", lines[0]["plan"]);
 }
+
+#[test]
+fn scancel_leaves_a_checkpoint_of_the_last_step_and_the_resume_is_bit_identical() {
+    if std::env::var("NEREUS_SLURM_TESTS").as_deref() != Ok("1") {
+        eprintln!("skipped: set NEREUS_SLURM_TESTS=1 after `bash slurm/local-cluster.sh start`");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = common::write(
+        dir.path(),
+        "ppo.toml",
+        &common::set_key(&common::fast_ppo(), "train", "checkpoint_every", Some("0")),
+    );
+    let runs = dir.path().join("run");
+    let submitted = Command::new("sbatch")
+        .args(["--parsable", &format!("--output={}", dir.path().join("job.out").display())])
+        .arg(repo().join("slurm/local-test.sbatch"))
+        .args(["train", config.to_str().unwrap(), "--steps", "300", "--output-dir", runs.to_str().unwrap()])
+        .env("NEREUS", nereus())
+        .current_dir(repo())
+        .output()
+        .expect("sbatch starts");
+    let job = text(&submitted).0.trim().to_string();
+    let started = std::time::Instant::now();
+    while common::step_records(&runs).len() < 3 {
+        assert!(
+            started.elapsed().as_secs() < 120,
+            "the job never reached step 3: {}",
+            std::fs::read_to_string(dir.path().join("job.out")).unwrap_or_default()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(Command::new("scancel").arg(&job).status().unwrap().success());
+    while Command::new("squeue").args(["-h", "-j", &job]).output().is_ok_and(|o| !o.stdout.is_empty()) {
+        assert!(started.elapsed().as_secs() < 180, "job {job} did not end after scancel");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let job_output = std::fs::read_to_string(dir.path().join("job.out")).unwrap_or_default();
+    let done = common::step_records(&runs).len() as u32;
+    let latest = std::fs::read_to_string(runs.join("checkpoints/latest")).unwrap_or_default();
+    assert_eq!(latest.trim(), format!("step-{done}"), "scancel left no checkpoint of the last step:\n{job_output}");
+    assert!(job_output.contains("SIGTERM received: stopped after step"), "{job_output}");
+    let until = (done + 2).to_string();
+    let resume = |out: &Path, extra: &[&str]| {
+        let mut args =
+            vec!["train", config.to_str().unwrap(), "--steps", &until, "--output-dir", out.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let run = common::run_mpi(4, &args);
+        assert!(run.status.success(), "{}", text(&run).1);
+    };
+    resume(&runs, &["--resume", "latest"]);
+    let whole = dir.path().join("whole");
+    resume(&whole, &[]);
+    let (a, b) = (common::step_records(&runs), common::step_records(&whole));
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(&b) {
+        for key in ["reward_mean", "actor_loss", "critic_loss", "kl", "state_digest"] {
+            assert_eq!(x[key], y[key], "{key} at step {}", x["step"]);
+        }
+    }
+}

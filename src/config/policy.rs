@@ -37,7 +37,7 @@ impl Default for PolicySection {
 impl PolicySection {
     /// Checks ranges; errors name the key under `policy.`.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        check::positive("policy.gamma", self.gamma)?;
+        // γ = 0 is the paper's "urgent transitions only".
         check::within("policy.gamma", self.gamma, 0.0, 1.0)?;
         check::positive("policy.drift_threshold", self.drift_threshold)?;
         check::within("policy.min_gain", self.min_gain, 0.0, 1.0)?;

@@ -26,7 +26,11 @@ impl MetricsLog {
 
     /// Cuts a torn last line (no newline) off the file; returns the bytes removed.
     pub fn repair(&self) -> Result<u64, RuntimeError> {
-        let Ok(text) = std::fs::read(&self.path) else { return Ok(0) };
+        // Only a regular file can hold a torn line (and reading /dev/zero would never end).
+        if !std::fs::metadata(&self.path).is_ok_and(|m| m.is_file()) {
+            return Ok(0);
+        }
+        let text = std::fs::read(&self.path).map_err(io_error("read", &self.path))?;
         let keep = text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
         if keep == text.len() {
             return Ok(0);
@@ -38,6 +42,9 @@ impl MetricsLog {
 
     /// The steps already recorded at `step` or later (what a resume from `step` supersedes).
     pub fn steps_from(&self, step: u64) -> Vec<u64> {
+        if !std::fs::metadata(&self.path).is_ok_and(|m| m.is_file()) {
+            return Vec::new();
+        }
         let Ok(text) = std::fs::read_to_string(&self.path) else { return Vec::new() };
         text.lines()
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
@@ -59,13 +66,14 @@ impl MetricsLog {
         match written {
             Ok(n) if n == line.len() => Ok(()),
             outcome => {
-                let _ = file.set_len(before);
+                // A short write: writing the rest tells why (usually a full disk).
                 let source = match outcome {
                     Err(e) => e,
-                    Ok(n) => {
+                    Ok(n) => file.write_all(&line[n..]).err().unwrap_or_else(|| {
                         std::io::Error::new(std::io::ErrorKind::WriteZero, format!("wrote {n} of {} bytes", line.len()))
-                    }
+                    }),
                 };
+                let _ = file.set_len(before);
                 Err(RuntimeError::Io { action: "append to", path: self.path.clone(), source })
             }
         }

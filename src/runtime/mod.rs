@@ -223,12 +223,19 @@ pub(crate) fn io_error(action: &'static str, path: &std::path::Path) -> impl FnO
 }
 
 impl RuntimeError {
+    /// An error every rank raised at the same point of the program (from a world-wide
+    /// collective, or computed from replicated values): rank 0 alone reports it.
+    pub fn everywhere(op: &str, e: RuntimeError) -> RuntimeError {
+        RuntimeError::Phase(PhaseFailure { op: op.into(), status: e.exit_code(), report: e.to_string() })
+    }
+
     /// The process exit status: 2 for anything the user can fix in the config or command line.
     pub fn exit_code(&self) -> u8 {
         match self {
             RuntimeError::Config(_) | RuntimeError::Usage(_) | RuntimeError::Planner(_) => EXIT_USAGE,
             RuntimeError::Comm(CommError::Disagreement { .. }) => EXIT_USAGE,
             RuntimeError::Checkpoint(e) => e.exit_code(),
+            RuntimeError::Backend(BackendError::NotCompiled { .. }) => EXIT_USAGE,
             RuntimeError::Phase(failure) => failure.status,
             RuntimeError::Preempted { .. } => EXIT_PREEMPTED,
             _ => EXIT_FAILURE,

@@ -22,8 +22,9 @@ use crate::backend::check_data_plane;
 use crate::comm::{max_over_ranks, DataPlane, MpiPlane};
 use crate::config::{DataPlane as PlaneKind, Dtype, JobConfig, OnNonFinite, Overrides};
 use crate::cost::Efficiencies;
-use crate::emu::{Counters, EmuSet};
+use crate::emu::{Counters, EmuError, EmuSet, LocalShard};
 use crate::engine::init_shard;
+use crate::model::Catalogue;
 use crate::model::Layout;
 use crate::plan::{model_stages, Candidate, ModelStage, Placement, Plan, Recompute, Role, Stage};
 use crate::planner::{catalogues, Planner};
@@ -72,23 +73,7 @@ pub fn run(
         Some(dir) => from_checkpoint(session, dir, &config, options)?,
         None => warm_up_models(session, &mut plane, &config, &settings, &out.join("warmup"))?,
     };
-    let mut set = EmuSet::new(plane.rank(), world, config.cluster.device_memory_bytes(), catalogues(&config));
-    for p in &plan.placements {
-        let ms = p.candidate.model_stage;
-        let counters = sources
-            .counters
-            .get(&ms.to_string())
-            .copied()
-            .unwrap_or(Counters { seed: config.job.seed, ..Counters::default() });
-        for r in 0..p.candidate.dp as usize {
-            set.create(&mut plane, ms, p.candidate.layout, p.replica(r), counters, |shard, catalogue| {
-                match sources.files.get(&ms.role) {
-                    Some((params, optim)) => fill_shard(shard, catalogue, params, optim.as_ref()),
-                    None => init_shard(shard, catalogue, config.job.seed ^ ms.role as u64).map_err(|e| e.to_string()),
-                }
-            })?;
-        }
-    }
+    let mut set = create_state(&mut plane, &config, &plan, &sources, world)?;
     let job = RlJob::new(&mut plane, &set, plan.clone(), settings)?;
     if session.rank() == 0 {
         print_plan(&plan);
@@ -126,6 +111,38 @@ pub fn run(
         }
     }
     Ok(())
+}
+
+/// Every replica of the plan, filled from `sources` (or the engine's initialization). Room is
+/// checked by one all-reduce per replica, so a plan that does not fit fails on every rank at
+/// the same replica, before anything is filled.
+fn create_state(
+    plane: &mut MpiPlane,
+    config: &JobConfig,
+    plan: &Plan,
+    sources: &Sources,
+    world: i32,
+) -> Result<EmuSet, RuntimeError> {
+    let mut set = EmuSet::new(plane.rank(), world, config.cluster.device_memory_bytes(), catalogues(config));
+    for p in &plan.placements {
+        let ms = p.candidate.model_stage;
+        let counters = sources
+            .counters
+            .get(&ms.to_string())
+            .copied()
+            .unwrap_or(Counters { seed: config.job.seed, ..Counters::default() });
+        for r in 0..p.candidate.dp as usize {
+            let fill = |shard: &mut LocalShard, catalogue: &Catalogue| match sources.files.get(&ms.role) {
+                Some((params, optim)) => fill_shard(shard, catalogue, params, optim.as_ref()),
+                None => init_shard(shard, catalogue, config.job.seed ^ ms.role as u64).map_err(|e| e.to_string()),
+            };
+            set.create(plane, ms, p.candidate.layout, p.replica(r), counters, fill).map_err(|e| match e {
+                EmuError::NoRoom { .. } => RuntimeError::everywhere("state creation", e.into()),
+                e => e.into(),
+            })?;
+        }
+    }
+    Ok(set)
 }
 
 fn signal_number(name: &str) -> u64 {
@@ -411,6 +428,7 @@ fn save(
         counters,
         models: BTreeMap::new(),
         rng: "counter-based: draws are functions of (seed, sequence id, position)".into(),
+        sha256: String::new(),
     };
     Ok(checkpoint::save(plane, set, &models, sidecar, checkpoints)?)
 }

@@ -112,3 +112,67 @@ pub fn selftest_summary(kind: &str, cases: &str, seed: &str) -> serde_json::Valu
     assert_eq!(summary["failures"].as_array().unwrap().len(), 0, "{summary}");
     summary
 }
+
+/// Runs `mpirun -n N nereus ARGS` with extra environment variables; returns the output and the
+/// wall time.
+pub fn run_mpi_timed(n: usize, env: &[(&str, &str)], args: &[&str]) -> (Output, std::time::Duration) {
+    let start = std::time::Instant::now();
+    let out = mpirun()
+        .envs(env.iter().copied())
+        .arg("-n")
+        .arg(n.to_string())
+        .arg(nereus())
+        .args(args)
+        .output()
+        .expect("mpirun starts");
+    (out, start.elapsed())
+}
+
+/// tiny-ppo for fast hostile runs: no warm-ups, a checkpoint every step, and the watchdog at
+/// its default (300 s), so a run that hangs instead of failing fast shows in its wall time.
+pub fn fast_ppo() -> String {
+    let toml = shipped("tiny-ppo.toml");
+    let toml = set_key(&toml, "job", "collective_timeout_s", None);
+    let toml = set_key(&toml, "train", "warmup_actor_steps", Some("0"));
+    let toml = set_key(&toml, "train", "warmup_reward_steps", Some("0"));
+    set_key(&toml, "train", "checkpoint_every", Some("1"))
+}
+
+/// A tmpfs mounted for one test (root only): `size` bytes, read-only when asked; unmounted on
+/// drop. `None` where mounting is not allowed.
+pub struct Tmpfs {
+    /// The mount point.
+    pub path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `size` bytes.
+    pub fn mount(size: u64, read_only: bool) -> Option<Tmpfs> {
+        let dir = tempfile::tempdir().ok()?;
+        let options = format!("size={size}{}", if read_only { ",ro" } else { "" });
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &options, "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .ok()?
+            .success();
+        ok.then(|| Tmpfs { path: dir.path().to_path_buf(), _dir: dir })
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.path).status();
+    }
+}
+
+/// Step records of a run's metrics (event records such as a resume marker left out).
+pub fn step_records(out: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()) // a line being written is skipped
+        .filter(|r| r.get("event").is_none())
+        .collect()
+}

@@ -136,4 +136,15 @@ fn an_impossible_pool_says_what_would_fit() {
     let message = err.to_string();
     assert!(message.contains("no plan fits 2 GPUs"), "{message}");
     assert!(message.contains("GPUs would fit") || message.contains("tokens would fit"), "{message}");
+    // The hint names the smallest pool that fits, not the next power of two.
+    let hinted: u32 = message
+        .split(" GPUs would fit")
+        .next()
+        .and_then(|before| before.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .expect("a GPU count in the hint");
+    let fits =
+        |gpus: u32| Planner::new(&config, gpus, Some(8192), Efficiencies::default()).unwrap().search(None).is_ok();
+    assert!(fits(hinted) && !fits(hinted - 1), "{message}");
+    assert!(!message.contains("0.0 GB"), "{message}");
 }

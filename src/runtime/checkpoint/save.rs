@@ -8,7 +8,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use super::error::{io, CheckpointError};
-use super::sidecar::{FileDigest, SavedModel, Sidecar, SIDECAR};
+use super::sidecar::{FileDigest, SavedModel, Sidecar};
 use super::tensors::{first_non_finite, model_tensors, serialize, NamedTensor};
 use super::Checkpoints;
 use crate::comm::DataPlane;
@@ -88,7 +88,7 @@ pub fn save<P: DataPlane>(
         return Ok(dir);
     }
     outcome?;
-    write_durably(&partial.join(SIDECAR), &sidecar.to_bytes())?;
+    sidecar.write_sealed(&partial)?;
     sync_dir(&partial)?;
     commit(&partial, &dir, checkpoints.root())?;
     replace_durably(&checkpoints.latest_pointer(), format!("step-{step}\n").as_bytes())?;
@@ -116,6 +116,7 @@ fn write_model(
         return Err(CheckpointError::NonFinite { model: name.into(), tensor, count });
     }
     let write = |file: String, tensors: &[NamedTensor]| -> Result<FileDigest, CheckpointError> {
+        slow_save_for_tests();
         let path = dir.join(&file);
         let bytes = serialize(tensors, file_metadata(sidecar, name), &path)?;
         write_durably(&path, &bytes)?;
@@ -172,4 +173,12 @@ pub fn save_params_file<P: DataPlane>(
     }
     let meta = HashMap::from([("format".to_string(), "pt".to_string()), ("nereus.model".into(), role.name().into())]);
     replace_durably(path, &serialize(&params, meta, path)?)
+}
+
+/// Test hook: `NEREUS_FAULT_SLOW_SAVE_MS=<ms>` pauses before each checkpoint file, so that a
+/// test can kill rank 0 in the middle of a save (`tests/hardening.rs`).
+fn slow_save_for_tests() {
+    if let Some(ms) = std::env::var("NEREUS_FAULT_SLOW_SAVE_MS").ok().and_then(|v| v.parse::<u64>().ok()) {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
 }

@@ -7,7 +7,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
-use super::error::{io, CheckpointError};
+use super::error::CheckpointError;
 use crate::config::ModelSpec;
 use crate::emu::Counters;
 
@@ -77,6 +77,9 @@ pub struct Sidecar {
     pub models: BTreeMap<String, SavedModel>,
     /// How the random state is derived (nothing else to store: draws are counter-based).
     pub rng: String,
+    /// SHA-256 of this sidecar as written with this field empty: an edited or damaged
+    /// `state.json` is refused as such ([`Sidecar::seal`]).
+    pub sha256: String,
 }
 
 impl Sidecar {
@@ -99,8 +102,34 @@ impl Sidecar {
                 reason: format!("sidecar format {found}; this build reads format {FORMAT}"),
             });
         }
-        serde_json::from_str(&text)
-            .map_err(|e| CheckpointError::Damaged { path, reason: format!("not a checkpoint sidecar: {e}") })
+        let sidecar: Sidecar = serde_json::from_str(&text).map_err(|e| CheckpointError::Damaged {
+            path: path.clone(),
+            reason: format!("not a checkpoint sidecar: {e}"),
+        })?;
+        let expected = sidecar.digest();
+        if sidecar.sha256 != expected {
+            return Err(CheckpointError::Damaged {
+                path,
+                reason: format!("its content does not match its own SHA-256 (recorded {}, content {expected}): it was edited or damaged", sidecar.sha256),
+            });
+        }
+        Ok(sidecar)
+    }
+
+    /// The SHA-256 of this sidecar with its `sha256` field empty.
+    fn digest(&self) -> String {
+        sha256_hex(&Sidecar { sha256: String::new(), ..self.clone() }.to_bytes())
+    }
+
+    /// Records the sidecar's own digest (the last change before it is written).
+    pub fn seal(&mut self) {
+        self.sha256 = self.digest();
+    }
+
+    /// Writes the sidecar, sealed, as `dir/state.json` (durably).
+    pub fn write_sealed(&mut self, dir: &Path) -> Result<(), CheckpointError> {
+        self.seal();
+        super::save::write_durably(&dir.join(SIDECAR), &self.to_bytes())
     }
 
     /// The sidecar as written into the checkpoint.
@@ -109,9 +138,4 @@ impl Sidecar {
         text.push('\n');
         text.into_bytes()
     }
-}
-
-/// Reads `path` fully (for its digest) with a named error.
-pub fn read_file(path: &Path) -> Result<Vec<u8>, CheckpointError> {
-    std::fs::read(path).map_err(io("read", path))
 }
