@@ -159,9 +159,9 @@ fn runtime_failures_end_every_rank_within_seconds_with_one_message() {
     check("resume with another hidden size", run, 2, &["models.actor.hidden", "64", "128"], Reports::Once);
 
     // A fixed pp = 2 plan in which only the first stages of critic/training run out of memory
-    // (1F1B keeps more micro-batches in flight there).
-    let pp2 = write(dir.path(), "pp2.toml", &pp2_plan(&set_key(&base, "cluster", "device_memory_gb", Some("0.005"))));
-    let run = train(8, &pp2, &out("pp2"), 1, &[], &[]);
+    // (1F1B keeps more micro-batches in flight there): planned for 2 GB, the ranks find 5 MB.
+    let pp2 = write(dir.path(), "pp2.toml", &pp2_plan(&base));
+    let run = train(8, &pp2, &out("pp2"), 1, &[], &[("NEREUS_FAULT_MEMORY_BYTES", "5000000")]);
     check("some ranks out of memory under pp = 2", run, 1, &["out of memory on rank"], Reports::AtLeastOnce);
     assert_no_failures(failures, cases);
 }

@@ -24,11 +24,13 @@ pub enum OpClass {
     PpP2pIntra,
     /// Pipeline send/recv across nodes.
     PpP2pInter,
+    /// Point-to-point resharding: the weight sync and transitions.
+    Reshard,
 }
 
 impl OpClass {
     /// Every class, in index order.
-    pub const ALL: [OpClass; 7] = [
+    pub const ALL: [OpClass; 8] = [
         OpClass::Gemm,
         OpClass::Attention,
         OpClass::Decode,
@@ -36,6 +38,7 @@ impl OpClass {
         OpClass::DpAllReduce,
         OpClass::PpP2pIntra,
         OpClass::PpP2pInter,
+        OpClass::Reshard,
     ];
 
     /// Index into per-class arrays.
@@ -57,13 +60,13 @@ pub struct Measurement {
 
 /// Achieved fraction of peak, per class.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct Efficiencies(pub [f64; 7]);
+pub struct Efficiencies(pub [f64; 8]);
 
 impl Default for Efficiencies {
     /// Conservative starting points (below what tuned kernels and collectives reach), so the
     /// first plans are admitted on pessimistic estimates and calibration only speeds them up.
     fn default() -> Self {
-        Efficiencies([0.45, 0.35, 0.5, 0.6, 0.6, 0.6, 0.6])
+        Efficiencies([0.45, 0.35, 0.5, 0.6, 0.6, 0.6, 0.6, 0.6])
     }
 }
 

@@ -1,13 +1,146 @@
-//! Memory per rank: the formulas, each as its own function (documented in `docs/cost-model.md`).
+//! Memory per rank: the items every byte is charged under, and the formulas, each as its own
+//! function (documented in `docs/cost-model.md`).
+//!
+//! The same [`MemoryItem`]s name the engine's ledger charges and the cost model's predictions,
+//! so a measured peak and a predicted one can be compared item by item.
 
-use serde::Serialize;
+use serde::ser::SerializeMap;
+use serde::{Serialize, Serializer};
 
-use crate::config::Dtype;
+use crate::config::{ClusterSpec, DataPlane, Dtype};
 use crate::model::Architecture;
 use crate::plan::Recompute;
 
-/// Bytes per parameter of gradients (bf16, accumulated in the parameter dtype).
+/// Bytes per parameter of gradients in a GPU engine (bf16, accumulated in the parameter dtype).
 pub const GRADIENT_BYTES: u64 = 2;
+
+/// What a buffer on a rank holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum MemoryItem {
+    /// Parameter shards θ of every EMU on the rank.
+    Params,
+    /// Optimizer state ω: Adam's moments (and an f32 master copy below f32).
+    Optimizer,
+    /// Parameter gradients of a training step.
+    Gradients,
+    /// Activations a forward pass keeps for its backward pass (or until the micro-batch ends).
+    Activations,
+    /// Gradients of activations during a backward pass.
+    ActivationGradients,
+    /// Output logits, log-sum-exps, outputs and their gradients.
+    Logits,
+    /// Keys and values of the sequences being generated.
+    KvCache,
+    /// Activations and gradients received from the neighbouring pipeline stages.
+    PipelineBuffers,
+    /// Buffers packing non-contiguous rectangles for transfers (resharding, weight sync).
+    PackBuffers,
+    /// Library workspaces and communication buffers (GPU engines).
+    Workspace,
+}
+
+impl MemoryItem {
+    /// Every item, in index order.
+    pub const ALL: [MemoryItem; 10] = [
+        MemoryItem::Params,
+        MemoryItem::Optimizer,
+        MemoryItem::Gradients,
+        MemoryItem::Activations,
+        MemoryItem::ActivationGradients,
+        MemoryItem::Logits,
+        MemoryItem::KvCache,
+        MemoryItem::PipelineBuffers,
+        MemoryItem::PackBuffers,
+        MemoryItem::Workspace,
+    ];
+
+    /// The name in messages, ledgers and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            MemoryItem::Params => "params",
+            MemoryItem::Optimizer => "optimizer",
+            MemoryItem::Gradients => "gradients",
+            MemoryItem::Activations => "activations",
+            MemoryItem::ActivationGradients => "activation_gradients",
+            MemoryItem::Logits => "logits",
+            MemoryItem::KvCache => "kv_cache",
+            MemoryItem::PipelineBuffers => "pipeline_buffers",
+            MemoryItem::PackBuffers => "pack_buffers",
+            MemoryItem::Workspace => "workspace",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Bytes per [`MemoryItem`] on one rank (serialized as `{"params": …, "optimizer": …, …}`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryBreakdown([u64; MemoryItem::ALL.len()]);
+
+impl MemoryBreakdown {
+    /// Bytes of `item`.
+    pub fn get(&self, item: MemoryItem) -> u64 {
+        self.0[item.index()]
+    }
+
+    /// Adds `bytes` to `item`.
+    pub fn add(&mut self, item: MemoryItem, bytes: u64) {
+        self.0[item.index()] += bytes;
+    }
+
+    /// Removes up to `bytes` from `item`.
+    pub fn sub(&mut self, item: MemoryItem, bytes: u64) {
+        self.0[item.index()] = self.0[item.index()].saturating_sub(bytes);
+    }
+
+    /// Item by item sum.
+    pub fn plus(&self, other: &MemoryBreakdown) -> MemoryBreakdown {
+        let mut out = *self;
+        for (a, b) in out.0.iter_mut().zip(other.0) {
+            *a += b;
+        }
+        out
+    }
+
+    /// Sum of all items.
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+}
+
+impl Serialize for MemoryBreakdown {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(MemoryItem::ALL.len()))?;
+        for item in MemoryItem::ALL {
+            map.serialize_entry(item.name(), &self.get(item))?;
+        }
+        map.end()
+    }
+}
+
+/// Which engine's buffers a plan is costed for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineKind {
+    /// The CPU reference engine of `src/engine/` (f32, every activation of a micro-batch kept,
+    /// the KV cache sized for the longest response): what runs on the MPI data plane.
+    Reference,
+    /// A GPU engine in Megatron's style: mixed precision with persistent gradients, activations
+    /// per Korthikanti et al. with the chosen recomputation, fused attention, workspaces.
+    Gpu,
+}
+
+impl EngineKind {
+    /// The engine that runs on `cluster`'s data plane.
+    pub fn of(cluster: &ClusterSpec) -> EngineKind {
+        match cluster.data_plane {
+            DataPlane::Mpi => EngineKind::Reference,
+            DataPlane::Nccl | DataPlane::Rccl => EngineKind::Gpu,
+        }
+    }
+}
 
 /// Bytes per parameter of mixed-precision Adam training state: parameters, gradients, an f32
 /// master copy (when parameters are not f32) and two f32 moments. bf16 with bf16 gradients:
@@ -15,6 +148,12 @@ pub const GRADIENT_BYTES: u64 = 2;
 pub fn training_state_bytes_per_param(dtype: Dtype, gradient_bytes: u64) -> u64 {
     let master = if dtype == Dtype::F32 { 0 } else { 4 };
     dtype.bytes() + gradient_bytes + master + 8
+}
+
+/// Optimizer bytes per parameter: two f32 moments, and an f32 master copy below f32 (the
+/// sections an EMU keeps, `emu::Section::of`).
+pub fn optimizer_bytes_per_param(dtype: Dtype) -> u64 {
+    8 + if dtype == Dtype::F32 { 0 } else { 4 }
 }
 
 /// Activation bytes one transformer layer stores for one micro-batch (Korthikanti et al.,
@@ -36,41 +175,6 @@ pub fn kv_cache_bytes_per_sequence(arch: &Architecture, tokens: u64) -> u64 {
     2 * arch.layers * arch.kv_heads * arch.head_dim * tokens * arch.dtype.bytes()
 }
 
-/// What one rank holds at its peak while a model-stage runs.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct MemoryBreakdown {
-    /// Parameter shard.
-    pub params: u64,
-    /// Gradients (training).
-    pub gradients: u64,
-    /// Master weights and Adam moments (training).
-    pub optimizer: u64,
-    /// Stored activations (training: in-flight micro-batches; inference: one layer).
-    pub activations: u64,
-    /// KV cache (generation).
-    pub kv_cache: u64,
-    /// Output logits (f32) on the last stage.
-    pub logits: u64,
-    /// Library workspaces and communication buffers.
-    pub workspace: u64,
-    /// State of other model-stages resident on the same ranks.
-    pub resident: u64,
-}
-
-impl MemoryBreakdown {
-    /// Sum of all parts.
-    pub fn total(&self) -> u64 {
-        self.params
-            + self.gradients
-            + self.optimizer
-            + self.activations
-            + self.kv_cache
-            + self.logits
-            + self.workspace
-            + self.resident
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -82,6 +186,8 @@ mod tests {
         assert_eq!(training_state_bytes_per_param(Dtype::Bf16, 4), 2 + 4 + 4 + 4 + 4);
         assert_eq!(training_state_bytes_per_param(Dtype::Bf16, 2), 16);
         assert_eq!(training_state_bytes_per_param(Dtype::Bf16, 4), 18);
+        assert_eq!(optimizer_bytes_per_param(Dtype::F32), 8);
+        assert_eq!(optimizer_bytes_per_param(Dtype::Bf16), 12);
     }
 
     #[test]
@@ -103,5 +209,18 @@ mod tests {
         // 2 (K, V) × 32 layers × 8 KV heads × 128 dims × 8192 tokens × 2 bytes.
         assert_eq!(kv_cache_bytes_per_sequence(&arch, 8192), 2 * 32 * 8 * 128 * 8192 * 2);
         assert_eq!(kv_cache_bytes_per_sequence(&arch, 8192), 1 << 30);
+    }
+
+    #[test]
+    fn breakdowns_add_item_by_item_and_serialize_by_name() {
+        let mut a = MemoryBreakdown::default();
+        a.add(MemoryItem::Params, 10);
+        a.add(MemoryItem::KvCache, 5);
+        let mut b = MemoryBreakdown::default();
+        b.add(MemoryItem::Params, 1);
+        let c = a.plus(&b);
+        assert_eq!((c.get(MemoryItem::Params), c.total()), (11, 16));
+        let json = serde_json::to_value(c).unwrap();
+        assert_eq!((json["params"].as_u64(), json["kv_cache"].as_u64()), (Some(11), Some(5)));
     }
 }

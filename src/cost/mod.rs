@@ -1,28 +1,38 @@
 //! The analytic cost model: memory per rank and latency per model-stage for a candidate,
 //! formula by formula in `docs/cost-model.md`. Pure: a function of hardware, shapes and
 //! calibrated efficiencies.
+//!
+//! Memory is counted per pipeline position of a candidate (placement-exact: the state a rank
+//! keeps for every EMU it holds, plus the transient buffers of whatever runs there), under the
+//! same [`MemoryItem`]s the engine's ledger charges; [`placement`] adds them up rank by rank
+//! for a whole plan.
 
 mod calibration;
 mod memory;
+pub mod placement;
+pub mod reference;
 mod stats;
 
 pub use calibration::{Efficiencies, Measurement, OpClass};
 pub use memory::{
-    activation_bytes_per_layer, kv_cache_bytes_per_sequence, training_state_bytes_per_param, MemoryBreakdown,
-    GRADIENT_BYTES,
+    activation_bytes_per_layer, kv_cache_bytes_per_sequence, optimizer_bytes_per_param, training_state_bytes_per_param,
+    EngineKind, MemoryBreakdown, MemoryItem, GRADIENT_BYTES,
 };
+pub use placement::{RankMemory, RankPeaks};
 pub use stats::ModelStats;
 
 use serde::Serialize;
 
 use crate::config::ClusterSpec;
-use crate::model::OutputHead;
-use crate::plan::{Candidate, Recompute, Stage};
+use crate::model::{Layout, LocalShape, OutputHead, Position};
+use std::collections::BTreeMap;
+
+use crate::plan::{Candidate, Placement, Recompute, Stage};
 
 /// Per-message latency of a collective or send, seconds (launch and synchronization).
 const MESSAGE_LATENCY_S: f64 = 10e-6;
-/// Workspace per rank (library workspaces, communicator buffers, allocator slack), capped at
-/// 5% of device memory so tiny CPU clusters are not swamped.
+/// Workspace per rank of a GPU engine (library workspaces, communicator buffers, allocator
+/// slack), capped at 5% of device memory.
 const WORKSPACE_BYTES: u64 = 1 << 30;
 
 /// The hardware a plan runs on: a pool of `devices` devices of the cluster's kind.
@@ -40,9 +50,9 @@ pub struct Hardware {
     pub peak_flops: f64,
     /// Memory bandwidth per device, bytes/s.
     pub hbm_bytes_per_s: f64,
-    /// Device-to-device bandwidth inside a node, bytes/s.
+    /// Device-to-device bandwidth inside a node, bytes/s per direction.
     pub intra_bytes_per_s: f64,
-    /// Network bandwidth available to one device, bytes/s (node NICs shared by its devices).
+    /// Network bandwidth available to one device, bytes/s per direction (node NICs shared).
     pub inter_bytes_per_s: f64,
 }
 
@@ -78,6 +88,10 @@ pub struct Workload {
     pub response_len: u64,
     /// Largest sequences per micro-batch (training and inference); candidates may use fewer.
     pub micro_batch: u64,
+    /// Sequences per optimizer update (training), split over the replicas.
+    pub mini_batch: u64,
+    /// Passes over the step's sequences (training).
+    pub epochs: u64,
 }
 
 impl Workload {
@@ -85,11 +99,16 @@ impl Workload {
     pub fn seq_len(&self) -> u64 {
         self.prompt_len + self.response_len
     }
+
+    /// Optimizer updates per step.
+    pub fn updates(&self) -> u64 {
+        self.epochs * self.sequences.div_ceil(self.mini_batch.max(1))
+    }
 }
 
 /// Ideal (roofline, at peak) seconds per operation class.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct LatencyBreakdown(pub [f64; 7]);
+pub struct LatencyBreakdown(pub [f64; 8]);
 
 impl LatencyBreakdown {
     fn add(&mut self, class: OpClass, seconds: f64) {
@@ -100,18 +119,44 @@ impl LatencyBreakdown {
     pub fn seconds(&self, efficiencies: &Efficiencies) -> f64 {
         OpClass::ALL.iter().map(|c| self.0[c.index()] / efficiencies.of(*c)).sum()
     }
+
+    /// This breakdown plus `other`, class by class.
+    pub fn plus(&self, other: &LatencyBreakdown) -> LatencyBreakdown {
+        let mut out = *self;
+        for (a, b) in out.0.iter_mut().zip(other.0) {
+            *a += b;
+        }
+        out
+    }
+}
+
+/// What one rank of a candidate holds: its share of the model-stage's state (kept from step to
+/// step) and the peak of the buffers its passes allocate and release.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct PositionMemory {
+    /// Parameters, optimizer state (and persistent gradients on GPU engines).
+    pub state: MemoryBreakdown,
+    /// The largest set of transient buffers alive at once.
+    pub transient: MemoryBreakdown,
+}
+
+impl PositionMemory {
+    /// State and transient together: the rank's peak if it held nothing else.
+    pub fn peak(&self) -> u64 {
+        self.state.total() + self.transient.total()
+    }
 }
 
 /// The cost model's verdict on one candidate.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Estimate {
-    /// Peak memory of the heaviest rank.
-    pub memory: MemoryBreakdown,
+    /// The heaviest position's memory.
+    pub memory: PositionMemory,
     /// Roofline time per class (slowest replica).
     pub ideal: LatencyBreakdown,
     /// Predicted seconds.
     pub seconds: f64,
-    /// Whether the heaviest rank fits with headroom.
+    /// Whether the heaviest position fits with headroom on a rank of its own.
     pub feasible: bool,
 }
 
@@ -122,222 +167,358 @@ pub struct CostModel {
     pub hardware: Hardware,
     /// Calibrated efficiencies.
     pub efficiencies: Efficiencies,
+    /// Whose buffers the memory model counts.
+    pub engine: EngineKind,
 }
 
 impl CostModel {
-    /// Estimates `candidate` for a model with `stats` under `workload`; `params_per_rank` is the
-    /// heaviest rank's parameter count for the candidate's layout
-    /// ([`ModelStats::max_params_per_rank`]) and `resident` the per-rank state of other
-    /// model-stages kept on the same ranks. Infeasible candidates get infinite latency.
-    pub fn estimate(
-        &self,
-        params_per_rank: u64,
-        stats: &ModelStats,
-        candidate: &Candidate,
-        workload: &Workload,
-        resident: u64,
-    ) -> Estimate {
-        let concurrent = self.concurrent_sequences(params_per_rank, stats, candidate, workload, resident);
-        let memory = self.memory(params_per_rank, stats, candidate, workload, resident, concurrent);
-        let feasible = memory.total() <= self.hardware.usable_bytes();
+    /// Estimates `candidate` for a model with `stats` under `workload`. A candidate that does
+    /// not fit even alone gets infinite latency.
+    pub fn estimate(&self, stats: &ModelStats, candidate: &Candidate, workload: &Workload) -> Estimate {
+        let memory = self.heaviest_position(stats, candidate, workload);
+        let feasible = memory.peak() <= self.hardware.usable_bytes();
         if !feasible {
             return Estimate { memory, ideal: LatencyBreakdown::default(), seconds: f64::INFINITY, feasible };
         }
-        let ideal = self.latency(stats, candidate, workload, concurrent);
+        let ideal = self.latency(stats, candidate, workload);
         Estimate { memory, ideal, seconds: ideal.seconds(&self.efficiencies), feasible }
     }
 
-    /// Sequences a replica decodes at once. Generation keeps as many sequences in flight as
-    /// the KV cache left after everything else allows (like vLLM's scheduler) and decodes the
-    /// rest in further waves; at least one. Other stages: the replica's whole share.
-    pub fn concurrent_sequences(
-        &self,
-        params_per_rank: u64,
-        stats: &ModelStats,
-        c: &Candidate,
-        w: &Workload,
-        resident: u64,
-    ) -> u64 {
-        let b_rep = Self::per_replica(c, w);
-        if c.model_stage.stage != Stage::Generation {
-            return b_rep;
+    /// The heaviest pipeline position: the first stage holds the most blocks, the embedding and
+    /// the most micro-batches in flight; the last one the head and its logits; middle stages
+    /// hold no more than the first.
+    pub fn heaviest_position(&self, stats: &ModelStats, c: &Candidate, w: &Workload) -> PositionMemory {
+        let first = self.position_memory(stats, c, w, 0);
+        if c.layout.pp == 1 {
+            return first;
         }
-        let fixed = self.memory(params_per_rank, stats, c, w, resident, 0).total();
-        let (kv, logits) = Self::generation_bytes_per_sequence(stats, c, w);
-        let room = self.hardware.usable_bytes().saturating_sub(fixed);
-        (room / (kv + logits).max(1)).clamp(1, b_rep)
-    }
-
-    /// KV-cache and logit bytes one in-flight sequence adds on the heaviest rank.
-    fn generation_bytes_per_sequence(stats: &ModelStats, c: &Candidate, w: &Workload) -> (u64, u64) {
-        let a = &stats.arch;
-        let tp = u64::from(c.layout.tp);
-        let kv = kv_cache_bytes_per_sequence(a, w.seq_len()) / tp * stats.max_layers_per_stage(c.layout.pp) / a.layers;
-        (kv, Self::head_width(stats, c) * 4)
-    }
-
-    /// Outputs of the head per token on one rank: the vocabulary shard, or one value.
-    fn head_width(stats: &ModelStats, c: &Candidate) -> u64 {
-        if stats.arch.head == OutputHead::Lm {
-            stats.arch.vocab / u64::from(c.layout.tp)
+        let last = self.position_memory(stats, c, w, c.layout.pp - 1);
+        if last.peak() > first.peak() {
+            last
         } else {
-            1
+            first
         }
+    }
+
+    /// What a rank at pipeline position `j` of `candidate` holds (every TP position of a stage
+    /// holds the same).
+    pub fn position_memory(&self, stats: &ModelStats, c: &Candidate, w: &Workload, j: u32) -> PositionMemory {
+        let params = stats.params_of_stage(c.layout, j);
+        let dtype = stats.arch.dtype;
+        let trains = c.model_stage.trains();
+        let mut state = MemoryBreakdown::default();
+        state.add(MemoryItem::Params, params * dtype.bytes());
+        if trains {
+            state.add(MemoryItem::Optimizer, params * optimizer_bytes_per_param(dtype));
+        }
+        let transient = match self.engine {
+            EngineKind::Reference => self.reference_transient(stats, c, w, j, params),
+            EngineKind::Gpu => {
+                if trains {
+                    state.add(MemoryItem::Gradients, params * GRADIENT_BYTES);
+                }
+                self.gpu_transient(stats, c, w, j, params)
+            }
+        };
+        PositionMemory { state, transient }
     }
 
     /// Sequences of the slowest replica.
-    fn per_replica(candidate: &Candidate, workload: &Workload) -> u64 {
-        workload.sequences.div_ceil(u64::from(candidate.dp))
+    fn per_replica(sequences: u64, dp: u32) -> u64 {
+        sequences.div_ceil(u64::from(dp))
     }
 
-    /// Memory of the heaviest rank; `concurrent` sequences in flight for generation.
-    pub fn memory(
+    /// Sequences per micro-batch (or generation wave) of a replica holding `share` sequences.
+    fn micro(c: &Candidate, share: u64) -> u64 {
+        u64::from(c.micro_batch).min(share).max(1)
+    }
+
+    fn reference_transient(
         &self,
-        params_per_rank: u64,
         stats: &ModelStats,
         c: &Candidate,
         w: &Workload,
-        resident: u64,
-        concurrent: u64,
+        j: u32,
+        params: u64,
     ) -> MemoryBreakdown {
+        let s = local_shape(stats, c.layout, j);
+        let seq = w.seq_len();
+        let rollout = Self::per_replica(w.sequences, c.dp);
+        match c.model_stage.stage {
+            // Generation decodes in waves of `micro_batch` sequences.
+            Stage::Generation => reference::generation(&s, Self::micro(c, rollout), w.prompt_len, w.response_len),
+            Stage::Inference => reference::inference(&s, Self::micro(c, rollout), seq),
+            Stage::Training => {
+                let share = Self::per_replica(w.mini_batch, c.dp);
+                let micro = Self::micro(c, share);
+                let train = reference::training(&s, params, micro, share.div_ceil(micro), seq, c.layout.pp, j);
+                // The actor's old log-probabilities run forward-only on its training replicas.
+                let old_logp = reference::inference(&s, Self::micro(c, rollout), seq);
+                if old_logp.total() > train.total() {
+                    old_logp
+                } else {
+                    train
+                }
+            }
+        }
+    }
+
+    fn gpu_transient(&self, stats: &ModelStats, c: &Candidate, w: &Workload, j: u32, _params: u64) -> MemoryBreakdown {
         let a = &stats.arch;
         let (tp, pp) = (u64::from(c.layout.tp), u64::from(c.layout.pp));
-        let p = params_per_rank;
         let s = w.seq_len();
-        let b_rep = Self::per_replica(c, w);
-        let micro = u64::from(c.micro_batch).min(b_rep).max(1);
-        let layers = stats.max_layers_per_stage(c.layout.pp);
-        let mut m = MemoryBreakdown { params: p * a.dtype.bytes(), resident, ..MemoryBreakdown::default() };
-        let one_layer = |recompute| {
+        let layers = blocks_in_stage(stats, c.layout, j);
+        let last = j + 1 == c.layout.pp;
+        let one_layer = |micro: u64, recompute| {
             activation_bytes_per_layer(s as f64, micro as f64, a.hidden as f64, a.heads as f64, tp as f64, recompute)
                 as u64
         };
-        // f32 outputs of the head: the vocabulary shard for LM heads, one value for value heads.
-        let logits = s * micro * Self::head_width(stats, c) * 4;
+        // f32 outputs of the head on the last stage: the vocabulary shard for LM heads, one value
+        // for value heads.
+        let head_width = if a.head == OutputHead::Lm { a.vocab / tp } else { 1 };
+        let mut m = MemoryBreakdown::default();
+        let micro = match c.model_stage.stage {
+            Stage::Training => Self::micro(c, Self::per_replica(w.mini_batch, c.dp)),
+            _ => Self::micro(c, Self::per_replica(w.sequences, c.dp)),
+        };
         match c.model_stage.stage {
             Stage::Training => {
-                m.gradients = p * GRADIENT_BYTES;
-                m.optimizer =
-                    p * (training_state_bytes_per_param(a.dtype, GRADIENT_BYTES) - a.dtype.bytes() - GRADIENT_BYTES);
-                // 1F1B: the first stage holds `pp` in-flight micro-batches of its layers.
-                let in_flight = pp.min(b_rep.div_ceil(micro));
-                m.activations = one_layer(c.recompute) * layers * in_flight;
-                m.logits = 2 * logits;
+                // 1F1B: stage j holds `pp − j` in-flight micro-batches of its layers.
+                let share = Self::per_replica(w.mini_batch, c.dp);
+                let in_flight = (pp - u64::from(j)).min(share.div_ceil(micro));
+                m.add(MemoryItem::Activations, one_layer(micro, c.recompute) * layers * in_flight);
+                if last {
+                    m.add(MemoryItem::Logits, 2 * s * micro * head_width * 4);
+                }
             }
             Stage::Inference => {
-                // Forward only, one layer live at a time, attention fused (scores never stored):
-                // the selective-recomputation footprint.
-                m.activations = one_layer(Recompute::Selective);
-                m.logits = logits;
+                // Forward only, one layer live at a time, attention fused (scores never stored).
+                m.add(MemoryItem::Activations, one_layer(micro, Recompute::Selective));
+                if last {
+                    m.add(MemoryItem::Logits, s * micro * head_width * 4);
+                }
             }
             Stage::Generation => {
-                // The heaviest stage keeps the KV cache of its layers for every sequence in flight.
-                let (kv, logits) = Self::generation_bytes_per_sequence(stats, c, w);
-                m.kv_cache = concurrent * kv;
-                m.logits = concurrent * logits;
-                m.activations = one_layer(Recompute::Selective); // prefill, one layer at a time
+                // Prefill, one layer at a time; the KV cache is added below.
+                m.add(MemoryItem::Activations, one_layer(micro, Recompute::Selective));
             }
         }
         let comm_buffers = 4 * s * micro * a.hidden * a.dtype.bytes();
-        m.workspace = WORKSPACE_BYTES.min(self.hardware.memory_bytes / 20) + comm_buffers;
+        m.add(MemoryItem::Workspace, WORKSPACE_BYTES.min(self.hardware.memory_bytes / 20) + comm_buffers);
+        if c.model_stage.stage == Stage::Generation {
+            // The stage keeps the KV cache of its layers for the wave of sequences in flight.
+            let (kv, logits) = gpu_generation_bytes_per_sequence(stats, c, w, layers, last);
+            m.add(MemoryItem::KvCache, micro * kv);
+            m.add(MemoryItem::Logits, micro * logits);
+        }
         m
     }
 
-    /// Roofline seconds per class for the slowest replica, decoding `concurrent` sequences at
-    /// a time.
-    pub fn latency(&self, stats: &ModelStats, c: &Candidate, w: &Workload, concurrent: u64) -> LatencyBreakdown {
+    /// Roofline seconds per class for the slowest replica.
+    pub fn latency(&self, stats: &ModelStats, c: &Candidate, w: &Workload) -> LatencyBreakdown {
+        match c.model_stage.stage {
+            Stage::Training => {
+                // Every update is one pipeline flush over the replica's share of a mini-batch,
+                // then a DP all-reduce of the gradients; the actor's old log-probabilities add a
+                // forward pass over its share of the rollout (inference stage).
+                let update = self.pass_latency(stats, c, Self::per_replica(w.mini_batch, c.dp), w.seq_len(), true);
+                let mut out = LatencyBreakdown::default();
+                for _ in 0..w.updates() {
+                    out = out.plus(&update);
+                }
+                out
+            }
+            Stage::Inference => self.pass_latency(stats, c, Self::per_replica(w.sequences, c.dp), w.seq_len(), false),
+            Stage::Generation => self.generation_latency(stats, c, w),
+        }
+    }
+
+    /// The old-log-probability pass of a training candidate (forward only over its share of
+    /// the rollout, in the inference stage).
+    pub fn old_logp_latency(&self, stats: &ModelStats, c: &Candidate, w: &Workload) -> f64 {
+        let ideal = self.pass_latency(stats, c, Self::per_replica(w.sequences, c.dp), w.seq_len(), false);
+        ideal.seconds(&self.efficiencies)
+    }
+
+    /// One pass over `share` sequences of `seq` tokens in micro-batches through the pipeline:
+    /// forward only, or forward, backward and the DP gradient all-reduce (`training`).
+    fn pass_latency(
+        &self,
+        stats: &ModelStats,
+        c: &Candidate,
+        share: u64,
+        seq: u64,
+        training: bool,
+    ) -> LatencyBreakdown {
         let hw = &self.hardware;
         let a = &stats.arch;
         let (tp, pp, dp) = (f64::from(c.layout.tp), f64::from(c.layout.pp), f64::from(c.dp));
-        let b_rep = Self::per_replica(c, w) as f64;
+        let b_rep = share as f64;
         let micro = f64::from(c.micro_batch).min(b_rep).max(1.0);
         let m = (b_rep / micro).ceil();
         let bubble = (m + pp - 1.0) / m;
-        let s = w.seq_len() as f64;
+        let s = seq as f64;
         let (layers, h, bytes) = (a.layers as f64, a.hidden as f64, a.dtype.bytes() as f64);
-
         let n = stats.matmul_params as f64;
-        let q_width = a.q_width() as f64;
         // The slowest (fullest) pipeline stage sets the pace: with `ceil(layers/pp)` blocks it
         // works as if the model were spread over `layers / ceil(layers/pp)` stages.
         let devices = tp * layers / stats.max_layers_per_stage(c.layout.pp) as f64;
         let flops_rate = hw.peak_flops * devices;
-        let ranks = c.ranks();
         let pp_class = if c.layout.size() <= hw.devices_per_node { OpClass::PpP2pIntra } else { OpClass::PpP2pInter };
         let pp_bw = if pp_class == OpClass::PpP2pIntra { hw.intra_bytes_per_s } else { hw.inter_bytes_per_s };
         let activation_msg = s * micro * h * bytes;
-        let ring = |group: f64, msg: f64, bw: f64| {
-            if group > 1.0 {
-                2.0 * (group - 1.0) / group * msg / bw + 2.0 * (group - 1.0) * MESSAGE_LATENCY_S
-            } else {
-                0.0
-            }
-        };
-        let mut out = LatencyBreakdown::default();
         let tokens = b_rep * s;
         // Causal attention: 2·layers·s·q_width FLOPs per token forward (QKᵀ and AV, halved).
-        let attention_fwd = 2.0 * layers * s * q_width * tokens;
-        match c.model_stage.stage {
-            Stage::Training => {
-                let recompute_fwd = match c.recompute {
-                    Recompute::Full => 1.0,
-                    _ => 0.0,
-                };
-                let attn_passes = match c.recompute {
-                    Recompute::None => 3.0,
-                    _ => 4.0,
-                };
-                out.add(OpClass::Gemm, (6.0 + 2.0 * recompute_fwd) * n * tokens / flops_rate * bubble);
-                out.add(OpClass::Attention, attn_passes * attention_fwd / flops_rate * bubble);
-                out.add(
-                    OpClass::TpAllReduce,
-                    m * (layers / pp) * 4.0 * ring(tp, activation_msg, hw.intra_bytes_per_s) * bubble,
-                );
-                if pp > 1.0 {
-                    out.add(pp_class, (m + pp - 1.0) * 2.0 * (activation_msg / pp_bw + MESSAGE_LATENCY_S));
-                }
-                let dp_bw = if ranks <= hw.devices_per_node { hw.intra_bytes_per_s } else { hw.inter_bytes_per_s };
-                let grad_bytes = n / devices * GRADIENT_BYTES as f64;
-                out.add(OpClass::DpAllReduce, ring(dp, grad_bytes, dp_bw));
-            }
-            Stage::Inference => {
-                out.add(OpClass::Gemm, 2.0 * n * tokens / flops_rate * bubble);
-                out.add(OpClass::Attention, attention_fwd / flops_rate * bubble);
-                out.add(
-                    OpClass::TpAllReduce,
-                    m * (layers / pp) * 2.0 * ring(tp, activation_msg, hw.intra_bytes_per_s) * bubble,
-                );
-                if pp > 1.0 {
-                    out.add(pp_class, (m + pp - 1.0) * (activation_msg / pp_bw + MESSAGE_LATENCY_S));
-                }
-            }
-            Stage::Generation => {
-                let (prompt, response) = (w.prompt_len as f64, w.response_len as f64);
-                // Prefill: compute-bound over the prompt.
-                out.add(OpClass::Gemm, 2.0 * n * b_rep * prompt / flops_rate);
-                out.add(OpClass::Attention, 2.0 * layers * prompt * q_width * b_rep * prompt / flops_rate);
-                // Decode, in waves of `concurrent` sequences: every step reads the stage's
-                // weights and the KV cache (mean context), stage after stage; compute-bound only
-                // for very large batches.
-                let batch = concurrent.max(1) as f64;
-                let steps = (b_rep / batch).ceil() * response;
-                let kv_per_token = 2.0 * layers * (a.kv_heads * a.head_dim) as f64 * bytes;
-                let context = prompt + response / 2.0;
-                let read = (n * bytes + batch * context * kv_per_token) / devices;
-                let memory_time = read / hw.hbm_bytes_per_s * pp;
-                let compute_time = 2.0 * n * batch / flops_rate * pp;
-                if memory_time >= compute_time {
-                    out.add(OpClass::Decode, steps * memory_time);
-                } else {
-                    out.add(OpClass::Gemm, steps * compute_time);
-                }
-                let step_msg = batch * h * bytes;
-                out.add(OpClass::TpAllReduce, steps * layers * 2.0 * ring(tp, step_msg, hw.intra_bytes_per_s));
-                if pp > 1.0 {
-                    out.add(pp_class, steps * (pp - 1.0) * (step_msg / pp_bw + MESSAGE_LATENCY_S));
-                }
-            }
+        let attention_fwd = 2.0 * layers * s * a.q_width() as f64 * tokens;
+        let mut out = LatencyBreakdown::default();
+        let (gemm_passes, attn_passes, tp_passes, pp_passes) = if training {
+            let recompute_fwd = if c.recompute == Recompute::Full { 1.0 } else { 0.0 };
+            let attn = if c.recompute == Recompute::None { 3.0 } else { 4.0 };
+            (6.0 + 2.0 * recompute_fwd, attn, 4.0, 2.0)
+        } else {
+            (2.0, 1.0, 2.0, 1.0)
+        };
+        out.add(OpClass::Gemm, gemm_passes * n * tokens / flops_rate * bubble);
+        out.add(OpClass::Attention, attn_passes * attention_fwd / flops_rate * bubble);
+        out.add(
+            OpClass::TpAllReduce,
+            m * (layers / pp) * tp_passes * ring(tp, activation_msg, hw.intra_bytes_per_s) * bubble,
+        );
+        if pp > 1.0 {
+            out.add(pp_class, (m + pp - 1.0) * pp_passes * (activation_msg / pp_bw + MESSAGE_LATENCY_S));
+        }
+        if training {
+            let ranks = c.ranks();
+            let dp_bw = if ranks <= hw.devices_per_node { hw.intra_bytes_per_s } else { hw.inter_bytes_per_s };
+            let grad_bytes = n / devices * self.gradient_bytes() as f64;
+            out.add(OpClass::DpAllReduce, ring(dp, grad_bytes, dp_bw));
         }
         out
     }
+
+    /// Bytes per gradient element on the wire: f32 in the reference engine, bf16 on GPUs.
+    fn gradient_bytes(&self) -> u64 {
+        match self.engine {
+            EngineKind::Reference => 4,
+            EngineKind::Gpu => GRADIENT_BYTES,
+        }
+    }
+
+    /// Prefill and decode of the replica's share in waves of `micro_batch` sequences (a GPU
+    /// engine's continuous batching keeps about that many in flight; the reference engine
+    /// decodes wave after wave).
+    fn generation_latency(&self, stats: &ModelStats, c: &Candidate, w: &Workload) -> LatencyBreakdown {
+        let hw = &self.hardware;
+        let a = &stats.arch;
+        let (tp, pp) = (f64::from(c.layout.tp), f64::from(c.layout.pp));
+        let b_rep = Self::per_replica(w.sequences, c.dp) as f64;
+        let (layers, h, bytes) = (a.layers as f64, a.hidden as f64, a.dtype.bytes() as f64);
+        let n = stats.matmul_params as f64;
+        let q_width = a.q_width() as f64;
+        let devices = tp * layers / stats.max_layers_per_stage(c.layout.pp) as f64;
+        let flops_rate = hw.peak_flops * devices;
+        let pp_class = if c.layout.size() <= hw.devices_per_node { OpClass::PpP2pIntra } else { OpClass::PpP2pInter };
+        let pp_bw = if pp_class == OpClass::PpP2pIntra { hw.intra_bytes_per_s } else { hw.inter_bytes_per_s };
+        let (prompt, response) = (w.prompt_len as f64, w.response_len as f64);
+        let mut out = LatencyBreakdown::default();
+        // Prefill: compute-bound over the prompt.
+        out.add(OpClass::Gemm, 2.0 * n * b_rep * prompt / flops_rate);
+        out.add(OpClass::Attention, 2.0 * layers * prompt * q_width * b_rep * prompt / flops_rate);
+        // Decode, in waves: every step reads the stage's weights and the KV cache (mean
+        // context), stage after stage; compute-bound only for very large batches.
+        let batch = Self::micro(c, Self::per_replica(w.sequences, c.dp)) as f64;
+        let steps = (b_rep / batch).ceil() * response;
+        let kv_per_token = 2.0 * layers * (a.kv_heads * a.head_dim) as f64 * bytes;
+        let context = prompt + response / 2.0;
+        let read = (n * bytes + batch * context * kv_per_token) / devices;
+        let memory_time = read / hw.hbm_bytes_per_s * pp;
+        let compute_time = 2.0 * n * batch / flops_rate * pp;
+        if memory_time >= compute_time {
+            out.add(OpClass::Decode, steps * memory_time);
+        } else {
+            out.add(OpClass::Gemm, steps * compute_time);
+        }
+        let step_msg = batch * h * bytes;
+        out.add(OpClass::TpAllReduce, steps * layers * 2.0 * ring(tp, step_msg, hw.intra_bytes_per_s));
+        if pp > 1.0 {
+            out.add(pp_class, steps * (pp - 1.0) * (step_msg / pp_bw + MESSAGE_LATENCY_S));
+        }
+        out
+    }
+}
+
+impl CostModel {
+    /// The weight sync from `src` (a training placement) into `dst` (generation or critic
+    /// inference), as the engine runs it: destination replica `g` is filled from source replica
+    /// `g mod dp`, every destination rank receives its parameter shard (nothing where the same
+    /// rank already holds it in the same layout), each source replica's ranks send what its
+    /// destinations receive, all transfers concurrent; the slowest rank sets the time.
+    pub fn weight_sync(&self, stats: &ModelStats, src: &Placement, dst: &Placement) -> LatencyBreakdown {
+        let hw = &self.hardware;
+        let (sl, dl) = (src.candidate.layout, dst.candidate.layout);
+        let bytes = stats.arch.dtype.bytes();
+        let mut traffic: BTreeMap<i32, u64> = BTreeMap::new();
+        let mut cross_node = false;
+        let sources: Vec<&[i32]> = src.ranks.chunks(sl.size().max(1) as usize).collect();
+        for (g, target) in dst.ranks.chunks(dl.size().max(1) as usize).enumerate() {
+            let source = sources[g % sources.len().max(1)];
+            let mut sent = 0;
+            for (k, &r) in target.iter().enumerate() {
+                let j = dl.position(k).pp;
+                let local = sl == dl && source[k] == r;
+                if !local {
+                    let b = stats.params_of_stage(dl, j) * bytes;
+                    *traffic.entry(r).or_default() += b;
+                    sent += b;
+                }
+            }
+            for &s in source {
+                *traffic.entry(s).or_default() += sent.div_ceil(source.len() as u64);
+            }
+            let node = |r: i32| r as u32 / hw.devices_per_node.max(1);
+            cross_node |= target.iter().chain(source).any(|&r| node(r) != node(target[0]));
+        }
+        let bw = if cross_node { hw.inter_bytes_per_s } else { hw.intra_bytes_per_s };
+        let busiest = traffic.values().copied().max().unwrap_or(0);
+        let mut out = LatencyBreakdown::default();
+        if busiest > 0 {
+            out.add(OpClass::Reshard, busiest as f64 / bw + MESSAGE_LATENCY_S);
+        }
+        out
+    }
+}
+
+/// Ring all-reduce of `msg` bytes over `group` ranks at `bw` bytes/s per direction.
+fn ring(group: f64, msg: f64, bw: f64) -> f64 {
+    if group > 1.0 {
+        2.0 * (group - 1.0) / group * msg / bw + 2.0 * (group - 1.0) * MESSAGE_LATENCY_S
+    } else {
+        0.0
+    }
+}
+
+/// Blocks of pipeline stage `j` of `layout`.
+fn blocks_in_stage(stats: &ModelStats, layout: Layout, j: u32) -> u64 {
+    let r = crate::model::catalogue::blocks_of_stage(stats.arch.layers, layout.pp, j);
+    r.end - r.start
+}
+
+/// The local shapes of pipeline stage `j` (TP position 0; every TP position is alike).
+fn local_shape(stats: &ModelStats, layout: Layout, j: u32) -> LocalShape {
+    LocalShape::of(&stats.arch, layout, Position { tp: 0, pp: j })
+}
+
+/// KV-cache and logit bytes one in-flight sequence adds on a GPU rank holding `layers` blocks.
+fn gpu_generation_bytes_per_sequence(
+    stats: &ModelStats,
+    c: &Candidate,
+    w: &Workload,
+    layers: u64,
+    last: bool,
+) -> (u64, u64) {
+    let a = &stats.arch;
+    let tp = u64::from(c.layout.tp);
+    let kv = kv_cache_bytes_per_sequence(a, w.seq_len()) / tp * layers / a.layers;
+    let head_width = if a.head == OutputHead::Lm { a.vocab / tp } else { 1 };
+    (kv, if last { head_width * 4 } else { 0 })
 }

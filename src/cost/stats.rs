@@ -1,5 +1,6 @@
 //! Per-model numbers the cost model needs, derived once from the parameter catalogue.
 
+use crate::model::catalogue::blocks_of_stage;
 use crate::model::{Architecture, Catalogue, Layout, Sharding, StageOwner};
 
 /// Parameter counts of one model, with prefix sums so that the heaviest rank of any layout is
@@ -65,25 +66,26 @@ impl ModelStats {
         self
     }
 
-    /// Parameters held by the heaviest rank of `layout` (using the catalogue's stage split).
-    pub fn max_params_per_rank(&self, catalogue: &Catalogue, layout: Layout) -> u64 {
+    /// Parameters held by each rank of pipeline stage `j` of `layout` (every TP position of a
+    /// stage holds the same count).
+    pub fn params_of_stage(&self, layout: Layout, j: u32) -> u64 {
         let tp = u64::from(layout.tp);
-        (0..layout.pp)
-            .map(|j| {
-                let blocks = catalogue.blocks_of_stage(layout.pp, j);
-                let (a, b) = (blocks.start as usize, blocks.end as usize);
-                let mut e = (self.block_split[b] - self.block_split[a]) / tp
-                    + (self.block_replicated[b] - self.block_replicated[a]);
-                if j == 0 {
-                    e += self.first_split / tp;
-                }
-                if j == layout.pp - 1 {
-                    e += self.last_split / tp + self.last_replicated;
-                }
-                e
-            })
-            .max()
-            .unwrap_or(0)
+        let blocks = blocks_of_stage(self.arch.layers, layout.pp, j);
+        let (a, b) = (blocks.start as usize, blocks.end as usize);
+        let mut e =
+            (self.block_split[b] - self.block_split[a]) / tp + (self.block_replicated[b] - self.block_replicated[a]);
+        if j == 0 {
+            e += self.first_split / tp;
+        }
+        if j == layout.pp - 1 {
+            e += self.last_split / tp + self.last_replicated;
+        }
+        e
+    }
+
+    /// Parameters held by the heaviest rank of `layout`.
+    pub fn max_params_per_rank(&self, layout: Layout) -> u64 {
+        (0..layout.pp).map(|j| self.params_of_stage(layout, j)).max().unwrap_or(0)
     }
 
     /// Blocks of the largest pipeline stage.
@@ -103,8 +105,14 @@ mod tests {
         let stats = ModelStats::new(&c);
         for (tp, pp) in [(1, 1), (2, 3), (8, 7), (4, 2)] {
             let layout = Layout::new(tp, pp);
+            for j in 0..pp {
+                for tp_index in 0..tp {
+                    let want = c.shard(layout, Position { tp: tp_index, pp: j }).elements;
+                    assert_eq!(stats.params_of_stage(layout, j), want, "{layout} stage {j}");
+                }
+            }
             let want = (0..pp).map(|j| c.shard(layout, Position { tp: 0, pp: j }).elements).max().unwrap();
-            assert_eq!(stats.max_params_per_rank(&c, layout), want, "{layout}");
+            assert_eq!(stats.max_params_per_rank(layout), want, "{layout}");
         }
     }
 }

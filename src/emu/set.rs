@@ -7,6 +7,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use crate::comm::DataPlane;
+use crate::cost::MemoryItem;
 use crate::model::{Catalogue, Layout, Position};
 use crate::plan::{ModelStage, Role};
 
@@ -223,7 +224,7 @@ impl EmuSet {
         let filled: Result<(), String> = shards.values_mut().try_for_each(|shard| fill(shard, catalogue));
         if let Err(reason) = filled {
             for shard in shards.into_values() {
-                self.store.ledger_mut().release(shard.bytes());
+                self.store.ledger_mut().release_all(&shard.charges());
             }
             return Err(EmuError::Invalid { primitive: what, reason });
         }
@@ -253,6 +254,10 @@ impl EmuSet {
         let catalogue = &self.catalogues[&src.model_stage.role];
         let target = TargetEmu { id: to, layout: dst.layout, ranks: dst.ranks.clone() };
         let movement = Movement::plan(catalogue, &[&src], std::slice::from_ref(&target));
+        // Rectangles that are not contiguous in a buffer travel through pack buffers, charged
+        // like every other buffer.
+        let scratch = scratch_bytes(&movement, self.rank, &[Section::Params], catalogue.arch.dtype);
+        self.store.ledger_mut().charge(MemoryItem::PackBuffers, scratch)?;
         let mut targets: BTreeMap<EmuId, LocalShard> = self.store.take(to).map(|s| (to, s)).into_iter().collect();
         let moved = {
             let sources: BTreeMap<EmuId, &LocalShard> = self.store.get(from).map(|s| (from, s)).into_iter().collect();
@@ -261,6 +266,7 @@ impl EmuSet {
         if let Some(shard) = targets.remove(&to) {
             self.store.put(shard);
         }
+        self.store.ledger_mut().release(MemoryItem::PackBuffers, scratch);
         moved?;
         let sections = [Section::Params];
         let report = PrimitiveReport {
@@ -370,13 +376,13 @@ impl EmuSet {
         let (bytes_sent, bytes_local) = (movement.bytes_sent(&sections, dtype), movement.bytes_local(&sections, dtype));
         let source_ranks: Vec<i32> = src.iter().flat_map(|e| e.ranks.iter().copied()).collect();
         let mut shards = self.allocate_targets(plane, &what, model_stage, &targets, &source_ranks, scratch)?;
-        self.store.ledger_mut().charge("pack buffers", scratch)?;
+        self.store.ledger_mut().charge(MemoryItem::PackBuffers, scratch)?;
         let moved = {
             let sources: BTreeMap<EmuId, &LocalShard> =
                 sources.iter().filter_map(|id| self.store.get(*id).map(|s| (*id, s))).collect();
             move_bytes(plane, &movement, &sources, &mut shards)
         };
-        self.store.ledger_mut().release(scratch);
+        self.store.ledger_mut().release(MemoryItem::PackBuffers, scratch);
         moved?;
         if consume {
             for id in sources {

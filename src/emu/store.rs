@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 
 use crate::config::Dtype;
+use crate::cost::{MemoryBreakdown, MemoryItem};
 use crate::model::{Piece, Position, ShardTable};
 
 use super::{EmuError, EmuId, MemoryLedger, Section};
@@ -30,6 +31,17 @@ pub struct LocalShard {
 /// Bytes of a shard with `table` and `sections`.
 pub fn shard_bytes(table: &ShardTable, sections: &[Section], dtype: Dtype) -> u64 {
     sections.iter().map(|s| table.elements * s.element_bytes(dtype)).sum()
+}
+
+/// A shard's bytes as the ledger charges them: the parameters under `params`, the moments and
+/// the master copy under `optimizer`.
+pub fn shard_charges(table: &ShardTable, sections: &[Section], dtype: Dtype) -> MemoryBreakdown {
+    let mut m = MemoryBreakdown::default();
+    for s in sections {
+        let item = if *s == Section::Params { MemoryItem::Params } else { MemoryItem::Optimizer };
+        m.add(item, table.elements * s.element_bytes(dtype));
+    }
+    m
 }
 
 impl LocalShard {
@@ -60,6 +72,11 @@ impl LocalShard {
     /// Bytes in the buffer.
     pub fn bytes(&self) -> u64 {
         self.buffer.len() as u64
+    }
+
+    /// Its bytes as the ledger charges them.
+    pub fn charges(&self) -> MemoryBreakdown {
+        shard_charges(&self.table, &self.sections, self.dtype)
     }
 }
 
@@ -107,7 +124,14 @@ impl ShardStore {
         dtype: Dtype,
     ) -> Result<LocalShard, EmuError> {
         let bytes = shard_bytes(&table, &sections, dtype);
-        self.ledger.charge(&format!("{emu} shard"), bytes)?;
+        let charges = shard_charges(&table, &sections, dtype);
+        if !self.ledger.fits(bytes) {
+            // One message for the whole shard, under the item of its largest part.
+            self.ledger.charge(MemoryItem::Params, bytes)?;
+        }
+        for item in MemoryItem::ALL {
+            self.ledger.charge(item, charges.get(item))?;
+        }
         let buffer = match self.cache.iter().position(|b| b.len() as u64 == bytes) {
             Some(i) => self.cache.swap_remove(i),
             None => {
@@ -128,7 +152,7 @@ impl ShardStore {
     /// Frees a shard: its bytes return to the ledger and its buffer to the cache.
     pub fn free(&mut self, emu: EmuId) {
         if let Some(shard) = self.shards.remove(&emu) {
-            self.ledger.release(shard.bytes());
+            self.ledger.release_all(&shard.charges());
             self.cache.push(shard.buffer);
         }
     }

@@ -6,6 +6,7 @@ use super::ops::*;
 use super::parallel::CopyToTp;
 use super::stage::StageModel;
 use super::EngineError;
+use crate::cost::MemoryItem;
 use crate::model::OutputHead;
 
 /// What the head's backward pass needs from its forward pass.
@@ -26,7 +27,8 @@ impl StageModel {
             .final_norm
             .clone()
             .ok_or_else(|| EngineError::Shape { what: "output head on a stage without it".into() })?;
-        let (mut xf, mut rf) = (arena.zeros("activations", x.len())?, arena.zeros("activations", x.len() / c)?);
+        let (mut xf, mut rf) =
+            (arena.zeros(MemoryItem::Activations, x.len())?, arena.zeros(MemoryItem::Activations, x.len() / c)?);
         rmsnorm_forward(&mut xf, &mut rf, x, &p[range], c);
         Ok((xf, rf))
     }
@@ -43,7 +45,7 @@ impl StageModel {
     ) -> Result<(Vec<f32>, HeadActs), EngineError> {
         let (d, n) = (self.dims(), x.len() / self.dims().c);
         let (mut xf, rf) = self.final_norm(p, &x, arena)?;
-        let mut out = arena.zeros("outputs", n)?;
+        let mut out = arena.zeros(MemoryItem::Logits, n)?;
         let (mut logits, mut lse) = (Vec::new(), Vec::new());
         match self.head {
             OutputHead::Lm => {
@@ -53,9 +55,9 @@ impl StageModel {
                     .clone()
                     .ok_or_else(|| EngineError::Shape { what: "LM head missing".into() })?];
                 CopyToTp::forward(&mut xf);
-                logits = arena.zeros("logits", n * d.vocab)?;
+                logits = arena.zeros(MemoryItem::Logits, n * d.vocab)?;
                 linear_forward(&mut logits, &xf, w, n, d.c, d.vocab);
-                lse = arena.zeros("logits", n)?;
+                lse = arena.zeros(MemoryItem::Logits, n)?;
                 log_probs_forward(&mut out, &mut lse, &logits, &targets, d.v0, tp)?;
             }
             OutputHead::Value => {
@@ -82,11 +84,11 @@ impl StageModel {
         arena: &mut Arena,
     ) -> Result<Vec<f32>, EngineError> {
         let (d, n) = (self.dims(), dout.len());
-        let mut dxf = arena.zeros("gradients of activations", n * d.c)?;
+        let mut dxf = arena.zeros(MemoryItem::ActivationGradients, n * d.c)?;
         match self.head {
             OutputHead::Lm => {
                 let range = self.weights.lm_head.clone().unwrap_or_default();
-                let mut dlogits = arena.zeros("logits", n * d.vocab)?;
+                let mut dlogits = arena.zeros(MemoryItem::Logits, n * d.vocab)?;
                 log_probs_backward(&mut dlogits, dout, &a.logits, &a.lse, &a.targets, d.v0);
                 linear_backward(Some(&mut dxf), &mut grads[range.clone()], &dlogits, &a.xf, &p[range], n, d.c, d.vocab);
                 CopyToTp::backward(tp, &mut dxf)?;
@@ -97,7 +99,7 @@ impl StageModel {
             }
         }
         let range = self.weights.final_norm.clone().unwrap_or_default();
-        let mut dx = arena.zeros("gradients of activations", n * d.c)?;
+        let mut dx = arena.zeros(MemoryItem::ActivationGradients, n * d.c)?;
         rmsnorm_backward(&mut dx, &mut grads[range.clone()], &dxf, &a.x, &p[range], &a.rf, d.c);
         Ok(dx)
     }
@@ -118,9 +120,9 @@ impl StageModel {
             .lm_head
             .clone()
             .ok_or_else(|| EngineError::Shape { what: "sampling from a model without an LM head".into() })?];
-        let mut local = arena.zeros("logits", n * d.vocab)?;
+        let mut local = arena.zeros(MemoryItem::Logits, n * d.vocab)?;
         linear_forward(&mut local, &xf, w, n, d.c, d.vocab);
-        let mut full = arena.zeros("logits", n * d.vocab_total)?;
+        let mut full = arena.zeros(MemoryItem::Logits, n * d.vocab_total)?;
         for (row, src) in full.chunks_exact_mut(d.vocab_total).zip(local.chunks_exact(d.vocab)) {
             row[d.v0..d.v0 + d.vocab].copy_from_slice(src);
         }

@@ -7,6 +7,7 @@ use super::ops::*;
 use super::parallel::{CopyToTp, ReduceFromTp};
 use super::weights::{BlockWeights, LocalDims, StageWeights};
 use super::EngineError;
+use crate::cost::MemoryItem;
 use crate::model::{Catalogue, OutputHead};
 
 /// Key/value cache of one block: `k, v[B, T_cap, K, D]`.
@@ -28,7 +29,9 @@ impl KvCache {
     pub fn new(model: &StageModel, b: usize, t_cap: usize, arena: &mut Arena) -> Result<KvCache, EngineError> {
         let n = b * t_cap * model.dims().kv_heads * model.dims().d;
         let layers = (0..model.weights.blocks.len())
-            .map(|_| Ok(LayerCache { k: arena.zeros("KV cache", n)?, v: arena.zeros("KV cache", n)? }))
+            .map(|_| {
+                Ok(LayerCache { k: arena.zeros(MemoryItem::KvCache, n)?, v: arena.zeros(MemoryItem::KvCache, n)? })
+            })
             .collect::<Result<_, EngineError>>()?;
         Ok(KvCache { layers, t_cap })
     }
@@ -113,7 +116,7 @@ impl StageModel {
             .embed
             .clone()
             .ok_or_else(|| EngineError::Shape { what: "embedding on a stage without it".into() })?;
-        let mut x = arena.zeros("activations", tokens.len() * d.c)?;
+        let mut x = arena.zeros(MemoryItem::Activations, tokens.len() * d.c)?;
         embedding_forward(&mut x, tokens, &p[range], d.v0, d.c);
         ReduceFromTp::forward(tp, &mut x)?;
         Ok(x)
@@ -179,7 +182,7 @@ impl StageModel {
         let (d, n) = (self.dims(), rows.n());
         let (qw, kw) = (d.heads * d.d, d.kv_heads * d.d);
         let w = |r: &std::ops::Range<usize>| &p[r.clone()];
-        let mut z = |len: usize| arena.zeros::<f32>("activations", len);
+        let mut z = |len: usize| arena.zeros::<f32>(MemoryItem::Activations, len);
         let (mut xn1, mut r1) = (z(n * d.c)?, z(n)?);
         rmsnorm_forward(&mut xn1, &mut r1, &x, w(&bw.attn_norm), d.c);
         CopyToTp::forward(&mut xn1);
@@ -252,7 +255,7 @@ impl StageModel {
         let (d, n) = (self.dims(), rows.n());
         let (qw, kw) = (d.heads * d.d, d.kv_heads * d.d);
         let w = |r: &std::ops::Range<usize>| &p[r.clone()];
-        let mut z = |len: usize| arena.zeros::<f32>("gradients of activations", len);
+        let mut z = |len: usize| arena.zeros::<f32>(MemoryItem::ActivationGradients, len);
         // MLP: out = xmid + down(swiglu(gate(xn2), up(xn2))).
         ReduceFromTp::backward(&mut dout);
         let mut dh = z(n * d.ffn)?;

@@ -7,6 +7,7 @@
 //! and the objective normalizes by global counts, so the summed gradient is the same sum over
 //! the same sequences whatever `(tp, pp, dp)`.
 
+use crate::cost::{MemoryBreakdown, MemoryItem};
 use std::collections::VecDeque;
 use std::ops::Range;
 
@@ -81,8 +82,8 @@ struct InFlight {
     seqs: Range<usize>,
     acts: Vec<BlockActs>,
     head: Option<(HeadActs, Vec<f32>)>,
-    /// Bytes its forward pass charged (released by its backward pass).
-    bytes: u64,
+    /// What its forward pass charged, its input included (released by its backward pass).
+    charges: MemoryBreakdown,
 }
 
 /// What one training step reports (the same on every rank of the model-stage).
@@ -141,7 +142,7 @@ impl Replica {
         if self.model.weights.is_first() {
             return Ok(None);
         }
-        let mut x = arena.zeros("pipeline activations", rows * self.model.dims().c)?;
+        let mut x = arena.zeros(MemoryItem::PipelineBuffers, rows * self.model.dims().c)?;
         self.groups.recv_prev(plane, &mut x)?;
         Ok(Some(x))
     }
@@ -189,17 +190,21 @@ impl Replica {
         loss: &mut f64,
         arena: &mut Arena,
     ) -> Result<(InFlight, Option<Vec<f32>>), EngineError> {
-        let before = arena.charged();
+        let before = arena.mark();
+        // A received input is part of the micro-batch: it becomes the first block's saved `x`.
+        let mut input_charge = MemoryBreakdown::default();
+        input_charge.add(MemoryItem::PipelineBuffers, input.as_ref().map_or(0, |x| 4 * x.len() as u64));
         let (acts, out) = self.stage_forward(plane, params, batch, seqs, input, arena)?;
         let (head, hidden) = match out {
             StageOut::Head(out, head) => {
-                let mut dout = arena.zeros("output gradients", out.len())?;
+                let mut dout = arena.zeros(MemoryItem::Logits, out.len())?;
                 *loss += objective.loss_and_grad(seqs.clone(), &out, &mut dout);
                 (Some((head, dout)), None)
             }
             StageOut::Hidden(x) => (None, Some(x)),
         };
-        Ok((InFlight { seqs: seqs.clone(), acts, head, bytes: arena.charged() - before }, hidden))
+        let charges = arena.since(before).plus(&input_charge);
+        Ok((InFlight { seqs: seqs.clone(), acts, head, charges }, hidden))
     }
 
     /// One micro-batch backward from the head (last stage) or the next stage's `grad`;
@@ -216,7 +221,7 @@ impl Replica {
         arena: &mut Arena,
     ) -> Result<Option<Vec<f32>>, EngineError> {
         let tp = self.groups.tp_group(plane);
-        let before = arena.charged();
+        let before = arena.mark();
         let rows = Rows { b: f.seqs.len(), t: batch.seq_len, pos0: 0 };
         let dx = match (f.head, grad) {
             (Some((head, dout)), _) => self.model.head_backward(params, grads, &head, &dout, &tp, arena)?,
@@ -228,7 +233,8 @@ impl Replica {
             }
         };
         let dx = self.model.blocks_backward(params, grads, &f.acts, dx, rows, &tp, arena)?;
-        arena.release(arena.charged() - before + f.bytes);
+        let done = arena.since(before).plus(&f.charges);
+        arena.release(&done);
         if self.model.weights.is_first() {
             self.model.embed_backward(grads, &dx, batch.tokens_of(&f.seqs));
             return Ok(None);
@@ -281,34 +287,38 @@ impl Replica {
                 inflight.pop_front().ok_or_else(|| EngineError::Shape { what: "1F1B: nothing in flight".into() })?;
             let grad = match hidden {
                 Some(x) => {
-                    let mut g = arena.zeros("pipeline gradients", rows(&oldest.seqs) * c)?;
+                    let mut g = arena.zeros(MemoryItem::PipelineBuffers, rows(&oldest.seqs) * c)?;
                     self.groups.exchange_next(plane, &x, &mut g)?;
                     Some(g)
                 }
                 None => None,
             };
             let next = steady.get(i + 1);
+            let received = pipeline_charge(grad.as_ref());
             match (self.backward_one(plane, params, grads, batch, oldest, grad, arena)?, next) {
                 (Some(dx), Some(seqs)) => {
-                    let mut x = arena.zeros("pipeline activations", rows(seqs) * c)?;
+                    let mut x = arena.zeros(MemoryItem::PipelineBuffers, rows(seqs) * c)?;
                     self.groups.exchange_prev(plane, &dx, &mut x)?;
                     input = Some(x);
                 }
                 (Some(dx), None) => self.groups.send_prev(plane, &dx)?,
                 (None, _) => {}
             }
+            arena.release(&received);
         }
         while let Some(f) = inflight.pop_front() {
             let grad = if self.model.weights.is_last() {
                 None
             } else {
-                let mut g = arena.zeros("pipeline gradients", rows(&f.seqs) * c)?;
+                let mut g = arena.zeros(MemoryItem::PipelineBuffers, rows(&f.seqs) * c)?;
                 self.groups.recv_next(plane, &mut g)?;
                 Some(g)
             };
+            let received = pipeline_charge(grad.as_ref());
             if let Some(dx) = self.backward_one(plane, params, grads, batch, f, grad, arena)? {
                 self.groups.send_prev(plane, &dx)?;
             }
+            arena.release(&received);
         }
         Ok(loss)
     }
@@ -341,6 +351,14 @@ impl Replica {
     }
 }
 
+/// The charge of a gradient received from the next stage (released once its buffer, reused as
+/// the input gradient, has been sent on).
+fn pipeline_charge(grad: Option<&Vec<f32>>) -> MemoryBreakdown {
+    let mut m = MemoryBreakdown::default();
+    m.add(MemoryItem::PipelineBuffers, grad.map_or(0, |g| 4 * g.len() as u64));
+    m
+}
+
 /// One optimizer step of replica `id` of a training model-stage on `batch` (every rank of every
 /// replica of the model-stage calls it): forward, backward, DP all-reduce, clipping, AdamW on
 /// the EMU's parameter and moment sections, and `updates += 1` in its counters on this rank
@@ -368,7 +386,7 @@ pub fn train_step<P: DataPlane>(
     let mut arena = Arena::new(ledger);
     let (params, moments) = f32_sections(shard)?;
     let (m, v) = moments.ok_or_else(|| EngineError::Shape { what: format!("{id} keeps no optimizer state") })?;
-    let mut grads = arena.zeros::<f32>("gradients", params.len())?;
+    let mut grads = arena.zeros::<f32>(MemoryItem::Gradients, params.len())?;
     let loss = replica.forward_backward(plane, params, &mut grads, batch, micro_batch, objective, &mut arena)?;
     let (grad_norm, loss) = replica.reduce(plane, &mut grads, loss)?;
     if !(grad_norm.is_finite() && loss.is_finite()) {

@@ -4,7 +4,7 @@
 
 use std::ops::Range;
 
-use crate::model::{Catalogue, Layout, OutputHead, Position, ShardTable, Sharding};
+use crate::model::{Catalogue, Layout, LocalShape, OutputHead, Position, ShardTable, Sharding};
 
 use super::EngineError;
 
@@ -35,26 +35,8 @@ pub struct BlockWeights {
     pub down: Range<usize>,
 }
 
-/// Shapes local to one rank of a layout.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LocalDims {
-    /// Residual width `C`.
-    pub c: usize,
-    /// Local query heads `H`.
-    pub heads: usize,
-    /// Local key/value heads `K`.
-    pub kv_heads: usize,
-    /// Head width `D`.
-    pub d: usize,
-    /// Local SwiGLU width `F`.
-    pub ffn: usize,
-    /// Local vocabulary rows `V`.
-    pub vocab: usize,
-    /// First vocabulary row held.
-    pub v0: usize,
-    /// Whole vocabulary.
-    pub vocab_total: usize,
-}
+/// Shapes local to one rank of a layout (the catalogue's, shared with the cost model).
+pub type LocalDims = LocalShape;
 
 /// Where every tensor of one position lives in its flat buffer.
 #[derive(Debug, Clone)]
@@ -87,18 +69,7 @@ impl StageWeights {
         table: &ShardTable,
     ) -> Result<StageWeights, EngineError> {
         let a = &catalogue.arch;
-        let tp = layout.tp as usize;
-        let vocab = a.vocab as usize / tp;
-        let dims = LocalDims {
-            c: a.hidden as usize,
-            heads: a.heads as usize / tp,
-            kv_heads: a.kv_heads as usize / tp,
-            d: a.head_dim as usize,
-            ffn: a.ffn as usize / tp,
-            vocab,
-            v0: position.tp as usize * vocab,
-            vocab_total: a.vocab as usize,
-        };
+        let dims = catalogue.local_shape(layout, position);
         let mut w = StageWeights {
             embed: None,
             blocks: Vec::new(),

@@ -5,5 +5,5 @@ pub mod catalogue;
 mod layout;
 
 pub use architecture::{Architecture, OutputHead};
-pub use catalogue::{Catalogue, LayoutError, Piece, Region, ShardTable, Sharding, StageOwner, TensorSpec};
+pub use catalogue::{Catalogue, LayoutError, LocalShape, Piece, Region, ShardTable, Sharding, StageOwner, TensorSpec};
 pub use layout::{Layout, Position};

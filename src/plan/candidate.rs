@@ -93,13 +93,12 @@ pub enum PlanError {
         /// Pool size.
         pool: u32,
     },
-    /// Two model-stages of one stage share a rank (they must run concurrently).
-    #[error("{a} and {b} run in the same stage but share rank {rank}")]
-    SharedInStage {
-        /// One model-stage.
-        a: ModelStage,
-        /// The other.
-        b: ModelStage,
+    /// A rank appears twice in one placement (two replicas, or two positions of one replica,
+    /// of the same model-stage).
+    #[error("{model_stage}: rank {rank} appears twice; a model-stage's replicas use distinct ranks")]
+    RepeatedRank {
+        /// The model-stage.
+        model_stage: ModelStage,
         /// The rank.
         rank: i32,
     },
@@ -126,22 +125,21 @@ pub fn model_stages(algorithm: Algorithm) -> Vec<ModelStage> {
 }
 
 impl Plan {
-    /// Checks rank counts, the pool, and disjointness within each stage.
+    /// Checks rank counts, the pool, and that no rank holds two replicas of one model-stage.
+    /// Model-stages may share ranks, in one stage too: they then run one after another there.
     pub fn validate(&self, pool: u32) -> Result<(), PlanError> {
-        let mut owner: BTreeMap<(Stage, i32), ModelStage> = BTreeMap::new();
         for p in &self.placements {
             let ms = p.candidate.model_stage;
             if p.ranks.len() != p.candidate.ranks() as usize {
                 return Err(PlanError::RankCount { model_stage: ms, got: p.ranks.len(), want: p.candidate.ranks() });
             }
+            let mut seen = std::collections::BTreeSet::new();
             for &r in &p.ranks {
                 if r < 0 || r as u32 >= pool {
                     return Err(PlanError::OutsidePool { model_stage: ms, rank: r, pool });
                 }
-                if let Some(other) = owner.insert((ms.stage, r), ms) {
-                    if other != ms {
-                        return Err(PlanError::SharedInStage { a: other, b: ms, rank: r });
-                    }
+                if !seen.insert(r) {
+                    return Err(PlanError::RepeatedRank { model_stage: ms, rank: r });
                 }
             }
         }
@@ -152,22 +150,30 @@ impl Plan {
     /// stage, model-stages sharing ranks serialize and groups on disjoint ranks overlap, so a
     /// stage takes the longest chain of rank-sharing model-stages.
     pub fn step_latency(&self, latency_of: impl Fn(&Placement) -> f64) -> f64 {
-        let mut total = 0.0;
-        for stage in [Stage::Generation, Stage::Inference, Stage::Training] {
-            let members: Vec<&Placement> =
-                self.placements.iter().filter(|p| p.candidate.model_stage.stage == stage).collect();
-            total += overlap_groups(&members)
-                .iter()
-                .map(|g| g.iter().map(|p| latency_of(p)).sum::<f64>())
-                .fold(0.0, f64::max);
-        }
-        total
+        [Stage::Generation, Stage::Inference, Stage::Training]
+            .into_iter()
+            .map(|stage| {
+                let nodes: Vec<(&[i32], f64)> = self
+                    .placements
+                    .iter()
+                    .filter(|p| p.candidate.model_stage.stage == stage)
+                    .map(|p| (p.ranks.as_slice(), latency_of(p)))
+                    .collect();
+                overlap_latency(&nodes)
+            })
+            .sum()
     }
 }
 
-/// Connected components of placements under "shares a rank".
-fn overlap_groups<'a>(members: &[&'a Placement]) -> Vec<Vec<&'a Placement>> {
-    let mut group: Vec<usize> = (0..members.len()).collect();
+/// The latency of one stage's execution-overlap graph: `nodes` (rank set, seconds) that share a
+/// rank, directly or through others, run one after another; such groups run concurrently.
+pub fn overlap_latency(nodes: &[(&[i32], f64)]) -> f64 {
+    overlap_groups(nodes).iter().map(|g| g.iter().map(|&i| nodes[i].1).sum::<f64>()).fold(0.0, f64::max)
+}
+
+/// Connected components of `nodes` under "shares a rank", as node indices.
+fn overlap_groups(nodes: &[(&[i32], f64)]) -> Vec<Vec<usize>> {
+    let mut group: Vec<usize> = (0..nodes.len()).collect();
     fn root(g: &mut [usize], mut i: usize) -> usize {
         while g[i] != i {
             g[i] = g[g[i]];
@@ -175,18 +181,18 @@ fn overlap_groups<'a>(members: &[&'a Placement]) -> Vec<Vec<&'a Placement>> {
         }
         i
     }
-    for i in 0..members.len() {
-        for j in i + 1..members.len() {
-            if members[i].ranks.iter().any(|r| members[j].ranks.contains(r)) {
+    for i in 0..nodes.len() {
+        for j in i + 1..nodes.len() {
+            if nodes[i].0.iter().any(|r| nodes[j].0.contains(r)) {
                 let (a, b) = (root(&mut group, i), root(&mut group, j));
                 group[a] = b;
             }
         }
     }
-    let mut out: BTreeMap<usize, Vec<&Placement>> = BTreeMap::new();
-    for (i, member) in members.iter().enumerate() {
+    let mut out: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for i in 0..nodes.len() {
         let r = root(&mut group, i);
-        out.entry(r).or_default().push(member);
+        out.entry(r).or_default().push(i);
     }
     out.into_values().collect()
 }
@@ -229,14 +235,17 @@ mod tests {
     }
 
     #[test]
-    fn sharing_ranks_inside_a_stage_is_invalid() {
+    fn sharing_ranks_inside_a_stage_serializes_and_a_repeated_rank_is_invalid() {
         let plan = Plan {
             placements: vec![
                 place(Role::Reference, Stage::Inference, vec![0, 1]),
                 place(Role::Reward, Stage::Inference, vec![1, 2]),
             ],
         };
-        assert!(matches!(plan.validate(4), Err(PlanError::SharedInStage { rank: 1, .. })));
+        plan.validate(4).unwrap();
+        assert_eq!(plan.step_latency(|p| if p.candidate.model_stage.role == Role::Reward { 2.0 } else { 3.0 }), 5.0);
+        let repeated = Plan { placements: vec![place(Role::Reward, Stage::Inference, vec![1, 1])] };
+        assert!(matches!(repeated.validate(4), Err(PlanError::RepeatedRank { rank: 1, .. })));
         let outside = Plan { placements: vec![place(Role::Reward, Stage::Inference, vec![1, 2])] };
         assert!(matches!(outside.validate(2), Err(PlanError::OutsidePool { rank: 2, .. })));
     }

@@ -14,6 +14,8 @@
 //! [`Planner::exhaustive`] searches the same space without the frontier and the DP; tests
 //! check that both find the same optimum.
 
+mod assign;
 mod search;
+pub mod stage;
 
-pub use search::{catalogues, ModelStagePlan, PlannedJob, Planner, PlannerError};
+pub use search::{catalogues, fixed_plan, ModelStagePlan, PlannedJob, Planner, PlannerError, StepSeconds};

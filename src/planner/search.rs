@@ -1,17 +1,38 @@
-//! The planner itself: candidates, frontiers, the per-stage DP, rank assignment.
+//! The planner itself: candidates, frontiers, the per-stage layout, rank assignment, and the
+//! placement-exact memory check that closes the loop.
 
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use thiserror::Error;
 
+use super::assign::{assign, GroupToPlace};
+use super::stage::{self, StageChoice};
 use crate::config::{Algorithm, JobConfig};
 use crate::cost::{
-    training_state_bytes_per_param, CostModel, Efficiencies, Estimate, Hardware, ModelStats, Workload, GRADIENT_BYTES,
+    CostModel, Efficiencies, EngineKind, Estimate, Hardware, MemoryBreakdown, MemoryItem, ModelStats, PositionMemory,
+    RankPeaks, Workload,
 };
 use crate::model::{Architecture, Catalogue, Layout};
-use crate::plan::{model_stages, Candidate, ModelStage, Placement, Plan, Recompute, Role, Stage};
+use crate::plan::{model_stages, overlap_latency, Candidate, ModelStage, Placement, Plan, Recompute, Role, Stage};
 use crate::units::format_bytes;
+
+/// Stages in the order they run.
+const STAGES: [Stage; 3] = [Stage::Generation, Stage::Inference, Stage::Training];
+
+/// Rounds of layout and placement check per rung of the transient ladder.
+const PLACEMENT_ROUNDS: usize = 4;
+/// Shares of a rank's usable memory the transient buffers may take when the state has to be
+/// capped (see `Planner::place`).
+const TRANSIENT_LADDER: [f64; 6] = [0.5, 0.35, 0.25, 0.15, 0.1, 0.05];
+
+/// Per-rank limits on candidates when the uncapped plan does not fit every rank.
+struct Caps {
+    /// State per rank, per model-stage.
+    state: BTreeMap<ModelStage, u64>,
+    /// Transient peak per rank.
+    transient: u64,
+}
 
 /// Why no plan was found.
 #[derive(Debug, Error)]
@@ -44,6 +65,23 @@ pub enum PlannerError {
         /// What would fit.
         hint: String,
     },
+    /// Every model-stage fits on its own, but no placement keeps every rank within memory
+    /// once the state of all the EMUs a rank holds is added up.
+    #[error("no plan fits {gpus} GPUs: every placement found puts more than the {} usable on some rank (rank {rank} would hold {}: {}){hint}", format_bytes(*usable_bytes), format_bytes(*peak_bytes), .holders.join(", "))]
+    Placement {
+        /// Pool size.
+        gpus: u32,
+        /// The fullest rank of the last attempt.
+        rank: i32,
+        /// Its peak.
+        peak_bytes: u64,
+        /// Usable bytes per device.
+        usable_bytes: u64,
+        /// The model-stages holding state there.
+        holders: Vec<String>,
+        /// What would fit.
+        hint: String,
+    },
     /// The pool is empty.
     #[error("the pool has no GPUs; pass --gpus N with N >= 1")]
     EmptyPool,
@@ -58,13 +96,47 @@ pub struct ModelStagePlan {
     pub estimate: Estimate,
 }
 
-/// A global plan with its predicted step latency.
+/// Predicted seconds of one RL step, stage by stage.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct StepSeconds {
+    /// Sampling.
+    pub generation: f64,
+    /// Reference, reward and critic inference and the actor's old log-probabilities.
+    pub inference: f64,
+    /// Actor and critic updates.
+    pub training: f64,
+    /// Resharding the trained weights into the generation (and critic inference) layouts.
+    pub weight_sync: f64,
+}
+
+impl StepSeconds {
+    /// The whole step.
+    pub fn total(&self) -> f64 {
+        self.generation + self.inference + self.training + self.weight_sync
+    }
+
+    /// By stage name, as the engine records them (`stage_seconds` in the JSON lines).
+    pub fn by_name(&self) -> [(&'static str, f64); 4] {
+        [
+            ("generation", self.generation),
+            ("inference", self.inference),
+            ("training", self.training),
+            ("weight_sync", self.weight_sync),
+        ]
+    }
+}
+
+/// A global plan with its predictions.
 #[derive(Debug, Clone, Serialize)]
 pub struct PlannedJob {
     /// Per model-stage, in stage order.
     pub model_stages: Vec<ModelStagePlan>,
     /// Predicted step latency, seconds.
     pub step_latency_s: f64,
+    /// Its parts.
+    pub step_seconds: StepSeconds,
+    /// Every rank's predicted peak memory.
+    pub rank_peaks: RankPeaks,
 }
 
 impl PlannedJob {
@@ -87,7 +159,6 @@ pub struct Planner {
     models: Arc<BTreeMap<Role, Model>>,
     workloads: BTreeMap<ModelStage, Workload>,
     model_stages: Vec<ModelStage>,
-    resident: BTreeMap<Stage, u64>,
 }
 
 type Scored = (Candidate, Estimate);
@@ -110,9 +181,37 @@ pub fn catalogues(config: &JobConfig) -> BTreeMap<Role, Catalogue> {
         .collect()
 }
 
+/// The plan written in `config`'s `[plan]` tables (`None` when there are none, to let the
+/// planner choose), checked against a pool of `pool` ranks and the models' layouts.
+pub fn fixed_plan(config: &JobConfig, pool: u32) -> Result<Option<Plan>, String> {
+    if config.plan.is_empty() {
+        return Ok(None);
+    }
+    let cats = catalogues(config);
+    let mut placements = Vec::new();
+    for ms in model_stages(config.rl.algorithm) {
+        let e = config.plan.get(&ms.to_string()).ok_or_else(|| {
+            format!(
+                "[plan] has no table for {ms}: a fixed plan places every model-stage of {} (or none, to let the planner choose)",
+                config.rl.algorithm.name()
+            )
+        })?;
+        let layout = Layout::new(e.tp, e.pp);
+        cats[&ms.role].check_layout(layout).map_err(|err| format!("[plan.\"{ms}\"]: {err}"))?;
+        // Generation decodes each replica's whole share at once; the rest use rl.micro_batch.
+        let share = config.rl.sequences_per_step().div_ceil(e.dp.max(1));
+        let micro_batch = if ms.stage == Stage::Generation { share } else { config.rl.micro_batch };
+        let candidate = Candidate { model_stage: ms, layout, dp: e.dp, recompute: Recompute::None, micro_batch };
+        placements.push(Placement { candidate, ranks: e.ranks.clone() });
+    }
+    let plan = Plan { placements };
+    plan.validate(pool).map_err(|err| format!("[plan] does not fit {pool} ranks: {err}"))?;
+    Ok(Some(plan))
+}
+
 impl Planner {
     /// A planner for `config`'s job on `gpus` devices of its cluster, at `response_len` tokens
-    /// (default: the configured maximum).
+    /// (default: the configured maximum), costed for the engine of the cluster's data plane.
     pub fn new(
         config: &JobConfig,
         gpus: u32,
@@ -123,11 +222,13 @@ impl Planner {
             return Err(PlannerError::EmptyPool);
         }
         let hardware = Hardware::new(&config.cluster, gpus, config.policy.memory_headroom);
-        let mut models = BTreeMap::new();
-        for (role, catalogue) in catalogues(config) {
-            let stats = ModelStats::new(&catalogue);
-            models.insert(role, Model { catalogue, stats });
-        }
+        let models = catalogues(config)
+            .into_iter()
+            .map(|(role, catalogue)| {
+                let stats = ModelStats::new(&catalogue);
+                (role, Model { catalogue, stats })
+            })
+            .collect();
         let rl = &config.rl;
         let sequences = u64::from(rl.prompts_per_step) * u64::from(rl.samples_per_prompt);
         let model_stages = model_stages(rl.algorithm);
@@ -143,22 +244,17 @@ impl Planner {
                 prompt_len: rl.prompt_len.into(),
                 response_len: response_len.unwrap_or(rl.max_response_len.into()),
                 micro_batch: rl.micro_batch.into(),
+                mini_batch: rl.mini_batch.into(),
+                epochs: rl.epochs.into(),
             };
             workloads.insert(*ms, w);
         }
-        let mut planner = Planner {
-            cost: CostModel { hardware, efficiencies },
-            models: Arc::new(models),
-            workloads,
-            model_stages,
-            resident: BTreeMap::new(),
-        };
-        planner.resident = planner.resident_per_stage();
-        Ok(planner)
+        let cost = CostModel { hardware, efficiencies, engine: EngineKind::of(&config.cluster) };
+        Ok(Planner { cost, models: Arc::new(models), workloads, model_stages })
     }
 
     /// The same job re-targeted: another pool size, response length or calibration. Cheap:
-    /// the catalogues are shared, only the workloads and resident state are recomputed.
+    /// the catalogues are shared, only the workloads change.
     pub fn replanned(&self, gpus: u32, response_len: u64, efficiencies: Efficiencies) -> Result<Planner, PlannerError> {
         if gpus == 0 {
             return Err(PlannerError::EmptyPool);
@@ -169,29 +265,12 @@ impl Planner {
         for w in p.workloads.values_mut() {
             w.response_len = response_len;
         }
-        p.resident = p.resident_per_stage();
         Ok(p)
     }
 
-    /// Per stage: one replica of every other stage's model-stage state, spread evenly over the
-    /// pool, stays resident while the stage runs.
-    fn resident_per_stage(&self) -> BTreeMap<Stage, u64> {
-        let state = |ms: &ModelStage| {
-            let m = &self.models[&ms.role];
-            let per_param = if ms.trains() {
-                training_state_bytes_per_param(m.stats.arch.dtype, GRADIENT_BYTES)
-            } else {
-                m.stats.arch.dtype.bytes()
-            };
-            m.stats.params * per_param
-        };
-        [Stage::Generation, Stage::Inference, Stage::Training]
-            .into_iter()
-            .map(|stage| {
-                let others: u64 = self.model_stages.iter().filter(|ms| ms.stage != stage).map(state).sum();
-                (stage, others / u64::from(self.cost.hardware.devices))
-            })
-            .collect()
+    /// The cost model.
+    pub fn cost(&self) -> &CostModel {
+        &self.cost
     }
 
     /// The model-stages planned, in stage order.
@@ -204,25 +283,57 @@ impl Planner {
         self.models.iter().map(|(r, m)| (*r, m.stats.params)).collect()
     }
 
-    /// Estimates one candidate.
+    /// The catalogue of a model.
+    pub fn catalogue(&self, role: Role) -> &Catalogue {
+        &self.models[&role].catalogue
+    }
+
+    /// The response length planned for.
+    pub fn response_len(&self) -> u64 {
+        self.workloads.values().next().map_or(0, |w| w.response_len)
+    }
+
+    /// Estimates one candidate (its heaviest position on a rank of its own).
     pub fn estimate(&self, c: &Candidate) -> Estimate {
-        let m = &self.models[&c.model_stage.role];
-        self.estimate_with(m.stats.max_params_per_rank(&m.catalogue, c.layout), c)
+        self.cost.estimate(&self.models[&c.model_stage.role].stats, c, &self.workloads[&c.model_stage])
     }
 
-    /// Estimates one candidate whose layout's heaviest-rank parameter count is known.
-    fn estimate_with(&self, params_per_rank: u64, c: &Candidate) -> Estimate {
-        let m = &self.models[&c.model_stage.role];
-        self.cost.estimate(
-            params_per_rank,
-            &m.stats,
-            c,
-            &self.workloads[&c.model_stage],
-            self.resident[&c.model_stage.stage],
-        )
+    /// What one rank at pipeline position `j` of `c` holds.
+    pub fn position_memory(&self, c: &Candidate, j: u32) -> PositionMemory {
+        self.cost.position_memory(&self.models[&c.model_stage.role].stats, c, &self.workloads[&c.model_stage], j)
     }
 
-    /// Every candidate of `ms` (feasible or not) with TP inside a node.
+    /// Every rank's predicted peak under `plan` (placement-exact), the weight sync's pack
+    /// buffers included.
+    pub fn rank_peaks(&self, plan: &Plan) -> RankPeaks {
+        let pool = plan.placements.iter().flat_map(|p| p.ranks.iter()).map(|&r| r as u32 + 1).max().unwrap_or(0);
+        let mut peaks = RankPeaks::of(plan, pool.max(self.cost.hardware.devices), |c, j| self.position_memory(c, j));
+        let find = |ms: ModelStage| plan.placements.iter().find(|p| p.candidate.model_stage == ms);
+        for (from, to) in SYNCS {
+            let (Some(src), Some(dst)) = (find(from), find(to)) else { continue };
+            // Rectangles are packed only when the TP split differs (row-parallel column blocks);
+            // a rank packs at most what it sends and receives: its shards' parameters.
+            if src.candidate.layout.tp == dst.candidate.layout.tp {
+                continue;
+            }
+            let mut pack: BTreeMap<i32, u64> = BTreeMap::new();
+            for p in [src, dst] {
+                let layout = p.candidate.layout;
+                for (k, &r) in p.ranks.iter().enumerate() {
+                    let j = layout.position(k % layout.size() as usize).pp;
+                    *pack.entry(r).or_default() += self.position_memory(&p.candidate, j).state.get(MemoryItem::Params);
+                }
+            }
+            for (r, bytes) in pack {
+                let mut sync = MemoryBreakdown::default();
+                sync.add(MemoryItem::PackBuffers, bytes);
+                peaks.consider(r, sync, to);
+            }
+        }
+        peaks
+    }
+
+    /// Every candidate of `ms` (feasible alone or not) with TP inside a node.
     ///
     /// With `prune`, only the smallest `dp` for each per-replica batch `⌈B/dp⌉` is kept: a
     /// larger `dp` with the same batch uses more ranks, needs the same memory and is no faster
@@ -232,13 +343,18 @@ impl Planner {
         let model = &self.models[&ms.role];
         let workload = &self.workloads[&ms];
         let sequences = workload.sequences;
-        let recomputes: &[Recompute] =
-            if ms.trains() { &[Recompute::None, Recompute::Selective, Recompute::Full] } else { &[Recompute::None] };
-        let micro_batches: Vec<u32> = if ms.stage == Stage::Generation {
-            vec![workload.micro_batch as u32]
-        } else {
-            std::iter::successors(Some(workload.micro_batch.max(1) as u32), |m| (*m > 1).then_some(m / 2)).collect()
+        // The reference engine keeps every activation: recomputation is a GPU-engine option.
+        let recomputes: &[Recompute] = match (ms.trains(), self.cost.engine) {
+            (true, EngineKind::Gpu) => &[Recompute::None, Recompute::Selective, Recompute::Full],
+            _ => &[Recompute::None],
         };
+        let halvings = |from: u64| -> Vec<u32> {
+            std::iter::successors(Some(from.clamp(1, u64::from(u32::MAX)) as u32), |m| (*m > 1).then_some(m / 2))
+                .collect()
+        };
+        // Training and inference: the configured micro-batch or smaller. Generation: waves of
+        // the whole share or smaller (less KV cache, more decode steps).
+        let fixed_micro = halvings(workload.micro_batch.max(1));
         let mut out = Vec::new();
         for tp in (1..=hw.devices_per_node.min(hw.devices)).filter(|t| hw.devices_per_node.is_multiple_of(*t)) {
             // A deeper pipeline whose fullest stage has as many blocks as a shallower one's is as
@@ -251,7 +367,6 @@ impl Planner {
                 if model.catalogue.check_layout(layout).is_err() {
                     continue;
                 }
-                let params_per_rank = model.stats.max_params_per_rank(&model.catalogue, layout);
                 let max_dp = (hw.devices / layout.size()).min(sequences.min(u64::from(u32::MAX)) as u32);
                 let mut last_batch = u64::MAX;
                 for dp in 1..=max_dp {
@@ -260,12 +375,19 @@ impl Planner {
                         continue;
                     }
                     last_batch = batch;
-                    for &micro_batch in &micro_batches {
+                    let waves;
+                    let micro_batches = if ms.stage == Stage::Generation {
+                        waves = halvings(batch);
+                        &waves
+                    } else {
+                        &fixed_micro
+                    };
+                    for &micro_batch in micro_batches {
                         // Recomputation only trades speed for memory: past the first feasible
                         // mode, the others are slower on the same ranks.
                         for &recompute in recomputes {
                             let c = Candidate { model_stage: ms, layout, dp, recompute, micro_batch };
-                            let e = self.estimate_with(params_per_rank, &c);
+                            let e = self.estimate(&c);
                             out.push((c, e));
                             if prune && e.feasible {
                                 break;
@@ -278,16 +400,23 @@ impl Planner {
         out
     }
 
-    /// Feasible candidates of `ms`.
-    pub fn candidates(&self, ms: ModelStage) -> Vec<Scored> {
-        self.all_candidates(ms, true).into_iter().filter(|(_, e)| e.feasible).collect()
+    /// Candidates of `ms` that fit a rank of their own (and the caps, when given).
+    fn candidates(&self, ms: ModelStage, caps: Option<&Caps>) -> Vec<Scored> {
+        let within = |e: &Estimate| {
+            caps.is_none_or(|c| e.memory.state.total() <= c.state[&ms] && e.memory.transient.total() <= c.transient)
+        };
+        self.all_candidates(ms, true).into_iter().filter(|(_, e)| e.feasible && within(e)).collect()
     }
 
     /// The latency-versus-ranks frontier of `ms`: ascending ranks, strictly falling latency.
     /// Among equally fast candidates with the same rank count, `prefer` (the current one) wins.
     pub fn frontier(&self, ms: ModelStage, prefer: Option<&Candidate>) -> Vec<Scored> {
+        self.frontier_within(ms, prefer, None)
+    }
+
+    fn frontier_within(&self, ms: ModelStage, prefer: Option<&Candidate>, caps: Option<&Caps>) -> Vec<Scored> {
         let mut best: BTreeMap<u32, Scored> = BTreeMap::new();
-        for (c, e) in self.candidates(ms) {
+        for (c, e) in self.candidates(ms, caps) {
             let slot = best.entry(c.ranks()).or_insert((c, e));
             let better = e.seconds < slot.1.seconds || (e.seconds == slot.1.seconds && Some(&c) == prefer);
             if better {
@@ -303,84 +432,226 @@ impl Planner {
         frontier
     }
 
-    /// Predicted step latency of any plan under this planner's workload and calibration
-    /// (infinite if a placement does not fit): what admission compares, `ΔL = L(S) − L(S*)`.
-    pub fn predict(&self, plan: &Plan) -> f64 {
-        let latency: BTreeMap<ModelStage, f64> =
-            plan.placements.iter().map(|p| (p.candidate.model_stage, self.estimate(&p.candidate).seconds)).collect();
-        plan.step_latency(|p| latency[&p.candidate.model_stage])
+    /// Predicted seconds of one step under `plan`, stage by stage (infinite when a
+    /// placement does not fit a rank on its own). Inside a stage, model-stages that share
+    /// ranks run one after another and the others concurrently (the execution-overlap graph);
+    /// the actor's old log-probabilities run on its training ranks during inference; the
+    /// weight sync reshards the trained parameters into the generation and critic inference
+    /// layouts.
+    pub fn step_seconds(&self, plan: &Plan) -> StepSeconds {
+        let seconds = |c: &Candidate| self.estimate(c).seconds;
+        let stage = |s: Stage| -> f64 {
+            let mut nodes: Vec<(&[i32], f64)> = plan
+                .placements
+                .iter()
+                .filter(|p| p.candidate.model_stage.stage == s)
+                .map(|p| (p.ranks.as_slice(), seconds(&p.candidate)))
+                .collect();
+            if s == Stage::Inference {
+                for p in plan.placements.iter().filter(|p| p.candidate.model_stage == ACTOR_TRAINING) {
+                    let (stats, w) = (&self.models[&Role::Actor].stats, &self.workloads[&ACTOR_TRAINING]);
+                    nodes.push((p.ranks.as_slice(), self.cost.old_logp_latency(stats, &p.candidate, w)));
+                }
+            }
+            overlap_latency(&nodes)
+        };
+        StepSeconds {
+            generation: stage(Stage::Generation),
+            inference: stage(Stage::Inference),
+            training: stage(Stage::Training),
+            weight_sync: self.weight_sync_seconds(plan),
+        }
     }
 
-    /// The fastest feasible plan (ties: the current plan's candidates and ranks).
+    /// Predicted step latency of any plan (what admission compares, `ΔL = L(S) − L(S*)`).
+    pub fn predict(&self, plan: &Plan) -> f64 {
+        self.step_seconds(plan).total()
+    }
+
+    /// The weight sync's predicted seconds (the two reshards run one after the other).
+    fn weight_sync_seconds(&self, plan: &Plan) -> f64 {
+        let find = |ms: ModelStage| plan.placements.iter().find(|p| p.candidate.model_stage == ms);
+        SYNCS
+            .into_iter()
+            .filter_map(|(from, to)| Some((find(from)?, find(to)?)))
+            .map(|(src, dst)| {
+                let stats = &self.models[&src.candidate.model_stage.role].stats;
+                self.cost.weight_sync(stats, src, dst).seconds(&self.cost.efficiencies)
+            })
+            .sum()
+    }
+
+    /// The fastest plan whose every rank fits in memory (ties: the current plan's candidates
+    /// and ranks).
     pub fn search(&self, current: Option<&Plan>) -> Result<PlannedJob, PlannerError> {
+        let gpus = self.cost.hardware.devices;
+        match self.place(current) {
+            Ok((plan, peaks)) => Ok(self.planned(plan, peaks)),
+            Err(Unfit::Model(ms)) => Err(self.does_not_fit(ms)),
+            Err(Unfit::Stage { stage, need }) => {
+                Err(PlannerError::StageTooLarge { gpus, stage, need, hint: self.hint() })
+            }
+            Err(Unfit::Placement { plan, peaks }) => {
+                let (peak, rank) = peaks.max();
+                let holders = plan
+                    .placements
+                    .iter()
+                    .filter(|p| p.ranks.contains(&rank))
+                    .map(|p| p.candidate.model_stage.to_string())
+                    .collect();
+                let usable_bytes = self.cost.hardware.usable_bytes();
+                Err(PlannerError::Placement { gpus, rank, peak_bytes: peak, usable_bytes, holders, hint: self.hint() })
+            }
+        }
+    }
+
+    /// Rounds of layout and placement check: a round that finds ranks over their memory makes
+    /// each model-stage there leave room for what it shares the rank with (what the rank holds
+    /// besides its own position), and plans again.
+    fn place(&self, current: Option<&Plan>) -> Result<(Plan, RankPeaks), Unfit> {
+        let usable = self.cost.hardware.usable_bytes();
+        let first = self.layout(current, None)?;
+        let peaks = self.rank_peaks(&first);
+        if peaks.max().0 <= usable {
+            return Ok((first, peaks));
+        }
+        // Every rank holds a position of (nearly) every model-stage: its state adds up, and the
+        // largest transient comes on top. So the transient is capped at a rung of a ladder, the
+        // rest of the rank is shared out as state caps proportional to one replica's state (every
+        // model-stage shards about as finely), the room shrinks by any overflow left, and the
+        // fastest plan that fits over all rungs wins.
+        let mut best: Option<(Plan, RankPeaks, f64)> = None;
+        let mut last = (first, peaks);
+        for share in TRANSIENT_LADDER {
+            let transient = (usable as f64 * share) as u64;
+            let mut room = usable - transient;
+            for _ in 0..PLACEMENT_ROUNDS {
+                let caps = Caps { state: self.state_caps(room), transient };
+                let plan = match self.layout(current, Some(&caps)) {
+                    Ok(plan) => plan,
+                    Err(_) => break,
+                };
+                let peaks = self.rank_peaks(&plan);
+                let (worst, _) = peaks.max();
+                if worst <= usable {
+                    let seconds = self.predict(&plan);
+                    if best.as_ref().is_none_or(|b| seconds < b.2) {
+                        best = Some((plan, peaks, seconds));
+                    }
+                    break;
+                }
+                room = room.saturating_sub(worst - usable);
+                last = (plan, peaks);
+            }
+        }
+        match best {
+            Some((plan, peaks, _)) => Ok((plan, peaks)),
+            None => Err(Unfit::Placement { plan: last.0, peaks: last.1 }),
+        }
+    }
+
+    /// Per model-stage, its share of `room` bytes of state per rank, proportional to the
+    /// state of one of its replicas.
+    fn state_caps(&self, room: u64) -> BTreeMap<ModelStage, u64> {
+        let replica_state = |ms: &ModelStage| {
+            let c = Candidate {
+                model_stage: *ms,
+                layout: Layout::new(1, 1),
+                dp: 1,
+                recompute: Recompute::None,
+                micro_batch: 1,
+            };
+            self.position_memory(&c, 0).state.total() as f64
+        };
+        let total: f64 = self.model_stages.iter().map(replica_state).sum::<f64>().max(1.0);
+        self.model_stages.iter().map(|ms| (*ms, (room as f64 * replica_state(ms) / total) as u64)).collect()
+    }
+
+    /// One round: every stage's layout (under per-rank state caps, when given), then the ranks.
+    fn layout(&self, current: Option<&Plan>, caps: Option<&Caps>) -> Result<Plan, Unfit> {
         let prefer = |ms: ModelStage| {
             current.and_then(|p| p.placements.iter().find(|x| x.candidate.model_stage == ms)).map(|p| p.candidate)
         };
-        let mut chosen: Vec<Scored> = Vec::new();
-        for stage in [Stage::Generation, Stage::Inference, Stage::Training] {
+        let mut stages = Vec::new();
+        for stage in STAGES {
             let members: Vec<ModelStage> = self.model_stages.iter().copied().filter(|m| m.stage == stage).collect();
             let mut frontiers = Vec::new();
             for &ms in &members {
-                let f = self.frontier(ms, prefer(ms).as_ref());
+                let f = self.frontier_within(ms, prefer(ms).as_ref(), caps);
                 if f.is_empty() {
-                    return Err(self.does_not_fit(ms));
+                    return Err(Unfit::Model(ms));
                 }
                 frontiers.push(f);
             }
-            match min_max_knapsack(&frontiers, self.cost.hardware.devices) {
-                Some(picks) => chosen.extend(picks.into_iter().enumerate().map(|(i, k)| frontiers[i][k])),
-                None => {
-                    let need = frontiers.iter().map(|f| f[0].0.ranks()).sum();
-                    return Err(PlannerError::StageTooLarge {
-                        gpus: self.cost.hardware.devices,
-                        stage,
-                        need,
-                        hint: self.hint(),
-                    });
-                }
-            }
+            let choice = self.solve_stage(&frontiers).ok_or_else(|| Unfit::Stage {
+                stage,
+                need: frontiers.iter().map(|f| f[0].0.ranks()).max().unwrap_or(0),
+            })?;
+            let groups = choice
+                .groups
+                .iter()
+                .zip(&choice.group_ranks)
+                .map(|(g, &ranks)| GroupToPlace {
+                    members: g.iter().map(|&m| frontiers[m][choice.picks[m]].0).collect(),
+                    ranks,
+                })
+                .collect();
+            stages.push(groups);
         }
-        let placements = assign_ranks(&chosen, self.cost.hardware.devices, current);
-        let model_stages: Vec<ModelStagePlan> = chosen
-            .iter()
-            .zip(placements)
-            .map(|((_, e), placement)| ModelStagePlan { placement, estimate: *e })
-            .collect();
-        let plan = Plan { placements: model_stages.iter().map(|m| m.placement.clone()).collect() };
-        let by_ms: BTreeMap<ModelStage, f64> =
-            model_stages.iter().map(|m| (m.placement.candidate.model_stage, m.estimate.seconds)).collect();
-        let step_latency_s = plan.step_latency(|p| by_ms[&p.candidate.model_stage]);
-        Ok(PlannedJob { model_stages, step_latency_s })
+        let state_of = |c: &Candidate, j: u32| self.position_memory(c, j).state.total();
+        let mut placements = assign(&stages, self.cost.hardware.devices, current, &state_of);
+        placements.sort_by_key(|p| self.model_stages.iter().position(|&m| m == p.candidate.model_stage));
+        Ok(Plan { placements })
     }
 
-    /// The optimal step latency by brute force over every feasible candidate combination
-    /// (small settings only: tests use it to check [`Planner::search`]).
+    fn solve_stage(&self, frontiers: &[Vec<Scored>]) -> Option<StageChoice> {
+        let points: Vec<Vec<(u32, f64)>> =
+            frontiers.iter().map(|f| f.iter().map(|(c, e)| (c.ranks(), e.seconds)).collect()).collect();
+        let refs: Vec<&stage::Frontier> = points.iter().map(|p| p.as_slice()).collect();
+        stage::solve(&refs, self.cost.hardware.devices)
+    }
+
+    fn planned(&self, plan: Plan, rank_peaks: RankPeaks) -> PlannedJob {
+        let step_seconds = self.step_seconds(&plan);
+        let model_stages = plan
+            .placements
+            .into_iter()
+            .map(|p| ModelStagePlan { estimate: self.estimate(&p.candidate), placement: p })
+            .collect();
+        PlannedJob { model_stages, step_latency_s: step_seconds.total(), step_seconds, rank_peaks }
+    }
+
+    /// Each stage's optimum by brute force over every feasible candidate (small settings only:
+    /// tests check the frontier and the stage solver against it), summed over the stages.
     pub fn exhaustive(&self) -> Option<f64> {
-        let n = self.cost.hardware.devices;
         let mut total = 0.0;
-        for stage in [Stage::Generation, Stage::Inference, Stage::Training] {
-            let lists: Vec<Vec<Scored>> = self
+        for stage in STAGES {
+            let lists: Vec<Vec<(u32, f64)>> = self
                 .model_stages
                 .iter()
                 .filter(|m| m.stage == stage)
-                .map(|&m| self.all_candidates(m, false).into_iter().filter(|(_, e)| e.feasible).collect())
+                .map(|&m| self.candidates(m, None).into_iter().map(|(c, e)| (c.ranks(), e.seconds)).collect())
                 .collect();
-            fn go(lists: &[Vec<Scored>], budget: u32, worst: f64) -> Option<f64> {
-                let Some((first, rest)) = lists.split_first() else { return Some(worst) };
-                first
-                    .iter()
-                    .filter(|(c, _)| c.ranks() <= budget)
-                    .filter_map(|(c, e)| go(rest, budget - c.ranks(), worst.max(e.seconds)))
-                    .min_by(f64::total_cmp)
-            }
-            total += go(&lists, n, 0.0)?;
+            let refs: Vec<&stage::Frontier> = lists.iter().map(|l| l.as_slice()).collect();
+            total += stage::solve_exhaustively(&refs, self.cost.hardware.devices)?;
+        }
+        Some(total)
+    }
+
+    /// The sum of the stage solver's optima (what [`Planner::exhaustive`] checks).
+    pub fn stage_optima(&self) -> Option<f64> {
+        let mut total = 0.0;
+        for stage in STAGES {
+            let frontiers: Vec<Vec<Scored>> =
+                self.model_stages.iter().filter(|m| m.stage == stage).map(|&m| self.frontier(m, None)).collect();
+            total += self.solve_stage(&frontiers)?.seconds;
         }
         Some(total)
     }
 
     fn does_not_fit(&self, ms: ModelStage) -> PlannerError {
         let hw = &self.cost.hardware;
-        let need = self.all_candidates(ms, true).iter().map(|(_, e)| e.memory.total()).min().unwrap_or(0);
+        let need = self.all_candidates(ms, true).iter().map(|(_, e)| e.memory.peak()).min().unwrap_or(0);
         PlannerError::DoesNotFit {
             gpus: hw.devices,
             model_stage: ms,
@@ -393,7 +664,7 @@ impl Planner {
 
     /// What would fit: more GPUs, or shorter responses (recomputation is already searched).
     fn hint(&self) -> String {
-        let len = self.workloads.values().next().map_or(0, |w| w.response_len);
+        let len = self.response_len();
         let feasible_with = |gpus: u32, response: u64| {
             self.replanned(gpus, response, self.cost.efficiencies).is_ok_and(|p| p.search_quiet())
         };
@@ -422,97 +693,28 @@ impl Planner {
         }
     }
 
+    /// Whether a plan exists (the hints' probe: the same search, without a message).
     fn search_quiet(&self) -> bool {
-        [Stage::Generation, Stage::Inference, Stage::Training].into_iter().all(|stage| {
-            let frontiers: Vec<Vec<Scored>> =
-                self.model_stages.iter().filter(|m| m.stage == stage).map(|&m| self.frontier(m, None)).collect();
-            frontiers.iter().all(|f| !f.is_empty())
-                && min_max_knapsack(&frontiers, self.cost.hardware.devices).is_some()
-        })
+        self.place(None).is_ok()
     }
 }
 
-/// Picks one frontier point per model-stage minimizing the slowest, with total ranks within
-/// `budget`. `best[i][b]`: smallest max latency of model-stages `0..=i` using at most `b` ranks.
-fn min_max_knapsack(frontiers: &[Vec<Scored>], budget: u32) -> Option<Vec<usize>> {
-    let b = budget as usize;
-    let mut best: Vec<Vec<f64>> = Vec::with_capacity(frontiers.len());
-    let mut pick: Vec<Vec<usize>> = Vec::with_capacity(frontiers.len());
-    for (i, f) in frontiers.iter().enumerate() {
-        let mut row = vec![f64::INFINITY; b + 1];
-        let mut choice = vec![usize::MAX; b + 1];
-        for r in 0..=b {
-            for (k, (c, e)) in f.iter().enumerate() {
-                let used = c.ranks() as usize;
-                if used > r {
-                    break; // frontier ranks ascend
-                }
-                let before = if i == 0 { 0.0 } else { best[i - 1][r - used] };
-                let value = before.max(e.seconds);
-                if value < row[r] {
-                    row[r] = value;
-                    choice[r] = k;
-                }
-            }
-        }
-        best.push(row);
-        pick.push(choice);
-    }
-    if frontiers.is_empty() {
-        return Some(Vec::new());
-    }
-    if !best[frontiers.len() - 1][b].is_finite() {
-        return None;
-    }
-    let mut picks = vec![0; frontiers.len()];
-    let mut r = b;
-    for i in (0..frontiers.len()).rev() {
-        let k = pick[i][r];
-        picks[i] = k;
-        r -= frontiers[i][k].0.ranks() as usize;
-    }
-    Some(picks)
+/// Why a round of planning found nothing (turned into a [`PlannerError`] with a hint).
+enum Unfit {
+    /// A model-stage fits no candidate.
+    Model(ModelStage),
+    /// A stage's smallest layouts need more ranks than the pool.
+    Stage { stage: Stage, need: u32 },
+    /// Every placement tried leaves some rank over its memory; the last one.
+    Placement { plan: Plan, peaks: RankPeaks },
 }
 
-/// Concrete ranks, stage by stage: unchanged candidates keep their current ranks when free;
-/// the rest get contiguous TP-aligned blocks, largest TP first.
-fn assign_ranks(chosen: &[Scored], pool: u32, current: Option<&Plan>) -> Vec<Placement> {
-    let mut out: Vec<Option<Placement>> = vec![None; chosen.len()];
-    for stage in [Stage::Generation, Stage::Inference, Stage::Training] {
-        let mut used = vec![false; pool as usize];
-        let mut order: Vec<usize> = (0..chosen.len()).filter(|&i| chosen[i].0.model_stage.stage == stage).collect();
-        for &i in &order {
-            let c = chosen[i].0;
-            let previous = current.and_then(|p| p.placements.iter().find(|x| x.candidate == c));
-            if let Some(prev) = previous {
-                if prev.ranks.iter().all(|&r| (r as u32) < pool && !used[r as usize]) {
-                    prev.ranks.iter().for_each(|&r| used[r as usize] = true);
-                    out[i] = Some(prev.clone());
-                }
-            }
-        }
-        order.retain(|&i| out[i].is_none());
-        order.sort_by_key(|&i| std::cmp::Reverse(chosen[i].0.layout.tp));
-        for i in order {
-            let c = chosen[i].0;
-            let (size, align) = (c.ranks() as usize, c.layout.tp as usize);
-            let start = (0..pool as usize)
-                .step_by(align)
-                .find(|&s| s + size <= pool as usize && used[s..s + size].iter().all(|u| !u))
-                .or_else(|| {
-                    (0..pool as usize).find(|&s| s + size <= pool as usize && used[s..s + size].iter().all(|u| !u))
-                });
-            let ranks: Vec<i32> = match start {
-                Some(s) => (s..s + size).map(|r| r as i32).collect(),
-                // Fragmented by kept ranks: take any free ranks (the DP guarantees enough).
-                None => (0..pool as usize).filter(|&r| !used[r]).take(size).map(|r| r as i32).collect(),
-            };
-            ranks.iter().for_each(|&r| used[r as usize] = true);
-            out[i] = Some(Placement { candidate: c, ranks });
-        }
-    }
-    out.into_iter().map(|p| p.expect("every model-stage placed")).collect()
-}
+const GENERATION: ModelStage = ModelStage::new(Role::Actor, Stage::Generation);
+/// The weight syncs of a step: trained parameters into the layouts that use them.
+const SYNCS: [(ModelStage, ModelStage); 2] = [(ACTOR_TRAINING, GENERATION), (CRITIC_TRAINING, CRITIC_INFERENCE)];
+const ACTOR_TRAINING: ModelStage = ModelStage::new(Role::Actor, Stage::Training);
+const CRITIC_TRAINING: ModelStage = ModelStage::new(Role::Critic, Stage::Training);
+const CRITIC_INFERENCE: ModelStage = ModelStage::new(Role::Critic, Stage::Inference);
 
 #[cfg(test)]
 mod tests;

@@ -308,6 +308,16 @@ impl RlJob {
         Ok(metrics)
     }
 
+    /// Sequences per micro-batch of `ms`: its candidate's (the planner may pick fewer than the
+    /// configured `rl.micro_batch` to fit memory).
+    fn micro_batch(&self, ms: ModelStage) -> usize {
+        self.plan
+            .placements
+            .iter()
+            .find(|p| p.candidate.model_stage == ms)
+            .map_or(self.settings.micro_batch, |p| p.candidate.micro_batch as usize)
+    }
+
     fn rule_score(&self, rollout: &Rollout, i: usize) -> f32 {
         let (p, t) = (rollout.prompt_len, rollout.seq_len);
         let seq = &rollout.tokens[i * t..(i + 1) * t];
@@ -336,10 +346,22 @@ impl RlJob {
         let mut mine = None;
         if let Some(replica) = self.mine.get(&GENERATION) {
             let share = share(count, replica.groups.replica);
-            let prompts: Vec<u32> = share.clone().flat_map(&prompt_of).collect();
-            let ids: Vec<u64> = share.clone().map(&id_of).collect();
+            // Waves of `micro_batch` sequences, each with its own KV cache (the planner sizes
+            // them to fit); draws depend on the sequence id only, so waves change no token.
+            let wave = self.micro_batch(GENERATION).max(1);
             let out = with_params(set, replica.emu, |params, arena| {
-                replica.generate(plane, params, &prompts, &ids, sampling, arena)
+                let mut out = Generated { tokens: Vec::new(), lengths: Vec::new() };
+                for first in share.clone().step_by(wave) {
+                    let seqs = first..(first + wave).min(share.end);
+                    let prompts: Vec<u32> = seqs.clone().flat_map(&prompt_of).collect();
+                    let ids: Vec<u64> = seqs.map(&id_of).collect();
+                    let mark = arena.mark();
+                    let done = replica.generate(plane, params, &prompts, &ids, sampling, arena)?;
+                    arena.release_to(mark);
+                    out.tokens.extend(done.tokens);
+                    out.lengths.extend(done.lengths);
+                }
+                Ok::<_, EngineError>(out)
             })?;
             if replica.groups.is_leader() {
                 let rows: Vec<f32> = out
@@ -417,7 +439,7 @@ impl RlJob {
         for (ms, offset) in [(REWARD, 0), (REFERENCE, n), (ACTOR, n + n * t), (CRITIC_INFERENCE, n + 2 * n * t)] {
             let Some(replica) = self.mine.get(&ms) else { continue };
             let out = with_params(set, replica.emu, |params, arena| {
-                replica.infer(plane, params, &batch, self.settings.micro_batch, arena)
+                replica.infer(plane, params, &batch, self.micro_batch(ms), arena)
             })?;
             if !replica.groups.speaks_for_outputs() {
                 continue;
@@ -454,12 +476,28 @@ impl RlJob {
                 if let Some(replica) = self.mine.get(&ACTOR) {
                     let loss = PolicyLoss { rollout, members: chunk, clip: s.clip, kl_coef: s.loss_kl_coef };
                     let opt = &s.actor_opt;
-                    actor.add(train_step(plane, set, replica, &batch, s.micro_batch, &loss as &dyn Objective, opt)?);
+                    actor.add(train_step(
+                        plane,
+                        set,
+                        replica,
+                        &batch,
+                        self.micro_batch(ACTOR),
+                        &loss as &dyn Objective,
+                        opt,
+                    )?);
                 }
                 if let Some(replica) = self.mine.get(&CRITIC) {
                     let loss = ValueLoss { rollout, members: chunk, clip: s.value_clip };
                     let opt = &s.critic_opt;
-                    critic.add(train_step(plane, set, replica, &batch, s.micro_batch, &loss as &dyn Objective, opt)?);
+                    critic.add(train_step(
+                        plane,
+                        set,
+                        replica,
+                        &batch,
+                        self.micro_batch(CRITIC),
+                        &loss as &dyn Objective,
+                        opt,
+                    )?);
                 }
             }
         }

@@ -9,7 +9,7 @@ use crate::config::check::{MAX_DEVICES, MAX_TOKENS};
 use crate::config::Overrides;
 use crate::cost::{Efficiencies, MemoryBreakdown};
 use crate::plan::Recompute;
-use crate::planner::{PlannedJob, Planner};
+use crate::planner::{PlannedJob, Planner, StepSeconds};
 use crate::topology::format_index_list;
 
 use super::{RuntimeError, Session};
@@ -33,7 +33,8 @@ pub struct ModelStageOut {
     pub ranks: Vec<i32>,
     /// Predicted latency per step, seconds.
     pub latency_s: f64,
-    /// Predicted peak memory of the heaviest rank, bytes.
+    /// Predicted peak memory of the fullest rank this model-stage uses (everything that rank
+    /// holds: the state of every EMU there and its largest transient), bytes.
     pub peak_memory_bytes: u64,
     /// Its parts.
     pub memory: MemoryBreakdown,
@@ -48,6 +49,12 @@ pub struct PlanOut {
     pub response_len: u64,
     /// Predicted step latency, seconds.
     pub step_latency_s: f64,
+    /// Its parts: `generation`, `inference`, `training`, `weight_sync`.
+    pub step_seconds: StepSeconds,
+    /// Bytes a device may hold (`device_memory_gb` less the headroom).
+    pub usable_memory_bytes: u64,
+    /// Predicted peak memory of every rank of the pool.
+    pub rank_peak_memory_bytes: Vec<u64>,
     /// Parameters per model (from the catalogue).
     pub parameters: BTreeMap<String, u64>,
     /// Per model-stage.
@@ -56,16 +63,28 @@ pub struct PlanOut {
 
 /// Builds the report of a planned job.
 pub fn report(job: &PlannedJob, planner: &Planner, gpus: u32, response_len: u64) -> PlanOut {
+    let ranks = &job.rank_peaks.ranks;
     PlanOut {
         gpus,
         response_len,
         step_latency_s: job.step_latency_s,
+        step_seconds: job.step_seconds,
+        usable_memory_bytes: planner.cost().hardware.usable_bytes(),
+        rank_peak_memory_bytes: ranks.iter().map(|r| r.peak()).collect(),
         parameters: planner.parameters().into_iter().map(|(r, n)| (format!("{r:?}").to_lowercase(), n)).collect(),
         model_stages: job
             .model_stages
             .iter()
             .map(|m| {
                 let c = m.placement.candidate;
+                let fullest = m
+                    .placement
+                    .ranks
+                    .iter()
+                    .map(|&r| &ranks[r as usize])
+                    .max_by_key(|r| r.peak())
+                    .cloned()
+                    .unwrap_or_default();
                 ModelStageOut {
                     model_stage: c.model_stage.to_string(),
                     tp: c.layout.tp,
@@ -75,8 +94,8 @@ pub fn report(job: &PlannedJob, planner: &Planner, gpus: u32, response_len: u64)
                     micro_batch: c.micro_batch,
                     ranks: m.placement.ranks.clone(),
                     latency_s: m.estimate.seconds,
-                    peak_memory_bytes: m.estimate.memory.total(),
-                    memory: m.estimate.memory,
+                    peak_memory_bytes: fullest.peak(),
+                    memory: fullest.at_peak(),
                 }
             })
             .collect(),

@@ -21,13 +21,12 @@ use super::{io_error, RuntimeError, Session};
 use crate::backend::check_data_plane;
 use crate::comm::{max_over_ranks, DataPlane, MpiPlane};
 use crate::config::{DataPlane as PlaneKind, Dtype, JobConfig, OnNonFinite, Overrides};
-use crate::cost::Efficiencies;
+use crate::cost::{Efficiencies, MemoryBreakdown, MemoryItem, RankPeaks};
 use crate::emu::{Counters, EmuError, EmuSet, LocalShard};
 use crate::engine::init_shard;
 use crate::model::Catalogue;
-use crate::model::Layout;
-use crate::plan::{model_stages, Candidate, ModelStage, Placement, Plan, Recompute, Role, Stage};
-use crate::planner::{catalogues, Planner};
+use crate::plan::{ModelStage, Plan, Role, Stage};
+use crate::planner::{catalogues, fixed_plan, Planner, StepSeconds};
 use crate::rl::{warm_up, RlJob, StepMetrics, StepSettings, Warmup};
 use crate::topology::format_index_list;
 use crate::units::format_bytes;
@@ -61,7 +60,8 @@ pub fn run(
     let config = session.load_config(path, overrides)?;
     let session: &Session = session;
     let world = session.world().size();
-    let plan = session.agree("job checks", job_checks(&config, world))?;
+    let (plan, planner) = session.agree("job checks", job_checks(&config, world))?;
+    let predicted = Predicted { peaks: planner.rank_peaks(&plan), seconds: planner.step_seconds(&plan) };
     let signals = StopSignals::install(config.job.checkpoint_on_signal.as_deref())?;
     let out = config.job.output_dir.clone();
     let checkpoints = Checkpoints::of(&out);
@@ -85,7 +85,7 @@ pub fn run(
     let mut skipping = 0;
     for step in sources.start_step..u64::from(config.job.steps) {
         let m = job.step(&mut plane, &mut set, step)?;
-        let record = record(&mut plane, &set, &plan, step, &m)?;
+        let record = record(&mut plane, &set, &plan, &predicted, step, &m)?;
         if session.rank() == 0 {
             print_step(step, &m);
         }
@@ -123,7 +123,7 @@ fn create_state(
     sources: &Sources,
     world: i32,
 ) -> Result<EmuSet, RuntimeError> {
-    let mut set = EmuSet::new(plane.rank(), world, config.cluster.device_memory_bytes(), catalogues(config));
+    let mut set = EmuSet::new(plane.rank(), world, device_memory(config), catalogues(config));
     for p in &plan.placements {
         let ms = p.candidate.model_stage;
         let counters = sources
@@ -145,13 +145,24 @@ fn create_state(
     Ok(set)
 }
 
+/// The memory the ranks' ledgers allow: the configured device memory, or less under the test
+/// hook `NEREUS_FAULT_MEMORY_BYTES` (a device whose memory another process took; the plan is
+/// still made for the configured size, so the engine meets the shortage at allocation time).
+fn device_memory(config: &JobConfig) -> u64 {
+    let configured = config.cluster.device_memory_bytes();
+    std::env::var("NEREUS_FAULT_MEMORY_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(configured, |v: u64| v.min(configured))
+}
+
 fn signal_number(name: &str) -> u64 {
     (1..64).find(|&s| signals::name(s) == Some(name)).map_or(0, |s| s as u64)
 }
 
 /// What every rank checks before touching anything: the engine can run this job here (f32
 /// models, the MPI data plane, room for the rollout), and the plan.
-fn job_checks(config: &JobConfig, world: i32) -> Result<Plan, RuntimeError> {
+fn job_checks(config: &JobConfig, world: i32) -> Result<(Plan, Planner), RuntimeError> {
     for (role, spec) in config.models.roles() {
         if spec.dtype != Dtype::F32 {
             return Err(RuntimeError::Usage(format!(
@@ -186,36 +197,36 @@ fn job_checks(config: &JobConfig, world: i32) -> Result<Plan, RuntimeError> {
     job_plan(config, world)
 }
 
-/// The plan written in the config (checked against the world and the models), or the
-/// planner's for this many ranks.
-fn job_plan(config: &JobConfig, world: i32) -> Result<Plan, RuntimeError> {
-    if config.plan.is_empty() {
-        return Ok(Planner::new(config, world as u32, None, Efficiencies::default())?.search(None)?.plan());
-    }
-    let cats = catalogues(config);
-    let mut placements = Vec::new();
-    for ms in model_stages(config.rl.algorithm) {
-        let e = config.plan.get(&ms.to_string()).ok_or_else(|| {
-            RuntimeError::Usage(format!(
-                "[plan] has no table for {ms}: a fixed plan places every model-stage of {} (or none, to let the planner choose)",
-                config.rl.algorithm.name()
-            ))
-        })?;
-        let layout = Layout::new(e.tp, e.pp);
-        cats[&ms.role].check_layout(layout).map_err(|err| RuntimeError::Usage(format!("[plan.\"{ms}\"]: {err}")))?;
-        let candidate = Candidate {
-            model_stage: ms,
-            layout,
-            dp: e.dp,
-            recompute: Recompute::None,
-            micro_batch: config.rl.micro_batch,
-        };
-        placements.push(Placement { candidate, ranks: e.ranks.clone() });
-    }
-    let plan = Plan { placements };
-    plan.validate(world as u32)
-        .map_err(|err| RuntimeError::Usage(format!("[plan] does not fit {world} ranks: {err}")))?;
-    Ok(plan)
+/// The plan written in the config (checked against the world, the models and, placement by
+/// placement, the memory of every rank), or the planner's for this many ranks; with the planner
+/// that predicts it.
+fn job_plan(config: &JobConfig, world: i32) -> Result<(Plan, Planner), RuntimeError> {
+    let planner = Planner::new(config, world as u32, None, Efficiencies::default())?;
+    let plan = match fixed_plan(config, world as u32).map_err(RuntimeError::Usage)? {
+        None => planner.search(None)?.plan(),
+        Some(plan) => {
+            let peaks = planner.rank_peaks(&plan);
+            let (peak, rank) = peaks.max();
+            let capacity = config.cluster.device_memory_bytes();
+            if peak > capacity {
+                return Err(RuntimeError::Usage(format!(
+                    "[plan] does not fit in memory: rank {rank} would hold {} at its peak ({}), and a device has {} (cluster.device_memory_gb); `nereus plan` finds a plan that fits",
+                    format_bytes(peak),
+                    peaks.ranks[rank as usize].busiest.map_or(String::new(), |ms| format!("while {ms} runs")),
+                    format_bytes(capacity)
+                )));
+            }
+            if peak > planner.cost().hardware.usable_bytes() {
+                log::warn!(
+                    "[plan] leaves less than policy.memory_headroom free: rank {rank} would hold {} of {}",
+                    format_bytes(peak),
+                    format_bytes(capacity)
+                );
+            }
+            plan
+        }
+    };
+    Ok((plan, planner))
 }
 
 /// Rank 0 makes the output directory ready — created, writable, the leftovers of an
@@ -433,11 +444,18 @@ fn save(
     Ok(checkpoint::save(plane, set, &models, sidecar, checkpoints)?)
 }
 
+/// What the cost model predicts for the plan the job runs, recorded beside every measurement.
+struct Predicted {
+    peaks: RankPeaks,
+    seconds: StepSeconds,
+}
+
 /// The step's JSON-lines record (docs/operations.md); digests and peak memory need every rank.
 fn record(
     plane: &mut MpiPlane,
     set: &EmuSet,
     plan: &Plan,
+    predicted: &Predicted,
     step: u64,
     m: &StepMetrics,
 ) -> Result<serde_json::Value, RuntimeError> {
@@ -446,15 +464,16 @@ fn record(
     for emu in set.emus() {
         state_digest.entry(emu.model_stage.to_string()).or_insert_with(|| json!(digests[&emu.id].to_string()));
     }
-    let group = plane.group(&(0..set.world_size()).collect::<Vec<_>>())?;
-    let mut peaks = vec![0u8; 8 * set.world_size() as usize];
-    plane.all_gather(group, &set.store().ledger().peak().to_le_bytes(), &mut peaks)?;
-    let peak = peaks.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).max().unwrap_or(0);
+    let measured = measured_peaks(plane, set)?;
+    let worst = (0..measured.len()).max_by_key(|&r| measured[r].total()).unwrap_or(0);
+    let (predicted_peak, predicted_worst) = predicted.peaks.max();
     let plan_json: serde_json::Map<String, serde_json::Value> = plan
         .placements
         .iter()
         .map(|p| (p.candidate.model_stage.to_string(), json!({"tp": p.candidate.layout.tp, "pp": p.candidate.layout.pp, "dp": p.candidate.dp, "ranks": p.ranks})))
         .collect();
+    let predicted_stages: serde_json::Map<String, serde_json::Value> =
+        predicted.seconds.by_name().iter().map(|(k, v)| (k.to_string(), json!(v))).collect();
     Ok(json!({
         "step": step,
         "reward_mean": m.reward_mean,
@@ -468,13 +487,44 @@ fn record(
         "critic_grad_norm": m.critic_grad_norm,
         "skipped_updates": m.skipped_updates,
         "step_seconds": m.step_seconds,
+        "predicted_step_seconds": predicted.seconds.total(),
         "stage_seconds": m.stage_seconds,
+        "predicted_stage_seconds": predicted_stages,
         "tokens_per_second": m.generated_tokens as f64 / m.step_seconds.max(1e-9),
         "plan": plan_json,
         "transition": null,
-        "peak_memory_bytes": peak,
+        "peak_memory_bytes": measured[worst].total(),
+        "predicted_peak_memory_bytes": predicted_peak,
+        "peak_memory": {
+            "measured": {"rank": worst, "items": measured[worst]},
+            "predicted": {"rank": predicted_worst, "items": predicted.peaks.ranks[predicted_worst as usize].at_peak()},
+        },
+        "rank_peak_memory_bytes": {
+            "measured": measured.iter().map(|b| b.total()).collect::<Vec<_>>(),
+            "predicted": predicted.peaks.ranks.iter().map(|r| r.peak()).collect::<Vec<_>>(),
+        },
         "state_digest": state_digest,
     }))
+}
+
+/// Every rank's ledger peak, item by item (one all-gather).
+fn measured_peaks(plane: &mut MpiPlane, set: &EmuSet) -> Result<Vec<MemoryBreakdown>, RuntimeError> {
+    let n = MemoryItem::ALL.len();
+    let group = plane.group(&(0..set.world_size()).collect::<Vec<_>>())?;
+    let mine = set.store().ledger().peak_breakdown();
+    let local: Vec<u8> = MemoryItem::ALL.iter().flat_map(|&i| mine.get(i).to_le_bytes()).collect();
+    let mut all = vec![0u8; local.len() * set.world_size() as usize];
+    plane.all_gather(group, &local, &mut all)?;
+    Ok(all
+        .chunks_exact(8 * n)
+        .map(|rank| {
+            let mut b = MemoryBreakdown::default();
+            for (item, bytes) in MemoryItem::ALL.iter().zip(rank.chunks_exact(8)) {
+                b.add(*item, u64::from_le_bytes(bytes.try_into().unwrap_or([0; 8])));
+            }
+            b
+        })
+        .collect())
 }
 
 fn print_plan(plan: &Plan) {

@@ -152,6 +152,73 @@ pub enum LayoutError {
     },
 }
 
+/// Shapes local to one position of a layout: what one rank's stage of the model computes with.
+/// The engine sizes its buffers from it and the cost model counts them from it, so both see the
+/// same numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalShape {
+    /// Residual width `C`.
+    pub c: usize,
+    /// Local query heads `H`.
+    pub heads: usize,
+    /// Local key/value heads `K`.
+    pub kv_heads: usize,
+    /// Head width `D`.
+    pub d: usize,
+    /// Local SwiGLU width `F`.
+    pub ffn: usize,
+    /// Local vocabulary rows `V`.
+    pub vocab: usize,
+    /// First vocabulary row held.
+    pub v0: usize,
+    /// Whole vocabulary.
+    pub vocab_total: usize,
+    /// Blocks of this pipeline stage.
+    pub blocks: usize,
+    /// Whether this stage embeds the tokens.
+    pub first: bool,
+    /// Whether this stage holds the final norm and the head.
+    pub last: bool,
+    /// LM or value head.
+    pub head: OutputHead,
+    /// Per-head RMSNorm of queries and keys.
+    pub qk_norm: bool,
+}
+
+/// Blocks `start..end` of a model with `layers` blocks held by pipeline stage `stage` of `pp`:
+/// balanced and contiguous, the first `layers mod pp` stages taking one extra.
+pub fn blocks_of_stage(layers: u64, pp: u32, stage: u32) -> std::ops::Range<u64> {
+    let (pp, stage) = (u64::from(pp), u64::from(stage));
+    let (base, extra) = (layers / pp, layers % pp);
+    let start = stage * base + stage.min(extra);
+    start..start + base + u64::from(stage < extra)
+}
+
+impl LocalShape {
+    /// The local shapes of `position` in `layout` for `arch`.
+    pub fn of(arch: &Architecture, layout: Layout, position: Position) -> LocalShape {
+        let a = arch;
+        let tp = u64::from(layout.tp);
+        let vocab = (a.vocab / tp) as usize;
+        let blocks = blocks_of_stage(a.layers, layout.pp, position.pp);
+        LocalShape {
+            c: a.hidden as usize,
+            heads: (a.heads / tp) as usize,
+            kv_heads: (a.kv_heads / tp) as usize,
+            d: a.head_dim as usize,
+            ffn: (a.ffn / tp) as usize,
+            vocab,
+            v0: position.tp as usize * vocab,
+            vocab_total: a.vocab as usize,
+            blocks: (blocks.end - blocks.start) as usize,
+            first: position.pp == 0,
+            last: position.pp + 1 == layout.pp,
+            head: a.head,
+            qk_norm: a.qk_norm,
+        }
+    }
+}
+
 /// Every tensor of one model.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Catalogue {
@@ -224,12 +291,14 @@ impl Catalogue {
         Ok(())
     }
 
+    /// The local shapes of `position` in `layout` (which must pass [`Catalogue::check_layout`]).
+    pub fn local_shape(&self, layout: Layout, position: Position) -> LocalShape {
+        LocalShape::of(&self.arch, layout, position)
+    }
+
     /// Blocks `start..end` held by pipeline stage `stage` of `pp`.
     pub fn blocks_of_stage(&self, pp: u32, stage: u32) -> std::ops::Range<u64> {
-        let (pp, stage) = (u64::from(pp), u64::from(stage));
-        let (base, extra) = (self.arch.layers / pp, self.arch.layers % pp);
-        let start = stage * base + stage.min(extra);
-        start..start + base + u64::from(stage < extra)
+        blocks_of_stage(self.arch.layers, pp, stage)
     }
 
     /// The pipeline stage holding tensor `index` under `pp` stages.
