@@ -15,6 +15,7 @@
 //! check that both find the same optimum.
 
 mod assign;
+mod candidates;
 mod search;
 pub mod stage;
 

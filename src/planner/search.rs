@@ -7,6 +7,7 @@ use std::sync::Arc;
 use thiserror::Error;
 
 use super::assign::{assign, GroupToPlace};
+use super::candidates::{Pool, Scored};
 use super::stage::{self, StageChoice};
 use crate::config::{Algorithm, JobConfig};
 use crate::cost::{
@@ -27,11 +28,18 @@ const PLACEMENT_ROUNDS: usize = 4;
 const TRANSIENT_LADDER: [f64; 6] = [0.5, 0.35, 0.25, 0.15, 0.1, 0.05];
 
 /// Per-rank limits on candidates when the uncapped plan does not fit every rank.
-struct Caps {
+pub(super) struct Caps {
     /// State per rank, per model-stage.
     state: BTreeMap<ModelStage, u64>,
     /// Transient peak per rank.
-    transient: u64,
+    pub(super) transient: u64,
+}
+
+impl Caps {
+    /// The state cap of `ms`.
+    pub(super) fn state(&self, ms: ModelStage) -> u64 {
+        self.state.get(&ms).copied().unwrap_or(u64::MAX)
+    }
 }
 
 /// Why no plan was found.
@@ -160,8 +168,6 @@ pub struct Planner {
     workloads: BTreeMap<ModelStage, Workload>,
     model_stages: Vec<ModelStage>,
 }
-
-type Scored = (Candidate, Estimate);
 
 /// The parameter catalogue of every model of a job (critic and reward carry value heads).
 pub fn catalogues(config: &JobConfig) -> BTreeMap<Role, Catalogue> {
@@ -333,103 +339,15 @@ impl Planner {
         peaks
     }
 
-    /// Every candidate of `ms` (feasible alone or not) with TP inside a node.
-    ///
-    /// With `prune`, only the smallest `dp` for each per-replica batch `⌈B/dp⌉` is kept: a
-    /// larger `dp` with the same batch uses more ranks, needs the same memory and is no faster
-    /// (its DP all-reduce only grows), so it can never be on the frontier.
-    fn all_candidates(&self, ms: ModelStage, prune: bool) -> Vec<Scored> {
-        let hw = &self.cost.hardware;
-        let model = &self.models[&ms.role];
-        let workload = &self.workloads[&ms];
-        let sequences = workload.sequences;
-        // The reference engine keeps every activation: recomputation is a GPU-engine option.
-        let recomputes: &[Recompute] = match (ms.trains(), self.cost.engine) {
-            (true, EngineKind::Gpu) => &[Recompute::None, Recompute::Selective, Recompute::Full],
-            _ => &[Recompute::None],
-        };
-        let halvings = |from: u64| -> Vec<u32> {
-            std::iter::successors(Some(from.clamp(1, u64::from(u32::MAX)) as u32), |m| (*m > 1).then_some(m / 2))
-                .collect()
-        };
-        // Training and inference: the configured micro-batch or smaller. Generation: waves of
-        // the whole share or smaller (less KV cache, more decode steps).
-        let fixed_micro = halvings(workload.micro_batch.max(1));
-        let mut out = Vec::new();
-        for tp in (1..=hw.devices_per_node.min(hw.devices)).filter(|t| hw.devices_per_node.is_multiple_of(*t)) {
-            // A deeper pipeline whose fullest stage has as many blocks as a shallower one's is as
-            // slow and needs more ranks: only the shallowest pp per stage size can be optimal.
-            let layers = model.stats.arch.layers as u32;
-            let pps = (1..=(hw.devices / tp).min(layers))
-                .filter(|&pp| pp == 1 || layers.div_ceil(pp) < layers.div_ceil(pp - 1));
-            for pp in pps {
-                let layout = Layout::new(tp, pp);
-                if model.catalogue.check_layout(layout).is_err() {
-                    continue;
-                }
-                let max_dp = (hw.devices / layout.size()).min(sequences.min(u64::from(u32::MAX)) as u32);
-                let mut last_batch = u64::MAX;
-                for dp in 1..=max_dp {
-                    let batch = sequences.div_ceil(u64::from(dp));
-                    if prune && batch == last_batch {
-                        continue;
-                    }
-                    last_batch = batch;
-                    let waves;
-                    let micro_batches = if ms.stage == Stage::Generation {
-                        waves = halvings(batch);
-                        &waves
-                    } else {
-                        &fixed_micro
-                    };
-                    for &micro_batch in micro_batches {
-                        // Recomputation only trades speed for memory: past the first feasible
-                        // mode, the others are slower on the same ranks.
-                        for &recompute in recomputes {
-                            let c = Candidate { model_stage: ms, layout, dp, recompute, micro_batch };
-                            let e = self.estimate(&c);
-                            out.push((c, e));
-                            if prune && e.feasible {
-                                break;
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        out
-    }
-
-    /// Candidates of `ms` that fit a rank of their own (and the caps, when given).
-    fn candidates(&self, ms: ModelStage, caps: Option<&Caps>) -> Vec<Scored> {
-        let within = |e: &Estimate| {
-            caps.is_none_or(|c| e.memory.state.total() <= c.state[&ms] && e.memory.transient.total() <= c.transient)
-        };
-        self.all_candidates(ms, true).into_iter().filter(|(_, e)| e.feasible && within(e)).collect()
-    }
-
     /// The latency-versus-ranks frontier of `ms`: ascending ranks, strictly falling latency.
     /// Among equally fast candidates with the same rank count, `prefer` (the current one) wins.
     pub fn frontier(&self, ms: ModelStage, prefer: Option<&Candidate>) -> Vec<Scored> {
-        self.frontier_within(ms, prefer, None)
+        Pool::new(self).frontier(ms, prefer, None)
     }
 
-    fn frontier_within(&self, ms: ModelStage, prefer: Option<&Candidate>, caps: Option<&Caps>) -> Vec<Scored> {
-        let mut best: BTreeMap<u32, Scored> = BTreeMap::new();
-        for (c, e) in self.candidates(ms, caps) {
-            let slot = best.entry(c.ranks()).or_insert((c, e));
-            let better = e.seconds < slot.1.seconds || (e.seconds == slot.1.seconds && Some(&c) == prefer);
-            if better {
-                *slot = (c, e);
-            }
-        }
-        let mut frontier: Vec<Scored> = Vec::new();
-        for (_, point) in best {
-            if frontier.last().is_none_or(|last| point.1.seconds < last.1.seconds) {
-                frontier.push(point);
-            }
-        }
-        frontier
+    /// What one step asks of `ms`.
+    pub fn workload(&self, ms: ModelStage) -> &Workload {
+        &self.workloads[&ms]
     }
 
     /// Predicted seconds of one step under `plan`, stage by stage (infinite when a
@@ -485,8 +403,18 @@ impl Planner {
     /// and ranks).
     pub fn search(&self, current: Option<&Plan>) -> Result<PlannedJob, PlannerError> {
         let gpus = self.cost.hardware.devices;
+        let kept = current.and_then(|plan| self.still_fits(plan));
         match self.place(current) {
-            Ok((plan, peaks)) => Ok(self.planned(plan, peaks)),
+            // The search under caps is a heuristic: it never returns a plan slower than keeping
+            // the current one when that still fits.
+            Ok((plan, peaks)) => match kept {
+                Some((k, kept_peaks)) if self.predict(&k) <= self.predict(&plan) => Ok(self.planned(k, kept_peaks)),
+                _ => Ok(self.planned(plan, peaks)),
+            },
+            Err(_) if kept.is_some() => {
+                let (k, kept_peaks) = kept.expect("checked");
+                Ok(self.planned(k, kept_peaks))
+            }
             Err(Unfit::Model(ms)) => Err(self.does_not_fit(ms)),
             Err(Unfit::Stage { stage, need }) => {
                 Err(PlannerError::StageTooLarge { gpus, stage, need, hint: self.hint() })
@@ -505,12 +433,23 @@ impl Planner {
         }
     }
 
+    /// `plan` and its peaks, if it is valid on this pool and every rank still fits.
+    fn still_fits(&self, plan: &Plan) -> Option<(Plan, RankPeaks)> {
+        plan.validate(self.cost.hardware.devices).ok()?;
+        if plan.placements.iter().any(|p| !self.estimate(&p.candidate).feasible) {
+            return None;
+        }
+        let peaks = self.rank_peaks(plan);
+        (peaks.max().0 <= self.cost.hardware.usable_bytes()).then(|| (plan.clone(), peaks))
+    }
+
     /// Rounds of layout and placement check: a round that finds ranks over their memory makes
     /// each model-stage there leave room for what it shares the rank with (what the rank holds
     /// besides its own position), and plans again.
     fn place(&self, current: Option<&Plan>) -> Result<(Plan, RankPeaks), Unfit> {
         let usable = self.cost.hardware.usable_bytes();
-        let first = self.layout(current, None)?;
+        let mut pool = Pool::new(self);
+        let first = self.layout(current, &mut pool, None)?;
         let peaks = self.rank_peaks(&first);
         if peaks.max().0 <= usable {
             return Ok((first, peaks));
@@ -527,7 +466,7 @@ impl Planner {
             let mut room = usable - transient;
             for _ in 0..PLACEMENT_ROUNDS {
                 let caps = Caps { state: self.state_caps(room), transient };
-                let plan = match self.layout(current, Some(&caps)) {
+                let plan = match self.layout(current, &mut pool, Some(&caps)) {
                     Ok(plan) => plan,
                     Err(_) => break,
                 };
@@ -568,7 +507,7 @@ impl Planner {
     }
 
     /// One round: every stage's layout (under per-rank state caps, when given), then the ranks.
-    fn layout(&self, current: Option<&Plan>, caps: Option<&Caps>) -> Result<Plan, Unfit> {
+    fn layout(&self, current: Option<&Plan>, pool: &mut Pool, caps: Option<&Caps>) -> Result<Plan, Unfit> {
         let prefer = |ms: ModelStage| {
             current.and_then(|p| p.placements.iter().find(|x| x.candidate.model_stage == ms)).map(|p| p.candidate)
         };
@@ -577,7 +516,7 @@ impl Planner {
             let members: Vec<ModelStage> = self.model_stages.iter().copied().filter(|m| m.stage == stage).collect();
             let mut frontiers = Vec::new();
             for &ms in &members {
-                let f = self.frontier_within(ms, prefer(ms).as_ref(), caps);
+                let f = pool.frontier(ms, prefer(ms).as_ref(), caps);
                 if f.is_empty() {
                     return Err(Unfit::Model(ms));
                 }
@@ -621,16 +560,18 @@ impl Planner {
         PlannedJob { model_stages, step_latency_s: step_seconds.total(), step_seconds, rank_peaks }
     }
 
-    /// Each stage's optimum by brute force over every feasible candidate (small settings only:
-    /// tests check the frontier and the stage solver against it), summed over the stages.
+    /// Each stage's optimum by brute force over every candidate (the first fitting variant of
+    /// every layout and replica count; small settings only: tests check the frontier and the
+    /// stage solver against it), summed over the stages.
     pub fn exhaustive(&self) -> Option<f64> {
+        let mut pool = Pool::new(self);
         let mut total = 0.0;
         for stage in STAGES {
             let lists: Vec<Vec<(u32, f64)>> = self
                 .model_stages
                 .iter()
                 .filter(|m| m.stage == stage)
-                .map(|&m| self.candidates(m, None).into_iter().map(|(c, e)| (c.ranks(), e.seconds)).collect())
+                .map(|&m| pool.all_fitting(m).into_iter().map(|(c, e)| (c.ranks(), e.seconds)).collect())
                 .collect();
             let refs: Vec<&stage::Frontier> = lists.iter().map(|l| l.as_slice()).collect();
             total += stage::solve_exhaustively(&refs, self.cost.hardware.devices)?;
@@ -640,10 +581,11 @@ impl Planner {
 
     /// The sum of the stage solver's optima (what [`Planner::exhaustive`] checks).
     pub fn stage_optima(&self) -> Option<f64> {
+        let mut pool = Pool::new(self);
         let mut total = 0.0;
         for stage in STAGES {
             let frontiers: Vec<Vec<Scored>> =
-                self.model_stages.iter().filter(|m| m.stage == stage).map(|&m| self.frontier(m, None)).collect();
+                self.model_stages.iter().filter(|m| m.stage == stage).map(|&m| pool.frontier(m, None, None)).collect();
             total += self.solve_stage(&frontiers)?.seconds;
         }
         Some(total)
@@ -651,7 +593,7 @@ impl Planner {
 
     fn does_not_fit(&self, ms: ModelStage) -> PlannerError {
         let hw = &self.cost.hardware;
-        let need = self.all_candidates(ms, true).iter().map(|(_, e)| e.memory.peak()).min().unwrap_or(0);
+        let need = Pool::new(self).smallest_peak(ms);
         PlannerError::DoesNotFit {
             gpus: hw.devices,
             model_stage: ms,

@@ -94,10 +94,13 @@ fn tp_groups_stay_inside_nodes_and_a_replan_keeps_the_plan() {
         let again = planner.search(Some(&plan)).unwrap();
         assert_eq!(again.plan(), plan, "replanning with nothing changed must not move anything");
         assert_eq!(planner.predict(&plan), job.step_latency_s);
-        // The plan found at 2K tokens, predicted at 8K, is no faster than the 8K optimum.
+        // Replanned for 8K tokens from the 2K plan: never slower than keeping it, when it still
+        // fits every rank.
         let longer = planner.replanned(gpus, 8192, Efficiencies::default()).unwrap();
         let best = longer.search(Some(&plan)).unwrap().step_latency_s;
-        assert!(longer.predict(&plan) >= best, "{gpus} GPUs");
+        if longer.rank_peaks(&plan).max().0 <= longer.cost().hardware.usable_bytes() {
+            assert!(longer.predict(&plan) >= best, "{gpus} GPUs");
+        }
     }
 }
 
