@@ -4,6 +4,7 @@
 
 #[cfg(feature = "cuda")]
 mod cuda;
+pub mod kernels;
 #[cfg(feature = "rocm")]
 mod rocm;
 

@@ -8,13 +8,16 @@
 mod digest;
 mod execute;
 mod ledger;
+mod memory;
 mod movement;
 mod set;
 mod store;
 mod unit;
 
 pub use digest::{mix, synthetic_fill, Digest};
+pub use execute::RankPlan;
 pub use ledger::MemoryLedger;
+pub use memory::{Buffers, Exchange, HostFill, HostMemory, Message, Place, RectCopy, ShardBuffer, ShardMemory};
 pub use movement::{Movement, Segment, TargetEmu};
 pub use set::{merge_ranks, merge_ranks_of, split_ranks, split_ranks_of, EmuSet, PrimitiveReport};
 pub use store::{shard_bytes, LocalShard, ShardStore};
