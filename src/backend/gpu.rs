@@ -1,0 +1,292 @@
+//! The device seam: what the data plane and the device shard store need from one GPU —
+//! stream-ordered allocations, pinned host memory, streams, events, copies and the
+//! rectangle-copy kernels — as the CUDA driver ([`super::cuda`]), the HIP runtime
+//! ([`super::rocm`]) or an emulation in host memory ([`super::emulated`]) provide it.
+//!
+//! [`Device`] wraps a runtime with the stream discipline of a transition: every operation is
+//! enqueued on the current stream; [`Device::begin_transition`] starts a fresh stream ordered
+//! after the previous one by an event; each DAG node ends with an event ([`Device::mark`]) so a
+//! stall can be located; the host waits only where it reads device bytes ([`Device::synchronize`]).
+
+use std::cell::RefCell;
+use std::ffi::c_void;
+
+use super::kernels::{rect_launch, RectCopy, RectLaunch};
+use super::{BackendError, DriverDevice};
+
+/// A device address (`CUdeviceptr`, `hipDeviceptr_t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DevicePtr(pub u64);
+
+impl DevicePtr {
+    /// The address `bytes` further on.
+    pub fn offset(self, bytes: u64) -> DevicePtr {
+        DevicePtr(self.0 + bytes)
+    }
+}
+
+/// An opaque stream or event handle (`CUstream`/`hipStream_t`, `CUevent`/`hipEvent_t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawHandle(pub *mut c_void);
+
+/// One GPU as a runtime drives it. Every enqueueing call is `unsafe`: the caller keeps the
+/// pointers valid until the stream has passed the operation.
+pub trait GpuRuntime {
+    /// `CUDA`, `ROCm` or `emulated`.
+    fn backend(&self) -> &'static str;
+    /// The device: ordinal, name and total memory as the driver reports them.
+    fn device(&self) -> &DriverDevice;
+    /// `bytes` of device memory, usable in `stream` order.
+    fn alloc(&self, bytes: u64, stream: RawHandle) -> Result<DevicePtr, BackendError>;
+    /// Returns `ptr` in `stream` order.
+    ///
+    /// # Safety
+    /// `ptr` came from [`GpuRuntime::alloc`] and is not used by work enqueued after this.
+    unsafe fn free(&self, ptr: DevicePtr, stream: RawHandle);
+    /// Page-locked host memory for staging copies.
+    fn alloc_pinned(&self, bytes: usize) -> Result<*mut u8, BackendError>;
+    /// # Safety
+    /// `ptr` came from [`GpuRuntime::alloc_pinned`] and no pending copy uses it.
+    unsafe fn free_pinned(&self, ptr: *mut u8);
+    /// A new non-blocking stream.
+    fn create_stream(&self) -> Result<RawHandle, BackendError>;
+    /// # Safety
+    /// `stream` came from [`GpuRuntime::create_stream`]; pending work still completes.
+    unsafe fn destroy_stream(&self, stream: RawHandle);
+    /// A new event (with timing).
+    fn create_event(&self) -> Result<RawHandle, BackendError>;
+    /// # Safety
+    /// `event` came from [`GpuRuntime::create_event`] and no stream waits on it any more.
+    unsafe fn destroy_event(&self, event: RawHandle);
+    /// Records `event` when `stream` reaches this point.
+    ///
+    /// # Safety
+    /// Both handles are live.
+    unsafe fn record(&self, event: RawHandle, stream: RawHandle) -> Result<(), BackendError>;
+    /// Makes `stream` wait for `event`.
+    ///
+    /// # Safety
+    /// Both handles are live.
+    unsafe fn wait_event(&self, stream: RawHandle, event: RawHandle) -> Result<(), BackendError>;
+    /// Whether the work before `event` has finished.
+    ///
+    /// # Safety
+    /// `event` is live.
+    unsafe fn event_done(&self, event: RawHandle) -> Result<bool, BackendError>;
+    /// Blocks the host until `event` has happened.
+    ///
+    /// # Safety
+    /// `event` is live.
+    unsafe fn event_synchronize(&self, event: RawHandle) -> Result<(), BackendError>;
+    /// Milliseconds between two recorded events.
+    ///
+    /// # Safety
+    /// Both events are live and have happened.
+    unsafe fn elapsed_ms(&self, start: RawHandle, end: RawHandle) -> Result<f32, BackendError>;
+    /// Host to device.
+    ///
+    /// # Safety
+    /// `src` (pinned) holds `bytes` and `dst` has room, until the stream passes the copy.
+    unsafe fn copy_h2d(
+        &self,
+        dst: DevicePtr,
+        src: *const u8,
+        bytes: u64,
+        stream: RawHandle,
+    ) -> Result<(), BackendError>;
+    /// Device to host.
+    ///
+    /// # Safety
+    /// As [`GpuRuntime::copy_h2d`], the other way.
+    unsafe fn copy_d2h(&self, dst: *mut u8, src: DevicePtr, bytes: u64, stream: RawHandle) -> Result<(), BackendError>;
+    /// Device to device (the copy engine).
+    ///
+    /// # Safety
+    /// Both ranges are valid, distinct allocations' bytes.
+    unsafe fn copy_d2d(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: u64,
+        stream: RawHandle,
+    ) -> Result<(), BackendError>;
+    /// Launches one rectangle-copy kernel.
+    ///
+    /// # Safety
+    /// Every row the launch names lies inside a live allocation; its targets overlap none of
+    /// its sources.
+    unsafe fn launch(&self, launch: &RectLaunch, stream: RawHandle) -> Result<(), BackendError>;
+}
+
+/// Streams and events of the transition in flight, and the host staging buffer.
+struct Streams {
+    current: RawHandle,
+    /// Events recorded at the end of each DAG node of the current stream, with the node's label.
+    marks: Vec<(String, RawHandle)>,
+    /// Pinned host memory for staging copies, and its size.
+    staging: Option<(*mut u8, usize)>,
+}
+
+/// Bytes of pinned host memory used to stage one piece of a host↔device copy.
+pub const STAGING_BYTES: usize = 64 << 20;
+
+/// A GPU with the stream discipline of transitions (see the module comment).
+pub struct Device<R: GpuRuntime> {
+    runtime: R,
+    streams: RefCell<Streams>,
+}
+
+impl<R: GpuRuntime> Device<R> {
+    /// Wraps `runtime` with a first stream.
+    pub fn new(runtime: R) -> Result<Device<R>, BackendError> {
+        let current = runtime.create_stream()?;
+        Ok(Device { runtime, streams: RefCell::new(Streams { current, marks: Vec::new(), staging: None }) })
+    }
+
+    /// The runtime.
+    pub fn runtime(&self) -> &R {
+        &self.runtime
+    }
+
+    /// The stream work is enqueued on now.
+    pub fn stream(&self) -> RawHandle {
+        self.streams.borrow().current
+    }
+
+    /// Starts the stream of a new transition, ordered after everything enqueued so far.
+    pub fn begin_transition(&self) -> Result<(), BackendError> {
+        let next = self.runtime.create_stream()?;
+        let done = self.runtime.create_event()?;
+        let mut s = self.streams.borrow_mut();
+        // SAFETY: live handles; the old stream's pending work completes after it is destroyed.
+        unsafe {
+            self.runtime.record(done, s.current)?;
+            self.runtime.wait_event(next, done)?;
+            self.runtime.destroy_stream(s.current);
+        }
+        s.current = next;
+        for (_, event) in s.marks.drain(..).chain(std::iter::once((String::new(), done))) {
+            // SAFETY: the new stream's wait was enqueued; destroying a recorded event is allowed.
+            unsafe { self.runtime.destroy_event(event) };
+        }
+        Ok(())
+    }
+
+    /// Records the end of DAG node `label` on the current stream.
+    pub fn mark(&self, label: &str) -> Result<(), BackendError> {
+        let event = self.runtime.create_event()?;
+        let mut s = self.streams.borrow_mut();
+        // SAFETY: live handles.
+        unsafe { self.runtime.record(event, s.current)? };
+        s.marks.push((label.to_string(), event));
+        Ok(())
+    }
+
+    /// The first marked node the device has not finished, for a stall report.
+    pub fn first_unfinished(&self) -> Option<String> {
+        let s = self.streams.borrow();
+        // SAFETY: marks hold live events.
+        s.marks.iter().find(|(_, e)| !unsafe { self.runtime.event_done(*e) }.unwrap_or(false)).map(|(l, _)| l.clone())
+    }
+
+    /// Blocks until everything enqueued so far has run.
+    pub fn synchronize(&self) -> Result<(), BackendError> {
+        let event = self.runtime.create_event()?;
+        let stream = self.stream();
+        // SAFETY: live handles; the event is destroyed after it has happened.
+        unsafe {
+            self.runtime.record(event, stream)?;
+            let waited = self.runtime.event_synchronize(event);
+            self.runtime.destroy_event(event);
+            waited
+        }
+    }
+
+    /// `bytes` of device memory in stream order.
+    pub fn alloc(&self, bytes: u64) -> Result<DevicePtr, BackendError> {
+        self.runtime.alloc(bytes.max(1), self.stream())
+    }
+
+    /// Frees `ptr` in stream order.
+    ///
+    /// # Safety
+    /// `ptr` came from [`Device::alloc`] and nothing enqueued later uses it.
+    pub unsafe fn free(&self, ptr: DevicePtr) {
+        self.runtime.free(ptr, self.stream());
+    }
+
+    /// Enqueues the rectangle copies from the allocation at `src` to the one at `dst` (the same
+    /// allocation for an in-place slice, whose schedule keeps every copy's rows apart):
+    /// contiguous ones on the copy engine, others as kernels.
+    ///
+    /// # Safety
+    /// Every row lies inside its allocation; for `src == dst`, each copy's rows do not overlap.
+    pub unsafe fn copy_rects(&self, src: DevicePtr, dst: DevicePtr, copies: &[RectCopy]) -> Result<(), BackendError> {
+        let stream = self.stream();
+        for c in copies.iter().filter(|c| c.bytes() > 0) {
+            if c.is_contiguous() {
+                let (to, from) = (dst.offset(c.dst_offset), src.offset(c.src_offset));
+                self.runtime.copy_d2d(to, from, c.bytes(), stream)?;
+            } else {
+                self.runtime.launch(&rect_launch(src.0, dst.0, c), stream)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies `bytes.len()` bytes from the device at `src` into host memory, through pinned
+    /// staging, and waits for them.
+    pub fn download(&self, src: DevicePtr, bytes: &mut [u8]) -> Result<(), BackendError> {
+        let (staging, size) = self.staging()?;
+        for (k, chunk) in bytes.chunks_mut(size).enumerate() {
+            // SAFETY: staging holds `size` bytes; we wait before reading it.
+            unsafe {
+                self.runtime.copy_d2h(staging, src.offset((k * size) as u64), chunk.len() as u64, self.stream())?;
+                self.synchronize()?;
+                chunk.copy_from_slice(std::slice::from_raw_parts(staging, chunk.len()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies `bytes` from host memory to the device at `dst`, through pinned staging.
+    pub fn upload(&self, bytes: &[u8], dst: DevicePtr) -> Result<(), BackendError> {
+        let (staging, size) = self.staging()?;
+        for (k, chunk) in bytes.chunks(size).enumerate() {
+            // SAFETY: staging holds `size` bytes; the wait keeps it untouched until the copy ran.
+            unsafe {
+                std::ptr::copy_nonoverlapping(chunk.as_ptr(), staging, chunk.len());
+                self.runtime.copy_h2d(dst.offset((k * size) as u64), staging, chunk.len() as u64, self.stream())?;
+                self.synchronize()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn staging(&self) -> Result<(*mut u8, usize), BackendError> {
+        let mut s = self.streams.borrow_mut();
+        if let Some(staging) = s.staging {
+            return Ok(staging);
+        }
+        let staging = (self.runtime.alloc_pinned(STAGING_BYTES)?, STAGING_BYTES);
+        s.staging = Some(staging);
+        Ok(staging)
+    }
+}
+
+impl<R: GpuRuntime> Drop for Device<R> {
+    fn drop(&mut self) {
+        let _ = self.synchronize();
+        let s = self.streams.get_mut();
+        // SAFETY: everything enqueued has run; the handles are ours.
+        unsafe {
+            for (_, event) in s.marks.drain(..) {
+                self.runtime.destroy_event(event);
+            }
+            if let Some((ptr, _)) = s.staging.take() {
+                self.runtime.free_pinned(ptr);
+            }
+            self.runtime.destroy_stream(s.current);
+        }
+    }
+}
