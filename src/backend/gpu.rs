@@ -10,6 +10,7 @@
 
 use std::cell::RefCell;
 use std::ffi::c_void;
+use std::time::{Duration, Instant};
 
 use super::kernels::{rect_launch, RectCopy, RectLaunch};
 use super::{BackendError, DriverDevice};
@@ -130,17 +131,29 @@ struct Streams {
 /// Bytes of pinned host memory used to stage one piece of a host↔device copy.
 pub const STAGING_BYTES: usize = 64 << 20;
 
+/// What a wait does when the device stops making progress: it gets the first unfinished node
+/// (or `None`) and ends the job (the GPU data plane aborts its communicators and the watchdog
+/// exits with its status).
+pub type StallHandler = Box<dyn Fn(Option<String>)>;
+
 /// A GPU with the stream discipline of transitions (see the module comment).
 pub struct Device<R: GpuRuntime> {
     runtime: R,
     streams: RefCell<Streams>,
+    stall: RefCell<Option<(Duration, StallHandler)>>,
 }
 
 impl<R: GpuRuntime> Device<R> {
     /// Wraps `runtime` with a first stream.
     pub fn new(runtime: R) -> Result<Device<R>, BackendError> {
         let current = runtime.create_stream()?;
-        Ok(Device { runtime, streams: RefCell::new(Streams { current, marks: Vec::new(), staging: None }) })
+        let streams = RefCell::new(Streams { current, marks: Vec::new(), staging: None });
+        Ok(Device { runtime, streams, stall: RefCell::new(None) })
+    }
+
+    /// Makes every wait give up after `timeout` and call `handler` (see [`StallHandler`]).
+    pub fn on_stall(&self, timeout: Duration, handler: StallHandler) {
+        *self.stall.borrow_mut() = Some((timeout, handler));
     }
 
     /// The runtime.
@@ -189,17 +202,44 @@ impl<R: GpuRuntime> Device<R> {
         s.marks.iter().find(|(_, e)| !unsafe { self.runtime.event_done(*e) }.unwrap_or(false)).map(|(l, _)| l.clone())
     }
 
-    /// Blocks until everything enqueued so far has run.
+    /// Blocks until everything enqueued so far has run. With a stall handler, polls instead
+    /// and hands a wait that outlasts its timeout to the handler.
     pub fn synchronize(&self) -> Result<(), BackendError> {
         let event = self.runtime.create_event()?;
         let stream = self.stream();
-        // SAFETY: live handles; the event is destroyed after it has happened.
+        // SAFETY: live handles; the event is destroyed after it has happened (or the handler
+        // has ended the job).
         unsafe {
             self.runtime.record(event, stream)?;
-            let waited = self.runtime.event_synchronize(event);
+            let waited = match &*self.stall.borrow() {
+                None => self.runtime.event_synchronize(event),
+                Some((timeout, handler)) => self.poll(event, *timeout).map(|done| {
+                    if !done {
+                        handler(self.first_unfinished());
+                    }
+                }),
+            };
             self.runtime.destroy_event(event);
             waited
         }
+    }
+
+    /// Polls `event` (spinning briefly, then sleeping up to a millisecond) until it has
+    /// happened (`true`) or `timeout` has passed (`false`).
+    ///
+    /// # Safety
+    /// `event` is live and recorded.
+    unsafe fn poll(&self, event: RawHandle, timeout: Duration) -> Result<bool, BackendError> {
+        let start = Instant::now();
+        let mut pause = Duration::from_micros(1);
+        while !self.runtime.event_done(event)? {
+            if start.elapsed() > timeout {
+                return Ok(false);
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
+        Ok(true)
     }
 
     /// `bytes` of device memory in stream order.
