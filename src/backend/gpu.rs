@@ -277,7 +277,7 @@ impl<R: GpuRuntime> Device<R> {
     /// Copies `bytes.len()` bytes from the device at `src` into host memory, through pinned
     /// staging, and waits for them.
     pub fn download(&self, src: DevicePtr, bytes: &mut [u8]) -> Result<(), BackendError> {
-        let (staging, size) = self.staging()?;
+        let (staging, size) = self.staging(bytes.len())?;
         for (k, chunk) in bytes.chunks_mut(size).enumerate() {
             // SAFETY: staging holds `size` bytes; we wait before reading it.
             unsafe {
@@ -291,7 +291,7 @@ impl<R: GpuRuntime> Device<R> {
 
     /// Copies `bytes` from host memory to the device at `dst`, through pinned staging.
     pub fn upload(&self, bytes: &[u8], dst: DevicePtr) -> Result<(), BackendError> {
-        let (staging, size) = self.staging()?;
+        let (staging, size) = self.staging(bytes.len())?;
         for (k, chunk) in bytes.chunks(size).enumerate() {
             // SAFETY: staging holds `size` bytes; the wait keeps it untouched until the copy ran.
             unsafe {
@@ -303,14 +303,24 @@ impl<R: GpuRuntime> Device<R> {
         Ok(())
     }
 
-    fn staging(&self) -> Result<(*mut u8, usize), BackendError> {
+    /// Pinned staging of at least `want` bytes (at most [`STAGING_BYTES`]), grown on demand.
+    fn staging(&self, want: usize) -> Result<(*mut u8, usize), BackendError> {
+        let want = want.clamp(1, STAGING_BYTES);
         let mut s = self.streams.borrow_mut();
-        if let Some(staging) = s.staging {
-            return Ok(staging);
+        match s.staging {
+            Some(staging) if staging.1 >= want => return Ok(staging),
+            // SAFETY: every copy through the old buffer was waited for.
+            Some((old, _)) => unsafe { self.runtime.free_pinned(old) },
+            None => {}
         }
-        let staging = (self.runtime.alloc_pinned(STAGING_BYTES)?, STAGING_BYTES);
+        let staging = (self.runtime.alloc_pinned(want)?, want);
         s.staging = Some(staging);
         Ok(staging)
+    }
+
+    /// Bytes of pinned staging held now.
+    pub fn staging_bytes(&self) -> usize {
+        self.streams.borrow().staging.map_or(0, |(_, n)| n)
     }
 }
 

@@ -5,6 +5,7 @@
 //! primitive to its [`EmuSet`] in the same order, and moves the bytes it takes part in. See
 //! `docs/emu.md` for a worked 8-rank example.
 
+mod device;
 mod digest;
 mod execute;
 mod ledger;
@@ -14,6 +15,7 @@ mod set;
 mod store;
 mod unit;
 
+pub use device::{DeviceBuffer, DeviceMemory};
 pub use digest::{mix, synthetic_fill, Digest};
 pub use execute::RankPlan;
 pub use ledger::MemoryLedger;
@@ -25,6 +27,7 @@ pub use unit::{Counters, Emu, EmuId, Section};
 
 use thiserror::Error;
 
+use crate::backend::BackendError;
 use crate::comm::CommError;
 use crate::model::LayoutError;
 
@@ -75,6 +78,9 @@ pub enum EmuError {
     /// Communication failed.
     #[error("{0}")]
     Comm(#[from] CommError),
+    /// The device holding the shards failed (allocation, copy, kernel).
+    #[error("{0}")]
+    Device(#[from] BackendError),
 }
 
 #[cfg(test)]
