@@ -6,6 +6,7 @@
 pub mod alloc_meter;
 pub mod bench;
 pub mod checkpoint;
+pub mod device;
 mod inspect;
 pub mod logging;
 pub mod plan;
@@ -15,6 +16,7 @@ mod session;
 pub mod train;
 pub mod transition;
 
+pub use device::DeviceChoice;
 pub use logging::LogOptions;
 pub use rng::Rng;
 pub use session::{Session, SessionOptions};
@@ -68,6 +70,8 @@ pub enum Command {
         reps: usize,
         /// Where to write the JSON report.
         json: Option<PathBuf>,
+        /// Device-resident shards over the GPU data plane (`--device`), or host memory over MPI.
+        device: Option<DeviceChoice>,
     },
     /// Benchmark replan time and memory from 8 to 16,384 GPUs.
     BenchPlanner {
@@ -113,6 +117,8 @@ pub enum Command {
         cases: u32,
         /// Seed of the decisions.
         seed: u64,
+        /// Device-resident state over the GPU data plane (`--device`), or host memory over MPI.
+        device: Option<DeviceChoice>,
     },
     /// A fixed-plan RL job on the reference engine.
     Train {
@@ -131,6 +137,8 @@ pub enum Command {
         cases: u32,
         /// Seed of the decisions.
         seed: u64,
+        /// Device-resident state over the GPU data plane (`--device`), or host memory over MPI.
+        device: Option<DeviceChoice>,
     },
 }
 
@@ -178,6 +186,7 @@ impl RuntimeError {
         match self {
             RuntimeError::Config(_) | RuntimeError::Usage(_) | RuntimeError::Planner(_) => EXIT_USAGE,
             RuntimeError::Comm(CommError::Disagreement { .. }) => EXIT_USAGE,
+            RuntimeError::Backend(e) if e.is_usage() => EXIT_USAGE,
             _ => EXIT_FAILURE,
         }
     }
@@ -204,8 +213,8 @@ pub fn run(options: SessionOptions, command: Command) -> u8 {
         Command::Plan { config, overrides, gpus, seq_len, json } => {
             plan::run(&mut session, config.as_deref(), overrides, *gpus, *seq_len, *json)
         }
-        Command::BenchPrimitives { sizes_mib, reps, json } => {
-            bench::primitives::run(&session, sizes_mib, *reps, json.as_deref())
+        Command::BenchPrimitives { sizes_mib, reps, json, device } => {
+            bench::primitives::run(&session, sizes_mib, *reps, json.as_deref(), *device)
         }
         Command::BenchPlanner { config, seq_len, reps, json } => {
             bench::planner::run(&mut session, config, *seq_len, *reps, json.as_deref())
@@ -217,16 +226,14 @@ pub fn run(options: SessionOptions, command: Command) -> u8 {
         Command::BenchCoordination { trials, seed, json } => {
             bench::coordination::run(&session, *trials, *seed, json.as_deref())
         }
-        Command::SelftestPrimitives { cases, seed } => {
-            selftest::primitives(&session, *cases, *seed).and_then(|s| report_selftest(&session, &s, &s.failures))
-        }
+        Command::SelftestPrimitives { cases, seed, device } => selftest::primitives(&session, *cases, *seed, *device)
+            .and_then(|s| report_selftest(&session, &s, &s.failures)),
         Command::Train { config, overrides, resume } => {
             train::run(&mut session, config.as_deref(), overrides, resume.as_deref())
         }
         Command::SelftestEngine => selftest::engine(&session).and_then(|s| report_selftest(&session, &s, &s.failures)),
-        Command::SelftestTransitions { cases, seed } => {
-            selftest::transitions(&session, *cases, *seed).and_then(|s| report_selftest(&session, &s, &s.failures))
-        }
+        Command::SelftestTransitions { cases, seed, device } => selftest::transitions(&session, *cases, *seed, *device)
+            .and_then(|s| report_selftest(&session, &s, &s.failures)),
     };
     match outcome {
         Ok(()) => 0,

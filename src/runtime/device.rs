@@ -1,0 +1,159 @@
+//! `--device`: opening each rank's GPU and the GPU data plane for selftests and benchmarks.
+//!
+//! Every rank opens the device the topology layer assigns it (the GPU at its PCI address, found
+//! among the driver's visible devices), the collective library, and then, together, the
+//! [`GpuPlane`]. A rank that cannot open its device still joins one agreement, so all ranks stop
+//! together: a binary without the backend says "not compiled with … support", a machine without
+//! a usable GPU "no … device visible", both with exit status 2.
+
+use std::rc::Rc;
+use std::str::FromStr;
+
+use crate::backend::emulated::Emulated;
+use crate::backend::gpu::{Device, GpuRuntime};
+use crate::backend::BackendError;
+use crate::comm::collectives::CollectiveLib;
+use crate::comm::emulated_collectives::MpiCollectives;
+use crate::comm::gpu_plane::GpuPlane;
+use crate::comm::{agree, MpiPlane};
+use crate::emu::DeviceMemory;
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+use crate::topology::{assign_device, NodeTopology};
+
+use super::{RuntimeError, Session};
+
+/// Capacity of an emulated device (allocated only as shards are made).
+const EMULATED_DEVICE_BYTES: u64 = 64 << 30;
+
+/// Which device `--device` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceChoice {
+    /// The backend this binary has: CUDA, else ROCm.
+    Auto,
+    /// NVIDIA through the CUDA driver and NCCL.
+    Cuda,
+    /// AMD through HIP and RCCL.
+    Rocm,
+    /// Host memory posing as a device, NCCL's API over MPI: the device path on a CPU-only
+    /// machine (tests; no speed to measure).
+    Emulated,
+}
+
+impl FromStr for DeviceChoice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(DeviceChoice::Auto),
+            "cuda" => Ok(DeviceChoice::Cuda),
+            "rocm" => Ok(DeviceChoice::Rocm),
+            "emulated" => Ok(DeviceChoice::Emulated),
+            other => Err(format!("unknown device `{other}`; expected auto, cuda, rocm or emulated")),
+        }
+    }
+}
+
+/// The GPU data plane over MPI control, as a device job receives it.
+pub type Plane<'w, L, R> = GpuPlane<MpiPlane<'w>, L, R>;
+
+/// Work that runs on whichever device plane `--device` opened.
+pub trait DeviceJob {
+    /// What it returns.
+    type Output;
+    /// Runs on this rank's plane, with shards in `memory` (the plane's device).
+    fn run<L: CollectiveLib, R: GpuRuntime>(
+        self,
+        plane: &mut Plane<'_, L, R>,
+        memory: DeviceMemory<R>,
+    ) -> Result<Self::Output, RuntimeError>;
+}
+
+fn not_compiled(what: &str, backend: &'static str, feature: &'static str) -> RuntimeError {
+    BackendError::NotCompiled { what: what.into(), backend, feature }.into()
+}
+
+/// Opens the device and plane of `choice` on every rank and runs `job` there.
+pub fn with_device<J: DeviceJob>(session: &Session, choice: DeviceChoice, job: J) -> Result<J::Output, RuntimeError> {
+    let what = "--device";
+    match choice {
+        DeviceChoice::Emulated => {
+            let ordinal = session.layout().local_rank(session.rank() as usize) as u32;
+            let opened = Ok((Emulated::new(ordinal, EMULATED_DEVICE_BYTES), MpiCollectives::new(session.world())));
+            run_on(session, opened, job)
+        }
+        DeviceChoice::Auto if cfg!(feature = "cuda") => with_device(session, DeviceChoice::Cuda, job),
+        DeviceChoice::Auto if cfg!(feature = "rocm") => with_device(session, DeviceChoice::Rocm, job),
+        DeviceChoice::Auto => Err(not_compiled(what, "CUDA or ROCm", "cuda` or `--features rocm")),
+        #[cfg(feature = "cuda")]
+        DeviceChoice::Cuda => {
+            use crate::backend::cuda::{devices, ordinal_of, Cuda};
+            let opened = ordinal(session, ordinal_of, devices)
+                .and_then(Cuda::open)
+                .and_then(|cuda| crate::comm::nccl::Nccl::load().map(|nccl| (cuda, nccl)));
+            run_on(session, opened, job)
+        }
+        #[cfg(not(feature = "cuda"))]
+        DeviceChoice::Cuda => Err(not_compiled("--device cuda", "CUDA", "cuda")),
+        #[cfg(feature = "rocm")]
+        DeviceChoice::Rocm => {
+            use crate::backend::rocm::{devices, ordinal_of, Hip};
+            let opened = ordinal(session, ordinal_of, devices)
+                .and_then(Hip::open)
+                .and_then(|hip| crate::comm::rccl::Rccl::load().map(|rccl| (hip, rccl)));
+            run_on(session, opened, job)
+        }
+        #[cfg(not(feature = "rocm"))]
+        DeviceChoice::Rocm => Err(not_compiled("--device rocm", "ROCm", "rocm")),
+    }
+}
+
+/// The driver ordinal of the GPU the topology layer assigns this rank: the one at its PCI
+/// address among the visible devices, else (no PCI bus in sight, say in a container) the local
+/// rank modulo the number of visible devices.
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+fn ordinal(
+    session: &Session,
+    ordinal_of: fn(&str) -> Result<Option<u32>, BackendError>,
+    visible: fn() -> Result<Vec<crate::backend::DriverDevice>, BackendError>,
+) -> Result<u32, BackendError> {
+    let local_rank = session.layout().local_rank(session.rank() as usize);
+    let gpus = NodeTopology::discover(session.hostname()).map(|n| n.gpus).unwrap_or_default();
+    let assigned = assign_device(local_rank, &gpus, &|k| std::env::var(k).ok());
+    if let Some(found) = assigned.pci_address.as_deref().map(ordinal_of).transpose()?.flatten() {
+        return Ok(found);
+    }
+    let count = visible()?.len();
+    if count == 0 {
+        return Err(BackendError::NoDevice { backend: "GPU", reason: "the driver lists no device".into() });
+    }
+    Ok((local_rank % count) as u32)
+}
+
+/// Agrees that every rank opened its device, then builds the plane and runs the job.
+fn run_on<L: CollectiveLib, R: GpuRuntime, J: DeviceJob>(
+    session: &Session,
+    opened: Result<(R, L), BackendError>,
+    job: J,
+) -> Result<J::Output, RuntimeError> {
+    let verdict = opened.as_ref().map(|_| 1).map_err(ToString::to_string);
+    let agreed = agree(session.world(), session.watchdog(), "device bring-up", verdict);
+    let (runtime, lib) = match (opened, agreed) {
+        (Err(local), _) => return Err(local.into()),
+        (Ok(_), Err(others)) => return Err(others.into()),
+        (Ok(pair), Ok(_)) => pair,
+    };
+    let device = Rc::new(Device::new(runtime)?);
+    let d = device.runtime().device();
+    log::info!(
+        "rank {} drives {} device {} ({}, {:.1} GB)",
+        session.rank(),
+        device.runtime().backend(),
+        d.ordinal,
+        d.name,
+        d.memory_bytes as f64 / 1e9
+    );
+    let control = MpiPlane::new(session.world(), session.watchdog().clone());
+    let world = session.world().size();
+    let mut plane = GpuPlane::new(control, lib, device.clone(), session.watchdog().clone(), world)?;
+    job.run(&mut plane, DeviceMemory::new(device))
+}
