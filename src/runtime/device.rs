@@ -6,6 +6,7 @@
 //! together: a binary without the backend says "not compiled with … support", a machine without
 //! a usable GPU "no … device visible", both with exit status 2.
 
+use std::path::Path;
 use std::rc::Rc;
 use std::str::FromStr;
 
@@ -15,10 +16,10 @@ use crate::backend::BackendError;
 use crate::comm::collectives::CollectiveLib;
 use crate::comm::emulated_collectives::MpiCollectives;
 use crate::comm::gpu_plane::GpuPlane;
-use crate::comm::{agree, MpiPlane};
+use crate::comm::{agree, all_gather_bytes, MpiPlane};
 use crate::emu::DeviceMemory;
-#[cfg(any(feature = "cuda", feature = "rocm"))]
-use crate::topology::{assign_device, NodeTopology};
+use crate::topology::placement::{bind, cores, locality, scan_nics};
+use crate::topology::{assign_device, closest_cores, CpuBinding, NodeTopology, Placement};
 
 use super::{RuntimeError, Session};
 
@@ -72,9 +73,52 @@ fn not_compiled(what: &str, backend: &'static str, feature: &'static str) -> Run
     BackendError::NotCompiled { what: what.into(), backend, feature }.into()
 }
 
+/// Where this rank should run: the cores closest to the GPU the topology layer assigns it
+/// (every rank calls it: the node's assignments are gathered, since each rank may see its own
+/// visible-devices variable). `None` on a rank without a GPU.
+pub fn placement(session: &Session) -> Result<Option<Placement>, RuntimeError> {
+    let (rank, layout) = (session.rank() as usize, session.layout());
+    let node = NodeTopology::discover(session.hostname())?;
+    let mine = assign_device(layout.local_rank(rank), &node.gpus, &|k| std::env::var(k).ok()).gpu;
+    let all = all_gather_bytes(
+        session.world(),
+        session.watchdog(),
+        "GPU assignment exchange",
+        &mine.unwrap_or(u32::MAX).to_le_bytes(),
+    )?;
+    let mut assigned = vec![None; layout.max_ranks_per_node()];
+    for (r, bytes) in all.iter().enumerate().filter(|(r, _)| layout.node_of(*r) == layout.node_of(rank)) {
+        let gpu = u32::from_le_bytes(bytes.as_slice().try_into().unwrap_or([0xff; 4]));
+        assigned[layout.local_rank(r)] = (gpu != u32::MAX).then_some(gpu);
+    }
+    if mine.is_none() {
+        return Ok(None);
+    }
+    let pci = Path::new("/sys/bus/pci/devices");
+    let gpus: Vec<_> = node.gpus.iter().map(|g| locality(pci, &g.pci_address)).collect();
+    let nics = scan_nics(Path::new("/sys/class"), pci);
+    Ok(closest_cores(&cores()?, &gpus, &assigned, layout.local_rank(rank), &nics))
+}
+
+/// Binds this rank to the cores closest to its GPU, unless the launcher bound it already or
+/// `NEREUS_BIND=none`; returns what it did, for the log.
+fn bind_near_gpu(session: &Session) -> Result<Option<String>, RuntimeError> {
+    let Some(p) = placement(session)? else { return Ok(None) };
+    if std::env::var("NEREUS_BIND").is_ok_and(|v| v == "none") || !CpuBinding::of_this_process()?.unbound {
+        return Ok(None);
+    }
+    bind(&p.threads)?;
+    Ok(Some(p.describe()))
+}
+
 /// Opens the device and plane of `choice` on every rank and runs `job` there.
 pub fn with_device<J: DeviceJob>(session: &Session, choice: DeviceChoice, job: J) -> Result<J::Output, RuntimeError> {
     let what = "--device";
+    if matches!(choice, DeviceChoice::Emulated) || cfg!(any(feature = "cuda", feature = "rocm")) {
+        if let Some(bound) = bind_near_gpu(session)? {
+            log::info!("rank {} bound to {bound}", session.rank());
+        }
+    }
     match choice {
         DeviceChoice::Emulated => {
             let ordinal = session.layout().local_rank(session.rank() as usize) as u32;
