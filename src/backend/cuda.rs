@@ -85,6 +85,11 @@ fn nvrtc_error(what: &str, e: impl std::fmt::Debug) -> BackendError {
 
 /// Compiles `cuda/pack.cu` with NVRTC (loaded at run time); the compiler's log on failure.
 pub fn compile_pack(output: NvrtcOutput) -> Result<Vec<u8>, BackendError> {
+    compile(PACK_CU, "pack.cu", output)
+}
+
+/// Compiles one CUDA source with NVRTC (loaded at run time); the compiler's log on failure.
+pub fn compile(source: &str, name: &str, output: NvrtcOutput) -> Result<Vec<u8>, BackendError> {
     // SAFETY: only probes whether the shared library loads.
     if !unsafe { nvrtc_sys::is_culib_present() } {
         return Err(BackendError::Kernels {
@@ -94,8 +99,9 @@ pub fn compile_pack(output: NvrtcOutput) -> Result<Vec<u8>, BackendError> {
                 .into(),
         });
     }
-    let source = CString::new(PACK_CU).expect("the kernel source has no NUL");
-    let program = nvrtc::create_program(&source, Some(c"pack.cu")).map_err(|e| nvrtc_error("create", e))?;
+    let source = CString::new(source).map_err(|e| nvrtc_error("source", e))?;
+    let name = CString::new(name).map_err(|e| nvrtc_error("name", e))?;
+    let program = nvrtc::create_program(&source, Some(&name)).map_err(|e| nvrtc_error("create", e))?;
     let arch = match output {
         NvrtcOutput::Ptx(virtual_arch) => format!("--gpu-architecture={virtual_arch}"),
         NvrtcOutput::Cubin(sm) => format!("--gpu-architecture=sm_{sm}"),
@@ -311,10 +317,10 @@ mod tests {
         std::env::var("NEREUS_REQUIRE_KERNEL_TOOLS").is_ok_and(|v| v == "1")
     }
 
-    /// NVRTC compiles `cuda/pack.cu` to PTX for sm_80 and sm_90 (and to cubins directly), and
-    /// ptxas assembles that PTX: a kernel that does not compile fails here, with no GPU.
+    /// NVRTC compiles every `cuda/*.cu` to PTX for sm_80 and sm_90 (and to cubins directly),
+    /// and ptxas assembles that PTX: a kernel that does not compile fails here, with no GPU.
     #[test]
-    fn pack_kernels_compile_with_nvrtc_and_assemble_with_ptxas() {
+    fn cuda_kernels_compile_with_nvrtc_and_assemble_with_ptxas() {
         // SAFETY: only probes whether the shared library loads.
         if !unsafe { nvrtc_sys::is_culib_present() } {
             assert!(!tools_required(), "NEREUS_REQUIRE_KERNEL_TOOLS=1 but NVRTC is not on LD_LIBRARY_PATH");
@@ -323,14 +329,22 @@ mod tests {
         }
         let dir = tempfile::tempdir().unwrap();
         let ptxas = std::env::var("NEREUS_PTXAS").map(PathBuf::from).unwrap_or_else(|_| "ptxas".into());
-        for (virtual_arch, sm) in [("compute_80", 80), ("compute_90", 90)] {
-            let ptx = compile_pack(NvrtcOutput::Ptx(virtual_arch)).unwrap();
+        let sources = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/cuda")).unwrap();
+        let mut files: Vec<PathBuf> =
+            sources.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|e| e == "cu")).collect();
+        files.sort();
+        assert!(files.iter().any(|f| f.ends_with("pack.cu")));
+        for (file, (virtual_arch, sm)) in files.iter().flat_map(|f| [(f, ("compute_80", 80)), (f, ("compute_90", 90))])
+        {
+            let (source, stem) = (std::fs::read_to_string(file).unwrap(), file.file_stem().unwrap().to_string_lossy());
+            let name = format!("{stem}.cu");
+            let ptx = compile(&source, &name, NvrtcOutput::Ptx(virtual_arch)).unwrap();
             let text = String::from_utf8(ptx.clone()).unwrap();
-            for (_, name) in RECT_COPY_KERNELS {
-                assert!(text.contains(&format!(".entry {name}(")), "{name} missing from the {virtual_arch} PTX");
+            for (_, kernel) in RECT_COPY_KERNELS.iter().filter(|_| stem == "pack") {
+                assert!(text.contains(&format!(".entry {kernel}(")), "{kernel} missing from the {virtual_arch} PTX");
             }
-            assert!(!compile_pack(NvrtcOutput::Cubin(sm)).unwrap().is_empty());
-            let path = dir.path().join(format!("pack.{virtual_arch}.ptx"));
+            assert!(!compile(&source, &name, NvrtcOutput::Cubin(sm)).unwrap().is_empty());
+            let path = dir.path().join(format!("{stem}.{virtual_arch}.ptx"));
             std::fs::write(&path, &ptx).unwrap();
             match Command::new(&ptxas)
                 .arg(format!("-arch=sm_{sm}"))
@@ -350,6 +364,14 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The kernels on a real GPU against the host reference (`scripts/gpu-check.sh` runs it).
+    #[test]
+    #[ignore = "needs an NVIDIA GPU; scripts/gpu-check.sh runs it"]
+    fn gpu_rectangle_copies_match_the_host_reference() {
+        let device = crate::backend::gpu::Device::new(Cuda::open(0).unwrap()).unwrap();
+        crate::backend::gpu::check_rect_copies_against_host(&device);
     }
 
     #[test]

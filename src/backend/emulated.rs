@@ -177,6 +177,11 @@ mod tests {
     use crate::backend::kernels::RectCopy;
 
     #[test]
+    fn rectangle_copies_match_the_host_reference() {
+        crate::backend::gpu::check_rect_copies_against_host(&Device::new(Emulated::new(0, 1 << 30)).unwrap());
+    }
+
+    #[test]
     fn packed_rectangles_round_trip_through_the_device() {
         let device = Device::new(Emulated::new(0, 1 << 30)).unwrap();
         let host: Vec<u8> = (0..4096u32).map(|i| (i * 31 % 253) as u8).collect();

@@ -254,6 +254,14 @@ impl GpuRuntime for Hip {
 mod tests {
     use super::*;
 
+    /// The kernels on a real AMD GPU against the host reference.
+    #[test]
+    #[ignore = "needs an AMD GPU"]
+    fn gpu_rectangle_copies_match_the_host_reference() {
+        let device = crate::backend::gpu::Device::new(Hip::open(0).unwrap()).unwrap();
+        crate::backend::gpu::check_rect_copies_against_host(&device);
+    }
+
     /// CI builds with hipcc (NEREUS_REQUIRE_KERNEL_TOOLS=1 makes build.rs insist); then the
     /// embedded code object is a clang offload bundle holding every kernel.
     #[test]

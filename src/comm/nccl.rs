@@ -152,3 +152,22 @@ impl CollectiveLib for Nccl {
         let _ = result::comm_destroy(comm(c));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Where NCCL is loadable (scripts/kernel-env.sh links PyPI's), it answers without a GPU:
+    /// its version, whether it splits, and a unique id the plane would broadcast.
+    #[test]
+    fn nccl_loads_at_run_time_or_says_how_to() {
+        match Nccl::load() {
+            Ok(nccl) => {
+                assert!(nccl.version().unwrap() >= 20_000, "NCCL 2.x");
+                assert_eq!(nccl.has_split(), nccl.version().unwrap() >= SPLIT_SINCE_VERSION);
+                assert_ne!(nccl.unique_id().unwrap().0, [0u8; 128]);
+            }
+            Err(e) => assert!(e.to_string().contains("libnccl.so"), "{e}"),
+        }
+    }
+}

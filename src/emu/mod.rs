@@ -19,7 +19,9 @@ pub use device::{DeviceBuffer, DeviceMemory};
 pub use digest::{mix, synthetic_fill, Digest};
 pub use execute::RankPlan;
 pub use ledger::MemoryLedger;
-pub use memory::{Buffers, Exchange, HostFill, HostMemory, Message, Place, RectCopy, ShardBuffer, ShardMemory};
+pub use memory::{
+    copy_rect_host, Buffers, Exchange, HostFill, HostMemory, Message, Place, RectCopy, ShardBuffer, ShardMemory,
+};
 pub use movement::{Movement, Segment, TargetEmu};
 pub use set::{merge_ranks, merge_ranks_of, split_ranks, split_ranks_of, EmuSet, PrimitiveReport};
 pub use store::{shard_bytes, LocalShard, ShardStore};
