@@ -9,8 +9,9 @@
 //! allocation, or reads what it writes fails here as it would race on a device.
 
 use std::cell::{Cell, RefCell};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::c_void;
+use std::time::Instant;
 
 use super::gpu::{DevicePtr, GpuRuntime, RawHandle};
 use super::kernels::{for_each_vector, RectLaunch};
@@ -21,6 +22,8 @@ pub struct Emulated {
     device: DriverDevice,
     allocations: RefCell<BTreeMap<u64, Box<[u8]>>>,
     handles: Cell<usize>,
+    /// When each event was recorded (work is synchronous, so that is when it happened).
+    recorded: RefCell<HashMap<usize, Instant>>,
 }
 
 fn fault(reason: String) -> BackendError {
@@ -31,7 +34,8 @@ impl Emulated {
     /// Device `ordinal` with `memory_bytes` of capacity (allocated on demand).
     pub fn new(ordinal: u32, memory_bytes: u64) -> Emulated {
         let device = DriverDevice { ordinal, name: "emulated device (host memory)".into(), memory_bytes };
-        Emulated { device, allocations: RefCell::new(BTreeMap::new()), handles: Cell::new(0) }
+        let (allocations, recorded) = (RefCell::new(BTreeMap::new()), RefCell::new(HashMap::new()));
+        Emulated { device, allocations, handles: Cell::new(0), recorded }
     }
 
     /// Bytes allocated now (device and pinned).
@@ -116,9 +120,12 @@ impl GpuRuntime for Emulated {
         Ok(self.handle())
     }
 
-    unsafe fn destroy_event(&self, _event: RawHandle) {}
+    unsafe fn destroy_event(&self, event: RawHandle) {
+        self.recorded.borrow_mut().remove(&(event.0 as usize));
+    }
 
-    unsafe fn record(&self, _event: RawHandle, _stream: RawHandle) -> Result<(), BackendError> {
+    unsafe fn record(&self, event: RawHandle, _stream: RawHandle) -> Result<(), BackendError> {
+        self.recorded.borrow_mut().insert(event.0 as usize, Instant::now());
         Ok(())
     }
 
@@ -134,8 +141,11 @@ impl GpuRuntime for Emulated {
         Ok(())
     }
 
-    unsafe fn elapsed_ms(&self, _start: RawHandle, _end: RawHandle) -> Result<f32, BackendError> {
-        Ok(0.0)
+    unsafe fn elapsed_ms(&self, start: RawHandle, end: RawHandle) -> Result<f32, BackendError> {
+        let recorded = self.recorded.borrow();
+        let at =
+            |e: RawHandle| recorded.get(&(e.0 as usize)).copied().ok_or_else(|| fault("event never recorded".into()));
+        Ok(at(end)?.duration_since(at(start)?).as_secs_f32() * 1e3)
     }
 
     unsafe fn copy_h2d(&self, dst: DevicePtr, src: *const u8, bytes: u64, _: RawHandle) -> Result<(), BackendError> {

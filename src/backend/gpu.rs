@@ -231,15 +231,37 @@ impl<R: GpuRuntime> Device<R> {
     /// `event` is live and recorded.
     unsafe fn poll(&self, event: RawHandle, timeout: Duration) -> Result<bool, BackendError> {
         let start = Instant::now();
-        let mut pause = Duration::from_micros(1);
+        let mut pause = Duration::from_micros(10);
         while !self.runtime.event_done(event)? {
-            if start.elapsed() > timeout {
+            let waited = start.elapsed();
+            if waited > timeout {
                 return Ok(false);
             }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(1));
+            // Short waits spin (a copy of a few MiB takes microseconds); long ones sleep.
+            if waited < Duration::from_micros(200) {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(1));
+            }
         }
         Ok(true)
+    }
+
+    /// Device seconds of the work `op` enqueues, between two events on the current stream.
+    pub fn time(&self, op: impl FnOnce() -> Result<(), BackendError>) -> Result<f64, BackendError> {
+        let (start, end) = (self.runtime.create_event()?, self.runtime.create_event()?);
+        // SAFETY: live handles, destroyed after both events have happened.
+        unsafe {
+            self.runtime.record(start, self.stream())?;
+            let ran = op();
+            self.runtime.record(end, self.stream())?;
+            let waited = ran.and_then(|()| self.synchronize());
+            let ms = waited.and_then(|()| self.runtime.elapsed_ms(start, end));
+            self.runtime.destroy_event(start);
+            self.runtime.destroy_event(end);
+            Ok(f64::from(ms?) / 1e3)
+        }
     }
 
     /// `bytes` of device memory in stream order.

@@ -21,6 +21,7 @@ use std::time::Instant;
 
 use crate::backend::gpu::GpuRuntime;
 use crate::backend::kernels::RectCopy;
+use crate::backend::BackendError;
 use crate::comm::collectives::CollectiveLib;
 use crate::comm::gpu_plane::DeviceTransfer;
 use crate::comm::{DataPlane, GroupId, MpiPlane, Transfer};
@@ -254,7 +255,8 @@ impl DeviceJob for DeviceRows<'_> {
     }
 }
 
-/// Copy engine, pack and unpack on this rank's device, one rectangle of `unit` bytes.
+/// Copy engine, pack and unpack on this rank's device, one rectangle of `unit` bytes, timed on
+/// the device.
 fn kernel_rows<L: CollectiveLib, R: GpuRuntime>(
     plane: &mut Plane<'_, L, R>,
     memory: &DeviceMemory<R>,
@@ -273,19 +275,24 @@ fn kernel_rows<L: CollectiveLib, R: GpuRuntime>(
     let pack =
         RectCopy { src_offset: 0, src_pitch: 2 * row_bytes, dst_offset: 0, dst_pitch: row_bytes, row_bytes, rows };
     let unpack = RectCopy { src_pitch: row_bytes, dst_pitch: 2 * row_bytes, ..pack };
-    let mut seconds = |op: &mut dyn FnMut() -> Result<(), RuntimeError>| -> Result<f64, RuntimeError> {
+    // Device time between two events around each launch: host-side timing would add the
+    // wait's own latency to copies of microseconds.
+    let device = plane.device().clone();
+    let seconds = |op: &mut dyn FnMut() -> Result<(), crate::emu::EmuError>| -> Result<f64, RuntimeError> {
+        plane.barrier(world)?;
         let mut times = Vec::new();
         for rep in 0..=reps {
-            let ((), t) = timed(plane, world, |_| op())?;
+            let t =
+                device.time(|| op().map_err(|e| BackendError::Driver { backend: "bench", reason: e.to_string() }))?;
             if rep > 0 {
                 times.push(t);
             }
         }
         Ok(median(times))
     };
-    let d2d = seconds(&mut || Ok(memory.copy_rects(&packed, &mut copy, &[contiguous])?))?;
-    let packing = seconds(&mut || Ok(memory.copy_rects(&matrix, &mut packed, &[pack])?))?;
-    let unpacking = seconds(&mut || Ok(memory.copy_rects(&packed, &mut matrix, &[unpack])?))?;
+    let d2d = seconds(&mut || memory.copy_rects(&packed, &mut copy, &[contiguous]))?;
+    let packing = seconds(&mut || memory.copy_rects(&matrix, &mut packed, &[pack]))?;
+    let unpacking = seconds(&mut || memory.copy_rects(&packed, &mut matrix, &[unpack]))?;
     let d2d_gbps = bytes as f64 / d2d / 1e9;
     Ok([("d2d", d2d), ("pack", packing), ("unpack", unpacking)]
         .into_iter()
