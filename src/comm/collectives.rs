@@ -87,7 +87,6 @@ pub trait CollectiveLib {
     ///
     /// # Safety
     /// Both buffers are device memory of the right sizes, live until the stream passes.
-    #[allow(clippy::too_many_arguments)]
     unsafe fn all_gather(
         &self,
         send: DevicePtr,

@@ -252,8 +252,10 @@ pub fn move_sections<M: ShardMemory, P: Exchange<M>>(
     }
     let mut unpacked =
         plan.unpacks.iter().map(|(_, copy)| memory.allocate(copy.bytes())).collect::<Result<Vec<_>, _>>()?;
-    let buffers = Buffers { sources, targets: &mut *targets, packed: &packs, unpacked: &mut unpacked };
-    plane.exchange_buffers(memory, &plan.messages, buffers)?;
+    if !plan.messages.is_empty() {
+        let buffers = Buffers { sources, targets: &mut *targets, packed: &packs, unpacked: &mut unpacked };
+        plane.exchange_buffers(memory, &plan.messages, buffers)?;
+    }
     for ((t, copy), buffer) in plan.unpacks.iter().zip(&unpacked) {
         let target = targets.get_mut(t).expect("target allocated");
         memory.copy_rects(buffer, &mut target.buffer, std::slice::from_ref(copy))?;
