@@ -4,6 +4,8 @@
 #   bash scripts/setup.sh                      # MPI, hwloc, clang (for rsmpi's bindgen)
 #   NEREUS_WITH_SLURM=1 bash scripts/setup.sh  # + Slurm and munge, for the local test cluster
 #   NEREUS_WITH_HIP=1 bash scripts/setup.sh    # + HIP headers and runtime, to compile `--features rocm`
+#   NEREUS_WITH_KERNEL_TOOLS=1 bash scripts/setup.sh  # + hipcc (apt) and NVRTC and ptxas (PyPI) to
+#                                              # compile cuda/ and hip/ without a GPU (scripts/compile-kernels.sh)
 #
 # Debian/Ubuntu packages are installed with apt-get when running as root; otherwise the missing
 # ones are listed (on a cluster, load the site's MPI and hwloc modules instead).
@@ -13,6 +15,10 @@ cd "$(dirname "$0")/.."
 packages="openmpi-bin libopenmpi-dev libclang-dev libhwloc-dev pkg-config"
 [ "${NEREUS_WITH_SLURM:-0}" = 1 ] && packages="$packages slurm-wlm munge"
 [ "${NEREUS_WITH_HIP:-0}" = 1 ] && packages="$packages libamdhip64-dev"
+if [ "${NEREUS_WITH_KERNEL_TOOLS:-0}" = 1 ]; then
+  packages="$packages libamdhip64-dev hipcc"
+  python3 -m pip --version >/dev/null 2>&1 || packages="$packages python3-pip"
+fi
 
 missing=""
 if command -v dpkg >/dev/null; then
@@ -27,6 +33,17 @@ if [ -n "$missing" ]; then
     echo "setup: missing packages:$missing (install them, or load your site's MPI/hwloc modules)" >&2
     exit 1
   fi
+fi
+
+# NVRTC (compiles cuda/*.cu to PTX) and ptxas (assembles it) from PyPI: no CUDA toolkit needed.
+if [ "${NEREUS_WITH_KERNEL_TOOLS:-0}" = 1 ]; then
+  for wheel in nvidia-cuda-nvrtc-cu12 nvidia-cuda-nvcc-cu12; do
+    python3 -m pip show -q "$wheel" >/dev/null 2>&1 && continue
+    echo "setup: pip installing $wheel"
+    # Debian's own python refuses system-wide pip installs unless told (PEP 668).
+    python3 -m pip install -q --disable-pip-version-check "$wheel" 2>/dev/null ||
+      python3 -m pip install -q --disable-pip-version-check --break-system-packages "$wheel"
+  done
 fi
 
 command -v cargo >/dev/null || { echo "setup: cargo not found; install Rust from https://rustup.rs" >&2; exit 1; }

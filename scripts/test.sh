@@ -6,7 +6,8 @@
 #   bash scripts/test.sh
 #
 # Under CI=true every part is required; elsewhere the Slurm and ROCm parts are skipped, with a
-# note, when this machine cannot run them.
+# note, when this machine cannot run them. The kernel compiles (scripts/compile-kernels.sh: NVRTC
+# and ptxas from PyPI, hipcc) are required under CI and skipped elsewhere when the tools are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ci=${CI:-false}
@@ -46,5 +47,16 @@ elif [ "$ci" = true ]; then
 else
   echo "test: no HIP headers; skipping the rocm build (NEREUS_WITH_HIP=1 bash scripts/setup.sh installs them)"
 fi
+if [ "$ci" = true ]; then
+  export NEREUS_REQUIRE_KERNEL_TOOLS=1  # build.rs then fails without hipcc, as it does on a bad kernel
+fi
 cargo clippy --release --locked --all-targets --features "$features" -- -D warnings
+cargo build --release --locked --features "$features"
 cargo test --release --locked --features "$features" --lib
+
+echo "== device kernels compile without a GPU (cuda/*.cu: NVRTC + ptxas for sm_80/sm_90; hip/*.hip: hipcc for gfx90a)"
+if [ "$ci" = true ] || { python3 -c 'import nvidia.cuda_nvrtc' 2>/dev/null && command -v hipcc >/dev/null; }; then
+  bash scripts/compile-kernels.sh
+else
+  echo "test: NVRTC or hipcc missing; skipping (NEREUS_WITH_KERNEL_TOOLS=1 bash scripts/setup.sh installs them)"
+fi

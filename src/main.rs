@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use nereus::config::{Algorithm, Overrides};
 use nereus::runtime::checkpoint::ResumeFrom;
 use nereus::runtime::train::TrainOptions;
-use nereus::runtime::{self, Command, LogOptions, SessionOptions};
+use nereus::runtime::{self, Command, DeviceChoice, LogOptions, SessionOptions};
 
 /// Nereus: keeps an RL post-training job on the fastest memory-feasible parallel plan.
 #[derive(Parser, Debug)]
@@ -87,7 +87,8 @@ enum BenchCommand {
         #[arg(long, value_name = "PATH")]
         json: Option<PathBuf>,
     },
-    /// Split/Merge/Extend/Destroy bytes, time and bandwidth vs MPI point-to-point (>= 2 ranks).
+    /// Split/Merge/Extend/Destroy bytes, time and bandwidth vs point-to-point (>= 2 ranks; with
+    /// --device, also the pack/unpack kernels vs the device's copy engine, from 1 rank).
     Primitives {
         /// Unit sizes in MiB, comma-separated.
         #[arg(long, value_delimiter = ',', default_value = "1,4,16,64,256,1024")]
@@ -98,6 +99,8 @@ enum BenchCommand {
         /// Also write the report as JSON.
         #[arg(long, value_name = "PATH")]
         json: Option<PathBuf>,
+        #[command(flatten)]
+        device: DeviceArg,
     },
     /// Global transition DAG build time from 32 to 16,384 ranks, and its gap to the best order.
     TransitionPlanning {
@@ -153,6 +156,8 @@ enum SelftestCommand {
         /// Seed of the random decisions (rank 0's draw is broadcast).
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        #[command(flatten)]
+        device: DeviceArg,
     },
     /// Every (tp, pp, dp) with degrees in {1, 2, 4} that fits the world trains one step of a
     /// tiny LM and value model; parameters and gradients must match (1, 1, 1) within 1e-5.
@@ -165,7 +170,23 @@ enum SelftestCommand {
         /// Seed of the random decisions (same on every rank).
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        #[command(flatten)]
+        device: DeviceArg,
     },
+}
+
+/// `--device[=KIND]`: device-resident state over the GPU data plane.
+#[derive(Args, Debug, Clone)]
+struct DeviceArg {
+    /// Keep shards in device memory and move them over NCCL/RCCL: `auto` (the backend this
+    /// binary has; the default when the flag has no value), `cuda`, `rocm`, or `emulated` (host
+    /// memory posing as a device over MPI, to test the device path without a GPU).
+    #[arg(long, value_name = "KIND", num_args = 0..=1, default_missing_value = "auto", value_parser = parse_device)]
+    device: Option<DeviceChoice>,
+}
+
+fn parse_device(s: &str) -> Result<DeviceChoice, String> {
+    s.parse()
 }
 
 #[derive(Subcommand, Debug)]
@@ -260,8 +281,8 @@ fn main() -> ExitCode {
             overrides: overrides.into(),
             options: TrainOptions { resume, reset_optimizer: resume_reset_optimizer },
         },
-        TopCommand::Bench(BenchCommand::Primitives { sizes_mib, reps, json }) => {
-            Command::BenchPrimitives { sizes_mib, reps: reps.max(1), json }
+        TopCommand::Bench(BenchCommand::Primitives { sizes_mib, reps, json, device }) => {
+            Command::BenchPrimitives { sizes_mib, reps: reps.max(1), json, device: device.device }
         }
         TopCommand::Bench(BenchCommand::TransitionPlanning { config, ranks, reps, json }) => {
             Command::BenchTransitionPlanning { config, ranks, reps, json }
@@ -273,12 +294,12 @@ fn main() -> ExitCode {
         TopCommand::Bench(BenchCommand::Planner { config, seq_len, reps, json }) => {
             Command::BenchPlanner { config, seq_len, reps, json }
         }
-        TopCommand::Selftest(SelftestCommand::Transitions { cases, seed }) => {
-            Command::SelftestTransitions { cases, seed }
+        TopCommand::Selftest(SelftestCommand::Transitions { cases, seed, device }) => {
+            Command::SelftestTransitions { cases, seed, device: device.device }
         }
         TopCommand::Selftest(SelftestCommand::Engine) => Command::SelftestEngine,
-        TopCommand::Selftest(SelftestCommand::Primitives { cases, seed }) => {
-            Command::SelftestPrimitives { cases, seed }
+        TopCommand::Selftest(SelftestCommand::Primitives { cases, seed, device }) => {
+            Command::SelftestPrimitives { cases, seed, device: device.device }
         }
     };
     ExitCode::from(runtime::run(options, command))

@@ -1,11 +1,19 @@
 //! Device backends, split like candle's: the `cuda` and `rocm` features compile the real ones;
 //! without them the same API exists and answers with [`BackendError::NotCompiled`], so the
 //! default build, and every test, runs on a CPU-only machine.
+//!
+//! `gpu.rs` is the seam the GPU data plane and the device shard store use ([`gpu::GpuRuntime`],
+//! [`gpu::Device`]); `cuda.rs` and `rocm.rs` implement it over the CUDA driver and the HIP
+//! runtime, `emulated.rs` in host memory for tests; `kernels.rs` holds the launch geometry of
+//! the rectangle-copy kernels in `cuda/pack.cu` and `hip/pack.hip`.
 
 #[cfg(feature = "cuda")]
-mod cuda;
+pub mod cuda;
+pub mod emulated;
+pub mod gpu;
+pub mod kernels;
 #[cfg(feature = "rocm")]
-mod rocm;
+pub mod rocm;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -36,14 +44,38 @@ pub enum BackendError {
         /// The cargo feature.
         feature: &'static str,
     },
+    /// The binary has the backend, but this machine shows it no device to use.
+    #[error("no {backend} device visible: {reason}")]
+    NoDevice {
+        /// `CUDA` or `ROCm`.
+        backend: &'static str,
+        /// Why: no driver library, no device, or the assigned one is missing.
+        reason: String,
+    },
     /// The driver library is missing or returned an error.
     #[error("{backend} driver: {reason}")]
     Driver {
-        /// `CUDA` or `ROCm`.
+        /// `CUDA`, `ROCm` or `emulated`.
         backend: &'static str,
         /// The driver's message.
         reason: String,
     },
+    /// The rectangle-copy kernels cannot be compiled or loaded.
+    #[error("{backend} kernels: {reason}")]
+    Kernels {
+        /// `CUDA` or `ROCm`.
+        backend: &'static str,
+        /// The compiler's or loader's message.
+        reason: String,
+    },
+}
+
+impl BackendError {
+    /// Whether the user can fix this by rebuilding or choosing another machine (exit status 2),
+    /// rather than a driver failing at run time.
+    pub fn is_usage(&self) -> bool {
+        matches!(self, BackendError::NotCompiled { .. } | BackendError::NoDevice { .. })
+    }
 }
 
 /// Checks that this binary can drive `plane`; MPI always can.

@@ -1,11 +1,22 @@
-//! HIP device discovery through the HIP runtime (`libamdhip64`, linked at build time; build
-//! with `HIP_PATH` pointing at a ROCm or Debian HIP installation, e.g. `HIP_PATH=/usr`).
+//! HIP through the HIP runtime (`libamdhip64`, linked at build time; build with `HIP_PATH`
+//! pointing at a ROCm or Debian HIP installation, e.g. `HIP_PATH=/usr`): device discovery, and
+//! [`Hip`], the [`GpuRuntime`] of one device, running `hip/pack.hip` from the code object that
+//! `build.rs` embedded (`hipcc --genco --offload-arch=gfx90a`).
 
 use hip_sys::hiprt;
-use std::ffi::CStr;
+use std::ffi::{c_void, CStr, CString};
 use std::os::raw::{c_char, c_int};
 
+use super::gpu::{DevicePtr, GpuRuntime, RawHandle};
+use super::kernels::{RectLaunch, RECT_COPY_KERNELS};
 use super::{BackendError, DriverDevice};
+
+/// The code object of `hip/pack.hip`, when hipcc was present at build time.
+#[cfg(nereus_hip_kernels)]
+pub const PACK_CODE_OBJECT: Option<&[u8]> = Some(include_bytes!(concat!(env!("OUT_DIR"), "/pack.co")));
+/// The code object of `hip/pack.hip`, when hipcc was present at build time.
+#[cfg(not(nereus_hip_kernels))]
+pub const PACK_CODE_OBJECT: Option<&[u8]> = None;
 
 fn check(status: hiprt::hipError_t, call: &str) -> Result<(), BackendError> {
     if status == hiprt::hipError_t::hipSuccess {
@@ -15,25 +26,255 @@ fn check(status: hiprt::hipError_t, call: &str) -> Result<(), BackendError> {
     }
 }
 
-/// Every visible HIP device with its name and total memory.
-pub fn devices() -> Result<Vec<DriverDevice>, BackendError> {
+/// Initializes the runtime and counts devices; none visible is [`BackendError::NoDevice`].
+fn device_count() -> Result<c_int, BackendError> {
     let mut count: c_int = 0;
     // SAFETY: plain out-parameter calls into the HIP runtime with valid pointers.
-    unsafe {
-        check(hiprt::hipInit(0), "hipInit")?;
-        check(hiprt::hipGetDeviceCount(&mut count), "hipGetDeviceCount")?;
+    let status = unsafe {
+        let init = hiprt::hipInit(0);
+        if init == hiprt::hipError_t::hipSuccess {
+            hiprt::hipGetDeviceCount(&mut count)
+        } else {
+            init
+        }
+    };
+    if status != hiprt::hipError_t::hipSuccess || count == 0 {
+        let reason = format!("the HIP runtime reports no device ({status:?})");
+        return Err(BackendError::NoDevice { backend: "ROCm", reason });
     }
-    (0..count)
-        .map(|ordinal| {
-            let mut name = [0 as c_char; 256];
-            let mut memory_bytes: usize = 0;
-            // SAFETY: `name` has the length we pass; `ordinal` is below the device count.
-            let name = unsafe {
-                check(hiprt::hipDeviceGetName(name.as_mut_ptr(), name.len() as c_int, ordinal), "hipDeviceGetName")?;
-                check(hiprt::hipDeviceTotalMem(&mut memory_bytes, ordinal), "hipDeviceTotalMem")?;
-                CStr::from_ptr(name.as_ptr()).to_string_lossy().into_owned()
-            };
-            Ok(DriverDevice { ordinal: ordinal as u32, name, memory_bytes: memory_bytes as u64 })
-        })
-        .collect()
+    Ok(count)
+}
+
+/// Every visible HIP device with its name and total memory.
+pub fn devices() -> Result<Vec<DriverDevice>, BackendError> {
+    (0..device_count()?).map(|ordinal| describe(ordinal).map(|(d, _)| d)).collect()
+}
+
+/// A device's description and its PCI address.
+fn describe(ordinal: c_int) -> Result<(DriverDevice, String), BackendError> {
+    let mut name = [0 as c_char; 256];
+    let mut pci = [0 as c_char; 64];
+    let mut memory_bytes: usize = 0;
+    // SAFETY: the buffers have the lengths we pass; `ordinal` is below the device count.
+    unsafe {
+        check(hiprt::hipDeviceGetName(name.as_mut_ptr(), name.len() as c_int, ordinal), "hipDeviceGetName")?;
+        check(hiprt::hipDeviceTotalMem(&mut memory_bytes, ordinal), "hipDeviceTotalMem")?;
+        check(hiprt::hipDeviceGetPCIBusId(pci.as_mut_ptr(), pci.len() as c_int, ordinal), "hipDeviceGetPCIBusId")?;
+        let text = |chars: &[c_char]| CStr::from_ptr(chars.as_ptr()).to_string_lossy().into_owned();
+        let device = DriverDevice { ordinal: ordinal as u32, name: text(&name), memory_bytes: memory_bytes as u64 };
+        Ok((device, text(&pci)))
+    }
+}
+
+/// The HIP ordinal of the device at `pci_address` among the visible ones, if any.
+pub fn ordinal_of(pci_address: &str) -> Result<Option<u32>, BackendError> {
+    for ordinal in 0..device_count()? {
+        if describe(ordinal)?.1.eq_ignore_ascii_case(pci_address) {
+            return Ok(Some(ordinal as u32));
+        }
+    }
+    Ok(None)
+}
+
+/// One HIP device (current on the thread that opened it) with the embedded kernels loaded.
+pub struct Hip {
+    device: DriverDevice,
+    module: hiprt::hipModule_t,
+    kernels: Vec<(&'static str, hiprt::hipFunction_t)>,
+}
+
+impl Hip {
+    /// Opens device `ordinal` and loads the embedded code object of `hip/pack.hip`.
+    pub fn open(ordinal: u32) -> Result<Hip, BackendError> {
+        let count = device_count()?;
+        if ordinal as c_int >= count {
+            let reason = format!("device {ordinal} was asked for, the runtime sees {count}");
+            return Err(BackendError::NoDevice { backend: "ROCm", reason });
+        }
+        let Some(image) = PACK_CODE_OBJECT else {
+            return Err(BackendError::Kernels {
+                backend: "ROCm",
+                reason: "this binary was built without hipcc, so hip/pack.hip is not embedded; install hipcc and \
+                         rebuild with `--features rocm`"
+                    .into(),
+            });
+        };
+        let (device, _) = describe(ordinal as c_int)?;
+        let mut module: hiprt::hipModule_t = std::ptr::null_mut();
+        // SAFETY: `image` is a complete code object (an offload bundle) that outlives the call.
+        unsafe {
+            check(hiprt::hipSetDevice(ordinal as c_int), "hipSetDevice")?;
+            check(hiprt::hipModuleLoadData(&mut module, image.as_ptr().cast()), "hipModuleLoadData")?;
+        }
+        let kernels = RECT_COPY_KERNELS
+            .iter()
+            .map(|&(_, name)| {
+                let mut f: hiprt::hipFunction_t = std::ptr::null_mut();
+                let c_name = CString::new(name).expect("no NUL");
+                // SAFETY: `module` is loaded; `f` is an out-parameter.
+                check(unsafe { hiprt::hipModuleGetFunction(&mut f, module, c_name.as_ptr()) }, name).map(|()| (name, f))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Hip { device, module, kernels })
+    }
+}
+
+impl Drop for Hip {
+    fn drop(&mut self) {
+        // SAFETY: our module.
+        unsafe {
+            hiprt::hipModuleUnload(self.module);
+        }
+    }
+}
+
+fn stream(h: RawHandle) -> hiprt::hipStream_t {
+    h.0.cast()
+}
+
+fn event(h: RawHandle) -> hiprt::hipEvent_t {
+    h.0.cast()
+}
+
+impl GpuRuntime for Hip {
+    fn backend(&self) -> &'static str {
+        "ROCm"
+    }
+
+    fn device(&self) -> &DriverDevice {
+        &self.device
+    }
+
+    fn alloc(&self, bytes: u64, s: RawHandle) -> Result<DevicePtr, BackendError> {
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        // SAFETY: out-parameter; a live stream.
+        check(unsafe { hiprt::hipMallocAsync(&mut ptr, bytes as usize, stream(s)) }, "hipMallocAsync")?;
+        Ok(DevicePtr(ptr as u64))
+    }
+
+    unsafe fn free(&self, ptr: DevicePtr, s: RawHandle) {
+        hiprt::hipFreeAsync(ptr.0 as *mut c_void, stream(s));
+    }
+
+    fn alloc_pinned(&self, bytes: usize) -> Result<*mut u8, BackendError> {
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        // SAFETY: out-parameter; freed by free_pinned.
+        check(unsafe { hiprt::hipHostMalloc(&mut ptr, bytes, 0) }, "hipHostMalloc")?;
+        Ok(ptr.cast())
+    }
+
+    unsafe fn free_pinned(&self, ptr: *mut u8) {
+        hiprt::hipHostFree(ptr.cast());
+    }
+
+    fn create_stream(&self) -> Result<RawHandle, BackendError> {
+        let mut s: hiprt::hipStream_t = std::ptr::null_mut();
+        // SAFETY: out-parameter. 1 = hipStreamNonBlocking.
+        check(unsafe { hiprt::hipStreamCreateWithFlags(&mut s, 1) }, "hipStreamCreateWithFlags")?;
+        Ok(RawHandle(s.cast()))
+    }
+
+    unsafe fn destroy_stream(&self, s: RawHandle) {
+        hiprt::hipStreamDestroy(stream(s));
+    }
+
+    fn create_event(&self) -> Result<RawHandle, BackendError> {
+        let mut e: hiprt::hipEvent_t = std::ptr::null_mut();
+        // SAFETY: out-parameter.
+        check(unsafe { hiprt::hipEventCreate(&mut e) }, "hipEventCreate")?;
+        Ok(RawHandle(e.cast()))
+    }
+
+    unsafe fn destroy_event(&self, e: RawHandle) {
+        hiprt::hipEventDestroy(event(e));
+    }
+
+    unsafe fn record(&self, e: RawHandle, s: RawHandle) -> Result<(), BackendError> {
+        check(hiprt::hipEventRecord(event(e), stream(s)), "hipEventRecord")
+    }
+
+    unsafe fn wait_event(&self, s: RawHandle, e: RawHandle) -> Result<(), BackendError> {
+        check(hiprt::hipStreamWaitEvent(stream(s), event(e), 0), "hipStreamWaitEvent")
+    }
+
+    unsafe fn event_done(&self, e: RawHandle) -> Result<bool, BackendError> {
+        match hiprt::hipEventQuery(event(e)) {
+            hiprt::hipError_t::hipSuccess => Ok(true),
+            hiprt::hipError_t::hipErrorNotReady => Ok(false),
+            other => check(other, "hipEventQuery").map(|()| false),
+        }
+    }
+
+    unsafe fn event_synchronize(&self, e: RawHandle) -> Result<(), BackendError> {
+        check(hiprt::hipEventSynchronize(event(e)), "hipEventSynchronize")
+    }
+
+    unsafe fn elapsed_ms(&self, start: RawHandle, end: RawHandle) -> Result<f32, BackendError> {
+        let mut ms = 0f32;
+        check(hiprt::hipEventElapsedTime(&mut ms, event(start), event(end)), "hipEventElapsedTime").map(|()| ms)
+    }
+
+    unsafe fn copy_h2d(&self, dst: DevicePtr, src: *const u8, bytes: u64, s: RawHandle) -> Result<(), BackendError> {
+        let status = hiprt::hipMemcpyHtoDAsync(dst.0 as *mut c_void, src as *mut c_void, bytes as usize, stream(s));
+        check(status, "hipMemcpyHtoDAsync")
+    }
+
+    unsafe fn copy_d2h(&self, dst: *mut u8, src: DevicePtr, bytes: u64, s: RawHandle) -> Result<(), BackendError> {
+        let status = hiprt::hipMemcpyDtoHAsync(dst.cast(), src.0 as *mut c_void, bytes as usize, stream(s));
+        check(status, "hipMemcpyDtoHAsync")
+    }
+
+    unsafe fn copy_d2d(&self, dst: DevicePtr, src: DevicePtr, bytes: u64, s: RawHandle) -> Result<(), BackendError> {
+        let status = hiprt::hipMemcpyDtoDAsync(dst.0 as *mut c_void, src.0 as *mut c_void, bytes as usize, stream(s));
+        check(status, "hipMemcpyDtoDAsync")
+    }
+
+    unsafe fn launch(&self, l: &RectLaunch, s: RawHandle) -> Result<(), BackendError> {
+        let f = self.kernels.iter().find(|(n, _)| *n == l.kernel).map(|(_, f)| *f).expect("every kernel is loaded");
+        let mut args = [l.dst, l.dst_pitch, l.src, l.src_pitch, l.row_vectors, l.rows];
+        let mut params: Vec<*mut c_void> = args.iter_mut().map(|a| (a as *mut u64).cast()).collect();
+        let status = hiprt::hipModuleLaunchKernel(
+            f,
+            l.grid[0],
+            l.grid[1],
+            l.grid[2],
+            l.block[0],
+            l.block[1],
+            l.block[2],
+            0,
+            stream(s),
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        );
+        check(status, l.kernel)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kernels on a real AMD GPU against the host reference.
+    #[test]
+    #[ignore = "needs an AMD GPU"]
+    fn gpu_rectangle_copies_match_the_host_reference() {
+        let device = crate::backend::gpu::Device::new(Hip::open(0).unwrap()).unwrap();
+        crate::backend::gpu::check_rect_copies_against_host(&device);
+    }
+
+    /// CI builds with hipcc (NEREUS_REQUIRE_KERNEL_TOOLS=1 makes build.rs insist); then the
+    /// embedded code object is a clang offload bundle holding every kernel.
+    #[test]
+    fn the_embedded_code_object_holds_every_kernel() {
+        let Some(image) = PACK_CODE_OBJECT else {
+            assert!(std::env::var("NEREUS_REQUIRE_KERNEL_TOOLS").map_or(true, |v| v != "1"), "no code object");
+            eprintln!("skipped: built without hipcc");
+            return;
+        };
+        assert!(image.starts_with(b"__CLANG_OFFLOAD_BUNDLE__"), "an offload bundle");
+        let text = String::from_utf8_lossy(image);
+        for (_, name) in RECT_COPY_KERNELS {
+            assert!(text.contains(&format!("{name}.kd")), "{name}'s kernel descriptor missing from the code object");
+        }
+    }
 }

@@ -2,10 +2,9 @@
 //!
 //! Callers name groups by their world ranks (created only by their members, cached) and hand
 //! the plane byte slices; nothing above this trait knows MPI. [`MpiPlane`] moves host memory.
-//! An NCCL/RCCL plane keeps the same calls — groups become communicators made from a unique id
-//! broadcast over the MPI control plane, `exchange` becomes grouped `ncclSend`/`ncclRecv` — with
-//! byte slices that live in device memory (the shard store's buffers will move there with the
-//! GPU engine).
+//! The GPU plane (`comm::gpu_plane`) keeps these calls for host bytes (over its MPI control
+//! plane) and moves device-resident shards over NCCL/RCCL: its groups are communicators made
+//! from a unique id broadcast over MPI, its exchanges grouped `ncclSend`/`ncclRecv`.
 
 use mpi::collective::SystemOperation;
 use mpi::topology::{Communicator, SimpleCommunicator};
@@ -19,7 +18,7 @@ const MAX_MESSAGE_BYTES: usize = 1 << 30;
 
 /// Handle of a group created with [`DataPlane::group`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct GroupId(usize);
+pub struct GroupId(pub(crate) usize);
 
 /// One point-to-point transfer of an exchange: bytes to or from a world rank.
 pub enum Transfer<'a> {
@@ -62,6 +61,14 @@ pub trait DataPlane {
     /// Names what the calls that follow are part of (e.g. a transition's primitive and ranks),
     /// so a watchdog abort says which step stalled; `None` clears it.
     fn set_context(&mut self, _context: Option<String>) {}
+    /// A transition starts: a device plane orders its work on a fresh stream after all before.
+    fn begin_transition(&mut self) -> Result<(), CommError> {
+        Ok(())
+    }
+    /// A transition's nodes are all issued: a device plane waits for them (under the watchdog).
+    fn end_transition(&mut self) -> Result<(), CommError> {
+        Ok(())
+    }
 }
 
 /// The MPI data plane over host memory.

@@ -48,4 +48,18 @@ pub enum CommError {
         /// Its size.
         bytes: usize,
     },
+    /// The GPU collective library (NCCL, RCCL) or the device under it failed.
+    #[error("{lib} {op} on {group} failed on rank {rank}: {reason}")]
+    Collective {
+        /// `NCCL`, `RCCL` or `emulated`.
+        lib: &'static str,
+        /// The call, e.g. `ncclCommInitRank`.
+        op: String,
+        /// The group, e.g. `ranks [0, 1]`.
+        group: String,
+        /// The rank that saw it.
+        rank: i32,
+        /// The library's or driver's message.
+        reason: String,
+    },
 }

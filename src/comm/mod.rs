@@ -1,12 +1,24 @@
-//! Communication: the MPI control plane (bring-up, agreement, gathers, watchdog).
+//! Communication: the MPI control plane (bring-up, agreement, gathers, watchdog) and the data
+//! planes.
 //!
 //! MPI is always the control plane: rank 0 plans, every rank agrees on what it received before
-//! acting. The tensor data plane (MPI over host memory here; NCCL/RCCL behind the `cuda` and
-//! `rocm` features) builds on the same world and watchdog.
+//! acting. The tensor data plane is MPI over host memory ([`MpiPlane`]) or, for device-resident
+//! shards, [`gpu_plane::GpuPlane`] over NCCL (`nccl.rs`, `cuda` feature) or RCCL (`rccl.rs`,
+//! `rocm` feature) — or over MPI with an emulated device (`emulated_collectives.rs`) for tests
+//! without a GPU — built on the same world and watchdog.
 
+pub mod collectives;
 mod control;
 pub mod data_plane;
+pub mod emulated_collectives;
 mod error;
+pub mod gpu_plane;
+#[cfg(feature = "cuda")]
+pub mod nccl;
+#[cfg(feature = "rocm")]
+pub mod rccl;
+#[cfg(test)]
+pub(crate) mod testing;
 mod watchdog;
 mod world;
 

@@ -60,23 +60,46 @@ impl Watchdog {
 
     /// Arms a timer for collective `op` on `group`; the job aborts unless the guard drops in time.
     pub fn guard(&self, op: &str, group: &str) -> WatchGuard {
+        self.guard_with(op, group, Box::new(|| {}))
+    }
+
+    /// [`Watchdog::guard`] that runs `on_expiry` before aborting: the GPU data plane aborts its
+    /// NCCL/RCCL communicators there (`ncclCommAbort`), releasing a rank blocked in the library.
+    pub fn guard_with(&self, op: &str, group: &str, on_expiry: Box<dyn FnOnce() + Send>) -> WatchGuard {
         let (done, expired) = mpsc::channel::<()>();
-        let message = format!(
-            "[r{}] watchdog: collective `{op}` on {group} did not complete within {:.1} s on rank {}; \
-             a rank is stalled, dead or in a different step. Aborting the whole job.",
-            self.rank,
-            self.timeout.as_secs_f64(),
-            self.rank
-        );
+        let message = self.message(op, group);
         let (timeout, abort_through_mpi) = (self.timeout, self.abort_through_mpi);
         let timer = std::thread::spawn(move || {
             if let Err(mpsc::RecvTimeoutError::Timeout) = expired.recv_timeout(timeout) {
                 eprintln!("{message}");
+                on_expiry();
                 super::world::abort_processes(WATCHDOG_EXIT_CODE, abort_through_mpi);
             }
         });
         self.stall_if_injected(op);
         WatchGuard { done: Some(done), timer: Some(timer) }
+    }
+
+    /// Ends the job now, as an expired guard would: for waits that poll (a device stream that
+    /// stopped making progress) rather than block.
+    pub fn expire(&self, op: &str, group: &str) -> ! {
+        eprintln!("{}", self.message(op, group));
+        super::world::abort_processes(WATCHDOG_EXIT_CODE, self.abort_through_mpi)
+    }
+
+    /// Stops here if fault injection names this rank and `op` (for waits that poll).
+    pub fn checkpoint(&self, op: &str) {
+        self.stall_if_injected(op);
+    }
+
+    fn message(&self, op: &str, group: &str) -> String {
+        format!(
+            "[r{}] watchdog: collective `{op}` on {group} did not complete within {:.1} s on rank {}; \
+             a rank is stalled, dead or in a different step. Aborting the whole job.",
+            self.rank,
+            self.timeout.as_secs_f64(),
+            self.rank
+        )
     }
 
     /// Test hook: the configured rank never enters the configured collective.

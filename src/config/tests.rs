@@ -37,16 +37,19 @@ fn the_paper_clusters_have_their_published_figures() {
     };
     let lumi = spec("lumi-g");
     assert_eq!((lumi.devices_per_node, lumi.device_memory_gb, lumi.data_plane), (8, 64.0, DataPlane::Rccl));
-    assert_eq!((lumi.intra_node_gbps, lumi.inter_node_gbps()), (400.0, 100.0));
+    // Bandwidths are per direction.
+    assert_eq!((lumi.intra_node_gbps, lumi.inter_node_gbps()), (100.0, 100.0));
     let a100 = spec("a100");
     assert_eq!(
-        (a100.devices_per_node, a100.device_memory_gb, a100.intra_node_gbps, a100.inter_node_gbps()),
-        (4, 64.0, 600.0, 50.0)
+        (a100.nodes, a100.devices_per_node, a100.device_memory_gb, a100.intra_node_gbps, a100.inter_node_gbps()),
+        (64, 4, 64.0, 300.0, 50.0),
+        "the paper's Cluster #2: 64 nodes of 4 A100"
     );
     let h200 = spec("h200");
     assert_eq!(
-        (h200.devices_per_node, h200.device_memory_gb, h200.intra_node_gbps, h200.inter_node_gbps()),
-        (8, 141.0, 900.0, 25.0)
+        (h200.nodes, h200.devices_per_node, h200.device_memory_gb, h200.intra_node_gbps, h200.inter_node_gbps()),
+        (8, 8, 141.0, 450.0, 25.0),
+        "the paper's Cluster #3: 8 nodes of 8 H200"
     );
     assert_eq!(h200.data_plane, DataPlane::Nccl);
 }

@@ -40,7 +40,12 @@ fn read_element(bytes: &[u8]) -> u64 {
 
 /// Visits every element this shard owns for digest purposes (replicated tensors only at TP
 /// index 0): `(tensor, section, global index, bytes)`.
-fn for_each_owned_element(shard: &LocalShard, catalogue: &Catalogue, mut visit: impl FnMut(usize, usize, u64, &[u8])) {
+fn for_each_owned_element<B>(
+    shard: &LocalShard<B>,
+    bytes: &[u8],
+    catalogue: &Catalogue,
+    mut visit: impl FnMut(usize, usize, u64, &[u8]),
+) {
     for piece in &shard.table.pieces {
         let spec = &catalogue.tensors[piece.tensor];
         if spec.sharding == Sharding::Replicated && shard.position.tp != 0 {
@@ -49,7 +54,7 @@ fn for_each_owned_element(shard: &LocalShard, catalogue: &Catalogue, mut visit: 
         let r = piece.region;
         for (s, section) in shard.sections.iter().enumerate() {
             let eb = section.element_bytes(shard.dtype) as usize;
-            let data = &shard.buffer[shard.section_range(s)];
+            let data = &bytes[shard.section_range(s)];
             let base = piece.offset as usize * eb;
             for row in 0..r.rows {
                 let global_row = (r.row0 + row) * spec.cols + r.col0;
@@ -62,12 +67,12 @@ fn for_each_owned_element(shard: &LocalShard, catalogue: &Catalogue, mut visit: 
     }
 }
 
-/// This shard's contribution to its EMU's digest.
-pub fn shard_digest(shard: &LocalShard, catalogue: &Catalogue) -> [u64; 2] {
+/// This shard's contribution to its EMU's digest, from `bytes`, a host copy of its buffer.
+pub fn shard_digest<B>(shard: &LocalShard<B>, bytes: &[u8], catalogue: &Catalogue) -> [u64; 2] {
     let mut sums = [0u64; 2];
     let mut bases = [0u64; 2];
     let mut current = (usize::MAX, usize::MAX);
-    for_each_owned_element(shard, catalogue, |tensor, section, index, value| {
+    for_each_owned_element(shard, bytes, catalogue, |tensor, section, index, value| {
         if current != (tensor, section) {
             current = (tensor, section);
             for lane in 0..2 {

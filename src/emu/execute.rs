@@ -1,19 +1,22 @@
 //! Executing a [`Movement`] on this rank: local slices, then every cross-rank message at once.
 //!
-//! Both ends of a rank pair walk the pair's segments in the same order — state section by
-//! section, then segment by segment — so they agree on every message without telling each
-//! other. A rectangle that is contiguous in a buffer (whole rows) is sent from, or received
-//! into, that buffer directly; runs of such rectangles that are adjacent in both buffers are
-//! coalesced into one message, so an Extend sends each shard as one contiguous buffer per rank
-//! pair. Only non-contiguous rectangles (column blocks of row-parallel weights) are packed or
-//! unpacked through scratch.
+//! [`RankPlan::new`] turns the movement into this rank's work, a pure function: both ends of a
+//! rank pair walk the pair's segments in the same order — state section by section, then
+//! segment by segment — so they agree on every message without telling each other. A
+//! rectangle that is contiguous in a buffer (whole rows) is sent from, or received into, that
+//! buffer directly; runs of such rectangles that are adjacent in both buffers are coalesced into
+//! one message, so an Extend sends each shard as one contiguous buffer per rank pair. Only
+//! non-contiguous rectangles (column blocks of row-parallel weights) are packed or unpacked
+//! through scratch. [`move_sections`] runs the plan in any [`ShardMemory`]: host memory over
+//! MPI, or device memory over NCCL/RCCL with the pack kernels of `cuda/` and `hip/`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 
-use crate::comm::{DataPlane, Transfer};
+use crate::backend::kernels::in_place_schedule;
 use crate::model::Region;
 
+use super::memory::{Buffers, Exchange, Message, Place, RectCopy, ShardMemory};
 use super::movement::{Movement, Segment, Stored};
 use super::{EmuError, EmuId, LocalShard, Section};
 use crate::config::Dtype;
@@ -29,13 +32,37 @@ fn section_base(sections: &[Section], dtype: Dtype, s: usize, elements: u64) -> 
     sections[..s].iter().map(|x| elements * x.element_bytes(dtype)).sum()
 }
 
+/// Where a rectangle sits in a buffer: its stored piece and the byte offset of the section.
+#[derive(Clone, Copy)]
+struct At<'a> {
+    piece: &'a Stored,
+    base: u64,
+}
+
+/// The copy of rectangle `r` between two stored pieces (or a packed buffer, `Stored` with the
+/// rectangle itself as its piece).
+fn rect(from: At, to: At, r: &Region, eb: u64) -> RectCopy {
+    RectCopy {
+        src_offset: byte_at(from.piece, r, 0, from.base, eb),
+        src_pitch: from.piece.piece_region.cols * eb,
+        dst_offset: byte_at(to.piece, r, 0, to.base, eb),
+        dst_pitch: to.piece.piece_region.cols * eb,
+        row_bytes: r.cols * eb,
+        rows: r.rows,
+    }
+}
+
+/// The rectangle as its own packed piece.
+fn packed(r: &Region) -> Stored {
+    Stored { piece_offset: 0, piece_region: *r, section_elements: r.elements() }
+}
+
 /// One message of a pair: a source and a target byte range when contiguous, else the segment
 /// and section whose rectangle goes through scratch on that side.
 struct Chunk {
     emus: (EmuId, EmuId),
     src: Result<Range<u64>, (usize, usize)>,
     dst: Result<Range<u64>, (usize, usize)>,
-    bytes: u64,
 }
 
 /// The messages between `src_rank` and `dst_rank`, identical on both ends.
@@ -63,221 +90,271 @@ fn chunks(segs: &[(usize, &Segment)], sections: &[Section], dtype: Dtype) -> Vec
                     if last.emus == emus && ls.end == sr.start && ld.end == dr.start {
                         ls.end = sr.end;
                         ld.end = dr.end;
-                        last.bytes += bytes;
                         continue;
                     }
                 }
             }
-            out.push(Chunk { emus, src, dst, bytes });
+            out.push(Chunk { emus, src, dst });
         }
     }
     out
 }
 
-/// What one message sends: a range of a source EMU's buffer in place, or a packed copy.
-type SendItem = Result<(EmuId, Range<u64>), Vec<u8>>;
-
-/// Where a rectangle sits in a buffer: its stored piece and the byte offset of the section.
-#[derive(Clone, Copy)]
-struct At<'a> {
-    piece: &'a Stored,
-    base: u64,
+/// This rank's part of a movement over some state sections: identical on both ends of every
+/// pair, and the same whatever memory the shards live in.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RankPlan {
+    /// Local slices: a rectangle copied from a source shard into a target shard on this rank.
+    pub local: Vec<(EmuId, EmuId, RectCopy)>,
+    /// Pack buffer `i`: one rectangle of a source shard, packed contiguous (`dst_offset` 0).
+    pub packs: Vec<(EmuId, RectCopy)>,
+    /// The exchange: every send (by peer, in pair order), then every receive.
+    pub messages: Vec<Message>,
+    /// Unpack buffer `i`: received whole, then copied into one rectangle of a target shard.
+    pub unpacks: Vec<(EmuId, RectCopy)>,
 }
 
-/// Copies rectangle `r` between two stored pieces (or a packed buffer, `Stored` with the
-/// rectangle itself as its piece).
-fn copy_rect(src: &[u8], from: At, dst: &mut [u8], to: At, r: &Region, eb: u64) {
-    let (sa, s_base, da, d_base) = (from.piece, from.base, to.piece, to.base);
-    if r.cols == sa.piece_region.cols && r.cols == da.piece_region.cols {
-        let (s, d, n) = (
-            byte_at(sa, r, 0, s_base, eb) as usize,
-            byte_at(da, r, 0, d_base, eb) as usize,
-            (r.elements() * eb) as usize,
-        );
-        dst[d..d + n].copy_from_slice(&src[s..s + n]);
-        return;
+impl RankPlan {
+    /// The work of rank `me` in `movement` for `sections`.
+    pub fn new(movement: &Movement, me: i32, sections: &[Section], dtype: Dtype) -> RankPlan {
+        let mut plan = RankPlan::default();
+        for seg in movement.segments.iter().filter(|s| !s.is_remote() && s.dst.1 == me) {
+            for (s, section) in sections.iter().enumerate() {
+                let eb = section.element_bytes(dtype);
+                let from =
+                    At { piece: &seg.src_at, base: section_base(sections, dtype, s, seg.src_at.section_elements) };
+                let to = At { piece: &seg.dst_at, base: section_base(sections, dtype, s, seg.dst_at.section_elements) };
+                plan.local.push((seg.src.0, seg.dst.0, rect(from, to, &seg.region, eb)));
+            }
+        }
+        let mut outgoing: BTreeMap<i32, Vec<(usize, &Segment)>> = BTreeMap::new();
+        let mut incoming: BTreeMap<i32, Vec<(usize, &Segment)>> = BTreeMap::new();
+        for (k, seg) in movement.segments.iter().enumerate().filter(|(_, s)| s.is_remote()) {
+            if seg.src.1 == me {
+                outgoing.entry(seg.dst.1).or_default().push((k, seg));
+            }
+            if seg.dst.1 == me {
+                incoming.entry(seg.src.1).or_default().push((k, seg));
+            }
+        }
+        let scratch = |k: usize, s: usize, outward: bool| {
+            let seg = &movement.segments[k];
+            let eb = sections[s].element_bytes(dtype);
+            let pack = packed(&seg.region);
+            let flat = At { piece: &pack, base: 0 };
+            if outward {
+                let base = section_base(sections, dtype, s, seg.src_at.section_elements);
+                (seg.src.0, rect(At { piece: &seg.src_at, base }, flat, &seg.region, eb))
+            } else {
+                let base = section_base(sections, dtype, s, seg.dst_at.section_elements);
+                (seg.dst.0, rect(flat, At { piece: &seg.dst_at, base }, &seg.region, eb))
+            }
+        };
+        for (&peer, segs) in &outgoing {
+            for c in chunks(segs, sections, dtype) {
+                let place = match c.src {
+                    Ok(range) => Place::Source(c.emus.0, range),
+                    Err((k, s)) => {
+                        plan.packs.push(scratch(k, s, true));
+                        Place::Packed(plan.packs.len() - 1)
+                    }
+                };
+                plan.messages.push(Message { peer, place });
+            }
+        }
+        for (&peer, segs) in &incoming {
+            for c in chunks(segs, sections, dtype) {
+                let place = match c.dst {
+                    Ok(range) => Place::Target(c.emus.1, range),
+                    Err((k, s)) => {
+                        plan.unpacks.push(scratch(k, s, false));
+                        Place::Unpacked(plan.unpacks.len() - 1)
+                    }
+                };
+                plan.messages.push(Message { peer, place });
+            }
+        }
+        plan
     }
-    let n = (r.cols * eb) as usize;
-    for row in 0..r.rows {
-        let (s, d) = (byte_at(sa, r, row, s_base, eb) as usize, byte_at(da, r, row, d_base, eb) as usize);
-        dst[d..d + n].copy_from_slice(&src[s..s + n]);
+
+    /// Bytes of pack and unpack buffers the plan needs.
+    pub fn scratch_bytes(&self) -> u64 {
+        self.packs.iter().chain(&self.unpacks).map(|(_, c)| c.bytes()).sum()
+    }
+
+    /// Targets this rank can build by slicing a consumed source shard in place (Merge with
+    /// resident targets): every byte of the target is a local slice of one source shard that
+    /// sends nothing and feeds no other target, and every row moves down (or stays), so the
+    /// copies run front to back in the source's own buffer. Maps target to source.
+    pub fn in_place(&self) -> BTreeMap<EmuId, EmuId> {
+        let mut feeds: BTreeMap<EmuId, BTreeSet<EmuId>> = BTreeMap::new();
+        let mut fed_by: BTreeMap<EmuId, BTreeSet<EmuId>> = BTreeMap::new();
+        for (s, t, _) in &self.local {
+            feeds.entry(*s).or_default().insert(*t);
+            fed_by.entry(*t).or_default().insert(*s);
+        }
+        let sends = |s: EmuId| {
+            self.packs.iter().any(|(e, _)| *e == s)
+                || self.messages.iter().any(|m| matches!(&m.place, Place::Source(e, _) if *e == s))
+        };
+        let receives = |t: EmuId| {
+            self.unpacks.iter().any(|(e, _)| *e == t)
+                || self.messages.iter().any(|m| matches!(&m.place, Place::Target(e, _) if *e == t))
+        };
+        fed_by
+            .into_iter()
+            .filter_map(|(t, sources)| {
+                let s = *sources.iter().next()?;
+                let only = sources.len() == 1 && feeds[&s].len() == 1 && !sends(s) && !receives(t);
+                (only && in_place_schedule(&self.local_into(t)).is_some()).then_some((t, s))
+            })
+            .collect()
+    }
+
+    /// The local copies into target `t`, in source order.
+    fn local_into(&self, t: EmuId) -> Vec<RectCopy> {
+        let mut copies: Vec<RectCopy> = self.local.iter().filter(|(_, d, _)| *d == t).map(|(_, _, c)| *c).collect();
+        copies.sort_by_key(|c| c.src_offset);
+        copies
     }
 }
 
-/// The rectangle as its own packed piece.
-fn packed(r: &Region) -> Stored {
-    Stored { piece_offset: 0, piece_region: *r, section_elements: r.elements() }
-}
-
-/// Bytes of pack and unpack buffers this rank needs for `movement`: exactly the messages
-/// [`move_bytes`] cannot send from, or receive into, a buffer directly.
-pub fn scratch_bytes(movement: &Movement, me: i32, sections: &[Section], dtype: Dtype) -> u64 {
-    let mut pairs: BTreeMap<(i32, i32), Vec<(usize, &Segment)>> = BTreeMap::new();
-    for (k, seg) in
-        movement.segments.iter().enumerate().filter(|(_, s)| s.is_remote() && (s.src.1 == me || s.dst.1 == me))
-    {
-        pairs.entry((seg.src.1, seg.dst.1)).or_default().push((k, seg));
-    }
-    pairs
-        .iter()
-        .flat_map(|(&(src, _), segs)| chunks(segs, sections, dtype).into_iter().map(move |c| (src, c)))
-        .filter(|(src, c)| if *src == me { c.src.is_err() } else { c.dst.is_err() })
-        .map(|(_, c)| c.bytes)
-        .sum()
-}
-
-/// Splits `buffer` into disjoint mutable slices for `ranges` (sorted, non-overlapping).
-fn carve<'a>(mut buffer: &'a mut [u8], ranges: &[(usize, Range<u64>)]) -> Vec<(usize, &'a mut [u8])> {
-    let mut out = Vec::with_capacity(ranges.len());
-    let mut consumed = 0u64;
-    for (key, range) in ranges {
-        let (_, rest) = std::mem::take(&mut buffer).split_at_mut((range.start - consumed) as usize);
-        let (piece, rest) = rest.split_at_mut((range.end - range.start) as usize);
-        out.push((*key, piece));
-        buffer = rest;
-        consumed = range.end;
-    }
-    out
-}
-
-/// Moves this rank's part of `movement` from `sources` into `targets`, every state section.
-pub fn move_bytes<P: DataPlane>(
+/// Moves this rank's part of `movement` from `sources` into `targets`, for the leading
+/// `sections` of every shard (all of them, or parameters alone for a weight sync). Targets in
+/// `in_place` already hold their source's buffer (see [`RankPlan::in_place`]) and are sliced
+/// there; the others are written by copies, packs, one exchange and unpacks.
+#[allow(clippy::too_many_arguments)]
+pub fn move_sections<M: ShardMemory, P: Exchange<M>>(
     plane: &P,
+    memory: &M,
     movement: &Movement,
-    sources: &BTreeMap<EmuId, &LocalShard>,
-    targets: &mut BTreeMap<EmuId, LocalShard>,
-) -> Result<(), EmuError> {
-    let Some((sections, dtype)) = sources
-        .values()
-        .next()
-        .map(|s| (s.sections.clone(), s.dtype))
-        .or_else(|| targets.values().next().map(|t| (t.sections.clone(), t.dtype)))
-    else {
-        return Ok(()); // this rank takes no part
-    };
-    move_sections(plane, movement, sources, targets, &sections, dtype)
-}
-
-/// Moves this rank's part of `movement` for the leading `sections` of every shard only (e.g.
-/// parameters alone, from a training replica to a generation replica that keeps no moments).
-pub fn move_sections<P: DataPlane>(
-    plane: &P,
-    movement: &Movement,
-    sources: &BTreeMap<EmuId, &LocalShard>,
-    targets: &mut BTreeMap<EmuId, LocalShard>,
+    sources: &BTreeMap<EmuId, &LocalShard<M::Buffer>>,
+    targets: &mut BTreeMap<EmuId, LocalShard<M::Buffer>>,
+    in_place: &BTreeSet<EmuId>,
     sections: &[Section],
     dtype: Dtype,
 ) -> Result<(), EmuError> {
-    let me = plane.rank();
-    let sections = sections.to_vec();
-    for seg in movement.segments.iter().filter(|s| !s.is_remote() && s.dst.1 == me) {
-        let src = sources[&seg.src.0];
-        let dst = targets.get_mut(&seg.dst.0).expect("target allocated");
-        for (s, section) in sections.iter().enumerate() {
-            let eb = section.element_bytes(dtype);
-            let (sb, db) = (
-                section_base(&sections, dtype, s, seg.src_at.section_elements),
-                section_base(&sections, dtype, s, seg.dst_at.section_elements),
-            );
-            copy_rect(
-                &src.buffer,
-                At { piece: &seg.src_at, base: sb },
-                &mut dst.buffer,
-                At { piece: &seg.dst_at, base: db },
-                &seg.region,
-                eb,
-            );
-        }
+    let plan = RankPlan::new(movement, plane.rank(), sections, dtype);
+    for &t in in_place {
+        let schedule = in_place_schedule(&plan.local_into(t)).expect("in-place targets have a schedule");
+        let target = targets.get_mut(&t).expect("in-place target present");
+        memory.slice_in_place(&mut target.buffer, &schedule)?;
     }
-    let mut outgoing: BTreeMap<i32, Vec<(usize, &Segment)>> = BTreeMap::new();
-    let mut incoming: BTreeMap<i32, Vec<(usize, &Segment)>> = BTreeMap::new();
-    for (k, seg) in movement.segments.iter().enumerate().filter(|(_, s)| s.is_remote()) {
-        if seg.src.1 == me {
-            outgoing.entry(seg.dst.1).or_default().push((k, seg));
-        }
-        if seg.dst.1 == me {
-            incoming.entry(seg.src.1).or_default().push((k, seg));
-        }
+    for (s, t, copy) in plan.local.iter().filter(|(_, t, _)| !in_place.contains(t)) {
+        let target = targets.get_mut(t).expect("target allocated");
+        memory.copy_rects(&sources[s].buffer, &mut target.buffer, std::slice::from_ref(copy))?;
     }
-    let segment = |k: usize| &movement.segments[k];
-    // Sends: direct slices of source buffers, or packed rectangles.
-    let mut send_plan: Vec<(i32, SendItem)> = Vec::new();
-    for (&peer, segs) in &outgoing {
-        for c in chunks(segs, &sections, dtype) {
-            let item = match c.src {
-                Ok(range) => Ok((c.emus.0, range)),
-                Err((k, s)) => {
-                    let seg = segment(k);
-                    let eb = sections[s].element_bytes(dtype);
-                    let mut out = vec![0u8; c.bytes as usize];
-                    let sb = section_base(&sections, dtype, s, seg.src_at.section_elements);
-                    let (from, to) = (At { piece: &seg.src_at, base: sb }, At { piece: &packed(&seg.region), base: 0 });
-                    copy_rect(&sources[&seg.src.0].buffer, from, &mut out, to, &seg.region, eb);
-                    Err(out)
-                }
-            };
-            send_plan.push((peer, item));
-        }
+    let mut packs = Vec::with_capacity(plan.packs.len());
+    for (s, copy) in &plan.packs {
+        let mut buffer = memory.allocate(copy.bytes())?;
+        memory.copy_rects(&sources[s].buffer, &mut buffer, std::slice::from_ref(copy))?;
+        packs.push(buffer);
     }
-    // Receives: direct ranges of target buffers, or scratch to unpack afterwards.
-    let mut direct: BTreeMap<EmuId, Vec<(usize, Range<u64>)>> = BTreeMap::new();
-    let mut scratch: Vec<(usize, (usize, usize), Vec<u8>)> = Vec::new();
-    let mut recv_order: Vec<(i32, Result<usize, usize>)> = Vec::new();
-    for (&peer, segs) in &incoming {
-        for c in chunks(segs, &sections, dtype) {
-            match c.dst {
-                Ok(range) => {
-                    let slot = recv_order.len();
-                    direct.entry(c.emus.1).or_default().push((slot, range));
-                    recv_order.push((peer, Ok(slot)));
-                }
-                Err(ks) => {
-                    scratch.push((recv_order.len(), ks, vec![0u8; c.bytes as usize]));
-                    recv_order.push((peer, Err(scratch.len() - 1)));
-                }
-            }
-        }
+    let mut unpacked =
+        plan.unpacks.iter().map(|(_, copy)| memory.allocate(copy.bytes())).collect::<Result<Vec<_>, _>>()?;
+    if !plan.messages.is_empty() {
+        let buffers = Buffers { sources, targets: &mut *targets, packed: &packs, unpacked: &mut unpacked };
+        plane.exchange_buffers(memory, &plan.messages, buffers)?;
     }
-    {
-        let mut transfers: Vec<Transfer<'_>> = Vec::new();
-        for (peer, item) in &send_plan {
-            let data: &[u8] = match item {
-                Ok((emu, r)) => &sources[emu].buffer[r.start as usize..r.end as usize],
-                Err(packed) => packed,
-            };
-            transfers.push(Transfer::Send { peer: *peer, data });
-        }
-        let mut slices: BTreeMap<usize, &mut [u8]> = BTreeMap::new();
-        for (emu, shard) in targets.iter_mut() {
-            if let Some(ranges) = direct.get_mut(emu) {
-                ranges.sort_by_key(|(_, r)| r.start);
-                slices.extend(carve(&mut shard.buffer, ranges));
-            }
-        }
-        let mut scratch_slices: Vec<Option<&mut [u8]>> =
-            scratch.iter_mut().map(|(_, _, b)| Some(b.as_mut_slice())).collect();
-        for (peer, which) in &recv_order {
-            let data = match which {
-                Ok(slot) => slices.remove(slot).expect("each direct range carved once"),
-                Err(i) => scratch_slices[*i].take().expect("each scratch buffer received once"),
-            };
-            transfers.push(Transfer::Recv { peer: *peer, data });
-        }
-        plane.exchange(&mut transfers)?;
-    }
-    for (_, (k, s), data) in &scratch {
-        let seg = segment(*k);
-        let eb = sections[*s].element_bytes(dtype);
-        let db = section_base(&sections, dtype, *s, seg.dst_at.section_elements);
-        let dst = targets.get_mut(&seg.dst.0).expect("target allocated");
-        copy_rect(
-            data,
-            At { piece: &packed(&seg.region), base: 0 },
-            &mut dst.buffer,
-            At { piece: &seg.dst_at, base: db },
-            &seg.region,
-            eb,
-        );
+    for ((t, copy), buffer) in plan.unpacks.iter().zip(&unpacked) {
+        let target = targets.get_mut(t).expect("target allocated");
+        memory.copy_rects(buffer, &mut target.buffer, std::slice::from_ref(copy))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::emu::movement::TargetEmu;
+    use crate::emu::{split_ranks, Counters, Emu};
+    use crate::model::{Architecture, Catalogue, Layout, OutputHead};
+    use crate::plan::{ModelStage, Role, Stage};
+
+    fn catalogue() -> Catalogue {
+        Catalogue::new(Architecture {
+            vocab: 48,
+            hidden: 16,
+            layers: 2,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 4,
+            ffn: 32,
+            tie_embeddings: false,
+            qk_norm: false,
+            head: OutputHead::Lm,
+            dtype: Dtype::F32,
+        })
+    }
+
+    fn emu(id: u64, layout: Layout, ranks: &[i32]) -> Emu {
+        let model_stage = ModelStage::new(Role::Actor, Stage::Training);
+        Emu { id: EmuId(id), model_stage, layout, ranks: ranks.to_vec(), counters: Counters::default() }
+    }
+
+    /// Every message a rank sends is received, in the same order and size, by its peer.
+    #[test]
+    fn both_ends_of_every_pair_agree_on_the_messages() {
+        let c = catalogue();
+        let whole = emu(0, Layout::new(2, 2), &[0, 1, 2, 3]);
+        let targets: Vec<TargetEmu> = split_ranks(&whole, Layout::new(1, 1))
+            .into_iter()
+            .enumerate()
+            .map(|(k, ranks)| TargetEmu { id: EmuId(1 + k as u64), layout: Layout::new(1, 1), ranks })
+            .collect();
+        let m = Movement::plan(&c, &[&whole], &targets);
+        let sections = Section::of(true, Dtype::F32);
+        let plans: Vec<RankPlan> = (0..4).map(|r| RankPlan::new(&m, r, &sections, Dtype::F32)).collect();
+        let size = |p: &RankPlan, place: &Place| match place {
+            Place::Source(_, r) | Place::Target(_, r) => r.end - r.start,
+            Place::Packed(i) => p.packs[*i].1.bytes(),
+            Place::Unpacked(i) => p.unpacks[*i].1.bytes(),
+        };
+        for a in 0..4 {
+            for b in 0..4 {
+                let sent: Vec<u64> = plans[a]
+                    .messages
+                    .iter()
+                    .filter(|m| m.peer == b as i32 && matches!(m.place, Place::Source(..) | Place::Packed(_)))
+                    .map(|m| size(&plans[a], &m.place))
+                    .collect();
+                let received: Vec<u64> = plans[b]
+                    .messages
+                    .iter()
+                    .filter(|m| m.peer == a as i32 && matches!(m.place, Place::Target(..) | Place::Unpacked(_)))
+                    .map(|m| size(&plans[b], &m.place))
+                    .collect();
+                assert_eq!(sent, received, "pair {a} -> {b}");
+            }
+        }
+        let total: u64 =
+            plans.iter().flat_map(|p| p.messages.iter().map(move |m| (p, m))).map(|(p, m)| size(p, &m.place)).sum();
+        assert_eq!(total, 2 * m.bytes_sent(&sections, Dtype::F32), "each byte sent once and received once");
+    }
+
+    #[test]
+    fn merge_with_resident_targets_slices_in_place_and_split_does_not() {
+        let c = catalogue();
+        let whole = emu(0, Layout::new(2, 1), &[0, 1]);
+        let parts: Vec<Emu> = split_ranks(&whole, Layout::new(1, 1))
+            .into_iter()
+            .enumerate()
+            .map(|(k, r)| emu(1 + k as u64, Layout::new(1, 1), &r))
+            .collect();
+        let refs: Vec<&Emu> = parts.iter().collect();
+        let merged = TargetEmu { id: EmuId(9), layout: Layout::new(2, 1), ranks: vec![0, 1] };
+        let m = Movement::plan(&c, &refs, &[merged]);
+        let sections = Section::of(true, Dtype::F32);
+        for r in 0..2 {
+            let plan = RankPlan::new(&m, r, &sections, Dtype::F32);
+            assert!(plan.messages.is_empty());
+            assert_eq!(plan.in_place(), BTreeMap::from([(EmuId(9), EmuId(1 + r as u64))]), "rank {r}");
+        }
+        let targets: Vec<TargetEmu> = parts
+            .iter()
+            .map(|p| TargetEmu { id: EmuId(20 + p.id.0), layout: p.layout, ranks: p.ranks.clone() })
+            .collect();
+        let split = Movement::plan(&c, &[&whole], &targets);
+        assert!(RankPlan::new(&split, 0, &sections, Dtype::F32).in_place().is_empty());
+    }
 }

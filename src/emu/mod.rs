@@ -5,16 +5,23 @@
 //! primitive to its [`EmuSet`] in the same order, and moves the bytes it takes part in. See
 //! `docs/emu.md` for a worked 8-rank example.
 
+mod device;
 mod digest;
 mod execute;
 mod ledger;
+mod memory;
 mod movement;
 mod set;
 mod store;
 mod unit;
 
+pub use device::{DeviceBuffer, DeviceMemory};
 pub use digest::{mix, synthetic_fill, Digest};
+pub use execute::RankPlan;
 pub use ledger::MemoryLedger;
+pub use memory::{
+    copy_rect_host, Buffers, Exchange, HostFill, HostMemory, Message, Place, RectCopy, ShardBuffer, ShardMemory,
+};
 pub use movement::{Movement, Segment, TargetEmu};
 pub use set::{merge_ranks, merge_ranks_of, split_ranks, split_ranks_of, EmuSet, PrimitiveReport};
 pub use store::{shard_bytes, LocalShard, ShardStore};
@@ -22,6 +29,7 @@ pub use unit::{Counters, Emu, EmuId, Section};
 
 use thiserror::Error;
 
+use crate::backend::BackendError;
 use crate::comm::CommError;
 use crate::model::LayoutError;
 
@@ -72,6 +80,9 @@ pub enum EmuError {
     /// Communication failed.
     #[error("{0}")]
     Comm(#[from] CommError),
+    /// The device holding the shards failed (allocation, copy, kernel).
+    #[error("{0}")]
+    Device(#[from] BackendError),
 }
 
 #[cfg(test)]

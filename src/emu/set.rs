@@ -1,7 +1,7 @@
 //! [`EmuSet`]: one rank's view of every EMU of the job (replicated metadata) and the shards it
 //! holds, with the four primitives.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
@@ -12,7 +12,8 @@ use crate::model::{Catalogue, Layout, Position};
 use crate::plan::{ModelStage, Role};
 
 use super::digest::{counters_digest, shard_digest};
-use super::execute::{move_bytes, move_sections, scratch_bytes};
+use super::execute::{move_sections, RankPlan};
+use super::memory::{Exchange, HostMemory, ShardMemory};
 use super::{
     shard_bytes, synthetic_fill, Counters, Digest, Emu, EmuError, EmuId, LocalShard, Movement, Section, ShardStore,
     TargetEmu,
@@ -33,15 +34,16 @@ pub struct PrimitiveReport {
     pub created: Vec<EmuId>,
 }
 
-/// Every EMU of the job as this rank knows it, and this rank's shards.
-pub struct EmuSet {
+/// Every EMU of the job as this rank knows it, and this rank's shards (in host memory, or in
+/// device memory with `EmuSet::in_memory`).
+pub struct EmuSet<M: ShardMemory = HostMemory> {
     rank: i32,
     world: Vec<i32>,
     participants_only: bool,
     catalogues: BTreeMap<Role, Catalogue>,
     emus: BTreeMap<EmuId, Emu>,
     next_id: u64,
-    store: ShardStore,
+    store: ShardStore<M>,
 }
 
 /// Ranks of the `k = a·b` EMUs that `Split` makes from `emu` with layout `sub`
@@ -81,8 +83,21 @@ pub fn merge_ranks_of(sub: Layout, parts: &[&[i32]], layout: Layout) -> Vec<i32>
 
 impl EmuSet {
     /// An empty set for `rank` of `world_size`, with `capacity` bytes of device memory and the
-    /// catalogue of every model of the job.
+    /// catalogue of every model of the job; shards in host memory.
     pub fn new(rank: i32, world_size: i32, capacity: u64, catalogues: BTreeMap<Role, Catalogue>) -> EmuSet {
+        EmuSet::in_memory(rank, world_size, capacity, catalogues, HostMemory)
+    }
+}
+
+impl<M: ShardMemory> EmuSet<M> {
+    /// An empty set whose shards live in `memory` (capped at the device's real capacity).
+    pub fn in_memory(
+        rank: i32,
+        world_size: i32,
+        capacity: u64,
+        catalogues: BTreeMap<Role, Catalogue>,
+        memory: M,
+    ) -> EmuSet<M> {
         EmuSet {
             rank,
             world: (0..world_size).collect(),
@@ -90,7 +105,7 @@ impl EmuSet {
             catalogues,
             emus: BTreeMap::new(),
             next_id: 0,
-            store: ShardStore::new(rank, capacity),
+            store: ShardStore::in_memory(rank, capacity, memory),
         }
     }
 
@@ -125,12 +140,12 @@ impl EmuSet {
     }
 
     /// This rank's shards and ledger.
-    pub fn store(&self) -> &ShardStore {
+    pub fn store(&self) -> &ShardStore<M> {
         &self.store
     }
 
     /// Mutable store (to change the capacity, or charge other buffers).
-    pub fn store_mut(&mut self) -> &mut ShardStore {
+    pub fn store_mut(&mut self) -> &mut ShardStore<M> {
         &mut self.store
     }
 
@@ -219,12 +234,16 @@ impl EmuSet {
         self.check_ranks(&what, model_stage, ranks, &[])?;
         let id = self.fresh_id();
         let target = TargetEmu { id, layout, ranks: ranks.to_vec() };
-        let mut shards = self.allocate_targets(plane, &what, model_stage, std::slice::from_ref(&target), &[], 0)?;
+        let mut shards =
+            self.allocate_targets(plane, &what, model_stage, std::slice::from_ref(&target), &[], 0, &BTreeMap::new())?;
         let catalogue = &self.catalogues[&model_stage.role];
-        let filled: Result<(), String> = shards.values_mut().try_for_each(|shard| fill(shard, catalogue));
+        let memory = self.store.memory();
+        let filled: Result<(), String> = shards
+            .values_mut()
+            .try_for_each(|shard| memory.fill_from_host(shard, &mut |host: &mut LocalShard| fill(host, catalogue)));
         if let Err(reason) = filled {
             for shard in shards.into_values() {
-                self.store.ledger_mut().release_all(&shard.charges());
+                self.store.ledger_mut().release_all(&shard.held());
             }
             return Err(EmuError::Invalid { primitive: what, reason });
         }
@@ -236,7 +255,7 @@ impl EmuSet {
     /// same model, resharding between their layouts (the weight sync from `actor/training` to
     /// `actor/generation`): each target rectangle moves once, rank to rank, concurrently; no
     /// copy passes through a root. Optimizer sections stay where they are.
-    pub fn sync_params<P: DataPlane>(
+    pub fn sync_params<P: Exchange<M>>(
         &mut self,
         plane: &mut P,
         from: EmuId,
@@ -256,12 +275,24 @@ impl EmuSet {
         let movement = Movement::plan(catalogue, &[&src], std::slice::from_ref(&target));
         // Rectangles that are not contiguous in a buffer travel through pack buffers, charged
         // like every other buffer.
-        let scratch = scratch_bytes(&movement, self.rank, &[Section::Params], catalogue.arch.dtype);
+        let scratch = RankPlan::new(&movement, self.rank, &[Section::Params], catalogue.arch.dtype).scratch_bytes();
         self.store.ledger_mut().charge(MemoryItem::PackBuffers, scratch)?;
-        let mut targets: BTreeMap<EmuId, LocalShard> = self.store.take(to).map(|s| (to, s)).into_iter().collect();
+        let mut targets: BTreeMap<EmuId, LocalShard<M::Buffer>> =
+            self.store.take(to).map(|s| (to, s)).into_iter().collect();
         let moved = {
-            let sources: BTreeMap<EmuId, &LocalShard> = self.store.get(from).map(|s| (from, s)).into_iter().collect();
-            move_sections(plane, &movement, &sources, &mut targets, &[Section::Params], catalogue.arch.dtype)
+            let sources: BTreeMap<EmuId, &LocalShard<M::Buffer>> =
+                self.store.get(from).map(|s| (from, s)).into_iter().collect();
+            let (memory, dtype) = (self.store.memory(), catalogue.arch.dtype);
+            move_sections(
+                &*plane,
+                memory,
+                &movement,
+                &sources,
+                &mut targets,
+                &BTreeSet::new(),
+                &[Section::Params],
+                dtype,
+            )
         };
         if let Some(shard) = targets.remove(&to) {
             self.store.put(shard);
@@ -287,8 +318,10 @@ impl EmuSet {
     }
 
     /// Checks on every rank that the new shards (and pack buffers) fit, then allocates this
-    /// rank's. If any rank lacks room, every rank returns [`EmuError::NoRoom`] naming them and
-    /// nothing is allocated.
+    /// rank's; a target in `in_place` (target → source) takes its source's buffer instead, which
+    /// stays charged. If any rank lacks room, every rank returns [`EmuError::NoRoom`] naming
+    /// them and nothing is allocated.
+    #[allow(clippy::too_many_arguments)]
     fn allocate_targets<P: DataPlane>(
         &mut self,
         plane: &mut P,
@@ -297,7 +330,8 @@ impl EmuSet {
         targets: &[TargetEmu],
         sources: &[i32],
         scratch: u64,
-    ) -> Result<BTreeMap<EmuId, LocalShard>, EmuError> {
+        in_place: &BTreeMap<EmuId, EmuId>,
+    ) -> Result<BTreeMap<EmuId, LocalShard<M::Buffer>>, EmuError> {
         let catalogue = &self.catalogues[&model_stage.role];
         let (sections, dtype) = (self.sections(model_stage), catalogue.arch.dtype);
         let mine: Vec<(EmuId, Position)> = targets
@@ -308,7 +342,12 @@ impl EmuSet {
             .iter()
             .map(|(id, pos)| (*id, *pos, catalogue.shard(targets.iter().find(|t| t.id == *id).unwrap().layout, *pos)))
             .collect();
-        let need: u64 = tables.iter().map(|(_, _, table)| shard_bytes(table, &sections, dtype)).sum::<u64>() + scratch;
+        let need: u64 = tables
+            .iter()
+            .filter(|(id, _, _)| !in_place.contains_key(id))
+            .map(|(_, _, table)| shard_bytes(table, &sections, dtype))
+            .sum::<u64>()
+            + scratch;
         let group_ranks: Vec<i32> = if self.participants_only {
             let mut ranks: Vec<i32> =
                 targets.iter().flat_map(|t| t.ranks.iter().copied()).chain(sources.iter().copied()).collect();
@@ -331,7 +370,23 @@ impl EmuSet {
         }
         let mut shards = BTreeMap::new();
         for (id, position, table) in tables {
-            shards.insert(id, self.store.new_shard(id, position, table, sections.clone(), dtype)?);
+            let shard = match in_place.get(&id).and_then(|source| self.store.take(*source)) {
+                Some(source) => {
+                    let was = source.held();
+                    let shard = LocalShard {
+                        emu: id,
+                        position,
+                        table,
+                        sections: sections.clone(),
+                        dtype,
+                        buffer: source.buffer,
+                    };
+                    self.store.recharge_in_place(&was, &shard);
+                    shard
+                }
+                None => self.store.new_shard(id, position, table, sections.clone(), dtype)?,
+            };
+            shards.insert(id, shard);
         }
         Ok(shards)
     }
@@ -342,7 +397,7 @@ impl EmuSet {
         model_stage: ModelStage,
         counters: Counters,
         targets: &[TargetEmu],
-        shards: BTreeMap<EmuId, LocalShard>,
+        shards: BTreeMap<EmuId, LocalShard<M::Buffer>>,
     ) {
         for t in targets {
             self.emus.insert(t.id, Emu { id: t.id, model_stage, layout: t.layout, ranks: t.ranks.clone(), counters });
@@ -354,7 +409,7 @@ impl EmuSet {
 
     /// Builds `targets` from `sources` (same model-stage, same layout), then frees the sources
     /// if `consume`. Fails before moving a byte if any rank lacks room.
-    fn redistribute<P: DataPlane>(
+    fn redistribute<P: Exchange<M>>(
         &mut self,
         plane: &mut P,
         what: String,
@@ -372,15 +427,21 @@ impl EmuSet {
         let src_refs: Vec<&Emu> = src.iter().collect();
         let movement = Movement::plan(catalogue, &src_refs, &targets);
         let (sections, dtype) = (self.sections(model_stage), catalogue.arch.dtype);
-        let scratch = scratch_bytes(&movement, self.rank, &sections, dtype);
+        let plan = RankPlan::new(&movement, self.rank, &sections, dtype);
+        let scratch = plan.scratch_bytes();
+        // A consumed source whose bytes are all its one target's may become that target where
+        // it lies (Merge with resident targets): nothing allocated, nothing sent.
+        let in_place = if consume && self.store.memory().slices_in_place() { plan.in_place() } else { BTreeMap::new() };
         let (bytes_sent, bytes_local) = (movement.bytes_sent(&sections, dtype), movement.bytes_local(&sections, dtype));
         let source_ranks: Vec<i32> = src.iter().flat_map(|e| e.ranks.iter().copied()).collect();
-        let mut shards = self.allocate_targets(plane, &what, model_stage, &targets, &source_ranks, scratch)?;
+        let mut shards =
+            self.allocate_targets(plane, &what, model_stage, &targets, &source_ranks, scratch, &in_place)?;
         self.store.ledger_mut().charge(MemoryItem::PackBuffers, scratch)?;
         let moved = {
-            let sources: BTreeMap<EmuId, &LocalShard> =
+            let sources: BTreeMap<EmuId, &LocalShard<M::Buffer>> =
                 sources.iter().filter_map(|id| self.store.get(*id).map(|s| (*id, s))).collect();
-            move_bytes(plane, &movement, &sources, &mut shards)
+            let sliced: BTreeSet<EmuId> = in_place.keys().copied().collect();
+            move_sections(&*plane, self.store.memory(), &movement, &sources, &mut shards, &sliced, &sections, dtype)
         };
         self.store.ledger_mut().release(MemoryItem::PackBuffers, scratch);
         moved?;
@@ -402,7 +463,12 @@ impl EmuSet {
     }
 
     /// `Split(EMU, T_sub) → k EMUs` on the same ranks (see [`split_ranks`]).
-    pub fn split<P: DataPlane>(&mut self, plane: &mut P, id: EmuId, sub: Layout) -> Result<PrimitiveReport, EmuError> {
+    pub fn split<P: Exchange<M>>(
+        &mut self,
+        plane: &mut P,
+        id: EmuId,
+        sub: Layout,
+    ) -> Result<PrimitiveReport, EmuError> {
         let what = format!("Split {id} -> {sub}");
         let emu = self.get(id, &what)?.clone();
         let l = emu.layout;
@@ -420,7 +486,7 @@ impl EmuSet {
     }
 
     /// `Merge(k EMUs, T) → one EMU` on the union of their ranks (see [`merge_ranks`]).
-    pub fn merge<P: DataPlane>(
+    pub fn merge<P: Exchange<M>>(
         &mut self,
         plane: &mut P,
         ids: &[EmuId],
@@ -449,7 +515,7 @@ impl EmuSet {
 
     /// `Extend(EMU, R') → EMU + EMU'`: a new replica on `ranks`, each shard sent once from the
     /// rank at the same position.
-    pub fn extend<P: DataPlane>(
+    pub fn extend<P: Exchange<M>>(
         &mut self,
         plane: &mut P,
         id: EmuId,
@@ -461,7 +527,7 @@ impl EmuSet {
     /// [`EmuSet::extend`] inside a transition, where intermediate units of one model-stage may
     /// share ranks (the transition's schedule has checked memory); only the target plan's
     /// replicas must be disjoint.
-    pub fn extend_in_transition<P: DataPlane>(
+    pub fn extend_in_transition<P: Exchange<M>>(
         &mut self,
         plane: &mut P,
         id: EmuId,
@@ -470,7 +536,7 @@ impl EmuSet {
         self.extend_checked(plane, id, ranks, false)
     }
 
-    fn extend_checked<P: DataPlane>(
+    fn extend_checked<P: Exchange<M>>(
         &mut self,
         plane: &mut P,
         id: EmuId,
@@ -522,7 +588,8 @@ impl EmuSet {
                 sums[2 * k + 1] = sums[2 * k + 1].wrapping_add(d[1]);
             };
             if let Some(shard) = self.store.get(*id) {
-                add(shard_digest(shard, &self.catalogues[&emu.model_stage.role]));
+                let bytes = self.store.memory().read(&shard.buffer)?;
+                add(shard_digest(shard, &bytes, &self.catalogues[&emu.model_stage.role]));
             }
             if emu.ranks[0] == self.rank {
                 add(counters_digest(&emu.counters));
@@ -535,28 +602,28 @@ impl EmuSet {
 
     /// Gathers one replica's whole state onto `root` as a `(tp, pp) = (1, 1)` shard (diagnostics
     /// and tests; not charged to the ledger). `None` on other ranks.
-    pub fn gather<P: DataPlane>(&self, plane: &mut P, id: EmuId, root: i32) -> Result<Option<LocalShard>, EmuError> {
+    pub fn gather<P: Exchange<M>>(&self, plane: &mut P, id: EmuId, root: i32) -> Result<Option<LocalShard>, EmuError> {
         let emu = self.get(id, "Gather")?;
         let catalogue = &self.catalogues[&emu.model_stage.role];
         let layout = Layout::new(1, 1);
         let target = TargetEmu { id: EmuId(u64::MAX), layout, ranks: vec![root] };
         let movement = Movement::plan(catalogue, &[emu], std::slice::from_ref(&target));
+        let (sections, dtype, memory) = (self.sections(emu.model_stage), catalogue.arch.dtype, self.store.memory());
         let mut targets = BTreeMap::new();
         if self.rank == root {
-            let table = catalogue.shard(layout, Position { tp: 0, pp: 0 });
+            let (position, table) = (Position { tp: 0, pp: 0 }, catalogue.shard(layout, Position { tp: 0, pp: 0 }));
+            let buffer = memory.allocate(shard_bytes(&table, &sections, dtype))?;
             targets.insert(
                 target.id,
-                LocalShard::zeroed(
-                    target.id,
-                    Position { tp: 0, pp: 0 },
-                    table,
-                    self.sections(emu.model_stage),
-                    catalogue.arch.dtype,
-                ),
+                LocalShard { emu: target.id, position, table, sections: sections.clone(), dtype, buffer },
             );
         }
-        let sources: BTreeMap<EmuId, &LocalShard> = self.store.get(id).map(|s| (id, s)).into_iter().collect();
-        move_bytes(plane, &movement, &sources, &mut targets)?;
-        Ok(targets.remove(&target.id))
+        let sources: BTreeMap<EmuId, &LocalShard<M::Buffer>> =
+            self.store.get(id).map(|s| (id, s)).into_iter().collect();
+        move_sections(&*plane, memory, &movement, &sources, &mut targets, &BTreeSet::new(), &sections, dtype)?;
+        match targets.remove(&target.id) {
+            Some(whole) => Ok(Some(whole.with_buffer(memory.read(&whole.buffer)?.into_owned()))),
+            None => Ok(None),
+        }
     }
 }

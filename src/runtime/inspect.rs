@@ -7,7 +7,7 @@ use std::path::Path;
 use crate::backend::{self, DriverDevice};
 use crate::comm::{gather_bytes_to_root, CommError};
 use crate::config::Overrides;
-use crate::topology::{assign_device, CpuBinding, GpuVendor, NodeTopology, RankPlacement};
+use crate::topology::{assign_device, tp_within_node, CpuBinding, GpuVendor, NodeTopology, RankPlacement};
 
 use super::{RuntimeError, Session};
 
@@ -68,6 +68,8 @@ pub struct TopologyReport {
     pub nodes: usize,
     /// The MPI library.
     pub mpi: String,
+    /// The largest TP group of consecutive ranks that stays inside one node under this launch.
+    pub tp_within_node: usize,
     /// One entry per node, in node order.
     pub node_reports: Vec<NodeReport>,
     /// One entry per rank, in rank order.
@@ -96,6 +98,7 @@ pub fn topology(session: &Session, json: bool) -> Result<(), RuntimeError> {
         world_size: session.world().size(),
         nodes: session.layout().nodes(),
         mpi: session.world().library_version(),
+        tp_within_node: tp_within_node(session.layout(), session.world().size() as usize),
         node_reports,
         ranks,
     };
@@ -121,6 +124,7 @@ fn local_report(session: &Session) -> Result<RankReport, RuntimeError> {
         binding: CpuBinding::of_this_process()?,
         device: assign_device(local_rank, &node.gpus, &|k| std::env::var(k).ok()),
         launcher: session.launcher().clone(),
+        closest: super::device::placement(session)?,
     };
     let node = (local_rank == 0).then(|| node_report(node));
     Ok(RankReport { placement, node })
@@ -143,6 +147,11 @@ fn node_report(topology: NodeTopology) -> NodeReport {
 fn print_topology(out: &mut impl Write, report: &TopologyReport) -> std::io::Result<()> {
     let launcher = report.ranks.first().map_or_else(String::new, |r| r.launcher.describe());
     writeln!(out, "{} ranks on {} node(s), launched by {launcher}; {}", report.world_size, report.nodes, report.mpi)?;
+    writeln!(
+        out,
+        "consecutive ranks share a node in runs of {}: TP groups of up to {} ranks stay on NVLink/xGMI",
+        report.tp_within_node, report.tp_within_node
+    )?;
     for (index, n) in report.node_reports.iter().enumerate() {
         let t = &n.topology;
         let gpus = if t.gpus.is_empty() {
@@ -182,6 +191,9 @@ fn print_topology(out: &mut impl Write, report: &TopologyReport) -> std::io::Res
             r.binding.describe(),
             r.device.describe()
         )?;
+        if let Some(p) = &r.closest {
+            writeln!(out, "  closest to gpu {}: {}", p.gpu, p.describe())?;
+        }
     }
     Ok(())
 }

@@ -6,6 +6,7 @@
 pub mod alloc_meter;
 pub mod bench;
 pub mod checkpoint;
+pub mod device;
 mod inspect;
 pub mod logging;
 pub mod metrics;
@@ -17,6 +18,7 @@ pub mod signals;
 pub mod train;
 pub mod transition;
 
+pub use device::DeviceChoice;
 pub use logging::LogOptions;
 pub use rng::Rng;
 pub use session::{Session, SessionOptions};
@@ -73,6 +75,8 @@ pub enum Command {
         reps: usize,
         /// Where to write the JSON report.
         json: Option<PathBuf>,
+        /// Device-resident shards over the GPU data plane (`--device`), or host memory over MPI.
+        device: Option<DeviceChoice>,
     },
     /// Benchmark replan time and memory from 8 to 16,384 GPUs.
     BenchPlanner {
@@ -118,6 +122,8 @@ pub enum Command {
         cases: u32,
         /// Seed of the decisions.
         seed: u64,
+        /// Device-resident state over the GPU data plane (`--device`), or host memory over MPI.
+        device: Option<DeviceChoice>,
     },
     /// A fixed-plan RL job on the reference engine.
     Train {
@@ -136,6 +142,8 @@ pub enum Command {
         cases: u32,
         /// Seed of the decisions.
         seed: u64,
+        /// Device-resident state over the GPU data plane (`--device`), or host memory over MPI.
+        device: Option<DeviceChoice>,
     },
 }
 
@@ -235,7 +243,7 @@ impl RuntimeError {
             RuntimeError::Config(_) | RuntimeError::Usage(_) | RuntimeError::Planner(_) => EXIT_USAGE,
             RuntimeError::Comm(CommError::Disagreement { .. }) => EXIT_USAGE,
             RuntimeError::Checkpoint(e) => e.exit_code(),
-            RuntimeError::Backend(BackendError::NotCompiled { .. }) => EXIT_USAGE,
+            RuntimeError::Backend(e) if e.is_usage() => EXIT_USAGE,
             RuntimeError::Phase(failure) => failure.status,
             RuntimeError::Preempted { .. } => EXIT_PREEMPTED,
             _ => EXIT_FAILURE,
@@ -273,8 +281,8 @@ pub fn run(options: SessionOptions, command: Command) -> u8 {
         Command::Plan { config, overrides, gpus, seq_len, json } => {
             plan::run(&mut session, config.as_deref(), overrides, *gpus, *seq_len, *json)
         }
-        Command::BenchPrimitives { sizes_mib, reps, json } => {
-            bench::primitives::run(&session, sizes_mib, *reps, json.as_deref())
+        Command::BenchPrimitives { sizes_mib, reps, json, device } => {
+            bench::primitives::run(&session, sizes_mib, *reps, json.as_deref(), *device)
         }
         Command::BenchPlanner { config, seq_len, reps, json } => {
             bench::planner::run(&mut session, config, *seq_len, *reps, json.as_deref())
@@ -286,16 +294,14 @@ pub fn run(options: SessionOptions, command: Command) -> u8 {
         Command::BenchCoordination { trials, seed, json } => {
             bench::coordination::run(&session, *trials, *seed, json.as_deref())
         }
-        Command::SelftestPrimitives { cases, seed } => {
-            selftest::primitives(&session, *cases, *seed).and_then(|s| report_selftest(&session, &s, &s.failures))
-        }
+        Command::SelftestPrimitives { cases, seed, device } => selftest::primitives(&session, *cases, *seed, *device)
+            .and_then(|s| report_selftest(&session, &s, &s.failures)),
         Command::Train { config, overrides, options } => {
             train::run(&mut session, config.as_deref(), overrides, options)
         }
         Command::SelftestEngine => selftest::engine(&session).and_then(|s| report_selftest(&session, &s, &s.failures)),
-        Command::SelftestTransitions { cases, seed } => {
-            selftest::transitions(&session, *cases, *seed).and_then(|s| report_selftest(&session, &s, &s.failures))
-        }
+        Command::SelftestTransitions { cases, seed, device } => selftest::transitions(&session, *cases, *seed, *device)
+            .and_then(|s| report_selftest(&session, &s, &s.failures)),
     };
     match outcome {
         Ok(()) => 0,

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 
 use sha2::{Digest as _, Sha256};
 
-use crate::comm::{agree, DataPlane, Watchdog, World};
-use crate::emu::{EmuId, EmuSet};
+use crate::comm::{agree, Watchdog, World};
+use crate::emu::{EmuId, EmuSet, Exchange, ShardMemory};
 use crate::transition::{Primitive, TransitionDag, UnitId};
 
 use super::RuntimeError;
@@ -39,9 +39,10 @@ pub fn agree_on_dag(world: &World, watchdog: &Watchdog, dag: &TransitionDag) -> 
 }
 
 /// Runs every primitive of `dag` in its global order. The DAG's initial units must be EMUs
-/// of `set` (same model-stage, layout and ranks); returns which EMU each unit became.
-pub fn execute<P: DataPlane>(
-    set: &mut EmuSet,
+/// of `set` (same model-stage, layout and ranks); returns which EMU each unit became. A device
+/// plane runs the transition on a stream of its own and has waited for it when this returns.
+pub fn execute<M: ShardMemory, P: Exchange<M>>(
+    set: &mut EmuSet<M>,
     plane: &mut P,
     dag: &TransitionDag,
 ) -> Result<(BTreeMap<UnitId, EmuId>, ExecutionReport), RuntimeError> {
@@ -68,15 +69,18 @@ pub fn execute<P: DataPlane>(
     // The schedule has checked memory: primitives need only their own ranks to agree, so
     // primitives on disjoint ranks run concurrently.
     set.set_participants_only(true);
+    plane.begin_transition()?;
     let outcome = run_nodes(set, plane, dag, &mut ids, &mut report);
     set.set_participants_only(false);
+    let finished = plane.end_transition();
     plane.set_context(None);
     outcome?;
+    finished?;
     Ok((ids, report))
 }
 
-fn run_nodes<P: DataPlane>(
-    set: &mut EmuSet,
+fn run_nodes<M: ShardMemory, P: Exchange<M>>(
+    set: &mut EmuSet<M>,
     plane: &mut P,
     dag: &TransitionDag,
     ids: &mut BTreeMap<UnitId, EmuId>,

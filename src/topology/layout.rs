@@ -83,6 +83,9 @@ pub struct RankPlacement {
     pub device: DeviceAssignment,
     /// How the rank was started.
     pub launcher: Launcher,
+    /// The cores closest to its GPU and NIC (`None` for a rank without a GPU).
+    #[serde(default)]
+    pub closest: Option<super::Placement>,
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
-//! Topology: nodes, devices and links; hwloc discovery; rank placement and binding.
+//! Topology: nodes, devices and links; hwloc discovery; rank placement and binding (the cores
+//! closest to a rank's GPU and NIC: `placement.rs`).
 //!
 //! Rank arithmetic about *where* ranks run lives here ([`WorldLayout`]); which ranks a
 //! model-stage uses lives in `plan`.
@@ -10,6 +11,7 @@ mod launcher;
 mod layout;
 mod node;
 pub mod pci;
+pub mod placement;
 
 pub use detect::detect_cluster;
 pub use device::{assign_device, DeviceAssignment};
@@ -18,6 +20,7 @@ pub use launcher::Launcher;
 pub use layout::{RankPlacement, WorldLayout};
 pub use node::{CpuBinding, NodeTopology};
 pub use pci::{GpuInfo, GpuVendor};
+pub use placement::{closest_cores, tp_within_node, Placement};
 
 use thiserror::Error;
 

@@ -1,6 +1,7 @@
 //! `nereus selftest …`: randomized checks of the runtime's machinery on the job's own ranks,
 //! whose verdicts depend on every rank.
 
+mod device_groups;
 mod engine;
 mod primitives;
 mod transitions;

@@ -8,17 +8,28 @@
 //! byte for byte, the state generated there from the seed; Destroy refuses the last replica;
 //! an Extend or Split onto a rank without room is refused before any byte moves and leaves the
 //! state intact; every rank's ledger charges exactly the shards it holds.
+//!
+//! With `--device`, the same cases run with device-resident shards over the GPU data plane
+//! (every moved byte checked by the same digests and the byte-exact gather against the host
+//! reference), plus device collectives (all-gather, broadcast, all-reduce) on disjoint
+//! communicators made by split or by unique id.
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use crate::backend::gpu::GpuRuntime;
+use crate::comm::collectives::CollectiveLib;
 use crate::comm::{DataPlane, MpiPlane};
 use crate::config::Dtype;
-use crate::emu::{synthetic_fill, Counters, Digest, EmuError, EmuId, EmuSet, LocalShard};
+use crate::emu::{
+    synthetic_fill, Counters, DeviceMemory, Digest, EmuError, EmuId, EmuSet, Exchange, HostMemory, LocalShard,
+    ShardMemory,
+};
 use crate::model::{Architecture, Catalogue, Layout, OutputHead, Position};
 use crate::plan::{ModelStage, Role, Stage};
 
+use crate::runtime::device::{with_device, DeviceChoice, DeviceJob, Plane};
 use crate::runtime::rng::Rng;
 use crate::runtime::{RuntimeError, Session};
 
@@ -40,6 +51,9 @@ pub struct SelftestSummary {
     pub group_checks: u64,
     /// Bytes sent over the data plane.
     pub bytes_sent: u64,
+    /// The device and collective library with `--device` (absent for host memory over MPI).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
     /// Failed checks (empty on success).
     pub failures: Vec<String>,
 }
@@ -78,23 +92,67 @@ fn valid_layouts(catalogue: &Catalogue, max_ranks: u32) -> Vec<Layout> {
     out
 }
 
-/// Runs `cases` random cases on every rank of the session.
-pub fn primitives(session: &Session, cases: u32, seed: u64) -> Result<SelftestSummary, RuntimeError> {
+/// Runs `cases` random cases on every rank of the session, with shards in host memory over
+/// MPI, or on the device `device` names.
+pub fn primitives(
+    session: &Session,
+    cases: u32,
+    seed: u64,
+    device: Option<DeviceChoice>,
+) -> Result<SelftestSummary, RuntimeError> {
     let world = session.world().size();
-    let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
+    match device {
+        None => {
+            run_cases(&mut MpiPlane::new(session.world(), session.watchdog().clone()), &HostMemory, world, cases, seed)
+        }
+        Some(choice) => with_device(session, choice, DeviceCases { world, cases, seed }),
+    }
+}
+
+/// The cases on device-resident shards, then the device collectives.
+struct DeviceCases {
+    world: i32,
+    cases: u32,
+    seed: u64,
+}
+
+impl DeviceJob for DeviceCases {
+    type Output = SelftestSummary;
+
+    fn run<L: CollectiveLib, R: GpuRuntime>(
+        self,
+        plane: &mut Plane<'_, L, R>,
+        memory: DeviceMemory<R>,
+    ) -> Result<SelftestSummary, RuntimeError> {
+        let mut summary = run_cases(plane, &memory, self.world, self.cases, self.seed)?;
+        super::device_groups::check(plane, &memory, self.world, &mut summary.failures)?;
+        summary.group_checks += 1;
+        let version = plane.lib().version().unwrap_or_default();
+        summary.device = Some(format!("{}, {} {version}", memory.describe(), plane.lib().name()));
+        Ok(summary)
+    }
+}
+
+fn run_cases<M: ShardMemory + Clone, P: Exchange<M>>(
+    plane: &mut P,
+    memory: &M,
+    world: i32,
+    cases: u32,
+    seed: u64,
+) -> Result<SelftestSummary, RuntimeError> {
     let mut summary = SelftestSummary { cases, ..SelftestSummary::default() };
-    check_disjoint_groups(&mut plane, world, &mut summary)?;
+    check_disjoint_groups(plane, world, &mut summary)?;
     for case in 0..cases {
         let mut rng = Rng::new(seed.wrapping_mul(1_000_003).wrapping_add(u64::from(case)));
-        run_case(&mut plane, world, &mut rng, case, &mut summary)?;
+        run_case(plane, memory, world, &mut rng, case, &mut summary)?;
     }
     Ok(summary)
 }
 
 /// Two disjoint groups (the lower and upper half of the world, each created by its members
 /// only) run collectives at the same time; every result depends on every member.
-fn check_disjoint_groups(
-    plane: &mut MpiPlane<'_>,
+fn check_disjoint_groups<P: DataPlane>(
+    plane: &mut P,
     world: i32,
     summary: &mut SelftestSummary,
 ) -> Result<(), RuntimeError> {
@@ -125,8 +183,9 @@ fn check_disjoint_groups(
     Ok(())
 }
 
-fn run_case(
-    plane: &mut MpiPlane<'_>,
+fn run_case<M: ShardMemory + Clone, P: Exchange<M>>(
+    plane: &mut P,
+    memory: &M,
     world: i32,
     rng: &mut Rng,
     case: u32,
@@ -146,7 +205,8 @@ fn run_case(
         data_position: rng.next_u64() % 1000,
         seed: rng.next_u64(),
     };
-    let mut set = EmuSet::new(plane.rank(), world, u64::MAX / 4, BTreeMap::from([(Role::Actor, catalogue.clone())]));
+    let catalogues = BTreeMap::from([(Role::Actor, catalogue.clone())]);
+    let mut set = EmuSet::in_memory(plane.rank(), world, u64::MAX / 4, catalogues, memory.clone());
     let first = set.create_synthetic(plane, stage, layout, &ranks[..layout.size() as usize], counters)?;
     let original = set.digests(plane)?[&first];
     let mut check = Checker { case, original, summary };
@@ -166,10 +226,10 @@ struct Checker<'s> {
 
 impl Checker<'_> {
     /// Digests of every replica, one gathered replica against the seed, and ledger accounting.
-    fn state(
+    fn state<M: ShardMemory, P: Exchange<M>>(
         &mut self,
-        plane: &mut MpiPlane<'_>,
-        set: &EmuSet,
+        plane: &mut P,
+        set: &EmuSet<M>,
         catalogue: &Catalogue,
         seed: u64,
         rng: &mut Rng,
@@ -217,9 +277,9 @@ impl Checker<'_> {
 }
 
 /// One random primitive (or refusal drill); returns a label for messages.
-fn step_once(
-    plane: &mut MpiPlane<'_>,
-    set: &mut EmuSet,
+fn step_once<M: ShardMemory, P: Exchange<M>>(
+    plane: &mut P,
+    set: &mut EmuSet<M>,
     catalogue: &Catalogue,
     world: i32,
     rng: &mut Rng,
@@ -287,7 +347,11 @@ fn step_once(
     }
 }
 
-fn destroy(set: &mut EmuSet, emu: &crate::emu::Emu, summary: &mut SelftestSummary) -> Result<String, RuntimeError> {
+fn destroy<M: ShardMemory>(
+    set: &mut EmuSet<M>,
+    emu: &crate::emu::Emu,
+    summary: &mut SelftestSummary,
+) -> Result<String, RuntimeError> {
     let last = set.replicas(emu.model_stage).len() == 1;
     match set.destroy(emu.id) {
         Ok(report) if !last => {
@@ -307,12 +371,12 @@ fn destroy(set: &mut EmuSet, emu: &crate::emu::Emu, summary: &mut SelftestSummar
 
 /// Shrinks one target rank's capacity to what it holds, runs `op`, expects `NoRoom` with every
 /// EMU unchanged, then restores the capacity.
-fn oom_drill(
-    plane: &mut MpiPlane<'_>,
-    set: &mut EmuSet,
+fn oom_drill<M: ShardMemory, P: Exchange<M>>(
+    plane: &mut P,
+    set: &mut EmuSet<M>,
     targets: &[i32],
     summary: &mut SelftestSummary,
-    op: impl FnOnce(&mut EmuSet, &mut MpiPlane<'_>) -> Result<(), EmuError>,
+    op: impl FnOnce(&mut EmuSet<M>, &mut P) -> Result<(), EmuError>,
 ) -> Result<String, RuntimeError> {
     let victim = targets[0];
     let before: Vec<_> = set.emus().cloned().collect();

@@ -5,15 +5,21 @@
 //! all agree on its hash, the current plan's EMUs are created, and every rank executes its
 //! nodes in the one global order. Checks: every model-stage ends exactly at its target
 //! replicas (layout and ranks), every replica's digest equals the model-stage's digest before
-//! the transition, and the ledgers charge exactly the shards held.
+//! the transition, and the ledgers charge exactly the shards held. With `--device`, the state
+//! is device-resident and every node's bytes move over the GPU data plane.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+use crate::backend::gpu::GpuRuntime;
+use crate::comm::collectives::CollectiveLib;
 use crate::comm::{broadcast_bytes, DataPlane, MpiPlane};
-use crate::emu::{shard_bytes, Counters, Digest, EmuSet, LocalShard, Section};
+use crate::emu::{
+    shard_bytes, Counters, DeviceMemory, Digest, EmuSet, Exchange, HostMemory, LocalShard, Section, ShardMemory,
+};
 use crate::model::{Catalogue, Layout, Position};
 use crate::plan::{ModelStage, Plan, Role};
+use crate::runtime::device::{with_device, DeviceChoice, DeviceJob, Plane};
 use crate::runtime::rng::Rng;
 use crate::runtime::transition::{agree_on_dag, execute};
 use crate::runtime::{RuntimeError, Session};
@@ -63,11 +69,23 @@ pub(crate) fn materialize(
     plan: &Plan,
     capacity: u64,
 ) -> Result<(EmuSet, BTreeMap<ModelStage, Digest>), RuntimeError> {
+    materialize_in(plane, &HostMemory, world, catalogue, plan, capacity)
+}
+
+/// [`materialize`] with shards in `memory`.
+pub(crate) fn materialize_in<M: ShardMemory + Clone, P: DataPlane>(
+    plane: &mut P,
+    memory: &M,
+    world: i32,
+    catalogue: &Catalogue,
+    plan: &Plan,
+    capacity: u64,
+) -> Result<(EmuSet<M>, BTreeMap<ModelStage, Digest>), RuntimeError> {
     let catalogues: BTreeMap<Role, Catalogue> = [Role::Actor, Role::Critic, Role::Reference, Role::Reward]
         .into_iter()
         .map(|r| (r, catalogue.clone()))
         .collect();
-    let mut set = EmuSet::new(plane.rank(), world, capacity, catalogues);
+    let mut set = EmuSet::in_memory(plane.rank(), world, capacity, catalogues, memory.clone());
     for (k, p) in plan.placements.iter().enumerate() {
         let counters = Counters {
             updates: k as u64,
@@ -86,7 +104,7 @@ pub(crate) fn materialize(
 }
 
 /// How each model-stage of `target` differs from the replicas `set` holds (empty: all reached).
-pub(crate) fn missed_targets(set: &EmuSet, target: &Plan) -> Vec<String> {
+pub(crate) fn missed_targets<M: ShardMemory>(set: &EmuSet<M>, target: &Plan) -> Vec<String> {
     let mut missed = Vec::new();
     for p in &target.placements {
         let ms = p.candidate.model_stage;
@@ -103,9 +121,9 @@ pub(crate) fn missed_targets(set: &EmuSet, target: &Plan) -> Vec<String> {
 }
 
 /// Replicas whose digest differs from their model-stage's digest `before`.
-pub(crate) fn changed_digests(
-    plane: &mut MpiPlane<'_>,
-    set: &EmuSet,
+pub(crate) fn changed_digests<M: ShardMemory, P: DataPlane>(
+    plane: &mut P,
+    set: &EmuSet<M>,
     before: &BTreeMap<ModelStage, Digest>,
 ) -> Result<Vec<String>, RuntimeError> {
     let digests = set.digests(plane)?;
@@ -121,14 +139,55 @@ pub(crate) fn changed_digests(
         .collect())
 }
 
-/// Runs `cases` random transitions on every rank (at least 3 ranks).
-pub fn transitions(session: &Session, cases: u32, seed: u64) -> Result<TransitionSummary, RuntimeError> {
-    let world = session.world().size();
-    if world < 3 {
+/// Runs `cases` random transitions on every rank (at least 3 ranks), with state in host memory
+/// over MPI, or on the device `device` names.
+pub fn transitions(
+    session: &Session,
+    cases: u32,
+    seed: u64,
+    device: Option<DeviceChoice>,
+) -> Result<TransitionSummary, RuntimeError> {
+    if session.world().size() < 3 {
         return Err(RuntimeError::Usage(
             "selftest transitions needs at least 3 MPI ranks (one per inference model-stage)".into(),
         ));
     }
+    match device {
+        None => {
+            let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
+            run_cases(session, &mut plane, &HostMemory, cases, seed)
+        }
+        Some(choice) => with_device(session, choice, DeviceCases { session, cases, seed }),
+    }
+}
+
+/// The cases on device-resident state.
+struct DeviceCases<'s> {
+    session: &'s Session,
+    cases: u32,
+    seed: u64,
+}
+
+impl DeviceJob for DeviceCases<'_> {
+    type Output = TransitionSummary;
+
+    fn run<L: CollectiveLib, R: GpuRuntime>(
+        self,
+        plane: &mut Plane<'_, L, R>,
+        memory: DeviceMemory<R>,
+    ) -> Result<TransitionSummary, RuntimeError> {
+        run_cases(self.session, plane, &memory, self.cases, self.seed)
+    }
+}
+
+fn run_cases<M: ShardMemory + Clone, P: Exchange<M>>(
+    session: &Session,
+    plane: &mut P,
+    memory: &M,
+    cases: u32,
+    seed: u64,
+) -> Result<TransitionSummary, RuntimeError> {
+    let world = session.world().size();
     let catalogue = tiny_catalogue();
     let bytes = state_bytes(&catalogue);
     let links = Links {
@@ -139,7 +198,6 @@ pub fn transitions(session: &Session, cases: u32, seed: u64) -> Result<Transitio
         setup_seconds: 1e-3,
         capacity_bytes: u64::MAX / 4,
     };
-    let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
     let mut summary = TransitionSummary { cases, ..TransitionSummary::default() };
     for case in 0..cases {
         let mut rng = Rng::new(seed.wrapping_mul(7_919).wrapping_add(u64::from(case)));
@@ -161,22 +219,22 @@ pub fn transitions(session: &Session, cases: u32, seed: u64) -> Result<Transitio
             Err(e) => return Err(e.into()),
         };
         agree_on_dag(session.world(), session.watchdog(), &dag)?;
-        let (mut set, before) = materialize(&mut plane, world, &catalogue, &pair.from, u64::MAX / 4)?;
-        let (_, report) = execute(&mut set, &mut plane, &dag)?;
+        let (mut set, before) = materialize_in(plane, memory, world, &catalogue, &pair.from, u64::MAX / 4)?;
+        let (_, report) = execute(&mut set, plane, &dag)?;
         summary.executed += 1;
         summary.primitives += report.primitives as u64;
         summary.bytes_sent += report.bytes_sent;
         summary.resource_edges += dag.resource_edges as u64;
-        check(case, &mut plane, &set, &pair.to, &before, &mut summary)?;
+        check(case, plane, &set, &pair.to, &before, &mut summary)?;
     }
     Ok(summary)
 }
 
 /// Target replicas reached, digests unchanged, ledgers exact — agreed across ranks.
-fn check(
+fn check<M: ShardMemory, P: DataPlane>(
     case: u32,
-    plane: &mut MpiPlane<'_>,
-    set: &EmuSet,
+    plane: &mut P,
+    set: &EmuSet<M>,
     target: &Plan,
     before: &BTreeMap<ModelStage, Digest>,
     summary: &mut TransitionSummary,

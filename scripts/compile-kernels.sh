@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Compiles the device kernels on a machine without a GPU, so that a kernel that does not compile
+# fails here (CI runs it from scripts/test.sh):
+#   cuda/*.cu   NVRTC (PyPI: nvidia-cuda-nvrtc-cu12, loaded through cudarc as at run time) to PTX
+#               for compute_80 and compute_90, assembled by ptxas (PyPI: nvidia-cuda-nvcc-cu12)
+#               for sm_80 and sm_90, and to cubins by NVRTC itself;
+#   hip/*.hip   hipcc --genco --offload-arch=gfx90a (Debian's hipcc, ROCm 5.2) in build.rs, the
+#               code object embedded in the binary.
+#
+#   NEREUS_WITH_KERNEL_TOOLS=1 bash scripts/setup.sh   # installs the tools (idempotent)
+#   bash scripts/compile-kernels.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/kernel-env.sh
+export HIP_PATH=${HIP_PATH:-/usr} NEREUS_REQUIRE_KERNEL_TOOLS=1
+echo "== kernels: NVRTC $(ls "${nereus_nvrtc:-/nonexistent}"/lib/libnvrtc.so.* 2>/dev/null | head -1), ptxas ${NEREUS_PTXAS:-missing}, $(command -v hipcc || echo 'hipcc missing')"
+for source in cuda/*.cu; do echo "   $source -> compute_80, compute_90 PTX -> sm_80, sm_90"; done
+for source in hip/*.hip; do echo "   $source -> gfx90a code object"; done
+cargo test --release --locked --features cuda,rocm --lib -- \
+  backend::cuda::tests::cuda_kernels_compile_with_nvrtc_and_assemble_with_ptxas \
+  backend::rocm::tests::the_embedded_code_object_holds_every_kernel

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The GPU data plane on an NVIDIA machine (issue 15), in one run:
+#   1. builds with `--features cuda` (NVRTC, NCCL and the driver are loaded at run time);
+#   2. runs the rectangle-copy kernels (cuda/pack.cu) on GPU 0 against the host reference;
+#   3. runs `selftest primitives --device` (and `selftest transitions --device` with 3+ GPUs),
+#      one rank per GPU: shards device-resident, every step checked by layout-independent
+#      digests and a byte-exact gather against the state generated on the host from the seed;
+#   4. runs `bench primitives --device --json` (2 ranks with 2+ GPUs, else the kernel rows on
+#      one) and checks its floors: pack/unpack >= 70% of the device's own device-to-device copy
+#      bandwidth for rectangles >= 64 MiB, Merge sends 0 bytes with resident targets, and the
+#      bytes Split and Extend hand to ncclSend equal the host plane's.
+# Outputs (JSON, tables, logs) go to OUT_DIR; the exit status is 0 only if every check holds.
+#
+#   bash scripts/gpu-check.sh [OUT_DIR]        # default runs/gpu-check
+#
+# Needs an NVIDIA driver, Open MPI and Rust. NVRTC and NCCL come from the system, else from PyPI
+# (nvidia-cuda-nvrtc-cu12, nvidia-nccl-cu12; installed here when pip can reach an index).
+# With one GPU, primitives that move bytes between ranks cannot run (NCCL takes one rank per
+# GPU): the selftest then covers device-resident creation, digests and gathers, and the
+# benchmark the local kernels only.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-runs/gpu-check}
+mkdir -p "$out"
+
+command -v nvidia-smi >/dev/null || { echo "gpu-check: nvidia-smi not found; this check needs an NVIDIA GPU" >&2; exit 2; }
+gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
+[ "$gpus" -ge 1 ] || { echo "gpu-check: the driver shows no GPU" >&2; exit 2; }
+nvidia-smi --query-gpu=index,name,memory.total,driver_version,pci.bus_id --format=csv | tee "$out/gpus.csv"
+
+have_lib() { ldconfig -p | grep -q "$1"; }
+have_wheel() { python3 -c "import nvidia.$1" 2>/dev/null; }
+if ! have_lib 'libnvrtc.so.12' && ! have_wheel cuda_nvrtc; then python3 -m pip install -q nvidia-cuda-nvrtc-cu12 || true; fi
+if ! have_lib 'libnccl.so' && ! have_wheel nccl; then python3 -m pip install -q nvidia-nccl-cu12 || true; fi
+source scripts/kernel-env.sh
+# cudarc loads libnccl.so; a system with only the runtime package has libnccl.so.2.
+if ! have_lib 'libnccl.so ' && [ ! -e target/nccl-link/libnccl.so ]; then
+  nccl=$(ldconfig -p | awk '/libnccl\.so\.2 /{print $NF; exit}')
+  if [ -n "$nccl" ]; then
+    mkdir -p target/nccl-link && ln -sf "$nccl" target/nccl-link/libnccl.so
+    export LD_LIBRARY_PATH="$PWD/target/nccl-link${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  fi
+fi
+if [ "$(id -u)" = 0 ]; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fi
+export OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader}
+run() {
+  local n=$1
+  shift
+  mpirun --oversubscribe -n "$n" -x LD_LIBRARY_PATH target/release/nereus "$@"
+}
+
+echo "== 1. build --features cuda"
+cargo build --release --locked --features cuda 2>&1 | tail -2
+
+echo "== 2. cuda/pack.cu on GPU 0 against the host reference"
+cargo test --release --locked --features cuda --lib -- --ignored gpu_rectangle_copies_match_the_host_reference \
+  2>&1 | tee "$out/kernels.txt" | grep -E "^test |test result"
+
+echo "== 3. selftests with device-resident state, $gpus rank(s), one per GPU"
+run "$gpus" inspect topology | tee "$out/topology.txt"
+run "$gpus" selftest primitives --device --cases 20 | tee "$out/selftest-primitives.json"
+if [ "$gpus" -ge 3 ]; then
+  run "$gpus" selftest transitions --device --cases 10 | tee "$out/selftest-transitions.json"
+else
+  echo "selftest transitions needs 3 ranks on 3 GPUs; skipped with $gpus" | tee "$out/selftest-transitions.json"
+fi
+
+ranks=$((gpus >= 2 ? 2 : 1))
+echo "== 4. bench primitives --device on $ranks rank(s)"
+run "$ranks" bench primitives --device --json "$out/bench-primitives.json" | tee "$out/bench-primitives.txt"
+python3 - "$out/bench-primitives.json" <<'PY'
+import json, sys
+floors = json.load(open(sys.argv[1]))["floors"]
+for f in floors:
+    print(f"{'ok  ' if f['ok'] else 'FAIL'} {f['name']}: {f['value']:.4g} {f['op']} {f['floor']} {f['unit']}")
+sys.exit(0 if floors and all(f["ok"] for f in floors) else 1)
+PY
+echo "gpu-check: every check held; outputs in $out"

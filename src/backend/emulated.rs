@@ -1,0 +1,220 @@
+//! A GPU emulated in host memory: the device seam with synchronous streams, so the device data
+//! path (device shard store, GPU data plane, kernel launches) runs where no GPU is — in unit
+//! tests and under `--device emulated`. It is a test double, not a backend: nothing here is
+//! faster than the host plane.
+//!
+//! Allocations are host buffers addressed by their host address; every access is checked
+//! against them. Kernels run as the launch's grid and block loops in Rust
+//! ([`for_each_vector`]), so a launch that misses or repeats a vector, strays out of its
+//! allocation, or reads what it writes fails here as it would race on a device.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::c_void;
+use std::time::Instant;
+
+use super::gpu::{DevicePtr, GpuRuntime, RawHandle};
+use super::kernels::{for_each_vector, RectLaunch};
+use super::{BackendError, DriverDevice};
+
+/// An emulated device of a given capacity.
+pub struct Emulated {
+    device: DriverDevice,
+    allocations: RefCell<BTreeMap<u64, Box<[u8]>>>,
+    handles: Cell<usize>,
+    /// When each event was recorded (work is synchronous, so that is when it happened).
+    recorded: RefCell<HashMap<usize, Instant>>,
+}
+
+fn fault(reason: String) -> BackendError {
+    BackendError::Driver { backend: "emulated", reason }
+}
+
+impl Emulated {
+    /// Device `ordinal` with `memory_bytes` of capacity (allocated on demand).
+    pub fn new(ordinal: u32, memory_bytes: u64) -> Emulated {
+        let device = DriverDevice { ordinal, name: "emulated device (host memory)".into(), memory_bytes };
+        let (allocations, recorded) = (RefCell::new(BTreeMap::new()), RefCell::new(HashMap::new()));
+        Emulated { device, allocations, handles: Cell::new(0), recorded }
+    }
+
+    /// Bytes allocated now (device and pinned).
+    pub fn allocated_bytes(&self) -> u64 {
+        self.allocations.borrow().values().map(|b| b.len() as u64).sum()
+    }
+
+    /// Checks that `[addr, addr + len)` lies inside one allocation.
+    fn check(&self, addr: u64, len: u64, what: &str) -> Result<(), BackendError> {
+        let allocations = self.allocations.borrow();
+        let inside = allocations
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(base, buffer)| addr + len <= base + buffer.len() as u64);
+        if len == 0 || inside {
+            Ok(())
+        } else {
+            Err(fault(format!("{what} of {len} bytes at {addr:#x} is outside every allocation")))
+        }
+    }
+
+    fn handle(&self) -> RawHandle {
+        self.handles.set(self.handles.get() + 1);
+        RawHandle(self.handles.get() as *mut c_void)
+    }
+
+    fn allocate(&self, bytes: u64) -> u64 {
+        let buffer = vec![0u8; bytes as usize].into_boxed_slice();
+        let addr = buffer.as_ptr() as u64;
+        self.allocations.borrow_mut().insert(addr, buffer);
+        addr
+    }
+
+    /// Copies `bytes` between checked ranges.
+    fn copy(&self, dst: u64, src: u64, bytes: u64) -> Result<(), BackendError> {
+        self.check(src, bytes, "copy source")?;
+        self.check(dst, bytes, "copy target")?;
+        // SAFETY: both ranges lie inside live allocations (checked); they may overlap only for
+        // an in-place slice, which `copy` (memmove) allows.
+        unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, bytes as usize) };
+        Ok(())
+    }
+}
+
+/// The byte span `[first row start, last row end)` of one side of a launch.
+fn span(base: u64, pitch: u64, l: &RectLaunch) -> (u64, u64) {
+    (base, base + ((l.rows.max(1) - 1) * pitch + l.row_vectors) * l.width)
+}
+
+impl GpuRuntime for Emulated {
+    fn backend(&self) -> &'static str {
+        "emulated"
+    }
+
+    fn device(&self) -> &DriverDevice {
+        &self.device
+    }
+
+    fn alloc(&self, bytes: u64, _stream: RawHandle) -> Result<DevicePtr, BackendError> {
+        Ok(DevicePtr(self.allocate(bytes)))
+    }
+
+    unsafe fn free(&self, ptr: DevicePtr, _stream: RawHandle) {
+        self.allocations.borrow_mut().remove(&ptr.0);
+    }
+
+    fn alloc_pinned(&self, bytes: usize) -> Result<*mut u8, BackendError> {
+        Ok(self.allocate(bytes as u64) as *mut u8)
+    }
+
+    unsafe fn free_pinned(&self, ptr: *mut u8) {
+        self.allocations.borrow_mut().remove(&(ptr as u64));
+    }
+
+    fn create_stream(&self) -> Result<RawHandle, BackendError> {
+        Ok(self.handle())
+    }
+
+    unsafe fn destroy_stream(&self, _stream: RawHandle) {}
+
+    fn create_event(&self) -> Result<RawHandle, BackendError> {
+        Ok(self.handle())
+    }
+
+    unsafe fn destroy_event(&self, event: RawHandle) {
+        self.recorded.borrow_mut().remove(&(event.0 as usize));
+    }
+
+    unsafe fn record(&self, event: RawHandle, _stream: RawHandle) -> Result<(), BackendError> {
+        self.recorded.borrow_mut().insert(event.0 as usize, Instant::now());
+        Ok(())
+    }
+
+    unsafe fn wait_event(&self, _stream: RawHandle, _event: RawHandle) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    unsafe fn event_done(&self, _event: RawHandle) -> Result<bool, BackendError> {
+        Ok(true)
+    }
+
+    unsafe fn event_synchronize(&self, _event: RawHandle) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    unsafe fn elapsed_ms(&self, start: RawHandle, end: RawHandle) -> Result<f32, BackendError> {
+        let recorded = self.recorded.borrow();
+        let at =
+            |e: RawHandle| recorded.get(&(e.0 as usize)).copied().ok_or_else(|| fault("event never recorded".into()));
+        Ok(at(end)?.duration_since(at(start)?).as_secs_f32() * 1e3)
+    }
+
+    unsafe fn copy_h2d(&self, dst: DevicePtr, src: *const u8, bytes: u64, _: RawHandle) -> Result<(), BackendError> {
+        self.copy(dst.0, src as u64, bytes)
+    }
+
+    unsafe fn copy_d2h(&self, dst: *mut u8, src: DevicePtr, bytes: u64, _: RawHandle) -> Result<(), BackendError> {
+        self.copy(dst as u64, src.0, bytes)
+    }
+
+    unsafe fn copy_d2d(&self, dst: DevicePtr, src: DevicePtr, bytes: u64, _: RawHandle) -> Result<(), BackendError> {
+        if dst.0 < src.0 + bytes && src.0 < dst.0 + bytes {
+            return Err(fault(format!("device-to-device copy of {bytes} bytes onto itself ({src:?} -> {dst:?})")));
+        }
+        self.copy(dst.0, src.0, bytes)
+    }
+
+    unsafe fn launch(&self, l: &RectLaunch, _stream: RawHandle) -> Result<(), BackendError> {
+        let (s, d) = (span(l.src, l.src_pitch, l), span(l.dst, l.dst_pitch, l));
+        self.check(s.0, s.1 - s.0, &format!("{} source", l.kernel))?;
+        self.check(d.0, d.1 - d.0, &format!("{} target", l.kernel))?;
+        if d.0 < s.1 && s.0 < d.1 {
+            return Err(fault(format!("{} launch reads what it writes: {l:?}", l.kernel)));
+        }
+        let w = l.width;
+        for_each_vector(l, |row, col| {
+            let (from, to) = (l.src + (row * l.src_pitch + col) * w, l.dst + (row * l.dst_pitch + col) * w);
+            // SAFETY: both spans lie inside live allocations and do not overlap (checked above).
+            unsafe { std::ptr::copy_nonoverlapping(from as *const u8, to as *mut u8, w as usize) };
+        });
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::gpu::Device;
+    use crate::backend::kernels::RectCopy;
+
+    #[test]
+    fn rectangle_copies_match_the_host_reference() {
+        crate::backend::gpu::check_rect_copies_against_host(&Device::new(Emulated::new(0, 1 << 30)).unwrap());
+    }
+
+    #[test]
+    fn packed_rectangles_round_trip_through_the_device() {
+        let device = Device::new(Emulated::new(0, 1 << 30)).unwrap();
+        let host: Vec<u8> = (0..4096u32).map(|i| (i * 31 % 253) as u8).collect();
+        let (a, b) = (device.alloc(4096).unwrap(), device.alloc(4096).unwrap());
+        device.upload(&host, a).unwrap();
+        // Pack 15 rows of 100 bytes (pitch 256) from offset 12, then unpack them one row lower.
+        let pack = RectCopy { src_offset: 12, src_pitch: 256, dst_offset: 0, dst_pitch: 100, row_bytes: 100, rows: 15 };
+        let unpack =
+            RectCopy { src_offset: 0, src_pitch: 100, dst_offset: 268, dst_pitch: 256, row_bytes: 100, rows: 15 };
+        let (mut back, c) = (vec![0u8; 4096], device.alloc(4096).unwrap());
+        // SAFETY: every row lies inside the 4096-byte allocations.
+        unsafe {
+            device.copy_rects(a, b, &[pack]).unwrap();
+            device.copy_rects(b, c, &[unpack]).unwrap();
+        }
+        device.download(c, &mut back).unwrap();
+        for row in 0..15 {
+            let (got, want) = (268 + row * 256, 12 + row * 256);
+            assert_eq!(back[got..got + 100], host[want..want + 100], "row {row}");
+        }
+        let outside =
+            RectCopy { src_offset: 4000, src_pitch: 256, dst_offset: 0, dst_pitch: 100, row_bytes: 100, rows: 2 };
+        // SAFETY: the emulation checks bounds and refuses.
+        assert!(unsafe { device.copy_rects(a, b, &[outside]) }.is_err());
+    }
+}

@@ -1,0 +1,159 @@
+//! NCCL's C API as both NCCL (through cudarc, `cuda` feature) and RCCL (our binding, `rocm`
+//! feature) expose it: the calls the GPU data plane makes, behind one trait so that one plane
+//! ([`super::gpu_plane::GpuPlane`]) serves both. Data type and reduction codes are NCCL's, which
+//! RCCL shares.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use crate::backend::gpu::{DevicePtr, RawHandle};
+
+/// `ncclUniqueId`: 128 opaque bytes the root of a communicator makes and every member receives
+/// (over the MPI control plane).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct UniqueId(pub [u8; 128]);
+
+impl std::fmt::Debug for UniqueId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "UniqueId({:02x?}…)", &self.0[..8])
+    }
+}
+
+/// An `ncclComm_t`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawComm(pub *mut c_void);
+
+// SAFETY: a communicator handle crosses to the watchdog thread only to be passed to
+// `ncclCommAbort`, which NCCL and RCCL allow from another thread.
+unsafe impl Send for RawComm {}
+
+/// Element types the plane moves, with their `ncclDataType_t` codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataType {
+    /// `ncclUint8`: raw bytes.
+    U8 = 1,
+    /// `ncclUint64`: counters.
+    U64 = 5,
+    /// `ncclFloat32`: gradients.
+    F32 = 7,
+}
+
+impl DataType {
+    /// Bytes per element.
+    pub fn bytes(self) -> usize {
+        match self {
+            DataType::U8 => 1,
+            DataType::U64 => 8,
+            DataType::F32 => 4,
+        }
+    }
+}
+
+/// `ncclSum`.
+pub const REDUCE_SUM: i32 = 0;
+/// `NCCL_SPLIT_NOCOLOR`: the rank joins no communicator of the split.
+pub const SPLIT_NO_COLOR: i32 = -1;
+/// The first NCCL version with `ncclCommSplit` (2.18.0); RCCL numbers its releases alike.
+pub const SPLIT_SINCE_VERSION: i32 = 21_800;
+
+/// Aborts a communicator from any thread (the watchdog's).
+pub type Aborter = Arc<dyn Fn(RawComm) + Send + Sync>;
+
+/// The calls of NCCL's C API the GPU data plane uses. Errors are the library's own message.
+///
+/// `members` (the world ranks of a new communicator, in its rank order) is what the plane
+/// already knows; NCCL and RCCL ignore it, and the emulation over MPI needs it to address peers.
+pub trait CollectiveLib {
+    /// `NCCL`, `RCCL` or `emulated`.
+    fn name(&self) -> &'static str;
+    /// `ncclGetVersion`: e.g. 22305 for 2.23.5.
+    fn version(&self) -> Result<i32, String>;
+    /// Whether `ncclCommSplit` can be called (the symbol is there and the version has it).
+    fn has_split(&self) -> bool;
+    /// `ncclGetUniqueId`.
+    fn unique_id(&self) -> Result<UniqueId, String>;
+    /// `ncclCommInitRank`: blocks until all `members` have joined.
+    ///
+    /// # Safety
+    /// The rank's device is current on this thread.
+    unsafe fn init_rank(&self, id: &UniqueId, rank: i32, members: &[i32]) -> Result<RawComm, String>;
+    /// `ncclCommSplit` of `comm` (every member of `comm` calls it); `None` for
+    /// [`SPLIT_NO_COLOR`]. `members` are the world ranks of this rank's new communicator.
+    ///
+    /// # Safety
+    /// `comm` is live.
+    unsafe fn split(&self, comm: RawComm, color: i32, key: i32, members: &[i32]) -> Result<Option<RawComm>, String>;
+    /// `ncclAllGather` of `count` elements per rank.
+    ///
+    /// # Safety
+    /// Both buffers are device memory of the right sizes, live until the stream passes.
+    unsafe fn all_gather(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        ty: DataType,
+        comm: RawComm,
+        stream: RawHandle,
+    ) -> Result<(), String>;
+    /// `ncclBroadcast` in place from comm rank `root`.
+    ///
+    /// # Safety
+    /// As [`CollectiveLib::all_gather`].
+    unsafe fn broadcast(
+        &self,
+        buf: DevicePtr,
+        count: usize,
+        ty: DataType,
+        root: i32,
+        comm: RawComm,
+        stream: RawHandle,
+    ) -> Result<(), String>;
+    /// `ncclAllReduce` with `ncclSum`, in place.
+    ///
+    /// # Safety
+    /// As [`CollectiveLib::all_gather`].
+    unsafe fn all_reduce_sum(
+        &self,
+        buf: DevicePtr,
+        count: usize,
+        ty: DataType,
+        comm: RawComm,
+        stream: RawHandle,
+    ) -> Result<(), String>;
+    /// `ncclSend` of `bytes` bytes to comm rank `peer`.
+    ///
+    /// # Safety
+    /// As [`CollectiveLib::all_gather`].
+    unsafe fn send(
+        &self,
+        buf: DevicePtr,
+        bytes: usize,
+        peer: i32,
+        comm: RawComm,
+        stream: RawHandle,
+    ) -> Result<(), String>;
+    /// `ncclRecv` of `bytes` bytes from comm rank `peer`.
+    ///
+    /// # Safety
+    /// As [`CollectiveLib::all_gather`].
+    unsafe fn recv(
+        &self,
+        buf: DevicePtr,
+        bytes: usize,
+        peer: i32,
+        comm: RawComm,
+        stream: RawHandle,
+    ) -> Result<(), String>;
+    /// `ncclGroupStart`.
+    fn group_start(&self) -> Result<(), String>;
+    /// `ncclGroupEnd`: issues the grouped calls (blocking while connections are set up).
+    fn group_end(&self) -> Result<(), String>;
+    /// A function calling `ncclCommAbort` that the watchdog thread may hold.
+    fn aborter(&self) -> Aborter;
+    /// `ncclCommDestroy`.
+    ///
+    /// # Safety
+    /// `comm` is live and no work on it is pending.
+    unsafe fn destroy(&self, comm: RawComm);
+}

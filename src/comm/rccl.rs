@@ -1,0 +1,316 @@
+//! RCCL (`rocm` feature): a thin binding over the NCCL C API that RCCL exports, resolved at run
+//! time from `librccl.so` with libloading, so building needs no ROCm install. There is no
+//! `rccl-sys` crate; [`SYMBOLS`] is the whole surface the GPU data plane uses.
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::Arc;
+
+use libloading::Library;
+
+use super::collectives::{Aborter, CollectiveLib, DataType, RawComm, UniqueId, REDUCE_SUM, SPLIT_SINCE_VERSION};
+use crate::backend::gpu::{DevicePtr, RawHandle};
+use crate::backend::BackendError;
+
+/// Every symbol resolved from `librccl.so`, and whether the plane needs it (`ncclCommSplit`
+/// came with RCCL 2.18; without it groups are made from unique ids).
+pub const SYMBOLS: [(&str, bool); 14] = [
+    ("ncclGetVersion", true),
+    ("ncclGetUniqueId", true),
+    ("ncclCommInitRank", true),
+    ("ncclCommSplit", false),
+    ("ncclAllGather", true),
+    ("ncclBroadcast", true),
+    ("ncclAllReduce", true),
+    ("ncclSend", true),
+    ("ncclRecv", true),
+    ("ncclGroupStart", true),
+    ("ncclGroupEnd", true),
+    ("ncclCommAbort", true),
+    ("ncclCommDestroy", true),
+    ("ncclGetErrorString", true),
+];
+
+/// Where `librccl.so` is looked for, after `NEREUS_RCCL_LIBRARY`.
+pub const LIBRARY_NAMES: [&str; 3] = ["librccl.so", "librccl.so.1", "/opt/rocm/lib/librccl.so"];
+
+/// `ncclUniqueId`, passed by value to `ncclCommInitRank`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct RawId {
+    internal: [c_char; 128],
+}
+
+type Res = c_int;
+type Comm = *mut c_void;
+type Stream = *mut c_void;
+
+/// The resolved entry points (valid while the library stays loaded).
+struct Table {
+    get_version: unsafe extern "C" fn(*mut c_int) -> Res,
+    get_unique_id: unsafe extern "C" fn(*mut RawId) -> Res,
+    comm_init_rank: unsafe extern "C" fn(*mut Comm, c_int, RawId, c_int) -> Res,
+    comm_split: Option<unsafe extern "C" fn(Comm, c_int, c_int, *mut Comm, *mut c_void) -> Res>,
+    all_gather: unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, Comm, Stream) -> Res,
+    broadcast: unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, Stream) -> Res,
+    all_reduce: unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, Stream) -> Res,
+    send: unsafe extern "C" fn(*const c_void, usize, c_int, c_int, Comm, Stream) -> Res,
+    recv: unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, Comm, Stream) -> Res,
+    group_start: unsafe extern "C" fn() -> Res,
+    group_end: unsafe extern "C" fn() -> Res,
+    comm_abort: unsafe extern "C" fn(Comm) -> Res,
+    comm_destroy: unsafe extern "C" fn(Comm) -> Res,
+    error_string: unsafe extern "C" fn(Res) -> *const c_char,
+}
+
+/// RCCL loaded in this process.
+pub struct Rccl {
+    table: Arc<Table>,
+    // Keeps the entry points valid; dropped after every clone of the table.
+    _library: Arc<Library>,
+    path: String,
+    version: i32,
+}
+
+fn load_error(reason: String) -> BackendError {
+    BackendError::Driver { backend: "ROCm", reason }
+}
+
+/// Resolves `name` from `library`.
+///
+/// # Safety
+/// `T` is the symbol's true C signature.
+unsafe fn symbol<T: Copy>(library: &Library, path: &str, name: &str) -> Result<T, BackendError> {
+    library
+        .get::<T>(name.as_bytes())
+        .map(|s| *s)
+        .map_err(|e| load_error(format!("{path} has no `{name}` ({e}); is it RCCL (librccl.so from ROCm 5 or later)?")))
+}
+
+impl Rccl {
+    /// Loads RCCL from `NEREUS_RCCL_LIBRARY`, else from [`LIBRARY_NAMES`].
+    pub fn load() -> Result<Rccl, BackendError> {
+        let candidates: Vec<String> =
+            std::env::var("NEREUS_RCCL_LIBRARY").into_iter().chain(LIBRARY_NAMES.map(String::from)).collect();
+        let mut tried = Vec::new();
+        for path in &candidates {
+            match Rccl::load_from(path) {
+                Err(BackendError::Driver { reason, .. }) if reason.starts_with("cannot load") => tried.push(reason),
+                other => return other,
+            }
+        }
+        Err(load_error(format!(
+            "RCCL not found ({}); set NEREUS_RCCL_LIBRARY to librccl.so or add its directory to LD_LIBRARY_PATH",
+            tried.join("; ")
+        )))
+    }
+
+    /// Loads RCCL from one path and resolves [`SYMBOLS`].
+    pub fn load_from(path: &str) -> Result<Rccl, BackendError> {
+        // SAFETY: loading a shared library runs its initializers; RCCL's are benign.
+        let library = unsafe { Library::new(path) }.map_err(|e| load_error(format!("cannot load {path}: {e}")))?;
+        // SAFETY: each type below is the C signature of the symbol of that name in rccl.h.
+        let table = unsafe {
+            Table {
+                get_version: symbol(&library, path, "ncclGetVersion")?,
+                get_unique_id: symbol(&library, path, "ncclGetUniqueId")?,
+                comm_init_rank: symbol(&library, path, "ncclCommInitRank")?,
+                comm_split: symbol(&library, path, "ncclCommSplit").ok(),
+                all_gather: symbol(&library, path, "ncclAllGather")?,
+                broadcast: symbol(&library, path, "ncclBroadcast")?,
+                all_reduce: symbol(&library, path, "ncclAllReduce")?,
+                send: symbol(&library, path, "ncclSend")?,
+                recv: symbol(&library, path, "ncclRecv")?,
+                group_start: symbol(&library, path, "ncclGroupStart")?,
+                group_end: symbol(&library, path, "ncclGroupEnd")?,
+                comm_abort: symbol(&library, path, "ncclCommAbort")?,
+                comm_destroy: symbol(&library, path, "ncclCommDestroy")?,
+                error_string: symbol(&library, path, "ncclGetErrorString")?,
+            }
+        };
+        let mut version = 0;
+        // SAFETY: an out-parameter.
+        let status = unsafe { (table.get_version)(&mut version) };
+        let rccl = Rccl { table: Arc::new(table), _library: Arc::new(library), path: path.into(), version };
+        rccl.check(status).map_err(|e| load_error(format!("ncclGetVersion: {e}")))?;
+        Ok(rccl)
+    }
+
+    /// Where it was loaded from.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    fn check(&self, status: Res) -> Result<(), String> {
+        if status == 0 {
+            return Ok(());
+        }
+        // SAFETY: ncclGetErrorString returns a static C string for any code.
+        let text = unsafe { CStr::from_ptr((self.table.error_string)(status)) };
+        Err(format!("{} (ncclResult_t {status})", text.to_string_lossy()))
+    }
+}
+
+fn ptr(p: DevicePtr) -> *mut c_void {
+    p.0 as *mut c_void
+}
+
+impl CollectiveLib for Rccl {
+    fn name(&self) -> &'static str {
+        "RCCL"
+    }
+
+    fn version(&self) -> Result<i32, String> {
+        Ok(self.version)
+    }
+
+    fn has_split(&self) -> bool {
+        self.table.comm_split.is_some() && self.version >= SPLIT_SINCE_VERSION
+    }
+
+    fn unique_id(&self) -> Result<UniqueId, String> {
+        let mut id = RawId { internal: [0; 128] };
+        // SAFETY: an out-parameter of the right size.
+        self.check(unsafe { (self.table.get_unique_id)(&mut id) })?;
+        Ok(UniqueId(id.internal.map(|c| c as u8)))
+    }
+
+    unsafe fn init_rank(&self, id: &UniqueId, rank: i32, members: &[i32]) -> Result<RawComm, String> {
+        let mut comm: Comm = std::ptr::null_mut();
+        let id = RawId { internal: id.0.map(|b| b as c_char) };
+        self.check((self.table.comm_init_rank)(&mut comm, members.len() as c_int, id, rank))?;
+        Ok(RawComm(comm))
+    }
+
+    unsafe fn split(&self, comm: RawComm, color: i32, key: i32, _members: &[i32]) -> Result<Option<RawComm>, String> {
+        let split = self.table.comm_split.ok_or("this RCCL has no ncclCommSplit")?;
+        let mut out: Comm = std::ptr::null_mut();
+        self.check(split(comm.0, color, key, &mut out, std::ptr::null_mut()))?;
+        Ok((!out.is_null()).then_some(RawComm(out)))
+    }
+
+    unsafe fn all_gather(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        ty: DataType,
+        comm: RawComm,
+        stream: RawHandle,
+    ) -> Result<(), String> {
+        self.check((self.table.all_gather)(ptr(send), ptr(recv), count, ty as c_int, comm.0, stream.0))
+    }
+
+    unsafe fn broadcast(
+        &self,
+        buf: DevicePtr,
+        count: usize,
+        ty: DataType,
+        root: i32,
+        comm: RawComm,
+        stream: RawHandle,
+    ) -> Result<(), String> {
+        self.check((self.table.broadcast)(ptr(buf), ptr(buf), count, ty as c_int, root, comm.0, stream.0))
+    }
+
+    unsafe fn all_reduce_sum(
+        &self,
+        buf: DevicePtr,
+        count: usize,
+        ty: DataType,
+        comm: RawComm,
+        stream: RawHandle,
+    ) -> Result<(), String> {
+        self.check((self.table.all_reduce)(ptr(buf), ptr(buf), count, ty as c_int, REDUCE_SUM, comm.0, stream.0))
+    }
+
+    unsafe fn send(&self, buf: DevicePtr, bytes: usize, peer: i32, comm: RawComm, s: RawHandle) -> Result<(), String> {
+        self.check((self.table.send)(ptr(buf), bytes, DataType::U8 as c_int, peer, comm.0, s.0))
+    }
+
+    unsafe fn recv(&self, buf: DevicePtr, bytes: usize, peer: i32, comm: RawComm, s: RawHandle) -> Result<(), String> {
+        self.check((self.table.recv)(ptr(buf), bytes, DataType::U8 as c_int, peer, comm.0, s.0))
+    }
+
+    fn group_start(&self) -> Result<(), String> {
+        // SAFETY: no arguments.
+        self.check(unsafe { (self.table.group_start)() })
+    }
+
+    fn group_end(&self) -> Result<(), String> {
+        // SAFETY: no arguments.
+        self.check(unsafe { (self.table.group_end)() })
+    }
+
+    fn aborter(&self) -> Aborter {
+        let (table, library) = (self.table.clone(), self._library.clone());
+        Arc::new(move |c: RawComm| {
+            let _keep_loaded = &library;
+            // SAFETY: the watchdog aborts communicators this plane created and never uses again.
+            unsafe { (table.comm_abort)(c.0) };
+        })
+    }
+
+    unsafe fn destroy(&self, comm: RawComm) {
+        (self.table.comm_destroy)(comm.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    #[test]
+    fn the_symbol_table_lists_the_nccl_api_the_plane_calls() {
+        let required: Vec<&str> = SYMBOLS.iter().filter(|(_, r)| *r).map(|(n, _)| *n).collect();
+        for name in ["ncclGetUniqueId", "ncclCommInitRank", "ncclSend", "ncclRecv", "ncclGroupStart", "ncclCommAbort"] {
+            assert!(required.contains(&name), "{name} must be required");
+        }
+        assert_eq!(SYMBOLS.iter().filter(|(_, r)| !*r).map(|(n, _)| *n).collect::<Vec<_>>(), ["ncclCommSplit"]);
+        assert!(SYMBOLS.iter().all(|(n, _)| n.starts_with("nccl")), "RCCL exports NCCL's names");
+    }
+
+    #[test]
+    fn a_missing_library_or_symbol_is_named_in_the_error() {
+        let Err(missing) = Rccl::load_from("/nonexistent/librccl.so") else { panic!("loaded a missing library") };
+        assert!(missing.to_string().contains("cannot load /nonexistent/librccl.so"), "{missing}");
+        let Err(not_rccl) = Rccl::load_from("libc.so.6") else { panic!("libc is not RCCL") };
+        assert!(not_rccl.to_string().contains("has no `ncclGetVersion`"), "{not_rccl}");
+    }
+
+    /// A stand-in librccl.so built from C: the table resolves, the optional split is detected
+    /// as absent, and a unique id passed by value arrives intact.
+    #[test]
+    fn a_library_with_the_api_loads_and_answers_through_the_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let source = dir.path().join("fake_rccl.c");
+        let names = SYMBOLS.iter().filter(|(n, r)| {
+            *r && !matches!(*n, "ncclGetVersion" | "ncclGetUniqueId" | "ncclCommInitRank" | "ncclGetErrorString")
+        });
+        let mut c = String::from(
+            "typedef struct { char internal[128]; } ncclUniqueId;\n\
+             int ncclGetVersion(int* v) { *v = 21700; return 0; }\n\
+             int ncclGetUniqueId(ncclUniqueId* id) { for (int i = 0; i < 128; i++) id->internal[i] = (char)i; return 0; }\n\
+             int ncclCommInitRank(void** c, int n, ncclUniqueId id, int r) { *c = (void*)(long)(id.internal[127] * 1000 + n * 10 + r); return 0; }\n\
+             const char* ncclGetErrorString(int r) { return \"fake error\"; }\n",
+        );
+        for (name, _) in names {
+            c.push_str(&format!("int {name}() {{ return 0; }}\n"));
+        }
+        std::fs::write(&source, c).unwrap();
+        let lib = dir.path().join("librccl.so");
+        let Ok(out) = Command::new("cc").args(["-shared", "-fPIC", "-o"]).arg(&lib).arg(&source).output() else {
+            eprintln!("skipped: no C compiler");
+            return;
+        };
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let rccl = Rccl::load_from(lib.to_str().unwrap()).unwrap();
+        assert_eq!((rccl.version(), rccl.has_split()), (Ok(21700), false));
+        let id = rccl.unique_id().unwrap();
+        assert_eq!(id.0[5], 5);
+        // SAFETY: the fake library only writes the out-parameter.
+        let comm = unsafe { rccl.init_rank(&id, 2, &[10, 11, 12]) }.unwrap();
+        assert_eq!(comm.0 as usize, 127 * 1000 + 3 * 10 + 2, "id by value, nranks and rank arrive");
+        assert!(rccl.group_start().is_ok() && rccl.group_end().is_ok());
+    }
+}
