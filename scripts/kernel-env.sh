@@ -20,6 +20,6 @@ nereus_nccl=$(pkg_dir nccl)
 if [ -n "$nereus_nccl" ] && [ -e "$nereus_nccl/lib/libnccl.so.2" ]; then
   mkdir -p target/nccl-link
   ln -sf "$nereus_nccl/lib/libnccl.so.2" target/nccl-link/libnccl.so
-  export LD_LIBRARY_PATH="$PWD/target/nccl-link:$nereus_nccl/lib:$LD_LIBRARY_PATH"
+  export LD_LIBRARY_PATH="$PWD/target/nccl-link:$nereus_nccl/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 unset -f pkg_dir

@@ -50,6 +50,9 @@ fi
 if [ "$ci" = true ]; then
   export NEREUS_REQUIRE_KERNEL_TOOLS=1  # build.rs then fails without hipcc, as it does on a bad kernel
 fi
+# NVRTC and ptxas from PyPI, for the unit test that compiles cuda/*.cu (skipped when absent
+# outside CI).
+source scripts/kernel-env.sh
 cargo clippy --release --locked --all-targets --features "$features" -- -D warnings
 cargo build --release --locked --features "$features"
 cargo test --release --locked --features "$features" --lib

@@ -9,6 +9,7 @@ use std::process::ExitCode;
 
 use nereus::config::{Algorithm, Overrides};
 use nereus::runtime::checkpoint::ResumeFrom;
+use nereus::runtime::plan::PlanRequest;
 use nereus::runtime::train::TrainOptions;
 use nereus::runtime::{self, Command, DeviceChoice, LogOptions, SessionOptions};
 
@@ -45,6 +46,13 @@ enum TopCommand {
         /// Response length in tokens to plan for (default: rl.max_response_len).
         #[arg(long, value_name = "TOKENS")]
         seq_len: Option<u64>,
+        /// What-if: the response length the current plan was made for; prints the transition
+        /// from that plan to the one for --seq-len (ΔL, L_tran, whether it can run).
+        #[arg(long, value_name = "TOKENS")]
+        from_seq_len: Option<u64>,
+        /// What-if: the pool the current plan was made for (default: --gpus).
+        #[arg(long, value_name = "N")]
+        from_gpus: Option<u32>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -273,9 +281,11 @@ fn main() -> ExitCode {
             Command::InspectConfig { config: file, overrides: overrides.into() }
         }
         TopCommand::Inspect(InspectCommand::Topology { json }) => Command::InspectTopology { json },
-        TopCommand::Plan { file, gpus, seq_len, json, overrides } => {
-            Command::Plan { config: file, overrides: overrides.into(), gpus, seq_len, json }
-        }
+        TopCommand::Plan { file, gpus, seq_len, from_seq_len, from_gpus, json, overrides } => Command::Plan {
+            config: file,
+            overrides: overrides.into(),
+            request: PlanRequest { gpus, seq_len, from_seq_len, from_gpus, json },
+        },
         TopCommand::Train { file, resume, resume_reset_optimizer, overrides } => Command::Train {
             config: file,
             overrides: overrides.into(),

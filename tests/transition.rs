@@ -1,5 +1,6 @@
 //! Global transition DAGs executed under `mpirun -n 8`: random plan pairs of PPO's six
-//! model-stages (several sharing ranks) reach exactly their targets with every digest unchanged.
+//! model-stages (several sharing ranks), and the planner's own targets on a scaled-down CPU
+//! cluster, reach exactly their targets with every digest unchanged.
 
 mod common;
 
@@ -16,6 +17,9 @@ fn random_transitions_reach_their_targets_without_changing_state() {
             "model-stages waited for each other's releases: {summary}"
         );
         assert!(summary["bytes_sent"].as_u64().unwrap() > 0);
+        // Every target the planner called executable was executed, and checked above.
+        assert_eq!(summary["planner_cases"], 15, "{summary}");
+        assert!(summary["planner_executable"].as_u64().unwrap() >= 3, "the planner moved: {summary}");
     }
 }
 

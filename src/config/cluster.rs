@@ -49,6 +49,10 @@ pub struct ClusterSection {
     pub nics_per_node: Option<u32>,
     /// Bandwidth of one NIC in GB/s per direction.
     pub nic_gbps: Option<f64>,
+    /// Bandwidth between one device and its host's memory in GB/s per direction (PCIe, NVLink-C2C,
+    /// Infinity Fabric): how fast a transition may stage state through host memory. Default: the
+    /// device memory bandwidth on the MPI data plane (host memory is the device), else 25.
+    pub host_link_gbps: Option<f64>,
     /// Data plane for tensors: `mpi`, `nccl` or `rccl`.
     pub data_plane: Option<DataPlane>,
 }
@@ -75,6 +79,8 @@ pub struct ClusterSpec {
     pub nics_per_node: u32,
     /// Bandwidth of one NIC, GB/s per direction.
     pub nic_gbps: f64,
+    /// Device-to-host bandwidth, GB/s per direction.
+    pub host_link_gbps: f64,
     /// Data plane for tensors.
     pub data_plane: DataPlane,
 }
@@ -120,6 +126,7 @@ impl ClusterSection {
             intra_node_gbps: over.intra_node_gbps.or(self.intra_node_gbps),
             nics_per_node: over.nics_per_node.or(self.nics_per_node),
             nic_gbps: over.nic_gbps.or(self.nic_gbps),
+            host_link_gbps: over.host_link_gbps.or(self.host_link_gbps),
             data_plane: over.data_plane.or(self.data_plane),
         }
     }
@@ -134,17 +141,24 @@ impl ClusterSection {
                     .into(),
             })
         }
+        let data_plane = self.data_plane.unwrap_or(DataPlane::Mpi);
+        let device_hbm_gbps = need("device_hbm_gbps", &self.device_hbm_gbps)?;
+        // Host memory is the device's own on the MPI data plane; a GPU's host link defaults to
+        // what a PCIe 4.0 x16 slot carries in practice.
+        let host_link_gbps =
+            self.host_link_gbps.unwrap_or(if data_plane == DataPlane::Mpi { device_hbm_gbps } else { 25.0 });
         let spec = ClusterSpec {
             name: self.name.clone().unwrap_or_else(|| "unnamed".into()),
             nodes: need("nodes", &self.nodes)?,
             devices_per_node: need("devices_per_node", &self.devices_per_node)?,
             device_memory_gb: need("device_memory_gb", &self.device_memory_gb)?,
             device_peak_tflops: need("device_peak_tflops", &self.device_peak_tflops)?,
-            device_hbm_gbps: need("device_hbm_gbps", &self.device_hbm_gbps)?,
+            device_hbm_gbps,
             intra_node_gbps: need("intra_node_gbps", &self.intra_node_gbps)?,
             nics_per_node: need("nics_per_node", &self.nics_per_node)?,
             nic_gbps: need("nic_gbps", &self.nic_gbps)?,
-            data_plane: self.data_plane.unwrap_or(DataPlane::Mpi),
+            host_link_gbps,
+            data_plane,
         };
         spec.validate()?;
         Ok(spec)
@@ -173,6 +187,7 @@ impl ClusterSpec {
         check::positive("cluster.device_hbm_gbps", self.device_hbm_gbps)?;
         check::positive("cluster.intra_node_gbps", self.intra_node_gbps)?;
         check::at_least_one("cluster.nics_per_node", self.nics_per_node)?;
-        check::positive("cluster.nic_gbps", self.nic_gbps)
+        check::positive("cluster.nic_gbps", self.nic_gbps)?;
+        check::positive("cluster.host_link_gbps", self.host_link_gbps)
     }
 }

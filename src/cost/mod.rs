@@ -25,7 +25,6 @@ use serde::Serialize;
 
 use crate::config::ClusterSpec;
 use crate::model::{Layout, LocalShape, OutputHead, Position};
-use std::collections::BTreeMap;
 
 use crate::plan::{Candidate, Placement, Recompute, Stage};
 
@@ -457,29 +456,31 @@ impl CostModel {
         let hw = &self.hardware;
         let (sl, dl) = (src.candidate.layout, dst.candidate.layout);
         let bytes = stats.arch.dtype.bytes();
-        let mut traffic: BTreeMap<i32, u64> = BTreeMap::new();
+        // Bytes each rank sends or receives, indexed by world rank.
+        let pool = src.ranks.iter().chain(&dst.ranks).map(|&r| r.max(0) as usize + 1).max().unwrap_or(0);
+        let mut traffic = vec![0u64; pool];
+        let shard: Vec<u64> = (0..dl.pp).map(|j| stats.params_of_stage(dl, j) * bytes).collect();
         let mut cross_node = false;
         let sources: Vec<&[i32]> = src.ranks.chunks(sl.size().max(1) as usize).collect();
         for (g, target) in dst.ranks.chunks(dl.size().max(1) as usize).enumerate() {
             let source = sources[g % sources.len().max(1)];
             let mut sent = 0;
             for (k, &r) in target.iter().enumerate() {
-                let j = dl.position(k).pp;
                 let local = sl == dl && source[k] == r;
                 if !local {
-                    let b = stats.params_of_stage(dl, j) * bytes;
-                    *traffic.entry(r).or_default() += b;
+                    let b = shard[dl.position(k).pp as usize];
+                    traffic[r as usize] += b;
                     sent += b;
                 }
             }
             for &s in source {
-                *traffic.entry(s).or_default() += sent.div_ceil(source.len() as u64);
+                traffic[s as usize] += sent.div_ceil(source.len() as u64);
             }
             let node = |r: i32| r as u32 / hw.devices_per_node.max(1);
             cross_node |= target.iter().chain(source).any(|&r| node(r) != node(target[0]));
         }
         let bw = if cross_node { hw.inter_bytes_per_s } else { hw.intra_bytes_per_s };
-        let busiest = traffic.values().copied().max().unwrap_or(0);
+        let busiest = traffic.iter().copied().max().unwrap_or(0);
         let mut out = LatencyBreakdown::default();
         if busiest > 0 {
             out.add(OpClass::Reshard, busiest as f64 / bw + MESSAGE_LATENCY_S);

@@ -416,6 +416,7 @@ impl<M: ShardMemory> EmuSet<M> {
         sources: &[EmuId],
         targets: Vec<TargetEmu>,
         consume: bool,
+        through_host: bool,
     ) -> Result<PrimitiveReport, EmuError> {
         let start = Instant::now();
         let src: Vec<Emu> = sources.iter().map(|id| self.get(*id, &what).cloned()).collect::<Result<_, _>>()?;
@@ -431,15 +432,28 @@ impl<M: ShardMemory> EmuSet<M> {
         let scratch = plan.scratch_bytes();
         // A consumed source whose bytes are all its one target's may become that target where
         // it lies (Merge with resident targets): nothing allocated, nothing sent.
-        let in_place = if consume && self.store.memory().slices_in_place() { plan.in_place() } else { BTreeMap::new() };
+        let slices = consume && !through_host && self.store.memory().slices_in_place();
+        let in_place = if slices { plan.in_place() } else { BTreeMap::new() };
         let (bytes_sent, bytes_local) = (movement.bytes_sent(&sections, dtype), movement.bytes_local(&sections, dtype));
         let source_ranks: Vec<i32> = src.iter().flat_map(|e| e.ranks.iter().copied()).collect();
-        let mut shards =
-            self.allocate_targets(plane, &what, model_stage, &targets, &source_ranks, scratch, &in_place)?;
+        // Through host memory: this rank's sources leave the device (and its ledger) before the
+        // targets are allocated, and come back only as the bytes moved into them.
+        let staged = if through_host { self.stage_to_host(&what, sources)? } else { BTreeMap::new() };
+        let allocated = self.allocate_targets(plane, &what, model_stage, &targets, &source_ranks, scratch, &in_place);
+        let mut shards = match allocated {
+            Ok(shards) => shards,
+            Err(e) => {
+                self.unstage(staged);
+                return Err(e);
+            }
+        };
         self.store.ledger_mut().charge(MemoryItem::PackBuffers, scratch)?;
         let moved = {
-            let sources: BTreeMap<EmuId, &LocalShard<M::Buffer>> =
-                sources.iter().filter_map(|id| self.store.get(*id).map(|s| (*id, s))).collect();
+            let sources: BTreeMap<EmuId, &LocalShard<M::Buffer>> = if through_host {
+                staged.iter().map(|(id, s)| (*id, s)).collect()
+            } else {
+                sources.iter().filter_map(|id| self.store.get(*id).map(|s| (*id, s))).collect()
+            };
             let sliced: BTreeSet<EmuId> = in_place.keys().copied().collect();
             move_sections(&*plane, self.store.memory(), &movement, &sources, &mut shards, &sliced, &sections, dtype)
         };
@@ -462,12 +476,57 @@ impl<M: ShardMemory> EmuSet<M> {
         })
     }
 
+    /// Takes this rank's shards of `sources` out of the store and its ledger (host memory
+    /// holds them now). Only for shards in host memory: a device would need a host copy and a
+    /// data plane that sends from it, which the device planes do not have.
+    fn stage_to_host(
+        &mut self,
+        what: &str,
+        sources: &[EmuId],
+    ) -> Result<BTreeMap<EmuId, LocalShard<M::Buffer>>, EmuError> {
+        if self.store.memory().device_capacity().is_some() {
+            return Err(EmuError::Invalid {
+                primitive: what.into(),
+                reason: format!(
+                    "staging through host memory is not available for shards in {}",
+                    self.store.memory().describe()
+                ),
+            });
+        }
+        let staged: BTreeMap<EmuId, LocalShard<M::Buffer>> =
+            sources.iter().filter_map(|id| self.store.take(*id).map(|s| (*id, s))).collect();
+        for shard in staged.values() {
+            self.store.ledger_mut().release_all(&shard.held());
+        }
+        Ok(staged)
+    }
+
+    /// Puts staged shards back (an allocation failed after staging).
+    fn unstage(&mut self, staged: BTreeMap<EmuId, LocalShard<M::Buffer>>) {
+        for shard in staged.into_values() {
+            self.store.ledger_mut().charge_within(&shard.held());
+            self.store.put(shard);
+        }
+    }
+
     /// `Split(EMU, T_sub) → k EMUs` on the same ranks (see [`split_ranks`]).
     pub fn split<P: Exchange<M>>(
         &mut self,
         plane: &mut P,
         id: EmuId,
         sub: Layout,
+    ) -> Result<PrimitiveReport, EmuError> {
+        self.split_with(plane, id, sub, false)
+    }
+
+    /// [`EmuSet::split`], with the source staged through host memory when `through_host` (a
+    /// transition whose Split has no room beside its source).
+    pub fn split_with<P: Exchange<M>>(
+        &mut self,
+        plane: &mut P,
+        id: EmuId,
+        sub: Layout,
+        through_host: bool,
     ) -> Result<PrimitiveReport, EmuError> {
         let what = format!("Split {id} -> {sub}");
         let emu = self.get(id, &what)?.clone();
@@ -482,7 +541,7 @@ impl<M: ShardMemory> EmuSet<M> {
             .into_iter()
             .map(|ranks| TargetEmu { id: self.fresh_id(), layout: sub, ranks })
             .collect();
-        self.redistribute(plane, what, &[id], targets, true)
+        self.redistribute(plane, what, &[id], targets, true, through_host)
     }
 
     /// `Merge(k EMUs, T) → one EMU` on the union of their ranks (see [`merge_ranks`]).
@@ -491,6 +550,17 @@ impl<M: ShardMemory> EmuSet<M> {
         plane: &mut P,
         ids: &[EmuId],
         layout: Layout,
+    ) -> Result<PrimitiveReport, EmuError> {
+        self.merge_with(plane, ids, layout, false)
+    }
+
+    /// [`EmuSet::merge`], with the parts staged through host memory when `through_host`.
+    pub fn merge_with<P: Exchange<M>>(
+        &mut self,
+        plane: &mut P,
+        ids: &[EmuId],
+        layout: Layout,
+        through_host: bool,
     ) -> Result<PrimitiveReport, EmuError> {
         let what = format!("Merge {ids:?} -> {layout}");
         let parts: Vec<Emu> = ids.iter().map(|id| self.get(*id, &what).cloned()).collect::<Result<_, _>>()?;
@@ -510,7 +580,7 @@ impl<M: ShardMemory> EmuSet<M> {
         }
         let refs: Vec<&Emu> = parts.iter().collect();
         let target = TargetEmu { id: self.fresh_id(), layout, ranks: merge_ranks(&refs, layout) };
-        self.redistribute(plane, what, ids, vec![target], true)
+        self.redistribute(plane, what, ids, vec![target], true, through_host)
     }
 
     /// `Extend(EMU, R') → EMU + EMU'`: a new replica on `ranks`, each shard sent once from the
@@ -562,7 +632,7 @@ impl<M: ShardMemory> EmuSet<M> {
             )?;
         }
         let target = TargetEmu { id: self.fresh_id(), layout: emu.layout, ranks: ranks.to_vec() };
-        self.redistribute(plane, what, &[id], vec![target], false)
+        self.redistribute(plane, what, &[id], vec![target], false, false)
     }
 
     /// `Destroy(EMU)`: frees its shards locally; refuses the last replica of a model-stage.

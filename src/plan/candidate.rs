@@ -181,9 +181,12 @@ fn overlap_groups(nodes: &[(&[i32], f64)]) -> Vec<Vec<usize>> {
         }
         i
     }
-    for i in 0..nodes.len() {
-        for j in i + 1..nodes.len() {
-            if nodes[i].0.iter().any(|r| nodes[j].0.contains(r)) {
+    // Each rank joins every node that uses it to the first node seen on it.
+    let mut first_on: rustc_hash::FxHashMap<i32, usize> = rustc_hash::FxHashMap::default();
+    for (i, (ranks, _)) in nodes.iter().enumerate() {
+        for &r in ranks.iter() {
+            let j = *first_on.entry(r).or_insert(i);
+            if j != i {
                 let (a, b) = (root(&mut group, i), root(&mut group, j));
                 group[a] = b;
             }

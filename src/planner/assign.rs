@@ -64,9 +64,10 @@ pub fn assign(
         placed.sort_by_key(|(k, _)| *k);
         for (_, ps) in placed {
             for p in ps {
+                let (layout, c) = (p.candidate.layout, &p.candidate);
+                let per_position: Vec<u64> = (0..layout.pp).map(|j| state_of(c, j)).collect();
                 for (i, &r) in p.ranks.iter().enumerate() {
-                    load[r as usize] +=
-                        state_of(&p.candidate, p.candidate.layout.position(i % p.candidate.layout.size() as usize).pp);
+                    load[r as usize] += per_position[layout.position(i % layout.size() as usize).pp as usize];
                 }
                 out.push(p);
             }
@@ -89,15 +90,31 @@ fn kept(g: &GroupToPlace, current: Option<&Plan>, free: &[bool]) -> Option<Vec<P
 
 /// `size` free ranks, contiguous and starting at a multiple of `align` when possible (the one
 /// with the lightest heaviest rank), else any free ranks (a pool fragmented by kept sets).
+/// Linear in the pool: a prefix count of taken ranks and a sliding-window maximum of the load.
 fn lightest_block(load: &[u64], free: &[bool], size: usize, align: usize) -> Vec<usize> {
     let n = load.len();
+    let fallback = || (0..n).filter(|&r| free[r]).take(size).collect();
+    if size == 0 || size > n {
+        return fallback();
+    }
+    let mut taken = vec![0usize; n + 1];
+    for r in 0..n {
+        taken[r + 1] = taken[r] + usize::from(!free[r]);
+    }
     let mut best: Option<(u64, usize)> = None;
-    for start in (0..n).step_by(align) {
-        if start + size > n {
-            break;
+    // Indices whose load is a candidate maximum of the window, loads falling front to back.
+    let mut window: std::collections::VecDeque<usize> = std::collections::VecDeque::new();
+    for end in 0..n {
+        while window.back().is_some_and(|&b| load[b] <= load[end]) {
+            window.pop_back();
         }
-        if free[start..start + size].iter().all(|&f| f) {
-            let heaviest = load[start..start + size].iter().copied().max().unwrap_or(0);
+        window.push_back(end);
+        let Some(start) = (end + 1).checked_sub(size) else { continue };
+        while window.front().is_some_and(|&f| f < start) {
+            window.pop_front();
+        }
+        if start % align == 0 && taken[end + 1] == taken[start] {
+            let heaviest = load[window[0]];
             if best.is_none_or(|(b, _)| heaviest < b) {
                 best = Some((heaviest, start));
             }
@@ -105,7 +122,7 @@ fn lightest_block(load: &[u64], free: &[bool], size: usize, align: usize) -> Vec
     }
     match best {
         Some((_, start)) => (start..start + size).collect(),
-        None => (0..n).filter(|&r| free[r]).take(size).collect(),
+        None => fallback(),
     }
 }
 

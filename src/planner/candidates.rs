@@ -21,27 +21,47 @@ struct Entry {
     dp: u32,
     /// The variants estimated so far, in order.
     estimated: Vec<Scored>,
-    /// Every variant, in order: `(micro_batch, recompute)`.
+    /// Every variant, in order: `(micro_batch, recompute)`, micro-batch sizes descending and,
+    /// for each, recomputation from none to full.
     order: Vec<(u32, Recompute)>,
+    /// Whether the first fitting variant is the fastest fitting one: true for generation,
+    /// whose larger decode waves are faster; not for training and inference, where a smaller
+    /// micro-batch shrinks the pipeline bubble.
+    first_is_fastest: bool,
 }
 
 /// Every model-stage's entries, estimated as far as the frontiers asked so far.
 pub struct Pool<'p> {
     planner: &'p Planner,
     entries: BTreeMap<ModelStage, Vec<Entry>>,
+    /// Uncapped frontiers already built, by model-stage, replica limit and preferred candidate.
+    uncapped: BTreeMap<(ModelStage, u32, Option<Candidate>), Vec<Scored>>,
 }
 
 impl<'p> Pool<'p> {
     /// The entries of every model-stage of `planner`'s job (nothing estimated yet).
     pub fn new(planner: &'p Planner) -> Pool<'p> {
         let entries = planner.model_stages().iter().map(|&ms| (ms, entries_of(planner, ms))).collect();
-        Pool { planner, entries }
+        Pool { planner, entries, uncapped: BTreeMap::new() }
     }
 
     /// The latency-versus-ranks frontier of `ms` (ascending ranks, strictly falling latency)
     /// from the first fitting variant of every entry; among equally fast candidates with the
-    /// same rank count, `prefer` (the current one) wins.
-    pub fn frontier(&mut self, ms: ModelStage, prefer: Option<&Candidate>, caps: Option<&Caps>) -> Vec<Scored> {
+    /// same rank count, `prefer` (the current one) wins. Entries of more than `max_dp` replicas
+    /// are left out.
+    pub fn frontier(
+        &mut self,
+        ms: ModelStage,
+        prefer: Option<&Candidate>,
+        caps: Option<&Caps>,
+        max_dp: u32,
+    ) -> Vec<Scored> {
+        let key = (ms, max_dp, prefer.copied());
+        if caps.is_none() {
+            if let Some(f) = self.uncapped.get(&key) {
+                return f.clone();
+            }
+        }
         let usable = self.planner.cost().hardware.usable_bytes();
         let fits = |e: &Estimate| {
             e.feasible
@@ -51,11 +71,11 @@ impl<'p> Pool<'p> {
         };
         let mut best: BTreeMap<u32, Scored> = BTreeMap::new();
         let planner = self.planner;
-        for entry in self.entries.get_mut(&ms).into_iter().flatten() {
-            // Uncapped, the fastest variant fitting a rank alone is the first that fits; under
-            // caps, a slimmer variant may be needed and the fastest of those is taken.
+        for entry in self.entries.get_mut(&ms).into_iter().flatten().filter(|e| e.dp <= max_dp) {
+            // Uncapped, only the first fitting recomputation of each micro-batch size can be the
+            // fastest; under caps, every variant is considered.
             let found = match caps {
-                None => entry.first_fitting(planner, ms, &fits),
+                None => entry.quick_fitting(planner, ms, &fits),
                 Some(_) => entry.fastest_fitting(planner, ms, &fits),
             };
             let Some((c, e)) = found else { continue };
@@ -69,6 +89,9 @@ impl<'p> Pool<'p> {
             if frontier.last().is_none_or(|last| point.1.seconds < last.1.seconds) {
                 frontier.push(point);
             }
+        }
+        if caps.is_none() {
+            self.uncapped.insert(key, frontier.clone());
         }
         frontier
     }
@@ -103,6 +126,45 @@ impl<'p> Pool<'p> {
 }
 
 impl Entry {
+    /// The fastest variant that `fits` among the first fitting recomputation of each
+    /// micro-batch size (recomputation only trades speed for memory), estimating only those.
+    fn quick_fitting(&mut self, planner: &Planner, ms: ModelStage, fits: &dyn Fn(&Estimate) -> bool) -> Option<Scored> {
+        if self.first_is_fastest {
+            return self.first_fitting(planner, ms, fits);
+        }
+        let sizes: Vec<u32> = {
+            let mut v: Vec<u32> = self.order.iter().map(|(m, _)| *m).collect();
+            v.dedup();
+            v
+        };
+        let mut best: Option<Scored> = None;
+        for micro in sizes {
+            for k in 0..self.order.len() {
+                if self.order[k].0 != micro {
+                    continue;
+                }
+                let (c, e) = self.estimate(planner, ms, k);
+                if fits(&e) {
+                    if best.is_none_or(|b| e.seconds < b.1.seconds) {
+                        best = Some((c, e));
+                    }
+                    break;
+                }
+            }
+        }
+        best
+    }
+
+    /// Variant `k`, estimated once.
+    fn estimate(&mut self, planner: &Planner, ms: ModelStage, k: usize) -> Scored {
+        while self.estimated.len() <= k {
+            let (micro_batch, recompute) = self.order[self.estimated.len()];
+            let c = Candidate { model_stage: ms, layout: self.layout, dp: self.dp, recompute, micro_batch };
+            self.estimated.push((c, planner.estimate(&c)));
+        }
+        self.estimated[k]
+    }
+
     /// The fastest variant that `fits`, estimating every variant.
     fn fastest_fitting(
         &mut self,
@@ -116,25 +178,13 @@ impl Entry {
 
     /// The first variant, in order, that `fits`, estimating variants as needed.
     fn first_fitting(&mut self, planner: &Planner, ms: ModelStage, fits: &dyn Fn(&Estimate) -> bool) -> Option<Scored> {
-        if let Some(found) = self.estimated.iter().find(|(_, e)| fits(e)) {
-            return Some(*found);
-        }
-        while self.estimated.len() < self.order.len() {
-            let (micro_batch, recompute) = self.order[self.estimated.len()];
-            let c = Candidate { model_stage: ms, layout: self.layout, dp: self.dp, recompute, micro_batch };
-            let e = planner.estimate(&c);
-            self.estimated.push((c, e));
-            if fits(&e) {
-                return Some((c, e));
-            }
-        }
-        None
+        (0..self.order.len()).map(|k| self.estimate(planner, ms, k)).find(|(_, e)| fits(e))
     }
 }
 
-/// The entries of `ms`: every layout with TP inside a node that the model divides into, every
-/// replica count with a distinct per-replica batch `⌈B/dp⌉` (a larger `dp` with the same batch
-/// uses more ranks, needs the same memory and is no faster), each with its variants.
+/// The entries of `ms`: every power-of-two layout with TP inside a node that the model divides
+/// into, every replica count that divides the batch (and, for training, the mini-batch), each
+/// with its variants.
 fn entries_of(planner: &Planner, ms: ModelStage) -> Vec<Entry> {
     let hw = &planner.cost().hardware;
     let workload = planner.workload(ms);
@@ -149,31 +199,30 @@ fn entries_of(planner: &Planner, ms: ModelStage) -> Vec<Entry> {
     let halvings = |from: u64| -> Vec<u32> {
         std::iter::successors(Some(from.clamp(1, u64::from(u32::MAX)) as u32), |m| (*m > 1).then_some(m / 2)).collect()
     };
+    // The paper's space: TP and PP powers of two, TP inside a node, and DP degrees that divide
+    // the global batch (every replica takes the same share, as the accumulation steps assume).
+    let powers = |limit: u32| std::iter::successors(Some(1u32), |x| x.checked_mul(2)).take_while(move |&x| x <= limit);
     let mut out = Vec::new();
-    for tp in (1..=hw.devices_per_node.min(hw.devices)).filter(|t| hw.devices_per_node.is_multiple_of(*t)) {
-        // A deeper pipeline whose fullest stage has as many blocks as a shallower one's is as
-        // slow and needs more ranks: only the shallowest pp per stage size can be optimal.
-        let pps =
-            (1..=(hw.devices / tp).min(layers)).filter(|&pp| pp == 1 || layers.div_ceil(pp) < layers.div_ceil(pp - 1));
-        for pp in pps {
+    for tp in powers(hw.devices_per_node.min(hw.devices)).filter(|t| hw.devices_per_node.is_multiple_of(*t)) {
+        for pp in powers((hw.devices / tp).min(layers)) {
             let layout = Layout::new(tp, pp);
             if catalogue.check_layout(layout).is_err() {
                 continue;
             }
             let max_dp = (hw.devices / layout.size()).min(sequences.min(u64::from(u32::MAX)) as u32);
-            let mut last_batch = u64::MAX;
-            for dp in 1..=max_dp {
-                let batch = sequences.div_ceil(u64::from(dp));
-                if batch == last_batch {
-                    continue;
-                }
-                last_batch = batch;
+            let divides = |dp: &u32| {
+                let dp = u64::from(*dp);
+                sequences.is_multiple_of(dp) && (!ms.trains() || workload.mini_batch.max(1).is_multiple_of(dp))
+            };
+            for dp in (1..=max_dp).filter(divides) {
+                let batch = sequences / u64::from(dp);
                 // Training and inference: the configured micro-batch or smaller. Generation:
                 // waves of the whole share or smaller (less KV cache, more decode steps).
                 let micro =
                     if ms.stage == Stage::Generation { halvings(batch) } else { halvings(workload.micro_batch.max(1)) };
                 let order = micro.iter().flat_map(|&m| recomputes.iter().map(move |&r| (m, r))).collect();
-                out.push(Entry { layout, dp, estimated: Vec::new(), order });
+                let first_is_fastest = ms.stage == Stage::Generation;
+                out.push(Entry { layout, dp, estimated: Vec::new(), order, first_is_fastest });
             }
         }
     }

@@ -26,6 +26,8 @@ const PLACEMENT_ROUNDS: usize = 4;
 /// Shares of a rank's usable memory the transient buffers may take when the state has to be
 /// capped (see `Planner::place`).
 const TRANSIENT_LADDER: [f64; 6] = [0.5, 0.35, 0.25, 0.15, 0.1, 0.05];
+/// The weight sync's share of the step above which fewer sync-filled replicas are tried.
+const SYNC_SWEEP_SHARE: f64 = 0.1;
 
 /// Per-rank limits on candidates when the uncapped plan does not fit every rank.
 pub(super) struct Caps {
@@ -342,7 +344,7 @@ impl Planner {
     /// The latency-versus-ranks frontier of `ms`: ascending ranks, strictly falling latency.
     /// Among equally fast candidates with the same rank count, `prefer` (the current one) wins.
     pub fn frontier(&self, ms: ModelStage, prefer: Option<&Candidate>) -> Vec<Scored> {
-        Pool::new(self).frontier(ms, prefer, None)
+        Pool::new(self).frontier(ms, prefer, None, u32::MAX)
     }
 
     /// What one step asks of `ms`.
@@ -443,13 +445,51 @@ impl Planner {
         (peaks.max().0 <= self.cost.hardware.usable_bytes()).then(|| (plan.clone(), peaks))
     }
 
+    /// The fastest placement found. The stages are laid out one by one, but the weight sync
+    /// couples them: every replica of the generation (and critic inference) layout receives a
+    /// full copy of the trained weights, so the fastest generation alone can lose the step to
+    /// its sync. When the sync is a noticeable part of the step, fewer replicas of the layouts
+    /// it fills are tried (halving), until two halvings in a row bring nothing.
+    fn place(&self, current: Option<&Plan>) -> Result<(Plan, RankPeaks), Unfit> {
+        let mut pool = Pool::new(self);
+        let mut best = self.place_within(current, &mut pool, u32::MAX)?;
+        let (step, sync) = {
+            let s = self.step_seconds(&best.0);
+            (s.total(), s.weight_sync)
+        };
+        if sync < SYNC_SWEEP_SHARE * step {
+            return Ok(best);
+        }
+        let mut best_seconds = step;
+        let mut cap = self.sync_replicas(&best.0) / 2;
+        let mut misses = 0;
+        while cap >= 1 && misses < 2 {
+            match self.place_within(current, &mut pool, cap) {
+                Ok(found) if self.predict(&found.0) < best_seconds => {
+                    best_seconds = self.predict(&found.0);
+                    best = found;
+                    misses = 0;
+                }
+                _ => misses += 1,
+            }
+            cap /= 2;
+        }
+        Ok(best)
+    }
+
+    /// The most replicas among the layouts the weight sync fills in `plan`.
+    fn sync_replicas(&self, plan: &Plan) -> u32 {
+        let filled = |p: &&Placement| SYNCS.iter().any(|(_, to)| *to == p.candidate.model_stage);
+        plan.placements.iter().filter(filled).map(|p| p.candidate.dp).max().unwrap_or(1)
+    }
+
     /// Rounds of layout and placement check: a round that finds ranks over their memory makes
     /// each model-stage there leave room for what it shares the rank with (what the rank holds
-    /// besides its own position), and plans again.
-    fn place(&self, current: Option<&Plan>) -> Result<(Plan, RankPeaks), Unfit> {
+    /// besides its own position), and plans again. Layouts the weight sync fills keep to at
+    /// most `sync_dp` replicas.
+    fn place_within(&self, current: Option<&Plan>, pool: &mut Pool, sync_dp: u32) -> Result<(Plan, RankPeaks), Unfit> {
         let usable = self.cost.hardware.usable_bytes();
-        let mut pool = Pool::new(self);
-        let first = self.layout(current, &mut pool, None)?;
+        let first = self.layout(current, pool, None, sync_dp)?;
         let peaks = self.rank_peaks(&first);
         if peaks.max().0 <= usable {
             return Ok((first, peaks));
@@ -466,7 +506,7 @@ impl Planner {
             let mut room = usable - transient;
             for _ in 0..PLACEMENT_ROUNDS {
                 let caps = Caps { state: self.state_caps(room), transient };
-                let plan = match self.layout(current, &mut pool, Some(&caps)) {
+                let plan = match self.layout(current, pool, Some(&caps), sync_dp) {
                     Ok(plan) => plan,
                     Err(_) => break,
                 };
@@ -506,8 +546,15 @@ impl Planner {
         self.model_stages.iter().map(|ms| (*ms, (room as f64 * replica_state(ms) / total) as u64)).collect()
     }
 
-    /// One round: every stage's layout (under per-rank state caps, when given), then the ranks.
-    fn layout(&self, current: Option<&Plan>, pool: &mut Pool, caps: Option<&Caps>) -> Result<Plan, Unfit> {
+    /// One round: every stage's layout (under per-rank state caps, when given; at most
+    /// `sync_dp` replicas of each layout the weight sync fills), then the ranks.
+    fn layout(
+        &self,
+        current: Option<&Plan>,
+        pool: &mut Pool,
+        caps: Option<&Caps>,
+        sync_dp: u32,
+    ) -> Result<Plan, Unfit> {
         let prefer = |ms: ModelStage| {
             current.and_then(|p| p.placements.iter().find(|x| x.candidate.model_stage == ms)).map(|p| p.candidate)
         };
@@ -516,7 +563,8 @@ impl Planner {
             let members: Vec<ModelStage> = self.model_stages.iter().copied().filter(|m| m.stage == stage).collect();
             let mut frontiers = Vec::new();
             for &ms in &members {
-                let f = pool.frontier(ms, prefer(ms).as_ref(), caps);
+                let max_dp = if SYNCS.iter().any(|(_, to)| *to == ms) { sync_dp } else { u32::MAX };
+                let f = pool.frontier(ms, prefer(ms).as_ref(), caps, max_dp);
                 if f.is_empty() {
                     return Err(Unfit::Model(ms));
                 }
@@ -548,6 +596,11 @@ impl Planner {
             frontiers.iter().map(|f| f.iter().map(|(c, e)| (c.ranks(), e.seconds)).collect()).collect();
         let refs: Vec<&stage::Frontier> = points.iter().map(|p| p.as_slice()).collect();
         stage::solve(&refs, self.cost.hardware.devices)
+    }
+
+    /// Any plan with this planner's predictions (its placements kept as they are).
+    pub fn evaluate(&self, plan: &Plan) -> PlannedJob {
+        self.planned(plan.clone(), self.rank_peaks(plan))
     }
 
     fn planned(&self, plan: Plan, rank_peaks: RankPeaks) -> PlannedJob {
@@ -584,8 +637,12 @@ impl Planner {
         let mut pool = Pool::new(self);
         let mut total = 0.0;
         for stage in STAGES {
-            let frontiers: Vec<Vec<Scored>> =
-                self.model_stages.iter().filter(|m| m.stage == stage).map(|&m| pool.frontier(m, None, None)).collect();
+            let frontiers: Vec<Vec<Scored>> = self
+                .model_stages
+                .iter()
+                .filter(|m| m.stage == stage)
+                .map(|&m| pool.frontier(m, None, None, u32::MAX))
+                .collect();
             total += self.solve_stage(&frontiers)?.seconds;
         }
         Some(total)

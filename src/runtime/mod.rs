@@ -54,18 +54,15 @@ pub enum Command {
         /// Print JSON instead of a table.
         json: bool,
     },
-    /// Find the fastest memory-feasible plan for a job.
+    /// Find the fastest memory-feasible plan for a job (or evaluate its fixed plan, or a
+    /// what-if transition).
     Plan {
         /// The job file; `None` for the embedded default.
         config: Option<PathBuf>,
         /// CLI overrides.
         overrides: Overrides,
-        /// Pool size (default: the cluster's devices).
-        gpus: Option<u32>,
-        /// Response length to plan for (default: rl.max_response_len).
-        seq_len: Option<u64>,
-        /// Print JSON.
-        json: bool,
+        /// Pool, length, what-if and output.
+        request: plan::PlanRequest,
     },
     /// Benchmark the EMU primitives against MPI point-to-point bandwidth.
     BenchPrimitives {
@@ -278,9 +275,7 @@ pub fn run(options: SessionOptions, command: Command) -> u8 {
     let outcome = match &command {
         Command::InspectConfig { config, overrides } => inspect::config(&mut session, config.as_deref(), overrides),
         Command::InspectTopology { json } => inspect::topology(&session, *json),
-        Command::Plan { config, overrides, gpus, seq_len, json } => {
-            plan::run(&mut session, config.as_deref(), overrides, *gpus, *seq_len, *json)
-        }
+        Command::Plan { config, overrides, request } => plan::run(&mut session, config.as_deref(), overrides, request),
         Command::BenchPrimitives { sizes_mib, reps, json, device } => {
             bench::primitives::run(&session, sizes_mib, *reps, json.as_deref(), *device)
         }

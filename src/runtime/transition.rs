@@ -88,15 +88,18 @@ fn run_nodes<M: ShardMemory, P: Exchange<M>>(
 ) -> Result<(), RuntimeError> {
     for &i in &dag.schedule.order {
         plane.set_context(Some(format!("transition node {i}: {}", dag.label(i))));
-        let primitive = &dag.graph[petgraph::graph::NodeIndex::new(i)].primitive;
+        let node = &dag.graph[petgraph::graph::NodeIndex::new(i)];
+        let primitive = &node.primitive;
         let done = match primitive {
-            Primitive::Split { source, parts } => set.split(plane, ids[source], dag.units[&parts[0]].layout)?,
+            Primitive::Split { source, parts } => {
+                set.split_with(plane, ids[source], dag.units[&parts[0]].layout, node.staged)?
+            }
             Primitive::Extend { source, copy } => {
                 set.extend_in_transition(plane, ids[source], &dag.units[copy].ranks)?
             }
             Primitive::Merge { parts, merged } => {
                 let part_ids: Vec<EmuId> = parts.iter().map(|p| ids[p]).collect();
-                set.merge(plane, &part_ids, dag.units[merged].layout)?
+                set.merge_with(plane, &part_ids, dag.units[merged].layout, node.staged)?
             }
             Primitive::Destroy { unit } => set.destroy(ids[unit])?,
         };

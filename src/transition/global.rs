@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BinaryHeap};
 use thiserror::Error;
 
 use super::local::{local_dag, units_of, Primitive, Unit, UnitId};
+use crate::cost::Hardware;
 use crate::model::{Layout, Position};
 use crate::plan::{ModelStage, Plan, Stage};
 use crate::topology::format_index_list;
@@ -46,6 +47,28 @@ pub struct Links {
     pub setup_seconds: f64,
     /// Bytes each rank may hold.
     pub capacity_bytes: u64,
+    /// Bytes/s between a rank's device memory and its host memory, when a transition blocked by
+    /// memory may stage a Split's or Merge's sources through host memory (`None`: it may not).
+    pub host_bytes_per_s: Option<f64>,
+}
+
+/// Seconds to set up a communicator for a new rank set, in the cost of a primitive.
+pub const COMMUNICATOR_SETUP_S: f64 = 0.05;
+
+impl Links {
+    /// The links of `hardware`'s pool; with `host_bytes_per_s`, transitions blocked by memory
+    /// may stage through host memory at that rate.
+    pub fn of(hardware: &Hardware, host_bytes_per_s: Option<f64>) -> Links {
+        Links {
+            devices_per_node: hardware.devices_per_node,
+            intra_bytes_per_s: hardware.intra_bytes_per_s,
+            inter_bytes_per_s: hardware.inter_bytes_per_s,
+            memory_bytes_per_s: hardware.hbm_bytes_per_s,
+            setup_seconds: COMMUNICATOR_SETUP_S,
+            capacity_bytes: hardware.usable_bytes(),
+            host_bytes_per_s,
+        }
+    }
 }
 
 /// One node of the global DAG.
@@ -63,6 +86,21 @@ pub struct Node {
     pub seconds: f64,
     /// Pack/unpack buffer bytes it may need on each rank it acquires on, only while it runs.
     pub transient: u64,
+    /// Whether its sources go to host memory before its new units are allocated (a Split or
+    /// Merge that cannot fit beside its sources; `seconds` includes both copies).
+    pub staged: bool,
+}
+
+impl Node {
+    /// Whether staging can help this node: it frees its sources on the ranks it acquires on.
+    fn stageable(&self) -> bool {
+        matches!(self.primitive, Primitive::Split { .. } | Primitive::Merge { .. })
+    }
+
+    /// Seconds of copying the sources out to host memory and back in, at `host` bytes/s.
+    fn staging_seconds(&self, host: f64) -> f64 {
+        2.0 * self.release.iter().map(|(_, b)| *b).max().unwrap_or(0) as f64 / host
+    }
 }
 
 impl Node {
@@ -235,7 +273,14 @@ impl TransitionDag {
             resource_edges: 0,
             schedule: Schedule { order: vec![], timings: vec![], seconds: 0.0, peak_bytes: 0 },
         };
-        dag.schedule(bytes, links, cross_model_stage)?;
+        // Staging through host memory is the fallback of a transition blocked by memory, not
+        // a choice among equals: only when the plain schedule is blocked.
+        match dag.schedule(bytes, links, cross_model_stage, None) {
+            Err(TransitionError::Blocked { .. }) if cross_model_stage && links.host_bytes_per_s.is_some() => {
+                dag.schedule(bytes, links, cross_model_stage, links.host_bytes_per_s)?
+            }
+            outcome => outcome?,
+        }
         Ok(dag)
     }
 
@@ -250,6 +295,7 @@ impl TransitionDag {
         bytes: &dyn Fn(ModelStage, Layout, Position) -> u64,
         links: &Links,
         cross: bool,
+        stage_to_host: Option<f64>,
     ) -> Result<(), TransitionError> {
         let n = self.graph.node_count();
         let mut state = ResourceState::new(self, bytes, links.capacity_bytes, cross);
@@ -293,6 +339,7 @@ impl TransitionDag {
         let mut order = Vec::with_capacity(n);
         let mut new_edges: Vec<(usize, usize)> = Vec::new();
         let mut deps = Vec::new();
+        let mut staged: Vec<Option<f64>> = vec![None; n];
         while let Some(Reverse((start_bits, tie_bits))) = heap.pop() {
             let i = by_priority[(tie_bits & !(1 << 63)) as usize];
             let start = est(i, &finish, &rank_free);
@@ -301,16 +348,21 @@ impl TransitionDag {
                 continue;
             }
             let node = &self.graph[NodeIndex::new(i)];
-            if let Err((ranks, reason)) = state.fits(node) {
-                for &r in &ranks {
-                    blocked_on[r as usize].push(i);
-                }
-                is_blocked[i] = true;
-                first_block.get_or_insert((i, ranks, reason));
-                continue;
+            if let Err((ranks, reason)) = state.fits(node, false) {
+                // Blocked by memory: a Split or Merge may still run with its sources in host memory.
+                let stage = stage_to_host.filter(|_| node.stageable() && state.fits(node, true).is_ok());
+                let Some(host) = stage else {
+                    for &r in &ranks {
+                        blocked_on[r as usize].push(i);
+                    }
+                    is_blocked[i] = true;
+                    first_block.get_or_insert((i, ranks, reason));
+                    continue;
+                };
+                staged[i] = Some(node.staging_seconds(host));
             }
             is_blocked[i] = false;
-            state.apply_into(i, node, &mut deps);
+            state.apply_into(i, node, staged[i].is_some(), &mut deps);
             let begin = deps.iter().map(|&d| finish[d]).fold(start, f64::max);
             new_edges.extend(
                 deps.iter()
@@ -318,7 +370,7 @@ impl TransitionDag {
                     .filter(|&d| !self.graph.contains_edge(NodeIndex::new(d), NodeIndex::new(i)))
                     .map(|d| (d, i)),
             );
-            finish[i] = begin + node.seconds;
+            finish[i] = begin + node.seconds + staged[i].unwrap_or(0.0);
             for r in node.ranks(&self.units) {
                 rank_free[r as usize] = finish[i];
             }
@@ -342,7 +394,8 @@ impl TransitionDag {
         if order.len() < n {
             let (i, ranks, reason) = first_block.expect("unscheduled nodes of an acyclic DAG are blocked");
             let (i, ranks, reason) = (0..n).find(|&j| is_blocked[j]).map_or((i, ranks, reason.clone()), |j| {
-                let (r, why) = state.fits(&self.graph[NodeIndex::new(j)]).err().unwrap_or((vec![], reason.clone()));
+                let (r, why) =
+                    state.fits(&self.graph[NodeIndex::new(j)], false).err().unwrap_or((vec![], reason.clone()));
                 (j, r, why)
             });
             return Err(TransitionError::Blocked {
@@ -353,6 +406,13 @@ impl TransitionDag {
         }
         let peak_bytes = state.peak;
         drop(state);
+        for (i, extra) in staged.iter().enumerate() {
+            if let Some(seconds) = extra {
+                let node = &mut self.graph[NodeIndex::new(i)];
+                node.staged = true;
+                node.seconds += seconds;
+            }
+        }
         for (d, i) in &new_edges {
             self.graph.add_edge(NodeIndex::new(*d), NodeIndex::new(*i), EdgeKind::Resource);
         }
@@ -457,12 +517,12 @@ impl TransitionDag {
         let candidates: Vec<usize> = (0..n).filter(|&i| waiting[i] == 0 && !order.contains(&i)).collect();
         for i in candidates {
             let node = &self.graph[NodeIndex::new(i)];
-            if state.fits(node).is_err() {
+            if state.fits(node, false).is_err() {
                 continue;
             }
             let saved = state.clone();
             let mut deps = Vec::new();
-            state.apply_into(i, node, &mut deps);
+            state.apply_into(i, node, false, &mut deps);
             let added = deps.len();
             edges.extend(deps.into_iter().map(|d| (d, i)));
             order.push(i);
@@ -490,10 +550,10 @@ impl TransitionDag {
         let mut deps = Vec::new();
         for &i in order {
             let node = &self.graph[NodeIndex::new(i)];
-            if let Err((ranks, reason)) = state.fits(node) {
+            if let Err((ranks, reason)) = state.fits(node, false) {
                 return Some(format!("{} on rank(s) {}: {reason}", self.label(i), format_index_list(&ranks)));
             }
-            state.apply_into(i, node, &mut deps);
+            state.apply_into(i, node, false, &mut deps);
         }
         None
     }
@@ -511,23 +571,25 @@ impl TransitionDag {
         timed.into_iter().map(|(_, i)| i).collect()
     }
 
+    /// Bytes that go through host memory (the sources of staged nodes, every rank together).
+    pub fn staged_bytes(&self) -> u64 {
+        self.graph.node_weights().filter(|n| n.staged).flat_map(|n| n.release.iter().map(|(_, b)| b)).sum()
+    }
+
     /// A readable name for node `i`.
     pub fn label(&self, i: usize) -> String {
         self.graph[NodeIndex::new(i)].label(&self.units)
     }
 }
 
-/// Memory and rank ownership while a schedule is walked: what every ordering decision, the
-/// list schedule's and the exhaustive search's alike, is checked against. Indexed by rank.
+/// Memory while a schedule is walked: what every ordering decision, the list schedule's and
+/// the exhaustive search's alike, is checked against. Indexed by rank. Model-stages may share
+/// ranks (in one stage too: they then run one after another), so memory is the only limit.
 #[derive(Clone)]
-struct ResourceState<'a> {
-    units: &'a Units,
+struct ResourceState {
     capacity: u64,
     cross: bool,
     usage: Vec<u64>,
-    /// Per `(stage, rank)`: model-stages holding units there, with unit counts (inline: a job
-    /// has at most [`MAX_MODEL_STAGES`] model-stages, so nothing is allocated per rank).
-    holders: Vec<[Option<(ModelStage, u32)>; MAX_MODEL_STAGES]>,
     /// Per rank: the latest node of each model-stage that freed bytes there.
     last_release: Vec<[Option<(ModelStage, usize, u64)>; MAX_MODEL_STAGES]>,
     peak: u64,
@@ -536,77 +598,47 @@ struct ResourceState<'a> {
 /// Model-stages of the largest RL algorithm, with room to spare.
 const MAX_MODEL_STAGES: usize = 8;
 
-impl<'a> ResourceState<'a> {
+impl ResourceState {
     fn new(
-        dag: &'a TransitionDag,
+        dag: &TransitionDag,
         bytes: &dyn Fn(ModelStage, Layout, Position) -> u64,
         capacity: u64,
         cross: bool,
-    ) -> ResourceState<'a> {
+    ) -> ResourceState {
         let pool = dag.units.pool();
         let mut s = ResourceState {
-            units: &dag.units,
             capacity,
             cross,
             usage: vec![0; pool],
-            holders: vec![[None; MAX_MODEL_STAGES]; 3 * pool],
             last_release: vec![[None; MAX_MODEL_STAGES]; pool],
             peak: 0,
         };
         for id in &dag.initial {
-            let u = &dag.units[id];
-            for (r, b) in per_rank(u, bytes) {
+            for (r, b) in per_rank(&dag.units[id], bytes) {
                 s.usage[r as usize] += b;
             }
-            s.hold(u.model_stage, &u.ranks, true);
         }
         s.peak = s.usage.iter().copied().max().unwrap_or(0);
         s
     }
 
-    fn slot(&self, stage: Stage, r: i32) -> usize {
-        stage_rank(stage) * self.usage.len() + r as usize
-    }
-
-    fn hold(&mut self, ms: ModelStage, ranks: &[i32], add: bool) {
-        for &r in ranks {
-            let slot = self.slot(ms.stage, r);
-            let h = &mut self.holders[slot];
-            match h.iter_mut().flatten().find(|(m, _)| *m == ms) {
-                Some(entry) if add => entry.1 += 1,
-                Some(entry) => entry.1 = entry.1.saturating_sub(1),
-                None if add => {
-                    if let Some(free) = h.iter_mut().find(|e| e.is_none_or(|(_, c)| c == 0)) {
-                        *free = Some((ms, 1));
-                    }
-                }
-                None => {}
-            }
-        }
-    }
-
-    /// `Ok` if `node` may run now: its allocations fit and (across model-stages) no other
-    /// model-stage of its stage holds a rank it acquires; else the ranks and why.
-    fn fits(&self, node: &Node) -> Result<(), (Vec<i32>, String)> {
+    /// `Ok` if `node`'s allocations fit now (with its sources already moved to host memory
+    /// when `staged`); else the ranks short of room and why.
+    fn fits(&self, node: &Node, staged: bool) -> Result<(), (Vec<i32>, String)> {
         if !self.cross {
             return Ok(());
         }
         let mut short = Vec::new();
         let mut reason = String::new();
         for &(r, b) in &node.acquire {
-            let used = self.usage[r as usize];
-            let other = self.holders[self.slot(node.model_stage.stage, r)]
-                .iter()
-                .flatten()
-                .filter(|(_, c)| *c > 0)
-                .map(|(m, _)| *m)
-                .find(|m| *m != node.model_stage);
-            if used + b + node.transient > self.capacity {
+            let freed_first: u64 =
+                if staged { node.release.iter().filter(|(x, _)| *x == r).map(|(_, b)| b).sum() } else { 0 };
+            let used = self.usage[r as usize].saturating_sub(freed_first);
+            // Staged sources are packed from host memory: no pack buffers on the device.
+            let transient = if staged { 0 } else { node.transient };
+            if used + b + transient > self.capacity {
                 short.push(r);
                 reason = format!("needs {b} bytes on a rank holding {used} of {}", self.capacity);
-            } else if let Some(other) = other {
-                short.push(r);
-                reason = format!("still held by {other}");
             }
         }
         if short.is_empty() {
@@ -616,44 +648,44 @@ impl<'a> ResourceState<'a> {
         }
     }
 
-    /// Runs node `i`; puts into `deps` (cleared first) the earlier nodes of other model-stages
-    /// it had to wait for (release-before-acquire): the latest release of another model-stage
-    /// on a rank it acquires, when that rank was exclusive to it (same stage) or when, without
-    /// what it freed, the allocation would not fit.
-    fn apply_into(&mut self, i: usize, node: &Node, deps: &mut Vec<usize>) {
+    /// Runs node `i` (its sources first released when `staged`); puts into `deps` (cleared
+    /// first) the earlier nodes of other model-stages it had to wait for (release-before-acquire):
+    /// the latest release of another model-stage on a rank it acquires, when without what that
+    /// release freed the allocation would not fit.
+    fn apply_into(&mut self, i: usize, node: &Node, staged: bool, deps: &mut Vec<usize>) {
         deps.clear();
         if self.cross {
             for &(r, b) in &node.acquire {
                 let used = self.usage[r as usize];
                 for &(other, d, freed) in self.last_release[r as usize].iter().flatten() {
-                    let exclusive = other.stage == node.model_stage.stage;
                     let needed = used + b + node.transient + freed > self.capacity;
-                    if other != node.model_stage && (exclusive || needed) && !deps.contains(&d) {
+                    if other != node.model_stage && needed && !deps.contains(&d) {
                         deps.push(d);
                     }
                 }
             }
+        }
+        let release = |s: &mut ResourceState| {
+            for &(r, b) in &node.release {
+                let u = &mut s.usage[r as usize];
+                *u = u.saturating_sub(b);
+                let last = &mut s.last_release[r as usize];
+                match last.iter_mut().position(|e| e.is_none_or(|(m, _, _)| m == node.model_stage)) {
+                    Some(k) => last[k] = Some((node.model_stage, i, b)),
+                    None => debug_assert!(false, "more than {MAX_MODEL_STAGES} model-stages"),
+                }
+            }
+        };
+        if staged {
+            release(self);
         }
         for &(r, b) in &node.acquire {
             let u = &mut self.usage[r as usize];
             *u += b;
             self.peak = self.peak.max(*u);
         }
-        for &(r, b) in &node.release {
-            let u = &mut self.usage[r as usize];
-            *u = u.saturating_sub(b);
-            let last = &mut self.last_release[r as usize];
-            match last.iter_mut().position(|e| e.is_none_or(|(m, _, _)| m == node.model_stage)) {
-                Some(k) => last[k] = Some((node.model_stage, i, b)),
-                None => debug_assert!(false, "more than {MAX_MODEL_STAGES} model-stages"),
-            }
-        }
-        let units = self.units;
-        for id in node.primitive.creates() {
-            self.hold(units[id].model_stage, &units[id].ranks, true);
-        }
-        for id in node.primitive.frees() {
-            self.hold(units[id].model_stage, &units[id].ranks, false);
+        if !staged {
+            release(self);
         }
     }
 }
@@ -731,7 +763,7 @@ fn make_node(
             (vec![], per_rank(x, bytes), 0.0)
         }
     };
-    Node { primitive: p, model_stage: ms, acquire, release, seconds, transient }
+    Node { primitive: p, model_stage: ms, acquire, release, seconds, transient, staged: false }
 }
 
 fn sorted(ranks: &[i32]) -> Vec<i32> {

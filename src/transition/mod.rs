@@ -17,7 +17,9 @@
 
 pub mod global;
 pub mod local;
+pub mod target;
 pub mod testing;
 
 pub use global::{NodeTiming, Schedule, TransitionDag, TransitionError};
 pub use local::{Primitive, Unit, UnitId};
+pub use target::{choose, TargetChoice};

@@ -2,9 +2,12 @@
 //! `nereus bench transition-planning`.
 
 use crate::config::Dtype;
+use crate::model::Position;
 use crate::model::{Architecture, Catalogue, Layout, OutputHead};
 use crate::plan::{Candidate, ModelStage, Placement, Plan, Recompute, Role, Stage};
 use crate::runtime::Rng;
+use crate::transition::global::Links;
+use crate::transition::TransitionDag;
 
 /// PPO's model-stages.
 pub const MODEL_STAGES: [(Role, Stage); 6] = [
@@ -81,4 +84,25 @@ pub fn plan_pair(rng: &mut Rng, catalogue: &Catalogue, pool: u32) -> (Plan, Plan
     let from = random_plan(rng, catalogue, pool);
     let to = perturbed(rng, catalogue, &from, pool);
     (from, to)
+}
+
+/// The smallest per-rank memory at which the global DAG can schedule the transition: the
+/// tightest setting in which coordination still succeeds.
+pub fn tightest_capacity(
+    from: &Plan,
+    to: &Plan,
+    bytes: &dyn Fn(ModelStage, Layout, Position) -> u64,
+    links: &Links,
+) -> u64 {
+    let feasible = |c: u64| TransitionDag::plan(from, to, bytes, &Links { capacity_bytes: c, ..*links }, true).is_ok();
+    let (mut lo, mut hi) = (0u64, 1u64 << 40);
+    while lo + 1 < hi {
+        let mid = lo + (hi - lo) / 2;
+        if feasible(mid) {
+            hi = mid
+        } else {
+            lo = mid
+        }
+    }
+    hi
 }

@@ -4,14 +4,15 @@
 //!
 //! Overlap types, each a transition of a tiny model whose units share ranks:
 //! - `same-model-across-stages`: actor/generation and actor/training on overlapping ranks both
-//!   move (memory is the shared resource);
+//!   move;
 //! - `different-models-same-stage`: reward inference shrinks and reference inference grows onto
-//!   the ranks it frees (the ranks are exclusive within the stage);
+//!   the ranks it frees;
 //! - `different-models-across-stages`: reward inference shrinks while critic training grows onto
 //!   the same ranks.
 //!
-//! Where memory is the shared resource, each rank gets the smallest capacity at which the global
-//! DAG can still schedule the transition (found by bisection): the tightest setting in which
+//! Memory is the shared resource (model-stages of one stage may share ranks, as the paper's
+//! execution-overlap graph allows): each rank gets the smallest capacity at which the global DAG
+//! can still schedule the transition (found by bisection), the tightest setting in which
 //! coordination succeeds, and the one in which uncoordinated orders overrun it.
 //!
 //! Nereus: the global DAG is executed for real; every rank first sleeps a random delay. A trial
@@ -19,7 +20,7 @@
 //! was ever held twice or overrun: the executor's memory check would have refused) and no
 //! collective stalled (the watchdog would have aborted). Baseline: each model-stage runs its
 //! local DAG alone, starting after its own random delay; the interleaving is replayed against
-//! the same memory and rank-ownership rules, and a trial fails at the first conflict (the
+//! the same memory rules, and a trial fails at the first conflict (the
 //! point where the real job would corrupt a rank it shares or run out of memory).
 
 use serde::Serialize;
@@ -29,14 +30,14 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::comm::{DataPlane, MpiPlane};
-use crate::model::{Catalogue, Layout, Position};
+use crate::model::{Catalogue, Layout};
 use crate::plan::{Candidate, ModelStage, Placement, Plan, Recompute, Role, Stage};
 use crate::runtime::rng::Rng;
 use crate::runtime::selftest::{changed_digests, materialize, missed_targets, state_bytes};
 use crate::runtime::transition::{agree_on_dag, execute};
 use crate::runtime::{RuntimeError, Session};
 use crate::transition::global::Links;
-use crate::transition::testing::tiny_catalogue;
+use crate::transition::testing::{tightest_capacity, tiny_catalogue};
 use crate::transition::TransitionDag;
 
 use super::{machine, BenchReport, Floor};
@@ -75,9 +76,8 @@ fn placement(role: Role, stage: Stage, layout: Layout, ranks: Vec<i32>) -> Place
     }
 }
 
-/// A plan pair of overlap type `kind` on `world` ranks (placed by a random permutation), and
-/// whether memory (rather than rank ownership) is the contended resource.
-fn scenario(kind: usize, rng: &mut Rng, world: i32) -> (Plan, Plan, bool) {
+/// A plan pair of overlap type `kind` on `world` ranks (placed by a random permutation).
+fn scenario(kind: usize, rng: &mut Rng, world: i32) -> (Plan, Plan) {
     let mut perm: Vec<i32> = (0..world).collect();
     rng.shuffle(&mut perm);
     let at = |range: std::ops::Range<usize>| -> Vec<i32> { perm[range].to_vec() };
@@ -98,24 +98,25 @@ fn scenario(kind: usize, rng: &mut Rng, world: i32) -> (Plan, Plan, bool) {
                     placement(Role::Actor, Stage::Training, l(2, 2), at(2..6)),
                 ],
             };
-            (from, to, true)
+            (from, to)
         }
         1 => {
-            // Reward (2,2) on r0-3 shrinks to (2,1) on r0-1; reference (2,1) on r4-5 adds a
-            // replica on r2-3, which reward still holds.
+            // Reward (2,2) on r0-3 shrinks to (2,1) on r0-1; reference (1,1) x2 on r4-5 adds
+            // replicas on r2-3, which reward still holds: a whole model there fits only once
+            // reward's stage 1 has left.
             let from = Plan {
                 placements: vec![
                     placement(Role::Reward, Stage::Inference, l(2, 2), at(0..4)),
-                    placement(Role::Reference, Stage::Inference, l(2, 1), at(4..6)),
+                    placement(Role::Reference, Stage::Inference, l(1, 1), at(4..6)),
                 ],
             };
             let to = Plan {
                 placements: vec![
                     placement(Role::Reward, Stage::Inference, l(2, 1), at(0..2)),
-                    placement(Role::Reference, Stage::Inference, l(2, 1), [at(4..6), at(2..4)].concat()),
+                    placement(Role::Reference, Stage::Inference, l(1, 1), [at(4..6), at(2..4)].concat()),
                 ],
             };
-            (from, to, false)
+            (from, to)
         }
         _ => {
             // Reward inference (1,1) x4 on r0-3 shrinks to x2 on r0-1; critic training (1,1)
@@ -132,30 +133,9 @@ fn scenario(kind: usize, rng: &mut Rng, world: i32) -> (Plan, Plan, bool) {
                     placement(Role::Critic, Stage::Training, l(1, 1), [at(4..5), at(2..4)].concat()),
                 ],
             };
-            (from, to, true)
+            (from, to)
         }
     }
-}
-
-/// The smallest per-rank memory at which the global DAG can schedule the transition: the
-/// tightest setting in which coordination still succeeds.
-fn tightest_capacity(
-    from: &Plan,
-    to: &Plan,
-    bytes: &dyn Fn(ModelStage, Layout, Position) -> u64,
-    links: &Links,
-) -> u64 {
-    let feasible = |c: u64| TransitionDag::plan(from, to, bytes, &Links { capacity_bytes: c, ..*links }, true).is_ok();
-    let (mut lo, mut hi) = (0u64, 1u64 << 40);
-    while lo + 1 < hi {
-        let mid = lo + (hi - lo) / 2;
-        if feasible(mid) {
-            hi = mid
-        } else {
-            lo = mid
-        }
-    }
-    hi
 }
 
 /// Runs `trials` trials of each overlap type on every rank.
@@ -179,7 +159,7 @@ pub fn run(session: &Session, trials: u32, seed: u64, json: Option<&Path>) -> Re
         };
         for trial in 0..trials {
             let mut rng = Rng::new(seed ^ ((kind as u64) << 40) ^ u64::from(trial));
-            let (from, to, memory_bound) = scenario(kind, &mut rng, world);
+            let (from, to) = scenario(kind, &mut rng, world);
             let mut links = Links {
                 devices_per_node: 4,
                 intra_bytes_per_s: 5e9,
@@ -187,10 +167,9 @@ pub fn run(session: &Session, trials: u32, seed: u64, json: Option<&Path>) -> Re
                 memory_bytes_per_s: 10e9,
                 setup_seconds: 1e-3,
                 capacity_bytes: u64::MAX / 4,
+                host_bytes_per_s: None,
             };
-            if memory_bound {
-                links.capacity_bytes = tightest_capacity(&from, &to, &bytes, &links);
-            }
+            links.capacity_bytes = tightest_capacity(&from, &to, &bytes, &links);
             let capacity = links.capacity_bytes;
             // Baseline: local DAGs alone, each model-stage delayed at random.
             let delays: BTreeMap<ModelStage, f64> =

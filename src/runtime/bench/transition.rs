@@ -66,14 +66,7 @@ impl Sizer {
 }
 
 fn links(hw: &Hardware) -> Links {
-    Links {
-        devices_per_node: hw.devices_per_node,
-        intra_bytes_per_s: hw.intra_bytes_per_s,
-        inter_bytes_per_s: hw.inter_bytes_per_s,
-        memory_bytes_per_s: hw.hbm_bytes_per_s,
-        setup_seconds: 0.05,
-        capacity_bytes: hw.memory_bytes,
-    }
+    Links { capacity_bytes: hw.memory_bytes, ..Links::of(hw, None) }
 }
 
 /// Runs the benchmark on rank 0.
@@ -209,6 +202,7 @@ fn small(cases: u64) -> Vec<Row> {
             memory_bytes_per_s: 1000e9,
             setup_seconds: 1e-4,
             capacity_bytes: u64::MAX,
+            host_bytes_per_s: None,
         };
         let start = Instant::now();
         let Ok(dag) = TransitionDag::plan(&from, &to, &bytes, &links, true) else { continue };

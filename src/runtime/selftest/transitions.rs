@@ -1,9 +1,11 @@
 //! `nereus selftest transitions`: random plan pairs executed as global transition DAGs.
 //!
-//! Per case, rank 0 draws a current and a target plan (PPO's six model-stages of a tiny model
-//! on the job's ranks, several sharing ranks) and broadcasts them; every rank builds the DAG,
-//! all agree on its hash, the current plan's EMUs are created, and every rank executes its
-//! nodes in the one global order. Checks: every model-stage ends exactly at its target
+//! Even cases: rank 0 draws a current and a target plan (PPO's six model-stages of a tiny model
+//! on the job's ranks, several sharing ranks) and broadcasts them, every other one at the
+//! tightest memory its DAG can schedule. Odd cases: the planner's own move of the embedded tiny
+//! PPO job between two response lengths on a drawn device memory, when `choose` calls it
+//! executable. Every rank builds the DAG, all agree on its hash, the current plan's EMUs are
+//! created, and every rank executes its nodes in the one global order. Checks: every model-stage ends exactly at its target
 //! replicas (layout and ranks), every replica's digest equals the model-stage's digest before
 //! the transition, and the ledgers charge exactly the shards held. With `--device`, the state
 //! is device-resident and every node's bytes move over the GPU data plane.
@@ -14,18 +16,21 @@ use std::collections::BTreeMap;
 use crate::backend::gpu::GpuRuntime;
 use crate::comm::collectives::CollectiveLib;
 use crate::comm::{broadcast_bytes, DataPlane, MpiPlane};
+use crate::config::{JobConfig, Overrides};
+use crate::cost::Efficiencies;
 use crate::emu::{
     shard_bytes, Counters, DeviceMemory, Digest, EmuSet, Exchange, HostMemory, LocalShard, Section, ShardMemory,
 };
 use crate::model::{Catalogue, Layout, Position};
 use crate::plan::{ModelStage, Plan, Role};
+use crate::planner::{catalogues, Planner};
 use crate::runtime::device::{with_device, DeviceChoice, DeviceJob, Plane};
 use crate::runtime::rng::Rng;
 use crate::runtime::transition::{agree_on_dag, execute};
 use crate::runtime::{RuntimeError, Session};
 use crate::transition::global::Links;
-use crate::transition::testing::{plan_pair, tiny_catalogue};
-use crate::transition::{TransitionDag, TransitionError};
+use crate::transition::testing::{plan_pair, tightest_capacity, tiny_catalogue};
+use crate::transition::{choose, TransitionDag, TransitionError};
 
 /// What the run did.
 #[derive(Debug, Default, Serialize)]
@@ -34,7 +39,7 @@ pub struct TransitionSummary {
     pub cases: u32,
     /// Transitions executed.
     pub executed: u32,
-    /// Plans refused before any move (blocked DAGs).
+    /// Cases not executed: random pairs whose DAG is blocked, planner cases that keep.
     pub refused: u32,
     /// Primitives executed.
     pub primitives: u64,
@@ -42,6 +47,14 @@ pub struct TransitionSummary {
     pub resource_edges: u64,
     /// Bytes sent over the data plane.
     pub bytes_sent: u64,
+    /// Bytes the executed DAGs staged through host memory.
+    pub staged_bytes: u64,
+    /// Cases drawn from the planner (odd cases).
+    pub planner_cases: u32,
+    /// Of those, targets `choose` reported executable (each one executed).
+    pub planner_executable: u32,
+    /// Of those, cases where the planner kept the current plan.
+    pub planner_kept: u32,
     /// Failed checks (empty on success).
     pub failures: Vec<String>,
 }
@@ -60,6 +73,11 @@ pub(crate) fn state_bytes(catalogue: &Catalogue) -> impl Fn(ModelStage, Layout, 
     }
 }
 
+/// `catalogue` as the model of every role (the random cases' tiny model).
+pub(crate) fn for_every_role(catalogue: &Catalogue) -> BTreeMap<Role, Catalogue> {
+    [Role::Actor, Role::Critic, Role::Reference, Role::Reward].into_iter().map(|r| (r, catalogue.clone())).collect()
+}
+
 /// An EMU set holding `plan`'s replicas of a `catalogue` model (every role), filled with
 /// synthetic state, and each model-stage's digest.
 pub(crate) fn materialize(
@@ -69,22 +87,18 @@ pub(crate) fn materialize(
     plan: &Plan,
     capacity: u64,
 ) -> Result<(EmuSet, BTreeMap<ModelStage, Digest>), RuntimeError> {
-    materialize_in(plane, &HostMemory, world, catalogue, plan, capacity)
+    materialize_in(plane, &HostMemory, world, for_every_role(catalogue), plan, capacity)
 }
 
-/// [`materialize`] with shards in `memory`.
+/// [`materialize`] with shards in `memory` and each role's own catalogue.
 pub(crate) fn materialize_in<M: ShardMemory + Clone, P: DataPlane>(
     plane: &mut P,
     memory: &M,
     world: i32,
-    catalogue: &Catalogue,
+    catalogues: BTreeMap<Role, Catalogue>,
     plan: &Plan,
     capacity: u64,
 ) -> Result<(EmuSet<M>, BTreeMap<ModelStage, Digest>), RuntimeError> {
-    let catalogues: BTreeMap<Role, Catalogue> = [Role::Actor, Role::Critic, Role::Reference, Role::Reward]
-        .into_iter()
-        .map(|r| (r, catalogue.clone()))
-        .collect();
     let mut set = EmuSet::in_memory(plane.rank(), world, capacity, catalogues, memory.clone());
     for (k, p) in plan.placements.iter().enumerate() {
         let counters = Counters {
@@ -180,6 +194,16 @@ impl DeviceJob for DeviceCases<'_> {
     }
 }
 
+/// One transition to execute: the plans, the bytes per unit position its DAG was planned with,
+/// every role's catalogue and the per-rank capacity the EMU store enforces.
+struct Case {
+    dag: TransitionDag,
+    from: Plan,
+    to: Plan,
+    catalogues: BTreeMap<Role, Catalogue>,
+    capacity: u64,
+}
+
 fn run_cases<M: ShardMemory + Clone, P: Exchange<M>>(
     session: &Session,
     plane: &mut P,
@@ -188,46 +212,145 @@ fn run_cases<M: ShardMemory + Clone, P: Exchange<M>>(
     seed: u64,
 ) -> Result<TransitionSummary, RuntimeError> {
     let world = session.world().size();
-    let catalogue = tiny_catalogue();
-    let bytes = state_bytes(&catalogue);
-    let links = Links {
+    let mut summary = TransitionSummary { cases, ..TransitionSummary::default() };
+    let planned = PlannerCases::new(world as u32)?;
+    for case in 0..cases {
+        let mut rng = Rng::new(seed.wrapping_mul(7_919).wrapping_add(u64::from(case)));
+        // Odd cases: the planner's own targets; even cases: random pairs, every other one at
+        // the tightest memory the DAG can schedule (where releases must precede acquires).
+        let drawn = if case % 2 == 1 {
+            planned.draw(&mut rng, &mut summary)?
+        } else {
+            random_case(session, &mut rng, case % 4 == 2)?
+        };
+        let Some(c) = drawn else {
+            summary.refused += 1;
+            continue;
+        };
+        agree_on_dag(session.world(), session.watchdog(), &c.dag)?;
+        let (mut set, before) = materialize_in(plane, memory, world, c.catalogues, &c.from, c.capacity)?;
+        let (_, report) = execute(&mut set, plane, &c.dag)?;
+        summary.executed += 1;
+        summary.primitives += report.primitives as u64;
+        summary.bytes_sent += report.bytes_sent;
+        summary.resource_edges += c.dag.resource_edges as u64;
+        summary.staged_bytes += c.dag.staged_bytes();
+        check(case, plane, &set, &c.to, &before, &mut summary)?;
+    }
+    Ok(summary)
+}
+
+/// The links of the random cases (one node of four devices per four ranks).
+fn random_links(capacity_bytes: u64) -> Links {
+    Links {
         devices_per_node: 4,
         intra_bytes_per_s: 5e9,
         inter_bytes_per_s: 1e9,
         memory_bytes_per_s: 10e9,
         setup_seconds: 1e-3,
-        capacity_bytes: u64::MAX / 4,
-    };
-    let mut summary = TransitionSummary { cases, ..TransitionSummary::default() };
-    for case in 0..cases {
-        let mut rng = Rng::new(seed.wrapping_mul(7_919).wrapping_add(u64::from(case)));
-        let drawn = serde_json::to_vec(&{
-            let (from, to) = plan_pair(&mut rng, &catalogue, world as u32);
-            Pair { from, to }
-        })
-        .expect("plans serialize");
-        // Rank 0's draw is the one every rank uses.
-        let pair: Pair =
-            serde_json::from_slice(&broadcast_bytes(session.world(), session.watchdog(), "plan broadcast", &drawn)?)
-                .map_err(|e| RuntimeError::Usage(format!("undecodable plan from rank 0: {e}")))?;
-        let dag = match TransitionDag::plan(&pair.from, &pair.to, &bytes, &links, true) {
-            Ok(dag) => dag,
-            Err(TransitionError::Blocked { .. }) => {
-                summary.refused += 1;
-                continue;
-            }
-            Err(e) => return Err(e.into()),
-        };
-        agree_on_dag(session.world(), session.watchdog(), &dag)?;
-        let (mut set, before) = materialize_in(plane, memory, world, &catalogue, &pair.from, u64::MAX / 4)?;
-        let (_, report) = execute(&mut set, plane, &dag)?;
-        summary.executed += 1;
-        summary.primitives += report.primitives as u64;
-        summary.bytes_sent += report.bytes_sent;
-        summary.resource_edges += dag.resource_edges as u64;
-        check(case, plane, &set, &pair.to, &before, &mut summary)?;
+        capacity_bytes,
+        host_bytes_per_s: None,
     }
-    Ok(summary)
+}
+
+/// A random plan pair of the tiny model (rank 0's draw, broadcast), at unbounded memory or at
+/// the tightest the DAG can schedule; `None` when its DAG is blocked.
+fn random_case(session: &Session, rng: &mut Rng, tight: bool) -> Result<Option<Case>, RuntimeError> {
+    let world = session.world().size();
+    let catalogue = tiny_catalogue();
+    let drawn = serde_json::to_vec(&{
+        let (from, to) = plan_pair(rng, &catalogue, world as u32);
+        Pair { from, to }
+    })
+    .expect("plans serialize");
+    let pair: Pair =
+        serde_json::from_slice(&broadcast_bytes(session.world(), session.watchdog(), "plan broadcast", &drawn)?)
+            .map_err(|e| RuntimeError::Usage(format!("undecodable plan from rank 0: {e}")))?;
+    let bytes = state_bytes(&catalogue);
+    let mut links = random_links(u64::MAX / 4);
+    if tight {
+        links.capacity_bytes = tightest_capacity(&pair.from, &pair.to, &bytes, &links);
+    }
+    match TransitionDag::plan(&pair.from, &pair.to, &bytes, &links, true) {
+        Ok(dag) => Ok(Some(Case {
+            dag,
+            from: pair.from,
+            to: pair.to,
+            catalogues: for_every_role(&catalogue),
+            capacity: links.capacity_bytes,
+        })),
+        Err(TransitionError::Blocked { .. }) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The planner's targets on a scaled-down CPU cluster: the embedded tiny PPO job on one node of
+/// the world's ranks. A case plans for one response length, re-plans for another (and a device
+/// memory drawn between the least any plan needs and twice that), and executes the transition
+/// `choose` reports executable, with host staging allowed. Every rank plans alike; the DAG's
+/// hash is agreed before anything moves.
+struct PlannerCases {
+    config: JobConfig,
+}
+
+impl PlannerCases {
+    fn new(world: u32) -> Result<PlannerCases, RuntimeError> {
+        let mut config =
+            JobConfig::load(None, &Overrides::default(), &mut || unreachable!("the default names its cluster"))?;
+        config.cluster.nodes = 1;
+        config.cluster.devices_per_node = world;
+        Ok(PlannerCases { config })
+    }
+
+    /// The planner for `len` response tokens on `memory_gb` per device.
+    fn planner(&self, len: u64, memory_gb: f64) -> Result<Planner, RuntimeError> {
+        let mut config = self.config.clone();
+        config.cluster.device_memory_gb = memory_gb;
+        Ok(Planner::new(&config, config.cluster.devices(), Some(len), Efficiencies::default())?)
+    }
+
+    /// The least device memory (GB, to 1%) at which both lengths have a plan.
+    fn least_memory(&self, lens: [u64; 2]) -> Result<f64, RuntimeError> {
+        let fits = |gb: f64| -> Result<bool, RuntimeError> {
+            Ok(self.planner(lens[0], gb)?.search(None).is_ok() && self.planner(lens[1], gb)?.search(None).is_ok())
+        };
+        let (mut lo, mut hi) = (0.0, self.config.cluster.device_memory_gb);
+        while hi - lo > 0.01 * hi {
+            let mid = 0.5 * (lo + hi);
+            if fits(mid)? {
+                hi = mid;
+            } else {
+                lo = mid;
+            }
+        }
+        Ok(hi)
+    }
+
+    /// One drawn case, or `None` when the planner keeps the current plan (counted in `summary`).
+    fn draw(&self, rng: &mut Rng, summary: &mut TransitionSummary) -> Result<Option<Case>, RuntimeError> {
+        let max = u64::from(self.config.rl.max_response_len);
+        let lens: Vec<u64> = [4, 8, 16, max].into_iter().filter(|&l| l <= max).collect();
+        let (from_len, to_len) = (*rng.pick(&lens), *rng.pick(&lens));
+        let least = self.least_memory([from_len, to_len])?;
+        let memory_gb = least * (1.0 + rng.below(100) as f64 / 100.0);
+        let current = self.planner(from_len, memory_gb)?.search(None)?.plan();
+        let planner = self.planner(to_len, memory_gb)?;
+        let links = Links::of(&planner.cost().hardware, Some(self.config.cluster.host_link_gbps * 1e9));
+        let choice = choose(&planner, &current, &links)?;
+        summary.planner_cases += 1;
+        let Some(dag) = choice.dag.filter(|_| !choice.keep) else {
+            summary.planner_kept += 1;
+            return Ok(None);
+        };
+        summary.planner_executable += 1;
+        Ok(Some(Case {
+            dag,
+            from: current,
+            to: choice.target.plan(),
+            catalogues: catalogues(&self.config),
+            capacity: links.capacity_bytes,
+        }))
+    }
 }
 
 /// Target replicas reached, digests unchanged, ledgers exact — agreed across ranks.

@@ -33,6 +33,7 @@ fn links(capacity: u64) -> Links {
         memory_bytes_per_s: 1000e9,
         setup_seconds: 1e-3,
         capacity_bytes: capacity,
+        host_bytes_per_s: None,
     }
 }
 
@@ -53,32 +54,26 @@ fn replay(dag: &TransitionDag, target: &Plan, bytes: &dyn Fn(ModelStage, Layout,
     for &i in &dag.schedule.order {
         let node = &dag.graph[NodeIndex::new(i)];
         let label = dag.label(i);
+        // A staged node's sources leave for host memory before its new units are allocated.
+        if node.staged {
+            for &(r, b) in &node.release {
+                *usage.get_mut(&r).unwrap() -= b;
+            }
+        }
         for &(r, b) in &node.acquire {
             *usage.entry(r).or_default() += b;
             assert!(usage[&r] <= capacity, "{label}: rank {r} over capacity");
         }
-        for &(r, b) in &node.release {
-            *usage.get_mut(&r).unwrap() -= b;
+        if !node.staged {
+            for &(r, b) in &node.release {
+                *usage.get_mut(&r).unwrap() -= b;
+            }
         }
         if let Primitive::Extend { source, .. } = &node.primitive {
             assert!(alive.contains(source), "{label} copies a unit that no longer exists");
         }
         node.primitive.frees().iter().for_each(|id| assert!(alive.remove(id), "{label} frees a dead unit"));
         alive.extend(node.primitive.creates().iter().copied());
-        // No rank is held by two model-stages of one stage.
-        let mut owner: BTreeMap<(Stage, i32), ModelStage> = BTreeMap::new();
-        for id in &alive {
-            let u = &dag.units[id];
-            for &r in &u.ranks {
-                let prev = owner.insert((u.model_stage.stage, r), u.model_stage);
-                assert!(
-                    prev.is_none_or(|p| p == u.model_stage),
-                    "after {label}: rank {r} held by {} and {}",
-                    prev.unwrap(),
-                    u.model_stage
-                );
-            }
-        }
     }
     for p in &target.placements {
         let ms = p.candidate.model_stage;
@@ -119,7 +114,8 @@ fn random_plan_pairs_give_acyclic_memory_safe_dags_that_reach_the_target() {
             })
             .max()
             .unwrap();
-        let capacity = initial * (2 + rng.below(3) as u64);
+        // From no room to spare to twice the initial state per rank.
+        let capacity = initial + initial * rng.below(3) as u64 / 2;
         match TransitionDag::plan(&from, &to, &bytes, &links(capacity), true) {
             Ok(dag) => {
                 assert!(!is_cyclic_directed(&dag.graph), "case {case}");
@@ -128,14 +124,14 @@ fn random_plan_pairs_give_acyclic_memory_safe_dags_that_reach_the_target() {
                 planned += 1;
                 with_resource_edges += usize::from(dag.resource_edges > 0);
             }
-            // Refusals are swaps (two model-stages of a stage trading ranks, each Destroy waiting
-            // for the other's) or a T_sub too large for a rank: rejected before any move.
+            // Refusals are memory deadlocks (a T_sub too large for a rank, or model-stages each
+            // waiting for room the other holds): rejected before any move.
             Err(TransitionError::Blocked { .. }) => refused += 1,
             Err(e) => panic!("case {case}: {e}"),
         }
     }
     assert!(
-        planned >= 150 && with_resource_edges >= 50 && refused > 0,
+        planned >= 150 && with_resource_edges >= 10 && refused > 0,
         "planned {planned}, refused {refused}, with resource edges {with_resource_edges}"
     );
 }
@@ -150,55 +146,67 @@ fn an_unchanged_plan_has_no_nodes() {
     assert_eq!(dag.schedule.seconds, 0.0);
 }
 
-/// The paper's example: reward inference goes from (TP 4, PP 8) to (TP 8, PP 2) and frees
-/// ranks 16–31, onto which reference and critic inference Extend — after it releases them.
+/// Release before acquire: reference inference gives up its replica on rank 1 while reward
+/// inference Extends onto it; each rank holds one model, so the Extend waits for the Destroy
+/// (a resource edge between two model-stages), as in the paper's example.
 #[test]
-fn the_paper_example_orders_extends_after_the_release() {
+fn an_extend_onto_a_rank_another_model_stage_vacates_waits_for_its_release() {
     let c = catalogue();
     let ms = |r| ModelStage::new(r, Stage::Inference);
-    let place = |r, tp, pp, ranks: Vec<i32>| {
-        let dp = ranks.len() as u32 / (tp * pp);
-        Placement {
-            candidate: Candidate {
-                model_stage: ms(r),
-                layout: Layout::new(tp, pp),
-                dp,
-                recompute: Recompute::None,
-                micro_batch: 1,
-            },
-            ranks,
-        }
+    let place = |r, ranks: Vec<i32>| Placement {
+        candidate: Candidate {
+            model_stage: ms(r),
+            layout: Layout::new(1, 1),
+            dp: ranks.len() as u32,
+            recompute: Recompute::None,
+            micro_batch: 1,
+        },
+        ranks,
     };
-    let from = Plan {
-        placements: vec![
-            place(Role::Reward, 4, 8, (0..32).collect()),
-            place(Role::Reference, 8, 1, (32..40).collect()),
-            place(Role::Critic, 8, 1, (40..48).collect()),
-        ],
-    };
-    let to = Plan {
-        placements: vec![
-            place(Role::Reward, 8, 2, (0..16).collect()),
-            place(Role::Reference, 8, 1, (32..40).chain(16..24).collect()),
-            place(Role::Critic, 8, 1, (40..48).chain(24..32).collect()),
-        ],
-    };
+    let from = Plan { placements: vec![place(Role::Reference, vec![0, 1]), place(Role::Reward, vec![2])] };
+    let to = Plan { placements: vec![place(Role::Reference, vec![0]), place(Role::Reward, vec![2, 1])] };
     let bytes = sizer(&c);
-    let dag = TransitionDag::plan(&from, &to, &bytes, &links(u64::MAX), true).unwrap();
-    replay(&dag, &to, &bytes, u64::MAX);
-    assert!(dag.resource_edges >= 2, "both Extends wait for the reward model's release: {}", dag.resource_edges);
-    for name in ["Extend reference", "Extend critic"] {
-        let extend = dag
-            .graph
-            .node_indices()
-            .find(|&i| dag.label(i.index()).starts_with(name))
-            .unwrap_or_else(|| panic!("no {name}"));
-        let waits_for_reward = dag
-            .graph
-            .edges_directed(extend, Direction::Incoming)
-            .any(|e| *e.weight() == EdgeKind::Resource && dag.graph[e.source()].model_stage.role == Role::Reward);
-        assert!(waits_for_reward, "{name} has a resource edge from the reward model's release");
-        let timing = dag.schedule.timings.iter().find(|t| t.node == extend.index()).unwrap();
-        assert!(timing.start > 0.0, "{name} starts after the reward model has moved");
-    }
+    let one_model = bytes(ms(Role::Reward), Layout::new(1, 1), Position { tp: 0, pp: 0 });
+    let dag = TransitionDag::plan(&from, &to, &bytes, &links(one_model), true).unwrap();
+    replay(&dag, &to, &bytes, one_model);
+    let extend = dag.graph.node_indices().find(|&i| dag.label(i.index()).starts_with("Extend reward")).unwrap();
+    let waits = dag
+        .graph
+        .edges_directed(extend, Direction::Incoming)
+        .any(|e| *e.weight() == EdgeKind::Resource && dag.graph[e.source()].model_stage.role == Role::Reference);
+    assert!(waits && dag.resource_edges == 1, "the Extend waits for the reference's Destroy");
+    // With room for both, nothing waits.
+    let roomy = TransitionDag::plan(&from, &to, &bytes, &links(2 * one_model), true).unwrap();
+    assert_eq!(roomy.resource_edges, 0);
+}
+
+#[test]
+fn a_split_with_no_room_beside_its_source_stages_through_host_memory() {
+    // One actor/training replica (tp, pp) = (1, 2) re-laid as (2, 1) on the same two ranks: the
+    // Split to T_sub = (1, 1) needs each rank's new part beside its old shard. With the capacity
+    // just above the old state, only staging the sources through host memory fits.
+    let ms = ModelStage::new(Role::Actor, Stage::Training);
+    let place = |layout: Layout| Plan {
+        placements: vec![Placement {
+            candidate: Candidate { model_stage: ms, layout, dp: 1, recompute: Recompute::None, micro_batch: 1 },
+            ranks: vec![0, 1],
+        }],
+    };
+    let (from, to) = (place(Layout::new(1, 2)), place(Layout::new(2, 1)));
+    let c = catalogue();
+    let b = sizer(&c);
+    // Through T_sub = (1, 1) each rank briefly holds a whole replica: beside its old half
+    // (held + whole) without staging, alone (whole) with it.
+    let held = (0..2).map(|j| b(ms, Layout::new(1, 2), Position { tp: 0, pp: j })).max().unwrap();
+    let whole = b(ms, Layout::new(1, 1), Position { tp: 0, pp: 0 });
+    let capacity = whole + held / 2;
+    assert!(matches!(
+        TransitionDag::plan(&from, &to, &b, &links(capacity), true),
+        Err(TransitionError::Blocked { .. })
+    ));
+    let staging = Links { host_bytes_per_s: Some(1e9), ..links(capacity) };
+    let dag = TransitionDag::plan(&from, &to, &b, &staging, true).expect("staged through host memory");
+    assert!(dag.staged_bytes() > 0);
+    assert!(dag.graph.node_weights().any(|n| n.staged && matches!(n.primitive, Primitive::Split { .. })));
+    replay(&dag, &to, &b, capacity);
 }

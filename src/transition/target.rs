@@ -1,0 +1,189 @@
+//! Executable targets: the planner's fastest plan when its transition DAG can run from the
+//! current plan; else slower plans with cheaper transitions (the model-stages whose moves
+//! block it kept where they are); else the same through host memory; else "keep the current
+//! plan", with the reason. Pure: plans, DAGs and predictions.
+
+use serde::Serialize;
+
+use super::global::{Links, TransitionDag, TransitionError};
+use crate::model::{Layout, Position};
+use crate::plan::{Candidate, ModelStage, Plan, Recompute};
+use crate::planner::{PlannedJob, Planner, PlannerError};
+
+/// What a replan found, and whether the job can get there.
+#[derive(Debug, Clone)]
+pub struct TargetChoice {
+    /// The target (the current plan when `keep`).
+    pub target: PlannedJob,
+    /// Predicted step seconds of the current plan under the new workload (infinite when it no
+    /// longer fits).
+    pub current_seconds: f64,
+    /// `ΔL = L(S) − L(S*)`.
+    pub delta_l_s: f64,
+    /// The transition DAG, when the target differs from the current plan and can be reached.
+    pub dag: Option<TransitionDag>,
+    /// `L_tran`, the DAG's critical path (0 when nothing moves).
+    pub l_tran_s: f64,
+    /// Whether the current plan stays (nothing better can be reached, or nothing better exists).
+    pub keep: bool,
+    /// Why the fastest target could not be reached, when it could not.
+    pub blocked_reason: Option<String>,
+    /// 0 when the fastest plan was taken; `k` for the `k`-th fallback.
+    pub fallback_rank: usize,
+    /// Bytes staged through host memory (0 if none).
+    pub staged_bytes: u64,
+}
+
+/// The counts of a DAG for reports.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct DagCounts {
+    /// Primitives.
+    pub nodes: usize,
+    /// Release-before-acquire edges between model-stages.
+    pub resource_edges: usize,
+}
+
+impl TargetChoice {
+    /// Whether a transition is to run (a reachable target other than the current plan).
+    pub fn executable(&self) -> bool {
+        !self.keep
+    }
+
+    /// Node and resource-edge counts of the DAG.
+    pub fn counts(&self) -> DagCounts {
+        self.dag.as_ref().map_or_else(DagCounts::default, |d| DagCounts {
+            nodes: d.graph.node_count(),
+            resource_edges: d.resource_edges,
+        })
+    }
+}
+
+/// The state one rank at `position` of a `layout` unit of `ms` holds, as the planner counts it.
+pub fn state_bytes(planner: &Planner) -> impl Fn(ModelStage, Layout, Position) -> u64 + '_ {
+    move |ms, layout, position| {
+        let c = Candidate { model_stage: ms, layout, dp: 1, recompute: Recompute::None, micro_batch: 1 };
+        planner.position_memory(&c, position.pp).state.total()
+    }
+}
+
+/// Plans the move from `current` to the fastest reachable plan of `planner` (its pool and
+/// workload). `links.host_bytes_per_s` allows host staging as the last resort before "keep".
+pub fn choose(planner: &Planner, current: &Plan, links: &Links) -> Result<TargetChoice, PlannerError> {
+    let best = planner.search(Some(current))?;
+    let current_seconds = current_seconds(planner, current);
+    let keep = |reason: Option<String>| TargetChoice {
+        target: planned_as_is(planner, current, &best),
+        current_seconds,
+        delta_l_s: 0.0,
+        dag: None,
+        l_tran_s: 0.0,
+        keep: true,
+        blocked_reason: reason,
+        fallback_rank: 0,
+        staged_bytes: 0,
+    };
+    if best.plan() == *current {
+        return Ok(keep(None));
+    }
+    let bytes = state_bytes(planner);
+    let device_only = Links { host_bytes_per_s: None, ..*links };
+    let attempt = |target: &Plan, links: &Links| TransitionDag::plan(current, target, &bytes, links, true);
+    let first_block = match attempt(&best.plan(), &device_only) {
+        Ok(dag) => return Ok(reached(best, dag, current_seconds, 0)),
+        Err(e) => e,
+    };
+    // Fallbacks: keep where they are, one more each time, the model-stages whose moves block
+    // (the blocked primitive's first), as long as the plan still fits every rank.
+    let fallbacks: Vec<Plan> = fallbacks(planner, current, &best, &first_block)
+        .into_iter()
+        .filter(|plan| planner.predict(plan) < current_seconds)
+        .collect();
+    for (k, plan) in fallbacks.iter().enumerate() {
+        if let Ok(dag) = attempt(plan, &device_only) {
+            return Ok(reached(planned_as_is(planner, plan, &best), dag, current_seconds, k + 1));
+        }
+    }
+    // Beyond the paper: the fastest plan, then the fallbacks, with sources staged through host
+    // memory where a Split or Merge has no room beside them.
+    if links.host_bytes_per_s.is_some() {
+        let tries = std::iter::once(best.plan()).chain(fallbacks);
+        for (k, plan) in tries.enumerate() {
+            if let Ok(dag) = attempt(&plan, links) {
+                return Ok(reached(planned_as_is(planner, &plan, &best), dag, current_seconds, k));
+            }
+        }
+    }
+    Ok(keep(Some(first_block.to_string())))
+}
+
+/// The current plan's predicted step seconds, infinite when some rank no longer fits.
+fn current_seconds(planner: &Planner, current: &Plan) -> f64 {
+    let usable = planner.cost().hardware.usable_bytes();
+    let fits =
+        current.validate(planner.cost().hardware.devices).is_ok() && planner.rank_peaks(current).max().0 <= usable;
+    if fits {
+        planner.predict(current)
+    } else {
+        f64::INFINITY
+    }
+}
+
+fn reached(target: PlannedJob, dag: TransitionDag, current_seconds: f64, fallback_rank: usize) -> TargetChoice {
+    TargetChoice {
+        delta_l_s: current_seconds - target.step_latency_s,
+        l_tran_s: dag.schedule.seconds,
+        staged_bytes: dag.staged_bytes(),
+        target,
+        current_seconds,
+        dag: Some(dag),
+        keep: false,
+        blocked_reason: None,
+        fallback_rank,
+    }
+}
+
+/// `plan` with the planner's predictions (`like` supplies nothing but the shape of the report).
+fn planned_as_is(planner: &Planner, plan: &Plan, like: &PlannedJob) -> PlannedJob {
+    if *plan == like.plan() {
+        return like.clone();
+    }
+    planner.evaluate(plan)
+}
+
+/// The best plan with the model-stages that block kept in their current placements, one more
+/// at a time: the blocked primitive's model-stage first, then the others in plan order. Only
+/// plans that are valid on the pool and fit every rank are tried (and, by the caller, only
+/// those faster than the current plan).
+fn fallbacks(planner: &Planner, current: &Plan, best: &PlannedJob, blocked: &TransitionError) -> Vec<Plan> {
+    let blocked_ms = match blocked {
+        TransitionError::Blocked { primitive, .. } => {
+            planner.model_stages().iter().copied().find(|ms| primitive.contains(&format!(" {ms} ")))
+        }
+        TransitionError::Mismatch(_) => None,
+    };
+    let target = best.plan();
+    let mut order: Vec<ModelStage> = target
+        .placements
+        .iter()
+        .filter(|p| current.placements.iter().find(|c| c.candidate.model_stage == p.candidate.model_stage) != Some(*p))
+        .map(|p| p.candidate.model_stage)
+        .collect();
+    if let Some(ms) = blocked_ms {
+        order.retain(|m| *m != ms);
+        order.insert(0, ms);
+    }
+    let usable = planner.cost().hardware.usable_bytes();
+    let pool = planner.cost().hardware.devices;
+    let mut plan = target;
+    let mut out = Vec::new();
+    for ms in order {
+        let Some(old) = current.placements.iter().find(|p| p.candidate.model_stage == ms) else { continue };
+        if let Some(slot) = plan.placements.iter_mut().find(|p| p.candidate.model_stage == ms) {
+            *slot = old.clone();
+        }
+        if plan.validate(pool).is_ok() && planner.rank_peaks(&plan).max().0 <= usable && plan != *current {
+            out.push(plan.clone());
+        }
+    }
+    out
+}
