@@ -288,6 +288,14 @@ impl ModelSpec {
         Ok(())
     }
 
+    /// The table without `path` (which says where the model came from, not what it is), as a
+    /// JSON object: what checkpoints and roles compare.
+    pub fn architecture_map(&self) -> serde_json::Map<String, serde_json::Value> {
+        let mut map = spec_map(self);
+        map.remove("path");
+        map
+    }
+
     /// The width of one head: `head_dim`, else `hidden / heads`.
     pub fn head_dim_or_default(&self) -> u32 {
         self.head_dim.unwrap_or(self.hidden / self.heads.max(1))

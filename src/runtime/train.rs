@@ -22,7 +22,6 @@ use super::{io_error, RuntimeError, Session};
 use crate::backend::check_data_plane;
 use crate::comm::{max_over_ranks, DataPlane, MpiPlane};
 use crate::config::hf;
-use crate::config::models::spec_map;
 use crate::config::{DataPlane as PlaneKind, Dtype, JobConfig, ModelSpec, OnNonFinite, Overrides};
 use crate::cost::{Efficiencies, MemoryBreakdown, MemoryItem, RankPeaks};
 use crate::emu::{Counters, EmuError, EmuSet, LocalShard};
@@ -379,19 +378,12 @@ fn origin(config: &JobConfig, role: Role) -> Origin {
         return Origin::Dir(dir.clone());
     }
     let t = &config.train;
-    let same_architecture = |a: &ModelSpec, b: &ModelSpec| {
-        let (mut a, mut b) = (spec_map(a), spec_map(b));
-        a.remove("path");
-        b.remove("path");
-        a == b
-    };
+    let reward = config.models.reward.architecture_map();
     match role {
         Role::Actor if t.warmup_actor_steps > 0 => Origin::WarmUp(Role::Actor),
         Role::Reward if t.warmup_reward_steps > 0 => Origin::WarmUp(Role::Reward),
         Role::Reference => origin(config, Role::Actor),
-        Role::Critic if same_architecture(spec(config, Role::Critic), &config.models.reward) => {
-            origin(config, Role::Reward)
-        }
+        Role::Critic if spec(config, Role::Critic).architecture_map() == reward => origin(config, Role::Reward),
         _ => Origin::Engine,
     }
 }

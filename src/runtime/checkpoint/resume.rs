@@ -151,9 +151,7 @@ fn check_counters(dir: &Path, s: &Sidecar, config: &JobConfig) -> Result<(), Che
 /// The first architecture key that differs, as `(models.<role>.<key>, checkpoint, config)`
 /// (`path` is where the model first came from, not what it is).
 fn first_difference(role: &str, saved: &ModelSpec, now: &ModelSpec) -> Option<(String, String, String)> {
-    let (mut a, mut b) = (spec_map(saved), spec_map(now));
-    a.remove("path");
-    b.remove("path");
+    let (a, b) = (saved.architecture_map(), now.architecture_map());
     let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
     keys.sort();
     keys.dedup();
