@@ -9,6 +9,7 @@ use std::process::ExitCode;
 
 use nereus::config::{Algorithm, Overrides};
 use nereus::runtime::checkpoint::ResumeFrom;
+use nereus::runtime::logprobs::LogprobsOptions;
 use nereus::runtime::plan::PlanRequest;
 use nereus::runtime::train::TrainOptions;
 use nereus::runtime::{self, Command, DeviceChoice, LogOptions, SessionOptions};
@@ -74,6 +75,29 @@ enum TopCommand {
         resume_reset_optimizer: bool,
         #[command(flatten)]
         overrides: OverrideArgs,
+    },
+    /// Per-token log-probabilities log p(x_t | x_<t), t >= 1 (a value model: per-position values)
+    /// of token sequences under a Hugging Face model directory, on one rank or under mpirun with
+    /// any layout; prints {"model": DIR, "logprobs": [[...], ...]} (or "values").
+    Logprobs {
+        /// The model directory (config.json and *.safetensors), e.g. a checkpoint's step-N/actor.
+        dir: PathBuf,
+        /// JSON file with a list of token-id sequences, e.g. [[1, 5, 9], [2, 7]].
+        #[arg(long, value_name = "FILE.json")]
+        tokens: PathBuf,
+        /// Write the JSON here instead of standard output.
+        #[arg(long, value_name = "PATH")]
+        json: Option<PathBuf>,
+        /// Tensor-parallel degree of each replica (the ranks form ranks / (tp x pp) replicas that
+        /// share the sequences).
+        #[arg(long, default_value_t = 1)]
+        tp: u32,
+        /// Pipeline-parallel degree of each replica.
+        #[arg(long, default_value_t = 1)]
+        pp: u32,
+        /// Sequences per forward pass.
+        #[arg(long, default_value_t = 1)]
+        micro_batch: usize,
     },
     /// Measure the runtime's machinery (run under mpirun/srun).
     #[command(subcommand)]
@@ -291,6 +315,9 @@ fn main() -> ExitCode {
             overrides: overrides.into(),
             options: TrainOptions { resume, reset_optimizer: resume_reset_optimizer },
         },
+        TopCommand::Logprobs { dir, tokens, json, tp, pp, micro_batch } => {
+            Command::Logprobs(LogprobsOptions { dir, tokens, json, tp, pp, micro_batch })
+        }
         TopCommand::Bench(BenchCommand::Primitives { sizes_mib, reps, json, device }) => {
             Command::BenchPrimitives { sizes_mib, reps: reps.max(1), json, device: device.device }
         }

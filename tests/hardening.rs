@@ -189,10 +189,7 @@ struct Damaged {
 
 impl Damaged {
     fn copy_of(good: &Path, to: PathBuf) -> Damaged {
-        std::fs::create_dir_all(&to).unwrap();
-        for entry in std::fs::read_dir(good).unwrap().flatten() {
-            std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
-        }
+        copy_tree(good, &to);
         Damaged { dir: to }
     }
 
@@ -231,11 +228,27 @@ impl Damaged {
         let digest = FileDigest::of(file, &out);
         self.edit_sidecar(|s| {
             for m in s.models.values_mut() {
-                for d in std::iter::once(&mut m.params).chain(m.optimizer.as_mut()) {
+                for d in m.files.iter_mut().chain(m.optimizer.as_mut()) {
                     if d.file == file {
                         *d = digest.clone();
                     }
                 }
+            }
+        });
+    }
+
+    /// Rewrites a file of a model directory with `edit` and records its new size and digest in
+    /// the sidecar (a file the sidecar did not list is added to its model's files).
+    fn edit_file(&self, file: &str, edit: impl FnOnce(String) -> String) {
+        let path = self.dir.join(file);
+        let text = edit(std::fs::read_to_string(&path).unwrap_or_default());
+        std::fs::write(&path, &text).unwrap();
+        let digest = FileDigest::of(file, text.as_bytes());
+        self.edit_sidecar(|s| {
+            let m = s.models.values_mut().find(|m| file.starts_with(&format!("{}/", m.dir))).unwrap();
+            match m.files.iter_mut().find(|d| d.file == file) {
+                Some(d) => *d = digest,
+                None => m.files.push(digest),
             }
         });
     }
@@ -246,6 +259,18 @@ impl Damaged {
         let at = at % bytes.len();
         bytes[at] ^= 0x5A;
         std::fs::write(&path, bytes).unwrap();
+    }
+}
+
+/// Copies a checkpoint directory with its model directories.
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap().flatten() {
+        if entry.path().is_dir() {
+            copy_tree(&entry.path(), &to.join(entry.file_name()));
+        } else {
+            std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+        }
     }
 }
 
@@ -283,10 +308,10 @@ fn resume_refuses_damaged_or_foreign_checkpoints_naming_the_problem() {
     };
 
     let d = fresh("flipped byte");
-    d.flip_byte("actor.safetensors", 200_000);
-    add("a flipped byte in a tensor", d, &["actor.safetensors", "SHA-256"]);
+    d.flip_byte("actor/model.safetensors", 200_000);
+    add("a flipped byte in a tensor", d, &["actor/model.safetensors", "SHA-256"]);
     let d = fresh("nans");
-    d.edit_tensors("actor.safetensors", |t, _| {
+    d.edit_tensors("actor/model.safetensors", |t, _| {
         let data = &mut t.iter_mut().find(|x| x.0.contains("mlp.up_proj")).unwrap().2;
         for k in 0..1000 {
             data[4 * k..4 * k + 4].copy_from_slice(&f32::NAN.to_le_bytes());
@@ -298,16 +323,16 @@ fn resume_refuses_damaged_or_foreign_checkpoints_naming_the_problem() {
     add("a missing optimizer file", d, &["actor.optim.safetensors", "missing"]);
     for model in ["actor", "critic", "reward"] {
         let d = fresh(&format!("no {model}"));
-        std::fs::remove_file(d.dir.join(format!("{model}.safetensors"))).unwrap();
+        std::fs::remove_file(d.dir.join(format!("{model}/model.safetensors"))).unwrap();
         add(&format!("a missing {model} file"), d, &["missing"]);
     }
     let d = fresh("swapped");
-    std::fs::rename(d.dir.join("actor.safetensors"), d.dir.join("tmp")).unwrap();
-    std::fs::rename(d.dir.join("reference.safetensors"), d.dir.join("actor.safetensors")).unwrap();
-    std::fs::rename(d.dir.join("tmp"), d.dir.join("reference.safetensors")).unwrap();
-    add("actor and reference files swapped", d, &["actor.safetensors", "bytes; the sidecar says"]);
+    std::fs::rename(d.dir.join("actor/model.safetensors"), d.dir.join("tmp")).unwrap();
+    std::fs::rename(d.dir.join("reference/model.safetensors"), d.dir.join("actor/model.safetensors")).unwrap();
+    std::fs::rename(d.dir.join("tmp"), d.dir.join("reference/model.safetensors")).unwrap();
+    add("actor and reference files swapped", d, &["actor/model.safetensors", "bytes; the sidecar says"]);
     let d = fresh("model swapped consistently");
-    d.edit_tensors("actor.safetensors", |_, meta| drop(meta.insert("nereus.model".into(), "reference".into())));
+    d.edit_tensors("actor/model.safetensors", |_, meta| drop(meta.insert("nereus.model".into(), "reference".into())));
     add("a file written for another model", d, &["written for model reference"]);
     let d = fresh("grpo");
     d.edit_sidecar(|s| s.algorithm = "grpo".into());
@@ -334,22 +359,22 @@ fn resume_refuses_damaged_or_foreign_checkpoints_naming_the_problem() {
     });
     add("a sidecar of step 1 beside step-2 weights", d, &["written for model actor at step 2"]);
     let d = fresh("fewer layers");
-    d.edit_tensors("actor.safetensors", |t, _| t.retain(|x| !x.0.starts_with(layer1)));
+    d.edit_tensors("actor/model.safetensors", |t, _| t.retain(|x| !x.0.starts_with(layer1)));
     add("layer 1 dropped", d, &["tensor `model.layers.1.", "missing"]);
     let d = fresh("extra tensor");
-    d.edit_tensors("critic.safetensors", |t, _| {
+    d.edit_tensors("critic/model.safetensors", |t, _| {
         t.push(("model.layers.9.mlp.up_proj.weight".into(), vec![2], vec![0; 8]))
     });
     add("an extra tensor", d, &["model.layers.9.mlp.up_proj.weight", "not part of the model"]);
     let d = fresh("reshaped");
-    d.edit_tensors("reward.safetensors", |t, _| {
+    d.edit_tensors("reward/model.safetensors", |t, _| {
         let x = t.iter_mut().find(|x| x.1.len() == 2).unwrap();
         x.1 = vec![x.1[1], x.1[0]];
     });
-    add("a transposed tensor", d, &["reward.safetensors", "the model needs F32"]);
+    add("a transposed tensor", d, &["reward/model.safetensors", "the model needs F32"]);
     let d = fresh("old format");
     std::fs::write(d.dir.join("state.json"), r#"{"format": 1, "job": "tiny-ppo"}"#).unwrap();
-    add("a format-1 sidecar", d, &["sidecar format 1", "format 2"]);
+    add("a format-1 sidecar", d, &["sidecar format 1", "format 3"]);
     let d = fresh("edited sidecar");
     let edited = std::fs::read_to_string(d.dir.join("state.json")).unwrap().replace("\"updates\": 4", "\"updates\": 5");
     std::fs::write(d.dir.join("state.json"), edited).unwrap();
@@ -362,14 +387,37 @@ fn resume_refuses_damaged_or_foreign_checkpoints_naming_the_problem() {
     let len = std::fs::metadata(&path).unwrap().len();
     std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(len / 2).unwrap();
     add("a truncated optimizer file", d, &["critic.optim.safetensors"]);
+    let d = fresh("no config.json");
+    std::fs::remove_file(d.dir.join("critic/config.json")).unwrap();
+    add("a missing config.json", d, &["critic/config.json", "missing"]);
+    let d = fresh("config.json of another model");
+    d.edit_file("actor/config.json", |text| text.replace("\"hidden_size\": 64", "\"hidden_size\": 128"));
+    add("config.json describing another width (digest updated)", d, &["actor/config.json", "hidden_size = 128"]);
+    let d = fresh("unlisted shard");
+    let weights = d.dir.join("reference/model.safetensors");
+    std::fs::copy(&weights, d.dir.join("reference/extra.safetensors")).unwrap();
+    let bytes = std::fs::read(&weights).unwrap();
+    let names =
+        SafeTensors::deserialize(&bytes).unwrap().names().into_iter().map(|n| n.to_string()).collect::<Vec<_>>();
+    let map: serde_json::Map<String, serde_json::Value> =
+        names.into_iter().map(|n| (n, "extra.safetensors".into())).collect();
+    let index = serde_json::json!({"metadata": {}, "weight_map": map}).to_string();
+    d.edit_file("reference/model.safetensors.index.json", |_| index);
+    add(
+        "an index (listed) naming a shard the sidecar does not list",
+        d,
+        &["reference/extra.safetensors", "does not list it"],
+    );
     // Generated damage: bytes flipped at drawn offsets of drawn files, and drawn truncations.
     let files = [
-        "actor.safetensors",
+        "actor/model.safetensors",
         "actor.optim.safetensors",
-        "critic.safetensors",
+        "critic/model.safetensors",
         "critic.optim.safetensors",
-        "reference.safetensors",
-        "reward.safetensors",
+        "reference/model.safetensors",
+        "reward/model.safetensors",
+        "reward/config.json",
+        "actor/generation_config.json",
         "state.json",
     ];
     let mut draws = Draws(0x5EED);

@@ -94,11 +94,14 @@ fn runs_are_bit_identical_and_resume_under_other_layouts_with_the_same_losses() 
     }
     let checkpoint = dir.path().join("a/checkpoints/step-2");
     for file in [
-        "actor.safetensors",
+        "actor/config.json",
+        "actor/model.safetensors",
         "actor.optim.safetensors",
-        "critic.safetensors",
-        "reference.safetensors",
-        "reward.safetensors",
+        "critic/config.json",
+        "critic/model.safetensors",
+        "critic.optim.safetensors",
+        "reference/model.safetensors",
+        "reward/model.safetensors",
         "state.json",
     ] {
         assert!(checkpoint.join(file).exists(), "checkpoint lacks {file}");

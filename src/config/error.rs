@@ -41,6 +41,30 @@ pub enum ConfigError {
         /// What is wrong and what would be accepted.
         reason: String,
     },
+    /// A model directory named by `models.<role>.path` cannot be used.
+    #[error("`{key}` = `{}`: {reason}", path.display())]
+    ModelDirectory {
+        /// Dotted key path, e.g. `models.actor.path`.
+        key: String,
+        /// The directory (relative paths resolved against the job file's directory).
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A key of the job and the model directory's `config.json` disagree.
+    #[error("`{key}` = {value} in the job disagrees with `{file_key}` = {file_value} in `{}`; remove the key from the job or make the two agree", file.display())]
+    Conflict {
+        /// Dotted key path in the job, e.g. `models.actor.hidden`.
+        key: String,
+        /// Its value in the job.
+        value: String,
+        /// The `config.json`.
+        file: PathBuf,
+        /// The key there, e.g. `hidden_size`.
+        file_key: String,
+        /// Its value there.
+        file_value: String,
+    },
     /// A required key has no value after TOML, includes, detection and CLI flags are applied.
     #[error("missing value for `{key}`: {hint}")]
     Missing {
@@ -66,7 +90,10 @@ impl ConfigError {
         match self {
             ConfigError::Read { .. } => None,
             ConfigError::Parse { key, .. } => key.as_deref(),
-            ConfigError::Invalid { key, .. } | ConfigError::Missing { key, .. } => Some(key),
+            ConfigError::Invalid { key, .. }
+            | ConfigError::Missing { key, .. }
+            | ConfigError::ModelDirectory { key, .. }
+            | ConfigError::Conflict { key, .. } => Some(key),
         }
     }
 }

@@ -7,7 +7,8 @@
 //! 1. [`RawJobConfig::parse`] turns TOML text into typed sections (unknown keys, wrong types and
 //!    syntax errors are reported with file, line, column and key);
 //! 2. [`RawJobConfig::resolve`] applies the precedence *CLI flag > TOML > included cluster file >
-//!    detected value > default*, then validates every section, so that the resulting
+//!    detected value > default* (and completes `[models.<role>]` tables from the model
+//!    directories they name), then validates every section, so that the resulting
 //!    [`JobConfig`] is complete and consistent.
 //!
 //! [`JobConfig::hash`] is what ranks compare to prove they run the same job.
@@ -15,6 +16,7 @@
 pub mod check;
 pub mod cluster;
 mod error;
+pub mod hf;
 pub mod job;
 pub mod models;
 pub mod plan;
@@ -25,7 +27,7 @@ pub mod train;
 pub use cluster::{ClusterSection, ClusterSpec, DataPlane};
 pub use error::ConfigError;
 pub use job::JobSection;
-pub use models::{Dtype, ModelSpec, ModelsSection};
+pub use models::{Dtype, ModelSpec, ModelsSection, RawModelSpec, RawModelsSection, RopeScaling};
 pub use plan::PlanEntry;
 pub use policy::PolicySection;
 pub use rl::{Algorithm, RlSection};
@@ -52,8 +54,8 @@ pub struct RawJobConfig {
     /// `[cluster]`, possibly partial (includes and detection complete it).
     #[serde(default)]
     pub cluster: ClusterSection,
-    /// `[models.<role>]`.
-    pub models: ModelsSection,
+    /// `[models.<role>]`, possibly naming model directories that complete them.
+    pub models: RawModelsSection,
     /// `[rl]`.
     pub rl: RlSection,
     /// `[policy]` (optional; defaults apply).
@@ -188,6 +190,7 @@ impl RawJobConfig {
         job.output_dir = overrides.output_dir.clone().unwrap_or(job.output_dir);
         rl.algorithm = overrides.algorithm.unwrap_or(rl.algorithm);
         let cluster = resolve_cluster(cluster, source, overrides, detect)?;
+        let models = models.resolve(&source.base_dir)?;
         let config = JobConfig { job, cluster, models, rl, policy, train, plan };
         config.validate()?;
         Ok(config)

@@ -64,6 +64,9 @@ pub struct TrainSection {
     pub warmup_lr: f64,
     /// Save a checkpoint every this many RL steps (0: only at the end).
     pub checkpoint_every: u32,
+    /// Largest weight file of a checkpoint's model directories, in GB (10^9 bytes); a larger
+    /// model is split into shards with an index, as transformers does (its default, 5).
+    pub checkpoint_shard_gb: f64,
     /// A non-finite loss or gradient norm: `stop` (exit 1) or `skip-step` (skip the update).
     pub on_nonfinite: OnNonFinite,
 }
@@ -88,6 +91,7 @@ impl Default for TrainSection {
             warmup_reward_steps: 0,
             warmup_lr: 3e-3,
             checkpoint_every: 0,
+            checkpoint_shard_gb: 5.0,
             on_nonfinite: OnNonFinite::Stop,
         }
     }
@@ -101,6 +105,7 @@ impl TrainSection {
             ("train.critic_lr", self.critic_lr),
             ("train.warmup_lr", self.warmup_lr),
             ("train.temperature", self.temperature),
+            ("train.checkpoint_shard_gb", self.checkpoint_shard_gb),
         ] {
             check::positive(key, value)?;
         }
@@ -118,5 +123,10 @@ impl TrainSection {
             check::within(key, value, 0.0, f64::MAX)?;
         }
         Ok(())
+    }
+
+    /// `checkpoint_shard_gb` in bytes (at least one).
+    pub fn checkpoint_shard_bytes(&self) -> u64 {
+        (self.checkpoint_shard_gb * 1e9).max(1.0) as u64
     }
 }

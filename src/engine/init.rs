@@ -3,7 +3,7 @@
 //! any `(tp, pp)` holds the same logical weights.
 
 use crate::emu::{mix, LocalShard};
-use crate::model::{Catalogue, Sharding};
+use crate::model::{Catalogue, Piece};
 
 use super::{f32_sections, EngineError};
 
@@ -25,25 +25,34 @@ pub fn init_shard(shard: &mut LocalShard, catalogue: &Catalogue, seed: u64) -> R
         m.fill(0.0);
         v.fill(0.0);
     }
-    let layers = catalogue.arch.layers as f64;
     for piece in &table.pieces {
-        let spec = &catalogue.tensors[piece.tensor];
         let out = &mut params[piece.offset as usize..(piece.offset + piece.region.elements()) as usize];
-        if spec.rows == 1 && spec.sharding == Sharding::Replicated && !spec.name.starts_with("score") {
-            out.fill(1.0); // RMSNorm gains
-            continue;
-        }
-        let residual = spec.name.ends_with("o_proj.weight") || spec.name.ends_with("down_proj.weight");
-        let std = if residual { INIT_STD / (2.0 * layers).sqrt() } else { INIT_STD };
-        let r = piece.region;
-        for row in 0..r.rows {
-            for col in 0..r.cols {
-                let global = (r.row0 + row) * spec.cols + r.col0 + col;
-                // Uniform on [-a, a) has standard deviation a/√3.
-                out[(row * r.cols + col) as usize] =
-                    (uniform(seed, piece.tensor as u64, global) * std * 3f64.sqrt()) as f32;
-            }
-        }
+        init_piece(out, catalogue, piece, seed);
     }
     Ok(())
+}
+
+/// Writes the initial values of one piece (its rectangle of one tensor) into `out`: norm gains
+/// one, matrices uniform with GPT-2's standard deviation (residual projections scaled down).
+/// A function of the seed, the tensor and the coordinates in the whole tensor only, so any
+/// layout gets the same logical weights — and a single tensor can be initialized alone (a
+/// value head added to a model loaded from a causal LM).
+pub fn init_piece(out: &mut [f32], catalogue: &Catalogue, piece: &Piece, seed: u64) {
+    let spec = &catalogue.tensors[piece.tensor];
+    if spec.vector {
+        out.fill(1.0); // RMSNorm gains
+        return;
+    }
+    let layers = catalogue.arch.layers as f64;
+    let residual = spec.name.ends_with("o_proj.weight") || spec.name.ends_with("down_proj.weight");
+    let std = if residual { INIT_STD / (2.0 * layers).sqrt() } else { INIT_STD };
+    let r = piece.region;
+    for row in 0..r.rows {
+        for col in 0..r.cols {
+            let global = (r.row0 + row) * spec.cols + r.col0 + col;
+            // Uniform on [-a, a) has standard deviation a/√3.
+            out[(row * r.cols + col) as usize] =
+                (uniform(seed, piece.tensor as u64, global) * std * 3f64.sqrt()) as f32;
+        }
+    }
 }

@@ -20,7 +20,7 @@ pub mod weights;
 
 pub use arena::Arena;
 pub use generate::{sample_token, Generated, Sampling};
-pub use init::init_shard;
+pub use init::{init_piece, init_shard};
 pub use optimizer::AdamW;
 pub use parallel::EmuGroups;
 pub use real::{matmul, Op, Real};

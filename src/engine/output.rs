@@ -29,7 +29,7 @@ impl StageModel {
             .ok_or_else(|| EngineError::Shape { what: "output head on a stage without it".into() })?;
         let (mut xf, mut rf) =
             (arena.zeros(MemoryItem::Activations, x.len())?, arena.zeros(MemoryItem::Activations, x.len() / c)?);
-        rmsnorm_forward(&mut xf, &mut rf, x, &p[range], c);
+        rmsnorm_forward(&mut xf, &mut rf, x, &p[range], c, self.eps);
         Ok((xf, rf))
     }
 

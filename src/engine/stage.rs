@@ -82,14 +82,18 @@ pub struct StageModel {
     pub weights: StageWeights,
     /// LM or value head.
     pub head: OutputHead,
+    /// ε of every RMSNorm of the model.
+    pub(super) eps: f64,
     rope: Rope<f32>,
 }
 
 impl StageModel {
-    /// The stage `weights` describes, for sequences of up to `max_positions` tokens.
+    /// The stage `weights` describes, for sequences of up to `max_positions` tokens, with the
+    /// catalogue's RoPE and RMSNorm numbers.
     pub fn new(catalogue: &Catalogue, weights: StageWeights, max_positions: usize) -> StageModel {
-        let rope = Rope::new(max_positions, weights.dims.d);
-        StageModel { weights, head: catalogue.arch.head, rope }
+        let n = &catalogue.numerics;
+        let rope = Rope::new(max_positions, weights.dims.d, n.rope_theta, n.rope_scaling.as_ref());
+        StageModel { weights, head: catalogue.arch.head, eps: n.rms_norm_eps, rope }
     }
 
     /// Local shapes.
@@ -184,7 +188,7 @@ impl StageModel {
         let w = |r: &std::ops::Range<usize>| &p[r.clone()];
         let mut z = |len: usize| arena.zeros::<f32>(MemoryItem::Activations, len);
         let (mut xn1, mut r1) = (z(n * d.c)?, z(n)?);
-        rmsnorm_forward(&mut xn1, &mut r1, &x, w(&bw.attn_norm), d.c);
+        rmsnorm_forward(&mut xn1, &mut r1, &x, w(&bw.attn_norm), d.c, self.eps);
         CopyToTp::forward(&mut xn1);
         let (mut q_raw, mut k_raw, mut v) = (z(n * qw)?, z(n * kw)?, z(n * kw)?);
         linear_forward(&mut q_raw, &xn1, w(&bw.q), n, d.c, qw);
@@ -195,8 +199,8 @@ impl StageModel {
         k.copy_from_slice(&k_raw);
         let (mut rq, mut rk) = (z(n * d.heads)?, z(n * d.kv_heads)?);
         if let (Some(qn), Some(kn)) = (&bw.q_norm, &bw.k_norm) {
-            rmsnorm_forward(&mut q, &mut rq, &q_raw, w(qn), d.d);
-            rmsnorm_forward(&mut k, &mut rk, &k_raw, w(kn), d.d);
+            rmsnorm_forward(&mut q, &mut rq, &q_raw, w(qn), d.d, self.eps);
+            rmsnorm_forward(&mut k, &mut rk, &k_raw, w(kn), d.d, self.eps);
         }
         self.rope.apply(&mut q, rows.t, d.heads, rows.pos0, false);
         self.rope.apply(&mut k, rows.t, d.kv_heads, rows.pos0, false);
@@ -227,7 +231,7 @@ impl StageModel {
         ReduceFromTp::forward(tp, &mut xmid)?;
         xmid.iter_mut().zip(&x).for_each(|(m, &r)| *m += r);
         let (mut xn2, mut r2) = (z(n * d.c)?, z(n)?);
-        rmsnorm_forward(&mut xn2, &mut r2, &xmid, w(&bw.mlp_norm), d.c);
+        rmsnorm_forward(&mut xn2, &mut r2, &xmid, w(&bw.mlp_norm), d.c, self.eps);
         CopyToTp::forward(&mut xn2);
         let (mut g, mut u, mut h) = (z(n * d.ffn)?, z(n * d.ffn)?, z(n * d.ffn)?);
         linear_forward(&mut g, &xn2, w(&bw.gate), n, d.c, d.ffn);

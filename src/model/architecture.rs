@@ -1,8 +1,10 @@
-//! Architectures: a Llama-style decoder described by its shape, and the published models.
+//! Architectures: a Llama-style decoder described by its shape, the numbers that are not
+//! shapes (RoPE and RMSNorm constants), and the published models.
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Dtype, ModelSpec};
+use crate::config::models::{DEFAULT_RMS_NORM_EPS, DEFAULT_ROPE_THETA};
+use crate::config::{Dtype, ModelSpec, RopeScaling};
 
 /// What sits on top of the last block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -50,7 +52,7 @@ impl Architecture {
             layers: spec.layers.into(),
             heads: spec.heads.into(),
             kv_heads: spec.kv_heads.into(),
-            head_dim: spec.head_dim.map_or(u64::from(spec.hidden / spec.heads), u64::from),
+            head_dim: spec.head_dim_or_default().into(),
             ffn: spec.ffn.into(),
             tie_embeddings: spec.tie_embeddings,
             qk_norm: spec.qk_norm,
@@ -112,5 +114,36 @@ impl Architecture {
     /// Key (and value) projection width (`kv_heads × head_dim`).
     pub fn kv_width(&self) -> u64 {
         self.kv_heads * self.head_dim
+    }
+}
+
+/// The numbers of a model that are not shapes: the rotary frequencies and the RMSNorm ε. The
+/// catalogue, the planner and the cost model never depend on them; the engine computes with
+/// them. Kept beside [`Architecture`] rather than in it, so that the shape stays the planner's
+/// whole description of a model.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Numerics {
+    /// Base θ of the rotary frequencies `θ^(−2i/D)`.
+    pub rope_theta: f64,
+    /// Frequency scaling of the rotary embedding (Llama 3.1's), if any.
+    pub rope_scaling: Option<RopeScaling>,
+    /// ε of every RMSNorm (the blocks', QK-norm's and the final one).
+    pub rms_norm_eps: f64,
+}
+
+// Validated configs hold finite values only, on which `==` is an equivalence.
+impl Eq for Numerics {}
+
+impl Default for Numerics {
+    /// The tiny models' numbers: θ = 10,000, no scaling, ε = 1e-5.
+    fn default() -> Numerics {
+        Numerics { rope_theta: DEFAULT_ROPE_THETA, rope_scaling: None, rms_norm_eps: DEFAULT_RMS_NORM_EPS }
+    }
+}
+
+impl Numerics {
+    /// The numbers a `[models.<role>]` table gives.
+    pub fn from_spec(spec: &ModelSpec) -> Numerics {
+        Numerics { rope_theta: spec.rope_theta, rope_scaling: spec.rope_scaling, rms_norm_eps: spec.rms_norm_eps }
     }
 }

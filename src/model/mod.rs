@@ -4,6 +4,6 @@ mod architecture;
 pub mod catalogue;
 mod layout;
 
-pub use architecture::{Architecture, OutputHead};
+pub use architecture::{Architecture, Numerics, OutputHead};
 pub use catalogue::{Catalogue, LayoutError, LocalShape, Piece, Region, ShardTable, Sharding, StageOwner, TensorSpec};
 pub use layout::{Layout, Position};

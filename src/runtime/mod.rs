@@ -9,6 +9,7 @@ pub mod checkpoint;
 pub mod device;
 mod inspect;
 pub mod logging;
+pub mod logprobs;
 pub mod metrics;
 pub mod plan;
 mod rng;
@@ -133,6 +134,8 @@ pub enum Command {
     },
     /// Every (tp, pp, dp) layout of a tiny model trains one step; parity with (1, 1, 1).
     SelftestEngine,
+    /// Per-token log-probabilities (or values) of token sequences under a model directory.
+    Logprobs(logprobs::LogprobsOptions),
     /// Random EMU primitive sequences with state checks after every step.
     SelftestPrimitives {
         /// Random cases.
@@ -295,6 +298,7 @@ pub fn run(options: SessionOptions, command: Command) -> u8 {
             train::run(&mut session, config.as_deref(), overrides, options)
         }
         Command::SelftestEngine => selftest::engine(&session).and_then(|s| report_selftest(&session, &s, &s.failures)),
+        Command::Logprobs(options) => logprobs::run(&session, options),
         Command::SelftestTransitions { cases, seed, device } => selftest::transitions(&session, *cases, *seed, *device)
             .and_then(|s| report_selftest(&session, &s, &s.failures)),
     };

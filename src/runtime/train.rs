@@ -13,21 +13,23 @@ use std::path::{Path, PathBuf};
 use serde_json::json;
 
 use super::checkpoint::{
-    self, fill_shard, resume, Checkpoints, ModelToSave, ResumeFrom, ResumeOptions, Sidecar, TensorFile,
+    self, fill_shard, open_weights, resume, Checkpoints, Expect, ModelToSave, ModelWeights, ResumeFrom, ResumeOptions,
+    SaveOptions, Sidecar, TensorFile,
 };
 use super::metrics::MetricsLog;
 use super::signals::{self, StopSignals};
 use super::{io_error, RuntimeError, Session};
 use crate::backend::check_data_plane;
 use crate::comm::{max_over_ranks, DataPlane, MpiPlane};
-use crate::config::{DataPlane as PlaneKind, Dtype, JobConfig, OnNonFinite, Overrides};
+use crate::config::hf;
+use crate::config::{DataPlane as PlaneKind, Dtype, JobConfig, ModelSpec, OnNonFinite, Overrides};
 use crate::cost::{Efficiencies, MemoryBreakdown, MemoryItem, RankPeaks};
 use crate::emu::{Counters, EmuError, EmuSet, LocalShard};
-use crate::engine::init_shard;
-use crate::model::Catalogue;
+use crate::engine::{init_piece, init_shard};
+use crate::model::{Catalogue, Numerics, OutputHead};
 use crate::plan::{ModelStage, Plan, Role, Stage};
 use crate::planner::{catalogues, fixed_plan, Planner, StepSeconds};
-use crate::rl::{warm_up, RlJob, StepMetrics, StepSettings, Warmup};
+use crate::rl::{warm_up, RlJob, StepMetrics, StepSettings, Warmup, EOS};
 use crate::topology::format_index_list;
 use crate::units::format_bytes;
 
@@ -43,9 +45,17 @@ pub struct TrainOptions {
 /// Consecutive steps with skipped updates after which `on_nonfinite = "skip-step"` gives up.
 const MAX_SKIPPING_STEPS: u32 = 3;
 
-/// Where each model's initial weights come from.
+/// One model's initial state: parameters (a tensor absent there starts fresh: a value head
+/// on a causal LM), and the moments of a resumed checkpoint.
+struct Source {
+    params: ModelWeights,
+    optimizer: Option<ModelWeights>,
+}
+
+/// Where each model's initial weights come from (a model without one is initialized by the
+/// engine).
 struct Sources {
-    files: BTreeMap<Role, (TensorFile, Option<TensorFile>)>,
+    files: BTreeMap<Role, Source>,
     counters: BTreeMap<String, Counters>,
     start_step: u64,
 }
@@ -71,7 +81,7 @@ pub fn run(
     let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
     let sources = match &resume_dir {
         Some(dir) => from_checkpoint(session, dir, &config, options)?,
-        None => warm_up_models(session, &mut plane, &config, &settings, &out.join("warmup"))?,
+        None => initial_sources(session, &mut plane, &config, &settings, &out.join("warmup"))?,
     };
     let mut set = create_state(&mut plane, &config, &plan, &sources, world)?;
     let job = RlJob::new(&mut plane, &set, plan.clone(), settings)?;
@@ -123,7 +133,7 @@ fn create_state(
     sources: &Sources,
     world: i32,
 ) -> Result<EmuSet, RuntimeError> {
-    let mut set = EmuSet::new(plane.rank(), world, device_memory(config), catalogues(config));
+    let mut set = EmuSet::new(plane.rank(), world, device_memory(config), job_catalogues(config));
     for p in &plan.placements {
         let ms = p.candidate.model_stage;
         let counters = sources
@@ -131,10 +141,17 @@ fn create_state(
             .get(&ms.to_string())
             .copied()
             .unwrap_or(Counters { seed: config.job.seed, ..Counters::default() });
+        let seed = config.job.seed ^ ms.role as u64;
         for r in 0..p.candidate.dp as usize {
             let fill = |shard: &mut LocalShard, catalogue: &Catalogue| match sources.files.get(&ms.role) {
-                Some((params, optim)) => fill_shard(shard, catalogue, params, optim.as_ref()),
-                None => init_shard(shard, catalogue, config.job.seed ^ ms.role as u64).map_err(|e| e.to_string()),
+                Some(source) => {
+                    let mut fresh = |piece: &_, out: &mut [f32]| {
+                        init_piece(out, catalogue, piece, seed);
+                        Ok(())
+                    };
+                    fill_shard(shard, catalogue, &source.params, source.optimizer.as_ref(), &mut fresh)
+                }
+                None => init_shard(shard, catalogue, seed).map_err(|e| e.to_string()),
             };
             set.create(plane, ms, p.candidate.layout, p.replica(r), counters, fill).map_err(|e| match e {
                 EmuError::NoRoom { .. } => RuntimeError::everywhere("state creation", e.into()),
@@ -288,7 +305,7 @@ fn from_checkpoint(
     options: &TrainOptions,
 ) -> Result<Sources, RuntimeError> {
     let resume_options = ResumeOptions { reset_optimizer: options.reset_optimizer };
-    let opened = resume::open(dir, config, &catalogues(config), resume_options, session.rank() == 0);
+    let opened = resume::open(dir, config, &job_catalogues(config), resume_options, session.rank() == 0);
     let resumed = session.agree("checkpoint verification", opened.map_err(RuntimeError::from))?;
     let mut counters = resumed.sidecar.counters.clone();
     if options.reset_optimizer {
@@ -305,7 +322,11 @@ fn from_checkpoint(
     if session.rank() == 0 {
         log::info!("resuming from {} (step {}, verified)", dir.display(), resumed.sidecar.step);
     }
-    let files = resumed.models.into_iter().map(|(role, m)| (role, (m.params, m.optimizer))).collect();
+    let files = resumed
+        .models
+        .into_iter()
+        .map(|(role, m)| (role, Source { params: m.params, optimizer: m.optimizer }))
+        .collect();
     Ok(Sources { files, counters, start_step: resumed.sidecar.step })
 }
 
@@ -324,54 +345,163 @@ fn resume_marker(metrics: &MetricsLog, dir: &Path, from_step: u64) -> Result<(),
     )
 }
 
-/// Runs the supervised warm-ups the config asks for (every rank) and returns their files.
-fn warm_up_models(
+/// The catalogues of the job's models, each computing with its model's RoPE and RMSNorm
+/// numbers (the planner's catalogues describe shapes only).
+fn job_catalogues(config: &JobConfig) -> BTreeMap<Role, Catalogue> {
+    catalogues(config)
+        .into_iter()
+        .map(|(role, c)| (role, c.with_numerics(Numerics::from_spec(spec(config, role)))))
+        .collect()
+}
+
+fn spec(config: &JobConfig, role: Role) -> &ModelSpec {
+    let roles = config.models.roles();
+    roles.into_iter().find(|(name, _)| *name == role.name()).map_or(&config.models.actor, |(_, s)| s)
+}
+
+/// Where a model of a fresh job starts.
+#[derive(Debug, Clone, PartialEq)]
+enum Origin {
+    /// A Hugging Face model directory.
+    Dir(PathBuf),
+    /// The supervised warm-up of this model.
+    WarmUp(Role),
+    /// The engine's initialization.
+    Engine,
+}
+
+/// Where `role` starts: its own `path`; else the actor's and the reward model's warm-ups; the
+/// reference starts as the actor does, and the critic as the reward model when their
+/// architectures match (InstructGPT's choice).
+fn origin(config: &JobConfig, role: Role) -> Origin {
+    if let Some(dir) = &spec(config, role).path {
+        return Origin::Dir(dir.clone());
+    }
+    let t = &config.train;
+    let reward = config.models.reward.architecture_map();
+    match role {
+        Role::Actor if t.warmup_actor_steps > 0 => Origin::WarmUp(Role::Actor),
+        Role::Reward if t.warmup_reward_steps > 0 => Origin::WarmUp(Role::Reward),
+        Role::Reference => origin(config, Role::Actor),
+        Role::Critic if spec(config, Role::Critic).architecture_map() == reward => origin(config, Role::Reward),
+        _ => Origin::Engine,
+    }
+}
+
+/// The initial weights of a fresh job: model directories (opened and checked on every rank),
+/// then the supervised warm-ups the config asks for, for models without a directory.
+fn initial_sources(
     session: &Session,
     plane: &mut MpiPlane,
     config: &JobConfig,
     settings: &StepSettings,
     dir: &Path,
 ) -> Result<Sources, RuntimeError> {
-    let world = session.world().size();
-    let mut files = BTreeMap::new();
+    let cats = job_catalogues(config);
+    let opened = open_model_dirs(config, &cats, session.rank() == 0);
+    let mut files = session.agree("model directories", opened)?;
     let t = &config.train;
     for (role, kind, steps) in
         [(Role::Actor, Warmup::Actor, t.warmup_actor_steps), (Role::Reward, Warmup::RewardModel, t.warmup_reward_steps)]
     {
-        if steps == 0 {
+        if steps == 0 || !cats.contains_key(&role) {
             continue;
         }
-        let mut set = EmuSet::new(plane.rank(), world, config.cluster.device_memory_bytes(), catalogues(config));
-        let ms = ModelStage::new(role, Stage::Training);
-        let (id, loss) = warm_up(
-            plane,
-            &mut set,
-            ms,
-            kind,
-            &settings.task,
-            config.job.seed,
-            steps,
-            settings.sequences(),
-            settings.sampling.max_new_tokens,
-            t.warmup_lr,
-        )?;
-        let path = warm_up_path(dir, role);
-        let saved = checkpoint::save_params_file(plane, &set, role, id, &path);
-        session.agree("warm-up output", saved.map_err(RuntimeError::from))?;
-        if plane.rank() == 0 {
-            log::info!("warm-up of the {} model: {steps} steps, final loss {loss:.4}", role.name());
+        if let Origin::Dir(from) = origin(config, role) {
+            if session.rank() == 0 {
+                log::warn!(
+                    "the {} model starts from {}: its {steps} warm-up steps are skipped",
+                    role.name(),
+                    from.display()
+                );
+            }
+            continue;
         }
-        files.insert(role, (TensorFile::open(&path)?, None));
+        let path = warm_up_path(dir, role);
+        run_warm_up(session, plane, config, settings, role, kind, steps, &path)?;
     }
-    // The reference starts as the warmed-up actor; the critic from the reward model when they
-    // share an architecture (InstructGPT's choice), otherwise fresh.
-    if files.contains_key(&Role::Actor) {
-        files.insert(Role::Reference, (TensorFile::open(&warm_up_path(dir, Role::Actor))?, None));
-    }
-    if config.models.critic.as_ref() == Some(&config.models.reward) && files.contains_key(&Role::Reward) {
-        files.insert(Role::Critic, (TensorFile::open(&warm_up_path(dir, Role::Reward))?, None));
+    for &role in cats.keys() {
+        if let Origin::WarmUp(from) = origin(config, role) {
+            let params = ModelWeights::single(TensorFile::open(&warm_up_path(dir, from))?)?;
+            files.insert(role, Source { params, optimizer: None });
+        }
     }
     Ok(Sources { files, counters: BTreeMap::new(), start_step: 0 })
+}
+
+/// Opens the model directory of every model that starts from one, and checks its tensors
+/// against the model's catalogue (every rank maps the files; only headers are read here). A
+/// value model starting from a causal LM gets a fresh `score.weight`, logged by rank 0.
+fn open_model_dirs(
+    config: &JobConfig,
+    cats: &BTreeMap<Role, Catalogue>,
+    log: bool,
+) -> Result<BTreeMap<Role, Source>, RuntimeError> {
+    let mut out = BTreeMap::new();
+    for (&role, catalogue) in cats {
+        let Origin::Dir(dir) = origin(config, role) else { continue };
+        let found = hf::read_model_config(&dir).map_err(|reason| {
+            RuntimeError::Usage(format!("models.{}.path = `{}`: {reason}", role.name(), dir.display()))
+        })?;
+        let value = catalogue.arch.head == OutputHead::Value;
+        if found.value_head && !value {
+            return Err(RuntimeError::Usage(format!(
+                "models.{}.path = `{}` holds a sequence classifier ({}); the {} model needs a causal LM",
+                role.name(),
+                dir.display(),
+                found.json["architectures"],
+                role.name()
+            )));
+        }
+        let fresh: &[&str] = if value && !found.value_head { &["score.weight"] } else { &[] };
+        let params = open_weights(&dir)?;
+        let absent = params.check(catalogue, &[""], Expect::Pretrained { fresh })?;
+        if log && !absent.is_empty() {
+            log::info!(
+                "the {} model starts from the causal LM in {}: its value head score.weight [1, {}] is new, initialized from the seed",
+                role.name(),
+                dir.display(),
+                catalogue.arch.hidden
+            );
+        }
+        out.insert(role, Source { params, optimizer: None });
+    }
+    Ok(out)
+}
+
+/// Runs one supervised warm-up (every rank) and saves its output at `path`.
+#[allow(clippy::too_many_arguments)]
+fn run_warm_up(
+    session: &Session,
+    plane: &mut MpiPlane,
+    config: &JobConfig,
+    settings: &StepSettings,
+    role: Role,
+    kind: Warmup,
+    steps: u32,
+    path: &Path,
+) -> Result<(), RuntimeError> {
+    let world = session.world().size();
+    let mut set = EmuSet::new(plane.rank(), world, config.cluster.device_memory_bytes(), job_catalogues(config));
+    let ms = ModelStage::new(role, Stage::Training);
+    let (id, loss) = warm_up(
+        plane,
+        &mut set,
+        ms,
+        kind,
+        &settings.task,
+        config.job.seed,
+        steps,
+        settings.sequences(),
+        settings.sampling.max_new_tokens,
+        config.train.warmup_lr,
+    )?;
+    let saved = checkpoint::save_params_file(plane, &set, role, id, path);
+    session.agree("warm-up output", saved.map_err(RuntimeError::from))?;
+    if plane.rank() == 0 {
+        log::info!("warm-up of the {} model: {steps} steps, final loss {loss:.4}", role.name());
+    }
+    Ok(())
 }
 
 fn warm_up_path(dir: &Path, role: Role) -> PathBuf {
@@ -415,7 +545,7 @@ fn save(
     step: u64,
     checkpoints: &Checkpoints,
 ) -> Result<PathBuf, RuntimeError> {
-    let specs: BTreeMap<&str, _> = config.models.roles().into_iter().collect();
+    let origins: BTreeMap<Role, Origin> = job.replicas.keys().map(|ms| (ms.role, origin(config, ms.role))).collect();
     let mut models: Vec<ModelToSave> = Vec::new();
     for (ms, ids) in &job.replicas {
         let role = ms.role;
@@ -424,7 +554,12 @@ fn save(
         if models.iter().any(|m| m.role == role) || (!ms.trains() && job.replicas.contains_key(&training)) {
             continue;
         }
-        models.push(ModelToSave { role, emu: ids[0], architecture: specs[role.name()] });
+        let source = match &origins[&role] {
+            Origin::Dir(dir) => Some(dir.as_path()),
+            _ => None,
+        };
+        let value_head = matches!(role, Role::Critic | Role::Reward);
+        models.push(ModelToSave { role, emu: ids[0], architecture: spec(config, role), value_head, source });
     }
     let counters =
         job.replicas.iter().filter_map(|(ms, ids)| set.emu(ids[0]).map(|e| (ms.to_string(), e.counters))).collect();
@@ -441,7 +576,15 @@ fn save(
         rng: "counter-based: draws are functions of (seed, sequence id, position)".into(),
         sha256: String::new(),
     };
-    Ok(checkpoint::save(plane, set, &models, sidecar, checkpoints)?)
+    let settings = StepSettings::new(config);
+    let options = SaveOptions {
+        max_shard_bytes: config.train.checkpoint_shard_bytes(),
+        max_position_embeddings: settings.seq_len() as u64,
+        eos_token_id: Some(EOS),
+        temperature: config.train.temperature,
+        top_p: config.train.top_p,
+    };
+    Ok(checkpoint::save(plane, set, &models, sidecar, checkpoints, &options)?)
 }
 
 /// What the cost model predicts for the plan the job runs, recorded beside every measurement.

@@ -28,8 +28,8 @@ pub use attention::{attention_backward, attention_forward, AttentionShape};
 pub use embedding::{embedding_backward, embedding_forward};
 pub use head::{log_probs_backward, log_probs_forward, value_backward, value_forward};
 pub use linear::{linear_backward, linear_forward};
-pub use rmsnorm::{rmsnorm_backward, rmsnorm_forward, RMS_EPS};
-pub use rope::Rope;
+pub use rmsnorm::{rmsnorm_backward, rmsnorm_forward};
+pub use rope::{frequencies, Rope};
 pub use swiglu::{swiglu_backward, swiglu_forward};
 
 use super::Real;

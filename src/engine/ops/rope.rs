@@ -1,11 +1,41 @@
 //! Rotary position embeddings (Su et al. 2021) in Hugging Face's "rotate half" form: channel
-//! `i < D/2` pairs with `i + D/2` and both turn by `pos · θ^(−2i/D)`.
+//! `i < D/2` pairs with `i + D/2` and both turn by `pos · ω_i`, with `ω_i = θ^(−2i/D)`
+//! (θ from the model's config) or, under Llama 3.1's `llama3` scaling, `ω_i` rescaled by its
+//! wavelength (transformers' `_compute_llama3_parameters`).
 
+use std::f64::consts::PI;
+
+use crate::config::RopeScaling;
 use crate::engine::Real;
 
-/// Base θ of the rotary frequencies (Llama 2's 10,000; Llama 3 uses 500,000 with scaling,
-/// which the tiny CPU models do not need).
-pub const ROPE_THETA: f64 = 10_000.0;
+/// The rotation frequencies `ω_i`, `i < D/2`, of heads `d` wide: `θ^(−2i/D)`, then scaled.
+///
+/// `llama3`: with `L` the original context, a frequency whose wavelength `2π/ω` is shorter
+/// than `L / high_freq_factor` is kept, one longer than `L / low_freq_factor` is divided by
+/// `factor`, and one in between is interpolated:
+/// `ω' = (1 − s)·ω/factor + s·ω` with `s = (L/λ − low_freq_factor) / (high_freq_factor − low_freq_factor)`.
+pub fn frequencies(d: usize, theta: f64, scaling: Option<&RopeScaling>) -> Vec<f64> {
+    let base = (0..d / 2).map(|i| theta.powf(-2.0 * i as f64 / d as f64));
+    match scaling {
+        None => base.collect(),
+        Some(&RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings }) => {
+            let context = f64::from(original_max_position_embeddings);
+            let (long, short) = (context / low_freq_factor, context / high_freq_factor);
+            base.map(|w| {
+                let wavelength = 2.0 * PI / w;
+                if wavelength < short {
+                    w
+                } else if wavelength > long {
+                    w / factor
+                } else {
+                    let s = (context / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                    (1.0 - s) * w / factor + s * w
+                }
+            })
+            .collect()
+        }
+    }
+}
 
 /// Cosine and sine tables for positions `0..max_positions` and head width `D`.
 #[derive(Debug, Clone)]
@@ -16,14 +46,16 @@ pub struct Rope<T> {
 }
 
 impl<T: Real> Rope<T> {
-    /// Tables for `max_positions` positions of heads `d` wide (`d` even).
-    pub fn new(max_positions: usize, d: usize) -> Rope<T> {
+    /// Tables for `max_positions` positions of heads `d` wide (`d` even), base `theta`,
+    /// frequencies scaled by `scaling` (see [`frequencies`]).
+    pub fn new(max_positions: usize, d: usize, theta: f64, scaling: Option<&RopeScaling>) -> Rope<T> {
         let half = d / 2;
+        let omega = frequencies(d, theta, scaling);
         let mut cos = Vec::with_capacity(max_positions * half);
         let mut sin = Vec::with_capacity(max_positions * half);
         for pos in 0..max_positions {
-            for i in 0..half {
-                let angle = pos as f64 * ROPE_THETA.powf(-2.0 * i as f64 / d as f64);
+            for &w in &omega {
+                let angle = pos as f64 * w;
                 cos.push(T::of(angle.cos()));
                 sin.push(T::of(angle.sin()));
             }

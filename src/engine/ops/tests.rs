@@ -2,6 +2,7 @@
 //! is differentiated by the layer's backward pass and by central differences, input by input.
 
 use super::*;
+use crate::config::RopeScaling;
 
 /// Deterministic pseudo-random values in `[-1, 1)`.
 fn values(n: usize, seed: u64) -> Vec<f64> {
@@ -56,20 +57,34 @@ fn linear_gradients_match_finite_differences() {
 }
 
 #[test]
-fn rmsnorm_gradients_match_finite_differences() {
+fn rmsnorm_gradients_match_finite_differences_for_any_epsilon() {
     let (n, c) = (3, 6);
     let r = values(n * c, 4);
-    let loss = |v: &[Vec<f64>]| {
+    // ε = 0.3 is as large as the mean square here, so a backward pass that ignored it (or
+    // counted it twice) would fail.
+    for eps in [1e-5, 1e-6, 0.3] {
+        let loss = |v: &[Vec<f64>]| {
+            let (mut y, mut rstd) = (vec![0.0; n * c], vec![0.0; n]);
+            rmsnorm_forward(&mut y, &mut rstd, &v[0], &v[1], c, eps);
+            dot(&y, &r)
+        };
+        let inputs = vec![values(n * c, 5), values(c, 6)];
         let (mut y, mut rstd) = (vec![0.0; n * c], vec![0.0; n]);
-        rmsnorm_forward(&mut y, &mut rstd, &v[0], &v[1], c);
-        dot(&y, &r)
-    };
-    let inputs = vec![values(n * c, 5), values(c, 6)];
-    let (mut y, mut rstd) = (vec![0.0; n * c], vec![0.0; n]);
-    rmsnorm_forward(&mut y, &mut rstd, &inputs[0], &inputs[1], c);
-    let (mut dx, mut dw) = (vec![0.0; n * c], vec![0.0; c]);
-    rmsnorm_backward(&mut dx, &mut dw, &r, &inputs[0], &inputs[1], &rstd, c);
-    check("rmsnorm", &inputs, &[dx, dw], loss);
+        rmsnorm_forward(&mut y, &mut rstd, &inputs[0], &inputs[1], c, eps);
+        let (mut dx, mut dw) = (vec![0.0; n * c], vec![0.0; c]);
+        rmsnorm_backward(&mut dx, &mut dw, &r, &inputs[0], &inputs[1], &rstd, c);
+        check("rmsnorm", &inputs, &[dx, dw], loss);
+    }
+}
+
+#[test]
+fn rmsnorm_forward_uses_the_configured_epsilon() {
+    // x = (3, 4): mean square 12.5; with ε = 3.5, rstd = 1/4 exactly.
+    let (mut y, mut rstd) = (vec![0.0; 2], vec![0.0; 1]);
+    rmsnorm_forward(&mut y, &mut rstd, &[3.0f64, 4.0], &[2.0, -1.0], 2, 3.5);
+    assert_eq!((rstd[0], y[0], y[1]), (0.25, 1.5, -1.0));
+    rmsnorm_forward(&mut y, &mut rstd, &[3.0f64, 4.0], &[1.0, 1.0], 2, 1e-6);
+    assert!((rstd[0] - 1.0 / (12.5f64 + 1e-6).sqrt()).abs() < 1e-15);
 }
 
 #[test]
@@ -87,10 +102,27 @@ fn swiglu_gradients_match_finite_differences() {
     check("swiglu", &inputs, &[dg, du], loss);
 }
 
+/// Llama 3.1's scaling over a short original context (256): wavelengths below 64 are kept,
+/// above 256 divided, so small heads have a frequency in every band — with θ = 10,000 and
+/// D = 6, λ = 6.3, 135, 2916; with θ = 20,000 and D = 8, λ = 6.3, 75, 889, 10563.
+fn short_llama3() -> RopeScaling {
+    RopeScaling::Llama3 {
+        factor: 8.0,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_max_position_embeddings: 256,
+    }
+}
+
 #[test]
 fn rope_gradient_is_the_inverse_rotation_and_decoding_positions_match() {
+    for scaling in [None, Some(short_llama3())] {
+        rope_case(Rope::<f64>::new(16, 6, 10_000.0, scaling.as_ref()));
+    }
+}
+
+fn rope_case(rope: Rope<f64>) {
     let (t, heads, d) = (4, 2, 6);
-    let rope = Rope::<f64>::new(16, d);
     let r = values(2 * t * heads * d, 10);
     let loss = |v: &[Vec<f64>]| {
         let mut x = v[0].clone();
@@ -107,6 +139,62 @@ fn rope_gradient_is_the_inverse_rotation_and_decoding_positions_match() {
     let mut one = inputs[0][2 * heads * d..3 * heads * d].to_vec();
     rope.apply(&mut one, 1, heads, 5, false);
     assert_eq!(one, full[2 * heads * d..3 * heads * d]);
+}
+
+#[test]
+fn llama3_frequencies_match_hand_derived_values() {
+    // Llama 3.1 (θ = 500,000, D = 128, factor 8, bands 1 and 4 over 8192 positions): ω_i =
+    // θ^(−i/64); the wavelength 2π/ω_i is below 8192/4 = 2048 up to i = 28 (kept), above 8192
+    // from i = 35 (divided by 8), in between for i = 29..=34 (interpolated).
+    let llama = RopeScaling::Llama3 {
+        factor: 8.0,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_max_position_embeddings: 8192,
+    };
+    let got = frequencies(128, 500_000.0, Some(&llama));
+    let plain = |i: usize| (-(i as f64) / 64.0 * 500_000f64.ln()).exp();
+    assert_eq!(got.len(), 64);
+    assert_eq!(got[0], 1.0);
+    assert!((got[28] - plain(28)).abs() <= 1e-15 * plain(28), "short wavelengths are kept");
+    for (i, &w) in got.iter().enumerate().skip(35) {
+        assert!((w - plain(i) / 8.0).abs() <= 1e-12 * plain(i), "i = {i}: long wavelengths are divided by 8");
+    }
+    for (i, &w) in got.iter().enumerate().take(35).skip(29) {
+        // s = 8192 / λ − 1 over the band of width 3; ω' = ω · (s + (1 − s)/8).
+        let s = (8192.0 * plain(i) / (2.0 * std::f64::consts::PI) - 1.0) / 3.0;
+        assert!(s > 0.0 && s < 1.0, "i = {i} lies in the band");
+        assert!((w - plain(i) * (s + (1.0 - s) / 8.0)).abs() <= 1e-12 * plain(i), "i = {i} is interpolated");
+    }
+    // i = 30 by hand: ω = e^(−30·ln(500000)/64) = 2.131120e-3, λ = 2π/ω = 2948.303,
+    // s = (8192/λ − 1)/3 = 0.5928493, ω' = ω · (s + (1 − s)/8) = ω · 0.6437431 = 1.371894e-3.
+    assert!((got[30] - 1.371_894e-3).abs() < 1e-9, "{}", got[30]);
+    // Without scaling the frequencies are θ's powers.
+    let unscaled = frequencies(128, 500_000.0, None);
+    assert!((0..64).all(|i| (unscaled[i] - plain(i)).abs() <= 1e-15 * plain(i).max(1e-300) + 1e-18));
+}
+
+#[test]
+fn qk_norm_then_rope_gradients_match_finite_differences() {
+    // Qwen3's query path: per-head RMSNorm over D (ε from the config), then the rotation.
+    let (t, heads, d, eps) = (3, 2, 8, 1e-6);
+    let rope = Rope::<f64>::new(8, d, 20_000.0, Some(&short_llama3()));
+    let n = 2 * t * heads;
+    let r = values(n * d, 30);
+    let forward = |v: &[Vec<f64>]| {
+        let (mut q, mut rstd) = (vec![0.0; n * d], vec![0.0; n]);
+        rmsnorm_forward(&mut q, &mut rstd, &v[0], &v[1], d, eps);
+        rope.apply(&mut q, t, heads, 1, false);
+        (q, rstd)
+    };
+    let loss = |v: &[Vec<f64>]| dot(&forward(v).0, &r);
+    let inputs = vec![values(n * d, 31), values(d, 32).iter().map(|w| 1.0 + 0.5 * w).collect()];
+    let (_, rstd) = forward(&inputs);
+    let mut dq = r.clone();
+    rope.apply(&mut dq, t, heads, 1, true);
+    let (mut dq_raw, mut dw) = (vec![0.0; n * d], vec![0.0; d]);
+    rmsnorm_backward(&mut dq_raw, &mut dw, &dq, &inputs[0], &inputs[1], &rstd, d);
+    check("qk-norm + rope", &inputs, &[dq_raw, dw], loss);
 }
 
 fn attention_shape(t: usize) -> AttentionShape {

@@ -18,7 +18,8 @@
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use super::{Architecture, Layout, OutputHead, Position};
+use super::{Architecture, Layout, Numerics, OutputHead, Position};
+use crate::config::ModelSpec;
 
 /// How a tensor is divided among the `tp` ranks of a stage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -59,12 +60,24 @@ pub struct TensorSpec {
     pub sharding: Sharding,
     /// Pipeline placement.
     pub owner: StageOwner,
+    /// One-dimensional in Hugging Face's files (`[cols]`: the norm gains); every other tensor
+    /// is `[rows, cols]`, `score.weight` included (`[num_labels, hidden]` = `[1, hidden]`).
+    pub vector: bool,
 }
 
 impl TensorSpec {
     /// Elements in the whole tensor.
     pub fn elements(&self) -> u64 {
         self.rows * self.cols
+    }
+
+    /// The tensor's shape in Hugging Face's files.
+    pub fn hf_shape(&self) -> Vec<usize> {
+        if self.vector {
+            vec![self.cols as usize]
+        } else {
+            vec![self.rows as usize, self.cols as usize]
+        }
     }
 }
 
@@ -219,6 +232,16 @@ impl LocalShape {
     }
 }
 
+/// A weight matrix `[rows, cols]` (`[out_features, in_features]`).
+fn matrix(name: String, rows: u64, cols: u64, sharding: Sharding, owner: StageOwner) -> TensorSpec {
+    TensorSpec { name, rows, cols, sharding, owner, vector: false }
+}
+
+/// An RMSNorm gain `[width]`, replicated.
+fn norm(name: String, width: u64, owner: StageOwner) -> TensorSpec {
+    TensorSpec { name, rows: 1, cols: width, sharding: Sharding::Replicated, owner, vector: true }
+}
+
 /// Every tensor of one model.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Catalogue {
@@ -226,43 +249,57 @@ pub struct Catalogue {
     pub arch: Architecture,
     /// Tensors in a fixed order: embeddings, blocks in order, final norm, head.
     pub tensors: Vec<TensorSpec>,
+    /// RoPE and RMSNorm constants, for the engine (the tiny models' unless given).
+    #[serde(default)]
+    pub numerics: Numerics,
 }
 
 impl Catalogue {
-    /// Lists every tensor of `arch`.
+    /// The catalogue of a `[models.<role>]` table, numbers included; `value_head` for the
+    /// critic and the reward model.
+    pub fn of_spec(spec: &ModelSpec, value_head: bool) -> Catalogue {
+        Catalogue::new(Architecture::from_spec(spec, value_head)).with_numerics(Numerics::from_spec(spec))
+    }
+
+    /// The same catalogue computing with `numerics`.
+    pub fn with_numerics(self, numerics: Numerics) -> Catalogue {
+        Catalogue { numerics, ..self }
+    }
+
+    /// Lists every tensor of `arch` (with the tiny models' numerics: [`Numerics::default`]).
     pub fn new(arch: Architecture) -> Catalogue {
+        use Sharding::{ColumnParallel, RowParallel, VocabParallel};
         let a = &arch;
-        let mut t = Vec::new();
-        let mut add = |name: String, rows: u64, cols: u64, sharding: Sharding, owner: StageOwner| {
-            t.push(TensorSpec { name, rows, cols, sharding, owner });
-        };
-        add("model.embed_tokens.weight".into(), a.vocab, a.hidden, Sharding::VocabParallel, StageOwner::First);
+        let mut t =
+            vec![matrix("model.embed_tokens.weight".into(), a.vocab, a.hidden, VocabParallel, StageOwner::First)];
         for l in 0..a.layers {
             let p = |s: &str| format!("model.layers.{l}.{s}");
             let b = StageOwner::Block(l);
-            add(p("input_layernorm.weight"), 1, a.hidden, Sharding::Replicated, b);
-            add(p("self_attn.q_proj.weight"), a.q_width(), a.hidden, Sharding::ColumnParallel, b);
-            add(p("self_attn.k_proj.weight"), a.kv_width(), a.hidden, Sharding::ColumnParallel, b);
-            add(p("self_attn.v_proj.weight"), a.kv_width(), a.hidden, Sharding::ColumnParallel, b);
+            t.push(norm(p("input_layernorm.weight"), a.hidden, b));
+            t.push(matrix(p("self_attn.q_proj.weight"), a.q_width(), a.hidden, ColumnParallel, b));
+            t.push(matrix(p("self_attn.k_proj.weight"), a.kv_width(), a.hidden, ColumnParallel, b));
+            t.push(matrix(p("self_attn.v_proj.weight"), a.kv_width(), a.hidden, ColumnParallel, b));
             if a.qk_norm {
-                add(p("self_attn.q_norm.weight"), 1, a.head_dim, Sharding::Replicated, b);
-                add(p("self_attn.k_norm.weight"), 1, a.head_dim, Sharding::Replicated, b);
+                t.push(norm(p("self_attn.q_norm.weight"), a.head_dim, b));
+                t.push(norm(p("self_attn.k_norm.weight"), a.head_dim, b));
             }
-            add(p("self_attn.o_proj.weight"), a.hidden, a.q_width(), Sharding::RowParallel, b);
-            add(p("post_attention_layernorm.weight"), 1, a.hidden, Sharding::Replicated, b);
-            add(p("mlp.gate_proj.weight"), a.ffn, a.hidden, Sharding::ColumnParallel, b);
-            add(p("mlp.up_proj.weight"), a.ffn, a.hidden, Sharding::ColumnParallel, b);
-            add(p("mlp.down_proj.weight"), a.hidden, a.ffn, Sharding::RowParallel, b);
+            t.push(matrix(p("self_attn.o_proj.weight"), a.hidden, a.q_width(), RowParallel, b));
+            t.push(norm(p("post_attention_layernorm.weight"), a.hidden, b));
+            t.push(matrix(p("mlp.gate_proj.weight"), a.ffn, a.hidden, ColumnParallel, b));
+            t.push(matrix(p("mlp.up_proj.weight"), a.ffn, a.hidden, ColumnParallel, b));
+            t.push(matrix(p("mlp.down_proj.weight"), a.hidden, a.ffn, RowParallel, b));
         }
-        add("model.norm.weight".into(), 1, a.hidden, Sharding::Replicated, StageOwner::Last);
+        t.push(norm("model.norm.weight".into(), a.hidden, StageOwner::Last));
         match (a.head, a.tie_embeddings) {
             (OutputHead::Lm, false) => {
-                add("lm_head.weight".into(), a.vocab, a.hidden, Sharding::VocabParallel, StageOwner::Last)
+                t.push(matrix("lm_head.weight".into(), a.vocab, a.hidden, VocabParallel, StageOwner::Last))
             }
             (OutputHead::Lm, true) => {} // the LM head is model.embed_tokens.weight
-            (OutputHead::Value, _) => add("score.weight".into(), 1, a.hidden, Sharding::Replicated, StageOwner::Last),
+            (OutputHead::Value, _) => {
+                t.push(matrix("score.weight".into(), 1, a.hidden, Sharding::Replicated, StageOwner::Last))
+            }
         }
-        Catalogue { arch, tensors: t }
+        Catalogue { arch, tensors: t, numerics: Numerics::default() }
     }
 
     /// Total parameters.

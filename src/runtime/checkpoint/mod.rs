@@ -7,7 +7,12 @@
 //!     state.json                the sidecar: job, algorithm, seed, step, data position,
 //!                               counters, and per model its architecture and each file's
 //!                               size and SHA-256
-//!     <model>.safetensors       whole tensors under Hugging Face names (any layout loads them)
+//!     <model>/                  a Hugging Face model directory (`from_pretrained` loads it):
+//!       config.json             architecture (`architectures`, RoPE, ε, dtype, …)
+//!       generation_config.json
+//!       model.safetensors       whole tensors under Hugging Face names (any layout loads them),
+//!                               or model-0000k-of-0000n.safetensors + model.safetensors.index.json
+//!       tokenizer files         copied from the directory the model started from, if any
 //!     <model>.optim.safetensors AdamW moments, `exp_avg.<name>` and `exp_avg_sq.<name>`
 //!   step-N.partial/             a checkpoint being written; removed at the next start
 //! ```
@@ -19,23 +24,25 @@
 //! created; each rank then copies only its rectangles out of the memory-mapped files.
 
 mod error;
+pub mod model_dir;
 pub mod resume;
 pub mod save;
 pub mod sidecar;
 pub mod tensors;
 
 pub use error::CheckpointError;
+pub use model_dir::{open_weights, write_model_dir, WriteOptions};
 pub use resume::{ModelFiles, ResumeOptions, Resumed};
-pub use save::{save, save_params_file, ModelToSave};
+pub use save::{save, save_params_file, ModelToSave, SaveOptions};
 pub use sidecar::{FileDigest, SavedModel, Sidecar, FORMAT, SIDECAR};
-pub use tensors::{fill_shard, TensorFile};
+pub use tensors::{fill_shard, Absent, Expect, ModelWeights, NamedTensor, TensorFile};
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use error::io;
 
-/// The parameter file of model `model` in a checkpoint.
+/// The parameter file of model `model` among the warm-ups' outputs.
 pub fn params_file(model: &str) -> String {
     format!("{model}.safetensors")
 }

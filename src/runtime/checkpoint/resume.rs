@@ -1,16 +1,20 @@
 //! Opening a checkpoint to resume from: everything that could make a resumed run silently
 //! wrong is checked before any state is created — the job, algorithm, seed and batch geometry
-//! against the config, the step against the counters, every model's architecture, every
-//! file's size, SHA-256, tensor set, shapes and finiteness.
+//! against the config, the step against the counters, every model's architecture (in the
+//! sidecar and in its `config.json`), every file's size, SHA-256, tensor set, shapes and
+//! finiteness.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::error::CheckpointError;
-use super::sidecar::{sha256_hex, FileDigest, Sidecar};
-use super::tensors::{TensorFile, MOMENT_PREFIXES};
-use crate::config::{JobConfig, ModelSpec};
-use crate::model::Catalogue;
+use super::model_dir::{digest_file, open_weights};
+use super::sidecar::{FileDigest, SavedModel, Sidecar};
+use super::tensors::{Expect, ModelWeights, TensorFile, MOMENT_PREFIXES};
+use crate::config::hf::{self, CONFIG_JSON};
+use crate::config::models::spec_map;
+use crate::config::{Dtype, JobConfig, ModelSpec};
+use crate::model::{Catalogue, OutputHead};
 use crate::plan::{model_stages, Role};
 
 /// Changes a resume may make on purpose, each logged loudly.
@@ -23,10 +27,10 @@ pub struct ResumeOptions {
 
 /// A model's files, opened.
 pub struct ModelFiles {
-    /// Parameters.
-    pub params: TensorFile,
+    /// Parameters (the model directory's weights).
+    pub params: ModelWeights,
     /// AdamW moments (`None` for models that do not train, or after `reset_optimizer`).
-    pub optimizer: Option<TensorFile>,
+    pub optimizer: Option<ModelWeights>,
 }
 
 /// A checkpoint checked against the job.
@@ -66,13 +70,11 @@ pub fn open(
             return Err(mismatch(dir, &key, was, now, ""));
         }
         let catalogue = &catalogues[&role];
-        let params = open_file(dir, &saved.params, &sidecar, name, catalogue, &[""], hash_files)?;
+        let params = open_model_dir(dir, saved, &sidecar, name, catalogue, hash_files)?;
         let trains = model_stages(config.rl.algorithm).iter().any(|ms| ms.role == role && ms.trains());
         let optimizer = match (&saved.optimizer, trains, options.reset_optimizer) {
             (_, false, _) | (_, true, true) => None,
-            (Some(digest), true, false) => {
-                Some(open_file(dir, digest, &sidecar, name, catalogue, &MOMENT_PREFIXES, hash_files)?)
-            }
+            (Some(digest), true, false) => Some(open_optimizer(dir, digest, &sidecar, name, catalogue, hash_files)?),
             (None, true, false) => {
                 return Err(CheckpointError::Inconsistent {
                     dir: dir.into(),
@@ -146,10 +148,10 @@ fn check_counters(dir: &Path, s: &Sidecar, config: &JobConfig) -> Result<(), Che
     Ok(())
 }
 
-/// The first architecture key that differs, as `(models.<role>.<key>, checkpoint, config)`.
+/// The first architecture key that differs, as `(models.<role>.<key>, checkpoint, config)`
+/// (`path` is where the model first came from, not what it is).
 fn first_difference(role: &str, saved: &ModelSpec, now: &ModelSpec) -> Option<(String, String, String)> {
-    let (a, b) = (serde_json::to_value(saved).ok()?, serde_json::to_value(now).ok()?);
-    let (a, b) = (a.as_object()?, b.as_object()?);
+    let (a, b) = (saved.architecture_map(), now.architecture_map());
     let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
     keys.sort();
     keys.dedup();
@@ -159,24 +161,28 @@ fn first_difference(role: &str, saved: &ModelSpec, now: &ModelSpec) -> Option<(S
         .map(|k| (format!("models.{role}.{k}"), show(a.get(k)), show(b.get(k))))
 }
 
-/// Opens one file and checks it: size, tensor set and shapes, the header's model and step,
-/// and with `hash` its SHA-256 and that every value is finite.
-fn open_file(
-    dir: &Path,
-    digest: &FileDigest,
-    sidecar: &Sidecar,
-    model: &str,
-    catalogue: &Catalogue,
-    prefixes: &[&str],
-    hash: bool,
-) -> Result<TensorFile, CheckpointError> {
+/// Checks one listed file: present, of the recorded size, and with `hash` of the recorded
+/// SHA-256.
+fn check_file(dir: &Path, digest: &FileDigest, hash: bool) -> Result<(), CheckpointError> {
     let path = dir.join(&digest.file);
     let damaged = |reason: String| CheckpointError::Damaged { path: path.clone(), reason };
-    let file = TensorFile::open(&path)?;
-    if file.bytes().len() as u64 != digest.bytes {
-        return Err(damaged(format!("{} bytes; the sidecar says {}", file.bytes().len(), digest.bytes)));
+    let size = std::fs::metadata(&path).map_err(|_| damaged("the file is missing".into()))?.len();
+    if size != digest.bytes {
+        return Err(damaged(format!("{size} bytes; the sidecar says {}", digest.bytes)));
     }
-    file.check_structure(catalogue, prefixes)?;
+    if hash {
+        let found = digest_file(&path, &digest.file)?;
+        if found.sha256 != digest.sha256 {
+            return Err(damaged(format!("SHA-256 {}, the sidecar recorded {}", found.sha256, digest.sha256)));
+        }
+    }
+    Ok(())
+}
+
+/// Checks the header of a tensor file (the model and step it was written for) and, with
+/// `hash`, that every value is finite.
+fn check_tensor_file(file: &TensorFile, sidecar: &Sidecar, model: &str, hash: bool) -> Result<(), CheckpointError> {
+    let damaged = |reason: String| CheckpointError::Damaged { path: file.path().into(), reason };
     let meta = file.metadata();
     let claim = |key: &str| meta.get(key).map_or("none", String::as_str).to_string();
     if claim("nereus.model") != model || claim("nereus.step") != sidecar.step.to_string() {
@@ -188,15 +194,73 @@ fn open_file(
         )));
     }
     if hash {
-        let sha = sha256_hex(file.bytes());
-        if sha != digest.sha256 {
-            return Err(damaged(format!("SHA-256 {sha}, the sidecar recorded {}", digest.sha256)));
-        }
         if let Some((tensor, count)) = file.first_non_finite()? {
             return Err(damaged(format!("{count} values of `{tensor}` are NaN or infinite")));
         }
     }
-    Ok(file)
+    Ok(())
+}
+
+/// Opens a model directory of the checkpoint and checks it: every listed file (size, and with
+/// `hash` its SHA-256), weights only from listed files, the tensor set, shapes and dtype, each
+/// weight file's header, finiteness (with `hash`), and that `config.json` describes the
+/// sidecar's architecture.
+fn open_model_dir(
+    dir: &Path,
+    saved: &SavedModel,
+    sidecar: &Sidecar,
+    model: &str,
+    catalogue: &Catalogue,
+    hash: bool,
+) -> Result<ModelWeights, CheckpointError> {
+    for digest in &saved.files {
+        check_file(dir, digest, hash)?;
+    }
+    let model_dir = dir.join(&saved.dir);
+    let weights = open_weights(&model_dir)?;
+    for file in weights.files() {
+        if !saved.files.iter().any(|d| dir.join(&d.file) == file.path()) {
+            return Err(CheckpointError::Damaged {
+                path: file.path().into(),
+                reason: "the weights name it, and the sidecar does not list it".into(),
+            });
+        }
+    }
+    weights.check(catalogue, &[""], Expect::Exactly(saved.architecture.dtype))?;
+    for file in weights.files() {
+        check_tensor_file(file, sidecar, model, hash)?;
+    }
+    let config = model_dir.join(CONFIG_JSON);
+    let damaged = |reason: String| CheckpointError::Damaged { path: config.clone(), reason };
+    let found = hf::read_model_config(&model_dir).map_err(damaged)?;
+    if let Some(d) = hf::disagreement(&spec_map(&saved.architecture), &found.spec) {
+        return Err(damaged(format!(
+            "it has {} = {}, the sidecar's {model} has {} = {}",
+            d.hf_key, d.theirs, d.key, d.ours
+        )));
+    }
+    if found.value_head != (catalogue.arch.head == OutputHead::Value) {
+        return Err(damaged(format!("it describes {}, which is not the {model} model", found.json["architectures"])));
+    }
+    Ok(weights)
+}
+
+/// Opens an optimizer file and checks it like the weights: size, digest, exactly the moments
+/// of every tensor in f32, header, finiteness.
+fn open_optimizer(
+    dir: &Path,
+    digest: &FileDigest,
+    sidecar: &Sidecar,
+    model: &str,
+    catalogue: &Catalogue,
+    hash: bool,
+) -> Result<ModelWeights, CheckpointError> {
+    check_file(dir, digest, hash)?;
+    let file = TensorFile::open(&dir.join(&digest.file))?;
+    check_tensor_file(&file, sidecar, model, hash)?;
+    let moments = ModelWeights::single(file)?;
+    moments.check(catalogue, &MOMENT_PREFIXES, Expect::Exactly(Dtype::F32))?;
+    Ok(moments)
 }
 
 #[cfg(test)]
@@ -217,10 +281,21 @@ mod tests {
             tie_embeddings: false,
             head_dim: None,
             qk_norm: false,
+            path: Some("somewhere".into()),
+            rope_theta: 10_000.0,
+            rms_norm_eps: 1e-5,
+            rope_scaling: None,
         };
         let b = ModelSpec { heads: 8, kv_heads: 4, ..a.clone() };
         assert_eq!(first_difference("actor", &a, &b), Some(("models.actor.heads".into(), "4".into(), "8".into())));
         assert_eq!(first_difference("actor", &a, &a), None);
+        let moved = ModelSpec { path: Some("elsewhere".into()), ..a.clone() };
+        assert_eq!(first_difference("actor", &a, &moved), None, "where the model came from is not its architecture");
+        let eps = ModelSpec { rms_norm_eps: 1e-6, ..a.clone() };
+        assert_eq!(
+            first_difference("actor", &a, &eps),
+            Some(("models.actor.rms_norm_eps".into(), "0.00001".into(), "1e-6".into()))
+        );
         let c = ModelSpec { head_dim: Some(16), ..a.clone() };
         assert_eq!(
             first_difference("critic", &a, &c),

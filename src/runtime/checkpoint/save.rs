@@ -1,6 +1,7 @@
 //! Writing a checkpoint so that it cannot be half-written: every file goes into
 //! `step-N.partial/` and is fsynced with its directory, the directory is renamed to `step-N/`,
-//! and only then does `latest` point at it.
+//! and only then does `latest` point at it. Each model becomes a Hugging Face model directory
+//! (`step-N/<model>/`) with its optimizer file beside it (`step-N/<model>.optim.safetensors`).
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -8,11 +9,13 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use super::error::{io, CheckpointError};
+use super::model_dir::{write_model_dir, WriteOptions};
 use super::sidecar::{FileDigest, SavedModel, Sidecar};
 use super::tensors::{first_non_finite, model_tensors, serialize, NamedTensor};
 use super::Checkpoints;
 use crate::comm::DataPlane;
-use crate::config::ModelSpec;
+use crate::config::hf::{self, ConfigJsonOptions};
+use crate::config::{Dtype, ModelSpec};
 use crate::emu::{EmuId, EmuSet};
 use crate::plan::Role;
 
@@ -45,6 +48,26 @@ pub struct ModelToSave<'a> {
     pub emu: EmuId,
     /// `[models.<role>]`.
     pub architecture: &'a ModelSpec,
+    /// Whether it is a value model (critic, reward): a sequence classifier with `score.weight`.
+    pub value_head: bool,
+    /// The model directory it started from: the keys of its `config.json` the job does not
+    /// own, its generation config and its tokenizer files are carried into the checkpoint.
+    pub source: Option<&'a Path>,
+}
+
+/// What every model directory of a checkpoint takes from the job.
+#[derive(Debug, Clone)]
+pub struct SaveOptions {
+    /// Largest weight shard in bytes.
+    pub max_shard_bytes: u64,
+    /// `max_position_embeddings` of a model that did not come with one.
+    pub max_position_embeddings: u64,
+    /// `eos_token_id` of a model that did not come with one.
+    pub eos_token_id: Option<u32>,
+    /// Sampling temperature (`generation_config.json`).
+    pub temperature: f64,
+    /// Nucleus mass (`generation_config.json`).
+    pub top_p: f64,
 }
 
 /// What every file of a checkpoint records about the run: job, model, step.
@@ -67,6 +90,7 @@ pub fn save<P: DataPlane>(
     models: &[ModelToSave],
     mut sidecar: Sidecar,
     checkpoints: &Checkpoints,
+    options: &SaveOptions,
 ) -> Result<PathBuf, CheckpointError> {
     let step = sidecar.step;
     let (partial, dir) = (checkpoints.partial_dir(step), checkpoints.step_dir(step));
@@ -80,7 +104,7 @@ pub fn save<P: DataPlane>(
         let Some(whole) = whole else { continue };
         if outcome.is_ok() {
             let (params, moments) = model_tensors(&whole, set.catalogue(m.role));
-            outcome = write_model(&partial, m, &params, moments.as_deref(), &sidecar)
+            outcome = write_model(&partial, m, &params, moments.as_deref(), &sidecar, options)
                 .map(|saved| drop(sidecar.models.insert(m.role.name().into(), saved)));
         }
     }
@@ -102,29 +126,56 @@ fn start_partial(partial: &Path) -> Result<(), CheckpointError> {
     std::fs::create_dir_all(partial).map_err(io("create directory", partial))
 }
 
-/// Writes one model's parameter (and optimizer) file, refusing non-finite state.
+/// Writes one model's directory (and optimizer file), refusing non-finite state.
 fn write_model(
     dir: &Path,
     m: &ModelToSave,
     params: &[NamedTensor],
     moments: Option<&[NamedTensor]>,
     sidecar: &Sidecar,
+    options: &SaveOptions,
 ) -> Result<SavedModel, CheckpointError> {
     let name = m.role.name();
     let all = params.iter().chain(moments.into_iter().flatten());
     if let Some((tensor, count)) = first_non_finite(all.map(|(n, _, d)| (n.as_str(), d.as_slice()))) {
         return Err(CheckpointError::NonFinite { model: name.into(), tensor, count });
     }
-    let write = |file: String, tensors: &[NamedTensor]| -> Result<FileDigest, CheckpointError> {
-        slow_save_for_tests();
-        let path = dir.join(&file);
-        let bytes = serialize(tensors, file_metadata(sidecar, name), &path)?;
-        write_durably(&path, &bytes)?;
-        Ok(FileDigest::of(&file, &bytes))
+    // The source's config.json was read when the job started; a source that vanished since
+    // only loses its extra keys, never the architecture.
+    let base = m.source.and_then(|s| hf::read_model_config(s).ok()).map(|found| found.json);
+    let config = hf::config_json(
+        m.architecture,
+        m.value_head,
+        &ConfigJsonOptions {
+            base: base.as_ref(),
+            max_position_embeddings: options.max_position_embeddings,
+            eos_token_id: options.eos_token_id,
+        },
+    );
+    let generation = hf::generation_config_json(&config, options.temperature, options.top_p);
+    let write = WriteOptions {
+        dtype: m.architecture.dtype,
+        max_shard_bytes: options.max_shard_bytes,
+        metadata: file_metadata(sidecar, name),
+        config: &config,
+        generation_config: &generation,
+        source: m.source,
     };
-    let params = write(super::params_file(name), params)?;
-    let optimizer = moments.map(|t| write(super::optimizer_file(name), t)).transpose()?;
-    Ok(SavedModel { architecture: m.architecture.clone(), params, optimizer })
+    let files = write_model_dir(&dir.join(name), params, &write)?
+        .into_iter()
+        .map(|d| FileDigest { file: format!("{name}/{}", d.file), ..d })
+        .collect();
+    let optimizer = moments
+        .map(|t| -> Result<FileDigest, CheckpointError> {
+            slow_save_for_tests();
+            let file = super::optimizer_file(name);
+            let path = dir.join(&file);
+            let bytes = serialize(t, Dtype::F32, file_metadata(sidecar, name), &path)?;
+            write_durably(&path, &bytes)?;
+            Ok(FileDigest::of(&file, &bytes))
+        })
+        .transpose()?;
+    Ok(SavedModel { architecture: m.architecture.clone(), dir: name.into(), files, optimizer })
 }
 
 /// Renames the finished `partial` to `dir`. A checkpoint already at `dir` (from a run resumed
@@ -172,12 +223,12 @@ pub fn save_params_file<P: DataPlane>(
         std::fs::create_dir_all(parent).map_err(io("create directory", parent))?;
     }
     let meta = HashMap::from([("format".to_string(), "pt".to_string()), ("nereus.model".into(), role.name().into())]);
-    replace_durably(path, &serialize(&params, meta, path)?)
+    replace_durably(path, &serialize(&params, Dtype::F32, meta, path)?)
 }
 
 /// Test hook: `NEREUS_FAULT_SLOW_SAVE_MS=<ms>` pauses before each checkpoint file, so that a
 /// test can kill rank 0 in the middle of a save (`tests/hardening.rs`).
-fn slow_save_for_tests() {
+pub(super) fn slow_save_for_tests() {
     if let Some(ms) = std::env::var("NEREUS_FAULT_SLOW_SAVE_MS").ok().and_then(|v| v.parse::<u64>().ok()) {
         std::thread::sleep(std::time::Duration::from_millis(ms));
     }

@@ -11,17 +11,18 @@ use super::error::CheckpointError;
 use crate::config::ModelSpec;
 use crate::emu::Counters;
 
-/// Sidecar format version (2: architectures, file digests, atomic directories).
-pub const FORMAT: u32 = 2;
+/// Sidecar format version (2: architectures, file digests, atomic directories; 3: every model a
+/// Hugging Face model directory, every file of it listed).
+pub const FORMAT: u32 = 3;
 
 /// The sidecar's file name inside a checkpoint directory.
 pub const SIDECAR: &str = "state.json";
 
-/// One file of a checkpoint.
+/// One file of a checkpoint (a model directory's files are named `<model>/<file>`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileDigest {
-    /// File name inside the checkpoint directory.
+    /// Path inside the checkpoint directory.
     pub file: String,
     /// Size in bytes.
     pub bytes: u64,
@@ -47,9 +48,12 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 pub struct SavedModel {
     /// The architecture it was trained with (`[models.<role>]`).
     pub architecture: ModelSpec,
-    /// The parameters file.
-    pub params: FileDigest,
-    /// The optimizer file (AdamW moments), for models that train.
+    /// Its Hugging Face model directory inside the checkpoint (the model's name).
+    pub dir: String,
+    /// Every file of that directory: `config.json`, `generation_config.json`, the weights
+    /// (shards and index), tokenizer files.
+    pub files: Vec<FileDigest>,
+    /// The optimizer file (AdamW moments) beside the directory, for models that train.
     pub optimizer: Option<FileDigest>,
 }
 
