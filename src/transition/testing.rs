@@ -86,8 +86,22 @@ pub fn plan_pair(rng: &mut Rng, catalogue: &Catalogue, pool: u32) -> (Plan, Plan
     (from, to)
 }
 
-/// The smallest per-rank memory at which the global DAG can schedule the transition: the
-/// tightest setting in which coordination still succeeds.
+/// The most state any rank holds under `plan`.
+fn fullest_rank(plan: &Plan, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64) -> u64 {
+    let mut per_rank: std::collections::BTreeMap<i32, u64> = std::collections::BTreeMap::new();
+    for p in &plan.placements {
+        let layout = p.candidate.layout;
+        for replica in p.ranks.chunks(layout.size() as usize) {
+            for (k, &r) in replica.iter().enumerate() {
+                *per_rank.entry(r).or_default() += bytes(p.candidate.model_stage, layout, layout.position(k));
+            }
+        }
+    }
+    per_rank.into_values().max().unwrap_or(0)
+}
+
+/// The smallest per-rank memory that holds both plans and at which the global DAG can schedule
+/// the transition: the tightest setting in which coordination still succeeds.
 pub fn tightest_capacity(
     from: &Plan,
     to: &Plan,
@@ -95,7 +109,7 @@ pub fn tightest_capacity(
     links: &Links,
 ) -> u64 {
     let feasible = |c: u64| TransitionDag::plan(from, to, bytes, &Links { capacity_bytes: c, ..*links }, true).is_ok();
-    let (mut lo, mut hi) = (0u64, 1u64 << 40);
+    let (mut lo, mut hi) = (fullest_rank(from, bytes).max(fullest_rank(to, bytes)).saturating_sub(1), 1u64 << 40);
     while lo + 1 < hi {
         let mid = lo + (hi - lo) / 2;
         if feasible(mid) {
