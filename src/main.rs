@@ -161,6 +161,22 @@ enum BenchCommand {
         #[arg(long, value_name = "PATH")]
         json: Option<PathBuf>,
     },
+    /// The cost model calibrated on this machine: the tiny PPO job under 16 fixed plans on 4 and
+    /// 8 ranks, efficiencies fitted on half, the other half predicted (mpirun -n 8).
+    Calibration {
+        /// Cluster file whose detected figures the start-up probes measure.
+        #[arg(long, default_value = "configs/clusters/local-detect.toml")]
+        cluster: PathBuf,
+        /// Training steps per plan (the first is a warm-up and not measured).
+        #[arg(long, default_value_t = 8)]
+        steps: u32,
+        /// Where the plans' runs are written (replaced).
+        #[arg(long, default_value = "runs/bench-calibration")]
+        out_dir: PathBuf,
+        /// Also write the report as JSON.
+        #[arg(long, value_name = "PATH")]
+        json: Option<PathBuf>,
+    },
     /// Replan time and peak memory of the plan search from 8 to 16,384 GPUs.
     Planner {
         /// The job to plan (run from the repository root for the default).
@@ -327,6 +343,9 @@ fn main() -> ExitCode {
         TopCommand::Bench(BenchCommand::Engine { reps, json }) => Command::BenchEngine { reps, json },
         TopCommand::Bench(BenchCommand::Coordination { trials, seed, json }) => {
             Command::BenchCoordination { trials, seed, json }
+        }
+        TopCommand::Bench(BenchCommand::Calibration { cluster, steps, out_dir, json }) => {
+            Command::BenchCalibration { cluster, steps, out_dir, json }
         }
         TopCommand::Bench(BenchCommand::Planner { config, seq_len, reps, json }) => {
             Command::BenchPlanner { config, seq_len, reps, json }

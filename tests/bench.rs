@@ -72,3 +72,42 @@ fn bench_engine_reports_every_phase_and_the_gemm_fraction_floor() {
         .clone();
     assert_eq!(floor["floor"], 0.4);
 }
+
+#[test]
+fn bench_calibration_fits_half_the_plans_and_predicts_the_other_half() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("c.json");
+    let runs = dir.path().join("runs");
+    let out = run_mpi(
+        8,
+        &[
+            "bench",
+            "calibration",
+            "--steps",
+            "2",
+            "--out-dir",
+            runs.to_str().unwrap(),
+            "--json",
+            json.to_str().unwrap(),
+        ],
+    );
+    let (_, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rows = report["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 16, "4 layouts x {{4, 8}} ranks x 2 lengths");
+    let held_out: Vec<&serde_json::Value> = rows.iter().filter(|r| r["set"] == "held-out").collect();
+    assert_eq!(held_out.len(), 8);
+    for ranks in [4, 8] {
+        assert!(held_out.iter().any(|r| r["ranks"] == ranks), "both pools are predicted");
+    }
+    for r in rows {
+        let measured: f64 = r["measured"].as_object().unwrap().values().map(|v| v.as_f64().unwrap()).sum();
+        let predicted: f64 = r["predicted"].as_object().unwrap().values().map(|v| v.as_f64().unwrap()).sum();
+        assert!(measured > 0.0 && predicted > 0.0, "{r}");
+        let error = 100.0 * (predicted - measured).abs() / measured;
+        assert!((error - r["step_error_pct"].as_f64().unwrap()).abs() < 1e-6, "{r}");
+    }
+    let names: Vec<&str> = report["floors"].as_array().unwrap().iter().map(|f| f["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["held_out_step_mape_pct", "held_out_largest_step_error_pct"]);
+}

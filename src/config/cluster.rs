@@ -53,6 +53,9 @@ pub struct ClusterSection {
     /// Infinity Fabric): how fast a transition may stage state through host memory. Default: the
     /// device memory bandwidth on the MPI data plane (host memory is the device), else 25.
     pub host_link_gbps: Option<f64>,
+    /// CPU cores per node, where ranks stand in for devices and may share cores (detected on
+    /// CPU-only nodes): a pass on `r` ranks of a node gets `min(1, cores / r)` of a device's peak.
+    pub cores_per_node: Option<u32>,
     /// Data plane for tensors: `mpi`, `nccl` or `rccl`.
     pub data_plane: Option<DataPlane>,
 }
@@ -81,6 +84,9 @@ pub struct ClusterSpec {
     pub nic_gbps: f64,
     /// Device-to-host bandwidth, GB/s per direction.
     pub host_link_gbps: f64,
+    /// CPU cores per node when ranks may share them (CPU-only nodes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cores_per_node: Option<u32>,
     /// Data plane for tensors.
     pub data_plane: DataPlane,
 }
@@ -127,6 +133,7 @@ impl ClusterSection {
             nics_per_node: over.nics_per_node.or(self.nics_per_node),
             nic_gbps: over.nic_gbps.or(self.nic_gbps),
             host_link_gbps: over.host_link_gbps.or(self.host_link_gbps),
+            cores_per_node: over.cores_per_node.or(self.cores_per_node),
             data_plane: over.data_plane.or(self.data_plane),
         }
     }
@@ -158,6 +165,7 @@ impl ClusterSection {
             nics_per_node: need("nics_per_node", &self.nics_per_node)?,
             nic_gbps: need("nic_gbps", &self.nic_gbps)?,
             host_link_gbps,
+            cores_per_node: self.cores_per_node,
             data_plane,
         };
         spec.validate()?;
@@ -188,6 +196,10 @@ impl ClusterSpec {
         check::positive("cluster.intra_node_gbps", self.intra_node_gbps)?;
         check::at_least_one("cluster.nics_per_node", self.nics_per_node)?;
         check::positive("cluster.nic_gbps", self.nic_gbps)?;
-        check::positive("cluster.host_link_gbps", self.host_link_gbps)
+        check::positive("cluster.host_link_gbps", self.host_link_gbps)?;
+        if let Some(cores) = self.cores_per_node {
+            check::at_least_one("cluster.cores_per_node", cores)?;
+        }
+        Ok(())
     }
 }

@@ -45,6 +45,25 @@ impl OpClass {
     pub fn index(self) -> usize {
         self as usize
     }
+
+    /// The class's name in reports and JSON (`gemm`, `tp-all-reduce`, …).
+    pub fn name(self) -> &'static str {
+        match self {
+            OpClass::Gemm => "gemm",
+            OpClass::Attention => "attention",
+            OpClass::Decode => "decode",
+            OpClass::TpAllReduce => "tp-all-reduce",
+            OpClass::DpAllReduce => "dp-all-reduce",
+            OpClass::PpP2pIntra => "pp-p2p-intra",
+            OpClass::PpP2pInter => "pp-p2p-inter",
+            OpClass::Reshard => "reshard",
+        }
+    }
+
+    /// Per-class seconds as a name → seconds map (classes with no time left out).
+    pub fn named(seconds: &[f64; 8]) -> std::collections::BTreeMap<&'static str, f64> {
+        OpClass::ALL.iter().filter(|c| seconds[c.index()] > 0.0).map(|c| (c.name(), seconds[c.index()])).collect()
+    }
 }
 
 /// One measured operation: its roofline time and the time it took.
@@ -93,6 +112,114 @@ impl Efficiencies {
     }
 }
 
+/// One measured stage of one plan: the roofline seconds per class along its critical path
+/// (`Planner::stage_parts`) and the wall seconds it took.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct StageSample {
+    /// Roofline seconds per class, indexed by [`OpClass::index`].
+    pub ideal: [f64; 8],
+    /// Measured seconds.
+    pub measured: f64,
+}
+
+/// How strongly a fit keeps a class near its current efficiency (relative to one sample).
+const FIT_PRIOR_WEIGHT: f64 = 1e-6;
+/// The range a fitted efficiency may take: above 1 where the roofline overstates the work
+/// (a probe-measured peak), far below where time the model does not price (elementwise work,
+/// waiting for a slower rank) shows up in a class.
+const EFFICIENCY_RANGE: (f64, f64) = (1e-4, 10.0);
+
+impl Efficiencies {
+    /// Fits every class's efficiency to whole stages: the inverse efficiencies `x_c ≥ 0` that
+    /// minimize `Σ_s ((Σ_c ideal_{s,c} x_c − measured_s) / measured_s)²` (relative errors, so
+    /// short stages count as much as long ones), with a weak pull toward the current values so
+    /// a class no sample exercises keeps its efficiency. The normal equations of eight unknowns
+    /// are solved exactly, with an active set for the bound.
+    pub fn fit_stages(&mut self, samples: &[StageSample]) {
+        let rows: Vec<([f64; 8], f64)> = samples
+            .iter()
+            .filter(|s| s.measured > 0.0 && s.ideal.iter().any(|&v| v > 0.0))
+            .map(|s| (s.ideal.map(|v| v / s.measured), 1.0))
+            .collect();
+        if rows.is_empty() {
+            return;
+        }
+        let prior: [f64; 8] = self.0.map(|e| 1.0 / e);
+        // Normal equations A x = b of the weighted least squares plus the prior term.
+        let mut a = [[0.0f64; 8]; 8];
+        let mut b = [0.0f64; 8];
+        for (f, y) in &rows {
+            for i in 0..8 {
+                b[i] += f[i] * y;
+                for j in 0..8 {
+                    a[i][j] += f[i] * f[j];
+                }
+            }
+        }
+        for i in 0..8 {
+            // Scaled to the class's own curvature, the pull barely moves a class the data
+            // determines; a class no sample exercises is held at its current value.
+            let w = if a[i][i] > 0.0 { FIT_PRIOR_WEIGHT * a[i][i] } else { 1.0 };
+            a[i][i] += w;
+            b[i] += w * prior[i];
+        }
+        // Active set: solve the free classes exactly; any below the bound is fixed there and
+        // the rest solved again (at most eight rounds).
+        let floor = 1.0 / EFFICIENCY_RANGE.1;
+        let mut fixed = [false; 8];
+        let mut x = prior;
+        for _ in 0..8 {
+            let free: Vec<usize> = (0..8).filter(|&i| !fixed[i]).collect();
+            let m: Vec<Vec<f64>> = free.iter().map(|&i| free.iter().map(|&j| a[i][j]).collect()).collect();
+            let rhs: Vec<f64> = free
+                .iter()
+                .map(|&i| b[i] - (0..8).filter(|&j| fixed[j]).map(|j| a[i][j] * floor).sum::<f64>())
+                .collect();
+            let Some(solved) = solve_linear(m, rhs) else { return };
+            for (k, &i) in free.iter().enumerate() {
+                x[i] = solved[k];
+            }
+            let below: Vec<usize> = free.iter().copied().filter(|&i| x[i] < floor).collect();
+            if below.is_empty() {
+                break;
+            }
+            for i in below {
+                fixed[i] = true;
+                x[i] = floor;
+            }
+        }
+        self.0 = x.map(|v| (1.0 / v).clamp(EFFICIENCY_RANGE.0, EFFICIENCY_RANGE.1));
+    }
+}
+
+/// `m · x = rhs` by Gaussian elimination with partial pivoting (`None` when singular).
+fn solve_linear(mut m: Vec<Vec<f64>>, mut rhs: Vec<f64>) -> Option<Vec<f64>> {
+    let n = rhs.len();
+    for col in 0..n {
+        let pivot = (col..n).max_by(|&p, &q| m[p][col].abs().total_cmp(&m[q][col].abs()))?;
+        if m[pivot][col].abs() < 1e-300 {
+            return None;
+        }
+        m.swap(col, pivot);
+        rhs.swap(col, pivot);
+        let (top, below) = m.split_at_mut(col + 1);
+        let pivot_row = &top[col];
+        for (r, row) in below.iter_mut().enumerate() {
+            let f = row[col] / pivot_row[col];
+            for (x, p) in row[col..].iter_mut().zip(&pivot_row[col..]) {
+                *x -= f * p;
+            }
+            rhs[col + 1 + r] -= f * rhs[col];
+        }
+    }
+    let mut x = vec![0.0; n];
+    for row in (0..n).rev() {
+        let rest: f64 = (row + 1..n).map(|k| m[row][k] * x[k]).sum();
+        x[row] = (rhs[row] - rest) / m[row][row];
+    }
+    Some(x)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,5 +236,28 @@ mod tests {
         assert_eq!(e.of(OpClass::Decode), Efficiencies::default().of(OpClass::Decode), "other classes untouched");
         e.fit(&[Measurement { class: OpClass::Gemm, ideal_seconds: 1.0, measured_seconds: 2.0 }], 0.5);
         assert!((e.of(OpClass::Gemm) - (0.5 * 0.72 + 0.5 * 0.5)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_stage_fit_recovers_the_efficiencies_that_produced_the_stages() {
+        // Stages mixing GEMM, attention and DP all-reduce in varied proportions, timed at
+        // efficiencies 0.8, 0.2 and 0.05; decode never appears and keeps its prior.
+        let truth = [0.8, 0.2, 0.5, 0.6, 0.05, 0.6, 0.6, 0.6];
+        let samples: Vec<StageSample> = (0..12)
+            .map(|k| {
+                let mut ideal = [0.0; 8];
+                ideal[OpClass::Gemm.index()] = 1.0 + k as f64;
+                ideal[OpClass::Attention.index()] = 0.3 * ((k * 7) % 5) as f64;
+                ideal[OpClass::DpAllReduce.index()] = 0.01 * ((k * 3) % 4) as f64;
+                let measured = (0..8).map(|c| ideal[c] / truth[c]).sum();
+                StageSample { ideal, measured }
+            })
+            .collect();
+        let mut e = Efficiencies::default();
+        e.fit_stages(&samples);
+        for c in [OpClass::Gemm, OpClass::Attention, OpClass::DpAllReduce] {
+            assert!((e.of(c) / truth[c.index()] - 1.0).abs() < 0.01, "{c:?}: {} vs {}", e.of(c), truth[c.index()]);
+        }
+        assert!((e.of(OpClass::Decode) - Efficiencies::default().of(OpClass::Decode)).abs() < 1e-9);
     }
 }

@@ -13,7 +13,7 @@ pub mod placement;
 pub mod reference;
 mod stats;
 
-pub use calibration::{Efficiencies, Measurement, OpClass};
+pub use calibration::{Efficiencies, Measurement, OpClass, StageSample};
 pub use memory::{
     activation_bytes_per_layer, kv_cache_bytes_per_sequence, optimizer_bytes_per_param, training_state_bytes_per_param,
     EngineKind, MemoryBreakdown, MemoryItem, GRADIENT_BYTES,
@@ -53,6 +53,8 @@ pub struct Hardware {
     pub intra_bytes_per_s: f64,
     /// Network bandwidth available to one device, bytes/s per direction (node NICs shared).
     pub inter_bytes_per_s: f64,
+    /// CPU cores per node where ranks stand in for devices and may share them.
+    pub cores_per_node: Option<u32>,
 }
 
 impl Hardware {
@@ -67,6 +69,7 @@ impl Hardware {
             hbm_bytes_per_s: cluster.device_hbm_gbps * 1e9,
             intra_bytes_per_s: cluster.intra_node_gbps * 1e9,
             inter_bytes_per_s: cluster.inter_node_gbps() * 1e9 / f64::from(cluster.devices_per_node),
+            cores_per_node: cluster.cores_per_node,
         }
     }
 
@@ -315,6 +318,34 @@ impl CostModel {
 
     /// Roofline seconds per class for the slowest replica.
     pub fn latency(&self, stats: &ModelStats, c: &Candidate, w: &Workload) -> LatencyBreakdown {
+        let ideal = self.latency_on_whole_devices(stats, c, w);
+        self.on_shared_cores(ideal, c)
+    }
+
+    /// The share of a device's peak each rank of `c` gets: ranks that stand in for devices on a
+    /// CPU node share its cores, so a pass keeping `r` ranks of a node busy gives each
+    /// `min(1, cores / r)` of a core (idle ranks yield their core while they wait).
+    pub fn compute_share(&self, c: &Candidate) -> f64 {
+        let hw = &self.hardware;
+        match hw.cores_per_node {
+            Some(cores) => {
+                let busy = c.ranks().min(hw.devices_per_node).max(1);
+                (f64::from(cores) / f64::from(busy)).min(1.0)
+            }
+            None => 1.0,
+        }
+    }
+
+    /// `ideal` with its compute classes slowed to the share of a core `c`'s ranks get.
+    fn on_shared_cores(&self, mut ideal: LatencyBreakdown, c: &Candidate) -> LatencyBreakdown {
+        let share = self.compute_share(c);
+        for class in [OpClass::Gemm, OpClass::Attention, OpClass::Decode] {
+            ideal.0[class.index()] /= share;
+        }
+        ideal
+    }
+
+    fn latency_on_whole_devices(&self, stats: &ModelStats, c: &Candidate, w: &Workload) -> LatencyBreakdown {
         match c.model_stage.stage {
             Stage::Training => {
                 // Every update is one pipeline flush over the replica's share of a mini-batch,
@@ -333,10 +364,9 @@ impl CostModel {
     }
 
     /// The old-log-probability pass of a training candidate (forward only over its share of
-    /// the rollout, in the inference stage).
-    pub fn old_logp_latency(&self, stats: &ModelStats, c: &Candidate, w: &Workload) -> f64 {
-        let ideal = self.pass_latency(stats, c, Self::per_replica(w.sequences, c.dp), w.seq_len(), false);
-        ideal.seconds(&self.efficiencies)
+    /// the rollout, in the inference stage), at roofline per class.
+    pub fn old_logp_breakdown(&self, stats: &ModelStats, c: &Candidate, w: &Workload) -> LatencyBreakdown {
+        self.on_shared_cores(self.pass_latency(stats, c, Self::per_replica(w.sequences, c.dp), w.seq_len(), false), c)
     }
 
     /// One pass over `share` sequences of `seq` tokens in micro-batches through the pipeline:

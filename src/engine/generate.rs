@@ -104,7 +104,10 @@ impl Replica {
         }
         let (mut lengths, mut done) = (vec![0usize; b], vec![false; b]);
         let (mut input, mut rows) = (prompts.to_vec(), Rows { b, t: p, pos0: 0 });
+        // Step 0 is the prefill; every later step decodes one token per sequence.
+        let outside = super::timers::set_decoding(false);
         for step in 0..r {
+            super::timers::set_decoding(step > 0);
             let mark = arena.mark();
             let x = match self.recv_input(plane, b * rows.t, arena)? {
                 Some(x) => x,
@@ -143,6 +146,7 @@ impl Replica {
             input = next;
             rows = Rows { b, t: 1, pos0: p + step };
         }
+        super::timers::set_decoding(outside);
         Ok(Generated { tokens, lengths })
     }
 }

@@ -15,6 +15,7 @@ mod output;
 pub mod parallel;
 mod real;
 pub mod stage;
+pub mod timers;
 pub mod train;
 pub mod weights;
 

@@ -8,10 +8,12 @@
 //! no previous stage, and its DP group — the same position in every replica — is `[1, 5]`.
 
 use crate::comm::{DataPlane, GroupId, Transfer};
+use crate::cost::OpClass;
 use crate::emu::Emu;
 use crate::model::{Layout, Position};
 
 use super::ops::TensorGroup;
+use super::timers::timed;
 use super::EngineError;
 
 /// One rank's place in one EMU and the groups it communicates with.
@@ -133,22 +135,26 @@ impl EmuGroups {
 
 fn exchange<P: DataPlane>(plane: &P, peer: Option<i32>, data: &[f32], into: &mut [f32]) -> Result<(), EngineError> {
     let peer = peer.ok_or_else(|| EngineError::Shape { what: "pipeline exchange with a missing stage".into() })?;
-    plane.exchange(&mut [
-        Transfer::Send { peer, data: bytemuck::cast_slice(data) },
-        Transfer::Recv { peer, data: bytemuck::cast_slice_mut(into) },
-    ])?;
+    timed(OpClass::PpP2pIntra, || {
+        plane.exchange(&mut [
+            Transfer::Send { peer, data: bytemuck::cast_slice(data) },
+            Transfer::Recv { peer, data: bytemuck::cast_slice_mut(into) },
+        ])
+    })?;
     Ok(())
 }
 
 fn send<P: DataPlane>(plane: &P, peer: Option<i32>, data: &[f32]) -> Result<(), EngineError> {
     let peer = peer.ok_or_else(|| EngineError::Shape { what: "pipeline send past the last stage".into() })?;
-    plane.exchange(&mut [Transfer::Send { peer, data: bytemuck::cast_slice(data) }])?;
+    timed(OpClass::PpP2pIntra, || plane.exchange(&mut [Transfer::Send { peer, data: bytemuck::cast_slice(data) }]))?;
     Ok(())
 }
 
 fn recv<P: DataPlane>(plane: &P, peer: Option<i32>, data: &mut [f32]) -> Result<(), EngineError> {
     let peer = peer.ok_or_else(|| EngineError::Shape { what: "pipeline receive before the first stage".into() })?;
-    plane.exchange(&mut [Transfer::Recv { peer, data: bytemuck::cast_slice_mut(data) }])?;
+    timed(OpClass::PpP2pIntra, || {
+        plane.exchange(&mut [Transfer::Recv { peer, data: bytemuck::cast_slice_mut(data) }])
+    })?;
     Ok(())
 }
 
@@ -162,7 +168,7 @@ pub struct TpGroup<'a, P> {
 impl<P: DataPlane> TensorGroup<f32> for TpGroup<'_, P> {
     fn sum(&self, values: &mut [f32]) -> Result<(), EngineError> {
         if let Some(g) = self.group {
-            self.plane.all_reduce_sum_f32(g, values)?;
+            timed(OpClass::TpAllReduce, || self.plane.all_reduce_sum_f32(g, values))?;
         }
         Ok(())
     }

@@ -4,6 +4,8 @@
 //! faster with a transposed operand (`docs/engine.md`); everything else is plain loops.
 
 use std::fmt::Debug;
+
+use crate::cost::OpClass;
 use std::iter::Sum;
 use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Neg, Sub, SubAssign};
 
@@ -181,10 +183,27 @@ pub fn matmul<T: Real>(
         Op::T => (1, k as isize),
     };
     let beta = if accumulate { T::ONE } else { T::ZERO };
-    // SAFETY: the lengths were checked against the shapes above and `c` is a distinct slice.
-    unsafe {
-        T::gemm_raw(m, k, n, T::ONE, a.as_ptr(), rsa, csa, b.as_ptr(), rsb, csb, beta, c.as_mut_ptr(), n as isize, 1)
-    }
+    super::timers::timed(OpClass::Gemm, || {
+        // SAFETY: the lengths were checked against the shapes above and `c` is a distinct slice.
+        unsafe {
+            T::gemm_raw(
+                m,
+                k,
+                n,
+                T::ONE,
+                a.as_ptr(),
+                rsa,
+                csa,
+                b.as_ptr(),
+                rsb,
+                csb,
+                beta,
+                c.as_mut_ptr(),
+                n as isize,
+                1,
+            )
+        }
+    })
 }
 
 #[cfg(test)]

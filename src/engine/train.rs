@@ -327,7 +327,7 @@ impl Replica {
     /// (tensors replicated over TP counted once) and the loss summed over the model-stage.
     fn reduce<P: DataPlane>(&self, plane: &P, grads: &mut [f32], loss: f64) -> Result<(f64, f64), EngineError> {
         if let Some(dp) = self.groups.dp {
-            plane.all_reduce_sum_f32(dp, grads)?;
+            super::timers::timed(crate::cost::OpClass::DpAllReduce, || plane.all_reduce_sum_f32(dp, grads))?;
         }
         let counted = |(_, replicated): &(Range<usize>, bool)| !*replicated || self.groups.position.tp == 0;
         let sq: f64 = self

@@ -168,7 +168,15 @@ impl Plan {
 /// The latency of one stage's execution-overlap graph: `nodes` (rank set, seconds) that share a
 /// rank, directly or through others, run one after another; such groups run concurrently.
 pub fn overlap_latency(nodes: &[(&[i32], f64)]) -> f64 {
-    overlap_groups(nodes).iter().map(|g| g.iter().map(|&i| nodes[i].1).sum::<f64>()).fold(0.0, f64::max)
+    overlap_critical(nodes).0
+}
+
+/// The slowest group of one stage's execution-overlap graph: its latency and its nodes.
+pub fn overlap_critical(nodes: &[(&[i32], f64)]) -> (f64, Vec<usize>) {
+    overlap_groups(nodes)
+        .into_iter()
+        .map(|g| (g.iter().map(|&i| nodes[i].1).sum::<f64>(), g))
+        .fold((0.0, Vec::new()), |best, g| if g.0 > best.0 { g } else { best })
 }
 
 /// Connected components of `nodes` under "shares a rank", as node indices.

@@ -3,5 +3,7 @@
 mod candidate;
 mod model_stage;
 
-pub use candidate::{model_stages, overlap_latency, Candidate, Placement, Plan, PlanError, Recompute};
+pub use candidate::{
+    model_stages, overlap_critical, overlap_latency, Candidate, Placement, Plan, PlanError, Recompute,
+};
 pub use model_stage::{ModelStage, Role, Stage};

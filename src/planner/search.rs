@@ -11,11 +11,11 @@ use super::candidates::{Pool, Scored};
 use super::stage::{self, StageChoice};
 use crate::config::{Algorithm, JobConfig};
 use crate::cost::{
-    CostModel, Efficiencies, EngineKind, Estimate, Hardware, MemoryBreakdown, MemoryItem, ModelStats, PositionMemory,
-    RankPeaks, Workload,
+    CostModel, Efficiencies, EngineKind, Estimate, Hardware, LatencyBreakdown, MemoryBreakdown, MemoryItem, ModelStats,
+    PositionMemory, RankPeaks, Workload,
 };
 use crate::model::{Architecture, Catalogue, Layout};
-use crate::plan::{model_stages, overlap_latency, Candidate, ModelStage, Placement, Plan, Recompute, Role, Stage};
+use crate::plan::{model_stages, overlap_critical, Candidate, ModelStage, Placement, Plan, Recompute, Role, Stage};
 use crate::units::format_bytes;
 
 /// Stages in the order they run.
@@ -359,28 +359,42 @@ impl Planner {
     /// weight sync reshards the trained parameters into the generation and critic inference
     /// layouts.
     pub fn step_seconds(&self, plan: &Plan) -> StepSeconds {
-        let seconds = |c: &Candidate| self.estimate(c).seconds;
-        let stage = |s: Stage| -> f64 {
-            let mut nodes: Vec<(&[i32], f64)> = plan
+        let [generation, inference, training, weight_sync] = self.stage_parts(plan).map(|(seconds, _)| seconds);
+        StepSeconds { generation, inference, training, weight_sync }
+    }
+
+    /// Per stage (generation, inference, training, weight sync): its predicted seconds and the
+    /// roofline time per operation class along its critical path (the slowest group of the
+    /// overlap graph) — what calibration fits efficiencies to.
+    pub fn stage_parts(&self, plan: &Plan) -> [(f64, LatencyBreakdown); 4] {
+        let e = &self.cost.efficiencies;
+        let stage = |s: Stage| -> (f64, LatencyBreakdown) {
+            // (ranks, roofline per class, seconds: infinite for a candidate that does not fit)
+            let mut nodes: Vec<(&[i32], LatencyBreakdown, f64)> = plan
                 .placements
                 .iter()
                 .filter(|p| p.candidate.model_stage.stage == s)
-                .map(|p| (p.ranks.as_slice(), seconds(&p.candidate)))
+                .map(|p| {
+                    let est = self.estimate(&p.candidate);
+                    (p.ranks.as_slice(), est.ideal, est.seconds)
+                })
                 .collect();
             if s == Stage::Inference {
                 for p in plan.placements.iter().filter(|p| p.candidate.model_stage == ACTOR_TRAINING) {
                     let (stats, w) = (&self.models[&Role::Actor].stats, &self.workloads[&ACTOR_TRAINING]);
-                    nodes.push((p.ranks.as_slice(), self.cost.old_logp_latency(stats, &p.candidate, w)));
+                    let ideal = self.cost.old_logp_breakdown(stats, &p.candidate, w);
+                    nodes.push((p.ranks.as_slice(), ideal, ideal.seconds(e)));
                 }
             }
-            overlap_latency(&nodes)
+            let timed: Vec<(&[i32], f64)> = nodes.iter().map(|(r, _, t)| (*r, *t)).collect();
+            let (seconds, critical) = overlap_critical(&timed);
+            let ideal = critical.iter().fold(LatencyBreakdown::default(), |acc, &i| acc.plus(&nodes[i].1));
+            // An empty stage (no model-stage there) takes no time.
+            let seconds = if critical.is_empty() { 0.0 } else { seconds };
+            (seconds, ideal)
         };
-        StepSeconds {
-            generation: stage(Stage::Generation),
-            inference: stage(Stage::Inference),
-            training: stage(Stage::Training),
-            weight_sync: self.weight_sync_seconds(plan),
-        }
+        let sync = self.weight_sync_breakdown(plan);
+        [stage(Stage::Generation), stage(Stage::Inference), stage(Stage::Training), (sync.seconds(e), sync)]
     }
 
     /// Predicted step latency of any plan (what admission compares, `ΔL = L(S) − L(S*)`).
@@ -388,17 +402,17 @@ impl Planner {
         self.step_seconds(plan).total()
     }
 
-    /// The weight sync's predicted seconds (the two reshards run one after the other).
-    fn weight_sync_seconds(&self, plan: &Plan) -> f64 {
+    /// The weight sync's roofline time (the two reshards run one after the other).
+    fn weight_sync_breakdown(&self, plan: &Plan) -> LatencyBreakdown {
         let find = |ms: ModelStage| plan.placements.iter().find(|p| p.candidate.model_stage == ms);
         SYNCS
             .into_iter()
             .filter_map(|(from, to)| Some((find(from)?, find(to)?)))
             .map(|(src, dst)| {
                 let stats = &self.models[&src.candidate.model_stage.role].stats;
-                self.cost.weight_sync(stats, src, dst).seconds(&self.cost.efficiencies)
+                self.cost.weight_sync(stats, src, dst)
             })
-            .sum()
+            .fold(LatencyBreakdown::default(), |acc, b| acc.plus(&b))
     }
 
     /// The fastest plan whose every rank fits in memory (ties: the current plan's candidates

@@ -19,8 +19,10 @@ use serde::Serialize;
 use super::{AdvantageParams, ArithmeticTask, PolicyLoss, Rollout, ValueLoss, EOS};
 use crate::comm::{DataPlane, GroupId};
 use crate::config::{Algorithm, JobConfig, RewardSource};
+use crate::cost::OpClass;
 use crate::emu::{Counters, EmuId, EmuSet};
 use crate::engine::parallel::assemble_rows;
+use crate::engine::timers::{self, timed, OpSeconds};
 use crate::engine::{
     share, train_step, with_params, AdamW, Batch, EngineError, Generated, Objective, Replica, Sampling, StepReport,
 };
@@ -143,6 +145,8 @@ pub struct StepMetrics {
     pub non_finite: Option<NonFinite>,
     /// Wall seconds per stage (rank 0, between world-wide synchronization points).
     pub stage_seconds: BTreeMap<String, f64>,
+    /// This rank's seconds per operation class in each stage (`engine::timers`).
+    pub op_seconds: BTreeMap<String, OpSeconds>,
     /// Wall seconds of the step.
     pub step_seconds: f64,
     /// Response tokens generated.
@@ -270,8 +274,10 @@ impl RlJob {
             set.emus().map(|e| (e.id, e.model_stage, e.counters)).collect();
         let mut metrics = StepMetrics::default();
         let mut lap = Instant::now();
+        timers::take();
         let mut stage_done = |name: &str, metrics: &mut StepMetrics| {
             metrics.stage_seconds.insert(name.to_string(), lap.elapsed().as_secs_f64());
+            metrics.op_seconds.insert(name.to_string(), timers::take());
             lap = Instant::now();
         };
         let mut rollout = self.generate(plane, set, step)?;
@@ -519,7 +525,7 @@ impl RlJob {
         for (from, to) in [(ACTOR, GENERATION), (CRITIC, CRITIC_INFERENCE)] {
             let (Some(sources), Some(targets)) = (self.replicas.get(&from), self.replicas.get(&to)) else { continue };
             for (g, &target) in targets.iter().enumerate() {
-                set.sync_params(plane, sources[g % sources.len()], target)?;
+                timed(OpClass::Reshard, || set.sync_params(plane, sources[g % sources.len()], target))?;
             }
         }
         Ok(())

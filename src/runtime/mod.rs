@@ -12,6 +12,7 @@ pub mod logging;
 pub mod logprobs;
 pub mod metrics;
 pub mod plan;
+pub mod probe;
 mod rng;
 pub mod selftest;
 mod session;
@@ -102,6 +103,17 @@ pub enum Command {
     BenchEngine {
         /// Measured repetitions (the median is reported).
         reps: usize,
+        /// Where to write the JSON report.
+        json: Option<PathBuf>,
+    },
+    /// The cost model calibrated on this machine, predicting held-out plans of the tiny job.
+    BenchCalibration {
+        /// Cluster file measured at start (`configs/clusters/local-detect.toml`).
+        cluster: PathBuf,
+        /// Steps per plan (the first is a warm-up).
+        steps: u32,
+        /// Where the plans' runs go (replaced).
+        out_dir: PathBuf,
         /// Where to write the JSON report.
         json: Option<PathBuf>,
     },
@@ -289,6 +301,9 @@ pub fn run(options: SessionOptions, command: Command) -> u8 {
             bench::transition::run(&mut session, config, ranks, *reps, json.as_deref())
         }
         Command::BenchEngine { reps, json } => bench::engine::run(&session, *reps, json.as_deref()),
+        Command::BenchCalibration { cluster, steps, out_dir, json } => {
+            bench::calibration::run(&mut session, cluster, *steps, out_dir, json.as_deref())
+        }
         Command::BenchCoordination { trials, seed, json } => {
             bench::coordination::run(&session, *trials, *seed, json.as_deref())
         }

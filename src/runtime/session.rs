@@ -96,8 +96,32 @@ impl Session {
     ///
     /// A rank whose config fails to load still joins the agreement, so nobody hangs; any failure
     /// or mismatch makes every rank return an error, and rank 0's names the ranks involved.
+    /// When the agreed config detects its cluster on CPU-only nodes, every rank then runs the
+    /// start-up probes together ([`probe`](super::probe)) and resolves it again with what they
+    /// measured, agreeing once more.
     pub fn load_config(&mut self, path: Option<&Path>, overrides: &Overrides) -> Result<JobConfig, RuntimeError> {
-        let local = JobConfig::load(path, overrides, &mut || self.detect_cluster());
+        let mut detected_cpu = false;
+        let config = self.load_agreed(path, overrides, &mut |s: &Session| {
+            let detected = s.detect_cluster();
+            detected_cpu = detected.data_plane == Some(crate::config::DataPlane::Mpi);
+            detected
+        })?;
+        if !detected_cpu {
+            return Ok(config);
+        }
+        let probed = super::probe::measure(&self.world, &self.watchdog);
+        log::debug!("start-up probes: {probed:?}");
+        self.load_agreed(path, overrides, &mut |s: &Session| probed.apply(s.detect_cluster()))
+    }
+
+    /// Loads the config on every rank (`detect` fills a `detect = true` cluster) and agrees on it.
+    fn load_agreed(
+        &mut self,
+        path: Option<&Path>,
+        overrides: &Overrides,
+        detect: &mut dyn FnMut(&Session) -> ClusterSection,
+    ) -> Result<JobConfig, RuntimeError> {
+        let local = JobConfig::load(path, overrides, &mut || detect(self));
         let hash = local.as_ref().map(JobConfig::hash).map_err(ToString::to_string);
         let agreement = agree(&self.world, &self.watchdog, "config agreement", hash);
         let config = match (local, agreement) {

@@ -23,7 +23,7 @@ use crate::backend::check_data_plane;
 use crate::comm::{max_over_ranks, DataPlane, MpiPlane};
 use crate::config::hf;
 use crate::config::{DataPlane as PlaneKind, Dtype, JobConfig, ModelSpec, OnNonFinite, Overrides};
-use crate::cost::{Efficiencies, MemoryBreakdown, MemoryItem, RankPeaks};
+use crate::cost::{Efficiencies, MemoryBreakdown, MemoryItem, OpClass, RankPeaks};
 use crate::emu::{Counters, EmuError, EmuSet, LocalShard};
 use crate::engine::{init_piece, init_shard};
 use crate::model::{Catalogue, Numerics, OutputHead};
@@ -68,22 +68,34 @@ pub fn run(
     options: &TrainOptions,
 ) -> Result<(), RuntimeError> {
     let config = session.load_config(path, overrides)?;
-    let session: &Session = session;
+    run_config(session, &config, options)
+}
+
+/// Trains the job `config` describes (already agreed by every rank).
+pub fn run_config(session: &Session, config: &JobConfig, options: &TrainOptions) -> Result<(), RuntimeError> {
     let world = session.world().size();
-    let (plan, planner) = session.agree("job checks", job_checks(&config, world))?;
-    let predicted = Predicted { peaks: planner.rank_peaks(&plan), seconds: planner.step_seconds(&plan) };
+    let (plan, planner) = session.agree("job checks", job_checks(config, world))?;
+    let efficiencies = planner.cost().efficiencies;
+    let op_seconds = planner.stage_parts(&plan).map(|(_, ideal)| {
+        let mut per_class = ideal.0;
+        for c in OpClass::ALL {
+            per_class[c.index()] /= efficiencies.of(c);
+        }
+        per_class
+    });
+    let predicted = Predicted { peaks: planner.rank_peaks(&plan), seconds: planner.step_seconds(&plan), op_seconds };
     let signals = StopSignals::install(config.job.checkpoint_on_signal.as_deref())?;
     let out = config.job.output_dir.clone();
     let checkpoints = Checkpoints::of(&out);
     let metrics = MetricsLog::of(&out);
     let resume_dir = resume_directory(session, &out, &checkpoints, &metrics, options.resume.as_ref())?;
-    let settings = StepSettings::new(&config);
+    let settings = StepSettings::new(config);
     let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
     let sources = match &resume_dir {
-        Some(dir) => from_checkpoint(session, dir, &config, options)?,
-        None => initial_sources(session, &mut plane, &config, &settings, &out.join("warmup"))?,
+        Some(dir) => from_checkpoint(session, dir, config, options)?,
+        None => initial_sources(session, &mut plane, config, &settings, &out.join("warmup"))?,
     };
-    let mut set = create_state(&mut plane, &config, &plan, &sources, world)?;
+    let mut set = create_state(&mut plane, config, &plan, &sources, world)?;
     let job = RlJob::new(&mut plane, &set, plan.clone(), settings)?;
     if session.rank() == 0 {
         print_plan(&plan);
@@ -100,7 +112,7 @@ pub fn run(
             print_step(step, &m);
         }
         session.agree("metrics", if session.rank() == 0 { metrics.append(&record) } else { Ok(()) })?;
-        skipping = check_finite(&config, step, &m, skipping)?;
+        skipping = check_finite(config, step, &m, skipping)?;
         let signal = signals::name(max_over_ranks(
             session.world(),
             session.watchdog(),
@@ -110,7 +122,7 @@ pub fn run(
         let every = u64::from(config.train.checkpoint_every);
         let done = step + 1;
         if signal.is_some() || done == u64::from(config.job.steps) || (every > 0 && done % every == 0) {
-            let saved = save(&mut plane, &set, &job, &config, done, &checkpoints);
+            let saved = save(&mut plane, &set, &job, config, done, &checkpoints);
             let dir = session.agree("checkpoint", saved)?;
             if session.rank() == 0 {
                 log::info!("checkpoint of step {done} written to {}", dir.display());
@@ -591,6 +603,8 @@ fn save(
 struct Predicted {
     peaks: RankPeaks,
     seconds: StepSeconds,
+    /// Per stage, the seconds per operation class along its critical path.
+    op_seconds: [[f64; 8]; 4],
 }
 
 /// The step's JSON-lines record (docs/operations.md); digests and peak memory need every rank.
@@ -608,6 +622,10 @@ fn record(
         state_digest.entry(emu.model_stage.to_string()).or_insert_with(|| json!(digests[&emu.id].to_string()));
     }
     let measured = measured_peaks(plane, set)?;
+    let ops = slowest_op_seconds(plane, set.world_size(), &m.op_seconds)?;
+    let op_json = |per_stage: &[[f64; 8]; 4]| -> serde_json::Value {
+        STAGE_NAMES.iter().zip(per_stage).map(|(name, s)| (name.to_string(), json!(OpClass::named(s)))).collect()
+    };
     let worst = (0..measured.len()).max_by_key(|&r| measured[r].total()).unwrap_or(0);
     let (predicted_peak, predicted_worst) = predicted.peaks.max();
     let plan_json: serde_json::Map<String, serde_json::Value> = plan
@@ -633,6 +651,7 @@ fn record(
         "predicted_step_seconds": predicted.seconds.total(),
         "stage_seconds": m.stage_seconds,
         "predicted_stage_seconds": predicted_stages,
+        "op_seconds": {"measured": op_json(&ops), "predicted": op_json(&predicted.op_seconds)},
         "tokens_per_second": m.generated_tokens as f64 / m.step_seconds.max(1e-9),
         "plan": plan_json,
         "transition": null,
@@ -648,6 +667,28 @@ fn record(
         },
         "state_digest": state_digest,
     }))
+}
+
+/// The stages of a step, in the order of [`StepSeconds::by_name`].
+const STAGE_NAMES: [&str; 4] = ["generation", "inference", "training", "weight_sync"];
+
+/// Per stage and operation class, the most seconds any rank spent (one all-reduce of maxima).
+fn slowest_op_seconds(
+    plane: &mut MpiPlane,
+    world: i32,
+    mine: &BTreeMap<String, [f64; 8]>,
+) -> Result<[[f64; 8]; 4], RuntimeError> {
+    let local: Vec<f64> = STAGE_NAMES.iter().flat_map(|s| mine.get(*s).copied().unwrap_or_default()).collect();
+    let group = plane.group(&(0..world).collect::<Vec<_>>())?;
+    let mut all = vec![0u8; local.len() * 8 * world as usize];
+    plane.all_gather(group, bytemuck::cast_slice(&local), &mut all)?;
+    let mut out = [[0.0f64; 8]; 4];
+    for rank in bytemuck::cast_slice::<u8, f64>(&all).chunks_exact(local.len()) {
+        for (k, v) in rank.iter().enumerate() {
+            out[k / 8][k % 8] = out[k / 8][k % 8].max(*v);
+        }
+    }
+    Ok(out)
 }
 
 /// Every rank's ledger peak, item by item (one all-gather).

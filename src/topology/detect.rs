@@ -40,6 +40,7 @@ pub fn detect_cluster(node: &NodeTopology, layout: &WorldLayout) -> ClusterSecti
             intra_node_gbps: Some(CPU_INTRA_NODE_GBPS),
             nics_per_node: Some(1),
             nic_gbps: Some(CPU_NIC_GBPS),
+            cores_per_node: Some(node.cores.max(1)),
             data_plane: Some(DataPlane::Mpi),
             ..ClusterSection::default()
         };

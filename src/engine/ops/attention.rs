@@ -3,6 +3,8 @@
 //! of which the first `tk` are valid; query `i` sits at position `tk − tq + i`, so the same
 //! code runs training (`tq = tk`) and one-token decoding against a KV cache (`tq = 1`).
 
+use crate::cost::OpClass;
+use crate::engine::timers::timed;
 use crate::engine::Real;
 
 /// The shapes of one attention call.
@@ -49,6 +51,10 @@ fn dot<T: Real>(a: &[T], b: &[T]) -> T {
 /// `out[B,Tq,H,D] = softmax(q·kᵀ/√D, causal)·v`; the probabilities `probs[B,H,Tq,Tk]` are
 /// saved for the backward pass (zero above the diagonal).
 pub fn attention_forward<T: Real>(out: &mut [T], probs: &mut [T], q: &[T], k: &[T], v: &[T], s: AttentionShape) {
+    timed(OpClass::Attention, || forward(out, probs, q, k, v, s));
+}
+
+fn forward<T: Real>(out: &mut [T], probs: &mut [T], q: &[T], k: &[T], v: &[T], s: AttentionShape) {
     let (d, scale) = (s.d, s.scale::<T>());
     for b in 0..s.b {
         for h in 0..s.heads {
@@ -84,6 +90,21 @@ pub fn attention_forward<T: Real>(out: &mut [T], probs: &mut [T], q: &[T], k: &[
 /// Backward of [`attention_forward`] for `tq = tk = t_cap`: accumulates `dq`, `dk`, `dv`.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_backward<T: Real>(
+    dq: &mut [T],
+    dk: &mut [T],
+    dv: &mut [T],
+    dout: &[T],
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    probs: &[T],
+    s: AttentionShape,
+) {
+    timed(OpClass::Attention, || backward(dq, dk, dv, dout, q, k, v, probs, s));
+}
+
+#[allow(clippy::too_many_arguments)]
+fn backward<T: Real>(
     dq: &mut [T],
     dk: &mut [T],
     dv: &mut [T],

@@ -1,6 +1,7 @@
 //! `nereus bench <what>`: benchmarks that need MPI ranks. Each prints a table and can write the
 //! JSON contract of `docs/benchmarks.md`: `{"bench", "machine", "rows", "floors"}`.
 
+pub mod calibration;
 pub mod coordination;
 pub mod engine;
 pub mod planner;
