@@ -13,6 +13,7 @@ pub mod engine;
 pub mod model;
 pub mod plan;
 pub mod planner;
+pub mod policy;
 pub mod rl;
 pub mod runtime;
 pub mod topology;

@@ -29,7 +29,7 @@ pub use error::ConfigError;
 pub use job::JobSection;
 pub use models::{Dtype, ModelSpec, ModelsSection, RawModelSpec, RawModelsSection, RopeScaling};
 pub use plan::PlanEntry;
-pub use policy::PolicySection;
+pub use policy::{PolicyMode, PolicySection};
 pub use rl::{Algorithm, RlSection};
 pub use train::{OnNonFinite, RewardSource, TrainSection};
 

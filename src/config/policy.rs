@@ -4,16 +4,40 @@ use serde::{Deserialize, Serialize};
 
 use super::{check, ConfigError};
 
+/// Which transitions the controller makes (`[policy] mode`, `--policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicyMode {
+    /// One plan from start to finish; no controller.
+    Off,
+    /// The paper's controller: triggers, replans, admission by payback.
+    Nereus,
+    /// The initial TP/PP layouts throughout; only DP follows the pool.
+    Static,
+    /// Switch to the planner's target every `policy.every_k` steps, no payback check.
+    EveryK,
+    /// DynaRL-style: admit whenever the target is predicted faster.
+    Greedy,
+}
+
 /// The `[policy]` section (every key has a default).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PolicySection {
+    /// Which transitions the controller makes.
+    pub mode: PolicyMode,
     /// Payback factor γ: an opportunistic transition is admitted when
     /// `L_tran / ΔL <= γ · H_x`, i.e. it pays for itself within γ of the expected horizon.
     pub gamma: f64,
-    /// Relative drift of a monitored signal (sequence length, memory, achieved efficiency) that
-    /// triggers a replan, e.g. 0.1 = 10%.
-    pub drift_threshold: f64,
+    /// `δ_len`: relative drift of the mean response length from its reference that triggers a
+    /// replan (0.3 = 30%).
+    #[serde(alias = "drift_threshold")]
+    pub length_drift: f64,
+    /// Relative drift of measured over predicted step seconds that triggers a replan with the
+    /// recalibrated cost model.
+    pub latency_drift: f64,
+    /// Steps between switches under `mode = "every-k"`.
+    pub every_k: u32,
     /// Smallest predicted relative step-latency gain worth a transition.
     pub min_gain: f64,
     /// Fraction of device memory a plan must leave free.
@@ -25,8 +49,11 @@ pub struct PolicySection {
 impl Default for PolicySection {
     fn default() -> Self {
         PolicySection {
+            mode: PolicyMode::Off,
             gamma: 0.5,
-            drift_threshold: 0.1,
+            length_drift: 0.3,
+            latency_drift: 0.3,
+            every_k: 3,
             min_gain: 0.05,
             memory_headroom: 0.1,
             monitor_interval_steps: 1,
@@ -39,7 +66,9 @@ impl PolicySection {
     pub fn validate(&self) -> Result<(), ConfigError> {
         // γ = 0 is the paper's "urgent transitions only".
         check::within("policy.gamma", self.gamma, 0.0, 1.0)?;
-        check::positive("policy.drift_threshold", self.drift_threshold)?;
+        check::positive("policy.length_drift", self.length_drift)?;
+        check::positive("policy.latency_drift", self.latency_drift)?;
+        check::at_least_one("policy.every_k", self.every_k)?;
         check::within("policy.min_gain", self.min_gain, 0.0, 1.0)?;
         check::within("policy.memory_headroom", self.memory_headroom, 0.0, 0.9)?;
         check::at_least_one("policy.monitor_interval_steps", self.monitor_interval_steps)

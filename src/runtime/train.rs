@@ -22,7 +22,7 @@ use super::{io_error, RuntimeError, Session};
 use crate::backend::check_data_plane;
 use crate::comm::{max_over_ranks, DataPlane, MpiPlane};
 use crate::config::hf;
-use crate::config::{DataPlane as PlaneKind, Dtype, JobConfig, ModelSpec, OnNonFinite, Overrides};
+use crate::config::{DataPlane as PlaneKind, Dtype, JobConfig, ModelSpec, OnNonFinite, Overrides, PolicyMode};
 use crate::cost::{Efficiencies, MemoryBreakdown, MemoryItem, OpClass, RankPeaks};
 use crate::emu::{Counters, EmuError, EmuSet, LocalShard};
 use crate::engine::{init_piece, init_shard};
@@ -192,6 +192,12 @@ fn signal_number(name: &str) -> u64 {
 /// What every rank checks before touching anything: the engine can run this job here (f32
 /// models, the MPI data plane, room for the rollout), and the plan.
 fn job_checks(config: &JobConfig, world: i32) -> Result<(Plan, Planner), RuntimeError> {
+    if config.policy.mode != PolicyMode::Off {
+        return Err(RuntimeError::Usage(format!(
+            "policy.mode = {:?}: the live controller (src/policy/ decides; the step loop does not act on it yet) is not part of this build; set mode = \"off\" to train on one plan",
+            serde_json::to_value(config.policy.mode).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default()
+        )));
+    }
     for (role, spec) in config.models.roles() {
         if spec.dtype != Dtype::F32 {
             return Err(RuntimeError::Usage(format!(

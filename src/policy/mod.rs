@@ -1,0 +1,260 @@
+//! The controller's decisions, pure (paper §4): what the monitor saw, which triggers fire, and
+//! whether a replanned target is admitted. No MPI, no clocks: the runtime gathers the
+//! observations at a step boundary and acts on the [`Decision`].
+//!
+//! - [`Monitor`]: per drifting signal a reference (reset after every replan, admitted or not)
+//!   and a horizon `H_x`, the exponential moving average of the steps between threshold
+//!   crossings (updated at crossings only; 1 before the first interval).
+//! - Triggers: a pool change and a predicted memory violation are urgent; a signal whose
+//!   relative drift from its reference passes its threshold is opportunistic.
+//! - [`admit`]: urgent targets are taken (profitability waived); opportunistic ones when
+//!   `ΔL > 0` and `L_tran / ΔL ≤ γ · H` (the smallest `H` of the signals that fired), by mode.
+
+use serde::Serialize;
+
+use crate::config::PolicyMode;
+
+/// Weight of the newest interval in a horizon's moving average.
+const HORIZON_SMOOTHING: f64 = 0.5;
+
+/// A signal the monitor watches for drift.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Signal {
+    /// Mean response length of the step.
+    ResponseLength,
+    /// Measured step seconds against the current plan's prediction (calibration drift).
+    StepLatency,
+}
+
+impl Signal {
+    /// Every drifting signal.
+    pub const ALL: [Signal; 2] = [Signal::ResponseLength, Signal::StepLatency];
+}
+
+/// Why a replan happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Trigger {
+    /// The pool grew or shrank.
+    PoolChange,
+    /// The next step is predicted not to fit under the current plan.
+    MemoryViolation,
+    /// A signal drifted past its threshold.
+    Drift(Signal),
+    /// `every-k`: the k-th step since the last switch.
+    Schedule,
+}
+
+impl Trigger {
+    /// Whether the current plan cannot go on (profitability waived).
+    pub fn is_urgent(self) -> bool {
+        matches!(self, Trigger::PoolChange | Trigger::MemoryViolation)
+    }
+}
+
+/// What one step boundary showed (rank 0's view, gathered from every rank).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Observation {
+    /// The step just finished (0-based).
+    pub step: u64,
+    /// Its mean response length.
+    pub response_len: f64,
+    /// Its measured seconds.
+    pub step_seconds: f64,
+    /// The current plan's predicted seconds for it.
+    pub predicted_seconds: f64,
+    /// Ranks available now.
+    pub pool: u32,
+    /// Whether the next step, at the length trend, is predicted to pass some rank's memory.
+    pub memory_violation: bool,
+}
+
+impl Observation {
+    fn value(&self, signal: Signal) -> f64 {
+        match signal {
+            Signal::ResponseLength => self.response_len,
+            // The ratio of measured to predicted: its reference is what calibration last saw.
+            Signal::StepLatency => self.step_seconds / self.predicted_seconds.max(1e-12),
+        }
+    }
+}
+
+/// Drift thresholds per signal.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Thresholds {
+    /// Relative change of the mean response length (`δ_len`).
+    pub response_length: f64,
+    /// Relative change of measured over predicted step seconds.
+    pub step_latency: f64,
+}
+
+impl Thresholds {
+    fn of(&self, signal: Signal) -> f64 {
+        match signal {
+            Signal::ResponseLength => self.response_length,
+            Signal::StepLatency => self.step_latency,
+        }
+    }
+}
+
+/// One signal's reference and horizon.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Track {
+    /// The value at the last replan (or the first observation).
+    pub reference: Option<f64>,
+    /// Step of the last threshold crossing.
+    pub last_crossing: Option<u64>,
+    /// `H_x`: moving average of the steps between crossings.
+    pub horizon: f64,
+}
+
+impl Default for Track {
+    fn default() -> Self {
+        Track { reference: None, last_crossing: None, horizon: 1.0 }
+    }
+}
+
+/// References and horizons of every signal, and the pool last seen.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Monitor {
+    thresholds: Thresholds,
+    tracks: [Track; 2],
+    pool: Option<u32>,
+}
+
+impl Monitor {
+    /// A monitor with no reference yet (the first observation sets them).
+    pub fn new(thresholds: Thresholds) -> Monitor {
+        Monitor { thresholds, tracks: [Track::default(); 2], pool: None }
+    }
+
+    /// A signal's reference and horizon.
+    pub fn track(&self, signal: Signal) -> Track {
+        self.tracks[signal as usize]
+    }
+
+    /// Looks at one step: which triggers fire (urgent ones first). A crossing updates its
+    /// signal's horizon; references stay until [`Monitor::replanned`].
+    pub fn observe(&mut self, o: &Observation) -> Vec<Trigger> {
+        let mut fired = Vec::new();
+        if self.pool.is_some_and(|p| p != o.pool) {
+            fired.push(Trigger::PoolChange);
+        }
+        self.pool = Some(o.pool);
+        if o.memory_violation {
+            fired.push(Trigger::MemoryViolation);
+        }
+        for signal in Signal::ALL {
+            let threshold = self.thresholds.of(signal);
+            let value = o.value(signal);
+            let track = &mut self.tracks[signal as usize];
+            let Some(reference) = track.reference else {
+                track.reference = Some(value);
+                continue;
+            };
+            if (value - reference).abs() / reference.abs().max(1e-12) <= threshold {
+                continue;
+            }
+            if let Some(last) = track.last_crossing {
+                let interval = (o.step - last) as f64;
+                track.horizon = HORIZON_SMOOTHING * interval + (1.0 - HORIZON_SMOOTHING) * track.horizon;
+            }
+            track.last_crossing = Some(o.step);
+            fired.push(Trigger::Drift(signal));
+        }
+        fired
+    }
+
+    /// After a replan (admitted or not): every reference becomes the current value.
+    pub fn replanned(&mut self, o: &Observation) {
+        for signal in Signal::ALL {
+            self.tracks[signal as usize].reference = Some(o.value(signal));
+        }
+    }
+
+    /// The horizon the admission uses for `triggers`: the smallest `H_x` of the signals that
+    /// fired (1 when none drifted).
+    pub fn horizon(&self, triggers: &[Trigger]) -> f64 {
+        triggers
+            .iter()
+            .filter_map(|t| match t {
+                Trigger::Drift(s) => Some(self.tracks[*s as usize].horizon),
+                _ => None,
+            })
+            .fold(None, |best: Option<f64>, h| Some(best.map_or(h, |b| b.min(h))))
+            .unwrap_or(1.0)
+    }
+}
+
+/// What the admission was asked.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Proposal {
+    /// Whether a trigger was urgent.
+    pub urgent: bool,
+    /// `ΔL = L̂(S) − L̂(S*)`, seconds per step (infinite when the current plan no longer fits).
+    pub delta_l_s: f64,
+    /// `L̂_tran`, seconds.
+    pub l_tran_s: f64,
+    /// The current plan's predicted step seconds.
+    pub current_s: f64,
+    /// `H` of the triggers.
+    pub horizon: f64,
+    /// Whether the target changes a model-stage's TP/PP layout (static mode refuses those).
+    pub changes_layout: bool,
+}
+
+/// The verdict.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Verdict {
+    /// Whether the target is taken.
+    pub admitted: bool,
+    /// `urgent` or `opportunistic` when admitted.
+    pub kind: Option<&'static str>,
+    /// Why, in words.
+    pub reason: String,
+}
+
+/// Admission under `mode` with payback factor `gamma` and the smallest worthwhile relative
+/// gain `min_gain`.
+pub fn admit(mode: PolicyMode, p: &Proposal, gamma: f64, min_gain: f64) -> Verdict {
+    let yes = |kind: &'static str, reason: String| Verdict { admitted: true, kind: Some(kind), reason };
+    let no = |reason: String| Verdict { admitted: false, kind: None, reason };
+    if mode == PolicyMode::Static && p.changes_layout {
+        return no("static policy: the TP/PP layouts never change".into());
+    }
+    if p.urgent {
+        return yes("urgent", "the current plan cannot continue".into());
+    }
+    // NaN (nothing comparable) counts as no gain.
+    if p.delta_l_s.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
+        return no(format!("no gain: ΔL = {:.4} s", p.delta_l_s));
+    }
+    match mode {
+        PolicyMode::Off => no("policy off".into()),
+        PolicyMode::Greedy | PolicyMode::EveryK => yes("opportunistic", format!("ΔL = {:.4} s > 0", p.delta_l_s)),
+        PolicyMode::Static => yes("opportunistic", "static: DP follows the pool".into()),
+        PolicyMode::Nereus => {
+            if gamma == 0.0 {
+                return no("γ = 0 admits urgent transitions only".into());
+            }
+            if p.delta_l_s < min_gain * p.current_s {
+                return no(format!(
+                    "gain {:.1}% below policy.min_gain {:.1}%",
+                    100.0 * p.delta_l_s / p.current_s,
+                    100.0 * min_gain
+                ));
+            }
+            let payback = p.l_tran_s / p.delta_l_s;
+            let budget = gamma * p.horizon;
+            if payback <= budget {
+                yes("opportunistic", format!("pays back in {payback:.2} steps ≤ γ·H = {budget:.2}"))
+            } else {
+                no(format!("pays back in {payback:.2} steps > γ·H = {budget:.2}"))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

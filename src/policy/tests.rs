@@ -1,0 +1,91 @@
+//! Admission and monitoring on hand numbers.
+
+use super::*;
+
+fn proposal(delta_l_s: f64, l_tran_s: f64, horizon: f64) -> Proposal {
+    Proposal { urgent: false, delta_l_s, l_tran_s, current_s: 10.0, horizon, changes_layout: true }
+}
+
+#[test]
+fn no_gain_is_rejected_whatever_the_payback() {
+    for delta in [0.0, -1.0, f64::NAN] {
+        assert!(!admit(PolicyMode::Nereus, &proposal(delta, 0.0, 100.0), 0.5, 0.0).admitted, "{delta}");
+        assert!(!admit(PolicyMode::Greedy, &proposal(delta, 0.0, 100.0), 0.5, 0.0).admitted, "{delta}");
+    }
+}
+
+#[test]
+fn payback_exactly_at_gamma_h_is_admitted_and_just_above_is_not() {
+    // ΔL = 2 s, H = 4, γ = 0.5: the budget is 2 steps, i.e. L_tran = 4 s.
+    let at = admit(PolicyMode::Nereus, &proposal(2.0, 4.0, 4.0), 0.5, 0.0);
+    assert!(at.admitted && at.kind == Some("opportunistic"), "{at:?}");
+    let above = admit(PolicyMode::Nereus, &proposal(2.0, 4.0 + 1e-9, 4.0), 0.5, 0.0);
+    assert!(!above.admitted, "{above:?}");
+    // Greedy ignores the payback.
+    assert!(admit(PolicyMode::Greedy, &proposal(2.0, 400.0, 4.0), 0.5, 0.0).admitted);
+}
+
+#[test]
+fn gamma_zero_admits_urgent_transitions_only() {
+    assert!(!admit(PolicyMode::Nereus, &proposal(5.0, 0.0, 100.0), 0.0, 0.0).admitted);
+    let urgent = Proposal { urgent: true, delta_l_s: f64::INFINITY, ..proposal(0.0, 50.0, 1.0) };
+    let v = admit(PolicyMode::Nereus, &urgent, 0.0, 0.0);
+    assert!(v.admitted && v.kind == Some("urgent"), "{v:?}");
+    // Urgency waives profitability, not the static policy's fixed layouts.
+    assert!(!admit(PolicyMode::Static, &urgent, 0.5, 0.0).admitted);
+    let dp_only = Proposal { changes_layout: false, ..urgent };
+    assert!(admit(PolicyMode::Static, &dp_only, 0.5, 0.0).admitted);
+}
+
+#[test]
+fn min_gain_holds_back_small_gains() {
+    // 2% of a 10 s step is below a 5% minimum.
+    assert!(!admit(PolicyMode::Nereus, &proposal(0.2, 0.0, 10.0), 0.5, 0.05).admitted);
+    assert!(admit(PolicyMode::Nereus, &proposal(0.6, 0.0, 10.0), 0.5, 0.05).admitted);
+}
+
+fn observation(step: u64, response_len: f64) -> Observation {
+    Observation { step, response_len, step_seconds: 1.0, predicted_seconds: 1.0, pool: 8, memory_violation: false }
+}
+
+fn monitor() -> Monitor {
+    Monitor::new(Thresholds { response_length: 0.3, step_latency: 0.3 })
+}
+
+#[test]
+fn horizons_move_only_at_crossings() {
+    let mut m = monitor();
+    assert!(m.observe(&observation(0, 10.0)).is_empty(), "the first observation sets the reference");
+    assert!(m.observe(&observation(1, 12.9)).is_empty(), "29% is not a crossing");
+    assert_eq!(m.track(Signal::ResponseLength).horizon, 1.0);
+    assert_eq!(m.observe(&observation(2, 13.1)), vec![Trigger::Drift(Signal::ResponseLength)]);
+    assert_eq!(m.track(Signal::ResponseLength).horizon, 1.0, "no interval before the first crossing");
+    // Without a replan the reference stays at 10: step 6 crosses again, 4 steps later.
+    assert!(m.observe(&observation(6, 14.0)).contains(&Trigger::Drift(Signal::ResponseLength)));
+    let h = m.track(Signal::ResponseLength).horizon;
+    assert_eq!(h, 0.5 * 4.0 + 0.5 * 1.0);
+    assert_eq!(m.horizon(&[Trigger::Drift(Signal::ResponseLength), Trigger::MemoryViolation]), h);
+    assert_eq!(m.horizon(&[Trigger::PoolChange]), 1.0);
+}
+
+#[test]
+fn references_reset_after_a_replan_even_a_rejected_one() {
+    let mut m = monitor();
+    m.observe(&observation(0, 10.0));
+    let crossing = observation(3, 14.0);
+    assert!(!m.observe(&crossing).is_empty());
+    m.replanned(&crossing); // the target was rejected: the reference still moves to 14
+    assert_eq!(m.track(Signal::ResponseLength).reference, Some(14.0));
+    assert!(m.observe(&observation(4, 15.0)).is_empty(), "7% from the new reference");
+}
+
+#[test]
+fn pool_changes_and_memory_violations_are_urgent() {
+    let mut m = monitor();
+    m.observe(&observation(0, 10.0));
+    let shrunk = Observation { pool: 6, memory_violation: true, ..observation(1, 10.0) };
+    let fired = m.observe(&shrunk);
+    assert_eq!(fired, vec![Trigger::PoolChange, Trigger::MemoryViolation]);
+    assert!(fired.iter().all(|t| t.is_urgent()));
+    assert!(!Trigger::Drift(Signal::StepLatency).is_urgent());
+}
