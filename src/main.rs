@@ -7,7 +7,7 @@ use log::LevelFilter;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use nereus::config::{Algorithm, Overrides};
+use nereus::config::{Algorithm, Overrides, PolicyMode};
 use nereus::runtime::checkpoint::ResumeFrom;
 use nereus::runtime::logprobs::LogprobsOptions;
 use nereus::runtime::plan::PlanRequest;
@@ -269,6 +269,9 @@ struct OverrideArgs {
     /// Overrides rl.algorithm (ppo, grpo, remax).
     #[arg(long, value_parser = parse_algorithm)]
     algorithm: Option<Algorithm>,
+    /// Overrides policy.mode: off, nereus, static, every-k or greedy.
+    #[arg(long, value_enum)]
+    policy: Option<PolicyMode>,
     /// Cluster file replacing the job file's [cluster] table (e.g. configs/clusters/lumi-g.toml).
     #[arg(long, value_name = "FILE")]
     cluster: Option<PathBuf>,
@@ -293,6 +296,7 @@ impl From<OverrideArgs> for Overrides {
             steps: a.steps,
             output_dir: a.output_dir,
             algorithm: a.algorithm,
+            policy: a.policy,
             cluster_file: a.cluster,
             nodes: a.nodes,
         }

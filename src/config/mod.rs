@@ -100,6 +100,8 @@ pub struct Overrides {
     pub output_dir: Option<PathBuf>,
     /// `rl.algorithm`.
     pub algorithm: Option<Algorithm>,
+    /// `policy.mode`.
+    pub policy: Option<PolicyMode>,
     /// A cluster file that replaces the job file's `[cluster]` table (path relative to the
     /// working directory).
     pub cluster_file: Option<PathBuf>,
@@ -184,7 +186,8 @@ impl RawJobConfig {
         overrides: &Overrides,
         detect: &mut dyn FnMut() -> ClusterSection,
     ) -> Result<JobConfig, ConfigError> {
-        let RawJobConfig { mut job, cluster, models, mut rl, policy, train, plan } = self;
+        let RawJobConfig { mut job, cluster, models, mut rl, mut policy, train, plan } = self;
+        policy.mode = overrides.policy.unwrap_or(policy.mode);
         job.seed = overrides.seed.unwrap_or(job.seed);
         job.steps = overrides.steps.unwrap_or(job.steps);
         job.output_dir = overrides.output_dir.clone().unwrap_or(job.output_dir);

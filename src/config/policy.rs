@@ -38,6 +38,9 @@ pub struct PolicySection {
     pub latency_drift: f64,
     /// Steps between switches under `mode = "every-k"`.
     pub every_k: u32,
+    /// Under a controller, the response cap the first plan is made for (0: `rl.max_response_len`);
+    /// the cap then follows the observed lengths up to `rl.max_response_len`.
+    pub initial_response_len: u32,
     /// Smallest predicted relative step-latency gain worth a transition.
     pub min_gain: f64,
     /// Fraction of device memory a plan must leave free.
@@ -54,6 +57,7 @@ impl Default for PolicySection {
             length_drift: 0.3,
             latency_drift: 0.3,
             every_k: 3,
+            initial_response_len: 0,
             min_gain: 0.05,
             memory_headroom: 0.1,
             monitor_interval_steps: 1,

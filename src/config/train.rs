@@ -62,6 +62,10 @@ pub struct TrainSection {
     pub warmup_reward_steps: u32,
     /// Learning rate of both warm-ups.
     pub warmup_lr: f64,
+    /// Memory per rank of the warm-ups in GB (0: `cluster.device_memory_gb`). The warm-ups are
+    /// the supervised phase before the RL job, not part of its plan: a job that studies a tight
+    /// memory cap may give them their own.
+    pub warmup_memory_gb: f64,
     /// Save a checkpoint every this many RL steps (0: only at the end).
     pub checkpoint_every: u32,
     /// Largest weight file of a checkpoint's model directories, in GB (10^9 bytes); a larger
@@ -90,6 +94,7 @@ impl Default for TrainSection {
             warmup_actor_steps: 0,
             warmup_reward_steps: 0,
             warmup_lr: 3e-3,
+            warmup_memory_gb: 0.0,
             checkpoint_every: 0,
             checkpoint_shard_gb: 5.0,
             on_nonfinite: OnNonFinite::Stop,
@@ -122,6 +127,7 @@ impl TrainSection {
         ] {
             check::within(key, value, 0.0, f64::MAX)?;
         }
+        check::within("train.warmup_memory_gb", self.warmup_memory_gb, 0.0, 1e6)?;
         Ok(())
     }
 

@@ -166,6 +166,11 @@ impl Monitor {
         fired
     }
 
+    /// Sets `signal`'s reference: what the current plan was made for (before any observation).
+    pub fn set_reference(&mut self, signal: Signal, value: f64) {
+        self.tracks[signal as usize].reference = Some(value);
+    }
+
     /// After a replan (admitted or not): every reference becomes the current value.
     pub fn replanned(&mut self, o: &Observation) {
         for signal in Signal::ALL {

@@ -6,6 +6,7 @@
 pub mod alloc_meter;
 pub mod bench;
 pub mod checkpoint;
+pub mod controller;
 pub mod device;
 mod inspect;
 pub mod logging;
@@ -17,6 +18,7 @@ mod rng;
 pub mod selftest;
 mod session;
 pub mod signals;
+pub mod timeline;
 pub mod train;
 pub mod transition;
 

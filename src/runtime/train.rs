@@ -16,8 +16,10 @@ use super::checkpoint::{
     self, fill_shard, open_weights, resume, Checkpoints, Expect, ModelToSave, ModelWeights, ResumeFrom, ResumeOptions,
     SaveOptions, Sidecar, TensorFile,
 };
+use super::controller::{decide, transition, Action, Boundary, Controller};
 use super::metrics::MetricsLog;
 use super::signals::{self, StopSignals};
+use super::timeline::Timeline;
 use super::{io_error, RuntimeError, Session};
 use crate::backend::check_data_plane;
 use crate::comm::{max_over_ranks, DataPlane, MpiPlane};
@@ -74,29 +76,24 @@ pub fn run(
 /// Trains the job `config` describes (already agreed by every rank).
 pub fn run_config(session: &Session, config: &JobConfig, options: &TrainOptions) -> Result<(), RuntimeError> {
     let world = session.world().size();
-    let (plan, planner) = session.agree("job checks", job_checks(config, world))?;
-    let efficiencies = planner.cost().efficiencies;
-    let op_seconds = planner.stage_parts(&plan).map(|(_, ideal)| {
-        let mut per_class = ideal.0;
-        for c in OpClass::ALL {
-            per_class[c.index()] /= efficiencies.of(c);
-        }
-        per_class
-    });
-    let predicted = Predicted { peaks: planner.rank_peaks(&plan), seconds: planner.step_seconds(&plan), op_seconds };
+    let (mut plan, planner, cap) = session.agree("job checks", job_checks(config, world))?;
+    let mut predicted = Predicted::of(&planner, &plan);
     let signals = StopSignals::install(config.job.checkpoint_on_signal.as_deref())?;
     let out = config.job.output_dir.clone();
     let checkpoints = Checkpoints::of(&out);
     let metrics = MetricsLog::of(&out);
     let resume_dir = resume_directory(session, &out, &checkpoints, &metrics, options.resume.as_ref())?;
-    let settings = StepSettings::new(config);
+    let mut settings = StepSettings::new(config);
+    settings.sampling.max_new_tokens = cap as usize;
+    let mut controller = (config.policy.mode != PolicyMode::Off && session.rank() == 0)
+        .then(|| Controller::new(config, planner.clone(), cap));
     let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
     let sources = match &resume_dir {
         Some(dir) => from_checkpoint(session, dir, config, options)?,
         None => initial_sources(session, &mut plane, config, &settings, &out.join("warmup"))?,
     };
     let mut set = create_state(&mut plane, config, &plan, &sources, world)?;
-    let job = RlJob::new(&mut plane, &set, plan.clone(), settings)?;
+    let mut job = RlJob::new(&mut plane, &set, plan.clone(), settings.clone())?;
     if session.rank() == 0 {
         print_plan(&plan);
     }
@@ -105,11 +102,39 @@ pub fn run_config(session: &Session, config: &JobConfig, options: &TrainOptions)
         session.agree("metrics", marker.unwrap_or(Ok(())))?;
     }
     let mut skipping = 0;
+    let mut timeline = Timeline::default();
     for step in sources.start_step..u64::from(config.job.steps) {
         let m = job.step(&mut plane, &mut set, step)?;
-        let record = record(&mut plane, &set, &plan, &predicted, step, &m)?;
+        let before = (plan.clone(), predicted.clone());
+        let boundary = if config.policy.mode == PolicyMode::Off {
+            Boundary::default()
+        } else {
+            let action = decide(session, controller.as_mut(), step, &m, &plan)?;
+            let mut live =
+                Live { plane: &mut plane, set: &mut set, job: &mut job, plan: &mut plan, settings: &mut settings };
+            let b = act(session, config, &action, &mut live, &mut predicted)?;
+            if let Some(reason) = &action.stop {
+                let saved = save(&mut plane, &set, &job, config, step + 1, &checkpoints);
+                let dir = session.agree("checkpoint", saved)?;
+                return Err(RuntimeError::Usage(format!(
+                    "the controller stopped the job after step {step}: {reason} (checkpoint {})",
+                    dir.display()
+                )));
+            }
+            b
+        };
+        let record = record(&mut plane, &set, &before.0, &before.1, step, &m, &boundary)?;
         if session.rank() == 0 {
-            print_step(step, &m);
+            print_step(step, &m, &before.0);
+            print_boundary(&boundary);
+            timeline.push(
+                step,
+                m.step_seconds,
+                m.response_len_mean,
+                m.generated_tokens,
+                world as u32,
+                &boundary.transition,
+            );
         }
         session.agree("metrics", if session.rank() == 0 { metrics.append(&record) } else { Ok(()) })?;
         skipping = check_finite(config, step, &m, skipping)?;
@@ -132,7 +157,52 @@ pub fn run_config(session: &Session, config: &JobConfig, options: &TrainOptions)
             }
         }
     }
+    if session.rank() == 0 && config.policy.mode != PolicyMode::Off {
+        println!("{}", timeline.summary());
+        let path = out.join("timeline.svg");
+        match timeline.write_svg(&path) {
+            Ok(()) => log::info!("timeline written to {}", path.display()),
+            Err(e) => log::warn!("could not write {}: {e}", path.display()),
+        }
+    }
     Ok(())
+}
+
+/// The live job a step boundary may reshape.
+struct Live<'a, 'p> {
+    plane: &'a mut MpiPlane<'p>,
+    set: &'a mut EmuSet,
+    job: &'a mut RlJob,
+    plan: &'a mut Plan,
+    settings: &'a mut StepSettings,
+}
+
+/// Carries out the controller's `action` on every rank: the transition to its target (if
+/// any), then the RL job rebuilt over the EMUs for the new plan and response cap — the same
+/// parameters, moments, counters, data position and seeds, the same global batch.
+fn act(
+    session: &Session,
+    config: &JobConfig,
+    action: &Action,
+    live: &mut Live,
+    predicted: &mut Predicted,
+) -> Result<Boundary, RuntimeError> {
+    let world = session.world().size() as u32;
+    let cap = action.cap;
+    let planner = Planner::new(config, world, Some(u64::from(cap)), action.efficiencies)?;
+    let mut boundary = Boundary { decision: action.decision.clone(), transition: serde_json::Value::Null };
+    let kind = action.decision.get("kind").and_then(|k| k.as_str());
+    if let Some(target) = &action.target {
+        let host = config.cluster.host_link_gbps * 1e9;
+        boundary.transition = transition(session, live.plane, live.set, &planner, host, (live.plan, target), kind)?;
+        *live.plan = target.clone();
+    }
+    if action.target.is_some() || live.settings.sampling.max_new_tokens != cap as usize {
+        live.settings.sampling.max_new_tokens = cap as usize;
+        *live.job = RlJob::new(live.plane, live.set, live.plan.clone(), live.settings.clone())?;
+    }
+    *predicted = Predicted::of(&planner, live.plan);
+    Ok(boundary)
 }
 
 /// Every replica of the plan, filled from `sources` (or the engine's initialization). Room is
@@ -191,13 +261,7 @@ fn signal_number(name: &str) -> u64 {
 
 /// What every rank checks before touching anything: the engine can run this job here (f32
 /// models, the MPI data plane, room for the rollout), and the plan.
-fn job_checks(config: &JobConfig, world: i32) -> Result<(Plan, Planner), RuntimeError> {
-    if config.policy.mode != PolicyMode::Off {
-        return Err(RuntimeError::Usage(format!(
-            "policy.mode = {:?}: the live controller (src/policy/ decides; the step loop does not act on it yet) is not part of this build; set mode = \"off\" to train on one plan",
-            serde_json::to_value(config.policy.mode).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default()
-        )));
-    }
+fn job_checks(config: &JobConfig, world: i32) -> Result<(Plan, Planner, u32), RuntimeError> {
     for (role, spec) in config.models.roles() {
         if spec.dtype != Dtype::F32 {
             return Err(RuntimeError::Usage(format!(
@@ -234,10 +298,31 @@ fn job_checks(config: &JobConfig, world: i32) -> Result<(Plan, Planner), Runtime
 
 /// The plan written in the config (checked against the world, the models and, placement by
 /// placement, the memory of every rank), or the planner's for this many ranks; with the planner
-/// that predicts it.
-fn job_plan(config: &JobConfig, world: i32) -> Result<(Plan, Planner), RuntimeError> {
-    let planner = Planner::new(config, world as u32, None, Efficiencies::default())?;
+/// that predicts it and the response cap it is made for: `rl.max_response_len`, or under a
+/// controller the longest halving of it some plan fits (the controller grows the cap as
+/// responses do).
+fn job_plan(config: &JobConfig, world: i32) -> Result<(Plan, Planner, u32), RuntimeError> {
+    let max = config.rl.max_response_len;
+    let first = match config.policy.initial_response_len {
+        0 => max,
+        len => len.min(max),
+    };
+    let at = |len: u32| Planner::new(config, world as u32, Some(u64::from(len)), Efficiencies::default());
+    let planner = at(max)?;
     let plan = match fixed_plan(config, world as u32).map_err(RuntimeError::Usage)? {
+        None if config.policy.mode != PolicyMode::Off => {
+            let mut first_error = None;
+            for len in std::iter::successors(Some(first), |l| (*l > 1).then_some(l / 2)) {
+                let planner = at(len)?;
+                match planner.search(None) {
+                    Ok(job) => return Ok((job.plan(), planner, len)),
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                    }
+                }
+            }
+            return Err(first_error.expect("at least one length was tried").into());
+        }
         None => planner.search(None)?.plan(),
         Some(plan) => {
             let peaks = planner.rank_peaks(&plan);
@@ -261,7 +346,7 @@ fn job_plan(config: &JobConfig, world: i32) -> Result<(Plan, Planner), RuntimeEr
             plan
         }
     };
-    Ok((plan, planner))
+    Ok((plan, planner, max))
 }
 
 /// Rank 0 makes the output directory ready — created, writable, the leftovers of an
@@ -500,7 +585,11 @@ fn run_warm_up(
     path: &Path,
 ) -> Result<(), RuntimeError> {
     let world = session.world().size();
-    let mut set = EmuSet::new(plane.rank(), world, config.cluster.device_memory_bytes(), job_catalogues(config));
+    let memory = match config.train.warmup_memory_gb {
+        gb if gb > 0.0 => (gb * 1e9) as u64,
+        _ => config.cluster.device_memory_bytes(),
+    };
+    let mut set = EmuSet::new(plane.rank(), world, memory, job_catalogues(config));
     let ms = ModelStage::new(role, Stage::Training);
     let (id, loss) = warm_up(
         plane,
@@ -511,7 +600,8 @@ fn run_warm_up(
         config.job.seed,
         steps,
         settings.sequences(),
-        settings.sampling.max_new_tokens,
+        // The task's full length, whatever cap a controller starts the RL job with.
+        config.rl.max_response_len as usize,
         config.train.warmup_lr,
     )?;
     let saved = checkpoint::save_params_file(plane, &set, role, id, path);
@@ -606,11 +696,27 @@ fn save(
 }
 
 /// What the cost model predicts for the plan the job runs, recorded beside every measurement.
+#[derive(Clone)]
 struct Predicted {
     peaks: RankPeaks,
     seconds: StepSeconds,
     /// Per stage, the seconds per operation class along its critical path.
     op_seconds: [[f64; 8]; 4],
+}
+
+impl Predicted {
+    /// What `planner` predicts for `plan`.
+    fn of(planner: &Planner, plan: &Plan) -> Predicted {
+        let efficiencies = planner.cost().efficiencies;
+        let op_seconds = planner.stage_parts(plan).map(|(_, ideal)| {
+            let mut per_class = ideal.0;
+            for c in OpClass::ALL {
+                per_class[c.index()] /= efficiencies.of(c);
+            }
+            per_class
+        });
+        Predicted { peaks: planner.rank_peaks(plan), seconds: planner.step_seconds(plan), op_seconds }
+    }
 }
 
 /// The step's JSON-lines record (docs/operations.md); digests and peak memory need every rank.
@@ -621,11 +727,17 @@ fn record(
     predicted: &Predicted,
     step: u64,
     m: &StepMetrics,
+    boundary: &Boundary,
 ) -> Result<serde_json::Value, RuntimeError> {
     let digests = set.digests(plane)?;
     let mut state_digest = serde_json::Map::new();
+    let mut counters = serde_json::Map::new();
     for emu in set.emus() {
         state_digest.entry(emu.model_stage.to_string()).or_insert_with(|| json!(digests[&emu.id].to_string()));
+        let c = emu.counters;
+        counters.entry(emu.model_stage.to_string()).or_insert_with(
+            || json!({"updates": c.updates, "policy_version": c.policy_version, "data_position": c.data_position}),
+        );
     }
     let measured = measured_peaks(plane, set)?;
     let ops = slowest_op_seconds(plane, set.world_size(), &m.op_seconds)?;
@@ -660,7 +772,8 @@ fn record(
         "op_seconds": {"measured": op_json(&ops), "predicted": op_json(&predicted.op_seconds)},
         "tokens_per_second": m.generated_tokens as f64 / m.step_seconds.max(1e-9),
         "plan": plan_json,
-        "transition": null,
+        "decision": boundary.decision,
+        "transition": boundary.transition,
         "peak_memory_bytes": measured[worst].total(),
         "predicted_peak_memory_bytes": predicted_peak,
         "peak_memory": {
@@ -672,6 +785,7 @@ fn record(
             "predicted": predicted.peaks.ranks.iter().map(|r| r.peak()).collect::<Vec<_>>(),
         },
         "state_digest": state_digest,
+        "counters": counters,
     }))
 }
 
@@ -731,12 +845,43 @@ fn print_plan(plan: &Plan) {
     }
 }
 
-fn print_step(step: u64, m: &StepMetrics) {
+/// A decision and a transition, in one block under the step line.
+fn print_boundary(b: &Boundary) {
+    if b.decision.is_null() {
+        return;
+    }
+    let d = &b.decision;
+    let num = |k: &str| d.get(k).and_then(|v| v.as_f64()).map_or("-".to_string(), |x| format!("{x:.4}"));
+    println!(
+        "  decision: trigger {}  ΔL {} s  L_tran {} s  H {}  γ {}  → {} ({})",
+        d["trigger"],
+        num("delta_l_s"),
+        num("l_tran_s"),
+        num("h_x"),
+        num("gamma"),
+        if d["admitted"] == true { d["kind"].as_str().unwrap_or("admitted") } else { "rejected" },
+        d["reason"].as_str().unwrap_or("")
+    );
+    if !b.transition.is_null() {
+        let t = &b.transition;
+        println!(
+            "  transition: {:.3} s (predicted {:.3} s), {} bytes, {} primitives: {}  →  {}",
+            t["seconds"].as_f64().unwrap_or(0.0),
+            t["predicted_seconds"].as_f64().unwrap_or(0.0),
+            t["bytes"],
+            t["primitives"],
+            t["from"].as_str().unwrap_or(""),
+            t["to"].as_str().unwrap_or("")
+        );
+    }
+}
+
+fn print_step(step: u64, m: &StepMetrics, plan: &Plan) {
     let stage = |k: &str| m.stage_seconds.get(k).copied().unwrap_or(0.0);
     let skipped =
         if m.skipped_updates > 0 { format!("  SKIPPED {} update(s)", m.skipped_updates) } else { String::new() };
     println!(
-        "step {step:>4}  reward {:.3}  len {:>5.2} (p95 {:>2})  kl {:+.4}  gen {:.2}s  inf {:.2}s  train {:.2}s  sync {:.3}s  tok/s {:.0}{skipped}",
+        "step {step:>4}  reward {:.3}  len {:>5.2} (p95 {:>2})  kl {:+.4}  gen {:.2}s  inf {:.2}s  train {:.2}s  sync {:.3}s  tok/s {:.0}  plan {}{skipped}",
         m.reward_mean,
         m.response_len_mean,
         m.response_len_p95,
@@ -745,6 +890,16 @@ fn print_step(step: u64, m: &StepMetrics) {
         stage("inference"),
         stage("training"),
         stage("weight_sync"),
-        m.generated_tokens as f64 / m.step_seconds.max(1e-9)
+        m.generated_tokens as f64 / m.step_seconds.max(1e-9),
+        short_plan(plan)
     );
+}
+
+/// The plan in a few characters: each model-stage's `tp·pp·dp`, in plan order.
+fn short_plan(plan: &Plan) -> String {
+    plan.placements
+        .iter()
+        .map(|p| format!("{}{}{}", p.candidate.layout.tp, p.candidate.layout.pp, p.candidate.dp))
+        .collect::<Vec<_>>()
+        .join("/")
 }
