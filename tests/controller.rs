@@ -1,0 +1,80 @@
+//! The live controller on 8 MPI ranks: `configs/tiny-ppo-adaptive.toml` grows its responses past
+//! what its first plan fits, so the job must transition urgently, and cheaper plans pay back
+//! later; every transition keeps every model-stage's state bit for bit, no sample is repeated or
+//! skipped, and the job learns as a fixed-plan run with room to spare does. Under the static
+//! policy the same job stops before it would run out of memory, saying where and what fits.
+
+mod common;
+
+use common::{run_mpi, set_key, shipped, step_records, text, write};
+
+/// Mean reward of the last 20 steps.
+fn last_20_reward(records: &[serde_json::Value]) -> f64 {
+    let tail = &records[records.len() - 20..];
+    tail.iter().map(|r| r["reward_mean"].as_f64().unwrap()).sum::<f64>() / 20.0
+}
+
+#[test]
+fn the_adaptive_job_transitions_urgently_and_opportunistically_without_changing_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("adaptive");
+    let run = run_mpi(8, &["train", "configs/tiny-ppo-adaptive.toml", "--output-dir", out.to_str().unwrap()]);
+    let (stdout, stderr) = text(&run);
+    assert!(run.status.success(), "{stderr}");
+    let records = step_records(&out);
+    assert_eq!(records.len(), 80);
+    let transitions: Vec<&serde_json::Value> =
+        records.iter().map(|r| &r["transition"]).filter(|t| !t.is_null()).collect();
+    let kinds: Vec<&str> = transitions.iter().map(|t| t["kind"].as_str().unwrap()).collect();
+    assert!(kinds.contains(&"urgent") && kinds.contains(&"opportunistic"), "{kinds:?}");
+    for t in &transitions {
+        assert_eq!(t["digests_before"], t["digests_after"], "a transition changed state: {t}");
+        assert_eq!(t["digests_before"].as_object().unwrap().len(), 6, "every PPO model-stage");
+    }
+    // Every decision that fired is recorded with its numbers; admitted ones moved or resized.
+    let decisions: Vec<&serde_json::Value> = records.iter().map(|r| &r["decision"]).filter(|d| !d.is_null()).collect();
+    assert!(decisions.len() >= transitions.len());
+    assert!(decisions.iter().all(|d| d["trigger"].as_array().is_some_and(|t| !t.is_empty()) && d["gamma"] == 0.5));
+    // The data position advances by exactly one global batch (64 sequences) every step.
+    let positions: Vec<u64> =
+        records.iter().map(|r| r["counters"]["actor/training"]["data_position"].as_u64().unwrap()).collect();
+    assert!(positions.windows(2).all(|w| w[1] == w[0] + 64), "{positions:?}");
+    assert!(stdout.contains("tokens/s over the run") && out.join("timeline.svg").exists());
+
+    // The same seed on one fixed plan with room to spare learns the same.
+    let roomy = shipped("tiny-ppo-adaptive.toml");
+    let roomy = set_key(&roomy, "cluster", "device_memory_gb", Some("2.0"));
+    let roomy = set_key(&roomy, "policy", "mode", Some("\"off\""));
+    let roomy = roomy.replace(
+        "\"clusters/local-detect.toml\"",
+        &format!("\"{}\"", common::repo().join("configs/clusters/local-detect.toml").display()),
+    );
+    let fixed_out = dir.path().join("fixed");
+    let job = write(dir.path(), "fixed.toml", &roomy);
+    let run = run_mpi(8, &["train", job.to_str().unwrap(), "--output-dir", fixed_out.to_str().unwrap()]);
+    assert!(run.status.success(), "{}", text(&run).1);
+    let fixed = step_records(&fixed_out);
+    assert!(fixed.iter().all(|r| r["transition"].is_null()));
+    let (adaptive_reward, fixed_reward) = (last_20_reward(&records), last_20_reward(&fixed));
+    assert!(
+        (adaptive_reward - fixed_reward).abs() <= 0.1,
+        "last 20 steps: adaptive {adaptive_reward:.3}, fixed {fixed_reward:.3}"
+    );
+}
+
+#[test]
+fn the_static_policy_stops_before_running_out_of_memory_and_says_what_fits() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("static");
+    let run = run_mpi(
+        8,
+        &["train", "configs/tiny-ppo-adaptive.toml", "--policy", "static", "--output-dir", out.to_str().unwrap()],
+    );
+    let (_, stderr) = text(&run);
+    assert_eq!(run.status.code(), Some(2), "{stderr}");
+    for needle in ["static policy", "out of memory ahead", "rank", "of 4.50 MB", "a plan that fits", "--resume latest"]
+    {
+        assert!(stderr.contains(needle), "{needle}: {stderr}");
+    }
+    assert!(out.join("checkpoints").read_dir().unwrap().count() > 0, "a checkpoint before the stop");
+}
