@@ -14,6 +14,8 @@ use serde::Serialize;
 
 use crate::config::PolicyMode;
 
+pub mod controller;
+
 /// Weight of the newest interval in a horizon's moving average.
 const HORIZON_SMOOTHING: f64 = 0.5;
 

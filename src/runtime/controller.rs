@@ -1,276 +1,22 @@
-//! The live controller of `nereus train` (paper §4): after every step, rank 0 feeds the monitor,
-//! replans when a trigger fires, admits or rejects the target, and every rank carries out the
-//! decision at the step boundary — a transition DAG run on the live EMUs, a new response cap,
-//! or a checkpoint and a stop when nothing fits.
-//!
-//! The response cap is the length the engine's buffers and the plan are sized for (the KV cache,
-//! the training sequences): `rl.max_response_len` is the job's limit, the cap follows the
-//! observed lengths within it. It grows by `δ_len` when the step's p95 reaches it (responses
-//! were cut), and a replan sizes it to the observed p95 with `δ_len` of room. Growth that no
-//! longer fits the current plan is a predicted memory violation: urgent.
+//! The live controller of `nereus train` wired to the ranks: rank 0's [`Controller`] decides
+//! (pure, `policy::controller`), every rank learns the [`Action`] and carries it out at the step
+//! boundary — a transition DAG run on the live EMUs, a new response cap, or a checkpoint and a
+//! stop when nothing fits.
 
-use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::time::Instant;
 
 use crate::comm::{max_over_ranks, DataPlane, MpiPlane};
-use crate::config::{JobConfig, PolicyMode};
 use crate::emu::EmuSet;
-use crate::transition::target::state_bytes;
-use crate::transition::TransitionDag;
-
-use super::transition::{agree_on_dag, execute};
-use super::Session;
-use crate::cost::{Efficiencies, StageSample};
 use crate::plan::Plan;
 use crate::planner::Planner;
-use crate::policy::{admit, Monitor, Observation, Proposal, Signal, Thresholds, Trigger};
-use crate::rl::StepMetrics;
-use crate::transition::{choose, global::Links};
-use crate::units::format_bytes;
+pub use crate::policy::controller::{describe, Action, Controller, StepRecord};
+use crate::transition::target::state_bytes;
+use crate::transition::{global::Links, TransitionDag};
 
-use super::RuntimeError;
-
-/// Stage samples kept for the running calibration (the last steps' stages).
-const CALIBRATION_WINDOW: usize = 40;
-/// Weight of the newest step in the smoothed measured-over-predicted ratio (one slow step on a
-/// shared machine is noise, not drift).
-const LATENCY_SMOOTHING: f64 = 0.3;
-
-/// What every rank does at a step boundary (decided on rank 0, broadcast).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Action {
-    /// The plan to move to, if a transition was admitted.
-    pub target: Option<Plan>,
-    /// The response cap from the next step on.
-    pub cap: u32,
-    /// The efficiencies the decision was made with (every rank plans the DAG with them).
-    pub efficiencies: Efficiencies,
-    /// The decision record for the JSON lines (`null` when no trigger fired).
-    pub decision: Value,
-    /// Why the job must stop (after a checkpoint), when nothing fits.
-    pub stop: Option<String>,
-}
-
-/// Rank 0's controller state.
-pub struct Controller {
-    mode: PolicyMode,
-    gamma: f64,
-    min_gain: f64,
-    every_k: u64,
-    length_drift: f64,
-    max_len: u32,
-    host_bytes_per_s: f64,
-    monitor: Monitor,
-    base: Planner,
-    efficiencies: Efficiencies,
-    samples: Vec<StageSample>,
-    cap: u32,
-    last_switch: u64,
-    /// Smoothed measured over predicted step seconds.
-    latency_ratio: Option<f64>,
-}
-
-impl Controller {
-    /// A controller for `config` starting at response cap `cap`; `base` is the job's planner.
-    pub fn new(config: &JobConfig, base: Planner, cap: u32) -> Controller {
-        let p = &config.policy;
-        let mut monitor = Monitor::new(Thresholds { response_length: p.length_drift, step_latency: p.latency_drift });
-        // The initial plan was made for responses of `cap` tokens: the first step's lengths
-        // are compared with that, so a job that starts short is replanned for what it does.
-        monitor.set_reference(Signal::ResponseLength, f64::from(cap));
-        Controller {
-            mode: p.mode,
-            gamma: p.gamma,
-            min_gain: p.min_gain,
-            every_k: u64::from(p.every_k),
-            length_drift: p.length_drift,
-            max_len: config.rl.max_response_len,
-            host_bytes_per_s: config.cluster.host_link_gbps * 1e9,
-            monitor,
-            efficiencies: base.cost().efficiencies,
-            base,
-            samples: Vec::new(),
-            cap,
-            last_switch: 0,
-            latency_ratio: None,
-        }
-    }
-
-    /// The planner at response cap `len` with the current calibration.
-    fn planner(&self, len: u32) -> Result<Planner, RuntimeError> {
-        let gpus = self.base.cost().hardware.devices;
-        Ok(self.base.replanned(gpus, u64::from(len), self.efficiencies)?)
-    }
-
-    /// Decides after `step` (rank 0) under the `current` plan.
-    pub fn decide(&mut self, step: u64, m: &StepMetrics, current: &Plan) -> Result<Action, RuntimeError> {
-        let now = self.planner(self.cap)?;
-        self.calibrate(&now, current, m);
-        let now = self.planner(self.cap)?;
-        let predicted = now.predict(current);
-        // Responses reached the cap: it must grow, by δ_len, within the job's limit.
-        let cut = m.response_len_p95 >= f64::from(self.cap) && self.cap < self.max_len;
-        let grown = if cut { self.grow(self.cap) } else { self.cap };
-        let usable = now.cost().hardware.usable_bytes();
-        let violation = grown > self.cap && self.planner(grown)?.rank_peaks(current).max().0 > usable;
-        let ratio = m.step_seconds / predicted.max(1e-12);
-        let smoothed = self.latency_ratio.map_or(ratio, |r| LATENCY_SMOOTHING * ratio + (1.0 - LATENCY_SMOOTHING) * r);
-        self.latency_ratio = Some(smoothed);
-        let observation = Observation {
-            step,
-            response_len: m.response_len_mean,
-            step_seconds: smoothed * predicted,
-            predicted_seconds: predicted,
-            pool: now.cost().hardware.devices,
-            memory_violation: violation,
-        };
-        let mut triggers = self.monitor.observe(&observation);
-        if self.mode == PolicyMode::EveryK && (step + 1 - self.last_switch).is_multiple_of(self.every_k) {
-            triggers.push(Trigger::Schedule);
-        }
-        if triggers.is_empty() {
-            // Nothing to replan; a cap that grows within the current plan's memory just grows.
-            self.cap = grown;
-            return Ok(self.action(None, Value::Null, None));
-        }
-        let len = self.grow(self.cap).min(self.sized(m.response_len_p95)).max(grown);
-        self.replan(step, &triggers, &observation, current, len)
-    }
-
-    /// Replans at response cap `len` and admits or rejects the target.
-    fn replan(
-        &mut self,
-        step: u64,
-        triggers: &[Trigger],
-        observation: &Observation,
-        current: &Plan,
-        len: u32,
-    ) -> Result<Action, RuntimeError> {
-        self.monitor.replanned(observation);
-        let planner = match self.planner(len) {
-            Ok(p) => p,
-            Err(e) => return Ok(self.stopping(triggers, format!("no plan fits the next steps: {e}"))),
-        };
-        let links = Links::of(&planner.cost().hardware, Some(self.host_bytes_per_s));
-        let choice = match choose(&planner, current, &links) {
-            Ok(c) => c,
-            Err(e) => return Ok(self.stopping(triggers, format!("no plan fits responses of {len} tokens: {e}"))),
-        };
-        let current_fits = choice.current_seconds.is_finite();
-        let urgent = triggers.iter().any(|t| t.is_urgent()) || !current_fits;
-        let changes_layout = choice.target.plan().placements.iter().zip(&current.placements).any(|(a, b)| {
-            (a.candidate.layout, a.candidate.model_stage) != (b.candidate.layout, b.candidate.model_stage)
-        });
-        let proposal = Proposal {
-            urgent,
-            delta_l_s: choice.delta_l_s,
-            l_tran_s: choice.l_tran_s,
-            current_s: choice.current_seconds,
-            horizon: self.monitor.horizon(triggers),
-            changes_layout,
-        };
-        let mut verdict = if choice.keep {
-            crate::policy::Verdict {
-                admitted: false,
-                kind: None,
-                reason: choice.blocked_reason.clone().unwrap_or_else(|| "the current plan is still the fastest".into()),
-            }
-        } else {
-            admit(self.mode, &proposal, self.gamma, self.min_gain)
-        };
-        if !verdict.admitted && !current_fits {
-            // The cap cannot grow under the current plan and nothing reachable fits: stop.
-            let peaks = planner.rank_peaks(current);
-            let (need, rank) = peaks.max();
-            let capacity = planner.cost().hardware.memory_bytes;
-            let target = describe(&choice.target.plan());
-            verdict.reason = format!(
-                "{}; out of memory ahead: at {len} response tokens rank {rank} would need {} of {} ({}); a plan that fits: {target}; restart with that plan or more memory and `nereus train --resume latest`",
-                verdict.reason,
-                format_bytes(need),
-                format_bytes(capacity),
-                peaks.ranks[rank as usize].busiest.map_or(String::new(), |ms| format!("while {ms} runs")),
-            );
-            let decision = self.record(triggers, &proposal, &verdict);
-            return Ok(self.action(None, decision, Some(verdict.reason.clone())));
-        }
-        let decision = self.record(triggers, &proposal, &verdict);
-        if verdict.admitted {
-            self.cap = len;
-            self.last_switch = step + 1;
-            let target = (choice.target.plan() != *current).then(|| choice.target.plan());
-            return Ok(self.action(target, decision, None));
-        }
-        // Rejected, and the current plan fits the new cap: keep the plan, size the cap.
-        self.cap = len;
-        Ok(self.action(None, decision, None))
-    }
-
-    /// Folds the step's measured stages into the running calibration.
-    fn calibrate(&mut self, planner: &Planner, current: &Plan, m: &StepMetrics) {
-        let parts = planner.stage_parts(current);
-        for (name, (_, ideal)) in ["generation", "inference", "training", "weight_sync"].iter().zip(parts) {
-            if let Some(&measured) = m.stage_seconds.get(*name) {
-                self.samples.push(StageSample { ideal: ideal.0, measured });
-            }
-        }
-        let excess = self.samples.len().saturating_sub(CALIBRATION_WINDOW);
-        self.samples.drain(..excess);
-        let mut e = self.efficiencies;
-        e.fit_stages(&self.samples);
-        self.efficiencies = e;
-    }
-
-    /// `cap` grown by `δ_len`, at least one token, within the job's limit.
-    fn grow(&self, cap: u32) -> u32 {
-        ((f64::from(cap) * (1.0 + self.length_drift)).ceil() as u32).max(cap + 1).min(self.max_len)
-    }
-
-    /// A cap for responses whose p95 is `p95`: `δ_len` of room, within the job's limit.
-    fn sized(&self, p95: f64) -> u32 {
-        ((p95 * (1.0 + self.length_drift)).ceil() as u32).clamp(1, self.max_len)
-    }
-
-    fn stopping(&self, triggers: &[Trigger], reason: String) -> Action {
-        let decision = json!({"trigger": triggers, "admitted": false, "kind": null, "reason": reason});
-        self.action(None, decision, Some(reason))
-    }
-
-    fn record(&self, triggers: &[Trigger], p: &Proposal, verdict: &crate::policy::Verdict) -> Value {
-        let finite = |x: f64| if x.is_finite() { json!(x) } else { Value::Null };
-        json!({
-            "trigger": triggers,
-            "admitted": verdict.admitted,
-            "kind": verdict.kind,
-            "reason": verdict.reason,
-            "delta_l_s": finite(p.delta_l_s),
-            "l_tran_s": finite(p.l_tran_s),
-            "h_x": p.horizon,
-            "gamma": self.gamma,
-            "mode": self.mode,
-        })
-    }
-
-    fn action(&self, target: Option<Plan>, decision: Value, stop: Option<String>) -> Action {
-        Action { target, cap: self.cap, efficiencies: self.efficiencies, decision, stop }
-    }
-}
-
-/// A plan in short form: `actor/generation 1x1x8, …` (tp × pp × dp).
-pub fn describe(plan: &Plan) -> String {
-    plan.placements
-        .iter()
-        .map(|p| {
-            format!(
-                "{} {}x{}x{}",
-                p.candidate.model_stage, p.candidate.layout.tp, p.candidate.layout.pp, p.candidate.dp
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
-}
+use super::transition::{agree_on_dag, execute};
+use super::{RuntimeError, Session};
 
 /// What a step boundary did, for the JSON lines and the log.
 #[derive(Debug, Clone, Default)]
@@ -286,12 +32,11 @@ pub struct Boundary {
 pub fn decide(
     session: &Session,
     controller: Option<&mut Controller>,
-    step: u64,
-    m: &StepMetrics,
+    m: &StepRecord,
     plan: &Plan,
 ) -> Result<Action, RuntimeError> {
     let local = match controller {
-        Some(c) => c.decide(step, m, plan).map(|a| serde_json::to_vec(&a).expect("actions serialize")),
+        Some(c) => c.decide(m, plan).map(|a| serde_json::to_vec(&a).expect("actions serialize")).map_err(Into::into),
         None => Ok(Vec::new()),
     };
     let bytes = session.agree("controller decision", local)?;

@@ -16,7 +16,7 @@ use super::checkpoint::{
     self, fill_shard, open_weights, resume, Checkpoints, Expect, ModelToSave, ModelWeights, ResumeFrom, ResumeOptions,
     SaveOptions, Sidecar, TensorFile,
 };
-use super::controller::{decide, transition, Action, Boundary, Controller};
+use super::controller::{decide, transition, Action, Boundary, Controller, StepRecord};
 use super::metrics::MetricsLog;
 use super::signals::{self, StopSignals};
 use super::timeline::Timeline;
@@ -109,7 +109,7 @@ pub fn run_config(session: &Session, config: &JobConfig, options: &TrainOptions)
         let boundary = if config.policy.mode == PolicyMode::Off {
             Boundary::default()
         } else {
-            let action = decide(session, controller.as_mut(), step, &m, &plan)?;
+            let action = decide(session, controller.as_mut(), &step_record(step, &m), &plan)?;
             let mut live =
                 Live { plane: &mut plane, set: &mut set, job: &mut job, plan: &mut plan, settings: &mut settings };
             let b = act(session, config, &action, &mut live, &mut predicted)?;
@@ -166,6 +166,18 @@ pub fn run_config(session: &Session, config: &JobConfig, options: &TrainOptions)
         }
     }
     Ok(())
+}
+
+/// What the controller is shown of step `step` (the same fields its JSON line carries).
+fn step_record(step: u64, m: &StepMetrics) -> StepRecord {
+    StepRecord {
+        step,
+        response_len_mean: m.response_len_mean,
+        response_len_p95: m.response_len_p95,
+        step_seconds: m.step_seconds,
+        stage_seconds: m.stage_seconds.clone(),
+        pool_size: None,
+    }
 }
 
 /// The live job a step boundary may reshape.
