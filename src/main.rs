@@ -177,6 +177,16 @@ enum BenchCommand {
         #[arg(long, value_name = "PATH")]
         json: Option<PathBuf>,
     },
+    /// The time of one controller decision: the tiny job's recorded run, and Llama-3.1-8B PPO
+    /// at 1,024 and 16,384 GPUs from modelled monitor records.
+    Controller {
+        /// The large job (run from the repository root for the defaults).
+        #[arg(long, default_value = "configs/llama3.1-8b-ppo.toml")]
+        config: PathBuf,
+        /// Also write the report as JSON.
+        #[arg(long, value_name = "PATH")]
+        json: Option<PathBuf>,
+    },
     /// Replan time and peak memory of the plan search from 8 to 16,384 GPUs.
     Planner {
         /// The job to plan (run from the repository root for the default).
@@ -351,6 +361,7 @@ fn main() -> ExitCode {
         TopCommand::Bench(BenchCommand::Calibration { cluster, steps, out_dir, json }) => {
             Command::BenchCalibration { cluster, steps, out_dir, json }
         }
+        TopCommand::Bench(BenchCommand::Controller { config, json }) => Command::BenchController { config, json },
         TopCommand::Bench(BenchCommand::Planner { config, seq_len, reps, json }) => {
             Command::BenchPlanner { config, seq_len, reps, json }
         }

@@ -78,3 +78,25 @@ fn the_static_policy_stops_before_running_out_of_memory_and_says_what_fits() {
     }
     assert!(out.join("checkpoints").read_dir().unwrap().count() > 0, "a checkpoint before the stop");
 }
+
+/// `bench controller` replays the recorded tiny run through the controller and decides on
+/// modelled records at 1,024 and 16,384 GPUs; what it reports follows from the decisions made.
+#[test]
+fn bench_controller_decides_on_every_record_and_reports_its_floors() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("controller.json");
+    let run = common::run_single(&["bench", "controller", "--json", json.to_str().unwrap()]);
+    assert!(run.status.success(), "{}", text(&run).1);
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rows = report["rows"].as_array().unwrap();
+    let gpus: Vec<u64> = rows.iter().map(|r| r["gpus"].as_u64().unwrap()).collect();
+    assert_eq!(gpus, [8, 1024, 16384]);
+    // One decision per line of the recorded 100-step run.
+    assert_eq!(rows[0]["decisions"], 100);
+    for r in rows {
+        let (replans, admitted) = (r["replans"].as_u64().unwrap(), r["admitted"].as_u64().unwrap());
+        assert!(replans >= 1 && admitted <= replans, "{r}");
+        assert!(r["replan_max_s"].as_f64().unwrap() >= r["replan_median_s"].as_f64().unwrap());
+    }
+    assert_eq!(report["floors"].as_array().unwrap().len(), 2);
+}

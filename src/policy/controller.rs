@@ -281,6 +281,28 @@ impl Controller {
     }
 }
 
+/// The plan a controlled job starts on, the planner that predicts it and the response cap it is
+/// made for: `policy.initial_response_len` (or `rl.max_response_len`), halved until some plan
+/// fits on `gpus` devices (the controller grows the cap as responses do).
+pub fn initial_plan(config: &JobConfig, gpus: u32) -> Result<(Plan, Planner, u32), PlannerError> {
+    let max = config.rl.max_response_len;
+    let first = match config.policy.initial_response_len {
+        0 => max,
+        len => len.min(max),
+    };
+    let mut first_error = None;
+    for len in std::iter::successors(Some(first), |l| (*l > 1).then_some(l / 2)) {
+        let planner = Planner::new(config, gpus, Some(u64::from(len)), Efficiencies::default())?;
+        match planner.search(None) {
+            Ok(job) => return Ok((job.plan(), planner, len)),
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    Err(first_error.expect("at least one length was tried"))
+}
+
 /// A plan in short form: `actor/generation 1x1x8, …` (tp × pp × dp).
 pub fn describe(plan: &Plan) -> String {
     plan.placements

@@ -90,6 +90,13 @@ pub enum Command {
         /// Where to write the JSON report.
         json: Option<PathBuf>,
     },
+    /// Benchmark the time of one controller decision (tiny job, Llama at 1,024 and 16,384 GPUs).
+    BenchController {
+        /// The large job whose modelled monitor records are decided on.
+        config: PathBuf,
+        /// Where to write the JSON report.
+        json: Option<PathBuf>,
+    },
     /// Benchmark building the global transition DAG from 32 to 16,384 ranks.
     BenchTransitionPlanning {
         /// The job whose plans change.
@@ -299,6 +306,7 @@ pub fn run(options: SessionOptions, command: Command) -> u8 {
         Command::BenchPlanner { config, seq_len, reps, json } => {
             bench::planner::run(&mut session, config, *seq_len, *reps, json.as_deref())
         }
+        Command::BenchController { config, json } => bench::controller::run(&mut session, config, json.as_deref()),
         Command::BenchTransitionPlanning { config, ranks, reps, json } => {
             bench::transition::run(&mut session, config, ranks, *reps, json.as_deref())
         }

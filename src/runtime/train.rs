@@ -16,7 +16,7 @@ use super::checkpoint::{
     self, fill_shard, open_weights, resume, Checkpoints, Expect, ModelToSave, ModelWeights, ResumeFrom, ResumeOptions,
     SaveOptions, Sidecar, TensorFile,
 };
-use super::controller::{decide, transition, Action, Boundary, Controller, StepRecord};
+use super::controller::{decide, initial_plan, transition, Action, Boundary, Controller, StepRecord};
 use super::metrics::MetricsLog;
 use super::signals::{self, StopSignals};
 use super::timeline::Timeline;
@@ -315,26 +315,9 @@ fn job_checks(config: &JobConfig, world: i32) -> Result<(Plan, Planner, u32), Ru
 /// responses do).
 fn job_plan(config: &JobConfig, world: i32) -> Result<(Plan, Planner, u32), RuntimeError> {
     let max = config.rl.max_response_len;
-    let first = match config.policy.initial_response_len {
-        0 => max,
-        len => len.min(max),
-    };
-    let at = |len: u32| Planner::new(config, world as u32, Some(u64::from(len)), Efficiencies::default());
-    let planner = at(max)?;
+    let planner = Planner::new(config, world as u32, Some(u64::from(max)), Efficiencies::default())?;
     let plan = match fixed_plan(config, world as u32).map_err(RuntimeError::Usage)? {
-        None if config.policy.mode != PolicyMode::Off => {
-            let mut first_error = None;
-            for len in std::iter::successors(Some(first), |l| (*l > 1).then_some(l / 2)) {
-                let planner = at(len)?;
-                match planner.search(None) {
-                    Ok(job) => return Ok((job.plan(), planner, len)),
-                    Err(e) => {
-                        first_error.get_or_insert(e);
-                    }
-                }
-            }
-            return Err(first_error.expect("at least one length was tried").into());
-        }
+        None if config.policy.mode != PolicyMode::Off => return Ok(initial_plan(config, world as u32)?),
         None => planner.search(None)?.plan(),
         Some(plan) => {
             let peaks = planner.rank_peaks(&plan);

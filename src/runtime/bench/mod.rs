@@ -2,6 +2,7 @@
 //! JSON contract of `docs/benchmarks.md`: `{"bench", "machine", "rows", "floors"}`.
 
 pub mod calibration;
+pub mod controller;
 pub mod coordination;
 pub mod engine;
 pub mod planner;
