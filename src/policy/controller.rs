@@ -68,6 +68,8 @@ pub struct Controller {
     gamma: f64,
     min_gain: f64,
     every_k: u64,
+    /// Steps between monitor evaluations (`policy.monitor_interval_steps`).
+    monitor_interval: u64,
     length_drift: f64,
     max_len: u32,
     host_bytes_per_s: f64,
@@ -81,6 +83,8 @@ pub struct Controller {
     last_switch: u64,
     /// Smoothed measured over predicted step seconds.
     latency_ratio: Option<f64>,
+    /// Predicted and measured seconds summed over the transitions made: calibrates `L̂_tran`.
+    transition_seconds: (f64, f64),
 }
 
 impl Controller {
@@ -96,6 +100,7 @@ impl Controller {
             gamma: p.gamma,
             min_gain: p.min_gain,
             every_k: u64::from(p.every_k),
+            monitor_interval: u64::from(p.monitor_interval_steps.max(1)),
             length_drift: p.length_drift,
             max_len: config.rl.max_response_len,
             host_bytes_per_s: config.cluster.host_link_gbps * 1e9,
@@ -107,12 +112,34 @@ impl Controller {
             cap,
             last_switch: 0,
             latency_ratio: None,
+            transition_seconds: (0.0, 0.0),
         }
     }
 
     /// The planner for the pool at response cap `len` with the current calibration.
     fn planner(&self, len: u32) -> Result<Planner, PlannerError> {
         self.base.replanned(self.gpus, u64::from(len), self.efficiencies)
+    }
+
+    /// A transition predicted at `predicted_s` took `measured_s`: later `L̂_tran` estimates are
+    /// scaled by measured over predicted seconds summed over the job's transitions (so large
+    /// transitions weigh by their size and a tiny one's fixed overhead does not swing it; one
+    /// predicted to move nothing teaches nothing).
+    pub fn transitioned(&mut self, predicted_s: f64, measured_s: f64) {
+        if predicted_s.is_finite() && measured_s.is_finite() && predicted_s > 0.0 && measured_s >= 0.0 {
+            self.transition_seconds.0 += predicted_s;
+            self.transition_seconds.1 += measured_s;
+        }
+    }
+
+    /// Measured over predicted transition seconds so far (1 before any prediction was tested).
+    fn transition_ratio(&self) -> f64 {
+        let (predicted, measured) = self.transition_seconds;
+        if predicted > 0.0 {
+            measured / predicted
+        } else {
+            1.0
+        }
     }
 
     /// The response cap the engine is sized for now.
@@ -140,12 +167,18 @@ impl Controller {
         let ratio = m.step_seconds / predicted.max(1e-12);
         let smoothed = self.latency_ratio.map_or(ratio, |r| LATENCY_SMOOTHING * ratio + (1.0 - LATENCY_SMOOTHING) * r);
         self.latency_ratio = Some(smoothed);
+        let pool = m.pool_size.unwrap_or(self.gpus);
+        // Between monitor evaluations only what cannot wait is looked at: memory and the pool.
+        if !(step + 1).is_multiple_of(self.monitor_interval) && !violation && pool == self.gpus {
+            self.cap = grown;
+            return Ok(self.action(None, Value::Null, None));
+        }
         let observation = Observation {
             step,
             response_len: m.response_len_mean,
             step_seconds: smoothed * predicted,
             predicted_seconds: predicted,
-            pool: m.pool_size.unwrap_or(self.gpus),
+            pool,
             memory_violation: violation,
         };
         let mut triggers = self.monitor.observe(&observation);
@@ -189,7 +222,7 @@ impl Controller {
         let proposal = Proposal {
             urgent,
             delta_l_s: choice.delta_l_s,
-            l_tran_s: choice.l_tran_s,
+            l_tran_s: choice.l_tran_s * self.transition_ratio(),
             current_s: choice.current_seconds,
             horizon: self.monitor.horizon(triggers),
             changes_layout,
@@ -270,6 +303,7 @@ impl Controller {
             "reason": verdict.reason,
             "delta_l_s": finite(p.delta_l_s),
             "l_tran_s": finite(p.l_tran_s),
+            "l_tran_calibration": self.transition_ratio(),
             "h_x": p.horizon,
             "gamma": self.gamma,
             "mode": self.mode,
@@ -315,4 +349,62 @@ pub fn describe(plan: &Plan) -> String {
         })
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{ConfigSource, Overrides, RawJobConfig};
+
+    /// The embedded tiny PPO job under the controller, responses planned for 8 tokens.
+    fn controller(interval: u32) -> (Controller, Plan) {
+        let source = ConfigSource::embedded_default();
+        let raw = RawJobConfig::parse(&source).unwrap();
+        let mut config = raw.resolve(&source, &Overrides::default(), &mut || unreachable!()).unwrap();
+        config.policy.mode = PolicyMode::Nereus;
+        config.policy.initial_response_len = 8;
+        config.policy.monitor_interval_steps = interval;
+        let (plan, planner, cap) = initial_plan(&config, 8).unwrap();
+        assert_eq!(cap, 8);
+        (Controller::new(&config, planner, cap), plan)
+    }
+
+    /// A step whose responses are `len` tokens long and whose seconds are `seconds`.
+    fn record(step: u64, len: f64, seconds: f64) -> StepRecord {
+        StepRecord { step, response_len_mean: len, response_len_p95: len, step_seconds: seconds, ..Default::default() }
+    }
+
+    #[test]
+    fn a_drift_is_looked_at_only_on_monitor_steps() {
+        let (mut c, plan) = controller(2);
+        let seconds = c.planner(8).unwrap().predict(&plan);
+        // Step 0 (the first of every two) is not evaluated: 4-token responses pass unseen.
+        assert!(c.decide(&record(0, 4.0, seconds), &plan).unwrap().decision.is_null());
+        // Step 1 is: half the length the plan was made for is a drift past δ_len = 0.3.
+        let d = c.decide(&record(1, 4.0, seconds), &plan).unwrap().decision;
+        assert_eq!(d["trigger"], json!([{"drift": "response-length"}]), "{d}");
+    }
+
+    #[test]
+    fn responses_that_reach_the_cap_grow_it_by_delta_len() {
+        let (mut c, plan) = controller(1);
+        let seconds = c.planner(8).unwrap().predict(&plan);
+        // p95 at the cap: responses were cut, the cap grows to ceil(8 · 1.3) = 11 and the
+        // mean (8 → 8) has not drifted, so no replan.
+        let a = c.decide(&record(0, 8.0, seconds), &plan).unwrap();
+        assert!(a.decision.is_null(), "{}", a.decision);
+        assert_eq!(a.cap, 11);
+    }
+
+    #[test]
+    fn measured_transitions_calibrate_l_tran_by_their_summed_seconds() {
+        let (mut c, _) = controller(1);
+        assert_eq!(c.transition_ratio(), 1.0);
+        c.transitioned(0.0, 0.5); // nothing was predicted to move: no information
+        assert_eq!(c.transition_ratio(), 1.0);
+        c.transitioned(1.0, 0.1);
+        assert!((c.transition_ratio() - 0.1).abs() < 1e-12);
+        c.transitioned(2.0, 0.4);
+        assert!((c.transition_ratio() - 0.5 / 3.0).abs() < 1e-12);
+    }
 }

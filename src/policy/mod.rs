@@ -240,7 +240,8 @@ pub fn admit(mode: PolicyMode, p: &Proposal, gamma: f64, min_gain: f64) -> Verdi
     match mode {
         PolicyMode::Off => no("policy off".into()),
         PolicyMode::Greedy | PolicyMode::EveryK => yes("opportunistic", format!("ΔL = {:.4} s > 0", p.delta_l_s)),
-        PolicyMode::Static => yes("opportunistic", "static: DP follows the pool".into()),
+        // The baseline's DP moves with the pool (an urgent trigger) and nothing else.
+        PolicyMode::Static => no("static policy: only a pool change moves DP".into()),
         PolicyMode::Nereus => {
             if gamma == 0.0 {
                 return no("γ = 0 admits urgent transitions only".into());

@@ -35,6 +35,9 @@ fn gamma_zero_admits_urgent_transitions_only() {
     assert!(!admit(PolicyMode::Static, &urgent, 0.5, 0.0).admitted);
     let dp_only = Proposal { changes_layout: false, ..urgent };
     assert!(admit(PolicyMode::Static, &dp_only, 0.5, 0.0).admitted);
+    // Without a pool change or a violation the static baseline does not move at all.
+    let faster = Proposal { urgent: false, ..dp_only };
+    assert!(!admit(PolicyMode::Static, &faster, 0.5, 0.0).admitted);
 }
 
 #[test]

@@ -243,6 +243,16 @@ pub enum RuntimeError {
         /// The checkpoint written.
         checkpoint: PathBuf,
     },
+    /// The controller found no plan for the next steps; every rank checkpointed and stops.
+    #[error("the controller stopped the job after step {step}: {reason} (checkpoint {})", checkpoint.display())]
+    ControllerStop {
+        /// The last step completed (0-based).
+        step: u64,
+        /// Why, with the plan that would fit and how to continue.
+        reason: String,
+        /// The checkpoint written.
+        checkpoint: PathBuf,
+    },
 }
 
 /// The error-mapping closure for a failed file operation on `path`.
@@ -267,6 +277,7 @@ impl RuntimeError {
             RuntimeError::Backend(e) if e.is_usage() => EXIT_USAGE,
             RuntimeError::Phase(failure) => failure.status,
             RuntimeError::Preempted { .. } => EXIT_PREEMPTED,
+            RuntimeError::ControllerStop { .. } => EXIT_USAGE,
             _ => EXIT_FAILURE,
         }
     }
@@ -282,6 +293,7 @@ impl RuntimeError {
                 | RuntimeError::Diverged { .. }
                 | RuntimeError::Engine(crate::engine::EngineError::Diverged { .. })
                 | RuntimeError::Preempted { .. }
+                | RuntimeError::ControllerStop { .. }
         )
     }
 }

@@ -113,13 +113,16 @@ pub fn run_config(session: &Session, config: &JobConfig, options: &TrainOptions)
             let mut live =
                 Live { plane: &mut plane, set: &mut set, job: &mut job, plan: &mut plan, settings: &mut settings };
             let b = act(session, config, &action, &mut live, &mut predicted)?;
+            if let (Some(c), Some(measured)) = (controller.as_mut(), b.transition.get("seconds")) {
+                c.transitioned(
+                    b.transition["predicted_seconds"].as_f64().unwrap_or(0.0),
+                    measured.as_f64().unwrap_or(0.0),
+                );
+            }
             if let Some(reason) = &action.stop {
                 let saved = save(&mut plane, &set, &job, config, step + 1, &checkpoints);
                 let dir = session.agree("checkpoint", saved)?;
-                return Err(RuntimeError::Usage(format!(
-                    "the controller stopped the job after step {step}: {reason} (checkpoint {})",
-                    dir.display()
-                )));
+                return Err(RuntimeError::ControllerStop { step, reason: reason.clone(), checkpoint: dir });
             }
             b
         };
