@@ -60,8 +60,9 @@ enum TopCommand {
         #[command(flatten)]
         overrides: OverrideArgs,
     },
-    /// Run an RL job (PPO, GRPO, ReMax) on the reference engine with a fixed plan (under
-    /// mpirun/srun); one line per step, JSON lines in <output_dir>/metrics.jsonl.
+    /// Run an RL job (PPO, GRPO, ReMax) on the reference engine (under mpirun/srun), on one
+    /// plan or under the live controller; one line per step, JSON lines in
+    /// <output_dir>/metrics.jsonl.
     Train {
         /// Job file (TOML); the embedded default when omitted.
         file: Option<PathBuf>,
@@ -73,6 +74,10 @@ enum TopCommand {
         /// Resume without the optimizer state: AdamW restarts from zero moments.
         #[arg(long, requires = "resume")]
         resume_reset_optimizer: bool,
+        /// The ranks the job may use at the start: a count N or the index list of the first N
+        /// ranks (`0-5`); `[pool] trace` and `<output_dir>/pool` take over when present.
+        #[arg(long, value_name = "N|0-(N-1)")]
+        pool: Option<String>,
         #[command(flatten)]
         overrides: OverrideArgs,
     },
@@ -340,10 +345,10 @@ fn main() -> ExitCode {
             overrides: overrides.into(),
             request: PlanRequest { gpus, seq_len, from_seq_len, from_gpus, json },
         },
-        TopCommand::Train { file, resume, resume_reset_optimizer, overrides } => Command::Train {
+        TopCommand::Train { file, resume, resume_reset_optimizer, pool, overrides } => Command::Train {
             config: file,
             overrides: overrides.into(),
-            options: TrainOptions { resume, reset_optimizer: resume_reset_optimizer },
+            options: TrainOptions { resume, reset_optimizer: resume_reset_optimizer, pool },
         },
         TopCommand::Logprobs { dir, tokens, json, tp, pp, micro_batch } => {
             Command::Logprobs(LogprobsOptions { dir, tokens, json, tp, pp, micro_batch })

@@ -21,6 +21,7 @@ pub mod job;
 pub mod models;
 pub mod plan;
 pub mod policy;
+pub mod pool;
 pub mod rl;
 pub mod train;
 
@@ -30,6 +31,7 @@ pub use job::JobSection;
 pub use models::{Dtype, ModelSpec, ModelsSection, RawModelSpec, RawModelsSection, RopeScaling};
 pub use plan::PlanEntry;
 pub use policy::{PolicyMode, PolicySection};
+pub use pool::PoolSection;
 pub use rl::{Algorithm, RlSection};
 pub use train::{OnNonFinite, RewardSource, TrainSection};
 
@@ -64,6 +66,9 @@ pub struct RawJobConfig {
     /// `[train]` (optional; defaults apply).
     #[serde(default)]
     pub train: TrainSection,
+    /// `[pool]` (optional: the whole world).
+    #[serde(default)]
+    pub pool: PoolSection,
     /// `[plan."<model-stage>"]` (optional: the planner chooses when absent).
     #[serde(default)]
     pub plan: BTreeMap<String, PlanEntry>,
@@ -85,6 +90,9 @@ pub struct JobConfig {
     pub policy: PolicySection,
     /// `[train]`.
     pub train: TrainSection,
+    /// `[pool]`, its trace path resolved.
+    #[serde(default)]
+    pub pool: PoolSection,
     /// `[plan."<model-stage>"]`, empty when the planner chooses.
     pub plan: BTreeMap<String, PlanEntry>,
 }
@@ -186,7 +194,8 @@ impl RawJobConfig {
         overrides: &Overrides,
         detect: &mut dyn FnMut() -> ClusterSection,
     ) -> Result<JobConfig, ConfigError> {
-        let RawJobConfig { mut job, cluster, models, mut rl, mut policy, train, plan } = self;
+        let RawJobConfig { mut job, cluster, models, mut rl, mut policy, train, mut pool, plan } = self;
+        pool.trace = pool.trace.map(|t| source.base_dir.join(t));
         policy.mode = overrides.policy.unwrap_or(policy.mode);
         job.seed = overrides.seed.unwrap_or(job.seed);
         job.steps = overrides.steps.unwrap_or(job.steps);
@@ -194,7 +203,7 @@ impl RawJobConfig {
         rl.algorithm = overrides.algorithm.unwrap_or(rl.algorithm);
         let cluster = resolve_cluster(cluster, source, overrides, detect)?;
         let models = models.resolve(&source.base_dir)?;
-        let config = JobConfig { job, cluster, models, rl, policy, train, plan };
+        let config = JobConfig { job, cluster, models, rl, policy, train, pool, plan };
         config.validate()?;
         Ok(config)
     }

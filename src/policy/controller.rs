@@ -21,6 +21,10 @@ use crate::planner::{Planner, PlannerError};
 use crate::transition::{choose, global::Links};
 use crate::units::format_bytes;
 
+/// Transitions predicted shorter than this do not calibrate `L̂_tran` (agreement and digest
+/// overheads, which the DAG's critical path leaves out, dominate them).
+const MIN_CALIBRATING_TRANSITION_S: f64 = 0.01;
+
 /// What the controller is shown after a step: the fields of the step's JSON line it reads
 /// (so a recorded run's `metrics.jsonl` replays through [`Controller::decide`] unchanged).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -54,6 +58,8 @@ pub struct Action {
     pub target: Option<Plan>,
     /// The response cap from the next step on.
     pub cap: u32,
+    /// Ranks in the pool from the next step on (the first `pool` ranks).
+    pub pool: u32,
     /// The efficiencies the decision was made with (every rank plans the DAG with them).
     pub efficiencies: Efficiencies,
     /// The decision record for the JSON lines (`null` when no trigger fired).
@@ -123,10 +129,14 @@ impl Controller {
 
     /// A transition predicted at `predicted_s` took `measured_s`: later `L̂_tran` estimates are
     /// scaled by measured over predicted seconds summed over the job's transitions (so large
-    /// transitions weigh by their size and a tiny one's fixed overhead does not swing it; one
-    /// predicted to move nothing teaches nothing).
+    /// transitions weigh by their size; one predicted under 10 ms is mostly fixed overhead
+    /// the model leaves out, and teaches nothing about the proportional error).
     pub fn transitioned(&mut self, predicted_s: f64, measured_s: f64) {
-        if predicted_s.is_finite() && measured_s.is_finite() && predicted_s > 0.0 && measured_s >= 0.0 {
+        if predicted_s.is_finite()
+            && measured_s.is_finite()
+            && predicted_s >= MIN_CALIBRATING_TRANSITION_S
+            && measured_s >= 0.0
+        {
             self.transition_seconds.0 += predicted_s;
             self.transition_seconds.1 += measured_s;
         }
@@ -311,7 +321,7 @@ impl Controller {
     }
 
     fn action(&self, target: Option<Plan>, decision: Value, stop: Option<String>) -> Action {
-        Action { target, cap: self.cap, efficiencies: self.efficiencies, decision, stop }
+        Action { target, cap: self.cap, pool: self.gpus, efficiencies: self.efficiencies, decision, stop }
     }
 }
 
@@ -401,6 +411,7 @@ mod tests {
         let (mut c, _) = controller(1);
         assert_eq!(c.transition_ratio(), 1.0);
         c.transitioned(0.0, 0.5); // nothing was predicted to move: no information
+        c.transitioned(0.001, 0.5); // overhead, not the model's error
         assert_eq!(c.transition_ratio(), 1.0);
         c.transitioned(1.0, 0.1);
         assert!((c.transition_ratio() - 0.1).abs() < 1e-12);

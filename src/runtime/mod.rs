@@ -13,6 +13,7 @@ pub mod logging;
 pub mod logprobs;
 pub mod metrics;
 pub mod plan;
+pub mod pool;
 pub mod probe;
 mod rng;
 pub mod selftest;

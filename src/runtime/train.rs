@@ -18,6 +18,7 @@ use super::checkpoint::{
 };
 use super::controller::{decide, initial_plan, transition, Action, Boundary, Controller, StepRecord};
 use super::metrics::MetricsLog;
+use super::pool::PoolSource;
 use super::signals::{self, StopSignals};
 use super::timeline::Timeline;
 use super::{io_error, RuntimeError, Session};
@@ -42,6 +43,8 @@ pub struct TrainOptions {
     pub resume: Option<ResumeFrom>,
     /// `--resume-reset-optimizer`: resume without the optimizer state.
     pub reset_optimizer: bool,
+    /// `--pool`: the ranks the job may use at the start.
+    pub pool: Option<String>,
 }
 
 /// Consecutive steps with skipped updates after which `on_nonfinite = "skip-step"` gives up.
@@ -76,13 +79,16 @@ pub fn run(
 /// Trains the job `config` describes (already agreed by every rank).
 pub fn run_config(session: &Session, config: &JobConfig, options: &TrainOptions) -> Result<(), RuntimeError> {
     let world = session.world().size();
-    let (mut plan, planner, cap) = session.agree("job checks", job_checks(config, world))?;
-    let mut predicted = Predicted::of(&planner, &plan);
-    let signals = StopSignals::install(config.job.checkpoint_on_signal.as_deref())?;
     let out = config.job.output_dir.clone();
     let checkpoints = Checkpoints::of(&out);
     let metrics = MetricsLog::of(&out);
     let resume_dir = resume_directory(session, &out, &checkpoints, &metrics, options.resume.as_ref())?;
+    let pools = session.agree("pool", pool_source(config, options, world as u32))?;
+    let first_step = resume_dir.as_deref().map_or(0, checkpoint_step);
+    let mut pool = agreed_pool(session, &pools, first_step)?;
+    let (mut plan, planner, cap) = session.agree("job checks", job_checks(config, pool as i32))?;
+    let mut predicted = Predicted::of(&planner, &plan);
+    let signals = StopSignals::install(config.job.checkpoint_on_signal.as_deref())?;
     let mut settings = StepSettings::new(config);
     settings.sampling.max_new_tokens = cap as usize;
     let mut controller = (config.policy.mode != PolicyMode::Off && session.rank() == 0)
@@ -105,11 +111,14 @@ pub fn run_config(session: &Session, config: &JobConfig, options: &TrainOptions)
     let mut timeline = Timeline::default();
     for step in sources.start_step..u64::from(config.job.steps) {
         let m = job.step(&mut plane, &mut set, step)?;
-        let before = (plan.clone(), predicted.clone());
+        let held = held_bytes(&mut plane, &set)?;
+        let before = (plan.clone(), predicted.clone(), pool);
         let boundary = if config.policy.mode == PolicyMode::Off {
             Boundary::default()
         } else {
-            let action = decide(session, controller.as_mut(), &step_record(step, &m), &plan)?;
+            let next_pool = if session.rank() == 0 { Some(pools.at(step + 1)?) } else { None };
+            let action = decide(session, controller.as_mut(), &step_record(step, &m, next_pool), &plan)?;
+            pool = action.pool;
             let mut live =
                 Live { plane: &mut plane, set: &mut set, job: &mut job, plan: &mut plan, settings: &mut settings };
             let b = act(session, config, &action, &mut live, &mut predicted)?;
@@ -126,7 +135,11 @@ pub fn run_config(session: &Session, config: &JobConfig, options: &TrainOptions)
             }
             b
         };
-        let record = record(&mut plane, &set, &before.0, &before.1, step, &m, &boundary)?;
+        let mut record = record(&mut plane, &set, &before.0, &before.1, step, &m, &boundary)?;
+        if pools.is_elastic() {
+            record["pool"] = json!(format_index_list(&(0..before.2).collect::<Vec<u32>>()));
+            record["held_bytes"] = json!(held);
+        }
         if session.rank() == 0 {
             print_step(step, &m, &before.0);
             print_boundary(&boundary);
@@ -135,7 +148,7 @@ pub fn run_config(session: &Session, config: &JobConfig, options: &TrainOptions)
                 m.step_seconds,
                 m.response_len_mean,
                 m.generated_tokens,
-                world as u32,
+                before.2,
                 &boundary.transition,
             );
         }
@@ -171,16 +184,54 @@ pub fn run_config(session: &Session, config: &JobConfig, options: &TrainOptions)
     Ok(())
 }
 
-/// What the controller is shown of step `step` (the same fields its JSON line carries).
-fn step_record(step: u64, m: &StepMetrics) -> StepRecord {
+/// What the controller is shown of step `step` (the same fields its JSON line carries), with
+/// the pool of the next step.
+fn step_record(step: u64, m: &StepMetrics, pool_size: Option<u32>) -> StepRecord {
     StepRecord {
         step,
         response_len_mean: m.response_len_mean,
         response_len_p95: m.response_len_p95,
         step_seconds: m.step_seconds,
         stage_seconds: m.stage_seconds.clone(),
-        pool_size: None,
+        pool_size,
     }
+}
+
+/// Bytes each rank's ledger holds now (all-gathered): zero on ranks outside the pool.
+fn held_bytes(plane: &mut MpiPlane, set: &EmuSet) -> Result<Vec<u64>, RuntimeError> {
+    let group = plane.group(&(0..set.world_size()).collect::<Vec<_>>())?;
+    let mine = set.store().ledger().used().to_le_bytes();
+    let mut all = vec![0u8; 8 * set.world_size() as usize];
+    plane.all_gather(group, &mine, &mut all)?;
+    Ok(all.chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8]))).collect())
+}
+
+/// Where the job's pool comes from; a pool other than the world needs a controller to follow it.
+fn pool_source(config: &JobConfig, options: &TrainOptions, world: u32) -> Result<PoolSource, RuntimeError> {
+    let pools = PoolSource::new(config.pool.trace.as_deref(), &config.job.output_dir, options.pool.as_deref(), world)?;
+    if pools.is_elastic() && config.policy.mode == PolicyMode::Off {
+        return Err(RuntimeError::Usage(
+            "[pool] trace, --pool or <output_dir>/pool change the ranks a job may use, and policy.mode = \"off\" never moves it: set policy.mode (or --policy) to nereus, static, greedy or every-k".into(),
+        ));
+    }
+    Ok(pools)
+}
+
+/// The pool of `step` as rank 0 reads it (the operator's file may change at any time).
+fn agreed_pool(session: &Session, pools: &PoolSource, step: u64) -> Result<u32, RuntimeError> {
+    let local = if session.rank() == 0 { pools.at(step).map(|n| n.to_le_bytes().to_vec()) } else { Ok(Vec::new()) };
+    let bytes = session.agree("pool", local)?;
+    let agreed = session.broadcast("pool", &bytes)?;
+    Ok(u32::from_le_bytes(agreed.try_into().unwrap_or([0; 4])))
+}
+
+/// The step a checkpoint directory `step-N` continues from.
+fn checkpoint_step(dir: &Path) -> u64 {
+    dir.file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix("step-"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
 }
 
 /// The live job a step boundary may reshape.

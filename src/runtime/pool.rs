@@ -1,0 +1,166 @@
+//! The pool: the ranks of the MPI world a job may use now (resource drift, paper §2). It comes
+//! from, in this order, the config's `[pool] trace`, the file `<output_dir>/pool` that an
+//! operator or a scheduler hook writes (re-read at every step boundary), and `--pool` for the
+//! start; without any of them it is the whole world.
+//!
+//! A pool is the first N ranks of the world in topology order: the planner lays plans out on
+//! ranks `0..N`, so ranks leave from the top. An index list must therefore be such a prefix
+//! (`0-5`); other sets are refused with a message naming them.
+
+use std::path::{Path, PathBuf};
+
+use crate::topology::parse_index_list;
+
+use super::RuntimeError;
+
+/// Where the pool of each step comes from.
+#[derive(Debug, Clone)]
+pub struct PoolSource {
+    /// Trace rows `(from step, ranks)`, by step.
+    trace: Vec<(u64, u32)>,
+    /// The operator's pool file.
+    file: PathBuf,
+    /// `--pool`, for the start.
+    start: Option<u32>,
+    /// The MPI world.
+    world: u32,
+}
+
+impl PoolSource {
+    /// The pool of a job in `output_dir` on `world` ranks with an optional trace and `--pool`.
+    pub fn new(trace: Option<&Path>, output_dir: &Path, start: Option<&str>, world: u32) -> Result<Self, RuntimeError> {
+        let trace = match trace {
+            Some(path) => read_trace(path, world)?,
+            None => Vec::new(),
+        };
+        let start = start.map(|text| parse_pool(text, world, "--pool")).transpose()?;
+        Ok(PoolSource { trace, file: output_dir.join("pool"), start, world })
+    }
+
+    /// Whether anything but the whole world may ever be the pool.
+    pub fn is_elastic(&self) -> bool {
+        !self.trace.is_empty() || self.start.is_some() || self.file.exists()
+    }
+
+    /// The pool size for `step`: the trace's row in force, else the pool file, else `--pool`,
+    /// else the world.
+    pub fn at(&self, step: u64) -> Result<u32, RuntimeError> {
+        if let Some(&(_, n)) = self.trace.iter().rev().find(|(from, _)| *from <= step) {
+            return Ok(n);
+        }
+        match std::fs::read_to_string(&self.file) {
+            Ok(text) => parse_pool(text.trim(), self.world, &self.file.display().to_string()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(self.start.unwrap_or(self.world)),
+            Err(e) => Err(RuntimeError::Usage(format!("cannot read the pool file {}: {e}", self.file.display()))),
+        }
+    }
+}
+
+/// Reads a pool trace: a header with `step` and `available_gpus` or `ranks`, one row per change.
+fn read_trace(path: &Path, world: u32) -> Result<Vec<(u64, u32)>, RuntimeError> {
+    let name = path.display().to_string();
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| RuntimeError::Usage(format!("cannot read pool.trace {name}: {e}")))?;
+    let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#'));
+    let header: Vec<&str> = lines.next().unwrap_or("").split(',').map(str::trim).collect();
+    let column = |c: &str| header.iter().position(|h| *h == c);
+    let step_col = column("step")
+        .ok_or_else(|| RuntimeError::Usage(format!("pool.trace {name}: the header has no `step` column")))?;
+    let (pool_col, is_list) = match (column("available_gpus"), column("ranks")) {
+        (Some(c), _) => (c, false),
+        (None, Some(c)) => (c, true),
+        (None, None) => {
+            return Err(RuntimeError::Usage(format!("pool.trace {name}: the header needs `available_gpus` or `ranks`")))
+        }
+    };
+    let mut rows: Vec<(u64, u32)> = Vec::new();
+    for (i, line) in lines.enumerate() {
+        // `ranks` lists hold commas: the pool column takes the rest of the line.
+        let fields: Vec<&str> = line.splitn(header.len(), ',').map(str::trim).collect();
+        let at = format!("{name} row {}", i + 1);
+        let step: u64 = fields
+            .get(step_col)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| RuntimeError::Usage(format!("{at}: `step` is not a step number: {line:?}")))?;
+        let value = fields.get(pool_col).copied().unwrap_or("");
+        let n = if is_list {
+            parse_pool(value, world, &at)?
+        } else {
+            let n = value
+                .parse()
+                .map_err(|_| RuntimeError::Usage(format!("{at}: available_gpus {value:?} is not a count")))?;
+            check_size(n, world, &at)?
+        };
+        if rows.last().is_some_and(|&(last, _)| step <= last) {
+            return Err(RuntimeError::Usage(format!("{at}: steps must increase (step {step})")));
+        }
+        rows.push((step, n));
+    }
+    Ok(rows)
+}
+
+/// A pool written as a count (`6`) or as the index list of the first ranks (`0-5`).
+fn parse_pool(text: &str, world: u32, what: &str) -> Result<u32, RuntimeError> {
+    if let Ok(n) = text.parse::<u32>() {
+        if !text.contains('-') && !text.contains(',') {
+            return check_size(n, world, what);
+        }
+    }
+    let ranks = parse_index_list(text).ok_or_else(|| {
+        RuntimeError::Usage(format!("{what}: {text:?} is neither a rank count nor an index list like 0-5"))
+    })?;
+    let n = ranks.len() as u32;
+    if ranks.iter().enumerate().any(|(i, &r)| r != i as u32) {
+        return Err(RuntimeError::Usage(format!(
+            "{what}: pool {text:?} is not the first {n} ranks; plans are laid out on ranks 0..N, so a pool is a prefix such as 0-{}",
+            n.saturating_sub(1)
+        )));
+    }
+    check_size(n, world, what)
+}
+
+fn check_size(n: u32, world: u32, what: &str) -> Result<u32, RuntimeError> {
+    if n == 0 || n > world {
+        return Err(RuntimeError::Usage(format!("{what}: a pool of {n} ranks; the world has {world} (1 … {world})")));
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn traces_files_and_the_start_take_turns_in_that_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let trace = dir.path().join("t.csv");
+        std::fs::write(&trace, "step,available_gpus\n2,6\n5,8\n").unwrap();
+        let pool = PoolSource::new(Some(&trace), dir.path(), Some("0-3"), 8).unwrap();
+        // Before the trace's first row: no file, so --pool.
+        assert_eq!([0, 1, 2, 4, 5, 9].map(|s| pool.at(s).unwrap()), [4, 4, 6, 6, 8, 8]);
+        std::fs::write(dir.path().join("pool"), "0-2\n").unwrap();
+        assert_eq!(pool.at(1).unwrap(), 3);
+        let lists = dir.path().join("r.csv");
+        std::fs::write(&lists, "step,ranks\n0,0-7\n3,0-4\n").unwrap();
+        assert_eq!(PoolSource::new(Some(&lists), dir.path(), None, 8).unwrap().at(3).unwrap(), 5);
+    }
+
+    #[test]
+    fn bad_pools_are_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let cases = [
+            ("step,available_gpus\n0,9\n", "the world has 8"),
+            ("step,available_gpus\n0,0\n", "a pool of 0 ranks"),
+            ("step,ranks\n0,0-3,6\n", "not the first 5 ranks"),
+            ("step,gpus\n0,4\n", "needs `available_gpus` or `ranks`"),
+            ("step,available_gpus\n3,4\n3,5\n", "steps must increase"),
+            ("step,available_gpus\nx,4\n", "not a step number"),
+        ];
+        for (text, needle) in cases {
+            let path = dir.path().join("bad.csv");
+            std::fs::write(&path, text).unwrap();
+            let e = PoolSource::new(Some(&path), dir.path(), None, 8).unwrap_err().to_string();
+            assert!(e.contains(needle), "{text:?}: {e}");
+        }
+    }
+}

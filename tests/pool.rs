@@ -1,0 +1,66 @@
+//! Elastic pools on 8 MPI ranks: the tiny PPO job follows a pool trace 8 → 6 → 8 → 5 under the
+//! controller. Ranks leaving are vacated before the step that no longer has them (their ledger
+//! is zero), every transition keeps every model-stage's state bit for bit, and no sample is lost
+//! or repeated.
+
+mod common;
+
+use common::{fast_ppo, run_mpi, set_key, step_records, text, write};
+
+#[test]
+fn a_pool_trace_is_followed_with_vacated_ranks_empty_and_state_intact() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = common::repo().join("configs/traces/pool-8-6-8-5.csv");
+    let toml = set_key(&fast_ppo(), "job", "steps", Some("9"));
+    let toml = set_key(&toml, "train", "checkpoint_every", Some("0"));
+    let toml = format!("{toml}\n[pool]\ntrace = \"{}\"\n", trace.display());
+    let job = write(dir.path(), "pool.toml", &toml);
+    let out = dir.path().join("out");
+    let run =
+        run_mpi(8, &["train", job.to_str().unwrap(), "--policy", "nereus", "--output-dir", out.to_str().unwrap()]);
+    assert!(run.status.success(), "{}", text(&run).1);
+    let records = step_records(&out);
+    let pools: Vec<&str> = records.iter().map(|r| r["pool"].as_str().unwrap()).collect();
+    assert_eq!(pools, ["0-7", "0-7", "0-5", "0-5", "0-7", "0-7", "0-4", "0-4", "0-4"]);
+    for r in &records {
+        let size: usize = r["pool"].as_str().unwrap().rsplit('-').next().unwrap().parse::<usize>().unwrap() + 1;
+        let held: Vec<u64> = r["held_bytes"].as_array().unwrap().iter().map(|b| b.as_u64().unwrap()).collect();
+        assert!(held[size..].iter().all(|&b| b == 0), "step {}: ranks outside the pool hold {held:?}", r["step"]);
+        assert!(held[..size].iter().any(|&b| b > 0));
+        // Every placement of the step's plan lies inside its pool.
+        for p in r["plan"].as_object().unwrap().values() {
+            assert!(p["ranks"].as_array().unwrap().iter().all(|x| (x.as_u64().unwrap() as usize) < size), "{r}");
+        }
+    }
+    // One urgent transition before each step whose pool differs from its predecessor's.
+    let kinds: Vec<Option<&str>> = records.iter().map(|r| r["transition"]["kind"].as_str()).collect();
+    for (i, w) in pools.windows(2).enumerate() {
+        if w[0] != w[1] {
+            assert_eq!(kinds[i], Some("urgent"), "before step {}: {kinds:?}", i + 1);
+            let t = &records[i]["transition"];
+            assert_eq!(t["digests_before"], t["digests_after"], "{t}");
+        }
+    }
+    let positions: Vec<u64> =
+        records.iter().map(|r| r["counters"]["actor/training"]["data_position"].as_u64().unwrap()).collect();
+    assert!(positions.windows(2).all(|w| w[1] == w[0] + 64), "{positions:?}");
+}
+
+#[test]
+fn a_pool_without_a_controller_or_outside_the_world_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = write(dir.path(), "job.toml", &set_key(&fast_ppo(), "job", "steps", Some("1")));
+    let out = dir.path().join("out");
+    for (extra, needle) in [
+        (vec!["--pool", "3"], "policy.mode = \"off\" never moves it"),
+        (vec!["--pool", "9", "--policy", "nereus"], "--pool: a pool of 9 ranks; the world has 4"),
+        (vec!["--pool", "1-3", "--policy", "nereus"], "not the first 3 ranks"),
+    ] {
+        let mut args = vec!["train", job.to_str().unwrap(), "--output-dir", out.to_str().unwrap()];
+        args.extend(extra);
+        let run = run_mpi(4, &args);
+        let (_, stderr) = text(&run);
+        assert_eq!(run.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(needle), "{needle}: {stderr}");
+    }
+}
