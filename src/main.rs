@@ -78,6 +78,13 @@ enum TopCommand {
         /// ranks (`0-5`); `[pool] trace` and `<output_dir>/pool` take over when present.
         #[arg(long, value_name = "N|0-(N-1)")]
         pool: Option<String>,
+        /// Declare this rank lost without warning at the start of `--at-step` (its state is
+        /// gone; the controller replans around it, a checkpoint restores what had no replica).
+        #[arg(long, value_name = "R", requires = "at_step")]
+        fail_rank: Option<u32>,
+        /// The step at whose start `--fail-rank` is lost.
+        #[arg(long, value_name = "K", requires = "fail_rank")]
+        at_step: Option<u64>,
         #[command(flatten)]
         overrides: OverrideArgs,
     },
@@ -345,11 +352,19 @@ fn main() -> ExitCode {
             overrides: overrides.into(),
             request: PlanRequest { gpus, seq_len, from_seq_len, from_gpus, json },
         },
-        TopCommand::Train { file, resume, resume_reset_optimizer, pool, overrides } => Command::Train {
-            config: file,
-            overrides: overrides.into(),
-            options: TrainOptions { resume, reset_optimizer: resume_reset_optimizer, pool },
-        },
+        TopCommand::Train { file, resume, resume_reset_optimizer, pool, fail_rank, at_step, overrides } => {
+            Command::Train {
+                config: file,
+                overrides: overrides.into(),
+                options: TrainOptions {
+                    resume,
+                    reset_optimizer: resume_reset_optimizer,
+                    pool,
+                    fail_rank,
+                    fail_at_step: at_step,
+                },
+            }
+        }
         TopCommand::Logprobs { dir, tokens, json, tp, pp, micro_batch } => {
             Command::Logprobs(LogprobsOptions { dir, tokens, json, tp, pp, micro_batch })
         }

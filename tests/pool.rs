@@ -64,3 +64,62 @@ fn a_pool_without_a_controller_or_outside_the_world_is_refused() {
         assert!(stderr.contains(needle), "{needle}: {stderr}");
     }
 }
+
+/// A fixed plan on 8 ranks whose critic/training has one replica, on rank 6.
+fn plan_with_a_single_replica_on_rank_6() -> String {
+    let toml = set_key(&fast_ppo(), "job", "steps", Some("6"));
+    let mut toml = set_key(&toml, "policy", "mode", Some("\"nereus\""));
+    let plan = [
+        ("actor/generation", "[0, 1]"),
+        ("reference/inference", "[2, 3]"),
+        ("reward/inference", "[4, 5]"),
+        ("critic/inference", "[6, 7]"),
+        ("actor/training", "[4, 5]"),
+        ("critic/training", "[6]"),
+    ];
+    for (ms, ranks) in plan {
+        let dp = ranks.matches(',').count() + 1;
+        toml.push_str(&format!("\n[plan.\"{ms}\"]\ntp = 1\npp = 1\ndp = {dp}\nranks = {ranks}\n"));
+    }
+    toml
+}
+
+#[test]
+fn a_lost_rank_is_replanned_around_and_its_only_replica_restored_from_the_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = write(dir.path(), "fault.toml", &plan_with_a_single_replica_on_rank_6());
+    let out = dir.path().join("out");
+    let args =
+        ["train", job.to_str().unwrap(), "--fail-rank", "6", "--at-step", "3", "--output-dir", out.to_str().unwrap()];
+    let run = run_mpi(8, &args);
+    assert!(run.status.success(), "{}", text(&run).1);
+    let records = step_records(&out);
+    assert_eq!(records.len(), 6);
+    // Lost at the boundary before step 3: critic/inference keeps its replica on rank 7, the
+    // critic's training state comes back from the checkpoint of step 2.
+    let loss = &records[2]["rank_loss"];
+    assert_eq!(loss["rank"], 6);
+    assert_eq!(loss["restored"], serde_json::json!(["critic/training"]));
+    assert!(loss["checkpoint"].as_str().unwrap().ends_with("step-2"), "{loss}");
+    let t = &records[2]["transition"];
+    assert_eq!(t["kind"], "urgent");
+    assert_eq!(t["digests_before"], t["digests_after"], "{t}");
+    for r in &records[3..] {
+        assert_eq!(r["held_bytes"][6], 0, "{r}");
+        assert_eq!(r["lost_ranks"], serde_json::json!([6]));
+        assert!(!r["pool"].as_str().unwrap().contains('6'));
+        for p in r["plan"].as_object().unwrap().values() {
+            assert!(!p["ranks"].as_array().unwrap().contains(&serde_json::json!(6)), "{r}");
+        }
+    }
+    // The actor kept its live state: two updates a step, never reset; every model-stage's data
+    // position is the step's, the restored one included.
+    let updates: Vec<u64> =
+        records.iter().map(|r| r["counters"]["actor/training"]["updates"].as_u64().unwrap()).collect();
+    assert_eq!(updates, [2, 4, 6, 8, 10, 12]);
+    for (i, r) in records.iter().enumerate().skip(3) {
+        for ms in ["actor/training", "critic/training"] {
+            assert_eq!(r["counters"][ms]["data_position"], 64 * (i as u64 + 1), "{ms} at step {i}");
+        }
+    }
+}

@@ -16,6 +16,7 @@
 pub mod check;
 pub mod cluster;
 mod error;
+pub mod faults;
 pub mod hf;
 pub mod job;
 pub mod models;
@@ -27,6 +28,7 @@ pub mod train;
 
 pub use cluster::{ClusterSection, ClusterSpec, DataPlane};
 pub use error::ConfigError;
+pub use faults::FaultsSection;
 pub use job::JobSection;
 pub use models::{Dtype, ModelSpec, ModelsSection, RawModelSpec, RawModelsSection, RopeScaling};
 pub use plan::PlanEntry;
@@ -69,6 +71,9 @@ pub struct RawJobConfig {
     /// `[pool]` (optional: the whole world).
     #[serde(default)]
     pub pool: PoolSection,
+    /// `[faults]` (optional: none).
+    #[serde(default)]
+    pub faults: FaultsSection,
     /// `[plan."<model-stage>"]` (optional: the planner chooses when absent).
     #[serde(default)]
     pub plan: BTreeMap<String, PlanEntry>,
@@ -93,6 +98,9 @@ pub struct JobConfig {
     /// `[pool]`, its trace path resolved.
     #[serde(default)]
     pub pool: PoolSection,
+    /// `[faults]`.
+    #[serde(default)]
+    pub faults: FaultsSection,
     /// `[plan."<model-stage>"]`, empty when the planner chooses.
     pub plan: BTreeMap<String, PlanEntry>,
 }
@@ -194,7 +202,7 @@ impl RawJobConfig {
         overrides: &Overrides,
         detect: &mut dyn FnMut() -> ClusterSection,
     ) -> Result<JobConfig, ConfigError> {
-        let RawJobConfig { mut job, cluster, models, mut rl, mut policy, train, mut pool, plan } = self;
+        let RawJobConfig { mut job, cluster, models, mut rl, mut policy, train, mut pool, faults, plan } = self;
         pool.trace = pool.trace.map(|t| source.base_dir.join(t));
         policy.mode = overrides.policy.unwrap_or(policy.mode);
         job.seed = overrides.seed.unwrap_or(job.seed);
@@ -203,7 +211,7 @@ impl RawJobConfig {
         rl.algorithm = overrides.algorithm.unwrap_or(rl.algorithm);
         let cluster = resolve_cluster(cluster, source, overrides, detect)?;
         let models = models.resolve(&source.base_dir)?;
-        let config = JobConfig { job, cluster, models, rl, policy, train, pool, plan };
+        let config = JobConfig { job, cluster, models, rl, policy, train, pool, faults, plan };
         config.validate()?;
         Ok(config)
     }

@@ -635,6 +635,14 @@ impl<M: ShardMemory> EmuSet<M> {
         self.redistribute(plane, what, &[id], vec![target], false, false)
     }
 
+    /// A replica lost with a rank (not a primitive: its state is gone, never read): frees this
+    /// rank's shards of it and forgets it, the last replica of a model-stage included.
+    pub fn lose(&mut self, id: EmuId) {
+        if self.emus.remove(&id).is_some() {
+            self.store.free(id);
+        }
+    }
+
     /// `Destroy(EMU)`: frees its shards locally; refuses the last replica of a model-stage.
     pub fn destroy(&mut self, id: EmuId) -> Result<PrimitiveReport, EmuError> {
         let what = format!("Destroy {id}");

@@ -125,6 +125,17 @@ pub fn model_stages(algorithm: Algorithm) -> Vec<ModelStage> {
 }
 
 impl Plan {
+    /// The same plan with every rank `r` renamed `f(r)` (a pool that is not the first ranks of
+    /// the world: the planner lays plans out on `0..N`, the job runs them on the pool's ranks).
+    pub fn map_ranks(&self, f: impl Fn(i32) -> i32) -> Plan {
+        let placements = self
+            .placements
+            .iter()
+            .map(|p| Placement { candidate: p.candidate, ranks: p.ranks.iter().map(|&r| f(r)).collect() })
+            .collect();
+        Plan { placements }
+    }
+
     /// Checks rank counts, the pool, and that no rank holds two replicas of one model-stage.
     /// Model-stages may share ranks, in one stage too: they then run one after another there.
     pub fn validate(&self, pool: u32) -> Result<(), PlanError> {

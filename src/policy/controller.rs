@@ -40,9 +40,13 @@ pub struct StepRecord {
     /// Measured wall seconds per stage (`generation`, `inference`, `training`, `weight_sync`).
     #[serde(default)]
     pub stage_seconds: BTreeMap<String, f64>,
-    /// Ranks available from the next step on (`None`: unchanged).
+    /// Ranks available from the next step on (`None`: unchanged): the first this many ranks
+    /// of the world that are not lost.
     #[serde(default)]
     pub pool_size: Option<u32>,
+    /// Ranks lost so far (sorted): their state is gone and they never rejoin.
+    #[serde(default)]
+    pub lost_ranks: Vec<u32>,
 }
 
 /// Stage samples kept for the running calibration (the last steps' stages).
@@ -86,6 +90,8 @@ pub struct Controller {
     cap: u32,
     /// Ranks in the pool (the planner's device count).
     gpus: u32,
+    /// Ranks lost so far (sorted); the planner's ranks skip them.
+    lost: Vec<u32>,
     last_switch: u64,
     /// Smoothed measured over predicted step seconds.
     latency_ratio: Option<f64>,
@@ -113,6 +119,7 @@ impl Controller {
             monitor,
             efficiencies: base.cost().efficiencies,
             gpus: base.cost().hardware.devices,
+            lost: Vec::new(),
             base,
             samples: Vec::new(),
             cap,
@@ -152,6 +159,26 @@ impl Controller {
         }
     }
 
+    /// `plan` on the world's ranks as the planner sees it: the ranks that are not lost,
+    /// renumbered `0, 1, …` in order (the identity while no rank is lost).
+    fn to_virtual(&self, plan: &Plan) -> Plan {
+        plan.map_ranks(|r| r - self.lost.iter().filter(|&&l| (l as i32) < r).count() as i32)
+    }
+
+    /// The inverse of [`Controller::to_virtual`]: the planner's rank `v` is the `v`-th rank
+    /// that is not lost.
+    fn to_physical(&self, plan: &Plan) -> Plan {
+        plan.map_ranks(|v| {
+            let mut r = v;
+            for &l in &self.lost {
+                if (l as i32) <= r {
+                    r += 1;
+                }
+            }
+            r
+        })
+    }
+
     /// The response cap the engine is sized for now.
     pub fn cap(&self) -> u32 {
         self.cap
@@ -165,6 +192,9 @@ impl Controller {
     /// Decides after the step `m` records, under the `current` plan.
     pub fn decide(&mut self, m: &StepRecord, current: &Plan) -> Result<Action, PlannerError> {
         let step = m.step;
+        let lost_now = m.lost_ranks != self.lost;
+        self.lost.clone_from(&m.lost_ranks);
+        let current = &self.to_virtual(current);
         let now = self.planner(self.cap)?;
         self.calibrate(&now, current, m);
         let now = self.planner(self.cap)?;
@@ -179,7 +209,7 @@ impl Controller {
         self.latency_ratio = Some(smoothed);
         let pool = m.pool_size.unwrap_or(self.gpus);
         // Between monitor evaluations only what cannot wait is looked at: memory and the pool.
-        if !(step + 1).is_multiple_of(self.monitor_interval) && !violation && pool == self.gpus {
+        if !(step + 1).is_multiple_of(self.monitor_interval) && !violation && pool == self.gpus && !lost_now {
             self.cap = grown;
             return Ok(self.action(None, Value::Null, None));
         }
@@ -193,6 +223,10 @@ impl Controller {
         };
         let mut triggers = self.monitor.observe(&observation);
         self.gpus = observation.pool;
+        if lost_now && !triggers.contains(&Trigger::PoolChange) {
+            // Ranks were lost: the same count may now name other ranks.
+            triggers.insert(0, Trigger::PoolChange);
+        }
         if self.mode == PolicyMode::EveryK && (step + 1 - self.last_switch).is_multiple_of(self.every_k) {
             triggers.push(Trigger::Schedule);
         }
@@ -266,7 +300,7 @@ impl Controller {
         if verdict.admitted {
             self.cap = len;
             self.last_switch = step + 1;
-            let target = (choice.target.plan() != *current).then(|| choice.target.plan());
+            let target = (choice.target.plan() != *current).then(|| self.to_physical(&choice.target.plan()));
             return Ok(self.action(target, decision, None));
         }
         // Rejected, and the current plan fits the new cap: keep the plan, size the cap.
@@ -365,6 +399,7 @@ pub fn describe(plan: &Plan) -> String {
 mod tests {
     use super::*;
     use crate::config::{ConfigSource, Overrides, RawJobConfig};
+    use crate::plan::Placement;
 
     /// The embedded tiny PPO job under the controller, responses planned for 8 tokens.
     fn controller(interval: u32) -> (Controller, Plan) {
@@ -417,5 +452,19 @@ mod tests {
         assert!((c.transition_ratio() - 0.1).abs() < 1e-12);
         c.transitioned(2.0, 0.4);
         assert!((c.transition_ratio() - 0.5 / 3.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn plans_skip_lost_ranks_and_come_back_unchanged() {
+        let (mut c, plan) = controller(1);
+        c.lost = vec![2, 5];
+        let physical = c.to_physical(&plan);
+        let used: Vec<i32> = physical.placements.iter().flat_map(|p| p.ranks.clone()).collect();
+        assert!(!used.contains(&2) && !used.contains(&5), "{used:?}");
+        // Planner rank 2 is world rank 3, planner rank 4 is world rank 6.
+        let map = |v: i32| Plan { placements: vec![Placement { ranks: vec![v], ..plan.placements[0].clone() }] };
+        assert_eq!(c.to_physical(&map(2)), map(3));
+        assert_eq!(c.to_physical(&map(4)), map(6));
+        assert_eq!(c.to_virtual(&physical), plan);
     }
 }

@@ -25,6 +25,9 @@ pub struct Boundary {
     pub decision: Value,
     /// The transition record (`null` when nothing moved).
     pub transition: Value,
+    /// A rank lost at this boundary (`null` when none): the rank, the model-stages restored from
+    /// a checkpoint and which.
+    pub rank_loss: Value,
 }
 
 /// Rank 0 decides (`controller` is rank 0's), every rank learns the action. A failure on rank 0

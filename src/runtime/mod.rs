@@ -8,6 +8,7 @@ pub mod bench;
 pub mod checkpoint;
 pub mod controller;
 pub mod device;
+pub mod fault;
 mod inspect;
 pub mod logging;
 pub mod logprobs;

@@ -17,6 +17,7 @@ use super::checkpoint::{
     SaveOptions, Sidecar, TensorFile,
 };
 use super::controller::{decide, initial_plan, transition, Action, Boundary, Controller, StepRecord};
+use super::fault::{pool_ranks, rank_fault, surviving};
 use super::metrics::MetricsLog;
 use super::pool::PoolSource;
 use super::signals::{self, StopSignals};
@@ -30,7 +31,7 @@ use crate::cost::{Efficiencies, MemoryBreakdown, MemoryItem, OpClass, RankPeaks}
 use crate::emu::{Counters, EmuError, EmuSet, LocalShard};
 use crate::engine::{init_piece, init_shard};
 use crate::model::{Catalogue, Numerics, OutputHead};
-use crate::plan::{ModelStage, Plan, Role, Stage};
+use crate::plan::{ModelStage, Placement, Plan, Role, Stage};
 use crate::planner::{catalogues, fixed_plan, Planner, StepSeconds};
 use crate::rl::{warm_up, RlJob, StepMetrics, StepSettings, Warmup, EOS};
 use crate::topology::format_index_list;
@@ -45,6 +46,10 @@ pub struct TrainOptions {
     pub reset_optimizer: bool,
     /// `--pool`: the ranks the job may use at the start.
     pub pool: Option<String>,
+    /// `--fail-rank`: a rank declared lost (with `fail_at_step`).
+    pub fail_rank: Option<u32>,
+    /// `--at-step`: the step at whose start `fail_rank` is lost.
+    pub fail_at_step: Option<u64>,
 }
 
 /// Consecutive steps with skipped updates after which `on_nonfinite = "skip-step"` gives up.
@@ -109,19 +114,32 @@ pub fn run_config(session: &Session, config: &JobConfig, options: &TrainOptions)
     }
     let mut skipping = 0;
     let mut timeline = Timeline::default();
+    let fault = session.agree("faults", rank_fault(config, (options.fail_rank, options.fail_at_step), world as u32))?;
+    let mut lost: Vec<u32> = Vec::new();
     for step in sources.start_step..u64::from(config.job.steps) {
         let m = job.step(&mut plane, &mut set, step)?;
         let held = held_bytes(&mut plane, &set)?;
-        let before = (plan.clone(), predicted.clone(), pool);
+        let before = (plan.clone(), predicted.clone(), pool, lost.clone());
         let boundary = if config.policy.mode == PolicyMode::Off {
             Boundary::default()
         } else {
-            let next_pool = if session.rank() == 0 { Some(pools.at(step + 1)?) } else { None };
-            let action = decide(session, controller.as_mut(), &step_record(step, &m, next_pool), &plan)?;
-            pool = action.pool;
             let mut live =
                 Live { plane: &mut plane, set: &mut set, job: &mut job, plan: &mut plan, settings: &mut settings };
-            let b = act(session, config, &action, &mut live, &mut predicted)?;
+            let loss = match fault.filter(|f| f.at_step == step + 1) {
+                Some(f) => Some(lose_rank(session, config, options, &mut live, &mut lost, f.rank)?),
+                None => None,
+            };
+            let survivors = world as u32 - lost.len() as u32;
+            let next_pool = if session.rank() == 0 { Some(pools.at(step + 1)?.min(survivors)) } else { None };
+            let action = decide(session, controller.as_mut(), &step_record(step, &m, next_pool, &lost), live.plan)?;
+            pool = action.pool;
+            let mut b = act(session, config, &action, &mut live, &mut predicted)?;
+            if let Some(loss) = loss {
+                if action.target.is_none() {
+                    *live.job = RlJob::new(live.plane, live.set, live.plan.clone(), live.settings.clone())?;
+                }
+                b.rank_loss = loss;
+            }
             if let (Some(c), Some(measured)) = (controller.as_mut(), b.transition.get("seconds")) {
                 c.transitioned(
                     b.transition["predicted_seconds"].as_f64().unwrap_or(0.0),
@@ -136,9 +154,11 @@ pub fn run_config(session: &Session, config: &JobConfig, options: &TrainOptions)
             b
         };
         let mut record = record(&mut plane, &set, &before.0, &before.1, step, &m, &boundary)?;
-        if pools.is_elastic() {
-            record["pool"] = json!(format_index_list(&(0..before.2).collect::<Vec<u32>>()));
+        if pools.is_elastic() || fault.is_some() {
+            record["pool"] = json!(format_index_list(&pool_ranks(before.2, &before.3)));
             record["held_bytes"] = json!(held);
+            record["lost_ranks"] = json!(before.3);
+            record["rank_loss"] = boundary.rank_loss.clone();
         }
         if session.rank() == 0 {
             print_step(step, &m, &before.0);
@@ -186,7 +206,7 @@ pub fn run_config(session: &Session, config: &JobConfig, options: &TrainOptions)
 
 /// What the controller is shown of step `step` (the same fields its JSON line carries), with
 /// the pool of the next step.
-fn step_record(step: u64, m: &StepMetrics, pool_size: Option<u32>) -> StepRecord {
+fn step_record(step: u64, m: &StepMetrics, pool_size: Option<u32>, lost_ranks: &[u32]) -> StepRecord {
     StepRecord {
         step,
         response_len_mean: m.response_len_mean,
@@ -194,6 +214,7 @@ fn step_record(step: u64, m: &StepMetrics, pool_size: Option<u32>) -> StepRecord
         step_seconds: m.step_seconds,
         stage_seconds: m.stage_seconds.clone(),
         pool_size,
+        lost_ranks: lost_ranks.to_vec(),
     }
 }
 
@@ -234,6 +255,62 @@ fn checkpoint_step(dir: &Path) -> u64 {
         .unwrap_or(0)
 }
 
+/// Rank `gone` is lost at this boundary: on every rank the replicas that had a shard there are
+/// dropped (freed, never read), and each model-stage left without a replica is restored from the
+/// latest complete checkpoint (`fault::surviving` says where). The live plan becomes what
+/// remains; returns the record of the loss.
+fn lose_rank(
+    session: &Session,
+    config: &JobConfig,
+    options: &TrainOptions,
+    live: &mut Live,
+    lost: &mut Vec<u32>,
+    gone: u32,
+) -> Result<serde_json::Value, RuntimeError> {
+    lost.push(gone);
+    lost.sort_unstable();
+    let world = session.world().size() as u32;
+    let (mut plan, restore) = session.agree("rank loss", surviving(live.plan, gone as i32, lost, world))?;
+    let dropped: Vec<_> =
+        live.set.emus().filter(|e| e.ranks.contains(&(gone as i32))).map(|e| e.id).collect::<Vec<_>>();
+    for id in &dropped {
+        live.set.lose(*id);
+    }
+    let mut checkpoint = None;
+    if !restore.is_empty() {
+        let latest = Checkpoints::of(&config.job.output_dir).latest().ok_or_else(|| {
+            RuntimeError::Usage(format!(
+                "rank {gone} was lost with the last replica of {} and there is no complete checkpoint to restore it from (train.checkpoint_every)",
+                restore[0].candidate.model_stage
+            ))
+        });
+        let dir = session.agree("rank loss", latest)?;
+        let sources = from_checkpoint(session, &dir, config, options)?;
+        for p in &restore {
+            create_replica(live.plane, live.set, config, &sources, p, &p.ranks)?;
+        }
+        checkpoint = Some(dir);
+    }
+    plan.placements.extend(restore.iter().cloned());
+    let order: Vec<_> = live.plan.placements.iter().map(|p| p.candidate.model_stage).collect();
+    plan.placements.sort_by_key(|p| order.iter().position(|m| *m == p.candidate.model_stage));
+    *live.plan = plan;
+    if session.rank() == 0 {
+        log::warn!(
+            "rank {gone} lost: {} replicas dropped, {} restored from {}",
+            dropped.len(),
+            restore.len(),
+            checkpoint.as_ref().map_or("no checkpoint".into(), |d| d.display().to_string())
+        );
+    }
+    Ok(json!({
+        "rank": gone,
+        "replicas_dropped": dropped.len(),
+        "restored": restore.iter().map(|p| p.candidate.model_stage.to_string()).collect::<Vec<_>>(),
+        "checkpoint": checkpoint,
+    }))
+}
+
 /// The live job a step boundary may reshape.
 struct Live<'a, 'p> {
     plane: &'a mut MpiPlane<'p>,
@@ -256,7 +333,7 @@ fn act(
     let world = session.world().size() as u32;
     let cap = action.cap;
     let planner = Planner::new(config, world, Some(u64::from(cap)), action.efficiencies)?;
-    let mut boundary = Boundary { decision: action.decision.clone(), transition: serde_json::Value::Null };
+    let mut boundary = Boundary { decision: action.decision.clone(), ..Boundary::default() };
     let kind = action.decision.get("kind").and_then(|k| k.as_str());
     if let Some(target) = &action.target {
         let host = config.cluster.host_link_gbps * 1e9;
@@ -283,31 +360,45 @@ fn create_state(
 ) -> Result<EmuSet, RuntimeError> {
     let mut set = EmuSet::new(plane.rank(), world, device_memory(config), job_catalogues(config));
     for p in &plan.placements {
-        let ms = p.candidate.model_stage;
-        let counters = sources
-            .counters
-            .get(&ms.to_string())
-            .copied()
-            .unwrap_or(Counters { seed: config.job.seed, ..Counters::default() });
-        let seed = config.job.seed ^ ms.role as u64;
         for r in 0..p.candidate.dp as usize {
-            let fill = |shard: &mut LocalShard, catalogue: &Catalogue| match sources.files.get(&ms.role) {
-                Some(source) => {
-                    let mut fresh = |piece: &_, out: &mut [f32]| {
-                        init_piece(out, catalogue, piece, seed);
-                        Ok(())
-                    };
-                    fill_shard(shard, catalogue, &source.params, source.optimizer.as_ref(), &mut fresh)
-                }
-                None => init_shard(shard, catalogue, seed).map_err(|e| e.to_string()),
-            };
-            set.create(plane, ms, p.candidate.layout, p.replica(r), counters, fill).map_err(|e| match e {
-                EmuError::NoRoom { .. } => RuntimeError::everywhere("state creation", e.into()),
-                e => e.into(),
-            })?;
+            create_replica(plane, &mut set, config, sources, p, p.replica(r))?;
         }
     }
     Ok(set)
+}
+
+/// One replica of `placement`'s model-stage on `ranks`, filled from `sources` (or the engine's
+/// initialization), with the sources' counters.
+fn create_replica(
+    plane: &mut MpiPlane,
+    set: &mut EmuSet,
+    config: &JobConfig,
+    sources: &Sources,
+    placement: &Placement,
+    ranks: &[i32],
+) -> Result<(), RuntimeError> {
+    let ms = placement.candidate.model_stage;
+    let counters = sources
+        .counters
+        .get(&ms.to_string())
+        .copied()
+        .unwrap_or(Counters { seed: config.job.seed, ..Counters::default() });
+    let seed = config.job.seed ^ ms.role as u64;
+    let fill = |shard: &mut LocalShard, catalogue: &Catalogue| match sources.files.get(&ms.role) {
+        Some(source) => {
+            let mut fresh = |piece: &_, out: &mut [f32]| {
+                init_piece(out, catalogue, piece, seed);
+                Ok(())
+            };
+            fill_shard(shard, catalogue, &source.params, source.optimizer.as_ref(), &mut fresh)
+        }
+        None => init_shard(shard, catalogue, seed).map_err(|e| e.to_string()),
+    };
+    set.create(plane, ms, placement.candidate.layout, ranks, counters, fill).map_err(|e| match e {
+        EmuError::NoRoom { .. } => RuntimeError::everywhere("state creation", e.into()),
+        e => e.into(),
+    })?;
+    Ok(())
 }
 
 /// The memory the ranks' ledgers allow: the configured device memory, or less under the test

@@ -156,6 +156,7 @@ fn llama_record(config: &JobConfig, gpus: u32, step: u64, plan: &Plan) -> Option
             step_seconds: seconds.map_or(0.0, |s| s.total() * wobble),
             stage_seconds,
             pool_size: None,
+            lost_ranks: Vec::new(),
         }
     })
 }
