@@ -126,3 +126,63 @@ fn scancel_leaves_a_checkpoint_of_the_last_step_and_the_resume_is_bit_identical(
         }
     }
 }
+
+/// The processes of `nereus` (not srun) whose command line names `dir`.
+fn rank_processes(dir: &Path) -> Vec<u32> {
+    let needle = dir.to_str().unwrap();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            let cmdline = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            comm.trim() == "nereus" && cmdline.contains(needle)
+        })
+        .collect()
+}
+
+#[test]
+fn a_killed_rank_restarts_the_job_from_the_latest_checkpoint_on_the_ranks_that_remain() {
+    if std::env::var("NEREUS_SLURM_TESTS").as_deref() != Ok("1") {
+        eprintln!("skipped: set NEREUS_SLURM_TESTS=1 after `bash slurm/local-cluster.sh start`");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = common::write(dir.path(), "ppo.toml", &common::fast_ppo());
+    let runs = dir.path().join("run");
+    let submitted = Command::new("sbatch")
+        .args(["--parsable", &format!("--output={}", dir.path().join("job.out").display())])
+        .arg(repo().join("slurm/local-test.sbatch"))
+        .args(["train", config.to_str().unwrap(), "--steps", "40", "--output-dir", runs.to_str().unwrap()])
+        .env("NEREUS", nereus())
+        .current_dir(repo())
+        .output()
+        .expect("sbatch starts");
+    let job = text(&submitted).0.trim().to_string();
+    let started = std::time::Instant::now();
+    let out = || std::fs::read_to_string(dir.path().join("job.out")).unwrap_or_default();
+    while common::step_records(&runs).len() < 3 {
+        assert!(started.elapsed().as_secs() < 120, "the job never reached step 3: {}", out());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let ranks = rank_processes(&runs);
+    assert_eq!(ranks.len(), 4, "four rank processes: {ranks:?}");
+    let victim = ranks.iter().max().unwrap().to_string();
+    assert!(Command::new("kill").args(["-9", &victim]).status().unwrap().success());
+    while Command::new("squeue").args(["-h", "-j", &job]).output().is_ok_and(|o| !o.stdout.is_empty()) {
+        assert!(started.elapsed().as_secs() < 300, "job {job} did not end: {}", out());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let job_output = out();
+    assert!(job_output.contains("restart 1 on 3 ranks from the latest checkpoint"), "{job_output}");
+    // Every step ran to the end, the last ones on three ranks.
+    let records = common::step_records(&runs);
+    let steps: std::collections::BTreeSet<u64> = records.iter().map(|r| r["step"].as_u64().unwrap()).collect();
+    assert_eq!(steps, (0..40).collect(), "{job_output}");
+    let last = records.last().unwrap();
+    for p in last["plan"].as_object().unwrap().values() {
+        assert!(p["ranks"].as_array().unwrap().iter().all(|r| r.as_u64().unwrap() < 3), "{last}");
+    }
+    let latest = std::fs::read_to_string(runs.join("checkpoints/latest")).unwrap_or_default();
+    assert_eq!(latest.trim(), "step-40", "{job_output}");
+}
