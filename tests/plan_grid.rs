@@ -16,7 +16,7 @@ use nereus::cost::Efficiencies;
 use nereus::model::Catalogue;
 use nereus::plan::{Plan, Role};
 use nereus::planner::{catalogues, Planner, PlannerError};
-use nereus::transition::{choose, global::Links};
+use nereus::transition::{cheaper_targets, choose, global::Links};
 
 const CLUSTERS: [&str; 3] = ["a100", "h200", "lumi-g"];
 const POOLS: [u32; 6] = [8, 16, 32, 64, 128, 256];
@@ -98,6 +98,7 @@ fn no_accepted_plan_on_the_papers_grid_holds_more_than_a_device() {
 #[test]
 fn doubling_the_length_reaches_an_executable_target_or_keeps_with_a_reason() {
     let (mut moved, mut no_state_moves, mut staged, mut fallbacks, mut kept, mut blocked) = (0, 0, 0, 0, 0, 0);
+    let mut cheaper = 0;
     for cluster in CLUSTERS {
         let config = llama_on(cluster);
         let host = Some(config.cluster.host_link_gbps * 1e9);
@@ -134,13 +135,24 @@ fn doubling_the_length_reaches_an_executable_target_or_keeps_with_a_reason() {
                 }
                 staged += usize::from(choice.staged_bytes > 0);
                 fallbacks += usize::from(choice.fallback_rank > 0);
+                // What an admission that rejects this move may fall back to: faster than the
+                // current plan, reachable, within memory.
+                for alt in cheaper_targets(&planner, &current, &choice, &links) {
+                    assert!(alt.dag.is_some() && alt.target.rank_peaks.max().0 <= usable, "{here}");
+                    // (Rarely a mix of both plans even beats the search's, by a fraction of a
+                    // percent: the search is exact per stage, not over every mix of placements.)
+                    assert!(alt.delta_l_s > 0.0, "{here}: an alternative no faster than the current plan");
+                    assert!(alt.fallback_rank > choice.fallback_rank && alt.target.plan() != choice.target.plan());
+                    cheaper += 1;
+                }
             }
         }
     }
     eprintln!(
         "54 doublings: {moved} move state ({staged} through host memory, {fallbacks} fallbacks), \
          {no_state_moves} change only micro-batches or recomputation, {kept} keep (still fastest), \
-         {blocked} keep (blocked)"
+         {blocked} keep (blocked); {cheaper} cheaper targets behind the moves"
     );
+    assert!(cheaper > 0, "no move had a cheaper alternative");
     assert_eq!(moved + no_state_moves + kept + blocked, 54);
 }

@@ -18,8 +18,12 @@ use crate::config::{JobConfig, PolicyMode};
 use crate::cost::{Efficiencies, StageSample};
 use crate::plan::Plan;
 use crate::planner::{Planner, PlannerError};
-use crate::transition::{choose, global::Links};
+use crate::transition::{cheaper_targets, choose, global::Links, TargetChoice};
 use crate::units::format_bytes;
+
+/// Cheaper targets tried after a rejection (each costs a DAG; the decision stays within
+/// milliseconds at 1,024 GPUs).
+const MAX_CHEAPER_TARGETS: usize = 2;
 
 /// Transitions predicted shorter than this do not calibrate `L̂_tran` (agreement and digest
 /// overheads, which the DAG's critical path leaves out, dominate them).
@@ -260,26 +264,24 @@ impl Controller {
         };
         let current_fits = choice.current_seconds.is_finite();
         let urgent = triggers.iter().any(|t| t.is_urgent()) || !current_fits;
-        let changes_layout = choice.target.plan().placements.iter().zip(&current.placements).any(|(a, b)| {
-            (a.candidate.layout, a.candidate.model_stage) != (b.candidate.layout, b.candidate.model_stage)
-        });
-        let proposal = Proposal {
-            urgent,
-            delta_l_s: choice.delta_l_s,
-            l_tran_s: choice.l_tran_s * self.transition_ratio(),
-            current_s: choice.current_seconds,
-            horizon: self.monitor.horizon(triggers),
-            changes_layout,
-        };
-        let mut verdict = if choice.keep {
-            Verdict {
-                admitted: false,
-                kind: None,
-                reason: choice.blocked_reason.clone().unwrap_or_else(|| "the current plan is still the fastest".into()),
+        let (mut proposal, mut verdict) = self.judge(&choice, current, triggers, urgent);
+        let mut choice = choice;
+        if !verdict.admitted && !choice.keep {
+            // A rejected target falls back to slower ones with cheaper transitions first.
+            let alternatives: Vec<TargetChoice> =
+                cheaper_targets(&planner, current, &choice, &links).take(MAX_CHEAPER_TARGETS).collect();
+            for alternative in alternatives {
+                let (p, mut v) = self.judge(&alternative, current, triggers, urgent);
+                if v.admitted {
+                    v.reason = format!(
+                        "fallback {} keeping the heaviest moves in place: {} (the fastest target: {})",
+                        alternative.fallback_rank, v.reason, verdict.reason
+                    );
+                    (choice, proposal, verdict) = (alternative, p, v);
+                    break;
+                }
             }
-        } else {
-            admit(self.mode, &proposal, self.gamma, self.min_gain)
-        };
+        }
         if !verdict.admitted && !current_fits {
             // The cap cannot grow under the current plan and nothing reachable fits: stop.
             let peaks = planner.rank_peaks(current);
@@ -306,6 +308,31 @@ impl Controller {
         // Rejected, and the current plan fits the new cap: keep the plan, size the cap.
         self.cap = len;
         Ok(self.action(None, decision, None))
+    }
+
+    /// The admission's question about `choice` and its answer.
+    fn judge(&self, choice: &TargetChoice, current: &Plan, triggers: &[Trigger], urgent: bool) -> (Proposal, Verdict) {
+        let changes_layout = choice.target.plan().placements.iter().zip(&current.placements).any(|(a, b)| {
+            (a.candidate.layout, a.candidate.model_stage) != (b.candidate.layout, b.candidate.model_stage)
+        });
+        let proposal = Proposal {
+            urgent,
+            delta_l_s: choice.delta_l_s,
+            l_tran_s: choice.l_tran_s * self.transition_ratio(),
+            current_s: choice.current_seconds,
+            horizon: self.monitor.horizon(triggers),
+            changes_layout,
+        };
+        let verdict = if choice.keep {
+            Verdict {
+                admitted: false,
+                kind: None,
+                reason: choice.blocked_reason.clone().unwrap_or_else(|| "the current plan is still the fastest".into()),
+            }
+        } else {
+            admit(self.mode, &proposal, self.gamma, self.min_gain)
+        };
+        (proposal, verdict)
     }
 
     /// Folds the step's measured stages into the running calibration.

@@ -162,16 +162,27 @@ fn fallbacks(planner: &Planner, current: &Plan, best: &PlannedJob, blocked: &Tra
         TransitionError::Mismatch(_) => None,
     };
     let target = best.plan();
-    let mut order: Vec<ModelStage> = target
-        .placements
-        .iter()
-        .filter(|p| current.placements.iter().find(|c| c.candidate.model_stage == p.candidate.model_stage) != Some(*p))
-        .map(|p| p.candidate.model_stage)
-        .collect();
+    let mut order = moved(current, &target);
     if let Some(ms) = blocked_ms {
         order.retain(|m| *m != ms);
         order.insert(0, ms);
     }
+    kept_in_place(planner, current, target, order)
+}
+
+/// The model-stages whose placement differs between `current` and `target`, in plan order.
+fn moved(current: &Plan, target: &Plan) -> Vec<ModelStage> {
+    target
+        .placements
+        .iter()
+        .filter(|p| current.placements.iter().find(|c| c.candidate.model_stage == p.candidate.model_stage) != Some(*p))
+        .map(|p| p.candidate.model_stage)
+        .collect()
+}
+
+/// `target` with the model-stages of `order` put back in their `current` placements, one more
+/// at a time; only plans valid on the pool that fit every rank, other than `current`.
+fn kept_in_place(planner: &Planner, current: &Plan, target: Plan, order: Vec<ModelStage>) -> Vec<Plan> {
     let usable = planner.cost().hardware.usable_bytes();
     let pool = planner.cost().hardware.devices;
     let mut plan = target;
@@ -186,4 +197,33 @@ fn fallbacks(planner: &Planner, current: &Plan, best: &PlannedJob, blocked: &Tra
         }
     }
     out
+}
+
+/// Slower targets with cheaper transitions than `choice` (for an admission that rejected it):
+/// its plan with the model-stages that move the most state kept where they are, one more at a
+/// time, each reachable from `current` and still faster than it. Lazy: each DAG is planned when
+/// the caller asks for the next one.
+pub fn cheaper_targets<'a>(
+    planner: &'a Planner,
+    current: &'a Plan,
+    choice: &'a TargetChoice,
+    links: &'a Links,
+) -> impl Iterator<Item = TargetChoice> + 'a {
+    let target = choice.target.plan();
+    let bytes = state_bytes(planner);
+    let weight =
+        |ms: ModelStage| {
+            target.placements.iter().find(|p| p.candidate.model_stage == ms).map_or(0, |p| {
+                bytes(ms, p.candidate.layout, Position { tp: 0, pp: 0 }) * u64::from(p.candidate.ranks())
+            })
+        };
+    let mut order = moved(current, &target);
+    order.sort_by_key(|&ms| std::cmp::Reverse(weight(ms)));
+    let plans = if choice.keep { Vec::new() } else { kept_in_place(planner, current, target, order) };
+    plans.into_iter().filter(move |plan| planner.predict(plan) < choice.current_seconds).enumerate().filter_map(
+        move |(k, plan)| {
+            let dag = TransitionDag::plan(current, &plan, &state_bytes(planner), links, true).ok()?;
+            Some(reached(planner.evaluate(&plan), dag, choice.current_seconds, choice.fallback_rank + k + 1))
+        },
+    )
 }
