@@ -16,7 +16,9 @@
 
 mod assign;
 mod candidates;
+mod initial;
 mod search;
 pub mod stage;
 
+pub use initial::initial_plan;
 pub use search::{catalogues, fixed_plan, ModelStagePlan, PlannedJob, Planner, PlannerError, StepSeconds};

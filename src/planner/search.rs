@@ -95,6 +95,10 @@ pub enum PlannerError {
     /// The pool is empty.
     #[error("the pool has no GPUs; pass --gpus N with N >= 1")]
     EmptyPool,
+    /// The config's `[plan]` cannot run: it does not match the pool or the models, or does
+    /// not fit in memory (the message names the key and the values).
+    #[error("{0}")]
+    Fixed(String),
 }
 
 /// The chosen placement of one model-stage and its estimate.
