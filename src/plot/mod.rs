@@ -65,7 +65,7 @@ pub struct Chart {
     pub height: f64,
 }
 
-const MARGIN: (f64, f64, f64, f64) = (80.0, 80.0, 40.0, 90.0); // left, right, top, bottom
+const MARGIN: (f64, f64, f64, f64) = (80.0, 80.0, 40.0, 110.0); // left, right, top, bottom
 
 /// `[lo, hi]` of finite values, widened when flat, starting at 0 when all are positive.
 fn range(values: impl Iterator<Item = f64>) -> (f64, f64) {
@@ -246,7 +246,7 @@ impl Chart {
         s + "</svg>\n"
     }
 
-    fn legend(&self, s: &mut String, mut x: f64, y: f64) {
+    fn legend(&self, s: &mut String, mut x: f64, mut y: f64) {
         for series in &self.series {
             let dash = if series.dashed { r#" stroke-dasharray="5,4""# } else { "" };
             let _ = writeln!(
@@ -258,9 +258,10 @@ impl Chart {
                 y + 4.0,
                 escape(&series.name)
             );
-            x += 34.0 + 7.0 * series.name.len() as f64;
+            x += 34.0 + 7.0 * series.name.chars().count() as f64;
             if x > self.width - 150.0 {
                 x = MARGIN.0;
+                y += 16.0;
             }
         }
         for (text, color, triangle) in &self.marker_legend {
@@ -278,7 +279,7 @@ impl Chart {
                 format!(r#"<circle cx="{}" cy="{y}" r="4" fill="{color}"/>"#, x + 6.0)
             };
             let _ = writeln!(s, r#"{shape}<text x="{}" y="{}">{}</text>"#, x + 16.0, y + 4.0, escape(text));
-            x += 30.0 + 7.0 * text.len() as f64;
+            x += 30.0 + 7.0 * text.chars().count() as f64;
         }
     }
 }

@@ -252,7 +252,7 @@ impl Controller {
     }
 
     /// A cap for responses whose p95 is `p95`: `δ_len` of room, within the job's limit.
-    fn sized(&self, p95: f64) -> u32 {
+    pub fn sized(&self, p95: f64) -> u32 {
         ((p95 * (1.0 + self.length_drift)).ceil() as u32).clamp(1, self.max_len)
     }
 

@@ -20,7 +20,7 @@ pub struct SimulateRequest {
     pub gpus: Option<u32>,
     /// Policies to run.
     pub policies: Vec<PolicyMode>,
-    /// γ values for `nereus` (the other policies run once, at the first).
+    /// γ values for `nereus` (empty: the job's; the other policies run once, at the job's).
     pub gammas: Vec<f64>,
     /// Efficiencies of the ground truth (JSON: a list of 8, or `{"efficiencies": [...]}`).
     pub calibration: Option<PathBuf>,
@@ -87,7 +87,9 @@ pub fn run_all(
                 "--policies: `off` has no controller to simulate; use static for a fixed layout".into(),
             ));
         }
-        let runs: &[f64] = if mode == PolicyMode::Nereus { &gammas } else { &gammas[..1] };
+        // γ only matters to nereus; the others run once, at the job's γ.
+        let job_gamma = [config.policy.gamma];
+        let runs: &[f64] = if mode == PolicyMode::Nereus { &gammas } else { &job_gamma };
         for &gamma in runs {
             let run = PolicyRun { mode, gamma };
             out.push(simulate(config, &points, run, &options).map_err(|e| RuntimeError::Usage(e.to_string()))?);

@@ -15,6 +15,9 @@ pub fn chart(title: &str, runs: &[(String, Vec<SimStep>)]) -> Chart {
         let color = COLORS[k % COLORS.len()].to_string();
         let points = steps.iter().map(|s| (s.step as f64, if s.step_s > 0.0 { s.step_s } else { f64::NAN })).collect();
         c.series.push(Series { name: name.clone(), color: color.clone(), axis: Axis::Left, dashed: false, points });
+        for s in steps.iter().filter(|s| s.restart_s > 0.0) {
+            c.markers.push(Marker { x: s.step as f64, y: s.step_s, color: "#000".into(), triangle: false });
+        }
         for s in steps.iter().filter(|s| !s.transition.is_null()) {
             let triangle = s.transition["kind"] == "urgent";
             c.markers.push(Marker { x: s.step as f64, y: s.step_s, color: color.clone(), triangle });
@@ -29,15 +32,16 @@ pub fn chart(title: &str, runs: &[(String, Vec<SimStep>)]) -> Chart {
             dashed: true,
             points: line(|s| s.seq_len_mean),
         });
-        c.series.push(Series {
-            name: "GPUs".into(),
-            color: "#000".into(),
-            axis: Axis::Right,
-            dashed: true,
-            points: line(|s| f64::from(s.gpus)),
-        });
+        // The pool, scaled by a power of ten to read against the lengths.
+        let longest = steps.iter().map(|s| s.seq_len_mean).fold(1.0, f64::max);
+        let most = steps.iter().map(|s| f64::from(s.gpus)).fold(1.0, f64::max);
+        let scale = 10f64.powf((longest / most / 2.0).log10().floor().max(0.0));
+        let points = steps.iter().map(|s| (s.step as f64, f64::from(s.gpus) * scale)).collect();
+        let name = if scale > 1.0 { format!("GPUs ×{scale}") } else { "GPUs".into() };
+        c.series.push(Series { name, color: "#000".into(), axis: Axis::Right, dashed: true, points });
     }
     c.marker_legend.push(("urgent".into(), "#444".into(), true));
     c.marker_legend.push(("opportunistic".into(), "#444".into(), false));
+    c.marker_legend.push(("checkpoint/restart".into(), "#000".into(), false));
     c
 }

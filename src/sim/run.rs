@@ -223,7 +223,8 @@ pub fn simulate(
     let mut steps = Vec::with_capacity(points.len());
     for (i, p) in points.iter().enumerate() {
         if job.is_none() {
-            // The restart after a stop (charged at the stop) or a wait, on this step's pool.
+            // The restart after a stop (charged at the stop) or a wait, on this step's pool,
+            // sized for the length the job had reached.
             job = Job::start(&config, p.gpus, options.efficiencies).ok();
         }
         let Some(running) = job.as_mut() else {
@@ -255,6 +256,10 @@ pub fn simulate(
         let stopped = action.stop.is_some() || !fits(running, next_pool, truth_efficiencies)?;
         let restart_s = if stopped { options.restart.seconds(&running.base) } else { 0.0 };
         if stopped {
+            // The operator restarts the job (`nereus train --resume latest`) told the length it
+            // needs: policy.initial_response_len = the cap the controller would size for it.
+            let needed = running.controller.sized(record.response_len_p95).max(running.controller.cap());
+            config.policy.initial_response_len = needed;
             job = None;
         }
         steps.push(SimStep {
