@@ -193,6 +193,19 @@ enum TraceCommand {
 
 #[derive(Subcommand, Debug)]
 enum BenchCommand {
+    /// Plan selection against the exact MILP (build with --features exact) on 8–64 GPUs: gap
+    /// and time ratio.
+    Solver {
+        /// The job to plan (run from the repository root for the default).
+        #[arg(long, default_value = "configs/llama3.1-8b-ppo.toml")]
+        config: PathBuf,
+        /// Repetitions per instance (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// Also write the report as JSON.
+        #[arg(long, value_name = "PATH")]
+        json: Option<PathBuf>,
+    },
     /// The simulator: a 1,000-step length-growth trace, four policies, at 1,024 and 16,384 GPUs.
     Simulate {
         /// The job to simulate (run from the repository root for the default).
@@ -478,6 +491,7 @@ fn main() -> ExitCode {
             spec: SynthSpec { shape, steps, gpus, gpus_per_node, from, to, max_len, seed, pool: !no_pool },
             out,
         },
+        TopCommand::Bench(BenchCommand::Solver { config, reps, json }) => Command::BenchSolver { config, reps, json },
         TopCommand::Bench(BenchCommand::Simulate { config, trace, json }) => {
             Command::BenchSimulate { config, trace, json }
         }

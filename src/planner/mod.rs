@@ -16,6 +16,8 @@
 
 mod assign;
 mod candidates;
+#[cfg(feature = "exact")]
+pub mod exact;
 mod initial;
 mod search;
 pub mod stage;

@@ -650,6 +650,24 @@ impl Planner {
         Some(total)
     }
 
+    /// Per stage (generation, inference, training), per model-stage of it: every fitting
+    /// candidate as `(ranks, seconds)` — every variant (micro-batch, recomputation, decode
+    /// wave) of every layout and replica count that fits a rank of its own, nothing pruned —
+    /// the input of an exact solver.
+    pub fn stage_candidates(&self) -> Vec<Vec<Vec<(u32, f64)>>> {
+        let mut pool = Pool::new(self);
+        STAGES
+            .iter()
+            .map(|&stage| {
+                self.model_stages
+                    .iter()
+                    .filter(|m| m.stage == stage)
+                    .map(|&m| pool.every_fitting(m).into_iter().map(|(c, e)| (c.ranks(), e.seconds)).collect())
+                    .collect()
+            })
+            .collect()
+    }
+
     /// The sum of the stage solver's optima (what [`Planner::exhaustive`] checks).
     pub fn stage_optima(&self) -> Option<f64> {
         let mut pool = Pool::new(self);

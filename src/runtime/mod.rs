@@ -105,6 +105,15 @@ pub enum Command {
         /// Where to write the JSON report.
         json: Option<PathBuf>,
     },
+    /// Benchmark plan selection against the exact MILP on 8–64 GPUs.
+    BenchSolver {
+        /// The job to plan.
+        config: PathBuf,
+        /// Repetitions per instance.
+        reps: usize,
+        /// Where to write the JSON report.
+        json: Option<PathBuf>,
+    },
     /// Benchmark replan time and memory from 8 to 16,384 GPUs.
     BenchPlanner {
         /// The job to plan.
@@ -329,6 +338,7 @@ pub fn run(options: SessionOptions, command: Command) -> u8 {
         Command::BenchSimulate { config, trace, json } => {
             bench::simulate::run(&mut session, config, trace, json.as_deref())
         }
+        Command::BenchSolver { config, reps, json } => bench::solver::run(&mut session, config, *reps, json.as_deref()),
         Command::BenchPlanner { config, seq_len, reps, json } => {
             bench::planner::run(&mut session, config, *seq_len, *reps, json.as_deref())
         }

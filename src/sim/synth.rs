@@ -127,7 +127,7 @@ fn lengths(spec: &SynthSpec, grow: bool) -> Vec<f64> {
 /// The spot pool: at each step, with probability [`SPOT_CHANGE`], one to four nodes are
 /// reclaimed (or given back), staying between half the pool and all of it.
 fn spot_pool(spec: &SynthSpec) -> Vec<u32> {
-    let mut state = spec.seed ^ 0x73_706f74;
+    let mut state = spec.seed ^ 0x0073_706f_74;
     let node = spec.gpus_per_node.max(1);
     let (min, max) = ((spec.gpus / 2).max(node), spec.gpus);
     let mut pool = max;
@@ -151,7 +151,7 @@ fn paper26(spec: &SynthSpec) -> Trace {
     const STEPS: u64 = 26;
     const POOLS: [(u64, u32); 5] = [(0, 16), (5, 32), (11, 8), (15, 16), (20, 32)];
     let scale = f64::from(spec.gpus) / 32.0;
-    let mut state = spec.seed ^ 0x7061_7065_72;
+    let mut state = spec.seed ^ 0x0070_6170_6572;
     let rows = (0..STEPS)
         .map(|t| {
             let base = 1147.0 + (3722.0 - 1147.0) * t as f64 / (STEPS - 1) as f64;
