@@ -127,7 +127,7 @@ fn lengths(spec: &SynthSpec, grow: bool) -> Vec<f64> {
 /// The spot pool: at each step, with probability [`SPOT_CHANGE`], one to four nodes are
 /// reclaimed (or given back), staying between half the pool and all of it.
 fn spot_pool(spec: &SynthSpec) -> Vec<u32> {
-    let mut state = spec.seed ^ 0x0073_706f_74;
+    let mut state = spec.seed ^ 0x7370_6f74;
     let node = spec.gpus_per_node.max(1);
     let (min, max) = ((spec.gpus / 2).max(node), spec.gpus);
     let mut pool = max;
