@@ -217,25 +217,43 @@ pub fn simulate(
         // policy.initial_response_len; without it, the plan is made for rl.max_response_len).
         config.policy.initial_response_len = (start.seq_len_p95.ceil() as u32).clamp(1, config.rl.max_response_len);
     }
-    // The job starts on the first row's pool; a pool no plan fits is waited out.
-    let mut job = Job::start(&config, start.gpus, options.efficiencies).ok();
-    let truth_efficiencies = options.efficiencies.unwrap_or_default();
+    let mut sim = Sim { config, run, options, job: None };
     let mut steps = Vec::with_capacity(points.len());
     for (i, p) in points.iter().enumerate() {
-        if job.is_none() {
-            // The restart after a stop (charged at the stop) or a wait, on this step's pool,
-            // sized for the length the job had reached.
-            job = Job::start(&config, p.gpus, options.efficiencies).ok();
+        let next_pool = points.get(i + 1).map_or(p.gpus, |n| n.gpus);
+        steps.push(sim.step(p, next_pool)?);
+    }
+    let mut summary = summarize(run, &steps);
+    summary.wall_s = wall.elapsed().as_secs_f64();
+    Ok((summary, steps))
+}
+
+/// One policy's simulation in progress.
+struct Sim<'o> {
+    /// The job's config, with the policy's mode and γ (and, after a stop, the length reached).
+    config: JobConfig,
+    run: PolicyRun,
+    options: &'o SimOptions,
+    /// The running job; `None` after a stop or while no plan fits the pool.
+    job: Option<Job>,
+}
+
+impl Sim<'_> {
+    /// Step `p` on the current plan, then the boundary with `next_pool` announced.
+    fn step(&mut self, p: &Point, next_pool: u32) -> Result<SimStep, SimError> {
+        if self.job.is_none() {
+            // The start, or the restart after a stop (charged at the stop) or a wait, on this
+            // step's pool.
+            self.job = Job::start(&self.config, p.gpus, self.options.efficiencies).ok();
         }
-        let Some(running) = job.as_mut() else {
-            steps.push(waiting(run, p));
-            continue;
+        let truth_efficiencies = self.options.efficiencies.unwrap_or_default();
+        let Some(running) = self.job.as_mut() else {
+            return Ok(waiting(self.run, p));
         };
         let cap = running.controller.cap();
         let len = p.seq_len_p95.min(f64::from(cap));
         let truth = running.base.replanned(p.gpus, len.ceil() as u64, truth_efficiencies)?;
         let step_s = truth.predict(&running.plan);
-        let next_pool = points.get(i + 1).map_or(p.gpus, |n| n.gpus);
         let record = StepRecord {
             step: p.step,
             response_len_mean: p.seq_len_mean.min(f64::from(cap)),
@@ -254,17 +272,17 @@ pub fn simulate(
             _ => Value::Null,
         };
         let stopped = action.stop.is_some() || !fits(running, next_pool, truth_efficiencies)?;
-        let restart_s = if stopped { options.restart.seconds(&running.base) } else { 0.0 };
+        let restart_s = if stopped { self.options.restart.seconds(&running.base) } else { 0.0 };
         if stopped {
             // The operator restarts the job (`nereus train --resume latest`) told the length it
             // needs: policy.initial_response_len = the cap the controller would size for it.
             let needed = running.controller.sized(record.response_len_p95).max(running.controller.cap());
-            config.policy.initial_response_len = needed;
-            job = None;
+            self.config.policy.initial_response_len = needed;
+            self.job = None;
         }
-        steps.push(SimStep {
-            policy: run.mode,
-            gamma: run.gamma,
+        Ok(SimStep {
+            policy: self.run.mode,
+            gamma: self.run.gamma,
             step: p.step,
             seq_len_mean: p.seq_len_mean,
             seq_len_p95: p.seq_len_p95,
@@ -276,11 +294,8 @@ pub fn simulate(
             transition,
             restart_s,
             infeasible: stopped,
-        });
+        })
     }
-    let mut summary = summarize(run, &steps);
-    summary.wall_s = wall.elapsed().as_secs_f64();
-    Ok((summary, steps))
 }
 
 /// Whether the job's plan can run the next step: valid on the next pool, every rank within
