@@ -137,7 +137,7 @@ enum TopCommand {
         /// Write one JSON line per simulated step here.
         #[arg(long, value_name = "PATH")]
         jsonl: Option<PathBuf>,
-        /// Write the plot here (the extension becomes .svg).
+        /// Write the plot here (PATH.svg and PATH.png).
         #[arg(long, value_name = "PATH")]
         plot: Option<PathBuf>,
         #[command(flatten)]

@@ -30,7 +30,7 @@ pub struct SimulateRequest {
     pub json: Option<PathBuf>,
     /// One line per simulated step here.
     pub jsonl: Option<PathBuf>,
-    /// The plot: `PATH` with the extension `.svg`.
+    /// The plot: `PATH` with the extensions `.svg` and `.png`.
     pub plot: Option<PathBuf>,
 }
 
@@ -135,7 +135,11 @@ pub fn run(
             request.trace.display(),
             "step latency per policy"
         );
-        write_file(&p.with_extension("svg"), plot::chart(&title, &named).svg())?;
+        let chart = plot::chart(&title, &named);
+        write_file(&p.with_extension("svg"), chart.svg())?;
+        let png = p.with_extension("png");
+        std::fs::write(&png, chart.png()).map_err(io_error("write", &png))?;
+        println!("wrote {}", png.display());
     }
     Ok(())
 }

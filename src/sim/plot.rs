@@ -16,7 +16,7 @@ pub fn chart(title: &str, runs: &[(String, Vec<SimStep>)]) -> Chart {
         let points = steps.iter().map(|s| (s.step as f64, if s.step_s > 0.0 { s.step_s } else { f64::NAN })).collect();
         c.series.push(Series { name: name.clone(), color: color.clone(), axis: Axis::Left, dashed: false, points });
         for s in steps.iter().filter(|s| s.restart_s > 0.0) {
-            c.markers.push(Marker { x: s.step as f64, y: s.step_s, color: "#000".into(), triangle: false });
+            c.markers.push(Marker { x: s.step as f64, y: s.step_s, color: "#000000".into(), triangle: false });
         }
         for s in steps.iter().filter(|s| !s.transition.is_null()) {
             let triangle = s.transition["kind"] == "urgent";
@@ -27,7 +27,7 @@ pub fn chart(title: &str, runs: &[(String, Vec<SimStep>)]) -> Chart {
         let line = |f: fn(&SimStep) -> f64| steps.iter().map(|s| (s.step as f64, f(s))).collect();
         c.series.push(Series {
             name: "length".into(),
-            color: "#555".into(),
+            color: "#555555".into(),
             axis: Axis::Right,
             dashed: true,
             points: line(|s| s.seq_len_mean),
@@ -38,10 +38,10 @@ pub fn chart(title: &str, runs: &[(String, Vec<SimStep>)]) -> Chart {
         let scale = 10f64.powf((longest / most / 2.0).log10().floor().max(0.0));
         let points = steps.iter().map(|s| (s.step as f64, f64::from(s.gpus) * scale)).collect();
         let name = if scale > 1.0 { format!("GPUs ×{scale}") } else { "GPUs".into() };
-        c.series.push(Series { name, color: "#000".into(), axis: Axis::Right, dashed: true, points });
+        c.series.push(Series { name, color: "#000000".into(), axis: Axis::Right, dashed: true, points });
     }
-    c.marker_legend.push(("urgent".into(), "#444".into(), true));
-    c.marker_legend.push(("opportunistic".into(), "#444".into(), false));
-    c.marker_legend.push(("checkpoint/restart".into(), "#000".into(), false));
+    c.marker_legend.push(("urgent".into(), "#444444".into(), true));
+    c.marker_legend.push(("opportunistic".into(), "#444444".into(), false));
+    c.marker_legend.push(("checkpoint/restart".into(), "#000000".into(), false));
     c
 }
