@@ -117,6 +117,7 @@ fn simulate_writes_the_contract_deterministically_and_the_policies_differ() {
         assert!(run.status.success(), "{}", text(&run).1);
         assert!(text(&run).0.contains("every-k"));
         assert!(std::fs::read_to_string(plot.with_extension("svg")).unwrap().contains("<polyline"));
+        assert!(std::fs::read(plot.with_extension("png")).unwrap().starts_with(b"\x89PNG"));
         assert_eq!(std::fs::read_to_string(&jsonl).unwrap().lines().count(), 4 * 26);
         let mut v: Value = serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
         for r in v["runs"].as_array_mut().unwrap() {
