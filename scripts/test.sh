@@ -36,10 +36,11 @@ echo "== criterion benches compile"
 cargo build --release --locked --benches
 
 echo "== cuda feature (cudarc loads the CUDA driver and NCCL at run time: no toolkit needed to build)"
-features=cuda
+# `exact` (the MILP beside the planner, planner::exact) rides along with the backends' builds.
+features=cuda,exact
 if [ -f /usr/include/hip/hip_runtime_api.h ] || [ -n "${HIP_PATH:-}" ]; then
   export HIP_PATH=${HIP_PATH:-/usr}
-  features=cuda,rocm
+  features=cuda,rocm,exact
   echo "== rocm feature (HIP runtime from HIP_PATH=$HIP_PATH)"
 elif [ "$ci" = true ]; then
   echo "test: CI needs the HIP headers (libamdhip64-dev) to compile the rocm feature" >&2

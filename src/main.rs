@@ -11,8 +11,11 @@ use nereus::config::{Algorithm, Overrides, PolicyMode};
 use nereus::runtime::checkpoint::ResumeFrom;
 use nereus::runtime::logprobs::LogprobsOptions;
 use nereus::runtime::plan::PlanRequest;
+use nereus::runtime::simulate::SimulateRequest;
 use nereus::runtime::train::TrainOptions;
 use nereus::runtime::{self, Command, DeviceChoice, LogOptions, SessionOptions};
+use nereus::sim::synth::SynthSpec;
+use nereus::sim::RestartModel;
 
 /// Nereus: keeps an RL post-training job on the fastest memory-feasible parallel plan.
 #[derive(Parser, Debug)]
@@ -111,6 +114,50 @@ enum TopCommand {
         #[arg(long, default_value_t = 1)]
         micro_batch: usize,
     },
+    /// Simulate the job over a trace under several policies, with the live controller's code and
+    /// the cost model as ground truth (one process; no MPI launch needed).
+    Simulate {
+        /// Job file (TOML); the embedded default when omitted.
+        file: Option<PathBuf>,
+        /// The trace: CSV with `step` and any of `seq_len_mean`, `seq_len_p95`, `available_gpus`.
+        #[arg(long, value_name = "TRACE.csv")]
+        trace: PathBuf,
+        /// GPUs where the trace has no `available_gpus` (default: the cluster's devices).
+        #[arg(long)]
+        gpus: Option<u32>,
+        /// Policies to simulate, comma-separated.
+        #[arg(long, value_enum, value_delimiter = ',', default_value = "nereus,static,greedy,every-k")]
+        policies: Vec<PolicyMode>,
+        /// γ of the nereus policy (default: policy.gamma).
+        #[arg(long, conflicts_with = "gamma_sweep")]
+        gamma: Option<f64>,
+        /// Several γ values for the nereus policy, comma-separated (e.g. 0,0.1,0.2,...,1).
+        #[arg(long, value_delimiter = ',')]
+        gamma_sweep: Vec<f64>,
+        /// Efficiencies of the ground truth: JSON list of 8, or {"efficiencies": [...]}.
+        #[arg(long, value_name = "EFF.json")]
+        calibration: Option<PathBuf>,
+        /// Seconds a checkpoint/restart costs besides the checkpoint I/O.
+        #[arg(long, default_value_t = 300.0)]
+        restart_s: f64,
+        /// File system bandwidth of the checkpoint I/O, GB/s.
+        #[arg(long, default_value_t = 10.0)]
+        fs_gbps: f64,
+        /// Write {"runs": [...]} here.
+        #[arg(long, value_name = "PATH")]
+        json: Option<PathBuf>,
+        /// Write one JSON line per simulated step here.
+        #[arg(long, value_name = "PATH")]
+        jsonl: Option<PathBuf>,
+        /// Write the plot here (PATH.svg and PATH.png).
+        #[arg(long, value_name = "PATH")]
+        plot: Option<PathBuf>,
+        #[command(flatten)]
+        overrides: OverrideArgs,
+    },
+    /// Traces for `nereus simulate`.
+    #[command(subcommand)]
+    Trace(TraceCommand),
     /// Measure the runtime's machinery (run under mpirun/srun).
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -120,7 +167,69 @@ enum TopCommand {
 }
 
 #[derive(Subcommand, Debug)]
+enum TraceCommand {
+    /// Write a synthetic trace shaped like the paper's: length growth (Fig. 4a), spot pool
+    /// changes (Fig. 3), both, or the 26-step trace of §6.3.
+    Synth {
+        /// The CSV file to write.
+        out: PathBuf,
+        /// The shape.
+        #[arg(long, value_enum, default_value = "growth")]
+        shape: nereus::sim::synth::Shape,
+        /// Steps (paper26 has 26).
+        #[arg(long, default_value_t = 1000)]
+        steps: u64,
+        /// The full pool, GPUs.
+        #[arg(long, default_value_t = 1024)]
+        gpus: u32,
+        /// GPUs per node (the unit of spot changes).
+        #[arg(long, default_value_t = 8)]
+        gpus_per_node: u32,
+        /// Mean response length at the start, tokens.
+        #[arg(long, default_value_t = 500.0)]
+        from: f64,
+        /// Mean response length at the end, tokens.
+        #[arg(long, default_value_t = 8000.0)]
+        to: f64,
+        /// Longest response (p95 is cut there), tokens.
+        #[arg(long, default_value_t = 8192.0)]
+        max_len: f64,
+        /// Seed of the noise and the spot events.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Leave out the available_gpus column (the pool then comes from `simulate --gpus`).
+        #[arg(long)]
+        no_pool: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
 enum BenchCommand {
+    /// Plan selection against the exact MILP (build with --features exact) on 8–64 GPUs: gap
+    /// and time ratio.
+    Solver {
+        /// The job to plan (run from the repository root for the default).
+        #[arg(long, default_value = "configs/llama3.1-8b-ppo.toml")]
+        config: PathBuf,
+        /// Repetitions per instance (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// Also write the report as JSON.
+        #[arg(long, value_name = "PATH")]
+        json: Option<PathBuf>,
+    },
+    /// The simulator: a 1,000-step length-growth trace, four policies, at 1,024 and 16,384 GPUs.
+    Simulate {
+        /// The job to simulate (run from the repository root for the default).
+        #[arg(long, default_value = "configs/llama3.1-8b-ppo.toml")]
+        config: PathBuf,
+        /// The trace (its available_gpus column, if any, is replaced by each size).
+        #[arg(long, default_value = "configs/traces/growth-1000.csv")]
+        trace: PathBuf,
+        /// Also write the report as JSON.
+        #[arg(long, value_name = "PATH")]
+        json: Option<PathBuf>,
+    },
     /// Forward, backward, training-step and decode throughput of the CPU engine on one rank,
     /// and its FLOP/s against the GEMM crate's on the step's own shapes.
     Engine {
@@ -367,6 +476,54 @@ fn main() -> ExitCode {
         }
         TopCommand::Logprobs { dir, tokens, json, tp, pp, micro_batch } => {
             Command::Logprobs(LogprobsOptions { dir, tokens, json, tp, pp, micro_batch })
+        }
+        TopCommand::Simulate {
+            file,
+            trace,
+            gpus,
+            policies,
+            gamma,
+            gamma_sweep,
+            calibration,
+            restart_s,
+            fs_gbps,
+            json,
+            jsonl,
+            plot,
+            overrides,
+        } => Command::Simulate {
+            config: file,
+            overrides: overrides.into(),
+            request: SimulateRequest {
+                trace,
+                gpus,
+                policies,
+                gammas: if gamma_sweep.is_empty() { gamma.into_iter().collect() } else { gamma_sweep },
+                calibration,
+                restart: RestartModel { fs_bytes_per_s: fs_gbps * 1e9, restart_s },
+                json,
+                jsonl,
+                plot,
+            },
+        },
+        TopCommand::Trace(TraceCommand::Synth {
+            out,
+            shape,
+            steps,
+            gpus,
+            gpus_per_node,
+            from,
+            to,
+            max_len,
+            seed,
+            no_pool,
+        }) => Command::TraceSynth {
+            spec: SynthSpec { shape, steps, gpus, gpus_per_node, from, to, max_len, seed, pool: !no_pool },
+            out,
+        },
+        TopCommand::Bench(BenchCommand::Solver { config, reps, json }) => Command::BenchSolver { config, reps, json },
+        TopCommand::Bench(BenchCommand::Simulate { config, trace, json }) => {
+            Command::BenchSimulate { config, trace, json }
         }
         TopCommand::Bench(BenchCommand::Primitives { sizes_mib, reps, json, device }) => {
             Command::BenchPrimitives { sizes_mib, reps: reps.max(1), json, device: device.device }

@@ -96,6 +96,23 @@ impl<'p> Pool<'p> {
         frontier
     }
 
+    /// Every variant of every entry of `ms` that fits a rank of its own, as the frontier counts
+    /// fitting (the exact solver's input: nothing pruned).
+    pub fn every_fitting(&mut self, ms: ModelStage) -> Vec<Scored> {
+        let planner = self.planner;
+        let usable = planner.cost().hardware.usable_bytes();
+        let mut out = Vec::new();
+        for entry in self.entries.get_mut(&ms).into_iter().flatten() {
+            for k in 0..entry.order.len() {
+                let (c, e) = entry.estimate(planner, ms, k);
+                if e.feasible && e.memory.peak() <= usable {
+                    out.push((c, e));
+                }
+            }
+        }
+        out
+    }
+
     /// Every fitting first variant of `ms` (not reduced to a frontier), for brute-force checks.
     pub fn all_fitting(&mut self, ms: ModelStage) -> Vec<Scored> {
         let planner = self.planner;

@@ -16,7 +16,11 @@
 
 mod assign;
 mod candidates;
+#[cfg(feature = "exact")]
+pub mod exact;
+mod initial;
 mod search;
 pub mod stage;
 
+pub use initial::initial_plan;
 pub use search::{catalogues, fixed_plan, ModelStagePlan, PlannedJob, Planner, PlannerError, StepSeconds};

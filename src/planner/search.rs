@@ -95,6 +95,10 @@ pub enum PlannerError {
     /// The pool is empty.
     #[error("the pool has no GPUs; pass --gpus N with N >= 1")]
     EmptyPool,
+    /// The config's `[plan]` cannot run: it does not match the pool or the models, or does
+    /// not fit in memory (the message names the key and the values).
+    #[error("{0}")]
+    Fixed(String),
 }
 
 /// The chosen placement of one model-stage and its estimate.
@@ -644,6 +648,24 @@ impl Planner {
             total += stage::solve_exhaustively(&refs, self.cost.hardware.devices)?;
         }
         Some(total)
+    }
+
+    /// Per stage (generation, inference, training), per model-stage of it: every fitting
+    /// candidate as `(ranks, seconds)` — every variant (micro-batch, recomputation, decode
+    /// wave) of every layout and replica count that fits a rank of its own, nothing pruned —
+    /// the input of an exact solver.
+    pub fn stage_candidates(&self) -> Vec<Vec<Vec<(u32, f64)>>> {
+        let mut pool = Pool::new(self);
+        STAGES
+            .iter()
+            .map(|&stage| {
+                self.model_stages
+                    .iter()
+                    .filter(|m| m.stage == stage)
+                    .map(|&m| pool.every_fitting(m).into_iter().map(|(c, e)| (c.ranks(), e.seconds)).collect())
+                    .collect()
+            })
+            .collect()
     }
 
     /// The sum of the stage solver's optima (what [`Planner::exhaustive`] checks).

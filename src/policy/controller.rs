@@ -17,6 +17,8 @@ use super::{admit, Monitor, Observation, Proposal, Signal, Thresholds, Trigger, 
 use crate::config::{JobConfig, PolicyMode};
 use crate::cost::{Efficiencies, StageSample};
 use crate::plan::Plan;
+#[cfg(test)]
+use crate::planner::initial_plan;
 use crate::planner::{Planner, PlannerError};
 use crate::transition::{cheaper_targets, choose, global::Links, TargetChoice};
 use crate::units::format_bytes;
@@ -51,6 +53,19 @@ pub struct StepRecord {
     /// Ranks lost so far (sorted): their state is gone and they never rejoin.
     #[serde(default)]
     pub lost_ranks: Vec<u32>,
+    /// The transition made at this step's boundary, as recorded (a replay feeds its measured
+    /// seconds to [`Controller::transitioned`] as the live job did).
+    #[serde(default)]
+    pub transition: Option<TransitionSeconds>,
+}
+
+/// A transition's predicted and measured seconds (fields of the JSON lines' `transition`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct TransitionSeconds {
+    /// The DAG's critical path, seconds.
+    pub predicted_seconds: f64,
+    /// Measured seconds (slowest rank).
+    pub seconds: f64,
 }
 
 /// Stage samples kept for the running calibration (the last steps' stages).
@@ -356,7 +371,7 @@ impl Controller {
     }
 
     /// A cap for responses whose p95 is `p95`: `δ_len` of room, within the job's limit.
-    fn sized(&self, p95: f64) -> u32 {
+    pub fn sized(&self, p95: f64) -> u32 {
         ((p95 * (1.0 + self.length_drift)).ceil() as u32).clamp(1, self.max_len)
     }
 
@@ -384,28 +399,6 @@ impl Controller {
     fn action(&self, target: Option<Plan>, decision: Value, stop: Option<String>) -> Action {
         Action { target, cap: self.cap, pool: self.gpus, efficiencies: self.efficiencies, decision, stop }
     }
-}
-
-/// The plan a controlled job starts on, the planner that predicts it and the response cap it is
-/// made for: `policy.initial_response_len` (or `rl.max_response_len`), halved until some plan
-/// fits on `gpus` devices (the controller grows the cap as responses do).
-pub fn initial_plan(config: &JobConfig, gpus: u32) -> Result<(Plan, Planner, u32), PlannerError> {
-    let max = config.rl.max_response_len;
-    let first = match config.policy.initial_response_len {
-        0 => max,
-        len => len.min(max),
-    };
-    let mut first_error = None;
-    for len in std::iter::successors(Some(first), |l| (*l > 1).then_some(l / 2)) {
-        let planner = Planner::new(config, gpus, Some(u64::from(len)), Efficiencies::default())?;
-        match planner.search(None) {
-            Ok(job) => return Ok((job.plan(), planner, len)),
-            Err(e) => {
-                first_error.get_or_insert(e);
-            }
-        }
-    }
-    Err(first_error.expect("at least one length was tried"))
 }
 
 /// A plan in short form: `actor/generation 1x1x8, …` (tp × pp × dp).

@@ -11,7 +11,7 @@ use crate::comm::{max_over_ranks, DataPlane, MpiPlane};
 use crate::emu::EmuSet;
 use crate::plan::Plan;
 use crate::planner::Planner;
-pub use crate::policy::controller::{describe, initial_plan, Action, Controller, StepRecord};
+pub use crate::policy::controller::{describe, Action, Controller, StepRecord};
 use crate::transition::target::state_bytes;
 use crate::transition::{global::Links, TransitionDag};
 

@@ -20,6 +20,7 @@ mod rng;
 pub mod selftest;
 mod session;
 pub mod signals;
+pub mod simulate;
 pub mod timeline;
 pub mod train;
 pub mod transition;
@@ -80,6 +81,40 @@ pub enum Command {
         json: Option<PathBuf>,
         /// Device-resident shards over the GPU data plane (`--device`), or host memory over MPI.
         device: Option<DeviceChoice>,
+    },
+    /// Simulate a job over a trace under several policies (rank 0; one process is enough).
+    Simulate {
+        /// The job file; `None` for the embedded default.
+        config: Option<PathBuf>,
+        /// CLI overrides (`--cluster`).
+        overrides: Overrides,
+        /// The trace, policies and outputs.
+        request: simulate::SimulateRequest,
+    },
+    /// Write a synthetic trace.
+    TraceSynth {
+        /// Its shape and size.
+        spec: crate::sim::synth::SynthSpec,
+        /// The CSV file to write.
+        out: PathBuf,
+    },
+    /// Benchmark the simulator: 1,000 steps at 1,024 and 16,384 GPUs, four policies.
+    BenchSimulate {
+        /// The job to simulate.
+        config: PathBuf,
+        /// The length-growth trace.
+        trace: PathBuf,
+        /// Where to write the JSON report.
+        json: Option<PathBuf>,
+    },
+    /// Benchmark plan selection against the exact MILP on 8–64 GPUs.
+    BenchSolver {
+        /// The job to plan.
+        config: PathBuf,
+        /// Repetitions per instance.
+        reps: usize,
+        /// Where to write the JSON report.
+        json: Option<PathBuf>,
     },
     /// Benchmark replan time and memory from 8 to 16,384 GPUs.
     BenchPlanner {
@@ -317,6 +352,14 @@ pub fn run(options: SessionOptions, command: Command) -> u8 {
         Command::BenchPrimitives { sizes_mib, reps, json, device } => {
             bench::primitives::run(&session, sizes_mib, *reps, json.as_deref(), *device)
         }
+        Command::Simulate { config, overrides, request } => {
+            simulate::run(&mut session, config.as_deref(), overrides, request)
+        }
+        Command::TraceSynth { spec, out } => simulate::synth(&session, spec, out),
+        Command::BenchSimulate { config, trace, json } => {
+            bench::simulate::run(&mut session, config, trace, json.as_deref())
+        }
+        Command::BenchSolver { config, reps, json } => bench::solver::run(&mut session, config, *reps, json.as_deref()),
         Command::BenchPlanner { config, seq_len, reps, json } => {
             bench::planner::run(&mut session, config, *seq_len, *reps, json.as_deref())
         }

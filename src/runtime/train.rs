@@ -16,7 +16,7 @@ use super::checkpoint::{
     self, fill_shard, open_weights, resume, Checkpoints, Expect, ModelToSave, ModelWeights, ResumeFrom, ResumeOptions,
     SaveOptions, Sidecar, TensorFile,
 };
-use super::controller::{decide, initial_plan, transition, Action, Boundary, Controller, StepRecord};
+use super::controller::{decide, transition, Action, Boundary, Controller, StepRecord};
 use super::fault::{pool_ranks, rank_fault, surviving};
 use super::metrics::MetricsLog;
 use super::pool::PoolSource;
@@ -27,12 +27,12 @@ use crate::backend::check_data_plane;
 use crate::comm::{max_over_ranks, DataPlane, MpiPlane};
 use crate::config::hf;
 use crate::config::{DataPlane as PlaneKind, Dtype, JobConfig, ModelSpec, OnNonFinite, Overrides, PolicyMode};
-use crate::cost::{Efficiencies, MemoryBreakdown, MemoryItem, OpClass, RankPeaks};
+use crate::cost::{MemoryBreakdown, MemoryItem, OpClass, RankPeaks};
 use crate::emu::{Counters, EmuError, EmuSet, LocalShard};
 use crate::engine::{init_piece, init_shard};
 use crate::model::{Catalogue, Numerics, OutputHead};
 use crate::plan::{ModelStage, Placement, Plan, Role, Stage};
-use crate::planner::{catalogues, fixed_plan, Planner, StepSeconds};
+use crate::planner::{catalogues, initial_plan, Planner, StepSeconds};
 use crate::rl::{warm_up, RlJob, StepMetrics, StepSettings, Warmup, EOS};
 use crate::topology::format_index_list;
 use crate::units::format_bytes;
@@ -215,6 +215,7 @@ fn step_record(step: u64, m: &StepMetrics, pool_size: Option<u32>, lost_ranks: &
         stage_seconds: m.stage_seconds.clone(),
         pool_size,
         lost_ranks: lost_ranks.to_vec(),
+        transition: None,
     }
 }
 
@@ -453,40 +454,10 @@ fn job_checks(config: &JobConfig, world: i32) -> Result<(Plan, Planner, u32), Ru
     job_plan(config, world)
 }
 
-/// The plan written in the config (checked against the world, the models and, placement by
-/// placement, the memory of every rank), or the planner's for this many ranks; with the planner
-/// that predicts it and the response cap it is made for: `rl.max_response_len`, or under a
-/// controller the longest halving of it some plan fits (the controller grows the cap as
-/// responses do).
+/// The plan the job starts with, the planner that predicts it and the response cap it is made
+/// for ([`initial_plan`]: the one function `nereus simulate` starts from too).
 fn job_plan(config: &JobConfig, world: i32) -> Result<(Plan, Planner, u32), RuntimeError> {
-    let max = config.rl.max_response_len;
-    let planner = Planner::new(config, world as u32, Some(u64::from(max)), Efficiencies::default())?;
-    let plan = match fixed_plan(config, world as u32).map_err(RuntimeError::Usage)? {
-        None if config.policy.mode != PolicyMode::Off => return Ok(initial_plan(config, world as u32)?),
-        None => planner.search(None)?.plan(),
-        Some(plan) => {
-            let peaks = planner.rank_peaks(&plan);
-            let (peak, rank) = peaks.max();
-            let capacity = config.cluster.device_memory_bytes();
-            if peak > capacity {
-                return Err(RuntimeError::Usage(format!(
-                    "[plan] does not fit in memory: rank {rank} would hold {} at its peak ({}), and a device has {} (cluster.device_memory_gb); `nereus plan` finds a plan that fits",
-                    format_bytes(peak),
-                    peaks.ranks[rank as usize].busiest.map_or(String::new(), |ms| format!("while {ms} runs")),
-                    format_bytes(capacity)
-                )));
-            }
-            if peak > planner.cost().hardware.usable_bytes() {
-                log::warn!(
-                    "[plan] leaves less than policy.memory_headroom free: rank {rank} would hold {} of {}",
-                    format_bytes(peak),
-                    format_bytes(capacity)
-                );
-            }
-            plan
-        }
-    };
-    Ok((plan, planner, max))
+    Ok(initial_plan(config, world as u32)?)
 }
 
 /// Rank 0 makes the output directory ready — created, writable, the leftovers of an

@@ -18,7 +18,8 @@ use std::time::Instant;
 
 use crate::config::{JobConfig, Overrides, PolicyMode};
 use crate::plan::Plan;
-use crate::policy::controller::{initial_plan, Controller, StepRecord};
+use crate::planner::initial_plan;
+use crate::policy::controller::{Controller, StepRecord};
 use crate::runtime::{RuntimeError, Session};
 
 use super::{machine, BenchReport, Floor};
@@ -155,8 +156,7 @@ fn llama_record(config: &JobConfig, gpus: u32, step: u64, plan: &Plan) -> Option
             response_len_p95: len,
             step_seconds: seconds.map_or(0.0, |s| s.total() * wobble),
             stage_seconds,
-            pool_size: None,
-            lost_ranks: Vec::new(),
+            ..StepRecord::default()
         }
     })
 }

@@ -7,6 +7,8 @@ pub mod coordination;
 pub mod engine;
 pub mod planner;
 pub mod primitives;
+pub mod simulate;
+pub mod solver;
 pub mod transition;
 
 use serde::Serialize;

@@ -1,0 +1,43 @@
+//! `nereus simulate`: a job at cluster scale, driven by a trace, on one process. Pure: the
+//! cost model is the ground truth, and every decision is the live runtime's — the same
+//! [`initial_plan`](crate::planner::initial_plan), [`Controller`](crate::policy::controller::Controller)
+//! (monitor, triggers, replan with the planner, executable target with the transition DAG,
+//! admission) — so what the simulator says a policy does is what `nereus train` would do.
+//!
+//! - [`trace`]: the CSV traces (`step`, `seq_len_mean`, `seq_len_p95`, `available_gpus`).
+//! - [`synth`]: traces shaped like the paper's (length growth, spot pools, both, its 26 steps).
+//! - [`run`]: the loop, its step records and run summaries, and [`run::replay`] of recorded
+//!   steps through the controller.
+//! - [`plot`]: step latency per policy over the run, transitions marked, length and pool on a
+//!   second axis (SVG).
+
+pub mod plot;
+pub mod run;
+pub mod synth;
+pub mod trace;
+
+use thiserror::Error;
+
+pub use run::{replay, simulate, Job, PolicyRun, RestartModel, RunSummary, SimOptions, SimStep};
+pub use trace::{Point, Trace, TraceRow};
+
+/// Why a simulation could not run.
+#[derive(Debug, Error)]
+pub enum SimError {
+    /// The trace is malformed.
+    #[error("trace `{name}`, line {line}: {message}")]
+    Trace {
+        /// The trace's file name.
+        name: String,
+        /// 1-based line.
+        line: usize,
+        /// What is wrong.
+        message: String,
+    },
+    /// The trace has no rows.
+    #[error("the trace has no rows")]
+    EmptyTrace,
+    /// The planner failed where a plan had to exist.
+    #[error("{0}")]
+    Planner(#[from] crate::planner::PlannerError),
+}
