@@ -1,17 +1,21 @@
 //! The run at a glance (rank 0): a summary table at the end of `nereus train` and
-//! `<output_dir>/timeline.svg` — step latency, response length and pool size per step, every
-//! transition marked (urgent red, opportunistic blue).
+//! `<output_dir>/timeline.svg` and `.png` — measured and predicted step seconds, mean response
+//! length and pool size per step, every transition marked (urgent red triangles, opportunistic
+//! green disks). One [`Chart`], written both ways.
 
 use std::fmt::Write as _;
 use std::path::Path;
 
 use serde_json::Value;
 
+use crate::plot::{Axis, Chart, Marker, Series};
+
 /// One step as the timeline shows it.
 #[derive(Debug, Clone, PartialEq)]
 struct Point {
     step: u64,
     seconds: f64,
+    predicted_seconds: f64,
     response_len: f64,
     pool: u32,
     tokens: u64,
@@ -26,23 +30,27 @@ pub struct Timeline {
     points: Vec<Point>,
 }
 
-/// One panel of the plot: its title and the value it shows per step.
-type Panel = (&'static str, fn(&Point) -> f64);
-
-/// Plot size and margins, pixels.
-const WIDTH: f64 = 900.0;
-const PANEL: f64 = 150.0;
-const LEFT: f64 = 70.0;
-const TOP: f64 = 30.0;
+/// Transition marks: urgent, opportunistic.
+const URGENT: &str = "#d62728";
+const OPPORTUNISTIC: &str = "#2ca02c";
 
 impl Timeline {
-    /// Adds a step: its seconds, mean response length, tokens generated, the pool, and the
-    /// transition record that followed it (`null` if none).
-    pub fn push(&mut self, step: u64, seconds: f64, response_len: f64, tokens: u64, pool: u32, transition: &Value) {
+    /// Adds a step: its measured and predicted seconds, mean response length, tokens
+    /// generated, the pool, and the transition record that followed it (`null` if none).
+    pub fn push(
+        &mut self,
+        step: u64,
+        seconds: (f64, f64),
+        response_len: f64,
+        tokens: u64,
+        pool: u32,
+        transition: &Value,
+    ) {
         let kind = (!transition.is_null()).then(|| transition["kind"].as_str().unwrap_or("transition").to_string());
         self.points.push(Point {
             step,
-            seconds,
+            seconds: seconds.0,
+            predicted_seconds: seconds.1,
             response_len,
             pool,
             tokens,
@@ -68,62 +76,37 @@ impl Timeline {
         out
     }
 
-    /// Writes the timeline as SVG.
-    pub fn write_svg(&self, path: &Path) -> std::io::Result<()> {
-        std::fs::write(path, self.svg())
+    /// Writes the timeline as `<stem>.svg` and `<stem>.png` in `dir`.
+    pub fn write(&self, dir: &Path, stem: &str) -> std::io::Result<()> {
+        let chart = self.chart();
+        std::fs::write(dir.join(format!("{stem}.svg")), chart.svg())?;
+        std::fs::write(dir.join(format!("{stem}.png")), chart.png())
     }
 
-    fn svg(&self) -> String {
-        let panels: [Panel; 3] = [
-            ("step seconds", |p| p.seconds),
-            ("mean response length (tokens)", |p| p.response_len),
-            ("pool (ranks)", |p| f64::from(p.pool)),
-        ];
-        let height = TOP + panels.len() as f64 * (PANEL + 40.0) + 20.0;
-        let mut s = format!(
-            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-        );
-        let (first, last) = match (self.points.first(), self.points.last()) {
-            (Some(f), Some(l)) => (f.step as f64, (l.step as f64).max(f.step as f64 + 1.0)),
-            _ => return s + "</svg>\n",
+    /// Step seconds (measured, predicted) on the left; length and pool on the right; a mark
+    /// on the measured line at every step a transition followed.
+    fn chart(&self) -> Chart {
+        let mut c =
+            Chart::new("nereus train: the run", "step", "step seconds", "response tokens (mean) / ranks in the pool");
+        let line = |name: &str, color: &str, axis, dashed, value: fn(&Point) -> f64| Series {
+            name: name.into(),
+            color: color.into(),
+            axis,
+            dashed,
+            points: self.points.iter().map(|p| (p.step as f64, value(p))).collect(),
         };
-        let x = |step: f64| LEFT + (step - first) / (last - first) * (WIDTH - LEFT - 20.0);
-        for (k, (title, value)) in panels.iter().enumerate() {
-            let top = TOP + k as f64 * (PANEL + 40.0);
-            let values: Vec<f64> = self.points.iter().map(*value).collect();
-            let hi = values.iter().copied().fold(f64::MIN, f64::max).max(1e-9) * 1.05;
-            let y = |v: f64| top + PANEL - v / hi * PANEL;
-            let _ = writeln!(s, "<text x=\"{LEFT}\" y=\"{}\" font-weight=\"bold\">{title}</text>", top - 8.0);
-            let _ = writeln!(
-                s,
-                "<rect x=\"{LEFT}\" y=\"{top}\" width=\"{}\" height=\"{PANEL}\" fill=\"none\" stroke=\"#888\"/>",
-                WIDTH - LEFT - 20.0
-            );
-            let _ = writeln!(s, "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{hi:.3}</text>", LEFT - 4.0, top + 10.0);
-            let _ = writeln!(s, "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">0</text>", LEFT - 4.0, top + PANEL);
-            for p in self.points.iter().filter(|p| p.transition.is_some()) {
-                let colour = if p.transition.as_deref() == Some("urgent") { "#d62728" } else { "#1f77b4" };
-                let tx = x(p.step as f64 + 0.5);
-                let _ = writeln!(
-                    s,
-                    "<line x1=\"{tx:.1}\" y1=\"{top}\" x2=\"{tx:.1}\" y2=\"{}\" stroke=\"{colour}\" stroke-dasharray=\"4 3\"/>",
-                    top + PANEL
-                );
-            }
-            let path: Vec<String> =
-                self.points.iter().zip(&values).map(|(p, v)| format!("{:.1},{:.1}", x(p.step as f64), y(*v))).collect();
-            let _ = writeln!(s, "<polyline fill=\"none\" stroke=\"black\" points=\"{}\"/>", path.join(" "));
+        c.series.push(line("measured step seconds", "#000000", Axis::Left, false, |p| p.seconds));
+        c.series.push(line("predicted step seconds", "#7f7f7f", Axis::Left, true, |p| p.predicted_seconds));
+        c.series.push(line("mean response length", "#1f77b4", Axis::Right, true, |p| p.response_len));
+        c.series.push(line("pool", "#ff7f0e", Axis::Right, true, |p| f64::from(p.pool)));
+        for p in self.points.iter().filter(|p| p.transition.is_some()) {
+            let urgent = p.transition.as_deref() == Some("urgent");
+            let color = if urgent { URGENT } else { OPPORTUNISTIC };
+            c.markers.push(Marker { x: p.step as f64, y: p.seconds, color: color.into(), triangle: urgent });
         }
-        let bottom = TOP + panels.len() as f64 * (PANEL + 40.0) - 25.0;
-        let _ = writeln!(s, "<text x=\"{LEFT}\" y=\"{bottom}\">step {first}</text>");
-        let _ = writeln!(s, "<text x=\"{}\" y=\"{bottom}\" text-anchor=\"end\">step {last}</text>", WIDTH - 20.0);
-        let _ = writeln!(
-            s,
-            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">dashed: transitions after a step (red urgent, blue opportunistic)</text>",
-            WIDTH / 2.0,
-            bottom + 15.0
-        );
-        s + "</svg>\n"
+        c.marker_legend.push(("urgent transition".into(), URGENT.into(), true));
+        c.marker_legend.push(("opportunistic transition".into(), OPPORTUNISTIC.into(), false));
+        c
     }
 }
 
@@ -135,17 +118,19 @@ mod tests {
     #[test]
     fn the_summary_counts_transitions_and_tokens_over_steps_and_transitions() {
         let mut t = Timeline::default();
-        t.push(0, 1.0, 4.0, 100, 8, &Value::Null);
-        t.push(1, 1.0, 6.0, 100, 8, &json!({"kind": "urgent", "seconds": 0.5}));
-        t.push(2, 1.5, 9.0, 200, 8, &json!({"kind": "opportunistic", "seconds": 0.5}));
+        t.push(0, (1.0, 0.9), 4.0, 100, 8, &Value::Null);
+        t.push(1, (1.0, 0.9), 6.0, 100, 8, &json!({"kind": "urgent", "seconds": 0.5}));
+        t.push(2, (1.5, 1.2), 9.0, 200, 8, &json!({"kind": "opportunistic", "seconds": 0.5}));
         let s = t.summary();
         assert!(s.contains("transitions (urgent)                        1"), "{s}");
         assert!(s.contains("transitions (opportunistic)                 1"), "{s}");
         // 400 tokens over 3.5 s of steps and 1 s of transitions.
         assert!(s.ends_with(&format!("{:>12.0}", 400.0 / 4.5)), "{s}");
-        let svg = t.svg();
-        assert_eq!(svg.matches("<polyline").count(), 3);
-        assert_eq!(svg.matches("#d62728").count(), 3, "one urgent mark per panel");
-        assert_eq!(svg.matches("#1f77b4").count(), 3);
+        let chart = t.chart();
+        assert_eq!(chart.series.len(), 4);
+        assert_eq!(chart.series[1].points, [(0.0, 0.9), (1.0, 0.9), (2.0, 1.2)]);
+        let marks: Vec<(f64, bool)> = chart.markers.iter().map(|m| (m.x, m.triangle)).collect();
+        assert_eq!(marks, [(1.0, true), (2.0, false)], "an urgent triangle after step 1, a disk after step 2");
+        assert!(chart.png().starts_with(b"\x89PNG"));
     }
 }

@@ -165,7 +165,7 @@ pub fn run_config(session: &Session, config: &JobConfig, options: &TrainOptions)
             print_boundary(&boundary);
             timeline.push(
                 step,
-                m.step_seconds,
+                (m.step_seconds, before.1.seconds.total()),
                 m.response_len_mean,
                 m.generated_tokens,
                 before.2,
@@ -195,10 +195,9 @@ pub fn run_config(session: &Session, config: &JobConfig, options: &TrainOptions)
     }
     if session.rank() == 0 && config.policy.mode != PolicyMode::Off {
         println!("{}", timeline.summary());
-        let path = out.join("timeline.svg");
-        match timeline.write_svg(&path) {
-            Ok(()) => log::info!("timeline written to {}", path.display()),
-            Err(e) => log::warn!("could not write {}: {e}", path.display()),
+        match timeline.write(&out, "timeline") {
+            Ok(()) => log::info!("timeline written to {}", out.join("timeline.{svg,png}").display()),
+            Err(e) => log::warn!("could not write the timeline to {}: {e}", out.display()),
         }
     }
     Ok(())
