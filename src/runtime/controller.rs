@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use crate::comm::{max_over_ranks, DataPlane, MpiPlane};
+use crate::comm::{max_over_ranks, MpiPlane};
 use crate::emu::EmuSet;
 use crate::plan::Plan;
 use crate::planner::Planner;
@@ -68,15 +68,12 @@ pub fn transition(
     let seconds = start.elapsed().as_secs_f64();
     let seconds =
         f64::from_bits(max_over_ranks(session.world(), session.watchdog(), "transition time", seconds.to_bits()));
-    let mut bytes = [report.bytes_sent];
-    let all = plane.group(&(0..set.world_size()).collect::<Vec<_>>())?;
-    plane.all_reduce_sum_u64(all, &mut bytes)?;
     let after = stage_digests(plane, set)?;
     Ok(json!({
         "kind": kind,
         "seconds": seconds,
         "predicted_seconds": dag.schedule.seconds,
-        "bytes": bytes[0],
+        "bytes": report.bytes_sent, // already the total of every rank
         "staged_bytes": dag.staged_bytes(),
         "primitives": dag.graph.node_count(),
         "from": describe(from),
