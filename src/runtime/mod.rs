@@ -79,6 +79,15 @@ pub enum Command {
         /// Device-resident shards over the GPU data plane (`--device`), or host memory over MPI.
         device: Option<DeviceChoice>,
     },
+    /// Scale a PPO job's training state with the transition DAG, checkpoint/restart and
+    /// per-tensor resharding, against the point-to-point bandwidth.
+    BenchScaling(bench::scaling::ScalingOptions),
+    /// The restarted job of `bench scaling`'s checkpoint/restart method: load the checkpoint in
+    /// the directory and report when every rank holds its state.
+    BenchScalingRestore {
+        /// The checkpoint directory (`restart.json` and the rank-local files).
+        dir: PathBuf,
+    },
     /// Benchmark replan time and memory from 8 to 16,384 GPUs.
     BenchPlanner {
         /// The job to plan.
@@ -296,6 +305,8 @@ pub fn run(options: SessionOptions, command: Command) -> u8 {
         Command::BenchPrimitives { sizes_mib, reps, json, device } => {
             bench::primitives::run(&session, sizes_mib, *reps, json.as_deref(), *device)
         }
+        Command::BenchScaling(options) => bench::scaling::run(&session, options),
+        Command::BenchScalingRestore { dir } => bench::scaling::restore(&session, dir),
         Command::BenchPlanner { config, seq_len, reps, json } => {
             bench::planner::run(&mut session, config, *seq_len, *reps, json.as_deref())
         }

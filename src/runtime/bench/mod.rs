@@ -6,6 +6,7 @@ pub mod coordination;
 pub mod engine;
 pub mod planner;
 pub mod primitives;
+pub mod scaling;
 pub mod transition;
 
 use serde::Serialize;
