@@ -149,6 +149,9 @@ enum BenchCommand {
         /// The launcher of the restarted job; `-n N`, this binary and its arguments follow.
         #[arg(long, value_name = "COMMAND", default_value = "mpirun --oversubscribe")]
         launcher: String,
+        /// Only these cases (extend-2-4, extend-4-8, destroy-8-4, reshard-tp2-pp2), comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        cases: Vec<String>,
         /// Also write the report as JSON.
         #[arg(long, value_name = "PATH")]
         json: Option<PathBuf>,
@@ -370,8 +373,8 @@ fn main() -> ExitCode {
             Command::BenchTransitionPlanning { config, ranks, reps, json }
         }
         TopCommand::Bench(BenchCommand::Engine { reps, json }) => Command::BenchEngine { reps, json },
-        TopCommand::Bench(BenchCommand::Scaling { small, dir, launcher, json }) => {
-            Command::BenchScaling(ScalingOptions { small, dir, launcher, json })
+        TopCommand::Bench(BenchCommand::Scaling { small, dir, launcher, cases, json }) => {
+            Command::BenchScaling(ScalingOptions { small, dir, launcher, cases, json })
         }
         TopCommand::Bench(BenchCommand::ScalingRestore { dir }) => Command::BenchScalingRestore { dir },
         TopCommand::Bench(BenchCommand::Coordination { trials, seed, json }) => {

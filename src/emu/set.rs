@@ -583,6 +583,32 @@ impl<M: ShardMemory> EmuSet<M> {
         self.redistribute(plane, what, ids, vec![target], true, through_host)
     }
 
+    /// `Split` of unit `id` and `Merge` of all its parts, as one redistribution: how a transition
+    /// runs a Split whose parts all go, and only go, into one Merge (a layout change through
+    /// `T_sub` on the same ranks, e.g. `(tp=2, pp=1) → (tp=1, pp=2)`). The unit becomes one in
+    /// `layout` on `ranks`; each rectangle of the target moves once from the source (a local
+    /// slice where the rank holds it), and nothing the Merge would discard is sent. The sources
+    /// are staged through host memory when `through_host`.
+    pub fn reshard_with<P: Exchange<M>>(
+        &mut self,
+        plane: &mut P,
+        id: EmuId,
+        layout: Layout,
+        ranks: &[i32],
+        through_host: bool,
+    ) -> Result<PrimitiveReport, EmuError> {
+        let what = format!("Split+Merge {id} -> {layout} on {ranks:?}");
+        self.get(id, &what)?;
+        if ranks.len() != layout.size() as usize {
+            return Err(EmuError::Invalid {
+                primitive: what,
+                reason: format!("{layout} needs {} ranks, got {}", layout.size(), ranks.len()),
+            });
+        }
+        let target = TargetEmu { id: self.fresh_id(), layout, ranks: ranks.to_vec() };
+        self.redistribute(plane, what, &[id], vec![target], true, through_host)
+    }
+
     /// `Extend(EMU, R') → EMU + EMU'`: a new replica on `ranks`, each shard sent once from the
     /// rank at the same position.
     pub fn extend<P: Exchange<M>>(

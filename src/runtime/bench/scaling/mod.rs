@@ -61,6 +61,8 @@ pub struct ScalingOptions {
     /// The launcher of the restarted job, split on whitespace; `-n N`, this binary and its
     /// arguments are appended.
     pub launcher: String,
+    /// Only the cases with these names (all that fit the world when empty).
+    pub cases: Vec<String>,
     /// Where to write the JSON report.
     pub json: Option<PathBuf>,
 }
@@ -191,6 +193,53 @@ impl Bench<'_> {
         materialize_in(&mut self.plane, &HostMemory, world, self.catalogues.clone(), plan, CAPACITY)
     }
 
+    /// [`Bench::materialize`] of `case.from`, each rank's store then holding paged-in buffers of
+    /// the shards the method will allocate on it (see [`Bench::new_shards`]).
+    fn materialize_warm(
+        &mut self,
+        case: &Case,
+        rebuilds_all: bool,
+    ) -> Result<(EmuSet, BTreeMap<ModelStage, Digest>), RuntimeError> {
+        let (mut set, before) = self.materialize(&case.from)?;
+        set.store_mut().warm_cache(&self.new_shards(case, rebuilds_all));
+        Ok((set, before))
+    }
+
+    /// Bytes of each shard a method allocates on this rank going from `case.from` to `case.to`:
+    /// the target replicas' shards here that the current plan lacks (the DAG), or with
+    /// `rebuilds_all` every target shard here less those of the current replicas other than the
+    /// first (the per-tensor baseline frees them first). A long-running job's store has such
+    /// buffers cached, as `bench primitives` measures after a warm-up; on a CPU rank the first
+    /// touch of a new buffer's pages would otherwise cost more than the copy into it.
+    fn new_shards(&self, case: &Case, rebuilds_all: bool) -> Vec<u64> {
+        let me = self.session.rank();
+        let replicas = |plan: &Plan| -> Vec<(ModelStage, Layout, Vec<i32>, usize)> {
+            let mut out = Vec::new();
+            for p in &plan.placements {
+                let c = p.candidate;
+                out.extend((0..c.dp as usize).map(|r| (c.model_stage, c.layout, p.replica(r).to_vec(), r)));
+            }
+            out
+        };
+        let (from, to) = (replicas(&case.from), replicas(&case.to));
+        let mine = |(ms, layout, ranks, _): &(ModelStage, Layout, Vec<i32>, usize)| {
+            let k = ranks.iter().position(|&x| x == me)?;
+            Some(self.state_bytes(*ms, *layout, layout.position(k)))
+        };
+        if !rebuilds_all {
+            let held =
+                |t: &(ModelStage, Layout, Vec<i32>, usize)| from.iter().any(|f| (f.0, f.1, &f.2) == (t.0, t.1, &t.2));
+            return to.iter().filter(|t| !held(t)).filter_map(mine).collect();
+        }
+        let mut sizes: Vec<u64> = to.iter().filter_map(mine).collect();
+        for freed in from.iter().filter(|f| f.3 > 0).filter_map(mine) {
+            if let Some(i) = sizes.iter().position(|&b| b == freed) {
+                sizes.swap_remove(i);
+            }
+        }
+        sizes
+    }
+
     /// Every model-stage at `to`'s replicas with its digest of `before`, or an error naming
     /// what `method` lost (the same on every rank; rank 0 reports it).
     fn verify(
@@ -231,7 +280,7 @@ impl Bench<'_> {
 
     /// (a): the transition DAG on the live EMUs; seconds, bytes sent, predicted seconds.
     fn nereus(&mut self, case: &Case) -> Result<(f64, u64, f64), RuntimeError> {
-        let (mut set, before) = self.materialize(&case.from)?;
+        let (mut set, before) = self.materialize_warm(case, false)?;
         let bytes = |ms: ModelStage, l: Layout, p: Position| self.state_bytes(ms, l, p);
         let dag = TransitionDag::plan(&case.from, &case.to, &bytes, &self.links(), true)?;
         agree_on_dag(self.session.world(), self.session.watchdog(), &dag)?;
@@ -242,7 +291,7 @@ impl Bench<'_> {
 
     /// (c): every model-stage rebuilt tensor by tensor from its first replica; seconds, bytes.
     fn tenplex(&mut self, case: &Case) -> Result<(f64, u64), RuntimeError> {
-        let (mut set, before) = self.materialize(&case.from)?;
+        let (mut set, before) = self.materialize_warm(case, true)?;
         set.set_participants_only(true);
         let (sent, seconds) = timed(&mut self.plane, self.all, |plane| {
             let mut sent = 0;
@@ -292,10 +341,11 @@ impl Bench<'_> {
 /// Runs the benchmark on every rank; rank 0 prints the table and writes the report.
 pub fn run(session: &Session, options: &ScalingOptions) -> Result<(), RuntimeError> {
     let world = session.world().size();
-    let cases = cases(world);
+    let mut cases = cases(world);
+    cases.retain(|c| options.cases.is_empty() || options.cases.iter().any(|n| n == c.name));
     if cases.is_empty() {
         return Err(RuntimeError::Usage(
-            "bench scaling needs at least 4 MPI ranks, 8 for every case (mpirun -n 8 …)".into(),
+            "bench scaling: no case fits; it needs at least 4 MPI ranks, 8 for every case (mpirun -n 8 …), and case names among extend-2-4, extend-4-8, destroy-8-4, reshard-tp2-pp2".into(),
         ));
     }
     let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
