@@ -149,7 +149,12 @@ enum BenchCommand {
         /// The launcher of the restarted job; `-n N`, this binary and its arguments follow.
         #[arg(long, value_name = "COMMAND", default_value = "mpirun --oversubscribe")]
         launcher: String,
-        /// Only these cases (extend-2-4, extend-4-8, destroy-8-4, reshard-tp2-pp2), comma-separated.
+        /// Measurements of the DAG and of the per-tensor baseline per case (the median is
+        /// reported; checkpoint/restart runs once).
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// Only these cases (extend-2-4, extend-4-8, destroy-8-4, reshard-tp2-pp2,
+        /// reshard-tp2-pp2-dp2), comma-separated.
         #[arg(long, value_delimiter = ',')]
         cases: Vec<String>,
         /// Also write the report as JSON.
@@ -373,8 +378,8 @@ fn main() -> ExitCode {
             Command::BenchTransitionPlanning { config, ranks, reps, json }
         }
         TopCommand::Bench(BenchCommand::Engine { reps, json }) => Command::BenchEngine { reps, json },
-        TopCommand::Bench(BenchCommand::Scaling { small, dir, launcher, cases, json }) => {
-            Command::BenchScaling(ScalingOptions { small, dir, launcher, cases, json })
+        TopCommand::Bench(BenchCommand::Scaling { small, dir, launcher, reps, cases, json }) => {
+            Command::BenchScaling(ScalingOptions { small, dir, launcher, reps, cases, json })
         }
         TopCommand::Bench(BenchCommand::ScalingRestore { dir }) => Command::BenchScalingRestore { dir },
         TopCommand::Bench(BenchCommand::Coordination { trials, seed, json }) => {

@@ -5,8 +5,9 @@
 //! The state: `actor/training` and `critic/training` EMUs (θ and both Adam moments, f32) of two
 //! Llama-style models of 58.7 M and 50.3 M parameters (`--small`: 0.8 M), the actor's replicas on
 //! the even ranks and the critic's on the odd ones. Cases: DP doubling 2→4 and 4→8 ranks
-//! (Extend), shrinking 8→4 (Destroy), and a reshard on 4 ranks, every model from `(tp=2, pp=1)`
-//! to `(tp=1, pp=2)`; a case runs when the world has its ranks. Each case is measured as
+//! (Extend), shrinking 8→4 (Destroy), and a reshard of every model from `(tp=2, pp=1)` to
+//! `(tp=1, pp=2)`, with one replica each on 4 ranks and with two on 8; a case runs when the
+//! world has its ranks. Each case is measured as
 //! - (a) **Nereus**: the transition DAG planned from plan to plan, agreed and executed on the
 //!   live EMUs (Extend copies resident replicas onto the new ranks; Destroy frees);
 //! - (b) **checkpoint/restart** as UCP does it ([`restart`]): every rank of each model's first
@@ -61,6 +62,8 @@ pub struct ScalingOptions {
     /// The launcher of the restarted job, split on whitespace; `-n N`, this binary and its
     /// arguments are appended.
     pub launcher: String,
+    /// Measurements of (a) and (c) per case (the median is reported; (b) runs once).
+    pub reps: usize,
     /// Only the cases with these names (all that fit the world when empty).
     pub cases: Vec<String>,
     /// Where to write the JSON report.
@@ -70,7 +73,7 @@ pub struct ScalingOptions {
 /// One case, measured three ways.
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
-    /// `extend-2-4`, `extend-4-8`, `destroy-8-4`, `reshard-tp2-pp2`.
+    /// `extend-2-4`, `extend-4-8`, `destroy-8-4`, `reshard-tp2-pp2`, `reshard-tp2-pp2-dp2`.
     pub case: String,
     /// Ranks the job holds before.
     pub from_ranks: u32,
@@ -155,9 +158,12 @@ fn data_parallel(ranks: i32) -> Plan {
     Plan { placements: vec![placement(Role::Actor, one, on(0)), placement(Role::Critic, one, on(1))] }
 }
 
-/// One replica per model in `layout` on 4 ranks: the actor on 0–1, the critic on 2–3.
-fn two_rank_replicas(layout: Layout) -> Plan {
-    Plan { placements: vec![placement(Role::Actor, layout, vec![0, 1]), placement(Role::Critic, layout, vec![2, 3])] }
+/// `dp` replicas per model in the 2-rank `layout`: the actor's on ranks `0..2·dp`, the
+/// critic's on the next `2·dp`.
+fn two_rank_replicas(layout: Layout, dp: i32) -> Plan {
+    let actor = (0..2 * dp).collect();
+    let critic = (2 * dp..4 * dp).collect();
+    Plan { placements: vec![placement(Role::Actor, layout, actor), placement(Role::Critic, layout, critic)] }
 }
 
 /// The cases that fit in `world` ranks.
@@ -168,8 +174,13 @@ fn cases(world: i32) -> Vec<Case> {
         Case { name: "destroy-8-4", from: data_parallel(8), to: data_parallel(4) },
         Case {
             name: "reshard-tp2-pp2",
-            from: two_rank_replicas(Layout::new(2, 1)),
-            to: two_rank_replicas(Layout::new(1, 2)),
+            from: two_rank_replicas(Layout::new(2, 1), 1),
+            to: two_rank_replicas(Layout::new(1, 2), 1),
+        },
+        Case {
+            name: "reshard-tp2-pp2-dp2",
+            from: two_rank_replicas(Layout::new(2, 1), 2),
+            to: two_rank_replicas(Layout::new(1, 2), 2),
         },
     ];
     all.into_iter().filter(|c| Case::ranks(&c.from).max(Case::ranks(&c.to)) <= world as u32).collect()
@@ -310,13 +321,18 @@ impl Bench<'_> {
 
     /// One case, three ways (rows are complete on rank 0).
     fn case(&mut self, case: &Case) -> Result<Row, RuntimeError> {
+        let reps = self.options.reps.max(1);
         log::info!("{}: the transition DAG", case.name);
-        let (nereus_s, bytes_moved, predicted_s) = self.nereus(case)?;
+        let (nereus_s, bytes_moved, predicted_s) = median_of(reps, |_| self.nereus(case), |m| m.0)?;
         log::info!("{}: shard-level, tensor by tensor", case.name);
-        let (tenplex_s, tenplex_bytes) = self.tenplex(case)?;
+        let (tenplex_s, tenplex_bytes) = median_of(reps, |_| self.tenplex(case), |m| m.0)?;
         log::info!("{}: checkpoint and restart", case.name);
         let (ucp_s, checkpoint_bytes) = self.checkpoint_restart(case)?;
-        let state_bytes = self.catalogues.iter().map(|(_, c)| c.parameter_count() * 12).sum();
+        let whole = |role: &Role| {
+            let ms = ModelStage::new(*role, Stage::Training);
+            self.state_bytes(ms, Layout::new(1, 1), Position { tp: 0, pp: 0 })
+        };
+        let state_bytes = self.catalogues.keys().map(whole).sum();
         let floor_s = bytes_moved as f64 / self.bandwidth;
         Ok(Row {
             case: case.name.into(),
@@ -338,6 +354,17 @@ impl Bench<'_> {
     }
 }
 
+/// The measurement with the median `seconds` of `reps` runs of `measure`.
+fn median_of<T>(
+    reps: usize,
+    mut measure: impl FnMut(usize) -> Result<T, RuntimeError>,
+    seconds: impl Fn(&T) -> f64,
+) -> Result<T, RuntimeError> {
+    let mut all = (0..reps).map(&mut measure).collect::<Result<Vec<T>, _>>()?;
+    all.sort_by(|a, b| seconds(a).total_cmp(&seconds(b)));
+    Ok(all.swap_remove(reps / 2))
+}
+
 /// Runs the benchmark on every rank; rank 0 prints the table and writes the report.
 pub fn run(session: &Session, options: &ScalingOptions) -> Result<(), RuntimeError> {
     let world = session.world().size();
@@ -345,7 +372,7 @@ pub fn run(session: &Session, options: &ScalingOptions) -> Result<(), RuntimeErr
     cases.retain(|c| options.cases.is_empty() || options.cases.iter().any(|n| n == c.name));
     if cases.is_empty() {
         return Err(RuntimeError::Usage(
-            "bench scaling: no case fits; it needs at least 4 MPI ranks, 8 for every case (mpirun -n 8 …), and case names among extend-2-4, extend-4-8, destroy-8-4, reshard-tp2-pp2".into(),
+            "bench scaling: no case fits; it needs at least 4 MPI ranks, 8 for every case (mpirun -n 8 …), and case names among extend-2-4, extend-4-8, destroy-8-4, reshard-tp2-pp2, reshard-tp2-pp2-dp2".into(),
         ));
     }
     let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
@@ -386,7 +413,7 @@ fn print_table(catalogues: &BTreeMap<Role, Catalogue>, bandwidth: f64, rows: &[R
     writeln!(out, "point-to-point bandwidth: {:.2} GB/s (MPI between ranks of this node)", bandwidth / 1e9)?;
     writeln!(
         out,
-        "{:<16} {:>6} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8}",
+        "{:<19} {:>6} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8}",
         "case",
         "ranks",
         "state MB",
@@ -404,7 +431,7 @@ fn print_table(catalogues: &BTreeMap<Role, Catalogue>, bandwidth: f64, rows: &[R
         let over = r.nereus_over_floor.map_or_else(|| "-".into(), |x| format!("{x:.2}"));
         writeln!(
             out,
-            "{:<16} {:>6} {:>10.1} {:>10.1} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>8.1} {:>8.1} {:>8}",
+            "{:<19} {:>6} {:>10.1} {:>10.1} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>8.1} {:>8.1} {:>8}",
             r.case,
             format!("{}→{}", r.from_ranks, r.to_ranks),
             r.state_bytes as f64 / 1e6,
@@ -422,7 +449,7 @@ fn print_table(catalogues: &BTreeMap<Role, Catalogue>, bandwidth: f64, rows: &[R
     let (n, t, u) = PAPER_TABLE_4;
     writeln!(
         out,
-        "{:<16} {:>6} {:>10} {:>10} {:>9.2} {:>9} {:>9.2} {:>9.2} {:>9} {:>8.1} {:>8.1} {:>8}",
+        "{:<19} {:>6} {:>10} {:>10} {:>9.2} {:>9} {:>9.2} {:>9.2} {:>9} {:>8.1} {:>8.1} {:>8}",
         "paper Table 4",
         "16→32",
         "-",
