@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use nereus::config::{Algorithm, Overrides, PolicyMode};
+use nereus::runtime::bench::scaling::ScalingOptions;
 use nereus::runtime::checkpoint::ResumeFrom;
 use nereus::runtime::logprobs::LogprobsOptions;
 use nereus::runtime::plan::PlanRequest;
@@ -254,6 +255,38 @@ enum BenchCommand {
         json: Option<PathBuf>,
         #[command(flatten)]
         device: DeviceArg,
+    },
+    /// Scaling a PPO job's training state (two 50M+-parameter models, θ and Adam moments):
+    /// DP 2→4→8 ranks, 8→4, and a reshard, each by the transition DAG, by checkpoint/restart
+    /// (UCP-style, a fresh mpirun) and tensor by tensor (Tenplex-style), against the
+    /// point-to-point bandwidth (mpirun -n 8).
+    Scaling {
+        /// A state of a few MB (tests) instead of the 50M+-parameter models.
+        #[arg(long)]
+        small: bool,
+        /// Where the checkpoint/restart method writes its checkpoints (replaced per case).
+        #[arg(long, value_name = "DIR", default_value = "runs/bench-scaling")]
+        dir: PathBuf,
+        /// The launcher of the restarted job; `-n N`, this binary and its arguments follow.
+        #[arg(long, value_name = "COMMAND", default_value = "mpirun --oversubscribe")]
+        launcher: String,
+        /// Measurements of the DAG and of the per-tensor baseline per case (the median is
+        /// reported; checkpoint/restart runs once).
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// Only these cases (extend-2-4, extend-4-8, destroy-8-4, reshard-tp2-pp2,
+        /// reshard-tp2-pp2-dp2), comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        cases: Vec<String>,
+        /// Also write the report as JSON.
+        #[arg(long, value_name = "PATH")]
+        json: Option<PathBuf>,
+    },
+    /// The restarted job of `bench scaling` (launched by it).
+    #[command(hide = true)]
+    ScalingRestore {
+        /// The checkpoint directory.
+        dir: PathBuf,
     },
     /// Global transition DAG build time from 32 to 16,384 ranks, and its gap to the best order.
     TransitionPlanning {
@@ -532,6 +565,10 @@ fn main() -> ExitCode {
             Command::BenchTransitionPlanning { config, ranks, reps, json }
         }
         TopCommand::Bench(BenchCommand::Engine { reps, json }) => Command::BenchEngine { reps, json },
+        TopCommand::Bench(BenchCommand::Scaling { small, dir, launcher, reps, cases, json }) => {
+            Command::BenchScaling(ScalingOptions { small, dir, launcher, reps, cases, json })
+        }
+        TopCommand::Bench(BenchCommand::ScalingRestore { dir }) => Command::BenchScalingRestore { dir },
         TopCommand::Bench(BenchCommand::Coordination { trials, seed, json }) => {
             Command::BenchCoordination { trials, seed, json }
         }

@@ -111,3 +111,41 @@ fn bench_calibration_fits_half_the_plans_and_predicts_the_other_half() {
     let names: Vec<&str> = report["floors"].as_array().unwrap().iter().map(|f| f["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["held_out_step_mape_pct", "held_out_largest_step_error_pct"]);
 }
+
+#[test]
+fn bench_scaling_small_moves_every_method_with_digests_unchanged_and_writes_the_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("s.json");
+    let checkpoints = dir.path().join("ckpt");
+    let args = ["bench", "scaling", "--small", "--reps", "1", "--dir", checkpoints.to_str().unwrap()];
+    let out = run_mpi(4, &[&args[..], &["--json", json.to_str().unwrap()]].concat());
+    let (stdout, stderr) = text(&out);
+    // A digest that changed under any method, or a restarted job that failed, fails the run.
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("paper Table 4"), "{stdout}");
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(report["bench"], "scaling");
+    let rows = report["rows"].as_array().unwrap();
+    let row =
+        |case: &str| rows.iter().find(|r| r["case"] == case).unwrap_or_else(|| panic!("{case} missing: {stdout}"));
+    let (extend, reshard) = (row("extend-2-4"), row("reshard-tp2-pp2"));
+    let state = extend["state_bytes"].as_u64().unwrap();
+    assert_eq!(extend["bytes_moved"].as_u64().unwrap(), state, "DP 1→2: one copy of each model: {extend}");
+    assert_eq!(extend["tenplex_bytes"].as_u64().unwrap(), state, "{extend}");
+    assert!(extend["checkpoint_bytes"].as_u64().unwrap() >= state, "{extend}");
+    // tp 2 → pp 2 on the same ranks: each rank receives the other TP half of its stage only.
+    let moved = reshard["bytes_moved"].as_u64().unwrap();
+    assert!(moved < state * 55 / 100 && moved > state * 45 / 100, "{reshard}");
+    for r in rows {
+        for key in ["nereus_s", "ucp_s", "tenplex_s", "floor_s"] {
+            assert!(r[key].as_f64().unwrap() > 0.0, "{key}: {r}");
+        }
+    }
+    let floors = report["floors"].as_array().unwrap();
+    for case in ["extend-2-4", "reshard-tp2-pp2"] {
+        for name in ["ucp_over_nereus", "tenplex_over_nereus", "nereus_over_bandwidth_floor"] {
+            let name = format!("{name}_{case}");
+            assert!(floors.iter().any(|f| f["name"] == name.as_str()), "floor {name} missing");
+        }
+    }
+}

@@ -139,6 +139,18 @@ pub fn max_over_ranks(world: &World, watchdog: &Watchdog, op: &str, local: u64) 
     out
 }
 
+/// A barrier of the world whose ranks sleep `poll` between tests instead of spinning, so ranks
+/// that wait while another runs long local work (a child job it launched, say) leave the cores
+/// to that work.
+pub fn calm_barrier(world: &World, watchdog: &Watchdog, op: &str, poll: std::time::Duration) {
+    let _guard = watchdog.guard(op, &world.describe());
+    let mut request = world.comm().immediate_barrier();
+    while let Err(pending) = request.test() {
+        request = pending;
+        std::thread::sleep(poll);
+    }
+}
+
 /// `ranks 0-1: hash …; ranks 2-3: failed: …` from one verdict per rank.
 fn group_by_verdict(verdicts: &[Vec<u8>]) -> String {
     let mut groups: Vec<(String, Vec<i32>)> = Vec::new();

@@ -23,8 +23,8 @@ mod watchdog;
 mod world;
 
 pub use control::{
-    agree, agree_outcome, all_gather_bytes, broadcast_bytes, gather_bytes_to_root, max_over_ranks, Agreement,
-    PhaseFailure,
+    agree, agree_outcome, all_gather_bytes, broadcast_bytes, calm_barrier, gather_bytes_to_root, max_over_ranks,
+    Agreement, PhaseFailure,
 };
 pub use data_plane::{DataPlane, GroupId, MpiPlane, Transfer};
 pub use error::CommError;

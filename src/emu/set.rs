@@ -583,6 +583,32 @@ impl<M: ShardMemory> EmuSet<M> {
         self.redistribute(plane, what, ids, vec![target], true, through_host)
     }
 
+    /// `Split` of unit `id` and `Merge` of all its parts, as one redistribution: how a transition
+    /// runs a Split whose parts all go, and only go, into one Merge (a layout change through
+    /// `T_sub` on the same ranks, e.g. `(tp=2, pp=1) → (tp=1, pp=2)`). The unit becomes one in
+    /// `layout` on `ranks`; each rectangle of the target moves once from the source (a local
+    /// slice where the rank holds it), and nothing the Merge would discard is sent. The sources
+    /// are staged through host memory when `through_host`.
+    pub fn reshard_with<P: Exchange<M>>(
+        &mut self,
+        plane: &mut P,
+        id: EmuId,
+        layout: Layout,
+        ranks: &[i32],
+        through_host: bool,
+    ) -> Result<PrimitiveReport, EmuError> {
+        let what = format!("Split+Merge {id} -> {layout} on {ranks:?}");
+        self.get(id, &what)?;
+        if ranks.len() != layout.size() as usize {
+            return Err(EmuError::Invalid {
+                primitive: what,
+                reason: format!("{layout} needs {} ranks, got {}", layout.size(), ranks.len()),
+            });
+        }
+        let target = TargetEmu { id: self.fresh_id(), layout, ranks: ranks.to_vec() };
+        self.redistribute(plane, what, &[id], vec![target], true, through_host)
+    }
+
     /// `Extend(EMU, R') → EMU + EMU'`: a new replica on `ranks`, each shard sent once from the
     /// rank at the same position.
     pub fn extend<P: Exchange<M>>(
@@ -641,6 +667,63 @@ impl<M: ShardMemory> EmuSet<M> {
         if self.emus.remove(&id).is_some() {
             self.store.free(id);
         }
+    }
+
+    /// The shard-level baseline of `nereus bench scaling` (resharding as Tenplex does it):
+    /// replaces every replica of `model_stage` with `targets` (layout and ranks per replica),
+    /// each built from the first current replica alone, one tensor at a time (one exchange per
+    /// tensor, all its sections), reusing no replica already resident: a target on a current
+    /// replica's ranks is written again. The other current replicas are freed first (nothing
+    /// reads them), the first one last. Every rank of the world calls it.
+    pub fn rebuild_per_tensor<P: Exchange<M>>(
+        &mut self,
+        plane: &mut P,
+        model_stage: ModelStage,
+        targets: &[(Layout, Vec<i32>)],
+    ) -> Result<PrimitiveReport, EmuError> {
+        let start = Instant::now();
+        let what = format!("Rebuild {model_stage} per tensor");
+        let current: Vec<Emu> = self.replicas(model_stage).into_iter().cloned().collect();
+        let Some(source) = current.first().cloned() else {
+            return Err(EmuError::Invalid { primitive: what, reason: format!("{model_stage} has no replica") });
+        };
+        let catalogue = self.catalogues[&model_stage.role].clone();
+        for (layout, _) in targets {
+            catalogue.check_layout(*layout)?;
+        }
+        for other in &current[1..] {
+            self.store.free(other.id);
+            self.emus.remove(&other.id);
+        }
+        let targets: Vec<TargetEmu> = targets
+            .iter()
+            .map(|(layout, ranks)| TargetEmu { id: self.fresh_id(), layout: *layout, ranks: ranks.clone() })
+            .collect();
+        let movement = Movement::plan(&catalogue, &[&source], &targets);
+        let (sections, dtype) = (self.sections(model_stage), catalogue.arch.dtype);
+        let scratch = RankPlan::new(&movement, self.rank, &sections, dtype).scratch_bytes();
+        let mut shards =
+            self.allocate_targets(plane, &what, model_stage, &targets, &source.ranks, scratch, &BTreeMap::new())?;
+        self.store.ledger_mut().charge(MemoryItem::PackBuffers, scratch)?;
+        let moved = (0..catalogue.tensors.len()).try_for_each(|tensor| {
+            let one = Movement { segments: movement.segments.iter().filter(|s| s.tensor == tensor).copied().collect() };
+            let sources: BTreeMap<EmuId, &LocalShard<M::Buffer>> =
+                self.store.get(source.id).map(|s| (source.id, s)).into_iter().collect();
+            move_sections(&*plane, self.store.memory(), &one, &sources, &mut shards, &BTreeSet::new(), &sections, dtype)
+        });
+        self.store.ledger_mut().release(MemoryItem::PackBuffers, scratch);
+        moved?;
+        self.store.free(source.id);
+        self.emus.remove(&source.id);
+        let created = targets.iter().map(|t| t.id).collect();
+        self.install(model_stage, source.counters, &targets, shards);
+        Ok(PrimitiveReport {
+            primitive: what,
+            bytes_sent: movement.bytes_sent(&sections, dtype),
+            bytes_local: movement.bytes_local(&sections, dtype),
+            seconds: start.elapsed().as_secs_f64(),
+            created,
+        })
     }
 
     /// `Destroy(EMU)`: frees its shards locally; refuses the last replica of a model-stage.

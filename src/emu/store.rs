@@ -137,6 +137,20 @@ impl ShardStore {
     }
 }
 
+impl ShardStore {
+    /// Pages in a host buffer of each of `sizes` bytes and keeps it in the cache of freed
+    /// buffers, as a store that has held such shards before has them (benchmarks: new shards
+    /// then cost their copies, not the kernel's first touch of every page).
+    pub fn warm_cache(&mut self, sizes: &[u64]) {
+        for &bytes in sizes {
+            let mut buffer = vec![0u8; bytes as usize];
+            // One write per page faults it in; the bytes stay zero.
+            buffer.iter_mut().step_by(4096).for_each(|b| *b = std::hint::black_box(0));
+            self.cache.push(buffer);
+        }
+    }
+}
+
 impl<M: ShardMemory> ShardStore<M> {
     /// An empty store for `rank` in `memory`: `capacity` bytes, or the device's real capacity
     /// when the driver reports less.

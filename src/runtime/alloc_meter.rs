@@ -16,8 +16,18 @@ unsafe impl GlobalAlloc for MeteredAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         let p = unsafe { System.alloc(layout) };
         if !p.is_null() {
-            let live = LIVE.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
-            PEAK.fetch_max(live, Ordering::Relaxed);
+            count(0, layout.size());
+        }
+        p
+    }
+
+    /// Forwarded too: the default would allocate and then write every byte, touching every
+    /// page of a large zeroed buffer (a new shard) at once instead of taking the kernel's
+    /// already-zero pages.
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        let p = unsafe { System.alloc_zeroed(layout) };
+        if !p.is_null() {
+            count(0, layout.size());
         }
         p
     }
@@ -26,6 +36,23 @@ unsafe impl GlobalAlloc for MeteredAllocator {
         unsafe { System.dealloc(ptr, layout) };
         LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
     }
+
+    /// Forwarded too: the default would allocate, copy and free, where the system allocator
+    /// may grow in place.
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            count(layout.size(), new_size);
+        }
+        p
+    }
+}
+
+/// Moves the live count from `old` to `new` bytes and raises the peak.
+fn count(old: usize, new: usize) {
+    let live = LIVE.fetch_add(new, Ordering::Relaxed) + new;
+    PEAK.fetch_max(live, Ordering::Relaxed);
+    LIVE.fetch_sub(old, Ordering::Relaxed);
 }
 
 /// Starts a measurement: the peak is reset to the bytes live now, which are returned.

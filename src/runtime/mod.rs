@@ -116,6 +116,15 @@ pub enum Command {
         /// Where to write the JSON report.
         json: Option<PathBuf>,
     },
+    /// Scale a PPO job's training state with the transition DAG, checkpoint/restart and
+    /// per-tensor resharding, against the point-to-point bandwidth.
+    BenchScaling(bench::scaling::ScalingOptions),
+    /// The restarted job of `bench scaling`'s checkpoint/restart method: load the checkpoint in
+    /// the directory and report when every rank holds its state.
+    BenchScalingRestore {
+        /// The checkpoint directory (`restart.json` and the rank-local files).
+        dir: PathBuf,
+    },
     /// Benchmark replan time and memory from 8 to 16,384 GPUs.
     BenchPlanner {
         /// The job to plan.
@@ -360,6 +369,8 @@ pub fn run(options: SessionOptions, command: Command) -> u8 {
             bench::simulate::run(&mut session, config, trace, json.as_deref())
         }
         Command::BenchSolver { config, reps, json } => bench::solver::run(&mut session, config, *reps, json.as_deref()),
+        Command::BenchScaling(options) => bench::scaling::run(&session, options),
+        Command::BenchScalingRestore { dir } => bench::scaling::restore(&session, dir),
         Command::BenchPlanner { config, seq_len, reps, json } => {
             bench::planner::run(&mut session, config, *seq_len, *reps, json.as_deref())
         }

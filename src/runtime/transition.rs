@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use sha2::{Digest as _, Sha256};
 
 use crate::comm::{agree, Watchdog, World};
-use crate::emu::{EmuId, EmuSet, Exchange, ShardMemory};
+use petgraph::graph::NodeIndex;
+
+use crate::emu::{EmuId, EmuSet, Exchange, PrimitiveReport, ShardMemory};
 use crate::transition::{Primitive, TransitionDag, UnitId};
 
 use super::RuntimeError;
@@ -24,7 +26,7 @@ pub struct ExecutionReport {
 pub fn dag_hash(dag: &TransitionDag) -> u64 {
     let mut h = Sha256::new();
     for &i in &dag.schedule.order {
-        let node = &dag.graph[petgraph::graph::NodeIndex::new(i)];
+        let node = &dag.graph[NodeIndex::new(i)];
         let ranks: Vec<i32> = node.ranks(&dag.units).collect();
         h.update(format!("{:?}|{:?}|{ranks:?};", node.primitive, node.model_stage).as_bytes());
     }
@@ -86,24 +88,11 @@ fn run_nodes<M: ShardMemory, P: Exchange<M>>(
     ids: &mut BTreeMap<UnitId, EmuId>,
     report: &mut ExecutionReport,
 ) -> Result<(), RuntimeError> {
+    let fused = fused_splits(dag);
     for &i in &dag.schedule.order {
         plane.set_context(Some(format!("transition node {i}: {}", dag.label(i))));
-        let node = &dag.graph[petgraph::graph::NodeIndex::new(i)];
-        let primitive = &node.primitive;
-        let done = match primitive {
-            Primitive::Split { source, parts } => {
-                set.split_with(plane, ids[source], dag.units[&parts[0]].layout, node.staged)?
-            }
-            Primitive::Extend { source, copy } => {
-                set.extend_in_transition(plane, ids[source], &dag.units[copy].ranks)?
-            }
-            Primitive::Merge { parts, merged } => {
-                let part_ids: Vec<EmuId> = parts.iter().map(|p| ids[p]).collect();
-                set.merge_with(plane, &part_ids, dag.units[merged].layout, node.staged)?
-            }
-            Primitive::Destroy { unit } => set.destroy(ids[unit])?,
-        };
-        for (unit, emu) in primitive.creates().iter().zip(&done.created) {
+        let (done, made) = run_node(set, plane, dag, i, ids, &fused)?;
+        for (unit, emu) in made.iter().zip(&done.created) {
             let made = &set.emu(*emu).expect("a created EMU exists").ranks;
             if *made != dag.units[unit].ranks {
                 return Err(RuntimeError::Usage(format!(
@@ -114,8 +103,78 @@ fn run_nodes<M: ShardMemory, P: Exchange<M>>(
             }
             ids.insert(*unit, *emu);
         }
+        log::debug!("{}: {:.3} s, {} bytes sent", dag.label(i), done.seconds, done.bytes_sent);
         report.primitives += 1;
         report.bytes_sent += done.bytes_sent;
     }
     Ok(())
+}
+
+/// Runs node `i`; returns what it did and the units it made, in the order of `created`. A
+/// Split of `fused` runs with its Merge ([`EmuSet::reshard_with`]), which then does nothing.
+fn run_node<M: ShardMemory, P: Exchange<M>>(
+    set: &mut EmuSet<M>,
+    plane: &mut P,
+    dag: &TransitionDag,
+    i: usize,
+    ids: &BTreeMap<UnitId, EmuId>,
+    fused: &BTreeMap<usize, usize>,
+) -> Result<(PrimitiveReport, Vec<UnitId>), RuntimeError> {
+    let node = &dag.graph[NodeIndex::new(i)];
+    let made = node.primitive.creates().to_vec();
+    let done = match &node.primitive {
+        Primitive::Split { source, .. } if fused.contains_key(&i) => {
+            let merge = &dag.graph[NodeIndex::new(fused[&i])];
+            let Primitive::Merge { merged, .. } = &merge.primitive else { unreachable!("fused with a Merge") };
+            let (unit, staged) = (&dag.units[merged], node.staged || merge.staged);
+            let done = set.reshard_with(plane, ids[source], unit.layout, &unit.ranks, staged)?;
+            return Ok((done, vec![*merged]));
+        }
+        Primitive::Merge { .. } if fused.values().any(|&m| m == i) => {
+            let label = format!("{} (done with its Split)", dag.label(i));
+            let done =
+                PrimitiveReport { primitive: label, bytes_sent: 0, bytes_local: 0, seconds: 0.0, created: vec![] };
+            return Ok((done, vec![]));
+        }
+        Primitive::Split { source, parts } => {
+            set.split_with(plane, ids[source], dag.units[&parts[0]].layout, node.staged)?
+        }
+        Primitive::Extend { source, copy } => set.extend_in_transition(plane, ids[source], &dag.units[copy].ranks)?,
+        Primitive::Merge { parts, merged } => {
+            let part_ids: Vec<EmuId> = parts.iter().map(|p| ids[p]).collect();
+            set.merge_with(plane, &part_ids, dag.units[merged].layout, node.staged)?
+        }
+        Primitive::Destroy { unit } => set.destroy(ids[unit])?,
+    };
+    Ok((done, made))
+}
+
+/// The Splits whose parts all go, and go only, into one Merge (no Extend copies a part, no
+/// Destroy frees one), mapped to that Merge: the pair is one layout change on the same ranks,
+/// run as one redistribution so that nothing the Merge would discard crosses ranks.
+pub fn fused_splits(dag: &TransitionDag) -> BTreeMap<usize, usize> {
+    let nodes: Vec<&Primitive> = dag.graph.node_weights().map(|n| &n.primitive).collect();
+    let sorted = |units: &[UnitId]| {
+        let mut u = units.to_vec();
+        u.sort_unstable();
+        u
+    };
+    let used_elsewhere = |parts: &[UnitId]| {
+        nodes.iter().any(|p| match p {
+            Primitive::Extend { source, .. } => parts.contains(source),
+            Primitive::Destroy { unit } => parts.contains(unit),
+            _ => false,
+        })
+    };
+    let mut fused = BTreeMap::new();
+    for (i, p) in nodes.iter().enumerate() {
+        let Primitive::Split { parts, .. } = p else { continue };
+        let merge = nodes
+            .iter()
+            .position(|m| matches!(m, Primitive::Merge { parts: into, .. } if sorted(into) == sorted(parts)));
+        if let Some(j) = merge.filter(|_| !used_elsewhere(parts)) {
+            fused.insert(i, j);
+        }
+    }
+    fused
 }

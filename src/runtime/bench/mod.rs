@@ -7,6 +7,7 @@ pub mod coordination;
 pub mod engine;
 pub mod planner;
 pub mod primitives;
+pub mod scaling;
 pub mod simulate;
 pub mod solver;
 pub mod transition;

@@ -93,7 +93,7 @@ fn median(mut xs: Vec<f64>) -> f64 {
 }
 
 /// What the benchmark needs from a plane besides moving bytes.
-trait Measured: DataPlane {
+pub(crate) trait Measured: DataPlane {
     /// Waits for work queued on the device (nothing for host memory).
     fn settle(&self) -> Result<(), RuntimeError>;
     /// Bytes this rank has handed to the collective library's send (`None` over MPI).
@@ -122,7 +122,7 @@ impl<L: CollectiveLib, R: GpuRuntime> Measured for Plane<'_, L, R> {
 
 /// Times `op` between two barriers of the world, its device work included; returns seconds on
 /// this rank.
-fn timed<P: Measured, T>(
+pub(crate) fn timed<P: Measured, T>(
     plane: &mut P,
     world: GroupId,
     op: impl FnOnce(&mut P) -> Result<T, RuntimeError>,
@@ -190,21 +190,30 @@ fn host_rows(
     let mut rows = Vec::new();
     for &mib in sizes_mib {
         let unit = unit_bytes(mib);
-        let time_send = |plane: &mut MpiPlane<'_>, bytes: u64| {
-            let mut buffer = vec![1u8; bytes as usize];
-            p2p_seconds(plane, world, reps, |plane| {
-                let mut transfers = match plane.rank() {
-                    0 => vec![Transfer::Send { peer: 1, data: &buffer }],
-                    1 => vec![Transfer::Recv { peer: 0, data: &mut buffer }],
-                    _ => vec![],
-                };
-                Ok(plane.exchange(&mut transfers)?)
-            })
-        };
-        let p2p = (time_send(plane, unit)?, time_send(plane, unit / 2)?);
+        let p2p = (host_p2p_seconds(plane, world, reps, unit)?, host_p2p_seconds(plane, world, reps, unit / 2)?);
         rows.extend(primitive_rows(plane, &HostMemory, (world, world_size), mib, reps, p2p)?);
     }
     Ok(rows)
+}
+
+/// Median seconds of one MPI send of `bytes` host bytes from rank 0 to rank 1 (every rank of
+/// `world` takes part in the barriers), over `reps` after one warm-up: the point-to-point
+/// yardstick of the host benchmarks.
+pub(crate) fn host_p2p_seconds(
+    plane: &mut MpiPlane<'_>,
+    world: GroupId,
+    reps: usize,
+    bytes: u64,
+) -> Result<f64, RuntimeError> {
+    let mut buffer = vec![1u8; bytes as usize];
+    p2p_seconds(plane, world, reps, |plane| {
+        let mut transfers = match plane.rank() {
+            0 => vec![Transfer::Send { peer: 1, data: &buffer }],
+            1 => vec![Transfer::Recv { peer: 0, data: &mut buffer }],
+            _ => vec![],
+        };
+        Ok(plane.exchange(&mut transfers)?)
+    })
 }
 
 /// Bytes of the unit for `mib` MiB.

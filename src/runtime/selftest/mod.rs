@@ -8,5 +8,5 @@ mod transitions;
 
 pub use engine::{engine, parity_arch, CrossEntropy, EngineSummary};
 pub use primitives::{primitives, SelftestSummary};
-pub(crate) use transitions::{changed_digests, materialize, missed_targets, state_bytes};
+pub(crate) use transitions::{changed_digests, materialize, materialize_in, missed_targets, state_bytes};
 pub use transitions::{transitions, TransitionSummary};
