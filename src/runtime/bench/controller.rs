@@ -22,7 +22,7 @@ use crate::planner::initial_plan;
 use crate::policy::controller::{Controller, StepRecord};
 use crate::runtime::{RuntimeError, Session};
 
-use super::{machine, BenchReport, Floor};
+use super::{machine, median, BenchReport, Floor};
 
 /// The recorded tiny run the first case replays.
 pub const TINY_RECORDS: &str = "docs/runs/tiny-ppo.metrics.jsonl";
@@ -118,9 +118,9 @@ fn time_decisions(
         decisions: replans.len() + quiet.len(),
         replans: replans.len(),
         admitted,
-        replan_median_s: median(&replans),
         replan_max_s: replans.iter().copied().fold(0.0, f64::max),
-        quiet_median_s: median(&quiet),
+        replan_median_s: median(replans),
+        quiet_median_s: median(quiet),
     })
 }
 
@@ -159,12 +159,6 @@ fn llama_record(config: &JobConfig, gpus: u32, step: u64, plan: &Plan) -> Option
             ..StepRecord::default()
         }
     })
-}
-
-fn median(xs: &[f64]) -> f64 {
-    let mut xs = xs.to_vec();
-    xs.sort_by(f64::total_cmp);
-    xs.get(xs.len() / 2).copied().unwrap_or(0.0)
 }
 
 fn print(rows: &[Row]) -> Result<(), RuntimeError> {

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::{machine, BenchReport, Floor};
+use super::{machine, median, BenchReport, Floor};
 use crate::comm::MpiPlane;
 use crate::config::Dtype;
 use crate::emu::{Counters, EmuSet};
@@ -103,11 +103,6 @@ fn step_gemms(a: &Architecture, n: usize) -> Vec<Gemm> {
 /// sequence, head and block, and twice that backward.
 fn attention_flops(a: &Architecture, b: usize, t: usize) -> f64 {
     3.0 * (a.layers as usize * b * a.heads as usize * 2 * a.head_dim as usize * t * (t + 1)) as f64
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
 }
 
 /// Seconds of one product of shape `g` with the GEMM crate (median of runs filling ≥ 0.2 s).

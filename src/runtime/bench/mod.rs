@@ -18,6 +18,12 @@ use std::path::Path;
 
 use super::{RuntimeError, Session};
 
+/// The median of `xs` (the upper one of an even count; 0 when there is nothing to take it of).
+pub fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs.get(xs.len() / 2).copied().unwrap_or(0.0)
+}
+
 /// Where and on what a benchmark ran.
 #[derive(Debug, Clone, Serialize)]
 pub struct Machine {

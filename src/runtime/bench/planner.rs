@@ -17,7 +17,7 @@ use crate::planner::Planner;
 use crate::runtime::{alloc_meter, RuntimeError, Session};
 use crate::transition::{choose, global::Links};
 
-use super::{machine, BenchReport, Floor};
+use super::{machine, median, BenchReport, Floor};
 
 /// One pool size.
 #[derive(Debug, Clone, Serialize)]
@@ -59,10 +59,6 @@ pub fn run(
     if session.rank() != 0 {
         return Ok(());
     }
-    let median = |mut xs: Vec<f64>| {
-        xs.sort_by(f64::total_cmp);
-        xs[xs.len() / 2]
-    };
     let mut rows = Vec::new();
     for gpus in SIZES {
         let (mut setups, mut replans) = (Vec::new(), Vec::new());

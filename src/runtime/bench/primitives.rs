@@ -30,7 +30,7 @@ use crate::emu::{Counters, DeviceMemory, EmuId, EmuSet, Exchange, HostMemory, Pr
 use crate::model::{Architecture, Catalogue, Layout, OutputHead};
 use crate::plan::{ModelStage, Role, Stage};
 
-use super::{machine, BenchReport, Floor};
+use super::{machine, median, BenchReport, Floor};
 use crate::runtime::device::{with_device, DeviceChoice, DeviceJob, Plane};
 use crate::runtime::{RuntimeError, Session};
 
@@ -85,11 +85,6 @@ fn unit_architecture(bytes: u64) -> Architecture {
         head: OutputHead::Lm,
         dtype: Dtype::F32,
     }
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
 }
 
 /// What the benchmark needs from a plane besides moving bytes.

@@ -8,7 +8,7 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 
-use super::{machine, BenchReport, Floor};
+use super::{machine, median, BenchReport, Floor};
 use crate::config::Overrides;
 use crate::cost::Efficiencies;
 use crate::planner::Planner;
@@ -56,11 +56,6 @@ fn exact(_: &Planner) -> Result<Option<f64>, RuntimeError> {
     Err(RuntimeError::Usage(
         "nereus bench solver needs the exact solver: build with `cargo build --release --features exact`".into(),
     ))
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
 }
 
 /// One instance, timed over `reps` repetitions.
