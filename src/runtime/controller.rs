@@ -42,8 +42,7 @@ pub fn decide(
         Some(c) => c.decide(m, plan).map(|a| serde_json::to_vec(&a).expect("actions serialize")).map_err(Into::into),
         None => Ok(Vec::new()),
     };
-    let bytes = session.agree("controller decision", local)?;
-    let agreed = session.broadcast("controller decision", &bytes)?;
+    let agreed = session.from_root("controller decision", local)?;
     serde_json::from_slice(&agreed).map_err(|e| RuntimeError::Usage(format!("undecodable decision from rank 0: {e}")))
 }
 

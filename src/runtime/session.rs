@@ -151,6 +151,13 @@ impl Session {
         }
     }
 
+    /// Rank 0's outcome on every rank: `local` agreed first (a failure on any rank stops every
+    /// rank, so nobody waits on a broadcast that never comes), then rank 0's bytes broadcast.
+    pub fn from_root(&self, op: &str, local: Result<Vec<u8>, RuntimeError>) -> Result<Vec<u8>, RuntimeError> {
+        let bytes = self.agree(op, local)?;
+        self.broadcast(op, &bytes)
+    }
+
     /// Rank 0's `bytes`, on every rank.
     pub fn broadcast(&self, op: &str, bytes: &[u8]) -> Result<Vec<u8>, RuntimeError> {
         Ok(broadcast_bytes(&self.world, &self.watchdog, op, bytes)?)

@@ -118,7 +118,10 @@ pub fn run_config(session: &Session, config: &JobConfig, options: &TrainOptions)
     let mut lost: Vec<u32> = Vec::new();
     for step in sources.start_step..u64::from(config.job.steps) {
         let m = job.step(&mut plane, &mut set, step)?;
-        let held = held_bytes(&mut plane, &set)?;
+        let elastic = pools.is_elastic() || fault.is_some();
+        // Ledgers at the end of the step, before a boundary moves anything (recorded when the
+        // pool can change).
+        let held = if elastic { held_bytes(&mut plane, &set)? } else { Vec::new() };
         let before = (plan.clone(), predicted.clone(), pool, lost.clone());
         let boundary = if config.policy.mode == PolicyMode::Off {
             Boundary::default()
@@ -154,7 +157,7 @@ pub fn run_config(session: &Session, config: &JobConfig, options: &TrainOptions)
             b
         };
         let mut record = record(&mut plane, &set, &before.0, &before.1, step, &m, &boundary)?;
-        if pools.is_elastic() || fault.is_some() {
+        if elastic {
             record["pool"] = json!(format_index_list(&pool_ranks(before.2, &before.3)));
             record["held_bytes"] = json!(held);
             record["lost_ranks"] = json!(before.3);
@@ -220,10 +223,14 @@ fn step_record(step: u64, m: &StepMetrics, pool_size: Option<u32>, lost_ranks: &
 
 /// Bytes each rank's ledger holds now (all-gathered): zero on ranks outside the pool.
 fn held_bytes(plane: &mut MpiPlane, set: &EmuSet) -> Result<Vec<u64>, RuntimeError> {
-    let group = plane.group(&(0..set.world_size()).collect::<Vec<_>>())?;
-    let mine = set.store().ledger().used().to_le_bytes();
-    let mut all = vec![0u8; 8 * set.world_size() as usize];
-    plane.all_gather(group, &mine, &mut all)?;
+    gather_u64s(plane, set.world_size(), &[set.store().ledger().used()])
+}
+
+/// Every rank's `local` values, rank after rank (one all-gather over the world).
+fn gather_u64s(plane: &mut MpiPlane, world: i32, local: &[u64]) -> Result<Vec<u64>, RuntimeError> {
+    let group = plane.group(&(0..world).collect::<Vec<_>>())?;
+    let mut all = vec![0u8; 8 * local.len() * world as usize];
+    plane.all_gather(group, bytemuck::cast_slice(local), &mut all)?;
     Ok(all.chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8]))).collect())
 }
 
@@ -241,8 +248,7 @@ fn pool_source(config: &JobConfig, options: &TrainOptions, world: u32) -> Result
 /// The pool of `step` as rank 0 reads it (the operator's file may change at any time).
 fn agreed_pool(session: &Session, pools: &PoolSource, step: u64) -> Result<u32, RuntimeError> {
     let local = if session.rank() == 0 { pools.at(step).map(|n| n.to_le_bytes().to_vec()) } else { Ok(Vec::new()) };
-    let bytes = session.agree("pool", local)?;
-    let agreed = session.broadcast("pool", &bytes)?;
+    let agreed = session.from_root("pool", local)?;
     Ok(u32::from_le_bytes(agreed.try_into().unwrap_or([0; 4])))
 }
 
@@ -923,18 +929,15 @@ fn slowest_op_seconds(
 
 /// Every rank's ledger peak, item by item (one all-gather).
 fn measured_peaks(plane: &mut MpiPlane, set: &EmuSet) -> Result<Vec<MemoryBreakdown>, RuntimeError> {
-    let n = MemoryItem::ALL.len();
-    let group = plane.group(&(0..set.world_size()).collect::<Vec<_>>())?;
     let mine = set.store().ledger().peak_breakdown();
-    let local: Vec<u8> = MemoryItem::ALL.iter().flat_map(|&i| mine.get(i).to_le_bytes()).collect();
-    let mut all = vec![0u8; local.len() * set.world_size() as usize];
-    plane.all_gather(group, &local, &mut all)?;
+    let local: Vec<u64> = MemoryItem::ALL.iter().map(|&i| mine.get(i)).collect();
+    let all = gather_u64s(plane, set.world_size(), &local)?;
     Ok(all
-        .chunks_exact(8 * n)
+        .chunks_exact(local.len())
         .map(|rank| {
             let mut b = MemoryBreakdown::default();
-            for (item, bytes) in MemoryItem::ALL.iter().zip(rank.chunks_exact(8)) {
-                b.add(*item, u64::from_le_bytes(bytes.try_into().unwrap_or([0; 8])));
+            for (item, bytes) in MemoryItem::ALL.iter().zip(rank) {
+                b.add(*item, *bytes);
             }
             b
         })
