@@ -13,8 +13,7 @@ use std::process::Command;
 /// Submits `slurm/local-test.sbatch ARGS` with `sbatch --wait`, its output in `dir`; requires
 /// success and returns sbatch's stdout and the job's output. `None` when the tests are off.
 fn sbatch(dir: &Path, args: &[&str]) -> Option<(String, String)> {
-    if std::env::var("NEREUS_SLURM_TESTS").as_deref() != Ok("1") {
-        eprintln!("skipped: set NEREUS_SLURM_TESTS=1 after `bash slurm/local-cluster.sh start`");
+    if !slurm_tests_on() {
         return None;
     }
     let output = dir.join("job.out");
@@ -66,10 +65,66 @@ fn sbatch_trains_the_default_job_under_srun_pmix() {
     assert_eq!(ranks, 4, "the planner placed generation on the job's 4 ranks: {}", lines[0]["plan"]);
 }
 
+/// Whether the Slurm tests run (`NEREUS_SLURM_TESTS=1`); says so when they are skipped.
+fn slurm_tests_on() -> bool {
+    let on = std::env::var("NEREUS_SLURM_TESTS").as_deref() == Ok("1");
+    if !on {
+        eprintln!("skipped: set NEREUS_SLURM_TESTS=1 after `bash slurm/local-cluster.sh start`");
+    }
+    on
+}
+
+/// A training job submitted to the local cluster without waiting, its output in `dir/job.out`
+/// and its run in `dir/run`.
+struct Submitted {
+    id: String,
+    out: std::path::PathBuf,
+    runs: std::path::PathBuf,
+    started: std::time::Instant,
+}
+
+impl Submitted {
+    /// `sbatch slurm/local-test.sbatch train CONFIG --steps STEPS --output-dir dir/run`.
+    fn training(dir: &Path, config: &Path, steps: &str) -> Submitted {
+        let (out, runs) = (dir.join("job.out"), dir.join("run"));
+        let submitted = Command::new("sbatch")
+            .args(["--parsable", &format!("--output={}", out.display())])
+            .arg(repo().join("slurm/local-test.sbatch"))
+            .args(["train", config.to_str().unwrap(), "--steps", steps, "--output-dir", runs.to_str().unwrap()])
+            .env("NEREUS", nereus())
+            .current_dir(repo())
+            .output()
+            .expect("sbatch starts");
+        let id = text(&submitted).0.trim().to_string();
+        Submitted { id, out, runs, started: std::time::Instant::now() }
+    }
+
+    /// The job's output so far.
+    fn output(&self) -> String {
+        std::fs::read_to_string(&self.out).unwrap_or_default()
+    }
+
+    /// Waits (at most 120 s from submission) until the run has recorded `steps` steps.
+    fn wait_for_steps(&self, steps: usize) {
+        while common::step_records(&self.runs).len() < steps {
+            assert!(self.started.elapsed().as_secs() < 120, "the job never reached step {steps}: {}", self.output());
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// Waits until Slurm no longer knows the job, at most `limit_s` from submission.
+    fn wait_until_gone(&self, limit_s: u64, after: &str) {
+        let job = &self.id;
+        while Command::new("squeue").args(["-h", "-j", job]).output().is_ok_and(|o| !o.stdout.is_empty()) {
+            assert!(self.started.elapsed().as_secs() < limit_s, "job {job} did not end{after}: {}", self.output());
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+}
+
 #[test]
 fn scancel_leaves_a_checkpoint_of_the_last_step_and_the_resume_is_bit_identical() {
-    if std::env::var("NEREUS_SLURM_TESTS").as_deref() != Ok("1") {
-        eprintln!("skipped: set NEREUS_SLURM_TESTS=1 after `bash slurm/local-cluster.sh start`");
+    if !slurm_tests_on() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -78,31 +133,11 @@ fn scancel_leaves_a_checkpoint_of_the_last_step_and_the_resume_is_bit_identical(
         "ppo.toml",
         &common::set_key(&common::fast_ppo(), "train", "checkpoint_every", Some("0")),
     );
-    let runs = dir.path().join("run");
-    let submitted = Command::new("sbatch")
-        .args(["--parsable", &format!("--output={}", dir.path().join("job.out").display())])
-        .arg(repo().join("slurm/local-test.sbatch"))
-        .args(["train", config.to_str().unwrap(), "--steps", "300", "--output-dir", runs.to_str().unwrap()])
-        .env("NEREUS", nereus())
-        .current_dir(repo())
-        .output()
-        .expect("sbatch starts");
-    let job = text(&submitted).0.trim().to_string();
-    let started = std::time::Instant::now();
-    while common::step_records(&runs).len() < 3 {
-        assert!(
-            started.elapsed().as_secs() < 120,
-            "the job never reached step 3: {}",
-            std::fs::read_to_string(dir.path().join("job.out")).unwrap_or_default()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    assert!(Command::new("scancel").arg(&job).status().unwrap().success());
-    while Command::new("squeue").args(["-h", "-j", &job]).output().is_ok_and(|o| !o.stdout.is_empty()) {
-        assert!(started.elapsed().as_secs() < 180, "job {job} did not end after scancel");
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    let job_output = std::fs::read_to_string(dir.path().join("job.out")).unwrap_or_default();
+    let job = Submitted::training(dir.path(), &config, "300");
+    job.wait_for_steps(3);
+    assert!(Command::new("scancel").arg(&job.id).status().unwrap().success());
+    job.wait_until_gone(180, " after scancel");
+    let (job_output, runs) = (job.output(), job.runs);
     let done = common::step_records(&runs).len() as u32;
     let latest = std::fs::read_to_string(runs.join("checkpoints/latest")).unwrap_or_default();
     assert_eq!(latest.trim(), format!("step-{done}"), "scancel left no checkpoint of the last step:\n{job_output}");
@@ -143,37 +178,19 @@ fn rank_processes(dir: &Path) -> Vec<u32> {
 
 #[test]
 fn a_killed_rank_restarts_the_job_from_the_latest_checkpoint_on_the_ranks_that_remain() {
-    if std::env::var("NEREUS_SLURM_TESTS").as_deref() != Ok("1") {
-        eprintln!("skipped: set NEREUS_SLURM_TESTS=1 after `bash slurm/local-cluster.sh start`");
+    if !slurm_tests_on() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let config = common::write(dir.path(), "ppo.toml", &common::fast_ppo());
-    let runs = dir.path().join("run");
-    let submitted = Command::new("sbatch")
-        .args(["--parsable", &format!("--output={}", dir.path().join("job.out").display())])
-        .arg(repo().join("slurm/local-test.sbatch"))
-        .args(["train", config.to_str().unwrap(), "--steps", "40", "--output-dir", runs.to_str().unwrap()])
-        .env("NEREUS", nereus())
-        .current_dir(repo())
-        .output()
-        .expect("sbatch starts");
-    let job = text(&submitted).0.trim().to_string();
-    let started = std::time::Instant::now();
-    let out = || std::fs::read_to_string(dir.path().join("job.out")).unwrap_or_default();
-    while common::step_records(&runs).len() < 3 {
-        assert!(started.elapsed().as_secs() < 120, "the job never reached step 3: {}", out());
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    let ranks = rank_processes(&runs);
+    let job = Submitted::training(dir.path(), &config, "40");
+    job.wait_for_steps(3);
+    let ranks = rank_processes(&job.runs);
     assert_eq!(ranks.len(), 4, "four rank processes: {ranks:?}");
     let victim = ranks.iter().max().unwrap().to_string();
     assert!(Command::new("kill").args(["-9", &victim]).status().unwrap().success());
-    while Command::new("squeue").args(["-h", "-j", &job]).output().is_ok_and(|o| !o.stdout.is_empty()) {
-        assert!(started.elapsed().as_secs() < 300, "job {job} did not end: {}", out());
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    let job_output = out();
+    job.wait_until_gone(300, "");
+    let (job_output, runs) = (job.output(), job.runs);
     assert!(job_output.contains("restart 1 on 3 ranks from the latest checkpoint"), "{job_output}");
     // Every step ran to the end, the last ones on three ranks.
     let records = common::step_records(&runs);
