@@ -3,7 +3,10 @@
 //! micro-batch size for training, micro-batch size for inference, decode-wave size for
 //! generation — ordered from the fastest and largest to the slimmest, and estimated lazily: a
 //! frontier takes, per layout and replica count, the first variant that fits (a rank on its
-//! own, and the per-rank caps of a capped round), so most variants are never estimated.
+//! own, and the per-rank caps of a capped round), so most variants are never estimated. An
+//! entry whose state alone is over the limit is skipped before any estimate (variants differ in
+//! what their passes hold, not in the state), and where memory falls from one variant to the
+//! next (one recomputation choice) the first fitting variant is found by bisection.
 
 use std::collections::BTreeMap;
 
@@ -19,11 +22,16 @@ pub type Scored = (Candidate, Estimate);
 struct Entry {
     layout: Layout,
     dp: u32,
-    /// The variants estimated so far, in order.
-    estimated: Vec<Scored>,
-    /// Every variant, in order: `(micro_batch, recompute)`, micro-batch sizes descending and,
-    /// for each, recomputation from none to full.
-    order: Vec<(u32, Recompute)>,
+    /// Every variant, in order, once estimated (empty until the first estimate).
+    estimated: Vec<Option<Scored>>,
+    /// The state of the lightest pipeline position, once computed.
+    least_state: Option<u64>,
+    /// The variants, in order: micro-batch sizes from `largest_micro` halving down to 1 and,
+    /// for each, `recomputes` from none to full (variant `k` is the `k / recomputes.len()`-th
+    /// halving with `recomputes[k % recomputes.len()]`).
+    largest_micro: u32,
+    /// The recomputation choices of each micro-batch size.
+    recomputes: &'static [Recompute],
     /// Whether the first fitting variant is the fastest fitting one: true for generation,
     /// whose larger decode waves are faster; not for training and inference, where a smaller
     /// micro-batch shrinks the pipeline bubble.
@@ -63,31 +71,30 @@ impl<'p> Pool<'p> {
             }
         }
         let usable = self.planner.cost().hardware.usable_bytes();
+        let state_limit = caps.map_or(usable, |c| c.state(ms).min(usable));
         let fits = |e: &Estimate| {
             e.feasible
                 && e.memory.peak() <= usable
                 && caps
                     .is_none_or(|c| e.memory.state.total() <= c.state(ms) && e.memory.transient.total() <= c.transient)
         };
-        let mut best: BTreeMap<u32, Scored> = BTreeMap::new();
+        // Per rank count, the fastest fitting variant as (seconds, entry, variant): indices, so
+        // that only the frontier's points are copied out.
+        let mut best: BTreeMap<u32, (f64, usize, usize)> = BTreeMap::new();
         let planner = self.planner;
-        for entry in self.entries.get_mut(&ms).into_iter().flatten().filter(|e| e.dp <= max_dp) {
-            // Uncapped, only the first fitting recomputation of each micro-batch size can be the
-            // fastest; under caps, every variant is considered.
-            let found = match caps {
-                None => entry.quick_fitting(planner, ms, &fits),
-                Some(_) => entry.fastest_fitting(planner, ms, &fits),
-            };
-            let Some((c, e)) = found else { continue };
-            let slot = best.entry(c.ranks()).or_insert((c, e));
-            if e.seconds < slot.1.seconds || (e.seconds == slot.1.seconds && Some(&c) == prefer) {
-                *slot = (c, e);
+        let entries = self.entries.get_mut(&ms).map_or(&mut [][..], |v| v.as_mut_slice());
+        for (i, entry) in entries.iter_mut().enumerate().filter(|(_, e)| e.dp <= max_dp) {
+            let Some(k) = entry.quick_fitting(planner, ms, state_limit, &fits) else { continue };
+            let (c, e) = entry.scored(k);
+            let slot = best.entry(c.ranks()).or_insert((e.seconds, i, k));
+            if e.seconds < slot.0 || (e.seconds == slot.0 && Some(c) == prefer) {
+                *slot = (e.seconds, i, k);
             }
         }
         let mut frontier: Vec<Scored> = Vec::new();
-        for (_, point) in best {
-            if frontier.last().is_none_or(|last| point.1.seconds < last.1.seconds) {
-                frontier.push(point);
+        for (seconds, i, k) in best.into_values() {
+            if frontier.last().is_none_or(|last| seconds < last.1.seconds) {
+                frontier.push(*entries[i].scored(k));
             }
         }
         if caps.is_none() {
@@ -103,10 +110,10 @@ impl<'p> Pool<'p> {
         let usable = planner.cost().hardware.usable_bytes();
         let mut out = Vec::new();
         for entry in self.entries.get_mut(&ms).into_iter().flatten() {
-            for k in 0..entry.order.len() {
-                let (c, e) = entry.estimate(planner, ms, k);
-                if e.feasible && e.memory.peak() <= usable {
-                    out.push((c, e));
+            for k in 0..entry.variants() {
+                let scored = entry.estimate(planner, ms, k);
+                if scored.1.feasible && scored.1.memory.peak() <= usable {
+                    out.push(*scored);
                 }
             }
         }
@@ -121,18 +128,18 @@ impl<'p> Pool<'p> {
             .get_mut(&ms)
             .into_iter()
             .flatten()
-            .filter_map(|entry| entry.first_fitting(planner, ms, &fits))
+            .filter_map(|entry| entry.first_fitting(planner, ms, &fits).map(|k| *entry.scored(k)))
             .collect()
     }
 
     /// The smallest peak any variant of `ms` reaches (for the "does not fit" message).
     pub fn smallest_peak(&mut self, ms: ModelStage) -> u64 {
         let planner = self.planner;
-        let never = |_: &Estimate| false;
         let mut least = u64::MAX;
         for entry in self.entries.get_mut(&ms).into_iter().flatten() {
-            entry.first_fitting(planner, ms, &never);
-            least = least.min(entry.estimated.iter().map(|(_, e)| e.memory.peak()).min().unwrap_or(u64::MAX));
+            for k in 0..entry.variants() {
+                least = least.min(entry.estimate(planner, ms, k).1.memory.peak());
+            }
         }
         if least == u64::MAX {
             0
@@ -145,57 +152,90 @@ impl<'p> Pool<'p> {
 impl Entry {
     /// The fastest variant that `fits` among the first fitting recomputation of each
     /// micro-batch size (recomputation only trades speed for memory), estimating only those.
-    fn quick_fitting(&mut self, planner: &Planner, ms: ModelStage, fits: &dyn Fn(&Estimate) -> bool) -> Option<Scored> {
+    /// Nothing is estimated when the state alone is over `state_limit`: the variants differ in
+    /// what their passes hold, never in the state.
+    fn quick_fitting(
+        &mut self,
+        planner: &Planner,
+        ms: ModelStage,
+        state_limit: u64,
+        fits: &dyn Fn(&Estimate) -> bool,
+    ) -> Option<usize> {
+        if self.least_state(planner, ms) > state_limit {
+            return None;
+        }
         if self.first_is_fastest {
             return self.first_fitting(planner, ms, fits);
         }
-        let sizes: Vec<u32> = {
-            let mut v: Vec<u32> = self.order.iter().map(|(m, _)| *m).collect();
-            v.dedup();
-            v
-        };
-        let mut best: Option<Scored> = None;
-        for micro in sizes {
-            for k in 0..self.order.len() {
-                if self.order[k].0 != micro {
-                    continue;
-                }
-                let (c, e) = self.estimate(planner, ms, k);
-                if fits(&e) {
-                    if best.is_none_or(|b| e.seconds < b.1.seconds) {
-                        best = Some((c, e));
-                    }
-                    break;
+        let mut best: Option<usize> = None;
+        let per_size = self.recomputes.len();
+        for size in 0..self.variants() / per_size {
+            let block = size * per_size..(size + 1) * per_size;
+            if let Some(k) = block.into_iter().find(|&k| fits(&self.estimate(planner, ms, k).1)) {
+                if best.is_none_or(|b| self.scored(k).1.seconds < self.scored(b).1.seconds) {
+                    best = Some(k);
                 }
             }
         }
         best
     }
 
+    /// The state of the entry's lightest pipeline position (first or last; every variant of
+    /// the entry holds at least this), computed once.
+    fn least_state(&mut self, planner: &Planner, ms: ModelStage) -> u64 {
+        *self.least_state.get_or_insert_with(|| {
+            let c = Candidate {
+                model_stage: ms,
+                layout: self.layout,
+                dp: self.dp,
+                recompute: Recompute::None,
+                micro_batch: 1,
+            };
+            let state = |j: u32| planner.position_memory(&c, j).state.total();
+            state(0).min(state(self.layout.pp - 1))
+        })
+    }
+
+    /// How many variants the entry has.
+    fn variants(&self) -> usize {
+        (self.largest_micro.ilog2() as usize + 1) * self.recomputes.len()
+    }
+
     /// Variant `k`, estimated once.
-    fn estimate(&mut self, planner: &Planner, ms: ModelStage, k: usize) -> Scored {
-        while self.estimated.len() <= k {
-            let (micro_batch, recompute) = self.order[self.estimated.len()];
-            let c = Candidate { model_stage: ms, layout: self.layout, dp: self.dp, recompute, micro_batch };
-            self.estimated.push((c, planner.estimate(&c)));
+    fn estimate(&mut self, planner: &Planner, ms: ModelStage, k: usize) -> &Scored {
+        if self.estimated.is_empty() {
+            self.estimated = vec![None; self.variants()];
         }
-        self.estimated[k]
+        let (micro_batch, recompute) =
+            (self.largest_micro >> (k / self.recomputes.len()), self.recomputes[k % self.recomputes.len()]);
+        self.estimated[k].get_or_insert_with(|| {
+            let c = Candidate { model_stage: ms, layout: self.layout, dp: self.dp, recompute, micro_batch };
+            (c, planner.estimate(&c))
+        })
     }
 
-    /// The fastest variant that `fits`, estimating every variant.
-    fn fastest_fitting(
-        &mut self,
-        planner: &Planner,
-        ms: ModelStage,
-        fits: &dyn Fn(&Estimate) -> bool,
-    ) -> Option<Scored> {
-        self.first_fitting(planner, ms, &|_| false);
-        self.estimated.iter().filter(|(_, e)| fits(e)).min_by(|a, b| a.1.seconds.total_cmp(&b.1.seconds)).copied()
+    /// Variant `k`, which has been estimated.
+    fn scored(&self, k: usize) -> &Scored {
+        self.estimated[k].as_ref().expect("variants are estimated before they are read")
     }
 
-    /// The first variant, in order, that `fits`, estimating variants as needed.
-    fn first_fitting(&mut self, planner: &Planner, ms: ModelStage, fits: &dyn Fn(&Estimate) -> bool) -> Option<Scored> {
-        (0..self.order.len()).map(|k| self.estimate(planner, ms, k)).find(|(_, e)| fits(e))
+    /// The first variant, in order, that `fits`, estimating variants as needed. With one
+    /// recomputation choice every variant holds less than the one before it (a smaller
+    /// micro-batch or decode wave), so what fits is a suffix and a bisection finds its start.
+    fn first_fitting(&mut self, planner: &Planner, ms: ModelStage, fits: &dyn Fn(&Estimate) -> bool) -> Option<usize> {
+        if self.recomputes.len() > 1 {
+            return (0..self.variants()).find(|&k| fits(&self.estimate(planner, ms, k).1));
+        }
+        let (mut lo, mut hi) = (0, self.variants());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if fits(&self.estimate(planner, ms, mid).1) {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        (lo < self.variants()).then_some(lo)
     }
 }
 
@@ -209,13 +249,11 @@ fn entries_of(planner: &Planner, ms: ModelStage) -> Vec<Entry> {
     let catalogue = planner.catalogue(ms.role);
     let layers = catalogue.arch.layers as u32;
     // The reference engine keeps every activation: recomputation is a GPU-engine option.
-    let recomputes: &[Recompute] = match (ms.trains(), planner.cost().engine) {
+    let recomputes: &'static [Recompute] = match (ms.trains(), planner.cost().engine) {
         (true, EngineKind::Gpu) => &[Recompute::None, Recompute::Selective, Recompute::Full],
         _ => &[Recompute::None],
     };
-    let halvings = |from: u64| -> Vec<u32> {
-        std::iter::successors(Some(from.clamp(1, u64::from(u32::MAX)) as u32), |m| (*m > 1).then_some(m / 2)).collect()
-    };
+    let largest = |micro: u64| micro.clamp(1, u64::from(u32::MAX)) as u32;
     // The paper's space: TP and PP powers of two, TP inside a node, and DP degrees that divide
     // the global batch (every replica takes the same share, as the accumulation steps assume).
     let powers = |limit: u32| std::iter::successors(Some(1u32), |x| x.checked_mul(2)).take_while(move |&x| x <= limit);
@@ -235,11 +273,18 @@ fn entries_of(planner: &Planner, ms: ModelStage) -> Vec<Entry> {
                 let batch = sequences / u64::from(dp);
                 // Training and inference: the configured micro-batch or smaller. Generation:
                 // waves of the whole share or smaller (less KV cache, more decode steps).
-                let micro =
-                    if ms.stage == Stage::Generation { halvings(batch) } else { halvings(workload.micro_batch.max(1)) };
-                let order = micro.iter().flat_map(|&m| recomputes.iter().map(move |&r| (m, r))).collect();
+                let largest_micro =
+                    if ms.stage == Stage::Generation { largest(batch) } else { largest(workload.micro_batch) };
                 let first_is_fastest = ms.stage == Stage::Generation;
-                out.push(Entry { layout, dp, estimated: Vec::new(), order, first_is_fastest });
+                out.push(Entry {
+                    layout,
+                    dp,
+                    estimated: Vec::new(),
+                    least_state: None,
+                    largest_micro,
+                    recomputes,
+                    first_is_fastest,
+                });
             }
         }
     }

@@ -516,10 +516,13 @@ impl Planner {
         // largest transient comes on top. So the transient is capped at a rung of a ladder, the
         // rest of the rank is shared out as state caps proportional to one replica's state (every
         // model-stage shards about as finely), the room shrinks by any overflow left, and the
-        // fastest plan that fits over all rungs wins.
+        // fastest plan that fits over the rungs wins. Going down the ladder trades transient room
+        // (micro-batches, recomputation, decode waves) for state room (fewer shards); once a rung
+        // that fits is no faster than the best so far the trade has turned, and lower rungs only
+        // tighten it further, so the descent stops there.
         let mut best: Option<(Plan, RankPeaks, f64)> = None;
         let mut last = (first, peaks);
-        for share in TRANSIENT_LADDER {
+        'ladder: for share in TRANSIENT_LADDER {
             let transient = (usable as f64 * share) as u64;
             let mut room = usable - transient;
             for _ in 0..PLACEMENT_ROUNDS {
@@ -532,9 +535,10 @@ impl Planner {
                 let (worst, _) = peaks.max();
                 if worst <= usable {
                     let seconds = self.predict(&plan);
-                    if best.as_ref().is_none_or(|b| seconds < b.2) {
-                        best = Some((plan, peaks, seconds));
+                    if best.as_ref().is_some_and(|b| seconds >= b.2) {
+                        break 'ladder;
                     }
+                    best = Some((plan, peaks, seconds));
                     break;
                 }
                 room = room.saturating_sub(worst - usable);
