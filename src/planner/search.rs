@@ -516,13 +516,11 @@ impl Planner {
         // largest transient comes on top. So the transient is capped at a rung of a ladder, the
         // rest of the rank is shared out as state caps proportional to one replica's state (every
         // model-stage shards about as finely), the room shrinks by any overflow left, and the
-        // fastest plan that fits over the rungs wins. Going down the ladder trades transient room
-        // (micro-batches, recomputation, decode waves) for state room (fewer shards); once a rung
-        // that fits is no faster than the best so far the trade has turned, and lower rungs only
-        // tighten it further, so the descent stops there.
+        // fastest plan that fits over all rungs wins. (The rungs' latencies are not unimodal —
+        // on A100, 0.35 can lose to 0.5 and 0.25 beat both — so no rung is skipped.)
         let mut best: Option<(Plan, RankPeaks, f64)> = None;
         let mut last = (first, peaks);
-        'ladder: for share in TRANSIENT_LADDER {
+        for share in TRANSIENT_LADDER {
             let transient = (usable as f64 * share) as u64;
             let mut room = usable - transient;
             for _ in 0..PLACEMENT_ROUNDS {
@@ -535,10 +533,9 @@ impl Planner {
                 let (worst, _) = peaks.max();
                 if worst <= usable {
                     let seconds = self.predict(&plan);
-                    if best.as_ref().is_some_and(|b| seconds >= b.2) {
-                        break 'ladder;
+                    if best.as_ref().is_none_or(|b| seconds < b.2) {
+                        best = Some((plan, peaks, seconds));
                     }
-                    best = Some((plan, peaks, seconds));
                     break;
                 }
                 room = room.saturating_sub(worst - usable);
