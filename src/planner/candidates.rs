@@ -84,7 +84,11 @@ impl<'p> Pool<'p> {
         let planner = self.planner;
         let entries = self.entries.get_mut(&ms).map_or(&mut [][..], |v| v.as_mut_slice());
         for (i, entry) in entries.iter_mut().enumerate().filter(|(_, e)| e.dp <= max_dp) {
-            let Some(k) = entry.quick_fitting(planner, ms, state_limit, &fits) else { continue };
+            // Uncapped, fitting is a bound on the heaviest position's peak, which falls with the
+            // micro-batch; under caps it also bounds the heaviest position's state, and which
+            // position is heaviest may change from one variant to the next.
+            let monotone = caps.is_none();
+            let Some(k) = entry.quick_fitting(planner, ms, state_limit, monotone, &fits) else { continue };
             let (c, e) = entry.scored(k);
             let slot = best.entry(c.ranks()).or_insert((e.seconds, i, k));
             if e.seconds < slot.0 || (e.seconds == slot.0 && Some(c) == prefer) {
@@ -128,7 +132,7 @@ impl<'p> Pool<'p> {
             .get_mut(&ms)
             .into_iter()
             .flatten()
-            .filter_map(|entry| entry.first_fitting(planner, ms, &fits).map(|k| *entry.scored(k)))
+            .filter_map(|entry| entry.first_fitting(planner, ms, true, &fits).map(|k| *entry.scored(k)))
             .collect()
     }
 
@@ -153,19 +157,20 @@ impl Entry {
     /// The fastest variant that `fits` among the first fitting recomputation of each
     /// micro-batch size (recomputation only trades speed for memory), estimating only those.
     /// Nothing is estimated when the state alone is over `state_limit`: the variants differ in
-    /// what their passes hold, never in the state.
+    /// what their passes hold, never in the state. `monotone`: see [`Entry::first_fitting`].
     fn quick_fitting(
         &mut self,
         planner: &Planner,
         ms: ModelStage,
         state_limit: u64,
+        monotone: bool,
         fits: &dyn Fn(&Estimate) -> bool,
     ) -> Option<usize> {
         if self.least_state(planner, ms) > state_limit {
             return None;
         }
         if self.first_is_fastest {
-            return self.first_fitting(planner, ms, fits);
+            return self.first_fitting(planner, ms, monotone, fits);
         }
         let mut best: Option<usize> = None;
         let per_size = self.recomputes.len();
@@ -219,11 +224,18 @@ impl Entry {
         self.estimated[k].as_ref().expect("variants are estimated before they are read")
     }
 
-    /// The first variant, in order, that `fits`, estimating variants as needed. With one
-    /// recomputation choice every variant holds less than the one before it (a smaller
-    /// micro-batch or decode wave), so what fits is a suffix and a bisection finds its start.
-    fn first_fitting(&mut self, planner: &Planner, ms: ModelStage, fits: &dyn Fn(&Estimate) -> bool) -> Option<usize> {
-        if self.recomputes.len() > 1 {
+    /// The first variant, in order, that `fits`, estimating variants as needed. When `fits`
+    /// is `monotone` (once a variant fits, every later one does) and there is one recomputation
+    /// choice, every variant holds less than the one before it (a smaller micro-batch or decode
+    /// wave), so what fits is a suffix and a bisection finds its start.
+    fn first_fitting(
+        &mut self,
+        planner: &Planner,
+        ms: ModelStage,
+        monotone: bool,
+        fits: &dyn Fn(&Estimate) -> bool,
+    ) -> Option<usize> {
+        if !monotone || self.recomputes.len() > 1 {
             return (0..self.variants()).find(|&k| fits(&self.estimate(planner, ms, k).1));
         }
         let (mut lo, mut hi) = (0, self.variants());
