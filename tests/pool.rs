@@ -123,3 +123,56 @@ fn a_lost_rank_is_replanned_around_and_its_only_replica_restored_from_the_checkp
         }
     }
 }
+
+/// Sends SIGUSR1 to `pid`.
+fn sigusr1(pid: u32) {
+    let sent = std::process::Command::new("kill").args(["-USR1", &pid.to_string()]).status().unwrap();
+    assert!(sent.success());
+}
+
+/// Waits until the run in `out` has recorded `n` steps (or the job ended).
+fn wait_for_steps(out: &std::path::Path, n: usize, job: &mut std::process::Child) {
+    let start = std::time::Instant::now();
+    while step_records(out).len() < n && job.try_wait().unwrap().is_none() {
+        assert!(start.elapsed().as_secs() < 600, "no step {n} after 10 minutes");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn sigusr1_rereads_the_pool_file_at_once_and_a_bad_file_keeps_the_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = set_key(&fast_ppo(), "job", "steps", Some("12"));
+    let job = write(dir.path(), "job.toml", &set_key(&toml, "train", "checkpoint_every", Some("0")));
+    let out = dir.path().join("out");
+    let mut child = common::mpirun()
+        .args(["-n", "4"])
+        .arg(common::nereus())
+        .args(["train", job.to_str().unwrap(), "--policy", "nereus", "--output-dir", out.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_steps(&out, 1, &mut child);
+    // A pool the world cannot give: SIGUSR1 says so at once, and the boundaries keep the pool.
+    std::fs::write(out.join("pool"), "0-5\n").unwrap();
+    sigusr1(child.id());
+    let seen = step_records(&out).len();
+    wait_for_steps(&out, seen + 2, &mut child);
+    std::fs::write(out.join("pool"), "3\n").unwrap();
+    sigusr1(child.id());
+    let run = child.wait_with_output().unwrap();
+    let (_, stderr) = text(&run);
+    assert!(run.status.success(), "{stderr}");
+    assert!(stderr.contains("SIGUSR1: ") && stderr.contains("a pool of 6 ranks; the world has 4"), "{stderr}");
+    assert!(stderr.contains("the job keeps its pool until the file is fixed"), "{stderr}");
+    assert!(stderr.contains("reads 3 ranks (0-2); the job follows it at the next step boundary"), "{stderr}");
+    // Steps before the pool file existed record no pool: the whole world.
+    let pools: Vec<String> =
+        step_records(&out).iter().map(|r| r["pool"].as_str().unwrap_or("0-3").to_string()).collect();
+    assert_eq!(pools.len(), 12);
+    // The bad file never moved the job; the good one did, from some step on, for good.
+    let first_small = pools.iter().position(|p| p == "0-2").expect("the pool of 3 was followed");
+    assert!(pools[..first_small].iter().all(|p| p == "0-3") && pools[first_small..].iter().all(|p| p == "0-2"));
+    assert!(first_small >= 3, "{pools:?}");
+}

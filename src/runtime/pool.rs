@@ -1,13 +1,18 @@
 //! The pool: the ranks of the MPI world a job may use now (resource drift, paper §2). It comes
 //! from, in this order, the config's `[pool] trace`, the file `<output_dir>/pool` that an
-//! operator or a scheduler hook writes (re-read at every step boundary), and `--pool` for the
-//! start; without any of them it is the whole world.
+//! operator or a scheduler hook writes (re-read at every step boundary, and at once on SIGUSR1:
+//! [`PoolSignal`]), and `--pool` for the start; without any of them it is the whole world.
 //!
 //! A pool is the first N ranks of the world in topology order: the planner lays plans out on
 //! ranks `0..N`, so ranks leave from the top. An index list must therefore be such a prefix
 //! (`0-5`); other sets are refused with a message naming them.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use signal_hook::consts::SIGUSR1;
+use signal_hook::iterator::{Handle, Signals};
 
 use crate::topology::parse_index_list;
 
@@ -48,10 +53,78 @@ impl PoolSource {
         if let Some(&(_, n)) = self.trace.iter().rev().find(|(from, _)| *from <= step) {
             return Ok(n);
         }
+        Ok(self.read_file()?.unwrap_or(self.start.unwrap_or(self.world)))
+    }
+
+    /// The pool file's pool, `None` when there is no file.
+    fn read_file(&self) -> Result<Option<u32>, RuntimeError> {
         match std::fs::read_to_string(&self.file) {
-            Ok(text) => parse_pool(text.trim(), self.world, &self.file.display().to_string()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(self.start.unwrap_or(self.world)),
+            Ok(text) => parse_pool(text.trim(), self.world, &self.file.display().to_string()).map(Some),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(RuntimeError::Usage(format!("cannot read the pool file {}: {e}", self.file.display()))),
+        }
+    }
+}
+
+/// SIGUSR1 as "the pool file changed": rank 0 re-reads `<output_dir>/pool` at once, in a thread,
+/// and logs what the job will do at the next step boundary — or, for a file it cannot use, why,
+/// while there is still time to fix it before the boundary reads it. The other ranks only
+/// swallow the signal (its default action would kill them). Not installed when
+/// `job.checkpoint_on_signal = "SIGUSR1"` claims the signal for a checkpoint and stop.
+pub struct PoolSignal {
+    handle: Option<Handle>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl PoolSignal {
+    /// Installs the handler on this rank.
+    pub fn install(source: &PoolSource, rank: i32) -> Result<PoolSignal, RuntimeError> {
+        let failed = |e: std::io::Error| RuntimeError::Usage(format!("cannot install a handler for SIGUSR1: {e}"));
+        if rank != 0 {
+            signal_hook::flag::register(SIGUSR1, Arc::new(AtomicBool::new(false))).map_err(failed)?;
+            return Ok(PoolSignal { handle: None, thread: None });
+        }
+        let mut signals = Signals::new([SIGUSR1]).map_err(failed)?;
+        let handle = signals.handle();
+        let source = source.clone();
+        let thread = std::thread::Builder::new()
+            .name("pool-sigusr1".into())
+            .spawn(move || {
+                for _ in signals.forever() {
+                    log::info!("SIGUSR1: {}", source.describe_file());
+                }
+            })
+            .map_err(|e| RuntimeError::Usage(format!("cannot start the SIGUSR1 pool thread: {e}")))?;
+        Ok(PoolSignal { handle: Some(handle), thread: Some(thread) })
+    }
+}
+
+impl Drop for PoolSignal {
+    fn drop(&mut self) {
+        if let Some(handle) = self.handle.take() {
+            handle.close();
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl PoolSource {
+    /// What the pool file says now, in words: the pool the next boundary takes, or why the
+    /// file cannot be used (the boundary then keeps the pool in force).
+    pub fn describe_file(&self) -> String {
+        let file = self.file.display();
+        if !self.trace.is_empty() {
+            return format!("this job follows [pool] trace, which takes precedence over the pool file {file}");
+        }
+        match self.read_file() {
+            Ok(Some(n)) => format!(
+                "the pool file {file} reads {n} ranks (0-{}); the job follows it at the next step boundary",
+                n - 1
+            ),
+            Ok(None) => format!("there is no pool file {file}; the pool stays as it is"),
+            Err(e) => format!("{e}; the job keeps its pool until the file is fixed"),
         }
     }
 }

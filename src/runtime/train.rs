@@ -19,7 +19,7 @@ use super::checkpoint::{
 use super::controller::{decide, transition, Action, Boundary, Controller, StepRecord};
 use super::fault::{pool_ranks, rank_fault, surviving};
 use super::metrics::MetricsLog;
-use super::pool::PoolSource;
+use super::pool::{PoolSignal, PoolSource};
 use super::signals::{self, StopSignals};
 use super::timeline::Timeline;
 use super::{io_error, RuntimeError, Session};
@@ -94,6 +94,11 @@ pub fn run_config(session: &Session, config: &JobConfig, options: &TrainOptions)
     let (mut plan, planner, cap) = session.agree("job checks", job_checks(config, pool as i32))?;
     let mut predicted = Predicted::of(&planner, &plan);
     let signals = StopSignals::install(config.job.checkpoint_on_signal.as_deref())?;
+    // SIGUSR1 re-reads the pool file at once, unless it asks for a checkpoint and stop.
+    let follows_pool = config.policy.mode != PolicyMode::Off;
+    let _pool_signal = (follows_pool && config.job.checkpoint_on_signal.as_deref() != Some("SIGUSR1"))
+        .then(|| PoolSignal::install(&pools, session.rank()))
+        .transpose()?;
     let mut settings = StepSettings::new(config);
     settings.sampling.max_new_tokens = cap as usize;
     let mut controller = (config.policy.mode != PolicyMode::Off && session.rank() == 0)
@@ -133,7 +138,7 @@ pub fn run_config(session: &Session, config: &JobConfig, options: &TrainOptions)
                 None => None,
             };
             let survivors = world as u32 - lost.len() as u32;
-            let next_pool = if session.rank() == 0 { Some(pools.at(step + 1)?.min(survivors)) } else { None };
+            let next_pool = (session.rank() == 0).then(|| next_pool(&pools, step + 1, pool).min(survivors));
             let action = decide(session, controller.as_mut(), &step_record(step, &m, next_pool, &lost), live.plan)?;
             pool = action.pool;
             let mut b = act(session, config, &action, &mut live, &mut predicted)?;
@@ -243,6 +248,16 @@ fn pool_source(config: &JobConfig, options: &TrainOptions, world: u32) -> Result
         ));
     }
     Ok(pools)
+}
+
+/// The pool of `step` at a boundary of a running job, as rank 0 reads it. A pool file it cannot
+/// use keeps the pool in force, with a warning each step until the file is fixed: an
+/// operator's typo must not stop a job that is running fine.
+fn next_pool(pools: &PoolSource, step: u64, in_force: u32) -> u32 {
+    pools.at(step).unwrap_or_else(|e| {
+        log::warn!("{e}; keeping the pool of {in_force} ranks");
+        in_force
+    })
 }
 
 /// The pool of `step` as rank 0 reads it (the operator's file may change at any time).
