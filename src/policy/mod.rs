@@ -107,13 +107,15 @@ pub struct Track {
     pub reference: Option<f64>,
     /// Step of the last threshold crossing.
     pub last_crossing: Option<u64>,
+    /// Step whose observation set the reference (the first one, or the last replan's).
+    pub reference_step: Option<u64>,
     /// `H_x`: moving average of the steps between crossings.
     pub horizon: f64,
 }
 
 impl Default for Track {
     fn default() -> Self {
-        Track { reference: None, last_crossing: None, horizon: 1.0 }
+        Track { reference: None, last_crossing: None, reference_step: None, horizon: 1.0 }
     }
 }
 
@@ -151,6 +153,7 @@ impl Monitor {
             let threshold = self.thresholds.of(signal);
             let value = o.value(signal);
             let track = &mut self.tracks[signal as usize];
+            track.reference_step.get_or_insert(o.step);
             let Some(reference) = track.reference else {
                 track.reference = Some(value);
                 continue;
@@ -158,8 +161,12 @@ impl Monitor {
             if (value - reference).abs() / reference.abs().max(1e-12) <= threshold {
                 continue;
             }
-            if let Some(last) = track.last_crossing {
-                let interval = (o.step - last) as f64;
+            // Steps the signal stayed within its threshold: since the last crossing, or, before
+            // the first, since the reference was observed — the first crossing already says how
+            // long a plan lasts, and without it the first admission would have a horizon of 1.
+            let since = track.last_crossing.or(track.reference_step).filter(|&s| s < o.step);
+            if let Some(since) = since {
+                let interval = (o.step - since) as f64;
                 track.horizon = HORIZON_SMOOTHING * interval + (1.0 - HORIZON_SMOOTHING) * track.horizon;
             }
             track.last_crossing = Some(o.step);
@@ -176,7 +183,9 @@ impl Monitor {
     /// After a replan (admitted or not): every reference becomes the current value.
     pub fn replanned(&mut self, o: &Observation) {
         for signal in Signal::ALL {
-            self.tracks[signal as usize].reference = Some(o.value(signal));
+            let track = &mut self.tracks[signal as usize];
+            track.reference = Some(o.value(signal));
+            track.reference_step = Some(o.step);
         }
     }
 

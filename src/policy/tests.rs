@@ -62,11 +62,12 @@ fn horizons_move_only_at_crossings() {
     assert!(m.observe(&observation(1, 12.9)).is_empty(), "29% is not a crossing");
     assert_eq!(m.track(Signal::ResponseLength).horizon, 1.0);
     assert_eq!(m.observe(&observation(2, 13.1)), vec![Trigger::Drift(Signal::ResponseLength)]);
-    assert_eq!(m.track(Signal::ResponseLength).horizon, 1.0, "no interval before the first crossing");
+    let first = m.track(Signal::ResponseLength).horizon;
+    assert_eq!(first, 0.5 * 2.0 + 0.5 * 1.0, "the first crossing counts the steps since the reference");
     // Without a replan the reference stays at 10: step 6 crosses again, 4 steps later.
     assert!(m.observe(&observation(6, 14.0)).contains(&Trigger::Drift(Signal::ResponseLength)));
     let h = m.track(Signal::ResponseLength).horizon;
-    assert_eq!(h, 0.5 * 4.0 + 0.5 * 1.0);
+    assert_eq!(h, 0.5 * 4.0 + 0.5 * first);
     assert_eq!(m.horizon(&[Trigger::Drift(Signal::ResponseLength), Trigger::MemoryViolation]), h);
     assert_eq!(m.horizon(&[Trigger::PoolChange]), 1.0);
 }
