@@ -16,7 +16,7 @@ use nereus::runtime::simulate::SimulateRequest;
 use nereus::runtime::train::TrainOptions;
 use nereus::runtime::{self, Command, DeviceChoice, LogOptions, SessionOptions};
 use nereus::sim::synth::SynthSpec;
-use nereus::sim::RestartModel;
+use nereus::sim::{RestartModel, Truth};
 
 /// Nereus: keeps an RL post-training job on the fastest memory-feasible parallel plan.
 #[derive(Parser, Debug)]
@@ -144,6 +144,17 @@ enum TopCommand {
         /// File system bandwidth of the checkpoint I/O, GB/s.
         #[arg(long, default_value_t = 10.0)]
         fs_gbps: f64,
+        /// How wrong the cost model is: σ of the log of each plan's true over predicted step
+        /// seconds, drawn once per plan (0: the cost model is the ground truth; bench
+        /// calibration's held-out 8–13% MAPE is σ ≈ 0.1–0.16).
+        #[arg(long, default_value_t = 0.0, value_name = "SIGMA")]
+        model_error: f64,
+        /// Relative step-to-step jitter of the ground truth (standard deviation).
+        #[arg(long, default_value_t = 0.0, value_name = "SIGMA")]
+        noise: f64,
+        /// Seed of the model error and jitter draws.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
         /// Write {"runs": [...]} here.
         #[arg(long, value_name = "PATH")]
         json: Option<PathBuf>,
@@ -520,6 +531,9 @@ fn main() -> ExitCode {
             calibration,
             restart_s,
             fs_gbps,
+            model_error,
+            noise,
+            seed,
             json,
             jsonl,
             plot,
@@ -534,6 +548,7 @@ fn main() -> ExitCode {
                 gammas: if gamma_sweep.is_empty() { gamma.into_iter().collect() } else { gamma_sweep },
                 calibration,
                 restart: RestartModel { fs_bytes_per_s: fs_gbps * 1e9, restart_s },
+                truth: Truth { model_error, noise, seed },
                 json,
                 jsonl,
                 plot,

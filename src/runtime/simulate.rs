@@ -9,7 +9,7 @@ use super::{io_error, RuntimeError, Session};
 use crate::config::{JobConfig, Overrides, PolicyMode};
 use crate::cost::Efficiencies;
 use crate::sim::synth::{synthesize, SynthSpec};
-use crate::sim::{plot, simulate, PolicyRun, RestartModel, RunSummary, SimOptions, SimStep, Trace};
+use crate::sim::{plot, simulate, PolicyRun, RestartModel, RunSummary, SimOptions, SimStep, Trace, Truth};
 
 /// What `nereus simulate` is asked.
 #[derive(Debug, Clone)]
@@ -26,6 +26,8 @@ pub struct SimulateRequest {
     pub calibration: Option<PathBuf>,
     /// What a stop costs.
     pub restart: RestartModel,
+    /// How wrong the cost model is about the simulated machine.
+    pub truth: Truth,
     /// `{"runs": [...]}` here.
     pub json: Option<PathBuf>,
     /// One line per simulated step here.
@@ -78,7 +80,7 @@ pub fn run_all(
     let gpus = request.gpus.unwrap_or(config.cluster.devices());
     let points = trace.points(f64::from(config.rl.max_response_len), gpus);
     let efficiencies = request.calibration.as_deref().map(read_calibration).transpose()?;
-    let options = SimOptions { efficiencies, restart: request.restart };
+    let options = SimOptions { efficiencies, restart: request.restart, truth: request.truth };
     let gammas = if request.gammas.is_empty() { vec![config.policy.gamma] } else { request.gammas.clone() };
     let mut out = Vec::new();
     for &mode in &request.policies {

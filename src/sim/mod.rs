@@ -1,5 +1,5 @@
 //! `nereus simulate`: a job at cluster scale, driven by a trace, on one process. Pure: the
-//! cost model is the ground truth, and every decision is the live runtime's — the same
+//! cost model is the ground truth (optionally wrong by a seeded error: [`truth`]), and every decision is the live runtime's — the same
 //! [`initial_plan`](crate::planner::initial_plan), [`Controller`](crate::policy::controller::Controller)
 //! (monitor, triggers, replan with the planner, executable target with the transition DAG,
 //! admission) — so what the simulator says a policy does is what `nereus train` would do.
@@ -8,6 +8,7 @@
 //! - [`synth`]: traces shaped like the paper's (length growth, spot pools, both, its 26 steps).
 //! - [`run`]: the loop, its step records and run summaries, and [`run::replay`] of recorded
 //!   steps through the controller.
+//! - [`truth`]: what a step really takes when the cost model is wrong.
 //! - [`plot`]: step latency per policy over the run, transitions marked, length and pool on a
 //!   second axis (SVG).
 
@@ -15,11 +16,13 @@ pub mod plot;
 pub mod run;
 pub mod synth;
 pub mod trace;
+pub mod truth;
 
 use thiserror::Error;
 
 pub use run::{replay, simulate, Job, PolicyRun, RestartModel, RunSummary, SimOptions, SimStep};
 pub use trace::{Point, Trace, TraceRow};
+pub use truth::Truth;
 
 /// Why a simulation could not run.
 #[derive(Debug, Error)]

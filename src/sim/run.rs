@@ -10,6 +10,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::trace::Point;
+use super::truth::Truth;
 use super::SimError;
 use crate::config::{JobConfig, PolicyMode};
 use crate::cost::Efficiencies;
@@ -132,6 +133,8 @@ pub struct SimOptions {
     pub efficiencies: Option<Efficiencies>,
     /// What a stop costs.
     pub restart: RestartModel,
+    /// How wrong the cost model is (default: exact).
+    pub truth: Truth,
 }
 
 /// One simulated step (a line of `--jsonl`).
@@ -151,8 +154,8 @@ pub struct SimStep {
     pub gpus: u32,
     /// The response cap the plan is sized for.
     pub cap: u32,
-    /// Simulated step seconds (`L̂_step` of the plan at the trace's length, cut at the cap); 0
-    /// when the step could not run.
+    /// Simulated step seconds (`L̂_step` of the plan at the trace's length, cut at the cap,
+    /// times the [`Truth`]'s factor); 0 when the step could not run.
     pub step_s: f64,
     /// The plan, `role/stage tp×pp×dp, …` (empty when none runs).
     pub plan: String,
@@ -256,7 +259,7 @@ impl Sim<'_> {
         let cap = running.controller.cap();
         let len = p.seq_len_p95.min(f64::from(cap));
         let truth = running.base.replanned(p.gpus, len.ceil() as u64, truth_efficiencies)?;
-        let step_s = truth.predict(&running.plan);
+        let step_s = truth.predict(&running.plan) * self.options.truth.factor(&running.plan, p.step);
         let record = StepRecord {
             step: p.step,
             response_len_mean: p.seq_len_mean.min(f64::from(cap)),
