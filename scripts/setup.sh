@@ -6,6 +6,8 @@
 #   NEREUS_WITH_HIP=1 bash scripts/setup.sh    # + HIP headers and runtime, to compile `--features rocm`
 #   NEREUS_WITH_KERNEL_TOOLS=1 bash scripts/setup.sh  # + hipcc (apt) and NVRTC and ptxas (PyPI) to
 #                                              # compile cuda/ and hip/ without a GPU (scripts/compile-kernels.sh)
+#   NEREUS_WITH_EXACT=1 bash scripts/setup.sh  # + cmake and g++, to build HiGHS for `--features exact`
+#                                              # (`nereus bench solver`; the build takes ~7 min on 2 cores)
 #
 # Debian/Ubuntu packages are installed with apt-get when running as root; otherwise the missing
 # ones are listed (on a cluster, load the site's MPI and hwloc modules instead).
@@ -15,6 +17,7 @@ cd "$(dirname "$0")/.."
 packages="openmpi-bin libopenmpi-dev libclang-dev libhwloc-dev pkg-config"
 [ "${NEREUS_WITH_SLURM:-0}" = 1 ] && packages="$packages slurm-wlm munge"
 [ "${NEREUS_WITH_HIP:-0}" = 1 ] && packages="$packages libamdhip64-dev"
+[ "${NEREUS_WITH_EXACT:-0}" = 1 ] && packages="$packages cmake g++"
 if [ "${NEREUS_WITH_KERNEL_TOOLS:-0}" = 1 ]; then
   packages="$packages libamdhip64-dev hipcc"
   python3 -m pip --version >/dev/null 2>&1 || packages="$packages python3-pip"

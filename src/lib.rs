@@ -2,7 +2,9 @@
 //! efficient, memory-feasible parallel plan while it runs.
 //!
 //! Layers, bottom-up (see `docs/architecture.md`): [`config`] → [`topology`] → [`comm`] →
-//! [`runtime`]; [`backend`] holds the device backends behind the `cuda` and `rocm` features.
+//! [`runtime`]; [`backend`] holds the device backends behind the `cuda` and `rocm` features, and
+//! `exact` the MILPs that the planner and the transition scheduler are checked against, behind
+//! the `exact` feature.
 
 pub mod backend;
 pub mod comm;
@@ -10,6 +12,8 @@ pub mod config;
 pub mod cost;
 pub mod emu;
 pub mod engine;
+#[cfg(feature = "exact")]
+pub mod exact;
 pub mod model;
 pub mod plan;
 pub mod planner;

@@ -217,15 +217,19 @@ enum TraceCommand {
 
 #[derive(Subcommand, Debug)]
 enum BenchCommand {
-    /// Plan selection against the exact MILP (build with --features exact) on 8–64 GPUs: gap
-    /// and time ratio.
+    /// Plan selection on 8–64 GPUs and transition scheduling on DAGs of up to 64 primitives
+    /// against exact MILPs solved by HiGHS (build with --features exact): gap and time ratio.
     Solver {
         /// The job to plan (run from the repository root for the default).
         #[arg(long, default_value = "configs/llama3.1-8b-ppo.toml")]
         config: PathBuf,
-        /// Repetitions per instance (the median is reported).
+        /// Repetitions per instance of our searches and of plan selection's MILP (the median is
+        /// reported; a DAG's MILP is solved once).
         #[arg(long, default_value_t = 3)]
         reps: usize,
+        /// Seconds each DAG-scheduling MILP may run before it reports its best schedule and bound.
+        #[arg(long, default_value_t = 60.0)]
+        time_limit: f64,
         /// Also write the report as JSON.
         #[arg(long, value_name = "PATH")]
         json: Option<PathBuf>,
@@ -569,7 +573,9 @@ fn main() -> ExitCode {
             spec: SynthSpec { shape, steps, gpus, gpus_per_node, from, to, max_len, seed, pool: !no_pool },
             out,
         },
-        TopCommand::Bench(BenchCommand::Solver { config, reps, json }) => Command::BenchSolver { config, reps, json },
+        TopCommand::Bench(BenchCommand::Solver { config, reps, time_limit, json }) => {
+            Command::BenchSolver { config, reps, time_limit_s: time_limit, json }
+        }
         TopCommand::Bench(BenchCommand::Simulate { config, trace, json }) => {
             Command::BenchSimulate { config, trace, json }
         }

@@ -16,8 +16,6 @@
 
 mod assign;
 mod candidates;
-#[cfg(feature = "exact")]
-pub mod exact;
 mod initial;
 mod search;
 pub mod stage;

@@ -28,6 +28,9 @@ pub fn init(rank: i32, options: &LogOptions) {
             }
         },
     }
+    // The HiGHS binding (feature `exact`) logs a solve stopped by its time limit as a warning;
+    // the caller reports that itself, with the bound.
+    builder.filter_module("highs", LevelFilter::Error);
     if rank != 0 && !options.all_ranks {
         // Other ranks speak up only for warnings and errors, whatever rank 0's level.
         builder.filter_level(LevelFilter::Warn);

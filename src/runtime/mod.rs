@@ -107,12 +107,14 @@ pub enum Command {
         /// Where to write the JSON report.
         json: Option<PathBuf>,
     },
-    /// Benchmark plan selection against the exact MILP on 8–64 GPUs.
+    /// Benchmark plan selection and transition scheduling against exact MILPs.
     BenchSolver {
         /// The job to plan.
         config: PathBuf,
         /// Repetitions per instance.
         reps: usize,
+        /// Seconds each DAG-scheduling MILP may run.
+        time_limit_s: f64,
         /// Where to write the JSON report.
         json: Option<PathBuf>,
     },
@@ -368,7 +370,9 @@ pub fn run(options: SessionOptions, command: Command) -> u8 {
         Command::BenchSimulate { config, trace, json } => {
             bench::simulate::run(&mut session, config, trace, json.as_deref())
         }
-        Command::BenchSolver { config, reps, json } => bench::solver::run(&mut session, config, *reps, json.as_deref()),
+        Command::BenchSolver { config, reps, time_limit_s, json } => {
+            bench::solver::run(&mut session, config, *reps, *time_limit_s, json.as_deref())
+        }
         Command::BenchScaling(options) => bench::scaling::run(&session, options),
         Command::BenchScalingRestore { dir } => bench::scaling::restore(&session, dir),
         Command::BenchPlanner { config, seq_len, reps, json } => {

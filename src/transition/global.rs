@@ -2,6 +2,7 @@
 //! resource edges, a memory check at every step, and the critical-path cost `L_tran`.
 
 use petgraph::graph::{DiGraph, NodeIndex};
+use petgraph::visit::EdgeRef;
 use petgraph::Direction;
 use serde::Serialize;
 use std::cmp::Reverse;
@@ -477,16 +478,7 @@ impl TransitionDag {
     /// The shortest critical path over every feasible order of the local DAGs (exponential:
     /// small instances only), to measure how far the list schedule is from optimal.
     pub fn optimal_seconds(&self, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64, links: &Links) -> Option<f64> {
-        let local: DiGraph<Node, EdgeKind> =
-            self.graph.filter_map(|_, n| Some(n.clone()), |_, e| (*e == EdgeKind::Local).then_some(*e));
-        let view = TransitionDag {
-            graph: local,
-            units: self.units.clone(),
-            initial: self.initial.clone(),
-            targets: BTreeMap::new(),
-            resource_edges: 0,
-            schedule: self.schedule.clone(),
-        };
+        let view = self.local_view();
         let n = view.graph.node_count();
         let mut best: Option<f64> = None;
         let mut order = Vec::with_capacity(n);
@@ -496,6 +488,51 @@ impl TransitionDag {
         let mut state = ResourceState::new(&view, bytes, links.capacity_bytes, true);
         view.search(&mut state, waiting, &mut order, &mut edges, &mut best);
         best
+    }
+
+    /// The DAG with its local edges only: the release-before-acquire edges are the list
+    /// schedule's own choices, which another order need not make.
+    fn local_view(&self) -> TransitionDag {
+        TransitionDag {
+            graph: self.graph.filter_map(|_, n| Some(n.clone()), |_, e| (*e == EdgeKind::Local).then_some(*e)),
+            units: self.units.clone(),
+            initial: self.initial.clone(),
+            targets: BTreeMap::new(),
+            resource_edges: 0,
+            schedule: self.schedule.clone(),
+        }
+    }
+
+    /// `L_tran` of running every node in `order` instead of the list schedule's order, with the
+    /// release-before-acquire waits it implies and `capacity` bytes a rank; `None` when `order`
+    /// breaks a local edge or a step overruns a rank's memory. Another scheduler's answer (the
+    /// exact MILP's) is costed by the same rules as the list schedule's.
+    pub fn order_seconds(
+        &self,
+        order: &[usize],
+        bytes: &dyn Fn(ModelStage, Layout, Position) -> u64,
+        capacity: u64,
+    ) -> Option<f64> {
+        let view = self.local_view();
+        let n = view.graph.node_count();
+        let mut position = vec![usize::MAX; n];
+        for (k, &i) in order.iter().enumerate() {
+            *position.get_mut(i)? = k;
+        }
+        let respects =
+            |e: petgraph::graph::EdgeReference<EdgeKind>| position[e.source().index()] < position[e.target().index()];
+        if position.contains(&usize::MAX) || !view.graph.edge_references().all(respects) {
+            return None;
+        }
+        let mut state = ResourceState::new(&view, bytes, capacity, true);
+        let (mut edges, mut deps) = (Vec::new(), Vec::new());
+        for &i in order {
+            let node = &view.graph[NodeIndex::new(i)];
+            state.fits(node, false).ok()?;
+            state.apply_into(i, node, false, &mut deps);
+            edges.extend(deps.iter().map(|&d| (d, i)));
+        }
+        Some(view.timings(order, &edges).iter().map(|t| t.finish).fold(0.0, f64::max))
     }
 
     fn search(
@@ -576,6 +613,17 @@ impl TransitionDag {
         self.graph.node_weights().filter(|n| n.staged).flat_map(|n| n.release.iter().map(|(_, b)| b)).sum()
     }
 
+    /// Bytes each rank of the pool holds before the transition (the current plan's units).
+    pub fn initial_bytes(&self, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64) -> Vec<u64> {
+        let mut usage = vec![0; self.units.pool()];
+        for id in &self.initial {
+            for (r, b) in per_rank(&self.units[id], bytes) {
+                usage[r as usize] += b;
+            }
+        }
+        usage
+    }
+
     /// A readable name for node `i`.
     pub fn label(&self, i: usize) -> String {
         self.graph[NodeIndex::new(i)].label(&self.units)
@@ -605,21 +653,10 @@ impl ResourceState {
         capacity: u64,
         cross: bool,
     ) -> ResourceState {
-        let pool = dag.units.pool();
-        let mut s = ResourceState {
-            capacity,
-            cross,
-            usage: vec![0; pool],
-            last_release: vec![[None; MAX_MODEL_STAGES]; pool],
-            peak: 0,
-        };
-        for id in &dag.initial {
-            for (r, b) in per_rank(&dag.units[id], bytes) {
-                s.usage[r as usize] += b;
-            }
-        }
-        s.peak = s.usage.iter().copied().max().unwrap_or(0);
-        s
+        let usage = dag.initial_bytes(bytes);
+        let pool = usage.len();
+        let peak = usage.iter().copied().max().unwrap_or(0);
+        ResourceState { capacity, cross, usage, last_release: vec![[None; MAX_MODEL_STAGES]; pool], peak }
     }
 
     /// `Ok` if `node`'s allocations fit now (with its sources already moved to host memory

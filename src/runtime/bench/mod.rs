@@ -9,8 +9,25 @@ pub mod planner;
 pub mod primitives;
 pub mod scaling;
 pub mod simulate;
+#[cfg(feature = "exact")]
 pub mod solver;
 pub mod transition;
+
+/// `nereus bench solver` without the `exact` feature: it says how to build the solvers in.
+#[cfg(not(feature = "exact"))]
+pub mod solver {
+    use crate::runtime::{RuntimeError, Session};
+    use std::path::Path;
+
+    /// Fails with a usage error (exit status 2) that names the build.
+    pub fn run(_: &mut Session, _: &Path, _: usize, _: f64, _: Option<&Path>) -> Result<(), RuntimeError> {
+        Err(RuntimeError::Usage(
+            "nereus bench solver needs the exact solvers: build with `cargo build --release --features exact` \
+             (HiGHS is built from source: cmake and a C++ compiler)"
+                .into(),
+        ))
+    }
+}
 
 use serde::Serialize;
 use std::io::Write;

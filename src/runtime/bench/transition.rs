@@ -45,13 +45,31 @@ pub struct Row {
 }
 
 /// Per-position state bytes from the catalogues, memoized per (role, training, layout, stage).
-struct Sizer {
+pub(super) struct Sizer {
     catalogues: HashMap<Role, Catalogue>,
     memo: RefCell<rustc_hash::FxHashMap<(Role, bool, Layout, u32), u64>>,
 }
 
 impl Sizer {
-    fn bytes(&self, ms: ModelStage, layout: Layout, position: Position) -> u64 {
+    /// The job's own models.
+    pub(super) fn of(config: &JobConfig) -> Sizer {
+        Sizer { catalogues: crate::planner::catalogues(config).into_iter().collect(), memo: Default::default() }
+    }
+
+    /// The tiny model of the random plan pairs, in every role.
+    pub(super) fn tiny() -> Sizer {
+        let tiny = crate::transition::testing::tiny_catalogue();
+        Sizer {
+            catalogues: [Role::Actor, Role::Critic, Role::Reference, Role::Reward]
+                .into_iter()
+                .map(|r| (r, tiny.clone()))
+                .collect(),
+            memo: Default::default(),
+        }
+    }
+
+    /// Bytes one position of a unit holds.
+    pub(super) fn bytes(&self, ms: ModelStage, layout: Layout, position: Position) -> u64 {
         let key = (ms.role, ms.trains(), layout, position.pp);
         if let Some(b) = self.memo.borrow().get(&key) {
             return *b;
@@ -65,8 +83,28 @@ impl Sizer {
     }
 }
 
-fn links(hw: &Hardware) -> Links {
+/// The pool's links, each rank with room for its device's whole memory.
+pub(super) fn links(hw: &Hardware) -> Links {
     Links { capacity_bytes: hw.memory_bytes, ..Links::of(hw, None) }
+}
+
+/// The links of the random plan pairs: 4 devices a node, unbounded memory.
+pub(super) const SMALL_LINKS: Links = Links {
+    devices_per_node: 4,
+    intra_bytes_per_s: 100e9,
+    inter_bytes_per_s: 10e9,
+    memory_bytes_per_s: 1000e9,
+    setup_seconds: 1e-4,
+    capacity_bytes: u64::MAX,
+    host_bytes_per_s: None,
+};
+
+/// The planner's plans on `ranks` GPUs for 1K- and then 8K-token responses (the second
+/// searched from the first), so that every model-stage changes layout.
+pub(super) fn replanned_pair(base: &Planner, ranks: u32) -> Result<(Plan, Plan), RuntimeError> {
+    let from = base.replanned(ranks, 1024, Efficiencies::default())?.search(None)?.plan();
+    let to = base.replanned(ranks, 8192, Efficiencies::default())?.search(Some(&from))?.plan();
+    Ok((from, to))
 }
 
 /// Runs the benchmark on rank 0.
@@ -131,14 +169,10 @@ pub fn run(
 
 fn large(config: &JobConfig, sizes: &[u32], reps: usize) -> Result<Vec<Row>, RuntimeError> {
     let base = Planner::new(config, 8, Some(1024), Efficiencies::default())?;
-    let sizer = Sizer {
-        catalogues: crate::planner::catalogues(config).into_iter().collect(),
-        memo: RefCell::new(Default::default()),
-    };
+    let sizer = Sizer::of(config);
     let mut rows = Vec::new();
     for &ranks in sizes {
-        let from = base.replanned(ranks, 1024, Efficiencies::default())?.search(None)?.plan();
-        let to = base.replanned(ranks, 8192, Efficiencies::default())?.search(Some(&from))?.plan();
+        let (from, to) = replanned_pair(&base, ranks)?;
         let hw = Hardware::new(&config.cluster, ranks, 0.0);
         let links = links(&hw);
         let bytes = |ms: ModelStage, l: Layout, p: Position| sizer.bytes(ms, l, p);
@@ -182,28 +216,14 @@ fn large(config: &JobConfig, sizes: &[u32], reps: usize) -> Result<Vec<Row>, Run
 /// Random small plan pairs whose DAG is small enough to enumerate every order.
 fn small(cases: u64) -> Vec<Row> {
     let tiny = crate::transition::testing::tiny_catalogue();
-    let sizer = Sizer {
-        catalogues: [Role::Actor, Role::Critic, Role::Reference, Role::Reward]
-            .into_iter()
-            .map(|r| (r, tiny.clone()))
-            .collect(),
-        memo: RefCell::new(Default::default()),
-    };
+    let sizer = Sizer::tiny();
     let bytes = |ms: ModelStage, l: Layout, p: Position| sizer.bytes(ms, l, p);
     let mut rows = Vec::new();
     for case in 0..cases {
         let mut rng = crate::runtime::Rng::new(case);
         let pool = 4 + rng.below(5) as u32;
         let (from, to): (Plan, Plan) = crate::transition::testing::plan_pair(&mut rng, &tiny, pool);
-        let links = Links {
-            devices_per_node: 4,
-            intra_bytes_per_s: 100e9,
-            inter_bytes_per_s: 10e9,
-            memory_bytes_per_s: 1000e9,
-            setup_seconds: 1e-4,
-            capacity_bytes: u64::MAX,
-            host_bytes_per_s: None,
-        };
+        let links = SMALL_LINKS;
         let start = Instant::now();
         let Ok(dag) = TransitionDag::plan(&from, &to, &bytes, &links, true) else { continue };
         let build = start.elapsed().as_secs_f64();

@@ -1,11 +1,10 @@
-//! An exact solver beside the dynamic program, as the paper compares with SCIP: one stage's
-//! plan selection (Eq. 1) as a mixed-integer linear program, solved by `microlp` (pure Rust
-//! branch and bound over the simplex method) through `good_lp`. Behind the `exact` feature.
+//! One stage's plan selection (Eq. 1) as a mixed-integer linear program over every fitting
+//! candidate, solved by HiGHS: the exact answer the planner's dynamic program is checked against.
 //!
 //! Variables: `x[m][k]` = 1 when model-stage `m` takes its `k`-th candidate `(r, t)`;
 //! `y[p]` = 1 when the stage's model-stages are grouped by partition `p` (a group shares one
 //! rank set and runs its members one after another, groups run concurrently: the DP's
-//! space, [`super::stage`]); `R[p][g] ≥ 0` the ranks of group `g`; `T` the stage's latency.
+//! space, [`crate::planner::stage`]); `R[p][g] ≥ 0` the ranks of group `g`; `T` the stage's latency.
 //!
 //! ```text
 //! minimize T
@@ -18,15 +17,16 @@
 //! (`M_r` the widest candidate, `M_n = |p|·M_r`, `M_t` the sum of every member's slowest
 //! candidate: big-M terms that switch a partition's constraints off when it is not chosen.)
 
-use good_lp::{constraint, microlp, variable, Expression, ProblemVariables, Solution, SolverModel, Variable};
+use good_lp::{constraint, highs, variable, Expression, ProblemVariables, SolverModel, Variable};
 
-use super::stage::partitions;
+use super::{solve, Optimum};
+use crate::planner::stage::partitions;
 
 /// The optimum of one stage over `members` (per model-stage: every candidate as `(ranks,
 /// seconds)`) on `budget` ranks; `None` when nothing fits.
-pub fn stage_optimum(members: &[Vec<(u32, f64)>], budget: u32) -> Option<f64> {
+pub fn stage_optimum(members: &[Vec<(u32, f64)>], budget: u32) -> Option<Optimum> {
     if members.is_empty() {
-        return Some(0.0);
+        return Some(Optimum::ZERO);
     }
     if members.iter().any(Vec::is_empty) {
         return None;
@@ -43,7 +43,7 @@ pub fn stage_optimum(members: &[Vec<(u32, f64)>], budget: u32) -> Option<f64> {
     let m_t: f64 = members.iter().map(|c| c.iter().map(|p| p.1).fold(0.0, f64::max)).sum();
     let ranks = |m: usize| -> Expression { members[m].iter().zip(&x[m]).map(|(c, v)| f64::from(c.0) * *v).sum() };
     let seconds = |m: usize| -> Expression { members[m].iter().zip(&x[m]).map(|(c, v)| c.1 * *v).sum() };
-    let mut problem = vars.minimise(t).using(microlp);
+    let mut problem = vars.minimise(t).using(highs);
     for xm in &x {
         problem = problem.with(constraint!(xm.iter().copied().sum::<Expression>() == 1.0));
     }
@@ -60,20 +60,20 @@ pub fn stage_optimum(members: &[Vec<(u32, f64)>], budget: u32) -> Option<f64> {
         let used: Expression = r[p].iter().copied().sum();
         problem = problem.with(constraint!(used <= f64::from(budget) + off(groups.len() as f64 * m_r)));
     }
-    let solution = problem.solve().ok()?;
-    Some(solution.value(t))
+    // No time limit: these models are small and their relaxations nearly integral.
+    solve(problem, None).map(|(optimum, _)| optimum)
 }
 
 /// The sum over the stages of their optima (what `Planner::stage_optima` finds by the DP), for
-/// the candidates of [`Planner::stage_candidates`](super::Planner::stage_candidates).
-pub fn plan_optimum(stages: &[Vec<Vec<(u32, f64)>>], budget: u32) -> Option<f64> {
-    stages.iter().map(|members| stage_optimum(members, budget)).sum()
+/// the candidates of [`Planner::stage_candidates`](crate::planner::Planner::stage_candidates).
+pub fn plan_optimum(stages: &[Vec<Vec<(u32, f64)>>], budget: u32) -> Option<Optimum> {
+    stages.iter().try_fold(Optimum::ZERO, |sum, members| Some(sum.plus(stage_optimum(members, budget)?)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::planner::stage::{solve, Frontier};
+    use crate::planner::stage::{solve as stage_dp, Frontier};
 
     #[test]
     fn the_milp_agrees_with_the_stage_dp_on_small_stages() {
@@ -81,12 +81,14 @@ mod tests {
         let a = vec![(2, 3.0), (4, 1.0)];
         let b = vec![(2, 3.0), (4, 1.5)];
         let exact = stage_optimum(&[a.clone(), b.clone()], 4).unwrap();
+        assert!(exact.proved);
+        let exact = exact.seconds;
         assert!((exact - 2.5).abs() < 1e-6, "{exact}");
-        let dp = solve(&[a.as_slice() as &Frontier, b.as_slice()], 4).unwrap().seconds;
+        let dp = stage_dp(&[a.as_slice() as &Frontier, b.as_slice()], 4).unwrap().seconds;
         assert!((dp - exact).abs() < 1e-6);
         assert!(stage_optimum(&[vec![(8, 1.0)]], 4).is_none());
         // Disjoint is best when the pool is wide.
-        let exact = stage_optimum(&[a, b], 8).unwrap();
+        let exact = stage_optimum(&[a, b], 8).unwrap().seconds;
         assert!((exact - 1.5).abs() < 1e-6, "{exact}");
     }
 }
