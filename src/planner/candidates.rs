@@ -33,8 +33,8 @@ struct Entry {
     /// The recomputation choices of each micro-batch size.
     recomputes: &'static [Recompute],
     /// Whether the first fitting variant is the fastest fitting one: true for generation,
-    /// whose larger decode waves are faster; not for training and inference, where a smaller
-    /// micro-batch shrinks the pipeline bubble.
+    /// whose larger decode waves are faster, and for inference without a pipeline; not for
+    /// training and pipelined inference, where a smaller micro-batch shrinks the bubble.
     first_is_fastest: bool,
 }
 
@@ -287,7 +287,15 @@ fn entries_of(planner: &Planner, ms: ModelStage) -> Vec<Entry> {
                 // waves of the whole share or smaller (less KV cache, more decode steps).
                 let largest_micro =
                     if ms.stage == Stage::Generation { largest(batch) } else { largest(workload.micro_batch) };
-                let first_is_fastest = ms.stage == Stage::Generation;
+                // Inference with one pipeline stage has no bubble to shrink: when every
+                // micro-batch size of the entry divides the replica's share (no padded last
+                // micro-batch), a smaller one only adds TP messages, so the first that fits is
+                // the fastest.
+                let halvings = std::iter::successors(Some(largest_micro), |m| (*m > 1).then_some(m / 2));
+                let no_bubble = ms.stage == Stage::Inference
+                    && pp == 1
+                    && halvings.into_iter().all(|m| batch.is_multiple_of(u64::from(m)));
+                let first_is_fastest = ms.stage == Stage::Generation || no_bubble;
                 out.push(Entry {
                     layout,
                     dp,
