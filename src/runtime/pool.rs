@@ -56,6 +56,23 @@ impl PoolSource {
         Ok(self.read_file()?.unwrap_or(self.start.unwrap_or(self.world)))
     }
 
+    /// What the pool file says now, in words: the pool the next boundary takes, or why the
+    /// file cannot be used (the boundary then keeps the pool in force).
+    pub fn describe_file(&self) -> String {
+        let file = self.file.display();
+        if !self.trace.is_empty() {
+            return format!("this job follows [pool] trace, which takes precedence over the pool file {file}");
+        }
+        match self.read_file() {
+            Ok(Some(n)) => format!(
+                "the pool file {file} reads {n} ranks (0-{}); the job follows it at the next step boundary",
+                n - 1
+            ),
+            Ok(None) => format!("there is no pool file {file}; the pool stays as it is"),
+            Err(e) => format!("{e}; the job keeps its pool until the file is fixed"),
+        }
+    }
+
     /// The pool file's pool, `None` when there is no file.
     fn read_file(&self) -> Result<Option<u32>, RuntimeError> {
         match std::fs::read_to_string(&self.file) {
@@ -106,25 +123,6 @@ impl Drop for PoolSignal {
         }
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
-        }
-    }
-}
-
-impl PoolSource {
-    /// What the pool file says now, in words: the pool the next boundary takes, or why the
-    /// file cannot be used (the boundary then keeps the pool in force).
-    pub fn describe_file(&self) -> String {
-        let file = self.file.display();
-        if !self.trace.is_empty() {
-            return format!("this job follows [pool] trace, which takes precedence over the pool file {file}");
-        }
-        match self.read_file() {
-            Ok(Some(n)) => format!(
-                "the pool file {file} reads {n} ranks (0-{}); the job follows it at the next step boundary",
-                n - 1
-            ),
-            Ok(None) => format!("there is no pool file {file}; the pool stays as it is"),
-            Err(e) => format!("{e}; the job keeps its pool until the file is fixed"),
         }
     }
 }
