@@ -417,15 +417,7 @@ mod tests {
         let bytes = |ms: ModelStage, l: Layout, p: Position| {
             crate::emu::shard_bytes(&c.shard(l, p), &crate::emu::Section::of(ms.trains(), c.arch.dtype), c.arch.dtype)
         };
-        let unbounded = Links {
-            devices_per_node: 4,
-            intra_bytes_per_s: 100e9,
-            inter_bytes_per_s: 10e9,
-            memory_bytes_per_s: 1000e9,
-            setup_seconds: 1e-4,
-            capacity_bytes: u64::MAX,
-            host_bytes_per_s: None,
-        };
+        let unbounded = crate::transition::testing::SMALL_LINKS;
         let close = |a: f64, b: f64| (a - b).abs() <= 1e-4 * b + 1e-12;
         let (mut compared, mut list_above, mut memory_binds) = (0, 0, 0);
         for case in 0..1500 {

@@ -19,6 +19,17 @@ pub const MODEL_STAGES: [(Role, Stage); 6] = [
     (Role::Critic, Stage::Training),
 ];
 
+/// The links of the random plan pairs: 4 devices a node, unbounded memory.
+pub const SMALL_LINKS: Links = Links {
+    devices_per_node: 4,
+    intra_bytes_per_s: 100e9,
+    inter_bytes_per_s: 10e9,
+    memory_bytes_per_s: 1000e9,
+    setup_seconds: 1e-4,
+    capacity_bytes: u64::MAX,
+    host_bytes_per_s: None,
+};
+
 /// An 8-block bf16 model that every `tp, pp ∈ {1, 2, 4, 8}` can hold.
 pub fn tiny_catalogue() -> Catalogue {
     Catalogue::new(Architecture {

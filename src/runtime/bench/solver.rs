@@ -15,7 +15,7 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 
-use super::transition::{links, replanned_pair, Sizer, SMALL_LINKS};
+use super::transition::{links, replanned_pair, Sizer};
 use super::{machine, median, BenchReport, Floor};
 use crate::config::{JobConfig, Overrides};
 use crate::cost::{Efficiencies, Hardware};
@@ -25,6 +25,7 @@ use crate::plan::{ModelStage, Plan};
 use crate::planner::Planner;
 use crate::runtime::{Rng, RuntimeError, Session};
 use crate::transition::global::Links;
+use crate::transition::testing::SMALL_LINKS;
 use crate::transition::testing::{plan_pair, tightest_capacity, tiny_catalogue};
 use crate::transition::TransitionDag;
 

@@ -20,6 +20,7 @@ use crate::model::{Catalogue, Layout, Position};
 use crate::plan::{ModelStage, Plan, Role};
 use crate::planner::Planner;
 use crate::transition::global::Links;
+use crate::transition::testing::SMALL_LINKS;
 use crate::transition::TransitionDag;
 
 use super::{machine, BenchReport, Floor};
@@ -87,17 +88,6 @@ impl Sizer {
 pub(super) fn links(hw: &Hardware) -> Links {
     Links { capacity_bytes: hw.memory_bytes, ..Links::of(hw, None) }
 }
-
-/// The links of the random plan pairs: 4 devices a node, unbounded memory.
-pub(super) const SMALL_LINKS: Links = Links {
-    devices_per_node: 4,
-    intra_bytes_per_s: 100e9,
-    inter_bytes_per_s: 10e9,
-    memory_bytes_per_s: 1000e9,
-    setup_seconds: 1e-4,
-    capacity_bytes: u64::MAX,
-    host_bytes_per_s: None,
-};
 
 /// The planner's plans on `ranks` GPUs for 1K- and then 8K-token responses (the second
 /// searched from the first), so that every model-stage changes layout.
