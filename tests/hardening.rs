@@ -9,7 +9,10 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;
 
-use common::{fast_ppo, run_mpi_timed, run_single, set_key, step_records, text, write, Tmpfs};
+use common::{
+    fast_ppo, run_mpi_timed, run_single, send_signal, set_key, spawn_mpi, step_records, text, wait_for_steps, write,
+    Tmpfs,
+};
 use nereus::runtime::checkpoint::{FileDigest, Sidecar};
 use safetensors::tensor::TensorView;
 use safetensors::SafeTensors;
@@ -749,23 +752,10 @@ fn sigterm_checkpoints_the_last_completed_step_and_the_resume_is_bit_identical()
     let dir = tempfile::tempdir().unwrap();
     let config = write(dir.path(), "base.toml", &set_key(&fast_ppo(), "train", "checkpoint_every", Some("0")));
     let out = dir.path().join("stopped");
-    let mut child = common::mpirun()
-        .args(["-n", "4"])
-        .arg(common::nereus())
-        .args(["train", config.to_str().unwrap(), "--steps", "200", "--output-dir", out.to_str().unwrap()])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let started = std::time::Instant::now();
-    while step_records(&out).len() < 3 {
-        assert!(
-            started.elapsed() < Duration::from_secs(120) && child.try_wait().unwrap().is_none(),
-            "the run never reached step 3"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    let args = ["train", config.to_str().unwrap(), "--steps", "200", "--output-dir", out.to_str().unwrap()];
+    let mut child = spawn_mpi(4, &args, std::process::Stdio::null());
+    assert!(wait_for_steps(&out, 3, &mut child, Duration::from_secs(120)), "the run never reached step 3");
+    send_signal(child.id(), "-TERM");
     let stopped = child.wait_with_output().unwrap();
     let records = step_records(&out);
     let done = records.len() as u64;

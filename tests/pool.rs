@@ -5,7 +5,10 @@
 
 mod common;
 
-use common::{fast_ppo, run_mpi, set_key, step_records, text, write};
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::{fast_ppo, run_mpi, send_signal, set_key, spawn_mpi, step_records, text, wait_for_steps, write};
 
 #[test]
 fn a_pool_trace_is_followed_with_vacated_ranks_empty_and_state_intact() {
@@ -124,43 +127,27 @@ fn a_lost_rank_is_replanned_around_and_its_only_replica_restored_from_the_checkp
     }
 }
 
-/// Sends SIGUSR1 to `pid`.
-fn sigusr1(pid: u32) {
-    let sent = std::process::Command::new("kill").args(["-USR1", &pid.to_string()]).status().unwrap();
-    assert!(sent.success());
-}
-
-/// Waits until the run in `out` has recorded `n` steps (or the job ended).
-fn wait_for_steps(out: &std::path::Path, n: usize, job: &mut std::process::Child) {
-    let start = std::time::Instant::now();
-    while step_records(out).len() < n && job.try_wait().unwrap().is_none() {
-        assert!(start.elapsed().as_secs() < 600, "no step {n} after 10 minutes");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn sigusr1_rereads_the_pool_file_at_once_and_a_bad_file_keeps_the_pool() {
     let dir = tempfile::tempdir().unwrap();
     let toml = set_key(&fast_ppo(), "job", "steps", Some("12"));
     let job = write(dir.path(), "job.toml", &set_key(&toml, "train", "checkpoint_every", Some("0")));
     let out = dir.path().join("out");
-    let mut child = common::mpirun()
-        .args(["-n", "4"])
-        .arg(common::nereus())
-        .args(["train", job.to_str().unwrap(), "--policy", "nereus", "--output-dir", out.to_str().unwrap()])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_for_steps(&out, 1, &mut child);
+    let args = ["train", job.to_str().unwrap(), "--policy", "nereus", "--output-dir", out.to_str().unwrap()];
+    let mut child = spawn_mpi(4, &args, Stdio::piped());
+    // A job that ended early is caught by the assertions below; one that hangs, here.
+    let wait = |n: usize, child: &mut std::process::Child| {
+        let reached = wait_for_steps(&out, n, child, Duration::from_secs(600));
+        assert!(reached || child.try_wait().unwrap().is_some(), "no step {n} after 10 minutes");
+    };
+    wait(1, &mut child);
     // A pool the world cannot give: SIGUSR1 says so at once, and the boundaries keep the pool.
     std::fs::write(out.join("pool"), "0-5\n").unwrap();
-    sigusr1(child.id());
+    assert!(send_signal(child.id(), "-USR1"));
     let seen = step_records(&out).len();
-    wait_for_steps(&out, seen + 2, &mut child);
+    wait(seen + 2, &mut child);
     std::fs::write(out.join("pool"), "3\n").unwrap();
-    sigusr1(child.id());
+    assert!(send_signal(child.id(), "-USR1"));
     let run = child.wait_with_output().unwrap();
     let (_, stderr) = text(&run);
     assert!(run.status.success(), "{stderr}");

@@ -2,7 +2,8 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 /// The `nereus` binary cargo built for these tests.
 pub fn nereus() -> PathBuf {
@@ -33,6 +34,38 @@ pub fn mpirun() -> Command {
 /// Runs `mpirun -n N nereus ARGS`.
 pub fn run_mpi(n: usize, args: &[&str]) -> Output {
     mpirun().arg("-n").arg(n.to_string()).arg(nereus()).args(args).output().expect("mpirun starts")
+}
+
+/// Starts `mpirun -n N nereus ARGS` in the background, stderr piped and stdout as `stdout`, for
+/// tests that act on a running job (signals, pool files).
+pub fn spawn_mpi(n: usize, args: &[&str], stdout: Stdio) -> Child {
+    mpirun()
+        .arg("-n")
+        .arg(n.to_string())
+        .arg(nereus())
+        .args(args)
+        .stdout(stdout)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("mpirun starts")
+}
+
+/// Waits until the run writing to `out` has recorded `n` steps: `false` when `job` ended or
+/// `limit` passed first.
+pub fn wait_for_steps(out: &Path, n: usize, job: &mut Child, limit: Duration) -> bool {
+    let start = Instant::now();
+    while step_records(out).len() < n {
+        if job.try_wait().unwrap().is_some() || start.elapsed() >= limit {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
+/// Sends `signal` (`"-TERM"`, `"-USR1"`) to `pid` with kill(1); whether kill succeeded.
+pub fn send_signal(pid: u32, signal: &str) -> bool {
+    Command::new("kill").args([signal, &pid.to_string()]).status().unwrap().success()
 }
 
 /// stdout and stderr as text.
