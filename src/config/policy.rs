@@ -41,7 +41,8 @@ pub struct PolicySection {
     /// Under a controller, the response cap the first plan is made for (0: `rl.max_response_len`);
     /// the cap then follows the observed lengths up to `rl.max_response_len`.
     pub initial_response_len: u32,
-    /// Smallest predicted relative step-latency gain worth a transition.
+    /// Smallest predicted relative step-latency gain worth a transition; the controller raises
+    /// it to the cost model's measured error on the plans transitions entered.
     pub min_gain: f64,
     /// Fraction of device memory a plan must leave free.
     pub memory_headroom: f64,
@@ -58,7 +59,7 @@ impl Default for PolicySection {
             latency_drift: 0.3,
             every_k: 3,
             initial_response_len: 0,
-            min_gain: 0.05,
+            min_gain: 0.0,
             memory_headroom: 0.1,
             monitor_interval_steps: 1,
         }

@@ -68,6 +68,20 @@ pub struct TransitionSeconds {
     pub seconds: f64,
 }
 
+/// Ratio changes kept for the gain threshold, of moves and of steady steps each.
+const TRUST_WINDOW: usize = 16;
+/// Relative difference of two steps' mean and p95 response lengths under which their measured
+/// over predicted ratios are compared.
+const COMPARABLE_LENGTHS: f64 = 0.1;
+
+/// A step's measured over predicted seconds and the lengths it ran.
+#[derive(Debug, Clone, Copy)]
+struct RatioAt {
+    ratio: f64,
+    mean_len: f64,
+    p95_len: f64,
+}
+
 /// Stage samples kept for the running calibration (the last steps' stages).
 const CALIBRATION_WINDOW: usize = 40;
 /// Weight of the newest step in the smoothed measured-over-predicted ratio (one slow step on a
@@ -116,6 +130,16 @@ pub struct Controller {
     latency_ratio: Option<f64>,
     /// Predicted and measured seconds summed over the transitions made: calibrates `L̂_tran`.
     transition_seconds: (f64, f64),
+    /// Whether the plan in force was entered by a transition and has not run a step yet.
+    unseen_plan: bool,
+    /// The last step's measured over predicted seconds at its lengths (see
+    /// [`Controller::test_the_model`]).
+    last_step: Option<RatioAt>,
+    /// Relative changes of the measured-over-predicted ratio on the first steps of plans
+    /// transitions entered, and on other steps (the last [`TRUST_WINDOW`] of each; see
+    /// [`Controller::test_the_model`]): how far a predicted gain can be trusted.
+    move_changes: Vec<f64>,
+    steady_changes: Vec<f64>,
 }
 
 impl Controller {
@@ -145,7 +169,53 @@ impl Controller {
             last_switch: 0,
             latency_ratio: None,
             transition_seconds: (0.0, 0.0),
+            unseen_plan: false,
+            last_step: None,
+            move_changes: Vec::new(),
+            steady_changes: Vec::new(),
         }
+    }
+
+    /// The smallest relative gain admitted: `policy.min_gain`, raised to the cost model's
+    /// measured error on the moves it predicted — how much more its measured-over-predicted
+    /// ratio changed on the first step of a plan a transition entered than it changes from one
+    /// step to the next on one plan (means over the last [`TRUST_WINDOW`] of each). A gain the
+    /// model cannot resolve is noise: an exact model earns every gain that pays back, a model
+    /// 10% off on new plans needs gains above 10%.
+    pub fn gain_threshold(&self) -> f64 {
+        let mean = |v: &[f64]| if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
+        let measured = if self.move_changes.is_empty() {
+            0.0
+        } else {
+            (mean(&self.move_changes) - mean(&self.steady_changes)).max(0.0)
+        };
+        self.min_gain.max(measured)
+    }
+
+    /// Tests the cost model on the moves it predicted. Every step's measured over predicted
+    /// seconds is taken at the step's length (p95, as the engine pads to its longest responses)
+    /// with the calibration in force before it, and compared with the step before when both
+    /// ran responses of about the same lengths (within [`COMPARABLE_LENGTHS`]; across a length
+    /// change the comparison would test the model's length scaling instead). On the first step
+    /// of a plan a transition entered, the change is the model's error on the move (what a
+    /// predicted gain is), with whatever bias it has on both plans cancelled out; on other
+    /// steps it is what noise changes anyway.
+    fn test_the_model(&mut self, current: &Plan, m: &StepRecord) -> Result<(), PlannerError> {
+        let len = m.response_len_p95.ceil().clamp(1.0, f64::from(self.max_len)) as u64;
+        let predicted = self.base.replanned(self.gpus, len, self.efficiencies)?.predict(current);
+        let now = Some(m.step_seconds / predicted).filter(|r| r.is_finite() && *r > 0.0);
+        let moved = std::mem::take(&mut self.unseen_plan);
+        let near = |a: f64, b: f64| (a / b - 1.0).abs() <= COMPARABLE_LENGTHS;
+        if let (Some(before), Some(now)) = (&self.last_step, now) {
+            if near(m.response_len_mean, before.mean_len) && near(m.response_len_p95, before.p95_len) {
+                let changes = if moved { &mut self.move_changes } else { &mut self.steady_changes };
+                changes.push((now / before.ratio - 1.0).abs());
+                let excess = changes.len().saturating_sub(TRUST_WINDOW);
+                changes.drain(..excess);
+            }
+        }
+        self.last_step = now.map(|ratio| RatioAt { ratio, mean_len: m.response_len_mean, p95_len: m.response_len_p95 });
+        Ok(())
     }
 
     /// The planner for the pool at response cap `len` with the current calibration.
@@ -214,6 +284,7 @@ impl Controller {
         let lost_now = m.lost_ranks != self.lost;
         self.lost.clone_from(&m.lost_ranks);
         let current = &self.to_virtual(current);
+        self.test_the_model(current, m)?;
         let now = self.planner(self.cap)?;
         self.calibrate(&now, current, m);
         let now = self.planner(self.cap)?;
@@ -318,6 +389,7 @@ impl Controller {
             self.cap = len;
             self.last_switch = step + 1;
             let target = (choice.target.plan() != *current).then(|| self.to_physical(&choice.target.plan()));
+            self.unseen_plan = target.is_some();
             return Ok(self.action(target, decision, None));
         }
         // Rejected, and the current plan fits the new cap: keep the plan, size the cap.
@@ -345,7 +417,7 @@ impl Controller {
                 reason: choice.blocked_reason.clone().unwrap_or_else(|| "the current plan is still the fastest".into()),
             }
         } else {
-            admit(self.mode, &proposal, self.gamma, self.min_gain)
+            admit(self.mode, &proposal, self.gamma, self.gain_threshold())
         };
         (proposal, verdict)
     }
@@ -392,6 +464,7 @@ impl Controller {
             "l_tran_calibration": self.transition_ratio(),
             "h_x": p.horizon,
             "gamma": self.gamma,
+            "gain_threshold": self.gain_threshold(),
             "mode": self.mode,
         })
     }
@@ -472,6 +545,37 @@ mod tests {
         assert!((c.transition_ratio() - 0.1).abs() < 1e-12);
         c.transitioned(2.0, 0.4);
         assert!((c.transition_ratio() - 0.5 / 3.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn the_gain_threshold_rises_to_the_error_measured_on_the_moves() {
+        let (mut c, plan) = controller(1);
+        let floor = c.min_gain;
+        assert_eq!(c.gain_threshold(), floor);
+        let predicted = |c: &Controller| c.base.replanned(c.gpus, 7, c.efficiencies).unwrap().predict(&plan);
+        let close =
+            |c: &Controller, want: f64| assert!((c.gain_threshold() - want).abs() < 1e-9, "{}", c.gain_threshold());
+        // 30% slower than predicted on the plan the job started with: a bias, not an error on
+        // a move (gains compare two plans under the same model).
+        c.decide(&record(0, 7.0, 1.3 * predicted(&c)), &plan).unwrap();
+        close(&c, floor);
+        // The first step of a plan a transition entered ran 25% slower than that bias says...
+        c.unseen_plan = true;
+        c.decide(&record(1, 7.0, 1.25 * 1.3 * predicted(&c)), &plan).unwrap();
+        close(&c, 0.25);
+        // ... less what steps on one plan change anyway (10% here) ...
+        c.decide(&record(2, 7.0, 1.1 * 1.25 * 1.3 * predicted(&c)), &plan).unwrap();
+        close(&c, 0.25 - 0.1);
+        // ... and the next move's as predicted: the mean of the moves' changes (12.5%) less
+        // the steady steps' (10%), never below min_gain.
+        c.unseen_plan = true;
+        c.decide(&record(3, 7.0, 1.1 * 1.25 * 1.3 * predicted(&c)), &plan).unwrap();
+        close(&c, floor.max(0.125 - 0.1));
+        // A move across a length change (7 to 14 tokens) tests the length scaling, not the move.
+        c.unseen_plan = true;
+        c.decide(&record(4, 14.0, 5.0 * predicted(&c)), &plan).unwrap();
+        close(&c, floor.max(0.125 - 0.1));
+        assert!(!c.unseen_plan);
     }
 
     #[test]

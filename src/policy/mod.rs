@@ -231,9 +231,9 @@ pub struct Verdict {
     pub reason: String,
 }
 
-/// Admission under `mode` with payback factor `gamma` and the smallest worthwhile relative
-/// gain `min_gain`.
-pub fn admit(mode: PolicyMode, p: &Proposal, gamma: f64, min_gain: f64) -> Verdict {
+/// Admission under `mode` with payback factor `gamma` and the smallest relative gain trusted,
+/// `gain_threshold` (see `Controller::gain_threshold`).
+pub fn admit(mode: PolicyMode, p: &Proposal, gamma: f64, gain_threshold: f64) -> Verdict {
     let yes = |kind: &'static str, reason: String| Verdict { admitted: true, kind: Some(kind), reason };
     let no = |reason: String| Verdict { admitted: false, kind: None, reason };
     if mode == PolicyMode::Static && p.changes_layout {
@@ -255,11 +255,11 @@ pub fn admit(mode: PolicyMode, p: &Proposal, gamma: f64, min_gain: f64) -> Verdi
             if gamma == 0.0 {
                 return no("γ = 0 admits urgent transitions only".into());
             }
-            if p.delta_l_s < min_gain * p.current_s {
+            if p.delta_l_s < gain_threshold * p.current_s {
                 return no(format!(
-                    "gain {:.1}% below policy.min_gain {:.1}%",
+                    "gain {:.1}% below the trusted gain {:.1}%",
                     100.0 * p.delta_l_s / p.current_s,
-                    100.0 * min_gain
+                    100.0 * gain_threshold
                 ));
             }
             let payback = p.l_tran_s / p.delta_l_s;
