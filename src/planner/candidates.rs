@@ -18,12 +18,41 @@ use crate::plan::{Candidate, ModelStage, Recompute, Stage};
 /// A candidate with its estimate.
 pub type Scored = (Candidate, Estimate);
 
+/// What the search reads of a variant's estimate. The full [`Estimate`] (per-item memory,
+/// per-class latency) is six times larger and is recomputed for the few variants a frontier
+/// keeps: storing it for every variant estimated touched megabytes per search.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Summary {
+    /// Predicted seconds.
+    pub(super) seconds: f64,
+    /// Whether the heaviest position fits a rank of its own.
+    pub(super) feasible: bool,
+    /// The heaviest position's peak, state and transient bytes.
+    pub(super) peak: u64,
+    pub(super) state: u64,
+    pub(super) transient: u64,
+}
+
+impl Summary {
+    fn of(e: &Estimate) -> Summary {
+        Summary {
+            seconds: e.seconds,
+            feasible: e.feasible,
+            peak: e.memory.peak(),
+            state: e.memory.state.total(),
+            transient: e.memory.transient.total(),
+        }
+    }
+}
+
 /// One layout and replica count of a model-stage.
 struct Entry {
     layout: Layout,
     dp: u32,
-    /// Every variant, in order, once estimated (empty until the first estimate).
-    estimated: Vec<Option<Scored>>,
+    /// The variants estimated so far, as `(variant, estimate)`: few per entry, so a list
+    /// (a slot for every variant would allocate and touch megabytes per search, nearly all
+    /// of it never used).
+    estimated: Vec<(usize, Summary)>,
     /// The state of the lightest pipeline position, once computed.
     least_state: Option<u64>,
     /// The variants, in order: micro-batch sizes from `largest_micro` halving down to 1 and,
@@ -72,11 +101,8 @@ impl<'p> Pool<'p> {
         }
         let usable = self.planner.cost().hardware.usable_bytes();
         let state_limit = caps.map_or(usable, |c| c.state(ms).min(usable));
-        let fits = |e: &Estimate| {
-            e.feasible
-                && e.memory.peak() <= usable
-                && caps
-                    .is_none_or(|c| e.memory.state.total() <= c.state(ms) && e.memory.transient.total() <= c.transient)
+        let fits = |e: &Summary| {
+            e.feasible && e.peak <= usable && caps.is_none_or(|c| e.state <= c.state(ms) && e.transient <= c.transient)
         };
         // Per rank count, the fastest fitting variant as (seconds, entry, variant): indices, so
         // that only the frontier's points are copied out.
@@ -89,16 +115,17 @@ impl<'p> Pool<'p> {
             // position is heaviest may change from one variant to the next.
             let monotone = caps.is_none();
             let Some(k) = entry.quick_fitting(planner, ms, state_limit, monotone, &fits) else { continue };
-            let (c, e) = entry.scored(k);
+            let (c, e) = (entry.candidate(ms, k), entry.scored(k));
             let slot = best.entry(c.ranks()).or_insert((e.seconds, i, k));
-            if e.seconds < slot.0 || (e.seconds == slot.0 && Some(c) == prefer) {
+            if e.seconds < slot.0 || (e.seconds == slot.0 && Some(&c) == prefer) {
                 *slot = (e.seconds, i, k);
             }
         }
         let mut frontier: Vec<Scored> = Vec::new();
         for (seconds, i, k) in best.into_values() {
             if frontier.last().is_none_or(|last| seconds < last.1.seconds) {
-                frontier.push(*entries[i].scored(k));
+                let c = entries[i].candidate(ms, k);
+                frontier.push((c, planner.estimate(&c)));
             }
         }
         if caps.is_none() {
@@ -115,9 +142,10 @@ impl<'p> Pool<'p> {
         let mut out = Vec::new();
         for entry in self.entries.get_mut(&ms).into_iter().flatten() {
             for k in 0..entry.variants() {
-                let scored = entry.estimate(planner, ms, k);
-                if scored.1.feasible && scored.1.memory.peak() <= usable {
-                    out.push(*scored);
+                let c = entry.candidate(ms, k);
+                let e = planner.estimate(&c);
+                if e.feasible && e.memory.peak() <= usable {
+                    out.push((c, e));
                 }
             }
         }
@@ -127,12 +155,16 @@ impl<'p> Pool<'p> {
     /// Every fitting first variant of `ms` (not reduced to a frontier), for brute-force checks.
     pub fn all_fitting(&mut self, ms: ModelStage) -> Vec<Scored> {
         let planner = self.planner;
-        let fits = |e: &Estimate| e.feasible;
+        let fits = |e: &Summary| e.feasible;
         self.entries
             .get_mut(&ms)
             .into_iter()
             .flatten()
-            .filter_map(|entry| entry.first_fitting(planner, ms, true, &fits).map(|k| *entry.scored(k)))
+            .filter_map(|entry| {
+                let k = entry.first_fitting(planner, ms, true, &fits)?;
+                let c = entry.candidate(ms, k);
+                Some((c, planner.estimate(&c)))
+            })
             .collect()
     }
 
@@ -142,7 +174,7 @@ impl<'p> Pool<'p> {
         let mut least = u64::MAX;
         for entry in self.entries.get_mut(&ms).into_iter().flatten() {
             for k in 0..entry.variants() {
-                least = least.min(entry.estimate(planner, ms, k).1.memory.peak());
+                least = least.min(entry.estimate(planner, ms, k).peak);
             }
         }
         if least == u64::MAX {
@@ -164,7 +196,7 @@ impl Entry {
         ms: ModelStage,
         state_limit: u64,
         monotone: bool,
-        fits: &dyn Fn(&Estimate) -> bool,
+        fits: &dyn Fn(&Summary) -> bool,
     ) -> Option<usize> {
         if self.least_state(planner, ms) > state_limit {
             return None;
@@ -176,8 +208,8 @@ impl Entry {
         let per_size = self.recomputes.len();
         for size in 0..self.variants() / per_size {
             let block = size * per_size..(size + 1) * per_size;
-            if let Some(k) = block.into_iter().find(|&k| fits(&self.estimate(planner, ms, k).1)) {
-                if best.is_none_or(|b| self.scored(k).1.seconds < self.scored(b).1.seconds) {
+            if let Some(k) = block.into_iter().find(|&k| fits(&self.estimate(planner, ms, k))) {
+                if best.is_none_or(|b| self.scored(k).seconds < self.scored(b).seconds) {
                     best = Some(k);
                 }
             }
@@ -206,22 +238,30 @@ impl Entry {
         (self.largest_micro.ilog2() as usize + 1) * self.recomputes.len()
     }
 
-    /// Variant `k`, estimated once.
-    fn estimate(&mut self, planner: &Planner, ms: ModelStage, k: usize) -> &Scored {
-        if self.estimated.is_empty() {
-            self.estimated = vec![None; self.variants()];
-        }
+    /// Variant `k`'s candidate.
+    fn candidate(&self, ms: ModelStage, k: usize) -> Candidate {
         let (micro_batch, recompute) =
             (self.largest_micro >> (k / self.recomputes.len()), self.recomputes[k % self.recomputes.len()]);
-        self.estimated[k].get_or_insert_with(|| {
-            let c = Candidate { model_stage: ms, layout: self.layout, dp: self.dp, recompute, micro_batch };
-            (c, planner.estimate(&c))
-        })
+        Candidate { model_stage: ms, layout: self.layout, dp: self.dp, recompute, micro_batch }
+    }
+
+    /// Variant `k`, estimated once.
+    fn estimate(&mut self, planner: &Planner, ms: ModelStage, k: usize) -> Summary {
+        if let Some(&(_, summary)) = self.estimated.iter().find(|(v, _)| *v == k) {
+            return summary;
+        }
+        let summary = Summary::of(&planner.estimate(&self.candidate(ms, k)));
+        self.estimated.push((k, summary));
+        summary
     }
 
     /// Variant `k`, which has been estimated.
-    fn scored(&self, k: usize) -> &Scored {
-        self.estimated[k].as_ref().expect("variants are estimated before they are read")
+    fn scored(&self, k: usize) -> Summary {
+        self.estimated
+            .iter()
+            .find(|(v, _)| *v == k)
+            .map(|&(_, s)| s)
+            .expect("variants are estimated before they are read")
     }
 
     /// The first variant, in order, that `fits`, estimating variants as needed. When `fits`
@@ -233,15 +273,15 @@ impl Entry {
         planner: &Planner,
         ms: ModelStage,
         monotone: bool,
-        fits: &dyn Fn(&Estimate) -> bool,
+        fits: &dyn Fn(&Summary) -> bool,
     ) -> Option<usize> {
         if !monotone || self.recomputes.len() > 1 {
-            return (0..self.variants()).find(|&k| fits(&self.estimate(planner, ms, k).1));
+            return (0..self.variants()).find(|&k| fits(&self.estimate(planner, ms, k)));
         }
         let (mut lo, mut hi) = (0, self.variants());
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
-            if fits(&self.estimate(planner, ms, mid).1) {
+            if fits(&self.estimate(planner, ms, mid)) {
                 hi = mid;
             } else {
                 lo = mid + 1;
