@@ -12,6 +12,7 @@
 # Outputs (JSON, tables, logs) go to OUT_DIR; the exit status is 0 only if every check holds.
 #
 #   bash scripts/gpu-check.sh [OUT_DIR]        # default runs/gpu-check
+#   NEREUS_PREBUILT=.gpu bash scripts/gpu-check.sh   # binaries and OpenMPI from scripts/gpu-bundle.sh
 #
 # Needs an NVIDIA driver, Open MPI and Rust. NVRTC and NCCL come from the system, else from PyPI
 # (nvidia-cuda-nvrtc-cu12, nvidia-nccl-cu12; installed here when pip can reach an index).
@@ -33,13 +34,31 @@ have_wheel() { python3 -c "import nvidia.$1" 2>/dev/null; }
 if ! have_lib 'libnvrtc.so.12' && ! have_wheel cuda_nvrtc; then python3 -m pip install -q nvidia-cuda-nvrtc-cu12 || true; fi
 if ! have_lib 'libnccl.so' && ! have_wheel nccl; then python3 -m pip install -q nvidia-nccl-cu12 || true; fi
 source scripts/kernel-env.sh
-# cudarc loads libnccl.so; a system with only the runtime package has libnccl.so.2.
-if ! have_lib 'libnccl.so ' && [ ! -e target/nccl-link/libnccl.so ]; then
-  nccl=$(ldconfig -p | awk '/libnccl\.so\.2 /{print $NF; exit}')
-  if [ -n "$nccl" ]; then
-    mkdir -p target/nccl-link && ln -sf "$nccl" target/nccl-link/libnccl.so
-    export LD_LIBRARY_PATH="$PWD/target/nccl-link${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  fi
+# cudarc opens libnvrtc.so (or .so.12) and libnccl.so. A machine with only a runtime package
+# (libnccl.so.2) or a newer CUDA (libnvrtc.so.13, in the toolkit or PyTorch's wheels) gets a link
+# in target/nccl-link to the newest one found.
+link_for_cudarc() {
+  local name=$1 found
+  ldconfig -p | grep -q "$name.so " && return 0
+  [ -e "target/nccl-link/$name.so" ] && return 0
+  found=$({ ldconfig -p | awk -v n="$name" '$1 ~ "^"n"\\.so\\.[0-9]+$" {print $NF}'
+    find /usr/local /opt /usr/lib/python3* -name "$name.so.[0-9]*" ! -name '*builtins*' ! -name '*alt*' 2>/dev/null
+  } | sort -V | tail -1)
+  [ -n "$found" ] || return 0
+  mkdir -p target/nccl-link && ln -sf "$found" "target/nccl-link/$name.so"
+  echo "gpu-check: $name.so -> $found"
+}
+link_for_cudarc libnccl
+if ! ldconfig -p | grep -q 'libnvrtc.so.12 ' && [ -z "${nereus_nvrtc:-}" ]; then link_for_cudarc libnvrtc; fi
+[ -d target/nccl-link ] && export LD_LIBRARY_PATH="$PWD/target/nccl-link${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# A prebuilt bundle (scripts/gpu-bundle.sh) for machines without Rust or MPI: its binaries, and
+# the OpenMPI it carries.
+prebuilt=${NEREUS_PREBUILT:-}
+if [ -n "$prebuilt" ]; then
+  source "$prebuilt/env.sh"
+  bin=$prebuilt/bin/nereus
+else
+  bin=target/release/nereus
 fi
 if [ "$(id -u)" = 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -48,15 +67,21 @@ export OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader}
 run() {
   local n=$1
   shift
-  mpirun --oversubscribe -n "$n" -x LD_LIBRARY_PATH target/release/nereus "$@"
+  mpirun --oversubscribe -n "$n" -x LD_LIBRARY_PATH "$bin" "$@"
 }
 
-echo "== 1. build --features cuda"
-cargo build --release --locked --features cuda 2>&1 | tail -2
-
-echo "== 2. cuda/pack.cu on GPU 0 against the host reference"
-cargo test --release --locked --features cuda --lib -- --ignored gpu_rectangle_copies_match_the_host_reference \
-  2>&1 | tee "$out/kernels.txt" | grep -E "^test |test result"
+kernel_test=gpu_rectangle_copies_match_the_host_reference
+if [ -n "$prebuilt" ]; then
+  echo "== 1. prebuilt binaries from $prebuilt"
+  echo "== 2. cuda/pack.cu on GPU 0 against the host reference"
+  "$prebuilt/bin/kernel-test" --ignored "$kernel_test" 2>&1 | tee "$out/kernels.txt" | grep -E "^test |test result"
+else
+  echo "== 1. build --features cuda"
+  cargo build --release --locked --features cuda 2>&1 | tail -2
+  echo "== 2. cuda/pack.cu on GPU 0 against the host reference"
+  cargo test --release --locked --features cuda --lib -- --ignored "$kernel_test" \
+    2>&1 | tee "$out/kernels.txt" | grep -E "^test |test result"
+fi
 
 echo "== 3. selftests with device-resident state, $gpus rank(s), one per GPU"
 run "$gpus" inspect topology | tee "$out/topology.txt"
