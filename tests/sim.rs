@@ -72,7 +72,7 @@ fn the_simulator_makes_the_live_runtimes_decisions_on_its_records() {
         for key in ["trigger", "admitted", "kind", "reason", "gamma", "mode"] {
             assert_eq!(live.get(key), sim.get(key), "step {step}: decision.{key}: live {live} sim {sim}");
         }
-        for key in ["delta_l_s", "l_tran_s", "h_x"] {
+        for key in ["delta_l_s", "l_tran_s", "h_x", "gain_threshold"] {
             let (a, b) = (live.get(key).and_then(Value::as_f64), sim.get(key).and_then(Value::as_f64));
             assert!(
                 a.zip(b).is_none_or(|(a, b)| (a - b).abs() <= 1e-9 * a.abs().max(1.0)) && a.is_some() == b.is_some(),
