@@ -24,7 +24,7 @@ use crate::backend::kernels::RectCopy;
 use crate::backend::BackendError;
 use crate::comm::collectives::CollectiveLib;
 use crate::comm::gpu_plane::DeviceTransfer;
-use crate::comm::{DataPlane, GroupId, MpiPlane, Transfer};
+use crate::comm::{calm_barrier, DataPlane, GroupId, MpiPlane, Transfer, Watchdog, World};
 use crate::config::Dtype;
 use crate::emu::{Counters, DeviceMemory, EmuId, EmuSet, Exchange, HostMemory, PrimitiveReport, ShardMemory};
 use crate::model::{Architecture, Catalogue, Layout, OutputHead};
@@ -115,11 +115,23 @@ impl<L: CollectiveLib, R: GpuRuntime> Measured for Plane<'_, L, R> {
     }
 }
 
-/// Times `op` between two barriers of the world, its device work included; returns seconds on
-/// this rank.
+/// How the ranks that finish a measured operation first wait for the others.
+#[derive(Clone, Copy)]
+pub(crate) enum Wait<'w> {
+    /// The plane's barrier (MPI's polls the whole time).
+    Barrier,
+    /// A barrier of the world whose ranks sleep between tests: where ranks share cores (8 ranks
+    /// on 2 here), those done first leave them to the ranks still copying. It costs up to one
+    /// poll (about 0.1 ms), nothing next to the transfers of hundreds of MB it is used for.
+    Calm(&'w World, &'w Watchdog),
+}
+
+/// Times `op` between two barriers of the world (the closing one as `wait` says), its device
+/// work included; returns seconds on this rank.
 pub(crate) fn timed<P: Measured, T>(
     plane: &mut P,
     world: GroupId,
+    wait: Wait<'_>,
     op: impl FnOnce(&mut P) -> Result<T, RuntimeError>,
 ) -> Result<(T, f64), RuntimeError> {
     plane.settle()?;
@@ -127,7 +139,12 @@ pub(crate) fn timed<P: Measured, T>(
     let start = Instant::now();
     let out = op(plane)?;
     plane.settle()?;
-    plane.barrier(world)?;
+    match wait {
+        Wait::Barrier => plane.barrier(world)?,
+        Wait::Calm(all, watchdog) => {
+            calm_barrier(all, watchdog, "end of a measurement", std::time::Duration::from_micros(50))
+        }
+    }
     Ok((out, start.elapsed().as_secs_f64()))
 }
 
@@ -135,12 +152,13 @@ pub(crate) fn timed<P: Measured, T>(
 fn p2p_seconds<P: Measured>(
     plane: &mut P,
     world: GroupId,
+    wait: Wait<'_>,
     reps: usize,
     mut send: impl FnMut(&mut P) -> Result<(), RuntimeError>,
 ) -> Result<f64, RuntimeError> {
     let mut times = Vec::new();
     for rep in 0..=reps {
-        let ((), t) = timed(plane, world, &mut send)?;
+        let ((), t) = timed(plane, world, wait, &mut send)?;
         if rep > 0 {
             times.push(t); // repetition 0 warms up
         }
@@ -185,7 +203,10 @@ fn host_rows(
     let mut rows = Vec::new();
     for &mib in sizes_mib {
         let unit = unit_bytes(mib);
-        let p2p = (host_p2p_seconds(plane, world, reps, unit)?, host_p2p_seconds(plane, world, reps, unit / 2)?);
+        let p2p = (
+            host_p2p_seconds(plane, world, Wait::Barrier, reps, unit)?,
+            host_p2p_seconds(plane, world, Wait::Barrier, reps, unit / 2)?,
+        );
         rows.extend(primitive_rows(plane, &HostMemory, (world, world_size), mib, reps, p2p)?);
     }
     Ok(rows)
@@ -197,11 +218,12 @@ fn host_rows(
 pub(crate) fn host_p2p_seconds(
     plane: &mut MpiPlane<'_>,
     world: GroupId,
+    wait: Wait<'_>,
     reps: usize,
     bytes: u64,
 ) -> Result<f64, RuntimeError> {
     let mut buffer = vec![1u8; bytes as usize];
-    p2p_seconds(plane, world, reps, |plane| {
+    p2p_seconds(plane, world, wait, reps, |plane| {
         let mut transfers = match plane.rank() {
             0 => vec![Transfer::Send { peer: 1, data: &buffer }],
             1 => vec![Transfer::Recv { peer: 0, data: &mut buffer }],
@@ -243,7 +265,7 @@ impl DeviceJob for DeviceRows<'_> {
             let time_send = |plane: &mut Plane<'_, L, R>, bytes: u64| -> Result<f64, RuntimeError> {
                 let buffer = memory.allocate(bytes)?;
                 let t = DeviceTransfer { peer: 1 - plane.rank().min(1), data: buffer.ptr(), bytes };
-                p2p_seconds(plane, world, self.reps, |plane| {
+                p2p_seconds(plane, world, Wait::Barrier, self.reps, |plane| {
                     let (sends, recvs): (&[DeviceTransfer], &[DeviceTransfer]) = match plane.rank() {
                         0 => (&[t], &[]),
                         1 => (&[], &[t]),
@@ -390,7 +412,7 @@ fn measure<P: Measured>(
     op: impl FnOnce(&mut P) -> Result<PrimitiveReport, RuntimeError>,
 ) -> Result<PrimitiveReport, RuntimeError> {
     let before = plane.wire_bytes();
-    let (report, seconds) = timed(plane, world, op)?;
+    let (report, seconds) = timed(plane, world, Wait::Barrier, op)?;
     let mut wire = [plane.wire_bytes().zip(before).map_or(0, |(after, before)| after - before)];
     plane.all_reduce_sum_u64(world, &mut wire)?;
     if warm {

@@ -43,7 +43,7 @@ use crate::runtime::{RuntimeError, Session};
 use crate::transition::global::{Links, COMMUNICATOR_SETUP_S};
 use crate::transition::TransitionDag;
 
-use super::primitives::{host_p2p_seconds, timed};
+use super::primitives::{host_p2p_seconds, timed, Wait};
 use super::{machine, BenchReport, Floor};
 
 /// Bytes every rank may hold (host memory: the machine, not a device, is the limit).
@@ -295,7 +295,8 @@ impl Bench<'_> {
         let bytes = |ms: ModelStage, l: Layout, p: Position| self.state_bytes(ms, l, p);
         let dag = TransitionDag::plan(&case.from, &case.to, &bytes, &self.links(), true)?;
         agree_on_dag(self.session.world(), self.session.watchdog(), &dag)?;
-        let (report, seconds) = timed(&mut self.plane, self.all, |plane| Ok(execute(&mut set, plane, &dag)?.1))?;
+        let wait = Wait::Calm(self.session.world(), self.session.watchdog());
+        let (report, seconds) = timed(&mut self.plane, self.all, wait, |plane| Ok(execute(&mut set, plane, &dag)?.1))?;
         self.verify("the transition DAG", case, &set, &before)?;
         Ok((seconds, report.bytes_sent, dag.schedule.seconds))
     }
@@ -304,7 +305,8 @@ impl Bench<'_> {
     fn tenplex(&mut self, case: &Case) -> Result<(f64, u64), RuntimeError> {
         let (mut set, before) = self.materialize_warm(case, true)?;
         set.set_participants_only(true);
-        let (sent, seconds) = timed(&mut self.plane, self.all, |plane| {
+        let wait = Wait::Calm(self.session.world(), self.session.watchdog());
+        let (sent, seconds) = timed(&mut self.plane, self.all, wait, |plane| {
             let mut sent = 0;
             for p in &case.to.placements {
                 let dp = p.candidate.dp as usize;
@@ -378,7 +380,9 @@ pub fn run(session: &Session, options: &ScalingOptions) -> Result<(), RuntimeErr
     let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
     let all = plane.group(&(0..world).collect::<Vec<_>>())?;
     let p2p_bytes: u64 = if options.small { 4 << 20 } else { 256 << 20 };
-    let bandwidth = p2p_bytes as f64 / host_p2p_seconds(&mut plane, all, 3, p2p_bytes)?;
+    // Every measurement's closing wait is calm, the yardstick's included (see `Wait::Calm`).
+    let wait = Wait::Calm(session.world(), session.watchdog());
+    let bandwidth = p2p_bytes as f64 / host_p2p_seconds(&mut plane, all, wait, 3, p2p_bytes)?;
     let catalogues = models(options.small);
     let mut bench = Bench { session, plane, all, catalogues, bandwidth, options };
     let rows = cases.iter().map(|c| bench.case(c)).collect::<Result<Vec<Row>, _>>()?;
