@@ -39,7 +39,7 @@ source scripts/kernel-env.sh
 # in target/nccl-link to the newest one found.
 link_for_cudarc() {
   local name=$1 found
-  ldconfig -p | grep -q "$name.so " && return 0
+  have_lib "$name.so " && return 0
   [ -e "target/nccl-link/$name.so" ] && return 0
   found=$({ ldconfig -p | awk -v n="$name" '$1 ~ "^"n"\\.so\\.[0-9]+$" {print $NF}'
     find /usr/local /opt /usr/lib/python3* -name "$name.so.[0-9]*" ! -name '*builtins*' ! -name '*alt*' 2>/dev/null
@@ -49,7 +49,7 @@ link_for_cudarc() {
   echo "gpu-check: $name.so -> $found"
 }
 link_for_cudarc libnccl
-if ! ldconfig -p | grep -q 'libnvrtc.so.12 ' && [ -z "${nereus_nvrtc:-}" ]; then link_for_cudarc libnvrtc; fi
+if ! have_lib 'libnvrtc.so.12 ' && [ -z "${nereus_nvrtc:-}" ]; then link_for_cudarc libnvrtc; fi
 [ -d target/nccl-link ] && export LD_LIBRARY_PATH="$PWD/target/nccl-link${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # A prebuilt bundle (scripts/gpu-bundle.sh) for machines without Rust or MPI: its binaries, and
 # the OpenMPI it carries.

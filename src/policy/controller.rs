@@ -201,8 +201,8 @@ impl Controller {
     /// predicted gain is), with whatever bias it has on both plans cancelled out; on other
     /// steps it is what noise changes anyway.
     fn test_the_model(&mut self, current: &Plan, m: &StepRecord) -> Result<(), PlannerError> {
-        let len = m.response_len_p95.ceil().clamp(1.0, f64::from(self.max_len)) as u64;
-        let predicted = self.base.replanned(self.gpus, len, self.efficiencies)?.predict(current);
+        let len = m.response_len_p95.ceil().clamp(1.0, f64::from(self.max_len)) as u32;
+        let predicted = self.planner(len)?.predict(current);
         let now = Some(m.step_seconds / predicted).filter(|r| r.is_finite() && *r > 0.0);
         let moved = std::mem::take(&mut self.unseen_plan);
         let near = |a: f64, b: f64| (a / b - 1.0).abs() <= COMPARABLE_LENGTHS;
@@ -552,7 +552,7 @@ mod tests {
         let (mut c, plan) = controller(1);
         let floor = c.min_gain;
         assert_eq!(c.gain_threshold(), floor);
-        let predicted = |c: &Controller| c.base.replanned(c.gpus, 7, c.efficiencies).unwrap().predict(&plan);
+        let predicted = |c: &Controller| c.planner(7).unwrap().predict(&plan);
         let close =
             |c: &Controller, want: f64| assert!((c.gain_threshold() - want).abs() < 1e-9, "{}", c.gain_threshold());
         // 30% slower than predicted on the plan the job started with: a bias, not an error on

@@ -25,8 +25,7 @@ use crate::plan::{ModelStage, Plan};
 use crate::planner::Planner;
 use crate::runtime::{Rng, RuntimeError, Session};
 use crate::transition::global::Links;
-use crate::transition::testing::SMALL_LINKS;
-use crate::transition::testing::{plan_pair, tightest_capacity, tiny_catalogue};
+use crate::transition::testing::{plan_pair, tightest_capacity, tiny_catalogue, SMALL_LINKS};
 use crate::transition::TransitionDag;
 
 /// Pool sizes measured.
