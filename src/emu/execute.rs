@@ -177,6 +177,11 @@ impl RankPlan {
         plan
     }
 
+    /// Bytes of each scratch buffer the plan needs: the pack buffers, then the unpack buffers.
+    pub fn scratch_sizes(&self) -> Vec<u64> {
+        self.packs.iter().chain(&self.unpacks).map(|(_, c)| c.bytes()).collect()
+    }
+
     /// Bytes of pack and unpack buffers the plan needs.
     pub fn scratch_bytes(&self) -> u64 {
         self.packs.iter().chain(&self.unpacks).map(|(_, c)| c.bytes()).sum()
@@ -219,22 +224,22 @@ impl RankPlan {
     }
 }
 
-/// Moves this rank's part of `movement` from `sources` into `targets`, for the leading
-/// `sections` of every shard (all of them, or parameters alone for a weight sync). Targets in
-/// `in_place` already hold their source's buffer (see [`RankPlan::in_place`]) and are sliced
-/// there; the others are written by copies, packs, one exchange and unpacks.
-#[allow(clippy::too_many_arguments)]
+/// Runs `plan`, this rank's part of a movement ([`RankPlan::new`]), from `sources` into
+/// `targets`. Targets in `in_place` already hold their source's buffer (see
+/// [`RankPlan::in_place`]) and are sliced there; the others are written by copies, packs, one
+/// exchange and unpacks. `scratch` holds the pack buffers, then the unpack buffers, sized as
+/// [`RankPlan::scratch_sizes`] says (from the store's cache: see `ShardStore::take_buffers`).
 pub fn move_sections<M: ShardMemory, P: Exchange<M>>(
     plane: &P,
     memory: &M,
-    movement: &Movement,
+    plan: &RankPlan,
     sources: &BTreeMap<EmuId, &LocalShard<M::Buffer>>,
     targets: &mut BTreeMap<EmuId, LocalShard<M::Buffer>>,
     in_place: &BTreeSet<EmuId>,
-    sections: &[Section],
-    dtype: Dtype,
+    scratch: &mut [M::Buffer],
 ) -> Result<(), EmuError> {
-    let plan = RankPlan::new(movement, plane.rank(), sections, dtype);
+    debug_assert_eq!(scratch.len(), plan.packs.len() + plan.unpacks.len(), "one scratch buffer per pack and unpack");
+    let (packs, unpacked) = scratch.split_at_mut(plan.packs.len());
     for &t in in_place {
         let schedule = in_place_schedule(&plan.local_into(t)).expect("in-place targets have a schedule");
         let target = targets.get_mut(&t).expect("in-place target present");
@@ -244,19 +249,14 @@ pub fn move_sections<M: ShardMemory, P: Exchange<M>>(
         let target = targets.get_mut(t).expect("target allocated");
         memory.copy_rects(&sources[s].buffer, &mut target.buffer, std::slice::from_ref(copy))?;
     }
-    let mut packs = Vec::with_capacity(plan.packs.len());
-    for (s, copy) in &plan.packs {
-        let mut buffer = memory.allocate(copy.bytes())?;
-        memory.copy_rects(&sources[s].buffer, &mut buffer, std::slice::from_ref(copy))?;
-        packs.push(buffer);
+    for ((s, copy), buffer) in plan.packs.iter().zip(packs.iter_mut()) {
+        memory.copy_rects(&sources[s].buffer, buffer, std::slice::from_ref(copy))?;
     }
-    let mut unpacked =
-        plan.unpacks.iter().map(|(_, copy)| memory.allocate(copy.bytes())).collect::<Result<Vec<_>, _>>()?;
     if !plan.messages.is_empty() {
-        let buffers = Buffers { sources, targets: &mut *targets, packed: &packs, unpacked: &mut unpacked };
+        let buffers = Buffers { sources, targets: &mut *targets, packed: packs, unpacked: &mut *unpacked };
         plane.exchange_buffers(memory, &plan.messages, buffers)?;
     }
-    for ((t, copy), buffer) in plan.unpacks.iter().zip(&unpacked) {
+    for ((t, copy), buffer) in plan.unpacks.iter().zip(unpacked.iter()) {
         let target = targets.get_mut(t).expect("target allocated");
         memory.copy_rects(buffer, &mut target.buffer, std::slice::from_ref(copy))?;
     }

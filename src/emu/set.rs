@@ -149,6 +149,11 @@ impl<M: ShardMemory> EmuSet<M> {
         &mut self.store
     }
 
+    /// Every buffer of the store, for another set to start with ([`ShardStore::into_buffers`]).
+    pub fn into_buffers(self) -> Vec<M::Buffer> {
+        self.store.into_buffers()
+    }
+
     /// The catalogue of a role.
     pub fn catalogue(&self, role: Role) -> &Catalogue {
         &self.catalogues[&role]
@@ -271,39 +276,33 @@ impl<M: ShardMemory> EmuSet<M> {
             });
         }
         let catalogue = &self.catalogues[&src.model_stage.role];
+        let dtype = catalogue.arch.dtype;
         let target = TargetEmu { id: to, layout: dst.layout, ranks: dst.ranks.clone() };
         let movement = Movement::plan(catalogue, &[&src], std::slice::from_ref(&target));
         // Rectangles that are not contiguous in a buffer travel through pack buffers, charged
         // like every other buffer.
-        let scratch = RankPlan::new(&movement, self.rank, &[Section::Params], catalogue.arch.dtype).scratch_bytes();
+        let plan = RankPlan::new(&movement, self.rank, &[Section::Params], dtype);
+        let scratch = plan.scratch_bytes();
         self.store.ledger_mut().charge(MemoryItem::PackBuffers, scratch)?;
+        let mut buffers = self.take_scratch(&plan, scratch)?;
         let mut targets: BTreeMap<EmuId, LocalShard<M::Buffer>> =
             self.store.take(to).map(|s| (to, s)).into_iter().collect();
         let moved = {
             let sources: BTreeMap<EmuId, &LocalShard<M::Buffer>> =
                 self.store.get(from).map(|s| (from, s)).into_iter().collect();
-            let (memory, dtype) = (self.store.memory(), catalogue.arch.dtype);
-            move_sections(
-                &*plane,
-                memory,
-                &movement,
-                &sources,
-                &mut targets,
-                &BTreeSet::new(),
-                &[Section::Params],
-                dtype,
-            )
+            let memory = self.store.memory();
+            move_sections(&*plane, memory, &plan, &sources, &mut targets, &BTreeSet::new(), &mut buffers)
         };
         if let Some(shard) = targets.remove(&to) {
             self.store.put(shard);
         }
-        self.store.ledger_mut().release(MemoryItem::PackBuffers, scratch);
+        self.return_scratch(buffers, scratch);
         moved?;
         let sections = [Section::Params];
         let report = PrimitiveReport {
             primitive: what,
-            bytes_sent: movement.bytes_sent(&sections, catalogue.arch.dtype),
-            bytes_local: movement.bytes_local(&sections, catalogue.arch.dtype),
+            bytes_sent: movement.bytes_sent(&sections, dtype),
+            bytes_local: movement.bytes_local(&sections, dtype),
             seconds: start.elapsed().as_secs_f64(),
             created: vec![],
         };
@@ -315,6 +314,22 @@ impl<M: ShardMemory> EmuSet<M> {
         if let Some(emu) = self.emus.get_mut(&id) {
             emu.counters = counters;
         }
+    }
+
+    /// `plan`'s scratch buffers from the store's cache ([`ShardStore::take_buffers`]); on
+    /// failure the `charged` pack-buffer bytes go back to the ledger.
+    fn take_scratch(&mut self, plan: &RankPlan, charged: u64) -> Result<Vec<M::Buffer>, EmuError> {
+        let taken = self.store.take_buffers(&plan.scratch_sizes());
+        if taken.is_err() {
+            self.store.ledger_mut().release(MemoryItem::PackBuffers, charged);
+        }
+        taken
+    }
+
+    /// Scratch buffers back to the store's cache, their `charged` bytes back to the ledger.
+    fn return_scratch(&mut self, buffers: Vec<M::Buffer>, charged: u64) {
+        self.store.keep_buffers(buffers);
+        self.store.ledger_mut().release(MemoryItem::PackBuffers, charged);
     }
 
     /// Checks on every rank that the new shards (and pack buffers) fit, then allocates this
@@ -448,6 +463,7 @@ impl<M: ShardMemory> EmuSet<M> {
             }
         };
         self.store.ledger_mut().charge(MemoryItem::PackBuffers, scratch)?;
+        let mut buffers = self.take_scratch(&plan, scratch)?;
         let moved = {
             let sources: BTreeMap<EmuId, &LocalShard<M::Buffer>> = if through_host {
                 staged.iter().map(|(id, s)| (*id, s)).collect()
@@ -455,9 +471,9 @@ impl<M: ShardMemory> EmuSet<M> {
                 sources.iter().filter_map(|id| self.store.get(*id).map(|s| (*id, s))).collect()
             };
             let sliced: BTreeSet<EmuId> = in_place.keys().copied().collect();
-            move_sections(&*plane, self.store.memory(), &movement, &sources, &mut shards, &sliced, &sections, dtype)
+            move_sections(&*plane, self.store.memory(), &plan, &sources, &mut shards, &sliced, &mut buffers)
         };
-        self.store.ledger_mut().release(MemoryItem::PackBuffers, scratch);
+        self.return_scratch(buffers, scratch);
         moved?;
         if consume {
             for id in sources {
@@ -707,9 +723,21 @@ impl<M: ShardMemory> EmuSet<M> {
         self.store.ledger_mut().charge(MemoryItem::PackBuffers, scratch)?;
         let moved = (0..catalogue.tensors.len()).try_for_each(|tensor| {
             let one = Movement { segments: movement.segments.iter().filter(|s| s.tensor == tensor).copied().collect() };
+            let plan = RankPlan::new(&one, self.rank, &sections, dtype);
+            let mut buffers = self.store.take_buffers(&plan.scratch_sizes())?;
             let sources: BTreeMap<EmuId, &LocalShard<M::Buffer>> =
                 self.store.get(source.id).map(|s| (source.id, s)).into_iter().collect();
-            move_sections(&*plane, self.store.memory(), &one, &sources, &mut shards, &BTreeSet::new(), &sections, dtype)
+            let moved = move_sections(
+                &*plane,
+                self.store.memory(),
+                &plan,
+                &sources,
+                &mut shards,
+                &BTreeSet::new(),
+                &mut buffers,
+            );
+            self.store.keep_buffers(buffers);
+            moved
         });
         self.store.ledger_mut().release(MemoryItem::PackBuffers, scratch);
         moved?;
@@ -781,7 +809,11 @@ impl<M: ShardMemory> EmuSet<M> {
         }
         let sources: BTreeMap<EmuId, &LocalShard<M::Buffer>> =
             self.store.get(id).map(|s| (id, s)).into_iter().collect();
-        move_sections(&*plane, memory, &movement, &sources, &mut targets, &BTreeSet::new(), &sections, dtype)?;
+        // Diagnostics borrow the store: their scratch is allocated here, outside its cache.
+        let plan = RankPlan::new(&movement, self.rank, &sections, dtype);
+        let mut scratch =
+            plan.scratch_sizes().into_iter().map(|bytes| memory.allocate(bytes)).collect::<Result<Vec<_>, _>>()?;
+        move_sections(&*plane, memory, &plan, &sources, &mut targets, &BTreeSet::new(), &mut scratch)?;
         match targets.remove(&target.id) {
             Some(whole) => Ok(Some(whole.with_buffer(memory.read(&whole.buffer)?.into_owned()))),
             None => Ok(None),

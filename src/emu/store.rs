@@ -137,20 +137,6 @@ impl ShardStore {
     }
 }
 
-impl ShardStore {
-    /// Pages in a host buffer of each of `sizes` bytes and keeps it in the cache of freed
-    /// buffers, as a store that has held such shards before has them (benchmarks: new shards
-    /// then cost their copies, not the kernel's first touch of every page).
-    pub fn warm_cache(&mut self, sizes: &[u64]) {
-        for &bytes in sizes {
-            let mut buffer = vec![0u8; bytes as usize];
-            // One write per page faults it in; the bytes stay zero.
-            buffer.iter_mut().step_by(4096).for_each(|b| *b = std::hint::black_box(0));
-            self.cache.push(buffer);
-        }
-    }
-}
-
 impl<M: ShardMemory> ShardStore<M> {
     /// An empty store for `rank` in `memory`: `capacity` bytes, or the device's real capacity
     /// when the driver reports less.
@@ -198,22 +184,45 @@ impl<M: ShardMemory> ShardStore<M> {
         for item in MemoryItem::ALL {
             self.ledger.charge(item, charges.get(item))?;
         }
-        let buffer = match self.cache.iter().position(|b| b.byte_len() == bytes) {
-            Some(i) => self.cache.swap_remove(i),
-            None => {
-                while self.ledger.used() + self.cached_bytes() > self.ledger.capacity() && !self.cache.is_empty() {
-                    self.cache.remove(0);
-                }
-                match self.memory.allocate(bytes) {
-                    Ok(buffer) => buffer,
-                    Err(e) => {
-                        self.ledger.release_all(&charges);
-                        return Err(e);
-                    }
-                }
+        let buffer = match self.buffer(bytes) {
+            Ok(buffer) => buffer,
+            Err(e) => {
+                self.ledger.release_all(&charges);
+                return Err(e);
             }
         };
         Ok(LocalShard { emu, position, table, sections, dtype, buffer })
+    }
+
+    /// A buffer of `bytes` with unspecified contents: a cached one of that size, or a new one
+    /// once the cache has dropped what live shards leave no room for.
+    fn buffer(&mut self, bytes: u64) -> Result<M::Buffer, EmuError> {
+        if let Some(i) = self.cache.iter().position(|b| b.byte_len() == bytes) {
+            return Ok(self.cache.swap_remove(i));
+        }
+        while self.ledger.used() + self.cached_bytes() > self.ledger.capacity() && !self.cache.is_empty() {
+            self.cache.remove(0);
+        }
+        self.memory.allocate(bytes)
+    }
+
+    /// Scratch buffers of `sizes` bytes (a redistribution's pack and unpack buffers), from the
+    /// cache where it has them: a transition that ran before finds its scratch paged in, as a
+    /// GPU caching allocator hands it back. The caller charges them to the ledger and returns
+    /// them with [`ShardStore::keep_buffers`].
+    pub fn take_buffers(&mut self, sizes: &[u64]) -> Result<Vec<M::Buffer>, EmuError> {
+        sizes.iter().map(|&bytes| self.buffer(bytes)).collect()
+    }
+
+    /// Puts buffers no shard uses into the cache.
+    pub fn keep_buffers(&mut self, buffers: Vec<M::Buffer>) {
+        self.cache.extend(buffers);
+    }
+
+    /// Every buffer of the store, live shards' and cached, for another store to reuse
+    /// ([`ShardStore::keep_buffers`]): the memory of one process across benchmark repetitions.
+    pub fn into_buffers(self) -> Vec<M::Buffer> {
+        self.shards.into_values().map(|s| s.buffer).chain(self.cache).collect()
     }
 
     /// Takes in a shard whose bytes the caller has already charged to this store's ledger.
@@ -274,5 +283,29 @@ impl<M: ShardMemory> ShardStore<M> {
         let Some(shard) = self.shards.get(&emu) else { return Ok(None) };
         let bytes = self.memory.read(&shard.buffer)?.into_owned();
         Ok(Some(shard.with_buffer(bytes)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Scratch comes back from the cache by size (the same allocation, already paged in), and a
+    /// store hands every buffer it has, live or cached, to the next one.
+    #[test]
+    fn scratch_is_reused_by_size_and_a_store_passes_every_buffer_on() {
+        let mut store = ShardStore::new(0, 1 << 20);
+        let first = store.take_buffers(&[64, 128]).unwrap();
+        let addresses: Vec<*const u8> = first.iter().map(|b| b.as_ptr()).collect();
+        store.keep_buffers(first);
+        assert_eq!(store.cached_bytes(), 192);
+        let again = store.take_buffers(&[128, 64, 32]).unwrap();
+        assert_eq!(again[0].as_ptr(), addresses[1], "the 128-byte buffer is the cached one");
+        assert_eq!(again[1].as_ptr(), addresses[0], "the 64-byte buffer is the cached one");
+        assert_eq!((again[2].len(), store.cached_bytes()), (32, 0), "a size the cache lacks is allocated");
+        store.keep_buffers(again);
+        let mut sizes: Vec<usize> = store.into_buffers().iter().map(Vec::len).collect();
+        sizes.sort_unstable();
+        assert_eq!(sizes, [32, 64, 128]);
     }
 }

@@ -87,10 +87,11 @@ pub(crate) fn materialize(
     plan: &Plan,
     capacity: u64,
 ) -> Result<(EmuSet, BTreeMap<ModelStage, Digest>), RuntimeError> {
-    materialize_in(plane, &HostMemory, world, for_every_role(catalogue), plan, capacity)
+    materialize_in(plane, &HostMemory, world, for_every_role(catalogue), plan, capacity, Vec::new())
 }
 
-/// [`materialize`] with shards in `memory` and each role's own catalogue.
+/// [`materialize`] with shards in `memory`, each role's own catalogue, and `spare` buffers in
+/// the store's cache (see [`crate::emu::ShardStore::keep_buffers`]).
 pub(crate) fn materialize_in<M: ShardMemory + Clone, P: DataPlane>(
     plane: &mut P,
     memory: &M,
@@ -98,8 +99,10 @@ pub(crate) fn materialize_in<M: ShardMemory + Clone, P: DataPlane>(
     catalogues: BTreeMap<Role, Catalogue>,
     plan: &Plan,
     capacity: u64,
+    spare: Vec<M::Buffer>,
 ) -> Result<(EmuSet<M>, BTreeMap<ModelStage, Digest>), RuntimeError> {
     let mut set = EmuSet::in_memory(plane.rank(), world, capacity, catalogues, memory.clone());
+    set.store_mut().keep_buffers(spare);
     for (k, p) in plan.placements.iter().enumerate() {
         let counters = Counters {
             updates: k as u64,
@@ -228,7 +231,7 @@ fn run_cases<M: ShardMemory + Clone, P: Exchange<M>>(
             continue;
         };
         agree_on_dag(session.world(), session.watchdog(), &c.dag)?;
-        let (mut set, before) = materialize_in(plane, memory, world, c.catalogues, &c.from, c.capacity)?;
+        let (mut set, before) = materialize_in(plane, memory, world, c.catalogues, &c.from, c.capacity, Vec::new())?;
         let (_, report) = execute(&mut set, plane, &c.dag)?;
         summary.executed += 1;
         summary.primitives += report.primitives as u64;

@@ -195,60 +195,20 @@ pub(crate) struct Bench<'s> {
     /// Point-to-point bytes/s measured at the start.
     bandwidth: f64,
     options: &'s ScalingOptions,
+    /// Every buffer the last measurement's store held, live or cached: the next one starts
+    /// with them cached, as a long-running job's caching allocator holds the buffers of the
+    /// transitions it ran before. On a CPU rank the kernel's first touch of a new page costs
+    /// more than the copy into it; a GPU's allocator pool pays neither.
+    spare: Vec<Vec<u8>>,
 }
 
 impl Bench<'_> {
-    /// The job's state in `plan`, filled with synthetic bytes, and each model-stage's digest.
+    /// The job's state in `plan`, filled with synthetic bytes, and each model-stage's digest;
+    /// the store starts with the buffers the last measurement left ([`Bench::spare`]).
     fn materialize(&mut self, plan: &Plan) -> Result<(EmuSet, BTreeMap<ModelStage, Digest>), RuntimeError> {
         let world = self.session.world().size();
-        materialize_in(&mut self.plane, &HostMemory, world, self.catalogues.clone(), plan, CAPACITY)
-    }
-
-    /// [`Bench::materialize`] of `case.from`, each rank's store then holding paged-in buffers of
-    /// the shards the method will allocate on it (see [`Bench::new_shards`]).
-    fn materialize_warm(
-        &mut self,
-        case: &Case,
-        rebuilds_all: bool,
-    ) -> Result<(EmuSet, BTreeMap<ModelStage, Digest>), RuntimeError> {
-        let (mut set, before) = self.materialize(&case.from)?;
-        set.store_mut().warm_cache(&self.new_shards(case, rebuilds_all));
-        Ok((set, before))
-    }
-
-    /// Bytes of each shard a method allocates on this rank going from `case.from` to `case.to`:
-    /// the target replicas' shards here that the current plan lacks (the DAG), or with
-    /// `rebuilds_all` every target shard here less those of the current replicas other than the
-    /// first (the per-tensor baseline frees them first). A long-running job's store has such
-    /// buffers cached, as `bench primitives` measures after a warm-up; on a CPU rank the first
-    /// touch of a new buffer's pages would otherwise cost more than the copy into it.
-    fn new_shards(&self, case: &Case, rebuilds_all: bool) -> Vec<u64> {
-        let me = self.session.rank();
-        let replicas = |plan: &Plan| -> Vec<(ModelStage, Layout, Vec<i32>, usize)> {
-            let mut out = Vec::new();
-            for p in &plan.placements {
-                let c = p.candidate;
-                out.extend((0..c.dp as usize).map(|r| (c.model_stage, c.layout, p.replica(r).to_vec(), r)));
-            }
-            out
-        };
-        let (from, to) = (replicas(&case.from), replicas(&case.to));
-        let mine = |(ms, layout, ranks, _): &(ModelStage, Layout, Vec<i32>, usize)| {
-            let k = ranks.iter().position(|&x| x == me)?;
-            Some(self.state_bytes(*ms, *layout, layout.position(k)))
-        };
-        if !rebuilds_all {
-            let held =
-                |t: &(ModelStage, Layout, Vec<i32>, usize)| from.iter().any(|f| (f.0, f.1, &f.2) == (t.0, t.1, &t.2));
-            return to.iter().filter(|t| !held(t)).filter_map(mine).collect();
-        }
-        let mut sizes: Vec<u64> = to.iter().filter_map(mine).collect();
-        for freed in from.iter().filter(|f| f.3 > 0).filter_map(mine) {
-            if let Some(i) = sizes.iter().position(|&b| b == freed) {
-                sizes.swap_remove(i);
-            }
-        }
-        sizes
+        let spare = std::mem::take(&mut self.spare);
+        materialize_in(&mut self.plane, &HostMemory, world, self.catalogues.clone(), plan, CAPACITY, spare)
     }
 
     /// Every model-stage at `to`'s replicas with its digest of `before`, or an error naming
@@ -291,19 +251,20 @@ impl Bench<'_> {
 
     /// (a): the transition DAG on the live EMUs; seconds, bytes sent, predicted seconds.
     fn nereus(&mut self, case: &Case) -> Result<(f64, u64, f64), RuntimeError> {
-        let (mut set, before) = self.materialize_warm(case, false)?;
+        let (mut set, before) = self.materialize(&case.from)?;
         let bytes = |ms: ModelStage, l: Layout, p: Position| self.state_bytes(ms, l, p);
         let dag = TransitionDag::plan(&case.from, &case.to, &bytes, &self.links(), true)?;
         agree_on_dag(self.session.world(), self.session.watchdog(), &dag)?;
         let wait = Wait::Calm(self.session.world(), self.session.watchdog());
         let (report, seconds) = timed(&mut self.plane, self.all, wait, |plane| Ok(execute(&mut set, plane, &dag)?.1))?;
         self.verify("the transition DAG", case, &set, &before)?;
+        self.spare = set.into_buffers();
         Ok((seconds, report.bytes_sent, dag.schedule.seconds))
     }
 
     /// (c): every model-stage rebuilt tensor by tensor from its first replica; seconds, bytes.
     fn tenplex(&mut self, case: &Case) -> Result<(f64, u64), RuntimeError> {
-        let (mut set, before) = self.materialize_warm(case, true)?;
+        let (mut set, before) = self.materialize(&case.from)?;
         set.set_participants_only(true);
         let wait = Wait::Calm(self.session.world(), self.session.watchdog());
         let (sent, seconds) = timed(&mut self.plane, self.all, wait, |plane| {
@@ -318,12 +279,15 @@ impl Bench<'_> {
         })?;
         set.set_participants_only(false);
         self.verify("the shard-level baseline", case, &set, &before)?;
+        self.spare = set.into_buffers();
         Ok((seconds, sent))
     }
 
     /// One case, three ways (rows are complete on rank 0).
     fn case(&mut self, case: &Case) -> Result<Row, RuntimeError> {
         let reps = self.options.reps.max(1);
+        // Buffers of the last case are not this one's sizes: they would only hold memory.
+        self.spare.clear();
         log::info!("{}: the transition DAG", case.name);
         let (nereus_s, bytes_moved, predicted_s) = median_of(reps, |_| self.nereus(case), |m| m.0)?;
         log::info!("{}: shard-level, tensor by tensor", case.name);
@@ -356,12 +320,14 @@ impl Bench<'_> {
     }
 }
 
-/// The measurement with the median `seconds` of `reps` runs of `measure`.
+/// The measurement with the median `seconds` of `reps` runs of `measure`, after one unmeasured
+/// run that leaves its buffers to the next ([`Bench::spare`]).
 fn median_of<T>(
     reps: usize,
     mut measure: impl FnMut(usize) -> Result<T, RuntimeError>,
     seconds: impl Fn(&T) -> f64,
 ) -> Result<T, RuntimeError> {
+    measure(0)?;
     let mut all = (0..reps).map(&mut measure).collect::<Result<Vec<T>, _>>()?;
     all.sort_by(|a, b| seconds(a).total_cmp(&seconds(b)));
     Ok(all.swap_remove(reps / 2))
@@ -384,7 +350,7 @@ pub fn run(session: &Session, options: &ScalingOptions) -> Result<(), RuntimeErr
     let wait = Wait::Calm(session.world(), session.watchdog());
     let bandwidth = p2p_bytes as f64 / host_p2p_seconds(&mut plane, all, wait, 3, p2p_bytes)?;
     let catalogues = models(options.small);
-    let mut bench = Bench { session, plane, all, catalogues, bandwidth, options };
+    let mut bench = Bench { session, plane, all, catalogues, bandwidth, options, spare: Vec::new() };
     let rows = cases.iter().map(|c| bench.case(c)).collect::<Result<Vec<Row>, _>>()?;
     if session.rank() != 0 {
         return Ok(());
