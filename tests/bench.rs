@@ -136,6 +136,12 @@ fn bench_scaling_small_moves_every_method_with_digests_unchanged_and_writes_the_
     // tp 2 → pp 2 on the same ranks: each rank receives the other TP half of its stage only.
     let moved = reshard["bytes_moved"].as_u64().unwrap();
     assert!(moved < state * 55 / 100 && moved > state * 45 / 100, "{reshard}");
+    // …and copies its own half locally: every byte of the new layout is written once.
+    let local = |row: &serde_json::Value, key: &str| row[key].as_u64().unwrap();
+    assert_eq!(moved + local(reshard, "bytes_local"), state, "{reshard}");
+    // The Extend copies nothing locally; the per-tensor baseline rewrites the resident replica.
+    assert_eq!(local(extend, "bytes_local"), 0, "{extend}");
+    assert_eq!(local(extend, "tenplex_bytes_local"), state, "{extend}");
     for r in rows {
         for key in ["nereus_s", "ucp_s", "tenplex_s", "floor_s"] {
             assert!(r[key].as_f64().unwrap() > 0.0, "{key}: {r}");

@@ -20,6 +20,8 @@ pub struct ExecutionReport {
     pub primitives: usize,
     /// Bytes sent over the data plane, all ranks together.
     pub bytes_sent: u64,
+    /// Bytes copied between two buffers of one rank, all ranks together.
+    pub bytes_local: u64,
 }
 
 /// A 64-bit digest of the DAG's schedule: every node, in order, with its ranks.
@@ -106,6 +108,7 @@ fn run_nodes<M: ShardMemory, P: Exchange<M>>(
         log::debug!("{}: {:.3} s, {} bytes sent", dag.label(i), done.seconds, done.bytes_sent);
         report.primitives += 1;
         report.bytes_sent += done.bytes_sent;
+        report.bytes_local += done.bytes_local;
     }
     Ok(())
 }

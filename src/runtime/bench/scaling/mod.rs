@@ -83,6 +83,9 @@ pub struct Row {
     pub state_bytes: u64,
     /// (a): bytes the DAG sent between ranks.
     pub bytes_moved: u64,
+    /// (a): bytes the DAG copied between buffers of one rank (on a CPU node these cost about
+    /// what sent bytes cost: both are memory copies).
+    pub bytes_local: u64,
     /// (a): measured seconds (between barriers of the world).
     pub nereus_s: f64,
     /// (a): the DAG's `L_tran` with the measured point-to-point bandwidth.
@@ -95,6 +98,8 @@ pub struct Row {
     pub tenplex_s: f64,
     /// (c): bytes sent between ranks.
     pub tenplex_bytes: u64,
+    /// (c): bytes copied between buffers of one rank.
+    pub tenplex_bytes_local: u64,
     /// `bytes_moved` over the point-to-point bandwidth, seconds.
     pub floor_s: f64,
     /// `ucp_s / nereus_s`.
@@ -249,8 +254,9 @@ impl Bench<'_> {
         }
     }
 
-    /// (a): the transition DAG on the live EMUs; seconds, bytes sent, predicted seconds.
-    fn nereus(&mut self, case: &Case) -> Result<(f64, u64, f64), RuntimeError> {
+    /// (a): the transition DAG on the live EMUs; seconds, bytes sent and copied locally,
+    /// predicted seconds.
+    fn nereus(&mut self, case: &Case) -> Result<(f64, u64, u64, f64), RuntimeError> {
         let (mut set, before) = self.materialize(&case.from)?;
         let bytes = |ms: ModelStage, l: Layout, p: Position| self.state_bytes(ms, l, p);
         let dag = TransitionDag::plan(&case.from, &case.to, &bytes, &self.links(), true)?;
@@ -259,28 +265,30 @@ impl Bench<'_> {
         let (report, seconds) = timed(&mut self.plane, self.all, wait, |plane| Ok(execute(&mut set, plane, &dag)?.1))?;
         self.verify("the transition DAG", case, &set, &before)?;
         self.spare = set.into_buffers();
-        Ok((seconds, report.bytes_sent, dag.schedule.seconds))
+        Ok((seconds, report.bytes_sent, report.bytes_local, dag.schedule.seconds))
     }
 
-    /// (c): every model-stage rebuilt tensor by tensor from its first replica; seconds, bytes.
-    fn tenplex(&mut self, case: &Case) -> Result<(f64, u64), RuntimeError> {
+    /// (c): every model-stage rebuilt tensor by tensor from its first replica; seconds, bytes
+    /// sent and copied locally.
+    fn tenplex(&mut self, case: &Case) -> Result<(f64, u64, u64), RuntimeError> {
         let (mut set, before) = self.materialize(&case.from)?;
         set.set_participants_only(true);
         let wait = Wait::Calm(self.session.world(), self.session.watchdog());
-        let (sent, seconds) = timed(&mut self.plane, self.all, wait, |plane| {
-            let mut sent = 0;
+        let ((sent, local), seconds) = timed(&mut self.plane, self.all, wait, |plane| {
+            let (mut sent, mut local) = (0, 0);
             for p in &case.to.placements {
                 let dp = p.candidate.dp as usize;
                 let targets: Vec<(Layout, Vec<i32>)> =
                     (0..dp).map(|r| (p.candidate.layout, p.replica(r).to_vec())).collect();
-                sent += set.rebuild_per_tensor(plane, p.candidate.model_stage, &targets)?.bytes_sent;
+                let done = set.rebuild_per_tensor(plane, p.candidate.model_stage, &targets)?;
+                (sent, local) = (sent + done.bytes_sent, local + done.bytes_local);
             }
-            Ok(sent)
+            Ok((sent, local))
         })?;
         set.set_participants_only(false);
         self.verify("the shard-level baseline", case, &set, &before)?;
         self.spare = set.into_buffers();
-        Ok((seconds, sent))
+        Ok((seconds, sent, local))
     }
 
     /// One case, three ways (rows are complete on rank 0).
@@ -289,9 +297,9 @@ impl Bench<'_> {
         // Buffers of the last case are not this one's sizes: they would only hold memory.
         self.spare.clear();
         log::info!("{}: the transition DAG", case.name);
-        let (nereus_s, bytes_moved, predicted_s) = median_of(reps, |_| self.nereus(case), |m| m.0)?;
+        let (nereus_s, bytes_moved, bytes_local, predicted_s) = median_of(reps, |_| self.nereus(case), |m| m.0)?;
         log::info!("{}: shard-level, tensor by tensor", case.name);
-        let (tenplex_s, tenplex_bytes) = median_of(reps, |_| self.tenplex(case), |m| m.0)?;
+        let (tenplex_s, tenplex_bytes, tenplex_bytes_local) = median_of(reps, |_| self.tenplex(case), |m| m.0)?;
         log::info!("{}: checkpoint and restart", case.name);
         let (ucp_s, checkpoint_bytes) = self.checkpoint_restart(case)?;
         let whole = |role: &Role| {
@@ -306,12 +314,14 @@ impl Bench<'_> {
             to_ranks: Case::ranks(&case.to),
             state_bytes,
             bytes_moved,
+            bytes_local,
             nereus_s,
             predicted_s,
             ucp_s,
             checkpoint_bytes,
             tenplex_s,
             tenplex_bytes,
+            tenplex_bytes_local,
             floor_s,
             ucp_over_nereus: ucp_s / nereus_s,
             tenplex_over_nereus: tenplex_s / nereus_s,
@@ -433,5 +443,28 @@ fn print_table(catalogues: &BTreeMap<Role, Catalogue>, bandwidth: f64, rows: &[R
         t / n,
         "-"
     )?;
-    writeln!(out, "(a) Nereus DAG, (b) checkpoint/restart as UCP (mpirun start-up included), (c) per tensor as Tenplex")
+    writeln!(
+        out,
+        "(a) Nereus DAG, (b) checkpoint/restart as UCP (mpirun start-up included), (c) per tensor as Tenplex"
+    )?;
+    // On one CPU node a byte copied inside a rank costs about what a byte sent costs (both are
+    // memory copies); on a GPU cluster a local copy runs at HBM speed, a send at the link's.
+    writeln!(
+        out,
+        "{:<19} {:>10} {:>10} {:>10} {:>10}",
+        "bytes copied, MB", "(a) sent", "(a) local", "(c) sent", "(c) local"
+    )?;
+    for r in rows {
+        let mb = |b: u64| b as f64 / 1e6;
+        writeln!(
+            out,
+            "{:<19} {:>10.1} {:>10.1} {:>10.1} {:>10.1}",
+            r.case,
+            mb(r.bytes_moved),
+            mb(r.bytes_local),
+            mb(r.tenplex_bytes),
+            mb(r.tenplex_bytes_local)
+        )?;
+    }
+    Ok(())
 }
