@@ -24,6 +24,7 @@ pub mod plan;
 pub mod policy;
 pub mod pool;
 pub mod rl;
+pub mod stepped_csv;
 pub mod train;
 
 pub use cluster::{ClusterSection, ClusterSpec, DataPlane};

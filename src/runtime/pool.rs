@@ -14,6 +14,7 @@ use std::sync::Arc;
 use signal_hook::consts::SIGUSR1;
 use signal_hook::iterator::{Handle, Signals};
 
+use crate::config::stepped_csv::SteppedCsv;
 use crate::topology::parse_index_list;
 
 use super::RuntimeError;
@@ -132,28 +133,21 @@ fn read_trace(path: &Path, world: u32) -> Result<Vec<(u64, u32)>, RuntimeError> 
     let name = path.display().to_string();
     let text = std::fs::read_to_string(path)
         .map_err(|e| RuntimeError::Usage(format!("cannot read pool.trace {name}: {e}")))?;
-    let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#'));
-    let header: Vec<&str> = lines.next().unwrap_or("").split(',').map(str::trim).collect();
-    let column = |c: &str| header.iter().position(|h| *h == c);
-    let step_col = column("step")
-        .ok_or_else(|| RuntimeError::Usage(format!("pool.trace {name}: the header has no `step` column")))?;
-    let (pool_col, is_list) = match (column("available_gpus"), column("ranks")) {
-        (Some(c), _) => (c, false),
+    let at = |line: usize| format!("pool.trace {name} line {line}");
+    let table = SteppedCsv::parse(&text, &["step", "available_gpus", "ranks"], Some("ranks"))
+        .map_err(|e| RuntimeError::Usage(format!("{}: {}", at(e.line), e.message)))?;
+    let (pool_column, is_list) = match (table.column("available_gpus"), table.column("ranks")) {
+        (Some(c), None) => (c, false),
         (None, Some(c)) => (c, true),
-        (None, None) => {
-            return Err(RuntimeError::Usage(format!("pool.trace {name}: the header needs `available_gpus` or `ranks`")))
+        _ => {
+            return Err(RuntimeError::Usage(format!(
+                "pool.trace {name}: the header needs one of `available_gpus` (a count) or `ranks` (an index list)"
+            )))
         }
     };
-    let mut rows: Vec<(u64, u32)> = Vec::new();
-    for (i, line) in lines.enumerate() {
-        // `ranks` lists hold commas: the pool column takes the rest of the line.
-        let fields: Vec<&str> = line.splitn(header.len(), ',').map(str::trim).collect();
-        let at = format!("{name} row {}", i + 1);
-        let step: u64 = fields
-            .get(step_col)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| RuntimeError::Usage(format!("{at}: `step` is not a step number: {line:?}")))?;
-        let value = fields.get(pool_col).copied().unwrap_or("");
+    let mut rows = Vec::with_capacity(table.rows.len());
+    for row in &table.rows {
+        let (value, at) = (row.cells[pool_column], at(row.line));
         let n = if is_list {
             parse_pool(value, world, &at)?
         } else {
@@ -162,10 +156,7 @@ fn read_trace(path: &Path, world: u32) -> Result<Vec<(u64, u32)>, RuntimeError> 
                 .map_err(|_| RuntimeError::Usage(format!("{at}: available_gpus {value:?} is not a count")))?;
             check_size(n, world, &at)?
         };
-        if rows.last().is_some_and(|&(last, _)| step <= last) {
-            return Err(RuntimeError::Usage(format!("{at}: steps must increase (step {step})")));
-        }
-        rows.push((step, n));
+        rows.push((row.step, n));
     }
     Ok(rows)
 }
@@ -223,8 +214,9 @@ mod tests {
             ("step,available_gpus\n0,9\n", "the world has 8"),
             ("step,available_gpus\n0,0\n", "a pool of 0 ranks"),
             ("step,ranks\n0,0-3,6\n", "not the first 5 ranks"),
-            ("step,gpus\n0,4\n", "needs `available_gpus` or `ranks`"),
-            ("step,available_gpus\n3,4\n3,5\n", "steps must increase"),
+            ("step,gpus\n0,4\n", "unknown column `gpus`"),
+            ("step\n0\n", "needs one of `available_gpus` (a count) or `ranks`"),
+            ("step,available_gpus\n3,4\n3,5\n", "line 3: step 3 does not follow step 3"),
             ("step,available_gpus\nx,4\n", "not a step number"),
         ];
         for (text, needle) in cases {

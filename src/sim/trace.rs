@@ -9,6 +9,7 @@
 //! ```
 
 use super::SimError;
+use crate::config::stepped_csv::SteppedCsv;
 
 /// The columns a trace may carry, in the order they are written.
 pub const COLUMNS: [&str; 4] = ["step", "seq_len_mean", "seq_len_p95", "available_gpus"];
@@ -50,53 +51,29 @@ impl Trace {
     /// Parses CSV text (`name` is only for messages). Errors name the line and the column.
     pub fn parse(text: &str, name: &str) -> Result<Trace, SimError> {
         let bad = |line: usize, message: String| SimError::Trace { name: name.into(), line, message };
-        let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty() && !l.starts_with('#'));
-        let (header_line, header) = lines.next().ok_or_else(|| bad(1, "empty trace: a header is needed".into()))?;
-        let columns: Vec<&str> = header.split(',').map(str::trim).collect();
-        for c in &columns {
-            if !COLUMNS.contains(c) {
-                return Err(bad(header_line + 1, format!("unknown column `{c}`; expected {}", COLUMNS.join(", "))));
-            }
-        }
-        if !columns.contains(&"step") {
-            return Err(bad(header_line + 1, "the header has no `step` column".into()));
-        }
-        let mut rows: Vec<TraceRow> = Vec::new();
-        for (i, line) in lines {
-            let cells: Vec<&str> = line.split(',').map(str::trim).collect();
-            if cells.len() != columns.len() {
-                return Err(bad(i + 1, format!("{} cells for {} columns", cells.len(), columns.len())));
-            }
-            let mut row = TraceRow::default();
-            for (c, cell) in columns.iter().zip(&cells) {
-                let number = |what: &str| -> Result<f64, SimError> {
-                    cell.parse::<f64>()
-                        .ok()
-                        .filter(|x| x.is_finite() && *x >= 0.0)
-                        .ok_or_else(|| bad(i + 1, format!("{what} = `{cell}` is not a non-negative number")))
-                };
+        let table = SteppedCsv::parse(text, &COLUMNS, None).map_err(|e| bad(e.line, e.message))?;
+        let mut rows: Vec<TraceRow> = Vec::with_capacity(table.rows.len());
+        for r in &table.rows {
+            let mut row = TraceRow { step: r.step, ..TraceRow::default() };
+            for (c, cell) in table.columns.iter().zip(&r.cells).filter(|(c, _)| **c != "step") {
+                let number = cell
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|x| x.is_finite() && *x >= 0.0)
+                    .ok_or_else(|| bad(r.line, format!("{c} = `{cell}` is not a non-negative number")))?;
                 match *c {
-                    "step" => {
-                        row.step = integer(number("step")?).ok_or_else(|| bad(i + 1, format!("step = `{cell}`")))?
-                    }
-                    "seq_len_mean" => row.seq_len_mean = Some(positive(number(c)?, c).map_err(|m| bad(i + 1, m))?),
-                    "seq_len_p95" => row.seq_len_p95 = Some(positive(number(c)?, c).map_err(|m| bad(i + 1, m))?),
+                    "seq_len_mean" => row.seq_len_mean = Some(positive(number, c).map_err(|m| bad(r.line, m))?),
+                    "seq_len_p95" => row.seq_len_p95 = Some(positive(number, c).map_err(|m| bad(r.line, m))?),
                     _ => {
-                        let n = integer(number(c)?).filter(|n| *n <= u64::from(u32::MAX));
-                        row.available_gpus = Some(n.ok_or_else(|| bad(i + 1, format!("{c} = `{cell}`")))? as u32);
+                        let n = integer(number).filter(|n| *n <= u64::from(u32::MAX));
+                        row.available_gpus = Some(n.ok_or_else(|| bad(r.line, format!("{c} = `{cell}`")))? as u32);
                     }
                 }
-            }
-            if rows.last().is_some_and(|last| last.step >= row.step) {
-                return Err(bad(
-                    i + 1,
-                    format!("step {} does not follow step {}", row.step, rows[rows.len() - 1].step),
-                ));
             }
             rows.push(row);
         }
         if rows.is_empty() {
-            return Err(bad(header_line + 1, "the trace has a header but no rows".into()));
+            return Err(bad(1, "the trace has a header but no rows".into()));
         }
         Ok(Trace { rows })
     }
