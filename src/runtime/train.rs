@@ -491,9 +491,8 @@ fn resume_directory(
     from: Option<&ResumeFrom>,
 ) -> Result<Option<PathBuf>, RuntimeError> {
     let local = if session.rank() == 0 { prepare_output(out, checkpoints, metrics, from) } else { Ok(None) };
-    let dir = session.agree("output directory", local)?;
-    let bytes = dir.as_ref().map(|d| d.to_string_lossy().into_owned()).unwrap_or_default();
-    let bytes = session.broadcast("resume directory", bytes.as_bytes())?;
+    let path = |dir: Option<PathBuf>| dir.map(|d| d.to_string_lossy().into_owned().into_bytes()).unwrap_or_default();
+    let bytes = session.from_root("output directory", local.map(path))?;
     Ok((!bytes.is_empty()).then(|| PathBuf::from(String::from_utf8_lossy(&bytes).into_owned())))
 }
 
