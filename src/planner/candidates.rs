@@ -10,13 +10,17 @@
 
 use std::collections::BTreeMap;
 
-use super::search::{Caps, Planner};
+use super::search::{Caps, Planner, StageCost};
 use crate::cost::{EngineKind, Estimate};
 use crate::model::Layout;
 use crate::plan::{Candidate, ModelStage, Recompute, Stage};
 
 /// A candidate with its estimate.
 pub type Scored = (Candidate, Estimate);
+
+/// A frontier point: a candidate and its predicted seconds (all a stage's layout reads; the
+/// estimate behind it is the planner's to recompute for the few candidates a plan keeps).
+pub type Point = (Candidate, f64);
 
 /// What the search reads of a variant's estimate. The full [`Estimate`] (per-item memory,
 /// per-class latency) is six times larger and is recomputed for the few variants a frontier
@@ -72,7 +76,7 @@ pub struct Pool<'p> {
     planner: &'p Planner,
     entries: BTreeMap<ModelStage, Vec<Entry>>,
     /// Uncapped frontiers already built, by model-stage, replica limit and preferred candidate.
-    uncapped: BTreeMap<(ModelStage, u32, Option<Candidate>), Vec<Scored>>,
+    uncapped: BTreeMap<(ModelStage, u32, Option<Candidate>), Vec<Point>>,
 }
 
 impl<'p> Pool<'p> {
@@ -92,7 +96,7 @@ impl<'p> Pool<'p> {
         prefer: Option<&Candidate>,
         caps: Option<&Caps>,
         max_dp: u32,
-    ) -> Vec<Scored> {
+    ) -> Vec<Point> {
         let key = (ms, max_dp, prefer.copied());
         if caps.is_none() {
             if let Some(f) = self.uncapped.get(&key) {
@@ -100,32 +104,34 @@ impl<'p> Pool<'p> {
             }
         }
         let usable = self.planner.cost().hardware.usable_bytes();
-        let state_limit = caps.map_or(usable, |c| c.state(ms).min(usable));
+        let state_cap = caps.map(|c| (c.state(ms), c.transient));
+        let state_limit = state_cap.map_or(usable, |(state, _)| state.min(usable));
         let fits = |e: &Summary| {
-            e.feasible && e.peak <= usable && caps.is_none_or(|c| e.state <= c.state(ms) && e.transient <= c.transient)
+            e.feasible
+                && e.peak <= usable
+                && state_cap.is_none_or(|(state, transient)| e.state <= state && e.transient <= transient)
         };
         // Per rank count, the fastest fitting variant as (seconds, entry, variant): indices, so
         // that only the frontier's points are copied out.
         let mut best: BTreeMap<u32, (f64, usize, usize)> = BTreeMap::new();
-        let planner = self.planner;
+        let stage = self.planner.stage_cost(ms);
         let entries = self.entries.get_mut(&ms).map_or(&mut [][..], |v| v.as_mut_slice());
         for (i, entry) in entries.iter_mut().enumerate().filter(|(_, e)| e.dp <= max_dp) {
             // Uncapped, fitting is a bound on the heaviest position's peak, which falls with the
             // micro-batch; under caps it also bounds the heaviest position's state, and which
             // position is heaviest may change from one variant to the next.
             let monotone = caps.is_none();
-            let Some(k) = entry.quick_fitting(planner, ms, state_limit, monotone, &fits) else { continue };
+            let Some(k) = entry.quick_fitting(&stage, state_limit, monotone, &fits) else { continue };
             let (c, e) = (entry.candidate(ms, k), entry.scored(k));
             let slot = best.entry(c.ranks()).or_insert((e.seconds, i, k));
             if e.seconds < slot.0 || (e.seconds == slot.0 && Some(&c) == prefer) {
                 *slot = (e.seconds, i, k);
             }
         }
-        let mut frontier: Vec<Scored> = Vec::new();
+        let mut frontier: Vec<Point> = Vec::new();
         for (seconds, i, k) in best.into_values() {
-            if frontier.last().is_none_or(|last| seconds < last.1.seconds) {
-                let c = entries[i].candidate(ms, k);
-                frontier.push((c, planner.estimate(&c)));
+            if frontier.last().is_none_or(|last| seconds < last.1) {
+                frontier.push((entries[i].candidate(ms, k), seconds));
             }
         }
         if caps.is_none() {
@@ -154,27 +160,27 @@ impl<'p> Pool<'p> {
 
     /// Every fitting first variant of `ms` (not reduced to a frontier), for brute-force checks.
     pub fn all_fitting(&mut self, ms: ModelStage) -> Vec<Scored> {
-        let planner = self.planner;
+        let stage = self.planner.stage_cost(ms);
         let fits = |e: &Summary| e.feasible;
         self.entries
             .get_mut(&ms)
             .into_iter()
             .flatten()
             .filter_map(|entry| {
-                let k = entry.first_fitting(planner, ms, true, &fits)?;
+                let k = entry.first_fitting(&stage, true, &fits)?;
                 let c = entry.candidate(ms, k);
-                Some((c, planner.estimate(&c)))
+                Some((c, stage.estimate(&c)))
             })
             .collect()
     }
 
     /// The smallest peak any variant of `ms` reaches (for the "does not fit" message).
     pub fn smallest_peak(&mut self, ms: ModelStage) -> u64 {
-        let planner = self.planner;
+        let stage = self.planner.stage_cost(ms);
         let mut least = u64::MAX;
         for entry in self.entries.get_mut(&ms).into_iter().flatten() {
             for k in 0..entry.variants() {
-                least = least.min(entry.estimate(planner, ms, k).peak);
+                least = least.min(entry.estimate(&stage, k).peak);
             }
         }
         if least == u64::MAX {
@@ -192,23 +198,22 @@ impl Entry {
     /// what their passes hold, never in the state. `monotone`: see [`Entry::first_fitting`].
     fn quick_fitting(
         &mut self,
-        planner: &Planner,
-        ms: ModelStage,
+        stage: &StageCost,
         state_limit: u64,
         monotone: bool,
         fits: &dyn Fn(&Summary) -> bool,
     ) -> Option<usize> {
-        if self.least_state(planner, ms) > state_limit {
+        if self.least_state(stage) > state_limit {
             return None;
         }
         if self.first_is_fastest {
-            return self.first_fitting(planner, ms, monotone, fits);
+            return self.first_fitting(stage, monotone, fits);
         }
         let mut best: Option<usize> = None;
         let per_size = self.recomputes.len();
         for size in 0..self.variants() / per_size {
             let block = size * per_size..(size + 1) * per_size;
-            if let Some(k) = block.into_iter().find(|&k| fits(&self.estimate(planner, ms, k))) {
+            if let Some(k) = block.into_iter().find(|&k| fits(&self.estimate(stage, k))) {
                 if best.is_none_or(|b| self.scored(k).seconds < self.scored(b).seconds) {
                     best = Some(k);
                 }
@@ -219,16 +224,16 @@ impl Entry {
 
     /// The state of the entry's lightest pipeline position (first or last; every variant of
     /// the entry holds at least this), computed once.
-    fn least_state(&mut self, planner: &Planner, ms: ModelStage) -> u64 {
+    fn least_state(&mut self, stage: &StageCost) -> u64 {
         *self.least_state.get_or_insert_with(|| {
             let c = Candidate {
-                model_stage: ms,
+                model_stage: stage.model_stage(),
                 layout: self.layout,
                 dp: self.dp,
                 recompute: Recompute::None,
                 micro_batch: 1,
             };
-            let state = |j: u32| planner.position_memory(&c, j).state.total();
+            let state = |j: u32| stage.position_memory(&c, j).state.total();
             state(0).min(state(self.layout.pp - 1))
         })
     }
@@ -246,11 +251,15 @@ impl Entry {
     }
 
     /// Variant `k`, estimated once.
-    fn estimate(&mut self, planner: &Planner, ms: ModelStage, k: usize) -> Summary {
+    fn estimate(&mut self, stage: &StageCost, k: usize) -> Summary {
         if let Some(&(_, summary)) = self.estimated.iter().find(|(v, _)| *v == k) {
             return summary;
         }
-        let summary = Summary::of(&planner.estimate(&self.candidate(ms, k)));
+        let summary = Summary::of(&stage.estimate(&self.candidate(stage.model_stage(), k)));
+        if self.estimated.is_empty() {
+            // Room for a typical search's few variants at once, not one reallocation each.
+            self.estimated.reserve(self.variants().min(8));
+        }
         self.estimated.push((k, summary));
         summary
     }
@@ -268,20 +277,14 @@ impl Entry {
     /// is `monotone` (once a variant fits, every later one does) and there is one recomputation
     /// choice, every variant holds less than the one before it (a smaller micro-batch or decode
     /// wave), so what fits is a suffix and a bisection finds its start.
-    fn first_fitting(
-        &mut self,
-        planner: &Planner,
-        ms: ModelStage,
-        monotone: bool,
-        fits: &dyn Fn(&Summary) -> bool,
-    ) -> Option<usize> {
+    fn first_fitting(&mut self, stage: &StageCost, monotone: bool, fits: &dyn Fn(&Summary) -> bool) -> Option<usize> {
         if !monotone || self.recomputes.len() > 1 {
-            return (0..self.variants()).find(|&k| fits(&self.estimate(planner, ms, k)));
+            return (0..self.variants()).find(|&k| fits(&self.estimate(stage, k)));
         }
         let (mut lo, mut hi) = (0, self.variants());
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
-            if fits(&self.estimate(planner, ms, mid)) {
+            if fits(&self.estimate(stage, mid)) {
                 hi = mid;
             } else {
                 lo = mid + 1;

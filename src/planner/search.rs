@@ -7,7 +7,7 @@ use std::sync::Arc;
 use thiserror::Error;
 
 use super::assign::{assign, GroupToPlace};
-use super::candidates::{Pool, Scored};
+use super::candidates::{Point, Pool, Scored};
 use super::stage::{self, StageChoice};
 use crate::config::{Algorithm, JobConfig};
 use crate::cost::{
@@ -41,6 +41,31 @@ impl Caps {
     /// The state cap of `ms`.
     pub(super) fn state(&self, ms: ModelStage) -> u64 {
         self.state.get(&ms).copied().unwrap_or(u64::MAX)
+    }
+}
+
+/// One model-stage's cost model inputs (statistics, workload), for candidates of it.
+pub(super) struct StageCost<'p> {
+    cost: &'p CostModel,
+    stats: &'p ModelStats,
+    workload: &'p Workload,
+    ms: ModelStage,
+}
+
+impl StageCost<'_> {
+    /// The model-stage.
+    pub(super) fn model_stage(&self) -> ModelStage {
+        self.ms
+    }
+
+    /// [`Planner::estimate`] of a candidate of this model-stage.
+    pub(super) fn estimate(&self, c: &Candidate) -> Estimate {
+        self.cost.estimate(self.stats, c, self.workload)
+    }
+
+    /// [`Planner::position_memory`] of a candidate of this model-stage.
+    pub(super) fn position_memory(&self, c: &Candidate, j: u32) -> PositionMemory {
+        self.cost.position_memory(self.stats, c, self.workload, j)
     }
 }
 
@@ -307,12 +332,17 @@ impl Planner {
 
     /// Estimates one candidate (its heaviest position on a rank of its own).
     pub fn estimate(&self, c: &Candidate) -> Estimate {
-        self.cost.estimate(&self.models[&c.model_stage.role].stats, c, &self.workloads[&c.model_stage])
+        self.stage_cost(c.model_stage).estimate(c)
+    }
+
+    /// The cost inputs of `ms`, looked up once for the many candidates a search estimates.
+    pub(super) fn stage_cost(&self, ms: ModelStage) -> StageCost<'_> {
+        StageCost { cost: &self.cost, stats: &self.models[&ms.role].stats, workload: &self.workloads[&ms], ms }
     }
 
     /// What one rank at pipeline position `j` of `c` holds.
     pub fn position_memory(&self, c: &Candidate, j: u32) -> PositionMemory {
-        self.cost.position_memory(&self.models[&c.model_stage.role].stats, c, &self.workloads[&c.model_stage], j)
+        self.stage_cost(c.model_stage).position_memory(c, j)
     }
 
     /// Every rank's predicted peak under `plan` (placement-exact), the weight sync's pack
@@ -348,7 +378,8 @@ impl Planner {
     /// The latency-versus-ranks frontier of `ms`: ascending ranks, strictly falling latency.
     /// Among equally fast candidates with the same rank count, `prefer` (the current one) wins.
     pub fn frontier(&self, ms: ModelStage, prefer: Option<&Candidate>) -> Vec<Scored> {
-        Pool::new(self).frontier(ms, prefer, None, u32::MAX)
+        let points = Pool::new(self).frontier(ms, prefer, None, u32::MAX);
+        points.into_iter().map(|(c, _)| (c, self.estimate(&c))).collect()
     }
 
     /// What one step asks of `ms`.
@@ -610,9 +641,9 @@ impl Planner {
         Ok(Plan { placements })
     }
 
-    fn solve_stage(&self, frontiers: &[Vec<Scored>]) -> Option<StageChoice> {
+    fn solve_stage(&self, frontiers: &[Vec<Point>]) -> Option<StageChoice> {
         let points: Vec<Vec<(u32, f64)>> =
-            frontiers.iter().map(|f| f.iter().map(|(c, e)| (c.ranks(), e.seconds)).collect()).collect();
+            frontiers.iter().map(|f| f.iter().map(|(c, seconds)| (c.ranks(), *seconds)).collect()).collect();
         let refs: Vec<&stage::Frontier> = points.iter().map(|p| p.as_slice()).collect();
         stage::solve(&refs, self.cost.hardware.devices)
     }
@@ -674,7 +705,7 @@ impl Planner {
         let mut pool = Pool::new(self);
         let mut total = 0.0;
         for stage in STAGES {
-            let frontiers: Vec<Vec<Scored>> = self
+            let frontiers: Vec<Vec<Point>> = self
                 .model_stages
                 .iter()
                 .filter(|m| m.stage == stage)
