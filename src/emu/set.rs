@@ -13,7 +13,7 @@ use crate::plan::{ModelStage, Role};
 
 use super::digest::{counters_digest, shard_digest};
 use super::execute::{move_sections, RankPlan};
-use super::memory::{Exchange, HostMemory, ShardMemory};
+use super::memory::{Exchange, HostMemory, ShardBuffer, ShardMemory};
 use super::{
     shard_bytes, synthetic_fill, Counters, Digest, Emu, EmuError, EmuId, LocalShard, Movement, Section, ShardStore,
     TargetEmu,
@@ -282,9 +282,7 @@ impl<M: ShardMemory> EmuSet<M> {
         // Rectangles that are not contiguous in a buffer travel through pack buffers, charged
         // like every other buffer.
         let plan = RankPlan::new(&movement, self.rank, &[Section::Params], dtype);
-        let scratch = plan.scratch_bytes();
-        self.store.ledger_mut().charge(MemoryItem::PackBuffers, scratch)?;
-        let mut buffers = self.take_scratch(&plan, scratch)?;
+        let mut buffers = self.take_scratch(&plan)?;
         let mut targets: BTreeMap<EmuId, LocalShard<M::Buffer>> =
             self.store.take(to).map(|s| (to, s)).into_iter().collect();
         let moved = {
@@ -296,7 +294,7 @@ impl<M: ShardMemory> EmuSet<M> {
         if let Some(shard) = targets.remove(&to) {
             self.store.put(shard);
         }
-        self.return_scratch(buffers, scratch);
+        self.return_scratch(buffers);
         moved?;
         let sections = [Section::Params];
         let report = PrimitiveReport {
@@ -316,20 +314,24 @@ impl<M: ShardMemory> EmuSet<M> {
         }
     }
 
-    /// `plan`'s scratch buffers from the store's cache ([`ShardStore::take_buffers`]); on
-    /// failure the `charged` pack-buffer bytes go back to the ledger.
-    fn take_scratch(&mut self, plan: &RankPlan, charged: u64) -> Result<Vec<M::Buffer>, EmuError> {
-        let taken = self.store.take_buffers(&plan.scratch_sizes());
+    /// `plan`'s scratch buffers, charged to the ledger as pack buffers and taken from the
+    /// store's cache ([`ShardStore::take_buffers`]); nothing stays charged on failure.
+    fn take_scratch(&mut self, plan: &RankPlan) -> Result<Vec<M::Buffer>, EmuError> {
+        let sizes = plan.scratch_sizes();
+        let bytes = sizes.iter().sum();
+        self.store.ledger_mut().charge(MemoryItem::PackBuffers, bytes)?;
+        let taken = self.store.take_buffers(&sizes);
         if taken.is_err() {
-            self.store.ledger_mut().release(MemoryItem::PackBuffers, charged);
+            self.store.ledger_mut().release(MemoryItem::PackBuffers, bytes);
         }
         taken
     }
 
-    /// Scratch buffers back to the store's cache, their `charged` bytes back to the ledger.
-    fn return_scratch(&mut self, buffers: Vec<M::Buffer>, charged: u64) {
+    /// Scratch buffers back to the store's cache, their bytes back to the ledger.
+    fn return_scratch(&mut self, buffers: Vec<M::Buffer>) {
+        let bytes = buffers.iter().map(ShardBuffer::byte_len).sum();
         self.store.keep_buffers(buffers);
-        self.store.ledger_mut().release(MemoryItem::PackBuffers, charged);
+        self.store.ledger_mut().release(MemoryItem::PackBuffers, bytes);
     }
 
     /// Checks on every rank that the new shards (and pack buffers) fit, then allocates this
@@ -462,8 +464,7 @@ impl<M: ShardMemory> EmuSet<M> {
                 return Err(e);
             }
         };
-        self.store.ledger_mut().charge(MemoryItem::PackBuffers, scratch)?;
-        let mut buffers = self.take_scratch(&plan, scratch)?;
+        let mut buffers = self.take_scratch(&plan)?;
         let moved = {
             let sources: BTreeMap<EmuId, &LocalShard<M::Buffer>> = if through_host {
                 staged.iter().map(|(id, s)| (*id, s)).collect()
@@ -473,7 +474,7 @@ impl<M: ShardMemory> EmuSet<M> {
             let sliced: BTreeSet<EmuId> = in_place.keys().copied().collect();
             move_sections(&*plane, self.store.memory(), &plan, &sources, &mut shards, &sliced, &mut buffers)
         };
-        self.return_scratch(buffers, scratch);
+        self.return_scratch(buffers);
         moved?;
         if consume {
             for id in sources {

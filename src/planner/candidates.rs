@@ -104,12 +104,12 @@ impl<'p> Pool<'p> {
             }
         }
         let usable = self.planner.cost().hardware.usable_bytes();
-        let state_cap = caps.map(|c| (c.state(ms), c.transient));
-        let state_limit = state_cap.map_or(usable, |(state, _)| state.min(usable));
+        let limits = caps.map(|c| (c.state(ms), c.transient));
+        let state_limit = limits.map_or(usable, |(state, _)| state.min(usable));
         let fits = |e: &Summary| {
             e.feasible
                 && e.peak <= usable
-                && state_cap.is_none_or(|(state, transient)| e.state <= state && e.transient <= transient)
+                && limits.is_none_or(|(state, transient)| e.state <= state && e.transient <= transient)
         };
         // Per rank count, the fastest fitting variant as (seconds, entry, variant): indices, so
         // that only the frontier's points are copied out.
