@@ -348,44 +348,73 @@ impl CostModel {
     fn latency_on_whole_devices(&self, stats: &ModelStats, c: &Candidate, w: &Workload) -> LatencyBreakdown {
         match c.model_stage.stage {
             Stage::Training => {
-                // Every update is one pipeline flush over the replica's share of a mini-batch,
-                // then a DP all-reduce of the gradients; the actor's old log-probabilities add a
-                // forward pass over its share of the rollout (inference stage).
-                let update = self.pass_latency(stats, c, Self::per_replica(w.mini_batch, c.dp), w.seq_len(), true);
-                let mut out = LatencyBreakdown::default();
-                for _ in 0..w.updates() {
-                    out = out.plus(&update);
-                }
-                out
+                let share = Self::per_replica(w.mini_batch, c.dp);
+                self.training_latency(stats, c, w, &Schedule::of(c, share, true))
             }
-            Stage::Inference => self.pass_latency(stats, c, Self::per_replica(w.sequences, c.dp), w.seq_len(), false),
+            Stage::Inference => {
+                let share = Self::per_replica(w.sequences, c.dp);
+                self.pass_latency(stats, c, share, w.seq_len(), &Schedule::of(c, share, false))
+            }
             Stage::Generation => self.generation_latency(stats, c, w),
         }
+    }
+
+    /// Every update is one pipeline flush over the replica's share of a mini-batch, then a DP
+    /// all-reduce of the gradients (the actor's old log-probabilities are an inference-stage
+    /// pass, [`CostModel::old_logp_breakdown`]).
+    fn training_latency(&self, stats: &ModelStats, c: &Candidate, w: &Workload, pass: &Schedule) -> LatencyBreakdown {
+        let update = self.pass_latency(stats, c, Self::per_replica(w.mini_batch, c.dp), w.seq_len(), pass);
+        let mut out = LatencyBreakdown::default();
+        for _ in 0..w.updates() {
+            out = out.plus(&update);
+        }
+        out
+    }
+
+    /// A floor under the predicted seconds of every variant of `c`'s layout and replica count
+    /// (any micro-batch or decode wave, any recomputation): the planner skips a layout whose
+    /// floor already loses without estimating its variants. Generation's fastest variant is
+    /// one wave of the whole share; a pass is never faster than with no bubble, no
+    /// recomputation and each message cost paid once for the whole share
+    /// ([`Schedule::floor`]).
+    pub fn seconds_floor(&self, stats: &ModelStats, c: &Candidate, w: &Workload) -> f64 {
+        let ideal = match c.model_stage.stage {
+            Stage::Training => {
+                let share = Self::per_replica(w.mini_batch, c.dp);
+                self.training_latency(stats, c, w, &Schedule::floor(c, share, true))
+            }
+            Stage::Inference => {
+                let share = Self::per_replica(w.sequences, c.dp);
+                self.pass_latency(stats, c, share, w.seq_len(), &Schedule::floor(c, share, false))
+            }
+            Stage::Generation => {
+                let one_wave = u32::try_from(Self::per_replica(w.sequences, c.dp)).unwrap_or(u32::MAX);
+                self.generation_latency(stats, &Candidate { micro_batch: one_wave, ..*c }, w)
+            }
+        };
+        self.on_shared_cores(ideal, c).seconds(&self.efficiencies)
     }
 
     /// The old-log-probability pass of a training candidate (forward only over its share of
     /// the rollout, in the inference stage), at roofline per class.
     pub fn old_logp_breakdown(&self, stats: &ModelStats, c: &Candidate, w: &Workload) -> LatencyBreakdown {
-        self.on_shared_cores(self.pass_latency(stats, c, Self::per_replica(w.sequences, c.dp), w.seq_len(), false), c)
+        let share = Self::per_replica(w.sequences, c.dp);
+        self.on_shared_cores(self.pass_latency(stats, c, share, w.seq_len(), &Schedule::of(c, share, false)), c)
     }
 
-    /// One pass over `share` sequences of `seq` tokens in micro-batches through the pipeline:
-    /// forward only, or forward, backward and the DP gradient all-reduce (`training`).
+    /// One pass over `share` sequences of `seq` tokens through the pipeline, scheduled as
+    /// `pass` says: forward only, or forward, backward and the DP gradient all-reduce.
     fn pass_latency(
         &self,
         stats: &ModelStats,
         c: &Candidate,
         share: u64,
         seq: u64,
-        training: bool,
+        pass: &Schedule,
     ) -> LatencyBreakdown {
         let hw = &self.hardware;
         let a = &stats.arch;
         let (tp, pp, dp) = (f64::from(c.layout.tp), f64::from(c.layout.pp), f64::from(c.dp));
-        let b_rep = share as f64;
-        let micro = f64::from(c.micro_batch).min(b_rep).max(1.0);
-        let m = (b_rep / micro).ceil();
-        let bubble = (m + pp - 1.0) / m;
         let s = seq as f64;
         let (layers, h, bytes) = (a.layers as f64, a.hidden as f64, a.dtype.bytes() as f64);
         let n = stats.matmul_params as f64;
@@ -395,28 +424,30 @@ impl CostModel {
         let flops_rate = hw.peak_flops * devices;
         let pp_class = if c.layout.size() <= hw.devices_per_node { OpClass::PpP2pIntra } else { OpClass::PpP2pInter };
         let pp_bw = if pp_class == OpClass::PpP2pIntra { hw.intra_bytes_per_s } else { hw.inter_bytes_per_s };
-        let activation_msg = s * micro * h * bytes;
-        let tokens = b_rep * s;
+        let tokens = share as f64 * s;
         // Causal attention: 2·layers·s·q_width FLOPs per token forward (QKᵀ and AV, halved).
         let attention_fwd = 2.0 * layers * s * a.q_width() as f64 * tokens;
         let mut out = LatencyBreakdown::default();
-        let (gemm_passes, attn_passes, tp_passes, pp_passes) = if training {
-            let recompute_fwd = if c.recompute == Recompute::Full { 1.0 } else { 0.0 };
-            let attn = if c.recompute == Recompute::None { 3.0 } else { 4.0 };
+        let (gemm_passes, attn_passes, tp_passes, pp_passes) = if pass.training {
+            let recompute_fwd = if pass.recompute == Recompute::Full { 1.0 } else { 0.0 };
+            let attn = if pass.recompute == Recompute::None { 3.0 } else { 4.0 };
             (6.0 + 2.0 * recompute_fwd, attn, 4.0, 2.0)
         } else {
             (2.0, 1.0, 2.0, 1.0)
         };
+        let bubble = pass.bubble;
         out.add(OpClass::Gemm, gemm_passes * n * tokens / flops_rate * bubble);
         out.add(OpClass::Attention, attn_passes * attention_fwd / flops_rate * bubble);
+        let tp_msg = s * pass.message_sequences * h * bytes;
         out.add(
             OpClass::TpAllReduce,
-            m * (layers / pp) * tp_passes * ring(tp, activation_msg, hw.intra_bytes_per_s) * bubble,
+            pass.messages * (layers / pp) * tp_passes * ring(tp, tp_msg, hw.intra_bytes_per_s) * bubble,
         );
         if pp > 1.0 {
-            out.add(pp_class, (m + pp - 1.0) * pp_passes * (activation_msg / pp_bw + MESSAGE_LATENCY_S));
+            let hop_msg = s * pass.hop_sequences * h * bytes;
+            out.add(pp_class, pass.hops * pp_passes * (hop_msg / pp_bw + MESSAGE_LATENCY_S));
         }
-        if training {
+        if pass.training {
             let ranks = c.ranks();
             let dp_bw = if ranks <= hw.devices_per_node { hw.intra_bytes_per_s } else { hw.inter_bytes_per_s };
             let grad_bytes = n / devices * self.gradient_bytes() as f64;
@@ -525,6 +556,60 @@ fn ring(group: f64, msg: f64, bw: f64) -> f64 {
         2.0 * (group - 1.0) / group * msg / bw + 2.0 * (group - 1.0) * MESSAGE_LATENCY_S
     } else {
         0.0
+    }
+}
+
+/// How a pass over a replica's share runs through the pipeline: what its micro-batches cost
+/// beyond the work itself.
+struct Schedule {
+    /// Forward, backward and gradient all-reduce (else forward only).
+    training: bool,
+    /// Activation recomputation in the backward pass.
+    recompute: Recompute,
+    /// `(m + pp − 1) / m` for `m` micro-batches: the pipeline's idle share stretches compute
+    /// and TP traffic alike.
+    bubble: f64,
+    /// TP all-reduces per layer and pass, each over `message_sequences` sequences.
+    messages: f64,
+    message_sequences: f64,
+    /// Messages across each stage boundary per pass, each of `hop_sequences` sequences.
+    hops: f64,
+    hop_sequences: f64,
+}
+
+impl Schedule {
+    /// `c`'s micro-batches over a share of `share` sequences: `m = ceil(share / micro)` of
+    /// them, one TP all-reduce each per layer, `m + pp − 1` hops across each stage boundary.
+    fn of(c: &Candidate, share: u64, training: bool) -> Schedule {
+        let pp = f64::from(c.layout.pp);
+        let micro = f64::from(c.micro_batch).min(share as f64).max(1.0);
+        let m = (share as f64 / micro).ceil();
+        Schedule {
+            training,
+            recompute: c.recompute,
+            bubble: (m + pp - 1.0) / m,
+            messages: m,
+            message_sequences: micro,
+            hops: m + pp - 1.0,
+            hop_sequences: micro,
+        }
+    }
+
+    /// Better than any variant of `c`'s layout: no bubble and no recomputation; the share in
+    /// one TP all-reduce per layer (`m` all-reduces of `micro ≥ share / m` sequences cost
+    /// more); `pp` hops carrying the share between them (`m + pp − 1 ≥ pp` hops, carrying
+    /// `m · micro ≥ share` sequences).
+    fn floor(c: &Candidate, share: u64, training: bool) -> Schedule {
+        let (share, pp) = (share.max(1) as f64, f64::from(c.layout.pp));
+        Schedule {
+            training,
+            recompute: Recompute::None,
+            bubble: 1.0,
+            messages: 1.0,
+            message_sequences: share,
+            hops: pp,
+            hop_sequences: share / pp,
+        }
     }
 }
 

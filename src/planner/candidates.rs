@@ -59,6 +59,12 @@ struct Entry {
     estimated: Vec<(usize, Summary)>,
     /// The state of the lightest pipeline position, once computed.
     least_state: Option<u64>,
+    /// The entry's pick in an uncapped round (inner `None`: nothing fits), once computed. Caps
+    /// only take variants away, so a capped round's pick is no faster and, where the first
+    /// fitting variant is the pick, no earlier.
+    uncapped: Option<Option<usize>>,
+    /// The cost model's floor under every variant's seconds, once computed.
+    floor: Option<f64>,
     /// The variants, in order: micro-batch sizes from `largest_micro` halving down to 1 and,
     /// for each, `recomputes` from none to full (variant `k` is the `k / recomputes.len()`-th
     /// halving with `recomputes[k % recomputes.len()]`).
@@ -116,17 +122,49 @@ impl<'p> Pool<'p> {
         let mut best: BTreeMap<u32, (f64, usize, usize)> = BTreeMap::new();
         let stage = self.planner.stage_cost(ms);
         let entries = self.entries.get_mut(&ms).map_or(&mut [][..], |v| v.as_mut_slice());
+        // Entries come by ascending rank count. A point enters the frontier only when it is
+        // faster than every point with fewer ranks (`below`) and than the best so far with as
+        // many (`at`), so an entry whose floor already loses is skipped unestimated (the
+        // preferred entry aside: it wins ties). Under caps the entry's uncapped pick is a
+        // tighter floor, and an entry that fits nothing uncapped fits nothing.
+        let alone = |e: &Summary| e.feasible && e.peak <= usable;
+        let (mut below, mut at, mut ranks) = (f64::INFINITY, f64::INFINITY, 0);
         for (i, entry) in entries.iter_mut().enumerate().filter(|(_, e)| e.dp <= max_dp) {
+            if entry.ranks() != ranks {
+                (below, at, ranks) = (below.min(at), f64::INFINITY, entry.ranks());
+            }
+            let preferred = prefer.is_some_and(|p| p.layout == entry.layout && p.dp == entry.dp);
+            let to_beat = below.min(at);
+            let loses = |floor: f64| !preferred && floor >= to_beat;
+            if entry.uncapped == Some(None) || (to_beat < f64::INFINITY && loses(entry.floor(&stage))) {
+                continue;
+            }
+            if caps.is_some() {
+                let pick = match entry.uncapped {
+                    Some(pick) => pick,
+                    None => entry.quick_fitting(&stage, usable, true, &alone),
+                };
+                entry.uncapped = Some(pick);
+                match pick {
+                    Some(k) if !loses(entry.scored(k).seconds) => {}
+                    _ => continue,
+                }
+            }
             // Uncapped, fitting is a bound on the heaviest position's peak, which falls with the
             // micro-batch; under caps it also bounds the heaviest position's state, and which
             // position is heaviest may change from one variant to the next.
             let monotone = caps.is_none();
-            let Some(k) = entry.quick_fitting(&stage, state_limit, monotone, &fits) else { continue };
+            let found = entry.quick_fitting(&stage, state_limit, monotone, &fits);
+            if caps.is_none() {
+                entry.uncapped = Some(found);
+            }
+            let Some(k) = found else { continue };
             let (c, e) = (entry.candidate(ms, k), entry.scored(k));
             let slot = best.entry(c.ranks()).or_insert((e.seconds, i, k));
             if e.seconds < slot.0 || (e.seconds == slot.0 && Some(&c) == prefer) {
                 *slot = (e.seconds, i, k);
             }
+            at = slot.0;
         }
         let mut frontier: Vec<Point> = Vec::new();
         for (seconds, i, k) in best.into_values() {
@@ -238,6 +276,18 @@ impl Entry {
         })
     }
 
+    /// The cost model's floor under every variant's seconds, shaved by a part in 10⁹ so that
+    /// rounding never lifts it over a variant's; computed once.
+    fn floor(&mut self, stage: &StageCost) -> f64 {
+        let c = self.candidate(stage.model_stage(), 0);
+        *self.floor.get_or_insert_with(|| stage.seconds_floor(&c) * (1.0 - 1e-9))
+    }
+
+    /// Ranks of each of its candidates.
+    fn ranks(&self) -> u32 {
+        self.layout.size() * self.dp
+    }
+
     /// How many variants the entry has.
     fn variants(&self) -> usize {
         (self.largest_micro.ilog2() as usize + 1) * self.recomputes.len()
@@ -279,7 +329,10 @@ impl Entry {
     /// wave), so what fits is a suffix and a bisection finds its start.
     fn first_fitting(&mut self, stage: &StageCost, monotone: bool, fits: &dyn Fn(&Summary) -> bool) -> Option<usize> {
         if !monotone || self.recomputes.len() > 1 {
-            return (0..self.variants()).find(|&k| fits(&self.estimate(stage, k)));
+            // Where the pick is the first fitting variant, nothing before the uncapped pick fits
+            // without caps, so nothing there fits with them.
+            let start = if self.first_is_fastest { self.uncapped.flatten().unwrap_or(0) } else { 0 };
+            return (start..self.variants()).find(|&k| fits(&self.estimate(stage, k)));
         }
         let (mut lo, mut hi) = (0, self.variants());
         while lo < hi {
@@ -296,7 +349,7 @@ impl Entry {
 
 /// The entries of `ms`: every power-of-two layout with TP inside a node that the model divides
 /// into, every replica count that divides the batch (and, for training, the mini-batch), each
-/// with its variants.
+/// with its variants; by ascending rank count.
 fn entries_of(planner: &Planner, ms: ModelStage) -> Vec<Entry> {
     let hw = &planner.cost().hardware;
     let workload = planner.workload(ms);
@@ -344,6 +397,8 @@ fn entries_of(planner: &Planner, ms: ModelStage) -> Vec<Entry> {
                     dp,
                     estimated: Vec::new(),
                     least_state: None,
+                    uncapped: None,
+                    floor: None,
                     largest_micro,
                     recomputes,
                     first_is_fastest,
@@ -351,5 +406,7 @@ fn entries_of(planner: &Planner, ms: ModelStage) -> Vec<Entry> {
             }
         }
     }
+    // By rank count (stable: ties keep the layout order), as the frontier's pruning needs.
+    out.sort_by_key(Entry::ranks);
     out
 }

@@ -63,6 +63,11 @@ impl StageCost<'_> {
         self.cost.estimate(self.stats, c, self.workload)
     }
 
+    /// [`CostModel::seconds_floor`] of a candidate's layout and replica count.
+    pub(super) fn seconds_floor(&self, c: &Candidate) -> f64 {
+        self.cost.seconds_floor(self.stats, c, self.workload)
+    }
+
     /// [`Planner::position_memory`] of a candidate of this model-stage.
     pub(super) fn position_memory(&self, c: &Candidate, j: u32) -> PositionMemory {
         self.cost.position_memory(self.stats, c, self.workload, j)
@@ -501,7 +506,7 @@ impl Planner {
     /// it fills are tried (halving), until two halvings in a row bring nothing.
     fn place(&self, current: Option<&Plan>) -> Result<(Plan, RankPeaks), Unfit> {
         let mut pool = Pool::new(self);
-        let mut best = self.place_within(current, &mut pool, u32::MAX)?;
+        let mut best = self.place_within(current, &mut pool, u32::MAX, f64::INFINITY)?;
         let (step, sync) = {
             let s = self.step_seconds(&best.0);
             (s.total(), s.weight_sync)
@@ -513,7 +518,7 @@ impl Planner {
         let mut cap = self.sync_replicas(&best.0) / 2;
         let mut misses = 0;
         while cap >= 1 && misses < 2 {
-            match self.place_within(current, &mut pool, cap) {
+            match self.place_within(current, &mut pool, cap, best_seconds) {
                 Ok(found) if self.predict(&found.0) < best_seconds => {
                     best_seconds = self.predict(&found.0);
                     best = found;
@@ -535,8 +540,14 @@ impl Planner {
     /// Rounds of layout and placement check: a round that finds ranks over their memory makes
     /// each model-stage there leave room for what it shares the rank with (what the rank holds
     /// besides its own position), and plans again. Layouts the weight sync fills keep to at
-    /// most `sync_dp` replicas.
-    fn place_within(&self, current: Option<&Plan>, pool: &mut Pool, sync_dp: u32) -> Result<(Plan, RankPeaks), Unfit> {
+    /// most `sync_dp` replicas. Capped rounds that cannot beat `beat` seconds are cut short.
+    fn place_within(
+        &self,
+        current: Option<&Plan>,
+        pool: &mut Pool,
+        sync_dp: u32,
+        beat: f64,
+    ) -> Result<(Plan, RankPeaks), Unfit> {
         let usable = self.cost.hardware.usable_bytes();
         let first = self.layout(current, pool, None, sync_dp)?;
         let peaks = self.rank_peaks(&first);
@@ -548,7 +559,8 @@ impl Planner {
         // rest of the rank is shared out as state caps proportional to one replica's state (every
         // model-stage shards about as finely), the room shrinks by any overflow left, and the
         // fastest plan that fits over all rungs wins. (The rungs' latencies are not unimodal —
-        // on A100, 0.35 can lose to 0.5 and 0.25 beat both — so no rung is skipped.)
+        // on A100, 0.35 can lose to 0.5 and 0.25 beat both — so no rung is skipped unless its
+        // floor shows that it cannot win.)
         let mut best: Option<(Plan, RankPeaks, f64)> = None;
         let mut last = (first, peaks);
         for share in TRANSIENT_LADDER {
@@ -556,10 +568,14 @@ impl Planner {
             let mut room = usable - transient;
             for _ in 0..PLACEMENT_ROUNDS {
                 let caps = Caps { state: self.state_caps(room), transient };
-                let plan = match self.layout(current, pool, Some(&caps), sync_dp) {
-                    Ok(plan) => plan,
-                    Err(_) => break,
+                let to_beat = best.as_ref().map_or(beat, |b| b.2.min(beat));
+                let laid = match self.stage_layouts(current, pool, Some(&caps), sync_dp, to_beat) {
+                    Ok(laid) if laid.floor < to_beat => laid,
+                    // Unfit, or no faster than the best so far: the rung's later rounds, under
+                    // tighter caps, could do no better.
+                    _ => break,
                 };
+                let plan = self.ranks_for(&laid.stages, current);
                 let peaks = self.rank_peaks(&plan);
                 let (worst, _) = peaks.max();
                 if worst <= usable {
@@ -605,21 +621,40 @@ impl Planner {
         caps: Option<&Caps>,
         sync_dp: u32,
     ) -> Result<Plan, Unfit> {
+        let laid = self.stage_layouts(current, pool, caps, sync_dp, f64::INFINITY)?;
+        Ok(self.ranks_for(&laid.stages, current))
+    }
+
+    /// Every stage's layout, stage by stage, and a floor under the step any of them gives:
+    /// a stage takes at least as long as its slowest member's fastest frontier point. Caps
+    /// only take points away, so the floor only rises under tighter caps; once it reaches
+    /// `beat`, the stages left are not laid out (the round cannot give a faster plan).
+    fn stage_layouts(
+        &self,
+        current: Option<&Plan>,
+        pool: &mut Pool,
+        caps: Option<&Caps>,
+        sync_dp: u32,
+        beat: f64,
+    ) -> Result<StageLayouts, Unfit> {
         let prefer = |ms: ModelStage| {
             current.and_then(|p| p.placements.iter().find(|x| x.candidate.model_stage == ms)).map(|p| p.candidate)
         };
-        let mut stages = Vec::new();
+        let mut laid = StageLayouts { stages: Vec::new(), floor: 0.0 };
         for stage in STAGES {
             let members: Vec<ModelStage> = self.model_stages.iter().copied().filter(|m| m.stage == stage).collect();
             let mut frontiers = Vec::new();
             for &ms in &members {
                 let max_dp = if SYNCS.iter().any(|(_, to)| *to == ms) { sync_dp } else { u32::MAX };
                 let f = pool.frontier(ms, prefer(ms).as_ref(), caps, max_dp);
-                if f.is_empty() {
-                    return Err(Unfit::Model(ms));
-                }
-                frontiers.push(f);
+                let Some(&(_, fastest)) = f.last() else { return Err(Unfit::Model(ms)) };
+                frontiers.push((f, fastest));
             }
+            laid.floor += frontiers.iter().map(|(_, fastest)| *fastest).fold(0.0, f64::max);
+            if laid.floor >= beat {
+                return Ok(laid);
+            }
+            let frontiers: Vec<Vec<Point>> = frontiers.into_iter().map(|(f, _)| f).collect();
             let choice = self.solve_stage(&frontiers).ok_or_else(|| Unfit::Stage {
                 stage,
                 need: frontiers.iter().map(|f| f[0].0.ranks()).max().unwrap_or(0),
@@ -633,12 +668,17 @@ impl Planner {
                     ranks,
                 })
                 .collect();
-            stages.push(groups);
+            laid.stages.push(groups);
         }
+        Ok(laid)
+    }
+
+    /// The ranks of every stage's groups (see [`assign`]), in model-stage order.
+    fn ranks_for(&self, stages: &[Vec<GroupToPlace>], current: Option<&Plan>) -> Plan {
         let state_of = |c: &Candidate, j: u32| self.position_memory(c, j).state.total();
-        let mut placements = assign(&stages, self.cost.hardware.devices, current, &state_of);
+        let mut placements = assign(stages, self.cost.hardware.devices, current, &state_of);
         placements.sort_by_key(|p| self.model_stages.iter().position(|&m| m == p.candidate.model_stage));
-        Ok(Plan { placements })
+        Plan { placements }
     }
 
     fn solve_stage(&self, frontiers: &[Vec<Point>]) -> Option<StageChoice> {
@@ -764,6 +804,13 @@ impl Planner {
     fn search_quiet(&self) -> bool {
         self.place(None).is_ok()
     }
+}
+
+/// One round's stage layouts: per stage, its groups; and a floor under the step seconds of
+/// any plan laid out from them (see [`Planner::stage_layouts`]).
+struct StageLayouts {
+    stages: Vec<Vec<GroupToPlace>>,
+    floor: f64,
 }
 
 /// Why a round of planning found nothing (turned into a [`PlannerError`] with a hint).

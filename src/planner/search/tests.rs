@@ -150,3 +150,54 @@ fn an_impossible_pool_says_what_would_fit() {
     assert!(fits(hinted) && !fits(hinted - 1), "{message}");
     assert!(!message.contains("0.0 GB"), "{message}");
 }
+
+#[test]
+fn the_seconds_floor_is_under_every_variant_of_a_layout() {
+    // Every layout, replica count, micro-batch (or decode wave) and recomputation of random tiny
+    // jobs and of Llama-3.1-8B on H200, on both engines: the floor the frontier skips layouts
+    // by is never above a variant's predicted seconds.
+    let mut configs: Vec<(JobConfig, u32)> = (0..40)
+        .map(|case| {
+            let mut rng = Rng::new(1000 + case);
+            (tiny(&mut rng), 1 + rng.below(8) as u32)
+        })
+        .collect();
+    let llama = concat!(env!("CARGO_MANIFEST_DIR"), "/configs/llama3.1-8b-ppo.toml");
+    let llama = JobConfig::load(Some(std::path::Path::new(llama)), &Overrides::default(), &mut || unreachable!());
+    configs.push((llama.unwrap(), 64));
+    let mut checked = 0;
+    for (mut config, gpus) in configs {
+        for plane in [crate::config::DataPlane::Mpi, crate::config::DataPlane::Nccl] {
+            config.cluster.data_plane = plane;
+            let planner = Planner::new(&config, gpus, None, Efficiencies::default()).unwrap();
+            let per_node = planner.cost().hardware.devices_per_node;
+            for &ms in planner.model_stages() {
+                let cost = planner.stage_cost(ms);
+                let powers = |limit: u32| (0..6).map(|k| 1u32 << k).filter(move |&x| x <= limit);
+                for (tp, pp) in powers(per_node).flat_map(|tp| powers(4).map(move |pp| (tp, pp))) {
+                    let layout = Layout::new(tp, pp);
+                    if planner.catalogue(ms.role).check_layout(layout).is_err() {
+                        continue;
+                    }
+                    for dp in [1, 2, 3, 4] {
+                        let base =
+                            Candidate { model_stage: ms, layout, dp, recompute: Recompute::None, micro_batch: 1 };
+                        let floor = cost.seconds_floor(&base);
+                        for micro_batch in [1, 2, 3, 4, 8, 64, 1 << 20] {
+                            for recompute in [Recompute::None, Recompute::Selective, Recompute::Full] {
+                                let c = Candidate { micro_batch, recompute, ..base };
+                                let seconds = planner
+                                    .cost()
+                                    .latency(&planner.models[&ms.role].stats, &c, planner.workload(ms))
+                                    .seconds(&planner.cost().efficiencies);
+                                assert!(floor <= seconds * (1.0 + 1e-12), "{c:?}: floor {floor} over {seconds}");
+                                checked += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 10_000, "only {checked} variants checked");
+}
