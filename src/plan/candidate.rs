@@ -200,13 +200,17 @@ fn overlap_groups(nodes: &[(&[i32], f64)]) -> Vec<Vec<usize>> {
         }
         i
     }
-    // Each rank joins every node that uses it to the first node seen on it.
-    let mut first_on: rustc_hash::FxHashMap<i32, usize> = rustc_hash::FxHashMap::default();
+    // Each rank joins every node that uses it to the first node seen on it (a negative rank,
+    // which no valid plan has, joins nothing).
+    let pool = nodes.iter().flat_map(|(ranks, _)| ranks.iter()).map(|&r| r.max(-1) + 1).max().unwrap_or(0);
+    let mut first_on = vec![usize::MAX; pool as usize];
     for (i, (ranks, _)) in nodes.iter().enumerate() {
         for &r in ranks.iter() {
-            let j = *first_on.entry(r).or_insert(i);
-            if j != i {
-                let (a, b) = (root(&mut group, i), root(&mut group, j));
+            let Some(seen) = usize::try_from(r).ok().and_then(|r| first_on.get_mut(r)) else { continue };
+            if *seen == usize::MAX {
+                *seen = i;
+            } else if *seen != i {
+                let (a, b) = (root(&mut group, i), root(&mut group, *seen));
                 group[a] = b;
             }
         }

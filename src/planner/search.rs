@@ -458,24 +458,34 @@ impl Planner {
     /// The fastest plan whose every rank fits in memory (ties: the current plan's candidates
     /// and ranks).
     pub fn search(&self, current: Option<&Plan>) -> Result<PlannedJob, PlannerError> {
+        self.search_kept(current).map(|(job, _)| job)
+    }
+
+    /// [`Planner::search`] from `current`, and `current`'s predicted step seconds: infinite
+    /// when it no longer fits every rank (what a transition's `ΔL` starts from).
+    pub fn search_from(&self, current: &Plan) -> Result<(PlannedJob, f64), PlannerError> {
+        self.search_kept(Some(current))
+    }
+
+    fn search_kept(&self, current: Option<&Plan>) -> Result<(PlannedJob, f64), PlannerError> {
         let gpus = self.cost.hardware.devices;
-        let kept = current.and_then(|plan| self.still_fits(plan));
-        match self.place(current) {
+        let kept = current.and_then(|plan| self.still_fits(plan)).map(|(k, peaks)| {
+            let seconds = self.predict(&k);
+            (k, peaks, seconds)
+        });
+        let current_seconds = kept.as_ref().map_or(f64::INFINITY, |k| k.2);
+        let keep = |(k, peaks, _): (Plan, RankPeaks, f64)| Ok((self.planned(k, peaks), current_seconds));
+        match (self.place(current), kept) {
             // The search under caps is a heuristic: it never returns a plan slower than keeping
             // the current one when that still fits.
-            Ok((plan, peaks)) => match kept {
-                Some((k, kept_peaks)) if self.predict(&k) <= self.predict(&plan) => Ok(self.planned(k, kept_peaks)),
-                _ => Ok(self.planned(plan, peaks)),
-            },
-            Err(_) if kept.is_some() => {
-                let (k, kept_peaks) = kept.expect("checked");
-                Ok(self.planned(k, kept_peaks))
-            }
-            Err(Unfit::Model(ms)) => Err(self.does_not_fit(ms)),
-            Err(Unfit::Stage { stage, need }) => {
+            (Ok((plan, _)), Some(k)) if k.2 <= self.predict(&plan) => keep(k),
+            (Ok((plan, peaks)), _) => Ok((self.planned(plan, peaks), current_seconds)),
+            (Err(_), Some(k)) => keep(k),
+            (Err(Unfit::Model(ms)), None) => Err(self.does_not_fit(ms)),
+            (Err(Unfit::Stage { stage, need }), None) => {
                 Err(PlannerError::StageTooLarge { gpus, stage, need, hint: self.hint() })
             }
-            Err(Unfit::Placement { plan, peaks }) => {
+            (Err(Unfit::Placement { plan, peaks }), None) => {
                 let (peak, rank) = peaks.max();
                 let holders = plan
                     .placements

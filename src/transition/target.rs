@@ -69,8 +69,7 @@ pub fn state_bytes(planner: &Planner) -> impl Fn(ModelStage, Layout, Position) -
 /// Plans the move from `current` to the fastest reachable plan of `planner` (its pool and
 /// workload). `links.host_bytes_per_s` allows host staging as the last resort before "keep".
 pub fn choose(planner: &Planner, current: &Plan, links: &Links) -> Result<TargetChoice, PlannerError> {
-    let best = planner.search(Some(current))?;
-    let current_seconds = current_seconds(planner, current);
+    let (best, current_seconds) = planner.search_from(current)?;
     let keep = |reason: Option<String>| TargetChoice {
         target: planned_as_is(planner, current, &best),
         current_seconds,
@@ -114,18 +113,6 @@ pub fn choose(planner: &Planner, current: &Plan, links: &Links) -> Result<Target
         }
     }
     Ok(keep(Some(first_block.to_string())))
-}
-
-/// The current plan's predicted step seconds, infinite when some rank no longer fits.
-fn current_seconds(planner: &Planner, current: &Plan) -> f64 {
-    let usable = planner.cost().hardware.usable_bytes();
-    let fits =
-        current.validate(planner.cost().hardware.devices).is_ok() && planner.rank_peaks(current).max().0 <= usable;
-    if fits {
-        planner.predict(current)
-    } else {
-        f64::INFINITY
-    }
 }
 
 fn reached(target: PlannedJob, dag: TransitionDag, current_seconds: f64, fallback_rank: usize) -> TargetChoice {
