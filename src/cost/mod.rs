@@ -346,14 +346,26 @@ impl CostModel {
     }
 
     fn latency_on_whole_devices(&self, stats: &ModelStats, c: &Candidate, w: &Workload) -> LatencyBreakdown {
+        self.scheduled_latency(stats, c, w, Schedule::of)
+    }
+
+    /// [`CostModel::latency_on_whole_devices`] with the passes' micro-batches laid out by
+    /// `schedule` (`Schedule::of`: as `c` runs them; `Schedule::floor`: better than any).
+    fn scheduled_latency(
+        &self,
+        stats: &ModelStats,
+        c: &Candidate,
+        w: &Workload,
+        schedule: fn(&Candidate, u64, bool) -> Schedule,
+    ) -> LatencyBreakdown {
         match c.model_stage.stage {
             Stage::Training => {
                 let share = Self::per_replica(w.mini_batch, c.dp);
-                self.training_latency(stats, c, w, &Schedule::of(c, share, true))
+                self.training_latency(stats, c, w, &schedule(c, share, true))
             }
             Stage::Inference => {
                 let share = Self::per_replica(w.sequences, c.dp);
-                self.pass_latency(stats, c, share, w.seq_len(), &Schedule::of(c, share, false))
+                self.pass_latency(stats, c, share, w.seq_len(), &schedule(c, share, false))
             }
             Stage::Generation => self.generation_latency(stats, c, w),
         }
@@ -378,20 +390,14 @@ impl CostModel {
     /// recomputation and each message cost paid once for the whole share
     /// ([`Schedule::floor`]).
     pub fn seconds_floor(&self, stats: &ModelStats, c: &Candidate, w: &Workload) -> f64 {
-        let ideal = match c.model_stage.stage {
-            Stage::Training => {
-                let share = Self::per_replica(w.mini_batch, c.dp);
-                self.training_latency(stats, c, w, &Schedule::floor(c, share, true))
-            }
-            Stage::Inference => {
-                let share = Self::per_replica(w.sequences, c.dp);
-                self.pass_latency(stats, c, share, w.seq_len(), &Schedule::floor(c, share, false))
-            }
+        let fastest = match c.model_stage.stage {
             Stage::Generation => {
                 let one_wave = u32::try_from(Self::per_replica(w.sequences, c.dp)).unwrap_or(u32::MAX);
-                self.generation_latency(stats, &Candidate { micro_batch: one_wave, ..*c }, w)
+                Candidate { micro_batch: one_wave, ..*c }
             }
+            _ => *c,
         };
+        let ideal = self.scheduled_latency(stats, &fastest, w, Schedule::floor);
         self.on_shared_cores(ideal, c).seconds(&self.efficiencies)
     }
 
