@@ -6,7 +6,9 @@
 //! own, and the per-rank caps of a capped round), so most variants are never estimated. An
 //! entry whose state alone is over the limit is skipped before any estimate (variants differ in
 //! what their passes hold, not in the state), and where memory falls from one variant to the
-//! next (one recomputation choice) the first fitting variant is found by bisection.
+//! next (one recomputation choice) the first fitting variant is found by bisection. An entry
+//! whose floor (the cost model's bound under all its variants, or under caps its uncapped pick)
+//! cannot beat the frontier's points with as many ranks or fewer is not estimated at all.
 
 use std::collections::BTreeMap;
 
