@@ -8,7 +8,9 @@
 //! what their passes hold, not in the state), and where memory falls from one variant to the
 //! next (one recomputation choice) the first fitting variant is found by bisection. An entry
 //! whose floor (the cost model's bound under all its variants, or under caps its uncapped pick)
-//! cannot beat the frontier's points with as many ranks or fewer is not estimated at all.
+//! cannot beat the frontier's points with as many ranks or fewer is not estimated at all. A
+//! stage of one model-stage needs only the frontier's fastest point: the entries are then
+//! visited by ascending floor, and the search stops at the first floor the fastest found beats.
 
 use std::collections::BTreeMap;
 
@@ -16,6 +18,14 @@ use super::search::{Caps, Planner, StageCost};
 use crate::cost::{EngineKind, Estimate};
 use crate::model::Layout;
 use crate::plan::{Candidate, ModelStage, Recompute, Stage};
+
+/// What a frontier depends on: the model-stage, its replica limit, the preferred candidate,
+/// the (state, transient) caps of a capped round, and whether only its last point is asked.
+type FrontierKey = (ModelStage, u32, Option<Candidate>, Option<(u64, u64)>, bool);
+
+/// What floors are multiplied by: a part in 10⁹ below, so that a floor is strictly under the
+/// seconds it bounds.
+const SHAVE: f64 = 1.0 - 1e-9;
 
 /// A candidate with its estimate.
 pub type Scored = (Candidate, Estimate);
@@ -83,100 +93,44 @@ struct Entry {
 pub struct Pool<'p> {
     planner: &'p Planner,
     entries: BTreeMap<ModelStage, Vec<Entry>>,
-    /// Uncapped frontiers already built, by model-stage, replica limit and preferred candidate.
-    uncapped: BTreeMap<(ModelStage, u32, Option<Candidate>), Vec<Point>>,
+    /// Frontiers already built (see [`FrontierKey`]).
+    built: BTreeMap<FrontierKey, Vec<Point>>,
 }
 
 impl<'p> Pool<'p> {
     /// The entries of every model-stage of `planner`'s job (nothing estimated yet).
     pub fn new(planner: &'p Planner) -> Pool<'p> {
         let entries = planner.model_stages().iter().map(|&ms| (ms, entries_of(planner, ms))).collect();
-        Pool { planner, entries, uncapped: BTreeMap::new() }
+        Pool { planner, entries, built: BTreeMap::new() }
     }
 
     /// The latency-versus-ranks frontier of `ms` (ascending ranks, strictly falling latency)
     /// from the first fitting variant of every entry; among equally fast candidates with the
     /// same rank count, `prefer` (the current one) wins. Entries of more than `max_dp` replicas
-    /// are left out.
+    /// are left out. `fastest_only`: only its last point (what a stage of one model-stage
+    /// takes), found without building the rest.
     pub fn frontier(
         &mut self,
         ms: ModelStage,
         prefer: Option<&Candidate>,
         caps: Option<&Caps>,
         max_dp: u32,
+        fastest_only: bool,
     ) -> Vec<Point> {
-        let key = (ms, max_dp, prefer.copied());
-        if caps.is_none() {
-            if let Some(f) = self.uncapped.get(&key) {
-                return f.clone();
-            }
+        let limits = caps.map(|c| (c.state(ms), c.transient));
+        let key = (ms, max_dp, prefer.copied(), limits, fastest_only);
+        if let Some(f) = self.built.get(&key) {
+            return f.clone();
         }
         let usable = self.planner.cost().hardware.usable_bytes();
-        let limits = caps.map(|c| (c.state(ms), c.transient));
-        let state_limit = limits.map_or(usable, |(state, _)| state.min(usable));
-        let fits = |e: &Summary| {
-            e.feasible
-                && e.peak <= usable
-                && limits.is_none_or(|(state, transient)| e.state <= state && e.transient <= transient)
-        };
-        // Per rank count, the fastest fitting variant as (seconds, entry, variant): indices, so
-        // that only the frontier's points are copied out.
-        let mut best: BTreeMap<u32, (f64, usize, usize)> = BTreeMap::new();
-        let stage = self.planner.stage_cost(ms);
+        let within = Within { stage: self.planner.stage_cost(ms), usable, limits };
         let entries = self.entries.get_mut(&ms).map_or(&mut [][..], |v| v.as_mut_slice());
-        // Entries come by ascending rank count. A point enters the frontier only when it is
-        // faster than every point with fewer ranks (`below`) and than the best so far with as
-        // many (`at`), so an entry whose floor already loses is skipped unestimated (the
-        // preferred entry aside: it wins ties). Under caps the entry's uncapped pick is a
-        // tighter floor, and an entry that fits nothing uncapped fits nothing.
-        let alone = |e: &Summary| e.feasible && e.peak <= usable;
-        let (mut below, mut at, mut ranks) = (f64::INFINITY, f64::INFINITY, 0);
-        for (i, entry) in entries.iter_mut().enumerate().filter(|(_, e)| e.dp <= max_dp) {
-            if entry.ranks() != ranks {
-                (below, at, ranks) = (below.min(at), f64::INFINITY, entry.ranks());
-            }
-            let preferred = prefer.is_some_and(|p| p.layout == entry.layout && p.dp == entry.dp);
-            let to_beat = below.min(at);
-            let loses = |floor: f64| !preferred && floor >= to_beat;
-            if entry.uncapped == Some(None) || (to_beat < f64::INFINITY && loses(entry.floor(&stage))) {
-                continue;
-            }
-            if caps.is_some() {
-                let pick = match entry.uncapped {
-                    Some(pick) => pick,
-                    None => entry.quick_fitting(&stage, usable, true, &alone),
-                };
-                entry.uncapped = Some(pick);
-                match pick {
-                    Some(k) if !loses(entry.scored(k).seconds) => {}
-                    _ => continue,
-                }
-            }
-            // Uncapped, fitting is a bound on the heaviest position's peak, which falls with the
-            // micro-batch; under caps it also bounds the heaviest position's state, and which
-            // position is heaviest may change from one variant to the next.
-            let monotone = caps.is_none();
-            let found = entry.quick_fitting(&stage, state_limit, monotone, &fits);
-            if caps.is_none() {
-                entry.uncapped = Some(found);
-            }
-            let Some(k) = found else { continue };
-            let (c, e) = (entry.candidate(ms, k), entry.scored(k));
-            let slot = best.entry(c.ranks()).or_insert((e.seconds, i, k));
-            if e.seconds < slot.0 || (e.seconds == slot.0 && Some(&c) == prefer) {
-                *slot = (e.seconds, i, k);
-            }
-            at = slot.0;
-        }
-        let mut frontier: Vec<Point> = Vec::new();
-        for (seconds, i, k) in best.into_values() {
-            if frontier.last().is_none_or(|last| seconds < last.1) {
-                frontier.push((entries[i].candidate(ms, k), seconds));
-            }
-        }
-        if caps.is_none() {
-            self.uncapped.insert(key, frontier.clone());
-        }
+        let frontier = if fastest_only {
+            fastest_point(entries, &within, max_dp, prefer)
+        } else {
+            running_minima(entries, &within, max_dp, prefer)
+        };
+        self.built.insert(key, frontier.clone());
         frontier
     }
 
@@ -231,7 +185,138 @@ impl<'p> Pool<'p> {
     }
 }
 
+/// What fits in one frontier: a rank of its own (`usable` bytes) and, in a capped round, the
+/// model-stage's (state, transient) caps.
+struct Within<'p> {
+    stage: StageCost<'p>,
+    usable: u64,
+    limits: Option<(u64, u64)>,
+}
+
+impl Within<'_> {
+    /// Whether a variant fits.
+    fn fits(&self, e: &Summary) -> bool {
+        self.alone(e) && self.limits.is_none_or(|(state, transient)| e.state <= state && e.transient <= transient)
+    }
+
+    /// Whether a variant fits a rank of its own.
+    fn alone(&self, e: &Summary) -> bool {
+        e.feasible && e.peak <= self.usable
+    }
+}
+
+/// The frontier of `entries`. They come by ascending rank count, and a point enters the
+/// frontier only when it is faster than every point with fewer ranks (`below`) and than the
+/// best so far with as many (`at`): the running minimum, which is what an entry's floor must
+/// beat to be estimated.
+fn running_minima(entries: &mut [Entry], within: &Within, max_dp: u32, prefer: Option<&Candidate>) -> Vec<Point> {
+    let ms = within.stage.model_stage();
+    // Per rank count, the fastest fitting variant as (seconds, entry, variant): indices, so
+    // that only the frontier's points are copied out.
+    let mut best: BTreeMap<u32, (f64, usize, usize)> = BTreeMap::new();
+    let (mut below, mut at, mut ranks) = (f64::INFINITY, f64::INFINITY, 0);
+    for (i, entry) in entries.iter_mut().enumerate().filter(|(_, e)| e.dp <= max_dp) {
+        if entry.ranks() != ranks {
+            (below, at, ranks) = (below.min(at), f64::INFINITY, entry.ranks());
+        }
+        let preferred = prefer.is_some_and(|p| p.layout == entry.layout && p.dp == entry.dp);
+        let Some(k) = entry.pick(within, below.min(at), preferred) else { continue };
+        let (c, seconds) = (entry.candidate(ms, k), entry.scored(k).seconds);
+        let slot = best.entry(ranks).or_insert((seconds, i, k));
+        if seconds < slot.0 || (seconds == slot.0 && Some(&c) == prefer) {
+            *slot = (seconds, i, k);
+        }
+        at = slot.0;
+    }
+    let mut frontier: Vec<Point> = Vec::new();
+    for (seconds, i, k) in best.into_values() {
+        if frontier.last().is_none_or(|last| seconds < last.1) {
+            frontier.push((entries[i].candidate(ms, k), seconds));
+        }
+    }
+    frontier
+}
+
+/// The last point of the frontier of `entries` (the fastest; on equal seconds the fewest ranks,
+/// then the preferred candidate, then layout order), as a one-point frontier. Entries are
+/// visited by ascending floor, so once a floor reaches the fastest found, every later entry
+/// loses too.
+fn fastest_point(entries: &mut [Entry], within: &Within, max_dp: u32, prefer: Option<&Candidate>) -> Vec<Point> {
+    let ms = within.stage.model_stage();
+    let mut order: Vec<(f64, usize)> = entries
+        .iter_mut()
+        .enumerate()
+        .filter(|(_, e)| e.dp <= max_dp && e.uncapped != Some(None))
+        .map(|(i, e)| (e.floor_within(within), i))
+        .collect();
+    order.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    // (seconds, ranks, not preferred, layout order) orders the ties; then the entry's variant.
+    let mut best: Option<((f64, u32, bool, usize), usize)> = None;
+    for (floor, i) in order {
+        // Only a strictly slower floor loses: an entry as fast as the best may win the tie.
+        let to_beat = best.map_or(f64::INFINITY, |((seconds, ..), _)| seconds.next_up());
+        if floor >= to_beat {
+            break;
+        }
+        let entry = &mut entries[i];
+        let Some(k) = entry.pick(within, to_beat, false) else { continue };
+        let c = entry.candidate(ms, k);
+        let rank = (entry.scored(k).seconds, entry.ranks(), Some(&c) != prefer, i);
+        if best.is_none_or(|(b, _)| rank.0.total_cmp(&b.0).then((rank.1, rank.2, rank.3).cmp(&(b.1, b.2, b.3))).is_lt())
+        {
+            best = Some((rank, k));
+        }
+    }
+    best.map(|((seconds, .., i), k)| (entries[i].candidate(ms, k), seconds)).into_iter().collect()
+}
+
 impl Entry {
+    /// The variant the frontier takes from this entry under `within`, unless the entry's floor
+    /// shows that it is no faster than `to_beat` (then nothing is estimated; floors are shaved,
+    /// so one that reaches `to_beat` is strictly slower and loses even a tie, the `preferred`
+    /// entry aside). Under caps the entry's uncapped pick is a tighter floor, and an entry that
+    /// fits nothing uncapped fits nothing.
+    fn pick(&mut self, within: &Within, to_beat: f64, preferred: bool) -> Option<usize> {
+        let stage = &within.stage;
+        let loses = |floor: f64| !preferred && floor >= to_beat;
+        if self.uncapped == Some(None) || (to_beat < f64::INFINITY && loses(self.floor(stage))) {
+            return None;
+        }
+        let capped = within.limits.is_some();
+        if capped {
+            let pick = match self.uncapped {
+                Some(pick) => pick,
+                None => self.quick_fitting(stage, within.usable, true, &|e| within.alone(e)),
+            };
+            self.uncapped = Some(pick);
+            match pick {
+                Some(k) if !loses(self.scored(k).seconds) => {}
+                _ => return None,
+            }
+        }
+        // Uncapped, fitting is a bound on the heaviest position's peak, which falls with the
+        // micro-batch. Under caps it also bounds the heaviest position's state and transient:
+        // with one pipeline position the state is the same for every variant and the
+        // transient falls with the peak, but with several, which position is heaviest may
+        // change from one variant to the next.
+        let state_limit = within.limits.map_or(within.usable, |(state, _)| state.min(within.usable));
+        let monotone = !capped || self.layout.pp == 1;
+        let found = self.quick_fitting(stage, state_limit, monotone, &|e| within.fits(e));
+        if !capped {
+            self.uncapped = Some(found);
+        }
+        found
+    }
+
+    /// The tightest floor known without estimating: under caps the uncapped pick's seconds
+    /// (shaved), else the cost model's floor.
+    fn floor_within(&mut self, within: &Within) -> f64 {
+        match (within.limits, self.uncapped) {
+            (Some(_), Some(Some(k))) => self.scored(k).seconds * SHAVE,
+            _ => self.floor(&within.stage),
+        }
+    }
+
     /// The fastest variant that `fits` among the first fitting recomputation of each
     /// micro-batch size (recomputation only trades speed for memory), estimating only those.
     /// Nothing is estimated when the state alone is over `state_limit`: the variants differ in
@@ -278,11 +363,11 @@ impl Entry {
         })
     }
 
-    /// The cost model's floor under every variant's seconds, shaved by a part in 10⁹ so that
-    /// rounding never lifts it over a variant's; computed once.
+    /// The cost model's floor under every variant's seconds, shaved so that rounding never
+    /// lifts it over a variant's; computed once.
     fn floor(&mut self, stage: &StageCost) -> f64 {
         let c = self.candidate(stage.model_stage(), 0);
-        *self.floor.get_or_insert_with(|| stage.seconds_floor(&c) * (1.0 - 1e-9))
+        *self.floor.get_or_insert_with(|| stage.seconds_floor(&c) * SHAVE)
     }
 
     /// Ranks of each of its candidates.
@@ -330,13 +415,13 @@ impl Entry {
     /// choice, every variant holds less than the one before it (a smaller micro-batch or decode
     /// wave), so what fits is a suffix and a bisection finds its start.
     fn first_fitting(&mut self, stage: &StageCost, monotone: bool, fits: &dyn Fn(&Summary) -> bool) -> Option<usize> {
+        // Where the pick is the first fitting variant, nothing before the uncapped pick fits
+        // without caps, so nothing there fits with them.
+        let start = if self.first_is_fastest { self.uncapped.flatten().unwrap_or(0) } else { 0 };
         if !monotone || self.recomputes.len() > 1 {
-            // Where the pick is the first fitting variant, nothing before the uncapped pick fits
-            // without caps, so nothing there fits with them.
-            let start = if self.first_is_fastest { self.uncapped.flatten().unwrap_or(0) } else { 0 };
             return (start..self.variants()).find(|&k| fits(&self.estimate(stage, k)));
         }
-        let (mut lo, mut hi) = (0, self.variants());
+        let (mut lo, mut hi) = (start, self.variants());
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
             if fits(&self.estimate(stage, mid)) {

@@ -383,7 +383,7 @@ impl Planner {
     /// The latency-versus-ranks frontier of `ms`: ascending ranks, strictly falling latency.
     /// Among equally fast candidates with the same rank count, `prefer` (the current one) wins.
     pub fn frontier(&self, ms: ModelStage, prefer: Option<&Candidate>) -> Vec<Scored> {
-        let points = Pool::new(self).frontier(ms, prefer, None, u32::MAX);
+        let points = Pool::new(self).frontier(ms, prefer, None, u32::MAX, false);
         points.into_iter().map(|(c, _)| (c, self.estimate(&c))).collect()
     }
 
@@ -559,7 +559,8 @@ impl Planner {
         beat: f64,
     ) -> Result<(Plan, RankPeaks), Unfit> {
         let usable = self.cost.hardware.usable_bytes();
-        let first = self.layout(current, pool, None, sync_dp)?;
+        let uncapped = self.stage_layouts(current, pool, None, sync_dp, f64::INFINITY, &[])?;
+        let first = self.ranks_for(&uncapped.stages, current);
         let peaks = self.rank_peaks(&first);
         if peaks.max().0 <= usable {
             return Ok((first, peaks));
@@ -571,36 +572,59 @@ impl Planner {
         // fastest plan that fits over all rungs wins. (The rungs' latencies are not unimodal —
         // on A100, 0.35 can lose to 0.5 and 0.25 beat both — so no rung is skipped unless its
         // floor shows that it cannot win.)
-        let mut best: Option<(Plan, RankPeaks, f64)> = None;
-        let mut last = (first, peaks);
-        for share in TRANSIENT_LADDER {
-            let transient = (usable as f64 * share) as u64;
-            let mut room = usable - transient;
+        //
+        // Rungs whose first stage alone promises the fastest plan go first, so that the best
+        // plan found early cuts the others short; on equal seconds the earlier rung of the
+        // ladder wins, as in ladder order.
+        let mut rungs: Vec<(f64, usize, Caps)> = TRANSIENT_LADDER
+            .iter()
+            .enumerate()
+            .map(|(rung, &share)| {
+                let transient = (usable as f64 * share) as u64;
+                let caps = Caps { state: self.state_caps(usable - transient), transient };
+                // Nothing is faster than 0 s: only the first stage is laid out, for its floor.
+                let first_stage = self.stage_layouts(current, pool, Some(&caps), sync_dp, 0.0, &uncapped.stage_floors);
+                (first_stage.map_or(f64::INFINITY, |laid| laid.floor), rung, caps)
+            })
+            .collect();
+        rungs.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        let mut best: Option<(Plan, RankPeaks, f64, usize)> = None;
+        // The unfit plan of the rung latest in the ladder (what the error reports).
+        let mut last = (first, peaks, None);
+        for (_, rung, mut caps) in rungs {
+            let mut room = usable - caps.transient;
             for _ in 0..PLACEMENT_ROUNDS {
-                let caps = Caps { state: self.state_caps(room), transient };
-                let to_beat = best.as_ref().map_or(beat, |b| b.2.min(beat));
-                let laid = match self.stage_layouts(current, pool, Some(&caps), sync_dp, to_beat) {
-                    Ok(laid) if laid.floor < to_beat => laid,
-                    // Unfit, or no faster than the best so far: the rung's later rounds, under
-                    // tighter caps, could do no better.
-                    _ => break,
+                let to_beat = match &best {
+                    Some(b) if rung < b.3 => b.2.next_up().min(beat),
+                    Some(b) => b.2.min(beat),
+                    None => beat,
                 };
+                let laid =
+                    match self.stage_layouts(current, pool, Some(&caps), sync_dp, to_beat, &uncapped.stage_floors) {
+                        Ok(laid) if laid.complete() => laid,
+                        // Unfit, or no faster than the best so far: the rung's later rounds, under
+                        // tighter caps, could do no better.
+                        _ => break,
+                    };
                 let plan = self.ranks_for(&laid.stages, current);
                 let peaks = self.rank_peaks(&plan);
                 let (worst, _) = peaks.max();
                 if worst <= usable {
                     let seconds = self.predict(&plan);
-                    if best.as_ref().is_none_or(|b| seconds < b.2) {
-                        best = Some((plan, peaks, seconds));
+                    if best.as_ref().is_none_or(|b| seconds < b.2 || (seconds == b.2 && rung < b.3)) {
+                        best = Some((plan, peaks, seconds, rung));
                     }
                     break;
                 }
                 room = room.saturating_sub(worst - usable);
-                last = (plan, peaks);
+                caps = Caps { state: self.state_caps(room), transient: caps.transient };
+                if last.2.is_none_or(|latest| rung >= latest) {
+                    last = (plan, peaks, Some(rung));
+                }
             }
         }
         match best {
-            Some((plan, peaks, _)) => Ok((plan, peaks)),
+            Some((plan, peaks, _, _)) => Ok((plan, peaks)),
             None => Err(Unfit::Placement { plan: last.0, peaks: last.1 }),
         }
     }
@@ -623,22 +647,12 @@ impl Planner {
     }
 
     /// One round: every stage's layout (under per-rank state caps, when given; at most
-    /// `sync_dp` replicas of each layout the weight sync fills), then the ranks.
-    fn layout(
-        &self,
-        current: Option<&Plan>,
-        pool: &mut Pool,
-        caps: Option<&Caps>,
-        sync_dp: u32,
-    ) -> Result<Plan, Unfit> {
-        let laid = self.stage_layouts(current, pool, caps, sync_dp, f64::INFINITY)?;
-        Ok(self.ranks_for(&laid.stages, current))
-    }
-
-    /// Every stage's layout, stage by stage, and a floor under the step any of them gives:
-    /// a stage takes at least as long as its slowest member's fastest frontier point. Caps
-    /// only take points away, so the floor only rises under tighter caps; once it reaches
-    /// `beat`, the stages left are not laid out (the round cannot give a faster plan).
+    /// `sync_dp` replicas of each layout the weight sync fills), stage by stage, and a floor
+    /// under the step any plan from them gives: a stage takes at least as long as its slowest
+    /// member's fastest frontier point. Caps only take points away, so the floor only rises
+    /// under tighter caps. Once the floor, with `ahead[i]` standing in for each stage `i` not
+    /// yet laid out (an uncapped round's stage floors; none: 0), reaches `beat`, the stages
+    /// left are not laid out: the round cannot give a faster plan.
     fn stage_layouts(
         &self,
         current: Option<&Plan>,
@@ -646,22 +660,26 @@ impl Planner {
         caps: Option<&Caps>,
         sync_dp: u32,
         beat: f64,
+        ahead: &[f64],
     ) -> Result<StageLayouts, Unfit> {
         let prefer = |ms: ModelStage| {
             current.and_then(|p| p.placements.iter().find(|x| x.candidate.model_stage == ms)).map(|p| p.candidate)
         };
-        let mut laid = StageLayouts { stages: Vec::new(), floor: 0.0 };
-        for stage in STAGES {
+        let mut laid = StageLayouts { stages: Vec::new(), floor: 0.0, stage_floors: Vec::new() };
+        for (i, stage) in STAGES.into_iter().enumerate() {
             let members: Vec<ModelStage> = self.model_stages.iter().copied().filter(|m| m.stage == stage).collect();
             let mut frontiers = Vec::new();
             for &ms in &members {
                 let max_dp = if SYNCS.iter().any(|(_, to)| *to == ms) { sync_dp } else { u32::MAX };
-                let f = pool.frontier(ms, prefer(ms).as_ref(), caps, max_dp);
+                // A stage of one model-stage takes its fastest point: the rest is not built.
+                let f = pool.frontier(ms, prefer(ms).as_ref(), caps, max_dp, members.len() == 1);
                 let Some(&(_, fastest)) = f.last() else { return Err(Unfit::Model(ms)) };
                 frontiers.push((f, fastest));
             }
-            laid.floor += frontiers.iter().map(|(_, fastest)| *fastest).fold(0.0, f64::max);
-            if laid.floor >= beat {
+            let stage_floor = frontiers.iter().map(|(_, fastest)| *fastest).fold(0.0, f64::max);
+            laid.stage_floors.push(stage_floor);
+            laid.floor += stage_floor;
+            if laid.floor + ahead.iter().skip(i + 1).sum::<f64>() >= beat {
                 return Ok(laid);
             }
             let frontiers: Vec<Vec<Point>> = frontiers.into_iter().map(|(f, _)| f).collect();
@@ -759,7 +777,7 @@ impl Planner {
                 .model_stages
                 .iter()
                 .filter(|m| m.stage == stage)
-                .map(|&m| pool.frontier(m, None, None, u32::MAX))
+                .map(|&m| pool.frontier(m, None, None, u32::MAX, false))
                 .collect();
             total += self.solve_stage(&frontiers)?.seconds;
         }
@@ -821,6 +839,15 @@ impl Planner {
 struct StageLayouts {
     stages: Vec<Vec<GroupToPlace>>,
     floor: f64,
+    /// Each stage's part of the floor.
+    stage_floors: Vec<f64>,
+}
+
+impl StageLayouts {
+    /// Whether every stage was laid out (not cut short by its floor).
+    fn complete(&self) -> bool {
+        self.stages.len() == STAGES.len()
+    }
 }
 
 /// Why a round of planning found nothing (turned into a [`PlannerError`] with a hint).
