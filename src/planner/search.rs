@@ -572,22 +572,7 @@ impl Planner {
         // fastest plan that fits over all rungs wins. (The rungs' latencies are not unimodal —
         // on A100, 0.35 can lose to 0.5 and 0.25 beat both — so no rung is skipped unless its
         // floor shows that it cannot win.)
-        //
-        // Rungs whose first stage alone promises the fastest plan go first, so that the best
-        // plan found early cuts the others short; on equal seconds the earlier rung of the
-        // ladder wins, as in ladder order.
-        let mut rungs: Vec<(f64, usize, Caps)> = TRANSIENT_LADDER
-            .iter()
-            .enumerate()
-            .map(|(rung, &share)| {
-                let transient = (usable as f64 * share) as u64;
-                let caps = Caps { state: self.state_caps(usable - transient), transient };
-                // Nothing is faster than 0 s: only the first stage is laid out, for its floor.
-                let first_stage = self.stage_layouts(current, pool, Some(&caps), sync_dp, 0.0, &uncapped.stage_floors);
-                (first_stage.map_or(f64::INFINITY, |laid| laid.floor), rung, caps)
-            })
-            .collect();
-        rungs.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        let rungs = self.rungs_in_order(current, pool, sync_dp, &uncapped.stage_floors);
         let mut best: Option<(Plan, RankPeaks, f64, usize)> = None;
         // The unfit plan of the rung latest in the ladder (what the error reports).
         let mut last = (first, peaks, None);
@@ -627,6 +612,33 @@ impl Planner {
             Some((plan, peaks, _, _)) => Ok((plan, peaks)),
             None => Err(Unfit::Placement { plan: last.0, peaks: last.1 }),
         }
+    }
+
+    /// The rungs of the transient ladder, as (first-stage floor, rung, first round's caps), in
+    /// the order they are tried: the rungs whose first stage alone promises the fastest plan
+    /// first, so that the best plan found early cuts the others short (on equal seconds the
+    /// earlier rung of the ladder still wins, see `place_within`).
+    fn rungs_in_order(
+        &self,
+        current: Option<&Plan>,
+        pool: &mut Pool,
+        sync_dp: u32,
+        ahead: &[f64],
+    ) -> Vec<(f64, usize, Caps)> {
+        let usable = self.cost.hardware.usable_bytes();
+        let mut rungs: Vec<(f64, usize, Caps)> = TRANSIENT_LADDER
+            .iter()
+            .enumerate()
+            .map(|(rung, &share)| {
+                let transient = (usable as f64 * share) as u64;
+                let caps = Caps { state: self.state_caps(usable - transient), transient };
+                // Nothing is faster than 0 s: only the first stage is laid out, for its floor.
+                let first_stage = self.stage_layouts(current, pool, Some(&caps), sync_dp, 0.0, ahead);
+                (first_stage.map_or(f64::INFINITY, |laid| laid.floor), rung, caps)
+            })
+            .collect();
+        rungs.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        rungs
     }
 
     /// Per model-stage, its share of `room` bytes of state per rank, proportional to the
