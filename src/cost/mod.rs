@@ -360,8 +360,16 @@ impl CostModel {
     ) -> LatencyBreakdown {
         match c.model_stage.stage {
             Stage::Training => {
+                // Every update is one pipeline flush over the replica's share of a mini-batch,
+                // then a DP all-reduce of the gradients (the actor's old log-probabilities are
+                // an inference-stage pass, `old_logp_breakdown`).
                 let share = Self::per_replica(w.mini_batch, c.dp);
-                self.training_latency(stats, c, w, &schedule(c, share, true))
+                let update = self.pass_latency(stats, c, share, w.seq_len(), &schedule(c, share, true));
+                let mut out = LatencyBreakdown::default();
+                for _ in 0..w.updates() {
+                    out = out.plus(&update);
+                }
+                out
             }
             Stage::Inference => {
                 let share = Self::per_replica(w.sequences, c.dp);
@@ -369,18 +377,6 @@ impl CostModel {
             }
             Stage::Generation => self.generation_latency(stats, c, w),
         }
-    }
-
-    /// Every update is one pipeline flush over the replica's share of a mini-batch, then a DP
-    /// all-reduce of the gradients (the actor's old log-probabilities are an inference-stage
-    /// pass, [`CostModel::old_logp_breakdown`]).
-    fn training_latency(&self, stats: &ModelStats, c: &Candidate, w: &Workload, pass: &Schedule) -> LatencyBreakdown {
-        let update = self.pass_latency(stats, c, Self::per_replica(w.mini_batch, c.dp), w.seq_len(), pass);
-        let mut out = LatencyBreakdown::default();
-        for _ in 0..w.updates() {
-            out = out.plus(&update);
-        }
-        out
     }
 
     /// A floor under the predicted seconds of every variant of `c`'s layout and replica count
