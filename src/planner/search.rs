@@ -634,7 +634,7 @@ impl Planner {
                 let caps = Caps { state: self.state_caps(usable - transient), transient };
                 // Nothing is faster than 0 s: only the first stage is laid out, for its floor.
                 let first_stage = self.stage_layouts(current, pool, Some(&caps), sync_dp, 0.0, ahead);
-                (first_stage.map_or(f64::INFINITY, |laid| laid.floor), rung, caps)
+                (first_stage.map_or(f64::INFINITY, |laid| laid.floor()), rung, caps)
             })
             .collect();
         rungs.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
@@ -677,7 +677,7 @@ impl Planner {
         let prefer = |ms: ModelStage| {
             current.and_then(|p| p.placements.iter().find(|x| x.candidate.model_stage == ms)).map(|p| p.candidate)
         };
-        let mut laid = StageLayouts { stages: Vec::new(), floor: 0.0, stage_floors: Vec::new() };
+        let mut laid = StageLayouts { stages: Vec::new(), stage_floors: Vec::new() };
         for (i, stage) in STAGES.into_iter().enumerate() {
             let members: Vec<ModelStage> = self.model_stages.iter().copied().filter(|m| m.stage == stage).collect();
             let mut frontiers = Vec::new();
@@ -688,10 +688,8 @@ impl Planner {
                 let Some(&(_, fastest)) = f.last() else { return Err(Unfit::Model(ms)) };
                 frontiers.push((f, fastest));
             }
-            let stage_floor = frontiers.iter().map(|(_, fastest)| *fastest).fold(0.0, f64::max);
-            laid.stage_floors.push(stage_floor);
-            laid.floor += stage_floor;
-            if laid.floor + ahead.iter().skip(i + 1).sum::<f64>() >= beat {
+            laid.stage_floors.push(frontiers.iter().map(|(_, fastest)| *fastest).fold(0.0, f64::max));
+            if laid.floor() + ahead.iter().skip(i + 1).sum::<f64>() >= beat {
                 return Ok(laid);
             }
             let frontiers: Vec<Vec<Point>> = frontiers.into_iter().map(|(f, _)| f).collect();
@@ -846,16 +844,19 @@ impl Planner {
     }
 }
 
-/// One round's stage layouts: per stage, its groups; and a floor under the step seconds of
-/// any plan laid out from them (see [`Planner::stage_layouts`]).
+/// One round's stage layouts: per stage, its groups; and per stage laid out, a floor under
+/// its seconds in any plan from them (see [`Planner::stage_layouts`]).
 struct StageLayouts {
     stages: Vec<Vec<GroupToPlace>>,
-    floor: f64,
-    /// Each stage's part of the floor.
     stage_floors: Vec<f64>,
 }
 
 impl StageLayouts {
+    /// A floor under the step seconds of any plan from these layouts: the stages' floors.
+    fn floor(&self) -> f64 {
+        self.stage_floors.iter().sum()
+    }
+
     /// Whether every stage was laid out (not cut short by its floor).
     fn complete(&self) -> bool {
         self.stages.len() == STAGES.len()
