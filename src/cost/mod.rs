@@ -178,12 +178,24 @@ impl CostModel {
     /// not fit even alone gets infinite latency.
     pub fn estimate(&self, stats: &ModelStats, candidate: &Candidate, workload: &Workload) -> Estimate {
         let memory = self.heaviest_position(stats, candidate, workload);
-        let feasible = memory.peak() <= self.hardware.usable_bytes();
+        let feasible = self.fits_alone(&memory);
         if !feasible {
             return Estimate { memory, ideal: LatencyBreakdown::default(), seconds: f64::INFINITY, feasible };
         }
         let ideal = self.latency(stats, candidate, workload);
         Estimate { memory, ideal, seconds: ideal.seconds(&self.efficiencies), feasible }
+    }
+
+    /// Whether a position holding `memory` fits with headroom on a rank of its own (what
+    /// [`CostModel::estimate`] calls feasible).
+    pub fn fits_alone(&self, memory: &PositionMemory) -> bool {
+        memory.peak() <= self.hardware.usable_bytes()
+    }
+
+    /// [`CostModel::estimate`]'s seconds of a feasible candidate, without its memory: the
+    /// search prices only the variants whose memory fits.
+    pub fn seconds(&self, stats: &ModelStats, c: &Candidate, w: &Workload) -> f64 {
+        self.latency(stats, c, w).seconds(&self.efficiencies)
     }
 
     /// The heaviest pipeline position: the first stage holds the most blocks, the embedding and

@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 
 use super::search::{Caps, Planner, StageCost};
-use crate::cost::{EngineKind, Estimate};
+use crate::cost::{EngineKind, Estimate, PositionMemory};
 use crate::model::Layout;
 use crate::plan::{Candidate, ModelStage, Recompute, Stage};
 
@@ -34,34 +34,36 @@ pub type Scored = (Candidate, Estimate);
 /// estimate behind it is the planner's to recompute for the few candidates a plan keeps).
 pub type Point = (Candidate, f64);
 
-/// What the search reads of a variant's estimate. The full [`Estimate`] (per-item memory,
-/// per-class latency) is six times larger and is recomputed for the few variants a frontier
-/// keeps: storing it for every variant estimated touched megabytes per search.
+/// What the search reads of a variant's estimate: its memory first, and its seconds only
+/// once asked (a variant that does not fit is never priced). The full [`Estimate`] (per-item
+/// memory, per-class latency) is six times larger and is recomputed for the few variants a
+/// frontier keeps: storing it for every variant estimated touched megabytes per search.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Summary {
-    /// Predicted seconds.
-    pub(super) seconds: f64,
     /// Whether the heaviest position fits a rank of its own.
     pub(super) feasible: bool,
     /// The heaviest position's peak, state and transient bytes.
     pub(super) peak: u64,
     pub(super) state: u64,
     pub(super) transient: u64,
+    /// Predicted seconds, once asked (infinite when not feasible, as [`Estimate`] has them).
+    seconds: Option<f64>,
 }
 
 impl Summary {
-    fn of(e: &Estimate) -> Summary {
+    fn of(memory: &PositionMemory, feasible: bool) -> Summary {
         Summary {
-            seconds: e.seconds,
-            feasible: e.feasible,
-            peak: e.memory.peak(),
-            state: e.memory.state.total(),
-            transient: e.memory.transient.total(),
+            feasible,
+            peak: memory.peak(),
+            state: memory.state.total(),
+            transient: memory.transient.total(),
+            seconds: None,
         }
     }
 }
 
 /// One layout and replica count of a model-stage.
+#[derive(Clone)]
 struct Entry {
     layout: Layout,
     dp: u32,
@@ -89,6 +91,19 @@ struct Entry {
     first_is_fastest: bool,
 }
 
+/// Every model-stage's entries with nothing estimated: what a pool's search starts from. They
+/// depend on the pool size, the models and the batch, not on the response length or the
+/// calibration, so a planner keeps them across replans on the same pool.
+#[derive(Clone, Default)]
+pub struct Skeleton(BTreeMap<ModelStage, Vec<Entry>>);
+
+impl Skeleton {
+    /// The entries of every model-stage of `planner`'s job on its pool.
+    pub fn of(planner: &Planner) -> Skeleton {
+        Skeleton(planner.model_stages().iter().map(|&ms| (ms, entries_of(planner, ms))).collect())
+    }
+}
+
 /// Every model-stage's entries, estimated as far as the frontiers asked so far.
 pub struct Pool<'p> {
     planner: &'p Planner,
@@ -100,8 +115,7 @@ pub struct Pool<'p> {
 impl<'p> Pool<'p> {
     /// The entries of every model-stage of `planner`'s job (nothing estimated yet).
     pub fn new(planner: &'p Planner) -> Pool<'p> {
-        let entries = planner.model_stages().iter().map(|&ms| (ms, entries_of(planner, ms))).collect();
-        Pool { planner, entries, built: BTreeMap::new() }
+        Pool { planner, entries: planner.skeleton().0.clone(), built: BTreeMap::new() }
     }
 
     /// The latency-versus-ranks frontier of `ms` (ascending ranks, strictly falling latency)
@@ -221,7 +235,7 @@ fn running_minima(entries: &mut [Entry], within: &Within, max_dp: u32, prefer: O
         }
         let preferred = prefer.is_some_and(|p| p.layout == entry.layout && p.dp == entry.dp);
         let Some(k) = entry.pick(within, below.min(at), preferred) else { continue };
-        let (c, seconds) = (entry.candidate(ms, k), entry.scored(k).seconds);
+        let (c, seconds) = (entry.candidate(ms, k), entry.seconds(&within.stage, k));
         let slot = best.entry(ranks).or_insert((seconds, i, k));
         if seconds < slot.0 || (seconds == slot.0 && Some(&c) == prefer) {
             *slot = (seconds, i, k);
@@ -261,7 +275,7 @@ fn fastest_point(entries: &mut [Entry], within: &Within, max_dp: u32, prefer: Op
         let entry = &mut entries[i];
         let Some(k) = entry.pick(within, to_beat, false) else { continue };
         let c = entry.candidate(ms, k);
-        let rank = (entry.scored(k).seconds, entry.ranks(), Some(&c) != prefer, i);
+        let rank = (entry.seconds(&within.stage, k), entry.ranks(), Some(&c) != prefer, i);
         if best.is_none_or(|(b, _)| rank.0.total_cmp(&b.0).then((rank.1, rank.2, rank.3).cmp(&(b.1, b.2, b.3))).is_lt())
         {
             best = Some((rank, k));
@@ -290,7 +304,7 @@ impl Entry {
             };
             self.uncapped = Some(pick);
             match pick {
-                Some(k) if !loses(self.scored(k).seconds) => {}
+                Some(k) if !loses(self.seconds(stage, k)) => {}
                 _ => return None,
             }
         }
@@ -312,7 +326,7 @@ impl Entry {
     /// (shaved), else the cost model's floor.
     fn floor_within(&mut self, within: &Within) -> f64 {
         match (within.limits, self.uncapped) {
-            (Some(_), Some(Some(k))) => self.scored(k).seconds * SHAVE,
+            (Some(_), Some(Some(k))) => self.seconds(&within.stage, k) * SHAVE,
             _ => self.floor(&within.stage),
         }
     }
@@ -339,7 +353,7 @@ impl Entry {
         for size in 0..self.variants() / per_size {
             let block = size * per_size..(size + 1) * per_size;
             if let Some(k) = block.into_iter().find(|&k| fits(&self.estimate(stage, k))) {
-                if best.is_none_or(|b| self.scored(k).seconds < self.scored(b).seconds) {
+                if best.is_none_or(|b| self.seconds(stage, k) < self.seconds(stage, b)) {
                     best = Some(k);
                 }
             }
@@ -387,12 +401,13 @@ impl Entry {
         Candidate { model_stage: ms, layout: self.layout, dp: self.dp, recompute, micro_batch }
     }
 
-    /// Variant `k`, estimated once.
+    /// Variant `k`'s memory, estimated once.
     fn estimate(&mut self, stage: &StageCost, k: usize) -> Summary {
         if let Some(&(_, summary)) = self.estimated.iter().find(|(v, _)| *v == k) {
             return summary;
         }
-        let summary = Summary::of(&stage.estimate(&self.candidate(stage.model_stage(), k)));
+        let memory = stage.memory(&self.candidate(stage.model_stage(), k));
+        let summary = Summary::of(&memory, stage.fits_alone(&memory));
         if self.estimated.is_empty() {
             // Room for a typical search's few variants at once, not one reallocation each.
             self.estimated.reserve(self.variants().min(8));
@@ -401,13 +416,19 @@ impl Entry {
         summary
     }
 
-    /// Variant `k`, which has been estimated.
-    fn scored(&self, k: usize) -> Summary {
-        self.estimated
-            .iter()
-            .find(|(v, _)| *v == k)
-            .map(|&(_, s)| s)
-            .expect("variants are estimated before they are read")
+    /// Variant `k`'s predicted seconds ([`crate::cost::CostModel::estimate`]'s), priced once.
+    fn seconds(&mut self, stage: &StageCost, k: usize) -> f64 {
+        let candidate = self.candidate(stage.model_stage(), k);
+        let slot = match self.estimated.iter().position(|(v, _)| *v == k) {
+            Some(slot) => slot,
+            None => {
+                self.estimate(stage, k);
+                self.estimated.len() - 1
+            }
+        };
+        let summary = &mut self.estimated[slot].1;
+        let feasible = summary.feasible;
+        *summary.seconds.get_or_insert_with(|| if feasible { stage.seconds(&candidate) } else { f64::INFINITY })
     }
 
     /// The first variant, in order, that `fits`, estimating variants as needed. When `fits`

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use thiserror::Error;
 
 use super::assign::{assign, GroupToPlace};
-use super::candidates::{Point, Pool, Scored};
+use super::candidates::{Point, Pool, Scored, Skeleton};
 use super::stage::{self, StageChoice};
 use crate::config::{Algorithm, JobConfig};
 use crate::cost::{
@@ -61,6 +61,21 @@ impl StageCost<'_> {
     /// [`Planner::estimate`] of a candidate of this model-stage.
     pub(super) fn estimate(&self, c: &Candidate) -> Estimate {
         self.cost.estimate(self.stats, c, self.workload)
+    }
+
+    /// [`CostModel::heaviest_position`] of a candidate of this model-stage.
+    pub(super) fn memory(&self, c: &Candidate) -> PositionMemory {
+        self.cost.heaviest_position(self.stats, c, self.workload)
+    }
+
+    /// Whether `memory` fits a rank of its own ([`CostModel::fits_alone`]).
+    pub(super) fn fits_alone(&self, memory: &PositionMemory) -> bool {
+        self.cost.fits_alone(memory)
+    }
+
+    /// [`CostModel::seconds`] of a feasible candidate of this model-stage.
+    pub(super) fn seconds(&self, c: &Candidate) -> f64 {
+        self.cost.seconds(self.stats, c, self.workload)
     }
 
     /// [`CostModel::seconds_floor`] of a candidate's layout and replica count.
@@ -196,13 +211,16 @@ struct Model {
 }
 
 /// A planner for one job on one pool. The models' catalogues are built once and shared by
-/// every [`Planner::replanned`] copy, so a replan only redoes the search.
+/// every [`Planner::replanned`] copy, and so are the search's candidates while the pool keeps
+/// its size, so a replan only redoes the search.
 #[derive(Clone)]
 pub struct Planner {
     cost: CostModel,
     models: Arc<BTreeMap<Role, Model>>,
     workloads: BTreeMap<ModelStage, Workload>,
     model_stages: Vec<ModelStage>,
+    /// Every model-stage's candidate layouts and replica counts on this pool.
+    skeleton: Arc<Skeleton>,
 }
 
 /// The parameter catalogue of every model of a job (critic and reward carry value heads).
@@ -292,7 +310,9 @@ impl Planner {
             workloads.insert(*ms, w);
         }
         let cost = CostModel { hardware, efficiencies, engine: EngineKind::of(&config.cluster) };
-        Ok(Planner { cost, models: Arc::new(models), workloads, model_stages })
+        let mut planner = Planner { cost, models: Arc::new(models), workloads, model_stages, skeleton: Arc::default() };
+        planner.skeleton = Arc::new(Skeleton::of(&planner));
+        Ok(planner)
     }
 
     /// The same job re-targeted: another pool size, response length or calibration. Cheap:
@@ -302,12 +322,20 @@ impl Planner {
             return Err(PlannerError::EmptyPool);
         }
         let mut p = self.clone();
-        p.cost.hardware.devices = gpus;
         p.cost.efficiencies = efficiencies;
         for w in p.workloads.values_mut() {
             w.response_len = response_len;
         }
+        if gpus != p.cost.hardware.devices {
+            p.cost.hardware.devices = gpus;
+            p.skeleton = Arc::new(Skeleton::of(&p));
+        }
         Ok(p)
+    }
+
+    /// The search's candidates on this pool, before any estimate.
+    pub(super) fn skeleton(&self) -> &Skeleton {
+        &self.skeleton
     }
 
     /// The cost model.
@@ -363,18 +391,23 @@ impl Planner {
             if src.candidate.layout.tp == dst.candidate.layout.tp {
                 continue;
             }
-            let mut pack: BTreeMap<i32, u64> = BTreeMap::new();
+            // Bytes each rank packs, indexed by world rank.
+            let mut pack = vec![0u64; peaks.ranks.len()];
             for p in [src, dst] {
                 let layout = p.candidate.layout;
+                let params: Vec<u64> = (0..layout.pp)
+                    .map(|j| self.position_memory(&p.candidate, j).state.get(MemoryItem::Params))
+                    .collect();
                 for (k, &r) in p.ranks.iter().enumerate() {
-                    let j = layout.position(k % layout.size() as usize).pp;
-                    *pack.entry(r).or_default() += self.position_memory(&p.candidate, j).state.get(MemoryItem::Params);
+                    if let Some(bytes) = pack.get_mut(r as usize) {
+                        *bytes += params[layout.position(k % layout.size() as usize).pp as usize];
+                    }
                 }
             }
-            for (r, bytes) in pack {
+            for (r, &bytes) in pack.iter().enumerate().filter(|(_, &bytes)| bytes > 0) {
                 let mut sync = MemoryBreakdown::default();
                 sync.add(MemoryItem::PackBuffers, bytes);
-                peaks.consider(r, sync, to);
+                peaks.consider(r as i32, sync, to);
             }
         }
         peaks
@@ -469,17 +502,14 @@ impl Planner {
 
     fn search_kept(&self, current: Option<&Plan>) -> Result<(PlannedJob, f64), PlannerError> {
         let gpus = self.cost.hardware.devices;
-        let kept = current.and_then(|plan| self.still_fits(plan)).map(|(k, peaks)| {
-            let seconds = self.predict(&k);
-            (k, peaks, seconds)
-        });
-        let current_seconds = kept.as_ref().map_or(f64::INFINITY, |k| k.2);
-        let keep = |(k, peaks, _): (Plan, RankPeaks, f64)| Ok((self.planned(k, peaks), current_seconds));
+        let kept = current.and_then(|plan| self.still_fits(plan));
+        let current_seconds = kept.as_ref().map_or(f64::INFINITY, Found::seconds);
+        let keep = |k: Found| Ok((self.planned(k), current_seconds));
         match (self.place(current), kept) {
             // The search under caps is a heuristic: it never returns a plan slower than keeping
             // the current one when that still fits.
-            (Ok((plan, _)), Some(k)) if k.2 <= self.predict(&plan) => keep(k),
-            (Ok((plan, peaks)), _) => Ok((self.planned(plan, peaks), current_seconds)),
+            (Ok(found), Some(k)) if k.seconds() <= found.seconds() => keep(k),
+            (Ok(found), _) => Ok((self.planned(found), current_seconds)),
             (Err(_), Some(k)) => keep(k),
             (Err(Unfit::Model(ms)), None) => Err(self.does_not_fit(ms)),
             (Err(Unfit::Stage { stage, need }), None) => {
@@ -499,14 +529,13 @@ impl Planner {
         }
     }
 
-    /// `plan` and its peaks, if it is valid on this pool and every rank still fits.
-    fn still_fits(&self, plan: &Plan) -> Option<(Plan, RankPeaks)> {
+    /// `plan` with its peaks and step, if it is valid on this pool and every rank still fits
+    /// (so every position of it fits a rank of its own: a rank's peak is at least its own).
+    fn still_fits(&self, plan: &Plan) -> Option<Found> {
         plan.validate(self.cost.hardware.devices).ok()?;
-        if plan.placements.iter().any(|p| !self.estimate(&p.candidate).feasible) {
-            return None;
-        }
         let peaks = self.rank_peaks(plan);
-        (peaks.max().0 <= self.cost.hardware.usable_bytes()).then(|| (plan.clone(), peaks))
+        let fits = peaks.max().0 <= self.cost.hardware.usable_bytes();
+        fits.then(|| Found { step: self.step_seconds(plan), plan: plan.clone(), peaks })
     }
 
     /// The fastest placement found. The stages are laid out one by one, but the weight sync
@@ -514,23 +543,17 @@ impl Planner {
     /// full copy of the trained weights, so the fastest generation alone can lose the step to
     /// its sync. When the sync is a noticeable part of the step, fewer replicas of the layouts
     /// it fills are tried (halving), until two halvings in a row bring nothing.
-    fn place(&self, current: Option<&Plan>) -> Result<(Plan, RankPeaks), Unfit> {
+    fn place(&self, current: Option<&Plan>) -> Result<Found, Unfit> {
         let mut pool = Pool::new(self);
         let mut best = self.place_within(current, &mut pool, u32::MAX, f64::INFINITY)?;
-        let (step, sync) = {
-            let s = self.step_seconds(&best.0);
-            (s.total(), s.weight_sync)
-        };
-        if sync < SYNC_SWEEP_SHARE * step {
+        if best.step.weight_sync < SYNC_SWEEP_SHARE * best.seconds() {
             return Ok(best);
         }
-        let mut best_seconds = step;
-        let mut cap = self.sync_replicas(&best.0) / 2;
+        let mut cap = self.sync_replicas(&best.plan) / 2;
         let mut misses = 0;
         while cap >= 1 && misses < 2 {
-            match self.place_within(current, &mut pool, cap, best_seconds) {
-                Ok(found) if self.predict(&found.0) < best_seconds => {
-                    best_seconds = self.predict(&found.0);
+            match self.place_within(current, &mut pool, cap, best.seconds()) {
+                Ok(found) if found.seconds() < best.seconds() => {
                     best = found;
                     misses = 0;
                 }
@@ -551,19 +574,13 @@ impl Planner {
     /// each model-stage there leave room for what it shares the rank with (what the rank holds
     /// besides its own position), and plans again. Layouts the weight sync fills keep to at
     /// most `sync_dp` replicas. Capped rounds that cannot beat `beat` seconds are cut short.
-    fn place_within(
-        &self,
-        current: Option<&Plan>,
-        pool: &mut Pool,
-        sync_dp: u32,
-        beat: f64,
-    ) -> Result<(Plan, RankPeaks), Unfit> {
+    fn place_within(&self, current: Option<&Plan>, pool: &mut Pool, sync_dp: u32, beat: f64) -> Result<Found, Unfit> {
         let usable = self.cost.hardware.usable_bytes();
         let uncapped = self.stage_layouts(current, pool, None, sync_dp, f64::INFINITY, &[])?;
         let first = self.ranks_for(&uncapped.stages, current);
         let peaks = self.rank_peaks(&first);
         if peaks.max().0 <= usable {
-            return Ok((first, peaks));
+            return Ok(Found { step: self.step_seconds(&first), plan: first, peaks });
         }
         // Every rank holds a position of (nearly) every model-stage: its state adds up, and the
         // largest transient comes on top. So the transient is capped at a rung of a ladder, the
@@ -573,15 +590,16 @@ impl Planner {
         // on A100, 0.35 can lose to 0.5 and 0.25 beat both — so no rung is skipped unless its
         // floor shows that it cannot win.)
         let rungs = self.rungs_in_order(current, pool, sync_dp, &uncapped.stage_floors);
-        let mut best: Option<(Plan, RankPeaks, f64, usize)> = None;
+        // The fastest plan that fits, and its rung.
+        let mut best: Option<(Found, usize)> = None;
         // The unfit plan of the rung latest in the ladder (what the error reports).
         let mut last = (first, peaks, None);
         for (_, rung, mut caps) in rungs {
             let mut room = usable - caps.transient;
             for _ in 0..PLACEMENT_ROUNDS {
                 let to_beat = match &best {
-                    Some(b) if rung < b.3 => b.2.next_up().min(beat),
-                    Some(b) => b.2.min(beat),
+                    Some((b, b_rung)) if rung < *b_rung => b.seconds().next_up().min(beat),
+                    Some((b, _)) => b.seconds().min(beat),
                     None => beat,
                 };
                 let laid =
@@ -595,9 +613,13 @@ impl Planner {
                 let peaks = self.rank_peaks(&plan);
                 let (worst, _) = peaks.max();
                 if worst <= usable {
-                    let seconds = self.predict(&plan);
-                    if best.as_ref().is_none_or(|b| seconds < b.2 || (seconds == b.2 && rung < b.3)) {
-                        best = Some((plan, peaks, seconds, rung));
+                    let found = Found { step: self.step_seconds(&plan), plan, peaks };
+                    let seconds = found.seconds();
+                    if best
+                        .as_ref()
+                        .is_none_or(|(b, b_rung)| seconds < b.seconds() || (seconds == b.seconds() && rung < *b_rung))
+                    {
+                        best = Some((found, rung));
                     }
                     break;
                 }
@@ -609,7 +631,7 @@ impl Planner {
             }
         }
         match best {
-            Some((plan, peaks, _, _)) => Ok((plan, peaks)),
+            Some((found, _)) => Ok(found),
             None => Err(Unfit::Placement { plan: last.0, peaks: last.1 }),
         }
     }
@@ -728,17 +750,17 @@ impl Planner {
 
     /// Any plan with this planner's predictions (its placements kept as they are).
     pub fn evaluate(&self, plan: &Plan) -> PlannedJob {
-        self.planned(plan.clone(), self.rank_peaks(plan))
+        self.planned(Found { step: self.step_seconds(plan), peaks: self.rank_peaks(plan), plan: plan.clone() })
     }
 
-    fn planned(&self, plan: Plan, rank_peaks: RankPeaks) -> PlannedJob {
-        let step_seconds = self.step_seconds(&plan);
+    fn planned(&self, found: Found) -> PlannedJob {
+        let Found { plan, peaks, step } = found;
         let model_stages = plan
             .placements
             .into_iter()
             .map(|p| ModelStagePlan { estimate: self.estimate(&p.candidate), placement: p })
             .collect();
-        PlannedJob { model_stages, step_latency_s: step_seconds.total(), step_seconds, rank_peaks }
+        PlannedJob { model_stages, step_latency_s: step.total(), step_seconds: step, rank_peaks: peaks }
     }
 
     /// Each stage's optimum by brute force over every candidate (the first fitting variant of
@@ -841,6 +863,20 @@ impl Planner {
     /// Whether a plan exists (the hints' probe: the same search, without a message).
     fn search_quiet(&self) -> bool {
         self.place(None).is_ok()
+    }
+}
+
+/// A plan the search found or kept, with every rank's peak and its step's predicted seconds.
+struct Found {
+    plan: Plan,
+    peaks: RankPeaks,
+    step: StepSeconds,
+}
+
+impl Found {
+    /// The step's predicted seconds ([`Planner::predict`]).
+    fn seconds(&self) -> f64 {
+        self.step.total()
     }
 }
 
