@@ -7,8 +7,9 @@
 //! entry whose state alone is over the limit is skipped before any estimate (variants differ in
 //! what their passes hold, not in the state), and where memory falls from one variant to the
 //! next (one recomputation choice) the first fitting variant is found by bisection. An entry
-//! whose floor (the cost model's bound under all its variants, or under caps its uncapped pick)
-//! cannot beat the frontier's points with as many ranks or fewer is not estimated at all. A
+//! whose floor (the cost model's bound under all its variants, or under caps its uncapped pick
+//! where an uncapped round found it) cannot beat the frontier's points with as many ranks or
+//! fewer is not estimated at all. A
 //! stage of one model-stage needs only the frontier's fastest point: the entries are then
 //! visited by ascending floor, and the search stops at the first floor the fastest found beats.
 
@@ -288,8 +289,10 @@ impl Entry {
     /// The variant the frontier takes from this entry under `within`, unless the entry's floor
     /// shows that it is no faster than `to_beat` (then nothing is estimated; floors are shaved,
     /// so one that reaches `to_beat` is strictly slower and loses even a tie, the `preferred`
-    /// entry aside). Under caps the entry's uncapped pick is a tighter floor, and an entry that
-    /// fits nothing uncapped fits nothing.
+    /// entry aside). Under caps the entry's uncapped pick, where an uncapped round found it, is
+    /// a tighter floor, and an entry that fits nothing uncapped fits nothing. (Where no round
+    /// found it, it is not searched for: its variants would cost as many estimates as the
+    /// capped pick itself.)
     fn pick(&mut self, within: &Within, to_beat: f64, preferred: bool) -> Option<usize> {
         let stage = &within.stage;
         let loses = |floor: f64| !preferred && floor >= to_beat;
@@ -297,15 +300,9 @@ impl Entry {
             return None;
         }
         let capped = within.limits.is_some();
-        if capped {
-            let pick = match self.uncapped {
-                Some(pick) => pick,
-                None => self.quick_fitting(stage, within.usable, true, &|e| within.alone(e)),
-            };
-            self.uncapped = Some(pick);
-            match pick {
-                Some(k) if !loses(self.seconds(stage, k)) => {}
-                _ => return None,
+        if let (true, Some(Some(k))) = (capped, self.uncapped) {
+            if loses(self.seconds(stage, k)) {
+                return None;
             }
         }
         // Uncapped, fitting is a bound on the heaviest position's peak, which falls with the
