@@ -162,10 +162,16 @@ pub fn optimizer_bytes_per_param(dtype: Dtype) -> u64 {
 /// no recomputation `s·b·h·(10 + 24/t + 5·a·s/(h·t))`; selective `s·b·h·(10 + 24/t)`;
 /// full `2·s·b·h` (the layer input only).
 pub fn activation_bytes_per_layer(s: f64, b: f64, h: f64, a: f64, t: f64, recompute: Recompute) -> f64 {
+    s * b * h * activation_width(s, h, a, t, recompute)
+}
+
+/// The bracket of [`activation_bytes_per_layer`]: bytes per token and residual channel, whatever
+/// the micro-batch (`10 + 24/t + 5·a·s/(h·t)`, `10 + 24/t`, or `2`).
+pub fn activation_width(s: f64, h: f64, a: f64, t: f64, recompute: Recompute) -> f64 {
     match recompute {
-        Recompute::None => s * b * h * (10.0 + 24.0 / t + 5.0 * a * s / (h * t)),
-        Recompute::Selective => s * b * h * (10.0 + 24.0 / t),
-        Recompute::Full => 2.0 * s * b * h,
+        Recompute::None => 10.0 + 24.0 / t + 5.0 * a * s / (h * t),
+        Recompute::Selective => 10.0 + 24.0 / t,
+        Recompute::Full => 2.0,
     }
 }
 

@@ -4,12 +4,13 @@
 //!
 //! Memory is counted per pipeline position of a candidate (placement-exact: the state a rank
 //! keeps for every EMU it holds, plus the transient buffers of whatever runs there), under the
-//! same [`MemoryItem`]s the engine's ledger charges; [`placement`] adds them up rank by rank
-//! for a whole plan.
+//! same [`MemoryItem`]s the engine's ledger charges ([`position`]: what a layout fixes and what
+//! a variant of it chooses); [`placement`] adds them up rank by rank for a whole plan.
 
 mod calibration;
 mod memory;
 pub mod placement;
+pub mod position;
 pub mod reference;
 mod stats;
 
@@ -19,20 +20,18 @@ pub use memory::{
     EngineKind, MemoryBreakdown, MemoryItem, GRADIENT_BYTES,
 };
 pub use placement::{RankMemory, RankPeaks};
+pub use position::PositionCost;
+use position::{micro, per_replica};
 pub use stats::ModelStats;
 
 use serde::Serialize;
 
 use crate::config::ClusterSpec;
-use crate::model::{Layout, LocalShape, OutputHead, Position};
 
 use crate::plan::{Candidate, Placement, Recompute, Stage};
 
 /// Per-message latency of a collective or send, seconds (launch and synchronization).
 const MESSAGE_LATENCY_S: f64 = 10e-6;
-/// Workspace per rank of a GPU engine (library workspaces, communicator buffers, allocator
-/// slack), capped at 5% of device memory.
-const WORKSPACE_BYTES: u64 = 1 << 30;
 
 /// The hardware a plan runs on: a pool of `devices` devices of the cluster's kind.
 #[derive(Debug, Clone, Serialize)]
@@ -178,7 +177,7 @@ impl CostModel {
     /// not fit even alone gets infinite latency.
     pub fn estimate(&self, stats: &ModelStats, candidate: &Candidate, workload: &Workload) -> Estimate {
         let memory = self.heaviest_position(stats, candidate, workload);
-        let feasible = self.fits_alone(&memory);
+        let feasible = self.fits_alone(memory.peak());
         if !feasible {
             return Estimate { memory, ideal: LatencyBreakdown::default(), seconds: f64::INFINITY, feasible };
         }
@@ -186,10 +185,10 @@ impl CostModel {
         Estimate { memory, ideal, seconds: ideal.seconds(&self.efficiencies), feasible }
     }
 
-    /// Whether a position holding `memory` fits with headroom on a rank of its own (what
+    /// Whether a position peaking at `peak` bytes fits with headroom on a rank of its own (what
     /// [`CostModel::estimate`] calls feasible).
-    pub fn fits_alone(&self, memory: &PositionMemory) -> bool {
-        memory.peak() <= self.hardware.usable_bytes()
+    pub fn fits_alone(&self, peak: u64) -> bool {
+        peak <= self.hardware.usable_bytes()
     }
 
     /// [`CostModel::estimate`]'s seconds of a feasible candidate, without its memory: the
@@ -198,134 +197,17 @@ impl CostModel {
         self.latency(stats, c, w).seconds(&self.efficiencies)
     }
 
-    /// The heaviest pipeline position: the first stage holds the most blocks, the embedding and
-    /// the most micro-batches in flight; the last one the head and its logits; middle stages
-    /// hold no more than the first.
+    /// The heaviest pipeline position ([`position::heavier`] of the first and the last).
     pub fn heaviest_position(&self, stats: &ModelStats, c: &Candidate, w: &Workload) -> PositionMemory {
         let first = self.position_memory(stats, c, w, 0);
-        if c.layout.pp == 1 {
-            return first;
-        }
-        let last = self.position_memory(stats, c, w, c.layout.pp - 1);
-        if last.peak() > first.peak() {
-            last
-        } else {
-            first
-        }
+        let last = (c.layout.pp > 1).then(|| self.position_memory(stats, c, w, c.layout.pp - 1));
+        position::heavier(first, last)
     }
 
     /// What a rank at pipeline position `j` of `candidate` holds (every TP position of a stage
-    /// holds the same).
+    /// holds the same): see [`position`].
     pub fn position_memory(&self, stats: &ModelStats, c: &Candidate, w: &Workload, j: u32) -> PositionMemory {
-        let params = stats.params_of_stage(c.layout, j);
-        let dtype = stats.arch.dtype;
-        let trains = c.model_stage.trains();
-        let mut state = MemoryBreakdown::default();
-        state.add(MemoryItem::Params, params * dtype.bytes());
-        if trains {
-            state.add(MemoryItem::Optimizer, params * optimizer_bytes_per_param(dtype));
-        }
-        let transient = match self.engine {
-            EngineKind::Reference => self.reference_transient(stats, c, w, j, params),
-            EngineKind::Gpu => {
-                if trains {
-                    state.add(MemoryItem::Gradients, params * GRADIENT_BYTES);
-                }
-                self.gpu_transient(stats, c, w, j, params)
-            }
-        };
-        PositionMemory { state, transient }
-    }
-
-    /// Sequences of the slowest replica.
-    fn per_replica(sequences: u64, dp: u32) -> u64 {
-        sequences.div_ceil(u64::from(dp))
-    }
-
-    /// Sequences per micro-batch (or generation wave) of a replica holding `share` sequences.
-    fn micro(c: &Candidate, share: u64) -> u64 {
-        u64::from(c.micro_batch).min(share).max(1)
-    }
-
-    fn reference_transient(
-        &self,
-        stats: &ModelStats,
-        c: &Candidate,
-        w: &Workload,
-        j: u32,
-        params: u64,
-    ) -> MemoryBreakdown {
-        let s = local_shape(stats, c.layout, j);
-        let seq = w.seq_len();
-        let rollout = Self::per_replica(w.sequences, c.dp);
-        match c.model_stage.stage {
-            // Generation decodes in waves of `micro_batch` sequences.
-            Stage::Generation => reference::generation(&s, Self::micro(c, rollout), w.prompt_len, w.response_len),
-            Stage::Inference => reference::inference(&s, Self::micro(c, rollout), seq),
-            Stage::Training => {
-                let share = Self::per_replica(w.mini_batch, c.dp);
-                let micro = Self::micro(c, share);
-                let train = reference::training(&s, params, micro, share.div_ceil(micro), seq, c.layout.pp, j);
-                // The actor's old log-probabilities run forward-only on its training replicas.
-                let old_logp = reference::inference(&s, Self::micro(c, rollout), seq);
-                if old_logp.total() > train.total() {
-                    old_logp
-                } else {
-                    train
-                }
-            }
-        }
-    }
-
-    fn gpu_transient(&self, stats: &ModelStats, c: &Candidate, w: &Workload, j: u32, _params: u64) -> MemoryBreakdown {
-        let a = &stats.arch;
-        let (tp, pp) = (u64::from(c.layout.tp), u64::from(c.layout.pp));
-        let s = w.seq_len();
-        let layers = blocks_in_stage(stats, c.layout, j);
-        let last = j + 1 == c.layout.pp;
-        let one_layer = |micro: u64, recompute| {
-            activation_bytes_per_layer(s as f64, micro as f64, a.hidden as f64, a.heads as f64, tp as f64, recompute)
-                as u64
-        };
-        // f32 outputs of the head on the last stage: the vocabulary shard for LM heads, one value
-        // for value heads.
-        let head_width = if a.head == OutputHead::Lm { a.vocab / tp } else { 1 };
-        let mut m = MemoryBreakdown::default();
-        let micro = match c.model_stage.stage {
-            Stage::Training => Self::micro(c, Self::per_replica(w.mini_batch, c.dp)),
-            _ => Self::micro(c, Self::per_replica(w.sequences, c.dp)),
-        };
-        match c.model_stage.stage {
-            Stage::Training => {
-                // 1F1B: stage j holds `pp − j` in-flight micro-batches of its layers.
-                let share = Self::per_replica(w.mini_batch, c.dp);
-                let in_flight = (pp - u64::from(j)).min(share.div_ceil(micro));
-                m.add(MemoryItem::Activations, one_layer(micro, c.recompute) * layers * in_flight);
-                if last {
-                    m.add(MemoryItem::Logits, 2 * s * micro * head_width * 4);
-                }
-            }
-            Stage::Inference => {
-                // Forward only, one layer live at a time, attention fused (scores never stored).
-                m.add(MemoryItem::Activations, one_layer(micro, Recompute::Selective));
-                if last {
-                    m.add(MemoryItem::Logits, s * micro * head_width * 4);
-                }
-            }
-            Stage::Generation => {
-                // Prefill, one layer at a time; the KV cache is added below.
-                m.add(MemoryItem::Activations, one_layer(micro, Recompute::Selective));
-            }
-        }
-        let comm_buffers = 4 * s * micro * a.hidden * a.dtype.bytes();
-        m.add(MemoryItem::Workspace, WORKSPACE_BYTES.min(self.hardware.memory_bytes / 20) + comm_buffers);
-        if c.model_stage.stage == Stage::Generation {
-            // The stage keeps the KV cache of its layers for the wave of sequences in flight.
-            let (kv, logits) = gpu_generation_bytes_per_sequence(stats, c, w, layers, last);
-            m.add(MemoryItem::KvCache, micro * kv);
-            m.add(MemoryItem::Logits, micro * logits);
-        }
-        m
+        self.position_cost(stats, c, w, j).memory(c, w)
     }
 
     /// Roofline seconds per class for the slowest replica.
@@ -375,7 +257,7 @@ impl CostModel {
                 // Every update is one pipeline flush over the replica's share of a mini-batch,
                 // then a DP all-reduce of the gradients (the actor's old log-probabilities are
                 // an inference-stage pass, `old_logp_breakdown`).
-                let share = Self::per_replica(w.mini_batch, c.dp);
+                let share = per_replica(w.mini_batch, c.dp);
                 let update = self.pass_latency(stats, c, share, w.seq_len(), &schedule(c, share, true));
                 let mut out = LatencyBreakdown::default();
                 for _ in 0..w.updates() {
@@ -384,7 +266,7 @@ impl CostModel {
                 out
             }
             Stage::Inference => {
-                let share = Self::per_replica(w.sequences, c.dp);
+                let share = per_replica(w.sequences, c.dp);
                 self.pass_latency(stats, c, share, w.seq_len(), &schedule(c, share, false))
             }
             Stage::Generation => self.generation_latency(stats, c, w),
@@ -400,7 +282,7 @@ impl CostModel {
     pub fn seconds_floor(&self, stats: &ModelStats, c: &Candidate, w: &Workload) -> f64 {
         let fastest = match c.model_stage.stage {
             Stage::Generation => {
-                let one_wave = u32::try_from(Self::per_replica(w.sequences, c.dp)).unwrap_or(u32::MAX);
+                let one_wave = u32::try_from(per_replica(w.sequences, c.dp)).unwrap_or(u32::MAX);
                 Candidate { micro_batch: one_wave, ..*c }
             }
             _ => *c,
@@ -412,7 +294,7 @@ impl CostModel {
     /// The old-log-probability pass of a training candidate (forward only over its share of
     /// the rollout, in the inference stage), at roofline per class.
     pub fn old_logp_breakdown(&self, stats: &ModelStats, c: &Candidate, w: &Workload) -> LatencyBreakdown {
-        let share = Self::per_replica(w.sequences, c.dp);
+        let share = per_replica(w.sequences, c.dp);
         self.on_shared_cores(self.pass_latency(stats, c, share, w.seq_len(), &Schedule::of(c, share, false)), c)
     }
 
@@ -485,7 +367,7 @@ impl CostModel {
         let hw = &self.hardware;
         let a = &stats.arch;
         let (tp, pp) = (f64::from(c.layout.tp), f64::from(c.layout.pp));
-        let b_rep = Self::per_replica(w.sequences, c.dp) as f64;
+        let b_rep = per_replica(w.sequences, c.dp) as f64;
         let (layers, h, bytes) = (a.layers as f64, a.hidden as f64, a.dtype.bytes() as f64);
         let n = stats.matmul_params as f64;
         let q_width = a.q_width() as f64;
@@ -500,7 +382,7 @@ impl CostModel {
         out.add(OpClass::Attention, 2.0 * layers * prompt * q_width * b_rep * prompt / flops_rate);
         // Decode, in waves: every step reads the stage's weights and the KV cache (mean
         // context), stage after stage; compute-bound only for very large batches.
-        let batch = Self::micro(c, Self::per_replica(w.sequences, c.dp)) as f64;
+        let batch = micro(c, per_replica(w.sequences, c.dp)) as f64;
         let steps = (b_rep / batch).ceil() * response;
         let kv_per_token = 2.0 * layers * (a.kv_heads * a.head_dim) as f64 * bytes;
         let context = prompt + response / 2.0;
@@ -625,30 +507,4 @@ impl Schedule {
             hop_sequences: share / pp,
         }
     }
-}
-
-/// Blocks of pipeline stage `j` of `layout`.
-fn blocks_in_stage(stats: &ModelStats, layout: Layout, j: u32) -> u64 {
-    let r = crate::model::catalogue::blocks_of_stage(stats.arch.layers, layout.pp, j);
-    r.end - r.start
-}
-
-/// The local shapes of pipeline stage `j` (TP position 0; every TP position is alike).
-fn local_shape(stats: &ModelStats, layout: Layout, j: u32) -> LocalShape {
-    LocalShape::of(&stats.arch, layout, Position { tp: 0, pp: j })
-}
-
-/// KV-cache and logit bytes one in-flight sequence adds on a GPU rank holding `layers` blocks.
-fn gpu_generation_bytes_per_sequence(
-    stats: &ModelStats,
-    c: &Candidate,
-    w: &Workload,
-    layers: u64,
-    last: bool,
-) -> (u64, u64) {
-    let a = &stats.arch;
-    let tp = u64::from(c.layout.tp);
-    let kv = kv_cache_bytes_per_sequence(a, w.seq_len()) / tp * layers / a.layers;
-    let head_width = if a.head == OutputHead::Lm { a.vocab / tp } else { 1 };
-    (kv, if last { head_width * 4 } else { 0 })
 }

@@ -16,7 +16,8 @@
 use std::collections::BTreeMap;
 
 use super::search::{Caps, Planner, StageCost};
-use crate::cost::{EngineKind, Estimate, PositionMemory};
+use crate::cost::position::last_is_heavier;
+use crate::cost::{EngineKind, Estimate, PositionCost};
 use crate::model::Layout;
 use crate::plan::{Candidate, ModelStage, Recompute, Stage};
 
@@ -51,16 +52,24 @@ pub(super) struct Summary {
     seconds: Option<f64>,
 }
 
-impl Summary {
-    fn of(memory: &PositionMemory, feasible: bool) -> Summary {
-        Summary {
-            feasible,
-            peak: memory.peak(),
-            state: memory.state.total(),
-            transient: memory.transient.total(),
-            seconds: None,
-        }
-    }
+/// What a search has estimated, for the entries it reached: each one's first and last
+/// pipeline positions (their state and buffer shapes, derived once per entry: a variant's
+/// heaviest position is one of them) and a slot per variant. One store for the whole search,
+/// so that reaching an entry costs no allocation of its own.
+#[derive(Default)]
+struct Estimates {
+    reached: Vec<Reached>,
+    /// `variants()` slots per entry reached, from its `Reached::slots`.
+    summaries: Vec<Option<Summary>>,
+}
+
+/// An entry's positions, for every variant of it, with their state in bytes.
+struct Reached {
+    first: (PositionCost, u64),
+    /// With several pipeline positions, the last one.
+    last: Option<(PositionCost, u64)>,
+    /// Where its variants' slots start in [`Estimates::summaries`].
+    slots: usize,
 }
 
 /// One layout and replica count of a model-stage.
@@ -68,12 +77,8 @@ impl Summary {
 struct Entry {
     layout: Layout,
     dp: u32,
-    /// The variants estimated so far, as `(variant, estimate)`: few per entry, so a list
-    /// (a slot for every variant would allocate and touch megabytes per search, nearly all
-    /// of it never used).
-    estimated: Vec<(usize, Summary)>,
-    /// The state of the lightest pipeline position, once computed.
-    least_state: Option<u64>,
+    /// Where [`Estimates`] keeps what this entry has had estimated, once it has.
+    reached: Option<u32>,
     /// The entry's pick in an uncapped round (inner `None`: nothing fits), once computed. Caps
     /// only take variants away, so a capped round's pick is no faster and, where the first
     /// fitting variant is the pick, no earlier.
@@ -109,6 +114,7 @@ impl Skeleton {
 pub struct Pool<'p> {
     planner: &'p Planner,
     entries: BTreeMap<ModelStage, Vec<Entry>>,
+    estimates: Estimates,
     /// Frontiers already built (see [`FrontierKey`]).
     built: BTreeMap<FrontierKey, Vec<Point>>,
 }
@@ -116,7 +122,13 @@ pub struct Pool<'p> {
 impl<'p> Pool<'p> {
     /// The entries of every model-stage of `planner`'s job (nothing estimated yet).
     pub fn new(planner: &'p Planner) -> Pool<'p> {
-        Pool { planner, entries: planner.skeleton().0.clone(), built: BTreeMap::new() }
+        let entries = planner.skeleton().0.clone();
+        // Room for every entry at once: growing the store would copy it over and over.
+        let estimates = Estimates {
+            reached: Vec::with_capacity(entries.values().map(Vec::len).sum()),
+            summaries: Vec::with_capacity(entries.values().flatten().map(Entry::variants).sum()),
+        };
+        Pool { planner, entries, estimates, built: BTreeMap::new() }
     }
 
     /// The latency-versus-ranks frontier of `ms` (ascending ranks, strictly falling latency)
@@ -140,10 +152,11 @@ impl<'p> Pool<'p> {
         let usable = self.planner.cost().hardware.usable_bytes();
         let within = Within { stage: self.planner.stage_cost(ms), usable, limits };
         let entries = self.entries.get_mut(&ms).map_or(&mut [][..], |v| v.as_mut_slice());
+        let est = &mut self.estimates;
         let frontier = if fastest_only {
-            fastest_point(entries, &within, max_dp, prefer)
+            fastest_point(entries, est, &within, max_dp, prefer)
         } else {
-            running_minima(entries, &within, max_dp, prefer)
+            running_minima(entries, est, &within, max_dp, prefer)
         };
         self.built.insert(key, frontier.clone());
         frontier
@@ -171,12 +184,13 @@ impl<'p> Pool<'p> {
     pub fn all_fitting(&mut self, ms: ModelStage) -> Vec<Scored> {
         let stage = self.planner.stage_cost(ms);
         let fits = |e: &Summary| e.feasible;
+        let est = &mut self.estimates;
         self.entries
             .get_mut(&ms)
             .into_iter()
             .flatten()
             .filter_map(|entry| {
-                let k = entry.first_fitting(&stage, true, &fits)?;
+                let k = entry.first_fitting(est, &stage, true, &fits)?;
                 let c = entry.candidate(ms, k);
                 Some((c, stage.estimate(&c)))
             })
@@ -189,7 +203,7 @@ impl<'p> Pool<'p> {
         let mut least = u64::MAX;
         for entry in self.entries.get_mut(&ms).into_iter().flatten() {
             for k in 0..entry.variants() {
-                least = least.min(entry.estimate(&stage, k).peak);
+                least = least.min(entry.estimate(&mut self.estimates, &stage, k).peak);
             }
         }
         if least == u64::MAX {
@@ -224,7 +238,13 @@ impl Within<'_> {
 /// frontier only when it is faster than every point with fewer ranks (`below`) and than the
 /// best so far with as many (`at`): the running minimum, which is what an entry's floor must
 /// beat to be estimated.
-fn running_minima(entries: &mut [Entry], within: &Within, max_dp: u32, prefer: Option<&Candidate>) -> Vec<Point> {
+fn running_minima(
+    entries: &mut [Entry],
+    est: &mut Estimates,
+    within: &Within,
+    max_dp: u32,
+    prefer: Option<&Candidate>,
+) -> Vec<Point> {
     let ms = within.stage.model_stage();
     // Per rank count, the fastest fitting variant as (seconds, entry, variant): indices, so
     // that only the frontier's points are copied out.
@@ -235,8 +255,8 @@ fn running_minima(entries: &mut [Entry], within: &Within, max_dp: u32, prefer: O
             (below, at, ranks) = (below.min(at), f64::INFINITY, entry.ranks());
         }
         let preferred = prefer.is_some_and(|p| p.layout == entry.layout && p.dp == entry.dp);
-        let Some(k) = entry.pick(within, below.min(at), preferred) else { continue };
-        let (c, seconds) = (entry.candidate(ms, k), entry.seconds(&within.stage, k));
+        let Some(k) = entry.pick(est, within, below.min(at), preferred) else { continue };
+        let (c, seconds) = (entry.candidate(ms, k), entry.seconds(est, &within.stage, k));
         let slot = best.entry(ranks).or_insert((seconds, i, k));
         if seconds < slot.0 || (seconds == slot.0 && Some(&c) == prefer) {
             *slot = (seconds, i, k);
@@ -256,13 +276,19 @@ fn running_minima(entries: &mut [Entry], within: &Within, max_dp: u32, prefer: O
 /// then the preferred candidate, then layout order), as a one-point frontier. Entries are
 /// visited by ascending floor, so once a floor reaches the fastest found, every later entry
 /// loses too.
-fn fastest_point(entries: &mut [Entry], within: &Within, max_dp: u32, prefer: Option<&Candidate>) -> Vec<Point> {
+fn fastest_point(
+    entries: &mut [Entry],
+    est: &mut Estimates,
+    within: &Within,
+    max_dp: u32,
+    prefer: Option<&Candidate>,
+) -> Vec<Point> {
     let ms = within.stage.model_stage();
     let mut order: Vec<(f64, usize)> = entries
         .iter_mut()
         .enumerate()
         .filter(|(_, e)| e.dp <= max_dp && e.uncapped != Some(None))
-        .map(|(i, e)| (e.floor_within(within), i))
+        .map(|(i, e)| (e.floor_within(est, within), i))
         .collect();
     order.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
     // (seconds, ranks, not preferred, layout order) orders the ties; then the entry's variant.
@@ -274,9 +300,9 @@ fn fastest_point(entries: &mut [Entry], within: &Within, max_dp: u32, prefer: Op
             break;
         }
         let entry = &mut entries[i];
-        let Some(k) = entry.pick(within, to_beat, false) else { continue };
+        let Some(k) = entry.pick(est, within, to_beat, false) else { continue };
         let c = entry.candidate(ms, k);
-        let rank = (entry.seconds(&within.stage, k), entry.ranks(), Some(&c) != prefer, i);
+        let rank = (entry.seconds(est, &within.stage, k), entry.ranks(), Some(&c) != prefer, i);
         if best.is_none_or(|(b, _)| rank.0.total_cmp(&b.0).then((rank.1, rank.2, rank.3).cmp(&(b.1, b.2, b.3))).is_lt())
         {
             best = Some((rank, k));
@@ -293,7 +319,7 @@ impl Entry {
     /// a tighter floor, and an entry that fits nothing uncapped fits nothing. (Where no round
     /// found it, it is not searched for: its variants would cost as many estimates as the
     /// capped pick itself.)
-    fn pick(&mut self, within: &Within, to_beat: f64, preferred: bool) -> Option<usize> {
+    fn pick(&mut self, est: &mut Estimates, within: &Within, to_beat: f64, preferred: bool) -> Option<usize> {
         let stage = &within.stage;
         let loses = |floor: f64| !preferred && floor >= to_beat;
         if self.uncapped == Some(None) || (to_beat < f64::INFINITY && loses(self.floor(stage))) {
@@ -301,7 +327,7 @@ impl Entry {
         }
         let capped = within.limits.is_some();
         if let (true, Some(Some(k))) = (capped, self.uncapped) {
-            if loses(self.seconds(stage, k)) {
+            if loses(self.seconds(est, stage, k)) {
                 return None;
             }
         }
@@ -312,7 +338,7 @@ impl Entry {
         // change from one variant to the next.
         let state_limit = within.limits.map_or(within.usable, |(state, _)| state.min(within.usable));
         let monotone = !capped || self.layout.pp == 1;
-        let found = self.quick_fitting(stage, state_limit, monotone, &|e| within.fits(e));
+        let found = self.quick_fitting(est, stage, state_limit, monotone, &|e| within.fits(e));
         if !capped {
             self.uncapped = Some(found);
         }
@@ -321,9 +347,9 @@ impl Entry {
 
     /// The tightest floor known without estimating: under caps the uncapped pick's seconds
     /// (shaved), else the cost model's floor.
-    fn floor_within(&mut self, within: &Within) -> f64 {
+    fn floor_within(&mut self, est: &mut Estimates, within: &Within) -> f64 {
         match (within.limits, self.uncapped) {
-            (Some(_), Some(Some(k))) => self.seconds(&within.stage, k) * SHAVE,
+            (Some(_), Some(Some(k))) => self.seconds(est, &within.stage, k) * SHAVE,
             _ => self.floor(&within.stage),
         }
     }
@@ -334,23 +360,24 @@ impl Entry {
     /// what their passes hold, never in the state. `monotone`: see [`Entry::first_fitting`].
     fn quick_fitting(
         &mut self,
+        est: &mut Estimates,
         stage: &StageCost,
         state_limit: u64,
         monotone: bool,
         fits: &dyn Fn(&Summary) -> bool,
     ) -> Option<usize> {
-        if self.least_state(stage) > state_limit {
+        if self.least_state(est, stage) > state_limit {
             return None;
         }
         if self.first_is_fastest {
-            return self.first_fitting(stage, monotone, fits);
+            return self.first_fitting(est, stage, monotone, fits);
         }
         let mut best: Option<usize> = None;
         let per_size = self.recomputes.len();
         for size in 0..self.variants() / per_size {
             let block = size * per_size..(size + 1) * per_size;
-            if let Some(k) = block.into_iter().find(|&k| fits(&self.estimate(stage, k))) {
-                if best.is_none_or(|b| self.seconds(stage, k) < self.seconds(stage, b)) {
+            if let Some(k) = block.into_iter().find(|&k| fits(&self.estimate(est, stage, k))) {
+                if best.is_none_or(|b| self.seconds(est, stage, k) < self.seconds(est, stage, b)) {
                     best = Some(k);
                 }
             }
@@ -359,19 +386,32 @@ impl Entry {
     }
 
     /// The state of the entry's lightest pipeline position (first or last; every variant of
-    /// the entry holds at least this), computed once.
-    fn least_state(&mut self, stage: &StageCost) -> u64 {
-        *self.least_state.get_or_insert_with(|| {
-            let c = Candidate {
-                model_stage: stage.model_stage(),
-                layout: self.layout,
-                dp: self.dp,
-                recompute: Recompute::None,
-                micro_batch: 1,
-            };
-            let state = |j: u32| stage.position_memory(&c, j).state.total();
-            state(0).min(state(self.layout.pp - 1))
-        })
+    /// the entry holds at least this).
+    fn least_state(&mut self, est: &mut Estimates, stage: &StageCost) -> u64 {
+        let r = self.reach(est, stage);
+        let Reached { first, last, .. } = &est.reached[r];
+        last.as_ref().map_or(first.1, |last| first.1.min(last.1))
+    }
+
+    /// Where `est` keeps this entry's positions and slots, derived the first time.
+    fn reach(&mut self, est: &mut Estimates, stage: &StageCost) -> usize {
+        if let Some(r) = self.reached {
+            return r as usize;
+        }
+        let c = self.candidate(stage.model_stage(), 0);
+        let pp = self.layout.pp;
+        let position = |j: u32| {
+            let cost = stage.position_cost(&c, j);
+            let state = cost.state().total();
+            (cost, state)
+        };
+        let first = position(0);
+        let last = (pp > 1).then(|| position(pp - 1));
+        let slots = est.summaries.len();
+        est.summaries.resize(slots + self.variants(), None);
+        est.reached.push(Reached { first, last, slots });
+        self.reached = Some((est.reached.len() - 1) as u32);
+        est.reached.len() - 1
     }
 
     /// The cost model's floor under every variant's seconds, shaved so that rounding never
@@ -399,32 +439,35 @@ impl Entry {
     }
 
     /// Variant `k`'s memory, estimated once.
-    fn estimate(&mut self, stage: &StageCost, k: usize) -> Summary {
-        if let Some(&(_, summary)) = self.estimated.iter().find(|(v, _)| *v == k) {
+    fn estimate(&mut self, est: &mut Estimates, stage: &StageCost, k: usize) -> Summary {
+        let r = self.reach(est, stage);
+        let reached = &est.reached[r];
+        let slot = reached.slots + k;
+        if let Some(summary) = est.summaries[slot] {
             return summary;
         }
-        let memory = stage.memory(&self.candidate(stage.model_stage(), k));
-        let summary = Summary::of(&memory, stage.fits_alone(&memory));
-        if self.estimated.is_empty() {
-            // Room for a typical search's few variants at once, not one reallocation each.
-            self.estimated.reserve(self.variants().min(8));
+        // The heavier of the first and last positions (`CostModel::heaviest_position`).
+        let c = self.candidate(stage.model_stage(), k);
+        let at = |(position, state): &(PositionCost, u64)| (*state, stage.transient_bytes(position, &c));
+        let (mut state, mut transient) = at(&reached.first);
+        if let Some((last_state, last_transient)) = reached.last.as_ref().map(at) {
+            if last_is_heavier(state + transient, last_state + last_transient) {
+                (state, transient) = (last_state, last_transient);
+            }
         }
-        self.estimated.push((k, summary));
+        let peak = state + transient;
+        let summary = Summary { feasible: stage.fits_alone(peak), peak, state, transient, seconds: None };
+        est.summaries[slot] = Some(summary);
         summary
     }
 
     /// Variant `k`'s predicted seconds ([`crate::cost::CostModel::estimate`]'s), priced once.
-    fn seconds(&mut self, stage: &StageCost, k: usize) -> f64 {
+    fn seconds(&mut self, est: &mut Estimates, stage: &StageCost, k: usize) -> f64 {
+        let feasible = self.estimate(est, stage, k).feasible;
+        let r = self.reach(est, stage);
+        let slot = est.reached[r].slots + k;
         let candidate = self.candidate(stage.model_stage(), k);
-        let slot = match self.estimated.iter().position(|(v, _)| *v == k) {
-            Some(slot) => slot,
-            None => {
-                self.estimate(stage, k);
-                self.estimated.len() - 1
-            }
-        };
-        let summary = &mut self.estimated[slot].1;
-        let feasible = summary.feasible;
+        let summary = est.summaries[slot].as_mut().expect("estimated above");
         *summary.seconds.get_or_insert_with(|| if feasible { stage.seconds(&candidate) } else { f64::INFINITY })
     }
 
@@ -432,17 +475,23 @@ impl Entry {
     /// is `monotone` (once a variant fits, every later one does) and there is one recomputation
     /// choice, every variant holds less than the one before it (a smaller micro-batch or decode
     /// wave), so what fits is a suffix and a bisection finds its start.
-    fn first_fitting(&mut self, stage: &StageCost, monotone: bool, fits: &dyn Fn(&Summary) -> bool) -> Option<usize> {
+    fn first_fitting(
+        &mut self,
+        est: &mut Estimates,
+        stage: &StageCost,
+        monotone: bool,
+        fits: &dyn Fn(&Summary) -> bool,
+    ) -> Option<usize> {
         // Where the pick is the first fitting variant, nothing before the uncapped pick fits
         // without caps, so nothing there fits with them.
         let start = if self.first_is_fastest { self.uncapped.flatten().unwrap_or(0) } else { 0 };
         if !monotone || self.recomputes.len() > 1 {
-            return (start..self.variants()).find(|&k| fits(&self.estimate(stage, k)));
+            return (start..self.variants()).find(|&k| fits(&self.estimate(est, stage, k)));
         }
         let (mut lo, mut hi) = (start, self.variants());
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
-            if fits(&self.estimate(stage, mid)) {
+            if fits(&self.estimate(est, stage, mid)) {
                 hi = mid;
             } else {
                 lo = mid + 1;
@@ -500,8 +549,7 @@ fn entries_of(planner: &Planner, ms: ModelStage) -> Vec<Entry> {
                 out.push(Entry {
                     layout,
                     dp,
-                    estimated: Vec::new(),
-                    least_state: None,
+                    reached: None,
                     uncapped: None,
                     floor: None,
                     largest_micro,
@@ -514,4 +562,56 @@ fn entries_of(planner: &Planner, ms: ModelStage) -> Vec<Entry> {
     // By rank count (stable: ties keep the layout order), as the frontier's pruning needs.
     out.sort_by_key(Entry::ranks);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{DataPlane, JobConfig, Overrides};
+    use crate::cost::Efficiencies;
+    use crate::planner::search::tests::tiny;
+    use crate::runtime::Rng;
+
+    #[test]
+    fn a_variants_summary_is_the_cost_models_estimate_of_it() {
+        // Every variant of every entry of random tiny jobs and of Llama-3.1-8B on 32 H200, on
+        // both engines: the memory the search reads (from its layout's position costs, derived
+        // once per entry) and the seconds it prices are the cost model's estimate.
+        let mut configs: Vec<(JobConfig, u32)> = (0..30)
+            .map(|case| {
+                let mut rng = Rng::new(2000 + case);
+                (tiny(&mut rng), 1 + rng.below(8) as u32)
+            })
+            .collect();
+        let llama = concat!(env!("CARGO_MANIFEST_DIR"), "/configs/llama3.1-8b-ppo.toml");
+        let llama = JobConfig::load(Some(std::path::Path::new(llama)), &Overrides::default(), &mut || unreachable!());
+        configs.push((llama.unwrap(), 32));
+        let mut checked = 0;
+        for (mut config, gpus) in configs {
+            for plane in [DataPlane::Mpi, DataPlane::Nccl] {
+                config.cluster.data_plane = plane;
+                let planner = Planner::new(&config, gpus, None, Efficiencies::default()).unwrap();
+                let mut pool = Pool::new(&planner);
+                for &ms in planner.model_stages() {
+                    let stage = planner.stage_cost(ms);
+                    for entry in pool.entries.get_mut(&ms).into_iter().flatten() {
+                        for k in 0..entry.variants() {
+                            let c = entry.candidate(ms, k);
+                            let e = planner.estimate(&c);
+                            let s = entry.estimate(&mut pool.estimates, &stage, k);
+                            let memory = (e.memory.peak(), e.memory.state.total(), e.memory.transient.total());
+                            assert_eq!(
+                                (s.peak, s.state, s.transient, s.feasible),
+                                (memory.0, memory.1, memory.2, e.feasible),
+                                "{c:?}"
+                            );
+                            assert_eq!(entry.seconds(&mut pool.estimates, &stage, k), e.seconds, "{c:?}");
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(checked > 5_000, "only {checked} variants checked");
+    }
 }

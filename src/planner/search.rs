@@ -12,7 +12,7 @@ use super::stage::{self, StageChoice};
 use crate::config::{Algorithm, JobConfig};
 use crate::cost::{
     CostModel, Efficiencies, EngineKind, Estimate, Hardware, LatencyBreakdown, MemoryBreakdown, MemoryItem, ModelStats,
-    PositionMemory, RankPeaks, Workload,
+    PositionCost, PositionMemory, RankPeaks, Workload,
 };
 use crate::model::{Architecture, Catalogue, Layout};
 use crate::plan::{model_stages, overlap_critical, Candidate, ModelStage, Placement, Plan, Recompute, Role, Stage};
@@ -63,14 +63,20 @@ impl StageCost<'_> {
         self.cost.estimate(self.stats, c, self.workload)
     }
 
-    /// [`CostModel::heaviest_position`] of a candidate of this model-stage.
-    pub(super) fn memory(&self, c: &Candidate) -> PositionMemory {
-        self.cost.heaviest_position(self.stats, c, self.workload)
+    /// [`CostModel::position_cost`] of a candidate of this model-stage.
+    pub(super) fn position_cost(&self, c: &Candidate, j: u32) -> PositionCost {
+        self.cost.position_cost(self.stats, c, self.workload, j)
     }
 
-    /// Whether `memory` fits a rank of its own ([`CostModel::fits_alone`]).
-    pub(super) fn fits_alone(&self, memory: &PositionMemory) -> bool {
-        self.cost.fits_alone(memory)
+    /// [`PositionCost::transient`] of `c` at `position`, in bytes.
+    pub(super) fn transient_bytes(&self, position: &PositionCost, c: &Candidate) -> u64 {
+        position.transient(c, self.workload).total()
+    }
+
+    /// Whether a position peaking at `peak` bytes fits a rank of its own
+    /// ([`CostModel::fits_alone`]).
+    pub(super) fn fits_alone(&self, peak: u64) -> bool {
+        self.cost.fits_alone(peak)
     }
 
     /// [`CostModel::seconds`] of a feasible candidate of this model-stage.
@@ -917,4 +923,4 @@ const CRITIC_TRAINING: ModelStage = ModelStage::new(Role::Critic, Stage::Trainin
 const CRITIC_INFERENCE: ModelStage = ModelStage::new(Role::Critic, Stage::Inference);
 
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;

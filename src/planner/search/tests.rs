@@ -4,7 +4,8 @@ use super::*;
 use crate::config::{ConfigSource, Overrides, RawJobConfig};
 use crate::runtime::Rng;
 
-fn tiny(rng: &mut Rng) -> JobConfig {
+/// A random tiny job (algorithm, batch, lengths, depths, node shape and device memory).
+pub(in crate::planner) fn tiny(rng: &mut Rng) -> JobConfig {
     let source = ConfigSource::embedded_default();
     let mut config =
         RawJobConfig::parse(&source).unwrap().resolve(&source, &Overrides::default(), &mut || unreachable!()).unwrap();

@@ -1,0 +1,233 @@
+//! What one rank at one pipeline position of a candidate holds: the formulas of
+//! [`CostModel::position_memory`], split into what the layout fixes (the position's state and
+//! the shapes its buffers scale with, [`PositionCost`]) and what a variant of it chooses (the
+//! micro-batch or decode wave, the recomputation: [`PositionCost::memory`]). A search that
+//! prices many variants of one layout derives the first once.
+
+use super::memory::{
+    activation_width, kv_cache_bytes_per_sequence, optimizer_bytes_per_param, EngineKind, MemoryBreakdown, MemoryItem,
+    GRADIENT_BYTES,
+};
+use super::{reference, CostModel, ModelStats, PositionMemory, Workload};
+use crate::model::catalogue::blocks_of_stage;
+use crate::model::{LocalShape, OutputHead, Position};
+use crate::plan::{Candidate, ModelStage, Recompute, Stage};
+
+/// Workspace per rank of a GPU engine (library workspaces, communicator buffers, allocator
+/// slack), capped at 5% of device memory.
+const WORKSPACE_BYTES: u64 = 1 << 30;
+
+/// One pipeline position of a layout of a model-stage, whatever the variant: its state and the
+/// shapes of its transient buffers.
+#[derive(Debug, Clone, Copy)]
+pub struct PositionCost {
+    /// The model-stage and the position's pipeline index `j` of `pp`.
+    model_stage: ModelStage,
+    j: u32,
+    pp: u32,
+    /// Parameters, optimizer state (and persistent gradients on GPU engines).
+    state: MemoryBreakdown,
+    /// Parameters held (elements).
+    params: u64,
+    /// What the engine's transient buffers scale with.
+    buffers: Buffers,
+}
+
+/// The shapes an engine's transient buffers are sized from.
+#[derive(Debug, Clone, Copy)]
+enum Buffers {
+    /// The reference engine sizes every buffer from the position's local shapes.
+    Reference(LocalShape),
+    /// A GPU engine's buffers.
+    Gpu(GpuShape),
+}
+
+/// A GPU position's buffer shapes (Megatron-style activations per Korthikanti et al.).
+#[derive(Debug, Clone, Copy)]
+struct GpuShape {
+    /// Tokens per sequence.
+    seq: u64,
+    /// Blocks of the position.
+    layers: u64,
+    /// Whether the position holds the head.
+    last: bool,
+    /// f32 outputs of the head per token: the vocabulary shard for LM heads, one value for
+    /// value heads.
+    head_width: u64,
+    /// Residual width and bytes per element.
+    hidden: u64,
+    dtype_bytes: u64,
+    /// The activation formula's width per recomputation choice (in [`Recompute`] order), so
+    /// that one layer of a micro-batch of `b` stores `s·b·h·width` bytes.
+    activation_width: [f64; 3],
+    /// Library workspaces.
+    workspace: u64,
+    /// KV-cache and logit bytes one in-flight generated sequence adds.
+    kv_per_sequence: u64,
+    logits_per_sequence: u64,
+}
+
+impl CostModel {
+    /// What the layout of `c` fixes at pipeline position `j` (only `c`'s model-stage and
+    /// layout are read).
+    pub fn position_cost(&self, stats: &ModelStats, c: &Candidate, w: &Workload, j: u32) -> PositionCost {
+        let params = stats.params_of_stage(c.layout, j);
+        let dtype = stats.arch.dtype;
+        let trains = c.model_stage.trains();
+        let mut state = MemoryBreakdown::default();
+        state.add(MemoryItem::Params, params * dtype.bytes());
+        if trains {
+            state.add(MemoryItem::Optimizer, params * optimizer_bytes_per_param(dtype));
+        }
+        let buffers = match self.engine {
+            EngineKind::Reference => {
+                Buffers::Reference(LocalShape::of(&stats.arch, c.layout, Position { tp: 0, pp: j }))
+            }
+            EngineKind::Gpu => {
+                if trains {
+                    state.add(MemoryItem::Gradients, params * GRADIENT_BYTES);
+                }
+                Buffers::Gpu(self.gpu_shape(stats, c, w, j))
+            }
+        };
+        PositionCost { model_stage: c.model_stage, j, pp: c.layout.pp, state, params, buffers }
+    }
+
+    fn gpu_shape(&self, stats: &ModelStats, c: &Candidate, w: &Workload, j: u32) -> GpuShape {
+        let a = &stats.arch;
+        let tp = u64::from(c.layout.tp);
+        let s = w.seq_len();
+        let blocks = blocks_of_stage(a.layers, c.layout.pp, j);
+        let layers = blocks.end - blocks.start;
+        let last = j + 1 == c.layout.pp;
+        let head_width = if a.head == OutputHead::Lm { a.vocab / tp } else { 1 };
+        let width = |recompute| activation_width(s as f64, a.hidden as f64, a.heads as f64, tp as f64, recompute);
+        GpuShape {
+            seq: s,
+            layers,
+            last,
+            head_width,
+            hidden: a.hidden,
+            dtype_bytes: a.dtype.bytes(),
+            activation_width: [Recompute::None, Recompute::Selective, Recompute::Full].map(width),
+            workspace: WORKSPACE_BYTES.min(self.hardware.memory_bytes / 20),
+            kv_per_sequence: kv_cache_bytes_per_sequence(a, s) / tp * layers / a.layers,
+            logits_per_sequence: if last { head_width * 4 } else { 0 },
+        }
+    }
+}
+
+impl PositionCost {
+    /// The state the position keeps from step to step (the same for every variant).
+    pub fn state(&self) -> &MemoryBreakdown {
+        &self.state
+    }
+
+    /// What a rank at this position holds under `c`, a variant of the layout it was derived
+    /// from (its micro-batch or decode wave, recomputation and replica count), for `w`.
+    pub fn memory(&self, c: &Candidate, w: &Workload) -> PositionMemory {
+        PositionMemory { state: self.state, transient: self.transient(c, w) }
+    }
+
+    /// The transient part of [`PositionCost::memory`]: the largest set of buffers the
+    /// position's passes hold at once under `c`.
+    pub fn transient(&self, c: &Candidate, w: &Workload) -> MemoryBreakdown {
+        debug_assert_eq!((c.model_stage, c.layout.pp), (self.model_stage, self.pp));
+        match &self.buffers {
+            Buffers::Reference(shape) => self.reference_transient(shape, c, w),
+            Buffers::Gpu(shape) => self.gpu_transient(shape, c, w),
+        }
+    }
+
+    fn reference_transient(&self, s: &LocalShape, c: &Candidate, w: &Workload) -> MemoryBreakdown {
+        let seq = w.seq_len();
+        let rollout = per_replica(w.sequences, c.dp);
+        match c.model_stage.stage {
+            // Generation decodes in waves of `micro_batch` sequences.
+            Stage::Generation => reference::generation(s, micro(c, rollout), w.prompt_len, w.response_len),
+            Stage::Inference => reference::inference(s, micro(c, rollout), seq),
+            Stage::Training => {
+                let share = per_replica(w.mini_batch, c.dp);
+                let micro = micro(c, share);
+                let train = reference::training(s, self.params, micro, share.div_ceil(micro), seq, self.pp, self.j);
+                // The actor's old log-probabilities run forward-only on its training replicas.
+                let old_logp = reference::inference(s, self::micro(c, rollout), seq);
+                if old_logp.total() > train.total() {
+                    old_logp
+                } else {
+                    train
+                }
+            }
+        }
+    }
+
+    fn gpu_transient(&self, g: &GpuShape, c: &Candidate, w: &Workload) -> MemoryBreakdown {
+        let s = g.seq;
+        // Recompute's discriminants are the indices of `activation_width`.
+        let one_layer = |micro: u64, recompute: Recompute| {
+            (s as f64 * micro as f64 * g.hidden as f64 * g.activation_width[recompute as usize]) as u64
+        };
+        let mut m = MemoryBreakdown::default();
+        let micro = match c.model_stage.stage {
+            Stage::Training => micro(c, per_replica(w.mini_batch, c.dp)),
+            _ => micro(c, per_replica(w.sequences, c.dp)),
+        };
+        match c.model_stage.stage {
+            Stage::Training => {
+                // 1F1B: stage j holds `pp − j` in-flight micro-batches of its layers.
+                let share = per_replica(w.mini_batch, c.dp);
+                let in_flight = u64::from(self.pp - self.j).min(share.div_ceil(micro));
+                m.add(MemoryItem::Activations, one_layer(micro, c.recompute) * g.layers * in_flight);
+                if g.last {
+                    m.add(MemoryItem::Logits, 2 * s * micro * g.head_width * 4);
+                }
+            }
+            Stage::Inference => {
+                // Forward only, one layer live at a time, attention fused (scores never stored).
+                m.add(MemoryItem::Activations, one_layer(micro, Recompute::Selective));
+                if g.last {
+                    m.add(MemoryItem::Logits, s * micro * g.head_width * 4);
+                }
+            }
+            Stage::Generation => {
+                // Prefill, one layer at a time; the KV cache is added below.
+                m.add(MemoryItem::Activations, one_layer(micro, Recompute::Selective));
+            }
+        }
+        let comm_buffers = 4 * s * micro * g.hidden * g.dtype_bytes;
+        m.add(MemoryItem::Workspace, g.workspace + comm_buffers);
+        if c.model_stage.stage == Stage::Generation {
+            // The stage keeps the KV cache of its layers for the wave of sequences in flight.
+            m.add(MemoryItem::KvCache, micro * g.kv_per_sequence);
+            m.add(MemoryItem::Logits, micro * g.logits_per_sequence);
+        }
+        m
+    }
+}
+
+/// The heavier (by peak) of a layout's first position and its last (`None` with one
+/// position): the first stage holds the most blocks, the embedding and the most micro-batches
+/// in flight, the last one the head and its logits, and middle stages hold no more than the
+/// first.
+pub fn heavier(first: PositionMemory, last: Option<PositionMemory>) -> PositionMemory {
+    match last {
+        Some(last) if last_is_heavier(first.peak(), last.peak()) => last,
+        _ => first,
+    }
+}
+
+/// Whether a last position peaking at `last` bytes is the heavier one against a first peaking
+/// at `first` (on equal peaks, the first).
+pub fn last_is_heavier(first: u64, last: u64) -> bool {
+    last > first
+}
+
+/// Sequences of the slowest replica.
+pub(super) fn per_replica(sequences: u64, dp: u32) -> u64 {
+    sequences.div_ceil(u64::from(dp))
+}
+
+/// Sequences per micro-batch (or generation wave) of a replica holding `share` sequences.
+pub(super) fn micro(c: &Candidate, share: u64) -> u64 {
+    u64::from(c.micro_batch).min(share).max(1)
+}
