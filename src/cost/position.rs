@@ -10,7 +10,7 @@ use super::memory::{
 };
 use super::{reference, CostModel, ModelStats, PositionMemory, Workload};
 use crate::model::catalogue::blocks_of_stage;
-use crate::model::{LocalShape, OutputHead, Position};
+use crate::model::{Layout, LocalShape, OutputHead, Position};
 use crate::plan::{Candidate, ModelStage, Recompute, Stage};
 
 /// Workspace per rank of a GPU engine (library workspaces, communicator buffers, allocator
@@ -72,25 +72,35 @@ impl CostModel {
     /// layout are read).
     pub fn position_cost(&self, stats: &ModelStats, c: &Candidate, w: &Workload, j: u32) -> PositionCost {
         let params = stats.params_of_stage(c.layout, j);
-        let dtype = stats.arch.dtype;
-        let trains = c.model_stage.trains();
-        let mut state = MemoryBreakdown::default();
-        state.add(MemoryItem::Params, params * dtype.bytes());
-        if trains {
-            state.add(MemoryItem::Optimizer, params * optimizer_bytes_per_param(dtype));
-        }
+        let state = self.state_of(stats, c.model_stage, params);
         let buffers = match self.engine {
             EngineKind::Reference => {
                 Buffers::Reference(LocalShape::of(&stats.arch, c.layout, Position { tp: 0, pp: j }))
             }
-            EngineKind::Gpu => {
-                if trains {
-                    state.add(MemoryItem::Gradients, params * GRADIENT_BYTES);
-                }
-                Buffers::Gpu(self.gpu_shape(stats, c, w, j))
-            }
+            EngineKind::Gpu => Buffers::Gpu(self.gpu_shape(stats, c, w, j)),
         };
         PositionCost { model_stage: c.model_stage, j, pp: c.layout.pp, state, params, buffers }
+    }
+
+    /// The state a rank at pipeline position `j` of `layout` keeps for `ms` (what
+    /// [`PositionCost::state`] holds, without the buffer shapes).
+    pub fn position_state(&self, stats: &ModelStats, ms: ModelStage, layout: Layout, j: u32) -> MemoryBreakdown {
+        self.state_of(stats, ms, stats.params_of_stage(layout, j))
+    }
+
+    /// Parameters, optimizer state (training) and, on GPU engines, persistent gradients
+    /// (training) of `params` elements.
+    fn state_of(&self, stats: &ModelStats, ms: ModelStage, params: u64) -> MemoryBreakdown {
+        let dtype = stats.arch.dtype;
+        let mut state = MemoryBreakdown::default();
+        state.add(MemoryItem::Params, params * dtype.bytes());
+        if ms.trains() {
+            state.add(MemoryItem::Optimizer, params * optimizer_bytes_per_param(dtype));
+            if self.engine == EngineKind::Gpu {
+                state.add(MemoryItem::Gradients, params * GRADIENT_BYTES);
+            }
+        }
+        state
     }
 
     fn gpu_shape(&self, stats: &ModelStats, c: &Candidate, w: &Workload, j: u32) -> GpuShape {

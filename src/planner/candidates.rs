@@ -52,33 +52,34 @@ pub(super) struct Summary {
     seconds: Option<f64>,
 }
 
-/// What a search has estimated, for the entries it reached: each one's first and last
-/// pipeline positions (their state and buffer shapes, derived once per entry: a variant's
-/// heaviest position is one of them) and a slot per variant. One store for the whole search,
-/// so that reaching an entry costs no allocation of its own.
-#[derive(Default)]
+/// What a search has estimated: per layout it reached, its first and last pipeline positions
+/// (their state and buffer shapes, derived once for every replica count and variant of the
+/// layout: a variant's heaviest position is one of them); per entry it reached, a slot per
+/// variant. One store for the whole search, so that reaching an entry costs no allocation of
+/// its own.
 struct Estimates {
-    reached: Vec<Reached>,
-    /// `variants()` slots per entry reached, from its `Reached::slots`.
+    /// By the entries' `layout_slot`.
+    positions: Vec<Option<Positions>>,
+    /// `variants()` slots per entry reached, from its `slots`.
     summaries: Vec<Option<Summary>>,
 }
 
-/// An entry's positions, for every variant of it, with their state in bytes.
-struct Reached {
+/// A layout's first position and, with several, its last, with their state in bytes.
+struct Positions {
     first: (PositionCost, u64),
-    /// With several pipeline positions, the last one.
     last: Option<(PositionCost, u64)>,
-    /// Where its variants' slots start in [`Estimates::summaries`].
-    slots: usize,
 }
 
 /// One layout and replica count of a model-stage.
 #[derive(Clone)]
 struct Entry {
     layout: Layout,
+    /// The layout's index among every model-stage's layouts (where [`Estimates`] keeps its
+    /// positions).
+    layout_slot: usize,
     dp: u32,
-    /// Where [`Estimates`] keeps what this entry has had estimated, once it has.
-    reached: Option<u32>,
+    /// Where its variants' slots start in [`Estimates::summaries`], once one is estimated.
+    slots: Option<usize>,
     /// The entry's pick in an uncapped round (inner `None`: nothing fits), once computed. Caps
     /// only take variants away, so a capped round's pick is no faster and, where the first
     /// fitting variant is the pick, no earlier.
@@ -101,12 +102,18 @@ struct Entry {
 /// depend on the pool size, the models and the batch, not on the response length or the
 /// calibration, so a planner keeps them across replans on the same pool.
 #[derive(Clone, Default)]
-pub struct Skeleton(BTreeMap<ModelStage, Vec<Entry>>);
+pub struct Skeleton {
+    entries: BTreeMap<ModelStage, Vec<Entry>>,
+    /// Layouts over every model-stage.
+    layouts: usize,
+}
 
 impl Skeleton {
     /// The entries of every model-stage of `planner`'s job on its pool.
     pub fn of(planner: &Planner) -> Skeleton {
-        Skeleton(planner.model_stages().iter().map(|&ms| (ms, entries_of(planner, ms))).collect())
+        let mut layouts = 0;
+        let entries = planner.model_stages().iter().map(|&ms| (ms, entries_of(planner, ms, &mut layouts))).collect();
+        Skeleton { entries, layouts }
     }
 }
 
@@ -122,10 +129,11 @@ pub struct Pool<'p> {
 impl<'p> Pool<'p> {
     /// The entries of every model-stage of `planner`'s job (nothing estimated yet).
     pub fn new(planner: &'p Planner) -> Pool<'p> {
-        let entries = planner.skeleton().0.clone();
+        let skeleton = planner.skeleton();
+        let entries = skeleton.entries.clone();
         // Room for every entry at once: growing the store would copy it over and over.
         let estimates = Estimates {
-            reached: Vec::with_capacity(entries.values().map(Vec::len).sum()),
+            positions: (0..skeleton.layouts).map(|_| None).collect(),
             summaries: Vec::with_capacity(entries.values().flatten().map(Entry::variants).sum()),
         };
         Pool { planner, entries, estimates, built: BTreeMap::new() }
@@ -290,7 +298,8 @@ fn fastest_point(
         .filter(|(_, e)| e.dp <= max_dp && e.uncapped != Some(None))
         .map(|(i, e)| (e.floor_within(est, within), i))
         .collect();
-    order.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    // (floor, entry) pairs are distinct, so an unstable sort gives the one order.
+    order.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
     // (seconds, ranks, not preferred, layout order) orders the ties; then the entry's variant.
     let mut best: Option<((f64, u32, bool, usize), usize)> = None;
     for (floor, i) in order {
@@ -388,30 +397,32 @@ impl Entry {
     /// The state of the entry's lightest pipeline position (first or last; every variant of
     /// the entry holds at least this).
     fn least_state(&mut self, est: &mut Estimates, stage: &StageCost) -> u64 {
-        let r = self.reach(est, stage);
-        let Reached { first, last, .. } = &est.reached[r];
+        let Positions { first, last } = self.positions(est, stage);
         last.as_ref().map_or(first.1, |last| first.1.min(last.1))
     }
 
-    /// Where `est` keeps this entry's positions and slots, derived the first time.
-    fn reach(&mut self, est: &mut Estimates, stage: &StageCost) -> usize {
-        if let Some(r) = self.reached {
-            return r as usize;
-        }
-        let c = self.candidate(stage.model_stage(), 0);
-        let pp = self.layout.pp;
-        let position = |j: u32| {
-            let cost = stage.position_cost(&c, j);
-            let state = cost.state().total();
-            (cost, state)
-        };
-        let first = position(0);
-        let last = (pp > 1).then(|| position(pp - 1));
-        let slots = est.summaries.len();
-        est.summaries.resize(slots + self.variants(), None);
-        est.reached.push(Reached { first, last, slots });
-        self.reached = Some((est.reached.len() - 1) as u32);
-        est.reached.len() - 1
+    /// The layout's positions, derived the first time one of its entries asks.
+    fn positions<'e>(&self, est: &'e mut Estimates, stage: &StageCost) -> &'e Positions {
+        est.positions[self.layout_slot].get_or_insert_with(|| {
+            let c = self.candidate(stage.model_stage(), 0);
+            let pp = self.layout.pp;
+            let position = |j: u32| {
+                let cost = stage.position_cost(&c, j);
+                let state = cost.state().total();
+                (cost, state)
+            };
+            Positions { first: position(0), last: (pp > 1).then(|| position(pp - 1)) }
+        })
+    }
+
+    /// Where this entry's variant slots start in `est`, taken the first time.
+    fn slots(&mut self, est: &mut Estimates) -> usize {
+        let variants = self.variants();
+        *self.slots.get_or_insert_with(|| {
+            let start = est.summaries.len();
+            est.summaries.resize(start + variants, None);
+            start
+        })
     }
 
     /// The cost model's floor under every variant's seconds, shaved so that rounding never
@@ -440,17 +451,16 @@ impl Entry {
 
     /// Variant `k`'s memory, estimated once.
     fn estimate(&mut self, est: &mut Estimates, stage: &StageCost, k: usize) -> Summary {
-        let r = self.reach(est, stage);
-        let reached = &est.reached[r];
-        let slot = reached.slots + k;
+        let slot = self.slots(est) + k;
         if let Some(summary) = est.summaries[slot] {
             return summary;
         }
+        let positions = self.positions(est, stage);
         // The heavier of the first and last positions (`CostModel::heaviest_position`).
         let c = self.candidate(stage.model_stage(), k);
         let at = |(position, state): &(PositionCost, u64)| (*state, stage.transient_bytes(position, &c));
-        let (mut state, mut transient) = at(&reached.first);
-        if let Some((last_state, last_transient)) = reached.last.as_ref().map(at) {
+        let (mut state, mut transient) = at(&positions.first);
+        if let Some((last_state, last_transient)) = positions.last.as_ref().map(at) {
             if last_is_heavier(state + transient, last_state + last_transient) {
                 (state, transient) = (last_state, last_transient);
             }
@@ -464,8 +474,7 @@ impl Entry {
     /// Variant `k`'s predicted seconds ([`crate::cost::CostModel::estimate`]'s), priced once.
     fn seconds(&mut self, est: &mut Estimates, stage: &StageCost, k: usize) -> f64 {
         let feasible = self.estimate(est, stage, k).feasible;
-        let r = self.reach(est, stage);
-        let slot = est.reached[r].slots + k;
+        let slot = self.slots(est) + k;
         let candidate = self.candidate(stage.model_stage(), k);
         let summary = est.summaries[slot].as_mut().expect("estimated above");
         *summary.seconds.get_or_insert_with(|| if feasible { stage.seconds(&candidate) } else { f64::INFINITY })
@@ -504,7 +513,7 @@ impl Entry {
 /// The entries of `ms`: every power-of-two layout with TP inside a node that the model divides
 /// into, every replica count that divides the batch (and, for training, the mini-batch), each
 /// with its variants; by ascending rank count.
-fn entries_of(planner: &Planner, ms: ModelStage) -> Vec<Entry> {
+fn entries_of(planner: &Planner, ms: ModelStage, layout_slots: &mut usize) -> Vec<Entry> {
     let hw = &planner.cost().hardware;
     let workload = planner.workload(ms);
     let sequences = workload.sequences;
@@ -526,6 +535,8 @@ fn entries_of(planner: &Planner, ms: ModelStage) -> Vec<Entry> {
             if catalogue.check_layout(layout).is_err() {
                 continue;
             }
+            let layout_slot = *layout_slots;
+            *layout_slots += 1;
             let max_dp = (hw.devices / layout.size()).min(sequences.min(u64::from(u32::MAX)) as u32);
             let divides = |dp: &u32| {
                 let dp = u64::from(*dp);
@@ -548,8 +559,9 @@ fn entries_of(planner: &Planner, ms: ModelStage) -> Vec<Entry> {
                 let first_is_fastest = ms.stage == Stage::Generation || no_bubble;
                 out.push(Entry {
                     layout,
+                    layout_slot,
                     dp,
-                    reached: None,
+                    slots: None,
                     uncapped: None,
                     floor: None,
                     largest_micro,

@@ -384,6 +384,12 @@ impl Planner {
         self.stage_cost(c.model_stage).position_memory(c, j)
     }
 
+    /// The state one rank at pipeline position `j` of a `layout` unit of `ms` keeps
+    /// ([`Planner::position_memory`]'s state, the same for every variant of the layout).
+    pub fn position_state(&self, ms: ModelStage, layout: Layout, j: u32) -> MemoryBreakdown {
+        self.cost.position_state(&self.models[&ms.role].stats, ms, layout, j)
+    }
+
     /// Every rank's predicted peak under `plan` (placement-exact), the weight sync's pack
     /// buffers included.
     pub fn rank_peaks(&self, plan: &Plan) -> RankPeaks {
@@ -401,9 +407,9 @@ impl Planner {
             let mut pack = vec![0u64; peaks.ranks.len()];
             for p in [src, dst] {
                 let layout = p.candidate.layout;
-                let params: Vec<u64> = (0..layout.pp)
-                    .map(|j| self.position_memory(&p.candidate, j).state.get(MemoryItem::Params))
-                    .collect();
+                let ms = p.candidate.model_stage;
+                let params: Vec<u64> =
+                    (0..layout.pp).map(|j| self.position_state(ms, layout, j).get(MemoryItem::Params)).collect();
                 for (k, &r) in p.ranks.iter().enumerate() {
                     if let Some(bytes) = pack.get_mut(r as usize) {
                         *bytes += params[layout.position(k % layout.size() as usize).pp as usize];
@@ -672,16 +678,7 @@ impl Planner {
     /// Per model-stage, its share of `room` bytes of state per rank, proportional to the
     /// state of one of its replicas.
     fn state_caps(&self, room: u64) -> BTreeMap<ModelStage, u64> {
-        let replica_state = |ms: &ModelStage| {
-            let c = Candidate {
-                model_stage: *ms,
-                layout: Layout::new(1, 1),
-                dp: 1,
-                recompute: Recompute::None,
-                micro_batch: 1,
-            };
-            self.position_memory(&c, 0).state.total() as f64
-        };
+        let replica_state = |ms: &ModelStage| self.position_state(*ms, Layout::new(1, 1), 0).total() as f64;
         let total: f64 = self.model_stages.iter().map(replica_state).sum::<f64>().max(1.0);
         self.model_stages.iter().map(|ms| (*ms, (room as f64 * replica_state(ms) / total) as u64)).collect()
     }
@@ -741,7 +738,7 @@ impl Planner {
 
     /// The ranks of every stage's groups (see [`assign`]), in model-stage order.
     fn ranks_for(&self, stages: &[Vec<GroupToPlace>], current: Option<&Plan>) -> Plan {
-        let state_of = |c: &Candidate, j: u32| self.position_memory(c, j).state.total();
+        let state_of = |c: &Candidate, j: u32| self.position_state(c.model_stage, c.layout, j).total();
         let mut placements = assign(stages, self.cost.hardware.devices, current, &state_of);
         placements.sort_by_key(|p| self.model_stages.iter().position(|&m| m == p.candidate.model_stage));
         Plan { placements }

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::global::{Links, TransitionDag, TransitionError};
 use crate::model::{Layout, Position};
-use crate::plan::{Candidate, ModelStage, Plan, Recompute};
+use crate::plan::{ModelStage, Plan};
 use crate::planner::{PlannedJob, Planner, PlannerError};
 
 /// What a replan found, and whether the job can get there.
@@ -60,10 +60,7 @@ impl TargetChoice {
 
 /// The state one rank at `position` of a `layout` unit of `ms` holds, as the planner counts it.
 pub fn state_bytes(planner: &Planner) -> impl Fn(ModelStage, Layout, Position) -> u64 + '_ {
-    move |ms, layout, position| {
-        let c = Candidate { model_stage: ms, layout, dp: 1, recompute: Recompute::None, micro_batch: 1 };
-        planner.position_memory(&c, position.pp).state.total()
-    }
+    move |ms, layout, position| planner.position_state(ms, layout, position.pp).total()
 }
 
 /// Plans the move from `current` to the fastest reachable plan of `planner` (its pool and
