@@ -25,25 +25,38 @@ pub struct StageChoice {
     pub seconds: f64,
 }
 
-/// Every partition of `0..n` into non-empty groups (restricted growth strings), `n ≤ 6`.
+/// The most members a stage has (and a partition is enumerated for).
+const MAX_MEMBERS: usize = 6;
+
+/// Every partition of `0..n` into non-empty groups, `n ≤ 6`, each as its groups' members in
+/// ascending order, groups by their first member (the order of [`each_partition`]).
 pub fn partitions(n: usize) -> Vec<Vec<Vec<usize>>> {
-    fn grow(i: usize, n: usize, current: &mut Vec<Vec<usize>>, out: &mut Vec<Vec<Vec<usize>>>) {
-        if i == n {
-            out.push(current.clone());
+    let mut out = Vec::new();
+    each_partition(n, &mut |of, groups| out.push((0..groups).map(|g| members(of, g).collect()).collect()));
+    out
+}
+
+/// Calls `f(of, groups)` for every partition of `0..n` into `groups` non-empty groups, member
+/// `m` in group `of[m]`, as restricted growth strings in lexicographic order (a member joins
+/// each group opened before it, then opens a new one), without allocating.
+fn each_partition(n: usize, f: &mut dyn FnMut(&[usize], usize)) {
+    fn grow(i: usize, groups: usize, of: &mut [usize], f: &mut dyn FnMut(&[usize], usize)) {
+        if i == of.len() {
+            f(of, groups);
             return;
         }
-        for g in 0..current.len() {
-            current[g].push(i);
-            grow(i + 1, n, current, out);
-            current[g].pop();
+        for g in 0..=groups {
+            of[i] = g;
+            grow(i + 1, groups.max(g + 1), of, f);
         }
-        current.push(vec![i]);
-        grow(i + 1, n, current, out);
-        current.pop();
     }
-    let mut out = Vec::new();
-    grow(0, n, &mut Vec::new(), &mut out);
-    out
+    assert!(n <= MAX_MEMBERS, "a stage has at most {MAX_MEMBERS} model-stages, not {n}");
+    grow(0, 0, &mut [0; MAX_MEMBERS][..n], f);
+}
+
+/// The members of group `g` of the partition `of`, ascending.
+fn members(of: &[usize], g: usize) -> impl Iterator<Item = usize> + '_ {
+    (0..of.len()).filter(move |&m| of[m] == g)
 }
 
 /// The index of the best point of `f` with at most `ranks` ranks.
@@ -52,22 +65,23 @@ fn best_within(f: &Frontier, ranks: u32) -> Option<usize> {
     k.checked_sub(1)
 }
 
-/// A group's frontier: at each rank count where a member's frontier steps, the sum of the
-/// members' best latencies within it (strictly falling points only).
-fn group_frontier(frontiers: &[&Frontier]) -> Vec<(u32, f64)> {
-    let mut counts: Vec<u32> = frontiers.iter().flat_map(|f| f.iter().map(|p| p.0)).collect();
+/// A group's frontier into `out`: at each rank count where a member's frontier steps (listed
+/// in `counts`, scratch), the sum of the members' best latencies within it (strictly falling
+/// points only).
+fn group_frontier(frontiers: &[&Frontier], of: &[usize], g: usize, counts: &mut Vec<u32>, out: &mut Vec<(u32, f64)>) {
+    counts.clear();
+    counts.extend(members(of, g).flat_map(|m| frontiers[m].iter().map(|p| p.0)));
     counts.sort_unstable();
     counts.dedup();
-    let mut out: Vec<(u32, f64)> = Vec::new();
-    for r in counts {
-        let total: Option<f64> = frontiers.iter().map(|f| best_within(f, r).map(|k| f[k].1)).sum();
+    out.clear();
+    for &r in counts.iter() {
+        let total: Option<f64> = members(of, g).map(|m| best_within(frontiers[m], r).map(|k| frontiers[m][k].1)).sum();
         if let Some(total) = total {
             if out.last().is_none_or(|last| total < last.1) {
                 out.push((r, total));
             }
         }
     }
-    out
 }
 
 /// The least ranks at which `g` reaches `seconds` or less.
@@ -79,35 +93,52 @@ fn ranks_for(g: &[(u32, f64)], seconds: f64) -> Option<u32> {
 /// The best layout of one stage on `budget` ranks, or `None` when even the smallest points do
 /// not fit. Ties go to fewer groups sharing (earlier partitions are the more disjoint ones).
 pub fn solve(frontiers: &[&Frontier], budget: u32) -> Option<StageChoice> {
+    let n = frontiers.len();
     let mut best: Option<StageChoice> = None;
-    let mut all = partitions(frontiers.len());
+    // Scratch kept across partitions: the frontiers of groups of several members, their rank
+    // counts, and the latencies tried.
+    let mut merged: Vec<Vec<(u32, f64)>> = vec![Vec::new(); n];
+    let (mut counts, mut thresholds) = (Vec::new(), Vec::new());
     // Most groups first: on equal latency, disjoint rank sets are preferred (no serialization
-    // and no co-resident state).
-    all.sort_by_key(|p| std::cmp::Reverse(p.len()));
-    for groups in all {
-        let fronts: Vec<Vec<(u32, f64)>> =
-            groups.iter().map(|g| group_frontier(&g.iter().map(|&m| frontiers[m]).collect::<Vec<_>>())).collect();
-        if fronts.iter().any(Vec::is_empty) {
-            continue;
-        }
-        let mut thresholds: Vec<f64> = fronts.iter().flat_map(|f| f.iter().map(|p| p.1)).collect();
-        thresholds.sort_by(f64::total_cmp);
-        thresholds.dedup();
-        let need = |t: f64| -> Option<u32> { fronts.iter().map(|f| ranks_for(f, t)).sum() };
-        let fits = |t: f64| need(t).is_some_and(|n| n <= budget);
-        let k = thresholds.partition_point(|&t| !fits(t));
-        let Some(&seconds) = thresholds.get(k) else { continue };
-        if best.as_ref().is_some_and(|b| b.seconds <= seconds) {
-            continue;
-        }
-        let group_ranks: Vec<u32> = fronts.iter().map(|f| ranks_for(f, seconds).unwrap_or(0)).collect();
-        let mut picks = vec![0; frontiers.len()];
-        for (g, members) in groups.iter().enumerate() {
-            for &m in members {
-                picks[m] = best_within(frontiers[m], group_ranks[g]).unwrap_or(0);
+    // and no co-resident state). Within a group count, partitions in their enumeration order.
+    for group_count in (1..=n).rev() {
+        each_partition(n, &mut |of, groups| {
+            if groups != group_count {
+                return;
             }
-        }
-        best = Some(StageChoice { groups, group_ranks, picks, seconds });
+            // A group of one member has that member's frontier.
+            let mut single = [None; MAX_MEMBERS];
+            for g in 0..groups {
+                let mut ms = members(of, g);
+                match (ms.next(), ms.next()) {
+                    (Some(m), None) => single[g] = Some(m),
+                    _ => group_frontier(frontiers, of, g, &mut counts, &mut merged[g]),
+                }
+            }
+            let mut fronts: [&Frontier; MAX_MEMBERS] = [&[]; MAX_MEMBERS];
+            for (g, front) in fronts.iter_mut().enumerate().take(groups) {
+                *front = single[g].map_or(merged[g].as_slice(), |m| frontiers[m]);
+            }
+            let fronts = &fronts[..groups];
+            if fronts.iter().any(|f| f.is_empty()) {
+                return;
+            }
+            thresholds.clear();
+            thresholds.extend(fronts.iter().flat_map(|f| f.iter().map(|p| p.1)));
+            thresholds.sort_unstable_by(f64::total_cmp);
+            thresholds.dedup();
+            let need = |t: f64| -> Option<u32> { fronts.iter().map(|f| ranks_for(f, t)).sum() };
+            let fits = |t: f64| need(t).is_some_and(|n| n <= budget);
+            let k = thresholds.partition_point(|&t| !fits(t));
+            let Some(&seconds) = thresholds.get(k) else { return };
+            if best.as_ref().is_some_and(|b| b.seconds <= seconds) {
+                return;
+            }
+            let group_ranks: Vec<u32> = fronts.iter().map(|f| ranks_for(f, seconds).unwrap_or(0)).collect();
+            let picks = (0..n).map(|m| best_within(frontiers[m], group_ranks[of[m]]).unwrap_or(0)).collect();
+            let groups = (0..groups).map(|g| members(of, g).collect()).collect();
+            best = Some(StageChoice { groups, group_ranks, picks, seconds });
+        });
     }
     best
 }
