@@ -25,9 +25,17 @@ use crate::plan::{Candidate, ModelStage, Recompute, Stage};
 /// the (state, transient) caps of a capped round, and whether only its last point is asked.
 type FrontierKey = (ModelStage, u32, Option<Candidate>, Option<(u64, u64)>, bool);
 
+/// The fastest point of a frontier, asked for below a cutoff.
+pub enum Fastest {
+    /// The point; none when nothing fits.
+    Found(Option<Point>),
+    /// No point is faster than the cutoff (the rest was not searched).
+    NotBelow,
+}
+
 /// What floors are multiplied by: a part in 10⁹ below, so that a floor is strictly under the
 /// seconds it bounds.
-const SHAVE: f64 = 1.0 - 1e-9;
+pub(super) const SHAVE: f64 = 1.0 - 1e-9;
 
 /// A candidate with its estimate.
 pub type Scored = (Candidate, Estimate);
@@ -86,6 +94,8 @@ struct Entry {
     uncapped: Option<Option<usize>>,
     /// The cost model's floor under every variant's seconds, once computed.
     floor: Option<f64>,
+    /// The entry's latest pick under caps, as a floor for tighter caps.
+    capped: Option<CappedPick>,
     /// The variants, in order: micro-batch sizes from `largest_micro` halving down to 1 and,
     /// for each, `recomputes` from none to full (variant `k` is the `k / recomputes.len()`-th
     /// halving with `recomputes[k % recomputes.len()]`).
@@ -96,6 +106,18 @@ struct Entry {
     /// whose larger decode waves are faster, and for inference without a pipeline; not for
     /// training and pipelined inference, where a smaller micro-batch shrinks the bubble.
     first_is_fastest: bool,
+}
+
+/// An entry's pick under (state, transient) caps: its seconds, infinite when nothing fit. Under
+/// caps `(s', t')` with `t' ≤ transient` and either `s' ≤ state` or every position's state
+/// within `state`, what fits is a subset of what fitted here, so the pick is no faster: the
+/// transient ladder's rungs, run from the loosest transient cap, each start from the one
+/// before's picks.
+#[derive(Clone, Copy)]
+struct CappedPick {
+    state: u64,
+    transient: u64,
+    seconds: f64,
 }
 
 /// Every model-stage's entries with nothing estimated: what a pool's search starts from. They
@@ -142,32 +164,51 @@ impl<'p> Pool<'p> {
     /// The latency-versus-ranks frontier of `ms` (ascending ranks, strictly falling latency)
     /// from the first fitting variant of every entry; among equally fast candidates with the
     /// same rank count, `prefer` (the current one) wins. Entries of more than `max_dp` replicas
-    /// are left out. `fastest_only`: only its last point (what a stage of one model-stage
-    /// takes), found without building the rest.
+    /// are left out.
     pub fn frontier(
         &mut self,
         ms: ModelStage,
         prefer: Option<&Candidate>,
         caps: Option<&Caps>,
         max_dp: u32,
-        fastest_only: bool,
     ) -> Vec<Point> {
         let limits = caps.map(|c| (c.state(ms), c.transient));
-        let key = (ms, max_dp, prefer.copied(), limits, fastest_only);
+        let key = (ms, max_dp, prefer.copied(), limits, false);
         if let Some(f) = self.built.get(&key) {
             return f.clone();
         }
         let usable = self.planner.cost().hardware.usable_bytes();
         let within = Within { stage: self.planner.stage_cost(ms), usable, limits };
         let entries = self.entries.get_mut(&ms).map_or(&mut [][..], |v| v.as_mut_slice());
-        let est = &mut self.estimates;
-        let frontier = if fastest_only {
-            fastest_point(entries, est, &within, max_dp, prefer)
-        } else {
-            running_minima(entries, est, &within, max_dp, prefer)
-        };
+        let frontier = running_minima(entries, &mut self.estimates, &within, max_dp, prefer);
         self.built.insert(key, frontier.clone());
         frontier
+    }
+
+    /// The last point of [`Pool::frontier`] (what a stage of one model-stage takes), found
+    /// without building the rest, when it is faster than `cutoff` seconds (the search stops
+    /// once no entry left can be).
+    pub fn fastest(
+        &mut self,
+        ms: ModelStage,
+        prefer: Option<&Candidate>,
+        caps: Option<&Caps>,
+        max_dp: u32,
+        cutoff: f64,
+    ) -> Fastest {
+        let limits = caps.map(|c| (c.state(ms), c.transient));
+        let key = (ms, max_dp, prefer.copied(), limits, true);
+        if let Some(f) = self.built.get(&key) {
+            return Fastest::Found(f.first().copied());
+        }
+        let usable = self.planner.cost().hardware.usable_bytes();
+        let within = Within { stage: self.planner.stage_cost(ms), usable, limits };
+        let entries = self.entries.get_mut(&ms).map_or(&mut [][..], |v| v.as_mut_slice());
+        let found = fastest_point(entries, &mut self.estimates, &within, max_dp, prefer, cutoff);
+        if let Fastest::Found(point) = &found {
+            self.built.insert(key, point.iter().copied().collect());
+        }
+        found
     }
 
     /// Every variant of every entry of `ms` that fits a rank of its own, as the frontier counts
@@ -281,16 +322,17 @@ fn running_minima(
 }
 
 /// The last point of the frontier of `entries` (the fastest; on equal seconds the fewest ranks,
-/// then the preferred candidate, then layout order), as a one-point frontier. Entries are
-/// visited by ascending floor, so once a floor reaches the fastest found, every later entry
-/// loses too.
+/// then the preferred candidate, then layout order), if it is faster than `cutoff`. Entries are
+/// visited by ascending floor, so once a floor reaches the fastest found (or the cutoff), every
+/// later entry loses too.
 fn fastest_point(
     entries: &mut [Entry],
     est: &mut Estimates,
     within: &Within,
     max_dp: u32,
     prefer: Option<&Candidate>,
-) -> Vec<Point> {
+    cutoff: f64,
+) -> Fastest {
     let ms = within.stage.model_stage();
     let mut order: Vec<(f64, usize)> = entries
         .iter_mut()
@@ -304,7 +346,7 @@ fn fastest_point(
     let mut best: Option<((f64, u32, bool, usize), usize)> = None;
     for (floor, i) in order {
         // Only a strictly slower floor loses: an entry as fast as the best may win the tie.
-        let to_beat = best.map_or(f64::INFINITY, |((seconds, ..), _)| seconds.next_up());
+        let to_beat = best.map_or(cutoff, |((seconds, ..), _)| seconds.next_up().min(cutoff));
         if floor >= to_beat {
             break;
         }
@@ -317,7 +359,11 @@ fn fastest_point(
             best = Some((rank, k));
         }
     }
-    best.map(|((seconds, .., i), k)| (entries[i].candidate(ms, k), seconds)).into_iter().collect()
+    match best {
+        Some(((seconds, .., i), k)) if seconds < cutoff => Fastest::Found(Some((entries[i].candidate(ms, k), seconds))),
+        _ if cutoff < f64::INFINITY => Fastest::NotBelow,
+        _ => Fastest::Found(None),
+    }
 }
 
 impl Entry {
@@ -340,6 +386,9 @@ impl Entry {
                 return None;
             }
         }
+        if self.capped_floor(est, within).is_some_and(loses) {
+            return None;
+        }
         // Uncapped, fitting is a bound on the heaviest position's peak, which falls with the
         // micro-batch. Under caps it also bounds the heaviest position's state and transient:
         // with one pipeline position the state is the same for every variant and the
@@ -348,19 +397,36 @@ impl Entry {
         let state_limit = within.limits.map_or(within.usable, |(state, _)| state.min(within.usable));
         let monotone = !capped || self.layout.pp == 1;
         let found = self.quick_fitting(est, stage, state_limit, monotone, &|e| within.fits(e));
-        if !capped {
-            self.uncapped = Some(found);
+        match within.limits {
+            None => self.uncapped = Some(found),
+            Some((state, transient)) => {
+                let seconds = found.map_or(f64::INFINITY, |k| self.seconds(est, stage, k));
+                self.capped = Some(CappedPick { state, transient, seconds });
+            }
         }
         found
     }
 
+    /// The entry's latest capped pick as a floor under `within`'s caps, where it is one (see
+    /// [`CappedPick`]), shaved as the other floors are.
+    fn capped_floor(&self, est: &mut Estimates, within: &Within) -> Option<f64> {
+        let (state, transient) = within.limits?;
+        let pick = self.capped?;
+        let mut states_fit = || {
+            let Positions { first, last } = self.positions(est, &within.stage);
+            first.1.max(last.as_ref().map_or(0, |l| l.1)) <= pick.state
+        };
+        (transient <= pick.transient && (state <= pick.state || states_fit())).then_some(pick.seconds * SHAVE)
+    }
+
     /// The tightest floor known without estimating: under caps the uncapped pick's seconds
-    /// (shaved), else the cost model's floor.
+    /// or an earlier capped pick's (shaved), else the cost model's floor.
     fn floor_within(&mut self, est: &mut Estimates, within: &Within) -> f64 {
-        match (within.limits, self.uncapped) {
+        let floor = match (within.limits, self.uncapped) {
             (Some(_), Some(Some(k))) => self.seconds(est, &within.stage, k) * SHAVE,
             _ => self.floor(&within.stage),
-        }
+        };
+        self.capped_floor(est, within).map_or(floor, |capped| capped.max(floor))
     }
 
     /// The fastest variant that `fits` among the first fitting recomputation of each
@@ -564,6 +630,7 @@ fn entries_of(planner: &Planner, ms: ModelStage, layout_slots: &mut usize) -> Ve
                     slots: None,
                     uncapped: None,
                     floor: None,
+                    capped: None,
                     largest_micro,
                     recomputes,
                     first_is_fastest,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use thiserror::Error;
 
 use super::assign::{assign, GroupToPlace};
-use super::candidates::{Point, Pool, Scored, Skeleton};
+use super::candidates::{Fastest, Point, Pool, Scored, Skeleton, SHAVE};
 use super::stage::{self, StageChoice};
 use crate::config::{Algorithm, JobConfig};
 use crate::cost::{
@@ -428,7 +428,7 @@ impl Planner {
     /// The latency-versus-ranks frontier of `ms`: ascending ranks, strictly falling latency.
     /// Among equally fast candidates with the same rank count, `prefer` (the current one) wins.
     pub fn frontier(&self, ms: ModelStage, prefer: Option<&Candidate>) -> Vec<Scored> {
-        let points = Pool::new(self).frontier(ms, prefer, None, u32::MAX, false);
+        let points = Pool::new(self).frontier(ms, prefer, None, u32::MAX);
         points.into_iter().map(|(c, _)| (c, self.estimate(&c))).collect()
     }
 
@@ -598,22 +598,19 @@ impl Planner {
         // largest transient comes on top. So the transient is capped at a rung of a ladder, the
         // rest of the rank is shared out as state caps proportional to one replica's state (every
         // model-stage shards about as finely), the room shrinks by any overflow left, and the
-        // fastest plan that fits over all rungs wins. (The rungs' latencies are not unimodal —
-        // on A100, 0.35 can lose to 0.5 and 0.25 beat both — so no rung is skipped unless its
-        // floor shows that it cannot win.)
-        let rungs = self.rungs_in_order(current, pool, sync_dp, &uncapped.stage_floors);
-        // The fastest plan that fits, and its rung.
-        let mut best: Option<(Found, usize)> = None;
+        // fastest plan that fits over all rungs wins (on equal seconds, the earlier rung). (The
+        // rungs' latencies are not unimodal — on A100, 0.35 can lose to 0.5 and 0.25 beat both —
+        // so no rung is skipped unless its floor shows that it cannot win.) The rungs run from
+        // the loosest transient cap: each one's capped picks are floors under the next one's.
+        let mut best: Option<Found> = None;
         // The unfit plan of the rung latest in the ladder (what the error reports).
-        let mut last = (first, peaks, None);
-        for (_, rung, mut caps) in rungs {
-            let mut room = usable - caps.transient;
+        let mut last = (first, peaks);
+        for share in TRANSIENT_LADDER {
+            let transient = (usable as f64 * share) as u64;
+            let mut room = usable - transient;
+            let mut caps = Caps { state: self.state_caps(room), transient };
             for _ in 0..PLACEMENT_ROUNDS {
-                let to_beat = match &best {
-                    Some((b, b_rung)) if rung < *b_rung => b.seconds().next_up().min(beat),
-                    Some((b, _)) => b.seconds().min(beat),
-                    None => beat,
-                };
+                let to_beat = best.as_ref().map_or(beat, |b| b.seconds().min(beat));
                 let laid =
                     match self.stage_layouts(current, pool, Some(&caps), sync_dp, to_beat, &uncapped.stage_floors) {
                         Ok(laid) if laid.complete() => laid,
@@ -626,53 +623,20 @@ impl Planner {
                 let (worst, _) = peaks.max();
                 if worst <= usable {
                     let found = Found { step: self.step_seconds(&plan), plan, peaks };
-                    let seconds = found.seconds();
-                    if best
-                        .as_ref()
-                        .is_none_or(|(b, b_rung)| seconds < b.seconds() || (seconds == b.seconds() && rung < *b_rung))
-                    {
-                        best = Some((found, rung));
+                    if best.as_ref().is_none_or(|b| found.seconds() < b.seconds()) {
+                        best = Some(found);
                     }
                     break;
                 }
                 room = room.saturating_sub(worst - usable);
                 caps = Caps { state: self.state_caps(room), transient: caps.transient };
-                if last.2.is_none_or(|latest| rung >= latest) {
-                    last = (plan, peaks, Some(rung));
-                }
+                last = (plan, peaks);
             }
         }
         match best {
-            Some((found, _)) => Ok(found),
+            Some(found) => Ok(found),
             None => Err(Unfit::Placement { plan: last.0, peaks: last.1 }),
         }
-    }
-
-    /// The rungs of the transient ladder, as (first-stage floor, rung, first round's caps), in
-    /// the order they are tried: the rungs whose first stage alone promises the fastest plan
-    /// first, so that the best plan found early cuts the others short (on equal seconds the
-    /// earlier rung of the ladder still wins, see `place_within`).
-    fn rungs_in_order(
-        &self,
-        current: Option<&Plan>,
-        pool: &mut Pool,
-        sync_dp: u32,
-        ahead: &[f64],
-    ) -> Vec<(f64, usize, Caps)> {
-        let usable = self.cost.hardware.usable_bytes();
-        let mut rungs: Vec<(f64, usize, Caps)> = TRANSIENT_LADDER
-            .iter()
-            .enumerate()
-            .map(|(rung, &share)| {
-                let transient = (usable as f64 * share) as u64;
-                let caps = Caps { state: self.state_caps(usable - transient), transient };
-                // Nothing is faster than 0 s: only the first stage is laid out, for its floor.
-                let first_stage = self.stage_layouts(current, pool, Some(&caps), sync_dp, 0.0, ahead);
-                (first_stage.map_or(f64::INFINITY, |laid| laid.floor()), rung, caps)
-            })
-            .collect();
-        rungs.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-        rungs
     }
 
     /// Per model-stage, its share of `room` bytes of state per rank, proportional to the
@@ -705,16 +669,32 @@ impl Planner {
         let mut laid = StageLayouts { stages: Vec::new(), stage_floors: Vec::new() };
         for (i, stage) in STAGES.into_iter().enumerate() {
             let members: Vec<ModelStage> = self.model_stages.iter().copied().filter(|m| m.stage == stage).collect();
+            let ahead_rest: f64 = ahead.iter().skip(i + 1).sum();
+            let cut = |laid: &StageLayouts| laid.floor() + ahead_rest >= beat;
             let mut frontiers = Vec::new();
             for &ms in &members {
                 let max_dp = if SYNCS.iter().any(|(_, to)| *to == ms) { sync_dp } else { u32::MAX };
-                // A stage of one model-stage takes its fastest point: the rest is not built.
-                let f = pool.frontier(ms, prefer(ms).as_ref(), caps, max_dp, members.len() == 1);
+                let prefer = prefer(ms);
+                let f = if members.len() == 1 {
+                    // A stage of one model-stage takes its fastest point: the rest is not
+                    // built, nor the point searched for past what could still beat `beat`
+                    // (with a margin over the rounding of the sums).
+                    let cutoff = beat - laid.floor() - ahead_rest + 1e-9 * beat;
+                    match pool.fastest(ms, prefer.as_ref(), caps, max_dp, cutoff) {
+                        Fastest::Found(point) => point.into_iter().collect(),
+                        Fastest::NotBelow => {
+                            laid.stage_floors.push(cutoff);
+                            return Ok(laid);
+                        }
+                    }
+                } else {
+                    pool.frontier(ms, prefer.as_ref(), caps, max_dp)
+                };
                 let Some(&(_, fastest)) = f.last() else { return Err(Unfit::Model(ms)) };
                 frontiers.push((f, fastest));
             }
             laid.stage_floors.push(frontiers.iter().map(|(_, fastest)| *fastest).fold(0.0, f64::max));
-            if laid.floor() + ahead.iter().skip(i + 1).sum::<f64>() >= beat {
+            if cut(&laid) {
                 return Ok(laid);
             }
             let frontiers: Vec<Vec<Point>> = frontiers.into_iter().map(|(f, _)| f).collect();
@@ -722,6 +702,13 @@ impl Planner {
                 stage,
                 need: frontiers.iter().map(|f| f[0].0.ranks()).max().unwrap_or(0),
             })?;
+            // The stage takes at least its solution's seconds (its groups run on disjoint rank
+            // sets; shaved, as the plan adds them up in another order), a tighter floor than
+            // its slowest member alone.
+            laid.stage_floors[i] = laid.stage_floors[i].max(choice.seconds * SHAVE);
+            if cut(&laid) {
+                return Ok(laid);
+            }
             let groups = choice
                 .groups
                 .iter()
@@ -812,7 +799,7 @@ impl Planner {
                 .model_stages
                 .iter()
                 .filter(|m| m.stage == stage)
-                .map(|&m| pool.frontier(m, None, None, u32::MAX, false))
+                .map(|&m| pool.frontier(m, None, None, u32::MAX))
                 .collect();
             total += self.solve_stage(&frontiers)?.seconds;
         }
