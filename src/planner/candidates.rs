@@ -110,9 +110,10 @@ struct Entry {
 
 /// An entry's pick under (state, transient) caps: its seconds, infinite when nothing fit. Under
 /// caps `(s', t')` with `t' ≤ transient` and either `s' ≤ state` or every position's state
-/// within `state`, what fits is a subset of what fitted here, so the pick is no faster: the
-/// transient ladder's rungs, run from the loosest transient cap, each start from the one
-/// before's picks.
+/// within `state`, what fits is a subset of what fitted here, so the pick is no faster. An
+/// entry keeps its pick under the tightest transient cap so far: the transient ladder's rungs,
+/// ordered from the loosest cap, each start from the one before's picks, and a later round of
+/// a rung (the same transient cap, less state) from its first's.
 #[derive(Clone, Copy)]
 struct CappedPick {
     state: u64,
@@ -401,7 +402,9 @@ impl Entry {
             None => self.uncapped = Some(found),
             Some((state, transient)) => {
                 let seconds = found.map_or(f64::INFINITY, |k| self.seconds(est, stage, k));
-                self.capped = Some(CappedPick { state, transient, seconds });
+                if self.capped.is_none_or(|c| transient <= c.transient) {
+                    self.capped = Some(CappedPick { state, transient, seconds });
+                }
             }
         }
         found

@@ -26,6 +26,11 @@ const PLACEMENT_ROUNDS: usize = 4;
 /// Shares of a rank's usable memory the transient buffers may take when the state has to be
 /// capped (see `Planner::place`).
 const TRANSIENT_LADDER: [f64; 6] = [0.5, 0.35, 0.25, 0.15, 0.1, 0.05];
+/// How far the rung ordering searches a rung's first stage past the fastest found so far: a rung
+/// whose first stage alone takes longer than this multiple is tried last, and its own floor is
+/// found only if the plans found by then do not cut it already (the order changes the work,
+/// never the plan).
+const RUNG_ORDER_SPAN: f64 = 2.0;
 /// The weight sync's share of the step above which fewer sync-filled replicas are tried.
 const SYNC_SWEEP_SHARE: f64 = 0.1;
 
@@ -600,17 +605,20 @@ impl Planner {
         // model-stage shards about as finely), the room shrinks by any overflow left, and the
         // fastest plan that fits over all rungs wins (on equal seconds, the earlier rung). (The
         // rungs' latencies are not unimodal — on A100, 0.35 can lose to 0.5 and 0.25 beat both —
-        // so no rung is skipped unless its floor shows that it cannot win.) The rungs run from
-        // the loosest transient cap: each one's capped picks are floors under the next one's.
-        let mut best: Option<Found> = None;
+        // so no rung is skipped unless its floor shows that it cannot win.)
+        let rungs = self.rungs_in_order(current, pool, sync_dp);
+        // The fastest plan that fits, and its rung.
+        let mut best: Option<(Found, usize)> = None;
         // The unfit plan of the rung latest in the ladder (what the error reports).
-        let mut last = (first, peaks);
-        for share in TRANSIENT_LADDER {
-            let transient = (usable as f64 * share) as u64;
-            let mut room = usable - transient;
-            let mut caps = Caps { state: self.state_caps(room), transient };
+        let mut last = (first, peaks, None);
+        for (_, rung, mut caps) in rungs {
+            let mut room = usable - caps.transient;
             for _ in 0..PLACEMENT_ROUNDS {
-                let to_beat = best.as_ref().map_or(beat, |b| b.seconds().min(beat));
+                let to_beat = match &best {
+                    Some((b, b_rung)) if rung < *b_rung => b.seconds().next_up().min(beat),
+                    Some((b, _)) => b.seconds().min(beat),
+                    None => beat,
+                };
                 let laid =
                     match self.stage_layouts(current, pool, Some(&caps), sync_dp, to_beat, &uncapped.stage_floors) {
                         Ok(laid) if laid.complete() => laid,
@@ -623,19 +631,85 @@ impl Planner {
                 let (worst, _) = peaks.max();
                 if worst <= usable {
                     let found = Found { step: self.step_seconds(&plan), plan, peaks };
-                    if best.as_ref().is_none_or(|b| found.seconds() < b.seconds()) {
-                        best = Some(found);
+                    let seconds = found.seconds();
+                    if best
+                        .as_ref()
+                        .is_none_or(|(b, b_rung)| seconds < b.seconds() || (seconds == b.seconds() && rung < *b_rung))
+                    {
+                        best = Some((found, rung));
                     }
                     break;
                 }
                 room = room.saturating_sub(worst - usable);
                 caps = Caps { state: self.state_caps(room), transient: caps.transient };
-                last = (plan, peaks);
+                if last.2.is_none_or(|latest| rung >= latest) {
+                    last = (plan, peaks, Some(rung));
+                }
             }
         }
         match best {
-            Some(found) => Ok(found),
+            Some((found, _)) => Ok(found),
             None => Err(Unfit::Placement { plan: last.0, peaks: last.1 }),
+        }
+    }
+
+    /// The rungs of the transient ladder, as (first-stage floor, rung, first round's caps), in
+    /// the order they are tried: the rungs whose first stage alone promises the fastest plan
+    /// first, so that the best plan found early cuts the others short (on equal seconds the
+    /// earlier rung of the ladder still wins, see `place_within`). The floors are found from
+    /// the loosest transient cap down, each rung's capped picks bounding the next one's, and
+    /// only up to [`RUNG_ORDER_SPAN`] times the fastest so far.
+    fn rungs_in_order(&self, current: Option<&Plan>, pool: &mut Pool, sync_dp: u32) -> Vec<(f64, usize, Caps)> {
+        let usable = self.cost.hardware.usable_bytes();
+        let mut fastest = f64::INFINITY;
+        let mut rungs = Vec::with_capacity(TRANSIENT_LADDER.len());
+        for (rung, &share) in TRANSIENT_LADDER.iter().enumerate() {
+            let transient = (usable as f64 * share) as u64;
+            let caps = Caps { state: self.state_caps(usable - transient), transient };
+            let cutoff = RUNG_ORDER_SPAN * fastest;
+            let floor = self.stage_members(STAGES[0]).try_fold(0.0, |floor: f64, (ms, alone)| {
+                let f = self.member_frontier(pool, current, ms, alone, Some(&caps), sync_dp, cutoff)?;
+                Some(floor.max(f.last().map_or(f64::INFINITY, |p| p.1)))
+            });
+            let floor = floor.unwrap_or(cutoff);
+            fastest = fastest.min(floor);
+            rungs.push((floor, rung, caps));
+        }
+        rungs.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        rungs
+    }
+
+    /// The model-stages `stage` runs, each with whether it is the stage's only one.
+    fn stage_members(&self, stage: Stage) -> impl Iterator<Item = (ModelStage, bool)> + '_ {
+        let of_stage = move || self.model_stages.iter().copied().filter(move |m| m.stage == stage);
+        let alone = of_stage().count() == 1;
+        of_stage().map(move |ms| (ms, alone))
+    }
+
+    /// The frontier of `ms` for a round under `caps`, `alone` in its stage or not: a stage of one
+    /// model-stage takes its fastest point, so the rest is not built, nor the point searched for
+    /// at or past `cutoff` (`None`: nothing fits below it). Layouts the weight sync fills keep
+    /// to `sync_dp` replicas; the current plan's candidate wins ties.
+    #[allow(clippy::too_many_arguments)]
+    fn member_frontier(
+        &self,
+        pool: &mut Pool,
+        current: Option<&Plan>,
+        ms: ModelStage,
+        alone: bool,
+        caps: Option<&Caps>,
+        sync_dp: u32,
+        cutoff: f64,
+    ) -> Option<Vec<Point>> {
+        let max_dp = if SYNCS.iter().any(|(_, to)| *to == ms) { sync_dp } else { u32::MAX };
+        let prefer = current.and_then(|p| p.placements.iter().find(|x| x.candidate.model_stage == ms));
+        let prefer = prefer.map(|p| &p.candidate);
+        if !alone {
+            return Some(pool.frontier(ms, prefer, caps, max_dp));
+        }
+        match pool.fastest(ms, prefer, caps, max_dp, cutoff) {
+            Fastest::Found(point) => Some(point.into_iter().collect()),
+            Fastest::NotBelow => None,
         }
     }
 
@@ -663,32 +737,18 @@ impl Planner {
         beat: f64,
         ahead: &[f64],
     ) -> Result<StageLayouts, Unfit> {
-        let prefer = |ms: ModelStage| {
-            current.and_then(|p| p.placements.iter().find(|x| x.candidate.model_stage == ms)).map(|p| p.candidate)
-        };
         let mut laid = StageLayouts { stages: Vec::new(), stage_floors: Vec::new() };
         for (i, stage) in STAGES.into_iter().enumerate() {
-            let members: Vec<ModelStage> = self.model_stages.iter().copied().filter(|m| m.stage == stage).collect();
             let ahead_rest: f64 = ahead.iter().skip(i + 1).sum();
             let cut = |laid: &StageLayouts| laid.floor() + ahead_rest >= beat;
+            // A stage of one model-stage is not searched past what could still beat `beat` (with a
+            // margin over the rounding of the sums).
+            let cutoff = beat - laid.floor() - ahead_rest + 1e-9 * beat;
             let mut frontiers = Vec::new();
-            for &ms in &members {
-                let max_dp = if SYNCS.iter().any(|(_, to)| *to == ms) { sync_dp } else { u32::MAX };
-                let prefer = prefer(ms);
-                let f = if members.len() == 1 {
-                    // A stage of one model-stage takes its fastest point: the rest is not
-                    // built, nor the point searched for past what could still beat `beat`
-                    // (with a margin over the rounding of the sums).
-                    let cutoff = beat - laid.floor() - ahead_rest + 1e-9 * beat;
-                    match pool.fastest(ms, prefer.as_ref(), caps, max_dp, cutoff) {
-                        Fastest::Found(point) => point.into_iter().collect(),
-                        Fastest::NotBelow => {
-                            laid.stage_floors.push(cutoff);
-                            return Ok(laid);
-                        }
-                    }
-                } else {
-                    pool.frontier(ms, prefer.as_ref(), caps, max_dp)
+            for (ms, alone) in self.stage_members(stage) {
+                let Some(f) = self.member_frontier(pool, current, ms, alone, caps, sync_dp, cutoff) else {
+                    laid.stage_floors.push(cutoff);
+                    return Ok(laid);
                 };
                 let Some(&(_, fastest)) = f.last() else { return Err(Unfit::Model(ms)) };
                 frontiers.push((f, fastest));
