@@ -139,17 +139,18 @@ impl Plan {
     /// Checks rank counts, the pool, and that no rank holds two replicas of one model-stage.
     /// Model-stages may share ranks, in one stage too: they then run one after another there.
     pub fn validate(&self, pool: u32) -> Result<(), PlanError> {
-        for p in &self.placements {
+        // The placement (counted from 1) that last listed each rank.
+        let mut listed_by = vec![0usize; pool as usize];
+        for (i, p) in self.placements.iter().enumerate() {
             let ms = p.candidate.model_stage;
             if p.ranks.len() != p.candidate.ranks() as usize {
                 return Err(PlanError::RankCount { model_stage: ms, got: p.ranks.len(), want: p.candidate.ranks() });
             }
-            let mut seen = std::collections::BTreeSet::new();
             for &r in &p.ranks {
                 if r < 0 || r as u32 >= pool {
                     return Err(PlanError::OutsidePool { model_stage: ms, rank: r, pool });
                 }
-                if !seen.insert(r) {
+                if std::mem::replace(&mut listed_by[r as usize], i + 1) == i + 1 {
                     return Err(PlanError::RepeatedRank { model_stage: ms, rank: r });
                 }
             }

@@ -13,7 +13,8 @@
 //! stage of one model-stage needs only the frontier's fastest point: the entries are then
 //! visited by ascending floor, and the search stops at the first floor the fastest found beats.
 
-use std::collections::BTreeMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
 
 use super::search::{Caps, Planner, StageCost};
 use crate::cost::position::last_is_heavier;
@@ -335,20 +336,21 @@ fn fastest_point(
     cutoff: f64,
 ) -> Fastest {
     let ms = within.stage.model_stage();
-    let mut order: Vec<(f64, usize)> = entries
+    // A min-heap by floor (its bits: floors are never negative), as the search stops after
+    // the first few.
+    let key = |floor: f64| if floor > 0.0 { floor.to_bits() } else { 0 };
+    let mut order: BinaryHeap<Reverse<(u64, usize)>> = entries
         .iter_mut()
         .enumerate()
         .filter(|(_, e)| e.dp <= max_dp && e.uncapped != Some(None))
-        .map(|(i, e)| (e.floor_within(est, within), i))
+        .map(|(i, e)| Reverse((key(e.floor_within(est, within)), i)))
         .collect();
-    // (floor, entry) pairs are distinct, so an unstable sort gives the one order.
-    order.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
     // (seconds, ranks, not preferred, layout order) orders the ties; then the entry's variant.
     let mut best: Option<((f64, u32, bool, usize), usize)> = None;
-    for (floor, i) in order {
+    while let Some(Reverse((floor, i))) = order.pop() {
         // Only a strictly slower floor loses: an entry as fast as the best may win the tie.
         let to_beat = best.map_or(cutoff, |((seconds, ..), _)| seconds.next_up().min(cutoff));
-        if floor >= to_beat {
+        if f64::from_bits(floor) >= to_beat {
             break;
         }
         let entry = &mut entries[i];
