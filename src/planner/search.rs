@@ -611,7 +611,8 @@ impl Planner {
         let mut best: Option<(Found, usize)> = None;
         // The unfit plan of the rung latest in the ladder (what the error reports).
         let mut last = (first, peaks, None);
-        for (_, rung, mut caps) in rungs {
+        let ahead_of_first: f64 = uncapped.stage_floors.iter().skip(1).sum();
+        for (first_floor, rung, mut caps) in rungs {
             let mut room = usable - caps.transient;
             for _ in 0..PLACEMENT_ROUNDS {
                 let to_beat = match &best {
@@ -619,6 +620,11 @@ impl Planner {
                     Some((b, _)) => b.seconds().min(beat),
                     None => beat,
                 };
+                // The rung's first-stage floor (under its first round's caps, so under every
+                // round's) may show already that it cannot win.
+                if first_floor + ahead_of_first >= to_beat {
+                    break;
+                }
                 let laid =
                     match self.stage_layouts(current, pool, Some(&caps), sync_dp, to_beat, &uncapped.stage_floors) {
                         Ok(laid) if laid.complete() => laid,
