@@ -383,8 +383,14 @@ impl Entry {
         if self.uncapped == Some(None) || (to_beat < f64::INFINITY && loses(self.floor(stage))) {
             return None;
         }
-        let capped = within.limits.is_some();
-        if let (true, Some(Some(k))) = (capped, self.uncapped) {
+        let Some((state, transient)) = within.limits else {
+            // Uncapped, fitting is a bound on the heaviest position's peak, which falls with the
+            // micro-batch.
+            let found = self.quick_fitting(est, stage, within.usable, true, &|e| within.alone(e));
+            self.uncapped = Some(found);
+            return found;
+        };
+        if let Some(Some(k)) = self.uncapped {
             if loses(self.seconds(est, stage, k)) {
                 return None;
             }
@@ -392,24 +398,29 @@ impl Entry {
         if self.capped_floor(est, within).is_some_and(loses) {
             return None;
         }
-        // Uncapped, fitting is a bound on the heaviest position's peak, which falls with the
-        // micro-batch. Under caps it also bounds the heaviest position's state and transient:
-        // with one pipeline position the state is the same for every variant and the
-        // transient falls with the peak, but with several, which position is heaviest may
-        // change from one variant to the next.
-        let state_limit = within.limits.map_or(within.usable, |(state, _)| state.min(within.usable));
-        let monotone = !capped || self.layout.pp == 1;
-        let found = self.quick_fitting(est, stage, state_limit, monotone, &|e| within.fits(e));
-        match within.limits {
-            None => self.uncapped = Some(found),
-            Some((state, transient)) => {
-                let seconds = found.map_or(f64::INFINITY, |k| self.seconds(est, stage, k));
-                if self.capped.is_none_or(|c| transient <= c.transient) {
-                    self.capped = Some(CappedPick { state, transient, seconds });
-                }
-            }
+        let found = self.capped_pick(est, within);
+        let seconds = found.map_or(f64::INFINITY, |k| self.seconds(est, stage, k));
+        if self.capped.is_none_or(|c| transient <= c.transient) {
+            self.capped = Some(CappedPick { state, transient, seconds });
         }
         found
+    }
+
+    /// The variant the entry gives under `within`'s caps: its uncapped pick where that fits
+    /// them (the fastest variant that fits alone, and the first of the fastest), else the
+    /// fastest that fits, searched for.
+    fn capped_pick(&mut self, est: &mut Estimates, within: &Within) -> Option<usize> {
+        if let Some(Some(k)) = self.uncapped {
+            if within.fits(&self.estimate(est, &within.stage, k)) {
+                return Some(k);
+            }
+        }
+        // Under caps, fitting bounds the heaviest position's state and transient too: with one
+        // pipeline position the state is the same for every variant and the transient falls
+        // with the peak, but with several, which position is heaviest may change from one
+        // variant to the next.
+        let state_limit = within.limits.map_or(within.usable, |(state, _)| state.min(within.usable));
+        self.quick_fitting(est, &within.stage, state_limit, self.layout.pp == 1, &|e| within.fits(e))
     }
 
     /// The entry's latest capped pick as a floor under `within`'s caps, where it is one (see
