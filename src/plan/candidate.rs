@@ -6,7 +6,6 @@
 //! on ranks `[8..16]`: replica 1 is ranks 12–15, and its stage-1 TP group is ranks 14–15.
 
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 
 use super::{ModelStage, Role, Stage};
 use crate::config::Algorithm;
@@ -216,12 +215,14 @@ fn overlap_groups(nodes: &[(&[i32], f64)]) -> Vec<Vec<usize>> {
             }
         }
     }
-    let mut out: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    // By root, in order of the root's index.
+    let mut members: Vec<Vec<usize>> = vec![Vec::new(); nodes.len()];
     for i in 0..nodes.len() {
         let r = root(&mut group, i);
-        out.entry(r).or_default().push(i);
+        members[r].push(i);
     }
-    out.into_values().collect()
+    members.retain(|m| !m.is_empty());
+    members
 }
 
 #[cfg(test)]

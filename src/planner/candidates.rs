@@ -297,29 +297,30 @@ fn running_minima(
     prefer: Option<&Candidate>,
 ) -> Vec<Point> {
     let ms = within.stage.model_stage();
-    // Per rank count, the fastest fitting variant as (seconds, entry, variant): indices, so
-    // that only the frontier's points are copied out.
-    let mut best: BTreeMap<u32, (f64, usize, usize)> = BTreeMap::new();
+    let mut frontier: Vec<Point> = Vec::new();
+    // The fastest fitting variant with the current rank count, and the frontier it joins if
+    // faster than every point with fewer ranks.
+    let mut slot: Option<Point> = None;
+    let join = |frontier: &mut Vec<Point>, point: Option<Point>| {
+        if let Some(p) = point.filter(|p| frontier.last().is_none_or(|last| p.1 < last.1)) {
+            frontier.push(p);
+        }
+    };
     let (mut below, mut at, mut ranks) = (f64::INFINITY, f64::INFINITY, 0);
-    for (i, entry) in entries.iter_mut().enumerate().filter(|(_, e)| e.dp <= max_dp) {
+    for entry in entries.iter_mut().filter(|e| e.dp <= max_dp) {
         if entry.ranks() != ranks {
+            join(&mut frontier, slot.take());
             (below, at, ranks) = (below.min(at), f64::INFINITY, entry.ranks());
         }
         let preferred = prefer.is_some_and(|p| p.layout == entry.layout && p.dp == entry.dp);
         let Some(k) = entry.pick(est, within, below.min(at), preferred) else { continue };
         let (c, seconds) = (entry.candidate(ms, k), entry.seconds(est, &within.stage, k));
-        let slot = best.entry(ranks).or_insert((seconds, i, k));
-        if seconds < slot.0 || (seconds == slot.0 && Some(&c) == prefer) {
-            *slot = (seconds, i, k);
+        if slot.is_none_or(|(_, best)| seconds < best || (seconds == best && Some(&c) == prefer)) {
+            slot = Some((c, seconds));
         }
-        at = slot.0;
+        at = slot.map_or(at, |(_, best)| best);
     }
-    let mut frontier: Vec<Point> = Vec::new();
-    for (seconds, i, k) in best.into_values() {
-        if frontier.last().is_none_or(|last| seconds < last.1) {
-            frontier.push((entries[i].candidate(ms, k), seconds));
-        }
-    }
+    join(&mut frontier, slot);
     frontier
 }
 
