@@ -141,6 +141,9 @@ impl PositionCost {
 
     /// The transient part of [`PositionCost::memory`]: the largest set of buffers the
     /// position's passes hold at once under `c`.
+    // Inlined: a search reads only the total, and then the breakdown stays in registers
+    // instead of being written out and read back (a stall per variant estimated).
+    #[inline(always)]
     pub fn transient(&self, c: &Candidate, w: &Workload) -> MemoryBreakdown {
         debug_assert_eq!((c.model_stage, c.layout.pp), (self.model_stage, self.pp));
         match &self.buffers {
@@ -171,6 +174,7 @@ impl PositionCost {
         }
     }
 
+    #[inline(always)]
     fn gpu_transient(&self, g: &GpuShape, c: &Candidate, w: &Workload) -> MemoryBreakdown {
         let s = g.seq;
         // Recompute's discriminants are the indices of `activation_width`.
