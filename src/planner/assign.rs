@@ -31,7 +31,7 @@ pub fn assign(
         let mut free = vec![true; n];
         let mut order: Vec<&GroupToPlace> = groups.iter().collect();
         // Heaviest state per rank first: it gets the lightest ranks.
-        order.sort_by_key(|g| std::cmp::Reverse(g.members.iter().map(|c| state_of(c, 0)).sum::<u64>()));
+        order.sort_by_cached_key(|g| std::cmp::Reverse(g.members.iter().map(|c| state_of(c, 0)).sum::<u64>()));
         // Groups whose every member keeps its current candidate keep their ranks when free.
         let mut placed: Vec<(usize, Vec<Placement>)> = Vec::new();
         let mut rest = Vec::new();
