@@ -340,12 +340,11 @@ fn fastest_point(
     // A min-heap by floor (its bits: floors are never negative), as the search stops after
     // the first few.
     let key = |floor: f64| if floor > 0.0 { floor.to_bits() } else { 0 };
-    let mut order: BinaryHeap<Reverse<(u64, usize)>> = entries
-        .iter_mut()
-        .enumerate()
-        .filter(|(_, e)| e.dp <= max_dp && e.uncapped != Some(None))
-        .map(|(i, e)| Reverse((key(e.floor_within(est, within)), i)))
-        .collect();
+    let mut order = Vec::with_capacity(entries.len());
+    for (i, e) in entries.iter_mut().enumerate().filter(|(_, e)| e.dp <= max_dp && e.uncapped != Some(None)) {
+        order.push(Reverse((key(e.floor_within(est, within)), i)));
+    }
+    let mut order = BinaryHeap::from(order);
     // (seconds, ranks, not preferred, layout order) orders the ties; then the entry's variant.
     let mut best: Option<((f64, u32, bool, usize), usize)> = None;
     while let Some(Reverse((floor, i))) = order.pop() {
