@@ -457,6 +457,19 @@ impl Planner {
     /// roofline time per operation class along its critical path (the slowest group of the
     /// overlap graph) — what calibration fits efficiencies to.
     pub fn stage_parts(&self, plan: &Plan) -> [(f64, LatencyBreakdown); 4] {
+        self.parts_of(plan, false)
+    }
+
+    /// [`Planner::step_seconds`] of a plan known to keep every rank within memory (so every
+    /// position of it fits a rank of its own: its candidates' memory is not estimated again).
+    fn fitting_step_seconds(&self, plan: &Plan) -> StepSeconds {
+        let [generation, inference, training, weight_sync] = self.parts_of(plan, true).map(|(seconds, _)| seconds);
+        StepSeconds { generation, inference, training, weight_sync }
+    }
+
+    /// [`Planner::stage_parts`]; `fits`: every candidate of `plan` is known to fit a rank of its
+    /// own, so only its latency is estimated (the estimate's own, as it is for any that fits).
+    fn parts_of(&self, plan: &Plan, fits: bool) -> [(f64, LatencyBreakdown); 4] {
         let e = &self.cost.efficiencies;
         let stage = |s: Stage| -> (f64, LatencyBreakdown) {
             // (ranks, roofline per class, seconds: infinite for a candidate that does not fit)
@@ -465,8 +478,16 @@ impl Planner {
                 .iter()
                 .filter(|p| p.candidate.model_stage.stage == s)
                 .map(|p| {
-                    let est = self.estimate(&p.candidate);
-                    (p.ranks.as_slice(), est.ideal, est.seconds)
+                    let c = &p.candidate;
+                    let (ideal, seconds) = if fits {
+                        let ideal =
+                            self.cost.latency(&self.models[&c.model_stage.role].stats, c, self.workload(c.model_stage));
+                        (ideal, ideal.seconds(e))
+                    } else {
+                        let est = self.estimate(c);
+                        (est.ideal, est.seconds)
+                    };
+                    (p.ranks.as_slice(), ideal, seconds)
                 })
                 .collect();
             if s == Stage::Inference {
@@ -552,7 +573,7 @@ impl Planner {
         plan.validate(self.cost.hardware.devices).ok()?;
         let peaks = self.rank_peaks(plan);
         let fits = peaks.max().0 <= self.cost.hardware.usable_bytes();
-        fits.then(|| Found { step: self.step_seconds(plan), plan: plan.clone(), peaks })
+        fits.then(|| Found { step: self.fitting_step_seconds(plan), plan: plan.clone(), peaks })
     }
 
     /// The fastest placement found. The stages are laid out one by one, but the weight sync
@@ -597,7 +618,7 @@ impl Planner {
         let first = self.ranks_for(&uncapped.stages, current);
         let peaks = self.rank_peaks(&first);
         if peaks.max().0 <= usable {
-            return Ok(Found { step: self.step_seconds(&first), plan: first, peaks });
+            return Ok(Found { step: self.fitting_step_seconds(&first), plan: first, peaks });
         }
         // Every rank holds a position of (nearly) every model-stage: its state adds up, and the
         // largest transient comes on top. So the transient is capped at a rung of a ladder, the
@@ -636,7 +657,7 @@ impl Planner {
                 let peaks = self.rank_peaks(&plan);
                 let (worst, _) = peaks.max();
                 if worst <= usable {
-                    let found = Found { step: self.step_seconds(&plan), plan, peaks };
+                    let found = Found { step: self.fitting_step_seconds(&plan), plan, peaks };
                     let seconds = found.seconds();
                     if best
                         .as_ref()
