@@ -1,17 +1,19 @@
 //! The candidates of one search: per model-stage, every layout `(tp, pp)` with TP inside a node
 //! and every replica count `dp`, each with its speed-for-memory variants — recomputation and
 //! micro-batch size for training, micro-batch size for inference, decode-wave size for
-//! generation — ordered from the fastest and largest to the slimmest, and estimated lazily: a
-//! frontier takes, per layout and replica count, the first variant that fits (a rank on its
-//! own, and the per-rank caps of a capped round), so most variants are never estimated. An
-//! entry whose state alone is over the limit is skipped before any estimate (variants differ in
-//! what their passes hold, not in the state), and where memory falls from one variant to the
-//! next (one recomputation choice) the first fitting variant is found by bisection. An entry
-//! whose floor (the cost model's bound under all its variants, or under caps its uncapped pick
-//! where an uncapped round found it) cannot beat the frontier's points with as many ranks or
-//! fewer is not estimated at all. A
-//! stage of one model-stage needs only the frontier's fastest point: the entries are then
-//! visited by ascending floor, and the search stops at the first floor the fastest found beats.
+//! generation — ordered from the fastest and largest to the slimmest, and estimated lazily,
+//! memory first: a frontier takes, per layout and replica count, the first variant that fits (a
+//! rank on its own, and the per-rank caps of a capped round), so most variants are never
+//! estimated, and only those that fit are priced. A layout's first and last positions are
+//! derived once for all its replica counts and variants. An entry whose state alone is over the
+//! limit is skipped before any estimate (variants differ in what their passes hold, not in the
+//! state), and where memory falls from one variant to the next (one recomputation choice) the
+//! first fitting variant is found by bisection. An entry whose floor (the cost model's bound
+//! under all its variants; under caps its uncapped pick where an uncapped round found it, or its
+//! pick under looser caps, see [`CappedPick`]) cannot beat the frontier's points with as many
+//! ranks or fewer is not estimated at all. A stage of one model-stage needs only the frontier's
+//! fastest point: the entries are then visited by ascending floor, and the search stops at the
+//! first floor the fastest found, or a cutoff, beats.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};

@@ -614,7 +614,7 @@ impl Planner {
     /// most `sync_dp` replicas. Capped rounds that cannot beat `beat` seconds are cut short.
     fn place_within(&self, current: Option<&Plan>, pool: &mut Pool, sync_dp: u32, beat: f64) -> Result<Found, Unfit> {
         let usable = self.cost.hardware.usable_bytes();
-        let uncapped = self.stage_layouts(current, pool, None, sync_dp, f64::INFINITY, &[])?;
+        let uncapped = self.stage_layouts(pool, &Round { current, caps: None, sync_dp }, f64::INFINITY, &[])?;
         let first = self.ranks_for(&uncapped.stages, current);
         let peaks = self.rank_peaks(&first);
         if peaks.max().0 <= usable {
@@ -646,13 +646,13 @@ impl Planner {
                 if first_floor + ahead_of_first >= to_beat {
                     break;
                 }
-                let laid =
-                    match self.stage_layouts(current, pool, Some(&caps), sync_dp, to_beat, &uncapped.stage_floors) {
-                        Ok(laid) if laid.complete() => laid,
-                        // Unfit, or no faster than the best so far: the rung's later rounds, under
-                        // tighter caps, could do no better.
-                        _ => break,
-                    };
+                let round = Round { current, caps: Some(&caps), sync_dp };
+                let laid = match self.stage_layouts(pool, &round, to_beat, &uncapped.stage_floors) {
+                    Ok(laid) if laid.complete() => laid,
+                    // Unfit, or no faster than the best so far: the rung's later rounds, under
+                    // tighter caps, could do no better.
+                    _ => break,
+                };
                 let plan = self.ranks_for(&laid.stages, current);
                 let peaks = self.rank_peaks(&plan);
                 let (worst, _) = peaks.max();
@@ -694,8 +694,9 @@ impl Planner {
             let transient = (usable as f64 * share) as u64;
             let caps = Caps { state: self.state_caps(usable - transient), transient };
             let cutoff = RUNG_ORDER_SPAN * fastest;
+            let round = Round { current, caps: Some(&caps), sync_dp };
             let floor = self.stage_members(STAGES[0]).try_fold(0.0, |floor: f64, (ms, alone)| {
-                let f = self.member_frontier(pool, current, ms, alone, Some(&caps), sync_dp, cutoff)?;
+                let f = self.member_frontier(pool, &round, ms, alone, cutoff)?;
                 Some(floor.max(f.last().map_or(f64::INFINITY, |p| p.1)))
             });
             let floor = floor.unwrap_or(cutoff);
@@ -713,28 +714,24 @@ impl Planner {
         of_stage().map(move |ms| (ms, alone))
     }
 
-    /// The frontier of `ms` for a round under `caps`, `alone` in its stage or not: a stage of one
-    /// model-stage takes its fastest point, so the rest is not built, nor the point searched for
-    /// at or past `cutoff` (`None`: nothing fits below it). Layouts the weight sync fills keep
-    /// to `sync_dp` replicas; the current plan's candidate wins ties.
-    #[allow(clippy::too_many_arguments)]
+    /// The frontier of `ms` in `round`, `alone` in its stage or not: a stage of one model-stage
+    /// takes its fastest point, so the rest is not built, nor the point searched for at or past
+    /// `cutoff` (`None`: nothing fits below it).
     fn member_frontier(
         &self,
         pool: &mut Pool,
-        current: Option<&Plan>,
+        round: &Round,
         ms: ModelStage,
         alone: bool,
-        caps: Option<&Caps>,
-        sync_dp: u32,
         cutoff: f64,
     ) -> Option<Vec<Point>> {
-        let max_dp = if SYNCS.iter().any(|(_, to)| *to == ms) { sync_dp } else { u32::MAX };
-        let prefer = current.and_then(|p| p.placements.iter().find(|x| x.candidate.model_stage == ms));
+        let max_dp = if SYNCS.iter().any(|(_, to)| *to == ms) { round.sync_dp } else { u32::MAX };
+        let prefer = round.current.and_then(|p| p.placements.iter().find(|x| x.candidate.model_stage == ms));
         let prefer = prefer.map(|p| &p.candidate);
         if !alone {
-            return Some(pool.frontier(ms, prefer, caps, max_dp));
+            return Some(pool.frontier(ms, prefer, round.caps, max_dp));
         }
-        match pool.fastest(ms, prefer, caps, max_dp, cutoff) {
+        match pool.fastest(ms, prefer, round.caps, max_dp, cutoff) {
             Fastest::Found(point) => Some(point.into_iter().collect()),
             Fastest::NotBelow => None,
         }
@@ -748,22 +745,13 @@ impl Planner {
         self.model_stages.iter().map(|ms| (*ms, (room as f64 * replica_state(ms) / total) as u64)).collect()
     }
 
-    /// One round: every stage's layout (under per-rank state caps, when given; at most
-    /// `sync_dp` replicas of each layout the weight sync fills), stage by stage, and a floor
-    /// under the step any plan from them gives: a stage takes at least as long as its slowest
-    /// member's fastest frontier point. Caps only take points away, so the floor only rises
-    /// under tighter caps. Once the floor, with `ahead[i]` standing in for each stage `i` not
-    /// yet laid out (an uncapped round's stage floors; none: 0), reaches `beat`, the stages
-    /// left are not laid out: the round cannot give a faster plan.
-    fn stage_layouts(
-        &self,
-        current: Option<&Plan>,
-        pool: &mut Pool,
-        caps: Option<&Caps>,
-        sync_dp: u32,
-        beat: f64,
-        ahead: &[f64],
-    ) -> Result<StageLayouts, Unfit> {
+    /// One round: every stage's layout, stage by stage, and a floor under the step any plan
+    /// from them gives: a stage takes at least as long as its slowest member's fastest frontier
+    /// point, and once solved, its solution's seconds. Caps only take points away, so the floor
+    /// only rises under tighter caps. Once the floor, with `ahead[i]` standing in for each stage
+    /// `i` not yet laid out (an uncapped round's stage floors; none: 0), reaches `beat`, the
+    /// stages left are not laid out: the round cannot give a faster plan.
+    fn stage_layouts(&self, pool: &mut Pool, round: &Round, beat: f64, ahead: &[f64]) -> Result<StageLayouts, Unfit> {
         let mut laid = StageLayouts { stages: Vec::new(), stage_floors: Vec::new() };
         for (i, stage) in STAGES.into_iter().enumerate() {
             let ahead_rest: f64 = ahead.iter().skip(i + 1).sum();
@@ -773,7 +761,7 @@ impl Planner {
             let cutoff = beat - laid.floor() - ahead_rest + 1e-9 * beat;
             let mut frontiers = Vec::new();
             for (ms, alone) in self.stage_members(stage) {
-                let Some(f) = self.member_frontier(pool, current, ms, alone, caps, sync_dp, cutoff) else {
+                let Some(f) = self.member_frontier(pool, round, ms, alone, cutoff) else {
                     laid.stage_floors.push(cutoff);
                     return Ok(laid);
                 };
@@ -941,6 +929,14 @@ impl Planner {
     fn search_quiet(&self) -> bool {
         self.place(None).is_ok()
     }
+}
+
+/// What one round of layouts is asked under: the current plan (whose candidates win ties),
+/// per-rank caps (none: uncapped) and the most replicas of a layout the weight sync fills.
+struct Round<'a> {
+    current: Option<&'a Plan>,
+    caps: Option<&'a Caps>,
+    sync_dp: u32,
 }
 
 /// A plan the search found or kept, with every rank's peak and its step's predicted seconds.
