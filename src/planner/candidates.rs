@@ -176,13 +176,10 @@ impl<'p> Pool<'p> {
         caps: Option<&Caps>,
         max_dp: u32,
     ) -> Vec<Point> {
-        let limits = caps.map(|c| (c.state(ms), c.transient));
-        let key = (ms, max_dp, prefer.copied(), limits, false);
+        let (key, within) = self.asked(ms, prefer, caps, max_dp, false);
         if let Some(f) = self.built.get(&key) {
             return f.clone();
         }
-        let usable = self.planner.cost().hardware.usable_bytes();
-        let within = Within { stage: self.planner.stage_cost(ms), usable, limits };
         let entries = self.entries.get_mut(&ms).map_or(&mut [][..], |v| v.as_mut_slice());
         let frontier = running_minima(entries, &mut self.estimates, &within, max_dp, prefer);
         self.built.insert(key, frontier.clone());
@@ -200,19 +197,31 @@ impl<'p> Pool<'p> {
         max_dp: u32,
         cutoff: f64,
     ) -> Fastest {
-        let limits = caps.map(|c| (c.state(ms), c.transient));
-        let key = (ms, max_dp, prefer.copied(), limits, true);
+        let (key, within) = self.asked(ms, prefer, caps, max_dp, true);
         if let Some(f) = self.built.get(&key) {
             return Fastest::Found(f.first().copied());
         }
-        let usable = self.planner.cost().hardware.usable_bytes();
-        let within = Within { stage: self.planner.stage_cost(ms), usable, limits };
         let entries = self.entries.get_mut(&ms).map_or(&mut [][..], |v| v.as_mut_slice());
         let found = fastest_point(entries, &mut self.estimates, &within, max_dp, prefer, cutoff);
         if let Fastest::Found(point) = &found {
             self.built.insert(key, point.iter().copied().collect());
         }
         found
+    }
+
+    /// What a frontier of `ms` (its fastest point only, or all of it) is cached by, and what
+    /// fits in it.
+    fn asked(
+        &self,
+        ms: ModelStage,
+        prefer: Option<&Candidate>,
+        caps: Option<&Caps>,
+        max_dp: u32,
+        fastest: bool,
+    ) -> (FrontierKey, Within<'p>) {
+        let limits = caps.map(|c| (c.state(ms), c.transient));
+        let usable = self.planner.cost().hardware.usable_bytes();
+        ((ms, max_dp, prefer.copied(), limits, fastest), Within { stage: self.planner.stage_cost(ms), usable, limits })
     }
 
     /// Every variant of every entry of `ms` that fits a rank of its own, as the frontier counts
@@ -664,27 +673,17 @@ fn entries_of(planner: &Planner, ms: ModelStage, layout_slots: &mut usize) -> Ve
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{DataPlane, JobConfig, Overrides};
+    use crate::config::DataPlane;
     use crate::cost::Efficiencies;
-    use crate::planner::search::tests::tiny;
-    use crate::runtime::Rng;
+    use crate::planner::search::tests::tiny_jobs_and_llama;
 
     #[test]
     fn a_variants_summary_is_the_cost_models_estimate_of_it() {
         // Every variant of every entry of random tiny jobs and of Llama-3.1-8B on 32 H200, on
         // both engines: the memory the search reads (from its layout's position costs, derived
         // once per entry) and the seconds it prices are the cost model's estimate.
-        let mut configs: Vec<(JobConfig, u32)> = (0..30)
-            .map(|case| {
-                let mut rng = Rng::new(2000 + case);
-                (tiny(&mut rng), 1 + rng.below(8) as u32)
-            })
-            .collect();
-        let llama = concat!(env!("CARGO_MANIFEST_DIR"), "/configs/llama3.1-8b-ppo.toml");
-        let llama = JobConfig::load(Some(std::path::Path::new(llama)), &Overrides::default(), &mut || unreachable!());
-        configs.push((llama.unwrap(), 32));
         let mut checked = 0;
-        for (mut config, gpus) in configs {
+        for (mut config, gpus) in tiny_jobs_and_llama(2000, 30, 32) {
             for plane in [DataPlane::Mpi, DataPlane::Nccl] {
                 config.cluster.data_plane = plane;
                 let planner = Planner::new(&config, gpus, None, Efficiencies::default()).unwrap();

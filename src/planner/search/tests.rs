@@ -5,7 +5,7 @@ use crate::config::{ConfigSource, Overrides, RawJobConfig};
 use crate::runtime::Rng;
 
 /// A random tiny job (algorithm, batch, lengths, depths, node shape and device memory).
-pub(in crate::planner) fn tiny(rng: &mut Rng) -> JobConfig {
+fn tiny(rng: &mut Rng) -> JobConfig {
     let source = ConfigSource::embedded_default();
     let mut config =
         RawJobConfig::parse(&source).unwrap().resolve(&source, &Overrides::default(), &mut || unreachable!()).unwrap();
@@ -29,6 +29,21 @@ pub(in crate::planner) fn tiny(rng: &mut Rng) -> JobConfig {
     config.cluster.nodes = 2;
     config.cluster.device_memory_gb = *rng.pick(&[0.06, 0.1, 0.3, 2.0]);
     config
+}
+
+/// `count` random tiny jobs (seeds from `seed`) on 1 to 8 devices, and Llama-3.1-8B PPO on
+/// `llama_gpus` H200.
+pub(in crate::planner) fn tiny_jobs_and_llama(seed: u64, count: u64, llama_gpus: u32) -> Vec<(JobConfig, u32)> {
+    let mut configs: Vec<(JobConfig, u32)> = (0..count)
+        .map(|case| {
+            let mut rng = Rng::new(seed + case);
+            (tiny(&mut rng), 1 + rng.below(8) as u32)
+        })
+        .collect();
+    let llama = concat!(env!("CARGO_MANIFEST_DIR"), "/configs/llama3.1-8b-ppo.toml");
+    let llama = JobConfig::load(Some(std::path::Path::new(llama)), &Overrides::default(), &mut || unreachable!());
+    configs.push((llama.unwrap(), llama_gpus));
+    configs
 }
 
 #[test]
@@ -157,17 +172,8 @@ fn the_seconds_floor_is_under_every_variant_of_a_layout() {
     // Every layout, replica count, micro-batch (or decode wave) and recomputation of random tiny
     // jobs and of Llama-3.1-8B on H200, on both engines: the floor the frontier skips layouts
     // by is never above a variant's predicted seconds.
-    let mut configs: Vec<(JobConfig, u32)> = (0..40)
-        .map(|case| {
-            let mut rng = Rng::new(1000 + case);
-            (tiny(&mut rng), 1 + rng.below(8) as u32)
-        })
-        .collect();
-    let llama = concat!(env!("CARGO_MANIFEST_DIR"), "/configs/llama3.1-8b-ppo.toml");
-    let llama = JobConfig::load(Some(std::path::Path::new(llama)), &Overrides::default(), &mut || unreachable!());
-    configs.push((llama.unwrap(), 64));
     let mut checked = 0;
-    for (mut config, gpus) in configs {
+    for (mut config, gpus) in tiny_jobs_and_llama(1000, 40, 64) {
         for plane in [crate::config::DataPlane::Mpi, crate::config::DataPlane::Nccl] {
             config.cluster.data_plane = plane;
             let planner = Planner::new(&config, gpus, None, Efficiencies::default()).unwrap();
