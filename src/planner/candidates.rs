@@ -176,10 +176,11 @@ impl<'p> Pool<'p> {
         caps: Option<&Caps>,
         max_dp: u32,
     ) -> Vec<Point> {
-        let (key, within) = self.asked(ms, prefer, caps, max_dp, false);
+        let key = frontier_key(ms, prefer, caps, max_dp, false);
         if let Some(f) = self.built.get(&key) {
             return f.clone();
         }
+        let within = self.within(ms, key.3);
         let entries = self.entries.get_mut(&ms).map_or(&mut [][..], |v| v.as_mut_slice());
         let frontier = running_minima(entries, &mut self.estimates, &within, max_dp, prefer);
         self.built.insert(key, frontier.clone());
@@ -197,10 +198,11 @@ impl<'p> Pool<'p> {
         max_dp: u32,
         cutoff: f64,
     ) -> Fastest {
-        let (key, within) = self.asked(ms, prefer, caps, max_dp, true);
+        let key = frontier_key(ms, prefer, caps, max_dp, true);
         if let Some(f) = self.built.get(&key) {
             return Fastest::Found(f.first().copied());
         }
+        let within = self.within(ms, key.3);
         let entries = self.entries.get_mut(&ms).map_or(&mut [][..], |v| v.as_mut_slice());
         let found = fastest_point(entries, &mut self.estimates, &within, max_dp, prefer, cutoff);
         if let Fastest::Found(point) = &found {
@@ -209,19 +211,9 @@ impl<'p> Pool<'p> {
         found
     }
 
-    /// What a frontier of `ms` (its fastest point only, or all of it) is cached by, and what
-    /// fits in it.
-    fn asked(
-        &self,
-        ms: ModelStage,
-        prefer: Option<&Candidate>,
-        caps: Option<&Caps>,
-        max_dp: u32,
-        fastest: bool,
-    ) -> (FrontierKey, Within<'p>) {
-        let limits = caps.map(|c| (c.state(ms), c.transient));
-        let usable = self.planner.cost().hardware.usable_bytes();
-        ((ms, max_dp, prefer.copied(), limits, fastest), Within { stage: self.planner.stage_cost(ms), usable, limits })
+    /// What fits in a frontier of `ms` under a capped round's (state, transient) `limits`.
+    fn within(&self, ms: ModelStage, limits: Option<(u64, u64)>) -> Within<'p> {
+        Within { stage: self.planner.stage_cost(ms), usable: self.planner.cost().hardware.usable_bytes(), limits }
     }
 
     /// Every variant of every entry of `ms` that fits a rank of its own, as the frontier counts
@@ -274,6 +266,17 @@ impl<'p> Pool<'p> {
             least
         }
     }
+}
+
+/// What a frontier of `ms` (its fastest point only, or all of it) is cached by.
+fn frontier_key(
+    ms: ModelStage,
+    prefer: Option<&Candidate>,
+    caps: Option<&Caps>,
+    max_dp: u32,
+    fastest: bool,
+) -> FrontierKey {
+    (ms, max_dp, prefer.copied(), caps.map(|c| (c.state(ms), c.transient)), fastest)
 }
 
 /// What fits in one frontier: a rank of its own (`usable` bytes) and, in a capped round, the
