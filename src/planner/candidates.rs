@@ -684,7 +684,7 @@ mod tests {
     fn a_variants_summary_is_the_cost_models_estimate_of_it() {
         // Every variant of every entry of random tiny jobs and of Llama-3.1-8B on 32 H200, on
         // both engines: the memory the search reads (from its layout's position costs, derived
-        // once per entry) and the seconds it prices are the cost model's estimate.
+        // once per layout) and the seconds it prices are the cost model's estimate.
         let mut checked = 0;
         for (mut config, gpus) in tiny_jobs_and_llama(2000, 30, 32) {
             for plane in [DataPlane::Mpi, DataPlane::Nccl] {
