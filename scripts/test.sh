@@ -27,13 +27,13 @@ fi
 
 echo "== rustfmt and clippy (the house style is enforced, not suggested)"
 cargo fmt --check
-cargo clippy --release --locked --all-targets -- -D warnings
+cargo clippy --release --locked --workspace --all-targets -- -D warnings
 
 echo "== default build: unit + MPI + Slurm integration tests"
-cargo test --release --locked
+cargo test --release --locked --workspace
 
 echo "== criterion benches compile"
-cargo build --release --locked --benches
+cargo build --release --locked --workspace --benches
 
 echo "== cuda feature (cudarc loads the CUDA driver and NCCL at run time: no toolkit needed to build)"
 # `exact` (the MILPs beside the planner and the transition scheduler, solved by HiGHS, which
@@ -63,9 +63,9 @@ fi
 # NVRTC and ptxas from PyPI, for the unit test that compiles cuda/*.cu (skipped when absent
 # outside CI).
 source scripts/kernel-env.sh
-cargo clippy --release --locked --all-targets --features "$features" -- -D warnings
+cargo clippy --release --locked --workspace --all-targets --features "$features" -- -D warnings
 cargo build --release --locked --features "$features"
-cargo test --release --locked --features "$features" --lib
+cargo test --release --locked --workspace --features "$features" --lib
 
 echo "== device kernels compile without a GPU (cuda/*.cu: NVRTC + ptxas for sm_80/sm_90; hip/*.hip: hipcc for gfx90a)"
 if [ "$ci" = true ] || { python3 -c 'import nvidia.cuda_nvrtc' 2>/dev/null && command -v hipcc >/dev/null; }; then

@@ -7,16 +7,17 @@ use log::LevelFilter;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use nereus::config::{Algorithm, Overrides, PolicyMode};
-use nereus::runtime::bench::scaling::ScalingOptions;
-use nereus::runtime::checkpoint::ResumeFrom;
-use nereus::runtime::logprobs::LogprobsOptions;
-use nereus::runtime::plan::PlanRequest;
-use nereus::runtime::simulate::SimulateRequest;
-use nereus::runtime::train::TrainOptions;
-use nereus::runtime::{self, Command, DeviceChoice, LogOptions, SessionOptions};
-use nereus::sim::synth::SynthSpec;
-use nereus::sim::{RestartModel, Truth};
+use nereus_bench::bench::{self, scaling::ScalingOptions};
+use nereus_bench::selftest;
+use nereus_core::config::{Algorithm, Overrides, PolicyMode};
+use nereus_core::sim::synth::SynthSpec;
+use nereus_core::sim::{RestartModel, Truth};
+use nereus_runtime::checkpoint::ResumeFrom;
+use nereus_runtime::logprobs::LogprobsOptions;
+use nereus_runtime::plan::PlanRequest;
+use nereus_runtime::simulate::SimulateRequest;
+use nereus_runtime::train::TrainOptions;
+use nereus_runtime::{self as runtime, inspect, report_selftest, DeviceChoice, LogOptions, SessionOptions};
 
 /// Nereus: keeps an RL post-training job on the fastest memory-feasible parallel plan.
 #[derive(Parser, Debug)]
@@ -187,7 +188,7 @@ enum TraceCommand {
         out: PathBuf,
         /// The shape.
         #[arg(long, value_enum, default_value = "growth")]
-        shape: nereus::sim::synth::Shape,
+        shape: nereus_core::sim::synth::Shape,
         /// Steps (paper26 has 26).
         #[arg(long, default_value_t = 1000)]
         steps: u64,
@@ -484,13 +485,13 @@ impl From<OverrideArgs> for Overrides {
 
 /// Heap metering for `nereus bench planner`'s peak-memory figure.
 #[global_allocator]
-static ALLOCATOR: nereus::runtime::alloc_meter::MeteredAllocator = nereus::runtime::alloc_meter::MeteredAllocator;
+static ALLOCATOR: nereus_bench::alloc_meter::MeteredAllocator = nereus_bench::alloc_meter::MeteredAllocator;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Some(t) = cli.collective_timeout {
-        if !(t.is_finite() && t > 0.0 && t <= nereus::config::check::MAX_TIMEOUT_S) {
-            let (most, t) = (nereus::config::check::MAX_TIMEOUT_S, nereus::config::check::show(t));
+        if !(t.is_finite() && t > 0.0 && t <= nereus_core::config::check::MAX_TIMEOUT_S) {
+            let (most, t) = (nereus_core::config::check::MAX_TIMEOUT_S, nereus_core::config::check::show(t));
             eprintln!("nereus: error: --collective-timeout must be a positive number of seconds up to {most} (one week), got {t}");
             return ExitCode::from(runtime::EXIT_USAGE);
         }
@@ -499,31 +500,31 @@ fn main() -> ExitCode {
         log: LogOptions { level: cli.log_level, all_ranks: cli.log_all_ranks },
         collective_timeout_s: cli.collective_timeout,
     };
-    let command = match cli.command {
+    let code = match cli.command {
         TopCommand::Inspect(InspectCommand::Config { file, overrides }) => {
-            Command::InspectConfig { config: file, overrides: overrides.into() }
+            let overrides: Overrides = overrides.into();
+            runtime::run(options, |s| inspect::config(s, file.as_deref(), &overrides))
         }
-        TopCommand::Inspect(InspectCommand::Topology { json }) => Command::InspectTopology { json },
-        TopCommand::Plan { file, gpus, seq_len, from_seq_len, from_gpus, json, overrides } => Command::Plan {
-            config: file,
-            overrides: overrides.into(),
-            request: PlanRequest { gpus, seq_len, from_seq_len, from_gpus, json },
-        },
+        TopCommand::Inspect(InspectCommand::Topology { json }) => runtime::run(options, |s| inspect::topology(s, json)),
+        TopCommand::Plan { file, gpus, seq_len, from_seq_len, from_gpus, json, overrides } => {
+            let request = PlanRequest { gpus, seq_len, from_seq_len, from_gpus, json };
+            let overrides: Overrides = overrides.into();
+            runtime::run(options, |s| runtime::plan::run(s, file.as_deref(), &overrides, &request))
+        }
         TopCommand::Train { file, resume, resume_reset_optimizer, pool, fail_rank, at_step, overrides } => {
-            Command::Train {
-                config: file,
-                overrides: overrides.into(),
-                options: TrainOptions {
-                    resume,
-                    reset_optimizer: resume_reset_optimizer,
-                    pool,
-                    fail_rank,
-                    fail_at_step: at_step,
-                },
-            }
+            let train = TrainOptions {
+                resume,
+                reset_optimizer: resume_reset_optimizer,
+                pool,
+                fail_rank,
+                fail_at_step: at_step,
+            };
+            let overrides: Overrides = overrides.into();
+            runtime::run(options, |s| runtime::train::run(s, file.as_deref(), &overrides, &train))
         }
         TopCommand::Logprobs { dir, tokens, json, tp, pp, micro_batch } => {
-            Command::Logprobs(LogprobsOptions { dir, tokens, json, tp, pp, micro_batch })
+            let request = LogprobsOptions { dir, tokens, json, tp, pp, micro_batch };
+            runtime::run(options, |s| runtime::logprobs::run(s, &request))
         }
         TopCommand::Simulate {
             file,
@@ -542,10 +543,8 @@ fn main() -> ExitCode {
             jsonl,
             plot,
             overrides,
-        } => Command::Simulate {
-            config: file,
-            overrides: overrides.into(),
-            request: SimulateRequest {
+        } => {
+            let request = SimulateRequest {
                 trace,
                 gpus,
                 policies,
@@ -556,8 +555,10 @@ fn main() -> ExitCode {
                 json,
                 jsonl,
                 plot,
-            },
-        },
+            };
+            let overrides: Overrides = overrides.into();
+            runtime::run(options, |s| runtime::simulate::run(s, file.as_deref(), &overrides, &request))
+        }
         TopCommand::Trace(TraceCommand::Synth {
             out,
             shape,
@@ -569,44 +570,53 @@ fn main() -> ExitCode {
             max_len,
             seed,
             no_pool,
-        }) => Command::TraceSynth {
-            spec: SynthSpec { shape, steps, gpus, gpus_per_node, from, to, max_len, seed, pool: !no_pool },
-            out,
-        },
+        }) => {
+            let spec = SynthSpec { shape, steps, gpus, gpus_per_node, from, to, max_len, seed, pool: !no_pool };
+            runtime::run(options, |s| runtime::simulate::synth(s, &spec, &out))
+        }
         TopCommand::Bench(BenchCommand::Solver { config, reps, time_limit, json }) => {
-            Command::BenchSolver { config, reps, time_limit_s: time_limit, json }
+            runtime::run(options, |s| bench::solver::run(s, &config, reps, time_limit, json.as_deref()))
         }
         TopCommand::Bench(BenchCommand::Simulate { config, trace, json }) => {
-            Command::BenchSimulate { config, trace, json }
+            runtime::run(options, |s| bench::simulate::run(s, &config, &trace, json.as_deref()))
         }
-        TopCommand::Bench(BenchCommand::Primitives { sizes_mib, reps, json, device }) => {
-            Command::BenchPrimitives { sizes_mib, reps: reps.max(1), json, device: device.device }
-        }
+        TopCommand::Bench(BenchCommand::Primitives { sizes_mib, reps, json, device }) => runtime::run(options, |s| {
+            bench::primitives::run(s, &sizes_mib, reps.max(1), json.as_deref(), device.device)
+        }),
         TopCommand::Bench(BenchCommand::TransitionPlanning { config, ranks, reps, json }) => {
-            Command::BenchTransitionPlanning { config, ranks, reps, json }
+            runtime::run(options, |s| bench::transition::run(s, &config, &ranks, reps, json.as_deref()))
         }
-        TopCommand::Bench(BenchCommand::Engine { reps, json }) => Command::BenchEngine { reps, json },
+        TopCommand::Bench(BenchCommand::Engine { reps, json }) => {
+            runtime::run(options, |s| bench::engine::run(s, reps, json.as_deref()))
+        }
         TopCommand::Bench(BenchCommand::Scaling { small, dir, launcher, reps, cases, json }) => {
-            Command::BenchScaling(ScalingOptions { small, dir, launcher, reps, cases, json })
+            let scaling = ScalingOptions { small, dir, launcher, reps, cases, json };
+            runtime::run(options, |s| bench::scaling::run(s, &scaling))
         }
-        TopCommand::Bench(BenchCommand::ScalingRestore { dir }) => Command::BenchScalingRestore { dir },
+        TopCommand::Bench(BenchCommand::ScalingRestore { dir }) => {
+            runtime::run(options, |s| bench::scaling::restore(s, &dir))
+        }
         TopCommand::Bench(BenchCommand::Coordination { trials, seed, json }) => {
-            Command::BenchCoordination { trials, seed, json }
+            runtime::run(options, |s| bench::coordination::run(s, trials, seed, json.as_deref()))
         }
         TopCommand::Bench(BenchCommand::Calibration { cluster, steps, out_dir, json }) => {
-            Command::BenchCalibration { cluster, steps, out_dir, json }
+            runtime::run(options, |s| bench::calibration::run(s, &cluster, steps, &out_dir, json.as_deref()))
         }
-        TopCommand::Bench(BenchCommand::Controller { config, json }) => Command::BenchController { config, json },
+        TopCommand::Bench(BenchCommand::Controller { config, json }) => {
+            runtime::run(options, |s| bench::controller::run(s, &config, json.as_deref()))
+        }
         TopCommand::Bench(BenchCommand::Planner { config, seq_len, reps, json }) => {
-            Command::BenchPlanner { config, seq_len, reps, json }
+            runtime::run(options, |s| bench::planner::run(s, &config, seq_len, reps, json.as_deref()))
         }
-        TopCommand::Selftest(SelftestCommand::Transitions { cases, seed, device }) => {
-            Command::SelftestTransitions { cases, seed, device: device.device }
+        TopCommand::Selftest(SelftestCommand::Transitions { cases, seed, device }) => runtime::run(options, |s| {
+            selftest::transitions(s, cases, seed, device.device).and_then(|r| report_selftest(s, &r, &r.failures))
+        }),
+        TopCommand::Selftest(SelftestCommand::Engine) => {
+            runtime::run(options, |s| selftest::engine(s).and_then(|r| report_selftest(s, &r, &r.failures)))
         }
-        TopCommand::Selftest(SelftestCommand::Engine) => Command::SelftestEngine,
-        TopCommand::Selftest(SelftestCommand::Primitives { cases, seed, device }) => {
-            Command::SelftestPrimitives { cases, seed, device: device.device }
-        }
+        TopCommand::Selftest(SelftestCommand::Primitives { cases, seed, device }) => runtime::run(options, |s| {
+            selftest::primitives(s, cases, seed, device.device).and_then(|r| report_selftest(s, &r, &r.failures))
+        }),
     };
-    ExitCode::from(runtime::run(options, command))
+    ExitCode::from(code)
 }

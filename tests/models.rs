@@ -11,10 +11,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use common::{run_mpi, run_single, set_key, shipped, text, write};
-use nereus::config::hf::{self, ConfigJsonOptions};
-use nereus::config::{Dtype, ModelSpec, RopeScaling};
-use nereus::model::Catalogue;
-use nereus::runtime::checkpoint::{write_model_dir, NamedTensor, WriteOptions};
+use nereus_core::config::hf::{self, ConfigJsonOptions};
+use nereus_core::config::{Dtype, ModelSpec, RopeScaling};
+use nereus_core::model::Catalogue;
+use nereus_runtime::checkpoint::{write_model_dir, NamedTensor, WriteOptions};
 use safetensors::SafeTensors;
 use serde_json::Value;
 

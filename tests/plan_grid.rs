@@ -11,12 +11,12 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use nereus::config::{ClusterSection, JobConfig, Overrides};
-use nereus::cost::Efficiencies;
-use nereus::model::Catalogue;
-use nereus::plan::{Plan, Role};
-use nereus::planner::{catalogues, Planner, PlannerError};
-use nereus::transition::{cheaper_targets, choose, global::Links};
+use nereus_core::config::{ClusterSection, JobConfig, Overrides};
+use nereus_core::cost::Efficiencies;
+use nereus_core::model::Catalogue;
+use nereus_core::plan::{Plan, Role};
+use nereus_core::planner::{catalogues, Planner, PlannerError};
+use nereus_core::transition::{cheaper_targets, choose, global::Links};
 
 const CLUSTERS: [&str; 3] = ["a100", "h200", "lumi-g"];
 const POOLS: [u32; 6] = [8, 16, 32, 64, 128, 256];

@@ -10,9 +10,9 @@
 mod common;
 
 use common::{drop_section, run_mpi, run_single, set_key, shipped, step_records, text, write};
-use nereus::config::{ClusterSection, JobConfig, Overrides};
-use nereus::policy::controller::StepRecord;
-use nereus::sim::replay;
+use nereus_core::config::{ClusterSection, JobConfig, Overrides};
+use nereus_core::policy::controller::StepRecord;
+use nereus_core::sim::replay;
 use serde_json::{json, Value};
 
 /// The cluster of the replay job, written out (no detection: the live run and the replay must
@@ -33,7 +33,7 @@ data_plane = "mpi"
 "#;
 
 /// The plan of a JSON line (or a replayed plan in the same form): per model-stage tp, pp, dp, ranks.
-fn plan_json(plan: &nereus::plan::Plan) -> Value {
+fn plan_json(plan: &nereus_core::plan::Plan) -> Value {
     plan.placements
         .iter()
         .map(|p| {

@@ -1,0 +1,224 @@
+//! `nereus bench engine`: forward, backward, training-step and decode throughput of the CPU
+//! reference engine on one rank, and the FLOP/s it achieves against the GEMM crate's own FLOP/s
+//! on exactly the matrix shapes a training step multiplies, measured in the same run.
+//!
+//! FLOPs counted: every linear layer's products (forward `2·N·in·out`; backward twice that, for
+//! the input and the weight gradients) and causal attention (`2·D·T(T+1)` per sequence and head
+//! forward, twice that backward). Norms, RoPE, SwiGLU and the optimizer are not counted — their
+//! time is, so the fraction is a lower bound on GEMM efficiency.
+
+use std::io::Write;
+use std::path::Path;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::{machine, median, BenchReport, Floor};
+use crate::selftest::CrossEntropy;
+use nereus_core::config::Dtype;
+use nereus_core::model::{Architecture, Catalogue, Layout, OutputHead};
+use nereus_core::plan::{ModelStage, Role, Stage};
+use nereus_exec::comm::MpiPlane;
+use nereus_exec::emu::{Counters, EmuSet};
+use nereus_exec::engine::{init_shard, matmul, train_step, with_params, AdamW, Batch, Op, Replica, Sampling};
+use nereus_runtime::{RuntimeError, Session};
+
+/// Sequences and positions of the training batch.
+const BATCH: (usize, usize) = (4, 256);
+/// Decode: sequences, prompt tokens, new tokens.
+const DECODE: (usize, usize, usize) = (8, 16, 64);
+
+/// One measured phase.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    /// `forward`, `backward`, `train_step`, `decode`, or `gemm_reference`.
+    pub phase: String,
+    /// Tokens processed per run.
+    pub tokens: u64,
+    /// Median seconds per run.
+    pub seconds: f64,
+    /// Tokens per second.
+    pub tokens_per_second: f64,
+    /// Counted FLOPs per run.
+    pub flops: f64,
+    /// Achieved GFLOP/s.
+    pub gflops_per_second: f64,
+    /// Achieved FLOP/s over the GEMM crate's FLOP/s on the step's shapes.
+    pub fraction_of_gemm: f64,
+}
+
+/// The benchmark model: 4 blocks, 512 wide, 8 query / 4 key-value heads of 64, SwiGLU 1408,
+/// vocabulary 4096 (about 16 M parameters).
+fn bench_arch() -> Architecture {
+    Architecture {
+        vocab: 4096,
+        hidden: 512,
+        layers: 4,
+        heads: 8,
+        kv_heads: 4,
+        head_dim: 64,
+        ffn: 1408,
+        tie_embeddings: false,
+        qk_norm: false,
+        head: OutputHead::Lm,
+        dtype: Dtype::F32,
+    }
+}
+
+/// One matrix product `C[m,n] = op(A)·op(B)` of a training step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Gemm {
+    m: usize,
+    k: usize,
+    n: usize,
+    a: Op,
+    b: Op,
+}
+
+impl Gemm {
+    fn flops(&self) -> f64 {
+        2.0 * (self.m * self.k * self.n) as f64
+    }
+}
+
+/// Every product of one training step on `n` tokens: per linear layer `(in, out)` the forward
+/// `x·Wᵀ`, and backward `dy·W` and `dyᵀ·x` (the engine's `linear_forward/_backward`).
+fn step_gemms(a: &Architecture, n: usize) -> Vec<Gemm> {
+    let (c, q, kv, f, v) =
+        (a.hidden as usize, a.q_width() as usize, a.kv_width() as usize, a.ffn as usize, a.vocab as usize);
+    let block = [(c, q), (c, kv), (c, kv), (q, c), (c, f), (c, f), (f, c)];
+    let linears = (0..a.layers).flat_map(|_| block).chain([(c, v)]);
+    linears
+        .flat_map(|(inp, out)| {
+            [
+                Gemm { m: n, k: inp, n: out, a: Op::N, b: Op::T },
+                Gemm { m: n, k: out, n: inp, a: Op::N, b: Op::N },
+                Gemm { m: out, k: n, n: inp, a: Op::T, b: Op::N },
+            ]
+        })
+        .collect()
+}
+
+/// Attention FLOPs of a training step: `2·D·T(T+1)` forward (scores and values, causal) per
+/// sequence, head and block, and twice that backward.
+fn attention_flops(a: &Architecture, b: usize, t: usize) -> f64 {
+    3.0 * (a.layers as usize * b * a.heads as usize * 2 * a.head_dim as usize * t * (t + 1)) as f64
+}
+
+/// Seconds of one product of shape `g` with the GEMM crate (median of runs filling ≥ 0.2 s).
+fn time_gemm(g: &Gemm) -> f64 {
+    let fill = |len: usize, s: f32| (0..len).map(|i| ((i as f32 * 0.37 + s).sin()) * 0.1).collect::<Vec<f32>>();
+    let (a, b) = (fill(g.m * g.k, 1.0), fill(g.k * g.n, 2.0));
+    let mut c = vec![0f32; g.m * g.n];
+    matmul(&mut c, &a, g.a, &b, g.b, g.m, g.k, g.n, false);
+    let mut times = Vec::new();
+    let start = Instant::now();
+    while start.elapsed().as_secs_f64() < 0.2 || times.len() < 3 {
+        let t = Instant::now();
+        matmul(&mut c, &a, g.a, &b, g.b, g.m, g.k, g.n, false);
+        times.push(t.elapsed().as_secs_f64());
+    }
+    median(times)
+}
+
+/// Runs the benchmark on rank 0 (other ranks return at once).
+pub fn run(session: &Session, reps: usize, json: Option<&Path>) -> Result<(), RuntimeError> {
+    if session.rank() != 0 {
+        return Ok(());
+    }
+    let arch = bench_arch();
+    let (b, t) = BATCH;
+    let n = b * t;
+    let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
+    let ms = ModelStage::new(Role::Actor, Stage::Training);
+    let mut set = EmuSet::new(0, 1, 16 << 30, [(Role::Actor, Catalogue::new(arch.clone()))].into_iter().collect());
+    let id = set.create(&mut plane, ms, Layout::new(1, 1), &[0], Counters::default(), |shard, cat| {
+        init_shard(shard, cat, 3).map_err(|e| e.to_string())
+    })?;
+    let replica = Replica::new(&mut plane, &set, id, t.max(DECODE.1 + DECODE.2))?;
+    let tokens: Vec<u32> = (0..n).map(|i| (nereus_core::rng::mix(i as u64) % arch.vocab) as u32).collect();
+    let batch = Batch { tokens: &tokens, seq_len: t };
+    let objective = CrossEntropy { sequences: b, seq_len: t };
+    let opt = AdamW::default();
+    let mut fwd = Vec::new();
+    let mut steps = Vec::new();
+    let mut decodes = Vec::new();
+    let (db, dp, dn) = DECODE;
+    // EOS outside the vocabulary: every sequence decodes all `dn` tokens.
+    let sampling =
+        Sampling { temperature: 1.0, top_p: 1.0, max_new_tokens: dn, eos: arch.vocab as u32, greedy: true, seed: 1 };
+    let ids: Vec<u64> = (0..db as u64).collect();
+    for rep in 0..=reps.max(1) {
+        let (f, d) = with_params(&mut set, id, |params, arena| -> Result<(f64, f64), RuntimeError> {
+            let start = Instant::now();
+            replica.infer(&plane, params, &batch, b, arena)?;
+            let f = start.elapsed().as_secs_f64();
+            let start = Instant::now();
+            replica.generate(&plane, params, &tokens[..db * dp], &ids, &sampling, arena)?;
+            Ok((f, start.elapsed().as_secs_f64()))
+        })?;
+        let start = Instant::now();
+        train_step(&plane, &mut set, &replica, &batch, b, &objective, &opt)?;
+        let s = start.elapsed().as_secs_f64();
+        if rep > 0 {
+            // the first round warms caches and the allocator
+            fwd.push(f);
+            decodes.push(d);
+            steps.push(s);
+        }
+    }
+    let gemms = step_gemms(&arch, n);
+    let gemm_flops: f64 = gemms.iter().map(Gemm::flops).sum();
+    let mut distinct: Vec<(Gemm, f64)> = Vec::new();
+    for g in &gemms {
+        if !distinct.iter().any(|(d, _)| d == g) {
+            distinct.push((*g, time_gemm(g)));
+        }
+    }
+    let gemm_seconds: f64 = gemms.iter().map(|g| distinct.iter().find(|(d, _)| d == g).map_or(0.0, |(_, s)| *s)).sum();
+    let reference = gemm_flops / gemm_seconds;
+    let attention = attention_flops(&arch, b, t);
+    let (f, s, d) = (median(fwd), median(steps), median(decodes));
+    let row = |phase: &str, tokens: u64, seconds: f64, flops: f64| Row {
+        phase: phase.into(),
+        tokens,
+        seconds,
+        tokens_per_second: tokens as f64 / seconds,
+        flops,
+        gflops_per_second: flops / seconds / 1e9,
+        fraction_of_gemm: if flops > 0.0 { flops / seconds / reference } else { 0.0 },
+    };
+    let (db, dp, dn) = DECODE;
+    let rows = vec![
+        row("gemm_reference", n as u64, gemm_seconds, gemm_flops),
+        row("forward", n as u64, f, gemm_flops / 3.0 + attention / 3.0),
+        row("backward", n as u64, (s - f).max(1e-9), 2.0 * (gemm_flops + attention) / 3.0),
+        row("train_step", n as u64, s, gemm_flops + attention),
+        row("decode", (db * dn) as u64, d, 0.0),
+    ];
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "model: {} parameters; batch {b} x {t} tokens; decode {db} x ({dp} + {dn}) tokens",
+        Catalogue::new(arch).parameter_count()
+    )
+    .map_err(RuntimeError::Stdout)?;
+    writeln!(
+        out,
+        "{:<15} {:>8} {:>10} {:>12} {:>10} {:>9}",
+        "phase", "tokens", "seconds", "tokens/s", "GFLOP/s", "of GEMM"
+    )
+    .map_err(RuntimeError::Stdout)?;
+    for r in &rows {
+        writeln!(
+            out,
+            "{:<15} {:>8} {:>10.4} {:>12.0} {:>10.2} {:>9.3}",
+            r.phase, r.tokens, r.seconds, r.tokens_per_second, r.gflops_per_second, r.fraction_of_gemm
+        )
+        .map_err(RuntimeError::Stdout)?;
+    }
+    drop(out);
+    let step = rows.iter().find(|r| r.phase == "train_step").map_or(0.0, |r| r.fraction_of_gemm);
+    let floors = vec![Floor::at_least("train_step_fraction_of_gemm_flops", step, 0.4, "ratio")];
+    BenchReport { bench: "engine".into(), machine: machine(session), rows, floors }.finish(json)
+}

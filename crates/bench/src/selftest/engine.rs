@@ -1,0 +1,270 @@
+//! `nereus selftest engine`: every `(tp, pp, dp)` with degrees in {1, 2, 4} that fits the world
+//! trains one step of a tiny grouped-query LM and a tiny value model on the same global batch;
+//! rank 0 gathers each replica's parameters and Adam moments and compares them with the
+//! `(1, 1, 1)` run. After one clipped step `m = (1 − β₁)·scale·g`, so equal moments mean equal
+//! (clipped) gradients; equal parameters mean equal updates.
+
+use serde::Serialize;
+
+use nereus_core::config::Dtype;
+use nereus_core::model::{Architecture, Catalogue, Layout, OutputHead};
+use nereus_core::plan::{ModelStage, Role, Stage};
+use nereus_exec::comm::{DataPlane, MpiPlane};
+use nereus_exec::emu::{Counters, EmuSet, LocalShard};
+use nereus_exec::engine::parallel::assemble_rows;
+use nereus_exec::engine::{init_shard, train_step, with_params, AdamW, Batch, Objective, Replica, Sampling};
+use nereus_runtime::{RuntimeError, Session};
+
+/// Relative tolerance of the parity checks.
+const TOLERANCE: f64 = 1e-5;
+
+/// One layout's comparison with the `(1, 1, 1)` reference.
+#[derive(Debug, Serialize)]
+pub struct ParityRow {
+    /// Model: `lm` or `value`.
+    pub model: String,
+    /// `(tp, pp, dp)`.
+    pub layout: (u32, u32, u32),
+    /// Loss of the step.
+    pub loss: f64,
+    /// Gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Largest per-tensor relative difference of the post-step parameters.
+    pub params_rel: f64,
+    /// Largest per-tensor relative difference of the first moments (the clipped gradients).
+    pub grads_rel: f64,
+    /// Whether the tokens sampled after the step (KV cache, this layout) equal `(1, 1, 1)`'s.
+    pub same_samples: bool,
+}
+
+/// What the parity selftest found.
+#[derive(Debug, Default, Serialize)]
+pub struct EngineSummary {
+    /// One row per model and layout.
+    pub rows: Vec<ParityRow>,
+    /// Failed checks (empty on success).
+    pub failures: Vec<String>,
+}
+
+/// The tiny model: 4 blocks, 8 query heads over 4 key/value heads of width 8, vocabulary 32.
+pub fn parity_arch(head: OutputHead) -> Architecture {
+    Architecture {
+        vocab: 32,
+        hidden: 32,
+        layers: 4,
+        heads: 8,
+        kv_heads: 4,
+        head_dim: 8,
+        ffn: 64,
+        tie_embeddings: false,
+        qk_norm: false,
+        head,
+        dtype: Dtype::F32,
+    }
+}
+
+/// Mean next-token cross-entropy over every position that has a next token.
+pub struct CrossEntropy {
+    /// Sequences in the global batch.
+    pub sequences: usize,
+    /// Positions per sequence.
+    pub seq_len: usize,
+}
+
+impl Objective for CrossEntropy {
+    fn loss_and_grad(&self, seqs: std::ops::Range<usize>, outputs: &[f32], grad: &mut [f32]) -> f64 {
+        let norm = (self.sequences * (self.seq_len - 1)) as f64;
+        let mut loss = 0.0;
+        for (i, (&lp, g)) in outputs.iter().zip(grad.iter_mut()).enumerate() {
+            let counted = i % self.seq_len != self.seq_len - 1;
+            *g = if counted { (-1.0 / norm) as f32 } else { 0.0 };
+            loss -= if counted { f64::from(lp) / norm } else { 0.0 };
+        }
+        let _ = seqs;
+        loss
+    }
+}
+
+/// Mean squared error of every position's value against a target that depends on the tokens.
+struct ValueRegression<'a> {
+    batch: Batch<'a>,
+}
+
+impl Objective for ValueRegression<'_> {
+    fn loss_and_grad(&self, seqs: std::ops::Range<usize>, outputs: &[f32], grad: &mut [f32]) -> f64 {
+        let norm = self.batch.tokens.len() as f64;
+        let tokens = &self.batch.tokens[seqs.start * self.batch.seq_len..seqs.end * self.batch.seq_len];
+        let mut loss = 0.0;
+        for ((&v, g), &tok) in outputs.iter().zip(grad.iter_mut()).zip(tokens) {
+            let err = f64::from(v) - (f64::from(tok) / 16.0 - 1.0);
+            *g = (2.0 * err / norm) as f32;
+            loss += err * err / norm;
+        }
+        loss
+    }
+}
+
+fn layouts(world: i32) -> Vec<(u32, u32, u32)> {
+    const D: [u32; 3] = [1, 2, 4];
+    let mut all: Vec<_> = D
+        .iter()
+        .flat_map(|&tp| D.iter().flat_map(move |&pp| D.iter().map(move |&dp| (tp, pp, dp))))
+        .filter(|&(tp, pp, dp)| (tp * pp * dp) as i32 <= world)
+        .collect();
+    all.sort_by_key(|&(tp, pp, dp)| (tp * pp * dp, tp, pp));
+    all
+}
+
+/// Largest relative L2 difference over the tensors of a `(1, 1)` shard, in section `s`.
+fn max_rel(got: &LocalShard, want: &LocalShard, s: usize) -> f64 {
+    let view = |x: &LocalShard| -> Vec<f32> { bytemuck::cast_slice::<u8, f32>(&x.buffer[x.section_range(s)]).to_vec() };
+    let (g, w) = (view(got), view(want));
+    want.table
+        .pieces
+        .iter()
+        .map(|p| {
+            let r = p.offset as usize..(p.offset + p.region.elements()) as usize;
+            let diff: f64 =
+                g[r.clone()].iter().zip(&w[r.clone()]).map(|(a, b)| (f64::from(*a) - f64::from(*b)).powi(2)).sum();
+            let norm: f64 = w[r].iter().map(|b| f64::from(*b).powi(2)).sum();
+            (diff / norm.max(1e-30)).sqrt()
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Runs the parity check on every rank of the session.
+pub fn engine(session: &Session) -> Result<EngineSummary, RuntimeError> {
+    let world = session.world().size();
+    let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
+    let (sequences, seq_len, micro_batch) = (8usize, 8usize, 2usize);
+    let tokens: Vec<u32> =
+        (0..sequences * seq_len).map(|i| (nereus_core::rng::mix(i as u64 + 17) % 32) as u32).collect();
+    let batch = Batch { tokens: &tokens, seq_len };
+    let opt = AdamW { lr: 1e-3, weight_decay: 0.1, max_grad_norm: 0.5, ..AdamW::default() };
+    let mut summary = EngineSummary::default();
+    for (name, head) in [("lm", OutputHead::Lm), ("value", OutputHead::Value)] {
+        let (role, catalogue) =
+            (if head == OutputHead::Lm { Role::Actor } else { Role::Critic }, Catalogue::new(parity_arch(head)));
+        let model_stage = ModelStage { role, stage: Stage::Training };
+        let objective: Box<dyn Objective> = match head {
+            OutputHead::Lm => Box::new(CrossEntropy { sequences, seq_len }),
+            OutputHead::Value => Box::new(ValueRegression { batch }),
+        };
+        let mut reference: Option<(LocalShard, f64, f64)> = None;
+        let mut reference_samples = Vec::new();
+        for (tp, pp, dp) in layouts(world) {
+            let layout = Layout::new(tp, pp);
+            let mut set = EmuSet::new(plane.rank(), world, 1 << 30, [(role, catalogue.clone())].into_iter().collect());
+            let size = layout.size() as i32;
+            let counters = Counters { seed: 7, ..Counters::default() };
+            let ids = (0..dp as i32)
+                .map(|r| {
+                    set.create(
+                        &mut plane,
+                        model_stage,
+                        layout,
+                        &(r * size..(r + 1) * size).collect::<Vec<_>>(),
+                        counters,
+                        |shard, cat| init_shard(shard, cat, 7).map_err(|e| e.to_string()),
+                    )
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let (mut report, mut sampled) = (None, None);
+            for &id in &ids {
+                if set.emu(id).is_some_and(|e| e.ranks.contains(&plane.rank())) {
+                    let replica = Replica::new(&mut plane, &set, id, seq_len)?;
+                    report =
+                        Some(train_step(&plane, &mut set, &replica, &batch, micro_batch, objective.as_ref(), &opt)?);
+                    if head == OutputHead::Lm {
+                        let share = sample_share(&plane, &mut set, &replica, &tokens, seq_len)?;
+                        // One rank per replica contributes its rows (every rank of it holds them).
+                        sampled = replica.groups.is_leader().then_some(share);
+                    }
+                }
+            }
+            let world_group = plane.group(&(0..world).collect::<Vec<_>>())?;
+            let samples = assemble_rows(
+                &plane,
+                world_group,
+                sequences,
+                seq_len,
+                sampled.as_ref().map(|(first, t)| (*first, t.as_slice())),
+            )?;
+            let gathered = set.gather(&mut plane, ids[0], 0)?;
+            let (loss, grad_norm) = broadcast_report(session, report)?;
+            if let Some(shard) = gathered {
+                let Some((want, want_loss, want_norm)) = &reference else {
+                    reference = Some((shard, loss, grad_norm));
+                    reference_samples = samples;
+                    summary.rows.push(ParityRow {
+                        model: name.into(),
+                        layout: (tp, pp, dp),
+                        loss,
+                        grad_norm,
+                        params_rel: 0.0,
+                        grads_rel: 0.0,
+                        same_samples: true,
+                    });
+                    continue;
+                };
+                let same_samples = samples == reference_samples;
+                let row = ParityRow {
+                    model: name.into(),
+                    layout: (tp, pp, dp),
+                    loss,
+                    grad_norm,
+                    params_rel: max_rel(&shard, want, 0),
+                    grads_rel: max_rel(&shard, want, 1),
+                    same_samples,
+                };
+                if !same_samples {
+                    summary.failures.push(format!(
+                        "{name} (tp, pp, dp) = ({tp}, {pp}, {dp}): sampled tokens differ from (1, 1, 1)"
+                    ));
+                }
+                let loss_rel = ((loss - want_loss) / want_loss).abs().max(((grad_norm - want_norm) / want_norm).abs());
+                if row.params_rel > TOLERANCE || row.grads_rel > TOLERANCE || loss_rel > TOLERANCE {
+                    summary.failures.push(format!("{name} (tp, pp, dp) = ({tp}, {pp}, {dp}): loss {loss} vs {want_loss}, grad norm {grad_norm} vs {want_norm}, params rel {:.2e}, grads rel {:.2e}", row.params_rel, row.grads_rel));
+                }
+                summary.rows.push(row);
+            }
+        }
+    }
+    Ok(summary)
+}
+
+/// Samples 4 tokens after the first half of each of this replica's sequences with the KV cache;
+/// returns the replica's first sequence and its tokens (as f32, exact below 2^24).
+fn sample_share(
+    plane: &MpiPlane,
+    set: &mut EmuSet,
+    replica: &Replica,
+    tokens: &[u32],
+    seq_len: usize,
+) -> Result<(usize, Vec<f32>), RuntimeError> {
+    let share = Batch { tokens, seq_len }.share(replica.groups.replica);
+    let prompts: Vec<u32> =
+        share.clone().flat_map(|s| tokens[s * seq_len..s * seq_len + seq_len / 2].to_vec()).collect();
+    let ids: Vec<u64> = share.clone().map(|s| s as u64).collect();
+    let sampling =
+        Sampling { temperature: 1.0, top_p: 0.9, max_new_tokens: seq_len / 2, eos: 0, greedy: false, seed: 11 };
+    let out = with_params(set, replica.emu, |params, arena| {
+        replica.generate(plane, params, &prompts, &ids, &sampling, arena)
+    })?;
+    Ok((share.start, out.tokens.iter().map(|&t| t as f32).collect()))
+}
+
+/// Every rank learns the step's loss and gradient norm from rank 0 (which trains in every layout).
+fn broadcast_report(
+    session: &Session,
+    report: Option<nereus_exec::engine::StepReport>,
+) -> Result<(f64, f64), RuntimeError> {
+    let mut bytes =
+        report.map(|r| [r.loss.to_le_bytes(), r.grad_norm.to_le_bytes()].concat()).unwrap_or_else(|| vec![0; 16]);
+    if session.rank() != 0 {
+        bytes = vec![0; 16];
+    }
+    let got = nereus_exec::comm::broadcast_bytes(session.world(), session.watchdog(), "engine parity report", &bytes)?;
+    let f = |i: usize| f64::from_le_bytes(got[8 * i..8 * i + 8].try_into().unwrap_or([0; 8]));
+    Ok((f(0), f(1)))
+}

@@ -1,0 +1,22 @@
+//! The pure core of Nereus: everything that decides, and nothing that touches a rank. Functions
+//! of (topology, shapes, measurements), unit tested without MPI, hwloc or a GPU.
+//!
+//! Layers, bottom-up (see `docs/architecture.md`): [`config`] → [`model`] → [`plan`] → [`cost`]
+//! → [`planner`] → [`transition`] (planning) → [`policy`] → [`sim`]; [`plot`], [`units`],
+//! [`rng`] and [`index_list`] are shared helpers below every layer, and `exact` (feature
+//! `exact`) holds the MILPs the planner and the transition scheduler are checked against.
+
+pub mod config;
+pub mod cost;
+#[cfg(feature = "exact")]
+pub mod exact;
+pub mod index_list;
+pub mod model;
+pub mod plan;
+pub mod planner;
+pub mod plot;
+pub mod policy;
+pub mod rng;
+pub mod sim;
+pub mod transition;
+pub mod units;

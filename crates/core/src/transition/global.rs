@@ -1,0 +1,813 @@
+//! The global DAG: every model-stage's local DAG, one schedule with release-before-acquire
+//! resource edges, a memory check at every step, and the critical-path cost `L_tran`.
+
+use petgraph::graph::{DiGraph, NodeIndex};
+use petgraph::visit::EdgeRef;
+use petgraph::Direction;
+use serde::Serialize;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+use thiserror::Error;
+
+use super::local::{local_dag, units_of, Primitive, Unit, UnitId};
+use crate::cost::Hardware;
+use crate::index_list::format_index_list;
+use crate::model::{Layout, Position};
+use crate::plan::{ModelStage, Plan, Stage};
+
+/// Why a transition cannot be planned.
+#[derive(Debug, Error)]
+pub enum TransitionError {
+    /// No primitive can proceed: every ready acquisition is blocked.
+    #[error("transition infeasible: {primitive} is blocked on rank(s) {ranks}: {reason}; no state was moved")]
+    Blocked {
+        /// The blocked primitive.
+        primitive: String,
+        /// The ranks it cannot acquire.
+        ranks: String,
+        /// Memory or ownership.
+        reason: String,
+    },
+    /// The plans do not describe the same model-stages.
+    #[error("current and target plans differ in their model-stages: {0}")]
+    Mismatch(String),
+}
+
+/// What the planner needs to know about the machine.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Links {
+    /// Devices per node (ranks `n·d .. (n+1)·d` share node `n`).
+    pub devices_per_node: u32,
+    /// Bytes/s between two devices of a node.
+    pub intra_bytes_per_s: f64,
+    /// Bytes/s between devices of different nodes (per device).
+    pub inter_bytes_per_s: f64,
+    /// Bytes/s of local memory (for local slicing).
+    pub memory_bytes_per_s: f64,
+    /// Seconds to set up a communicator for a new rank set.
+    pub setup_seconds: f64,
+    /// Bytes each rank may hold.
+    pub capacity_bytes: u64,
+    /// Bytes/s between a rank's device memory and its host memory, when a transition blocked by
+    /// memory may stage a Split's or Merge's sources through host memory (`None`: it may not).
+    pub host_bytes_per_s: Option<f64>,
+}
+
+/// Seconds to set up a communicator for a new rank set, in the cost of a primitive.
+pub const COMMUNICATOR_SETUP_S: f64 = 0.05;
+
+impl Links {
+    /// The links of `hardware`'s pool; with `host_bytes_per_s`, transitions blocked by memory
+    /// may stage through host memory at that rate.
+    pub fn of(hardware: &Hardware, host_bytes_per_s: Option<f64>) -> Links {
+        Links {
+            devices_per_node: hardware.devices_per_node,
+            intra_bytes_per_s: hardware.intra_bytes_per_s,
+            inter_bytes_per_s: hardware.inter_bytes_per_s,
+            memory_bytes_per_s: hardware.hbm_bytes_per_s,
+            setup_seconds: COMMUNICATOR_SETUP_S,
+            capacity_bytes: hardware.usable_bytes(),
+            host_bytes_per_s,
+        }
+    }
+}
+
+/// One node of the global DAG.
+#[derive(Debug, Clone, Serialize)]
+pub struct Node {
+    /// The primitive.
+    pub primitive: Primitive,
+    /// Its model-stage.
+    pub model_stage: ModelStage,
+    /// Bytes it allocates per rank (before it frees anything).
+    pub acquire: Vec<(i32, u64)>,
+    /// Bytes it frees per rank when done.
+    pub release: Vec<(i32, u64)>,
+    /// Estimated duration, seconds.
+    pub seconds: f64,
+    /// Pack/unpack buffer bytes it may need on each rank it acquires on, only while it runs.
+    pub transient: u64,
+    /// Whether its sources go to host memory before its new units are allocated (a Split or
+    /// Merge that cannot fit beside its sources; `seconds` includes both copies).
+    pub staged: bool,
+}
+
+impl Node {
+    /// Whether staging can help this node: it frees its sources on the ranks it acquires on.
+    fn stageable(&self) -> bool {
+        matches!(self.primitive, Primitive::Split { .. } | Primitive::Merge { .. })
+    }
+
+    /// Seconds of copying the sources out to host memory and back in, at `host` bytes/s.
+    fn staging_seconds(&self, host: f64) -> f64 {
+        2.0 * self.release.iter().map(|(_, b)| *b).max().unwrap_or(0) as f64 / host
+    }
+}
+
+impl Node {
+    /// The ranks taking part: the unit's ranks, or for an Extend the source's and the copy's.
+    pub fn ranks<'u>(&self, units: &'u Units) -> impl Iterator<Item = i32> + 'u {
+        let (a, b): (&[i32], &[i32]) = match &self.primitive {
+            Primitive::Split { source, .. } => (&units[source].ranks, &[]),
+            Primitive::Extend { source, copy } => (&units[source].ranks, &units[copy].ranks),
+            Primitive::Merge { merged, .. } => (&units[merged].ranks, &[]),
+            Primitive::Destroy { unit } => (&units[unit].ranks, &[]),
+        };
+        a.iter().chain(b).copied()
+    }
+
+    /// `Split actor/training UnitId(3) (tp=2, pp=2) -> (tp=1, pp=2) on [0-3]` and the like
+    /// (built on demand: plans of thousands of nodes need no strings).
+    pub fn label(&self, units: &Units) -> String {
+        let ms = self.model_stage;
+        let on = |id: &UnitId| format_index_list(&sorted(&units[id].ranks));
+        match &self.primitive {
+            Primitive::Split { source, parts } => format!(
+                "Split {ms} {source:?} {} -> {} on [{}]",
+                units[source].layout,
+                units[&parts[0]].layout,
+                on(source)
+            ),
+            Primitive::Extend { source, copy } => format!("Extend {ms} {source:?} [{}] -> [{}]", on(source), on(copy)),
+            Primitive::Merge { merged, .. } => format!("Merge {ms} -> {} on [{}]", units[merged].layout, on(merged)),
+            Primitive::Destroy { unit } => format!("Destroy {ms} {unit:?} on [{}]", on(unit)),
+        }
+    }
+}
+
+/// Why an edge exists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum EdgeKind {
+    /// Inside a model-stage's local DAG.
+    Local,
+    /// Release-before-acquire across model-stages.
+    Resource,
+}
+
+/// Start and finish of one node in the schedule.
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeTiming {
+    /// Node index in the graph (`TransitionDag::label` names it).
+    pub node: usize,
+    /// Start, seconds after the transition begins.
+    pub start: f64,
+    /// Finish.
+    pub finish: f64,
+}
+
+/// The order every rank follows, and its cost.
+#[derive(Debug, Clone, Serialize)]
+pub struct Schedule {
+    /// Nodes in the one global order.
+    pub order: Vec<usize>,
+    /// Per node (in order): when it runs.
+    pub timings: Vec<NodeTiming>,
+    /// `L_tran`: the critical path, seconds.
+    pub seconds: f64,
+    /// Highest bytes held on any rank at any point.
+    pub peak_bytes: u64,
+}
+
+/// A planned transition.
+#[derive(Debug, Clone)]
+pub struct TransitionDag {
+    /// Nodes and edges.
+    pub graph: DiGraph<Node, EdgeKind>,
+    /// Every unit: current, intermediate and target.
+    pub units: Units,
+    /// Units alive at the start.
+    pub initial: Vec<UnitId>,
+    /// Units alive at the end, per model-stage.
+    pub targets: BTreeMap<ModelStage, Vec<UnitId>>,
+    /// Resource edges added.
+    pub resource_edges: usize,
+    /// The schedule.
+    pub schedule: Schedule,
+}
+
+/// Every unit of a transition, indexed by its id (ids are dense, in creation order).
+#[derive(Debug, Clone, Default)]
+pub struct Units(Vec<Unit>);
+
+impl Units {
+    fn push(&mut self, unit: Unit) {
+        debug_assert_eq!(unit.id.0, self.0.len(), "unit ids are dense and in creation order");
+        self.0.push(unit);
+    }
+
+    /// One more than the highest rank any unit uses.
+    pub fn pool(&self) -> usize {
+        self.0.iter().flat_map(|u| u.ranks.iter().copied()).max().map_or(0, |r| r as usize + 1)
+    }
+}
+
+impl std::ops::Index<UnitId> for Units {
+    type Output = Unit;
+    fn index(&self, id: UnitId) -> &Unit {
+        &self.0[id.0]
+    }
+}
+
+impl std::ops::Index<&UnitId> for Units {
+    type Output = Unit;
+    fn index(&self, id: &UnitId) -> &Unit {
+        &self.0[id.0]
+    }
+}
+
+const STAGES: [Stage; 3] = [Stage::Generation, Stage::Inference, Stage::Training];
+
+fn stage_rank(s: Stage) -> usize {
+    STAGES.iter().position(|x| *x == s).unwrap_or(0)
+}
+
+impl TransitionDag {
+    /// Plans the transition from `current` to `target`. `bytes(ms, layout, position)` is the
+    /// state one position of a unit holds. With `cross_model_stage = false`, each model-stage
+    /// is scheduled as if alone (the per-component baseline): no resource edges, no check
+    /// against other model-stages' memory or ranks.
+    pub fn plan(
+        current: &Plan,
+        target: &Plan,
+        bytes: &dyn Fn(ModelStage, Layout, Position) -> u64,
+        links: &Links,
+        cross_model_stage: bool,
+    ) -> Result<TransitionDag, TransitionError> {
+        let mut next = 0;
+        let mut units = Units::default();
+        let mut initial = Vec::new();
+        let mut graph: DiGraph<Node, EdgeKind> = DiGraph::new();
+        let mut targets = BTreeMap::new();
+        for placement in &current.placements {
+            let ms = placement.candidate.model_stage;
+            let goal = target
+                .placements
+                .iter()
+                .find(|p| p.candidate.model_stage == ms)
+                .ok_or_else(|| TransitionError::Mismatch(format!("{ms} has no target")))?;
+            let cur = units_of(placement, &mut next);
+            let want: Vec<(Layout, Vec<i32>)> =
+                (0..goal.candidate.dp as usize).map(|r| (goal.candidate.layout, goal.replica(r).to_vec())).collect();
+            let local = local_dag(&cur, &want, &mut next);
+            initial.extend(cur.iter().map(|u| u.id));
+            for u in cur.into_iter().chain(local.units) {
+                units.push(u);
+            }
+            let base = graph.node_count();
+            for p in local.nodes {
+                let node = make_node(p, ms, &units, bytes, links);
+                graph.add_node(node);
+            }
+            for (a, b) in &local.edges {
+                graph.add_edge(NodeIndex::new(base + a), NodeIndex::new(base + b), EdgeKind::Local);
+            }
+            targets.insert(ms, local.targets);
+        }
+        if target.placements.len() != current.placements.len() {
+            return Err(TransitionError::Mismatch("different numbers of model-stages".into()));
+        }
+        let mut dag = TransitionDag {
+            graph,
+            units,
+            initial,
+            targets,
+            resource_edges: 0,
+            schedule: Schedule { order: vec![], timings: vec![], seconds: 0.0, peak_bytes: 0 },
+        };
+        // Staging through host memory is the fallback of a transition blocked by memory, not
+        // a choice among equals: only when the plain schedule is blocked.
+        match dag.schedule(bytes, links, cross_model_stage, None) {
+            Err(TransitionError::Blocked { .. }) if cross_model_stage && links.host_bytes_per_s.is_some() => {
+                dag.schedule(bytes, links, cross_model_stage, links.host_bytes_per_s)?
+            }
+            outcome => outcome?,
+        }
+        Ok(dag)
+    }
+
+    /// List scheduling by earliest start: among the ready nodes that fit, the one that can
+    /// start first (after its predecessors and its ranks' earlier nodes) runs next; ties go to
+    /// Destroys, then to the longest remaining path, then to stage order generation →
+    /// inference → training. Ready nodes sit in a heap keyed by their earliest start, which
+    /// only grows, so stale keys are refreshed when popped; a node that does not fit waits on
+    /// the ranks that block it until something is freed there.
+    fn schedule(
+        &mut self,
+        bytes: &dyn Fn(ModelStage, Layout, Position) -> u64,
+        links: &Links,
+        cross: bool,
+        stage_to_host: Option<f64>,
+    ) -> Result<(), TransitionError> {
+        let n = self.graph.node_count();
+        let mut state = ResourceState::new(self, bytes, links.capacity_bytes, cross);
+        let pool = state.usage.len();
+        let mut waiting: Vec<usize> =
+            (0..n).map(|i| self.graph.neighbors_directed(NodeIndex::new(i), Direction::Incoming).count()).collect();
+        let bottom = self.bottom_levels();
+        let mut finish = vec![0.0f64; n];
+        let mut rank_free = vec![0.0f64; pool];
+        let est = |i: usize, finish: &[f64], rank_free: &[f64]| {
+            let preds = self
+                .graph
+                .neighbors_directed(NodeIndex::new(i), Direction::Incoming)
+                .map(|p| finish[p.index()])
+                .fold(0.0, f64::max);
+            self.graph[NodeIndex::new(i)].ranks(&self.units).map(|r| rank_free[r as usize]).fold(preds, f64::max)
+        };
+        // Keys compare as (start, not-Destroy, −remaining path, stage, index). Starts are
+        // non-negative, so their bits order like the numbers; the rest is one precomputed rank.
+        let mut by_priority: Vec<usize> = (0..n).collect();
+        by_priority.sort_by(|&a, &b| {
+            bottom[b]
+                .total_cmp(&bottom[a])
+                .then(
+                    stage_rank(self.graph[NodeIndex::new(a)].model_stage.stage)
+                        .cmp(&stage_rank(self.graph[NodeIndex::new(b)].model_stage.stage)),
+                )
+                .then(a.cmp(&b))
+        });
+        let mut tie = vec![0u64; n];
+        for (position, &i) in by_priority.iter().enumerate() {
+            let destroy = matches!(self.graph[NodeIndex::new(i)].primitive, Primitive::Destroy { .. });
+            tie[i] = (u64::from(!destroy) << 63) | position as u64;
+        }
+        let key = |i: usize, start: f64| Reverse((start.to_bits(), tie[i]));
+        let mut heap: BinaryHeap<Reverse<(u64, u64)>> =
+            (0..n).filter(|&i| waiting[i] == 0).map(|i| key(i, 0.0)).collect();
+        let mut blocked_on: Vec<Vec<usize>> = vec![Vec::new(); pool];
+        let mut is_blocked = vec![false; n];
+        let mut first_block: Option<(usize, Vec<i32>, String)> = None;
+        let mut order = Vec::with_capacity(n);
+        let mut new_edges: Vec<(usize, usize)> = Vec::new();
+        let mut deps = Vec::new();
+        let mut staged: Vec<Option<f64>> = vec![None; n];
+        while let Some(Reverse((start_bits, tie_bits))) = heap.pop() {
+            let i = by_priority[(tie_bits & !(1 << 63)) as usize];
+            let start = est(i, &finish, &rank_free);
+            if start.to_bits() > start_bits {
+                heap.push(key(i, start));
+                continue;
+            }
+            let node = &self.graph[NodeIndex::new(i)];
+            if let Err((ranks, reason)) = state.fits(node, false) {
+                // Blocked by memory: a Split or Merge may still run with its sources in host memory.
+                let stage = stage_to_host.filter(|_| node.stageable() && state.fits(node, true).is_ok());
+                let Some(host) = stage else {
+                    for &r in &ranks {
+                        blocked_on[r as usize].push(i);
+                    }
+                    is_blocked[i] = true;
+                    first_block.get_or_insert((i, ranks, reason));
+                    continue;
+                };
+                staged[i] = Some(node.staging_seconds(host));
+            }
+            is_blocked[i] = false;
+            state.apply_into(i, node, staged[i].is_some(), &mut deps);
+            let begin = deps.iter().map(|&d| finish[d]).fold(start, f64::max);
+            new_edges.extend(
+                deps.iter()
+                    .copied()
+                    .filter(|&d| !self.graph.contains_edge(NodeIndex::new(d), NodeIndex::new(i)))
+                    .map(|d| (d, i)),
+            );
+            finish[i] = begin + node.seconds + staged[i].unwrap_or(0.0);
+            for r in node.ranks(&self.units) {
+                rank_free[r as usize] = finish[i];
+            }
+            // Whatever waited on a rank this node freed may fit now.
+            for &(r, _) in &node.release {
+                for j in std::mem::take(&mut blocked_on[r as usize]) {
+                    if is_blocked[j] {
+                        is_blocked[j] = false;
+                        heap.push(key(j, est(j, &finish, &rank_free)));
+                    }
+                }
+            }
+            order.push(i);
+            for succ in self.graph.neighbors_directed(NodeIndex::new(i), Direction::Outgoing) {
+                waiting[succ.index()] -= 1;
+                if waiting[succ.index()] == 0 {
+                    heap.push(key(succ.index(), est(succ.index(), &finish, &rank_free)));
+                }
+            }
+        }
+        if order.len() < n {
+            let (i, ranks, reason) = first_block.expect("unscheduled nodes of an acyclic DAG are blocked");
+            let (i, ranks, reason) = (0..n).find(|&j| is_blocked[j]).map_or((i, ranks, reason.clone()), |j| {
+                let (r, why) =
+                    state.fits(&self.graph[NodeIndex::new(j)], false).err().unwrap_or((vec![], reason.clone()));
+                (j, r, why)
+            });
+            return Err(TransitionError::Blocked {
+                primitive: self.label(i),
+                ranks: format_index_list(&ranks),
+                reason,
+            });
+        }
+        let peak_bytes = state.peak;
+        drop(state);
+        for (i, extra) in staged.iter().enumerate() {
+            if let Some(seconds) = extra {
+                let node = &mut self.graph[NodeIndex::new(i)];
+                node.staged = true;
+                node.seconds += seconds;
+            }
+        }
+        for (d, i) in &new_edges {
+            self.graph.add_edge(NodeIndex::new(*d), NodeIndex::new(*i), EdgeKind::Resource);
+        }
+        self.resource_edges = new_edges.len();
+        // The loop already timed every node under the final edges: a node's start was bounded
+        // by its predecessors, the dependencies it acquired and its ranks' earlier nodes.
+        let timings: Vec<NodeTiming> = order
+            .iter()
+            .map(|&i| NodeTiming {
+                node: i,
+                start: finish[i] - self.graph[NodeIndex::new(i)].seconds,
+                finish: finish[i],
+            })
+            .collect();
+        let seconds = finish.iter().copied().fold(0.0, f64::max);
+        self.schedule = Schedule { order, timings, seconds, peak_bytes };
+        Ok(())
+    }
+
+    /// Longest path from each node to the end of the local DAG, its own duration included.
+    fn bottom_levels(&self) -> Vec<f64> {
+        let mut level = vec![0.0f64; self.graph.node_count()];
+        let order = petgraph::algo::toposort(&self.graph, None).expect("local DAGs are acyclic");
+        for &i in order.iter().rev() {
+            let below =
+                self.graph.neighbors_directed(i, Direction::Outgoing).map(|s| level[s.index()]).fold(0.0, f64::max);
+            level[i.index()] = self.graph[i].seconds + below;
+        }
+        level
+    }
+
+    /// When each node of `order` runs: after its predecessors in the graph, the `extra`
+    /// dependencies, and every earlier node on its ranks.
+    fn timings(&self, order: &[usize], extra: &[(usize, usize)]) -> Vec<NodeTiming> {
+        let mut finish = vec![0.0f64; self.graph.node_count()];
+        let mut rank_free = vec![0.0f64; self.units.pool()];
+        let mut extra_preds: Vec<Vec<usize>> =
+            vec![Vec::new(); if extra.is_empty() { 0 } else { self.graph.node_count() }];
+        for &(a, b) in extra {
+            extra_preds[b].push(a);
+        }
+        let mut timings = Vec::with_capacity(order.len());
+        for &i in order {
+            let node = &self.graph[NodeIndex::new(i)];
+            let after_preds = self
+                .graph
+                .neighbors_directed(NodeIndex::new(i), Direction::Incoming)
+                .map(|p| finish[p.index()])
+                .fold(0.0, f64::max);
+            let after_extra = extra_preds.get(i).into_iter().flatten().map(|&a| finish[a]).fold(0.0, f64::max);
+            let after_ranks = node.ranks(&self.units).map(|r| rank_free[r as usize]).fold(0.0, f64::max);
+            let start = after_preds.max(after_extra).max(after_ranks);
+            finish[i] = start + node.seconds;
+            for r in node.ranks(&self.units) {
+                rank_free[r as usize] = finish[i];
+            }
+            timings.push(NodeTiming { node: i, start, finish: finish[i] });
+        }
+        timings
+    }
+
+    /// The shortest critical path over every feasible order of the local DAGs (exponential:
+    /// small instances only), to measure how far the list schedule is from optimal.
+    pub fn optimal_seconds(&self, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64, links: &Links) -> Option<f64> {
+        let view = self.local_view();
+        let n = view.graph.node_count();
+        let mut best: Option<f64> = None;
+        let mut order = Vec::with_capacity(n);
+        let mut edges = Vec::new();
+        let waiting: Vec<usize> =
+            (0..n).map(|i| view.graph.neighbors_directed(NodeIndex::new(i), Direction::Incoming).count()).collect();
+        let mut state = ResourceState::new(&view, bytes, links.capacity_bytes, true);
+        view.search(&mut state, waiting, &mut order, &mut edges, &mut best);
+        best
+    }
+
+    /// The DAG with its local edges only: the release-before-acquire edges are the list
+    /// schedule's own choices, which another order need not make.
+    fn local_view(&self) -> TransitionDag {
+        TransitionDag {
+            graph: self.graph.filter_map(|_, n| Some(n.clone()), |_, e| (*e == EdgeKind::Local).then_some(*e)),
+            units: self.units.clone(),
+            initial: self.initial.clone(),
+            targets: BTreeMap::new(),
+            resource_edges: 0,
+            schedule: self.schedule.clone(),
+        }
+    }
+
+    /// `L_tran` of running every node in `order` instead of the list schedule's order, with the
+    /// release-before-acquire waits it implies and `capacity` bytes a rank; `None` when `order`
+    /// breaks a local edge or a step overruns a rank's memory. Another scheduler's answer (the
+    /// exact MILP's) is costed by the same rules as the list schedule's.
+    pub fn order_seconds(
+        &self,
+        order: &[usize],
+        bytes: &dyn Fn(ModelStage, Layout, Position) -> u64,
+        capacity: u64,
+    ) -> Option<f64> {
+        let view = self.local_view();
+        let n = view.graph.node_count();
+        let mut position = vec![usize::MAX; n];
+        for (k, &i) in order.iter().enumerate() {
+            *position.get_mut(i)? = k;
+        }
+        let respects =
+            |e: petgraph::graph::EdgeReference<EdgeKind>| position[e.source().index()] < position[e.target().index()];
+        if position.contains(&usize::MAX) || !view.graph.edge_references().all(respects) {
+            return None;
+        }
+        let mut state = ResourceState::new(&view, bytes, capacity, true);
+        let (mut edges, mut deps) = (Vec::new(), Vec::new());
+        for &i in order {
+            let node = &view.graph[NodeIndex::new(i)];
+            state.fits(node, false).ok()?;
+            state.apply_into(i, node, false, &mut deps);
+            edges.extend(deps.iter().map(|&d| (d, i)));
+        }
+        Some(view.timings(order, &edges).iter().map(|t| t.finish).fold(0.0, f64::max))
+    }
+
+    fn search(
+        &self,
+        state: &mut ResourceState,
+        waiting: Vec<usize>,
+        order: &mut Vec<usize>,
+        edges: &mut Vec<(usize, usize)>,
+        best: &mut Option<f64>,
+    ) {
+        let n = self.graph.node_count();
+        if order.len() == n {
+            let t = self.timings(order, edges).iter().map(|t| t.finish).fold(0.0, f64::max);
+            if best.is_none_or(|b| t < b) {
+                *best = Some(t);
+            }
+            return;
+        }
+        let candidates: Vec<usize> = (0..n).filter(|&i| waiting[i] == 0 && !order.contains(&i)).collect();
+        for i in candidates {
+            let node = &self.graph[NodeIndex::new(i)];
+            if state.fits(node, false).is_err() {
+                continue;
+            }
+            let saved = state.clone();
+            let mut deps = Vec::new();
+            state.apply_into(i, node, false, &mut deps);
+            let added = deps.len();
+            edges.extend(deps.into_iter().map(|d| (d, i)));
+            order.push(i);
+            let mut next = waiting.clone();
+            for succ in self.graph.neighbors_directed(NodeIndex::new(i), Direction::Outgoing) {
+                next[succ.index()] -= 1;
+            }
+            self.search(state, next, order, edges, best);
+            order.pop();
+            edges.truncate(edges.len() - added);
+            *state = saved;
+        }
+    }
+
+    /// Walks `order` and returns the first step that would overrun a rank's memory or take a
+    /// rank another model-stage of its stage still holds, if any — how a schedule built
+    /// without cross-model-stage edges (the per-component baseline) fails.
+    pub fn first_conflict(
+        &self,
+        order: &[usize],
+        bytes: &dyn Fn(ModelStage, Layout, Position) -> u64,
+        capacity: u64,
+    ) -> Option<String> {
+        let mut state = ResourceState::new(self, bytes, capacity, true);
+        let mut deps = Vec::new();
+        for &i in order {
+            let node = &self.graph[NodeIndex::new(i)];
+            if let Err((ranks, reason)) = state.fits(node, false) {
+                return Some(format!("{} on rank(s) {}: {reason}", self.label(i), format_index_list(&ranks)));
+            }
+            state.apply_into(i, node, false, &mut deps);
+        }
+        None
+    }
+
+    /// The schedule's order when each model-stage starts `delay` seconds late (the nodes of a
+    /// model-stage keep their relative order; model-stages interleave by start time).
+    pub fn delayed_order(&self, delay: &dyn Fn(ModelStage) -> f64) -> Vec<usize> {
+        let mut timed: Vec<(f64, usize)> = self
+            .schedule
+            .timings
+            .iter()
+            .map(|t| (t.start + delay(self.graph[NodeIndex::new(t.node)].model_stage), t.node))
+            .collect();
+        timed.sort_by(|a, b| a.0.total_cmp(&b.0));
+        timed.into_iter().map(|(_, i)| i).collect()
+    }
+
+    /// Bytes that go through host memory (the sources of staged nodes, every rank together).
+    pub fn staged_bytes(&self) -> u64 {
+        self.graph.node_weights().filter(|n| n.staged).flat_map(|n| n.release.iter().map(|(_, b)| b)).sum()
+    }
+
+    /// Bytes each rank of the pool holds before the transition (the current plan's units).
+    pub fn initial_bytes(&self, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64) -> Vec<u64> {
+        let mut usage = vec![0; self.units.pool()];
+        for id in &self.initial {
+            for (r, b) in per_rank(&self.units[id], bytes) {
+                usage[r as usize] += b;
+            }
+        }
+        usage
+    }
+
+    /// A readable name for node `i`.
+    pub fn label(&self, i: usize) -> String {
+        self.graph[NodeIndex::new(i)].label(&self.units)
+    }
+}
+
+/// Memory while a schedule is walked: what every ordering decision, the list schedule's and
+/// the exhaustive search's alike, is checked against. Indexed by rank. Model-stages may share
+/// ranks (in one stage too: they then run one after another), so memory is the only limit.
+#[derive(Clone)]
+struct ResourceState {
+    capacity: u64,
+    cross: bool,
+    usage: Vec<u64>,
+    /// Per rank: the latest node of each model-stage that freed bytes there.
+    last_release: Vec<[Option<(ModelStage, usize, u64)>; MAX_MODEL_STAGES]>,
+    peak: u64,
+}
+
+/// Model-stages of the largest RL algorithm, with room to spare.
+const MAX_MODEL_STAGES: usize = 8;
+
+impl ResourceState {
+    fn new(
+        dag: &TransitionDag,
+        bytes: &dyn Fn(ModelStage, Layout, Position) -> u64,
+        capacity: u64,
+        cross: bool,
+    ) -> ResourceState {
+        let usage = dag.initial_bytes(bytes);
+        let pool = usage.len();
+        let peak = usage.iter().copied().max().unwrap_or(0);
+        ResourceState { capacity, cross, usage, last_release: vec![[None; MAX_MODEL_STAGES]; pool], peak }
+    }
+
+    /// `Ok` if `node`'s allocations fit now (with its sources already moved to host memory
+    /// when `staged`); else the ranks short of room and why.
+    fn fits(&self, node: &Node, staged: bool) -> Result<(), (Vec<i32>, String)> {
+        if !self.cross {
+            return Ok(());
+        }
+        let mut short = Vec::new();
+        let mut reason = String::new();
+        for &(r, b) in &node.acquire {
+            let freed_first: u64 =
+                if staged { node.release.iter().filter(|(x, _)| *x == r).map(|(_, b)| b).sum() } else { 0 };
+            let used = self.usage[r as usize].saturating_sub(freed_first);
+            // Staged sources are packed from host memory: no pack buffers on the device.
+            let transient = if staged { 0 } else { node.transient };
+            if used + b + transient > self.capacity {
+                short.push(r);
+                reason = format!("needs {b} bytes on a rank holding {used} of {}", self.capacity);
+            }
+        }
+        if short.is_empty() {
+            Ok(())
+        } else {
+            Err((short, reason))
+        }
+    }
+
+    /// Runs node `i` (its sources first released when `staged`); puts into `deps` (cleared
+    /// first) the earlier nodes of other model-stages it had to wait for (release-before-acquire):
+    /// the latest release of another model-stage on a rank it acquires, when without what that
+    /// release freed the allocation would not fit.
+    fn apply_into(&mut self, i: usize, node: &Node, staged: bool, deps: &mut Vec<usize>) {
+        deps.clear();
+        if self.cross {
+            for &(r, b) in &node.acquire {
+                let used = self.usage[r as usize];
+                for &(other, d, freed) in self.last_release[r as usize].iter().flatten() {
+                    let needed = used + b + node.transient + freed > self.capacity;
+                    if other != node.model_stage && needed && !deps.contains(&d) {
+                        deps.push(d);
+                    }
+                }
+            }
+        }
+        let release = |s: &mut ResourceState| {
+            for &(r, b) in &node.release {
+                let u = &mut s.usage[r as usize];
+                *u = u.saturating_sub(b);
+                let last = &mut s.last_release[r as usize];
+                match last.iter_mut().position(|e| e.is_none_or(|(m, _, _)| m == node.model_stage)) {
+                    Some(k) => last[k] = Some((node.model_stage, i, b)),
+                    None => debug_assert!(false, "more than {MAX_MODEL_STAGES} model-stages"),
+                }
+            }
+        };
+        if staged {
+            release(self);
+        }
+        for &(r, b) in &node.acquire {
+            let u = &mut self.usage[r as usize];
+            *u += b;
+            self.peak = self.peak.max(*u);
+        }
+        if !staged {
+            release(self);
+        }
+    }
+}
+
+fn node_of(links: &Links, r: i32) -> i32 {
+    r / links.devices_per_node as i32
+}
+
+fn per_rank(unit: &Unit, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64) -> Vec<(i32, u64)> {
+    // Ranks are TP-fastest and TP positions of a stage hold equal shards: ask once per stage.
+    let mut stage = (u32::MAX, 0);
+    unit.ranks
+        .iter()
+        .enumerate()
+        .map(|(k, &r)| {
+            let p = unit.layout.position(k);
+            if stage.0 != p.pp {
+                stage = (p.pp, bytes(unit.model_stage, unit.layout, p));
+            }
+            (r, stage.1)
+        })
+        .collect()
+}
+
+/// A node with its rank set, memory effects and estimated duration.
+fn make_node(
+    p: Primitive,
+    ms: ModelStage,
+    units: &Units,
+    bytes: &dyn Fn(ModelStage, Layout, Position) -> u64,
+    links: &Links,
+) -> Node {
+    let u = |id: &UnitId| &units[id];
+    let bw = |a: i32, b: i32| {
+        if node_of(links, a) == node_of(links, b) {
+            links.intra_bytes_per_s
+        } else {
+            links.inter_bytes_per_s
+        }
+    };
+    let mut transient = 0;
+    let (acquire, release, seconds) = match &p {
+        Primitive::Split { source, parts } => {
+            let src = u(source);
+            let acquire: Vec<(i32, u64)> = parts.iter().flat_map(|id| per_rank(u(id), bytes)).collect();
+            let held = per_rank(src, bytes);
+            // Each rank receives what its new shard has beyond its old one, from its unit's ranks.
+            let one_node = src.ranks.iter().all(|&r| node_of(links, r) == node_of(links, src.ranks[0]));
+            let slowest_bw = if one_node { links.intra_bytes_per_s } else { links.inter_bytes_per_s };
+            // At most: the largest new shard less the smallest old one.
+            let largest_new = acquire.iter().map(|(_, b)| *b).max().unwrap_or(0);
+            let smallest_old = held.iter().map(|(_, b)| *b).min().unwrap_or(0);
+            let incoming = largest_new.saturating_sub(smallest_old);
+            // Pack buffers: at most what a rank receives plus its old shard once per other part.
+            let largest_old = held.iter().map(|(_, b)| *b).max().unwrap_or(0);
+            transient = incoming + largest_old * (parts.len() as u64 - 1);
+            (acquire, held, incoming as f64 / slowest_bw + links.setup_seconds)
+        }
+        Primitive::Extend { source, copy } => {
+            let (src, dst) = (u(source), u(copy));
+            let acquire = per_rank(dst, bytes);
+            let secs = acquire.iter().zip(&src.ranks).map(|((r, b), s)| *b as f64 / bw(*s, *r)).fold(0.0, f64::max)
+                + links.setup_seconds;
+            (acquire, vec![], secs)
+        }
+        Primitive::Merge { parts, merged } => {
+            let m = u(merged);
+            let acquire = per_rank(m, bytes);
+            let release: Vec<(i32, u64)> = parts.iter().flat_map(|id| per_rank(u(id), bytes)).collect();
+            let secs = acquire.iter().map(|(_, b)| *b as f64 / links.memory_bytes_per_s).fold(0.0, f64::max);
+            (acquire, release, secs)
+        }
+        Primitive::Destroy { unit } => {
+            let x = u(unit);
+            (vec![], per_rank(x, bytes), 0.0)
+        }
+    };
+    Node { primitive: p, model_stage: ms, acquire, release, seconds, transient, staged: false }
+}
+
+fn sorted(ranks: &[i32]) -> Vec<i32> {
+    let mut r = ranks.to_vec();
+    r.sort_unstable();
+    r
+}
+
+#[cfg(test)]
+mod tests;

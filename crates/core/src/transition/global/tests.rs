@@ -1,0 +1,212 @@
+//! Property tests over random plan pairs, and the Nereus paper's example.
+
+use super::*;
+use crate::config::Dtype;
+use crate::model::Catalogue;
+use crate::model::{shard_bytes, Section};
+use crate::plan::{Candidate, Placement, Recompute, Role};
+use crate::rng::Rng;
+use crate::transition::testing::{plan_pair, tiny_catalogue};
+use petgraph::algo::is_cyclic_directed;
+use petgraph::visit::EdgeRef;
+use std::collections::BTreeSet;
+
+fn catalogue() -> Catalogue {
+    tiny_catalogue()
+}
+
+fn sizer(c: &Catalogue) -> impl Fn(ModelStage, Layout, Position) -> u64 + '_ {
+    move |ms, layout, position| {
+        shard_bytes(&c.shard(layout, position), &Section::of(ms.trains(), Dtype::Bf16), Dtype::Bf16)
+    }
+}
+
+fn random_plan(rng: &mut Rng, pool: u32) -> Plan {
+    crate::transition::testing::random_plan(rng, &catalogue(), pool)
+}
+
+fn links(capacity: u64) -> Links {
+    Links {
+        devices_per_node: 4,
+        intra_bytes_per_s: 100e9,
+        inter_bytes_per_s: 10e9,
+        memory_bytes_per_s: 1000e9,
+        setup_seconds: 1e-3,
+        capacity_bytes: capacity,
+        host_bytes_per_s: None,
+    }
+}
+
+/// Replays the schedule and checks memory, rank ownership and the final units.
+fn replay(dag: &TransitionDag, target: &Plan, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64, capacity: u64) {
+    let mut usage: BTreeMap<i32, u64> = BTreeMap::new();
+    let mut alive: BTreeSet<UnitId> = dag.initial.iter().copied().collect();
+    for id in &alive {
+        for (r, b) in per_rank(&dag.units[id], bytes) {
+            *usage.entry(r).or_default() += b;
+        }
+    }
+    let position: BTreeMap<usize, usize> = dag.schedule.order.iter().enumerate().map(|(k, &i)| (i, k)).collect();
+    for e in dag.graph.edge_indices() {
+        let (a, b) = dag.graph.edge_endpoints(e).unwrap();
+        assert!(position[&a.index()] < position[&b.index()], "the order respects every edge");
+    }
+    for &i in &dag.schedule.order {
+        let node = &dag.graph[NodeIndex::new(i)];
+        let label = dag.label(i);
+        // A staged node's sources leave for host memory before its new units are allocated.
+        if node.staged {
+            for &(r, b) in &node.release {
+                *usage.get_mut(&r).unwrap() -= b;
+            }
+        }
+        for &(r, b) in &node.acquire {
+            *usage.entry(r).or_default() += b;
+            assert!(usage[&r] <= capacity, "{label}: rank {r} over capacity");
+        }
+        if !node.staged {
+            for &(r, b) in &node.release {
+                *usage.get_mut(&r).unwrap() -= b;
+            }
+        }
+        if let Primitive::Extend { source, .. } = &node.primitive {
+            assert!(alive.contains(source), "{label} copies a unit that no longer exists");
+        }
+        node.primitive.frees().iter().for_each(|id| assert!(alive.remove(id), "{label} frees a dead unit"));
+        alive.extend(node.primitive.creates().iter().copied());
+    }
+    for p in &target.placements {
+        let ms = p.candidate.model_stage;
+        let mut want: Vec<(Layout, Vec<i32>)> =
+            (0..p.candidate.dp as usize).map(|r| (p.candidate.layout, p.replica(r).to_vec())).collect();
+        let mut got: Vec<(Layout, Vec<i32>)> = alive
+            .iter()
+            .map(|id| &dag.units[id])
+            .filter(|u| u.model_stage == ms)
+            .map(|u| (u.layout, u.ranks.clone()))
+            .collect();
+        want.sort();
+        got.sort();
+        assert_eq!(got, want, "{ms} reaches exactly its target units");
+    }
+}
+
+#[test]
+fn random_plan_pairs_give_acyclic_memory_safe_dags_that_reach_the_target() {
+    let c = catalogue();
+    let bytes = sizer(&c);
+    let (mut planned, mut refused, mut with_resource_edges) = (0, 0, 0);
+    for case in 0..400 {
+        let mut rng = Rng::new(case);
+        let pool = 3 + rng.below(62) as u32;
+        let (from, to) = plan_pair(&mut rng, &c, pool);
+        let initial: u64 = (0..pool as i32)
+            .map(|r| {
+                from.placements
+                    .iter()
+                    .map(|p| {
+                        p.ranks.iter().position(|x| *x == r).map_or(0, |k| {
+                            let size = p.candidate.layout.size() as usize;
+                            bytes(p.candidate.model_stage, p.candidate.layout, p.candidate.layout.position(k % size))
+                        })
+                    })
+                    .sum::<u64>()
+            })
+            .max()
+            .unwrap();
+        // From no room to spare to twice the initial state per rank.
+        let capacity = initial + initial * rng.below(3) as u64 / 2;
+        match TransitionDag::plan(&from, &to, &bytes, &links(capacity), true) {
+            Ok(dag) => {
+                assert!(!is_cyclic_directed(&dag.graph), "case {case}");
+                replay(&dag, &to, &bytes, capacity);
+                assert!(dag.schedule.seconds >= 0.0);
+                planned += 1;
+                with_resource_edges += usize::from(dag.resource_edges > 0);
+            }
+            // Refusals are memory deadlocks (a T_sub too large for a rank, or model-stages each
+            // waiting for room the other holds): rejected before any move.
+            Err(TransitionError::Blocked { .. }) => refused += 1,
+            Err(e) => panic!("case {case}: {e}"),
+        }
+    }
+    assert!(
+        planned >= 150 && with_resource_edges >= 10 && refused > 0,
+        "planned {planned}, refused {refused}, with resource edges {with_resource_edges}"
+    );
+}
+
+#[test]
+fn an_unchanged_plan_has_no_nodes() {
+    let c = catalogue();
+    let mut rng = Rng::new(7);
+    let plan = random_plan(&mut rng, 16);
+    let dag = TransitionDag::plan(&plan, &plan, &sizer(&c), &links(u64::MAX), true).unwrap();
+    assert_eq!(dag.graph.node_count(), 0);
+    assert_eq!(dag.schedule.seconds, 0.0);
+}
+
+/// Release before acquire: reference inference gives up its replica on rank 1 while reward
+/// inference Extends onto it; each rank holds one model, so the Extend waits for the Destroy
+/// (a resource edge between two model-stages), as in the paper's example.
+#[test]
+fn an_extend_onto_a_rank_another_model_stage_vacates_waits_for_its_release() {
+    let c = catalogue();
+    let ms = |r| ModelStage::new(r, Stage::Inference);
+    let place = |r, ranks: Vec<i32>| Placement {
+        candidate: Candidate {
+            model_stage: ms(r),
+            layout: Layout::new(1, 1),
+            dp: ranks.len() as u32,
+            recompute: Recompute::None,
+            micro_batch: 1,
+        },
+        ranks,
+    };
+    let from = Plan { placements: vec![place(Role::Reference, vec![0, 1]), place(Role::Reward, vec![2])] };
+    let to = Plan { placements: vec![place(Role::Reference, vec![0]), place(Role::Reward, vec![2, 1])] };
+    let bytes = sizer(&c);
+    let one_model = bytes(ms(Role::Reward), Layout::new(1, 1), Position { tp: 0, pp: 0 });
+    let dag = TransitionDag::plan(&from, &to, &bytes, &links(one_model), true).unwrap();
+    replay(&dag, &to, &bytes, one_model);
+    let extend = dag.graph.node_indices().find(|&i| dag.label(i.index()).starts_with("Extend reward")).unwrap();
+    let waits = dag
+        .graph
+        .edges_directed(extend, Direction::Incoming)
+        .any(|e| *e.weight() == EdgeKind::Resource && dag.graph[e.source()].model_stage.role == Role::Reference);
+    assert!(waits && dag.resource_edges == 1, "the Extend waits for the reference's Destroy");
+    // With room for both, nothing waits.
+    let roomy = TransitionDag::plan(&from, &to, &bytes, &links(2 * one_model), true).unwrap();
+    assert_eq!(roomy.resource_edges, 0);
+}
+
+#[test]
+fn a_split_with_no_room_beside_its_source_stages_through_host_memory() {
+    // One actor/training replica (tp, pp) = (1, 2) re-laid as (2, 1) on the same two ranks: the
+    // Split to T_sub = (1, 1) needs each rank's new part beside its old shard. With the capacity
+    // just above the old state, only staging the sources through host memory fits.
+    let ms = ModelStage::new(Role::Actor, Stage::Training);
+    let place = |layout: Layout| Plan {
+        placements: vec![Placement {
+            candidate: Candidate { model_stage: ms, layout, dp: 1, recompute: Recompute::None, micro_batch: 1 },
+            ranks: vec![0, 1],
+        }],
+    };
+    let (from, to) = (place(Layout::new(1, 2)), place(Layout::new(2, 1)));
+    let c = catalogue();
+    let b = sizer(&c);
+    // Through T_sub = (1, 1) each rank briefly holds a whole replica: beside its old half
+    // (held + whole) without staging, alone (whole) with it.
+    let held = (0..2).map(|j| b(ms, Layout::new(1, 2), Position { tp: 0, pp: j })).max().unwrap();
+    let whole = b(ms, Layout::new(1, 1), Position { tp: 0, pp: 0 });
+    let capacity = whole + held / 2;
+    assert!(matches!(
+        TransitionDag::plan(&from, &to, &b, &links(capacity), true),
+        Err(TransitionError::Blocked { .. })
+    ));
+    let staging = Links { host_bytes_per_s: Some(1e9), ..links(capacity) };
+    let dag = TransitionDag::plan(&from, &to, &b, &staging, true).expect("staged through host memory");
+    assert!(dag.staged_bytes() > 0);
+    assert!(dag.graph.node_weights().any(|n| n.staged && matches!(n.primitive, Primitive::Split { .. })));
+    replay(&dag, &to, &b, capacity);
+}

@@ -1,0 +1,386 @@
+//! CUDA through the driver API, loaded at run time by cudarc (no toolkit is needed to build;
+//! `libcuda.so` is needed to run, and `libnvrtc.so.12` to compile `cuda/pack.cu` for the
+//! device): device discovery, and [`Cuda`], the [`GpuRuntime`] of one device.
+
+use std::ffi::{c_void, CString};
+
+use cudarc::driver::result::{self, stream::StreamKind};
+use cudarc::driver::sys;
+use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
+
+use super::gpu::{DevicePtr, GpuRuntime, RawHandle};
+use super::kernels::{RectLaunch, RECT_COPY_KERNELS};
+use super::{BackendError, DriverDevice};
+
+/// The kernel source, compiled at run time for the device's architecture.
+pub const PACK_CU: &str = include_str!("../../../../cuda/pack.cu");
+
+fn driver_error(e: impl std::fmt::Debug) -> BackendError {
+    BackendError::Driver { backend: "CUDA", reason: format!("{e:?}") }
+}
+
+/// Loads and initializes the driver, or says why there is no device to use.
+fn init() -> Result<(), BackendError> {
+    // SAFETY: only probes whether the shared library loads.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(BackendError::NoDevice {
+            backend: "CUDA",
+            reason: "the CUDA driver (libcuda.so) is not installed on this machine".into(),
+        });
+    }
+    result::init().map_err(|e| BackendError::NoDevice { backend: "CUDA", reason: format!("cuInit failed: {e:?}") })
+}
+
+/// Every visible CUDA device with its name and total memory.
+pub fn devices() -> Result<Vec<DriverDevice>, BackendError> {
+    init()?;
+    let count = result::device::get_count().map_err(driver_error)?;
+    (0..count).map(|ordinal| describe(ordinal as u32).map(|(d, _)| d)).collect()
+}
+
+/// A device's description and its PCI address (`0000:18:00.0`).
+fn describe(ordinal: u32) -> Result<(DriverDevice, String), BackendError> {
+    let device = result::device::get(ordinal as i32).map_err(driver_error)?;
+    let attribute = |a| {
+        // SAFETY: `device` is a valid handle just returned by cuDeviceGet.
+        unsafe { result::device::get_attribute(device, a) }.map_err(driver_error)
+    };
+    // SAFETY: as above.
+    let memory_bytes = unsafe { result::device::total_mem(device) }.map_err(driver_error)? as u64;
+    let name = result::device::get_name(device).map_err(driver_error)?;
+    let pci = format!(
+        "{:04x}:{:02x}:{:02x}.0",
+        attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID)?,
+        attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID)?,
+        attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID)?
+    );
+    Ok((DriverDevice { ordinal, name, memory_bytes }, pci))
+}
+
+/// The CUDA ordinal of the device at `pci_address` among the visible ones, if any.
+pub fn ordinal_of(pci_address: &str) -> Result<Option<u32>, BackendError> {
+    init()?;
+    let count = result::device::get_count().map_err(driver_error)?;
+    for ordinal in 0..count as u32 {
+        if describe(ordinal)?.1.eq_ignore_ascii_case(pci_address) {
+            return Ok(Some(ordinal));
+        }
+    }
+    Ok(None)
+}
+
+/// What NVRTC makes of `cuda/pack.cu`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NvrtcOutput {
+    /// PTX for a virtual architecture, e.g. `compute_80` (CI assembles it with ptxas).
+    Ptx(&'static str),
+    /// A cubin for a real architecture, e.g. `sm_90` (what a device loads: no PTX JIT, so a
+    /// driver older than NVRTC still loads it).
+    Cubin(u32),
+}
+
+fn nvrtc_error(what: &str, e: impl std::fmt::Debug) -> BackendError {
+    BackendError::Kernels { backend: "CUDA", reason: format!("NVRTC {what}: {e:?}") }
+}
+
+/// Compiles `cuda/pack.cu` with NVRTC (loaded at run time); the compiler's log on failure.
+pub fn compile_pack(output: NvrtcOutput) -> Result<Vec<u8>, BackendError> {
+    compile(PACK_CU, "pack.cu", output)
+}
+
+/// Compiles one CUDA source with NVRTC (loaded at run time); the compiler's log on failure.
+pub fn compile(source: &str, name: &str, output: NvrtcOutput) -> Result<Vec<u8>, BackendError> {
+    // SAFETY: only probes whether the shared library loads.
+    if !unsafe { nvrtc_sys::is_culib_present() } {
+        return Err(BackendError::Kernels {
+            backend: "CUDA",
+            reason: "NVRTC (libnvrtc.so.12) is not installed; install the CUDA toolkit or `pip install \
+                     nvidia-cuda-nvrtc-cu12` and add its lib directory to LD_LIBRARY_PATH"
+                .into(),
+        });
+    }
+    let source = CString::new(source).map_err(|e| nvrtc_error("source", e))?;
+    let name = CString::new(name).map_err(|e| nvrtc_error("name", e))?;
+    let program = nvrtc::create_program(&source, Some(&name)).map_err(|e| nvrtc_error("create", e))?;
+    let arch = match output {
+        NvrtcOutput::Ptx(virtual_arch) => format!("--gpu-architecture={virtual_arch}"),
+        NvrtcOutput::Cubin(sm) => format!("--gpu-architecture=sm_{sm}"),
+    };
+    // SAFETY: `program` is live until destroyed below; `source` outlives it.
+    unsafe {
+        let compiled = nvrtc::compile_program(program, &[arch.as_str(), "--std=c++17"]);
+        let log = nvrtc::get_program_log(program).map(|l| c_chars_to_string(&l)).unwrap_or_default();
+        let out =
+            compiled.map_err(|e| nvrtc_error(&format!("compile ({arch})"), format!("{e:?}: {log}"))).and_then(|()| {
+                match output {
+                    NvrtcOutput::Ptx(_) => {
+                        nvrtc::get_ptx(program).map(|p| c_chars_to_bytes(&p)).map_err(|e| nvrtc_error("PTX", e))
+                    }
+                    NvrtcOutput::Cubin(_) => cubin(program),
+                }
+            });
+        let _ = nvrtc::destroy_program(program);
+        out
+    }
+}
+
+/// The cubin of a compiled program.
+///
+/// # Safety
+/// `program` is live and compiled for a real architecture.
+unsafe fn cubin(program: nvrtc_sys::nvrtcProgram) -> Result<Vec<u8>, BackendError> {
+    let mut size = 0usize;
+    nvrtc_sys::nvrtcGetCUBINSize(program, &mut size).result().map_err(|e| nvrtc_error("cubin size", e))?;
+    let mut bytes = vec![0u8; size];
+    nvrtc_sys::nvrtcGetCUBIN(program, bytes.as_mut_ptr().cast()).result().map_err(|e| nvrtc_error("cubin", e))?;
+    Ok(bytes)
+}
+
+fn c_chars_to_bytes(chars: &[std::ffi::c_char]) -> Vec<u8> {
+    chars.iter().map(|&c| c as u8).take_while(|&b| b != 0).collect()
+}
+
+fn c_chars_to_string(chars: &[std::ffi::c_char]) -> String {
+    String::from_utf8_lossy(&c_chars_to_bytes(chars)).into_owned()
+}
+
+/// One CUDA device: its primary context (current on the thread that opened it) and the
+/// rectangle-copy kernels compiled for it.
+pub struct Cuda {
+    device: DriverDevice,
+    cu_device: sys::CUdevice,
+    module: sys::CUmodule,
+    kernels: Vec<(&'static str, sys::CUfunction)>,
+}
+
+impl Cuda {
+    /// Opens device `ordinal`, makes its primary context current, and compiles and loads
+    /// `cuda/pack.cu` for its architecture.
+    pub fn open(ordinal: u32) -> Result<Cuda, BackendError> {
+        init()?;
+        let count = result::device::get_count().map_err(driver_error)?;
+        if ordinal as i32 >= count {
+            let reason = format!("device {ordinal} was asked for, the driver sees {count}");
+            return Err(BackendError::NoDevice { backend: "CUDA", reason });
+        }
+        let (device, _) = describe(ordinal)?;
+        let cu_device = result::device::get(ordinal as i32).map_err(driver_error)?;
+        // SAFETY: a valid device handle; the context is released in Drop.
+        let major = unsafe {
+            let context = result::primary_ctx::retain(cu_device).map_err(driver_error)?;
+            result::ctx::set_current(context).map_err(driver_error)?;
+            result::device::get_attribute(
+                cu_device,
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+            )
+        };
+        // SAFETY: as above.
+        let minor = unsafe {
+            result::device::get_attribute(
+                cu_device,
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+            )
+        };
+        let sm = (major.map_err(driver_error)? * 10 + minor.map_err(driver_error)?) as u32;
+        let image = compile_pack(NvrtcOutput::Cubin(sm))?;
+        // SAFETY: `image` is a complete cubin; the module lives until Drop.
+        let module = unsafe { result::module::load_data(image.as_ptr().cast()) }.map_err(driver_error)?;
+        let kernels = RECT_COPY_KERNELS
+            .iter()
+            .map(|&(_, name)| {
+                // SAFETY: `module` is loaded.
+                let f = unsafe { result::module::get_function(module, CString::new(name).expect("no NUL")) };
+                f.map(|f| (name, f)).map_err(driver_error)
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Cuda { device, cu_device, module, kernels })
+    }
+}
+
+impl Drop for Cuda {
+    fn drop(&mut self) {
+        // SAFETY: our module and our retain of the primary context.
+        unsafe {
+            let _ = result::module::unload(self.module);
+            let _ = result::primary_ctx::release(self.cu_device);
+        }
+    }
+}
+
+fn stream(h: RawHandle) -> sys::CUstream {
+    h.0.cast()
+}
+
+fn event(h: RawHandle) -> sys::CUevent {
+    h.0.cast()
+}
+
+impl GpuRuntime for Cuda {
+    fn backend(&self) -> &'static str {
+        "CUDA"
+    }
+
+    fn device(&self) -> &DriverDevice {
+        &self.device
+    }
+
+    fn alloc(&self, bytes: u64, s: RawHandle) -> Result<DevicePtr, BackendError> {
+        // SAFETY: a live stream; the memory is used only in its order.
+        unsafe { result::malloc_async(stream(s), bytes as usize) }.map(DevicePtr).map_err(driver_error)
+    }
+
+    unsafe fn free(&self, ptr: DevicePtr, s: RawHandle) {
+        let _ = result::free_async(ptr.0, stream(s));
+    }
+
+    fn alloc_pinned(&self, bytes: usize) -> Result<*mut u8, BackendError> {
+        // SAFETY: plain page-locked allocation, freed by free_pinned.
+        unsafe { result::malloc_host(bytes, 0) }.map(|p| p.cast()).map_err(driver_error)
+    }
+
+    unsafe fn free_pinned(&self, ptr: *mut u8) {
+        let _ = result::free_host(ptr.cast());
+    }
+
+    fn create_stream(&self) -> Result<RawHandle, BackendError> {
+        result::stream::create(StreamKind::NonBlocking).map(|s| RawHandle(s.cast())).map_err(driver_error)
+    }
+
+    unsafe fn destroy_stream(&self, s: RawHandle) {
+        let _ = result::stream::destroy(stream(s));
+    }
+
+    fn create_event(&self) -> Result<RawHandle, BackendError> {
+        result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map(|e| RawHandle(e.cast())).map_err(driver_error)
+    }
+
+    unsafe fn destroy_event(&self, e: RawHandle) {
+        let _ = result::event::destroy(event(e));
+    }
+
+    unsafe fn record(&self, e: RawHandle, s: RawHandle) -> Result<(), BackendError> {
+        result::event::record(event(e), stream(s)).map_err(driver_error)
+    }
+
+    unsafe fn wait_event(&self, s: RawHandle, e: RawHandle) -> Result<(), BackendError> {
+        result::stream::wait_event(stream(s), event(e), sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT)
+            .map_err(driver_error)
+    }
+
+    unsafe fn event_done(&self, e: RawHandle) -> Result<bool, BackendError> {
+        match result::event::query(event(e)) {
+            Ok(()) => Ok(true),
+            Err(result::DriverError(sys::cudaError_enum::CUDA_ERROR_NOT_READY)) => Ok(false),
+            Err(other) => Err(driver_error(other)),
+        }
+    }
+
+    unsafe fn event_synchronize(&self, e: RawHandle) -> Result<(), BackendError> {
+        result::event::synchronize(event(e)).map_err(driver_error)
+    }
+
+    unsafe fn elapsed_ms(&self, start: RawHandle, end: RawHandle) -> Result<f32, BackendError> {
+        result::event::elapsed(event(start), event(end)).map_err(driver_error)
+    }
+
+    unsafe fn copy_h2d(&self, dst: DevicePtr, src: *const u8, bytes: u64, s: RawHandle) -> Result<(), BackendError> {
+        let host = std::slice::from_raw_parts(src, bytes as usize);
+        result::memcpy_htod_async(dst.0, host, stream(s)).map_err(driver_error)
+    }
+
+    unsafe fn copy_d2h(&self, dst: *mut u8, src: DevicePtr, bytes: u64, s: RawHandle) -> Result<(), BackendError> {
+        let host = std::slice::from_raw_parts_mut(dst, bytes as usize);
+        result::memcpy_dtoh_async(host, src.0, stream(s)).map_err(driver_error)
+    }
+
+    unsafe fn copy_d2d(&self, dst: DevicePtr, src: DevicePtr, bytes: u64, s: RawHandle) -> Result<(), BackendError> {
+        result::memcpy_dtod_async(dst.0, src.0, bytes as usize, stream(s)).map_err(driver_error)
+    }
+
+    unsafe fn launch(&self, l: &RectLaunch, s: RawHandle) -> Result<(), BackendError> {
+        let f = self.kernels.iter().find(|(n, _)| *n == l.kernel).map(|(_, f)| *f).expect("every kernel is loaded");
+        let mut args = [l.dst, l.dst_pitch, l.src, l.src_pitch, l.row_vectors, l.rows];
+        let mut params: Vec<*mut c_void> = args.iter_mut().map(|a| (a as *mut u64).cast()).collect();
+        let (grid, block) = ((l.grid[0], l.grid[1], l.grid[2]), (l.block[0], l.block[1], l.block[2]));
+        result::launch_kernel(f, grid, block, 0, stream(s), &mut params).map_err(driver_error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+    use std::process::Command;
+
+    /// CI sets this so missing kernel tools fail the run instead of skipping the check.
+    fn tools_required() -> bool {
+        std::env::var("NEREUS_REQUIRE_KERNEL_TOOLS").is_ok_and(|v| v == "1")
+    }
+
+    /// NVRTC compiles every `cuda/*.cu` to PTX for sm_80 and sm_90 (and to cubins directly),
+    /// and ptxas assembles that PTX: a kernel that does not compile fails here, with no GPU.
+    #[test]
+    fn cuda_kernels_compile_with_nvrtc_and_assemble_with_ptxas() {
+        // SAFETY: only probes whether the shared library loads.
+        if !unsafe { nvrtc_sys::is_culib_present() } {
+            assert!(!tools_required(), "NEREUS_REQUIRE_KERNEL_TOOLS=1 but NVRTC is not on LD_LIBRARY_PATH");
+            eprintln!("skipped: NVRTC not found (scripts/compile-kernels.sh sets it up)");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let ptxas = std::env::var("NEREUS_PTXAS").map(PathBuf::from).unwrap_or_else(|_| "ptxas".into());
+        let sources = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../../cuda")).unwrap();
+        let mut files: Vec<PathBuf> =
+            sources.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|e| e == "cu")).collect();
+        files.sort();
+        assert!(files.iter().any(|f| f.ends_with("pack.cu")));
+        for (file, (virtual_arch, sm)) in files.iter().flat_map(|f| [(f, ("compute_80", 80)), (f, ("compute_90", 90))])
+        {
+            let (source, stem) = (std::fs::read_to_string(file).unwrap(), file.file_stem().unwrap().to_string_lossy());
+            let name = format!("{stem}.cu");
+            let ptx = compile(&source, &name, NvrtcOutput::Ptx(virtual_arch)).unwrap();
+            let text = String::from_utf8(ptx.clone()).unwrap();
+            for (_, kernel) in RECT_COPY_KERNELS.iter().filter(|_| stem == "pack") {
+                assert!(text.contains(&format!(".entry {kernel}(")), "{kernel} missing from the {virtual_arch} PTX");
+            }
+            assert!(!compile(&source, &name, NvrtcOutput::Cubin(sm)).unwrap().is_empty());
+            let path = dir.path().join(format!("{stem}.{virtual_arch}.ptx"));
+            std::fs::write(&path, &ptx).unwrap();
+            match Command::new(&ptxas)
+                .arg(format!("-arch=sm_{sm}"))
+                .arg(&path)
+                .arg("-o")
+                .arg(path.with_extension("cubin"))
+                .output()
+            {
+                Ok(out) => assert!(out.status.success(), "ptxas sm_{sm}: {}", String::from_utf8_lossy(&out.stderr)),
+                Err(e) => {
+                    assert!(
+                        !tools_required(),
+                        "NEREUS_REQUIRE_KERNEL_TOOLS=1 but ptxas ({}) did not run: {e}",
+                        ptxas.display()
+                    );
+                    eprintln!("ptxas not found ({e}); NVRTC's own cubin for sm_{sm} was checked");
+                }
+            }
+        }
+    }
+
+    /// The kernels on a real GPU against the host reference (`scripts/gpu-check.sh` runs it).
+    #[test]
+    #[ignore = "needs an NVIDIA GPU; scripts/gpu-check.sh runs it"]
+    fn gpu_rectangle_copies_match_the_host_reference() {
+        let device = crate::backend::gpu::Device::new(Cuda::open(0).unwrap()).unwrap();
+        crate::backend::gpu::check_rect_copies_against_host(&device);
+    }
+
+    #[test]
+    fn without_a_driver_opening_a_device_is_an_error_not_a_panic() {
+        // SAFETY: only probes whether the shared library loads.
+        if unsafe { sys::is_culib_present() } {
+            return; // a machine with a driver: nothing to check here
+        }
+        assert!(matches!(Cuda::open(0), Err(BackendError::NoDevice { .. })));
+        assert!(matches!(devices(), Err(BackendError::NoDevice { .. })));
+    }
+}

@@ -1,0 +1,133 @@
+//! The reference engine: a Llama-style decoder on CPUs in f32 with hand-written forward and
+//! backward passes (llm.c style), tensor, pipeline and data parallelism over the `comm` data
+//! plane, AdamW, and KV-cache generation.
+//!
+//! Parameters and Adam moments are the EMU shard store's flat buffers, read in place through
+//! the catalogue's size table ([`weights`]); gradients, activations, logits and the KV cache
+//! are charged to the same rank's memory ledger ([`arena`]) before they are allocated.
+
+pub mod arena;
+pub mod generate;
+pub mod init;
+pub mod ops;
+pub mod optimizer;
+mod output;
+pub mod parallel;
+mod real;
+pub mod stage;
+pub mod timers;
+pub mod train;
+pub mod weights;
+
+pub use arena::Arena;
+pub use generate::{sample_token, Generated, Sampling};
+pub use init::{init_piece, init_shard};
+pub use optimizer::AdamW;
+pub use parallel::EmuGroups;
+pub use real::{matmul, Op, Real};
+pub use stage::{KvCache, Rows, StageModel};
+pub use train::{share, train_step, Batch, Objective, StepReport};
+pub use weights::StageWeights;
+
+use thiserror::Error;
+
+use crate::comm::{CommError, DataPlane};
+use crate::emu::{EmuError, EmuId, EmuSet, LocalShard};
+use nereus_core::config::Dtype;
+use nereus_core::model::Section;
+
+/// Why the engine stopped.
+#[derive(Debug, Error)]
+pub enum EngineError {
+    /// A buffer would pass the rank's memory capacity (raised before allocating).
+    #[error(transparent)]
+    OutOfMemory(#[from] EmuError),
+    /// A collective or transfer failed.
+    #[error(transparent)]
+    Comm(#[from] CommError),
+    /// A loss or gradient stopped being finite where the caller cannot skip the update.
+    #[error("training diverged in {what}; lower the learning rate")]
+    Diverged {
+        /// Where and which value.
+        what: String,
+    },
+    /// Inputs whose shapes do not fit the model.
+    #[error("shape mismatch: {what}")]
+    Shape {
+        /// What did not fit.
+        what: String,
+    },
+}
+
+/// Adam's first and second moments of a shard.
+pub type Moments<'a> = (&'a mut [f32], &'a mut [f32]);
+
+/// This rank's view of the flat buffer of an f32 shard: parameters, and Adam's `(m, v)` when
+/// the EMU trains.
+pub fn f32_sections(shard: &mut LocalShard) -> Result<(&mut [f32], Option<Moments<'_>>), EngineError> {
+    let what = |reason: &str| EngineError::Shape { what: format!("{} shard: {reason}", shard.emu) };
+    if shard.dtype != Dtype::F32 {
+        return Err(what(&format!("the CPU engine computes in f32, the model is {:?}", shard.dtype)));
+    }
+    let per = shard.table.elements as usize * 4;
+    let (params, rest) = shard.buffer.split_at_mut(per);
+    let params: &mut [f32] =
+        bytemuck::try_cast_slice_mut(params).map_err(|e| what(&format!("buffer not f32-aligned ({e:?})")))?;
+    match shard.sections.as_slice() {
+        [Section::Params] => Ok((params, None)),
+        [Section::Params, Section::AdamM, Section::AdamV] => {
+            let (m, v) = rest.split_at_mut(per);
+            let cast = |b| bytemuck::try_cast_slice_mut::<u8, f32>(b);
+            match (cast(m), cast(v)) {
+                (Ok(m), Ok(v)) => Ok((params, Some((m, v)))),
+                _ => Err(EngineError::Shape { what: "moment buffers not f32-aligned".into() }),
+            }
+        }
+        other => Err(EngineError::Shape { what: format!("unexpected state sections {other:?}") }),
+    }
+}
+
+/// Runs `f` on the parameters of this rank's shard of EMU `id`, with an arena charging the
+/// rank's ledger (released when `f` returns).
+pub fn with_params<T, E: From<EngineError>>(
+    set: &mut EmuSet,
+    id: EmuId,
+    f: impl FnOnce(&[f32], &mut Arena) -> Result<T, E>,
+) -> Result<T, E> {
+    let (shard, ledger) = set
+        .store_mut()
+        .shard_and_ledger(id)
+        .ok_or_else(|| EngineError::Shape { what: format!("this rank holds no shard of {id}") })?;
+    let mut arena = Arena::new(ledger);
+    let (params, _) = f32_sections(shard)?;
+    f(params, &mut arena)
+}
+
+/// This rank's part of one EMU, ready to compute: its stage of the model and its groups.
+pub struct Replica {
+    /// The EMU.
+    pub emu: EmuId,
+    /// The stage this rank holds.
+    pub model: StageModel,
+    /// Its TP, PP and DP peers.
+    pub groups: EmuGroups,
+}
+
+impl Replica {
+    /// This rank's part of replica `id` of `set`, for sequences of up to `max_positions` tokens.
+    /// Every rank of every replica of the model-stage calls it (groups are created here).
+    pub fn new<P: DataPlane>(
+        plane: &mut P,
+        set: &EmuSet,
+        id: EmuId,
+        max_positions: usize,
+    ) -> Result<Replica, EngineError> {
+        let emu = set.emu(id).ok_or_else(|| EngineError::Shape { what: format!("{id} does not exist") })?;
+        let replicas = set.replicas(emu.model_stage);
+        let groups = EmuGroups::new(plane, emu, &replicas)?;
+        let catalogue = set.catalogue(emu.model_stage.role);
+        let table = catalogue.shard(emu.layout, groups.position);
+        let weights = StageWeights::new(catalogue, emu.layout, groups.position, &table)?;
+        Ok(Replica { emu: id, model: StageModel::new(catalogue, weights, max_positions), groups })
+    }
+}

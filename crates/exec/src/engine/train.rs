@@ -1,0 +1,413 @@
+//! One training step of one replica: 1F1B micro-batches through the pipeline, gradients
+//! summed over the model-stage's data-parallel replicas, global-norm clipping and AdamW on the
+//! EMU's own buffers.
+//!
+//! A model-stage's global batch is the same for every layout: replica `r` of `dp` takes the
+//! `r`-th equal share of the sequences and walks it in micro-batches (gradient accumulation),
+//! and the objective normalizes by global counts, so the summed gradient is the same sum over
+//! the same sequences whatever `(tp, pp, dp)`.
+
+use nereus_core::cost::{MemoryBreakdown, MemoryItem};
+use std::collections::VecDeque;
+use std::ops::Range;
+
+use crate::comm::DataPlane;
+use crate::emu::{EmuId, EmuSet};
+
+use super::arena::Arena;
+use super::optimizer::AdamW;
+use super::output::HeadActs;
+use super::stage::{BlockActs, Rows};
+use super::{f32_sections, EngineError, Replica};
+
+/// A training loss over per-position outputs of the model.
+///
+/// For an LM, row `(s, t)` holds `log p(tokens[s][t+1] | tokens[s][..=t])`; the last position
+/// has no next token, and its row must get zero gradient. For a value model, row `(s, t)` is
+/// the value after `tokens[s][..=t]`.
+pub trait Objective {
+    /// This micro-batch's share of the loss for sequences `seqs` (global indices), writing
+    /// `d loss / d output` for each of their rows into `grad`.
+    fn loss_and_grad(&self, seqs: Range<usize>, outputs: &[f32], grad: &mut [f32]) -> f64;
+}
+
+/// The sequences of `sequences` that replica `r` of `dp` takes: contiguous, sizes differing by
+/// at most one.
+pub fn share(sequences: usize, (r, dp): (usize, usize)) -> Range<usize> {
+    r * sequences / dp..(r + 1) * sequences / dp
+}
+
+/// A model-stage's global batch: `sequences × seq_len` tokens, row-major.
+#[derive(Debug, Clone, Copy)]
+pub struct Batch<'a> {
+    /// Tokens `[S, T]`.
+    pub tokens: &'a [u32],
+    /// Positions per sequence `T`.
+    pub seq_len: usize,
+}
+
+impl Batch<'_> {
+    /// Sequences `S`.
+    pub fn sequences(&self) -> usize {
+        self.tokens.len() / self.seq_len.max(1)
+    }
+
+    /// The sequences replica `r` of `dp` takes (see [`share`]).
+    pub fn share(&self, replica: (usize, usize)) -> Range<usize> {
+        share(self.sequences(), replica)
+    }
+
+    /// Tokens of `seqs`.
+    pub fn tokens_of(&self, seqs: &Range<usize>) -> &[u32] {
+        &self.tokens[seqs.start * self.seq_len..seqs.end * self.seq_len]
+    }
+
+    /// Next-token targets of `seqs` (the last position of each sequence repeats itself).
+    pub fn targets_of(&self, seqs: &Range<usize>) -> Vec<u32> {
+        let t = self.seq_len;
+        self.tokens_of(seqs).chunks_exact(t).flat_map(|s| (0..t).map(move |i| s[(i + 1).min(t - 1)])).collect()
+    }
+}
+
+/// What a stage's forward pass hands on.
+enum StageOut {
+    /// Hidden state for the next stage.
+    Hidden(Vec<f32>),
+    /// The last stage's outputs and head state.
+    Head(Vec<f32>, HeadActs),
+}
+
+/// A micro-batch between its forward and its backward pass.
+struct InFlight {
+    seqs: Range<usize>,
+    acts: Vec<BlockActs>,
+    head: Option<(HeadActs, Vec<f32>)>,
+    /// What its forward pass charged, its input included (released by its backward pass).
+    charges: MemoryBreakdown,
+}
+
+/// What one training step reports (the same on every rank of the model-stage).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepReport {
+    /// The objective over the whole global batch.
+    pub loss: f64,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Whether the update was refused because the loss or the gradient norm was not finite
+    /// (parameters, moments and counters are then unchanged).
+    pub skipped: bool,
+}
+
+impl StepReport {
+    /// The report of a model-stage that did not train.
+    pub const NONE: StepReport = StepReport { loss: 0.0, grad_norm: 0.0, skipped: false };
+}
+
+impl Replica {
+    /// Forward through this stage for sequences `seqs` of `batch`, from the embedding (first
+    /// stage) or the previous stage's `input`: the blocks' saved activations, then either the
+    /// hidden state for the next stage or, on the last stage, the head's outputs and state.
+    fn stage_forward<P: DataPlane>(
+        &self,
+        plane: &P,
+        params: &[f32],
+        batch: &Batch,
+        seqs: &Range<usize>,
+        input: Option<Vec<f32>>,
+        arena: &mut Arena,
+    ) -> Result<(Vec<BlockActs>, StageOut), EngineError> {
+        let tp = self.groups.tp_group(plane);
+        let rows = Rows { b: seqs.len(), t: batch.seq_len, pos0: 0 };
+        let x = match input {
+            Some(x) => x,
+            None => self.model.embed(params, batch.tokens_of(seqs), &tp, arena)?,
+        };
+        let (x, acts) = self.model.blocks_forward(params, x, rows, None, &tp, arena)?;
+        if self.model.weights.is_last() {
+            let (out, head) = self.model.head_forward(params, x, batch.targets_of(seqs), &tp, arena)?;
+            Ok((acts, StageOut::Head(out, head)))
+        } else {
+            Ok((acts, StageOut::Hidden(x)))
+        }
+    }
+
+    /// The previous stage's activations for `rows` token rows (`None` on the first stage, which
+    /// embeds).
+    pub(super) fn recv_input<P: DataPlane>(
+        &self,
+        plane: &P,
+        rows: usize,
+        arena: &mut Arena,
+    ) -> Result<Option<Vec<f32>>, EngineError> {
+        if self.model.weights.is_first() {
+            return Ok(None);
+        }
+        let mut x = arena.zeros(MemoryItem::PipelineBuffers, rows * self.model.dims().c)?;
+        self.groups.recv_prev(plane, &mut x)?;
+        Ok(Some(x))
+    }
+
+    fn micro_batches(&self, batch: &Batch, micro_batch: usize) -> Vec<Range<usize>> {
+        let share = batch.share(self.groups.replica);
+        let m = micro_batch.max(1);
+        share.clone().step_by(m).map(|s| s..(s + m).min(share.end)).collect()
+    }
+
+    /// Forward only (inference): the outputs of this replica's share of `batch`, `[share × T]`,
+    /// on the last pipeline stage (empty elsewhere).
+    pub fn infer<P: DataPlane>(
+        &self,
+        plane: &P,
+        params: &[f32],
+        batch: &Batch,
+        micro_batch: usize,
+        arena: &mut Arena,
+    ) -> Result<Vec<f32>, EngineError> {
+        let mut outputs = Vec::new();
+        for seqs in self.micro_batches(batch, micro_batch) {
+            let mark = arena.mark();
+            let input = self.recv_input(plane, seqs.len() * batch.seq_len, arena)?;
+            match self.stage_forward(plane, params, batch, &seqs, input, arena)?.1 {
+                StageOut::Head(out, _) => outputs.extend_from_slice(&out),
+                StageOut::Hidden(x) => self.groups.send_next(plane, &x)?,
+            }
+            arena.release_to(mark);
+        }
+        Ok(outputs)
+    }
+
+    /// One micro-batch forward; on the last stage the objective's loss and output gradient too.
+    /// Returns what its backward pass needs and the hidden state to send on (other stages).
+    #[allow(clippy::too_many_arguments)]
+    fn forward_one<P: DataPlane>(
+        &self,
+        plane: &P,
+        params: &[f32],
+        batch: &Batch,
+        seqs: &Range<usize>,
+        input: Option<Vec<f32>>,
+        objective: &dyn Objective,
+        loss: &mut f64,
+        arena: &mut Arena,
+    ) -> Result<(InFlight, Option<Vec<f32>>), EngineError> {
+        let before = arena.mark();
+        // A received input is part of the micro-batch: it becomes the first block's saved `x`.
+        let mut input_charge = MemoryBreakdown::default();
+        input_charge.add(MemoryItem::PipelineBuffers, input.as_ref().map_or(0, |x| 4 * x.len() as u64));
+        let (acts, out) = self.stage_forward(plane, params, batch, seqs, input, arena)?;
+        let (head, hidden) = match out {
+            StageOut::Head(out, head) => {
+                let mut dout = arena.zeros(MemoryItem::Logits, out.len())?;
+                *loss += objective.loss_and_grad(seqs.clone(), &out, &mut dout);
+                (Some((head, dout)), None)
+            }
+            StageOut::Hidden(x) => (None, Some(x)),
+        };
+        let charges = arena.since(before).plus(&input_charge);
+        Ok((InFlight { seqs: seqs.clone(), acts, head, charges }, hidden))
+    }
+
+    /// One micro-batch backward from the head (last stage) or the next stage's `grad`;
+    /// releases its charges and returns the input gradient to send back (other than stage 0).
+    #[allow(clippy::too_many_arguments)]
+    fn backward_one<P: DataPlane>(
+        &self,
+        plane: &P,
+        params: &[f32],
+        grads: &mut [f32],
+        batch: &Batch,
+        f: InFlight,
+        grad: Option<Vec<f32>>,
+        arena: &mut Arena,
+    ) -> Result<Option<Vec<f32>>, EngineError> {
+        let tp = self.groups.tp_group(plane);
+        let before = arena.mark();
+        let rows = Rows { b: f.seqs.len(), t: batch.seq_len, pos0: 0 };
+        let dx = match (f.head, grad) {
+            (Some((head, dout)), _) => self.model.head_backward(params, grads, &head, &dout, &tp, arena)?,
+            (None, Some(g)) => g,
+            (None, None) => {
+                return Err(EngineError::Shape {
+                    what: "pipeline backward without a gradient from the next stage".into(),
+                })
+            }
+        };
+        let dx = self.model.blocks_backward(params, grads, &f.acts, dx, rows, &tp, arena)?;
+        let done = arena.since(before).plus(&f.charges);
+        arena.release(&done);
+        if self.model.weights.is_first() {
+            self.model.embed_backward(grads, &dx, batch.tokens_of(&f.seqs));
+            return Ok(None);
+        }
+        Ok(Some(dx))
+    }
+
+    /// Forward and backward over this replica's share of `batch`, accumulating into `grads`,
+    /// on the 1F1B schedule (Narayanan et al. 2021, Megatron's non-interleaved schedule): stage
+    /// `j` of `pp` runs `pp − 1 − j` warm-up forwards, then alternates one forward and one
+    /// backward, then drains the backwards — so it holds at most `pp − j` micro-batches of
+    /// activations instead of all of them. Sends and receives that cross in the steady phase
+    /// are posted together. Returns the loss over the share (non-zero on the last stage only).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_backward<P: DataPlane>(
+        &self,
+        plane: &P,
+        params: &[f32],
+        grads: &mut [f32],
+        batch: &Batch,
+        micro_batch: usize,
+        objective: &dyn Objective,
+        arena: &mut Arena,
+    ) -> Result<f64, EngineError> {
+        let micro = self.micro_batches(batch, micro_batch);
+        let (pp, j) = (self.groups.layout.pp as usize, self.groups.position.pp as usize);
+        let warmup = (pp - 1 - j).min(micro.len());
+        let rows = |seqs: &Range<usize>| seqs.len() * batch.seq_len;
+        let c = self.model.dims().c;
+        let mut loss = 0.0;
+        let mut inflight: VecDeque<InFlight> = VecDeque::new();
+        for seqs in &micro[..warmup] {
+            let input = self.recv_input(plane, rows(seqs), arena)?;
+            let (f, hidden) = self.forward_one(plane, params, batch, seqs, input, objective, &mut loss, arena)?;
+            if let Some(x) = hidden {
+                self.groups.send_next(plane, &x)?;
+            }
+            inflight.push_back(f);
+        }
+        let steady = &micro[warmup..];
+        let mut input = match steady.first() {
+            Some(seqs) => self.recv_input(plane, rows(seqs), arena)?,
+            None => None,
+        };
+        for (i, seqs) in steady.iter().enumerate() {
+            let (f, hidden) =
+                self.forward_one(plane, params, batch, seqs, input.take(), objective, &mut loss, arena)?;
+            inflight.push_back(f);
+            let oldest =
+                inflight.pop_front().ok_or_else(|| EngineError::Shape { what: "1F1B: nothing in flight".into() })?;
+            let grad = match hidden {
+                Some(x) => {
+                    let mut g = arena.zeros(MemoryItem::PipelineBuffers, rows(&oldest.seqs) * c)?;
+                    self.groups.exchange_next(plane, &x, &mut g)?;
+                    Some(g)
+                }
+                None => None,
+            };
+            let next = steady.get(i + 1);
+            let received = pipeline_charge(grad.as_ref());
+            match (self.backward_one(plane, params, grads, batch, oldest, grad, arena)?, next) {
+                (Some(dx), Some(seqs)) => {
+                    let mut x = arena.zeros(MemoryItem::PipelineBuffers, rows(seqs) * c)?;
+                    self.groups.exchange_prev(plane, &dx, &mut x)?;
+                    input = Some(x);
+                }
+                (Some(dx), None) => self.groups.send_prev(plane, &dx)?,
+                (None, _) => {}
+            }
+            arena.release(&received);
+        }
+        while let Some(f) = inflight.pop_front() {
+            let grad = if self.model.weights.is_last() {
+                None
+            } else {
+                let mut g = arena.zeros(MemoryItem::PipelineBuffers, rows(&f.seqs) * c)?;
+                self.groups.recv_next(plane, &mut g)?;
+                Some(g)
+            };
+            let received = pipeline_charge(grad.as_ref());
+            if let Some(dx) = self.backward_one(plane, params, grads, batch, f, grad, arena)? {
+                self.groups.send_prev(plane, &dx)?;
+            }
+            arena.release(&received);
+        }
+        Ok(loss)
+    }
+
+    /// Sums `grads` over the data-parallel replicas, then returns the global gradient norm
+    /// (tensors replicated over TP counted once) and the loss summed over the model-stage.
+    fn reduce<P: DataPlane>(&self, plane: &P, grads: &mut [f32], loss: f64) -> Result<(f64, f64), EngineError> {
+        if let Some(dp) = self.groups.dp {
+            super::timers::timed(nereus_core::cost::OpClass::DpAllReduce, || plane.all_reduce_sum_f32(dp, grads))?;
+        }
+        let counted = |(_, replicated): &(Range<usize>, bool)| !*replicated || self.groups.position.tp == 0;
+        let sq: f64 = self
+            .model
+            .weights
+            .tensors
+            .iter()
+            .filter(|x| counted(x))
+            .map(|(r, _)| grads[r.clone()].iter().map(|&g| f64::from(g) * f64::from(g)).sum::<f64>())
+            .sum();
+        let speaks = self.model.weights.is_last() && self.groups.position.tp == 0;
+        let mut sums = [sq as f32, if speaks { loss as f32 } else { 0.0 }];
+        if let Some(emu) = self.groups.emu {
+            plane.all_reduce_sum_f32(emu, &mut sums)?;
+        }
+        let mut loss = [sums[1]];
+        if let Some(dp) = self.groups.dp {
+            plane.all_reduce_sum_f32(dp, &mut loss)?;
+        }
+        Ok((f64::from(sums[0]).sqrt(), f64::from(loss[0])))
+    }
+}
+
+/// The charge of a gradient received from the next stage (released once its buffer, reused as
+/// the input gradient, has been sent on).
+fn pipeline_charge(grad: Option<&Vec<f32>>) -> MemoryBreakdown {
+    let mut m = MemoryBreakdown::default();
+    m.add(MemoryItem::PipelineBuffers, grad.map_or(0, |g| 4 * g.len() as u64));
+    m
+}
+
+/// One optimizer step of replica `id` of a training model-stage on `batch` (every rank of every
+/// replica of the model-stage calls it): forward, backward, DP all-reduce, clipping, AdamW on
+/// the EMU's parameter and moment sections, and `updates += 1` in its counters on this rank
+/// (ranks outside the model-stage learn the new counters from the caller, in lockstep).
+///
+/// An update whose loss or gradient norm is not finite is never applied: every rank of the
+/// model-stage sees the same all-reduced values, so all of them skip it, and the caller decides
+/// whether the job stops or goes on (`train.on_nonfinite`).
+#[allow(clippy::too_many_arguments)]
+pub fn train_step<P: DataPlane>(
+    plane: &P,
+    set: &mut EmuSet,
+    replica: &Replica,
+    batch: &Batch,
+    micro_batch: usize,
+    objective: &dyn Objective,
+    opt: &AdamW,
+) -> Result<StepReport, EngineError> {
+    let id: EmuId = replica.emu;
+    let mut counters = set.emu(id).ok_or_else(|| EngineError::Shape { what: format!("{id} does not exist") })?.counters;
+    let (shard, ledger) = set
+        .store_mut()
+        .shard_and_ledger(id)
+        .ok_or_else(|| EngineError::Shape { what: format!("this rank holds no shard of {id}") })?;
+    let mut arena = Arena::new(ledger);
+    let (params, moments) = f32_sections(shard)?;
+    let (m, v) = moments.ok_or_else(|| EngineError::Shape { what: format!("{id} keeps no optimizer state") })?;
+    let mut grads = arena.zeros::<f32>(MemoryItem::Gradients, params.len())?;
+    let loss = replica.forward_backward(plane, params, &mut grads, batch, micro_batch, objective, &mut arena)?;
+    let (grad_norm, loss) = replica.reduce(plane, &mut grads, loss)?;
+    if !(grad_norm.is_finite() && loss.is_finite()) {
+        return Ok(StepReport { loss, grad_norm, skipped: true });
+    }
+    let scale = opt.clip_scale(grad_norm);
+    for (r, replicated) in &replica.model.weights.tensors {
+        let r = r.clone();
+        opt.update(
+            &mut params[r.clone()],
+            &mut m[r.clone()],
+            &mut v[r.clone()],
+            &grads[r],
+            counters.updates + 1,
+            scale,
+            !replicated,
+        );
+    }
+    drop(arena);
+    counters.updates += 1;
+    counters.model_version += 1;
+    set.set_counters(id, counters);
+    Ok(StepReport { loss, grad_norm, skipped: false })
+}

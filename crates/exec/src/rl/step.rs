@@ -1,0 +1,566 @@
+//! The synchronous RL step across model-stages (DESIGN.md, "One RL step"):
+//!
+//! 1. generation — `actor/generation` replicas sample responses to their share of the prompts
+//!    (ReMax also decodes each prompt greedily for its baseline);
+//! 2. inference — `reference/inference`, `reward/inference`, `critic/inference` and the actor's
+//!    own log-probabilities run on their ranks; one sum over the world assembles the rollout
+//!    on every rank (each replica's speaker contributes its rows);
+//! 3. training — advantages (replicated), then mini-batches of `actor/training` and
+//!    `critic/training` updates, gradients all-reduced within each model-stage;
+//! 4. weight sync — training weights are resharded into the generation (and critic inference)
+//!    layouts, rank to rank;
+//! 5. safe boundary — metrics and digests are assembled for rank 0.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::{AdvantageParams, ArithmeticTask, PolicyLoss, Rollout, ValueLoss, EOS};
+use crate::comm::{DataPlane, GroupId};
+use crate::emu::{Counters, EmuId, EmuSet};
+use crate::engine::parallel::assemble_rows;
+use crate::engine::timers::{self, timed, OpSeconds};
+use crate::engine::{
+    share, train_step, with_params, AdamW, Batch, EngineError, Generated, Objective, Replica, Sampling, StepReport,
+};
+use nereus_core::config::{Algorithm, JobConfig, RewardSource};
+use nereus_core::cost::OpClass;
+use nereus_core::plan::{ModelStage, Plan, Role, Stage};
+
+/// Everything an RL step needs besides the state, derived from the job config.
+#[derive(Debug, Clone)]
+pub struct StepSettings {
+    /// `ppo`, `grpo` or `remax`.
+    pub algorithm: Algorithm,
+    /// The task and its reward.
+    pub task: ArithmeticTask,
+    /// Prompts per step.
+    pub prompts: usize,
+    /// Samples per prompt.
+    pub samples: usize,
+    /// Sequences per optimizer update.
+    pub mini_batch: usize,
+    /// Sequences per forward/backward pass.
+    pub micro_batch: usize,
+    /// Passes over each step's rollouts.
+    pub epochs: usize,
+    /// Sampling of the actor.
+    pub sampling: Sampling,
+    /// Actor optimizer.
+    pub actor_opt: AdamW,
+    /// Critic optimizer.
+    pub critic_opt: AdamW,
+    /// Advantage coefficients.
+    pub advantage: AdvantageParams,
+    /// PPO ratio clip.
+    pub clip: f64,
+    /// Critic value clip.
+    pub value_clip: f64,
+    /// KL coefficient in the loss (GRPO, ReMax); PPO's goes into the rewards.
+    pub loss_kl_coef: f64,
+    /// Score the policy is trained on.
+    pub reward: RewardSource,
+}
+
+impl StepSettings {
+    /// The settings of `config`.
+    pub fn new(config: &JobConfig) -> StepSettings {
+        let (rl, t) = (&config.rl, &config.train);
+        let vocab = config.models.actor.vocab;
+        let cap = if t.reward_cap > 0 { t.reward_cap } else { rl.max_response_len };
+        let opt = |lr: f64| AdamW {
+            lr: lr as f32,
+            weight_decay: t.weight_decay as f32,
+            max_grad_norm: t.max_grad_norm as f32,
+            ..AdamW::default()
+        };
+        StepSettings {
+            algorithm: rl.algorithm,
+            task: ArithmeticTask { prompt_len: rl.prompt_len as usize, vocab, cap: cap as usize },
+            prompts: rl.prompts_per_step as usize,
+            samples: rl.samples_per_prompt as usize,
+            mini_batch: rl.mini_batch as usize,
+            micro_batch: rl.micro_batch as usize,
+            epochs: rl.epochs as usize,
+            sampling: Sampling {
+                temperature: t.temperature as f32,
+                top_p: t.top_p as f32,
+                max_new_tokens: rl.max_response_len as usize,
+                eos: EOS,
+                greedy: false,
+                seed: config.job.seed,
+            },
+            actor_opt: opt(t.actor_lr),
+            critic_opt: opt(t.critic_lr),
+            advantage: AdvantageParams {
+                kl_coef: t.kl_coef,
+                gamma: t.discount,
+                lambda: t.gae_lambda,
+                group: rl.samples_per_prompt as usize,
+            },
+            clip: t.clip_ratio,
+            value_clip: t.value_clip,
+            loss_kl_coef: if rl.algorithm == Algorithm::Ppo { 0.0 } else { t.kl_coef },
+            reward: t.reward,
+        }
+    }
+
+    /// Sequences per step.
+    pub fn sequences(&self) -> usize {
+        self.prompts * self.samples
+    }
+
+    /// Positions per sequence.
+    pub fn seq_len(&self) -> usize {
+        self.task.prompt_len + self.sampling.max_new_tokens
+    }
+}
+
+/// What one RL step reports on rank 0.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct StepMetrics {
+    /// Mean task (rule) reward of the sampled responses.
+    pub reward_mean: f64,
+    /// Mean reward-model score.
+    pub rm_score_mean: f64,
+    /// Mean response length (EOS included).
+    pub response_len_mean: f64,
+    /// 95th percentile of the response length.
+    pub response_len_p95: f64,
+    /// Mean sampled KL to the reference.
+    pub kl: f64,
+    /// Last actor update's loss.
+    pub actor_loss: f64,
+    /// Last critic update's loss (PPO).
+    pub critic_loss: f64,
+    /// Last actor update's gradient norm.
+    pub actor_grad_norm: f64,
+    /// Last critic update's gradient norm (PPO).
+    pub critic_grad_norm: f64,
+    /// Updates refused because their loss or gradient norm was not finite.
+    pub skipped_updates: u64,
+    /// The first refused update of the step, if any.
+    #[serde(skip)]
+    pub non_finite: Option<NonFinite>,
+    /// Wall seconds per stage (rank 0, between world-wide synchronization points).
+    pub stage_seconds: BTreeMap<String, f64>,
+    /// This rank's seconds per operation class in each stage (`engine::timers`).
+    pub op_seconds: BTreeMap<String, OpSeconds>,
+    /// Wall seconds of the step.
+    pub step_seconds: f64,
+    /// Response tokens generated.
+    pub generated_tokens: u64,
+}
+
+/// The optimizer updates of one training model-stage during a step.
+#[derive(Debug, Clone, Copy)]
+struct Updates {
+    last: StepReport,
+    applied: u64,
+    skipped: u64,
+    first_skipped: Option<StepReport>,
+}
+
+impl Default for Updates {
+    fn default() -> Updates {
+        Updates { last: StepReport::NONE, applied: 0, skipped: 0, first_skipped: None }
+    }
+}
+
+impl Updates {
+    /// Floats per model-stage when the updates travel to every rank.
+    const WIDTH: usize = 7;
+
+    fn add(&mut self, r: StepReport) {
+        self.last = r;
+        if r.skipped {
+            self.skipped += 1;
+            self.first_skipped.get_or_insert(r);
+        } else {
+            self.applied += 1;
+        }
+    }
+
+    /// `[loss, norm, applied, skipped, has_skip, skipped loss, skipped norm]` (counts are exact
+    /// in f32 far beyond any step's updates; NaN and infinities travel unchanged).
+    fn to_row(self) -> [f32; Updates::WIDTH] {
+        let first = self.first_skipped.unwrap_or(StepReport::NONE);
+        let has = f32::from(u8::from(self.first_skipped.is_some()));
+        let (l, n) = (self.last.loss as f32, self.last.grad_norm as f32);
+        [l, n, self.applied as f32, self.skipped as f32, has, first.loss as f32, first.grad_norm as f32]
+    }
+
+    fn from_row(r: &[f32]) -> Updates {
+        let report = |loss: f32, norm: f32, skipped| StepReport { loss: loss.into(), grad_norm: norm.into(), skipped };
+        Updates {
+            last: report(r[0], r[1], false),
+            applied: r[2] as u64,
+            skipped: r[3] as u64,
+            first_skipped: (r[4] > 0.0).then(|| report(r[5], r[6], true)),
+        }
+    }
+}
+
+/// An update refused because a value was not finite: which model-stage, which value.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NonFinite {
+    /// The training model-stage.
+    pub model_stage: ModelStage,
+    /// `loss` or `gradient norm`.
+    pub quantity: &'static str,
+    /// Its value (NaN or ±inf).
+    pub value: f64,
+}
+
+impl NonFinite {
+    fn of(model_stage: ModelStage, r: StepReport) -> NonFinite {
+        let (quantity, value) = if r.loss.is_finite() { ("gradient norm", r.grad_norm) } else { ("loss", r.loss) };
+        NonFinite { model_stage, quantity, value }
+    }
+}
+
+/// This rank's part of a running RL job: the plan, every replica's id, and the replicas this
+/// rank computes for.
+pub struct RlJob {
+    /// Settings.
+    pub settings: StepSettings,
+    /// The plan the EMUs follow.
+    pub plan: Plan,
+    /// Replica ids per model-stage, in replica order.
+    pub replicas: BTreeMap<ModelStage, Vec<EmuId>>,
+    mine: BTreeMap<ModelStage, Replica>,
+    world: GroupId,
+}
+
+const GENERATION: ModelStage = ModelStage::new(Role::Actor, Stage::Generation);
+const ACTOR: ModelStage = ModelStage::new(Role::Actor, Stage::Training);
+const CRITIC: ModelStage = ModelStage::new(Role::Critic, Stage::Training);
+const CRITIC_INFERENCE: ModelStage = ModelStage::new(Role::Critic, Stage::Inference);
+const REFERENCE: ModelStage = ModelStage::new(Role::Reference, Stage::Inference);
+const REWARD: ModelStage = ModelStage::new(Role::Reward, Stage::Inference);
+
+impl RlJob {
+    /// The job over the EMUs of `set` (created from `plan`, replicas in plan order). Every rank
+    /// calls it; groups are formed here, model-stage by model-stage.
+    pub fn new<P: DataPlane>(
+        plane: &mut P,
+        set: &EmuSet,
+        plan: Plan,
+        settings: StepSettings,
+    ) -> Result<RlJob, EngineError> {
+        let mut replicas: BTreeMap<ModelStage, Vec<EmuId>> = BTreeMap::new();
+        for emu in set.emus() {
+            replicas.entry(emu.model_stage).or_default().push(emu.id);
+        }
+        let mut mine = BTreeMap::new();
+        for p in &plan.placements {
+            let ms = p.candidate.model_stage;
+            for &id in replicas.get(&ms).map(Vec::as_slice).unwrap_or(&[]) {
+                if set.emu(id).is_some_and(|e| e.ranks.contains(&plane.rank())) {
+                    mine.insert(ms, Replica::new(plane, set, id, settings.seq_len())?);
+                }
+            }
+        }
+        let world = plane.group(&(0..set.world_size()).collect::<Vec<_>>())?;
+        Ok(RlJob { settings, plan, replicas, mine, world })
+    }
+
+    /// Runs RL step `step` (0-based) on every rank; rank 0's metrics are the job's.
+    pub fn step<P: DataPlane>(&self, plane: &mut P, set: &mut EmuSet, step: u64) -> Result<StepMetrics, EngineError> {
+        let s = &self.settings;
+        let start = Instant::now();
+        let counters: Vec<(EmuId, ModelStage, Counters)> =
+            set.emus().map(|e| (e.id, e.model_stage, e.counters)).collect();
+        let mut metrics = StepMetrics::default();
+        let mut lap = Instant::now();
+        timers::take();
+        let mut stage_done = |name: &str, metrics: &mut StepMetrics| {
+            metrics.stage_seconds.insert(name.to_string(), lap.elapsed().as_secs_f64());
+            metrics.op_seconds.insert(name.to_string(), timers::take());
+            lap = Instant::now();
+        };
+        let mut rollout = self.generate(plane, set, step)?;
+        let greedy = if s.algorithm == Algorithm::Remax { self.greedy_scores(plane, set, step)? } else { Vec::new() };
+        stage_done("generation", &mut metrics);
+        let rm_scores = self.infer(plane, set, &mut rollout)?;
+        let rule: Vec<f32> = (0..rollout.sequences()).map(|i| self.rule_score(&rollout, i)).collect();
+        rollout.scores = match s.reward {
+            RewardSource::Rule => rule.clone(),
+            RewardSource::Model => rm_scores.clone(),
+        };
+        stage_done("inference", &mut metrics);
+        rollout.compute_advantages(s.algorithm, s.advantage, &greedy);
+        let updates = self.train(plane, set, &rollout)?;
+        stage_done("training", &mut metrics);
+        self.sync_weights(plane, set)?;
+        self.advance_counters(set, counters, step, &updates);
+        stage_done("weight_sync", &mut metrics);
+        let lengths: Vec<f64> = rollout.lengths.iter().map(|&l| l as f64).collect();
+        metrics.reward_mean = rule.iter().map(|&x| f64::from(x)).sum::<f64>() / rule.len() as f64;
+        metrics.rm_score_mean = rm_scores.iter().map(|&x| f64::from(x)).sum::<f64>() / rm_scores.len().max(1) as f64;
+        metrics.response_len_mean = lengths.iter().sum::<f64>() / lengths.len() as f64;
+        metrics.response_len_p95 = percentile(&lengths, 0.95);
+        metrics.kl = rollout.kl_mean();
+        let [actor, critic] = updates;
+        (metrics.actor_loss, metrics.actor_grad_norm) = (actor.last.loss, actor.last.grad_norm);
+        (metrics.critic_loss, metrics.critic_grad_norm) = (critic.last.loss, critic.last.grad_norm);
+        metrics.skipped_updates = actor.skipped + critic.skipped;
+        metrics.non_finite = [(ACTOR, actor), (CRITIC, critic)]
+            .into_iter()
+            .find_map(|(ms, u)| u.first_skipped.map(|r| NonFinite::of(ms, r)));
+        metrics.generated_tokens = rollout.lengths.iter().sum::<usize>() as u64;
+        metrics.step_seconds = start.elapsed().as_secs_f64();
+        Ok(metrics)
+    }
+
+    /// Sequences per micro-batch of `ms`: its candidate's (the planner may pick fewer than the
+    /// configured `rl.micro_batch` to fit memory).
+    fn micro_batch(&self, ms: ModelStage) -> usize {
+        self.plan
+            .placements
+            .iter()
+            .find(|p| p.candidate.model_stage == ms)
+            .map_or(self.settings.micro_batch, |p| p.candidate.micro_batch as usize)
+    }
+
+    fn rule_score(&self, rollout: &Rollout, i: usize) -> f32 {
+        let (p, t) = (rollout.prompt_len, rollout.seq_len);
+        let seq = &rollout.tokens[i * t..(i + 1) * t];
+        self.settings.task.reward(&seq[..p], &seq[p..p + rollout.lengths[i]])
+    }
+
+    /// Prompt `k` of step `step` (the data position is `step × prompts + k`).
+    fn prompt(&self, step: u64, k: usize) -> Vec<u32> {
+        self.settings.task.prompt(self.settings.sampling.seed, step * self.settings.prompts as u64 + k as u64)
+    }
+
+    /// Samples `count` sequences on the generation replicas (sequence `i` answers prompt
+    /// `prompt_of(i)` with draw id `id_of(i)`) and assembles tokens and lengths on every rank.
+    fn sample<P: DataPlane>(
+        &self,
+        plane: &mut P,
+        set: &mut EmuSet,
+        count: usize,
+        sampling: &Sampling,
+        prompt_of: impl Fn(usize) -> Vec<u32>,
+        id_of: impl Fn(usize) -> u64,
+    ) -> Result<Generated, EngineError> {
+        let t = self.settings.seq_len();
+        // Each row is a sequence's tokens followed by its length (f32 is exact below 2^24); the
+        // replica leaders contribute their rows, one sum over the world assembles them.
+        let mut mine = None;
+        if let Some(replica) = self.mine.get(&GENERATION) {
+            let share = share(count, replica.groups.replica);
+            // Waves of `micro_batch` sequences, each with its own KV cache (the planner sizes
+            // them to fit); draws depend on the sequence id only, so waves change no token.
+            let wave = self.micro_batch(GENERATION).max(1);
+            let out = with_params(set, replica.emu, |params, arena| {
+                let mut out = Generated { tokens: Vec::new(), lengths: Vec::new() };
+                for first in share.clone().step_by(wave) {
+                    let seqs = first..(first + wave).min(share.end);
+                    let prompts: Vec<u32> = seqs.clone().flat_map(&prompt_of).collect();
+                    let ids: Vec<u64> = seqs.map(&id_of).collect();
+                    let mark = arena.mark();
+                    let done = replica.generate(plane, params, &prompts, &ids, sampling, arena)?;
+                    arena.release_to(mark);
+                    out.tokens.extend(done.tokens);
+                    out.lengths.extend(done.lengths);
+                }
+                Ok::<_, EngineError>(out)
+            })?;
+            if replica.groups.is_leader() {
+                let rows: Vec<f32> = out
+                    .tokens
+                    .chunks_exact(t)
+                    .zip(&out.lengths)
+                    .flat_map(|(row, &len)| row.iter().map(|&x| x as f32).chain([len as f32]))
+                    .collect();
+                mine = Some((share.start, rows));
+            }
+        }
+        let all = assemble_rows(
+            plane,
+            self.world,
+            count,
+            t + 1,
+            mine.as_ref().map(|(first, rows)| (*first, rows.as_slice())),
+        )?;
+        let (mut tokens, mut lengths) = (Vec::with_capacity(count * t), Vec::with_capacity(count));
+        for row in all.chunks_exact(t + 1) {
+            tokens.extend(row[..t].iter().map(|&x| x as u32));
+            lengths.push(row[t] as usize);
+        }
+        Ok(Generated { tokens, lengths })
+    }
+
+    fn generate<P: DataPlane>(&self, plane: &mut P, set: &mut EmuSet, step: u64) -> Result<Rollout, EngineError> {
+        let s = &self.settings;
+        let n = s.sequences();
+        let out = self.sample(
+            plane,
+            set,
+            n,
+            &s.sampling,
+            |i| self.prompt(step, i / s.samples),
+            |i| step * n as u64 + i as u64,
+        )?;
+        Ok(Rollout {
+            prompt_len: s.task.prompt_len,
+            seq_len: s.seq_len(),
+            tokens: out.tokens,
+            lengths: out.lengths,
+            ..Rollout::default()
+        })
+    }
+
+    /// ReMax: the rule score of each prompt's greedy response, one per sequence.
+    fn greedy_scores<P: DataPlane>(&self, plane: &mut P, set: &mut EmuSet, step: u64) -> Result<Vec<f32>, EngineError> {
+        let s = &self.settings;
+        let greedy = Sampling { greedy: true, ..s.sampling };
+        let out = self.sample(plane, set, s.prompts, &greedy, |k| self.prompt(step, k), |k| k as u64)?;
+        let r = Rollout {
+            prompt_len: s.task.prompt_len,
+            seq_len: s.seq_len(),
+            tokens: out.tokens,
+            lengths: out.lengths,
+            ..Rollout::default()
+        };
+        Ok((0..s.sequences()).map(|i| self.rule_score(&r, i / s.samples)).collect())
+    }
+
+    /// Reference, reward and critic inference plus the actor's own log-probabilities, each on
+    /// its ranks; one sum over the world assembles `[rm S | ref S·T | old S·T | values S·T]`.
+    /// Returns the reward model's scores.
+    fn infer<P: DataPlane>(
+        &self,
+        plane: &mut P,
+        set: &mut EmuSet,
+        rollout: &mut Rollout,
+    ) -> Result<Vec<f32>, EngineError> {
+        let (n, t) = (rollout.sequences(), rollout.seq_len);
+        let batch_tokens = rollout.tokens.clone();
+        let batch = Batch { tokens: &batch_tokens, seq_len: t };
+        let mut buf = vec![0f32; n + 3 * n * t];
+        for (ms, offset) in [(REWARD, 0), (REFERENCE, n), (ACTOR, n + n * t), (CRITIC_INFERENCE, n + 2 * n * t)] {
+            let Some(replica) = self.mine.get(&ms) else { continue };
+            let out = with_params(set, replica.emu, |params, arena| {
+                replica.infer(plane, params, &batch, self.micro_batch(ms), arena)
+            })?;
+            if !replica.groups.speaks_for_outputs() {
+                continue;
+            }
+            let share = batch.share(replica.groups.replica);
+            if ms == REWARD {
+                for (k, s) in share.enumerate() {
+                    buf[s] = out[k * t + rollout.prompt_len + rollout.lengths[s] - 1];
+                }
+            } else {
+                buf[offset + share.start * t..offset + share.start * t + out.len()].copy_from_slice(&out);
+            }
+        }
+        plane.all_reduce_sum_f32(self.world, &mut buf)?;
+        rollout.ref_logp = buf[n..n + n * t].to_vec();
+        rollout.old_logp = buf[n + n * t..n + 2 * n * t].to_vec();
+        rollout.values = buf[n + 2 * n * t..].to_vec();
+        Ok(buf[..n].to_vec())
+    }
+
+    /// Actor and critic updates over mini-batches; what they did reaches every rank.
+    fn train<P: DataPlane>(
+        &self,
+        plane: &mut P,
+        set: &mut EmuSet,
+        rollout: &Rollout,
+    ) -> Result<[Updates; 2], EngineError> {
+        let s = &self.settings;
+        let (mut actor, mut critic) = (Updates::default(), Updates::default());
+        for _ in 0..s.epochs {
+            for chunk in (0..rollout.sequences()).collect::<Vec<_>>().chunks(s.mini_batch) {
+                let tokens = rollout.tokens_of(chunk);
+                let batch = Batch { tokens: &tokens, seq_len: rollout.seq_len };
+                if let Some(replica) = self.mine.get(&ACTOR) {
+                    let loss = PolicyLoss { rollout, members: chunk, clip: s.clip, kl_coef: s.loss_kl_coef };
+                    let opt = &s.actor_opt;
+                    actor.add(train_step(
+                        plane,
+                        set,
+                        replica,
+                        &batch,
+                        self.micro_batch(ACTOR),
+                        &loss as &dyn Objective,
+                        opt,
+                    )?);
+                }
+                if let Some(replica) = self.mine.get(&CRITIC) {
+                    let loss = ValueLoss { rollout, members: chunk, clip: s.value_clip };
+                    let opt = &s.critic_opt;
+                    critic.add(train_step(
+                        plane,
+                        set,
+                        replica,
+                        &batch,
+                        self.micro_batch(CRITIC),
+                        &loss as &dyn Objective,
+                        opt,
+                    )?);
+                }
+            }
+        }
+        let speaks =
+            |ms: ModelStage| self.mine.get(&ms).is_some_and(|r| r.groups.replica.0 == 0 && r.groups.is_leader());
+        let mut rows = [0f32; 2 * Updates::WIDTH];
+        for (k, (ms, u)) in [(ACTOR, &actor), (CRITIC, &critic)].into_iter().enumerate() {
+            if speaks(ms) {
+                rows[k * Updates::WIDTH..(k + 1) * Updates::WIDTH].copy_from_slice(&u.to_row());
+            }
+        }
+        let rows = assemble_rows(plane, self.world, 1, 2 * Updates::WIDTH, Some((0, &rows)))?;
+        Ok([Updates::from_row(&rows[..Updates::WIDTH]), Updates::from_row(&rows[Updates::WIDTH..])])
+    }
+
+    /// Reshards trained weights into the layouts that use them: generation replica `g` from
+    /// training replica `g mod dp` (spreading the senders), same for the critic's inference.
+    fn sync_weights<P: DataPlane>(&self, plane: &mut P, set: &mut EmuSet) -> Result<(), EngineError> {
+        for (from, to) in [(ACTOR, GENERATION), (CRITIC, CRITIC_INFERENCE)] {
+            let (Some(sources), Some(targets)) = (self.replicas.get(&from), self.replicas.get(&to)) else { continue };
+            for (g, &target) in targets.iter().enumerate() {
+                timed(OpClass::Reshard, || set.sync_params(plane, sources[g % sources.len()], target))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Brings every rank's metadata to the counters the step produced, from the snapshot taken
+    /// before it: the optimizer updates applied on the training replicas (which their own ranks
+    /// already counted, update by update), and the policy version and data position on every
+    /// replica.
+    fn advance_counters(
+        &self,
+        set: &mut EmuSet,
+        before: Vec<(EmuId, ModelStage, Counters)>,
+        step: u64,
+        updates: &[Updates; 2],
+    ) {
+        let s = &self.settings;
+        for (id, ms, mut c) in before {
+            let applied = match ms {
+                ACTOR => updates[0].applied,
+                CRITIC => updates[1].applied,
+                _ => 0,
+            };
+            c.updates += applied;
+            c.model_version += applied;
+            c.policy_version = step + 1;
+            c.data_position = (step + 1) * s.prompts as u64;
+            set.set_counters(id, c);
+        }
+    }
+}
+
+/// The `q`-quantile of `xs` (nearest rank).
+fn percentile(xs: &[f64], q: f64) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(((q * v.len() as f64).ceil() as usize).saturating_sub(1)).copied().unwrap_or(0.0)
+}

@@ -1,0 +1,34 @@
+//! Topology: nodes, devices and links; hwloc discovery; rank placement and binding (the cores
+//! closest to a rank's GPU and NIC: `placement.rs`).
+//!
+//! Rank arithmetic about *where* ranks run lives here ([`WorldLayout`]); which ranks a
+//! model-stage uses lives in `plan`.
+
+mod detect;
+mod device;
+mod launcher;
+mod layout;
+mod node;
+pub mod pci;
+pub mod placement;
+
+pub use detect::detect_cluster;
+pub use device::{assign_device, DeviceAssignment};
+pub use launcher::Launcher;
+pub use layout::{RankPlacement, WorldLayout};
+pub use node::{CpuBinding, NodeTopology};
+pub use pci::{GpuInfo, GpuVendor};
+pub use placement::{closest_cores, tp_within_node, Placement};
+
+use thiserror::Error;
+
+/// Why topology discovery failed.
+#[derive(Debug, Error)]
+pub enum TopologyError {
+    /// hwloc could not load or query this node's topology.
+    #[error("hwloc: {reason}")]
+    Hwloc {
+        /// What failed.
+        reason: String,
+    },
+}

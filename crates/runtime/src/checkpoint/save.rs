@@ -1,0 +1,235 @@
+//! Writing a checkpoint so that it cannot be half-written: every file goes into
+//! `step-N.partial/` and is fsynced with its directory, the directory is renamed to `step-N/`,
+//! and only then does `latest` point at it. Each model becomes a Hugging Face model directory
+//! (`step-N/<model>/`) with its optimizer file beside it (`step-N/<model>.optim.safetensors`).
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use super::error::{io, CheckpointError};
+use super::model_dir::{write_model_dir, WriteOptions};
+use super::sidecar::{FileDigest, SavedModel, Sidecar};
+use super::tensors::{first_non_finite, model_tensors, serialize, NamedTensor};
+use super::Checkpoints;
+use nereus_core::config::hf::{self, ConfigJsonOptions};
+use nereus_core::config::{Dtype, ModelSpec};
+use nereus_core::plan::Role;
+use nereus_exec::comm::DataPlane;
+use nereus_exec::emu::{EmuId, EmuSet};
+
+/// Writes `bytes` to `path` and waits until they are on disk. Files get the process's default
+/// mode (0644 under the usual umask), the sidecar and the tensors alike.
+pub fn write_durably(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+    let mut file = File::create(path).map_err(io("create", path))?;
+    file.write_all(bytes).map_err(io("write", path))?;
+    file.sync_all().map_err(io("sync", path))
+}
+
+/// Flushes a directory's entries (new names, renames) to disk.
+pub fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io("sync directory", dir))
+}
+
+/// Writes `bytes` as `path` atomically: a temporary name beside it, then a rename.
+pub fn replace_durably(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+    let tmp = path.with_extension("tmp");
+    write_durably(&tmp, bytes)?;
+    std::fs::rename(&tmp, path).map_err(io("rename", &tmp))?;
+    sync_dir(path.parent().unwrap_or(Path::new(".")))
+}
+
+/// One model to save: its role, the replica to save it from, its architecture.
+pub struct ModelToSave<'a> {
+    /// The model.
+    pub role: Role,
+    /// The replica gathered (a training replica carries the moments).
+    pub emu: EmuId,
+    /// `[models.<role>]`.
+    pub architecture: &'a ModelSpec,
+    /// Whether it is a value model (critic, reward): a sequence classifier with `score.weight`.
+    pub value_head: bool,
+    /// The model directory it started from: the keys of its `config.json` the job does not
+    /// own, its generation config and its tokenizer files are carried into the checkpoint.
+    pub source: Option<&'a Path>,
+}
+
+/// What every model directory of a checkpoint takes from the job.
+#[derive(Debug, Clone)]
+pub struct SaveOptions {
+    /// Largest weight shard in bytes.
+    pub max_shard_bytes: u64,
+    /// `max_position_embeddings` of a model that did not come with one.
+    pub max_position_embeddings: u64,
+    /// `eos_token_id` of a model that did not come with one.
+    pub eos_token_id: Option<u32>,
+    /// Sampling temperature (`generation_config.json`).
+    pub temperature: f64,
+    /// Nucleus mass (`generation_config.json`).
+    pub top_p: f64,
+}
+
+/// What every file of a checkpoint records about the run: job, model, step.
+fn file_metadata(sidecar: &Sidecar, model: &str) -> HashMap<String, String> {
+    HashMap::from([
+        ("format".into(), "pt".into()),
+        ("nereus.job".into(), sidecar.job.clone()),
+        ("nereus.model".into(), model.into()),
+        ("nereus.step".into(), sidecar.step.to_string()),
+    ])
+}
+
+/// Saves `models` as checkpoint `sidecar.step` under `checkpoints` (every rank calls it; each
+/// model is gathered onto rank 0, which writes). Rank 0 keeps taking part in every gather
+/// after a local failure, so the caller can end the phase with an agreement; it returns the
+/// first failure, or the directory written. `sidecar.models` is filled here.
+pub fn save<P: DataPlane>(
+    plane: &mut P,
+    set: &EmuSet,
+    models: &[ModelToSave],
+    mut sidecar: Sidecar,
+    checkpoints: &Checkpoints,
+    options: &SaveOptions,
+) -> Result<PathBuf, CheckpointError> {
+    let step = sidecar.step;
+    let (partial, dir) = (checkpoints.partial_dir(step), checkpoints.step_dir(step));
+    let root = plane.rank() == 0;
+    let mut outcome = if root { start_partial(&partial) } else { Ok(()) };
+    for m in models {
+        let whole = set.gather(plane, m.emu, 0).map_err(|e| CheckpointError::Damaged {
+            path: partial.clone(),
+            reason: format!("gathering {} failed: {e}", m.role.name()),
+        })?;
+        let Some(whole) = whole else { continue };
+        if outcome.is_ok() {
+            let (params, moments) = model_tensors(&whole, set.catalogue(m.role));
+            outcome = write_model(&partial, m, &params, moments.as_deref(), &sidecar, options)
+                .map(|saved| drop(sidecar.models.insert(m.role.name().into(), saved)));
+        }
+    }
+    if !root {
+        return Ok(dir);
+    }
+    outcome?;
+    sidecar.write_sealed(&partial)?;
+    sync_dir(&partial)?;
+    commit(&partial, &dir, checkpoints.root())?;
+    replace_durably(&checkpoints.latest_pointer(), format!("step-{step}\n").as_bytes())?;
+    Ok(dir)
+}
+
+fn start_partial(partial: &Path) -> Result<(), CheckpointError> {
+    if partial.exists() {
+        std::fs::remove_dir_all(partial).map_err(io("remove", partial))?;
+    }
+    std::fs::create_dir_all(partial).map_err(io("create directory", partial))
+}
+
+/// Writes one model's directory (and optimizer file), refusing non-finite state.
+fn write_model(
+    dir: &Path,
+    m: &ModelToSave,
+    params: &[NamedTensor],
+    moments: Option<&[NamedTensor]>,
+    sidecar: &Sidecar,
+    options: &SaveOptions,
+) -> Result<SavedModel, CheckpointError> {
+    let name = m.role.name();
+    let all = params.iter().chain(moments.into_iter().flatten());
+    if let Some((tensor, count)) = first_non_finite(all.map(|(n, _, d)| (n.as_str(), d.as_slice()))) {
+        return Err(CheckpointError::NonFinite { model: name.into(), tensor, count });
+    }
+    // The source's config.json was read when the job started; a source that vanished since
+    // only loses its extra keys, never the architecture.
+    let base = m.source.and_then(|s| hf::read_model_config(s).ok()).map(|found| found.json);
+    let config = hf::config_json(
+        m.architecture,
+        m.value_head,
+        &ConfigJsonOptions {
+            base: base.as_ref(),
+            max_position_embeddings: options.max_position_embeddings,
+            eos_token_id: options.eos_token_id,
+        },
+    );
+    let generation = hf::generation_config_json(&config, options.temperature, options.top_p);
+    let write = WriteOptions {
+        dtype: m.architecture.dtype,
+        max_shard_bytes: options.max_shard_bytes,
+        metadata: file_metadata(sidecar, name),
+        config: &config,
+        generation_config: &generation,
+        source: m.source,
+    };
+    let files = write_model_dir(&dir.join(name), params, &write)?
+        .into_iter()
+        .map(|d| FileDigest { file: format!("{name}/{}", d.file), ..d })
+        .collect();
+    let optimizer = moments
+        .map(|t| -> Result<FileDigest, CheckpointError> {
+            slow_save_for_tests();
+            let file = super::optimizer_file(name);
+            let path = dir.join(&file);
+            let bytes = serialize(t, Dtype::F32, file_metadata(sidecar, name), &path)?;
+            write_durably(&path, &bytes)?;
+            Ok(FileDigest::of(&file, &bytes))
+        })
+        .transpose()?;
+    Ok(SavedModel { architecture: m.architecture.clone(), dir: name.into(), files, optimizer })
+}
+
+/// Renames the finished `partial` to `dir`. A checkpoint already at `dir` (from a run resumed
+/// at an earlier step) is renamed aside first and removed after: at every moment either the
+/// old or the new `dir` is complete, or only the aside copy is (which the next start removes).
+fn commit(partial: &Path, dir: &Path, root: &Path) -> Result<(), CheckpointError> {
+    let aside = dir.with_extension("replaced");
+    let replacing = dir.exists();
+    if replacing {
+        if aside.exists() {
+            std::fs::remove_dir_all(&aside).map_err(io("remove", &aside))?;
+        }
+        std::fs::rename(dir, &aside).map_err(io("rename", dir))?;
+    }
+    std::fs::rename(partial, dir).map_err(io("rename", partial))?;
+    sync_dir(root)?;
+    if replacing {
+        std::fs::remove_dir_all(&aside).map_err(io("remove", &aside))?;
+    }
+    Ok(())
+}
+
+/// Saves one replica as a lone parameter file at `path` (the supervised warm-ups' output; every
+/// rank calls it, rank 0 writes it atomically). Rank 0 returns the first failure after taking
+/// part in the gather.
+pub fn save_params_file<P: DataPlane>(
+    plane: &mut P,
+    set: &EmuSet,
+    role: Role,
+    emu: EmuId,
+    path: &Path,
+) -> Result<(), CheckpointError> {
+    let Some(whole) = set.gather(plane, emu, 0).map_err(|e| CheckpointError::Damaged {
+        path: path.into(),
+        reason: format!("gathering {} failed: {e}", role.name()),
+    })?
+    else {
+        return Ok(());
+    };
+    let (params, _) = model_tensors(&whole, set.catalogue(role));
+    if let Some((tensor, count)) = first_non_finite(params.iter().map(|(n, _, d)| (n.as_str(), d.as_slice()))) {
+        return Err(CheckpointError::NonFinite { model: role.name().into(), tensor, count });
+    }
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(io("create directory", parent))?;
+    }
+    let meta = HashMap::from([("format".to_string(), "pt".to_string()), ("nereus.model".into(), role.name().into())]);
+    replace_durably(path, &serialize(&params, Dtype::F32, meta, path)?)
+}
+
+/// Test hook: `NEREUS_FAULT_SLOW_SAVE_MS=<ms>` pauses before each checkpoint file, so that a
+/// test can kill rank 0 in the middle of a save (`tests/hardening.rs`).
+pub(super) fn slow_save_for_tests() {
+    if let Some(ms) = std::env::var("NEREUS_FAULT_SLOW_SAVE_MS").ok().and_then(|v| v.parse::<u64>().ok()) {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+}

@@ -1,0 +1,203 @@
+//! `--device`: opening each rank's GPU and the GPU data plane for selftests and benchmarks.
+//!
+//! Every rank opens the device the topology layer assigns it (the GPU at its PCI address, found
+//! among the driver's visible devices), the collective library, and then, together, the
+//! [`GpuPlane`]. A rank that cannot open its device still joins one agreement, so all ranks stop
+//! together: a binary without the backend says "not compiled with … support", a machine without
+//! a usable GPU "no … device visible", both with exit status 2.
+
+use std::path::Path;
+use std::rc::Rc;
+use std::str::FromStr;
+
+use nereus_exec::backend::emulated::Emulated;
+use nereus_exec::backend::gpu::{Device, GpuRuntime};
+use nereus_exec::backend::BackendError;
+use nereus_exec::comm::collectives::CollectiveLib;
+use nereus_exec::comm::emulated_collectives::MpiCollectives;
+use nereus_exec::comm::gpu_plane::GpuPlane;
+use nereus_exec::comm::{agree, all_gather_bytes, MpiPlane};
+use nereus_exec::emu::DeviceMemory;
+use nereus_exec::topology::placement::{bind, cores, locality, scan_nics};
+use nereus_exec::topology::{assign_device, closest_cores, CpuBinding, NodeTopology, Placement};
+
+use super::{RuntimeError, Session};
+
+/// Capacity of an emulated device (allocated only as shards are made).
+const EMULATED_DEVICE_BYTES: u64 = 64 << 30;
+
+/// Which device `--device` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceChoice {
+    /// The backend this binary has: CUDA, else ROCm.
+    Auto,
+    /// NVIDIA through the CUDA driver and NCCL.
+    Cuda,
+    /// AMD through HIP and RCCL.
+    Rocm,
+    /// Host memory posing as a device, NCCL's API over MPI: the device path on a CPU-only
+    /// machine (tests; no speed to measure).
+    Emulated,
+}
+
+impl FromStr for DeviceChoice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(DeviceChoice::Auto),
+            "cuda" => Ok(DeviceChoice::Cuda),
+            "rocm" => Ok(DeviceChoice::Rocm),
+            "emulated" => Ok(DeviceChoice::Emulated),
+            other => Err(format!("unknown device `{other}`; expected auto, cuda, rocm or emulated")),
+        }
+    }
+}
+
+/// The GPU data plane over MPI control, as a device job receives it.
+pub type Plane<'w, L, R> = GpuPlane<MpiPlane<'w>, L, R>;
+
+/// Work that runs on whichever device plane `--device` opened.
+pub trait DeviceJob {
+    /// What it returns.
+    type Output;
+    /// Runs on this rank's plane, with shards in `memory` (the plane's device).
+    fn run<L: CollectiveLib, R: GpuRuntime>(
+        self,
+        plane: &mut Plane<'_, L, R>,
+        memory: DeviceMemory<R>,
+    ) -> Result<Self::Output, RuntimeError>;
+}
+
+fn not_compiled(what: &str, backend: &'static str, feature: &'static str) -> RuntimeError {
+    BackendError::NotCompiled { what: what.into(), backend, feature }.into()
+}
+
+/// Where this rank should run: the cores closest to the GPU the topology layer assigns it
+/// (every rank calls it: the node's assignments are gathered, since each rank may see its own
+/// visible-devices variable). `None` on a rank without a GPU.
+pub fn placement(session: &Session) -> Result<Option<Placement>, RuntimeError> {
+    let (rank, layout) = (session.rank() as usize, session.layout());
+    let node = NodeTopology::discover(session.hostname())?;
+    let mine = assign_device(layout.local_rank(rank), &node.gpus, &|k| std::env::var(k).ok()).gpu;
+    let all = all_gather_bytes(
+        session.world(),
+        session.watchdog(),
+        "GPU assignment exchange",
+        &mine.unwrap_or(u32::MAX).to_le_bytes(),
+    )?;
+    let mut assigned = vec![None; layout.max_ranks_per_node()];
+    for (r, bytes) in all.iter().enumerate().filter(|(r, _)| layout.node_of(*r) == layout.node_of(rank)) {
+        let gpu = u32::from_le_bytes(bytes.as_slice().try_into().unwrap_or([0xff; 4]));
+        assigned[layout.local_rank(r)] = (gpu != u32::MAX).then_some(gpu);
+    }
+    if mine.is_none() {
+        return Ok(None);
+    }
+    let pci = Path::new("/sys/bus/pci/devices");
+    let gpus: Vec<_> = node.gpus.iter().map(|g| locality(pci, &g.pci_address)).collect();
+    let nics = scan_nics(Path::new("/sys/class"), pci);
+    Ok(closest_cores(&cores()?, &gpus, &assigned, layout.local_rank(rank), &nics))
+}
+
+/// Binds this rank to the cores closest to its GPU, unless the launcher bound it already or
+/// `NEREUS_BIND=none`; returns what it did, for the log.
+fn bind_near_gpu(session: &Session) -> Result<Option<String>, RuntimeError> {
+    let Some(p) = placement(session)? else { return Ok(None) };
+    if std::env::var("NEREUS_BIND").is_ok_and(|v| v == "none") || !CpuBinding::of_this_process()?.unbound {
+        return Ok(None);
+    }
+    bind(&p.threads)?;
+    Ok(Some(p.describe()))
+}
+
+/// Opens the device and plane of `choice` on every rank and runs `job` there.
+pub fn with_device<J: DeviceJob>(session: &Session, choice: DeviceChoice, job: J) -> Result<J::Output, RuntimeError> {
+    let what = "--device";
+    if matches!(choice, DeviceChoice::Emulated) || cfg!(any(feature = "cuda", feature = "rocm")) {
+        if let Some(bound) = bind_near_gpu(session)? {
+            log::info!("rank {} bound to {bound}", session.rank());
+        }
+    }
+    match choice {
+        DeviceChoice::Emulated => {
+            let ordinal = session.layout().local_rank(session.rank() as usize) as u32;
+            let opened = Ok((Emulated::new(ordinal, EMULATED_DEVICE_BYTES), MpiCollectives::new(session.world())));
+            run_on(session, opened, job)
+        }
+        DeviceChoice::Auto if cfg!(feature = "cuda") => with_device(session, DeviceChoice::Cuda, job),
+        DeviceChoice::Auto if cfg!(feature = "rocm") => with_device(session, DeviceChoice::Rocm, job),
+        DeviceChoice::Auto => Err(not_compiled(what, "CUDA or ROCm", "cuda` or `--features rocm")),
+        #[cfg(feature = "cuda")]
+        DeviceChoice::Cuda => {
+            use nereus_exec::backend::cuda::{devices, ordinal_of, Cuda};
+            let opened = ordinal(session, ordinal_of, devices)
+                .and_then(Cuda::open)
+                .and_then(|cuda| nereus_exec::comm::nccl::Nccl::load().map(|nccl| (cuda, nccl)));
+            run_on(session, opened, job)
+        }
+        #[cfg(not(feature = "cuda"))]
+        DeviceChoice::Cuda => Err(not_compiled("--device cuda", "CUDA", "cuda")),
+        #[cfg(feature = "rocm")]
+        DeviceChoice::Rocm => {
+            use nereus_exec::backend::rocm::{devices, ordinal_of, Hip};
+            let opened = ordinal(session, ordinal_of, devices)
+                .and_then(Hip::open)
+                .and_then(|hip| nereus_exec::comm::rccl::Rccl::load().map(|rccl| (hip, rccl)));
+            run_on(session, opened, job)
+        }
+        #[cfg(not(feature = "rocm"))]
+        DeviceChoice::Rocm => Err(not_compiled("--device rocm", "ROCm", "rocm")),
+    }
+}
+
+/// The driver ordinal of the GPU the topology layer assigns this rank: the one at its PCI
+/// address among the visible devices, else (no PCI bus in sight, say in a container) the local
+/// rank modulo the number of visible devices.
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+fn ordinal(
+    session: &Session,
+    ordinal_of: fn(&str) -> Result<Option<u32>, BackendError>,
+    visible: fn() -> Result<Vec<nereus_exec::backend::DriverDevice>, BackendError>,
+) -> Result<u32, BackendError> {
+    let local_rank = session.layout().local_rank(session.rank() as usize);
+    let gpus = NodeTopology::discover(session.hostname()).map(|n| n.gpus).unwrap_or_default();
+    let assigned = assign_device(local_rank, &gpus, &|k| std::env::var(k).ok());
+    if let Some(found) = assigned.pci_address.as_deref().map(ordinal_of).transpose()?.flatten() {
+        return Ok(found);
+    }
+    let count = visible()?.len();
+    if count == 0 {
+        return Err(BackendError::NoDevice { backend: "GPU", reason: "the driver lists no device".into() });
+    }
+    Ok((local_rank % count) as u32)
+}
+
+/// Agrees that every rank opened its device, then builds the plane and runs the job.
+fn run_on<L: CollectiveLib, R: GpuRuntime, J: DeviceJob>(
+    session: &Session,
+    opened: Result<(R, L), BackendError>,
+    job: J,
+) -> Result<J::Output, RuntimeError> {
+    let verdict = opened.as_ref().map(|_| 1).map_err(ToString::to_string);
+    let agreed = agree(session.world(), session.watchdog(), "device bring-up", verdict);
+    let (runtime, lib) = match (opened, agreed) {
+        (Err(local), _) => return Err(local.into()),
+        (Ok(_), Err(others)) => return Err(others.into()),
+        (Ok(pair), Ok(_)) => pair,
+    };
+    let device = Rc::new(Device::new(runtime)?);
+    let d = device.runtime().device();
+    log::info!(
+        "rank {} drives {} device {} ({}, {:.1} GB)",
+        session.rank(),
+        device.runtime().backend(),
+        d.ordinal,
+        d.name,
+        d.memory_bytes as f64 / 1e9
+    );
+    let control = MpiPlane::new(session.world(), session.watchdog().clone());
+    let world = session.world().size();
+    let mut plane = GpuPlane::new(control, lib, device.clone(), session.watchdog().clone(), world)?;
+    job.run(&mut plane, DeviceMemory::new(device))
+}

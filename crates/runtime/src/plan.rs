@@ -1,0 +1,289 @@
+//! `nereus plan CONFIG --gpus N [--seq-len L] [--json]`: the fastest memory-feasible plan.
+
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+
+use nereus_core::config::check::{MAX_DEVICES, MAX_TOKENS};
+use nereus_core::config::Overrides;
+use nereus_core::cost::{Efficiencies, MemoryBreakdown};
+use nereus_core::index_list::format_index_list;
+use nereus_core::plan::Recompute;
+use nereus_core::planner::{fixed_plan, PlannedJob, Planner, StepSeconds};
+use nereus_core::transition::choose;
+use nereus_core::transition::global::Links;
+
+use super::{RuntimeError, Session};
+
+/// One model-stage in `nereus plan --json`.
+#[derive(Debug, Serialize)]
+pub struct ModelStageOut {
+    /// `role/stage`.
+    pub model_stage: String,
+    /// Tensor parallelism.
+    pub tp: u32,
+    /// Pipeline parallelism.
+    pub pp: u32,
+    /// Data parallelism.
+    pub dp: u32,
+    /// Activation recomputation.
+    pub recompute: Recompute,
+    /// Sequences per micro-batch.
+    pub micro_batch: u32,
+    /// World ranks, replica-major.
+    pub ranks: Vec<i32>,
+    /// Predicted latency per step, seconds.
+    pub latency_s: f64,
+    /// Predicted peak memory of the fullest rank this model-stage uses (everything that rank
+    /// holds: the state of every EMU there and its largest transient), bytes.
+    pub peak_memory_bytes: u64,
+    /// Its parts.
+    pub memory: MemoryBreakdown,
+}
+
+/// `nereus plan --json`.
+#[derive(Debug, Serialize)]
+pub struct PlanOut {
+    /// Pool size.
+    pub gpus: u32,
+    /// Response length planned for.
+    pub response_len: u64,
+    /// Predicted step latency, seconds.
+    pub step_latency_s: f64,
+    /// Its parts: `generation`, `inference`, `training`, `weight_sync`.
+    pub step_seconds: StepSeconds,
+    /// Bytes a device may hold (`device_memory_gb` less the headroom).
+    pub usable_memory_bytes: u64,
+    /// Predicted peak memory of every rank of the pool.
+    pub rank_peak_memory_bytes: Vec<u64>,
+    /// Parameters per model (from the catalogue).
+    pub parameters: BTreeMap<String, u64>,
+    /// Per model-stage.
+    pub model_stages: Vec<ModelStageOut>,
+}
+
+/// Builds the report of a planned job.
+pub fn report(job: &PlannedJob, planner: &Planner, gpus: u32, response_len: u64) -> PlanOut {
+    let ranks = &job.rank_peaks.ranks;
+    PlanOut {
+        gpus,
+        response_len,
+        step_latency_s: job.step_latency_s,
+        step_seconds: job.step_seconds,
+        usable_memory_bytes: planner.cost().hardware.usable_bytes(),
+        rank_peak_memory_bytes: ranks.iter().map(|r| r.peak()).collect(),
+        parameters: planner.parameters().into_iter().map(|(r, n)| (format!("{r:?}").to_lowercase(), n)).collect(),
+        model_stages: job
+            .model_stages
+            .iter()
+            .map(|m| {
+                let c = m.placement.candidate;
+                let fullest = m
+                    .placement
+                    .ranks
+                    .iter()
+                    .map(|&r| &ranks[r as usize])
+                    .max_by_key(|r| r.peak())
+                    .cloned()
+                    .unwrap_or_default();
+                ModelStageOut {
+                    model_stage: c.model_stage.to_string(),
+                    tp: c.layout.tp,
+                    pp: c.layout.pp,
+                    dp: c.dp,
+                    recompute: c.recompute,
+                    micro_batch: c.micro_batch,
+                    ranks: m.placement.ranks.clone(),
+                    latency_s: m.estimate.seconds,
+                    peak_memory_bytes: fullest.peak(),
+                    memory: fullest.at_peak(),
+                }
+            })
+            .collect(),
+    }
+}
+
+/// What `nereus plan` is asked.
+#[derive(Debug, Clone, Default)]
+pub struct PlanRequest {
+    /// Pool size (default: the cluster's devices).
+    pub gpus: Option<u32>,
+    /// Response length (default: `rl.max_response_len`).
+    pub seq_len: Option<u64>,
+    /// What-if: the length the current plan was made for.
+    pub from_seq_len: Option<u64>,
+    /// What-if: the pool the current plan was made for (default: `gpus`).
+    pub from_gpus: Option<u32>,
+    /// Print JSON.
+    pub json: bool,
+}
+
+/// `nereus plan --from-seq-len/--from-gpus --json`: the what-if transition.
+#[derive(Debug, Serialize)]
+pub struct WhatIfOut {
+    /// The plan for the starting point (`--from-gpus`, `--from-seq-len`).
+    pub current: PlanOut,
+    /// The plan the job would move to (the current one when it keeps).
+    pub target: PlanOut,
+    /// `ΔL`: the current plan's predicted step seconds at the new point less the target's
+    /// (infinite, written `null` in JSON, when the current plan no longer fits).
+    pub delta_l_s: f64,
+    /// `L_tran`: the transition DAG's critical path.
+    pub l_tran_s: f64,
+    /// Whether the target can be reached (or nothing needs to move).
+    pub executable: bool,
+    /// Whether the job keeps its current plan (nothing better, or nothing better reachable).
+    pub keep: bool,
+    /// Why the fastest target cannot be reached, if it cannot.
+    pub blocked_reason: Option<String>,
+    /// 0 when the fastest plan was taken, `k` for the `k`-th slower fallback.
+    pub fallback_rank: usize,
+    /// Bytes staged through host memory.
+    pub staged_bytes: u64,
+    /// Primitives of the DAG.
+    pub dag_nodes: usize,
+    /// Release-before-acquire edges between model-stages.
+    pub resource_edges: usize,
+}
+
+/// Every rank agrees on the config; rank 0 plans (or evaluates the config's fixed plan, or the
+/// what-if transition) and prints.
+pub fn run(
+    session: &mut Session,
+    path: Option<&Path>,
+    overrides: &Overrides,
+    request: &PlanRequest,
+) -> Result<(), RuntimeError> {
+    let config = session.load_config(path, overrides)?;
+    if session.rank() != 0 {
+        return Ok(());
+    }
+    let gpus = request.gpus.unwrap_or(config.cluster.devices());
+    let response_len = request.seq_len.unwrap_or(config.rl.max_response_len.into());
+    check_what_if(gpus, response_len)?;
+    let planner = Planner::new(&config, gpus, Some(response_len), Efficiencies::default())?;
+    let fixed = fixed_plan(&config, gpus).map_err(RuntimeError::Usage)?;
+    let mut w = std::io::stdout().lock();
+    if request.from_seq_len.is_some() || request.from_gpus.is_some() {
+        let (from_gpus, from_len) = (request.from_gpus.unwrap_or(gpus), request.from_seq_len.unwrap_or(response_len));
+        check_what_if(from_gpus, from_len)?;
+        let start = planner.replanned(from_gpus, from_len, Efficiencies::default())?;
+        let current = match &fixed {
+            Some(plan) => start.evaluate(plan),
+            None => start.search(None)?,
+        };
+        let host = Some(config.cluster.host_link_gbps * 1e9);
+        let links = Links::of(&planner.cost().hardware, host);
+        let choice = choose(&planner, &current.plan(), &links)?;
+        let out = WhatIfOut {
+            current: report(&current, &start, from_gpus, from_len),
+            target: report(&choice.target, &planner, gpus, response_len),
+            delta_l_s: choice.delta_l_s,
+            l_tran_s: choice.l_tran_s,
+            executable: choice.blocked_reason.is_none(),
+            keep: choice.keep,
+            blocked_reason: choice.blocked_reason.clone(),
+            fallback_rank: choice.fallback_rank,
+            staged_bytes: choice.staged_bytes,
+            dag_nodes: choice.counts().nodes,
+            resource_edges: choice.counts().resource_edges,
+        };
+        return if request.json { print_json(&mut w, &out) } else { print_what_if(&mut w, &out) };
+    }
+    let job = match &fixed {
+        Some(plan) => planner.evaluate(plan),
+        None => planner.search(None)?,
+    };
+    let out = report(&job, &planner, gpus, response_len);
+    if request.json {
+        return print_json(&mut w, &out);
+    }
+    let source = if fixed.is_some() { "the fixed plan of" } else { "plan for" };
+    writeln!(
+        w,
+        "{source} {} on {gpus} GPUs of {} at {} + {response_len} tokens",
+        config.job.name, config.cluster.name, config.rl.prompt_len
+    )
+    .map_err(RuntimeError::Stdout)?;
+    print_table(&mut w, &out)
+}
+
+fn print_json(w: &mut impl Write, out: &impl Serialize) -> Result<(), RuntimeError> {
+    writeln!(w, "{}", serde_json::to_string_pretty(out).expect("plans serialize")).map_err(RuntimeError::Stdout)
+}
+
+fn print_table(w: &mut impl Write, out: &PlanOut) -> Result<(), RuntimeError> {
+    let line = |w: &mut dyn Write, text: String| writeln!(w, "{text}").map_err(RuntimeError::Stdout);
+    line(
+        w,
+        format!(
+            "{:<22} {:>3} {:>3} {:>4} {:>9} {:>5} {:>11} {:>10}  ranks",
+            "model-stage", "tp", "pp", "dp", "recompute", "micro", "latency s", "peak GB"
+        ),
+    )?;
+    for m in &out.model_stages {
+        line(
+            w,
+            format!(
+                "{:<22} {:>3} {:>3} {:>4} {:>9} {:>5} {:>11.3} {:>10.2}  {}",
+                m.model_stage,
+                m.tp,
+                m.pp,
+                m.dp,
+                format!("{:?}", m.recompute).to_lowercase(),
+                m.micro_batch,
+                m.latency_s,
+                m.peak_memory_bytes as f64 / 1e9,
+                format_index_list(&m.ranks)
+            ),
+        )?;
+    }
+    let worst = out.rank_peak_memory_bytes.iter().copied().max().unwrap_or(0);
+    line(
+        w,
+        format!(
+            "predicted step latency: {:.3} s; fullest rank {:.2} GB of {:.2} GB usable{}",
+            out.step_latency_s,
+            worst as f64 / 1e9,
+            out.usable_memory_bytes as f64 / 1e9,
+            if worst > out.usable_memory_bytes { " (DOES NOT FIT)" } else { "" }
+        ),
+    )
+}
+
+fn print_what_if(w: &mut impl Write, out: &WhatIfOut) -> Result<(), RuntimeError> {
+    let say = |w: &mut dyn Write, text: String| writeln!(w, "{text}").map_err(RuntimeError::Stdout);
+    say(w, format!("current: {} GPUs at {} response tokens", out.current.gpus, out.current.response_len))?;
+    print_table(w, &out.current)?;
+    say(w, format!("target: {} GPUs at {} response tokens", out.target.gpus, out.target.response_len))?;
+    print_table(w, &out.target)?;
+    let verdict = match (&out.blocked_reason, out.keep, out.dag_nodes) {
+        (Some(reason), _, _) => format!("keep the current plan: {reason}"),
+        (None, true, _) => "keep the current plan: it is still the fastest".to_string(),
+        (None, false, 0) => "executable: only micro-batch sizes or recomputation change, no state moves".to_string(),
+        (None, false, _) if out.fallback_rank > 0 => format!("executable (fallback {})", out.fallback_rank),
+        (None, false, _) => "executable".to_string(),
+    };
+    say(
+        w,
+        format!(
+            "ΔL {:.3} s/step, L_tran {:.3} s, {} primitives, {} resource edges, {} bytes staged through host memory: {verdict}",
+            out.delta_l_s, out.l_tran_s, out.dag_nodes, out.resource_edges, out.staged_bytes
+        ),
+    )
+}
+
+/// Bounds `--gpus` and `--seq-len` like the config's own keys (a plan for 2^32 GPUs or
+/// 2^64 tokens is a typo, and would allocate tables that size).
+fn check_what_if(gpus: u32, response_len: u64) -> Result<(), RuntimeError> {
+    if gpus == 0 || gpus > MAX_DEVICES {
+        return Err(RuntimeError::Usage(format!("--gpus {gpus}: must be between 1 and {MAX_DEVICES}")));
+    }
+    if response_len == 0 || response_len > u64::from(MAX_TOKENS) {
+        return Err(RuntimeError::Usage(format!(
+            "--seq-len {response_len}: must be between 1 and {MAX_TOKENS} tokens"
+        )));
+    }
+    Ok(())
+}
