@@ -1,6 +1,7 @@
 //! A global allocator wrapper that counts live heap bytes and their peak, so benchmarks can
-//! report the memory a computation needed (`nereus bench planner`). The binary installs it;
-//! the counting costs one relaxed atomic operation per allocation (and a load).
+//! report the memory a computation needed (`nereus bench planner`). A bench build of the binary
+//! installs it (`--features alloc-meter`); the counting costs one relaxed atomic operation per
+//! allocation (and a load).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -60,6 +61,12 @@ fn count(old: usize, new: usize) {
     if old > 0 {
         LIVE.fetch_sub(old, Ordering::Relaxed);
     }
+}
+
+/// Whether this process allocates through the meter (a binary built with `alloc-meter`): it
+/// has counted something by the time anyone asks.
+pub fn installed() -> bool {
+    LIVE.load(Ordering::Relaxed) > 0 || PEAK.load(Ordering::Relaxed) > 0
 }
 
 /// Starts a measurement: the peak is reset to the bytes live now, which are returned.

@@ -10,12 +10,14 @@ pub mod config;
 pub mod cost;
 #[cfg(feature = "exact")]
 pub mod exact;
+pub mod exit;
 pub mod index_list;
 pub mod model;
 pub mod plan;
 pub mod planner;
 pub mod plot;
 pub mod policy;
+pub mod record;
 pub mod rng;
 pub mod sim;
 pub mod transition;

@@ -8,7 +8,6 @@
 
 use std::path::Path;
 use std::rc::Rc;
-use std::str::FromStr;
 
 use nereus_exec::backend::emulated::Emulated;
 use nereus_exec::backend::gpu::{Device, GpuRuntime};
@@ -21,38 +20,12 @@ use nereus_exec::emu::DeviceMemory;
 use nereus_exec::topology::placement::{bind, cores, locality, scan_nics};
 use nereus_exec::topology::{assign_device, closest_cores, CpuBinding, NodeTopology, Placement};
 
+use nereus_core::config::DeviceChoice;
+
 use super::{RuntimeError, Session};
 
 /// Capacity of an emulated device (allocated only as shards are made).
 const EMULATED_DEVICE_BYTES: u64 = 64 << 30;
-
-/// Which device `--device` asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeviceChoice {
-    /// The backend this binary has: CUDA, else ROCm.
-    Auto,
-    /// NVIDIA through the CUDA driver and NCCL.
-    Cuda,
-    /// AMD through HIP and RCCL.
-    Rocm,
-    /// Host memory posing as a device, NCCL's API over MPI: the device path on a CPU-only
-    /// machine (tests; no speed to measure).
-    Emulated,
-}
-
-impl FromStr for DeviceChoice {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "auto" => Ok(DeviceChoice::Auto),
-            "cuda" => Ok(DeviceChoice::Cuda),
-            "rocm" => Ok(DeviceChoice::Rocm),
-            "emulated" => Ok(DeviceChoice::Emulated),
-            other => Err(format!("unknown device `{other}`; expected auto, cuda, rocm or emulated")),
-        }
-    }
-}
 
 /// The GPU data plane over MPI control, as a device job receives it.
 pub type Plane<'w, L, R> = GpuPlane<MpiPlane<'w>, L, R>;

@@ -1,43 +1,13 @@
-//! `nereus inspect config|topology`: what the job would run with, and where every rank sits.
+//! `nereus inspect topology`: where every rank of the job sits.
 
 use serde::{Deserialize, Serialize};
 use std::io::Write;
-use std::path::Path;
 
-use nereus_core::config::Overrides;
 use nereus_exec::backend::{self, DriverDevice};
 use nereus_exec::comm::{gather_bytes_to_root, CommError};
 use nereus_exec::topology::{assign_device, tp_within_node, CpuBinding, GpuVendor, NodeTopology, RankPlacement};
 
 use super::{RuntimeError, Session};
-
-/// Every rank loads and agrees on the config; rank 0 prints it resolved, with its hash.
-pub fn config(session: &mut Session, path: Option<&Path>, overrides: &Overrides) -> Result<(), RuntimeError> {
-    let config = session.load_config(path, overrides)?;
-    if session.rank() != 0 {
-        return Ok(());
-    }
-    let source =
-        path.map_or_else(|| nereus_core::config::EMBEDDED_DEFAULT_NAME.to_string(), |p| p.display().to_string());
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "# resolved job config from {source}").map_err(RuntimeError::Stdout)?;
-    writeln!(out, "# config hash {:016x}, agreed by {} rank(s)", config.hash(), session.world().size())
-        .map_err(RuntimeError::Stdout)?;
-    writeln!(
-        out,
-        "# {} devices ({} nodes x {}), backends in this binary: {}",
-        config.cluster.devices(),
-        config.cluster.nodes,
-        config.cluster.devices_per_node,
-        backend::compiled_backends()
-    )
-    .map_err(RuntimeError::Stdout)?;
-    if let Err(e) = backend::check_data_plane(config.cluster.data_plane) {
-        writeln!(out, "# note: {e}").map_err(RuntimeError::Stdout)?;
-    }
-    write!(out, "{}", config.to_toml()).map_err(RuntimeError::Stdout)?;
-    Ok(())
-}
 
 /// What one rank reports to rank 0: its placement, and its node's hardware if it is the node's
 /// first rank (so each node is described once).

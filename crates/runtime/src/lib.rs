@@ -4,25 +4,14 @@
 //! exit status are decided here.
 
 pub mod checkpoint;
-pub mod controller;
 pub mod device;
-pub mod fault;
 pub mod inspect;
-pub mod logging;
 pub mod logprobs;
-pub mod metrics;
-pub mod plan;
-pub mod pool;
 pub mod probe;
 mod session;
-pub mod signals;
-pub mod simulate;
-pub mod timeline;
 pub mod train;
 pub mod transition;
 
-pub use device::DeviceChoice;
-pub use logging::LogOptions;
 pub use session::{Session, SessionOptions};
 
 use std::path::PathBuf;
@@ -33,13 +22,7 @@ use nereus_exec::backend::BackendError;
 use nereus_exec::comm::{CommError, PhaseFailure};
 use nereus_exec::topology::TopologyError;
 
-/// Exit status for usage and configuration errors.
-pub const EXIT_USAGE: u8 = 2;
-/// Exit status for runtime failures (MPI, hwloc, drivers).
-pub const EXIT_FAILURE: u8 = 1;
-/// Exit status of a job stopped by a signal after checkpointing (sysexits' `EX_TEMPFAIL`: the
-/// batch scripts requeue the job, which resumes from the checkpoint).
-pub const EXIT_PREEMPTED: u8 = 75;
+use nereus_core::exit::{EXIT_FAILURE, EXIT_PREEMPTED, EXIT_USAGE};
 
 /// Why a command failed.
 #[derive(Debug, Error)]

@@ -24,19 +24,25 @@ use nereus_exec::engine::parallel::assemble_rows;
 use nereus_exec::engine::{with_params, Batch, Replica};
 
 /// What `nereus logprobs` scores and how.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct LogprobsOptions {
-    /// The model directory.
+    /// The model directory (config.json and *.safetensors), e.g. a checkpoint's step-N/actor.
     pub dir: PathBuf,
-    /// A JSON file holding a list of token-id sequences.
+    /// JSON file with a list of token-id sequences, e.g. [[1, 5, 9], [2, 7]].
+    #[arg(long, value_name = "FILE.json")]
     pub tokens: PathBuf,
-    /// Where to write the JSON (standard output when unset).
+    /// Write the JSON here instead of standard output.
+    #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
-    /// Tensor-parallel degree of each replica.
+    /// Tensor-parallel degree of each replica (the ranks form ranks / (tp x pp) replicas that
+    /// share the sequences).
+    #[arg(long, default_value_t = 1)]
     pub tp: u32,
     /// Pipeline-parallel degree of each replica.
+    #[arg(long, default_value_t = 1)]
     pub pp: u32,
     /// Sequences per forward pass.
+    #[arg(long, default_value_t = 1)]
     pub micro_batch: usize,
 }
 

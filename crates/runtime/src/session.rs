@@ -7,7 +7,7 @@ use nereus_core::config::{ClusterSection, JobConfig, Overrides};
 use nereus_exec::comm::{agree, agree_outcome, all_gather_bytes, broadcast_bytes, Watchdog, World};
 use nereus_exec::topology::{detect_cluster, Launcher, NodeTopology, WorldLayout};
 
-use super::{logging, LogOptions, RuntimeError};
+use super::RuntimeError;
 
 /// Collective time limit before a job config has set one, in seconds.
 const DEFAULT_COLLECTIVE_TIMEOUT_S: f64 = 300.0;
@@ -15,8 +15,6 @@ const DEFAULT_COLLECTIVE_TIMEOUT_S: f64 = 300.0;
 /// How the session starts (global CLI flags).
 #[derive(Debug, Clone, Default)]
 pub struct SessionOptions {
-    /// Logging.
-    pub log: LogOptions,
     /// `--collective-timeout`: wins over `job.collective_timeout_s`.
     pub collective_timeout_s: Option<f64>,
 }
@@ -32,12 +30,12 @@ pub struct Session {
 }
 
 impl Session {
-    /// Initializes MPI and logging, and learns which node every rank is on.
+    /// Initializes MPI and learns which node every rank is on (the caller installs the logger
+    /// once it knows its rank).
     pub fn start(options: SessionOptions) -> Result<Session, RuntimeError> {
         // Read before MPI_Init: a singleton's MPI library sets PMIx variables of its own.
         let launcher = Launcher::of_this_process();
         let world = World::init()?;
-        logging::init(world.rank(), &options.log);
         let timeout = options.collective_timeout_s.unwrap_or(DEFAULT_COLLECTIVE_TIMEOUT_S);
         let watchdog =
             Watchdog::new(Duration::from_secs_f64(timeout.max(0.001)), world.rank(), world.threads_may_call_mpi());

@@ -12,7 +12,6 @@
 //! and the planner with those efficiencies predicts the held-out plans, stage by stage.
 
 use serde::Serialize;
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -20,12 +19,12 @@ use super::{machine, BenchReport, Floor};
 use nereus_core::config::{JobConfig, Overrides, PlanEntry};
 use nereus_core::cost::{Efficiencies, OpClass, StageSample};
 use nereus_core::plan::{model_stages, Plan};
-use nereus_core::planner::{fixed_plan, Planner};
+use nereus_core::planner::{fixed_plan, Planner, StepSeconds};
+use nereus_core::record::StepLine;
+use nereus_runtime::train::metrics::MetricsLog;
 use nereus_runtime::train::{run_config, TrainOptions};
-use nereus_runtime::{io_error, RuntimeError, Session};
+use nereus_runtime::{RuntimeError, Session};
 
-/// The stages of a step as `stage_seconds` names them.
-const STAGES: [&str; 4] = ["generation", "inference", "training", "weight_sync"];
 /// Layouts every model-stage takes in one plan: `(name, tp, pp)`.
 const LAYOUTS: [(&str, u32, u32); 4] = [("dp", 1, 1), ("tp2", 2, 1), ("pp2", 1, 2), ("tp2-pp2", 2, 2)];
 /// Stages shorter than this share of the step are left out of the largest stage error (a
@@ -46,11 +45,11 @@ pub struct Row {
     /// `fit` or `held-out`.
     pub set: &'static str,
     /// Measured seconds per stage (median over the measured steps).
-    pub measured: BTreeMap<&'static str, f64>,
+    pub measured: StepSeconds,
     /// Predicted seconds per stage with the default efficiencies.
-    pub predicted_default: BTreeMap<&'static str, f64>,
+    pub predicted_default: StepSeconds,
     /// Predicted seconds per stage with the fitted efficiencies.
-    pub predicted: BTreeMap<&'static str, f64>,
+    pub predicted: StepSeconds,
     /// `|predicted − measured| / measured` of the step, percent.
     pub step_error_pct: f64,
     /// The largest such error over the stages that take at least 5% of the step, percent.
@@ -65,8 +64,31 @@ struct Case {
     config: JobConfig,
 }
 
+/// The cost model calibrated on this machine: the tiny PPO job under 16 fixed plans on 4 and
+/// 8 ranks, efficiencies fitted on half, the other half predicted (mpirun -n 8).
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Cluster file whose detected figures the start-up probes measure.
+    #[arg(long, default_value = "configs/clusters/local-detect.toml")]
+    pub cluster: PathBuf,
+    /// Training steps per plan (the first is a warm-up and not measured).
+    #[arg(long, default_value_t = 8)]
+    pub steps: u32,
+    /// Where the plans' runs are written (replaced).
+    #[arg(long, default_value = "runs/bench-calibration")]
+    pub out_dir: PathBuf,
+    /// Also write the report as JSON.
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
+}
+
+/// Runs the benchmark on every rank with `args`.
+pub fn run(session: &mut Session, args: &Args) -> Result<(), RuntimeError> {
+    benchmark(session, &args.cluster, args.steps, &args.out_dir, args.json.as_deref())
+}
+
 /// Runs the benchmark on every rank (8 ranks: `mpirun -n 8`).
-pub fn run(
+fn benchmark(
     session: &mut Session,
     cluster: &Path,
     steps: u32,
@@ -88,7 +110,8 @@ pub fn run(
         }
         session.agree("calibration output", Ok(()))?;
         run_config(session, &case.config, &TrainOptions::default())?;
-        measured.push(if session.rank() == 0 { median_stages(&case.config.job.output_dir)? } else { [0.0; 4] });
+        let root = session.rank() == 0;
+        measured.push(if root { median_stages(&case.config.job.output_dir)? } else { StepSeconds::default() });
     }
     if session.rank() != 0 {
         return Ok(());
@@ -107,33 +130,32 @@ pub fn run(
         let mut samples = Vec::new();
         for (k, case) in cases.iter().enumerate().filter(|(k, _)| fitting(*k)) {
             let parts = planner_of(case, fitted)?.stage_parts(&plans[k]);
-            for (s, (_, ideal)) in parts.iter().enumerate() {
-                samples.push(StageSample { ideal: ideal.0, measured: measured[k][s] });
+            for (phase, (_, ideal)) in parts.iter() {
+                samples.push(StageSample { ideal: *ideal, measured: *measured[k].get(phase) });
             }
         }
         fitted.fit_stages(&samples);
     }
     let mut rows = Vec::new();
     for (k, case) in cases.iter().enumerate() {
-        let by_stage = |e: Efficiencies| -> Result<[f64; 4], RuntimeError> {
-            Ok(planner_of(case, e)?.stage_parts(&plans[k]).map(|(seconds, _)| seconds))
-        };
+        let by_stage =
+            |e: Efficiencies| -> Result<StepSeconds, RuntimeError> { Ok(planner_of(case, e)?.step_seconds(&plans[k])) };
         let (before, after) = (by_stage(Efficiencies::default())?, by_stage(fitted)?);
         let error = |p: f64, m: f64| 100.0 * (p - m).abs() / m.max(1e-9);
-        let named = |v: [f64; 4]| STAGES.iter().copied().zip(v).collect::<BTreeMap<_, _>>();
         rows.push(Row {
             plan: case.name.clone(),
             ranks: case.ranks,
             response_len: case.response_len,
             set: if fitting(k) { "fit" } else { "held-out" },
-            step_error_pct: error(after.iter().sum(), measured[k].iter().sum()),
-            largest_stage_error_pct: (0..4)
-                .filter(|&s| measured[k][s] >= STAGE_SHARE * measured[k].iter().sum::<f64>())
-                .map(|s| error(after[s], measured[k][s]))
+            step_error_pct: error(after.total(), measured[k].total()),
+            largest_stage_error_pct: measured[k]
+                .iter()
+                .filter(|(_, &m)| m >= STAGE_SHARE * measured[k].total())
+                .map(|(phase, &m)| error(*after.get(phase), m))
                 .fold(0.0, f64::max),
-            measured: named(measured[k]),
-            predicted_default: named(before),
-            predicted: named(after),
+            measured: measured[k],
+            predicted_default: before,
+            predicted: after,
         });
     }
     print(&rows, &fitted)?;
@@ -176,22 +198,14 @@ fn cases(base: &JobConfig, world: u32, steps: u32, out_dir: &Path) -> Result<Vec
     Ok(out)
 }
 
-/// The median seconds per stage over a run's steps after the first.
-fn median_stages(dir: &Path) -> Result<[f64; 4], RuntimeError> {
-    let path: PathBuf = dir.join("metrics.jsonl");
-    let text = std::fs::read_to_string(&path).map_err(io_error("read", &path))?;
-    let records: Vec<serde_json::Value> = text
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|r| r["step"].as_u64().is_some_and(|s| s >= 1))
-        .collect();
-    let mut out = [0.0; 4];
-    for (s, name) in STAGES.iter().enumerate() {
-        let mut xs: Vec<f64> = records.iter().filter_map(|r| r["stage_seconds"][name].as_f64()).collect();
+/// The median seconds per phase over a run's steps after the first.
+fn median_stages(dir: &Path) -> Result<StepSeconds, RuntimeError> {
+    let lines: Vec<StepLine> = MetricsLog::of(dir).step_lines()?.into_iter().filter(|l| l.step >= 1).collect();
+    Ok(StepSeconds::from_fn(|phase| {
+        let mut xs: Vec<f64> = lines.iter().map(|l| *l.stage_seconds.get(phase)).collect();
         xs.sort_by(f64::total_cmp);
-        out[s] = xs.get(xs.len() / 2).copied().unwrap_or(0.0);
-    }
-    Ok(out)
+        xs.get(xs.len() / 2).copied().unwrap_or(0.0)
+    }))
 }
 
 fn print(rows: &[Row], fitted: &Efficiencies) -> Result<(), RuntimeError> {
@@ -205,7 +219,7 @@ fn print(rows: &[Row], fitted: &Efficiencies) -> Result<(), RuntimeError> {
         ),
     )?;
     for r in rows {
-        let total = |m: &BTreeMap<&str, f64>| m.values().sum::<f64>();
+        let total = |m: &StepSeconds| m.total();
         line(
             &mut out,
             format!(

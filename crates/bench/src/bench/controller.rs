@@ -13,13 +13,14 @@
 
 use serde::Serialize;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use nereus_core::config::{JobConfig, Overrides, PolicyMode};
 use nereus_core::plan::Plan;
 use nereus_core::planner::initial_plan;
 use nereus_core::policy::controller::{Controller, StepRecord};
+use nereus_core::record::StepLine;
 use nereus_runtime::{RuntimeError, Session};
 
 use super::{machine, median, BenchReport, Floor};
@@ -56,8 +57,25 @@ pub struct Row {
     pub quiet_median_s: f64,
 }
 
+/// The time of one controller decision: the tiny job's recorded run, and Llama-3.1-8B PPO
+/// at 1,024 and 16,384 GPUs from modelled monitor records.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// The large job (run from the repository root for the defaults).
+    #[arg(long, default_value = "configs/llama3.1-8b-ppo.toml")]
+    pub config: PathBuf,
+    /// Also write the report as JSON.
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
+}
+
+/// Runs the benchmark on every rank with `args`.
+pub fn run(session: &mut Session, args: &Args) -> Result<(), RuntimeError> {
+    benchmark(session, &args.config, args.json.as_deref())
+}
+
 /// Runs the benchmark on rank 0 (pure; other ranks return at once).
-pub fn run(session: &mut Session, llama: &Path, json: Option<&Path>) -> Result<(), RuntimeError> {
+fn benchmark(session: &mut Session, llama: &Path, json: Option<&Path>) -> Result<(), RuntimeError> {
     let tiny = session.load_config(Some(Path::new(TINY_CONFIG)), &Overrides::default())?;
     let llama = session.load_config(Some(llama), &Overrides::default())?;
     if session.rank() != 0 {
@@ -102,7 +120,7 @@ fn time_decisions(
         let start = Instant::now();
         let action = controller.decide(&record, &plan)?;
         let seconds = start.elapsed().as_secs_f64();
-        if action.decision.is_null() {
+        if action.decision.is_none() {
             quiet.push(seconds);
             continue;
         }
@@ -124,14 +142,18 @@ fn time_decisions(
     })
 }
 
-/// The controller's fields of every line of a recorded `metrics.jsonl`.
+/// What the controller was shown of every step of a recorded `metrics.jsonl`.
 fn recorded(path: &Path) -> Result<Vec<StepRecord>, RuntimeError> {
     let text = std::fs::read_to_string(path).map_err(|e| {
         RuntimeError::Usage(format!("cannot read {} (run from the repository root): {e}", path.display()))
     })?;
     text.lines()
         .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).map_err(|e| RuntimeError::Usage(format!("{}: {e}", path.display()))))
+        .map(|l| {
+            let line: StepLine =
+                serde_json::from_str(l).map_err(|e| RuntimeError::Usage(format!("{}: {e}", path.display())))?;
+            Ok(line.observed())
+        })
         .collect()
 }
 
@@ -145,11 +167,7 @@ fn llama_record(config: &JobConfig, gpus: u32, step: u64, plan: &Plan) -> Option
         let seconds = nereus_core::planner::Planner::new(config, gpus, Some(len as u64), Default::default())
             .map(|p| p.step_seconds(plan))
             .ok();
-        let stage_seconds = seconds
-            .map(|s| {
-                s.by_name().iter().map(|(k, v)| (k.to_string(), v * wobble)).filter(|(_, v)| v.is_finite()).collect()
-            })
-            .unwrap_or_default();
+        let stage_seconds = seconds.map(|s| s.map(|v| v * wobble)).filter(|s| s.total().is_finite());
         StepRecord {
             step,
             response_len_mean: len * 0.8,

@@ -26,7 +26,7 @@
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::selftest::{changed_digests, materialize, missed_targets, state_bytes};
@@ -138,8 +138,27 @@ fn scenario(kind: usize, rng: &mut Rng, world: i32) -> (Plan, Plan) {
     }
 }
 
+/// The three overlap types, 100 trials each, Nereus vs the per-component baseline (8 ranks).
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Trials per overlap type.
+    #[arg(long, default_value_t = 100)]
+    pub trials: u32,
+    /// Seed of the random placements and delays.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Also write the report as JSON.
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
+}
+
+/// Runs the benchmark on every rank with `args`.
+pub fn run(session: &mut Session, args: &Args) -> Result<(), RuntimeError> {
+    benchmark(session, args.trials, args.seed, args.json.as_deref())
+}
+
 /// Runs `trials` trials of each overlap type on every rank.
-pub fn run(session: &Session, trials: u32, seed: u64, json: Option<&Path>) -> Result<(), RuntimeError> {
+fn benchmark(session: &Session, trials: u32, seed: u64, json: Option<&Path>) -> Result<(), RuntimeError> {
     let world = session.world().size();
     if world < 8 {
         return Err(RuntimeError::Usage("bench coordination needs 8 MPI ranks (mpirun -n 8 …)".into()));

@@ -8,7 +8,7 @@
 //! time is, so the fraction is a lower bound on GEMM efficiency.
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde::Serialize;
@@ -121,8 +121,25 @@ fn time_gemm(g: &Gemm) -> f64 {
     median(times)
 }
 
+/// Forward, backward, training-step and decode throughput of the CPU engine on one rank,
+/// and its FLOP/s against the GEMM crate's on the step's own shapes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Measured repetitions after one warm-up (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+    /// Also write the report as JSON.
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
+}
+
+/// Runs the benchmark on every rank with `args`.
+pub fn run(session: &mut Session, args: &Args) -> Result<(), RuntimeError> {
+    benchmark(session, args.reps, args.json.as_deref())
+}
+
 /// Runs the benchmark on rank 0 (other ranks return at once).
-pub fn run(session: &Session, reps: usize, json: Option<&Path>) -> Result<(), RuntimeError> {
+fn benchmark(session: &Session, reps: usize, json: Option<&Path>) -> Result<(), RuntimeError> {
     if session.rank() != 0 {
         return Ok(());
     }

@@ -16,7 +16,7 @@
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use nereus_core::config::Dtype;
@@ -31,7 +31,9 @@ use nereus_exec::comm::{calm_barrier, DataPlane, GroupId, MpiPlane, Transfer, Wa
 use nereus_exec::emu::{Counters, DeviceMemory, EmuId, EmuSet, Exchange, HostMemory, PrimitiveReport, ShardMemory};
 
 use super::{machine, median, BenchReport, Floor};
-use nereus_runtime::device::{with_device, DeviceChoice, DeviceJob, Plane};
+use crate::DeviceArg;
+use nereus_core::config::DeviceChoice;
+use nereus_runtime::device::{with_device, DeviceJob, Plane};
 use nereus_runtime::{RuntimeError, Session};
 
 /// Bytes per row of the kernel rectangles: half of a 4096-wide f32 row.
@@ -166,8 +168,30 @@ fn p2p_seconds<P: Measured>(
     Ok(median(times))
 }
 
+/// Split/Merge/Extend/Destroy bytes, time and bandwidth vs point-to-point (>= 2 ranks; with
+/// --device, also the pack/unpack kernels vs the device's copy engine, from 1 rank).
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Unit sizes in MiB, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64,256,1024")]
+    pub sizes_mib: Vec<u64>,
+    /// Measured repetitions per size after one warm-up (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    pub reps: usize,
+    /// Also write the report as JSON.
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
+    #[command(flatten)]
+    pub device: DeviceArg,
+}
+
+/// Runs the benchmark on every rank with `args`.
+pub fn run(session: &mut Session, args: &Args) -> Result<(), RuntimeError> {
+    benchmark(session, &args.sizes_mib, args.reps.max(1), args.json.as_deref(), args.device.device)
+}
+
 /// Runs the benchmark; rank 0 prints the table and writes the report.
-pub fn run(
+fn benchmark(
     session: &Session,
     sizes_mib: &[u64],
     reps: usize,

@@ -5,13 +5,12 @@
 //! of run time.
 
 use serde::Serialize;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use super::{machine, BenchReport, Floor};
 use nereus_core::config::{Overrides, PolicyMode};
-use nereus_core::sim::{RestartModel, RunSummary, Truth};
-use nereus_runtime::simulate::{print_table, read_trace, run_all, SimulateRequest};
+use nereus_core::sim::{compare, read_trace, table, Comparison, RestartModel, RunSummary, SimOptions, Truth};
 use nereus_runtime::{RuntimeError, Session};
 
 /// Pool sizes simulated.
@@ -37,8 +36,27 @@ pub struct Row {
     pub run: RunSummary,
 }
 
+/// The simulator: a 1,000-step length-growth trace, four policies, at 1,024 and 16,384 GPUs.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// The job to simulate (run from the repository root for the default).
+    #[arg(long, default_value = "configs/llama3.1-8b-ppo.toml")]
+    pub config: PathBuf,
+    /// The trace (its available_gpus column, if any, is replaced by each size).
+    #[arg(long, default_value = "configs/traces/growth-1000.csv")]
+    pub trace: PathBuf,
+    /// Also write the report as JSON.
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
+}
+
+/// Runs the benchmark on every rank with `args`.
+pub fn run(session: &mut Session, args: &Args) -> Result<(), RuntimeError> {
+    benchmark(session, &args.config, &args.trace, args.json.as_deref())
+}
+
 /// Runs the benchmark (rank 0 simulates).
-pub fn run(
+fn benchmark(
     session: &mut Session,
     config_path: &Path,
     trace_path: &Path,
@@ -48,18 +66,18 @@ pub fn run(
     if session.rank() != 0 {
         return Ok(());
     }
-    let trace = read_trace(trace_path)?;
+    let trace = read_trace(trace_path).map_err(sim_error)?;
     let mut rows = Vec::new();
     for gpus in SIZES {
-        let request = request(trace_path, gpus, POLICIES.to_vec(), config.policy.gamma, Truth::default());
+        let comparison = comparison(gpus, POLICIES.to_vec(), config.policy.gamma, Truth::default());
         let start = Instant::now();
-        let runs = run_all(&config, &trace, &request)?;
+        let runs = compare(&config, &trace, &comparison).map_err(sim_error)?;
         let wall = start.elapsed().as_secs_f64();
         println!("{gpus} GPUs, {} steps: {wall:.1} s for {} policies", trace.rows.len(), runs.len());
-        print_table(&mut std::io::stdout().lock(), &runs.iter().map(|r| r.0.clone()).collect::<Vec<_>>())?;
+        print!("{}", table(&runs.iter().map(|r| r.0.clone()).collect::<Vec<_>>()));
         rows.extend(runs.into_iter().map(|(run, _)| Row { gpus, all_policies_wall_s: wall, run }));
     }
-    let (nereus_wrong, greedy_wrong) = under_model_error(&config, &trace, trace_path)?;
+    let (nereus_wrong, greedy_wrong) = under_model_error(&config, &trace)?;
     let at = |gpus: u32, mode: PolicyMode| rows.iter().find(|r| r.gpus == gpus && r.run.policy == mode);
     let wall = |gpus: u32| at(gpus, PolicyMode::Nereus).map_or(f64::INFINITY, |r| r.all_policies_wall_s);
     let mean = |mode: PolicyMode| at(SIZES[0], mode).map_or(f64::INFINITY, |r| r.run.mean_step_s);
@@ -98,15 +116,14 @@ pub fn run(
 fn under_model_error(
     config: &nereus_core::config::JobConfig,
     trace: &nereus_core::sim::Trace,
-    trace_path: &Path,
 ) -> Result<(f64, f64), RuntimeError> {
     let (mut nereus, mut greedy) = (0.0, 0.0);
     println!("model error σ = {MODEL_ERROR} (per plan), 1024 GPUs:");
     for seed in SEEDS {
         let truth = Truth { model_error: MODEL_ERROR, noise: 0.0, seed };
         let policies = vec![PolicyMode::Nereus, PolicyMode::Greedy];
-        let request = request(trace_path, SIZES[0], policies, config.policy.gamma, truth);
-        let runs = run_all(config, trace, &request)?;
+        let comparison = comparison(SIZES[0], policies, config.policy.gamma, truth);
+        let runs = compare(config, trace, &comparison).map_err(sim_error)?;
         let mean =
             |mode: PolicyMode| runs.iter().find(|r| r.0.policy == mode).map_or(f64::INFINITY, |r| r.0.mean_step_s);
         let (n, g) = (mean(PolicyMode::Nereus), mean(PolicyMode::Greedy));
@@ -118,18 +135,16 @@ fn under_model_error(
     Ok((nereus, greedy))
 }
 
-/// A simulation of the benchmark's trace on `gpus` GPUs (no files written).
-fn request(trace_path: &Path, gpus: u32, policies: Vec<PolicyMode>, gamma: f64, truth: Truth) -> SimulateRequest {
-    SimulateRequest {
-        trace: trace_path.to_path_buf(),
-        gpus: Some(gpus),
-        policies,
-        gammas: vec![gamma],
-        calibration: None,
-        restart: RestartModel::default(),
-        truth,
-        json: None,
-        jsonl: None,
-        plot: None,
+/// A comparison of `policies` on `gpus` GPUs at `gamma` against `truth`.
+fn comparison(gpus: u32, policies: Vec<PolicyMode>, gamma: f64, truth: Truth) -> Comparison {
+    let options = SimOptions { efficiencies: None, restart: RestartModel::default(), truth };
+    Comparison { gpus: Some(gpus), policies, gammas: vec![gamma], options }
+}
+
+/// A simulation that cannot run is the user's to fix (a bad trace), as `nereus simulate` says.
+fn sim_error(e: nereus_core::sim::SimError) -> RuntimeError {
+    match e {
+        nereus_core::sim::SimError::Io { path, source } => RuntimeError::Io { action: "read", path, source },
+        e => RuntimeError::Usage(e.to_string()),
     }
 }

@@ -10,7 +10,7 @@ use serde::Serialize;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use nereus_core::config::{JobConfig, Overrides};
@@ -97,8 +97,30 @@ pub(super) fn replanned_pair(base: &Planner, ranks: u32) -> Result<(Plan, Plan),
     Ok((from, to))
 }
 
+/// Global transition DAG build time from 32 to 16,384 ranks, and its gap to the best order.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// The job whose plans change (run from the repository root for the default).
+    #[arg(long, default_value = "configs/llama3.1-8b-ppo.toml")]
+    pub config: PathBuf,
+    /// Pool sizes (ranks), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "32,64,128,256,512,1024,2048,4096,8192,16384")]
+    pub ranks: Vec<u32>,
+    /// Repetitions per size (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    pub reps: usize,
+    /// Also write the report as JSON.
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
+}
+
+/// Runs the benchmark on every rank with `args`.
+pub fn run(session: &mut Session, args: &Args) -> Result<(), RuntimeError> {
+    benchmark(session, &args.config, &args.ranks, args.reps, args.json.as_deref())
+}
+
 /// Runs the benchmark on rank 0.
-pub fn run(
+fn benchmark(
     session: &mut Session,
     config_path: &Path,
     sizes: &[u32],

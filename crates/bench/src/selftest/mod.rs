@@ -10,3 +10,50 @@ pub use engine::{engine, parity_arch, CrossEntropy, EngineSummary};
 pub use primitives::{primitives, SelftestSummary};
 pub(crate) use transitions::{changed_digests, materialize, materialize_in, missed_targets, state_bytes};
 pub use transitions::{transitions, TransitionSummary};
+
+use nereus_runtime::{report_selftest, RuntimeError, Session};
+
+use crate::DeviceArg;
+
+/// `nereus selftest <what>`: check the runtime's machinery on this job's ranks.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum SelftestCommand {
+    /// Random plan pairs executed as global transition DAGs; checks targets and digests.
+    Transitions {
+        /// Random cases to run.
+        #[arg(long, default_value_t = 20)]
+        cases: u32,
+        /// Seed of the random decisions (rank 0's draw is broadcast).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[command(flatten)]
+        device: DeviceArg,
+    },
+    /// Every (tp, pp, dp) with degrees in {1, 2, 4} that fits the world trains one step of a
+    /// tiny LM and value model; parameters and gradients must match (1, 1, 1) within 1e-5.
+    Engine,
+    /// Random Split/Merge/Extend/Destroy sequences; checks digests, bytes and refusals.
+    Primitives {
+        /// Random cases to run.
+        #[arg(long, default_value_t = 20)]
+        cases: u32,
+        /// Seed of the random decisions (same on every rank).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[command(flatten)]
+        device: DeviceArg,
+    },
+}
+
+/// Runs `command` on every rank; rank 0 prints its JSON summary, and any failed check fails it.
+pub fn run(session: &mut Session, command: &SelftestCommand) -> Result<(), RuntimeError> {
+    match command {
+        SelftestCommand::Transitions { cases, seed, device } => {
+            transitions(session, *cases, *seed, device.device).and_then(|r| report_selftest(session, &r, &r.failures))
+        }
+        SelftestCommand::Engine => engine(session).and_then(|r| report_selftest(session, &r, &r.failures)),
+        SelftestCommand::Primitives { cases, seed, device } => {
+            primitives(session, *cases, *seed, device.device).and_then(|r| report_selftest(session, &r, &r.failures))
+        }
+    }
+}

@@ -29,8 +29,9 @@ use nereus_exec::emu::{
     ShardMemory,
 };
 
+use nereus_core::config::DeviceChoice;
 use nereus_core::rng::Rng;
-use nereus_runtime::device::{with_device, DeviceChoice, DeviceJob, Plane};
+use nereus_runtime::device::{with_device, DeviceJob, Plane};
 use nereus_runtime::{RuntimeError, Session};
 
 /// Tensor-parallel and pipeline degrees drawn from.

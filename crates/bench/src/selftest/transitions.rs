@@ -13,6 +13,7 @@
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+use nereus_core::config::DeviceChoice;
 use nereus_core::config::{JobConfig, Overrides};
 use nereus_core::cost::Efficiencies;
 use nereus_core::model::{shard_bytes, Catalogue, Layout, Position, Section};
@@ -26,7 +27,7 @@ use nereus_exec::backend::gpu::GpuRuntime;
 use nereus_exec::comm::collectives::CollectiveLib;
 use nereus_exec::comm::{broadcast_bytes, DataPlane, MpiPlane};
 use nereus_exec::emu::{Counters, DeviceMemory, Digest, EmuSet, Exchange, HostMemory, LocalShard, ShardMemory};
-use nereus_runtime::device::{with_device, DeviceChoice, DeviceJob, Plane};
+use nereus_runtime::device::{with_device, DeviceJob, Plane};
 use nereus_runtime::transition::{agree_on_dag, execute};
 use nereus_runtime::{RuntimeError, Session};
 

@@ -20,6 +20,19 @@ pub enum PolicyMode {
     Greedy,
 }
 
+impl PolicyMode {
+    /// The name written in files and on the command line (`every-k`).
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyMode::Off => "off",
+            PolicyMode::Nereus => "nereus",
+            PolicyMode::Static => "static",
+            PolicyMode::EveryK => "every-k",
+            PolicyMode::Greedy => "greedy",
+        }
+    }
+}
+
 /// The `[policy]` section (every key has a default).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]

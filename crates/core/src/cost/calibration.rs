@@ -59,10 +59,81 @@ impl OpClass {
             OpClass::Reshard => "reshard",
         }
     }
+}
+
+/// Seconds per operation class: roofline seconds at peak (the cost model's `ideal`), or the
+/// seconds an engine measured or a calibrated model predicts. Written as a map from class
+/// name to seconds, classes with no time left out.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct OpSeconds(pub [f64; 8]);
+
+impl std::ops::Index<OpClass> for OpSeconds {
+    type Output = f64;
+    fn index(&self, class: OpClass) -> &f64 {
+        &self.0[class.index()]
+    }
+}
+
+impl std::ops::IndexMut<OpClass> for OpSeconds {
+    fn index_mut(&mut self, class: OpClass) -> &mut f64 {
+        &mut self.0[class.index()]
+    }
+}
+
+impl OpSeconds {
+    /// Adds `seconds` to `class`.
+    pub fn add(&mut self, class: OpClass, seconds: f64) {
+        self.0[class.index()] += seconds;
+    }
+
+    /// Predicted seconds under `efficiencies`.
+    pub fn seconds(&self, efficiencies: &Efficiencies) -> f64 {
+        OpClass::ALL.iter().map(|c| self.0[c.index()] / efficiencies.of(*c)).sum()
+    }
+
+    /// This breakdown plus `other`, class by class.
+    pub fn plus(&self, other: &OpSeconds) -> OpSeconds {
+        let mut out = *self;
+        for (a, b) in out.0.iter_mut().zip(other.0) {
+            *a += b;
+        }
+        out
+    }
 
     /// Per-class seconds as a name → seconds map (classes with no time left out).
-    pub fn named(seconds: &[f64; 8]) -> std::collections::BTreeMap<&'static str, f64> {
-        OpClass::ALL.iter().filter(|c| seconds[c.index()] > 0.0).map(|c| (c.name(), seconds[c.index()])).collect()
+    pub fn named(&self) -> std::collections::BTreeMap<&'static str, f64> {
+        OpClass::ALL.iter().filter(|&&c| self[c] > 0.0).map(|&c| (c.name(), self[c])).collect()
+    }
+
+    /// Each class's seconds at `efficiencies` (roofline seconds over the fraction of peak).
+    pub fn at(&self, efficiencies: &Efficiencies) -> OpSeconds {
+        OpSeconds(std::array::from_fn(|k| self.0[k] / efficiencies.0[k]))
+    }
+
+    /// The larger of `self` and `other`, class by class.
+    pub fn max(&self, other: &OpSeconds) -> OpSeconds {
+        OpSeconds(std::array::from_fn(|k| self.0[k].max(other.0[k])))
+    }
+}
+
+impl Serialize for OpSeconds {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.named().serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for OpSeconds {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<OpSeconds, D::Error> {
+        let named = std::collections::BTreeMap::<String, f64>::deserialize(d)?;
+        let mut out = OpSeconds::default();
+        for (name, seconds) in named {
+            let class = OpClass::ALL
+                .into_iter()
+                .find(|c| c.name() == name)
+                .ok_or_else(|| serde::de::Error::custom(format!("unknown operation class `{name}`")))?;
+            out[class] = seconds;
+        }
+        Ok(out)
     }
 }
 
@@ -116,8 +187,8 @@ impl Efficiencies {
 /// (`Planner::stage_parts`) and the wall seconds it took.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct StageSample {
-    /// Roofline seconds per class, indexed by [`OpClass::index`].
-    pub ideal: [f64; 8],
+    /// Roofline seconds per class.
+    pub ideal: OpSeconds,
     /// Measured seconds.
     pub measured: f64,
 }
@@ -138,8 +209,8 @@ impl Efficiencies {
     pub fn fit_stages(&mut self, samples: &[StageSample]) {
         let rows: Vec<([f64; 8], f64)> = samples
             .iter()
-            .filter(|s| s.measured > 0.0 && s.ideal.iter().any(|&v| v > 0.0))
-            .map(|s| (s.ideal.map(|v| v / s.measured), 1.0))
+            .filter(|s| s.measured > 0.0 && s.ideal.0.iter().any(|&v| v > 0.0))
+            .map(|s| (s.ideal.0.map(|v| v / s.measured), 1.0))
             .collect();
         if rows.is_empty() {
             return;
@@ -250,7 +321,7 @@ mod tests {
                 ideal[OpClass::Attention.index()] = 0.3 * ((k * 7) % 5) as f64;
                 ideal[OpClass::DpAllReduce.index()] = 0.01 * ((k * 3) % 4) as f64;
                 let measured = (0..8).map(|c| ideal[c] / truth[c]).sum();
-                StageSample { ideal, measured }
+                StageSample { ideal: OpSeconds(ideal), measured }
             })
             .collect();
         let mut e = Efficiencies::default();

@@ -5,7 +5,7 @@
 //! so a measured peak and a predicted one can be compared item by item.
 
 use serde::ser::SerializeMap;
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Serialize, Serializer};
 
 use crate::config::{ClusterSpec, DataPlane, Dtype};
 use crate::model::Architecture;
@@ -117,6 +117,21 @@ impl Serialize for MemoryBreakdown {
             map.serialize_entry(item.name(), &self.get(item))?;
         }
         map.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for MemoryBreakdown {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<MemoryBreakdown, D::Error> {
+        let named = std::collections::BTreeMap::<String, u64>::deserialize(d)?;
+        let mut out = MemoryBreakdown::default();
+        for (name, bytes) in named {
+            let item = MemoryItem::ALL
+                .into_iter()
+                .find(|i| i.name() == name)
+                .ok_or_else(|| serde::de::Error::custom(format!("unknown memory item `{name}`")))?;
+            out.add(item, bytes);
+        }
+        Ok(out)
     }
 }
 

@@ -14,7 +14,7 @@ pub mod position;
 pub mod reference;
 mod stats;
 
-pub use calibration::{Efficiencies, Measurement, OpClass, StageSample};
+pub use calibration::{Efficiencies, Measurement, OpClass, OpSeconds, StageSample};
 pub use memory::{
     activation_bytes_per_layer, kv_cache_bytes_per_sequence, optimizer_bytes_per_param, training_state_bytes_per_param,
     EngineKind, MemoryBreakdown, MemoryItem, GRADIENT_BYTES,
@@ -107,30 +107,6 @@ impl Workload {
     }
 }
 
-/// Ideal (roofline, at peak) seconds per operation class.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct LatencyBreakdown(pub [f64; 8]);
-
-impl LatencyBreakdown {
-    fn add(&mut self, class: OpClass, seconds: f64) {
-        self.0[class.index()] += seconds;
-    }
-
-    /// Predicted seconds under `efficiencies`.
-    pub fn seconds(&self, efficiencies: &Efficiencies) -> f64 {
-        OpClass::ALL.iter().map(|c| self.0[c.index()] / efficiencies.of(*c)).sum()
-    }
-
-    /// This breakdown plus `other`, class by class.
-    pub fn plus(&self, other: &LatencyBreakdown) -> LatencyBreakdown {
-        let mut out = *self;
-        for (a, b) in out.0.iter_mut().zip(other.0) {
-            *a += b;
-        }
-        out
-    }
-}
-
 /// What one rank of a candidate holds: its share of the model-stage's state (kept from step to
 /// step) and the peak of the buffers its passes allocate and release.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
@@ -154,7 +130,7 @@ pub struct Estimate {
     /// The heaviest position's memory.
     pub memory: PositionMemory,
     /// Roofline time per class (slowest replica).
-    pub ideal: LatencyBreakdown,
+    pub ideal: OpSeconds,
     /// Predicted seconds.
     pub seconds: f64,
     /// Whether the heaviest position fits with headroom on a rank of its own.
@@ -179,7 +155,7 @@ impl CostModel {
         let memory = self.heaviest_position(stats, candidate, workload);
         let feasible = self.fits_alone(memory.peak());
         if !feasible {
-            return Estimate { memory, ideal: LatencyBreakdown::default(), seconds: f64::INFINITY, feasible };
+            return Estimate { memory, ideal: OpSeconds::default(), seconds: f64::INFINITY, feasible };
         }
         let ideal = self.latency(stats, candidate, workload);
         Estimate { memory, ideal, seconds: ideal.seconds(&self.efficiencies), feasible }
@@ -211,7 +187,7 @@ impl CostModel {
     }
 
     /// Roofline seconds per class for the slowest replica.
-    pub fn latency(&self, stats: &ModelStats, c: &Candidate, w: &Workload) -> LatencyBreakdown {
+    pub fn latency(&self, stats: &ModelStats, c: &Candidate, w: &Workload) -> OpSeconds {
         let ideal = self.latency_on_whole_devices(stats, c, w);
         self.on_shared_cores(ideal, c)
     }
@@ -231,7 +207,7 @@ impl CostModel {
     }
 
     /// `ideal` with its compute classes slowed to the share of a core `c`'s ranks get.
-    fn on_shared_cores(&self, mut ideal: LatencyBreakdown, c: &Candidate) -> LatencyBreakdown {
+    fn on_shared_cores(&self, mut ideal: OpSeconds, c: &Candidate) -> OpSeconds {
         let share = self.compute_share(c);
         for class in [OpClass::Gemm, OpClass::Attention, OpClass::Decode] {
             ideal.0[class.index()] /= share;
@@ -239,7 +215,7 @@ impl CostModel {
         ideal
     }
 
-    fn latency_on_whole_devices(&self, stats: &ModelStats, c: &Candidate, w: &Workload) -> LatencyBreakdown {
+    fn latency_on_whole_devices(&self, stats: &ModelStats, c: &Candidate, w: &Workload) -> OpSeconds {
         self.scheduled_latency(stats, c, w, Schedule::of)
     }
 
@@ -251,7 +227,7 @@ impl CostModel {
         c: &Candidate,
         w: &Workload,
         schedule: fn(&Candidate, u64, bool) -> Schedule,
-    ) -> LatencyBreakdown {
+    ) -> OpSeconds {
         match c.model_stage.stage {
             Stage::Training => {
                 // Every update is one pipeline flush over the replica's share of a mini-batch,
@@ -259,7 +235,7 @@ impl CostModel {
                 // an inference-stage pass, `old_logp_breakdown`).
                 let share = per_replica(w.mini_batch, c.dp);
                 let update = self.pass_latency(stats, c, share, w.seq_len(), &schedule(c, share, true));
-                let mut out = LatencyBreakdown::default();
+                let mut out = OpSeconds::default();
                 for _ in 0..w.updates() {
                     out = out.plus(&update);
                 }
@@ -293,21 +269,14 @@ impl CostModel {
 
     /// The old-log-probability pass of a training candidate (forward only over its share of
     /// the rollout, in the inference stage), at roofline per class.
-    pub fn old_logp_breakdown(&self, stats: &ModelStats, c: &Candidate, w: &Workload) -> LatencyBreakdown {
+    pub fn old_logp_breakdown(&self, stats: &ModelStats, c: &Candidate, w: &Workload) -> OpSeconds {
         let share = per_replica(w.sequences, c.dp);
         self.on_shared_cores(self.pass_latency(stats, c, share, w.seq_len(), &Schedule::of(c, share, false)), c)
     }
 
     /// One pass over `share` sequences of `seq` tokens through the pipeline, scheduled as
     /// `pass` says: forward only, or forward, backward and the DP gradient all-reduce.
-    fn pass_latency(
-        &self,
-        stats: &ModelStats,
-        c: &Candidate,
-        share: u64,
-        seq: u64,
-        pass: &Schedule,
-    ) -> LatencyBreakdown {
+    fn pass_latency(&self, stats: &ModelStats, c: &Candidate, share: u64, seq: u64, pass: &Schedule) -> OpSeconds {
         let hw = &self.hardware;
         let a = &stats.arch;
         let (tp, pp, dp) = (f64::from(c.layout.tp), f64::from(c.layout.pp), f64::from(c.dp));
@@ -323,7 +292,7 @@ impl CostModel {
         let tokens = share as f64 * s;
         // Causal attention: 2·layers·s·q_width FLOPs per token forward (QKᵀ and AV, halved).
         let attention_fwd = 2.0 * layers * s * a.q_width() as f64 * tokens;
-        let mut out = LatencyBreakdown::default();
+        let mut out = OpSeconds::default();
         let (gemm_passes, attn_passes, tp_passes, pp_passes) = if pass.training {
             let recompute_fwd = if pass.recompute == Recompute::Full { 1.0 } else { 0.0 };
             let attn = if pass.recompute == Recompute::None { 3.0 } else { 4.0 };
@@ -363,7 +332,7 @@ impl CostModel {
     /// Prefill and decode of the replica's share in waves of `micro_batch` sequences (a GPU
     /// engine's continuous batching keeps about that many in flight; the reference engine
     /// decodes wave after wave).
-    fn generation_latency(&self, stats: &ModelStats, c: &Candidate, w: &Workload) -> LatencyBreakdown {
+    fn generation_latency(&self, stats: &ModelStats, c: &Candidate, w: &Workload) -> OpSeconds {
         let hw = &self.hardware;
         let a = &stats.arch;
         let (tp, pp) = (f64::from(c.layout.tp), f64::from(c.layout.pp));
@@ -376,7 +345,7 @@ impl CostModel {
         let pp_class = if c.layout.size() <= hw.devices_per_node { OpClass::PpP2pIntra } else { OpClass::PpP2pInter };
         let pp_bw = if pp_class == OpClass::PpP2pIntra { hw.intra_bytes_per_s } else { hw.inter_bytes_per_s };
         let (prompt, response) = (w.prompt_len as f64, w.response_len as f64);
-        let mut out = LatencyBreakdown::default();
+        let mut out = OpSeconds::default();
         // Prefill: compute-bound over the prompt.
         out.add(OpClass::Gemm, 2.0 * n * b_rep * prompt / flops_rate);
         out.add(OpClass::Attention, 2.0 * layers * prompt * q_width * b_rep * prompt / flops_rate);
@@ -409,7 +378,7 @@ impl CostModel {
     /// `g mod dp`, every destination rank receives its parameter shard (nothing where the same
     /// rank already holds it in the same layout), each source replica's ranks send what its
     /// destinations receive, all transfers concurrent; the slowest rank sets the time.
-    pub fn weight_sync(&self, stats: &ModelStats, src: &Placement, dst: &Placement) -> LatencyBreakdown {
+    pub fn weight_sync(&self, stats: &ModelStats, src: &Placement, dst: &Placement) -> OpSeconds {
         let hw = &self.hardware;
         let (sl, dl) = (src.candidate.layout, dst.candidate.layout);
         let bytes = stats.arch.dtype.bytes();
@@ -438,7 +407,7 @@ impl CostModel {
         }
         let bw = if cross_node { hw.inter_bytes_per_s } else { hw.intra_bytes_per_s };
         let busiest = traffic.iter().copied().max().unwrap_or(0);
-        let mut out = LatencyBreakdown::default();
+        let mut out = OpSeconds::default();
         if busiest > 0 {
             out.add(OpClass::Reshard, busiest as f64 / bw + MESSAGE_LATENCY_S);
         }

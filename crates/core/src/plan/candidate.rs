@@ -123,7 +123,29 @@ pub fn model_stages(algorithm: Algorithm) -> Vec<ModelStage> {
     out
 }
 
+/// A plan in short form: `actor/generation 1x1x8, …` (tp × pp × dp per model-stage).
+impl std::fmt::Display for Plan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (k, p) in self.placements.iter().enumerate() {
+            let c = &p.candidate;
+            let sep = if k == 0 { "" } else { ", " };
+            write!(f, "{sep}{} {}x{}x{}", c.model_stage, c.layout.tp, c.layout.pp, c.dp)?;
+        }
+        Ok(())
+    }
+}
+
 impl Plan {
+    /// The plan in a few characters for a console line: each model-stage's `tp·pp·dp` digits,
+    /// in plan order (`114/222/…`).
+    pub fn compact(&self) -> String {
+        self.placements
+            .iter()
+            .map(|p| format!("{}{}{}", p.candidate.layout.tp, p.candidate.layout.pp, p.candidate.dp))
+            .collect::<Vec<_>>()
+            .join("/")
+    }
+
     /// The same plan with every rank `r` renamed `f(r)` (a pool that is not the first ranks of
     /// the world: the planner lays plans out on `0..N`, the job runs them on the pool's ranks).
     pub fn map_ranks(&self, f: impl Fn(i32) -> i32) -> Plan {

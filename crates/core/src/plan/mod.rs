@@ -2,8 +2,10 @@
 
 mod candidate;
 mod model_stage;
+mod phase;
 
 pub use candidate::{
     model_stages, overlap_critical, overlap_latency, Candidate, Placement, Plan, PlanError, Recompute,
 };
 pub use model_stage::{ModelStage, Role, Stage};
+pub use phase::{PerPhase, Phase};

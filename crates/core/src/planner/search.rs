@@ -11,11 +11,13 @@ use super::candidates::{Fastest, Point, Pool, Scored, Skeleton, SHAVE};
 use super::stage::{self, StageChoice};
 use crate::config::{Algorithm, JobConfig};
 use crate::cost::{
-    CostModel, Efficiencies, EngineKind, Estimate, Hardware, LatencyBreakdown, MemoryBreakdown, MemoryItem, ModelStats,
+    CostModel, Efficiencies, EngineKind, Estimate, Hardware, MemoryBreakdown, MemoryItem, ModelStats, OpSeconds,
     PositionCost, PositionMemory, RankPeaks, Workload,
 };
 use crate::model::{Architecture, Catalogue, Layout};
-use crate::plan::{model_stages, overlap_critical, Candidate, ModelStage, Placement, Plan, Recompute, Role, Stage};
+use crate::plan::{
+    model_stages, overlap_critical, Candidate, ModelStage, PerPhase, Placement, Plan, Recompute, Role, Stage,
+};
 use crate::units::format_bytes;
 
 /// Stages in the order they run.
@@ -166,35 +168,8 @@ pub struct ModelStagePlan {
     pub estimate: Estimate,
 }
 
-/// Predicted seconds of one RL step, stage by stage.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct StepSeconds {
-    /// Sampling.
-    pub generation: f64,
-    /// Reference, reward and critic inference and the actor's old log-probabilities.
-    pub inference: f64,
-    /// Actor and critic updates.
-    pub training: f64,
-    /// Resharding the trained weights into the generation (and critic inference) layouts.
-    pub weight_sync: f64,
-}
-
-impl StepSeconds {
-    /// The whole step.
-    pub fn total(&self) -> f64 {
-        self.generation + self.inference + self.training + self.weight_sync
-    }
-
-    /// By stage name, as the engine records them (`stage_seconds` in the JSON lines).
-    pub fn by_name(&self) -> [(&'static str, f64); 4] {
-        [
-            ("generation", self.generation),
-            ("inference", self.inference),
-            ("training", self.training),
-            ("weight_sync", self.weight_sync),
-        ]
-    }
-}
+/// Predicted seconds per phase of a step.
+pub type StepSeconds = crate::plan::PerPhase<f64>;
 
 /// A global plan with its predictions.
 #[derive(Debug, Clone, Serialize)]
@@ -449,31 +424,29 @@ impl Planner {
     /// weight sync reshards the trained parameters into the generation and critic inference
     /// layouts.
     pub fn step_seconds(&self, plan: &Plan) -> StepSeconds {
-        let [generation, inference, training, weight_sync] = self.stage_parts(plan).map(|(seconds, _)| seconds);
-        StepSeconds { generation, inference, training, weight_sync }
+        self.stage_parts(plan).map(|(seconds, _)| *seconds)
     }
 
     /// Per stage (generation, inference, training, weight sync): its predicted seconds and the
     /// roofline time per operation class along its critical path (the slowest group of the
     /// overlap graph) — what calibration fits efficiencies to.
-    pub fn stage_parts(&self, plan: &Plan) -> [(f64, LatencyBreakdown); 4] {
+    pub fn stage_parts(&self, plan: &Plan) -> PerPhase<(f64, OpSeconds)> {
         self.parts_of(plan, false)
     }
 
     /// [`Planner::step_seconds`] of a plan known to keep every rank within memory (so every
     /// position of it fits a rank of its own: its candidates' memory is not estimated again).
     fn fitting_step_seconds(&self, plan: &Plan) -> StepSeconds {
-        let [generation, inference, training, weight_sync] = self.parts_of(plan, true).map(|(seconds, _)| seconds);
-        StepSeconds { generation, inference, training, weight_sync }
+        self.parts_of(plan, true).map(|(seconds, _)| *seconds)
     }
 
     /// [`Planner::stage_parts`]; `fits`: every candidate of `plan` is known to fit a rank of its
     /// own, so only its latency is estimated (the estimate's own, as it is for any that fits).
-    fn parts_of(&self, plan: &Plan, fits: bool) -> [(f64, LatencyBreakdown); 4] {
+    fn parts_of(&self, plan: &Plan, fits: bool) -> PerPhase<(f64, OpSeconds)> {
         let e = &self.cost.efficiencies;
-        let stage = |s: Stage| -> (f64, LatencyBreakdown) {
+        let stage = |s: Stage| -> (f64, OpSeconds) {
             // (ranks, roofline per class, seconds: infinite for a candidate that does not fit)
-            let mut nodes: Vec<(&[i32], LatencyBreakdown, f64)> = plan
+            let mut nodes: Vec<(&[i32], OpSeconds, f64)> = plan
                 .placements
                 .iter()
                 .filter(|p| p.candidate.model_stage.stage == s)
@@ -499,13 +472,18 @@ impl Planner {
             }
             let timed: Vec<(&[i32], f64)> = nodes.iter().map(|(r, _, t)| (*r, *t)).collect();
             let (seconds, critical) = overlap_critical(&timed);
-            let ideal = critical.iter().fold(LatencyBreakdown::default(), |acc, &i| acc.plus(&nodes[i].1));
+            let ideal = critical.iter().fold(OpSeconds::default(), |acc, &i| acc.plus(&nodes[i].1));
             // An empty stage (no model-stage there) takes no time.
             let seconds = if critical.is_empty() { 0.0 } else { seconds };
             (seconds, ideal)
         };
         let sync = self.weight_sync_breakdown(plan);
-        [stage(Stage::Generation), stage(Stage::Inference), stage(Stage::Training), (sync.seconds(e), sync)]
+        PerPhase {
+            generation: stage(Stage::Generation),
+            inference: stage(Stage::Inference),
+            training: stage(Stage::Training),
+            weight_sync: (sync.seconds(e), sync),
+        }
     }
 
     /// Predicted step latency of any plan (what admission compares, `ΔL = L(S) − L(S*)`).
@@ -514,7 +492,7 @@ impl Planner {
     }
 
     /// The weight sync's roofline time (the two reshards run one after the other).
-    fn weight_sync_breakdown(&self, plan: &Plan) -> LatencyBreakdown {
+    fn weight_sync_breakdown(&self, plan: &Plan) -> OpSeconds {
         let find = |ms: ModelStage| plan.placements.iter().find(|p| p.candidate.model_stage == ms);
         SYNCS
             .into_iter()
@@ -523,7 +501,7 @@ impl Planner {
                 let stats = &self.models[&src.candidate.model_stage.role].stats;
                 self.cost.weight_sync(stats, src, dst)
             })
-            .fold(LatencyBreakdown::default(), |acc, b| acc.plus(&b))
+            .fold(OpSeconds::default(), |acc, b| acc.plus(&b))
     }
 
     /// The fastest plan whose every rank fits in memory (ties: the current plan's candidates

@@ -10,16 +10,14 @@
 //! longer fits the current plan is a predicted memory violation: urgent.
 
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
-use std::collections::BTreeMap;
 
-use super::{admit, Monitor, Observation, Proposal, Signal, Thresholds, Trigger, Verdict};
+use super::{admit, Admission, Decision, Monitor, Observation, Proposal, Signal, Thresholds, Trigger, Verdict};
 use crate::config::{JobConfig, PolicyMode};
 use crate::cost::{Efficiencies, StageSample};
 use crate::plan::Plan;
 #[cfg(test)]
 use crate::planner::initial_plan;
-use crate::planner::{Planner, PlannerError};
+use crate::planner::{Planner, PlannerError, StepSeconds};
 use crate::transition::{cheaper_targets, choose, global::Links, TargetChoice};
 use crate::units::format_bytes;
 
@@ -31,9 +29,10 @@ const MAX_CHEAPER_TARGETS: usize = 2;
 /// overheads, which the DAG's critical path leaves out, dominate them).
 const MIN_CALIBRATING_TRANSITION_S: f64 = 0.01;
 
-/// What the controller is shown after a step: the fields of the step's JSON line it reads
-/// (so a recorded run's `metrics.jsonl` replays through [`Controller::decide`] unchanged).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// What the controller is shown after a step: the fields of the step's line it reads
+/// ([`StepLine::observed`](crate::record::StepLine::observed) gives them from a recorded run,
+/// so a `metrics.jsonl` replays through [`Controller::decide`] unchanged).
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct StepRecord {
     /// The step just finished (0-based).
     pub step: u64,
@@ -43,24 +42,20 @@ pub struct StepRecord {
     pub response_len_p95: f64,
     /// Measured wall seconds of the step.
     pub step_seconds: f64,
-    /// Measured wall seconds per stage (`generation`, `inference`, `training`, `weight_sync`).
-    #[serde(default)]
-    pub stage_seconds: BTreeMap<String, f64>,
+    /// Measured wall seconds per phase (`None` where nothing was measured: a simulated step).
+    pub stage_seconds: Option<StepSeconds>,
     /// Ranks available from the next step on (`None`: unchanged): the first this many ranks
     /// of the world that are not lost.
-    #[serde(default)]
     pub pool_size: Option<u32>,
     /// Ranks lost so far (sorted): their state is gone and they never rejoin.
-    #[serde(default)]
     pub lost_ranks: Vec<u32>,
     /// The transition made at this step's boundary, as recorded (a replay feeds its measured
     /// seconds to [`Controller::transitioned`] as the live job did).
-    #[serde(default)]
     pub transition: Option<TransitionSeconds>,
 }
 
 /// A transition's predicted and measured seconds (fields of the JSON lines' `transition`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct TransitionSeconds {
     /// The DAG's critical path, seconds.
     pub predicted_seconds: f64,
@@ -99,8 +94,8 @@ pub struct Action {
     pub pool: u32,
     /// The efficiencies the decision was made with (every rank plans the DAG with them).
     pub efficiencies: Efficiencies,
-    /// The decision record for the JSON lines (`null` when no trigger fired).
-    pub decision: Value,
+    /// The decision record for the JSON lines (`None` when no trigger fired).
+    pub decision: Option<Decision>,
     /// Why the job must stop (after a checkpoint), when nothing fits.
     pub stop: Option<String>,
 }
@@ -301,7 +296,7 @@ impl Controller {
         // Between monitor evaluations only what cannot wait is looked at: memory and the pool.
         if !(step + 1).is_multiple_of(self.monitor_interval) && !violation && pool == self.gpus && !lost_now {
             self.cap = grown;
-            return Ok(self.action(None, Value::Null, None));
+            return Ok(self.action(None, None, None));
         }
         let observation = Observation {
             step,
@@ -323,7 +318,7 @@ impl Controller {
         if triggers.is_empty() {
             // Nothing to replan; a cap that grows within the current plan's memory just grows.
             self.cap = grown;
-            return Ok(self.action(None, Value::Null, None));
+            return Ok(self.action(None, None, None));
         }
         let len = self.grow(self.cap).min(self.sized(m.response_len_p95)).max(grown);
         self.replan(step, &triggers, &observation, current, len)
@@ -373,7 +368,7 @@ impl Controller {
             let peaks = planner.rank_peaks(current);
             let (need, rank) = peaks.max();
             let capacity = planner.cost().hardware.memory_bytes;
-            let target = describe(&choice.target.plan());
+            let target = choice.target.plan();
             verdict.reason = format!(
                 "{}; out of memory ahead: at {len} response tokens rank {rank} would need {} of {} ({}); a plan that fits: {target}; restart with that plan or more memory and `nereus train --resume latest`",
                 verdict.reason,
@@ -424,10 +419,9 @@ impl Controller {
 
     /// Folds the step's measured stages into the running calibration.
     fn calibrate(&mut self, planner: &Planner, current: &Plan, m: &StepRecord) {
-        let parts = planner.stage_parts(current);
-        for (name, (_, ideal)) in ["generation", "inference", "training", "weight_sync"].iter().zip(parts) {
-            if let Some(&measured) = m.stage_seconds.get(*name) {
-                self.samples.push(StageSample { ideal: ideal.0, measured });
+        if let Some(measured) = &m.stage_seconds {
+            for (phase, (_, ideal)) in planner.stage_parts(current).iter() {
+                self.samples.push(StageSample { ideal: *ideal, measured: *measured.get(phase) });
             }
         }
         let excess = self.samples.len().saturating_sub(CALIBRATION_WINDOW);
@@ -448,44 +442,38 @@ impl Controller {
     }
 
     fn stopping(&self, triggers: &[Trigger], reason: String) -> Action {
-        let decision = json!({"trigger": triggers, "admitted": false, "kind": null, "reason": reason});
-        self.action(None, decision, Some(reason))
+        let decision = Decision {
+            trigger: triggers.to_vec(),
+            admitted: false,
+            kind: None,
+            reason: reason.clone(),
+            admission: None,
+        };
+        self.action(None, Some(decision), Some(reason))
     }
 
-    fn record(&self, triggers: &[Trigger], p: &Proposal, verdict: &Verdict) -> Value {
-        let finite = |x: f64| if x.is_finite() { json!(x) } else { Value::Null };
-        json!({
-            "trigger": triggers,
-            "admitted": verdict.admitted,
-            "kind": verdict.kind,
-            "reason": verdict.reason,
-            "delta_l_s": finite(p.delta_l_s),
-            "l_tran_s": finite(p.l_tran_s),
-            "l_tran_calibration": self.transition_ratio(),
-            "h_x": p.horizon,
-            "gamma": self.gamma,
-            "gain_threshold": self.gain_threshold(),
-            "mode": self.mode,
+    fn record(&self, triggers: &[Trigger], p: &Proposal, verdict: &Verdict) -> Option<Decision> {
+        let finite = |x: f64| x.is_finite().then_some(x);
+        Some(Decision {
+            trigger: triggers.to_vec(),
+            admitted: verdict.admitted,
+            kind: verdict.kind,
+            reason: verdict.reason.clone(),
+            admission: Some(Admission {
+                delta_l_s: finite(p.delta_l_s),
+                l_tran_s: finite(p.l_tran_s),
+                l_tran_calibration: self.transition_ratio(),
+                h_x: p.horizon,
+                gamma: self.gamma,
+                gain_threshold: self.gain_threshold(),
+                mode: self.mode,
+            }),
         })
     }
 
-    fn action(&self, target: Option<Plan>, decision: Value, stop: Option<String>) -> Action {
+    fn action(&self, target: Option<Plan>, decision: Option<Decision>, stop: Option<String>) -> Action {
         Action { target, cap: self.cap, pool: self.gpus, efficiencies: self.efficiencies, decision, stop }
     }
-}
-
-/// A plan in short form: `actor/generation 1x1x8, …` (tp × pp × dp).
-pub fn describe(plan: &Plan) -> String {
-    plan.placements
-        .iter()
-        .map(|p| {
-            format!(
-                "{} {}x{}x{}",
-                p.candidate.model_stage, p.candidate.layout.tp, p.candidate.layout.pp, p.candidate.dp
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 #[cfg(test)]
@@ -517,10 +505,12 @@ mod tests {
         let (mut c, plan) = controller(2);
         let seconds = c.planner(8).unwrap().predict(&plan);
         // Step 0 (the first of every two) is not evaluated: 4-token responses pass unseen.
-        assert!(c.decide(&record(0, 4.0, seconds), &plan).unwrap().decision.is_null());
+        assert!(c.decide(&record(0, 4.0, seconds), &plan).unwrap().decision.is_none());
         // Step 1 is: half the length the plan was made for is a drift past δ_len = 0.3.
-        let d = c.decide(&record(1, 4.0, seconds), &plan).unwrap().decision;
-        assert_eq!(d["trigger"], json!([{"drift": "response-length"}]), "{d}");
+        let d = c.decide(&record(1, 4.0, seconds), &plan).unwrap().decision.unwrap();
+        assert_eq!(d.trigger, vec![Trigger::Drift(Signal::ResponseLength)], "{d:?}");
+        let written = serde_json::to_value(&d).unwrap();
+        assert_eq!(written["trigger"], serde_json::json!([{"drift": "response-length"}]), "{written}");
     }
 
     #[test]
@@ -530,7 +520,7 @@ mod tests {
         // p95 at the cap: responses were cut, the cap grows to ceil(8 · 1.3) = 11 and the
         // mean (8 → 8) has not drifted, so no replan.
         let a = c.decide(&record(0, 8.0, seconds), &plan).unwrap();
-        assert!(a.decision.is_null(), "{}", a.decision);
+        assert!(a.decision.is_none(), "{:?}", a.decision);
         assert_eq!(a.cap, 11);
     }
 

@@ -10,17 +10,20 @@
 //! - [`admit`]: urgent targets are taken (profitability waived); opportunistic ones when
 //!   `ΔL > 0` and `L_tran / ΔL ≤ γ · H` (the smallest `H` of the signals that fired), by mode.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::config::PolicyMode;
 
 pub mod controller;
+mod decision;
+
+pub use decision::{Admission, Decision, TransitionKind};
 
 /// Weight of the newest interval in a horizon's moving average.
 const HORIZON_SMOOTHING: f64 = 0.5;
 
 /// A signal the monitor watches for drift.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Signal {
     /// Mean response length of the step.
@@ -35,7 +38,7 @@ impl Signal {
 }
 
 /// Why a replan happened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Trigger {
     /// The pool grew or shrank.
@@ -225,8 +228,8 @@ pub struct Proposal {
 pub struct Verdict {
     /// Whether the target is taken.
     pub admitted: bool,
-    /// `urgent` or `opportunistic` when admitted.
-    pub kind: Option<&'static str>,
+    /// How, when admitted.
+    pub kind: Option<TransitionKind>,
     /// Why, in words.
     pub reason: String,
 }
@@ -234,13 +237,13 @@ pub struct Verdict {
 /// Admission under `mode` with payback factor `gamma` and the smallest relative gain trusted,
 /// `gain_threshold` (see `Controller::gain_threshold`).
 pub fn admit(mode: PolicyMode, p: &Proposal, gamma: f64, gain_threshold: f64) -> Verdict {
-    let yes = |kind: &'static str, reason: String| Verdict { admitted: true, kind: Some(kind), reason };
+    let yes = |kind: TransitionKind, reason: String| Verdict { admitted: true, kind: Some(kind), reason };
     let no = |reason: String| Verdict { admitted: false, kind: None, reason };
     if mode == PolicyMode::Static && p.changes_layout {
         return no("static policy: the TP/PP layouts never change".into());
     }
     if p.urgent {
-        return yes("urgent", "the current plan cannot continue".into());
+        return yes(TransitionKind::Urgent, "the current plan cannot continue".into());
     }
     // NaN (nothing comparable) counts as no gain.
     if p.delta_l_s.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
@@ -248,7 +251,9 @@ pub fn admit(mode: PolicyMode, p: &Proposal, gamma: f64, gain_threshold: f64) ->
     }
     match mode {
         PolicyMode::Off => no("policy off".into()),
-        PolicyMode::Greedy | PolicyMode::EveryK => yes("opportunistic", format!("ΔL = {:.4} s > 0", p.delta_l_s)),
+        PolicyMode::Greedy | PolicyMode::EveryK => {
+            yes(TransitionKind::Opportunistic, format!("ΔL = {:.4} s > 0", p.delta_l_s))
+        }
         // The baseline's DP moves with the pool (an urgent trigger) and nothing else.
         PolicyMode::Static => no("static policy: only a pool change moves DP".into()),
         PolicyMode::Nereus => {
@@ -265,7 +270,7 @@ pub fn admit(mode: PolicyMode, p: &Proposal, gamma: f64, gain_threshold: f64) ->
             let payback = p.l_tran_s / p.delta_l_s;
             let budget = gamma * p.horizon;
             if payback <= budget {
-                yes("opportunistic", format!("pays back in {payback:.2} steps ≤ γ·H = {budget:.2}"))
+                yes(TransitionKind::Opportunistic, format!("pays back in {payback:.2} steps ≤ γ·H = {budget:.2}"))
             } else {
                 no(format!("pays back in {payback:.2} steps > γ·H = {budget:.2}"))
             }

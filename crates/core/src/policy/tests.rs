@@ -18,7 +18,7 @@ fn no_gain_is_rejected_whatever_the_payback() {
 fn payback_exactly_at_gamma_h_is_admitted_and_just_above_is_not() {
     // ΔL = 2 s, H = 4, γ = 0.5: the budget is 2 steps, i.e. L_tran = 4 s.
     let at = admit(PolicyMode::Nereus, &proposal(2.0, 4.0, 4.0), 0.5, 0.0);
-    assert!(at.admitted && at.kind == Some("opportunistic"), "{at:?}");
+    assert!(at.admitted && at.kind == Some(TransitionKind::Opportunistic), "{at:?}");
     let above = admit(PolicyMode::Nereus, &proposal(2.0, 4.0 + 1e-9, 4.0), 0.5, 0.0);
     assert!(!above.admitted, "{above:?}");
     // Greedy ignores the payback.
@@ -30,7 +30,7 @@ fn gamma_zero_admits_urgent_transitions_only() {
     assert!(!admit(PolicyMode::Nereus, &proposal(5.0, 0.0, 100.0), 0.0, 0.0).admitted);
     let urgent = Proposal { urgent: true, delta_l_s: f64::INFINITY, ..proposal(0.0, 50.0, 1.0) };
     let v = admit(PolicyMode::Nereus, &urgent, 0.0, 0.0);
-    assert!(v.admitted && v.kind == Some("urgent"), "{v:?}");
+    assert!(v.admitted && v.kind == Some(TransitionKind::Urgent), "{v:?}");
     // Urgency waives profitability, not the static policy's fixed layouts.
     assert!(!admit(PolicyMode::Static, &urgent, 0.5, 0.0).admitted);
     let dp_only = Proposal { changes_layout: false, ..urgent };

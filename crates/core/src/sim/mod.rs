@@ -6,12 +6,14 @@
 //!
 //! - [`trace`]: the CSV traces (`step`, `seq_len_mean`, `seq_len_p95`, `available_gpus`).
 //! - [`synth`]: traces shaped like the paper's (length growth, spot pools, both, its 26 steps).
+//! - [`compare`]: several policies (and γ values) over one trace, as a table.
 //! - [`run`]: the loop, its step records and run summaries, and [`run::replay`] of recorded
 //!   steps through the controller.
 //! - [`truth`]: what a step really takes when the cost model is wrong.
 //! - [`plot`]: step latency per policy over the run, transitions marked, length and pool on a
 //!   second axis (SVG).
 
+pub mod compare;
 pub mod plot;
 pub mod run;
 pub mod synth;
@@ -20,6 +22,7 @@ pub mod truth;
 
 use thiserror::Error;
 
+pub use compare::{compare, read_calibration, read_trace, run_name, table, Comparison};
 pub use run::{replay, simulate, Job, PolicyRun, RestartModel, RunSummary, SimOptions, SimStep};
 pub use trace::{Point, Trace, TraceRow};
 pub use truth::Truth;
@@ -40,6 +43,17 @@ pub enum SimError {
     /// The trace has no rows.
     #[error("the trace has no rows")]
     EmptyTrace,
+    /// The request makes no sense (a policy with nothing to simulate, a bad calibration).
+    #[error("{0}")]
+    Request(String),
+    /// A trace or calibration file could not be read.
+    #[error("cannot read `{}`: {source}", path.display())]
+    Io {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
     /// The planner failed where a plan had to exist.
     #[error("{0}")]
     Planner(#[from] crate::planner::PlannerError),

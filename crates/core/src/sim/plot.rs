@@ -2,6 +2,8 @@
 //! steps, every transition marked (urgent: triangle, opportunistic: circle, in the policy's
 //! colour), the mean response length and the pool dashed on the right axis.
 
+use crate::policy::TransitionKind;
+
 use super::run::SimStep;
 use crate::plot::{Axis, Chart, Marker, Series};
 
@@ -18,8 +20,8 @@ pub fn chart(title: &str, runs: &[(String, Vec<SimStep>)]) -> Chart {
         for s in steps.iter().filter(|s| s.restart_s > 0.0) {
             c.markers.push(Marker { x: s.step as f64, y: s.step_s, color: "#000000".into(), triangle: false });
         }
-        for s in steps.iter().filter(|s| !s.transition.is_null()) {
-            let triangle = s.transition["kind"] == "urgent";
+        for (s, t) in steps.iter().filter_map(|s| Some((s, s.transition?))) {
+            let triangle = t.kind == TransitionKind::Urgent;
             c.markers.push(Marker { x: s.step as f64, y: s.step_s, color: color.clone(), triangle });
         }
     }

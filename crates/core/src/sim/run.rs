@@ -7,7 +7,6 @@
 //! would start with on the new pool.
 
 use serde::Serialize;
-use serde_json::{json, Value};
 
 use super::trace::Point;
 use super::truth::Truth;
@@ -17,7 +16,8 @@ use crate::cost::Efficiencies;
 use crate::model::{Layout, Position};
 use crate::plan::{Plan, Stage};
 use crate::planner::{initial_plan, Planner};
-use crate::policy::controller::{describe, Action, Controller, StepRecord};
+use crate::policy::controller::{Action, Controller, StepRecord};
+use crate::policy::{Decision, TransitionKind};
 use crate::transition::target::state_bytes;
 
 /// A running job as the controller sees it: its plan and its controller state.
@@ -160,13 +160,22 @@ pub struct SimStep {
     /// The plan, `role/stage tp×pp×dp, …` (empty when none runs).
     pub plan: String,
     /// The controller's decision record (as in the live JSON lines).
-    pub decision: Value,
-    /// `null`, or `{"kind", "seconds"}` of the transition after the step.
-    pub transition: Value,
+    pub decision: Option<Decision>,
+    /// The transition after the step, if any.
+    pub transition: Option<SimTransition>,
     /// Checkpoint/restart seconds charged after the step.
     pub restart_s: f64,
     /// Whether no plan could run this step (the pool fits none): the job waits.
     pub infeasible: bool,
+}
+
+/// A simulated transition, taken at its predicted (calibrated) `L̂_tran`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct SimTransition {
+    /// How it was admitted.
+    pub kind: TransitionKind,
+    /// Its seconds.
+    pub seconds: f64,
 }
 
 /// One policy's run over a trace (an element of `runs` in `--json`).
@@ -265,20 +274,20 @@ impl Sim<'_> {
             response_len_mean: p.seq_len_mean.min(f64::from(cap)),
             response_len_p95: len,
             step_seconds: step_s,
-            stage_seconds: Default::default(),
+            stage_seconds: None,
             pool_size: Some(next_pool),
             lost_ranks: Vec::new(),
             transition: None,
         };
-        let plan = describe(&running.plan);
+        let plan = running.plan.to_string();
         let action = running.boundary(&record)?;
-        let transition = match (&action.target, action.decision.get("kind").and_then(Value::as_str)) {
-            (Some(_), kind) => {
-                let seconds = action.decision.get("l_tran_s").and_then(Value::as_f64).unwrap_or(0.0);
-                json!({"kind": kind.unwrap_or("urgent"), "seconds": seconds})
+        let transition = action.target.as_ref().map(|_| {
+            let decision = action.decision.as_ref();
+            SimTransition {
+                kind: decision.and_then(|d| d.kind).unwrap_or(TransitionKind::Urgent),
+                seconds: decision.and_then(|d| d.admission).and_then(|a| a.l_tran_s).unwrap_or(0.0),
             }
-            _ => Value::Null,
-        };
+        });
         let stopped = action.stop.is_some() || !fits(running, next_pool, truth_efficiencies)?;
         let restart_s = if stopped { self.options.restart.seconds(&running.base) } else { 0.0 };
         if stopped {
@@ -328,8 +337,8 @@ fn waiting(run: PolicyRun, p: &Point) -> SimStep {
         cap: 0,
         step_s: 0.0,
         plan: String::new(),
-        decision: Value::Null,
-        transition: Value::Null,
+        decision: None,
+        transition: None,
         restart_s: 0.0,
         infeasible: true,
     }
@@ -338,15 +347,13 @@ fn waiting(run: PolicyRun, p: &Point) -> SimStep {
 /// The run's totals.
 pub fn summarize(run: PolicyRun, steps: &[SimStep]) -> RunSummary {
     let ran: Vec<f64> = steps.iter().filter(|s| s.step_s > 0.0).map(|s| s.step_s).collect();
-    let kind =
-        |k: &str| steps.iter().filter(|s| s.transition.get("kind").and_then(Value::as_str) == Some(k)).count() as u64;
+    let kind = |k: TransitionKind| steps.iter().filter(|s| s.transition.is_some_and(|t| t.kind == k)).count() as u64;
     // (An empty float sum is -0.0; adding 0.0 makes it 0.)
-    let transition_s =
-        0.0 + steps.iter().filter_map(|s| s.transition.get("seconds").and_then(Value::as_f64)).sum::<f64>();
+    let transition_s = 0.0 + steps.iter().filter_map(|s| s.transition.map(|t| t.seconds)).sum::<f64>();
     let restart_s = 0.0 + steps.iter().map(|s| s.restart_s).sum::<f64>();
     let step_total = 0.0 + ran.iter().sum::<f64>();
     let total_s = step_total + transition_s + restart_s;
-    let (urgent, opportunistic) = (kind("urgent"), kind("opportunistic"));
+    let (urgent, opportunistic) = (kind(TransitionKind::Urgent), kind(TransitionKind::Opportunistic));
     RunSummary {
         policy: run.mode,
         gamma: run.gamma,

@@ -9,7 +9,6 @@
 //! `0.8·σ` — plus optional per-step jitter. Draws are seeded: a run is reproducible.
 
 use crate::plan::Plan;
-use crate::policy::controller::describe;
 use crate::rng::mix;
 
 /// How wrong the cost model is about the simulated machine.
@@ -28,7 +27,7 @@ impl Truth {
     pub fn factor(&self, plan: &Plan, step: u64) -> f64 {
         let mut factor = 1.0;
         if self.model_error > 0.0 {
-            let plan_bits = describe(plan).bytes().fold(mix(self.seed), |h, b| mix(h ^ u64::from(b)));
+            let plan_bits = plan.to_string().bytes().fold(mix(self.seed), |h, b| mix(h ^ u64::from(b)));
             let sigma = self.model_error;
             factor *= (sigma * standard_normal(plan_bits) - sigma * sigma / 2.0).exp();
         }

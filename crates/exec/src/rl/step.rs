@@ -20,13 +20,15 @@ use super::{AdvantageParams, ArithmeticTask, PolicyLoss, Rollout, ValueLoss, EOS
 use crate::comm::{DataPlane, GroupId};
 use crate::emu::{Counters, EmuId, EmuSet};
 use crate::engine::parallel::assemble_rows;
-use crate::engine::timers::{self, timed, OpSeconds};
+use crate::engine::timers::{self, timed};
 use crate::engine::{
     share, train_step, with_params, AdamW, Batch, EngineError, Generated, Objective, Replica, Sampling, StepReport,
 };
 use nereus_core::config::{Algorithm, JobConfig, RewardSource};
 use nereus_core::cost::OpClass;
-use nereus_core::plan::{ModelStage, Plan, Role, Stage};
+use nereus_core::cost::OpSeconds;
+use nereus_core::plan::{ModelStage, PerPhase, Phase, Plan, Role, Stage};
+use nereus_core::planner::StepSeconds;
 
 /// Everything an RL step needs besides the state, derived from the job config.
 #[derive(Debug, Clone)]
@@ -143,10 +145,10 @@ pub struct StepMetrics {
     /// The first refused update of the step, if any.
     #[serde(skip)]
     pub non_finite: Option<NonFinite>,
-    /// Wall seconds per stage (rank 0, between world-wide synchronization points).
-    pub stage_seconds: BTreeMap<String, f64>,
-    /// This rank's seconds per operation class in each stage (`engine::timers`).
-    pub op_seconds: BTreeMap<String, OpSeconds>,
+    /// Wall seconds per phase (rank 0, between world-wide synchronization points).
+    pub stage_seconds: StepSeconds,
+    /// This rank's seconds per operation class in each phase (`engine::timers`).
+    pub op_seconds: PerPhase<OpSeconds>,
     /// Wall seconds of the step.
     pub step_seconds: f64,
     /// Response tokens generated.
@@ -275,27 +277,27 @@ impl RlJob {
         let mut metrics = StepMetrics::default();
         let mut lap = Instant::now();
         timers::take();
-        let mut stage_done = |name: &str, metrics: &mut StepMetrics| {
-            metrics.stage_seconds.insert(name.to_string(), lap.elapsed().as_secs_f64());
-            metrics.op_seconds.insert(name.to_string(), timers::take());
+        let mut stage_done = |phase: Phase, metrics: &mut StepMetrics| {
+            *metrics.stage_seconds.get_mut(phase) = lap.elapsed().as_secs_f64();
+            *metrics.op_seconds.get_mut(phase) = timers::take();
             lap = Instant::now();
         };
         let mut rollout = self.generate(plane, set, step)?;
         let greedy = if s.algorithm == Algorithm::Remax { self.greedy_scores(plane, set, step)? } else { Vec::new() };
-        stage_done("generation", &mut metrics);
+        stage_done(Phase::Generation, &mut metrics);
         let rm_scores = self.infer(plane, set, &mut rollout)?;
         let rule: Vec<f32> = (0..rollout.sequences()).map(|i| self.rule_score(&rollout, i)).collect();
         rollout.scores = match s.reward {
             RewardSource::Rule => rule.clone(),
             RewardSource::Model => rm_scores.clone(),
         };
-        stage_done("inference", &mut metrics);
+        stage_done(Phase::Inference, &mut metrics);
         rollout.compute_advantages(s.algorithm, s.advantage, &greedy);
         let updates = self.train(plane, set, &rollout)?;
-        stage_done("training", &mut metrics);
+        stage_done(Phase::Training, &mut metrics);
         self.sync_weights(plane, set)?;
         self.advance_counters(set, counters, step, &updates);
-        stage_done("weight_sync", &mut metrics);
+        stage_done(Phase::WeightSync, &mut metrics);
         let lengths: Vec<f64> = rollout.lengths.iter().map(|&l| l as f64).collect();
         metrics.reward_mean = rule.iter().map(|&x| f64::from(x)).sum::<f64>() / rule.len() as f64;
         metrics.rm_score_mean = rm_scores.iter().map(|&x| f64::from(x)).sum::<f64>() / rm_scores.len().max(1) as f64;

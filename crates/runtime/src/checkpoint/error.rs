@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use thiserror::Error;
 
-use crate::{EXIT_FAILURE, EXIT_USAGE};
+use nereus_core::exit::{EXIT_FAILURE, EXIT_USAGE};
 
 /// A checkpoint problem.
 #[derive(Debug, Error)]

@@ -38,9 +38,9 @@ pub use sidecar::{FileDigest, SavedModel, Sidecar, FORMAT, SIDECAR};
 pub use tensors::{fill_shard, Absent, Expect, ModelWeights, NamedTensor, TensorFile};
 
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 
 use error::io;
+use nereus_core::config::ResumeFrom;
 
 /// The parameter file of model `model` among the warm-ups' outputs.
 pub fn params_file(model: &str) -> String {
@@ -50,29 +50,6 @@ pub fn params_file(model: &str) -> String {
 /// The optimizer file of model `model` in a checkpoint.
 pub fn optimizer_file(model: &str) -> String {
     format!("{model}.optim.safetensors")
-}
-
-/// Where a resumed run starts from (`--resume`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ResumeFrom {
-    /// This checkpoint directory.
-    Dir(PathBuf),
-    /// The newest complete checkpoint of the output directory; an error when there is none.
-    Latest,
-    /// The newest complete checkpoint if there is one, else a fresh start (batch scripts that
-    /// requeue a preempted job).
-    Auto,
-}
-
-impl FromStr for ResumeFrom {
-    type Err = std::convert::Infallible;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(match s {
-            "latest" => ResumeFrom::Latest,
-            "auto" => ResumeFrom::Auto,
-            dir => ResumeFrom::Dir(dir.into()),
-        })
-    }
 }
 
 /// The checkpoints of one output directory.

@@ -52,21 +52,31 @@ const CAPACITY: u64 = u64::MAX / 4;
 /// The paper's Table 4 (16→32 GPUs): Nereus, Tenplex and UCP seconds.
 const PAPER_TABLE_4: (f64, f64, f64) = (6.52, 66.43, 836.74);
 
-/// `bench scaling`'s options.
-#[derive(Debug, Clone)]
-pub struct ScalingOptions {
-    /// A state of a few MB (tests) instead of two models of 50 M+ parameters.
+/// `nereus bench scaling`: scaling a PPO job's training state (two 50M+-parameter models, θ
+/// and Adam moments): DP 2→4→8 ranks, 8→4, and a reshard, each by the transition DAG, by
+/// checkpoint/restart (UCP-style, a fresh mpirun) and tensor by tensor (Tenplex-style), against
+/// the point-to-point bandwidth (mpirun -n 8).
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// A state of a few MB (tests) instead of the 50M+-parameter models.
+    #[arg(long)]
     pub small: bool,
     /// Where the checkpoint/restart method writes its checkpoints (replaced per case).
+    #[arg(long, value_name = "DIR", default_value = "runs/bench-scaling")]
     pub dir: PathBuf,
-    /// The launcher of the restarted job, split on whitespace; `-n N`, this binary and its
-    /// arguments are appended.
+    /// The launcher of the restarted job; `-n N`, this binary and its arguments follow.
+    #[arg(long, value_name = "COMMAND", default_value = "mpirun --oversubscribe")]
     pub launcher: String,
-    /// Measurements of (a) and (c) per case (the median is reported; (b) runs once).
+    /// Measurements of the DAG and of the per-tensor baseline per case (the median is
+    /// reported; checkpoint/restart runs once).
+    #[arg(long, default_value_t = 3)]
     pub reps: usize,
-    /// Only the cases with these names (all that fit the world when empty).
+    /// Only these cases (extend-2-4, extend-4-8, destroy-8-4, reshard-tp2-pp2,
+    /// reshard-tp2-pp2-dp2), comma-separated.
+    #[arg(long, value_delimiter = ',')]
     pub cases: Vec<String>,
-    /// Where to write the JSON report.
+    /// Also write the report as JSON.
+    #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
 }
 
@@ -199,7 +209,7 @@ pub(crate) struct Bench<'s> {
     catalogues: BTreeMap<Role, Catalogue>,
     /// Point-to-point bytes/s measured at the start.
     bandwidth: f64,
-    options: &'s ScalingOptions,
+    options: &'s Args,
     /// Every buffer the last measurement's store held, live or cached: the next one starts
     /// with them cached, as a long-running job's caching allocator holds the buffers of the
     /// transitions it ran before. On a CPU rank the kernel's first touch of a new page costs
@@ -344,7 +354,7 @@ fn median_of<T>(
 }
 
 /// Runs the benchmark on every rank; rank 0 prints the table and writes the report.
-pub fn run(session: &Session, options: &ScalingOptions) -> Result<(), RuntimeError> {
+pub fn run(session: &Session, options: &Args) -> Result<(), RuntimeError> {
     let world = session.world().size();
     let mut cases = cases(world);
     cases.retain(|c| options.cases.is_empty() || options.cases.iter().any(|n| n == c.name));

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use signal_hook::consts::{SIGTERM, SIGUSR1, SIGUSR2};
 
-use super::RuntimeError;
+use crate::RuntimeError;
 
 /// The signals that ask for a checkpoint and a stop, once installed.
 pub struct StopSignals {

@@ -5,7 +5,9 @@ use std::fs::OpenOptions;
 use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-use super::{io_error, RuntimeError};
+use nereus_core::record::StepLine;
+
+use crate::{io_error, RuntimeError};
 
 /// A run's JSON-lines file.
 #[derive(Debug, Clone)]
@@ -54,9 +56,16 @@ impl MetricsLog {
             .collect()
     }
 
+    /// Every step line of the file, in file order (events and lines that are not step lines
+    /// are skipped).
+    pub fn step_lines(&self) -> Result<Vec<StepLine>, RuntimeError> {
+        let text = std::fs::read_to_string(&self.path).map_err(io_error("read", &self.path))?;
+        Ok(text.lines().filter_map(|l| serde_json::from_str::<StepLine>(l).ok()).collect())
+    }
+
     /// Appends `record` as one line with a single `write`. If the write fails or is cut short,
     /// the file is truncated back to where it was, so no half line remains.
-    pub fn append(&self, record: &serde_json::Value) -> Result<(), RuntimeError> {
+    pub fn append(&self, record: &impl serde::Serialize) -> Result<(), RuntimeError> {
         let mut line = serde_json::to_vec(record).expect("records serialize");
         line.push(b'\n');
         let mut file =

@@ -11,7 +11,7 @@
 use nereus_core::config::{JobConfig, PolicyMode};
 use nereus_core::plan::{Placement, Plan};
 
-use super::RuntimeError;
+use crate::RuntimeError;
 
 /// A declared rank loss.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -17,7 +17,7 @@ use signal_hook::iterator::{Handle, Signals};
 use nereus_core::config::stepped_csv::SteppedCsv;
 use nereus_core::index_list::parse_index_list;
 
-use super::RuntimeError;
+use crate::RuntimeError;
 
 /// Where the pool of each step comes from.
 #[derive(Debug, Clone)]

@@ -6,7 +6,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use serde_json::Value;
+use nereus_core::record::TransitionRecord;
 
 use nereus_core::plot::{Axis, Chart, Marker, Series};
 
@@ -20,7 +20,7 @@ struct Point {
     pool: u32,
     tokens: u64,
     /// `urgent` or `opportunistic` when a transition followed the step.
-    transition: Option<String>,
+    transition: Option<&'static str>,
     transition_seconds: f64,
 }
 
@@ -44,9 +44,9 @@ impl Timeline {
         response_len: f64,
         tokens: u64,
         pool: u32,
-        transition: &Value,
+        transition: Option<&TransitionRecord>,
     ) {
-        let kind = (!transition.is_null()).then(|| transition["kind"].as_str().unwrap_or("transition").to_string());
+        let kind = transition.map(|t| t.kind.map_or("transition", |k| k.name()));
         self.points.push(Point {
             step,
             seconds: seconds.0,
@@ -55,14 +55,14 @@ impl Timeline {
             pool,
             tokens,
             transition: kind,
-            transition_seconds: transition["seconds"].as_f64().unwrap_or(0.0),
+            transition_seconds: transition.map_or(0.0, |t| t.seconds),
         });
     }
 
     /// Steps, transitions by kind, seconds in transitions, whole-run tokens per second.
     pub fn summary(&self) -> String {
         let steps = self.points.len();
-        let count = |k: &str| self.points.iter().filter(|p| p.transition.as_deref() == Some(k)).count();
+        let count = |k: &str| self.points.iter().filter(|p| p.transition == Some(k)).count();
         let in_transitions: f64 = self.points.iter().map(|p| p.transition_seconds).sum();
         let wall: f64 = self.points.iter().map(|p| p.seconds).sum::<f64>() + in_transitions;
         let tokens: u64 = self.points.iter().map(|p| p.tokens).sum();
@@ -100,7 +100,7 @@ impl Timeline {
         c.series.push(line("mean response length", "#1f77b4", Axis::Right, true, |p| p.response_len));
         c.series.push(line("pool", "#ff7f0e", Axis::Right, true, |p| f64::from(p.pool)));
         for p in self.points.iter().filter(|p| p.transition.is_some()) {
-            let urgent = p.transition.as_deref() == Some("urgent");
+            let urgent = p.transition == Some("urgent");
             let color = if urgent { URGENT } else { OPPORTUNISTIC };
             c.markers.push(Marker { x: p.step as f64, y: p.seconds, color: color.into(), triangle: urgent });
         }
@@ -113,14 +113,29 @@ impl Timeline {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use nereus_core::policy::TransitionKind;
+
+    fn transition(kind: TransitionKind, seconds: f64) -> TransitionRecord {
+        TransitionRecord {
+            kind: Some(kind),
+            seconds,
+            predicted_seconds: seconds,
+            bytes: 0,
+            staged_bytes: 0,
+            primitives: 1,
+            from: String::new(),
+            to: String::new(),
+            digests_before: Default::default(),
+            digests_after: Default::default(),
+        }
+    }
 
     #[test]
     fn the_summary_counts_transitions_and_tokens_over_steps_and_transitions() {
         let mut t = Timeline::default();
-        t.push(0, (1.0, 0.9), 4.0, 100, 8, &Value::Null);
-        t.push(1, (1.0, 0.9), 6.0, 100, 8, &json!({"kind": "urgent", "seconds": 0.5}));
-        t.push(2, (1.5, 1.2), 9.0, 200, 8, &json!({"kind": "opportunistic", "seconds": 0.5}));
+        t.push(0, (1.0, 0.9), 4.0, 100, 8, None);
+        t.push(1, (1.0, 0.9), 6.0, 100, 8, Some(&transition(TransitionKind::Urgent, 0.5)));
+        t.push(2, (1.5, 1.2), 9.0, 200, 8, Some(&transition(TransitionKind::Opportunistic, 0.5)));
         let s = t.summary();
         assert!(s.contains("transitions (urgent)                        1"), "{s}");
         assert!(s.contains("transitions (opportunistic)                 1"), "{s}");

@@ -1,12 +1,15 @@
-//! `nereus plan CONFIG --gpus N [--seq-len L] [--json]`: the fastest memory-feasible plan.
+//! `nereus plan [FILE] [--gpus N] [--seq-len L] [--from-seq-len L0] [--from-gpus N0] [--json]`:
+//! the fastest memory-feasible plan, the config's fixed plan evaluated, or the what-if
+//! transition between two points.
 
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::Path;
+use std::path::PathBuf;
 
+use clap::Args;
 use nereus_core::config::check::{MAX_DEVICES, MAX_TOKENS};
-use nereus_core::config::Overrides;
+use nereus_core::config::JobConfig;
 use nereus_core::cost::{Efficiencies, MemoryBreakdown};
 use nereus_core::index_list::format_index_list;
 use nereus_core::plan::Recompute;
@@ -14,7 +17,9 @@ use nereus_core::planner::{fixed_plan, PlannedJob, Planner, StepSeconds};
 use nereus_core::transition::choose;
 use nereus_core::transition::global::Links;
 
-use super::{RuntimeError, Session};
+use super::OverrideArgs;
+use crate::error::CommandError;
+use crate::launch::{planner_command, Global};
 
 /// One model-stage in `nereus plan --json`.
 #[derive(Debug, Serialize)]
@@ -104,19 +109,29 @@ pub fn report(job: &PlannedJob, planner: &Planner, gpus: u32, response_len: u64)
     }
 }
 
-/// What `nereus plan` is asked.
-#[derive(Debug, Clone, Default)]
-pub struct PlanRequest {
-    /// Pool size (default: the cluster's devices).
+/// `nereus plan`: find the fastest memory-feasible TP/PP/DP plan for a job (per model-stage).
+#[derive(Args, Debug, Clone)]
+pub struct PlanArgs {
+    /// Job file (TOML); the embedded default when omitted.
+    pub file: Option<PathBuf>,
+    /// GPUs in the pool (default: the cluster's nodes x devices per node).
+    #[arg(long)]
     pub gpus: Option<u32>,
-    /// Response length (default: `rl.max_response_len`).
+    /// Response length in tokens to plan for (default: rl.max_response_len).
+    #[arg(long, value_name = "TOKENS")]
     pub seq_len: Option<u64>,
-    /// What-if: the length the current plan was made for.
+    /// What-if: the response length the current plan was made for; prints the transition
+    /// from that plan to the one for --seq-len (ΔL, L_tran, whether it can run).
+    #[arg(long, value_name = "TOKENS")]
     pub from_seq_len: Option<u64>,
-    /// What-if: the pool the current plan was made for (default: `gpus`).
+    /// What-if: the pool the current plan was made for (default: --gpus).
+    #[arg(long, value_name = "N")]
     pub from_gpus: Option<u32>,
     /// Print JSON.
+    #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub overrides: OverrideArgs,
 }
 
 /// `nereus plan --from-seq-len/--from-gpus --json`: the what-if transition.
@@ -147,48 +162,21 @@ pub struct WhatIfOut {
     pub resource_edges: usize,
 }
 
-/// Every rank agrees on the config; rank 0 plans (or evaluates the config's fixed plan, or the
-/// what-if transition) and prints.
-pub fn run(
-    session: &mut Session,
-    path: Option<&Path>,
-    overrides: &Overrides,
-    request: &PlanRequest,
-) -> Result<(), RuntimeError> {
-    let config = session.load_config(path, overrides)?;
-    if session.rank() != 0 {
-        return Ok(());
-    }
+/// Runs `nereus plan`: every rank agrees on the config; rank 0 plans and prints.
+pub fn exec(args: PlanArgs, global: &Global) -> u8 {
+    planner_command(global, args.file.as_deref(), &args.overrides.clone().into(), |config, _| plan(config, &args))
+}
+
+/// Plans (or evaluates the config's fixed plan, or the what-if transition) and prints.
+fn plan(config: &JobConfig, request: &PlanArgs) -> Result<(), CommandError> {
     let gpus = request.gpus.unwrap_or(config.cluster.devices());
     let response_len = request.seq_len.unwrap_or(config.rl.max_response_len.into());
-    check_what_if(gpus, response_len)?;
-    let planner = Planner::new(&config, gpus, Some(response_len), Efficiencies::default())?;
-    let fixed = fixed_plan(&config, gpus).map_err(RuntimeError::Usage)?;
+    check_point("", gpus, response_len)?;
+    let planner = Planner::new(config, gpus, Some(response_len), Efficiencies::default())?;
+    let fixed = fixed_plan(config, gpus).map_err(CommandError::Usage)?;
     let mut w = std::io::stdout().lock();
     if request.from_seq_len.is_some() || request.from_gpus.is_some() {
-        let (from_gpus, from_len) = (request.from_gpus.unwrap_or(gpus), request.from_seq_len.unwrap_or(response_len));
-        check_what_if(from_gpus, from_len)?;
-        let start = planner.replanned(from_gpus, from_len, Efficiencies::default())?;
-        let current = match &fixed {
-            Some(plan) => start.evaluate(plan),
-            None => start.search(None)?,
-        };
-        let host = Some(config.cluster.host_link_gbps * 1e9);
-        let links = Links::of(&planner.cost().hardware, host);
-        let choice = choose(&planner, &current.plan(), &links)?;
-        let out = WhatIfOut {
-            current: report(&current, &start, from_gpus, from_len),
-            target: report(&choice.target, &planner, gpus, response_len),
-            delta_l_s: choice.delta_l_s,
-            l_tran_s: choice.l_tran_s,
-            executable: choice.blocked_reason.is_none(),
-            keep: choice.keep,
-            blocked_reason: choice.blocked_reason.clone(),
-            fallback_rank: choice.fallback_rank,
-            staged_bytes: choice.staged_bytes,
-            dag_nodes: choice.counts().nodes,
-            resource_edges: choice.counts().resource_edges,
-        };
+        let out = what_if(config, request, &planner, fixed.as_ref(), (gpus, response_len))?;
         return if request.json { print_json(&mut w, &out) } else { print_what_if(&mut w, &out) };
     }
     let job = match &fixed {
@@ -205,16 +193,49 @@ pub fn run(
         "{source} {} on {gpus} GPUs of {} at {} + {response_len} tokens",
         config.job.name, config.cluster.name, config.rl.prompt_len
     )
-    .map_err(RuntimeError::Stdout)?;
+    .map_err(CommandError::Stdout)?;
     print_table(&mut w, &out)
 }
 
-fn print_json(w: &mut impl Write, out: &impl Serialize) -> Result<(), RuntimeError> {
-    writeln!(w, "{}", serde_json::to_string_pretty(out).expect("plans serialize")).map_err(RuntimeError::Stdout)
+/// The transition from the plan for `--from-gpus`/`--from-seq-len` to the plan for `to`.
+fn what_if(
+    config: &JobConfig,
+    request: &PlanArgs,
+    planner: &Planner,
+    fixed: Option<&nereus_core::plan::Plan>,
+    (gpus, response_len): (u32, u64),
+) -> Result<WhatIfOut, CommandError> {
+    let (from_gpus, from_len) = (request.from_gpus.unwrap_or(gpus), request.from_seq_len.unwrap_or(response_len));
+    check_point("from-", from_gpus, from_len)?;
+    let start = planner.replanned(from_gpus, from_len, Efficiencies::default())?;
+    let current = match fixed {
+        Some(plan) => start.evaluate(plan),
+        None => start.search(None)?,
+    };
+    let host = Some(config.cluster.host_link_gbps * 1e9);
+    let links = Links::of(&planner.cost().hardware, host);
+    let choice = choose(planner, &current.plan(), &links)?;
+    Ok(WhatIfOut {
+        current: report(&current, &start, from_gpus, from_len),
+        target: report(&choice.target, planner, gpus, response_len),
+        delta_l_s: choice.delta_l_s,
+        l_tran_s: choice.l_tran_s,
+        executable: choice.blocked_reason.is_none(),
+        keep: choice.keep,
+        blocked_reason: choice.blocked_reason.clone(),
+        fallback_rank: choice.fallback_rank,
+        staged_bytes: choice.staged_bytes,
+        dag_nodes: choice.counts().nodes,
+        resource_edges: choice.counts().resource_edges,
+    })
 }
 
-fn print_table(w: &mut impl Write, out: &PlanOut) -> Result<(), RuntimeError> {
-    let line = |w: &mut dyn Write, text: String| writeln!(w, "{text}").map_err(RuntimeError::Stdout);
+fn print_json(w: &mut impl Write, out: &impl Serialize) -> Result<(), CommandError> {
+    writeln!(w, "{}", serde_json::to_string_pretty(out).expect("plans serialize")).map_err(CommandError::Stdout)
+}
+
+fn print_table(w: &mut impl Write, out: &PlanOut) -> Result<(), CommandError> {
+    let line = |w: &mut dyn Write, text: String| writeln!(w, "{text}").map_err(CommandError::Stdout);
     line(
         w,
         format!(
@@ -252,8 +273,8 @@ fn print_table(w: &mut impl Write, out: &PlanOut) -> Result<(), RuntimeError> {
     )
 }
 
-fn print_what_if(w: &mut impl Write, out: &WhatIfOut) -> Result<(), RuntimeError> {
-    let say = |w: &mut dyn Write, text: String| writeln!(w, "{text}").map_err(RuntimeError::Stdout);
+fn print_what_if(w: &mut impl Write, out: &WhatIfOut) -> Result<(), CommandError> {
+    let say = |w: &mut dyn Write, text: String| writeln!(w, "{text}").map_err(CommandError::Stdout);
     say(w, format!("current: {} GPUs at {} response tokens", out.current.gpus, out.current.response_len))?;
     print_table(w, &out.current)?;
     say(w, format!("target: {} GPUs at {} response tokens", out.target.gpus, out.target.response_len))?;
@@ -274,15 +295,16 @@ fn print_what_if(w: &mut impl Write, out: &WhatIfOut) -> Result<(), RuntimeError
     )
 }
 
-/// Bounds `--gpus` and `--seq-len` like the config's own keys (a plan for 2^32 GPUs or
-/// 2^64 tokens is a typo, and would allocate tables that size).
-fn check_what_if(gpus: u32, response_len: u64) -> Result<(), RuntimeError> {
+/// Bounds `--gpus` and `--seq-len` (with `prefix`, `--from-gpus` and `--from-seq-len`) like the
+/// config's own keys (a plan for 2^32 GPUs or 2^64 tokens is a typo, and would allocate tables
+/// that size).
+fn check_point(prefix: &str, gpus: u32, response_len: u64) -> Result<(), CommandError> {
     if gpus == 0 || gpus > MAX_DEVICES {
-        return Err(RuntimeError::Usage(format!("--gpus {gpus}: must be between 1 and {MAX_DEVICES}")));
+        return Err(CommandError::Usage(format!("--{prefix}gpus {gpus}: must be between 1 and {MAX_DEVICES}")));
     }
     if response_len == 0 || response_len > u64::from(MAX_TOKENS) {
-        return Err(RuntimeError::Usage(format!(
-            "--seq-len {response_len}: must be between 1 and {MAX_TOKENS} tokens"
+        return Err(CommandError::Usage(format!(
+            "--{prefix}seq-len {response_len}: must be between 1 and {MAX_TOKENS} tokens"
         )));
     }
     Ok(())

@@ -1,0 +1,214 @@
+//! The records a training job writes, one JSON object per line of `metrics.jsonl` (see
+//! `docs/operations.md`): serde structs defined once, written by the runtime and read back by
+//! the simulator's replay, the benchmarks and the tests. The controller's own record,
+//! [`Decision`], lives with the controller (`policy`).
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use crate::cost::{MemoryBreakdown, OpSeconds};
+use crate::plan::{PerPhase, Plan};
+use crate::planner::StepSeconds;
+use crate::policy::controller::{StepRecord, TransitionSeconds};
+use crate::policy::{Decision, TransitionKind};
+
+/// One line of `metrics.jsonl` per RL step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepLine {
+    /// The step (0-based).
+    pub step: u64,
+    /// Mean reward of the step's responses.
+    pub reward_mean: f64,
+    /// Mean score of the reward model (the learned reward), when one scores.
+    pub rm_score_mean: f64,
+    /// Mean response length, tokens (EOS included).
+    pub response_len_mean: f64,
+    /// 95th percentile of the response length.
+    pub response_len_p95: f64,
+    /// KL divergence of the policy from the reference, per token.
+    pub kl: f64,
+    /// The actor's loss.
+    pub actor_loss: f64,
+    /// The critic's loss (0 without a critic).
+    pub critic_loss: f64,
+    /// The actor's gradient norm.
+    pub actor_grad_norm: f64,
+    /// The critic's gradient norm.
+    pub critic_grad_norm: f64,
+    /// Updates skipped for non-finite values (`on_nonfinite = "skip-step"`).
+    pub skipped_updates: u64,
+    /// Measured wall seconds of the step.
+    pub step_seconds: f64,
+    /// The cost model's prediction of them.
+    pub predicted_step_seconds: f64,
+    /// Measured seconds per phase.
+    pub stage_seconds: StepSeconds,
+    /// The cost model's prediction of them.
+    pub predicted_stage_seconds: StepSeconds,
+    /// Seconds per phase and operation class: the slowest rank's measured, and predicted.
+    pub op_seconds: Measured<PerPhase<OpSeconds>>,
+    /// Generated tokens per second of step time.
+    pub tokens_per_second: f64,
+    /// The plan the step ran under, per model-stage.
+    pub plan: BTreeMap<String, PlacementRecord>,
+    /// The controller's decision at the boundary after the step (`null` when no trigger fired).
+    pub decision: Option<Decision>,
+    /// The transition made at that boundary (`null` when nothing moved).
+    pub transition: Option<TransitionRecord>,
+    /// The fullest rank's peak memory, measured by its ledger.
+    pub peak_memory_bytes: u64,
+    /// The cost model's prediction of the fullest rank's peak.
+    pub predicted_peak_memory_bytes: u64,
+    /// The fullest rank's peak, item by item, measured and predicted.
+    pub peak_memory: Measured<RankMemory>,
+    /// Every rank's peak, measured and predicted.
+    pub rank_peak_memory_bytes: Measured<Vec<u64>>,
+    /// Per model-stage, the layout-independent digest of its logical state.
+    pub state_digest: BTreeMap<String, String>,
+    /// Per model-stage, its logical counters (absent in runs recorded before they were).
+    #[serde(default)]
+    pub counters: BTreeMap<String, CountersRecord>,
+    /// The pool and what it held, when the pool can change during the run.
+    #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
+    pub elastic: Option<ElasticRecord>,
+}
+
+impl StepLine {
+    /// What the controller is shown of this step (a recorded run replays through it).
+    pub fn observed(&self) -> StepRecord {
+        StepRecord {
+            step: self.step,
+            response_len_mean: self.response_len_mean,
+            response_len_p95: self.response_len_p95,
+            step_seconds: self.step_seconds,
+            stage_seconds: Some(self.stage_seconds),
+            pool_size: None,
+            lost_ranks: self.elastic.as_ref().map(|e| e.lost_ranks.clone()).unwrap_or_default(),
+            transition: self
+                .transition
+                .as_ref()
+                .map(|t| TransitionSeconds { predicted_seconds: t.predicted_seconds, seconds: t.seconds }),
+        }
+    }
+}
+
+/// A value as measured, beside what the cost model predicted for it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Measured<T> {
+    /// What the job measured.
+    pub measured: T,
+    /// What the cost model predicted.
+    pub predicted: T,
+}
+
+/// One rank's memory, item by item.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RankMemory {
+    /// The rank.
+    pub rank: i32,
+    /// Its bytes per item at its peak.
+    pub items: MemoryBreakdown,
+}
+
+/// One model-stage of the plan in force.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlacementRecord {
+    /// Tensor parallelism.
+    pub tp: u32,
+    /// Pipeline parallelism.
+    pub pp: u32,
+    /// Data parallelism.
+    pub dp: u32,
+    /// World ranks, replica-major.
+    pub ranks: Vec<i32>,
+}
+
+/// `plan` of a step line: each model-stage's layout and ranks.
+pub fn placements(plan: &Plan) -> BTreeMap<String, PlacementRecord> {
+    plan.placements
+        .iter()
+        .map(|p| {
+            let c = &p.candidate;
+            let record = PlacementRecord { tp: c.layout.tp, pp: c.layout.pp, dp: c.dp, ranks: p.ranks.clone() };
+            (c.model_stage.to_string(), record)
+        })
+        .collect()
+}
+
+/// A model-stage's logical counters, as a step line records them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CountersRecord {
+    /// Optimizer updates applied.
+    pub updates: u64,
+    /// Policy version the weights correspond to.
+    pub policy_version: u64,
+    /// Samples consumed.
+    pub data_position: u64,
+}
+
+/// A transition run at a step boundary.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TransitionRecord {
+    /// How it was admitted.
+    pub kind: Option<TransitionKind>,
+    /// Measured seconds (slowest rank).
+    pub seconds: f64,
+    /// The DAG's critical path, seconds.
+    pub predicted_seconds: f64,
+    /// Bytes sent over the data plane, all ranks together.
+    pub bytes: u64,
+    /// Bytes staged through host memory.
+    pub staged_bytes: u64,
+    /// Primitives of the DAG.
+    pub primitives: usize,
+    /// The plan before.
+    pub from: String,
+    /// The plan after.
+    pub to: String,
+    /// Per model-stage digests before the transition.
+    pub digests_before: BTreeMap<String, String>,
+    /// And after (equal: no state was lost or changed).
+    pub digests_after: BTreeMap<String, String>,
+}
+
+/// The pool of a step whose pool can change, what every rank held, and ranks lost.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ElasticRecord {
+    /// The ranks the step ran on, as an index list (`0-3`).
+    pub pool: String,
+    /// Bytes every rank's ledger held at the end of the step (zero outside the pool).
+    pub held_bytes: Vec<u64>,
+    /// Ranks lost so far (sorted).
+    pub lost_ranks: Vec<u32>,
+    /// A rank lost at the boundary after this step (`null` when none).
+    pub rank_loss: Option<RankLossRecord>,
+}
+
+/// A rank lost without warning at a step boundary.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RankLossRecord {
+    /// The rank.
+    pub rank: u32,
+    /// Replicas that had a shard there, dropped.
+    pub replicas_dropped: usize,
+    /// Model-stages left without a replica, restored from a checkpoint.
+    pub restored: Vec<String>,
+    /// The checkpoint they came from.
+    pub checkpoint: Option<PathBuf>,
+}
+
+/// An event of a run that is not a step (`{"event": "resume", …}`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "kebab-case")]
+pub enum Event {
+    /// The run continued from a checkpoint.
+    Resume {
+        /// The step it continued from.
+        from_step: u64,
+        /// The checkpoint.
+        checkpoint: PathBuf,
+        /// Step records already in the file at or after `from_step` (run again now).
+        superseded_records: usize,
+    },
+}

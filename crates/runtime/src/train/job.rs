@@ -1,0 +1,240 @@
+//! The live job: everything a running `nereus train` holds between steps, and its steps.
+
+use nereus_core::config::{JobConfig, OnNonFinite, PolicyMode};
+use nereus_core::plan::Plan;
+use nereus_core::policy::controller::Controller;
+use nereus_exec::comm::{max_over_ranks, MpiPlane};
+use nereus_exec::emu::EmuSet;
+use nereus_exec::rl::{RlJob, StepMetrics, StepSettings};
+
+use super::console;
+use super::fault::{rank_fault, RankFault};
+use super::metrics::MetricsLog;
+use super::pool::{PoolSignal, PoolSource};
+use super::record::{held_bytes, Predicted};
+use super::signals::{self, StopSignals};
+use super::sources::{create_state, from_checkpoint, initial_sources};
+use super::start::{agreed_pool, job_checks, pool_source, resume_directory, resume_marker};
+use super::timeline::Timeline;
+use super::TrainOptions;
+use crate::checkpoint::Checkpoints;
+use crate::{RuntimeError, Session};
+
+/// Consecutive steps with skipped updates after which `on_nonfinite = "skip-step"` gives up.
+const MAX_SKIPPING_STEPS: u32 = 3;
+
+/// A running `nereus train` on one rank: the plane, the EMUs, the RL job over them, the plan
+/// and pool in force, the ranks lost, the controller (rank 0's), and the run's records.
+pub struct TrainJob<'s> {
+    pub(super) session: &'s Session,
+    pub(super) config: &'s JobConfig,
+    pub(super) options: &'s TrainOptions,
+    pub(super) plane: MpiPlane<'s>,
+    pub(super) set: EmuSet,
+    pub(super) rl: RlJob,
+    pub(super) settings: StepSettings,
+    pub(super) plan: Plan,
+    pub(super) predicted: Predicted,
+    /// Ranks in the pool: the first this many ranks of the world that are not lost.
+    pub(super) pool: u32,
+    pub(super) pools: PoolSource,
+    pub(super) lost: Vec<u32>,
+    pub(super) fault: Option<RankFault>,
+    pub(super) controller: Option<Controller>,
+    pub(super) checkpoints: Checkpoints,
+    pub(super) metrics: MetricsLog,
+    pub(super) timeline: Timeline,
+    first_step: u64,
+    skipping: u32,
+    signals: StopSignals,
+    _pool_signal: Option<PoolSignal>,
+}
+
+/// What was in force during a step, recorded beside its measurements: the boundary after it
+/// may change all of it.
+pub struct InForce {
+    /// The plan the step ran under.
+    pub plan: Plan,
+    /// What the cost model predicted for it.
+    pub predicted: Predicted,
+    /// Ranks in the pool.
+    pub pool: u32,
+    /// Ranks lost so far.
+    pub lost: Vec<u32>,
+    /// Bytes every rank's ledger held at the end of the step (when the pool can change).
+    pub held: Vec<u64>,
+}
+
+impl<'s> TrainJob<'s> {
+    /// Checks the job, prepares the output directory, finds the resume point, plans, and
+    /// creates the plan's EMUs from the model directories, warm-ups or the checkpoint.
+    pub fn start(session: &'s Session, config: &'s JobConfig, options: &'s TrainOptions) -> Result<Self, RuntimeError> {
+        let world = session.world().size();
+        let out = config.job.output_dir.clone();
+        let checkpoints = Checkpoints::of(&out);
+        let metrics = MetricsLog::of(&out);
+        let resume_dir = resume_directory(session, &out, &checkpoints, &metrics, options.resume.as_ref())?;
+        let pools = session.agree("pool", pool_source(config, options, world as u32))?;
+        let first_step = resume_dir.as_deref().map_or(0, checkpoint_step);
+        let pool = agreed_pool(session, &pools, first_step)?;
+        let (plan, planner, cap) = session.agree("job checks", job_checks(config, pool as i32))?;
+        let predicted = Predicted::of(&planner, &plan);
+        let signals = StopSignals::install(config.job.checkpoint_on_signal.as_deref())?;
+        // SIGUSR1 re-reads the pool file at once, unless it asks for a checkpoint and stop.
+        let follows_pool = config.policy.mode != PolicyMode::Off;
+        let pool_signal = (follows_pool && config.job.checkpoint_on_signal.as_deref() != Some("SIGUSR1"))
+            .then(|| PoolSignal::install(&pools, session.rank()))
+            .transpose()?;
+        let mut settings = StepSettings::new(config);
+        settings.sampling.max_new_tokens = cap as usize;
+        let controller = (config.policy.mode != PolicyMode::Off && session.rank() == 0)
+            .then(|| Controller::new(config, planner.clone(), cap));
+        let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
+        let sources = match &resume_dir {
+            Some(dir) => from_checkpoint(session, dir, config, options)?,
+            None => initial_sources(session, &mut plane, config, &settings, &out.join("warmup"))?,
+        };
+        let set = create_state(&mut plane, config, &plan, &sources, world)?;
+        let rl = RlJob::new(&mut plane, &set, plan.clone(), settings.clone())?;
+        if session.rank() == 0 {
+            console::print_plan(&plan);
+        }
+        if let Some(dir) = &resume_dir {
+            let marker = (session.rank() == 0).then(|| resume_marker(&metrics, dir, sources.start_step));
+            session.agree("metrics", marker.unwrap_or(Ok(())))?;
+        }
+        let fault =
+            session.agree("faults", rank_fault(config, (options.fail_rank, options.fail_at_step), world as u32))?;
+        Ok(TrainJob {
+            session,
+            config,
+            options,
+            plane,
+            set,
+            rl,
+            settings,
+            plan,
+            predicted,
+            pool,
+            pools,
+            lost: Vec::new(),
+            fault,
+            controller,
+            checkpoints,
+            metrics,
+            timeline: Timeline::default(),
+            first_step: sources.start_step,
+            skipping: 0,
+            signals,
+            _pool_signal: pool_signal,
+        })
+    }
+
+    /// The first step this run takes (0, or the step of the checkpoint it resumed from).
+    pub fn first_step(&self) -> u64 {
+        self.first_step
+    }
+
+    /// Runs RL step `step` on every rank.
+    pub fn step(&mut self, step: u64) -> Result<StepMetrics, RuntimeError> {
+        Ok(self.rl.step(&mut self.plane, &mut self.set, step)?)
+    }
+
+    /// Whether the ranks the job uses can change during the run (a pool, a declared loss).
+    pub fn is_elastic(&self) -> bool {
+        self.pools.is_elastic() || self.fault.is_some()
+    }
+
+    /// What is in force at the end of a step, before its boundary moves anything.
+    pub fn in_force(&mut self) -> Result<InForce, RuntimeError> {
+        // Ledgers at the end of the step (recorded when the pool can change).
+        let held = if self.is_elastic() { held_bytes(&mut self.plane, &self.set)? } else { Vec::new() };
+        Ok(InForce {
+            plan: self.plan.clone(),
+            predicted: self.predicted.clone(),
+            pool: self.pool,
+            lost: self.lost.clone(),
+            held,
+        })
+    }
+
+    /// Stops on a non-finite update (`on_nonfinite = "stop"`), or counts steps with skipped
+    /// updates and stops after [`MAX_SKIPPING_STEPS`] in a row. Every rank holds the same
+    /// metrics, so every rank decides alike.
+    pub fn check_finite(&mut self, step: u64, m: &StepMetrics) -> Result<(), RuntimeError> {
+        let Some(nf) = m.non_finite else {
+            self.skipping = 0;
+            return Ok(());
+        };
+        let diverged = RuntimeError::Diverged {
+            step,
+            model_stage: nf.model_stage.to_string(),
+            quantity: nf.quantity,
+            value: nf.value,
+        };
+        match self.config.train.on_nonfinite {
+            OnNonFinite::Stop => Err(diverged),
+            OnNonFinite::SkipStep if self.skipping + 1 >= MAX_SKIPPING_STEPS => Err(diverged),
+            OnNonFinite::SkipStep => {
+                log::warn!(
+                    "step {step}: {} update(s) skipped ({} of {} is {})",
+                    m.skipped_updates,
+                    nf.quantity,
+                    nf.model_stage,
+                    nf.value
+                );
+                self.skipping += 1;
+                Ok(())
+            }
+        }
+    }
+
+    /// After `done` steps: a checkpoint when one is due (every `train.checkpoint_every`, the
+    /// last step, a stop signal on any rank); a signal then stops the job (exit 75).
+    pub fn checkpoint_if_due(&mut self, done: u64) -> Result<(), RuntimeError> {
+        let received = self.signals.received().map_or(0, signal_number);
+        let signal =
+            signals::name(
+                max_over_ranks(self.session.world(), self.session.watchdog(), "stop-signal check", received) as i32
+            );
+        let every = u64::from(self.config.train.checkpoint_every);
+        let last = done == u64::from(self.config.job.steps);
+        if signal.is_none() && !last && !(every > 0 && done.is_multiple_of(every)) {
+            return Ok(());
+        }
+        let dir = self.checkpoint(done)?;
+        if self.session.rank() == 0 {
+            log::info!("checkpoint of step {done} written to {}", dir.display());
+        }
+        match signal {
+            Some(signal) => Err(RuntimeError::Preempted { signal, step: done, checkpoint: dir }),
+            None => Ok(()),
+        }
+    }
+
+    /// The end of the run: rank 0 prints the summary and writes the timeline.
+    pub fn finish(&self) {
+        if self.session.rank() != 0 || self.config.policy.mode == PolicyMode::Off {
+            return;
+        }
+        let out = &self.config.job.output_dir;
+        println!("{}", self.timeline.summary());
+        match self.timeline.write(out, "timeline") {
+            Ok(()) => log::info!("timeline written to {}", out.join("timeline.{svg,png}").display()),
+            Err(e) => log::warn!("could not write the timeline to {}: {e}", out.display()),
+        }
+    }
+}
+
+/// The step a checkpoint directory `step-N` continues from.
+fn checkpoint_step(dir: &std::path::Path) -> u64 {
+    dir.file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix("step-"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+fn signal_number(name: &str) -> u64 {
+    (1..64).find(|&s| signals::name(s) == Some(name)).map_or(0, |s| s as u64)
+}

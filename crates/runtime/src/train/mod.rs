@@ -1,0 +1,93 @@
+//! `nereus train`: an RL job on the reference engine, as a type ([`TrainJob`]) and the short
+//! driver over it ([`run_config`]).
+//!
+//! Every rank checks the job and computes the same plan, rank 0 prepares the output directory,
+//! every rank creates the plan's EMUs from the warm-up or a verified checkpoint, then steps;
+//! at each step boundary the controller may reshape the job, rank 0 prints one line per step
+//! and appends the same as a JSON object to `<output_dir>/metrics.jsonl`.
+//!
+//! Every phase that ranks run on their own ends with an agreement ([`Session::agree`]), so a
+//! failure on some ranks stops all of them at once with one message; a failure inside a step
+//! (an out-of-memory on some ranks) aborts the job from the failing rank.
+//!
+//! - [`job`]: the live job — its state and its methods for one step, the boundary, the record
+//!   and checkpoints;
+//! - `start`: start-up checks, the output directory and the resume point;
+//! - `sources`: where every model's initial state comes from (directories, warm-ups,
+//!   checkpoints) and the EMUs made from it;
+//! - `boundary`: decisions, transitions, pool changes and rank loss;
+//! - `record`: the step line, predictions beside measurements;
+//! - `console`: what rank 0 prints;
+//! - [`pool`], [`fault`], [`signals`], [`metrics`], [`timeline`]: the machinery the job uses.
+
+mod boundary;
+mod console;
+pub mod fault;
+pub mod job;
+pub mod metrics;
+pub mod pool;
+mod record;
+mod save;
+pub mod signals;
+mod sources;
+mod start;
+pub mod timeline;
+
+pub use job::TrainJob;
+
+use std::path::Path;
+
+use nereus_core::config::{JobConfig, Overrides, ResumeFrom};
+
+use crate::{RuntimeError, Session};
+
+/// How `nereus train` starts, beside its job file.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct TrainOptions {
+    /// Resume from a checkpoint (any layout): a `step-N` directory, `latest` (the newest
+    /// complete checkpoint of the output directory), or `auto` (that, or a fresh start when
+    /// there is none: for batch scripts that requeue).
+    #[arg(long, value_name = "DIR|latest|auto")]
+    pub resume: Option<ResumeFrom>,
+    /// Resume without the optimizer state: AdamW restarts from zero moments.
+    #[arg(long = "resume-reset-optimizer", requires = "resume")]
+    pub reset_optimizer: bool,
+    /// The ranks the job may use at the start: a count N or the index list of the first N
+    /// ranks (`0-5`); `[pool] trace` and `<output_dir>/pool` take over when present.
+    #[arg(long, value_name = "N|0-(N-1)")]
+    pub pool: Option<String>,
+    /// Declare this rank lost without warning at the start of `--at-step` (its state is
+    /// gone; the controller replans around it, a checkpoint restores what had no replica).
+    #[arg(long, value_name = "R", requires = "fail_at_step")]
+    pub fail_rank: Option<u32>,
+    /// The step at whose start `--fail-rank` is lost.
+    #[arg(long = "at-step", value_name = "K", requires = "fail_rank")]
+    pub fail_at_step: Option<u64>,
+}
+
+/// Runs `nereus train` on every rank.
+pub fn run(
+    session: &mut Session,
+    path: Option<&Path>,
+    overrides: &Overrides,
+    options: &TrainOptions,
+) -> Result<(), RuntimeError> {
+    let config = session.load_config(path, overrides)?;
+    run_config(session, &config, options)
+}
+
+/// Trains the job `config` describes (already agreed by every rank): steps, each followed by
+/// its boundary, its record and, when due, a checkpoint.
+pub fn run_config(session: &Session, config: &JobConfig, options: &TrainOptions) -> Result<(), RuntimeError> {
+    let mut job = TrainJob::start(session, config, options)?;
+    for step in job.first_step()..u64::from(config.job.steps) {
+        let metrics = job.step(step)?;
+        let in_force = job.in_force()?;
+        let boundary = job.boundary(step, &metrics)?;
+        job.record(step, &metrics, &in_force, &boundary)?;
+        job.check_finite(step, &metrics)?;
+        job.checkpoint_if_due(step + 1)?;
+    }
+    job.finish();
+    Ok(())
+}

@@ -1,0 +1,191 @@
+//! The step line of `metrics.jsonl`: what the step measured beside what the cost model
+//! predicted for the plan it ran under (digests and peak memory need every rank).
+
+use std::collections::BTreeMap;
+
+use nereus_core::cost::{MemoryBreakdown, MemoryItem, OpClass, OpSeconds, RankPeaks};
+use nereus_core::index_list::format_index_list;
+use nereus_core::plan::{PerPhase, Phase, Plan};
+use nereus_core::planner::{Planner, StepSeconds};
+use nereus_core::record::{placements, CountersRecord, ElasticRecord, Measured, RankMemory, StepLine};
+use nereus_exec::comm::{DataPlane, MpiPlane};
+use nereus_exec::emu::EmuSet;
+use nereus_exec::rl::StepMetrics;
+
+use super::boundary::Boundary;
+use super::console;
+use super::fault::pool_ranks;
+use super::job::InForce;
+use super::TrainJob;
+use crate::RuntimeError;
+
+/// What the cost model predicts for the plan the job runs, recorded beside every measurement.
+#[derive(Clone)]
+pub struct Predicted {
+    peaks: RankPeaks,
+    seconds: StepSeconds,
+    /// Per phase, the seconds per operation class along its critical path.
+    op_seconds: PerPhase<OpSeconds>,
+}
+
+impl Predicted {
+    /// What `planner` predicts for `plan`.
+    pub fn of(planner: &Planner, plan: &Plan) -> Predicted {
+        let efficiencies = planner.cost().efficiencies;
+        let op_seconds = planner.stage_parts(plan).map(|(_, ideal)| ideal.at(&efficiencies));
+        Predicted { peaks: planner.rank_peaks(plan), seconds: planner.step_seconds(plan), op_seconds }
+    }
+
+    /// The predicted step seconds.
+    pub fn step_seconds(&self) -> f64 {
+        self.seconds.total()
+    }
+}
+
+impl TrainJob<'_> {
+    /// Records step `step`: its line built (every rank takes part), printed and appended by
+    /// rank 0 with the boundary after it, and the timeline extended.
+    pub fn record(
+        &mut self,
+        step: u64,
+        m: &StepMetrics,
+        in_force: &InForce,
+        boundary: &Boundary,
+    ) -> Result<(), RuntimeError> {
+        let mut line = step_line(&mut self.plane, &self.set, in_force, step, m, boundary)?;
+        if self.is_elastic() {
+            line.elastic = Some(ElasticRecord {
+                pool: format_index_list(&pool_ranks(in_force.pool, &in_force.lost)),
+                held_bytes: in_force.held.clone(),
+                lost_ranks: in_force.lost.clone(),
+                rank_loss: boundary.rank_loss.clone(),
+            });
+        }
+        let root = self.session.rank() == 0;
+        if root {
+            console::print_step(step, m, &in_force.plan);
+            console::print_boundary(boundary);
+            let seconds = (m.step_seconds, in_force.predicted.step_seconds());
+            let transition = boundary.transition.as_ref();
+            self.timeline.push(step, seconds, m.response_len_mean, m.generated_tokens, in_force.pool, transition);
+        }
+        self.session.agree("metrics", if root { self.metrics.append(&line) } else { Ok(()) })
+    }
+}
+
+/// The step's line (docs/operations.md); digests and peak memory need every rank.
+fn step_line(
+    plane: &mut MpiPlane,
+    set: &EmuSet,
+    in_force: &InForce,
+    step: u64,
+    m: &StepMetrics,
+    boundary: &Boundary,
+) -> Result<StepLine, RuntimeError> {
+    let digests = set.digests(plane)?;
+    let mut state_digest = BTreeMap::new();
+    let mut counters = BTreeMap::new();
+    for emu in set.emus() {
+        let c = emu.counters;
+        let name = emu.model_stage.to_string();
+        state_digest.entry(name.clone()).or_insert_with(|| digests[&emu.id].to_string());
+        let record =
+            CountersRecord { updates: c.updates, policy_version: c.policy_version, data_position: c.data_position };
+        counters.entry(name).or_insert(record);
+    }
+    let measured = measured_peaks(plane, set)?;
+    let ops = slowest_op_seconds(plane, set.world_size(), &m.op_seconds)?;
+    let predicted = &in_force.predicted;
+    let worst = (0..measured.len()).max_by_key(|&r| measured[r].total()).unwrap_or(0);
+    let (predicted_peak, predicted_worst) = predicted.peaks.max();
+    Ok(StepLine {
+        step,
+        reward_mean: m.reward_mean,
+        rm_score_mean: m.rm_score_mean,
+        response_len_mean: m.response_len_mean,
+        response_len_p95: m.response_len_p95,
+        kl: m.kl,
+        actor_loss: m.actor_loss,
+        critic_loss: m.critic_loss,
+        actor_grad_norm: m.actor_grad_norm,
+        critic_grad_norm: m.critic_grad_norm,
+        skipped_updates: m.skipped_updates,
+        step_seconds: m.step_seconds,
+        predicted_step_seconds: predicted.seconds.total(),
+        stage_seconds: m.stage_seconds,
+        predicted_stage_seconds: predicted.seconds,
+        op_seconds: Measured { measured: ops, predicted: predicted.op_seconds },
+        tokens_per_second: m.generated_tokens as f64 / m.step_seconds.max(1e-9),
+        plan: placements(&in_force.plan),
+        decision: boundary.decision.clone(),
+        transition: boundary.transition.clone(),
+        peak_memory_bytes: measured[worst].total(),
+        predicted_peak_memory_bytes: predicted_peak,
+        peak_memory: Measured {
+            measured: RankMemory { rank: worst as i32, items: measured[worst] },
+            predicted: RankMemory {
+                rank: predicted_worst,
+                items: predicted.peaks.ranks[predicted_worst as usize].at_peak(),
+            },
+        },
+        rank_peak_memory_bytes: Measured {
+            measured: measured.iter().map(|b| b.total()).collect(),
+            predicted: predicted.peaks.ranks.iter().map(|r| r.peak()).collect(),
+        },
+        state_digest,
+        counters,
+        elastic: None,
+    })
+}
+
+/// Per phase and operation class, the most seconds any rank spent (one all-gather).
+fn slowest_op_seconds(
+    plane: &mut MpiPlane,
+    world: i32,
+    mine: &PerPhase<OpSeconds>,
+) -> Result<PerPhase<OpSeconds>, RuntimeError> {
+    let local: Vec<f64> = mine.iter().flat_map(|(_, s)| s.0).collect();
+    let group = plane.group(&(0..world).collect::<Vec<_>>())?;
+    let mut all = vec![0u8; local.len() * 8 * world as usize];
+    plane.all_gather(group, bytemuck::cast_slice(&local), &mut all)?;
+    let classes = OpClass::ALL.len();
+    let mut out = PerPhase::<OpSeconds>::default();
+    for rank in bytemuck::cast_slice::<u8, f64>(&all).chunks_exact(local.len()) {
+        // This rank's values, phase after phase in step order, class after class.
+        for (k, phase) in Phase::ALL.into_iter().enumerate() {
+            let theirs = OpSeconds(std::array::from_fn(|c| rank[k * classes + c]));
+            *out.get_mut(phase) = out.get(phase).max(&theirs);
+        }
+    }
+    Ok(out)
+}
+
+/// Every rank's ledger peak, item by item (one all-gather).
+fn measured_peaks(plane: &mut MpiPlane, set: &EmuSet) -> Result<Vec<MemoryBreakdown>, RuntimeError> {
+    let mine = set.store().ledger().peak_breakdown();
+    let local: Vec<u64> = MemoryItem::ALL.iter().map(|&i| mine.get(i)).collect();
+    let all = gather_u64s(plane, set.world_size(), &local)?;
+    Ok(all
+        .chunks_exact(local.len())
+        .map(|rank| {
+            let mut b = MemoryBreakdown::default();
+            for (item, bytes) in MemoryItem::ALL.iter().zip(rank) {
+                b.add(*item, *bytes);
+            }
+            b
+        })
+        .collect())
+}
+
+/// Bytes each rank's ledger holds now (all-gathered): zero on ranks outside the pool.
+pub fn held_bytes(plane: &mut MpiPlane, set: &EmuSet) -> Result<Vec<u64>, RuntimeError> {
+    gather_u64s(plane, set.world_size(), &[set.store().ledger().used()])
+}
+
+/// Every rank's `local` values, rank after rank (one all-gather over the world).
+fn gather_u64s(plane: &mut MpiPlane, world: i32, local: &[u64]) -> Result<Vec<u64>, RuntimeError> {
+    let group = plane.group(&(0..world).collect::<Vec<_>>())?;
+    let mut all = vec![0u8; 8 * local.len() * world as usize];
+    plane.all_gather(group, bytemuck::cast_slice(local), &mut all)?;
+    Ok(all.chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8]))).collect())
+}

@@ -1,0 +1,79 @@
+//! Checkpoints of the live job: every model, its optimizer state and the job's counters.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use nereus_core::plan::{ModelStage, Role, Stage};
+use nereus_exec::rl::{StepSettings, EOS};
+
+use super::sources::spec;
+use super::TrainJob;
+use crate::checkpoint::{self, ModelToSave, SaveOptions, Sidecar};
+use crate::RuntimeError;
+
+impl<'s> TrainJob<'s> {
+    /// Saves every model as checkpoint `step` (every rank calls it; see [`checkpoint::save`]);
+    /// every rank learns where it went, or every rank fails.
+    pub fn checkpoint(&mut self, step: u64) -> Result<PathBuf, RuntimeError> {
+        let saved = self.save(step);
+        self.session.agree("checkpoint", saved)
+    }
+
+    fn save(&mut self, step: u64) -> Result<PathBuf, RuntimeError> {
+        let config = self.config;
+        let models = self.models_to_save();
+        let settings = StepSettings::new(config);
+        let options = SaveOptions {
+            max_shard_bytes: config.train.checkpoint_shard_bytes(),
+            max_position_embeddings: settings.seq_len() as u64,
+            eos_token_id: Some(EOS),
+            temperature: config.train.temperature,
+            top_p: config.train.top_p,
+        };
+        let sidecar = self.sidecar(step);
+        Ok(checkpoint::save(&mut self.plane, &self.set, &models, sidecar, &self.checkpoints, &options)?)
+    }
+
+    /// Each model once: from its first training replica (with Adam's moments) when it trains,
+    /// else its first replica.
+    fn models_to_save(&self) -> Vec<ModelToSave<'s>> {
+        let (config, replicas) = (self.config, &self.rl.replicas);
+        let mut models: Vec<ModelToSave> = Vec::new();
+        for (ms, ids) in replicas {
+            let role = ms.role;
+            let training = ModelStage::new(role, Stage::Training);
+            if models.iter().any(|m| m.role == role) || (!ms.trains() && replicas.contains_key(&training)) {
+                continue;
+            }
+            // A model that started from a directory carries what the job does not own of it.
+            let source = spec(config, role).path.as_deref();
+            let value_head = matches!(role, Role::Critic | Role::Reward);
+            models.push(ModelToSave { role, emu: ids[0], architecture: spec(config, role), value_head, source });
+        }
+        models
+    }
+
+    /// The checkpoint's sidecar: the job, the step, the data position and every counter.
+    fn sidecar(&self, step: u64) -> Sidecar {
+        let config = self.config;
+        let counters = self
+            .rl
+            .replicas
+            .iter()
+            .filter_map(|(ms, ids)| self.set.emu(ids[0]).map(|e| (ms.to_string(), e.counters)))
+            .collect();
+        Sidecar {
+            format: checkpoint::FORMAT,
+            job: config.job.name.clone(),
+            algorithm: config.rl.algorithm.name().into(),
+            seed: config.job.seed,
+            step,
+            prompts_per_step: config.rl.prompts_per_step,
+            data_position: step * u64::from(config.rl.prompts_per_step),
+            counters,
+            models: BTreeMap::new(),
+            rng: "counter-based: draws are functions of (seed, sequence id, position)".into(),
+            sha256: String::new(),
+        }
+    }
+}

@@ -1,0 +1,151 @@
+//! Before a job touches its state: what every rank checks (the engine can run it here, the
+//! plan), the output directory made ready and the checkpoint to resume from, the pool.
+
+use std::path::{Path, PathBuf};
+
+use nereus_core::config::{DataPlane as PlaneKind, Dtype, JobConfig, PolicyMode, ResumeFrom};
+use nereus_core::plan::Plan;
+use nereus_core::planner::{initial_plan, Planner};
+use nereus_core::record::Event;
+use nereus_core::units::format_bytes;
+use nereus_exec::backend::check_data_plane;
+use nereus_exec::rl::StepSettings;
+
+use super::metrics::MetricsLog;
+use super::pool::PoolSource;
+use super::TrainOptions;
+use crate::checkpoint::{self, Checkpoints};
+use crate::{io_error, RuntimeError, Session};
+
+/// What every rank checks before touching anything: the engine can run this job here (f32
+/// models, the MPI data plane, room for the rollout), and the plan.
+pub(super) fn job_checks(config: &JobConfig, world: i32) -> Result<(Plan, Planner, u32), RuntimeError> {
+    for (role, spec) in config.models.roles() {
+        if spec.dtype != Dtype::F32 {
+            return Err(RuntimeError::Usage(format!(
+                "models.{role}.dtype = {:?}: the CPU reference engine computes in f32 (bf16 and f16 models are planned with `nereus plan`, and trained by the GPU engines)",
+                format!("{:?}", spec.dtype).to_lowercase()
+            )));
+        }
+    }
+    check_data_plane(config.cluster.data_plane).map_err(RuntimeError::Backend)?;
+    if config.cluster.data_plane != PlaneKind::Mpi {
+        return Err(RuntimeError::Usage(format!(
+            "cluster.data_plane = \"{}\": the CPU reference engine moves tensors over MPI; set data_plane = \"mpi\"",
+            serde_json::to_value(config.cluster.data_plane)
+                .ok()
+                .and_then(|v| v.as_str().map(String::from))
+                .unwrap_or_default()
+        )));
+    }
+    let s = StepSettings::new(config);
+    // Tokens, the five per-position arrays, the inference buffer and the assembled samples.
+    let rollout = 11 * 4 * s.sequences() as u64 * s.seq_len() as u64;
+    let capacity = config.cluster.device_memory_bytes();
+    if rollout > capacity {
+        return Err(RuntimeError::Usage(format!(
+            "one step's rollout ({} sequences × {} tokens) needs {} on every rank, and a rank has {} (cluster.device_memory_gb); lower rl.prompts_per_step, rl.samples_per_prompt or rl.max_response_len",
+            s.sequences(),
+            s.seq_len(),
+            format_bytes(rollout),
+            format_bytes(capacity)
+        )));
+    }
+    job_plan(config, world)
+}
+
+/// The plan the job starts with, the planner that predicts it and the response cap it is made
+/// for ([`initial_plan`]: the one function `nereus simulate` starts from too).
+fn job_plan(config: &JobConfig, world: i32) -> Result<(Plan, Planner, u32), RuntimeError> {
+    Ok(initial_plan(config, world as u32)?)
+}
+
+/// Rank 0 makes the output directory ready — created, writable, the leftovers of an
+/// interrupted save removed, a torn metrics line cut — and finds the checkpoint to resume
+/// from; every rank learns the outcome and the directory.
+pub(super) fn resume_directory(
+    session: &Session,
+    out: &Path,
+    checkpoints: &Checkpoints,
+    metrics: &MetricsLog,
+    from: Option<&ResumeFrom>,
+) -> Result<Option<PathBuf>, RuntimeError> {
+    let local = if session.rank() == 0 { prepare_output(out, checkpoints, metrics, from) } else { Ok(None) };
+    let path = |dir: Option<PathBuf>| dir.map(|d| d.to_string_lossy().into_owned().into_bytes()).unwrap_or_default();
+    let bytes = session.from_root("output directory", local.map(path))?;
+    Ok((!bytes.is_empty()).then(|| PathBuf::from(String::from_utf8_lossy(&bytes).into_owned())))
+}
+
+fn prepare_output(
+    out: &Path,
+    checkpoints: &Checkpoints,
+    metrics: &MetricsLog,
+    from: Option<&ResumeFrom>,
+) -> Result<Option<PathBuf>, RuntimeError> {
+    std::fs::create_dir_all(out).map_err(io_error("create directory", out))?;
+    let probe = out.join(".nereus-write-test");
+    std::fs::write(&probe, b"").map_err(io_error("write into", out))?;
+    std::fs::remove_file(&probe).map_err(io_error("remove", &probe))?;
+    for stale in checkpoints.clean_stale()? {
+        log::warn!("removed {} (left by an interrupted checkpoint)", stale.display());
+    }
+    let torn = metrics.repair()?;
+    if torn > 0 {
+        log::warn!("cut a torn last line ({torn} bytes) off {}", metrics.path().display());
+    }
+    let dir = checkpoints.resolve(from)?;
+    if dir.is_none() {
+        let mut found = Vec::new();
+        if std::fs::metadata(metrics.path()).is_ok_and(|m| m.len() > 0) {
+            found.push("metrics.jsonl".to_string());
+        }
+        if let Some((step, _)) = checkpoints.complete().last() {
+            found.push(format!("checkpoints up to step {step}"));
+        }
+        if !found.is_empty() {
+            return Err(checkpoint::CheckpointError::ExistingRun { dir: out.into(), found: found.join(", ") }.into());
+        }
+    }
+    Ok(dir)
+}
+
+/// Marks a resume in the metrics: from which step and checkpoint, and how many step records it
+/// supersedes (a run resumed from an earlier checkpoint runs those steps again).
+pub(super) fn resume_marker(metrics: &MetricsLog, dir: &Path, from_step: u64) -> Result<(), RuntimeError> {
+    let superseded = metrics.steps_from(from_step).len();
+    if superseded > 0 {
+        log::warn!(
+            "resuming at step {from_step}: {superseded} step records already in {} are superseded",
+            metrics.path().display()
+        );
+    }
+    metrics.append(&Event::Resume { from_step, checkpoint: dir.to_path_buf(), superseded_records: superseded })
+}
+
+/// Where the job's pool comes from; a pool other than the world needs a controller to follow it.
+pub(super) fn pool_source(config: &JobConfig, options: &TrainOptions, world: u32) -> Result<PoolSource, RuntimeError> {
+    let pools = PoolSource::new(config.pool.trace.as_deref(), &config.job.output_dir, options.pool.as_deref(), world)?;
+    if pools.is_elastic() && config.policy.mode == PolicyMode::Off {
+        return Err(RuntimeError::Usage(
+            "[pool] trace, --pool or <output_dir>/pool change the ranks a job may use, and policy.mode = \"off\" never moves it: set policy.mode (or --policy) to nereus, static, greedy or every-k".into(),
+        ));
+    }
+    Ok(pools)
+}
+
+/// The pool of `step` as rank 0 reads it (the operator's file may change at any time).
+pub(super) fn agreed_pool(session: &Session, pools: &PoolSource, step: u64) -> Result<u32, RuntimeError> {
+    let local = if session.rank() == 0 { pools.at(step).map(|n| n.to_le_bytes().to_vec()) } else { Ok(Vec::new()) };
+    let agreed = session.from_root("pool", local)?;
+    Ok(u32::from_le_bytes(agreed.try_into().unwrap_or([0; 4])))
+}
+
+/// The pool of `step` at a boundary of a running job, as rank 0 reads it. A pool file it cannot
+/// use keeps the pool in force, with a warning each step until the file is fixed: an
+/// operator's typo must not stop a job that is running fine.
+pub(super) fn next_pool(pools: &PoolSource, step: u64, in_force: u32) -> u32 {
+    pools.at(step).unwrap_or_else(|e| {
+        log::warn!("{e}; keeping the pool of {in_force} ranks");
+        in_force
+    })
+}

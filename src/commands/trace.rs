@@ -1,0 +1,76 @@
+//! `nereus trace synth … OUT.csv`: traces for `nereus simulate`, shaped like the paper's.
+
+use clap::{Args, Subcommand};
+use std::path::PathBuf;
+
+use nereus_core::sim::synth::{synthesize, Shape, SynthSpec};
+
+use super::simulate::write_file;
+use crate::error::CommandError;
+use crate::launch::{solo, Global};
+
+/// `nereus trace …`.
+#[derive(Subcommand, Debug, Clone)]
+pub enum TraceCommand {
+    /// Write a synthetic trace shaped like the paper's: length growth (Fig. 4a), spot pool
+    /// changes (Fig. 3), both, or the 26-step trace of §6.3.
+    Synth(SynthArgs),
+}
+
+/// `nereus trace synth`.
+#[derive(Args, Debug, Clone)]
+pub struct SynthArgs {
+    /// The CSV file to write.
+    pub out: PathBuf,
+    /// The shape.
+    #[arg(long, value_enum, default_value = "growth")]
+    pub shape: Shape,
+    /// Steps (paper26 has 26).
+    #[arg(long, default_value_t = 1000)]
+    pub steps: u64,
+    /// The full pool, GPUs.
+    #[arg(long, default_value_t = 1024)]
+    pub gpus: u32,
+    /// GPUs per node (the unit of spot changes).
+    #[arg(long, default_value_t = 8)]
+    pub gpus_per_node: u32,
+    /// Mean response length at the start, tokens.
+    #[arg(long, default_value_t = 500.0)]
+    pub from: f64,
+    /// Mean response length at the end, tokens.
+    #[arg(long, default_value_t = 8000.0)]
+    pub to: f64,
+    /// Longest response (p95 is cut there), tokens.
+    #[arg(long, default_value_t = 8192.0)]
+    pub max_len: f64,
+    /// Seed of the noise and the spot events.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Leave out the available_gpus column (the pool then comes from `simulate --gpus`).
+    #[arg(long)]
+    pub no_pool: bool,
+}
+
+/// Runs `nereus trace …` (this process alone).
+pub fn exec(command: TraceCommand, global: &Global) -> u8 {
+    let TraceCommand::Synth(a) = command;
+    solo(global, || {
+        let spec = SynthSpec {
+            shape: a.shape,
+            steps: a.steps,
+            gpus: a.gpus,
+            gpus_per_node: a.gpus_per_node,
+            from: a.from,
+            to: a.to,
+            max_len: a.max_len,
+            seed: a.seed,
+            pool: !a.no_pool,
+        };
+        if spec.steps == 0 || spec.gpus == 0 || !(spec.from >= 1.0 && spec.to >= 1.0 && spec.max_len >= 1.0) {
+            return Err(CommandError::Usage(
+                "trace synth: --steps, --gpus, --from, --to and --max-len must be positive".into(),
+            ));
+        }
+        write_file(&a.out, synthesize(&spec).to_csv())
+    })
+}

@@ -1,0 +1,78 @@
+//! Why a command of the binary failed, for the commands that run over the core alone.
+
+use std::path::PathBuf;
+use thiserror::Error;
+
+use nereus_core::config::ConfigError;
+use nereus_core::exit::{EXIT_FAILURE, EXIT_USAGE};
+use nereus_core::planner::PlannerError;
+use nereus_core::sim::SimError;
+use nereus_core::transition::TransitionError;
+
+/// Why a planning, simulating or tracing command failed.
+#[derive(Debug, Error)]
+pub enum CommandError {
+    /// The job config is broken.
+    #[error("{0}")]
+    Config(#[from] ConfigError),
+    /// No plan fits.
+    #[error("{0}")]
+    Planner(#[from] PlannerError),
+    /// A transition cannot be planned.
+    #[error("{0}")]
+    Transition(#[from] TransitionError),
+    /// A simulation cannot run (a bad trace, calibration or request).
+    #[error("{0}")]
+    Sim(#[from] SimError),
+    /// The command was used wrongly.
+    #[error("{0}")]
+    Usage(String),
+    /// A file could not be written.
+    #[error("cannot {action} `{}`: {source}", path.display())]
+    Io {
+        /// What was attempted.
+        action: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// Printing to standard output failed.
+    #[error("cannot write to standard output: {0}")]
+    Stdout(std::io::Error),
+}
+
+impl CommandError {
+    /// The process exit status: 2 for anything the user can fix, 1 for files the system refused.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CommandError::Io { .. } | CommandError::Stdout(_) => EXIT_FAILURE,
+            CommandError::Sim(SimError::Io { .. }) => EXIT_FAILURE,
+            CommandError::Transition(_) => EXIT_FAILURE,
+            _ => EXIT_USAGE,
+        }
+    }
+}
+
+/// The error-mapping closure for a failed write of `path`.
+pub fn write_error(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> CommandError {
+    let path = path.to_path_buf();
+    move |source| CommandError::Io { action: "write", path, source }
+}
+
+#[cfg(feature = "mpi")]
+impl From<CommandError> for nereus_runtime::RuntimeError {
+    fn from(e: CommandError) -> Self {
+        use nereus_runtime::RuntimeError;
+        match e {
+            CommandError::Config(e) => e.into(),
+            CommandError::Planner(e) => RuntimeError::Planner(e),
+            CommandError::Transition(e) => RuntimeError::Transition(e),
+            CommandError::Sim(SimError::Io { path, source }) => RuntimeError::Io { action: "read", path, source },
+            CommandError::Sim(e) => RuntimeError::Usage(e.to_string()),
+            CommandError::Usage(m) => RuntimeError::Usage(m),
+            CommandError::Io { action, path, source } => RuntimeError::Io { action, path, source },
+            CommandError::Stdout(e) => RuntimeError::Stdout(e),
+        }
+    }
+}
