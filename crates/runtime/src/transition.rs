@@ -9,7 +9,7 @@ use nereus_exec::comm::{agree, Watchdog, World};
 use petgraph::graph::NodeIndex;
 
 use nereus_core::transition::{Primitive, TransitionDag, UnitId};
-use nereus_exec::emu::{EmuId, EmuSet, Exchange, PrimitiveReport, ShardMemory};
+use nereus_exec::emu::{EmuId, EmuSet, Exchange, PrimitiveOptions, PrimitiveReport, ShardMemory};
 
 use super::RuntimeError;
 
@@ -125,6 +125,7 @@ fn run_node<M: ShardMemory, P: Exchange<M>>(
 ) -> Result<(PrimitiveReport, Vec<UnitId>), RuntimeError> {
     let node = &dag.graph[NodeIndex::new(i)];
     let made = node.primitive.creates().to_vec();
+    let options = PrimitiveOptions { through_host: node.staged, in_transition: true };
     let done = match &node.primitive {
         Primitive::Split { source, .. } if fused.contains_key(&i) => {
             let merge = &dag.graph[NodeIndex::new(fused[&i])];
@@ -139,13 +140,11 @@ fn run_node<M: ShardMemory, P: Exchange<M>>(
                 PrimitiveReport { primitive: label, bytes_sent: 0, bytes_local: 0, seconds: 0.0, created: vec![] };
             return Ok((done, vec![]));
         }
-        Primitive::Split { source, parts } => {
-            set.split_with(plane, ids[source], dag.units[&parts[0]].layout, node.staged)?
-        }
-        Primitive::Extend { source, copy } => set.extend_in_transition(plane, ids[source], &dag.units[copy].ranks)?,
+        Primitive::Split { source, parts } => set.split(plane, ids[source], dag.units[&parts[0]].layout, options)?,
+        Primitive::Extend { source, copy } => set.extend(plane, ids[source], &dag.units[copy].ranks, options)?,
         Primitive::Merge { parts, merged } => {
             let part_ids: Vec<EmuId> = parts.iter().map(|p| ids[p]).collect();
-            set.merge_with(plane, &part_ids, dag.units[merged].layout, node.staged)?
+            set.merge(plane, &part_ids, dag.units[merged].layout, options)?
         }
         Primitive::Destroy { unit } => set.destroy(ids[unit])?,
     };

@@ -33,7 +33,7 @@ use crate::selftest::{changed_digests, materialize, missed_targets, state_bytes}
 use nereus_core::model::{Catalogue, Layout};
 use nereus_core::plan::{Candidate, ModelStage, Placement, Plan, Recompute, Role, Stage};
 use nereus_core::rng::Rng;
-use nereus_core::transition::global::Links;
+use nereus_core::transition::global::{check, Links};
 use nereus_core::transition::testing::{tightest_capacity, tiny_catalogue};
 use nereus_core::transition::TransitionDag;
 use nereus_exec::comm::{DataPlane, MpiPlane};
@@ -194,7 +194,8 @@ fn benchmark(session: &Session, trials: u32, seed: u64, json: Option<&Path>) -> 
             let delays: BTreeMap<ModelStage, f64> =
                 from.placements.iter().map(|p| (p.candidate.model_stage, rng.below(1000) as f64 * 1e-4)).collect();
             if let Ok(alone) = TransitionDag::plan(&from, &to, &bytes, &links, false) {
-                match alone.first_conflict(&alone.delayed_order(&|ms| delays[&ms]), &bytes, capacity) {
+                match check::first_conflict(&alone, &check::delayed_order(&alone, &|ms| delays[&ms]), &bytes, capacity)
+                {
                     None => row.baseline_successes += 1,
                     Some(conflict) => {
                         row.baseline_example.get_or_insert(conflict);

@@ -146,6 +146,43 @@ fn benchmark(session: &Session, reps: usize, json: Option<&Path>) -> Result<(), 
     let arch = bench_arch();
     let (b, t) = BATCH;
     let n = b * t;
+    let (f, s, d) = time_phases(session, &arch, reps)?;
+    let gemms = step_gemms(&arch, n);
+    let (gemm_flops, gemm_seconds) = gemm_reference(&gemms);
+    let reference = gemm_flops / gemm_seconds;
+    let attention = attention_flops(&arch, b, t);
+    let row = |phase: &str, tokens: u64, seconds: f64, flops: f64| Row {
+        phase: phase.into(),
+        tokens,
+        seconds,
+        tokens_per_second: tokens as f64 / seconds,
+        flops,
+        gflops_per_second: flops / seconds / 1e9,
+        fraction_of_gemm: if flops > 0.0 { flops / seconds / reference } else { 0.0 },
+    };
+    let (db, dp, dn) = DECODE;
+    let rows = vec![
+        row("gemm_reference", n as u64, gemm_seconds, gemm_flops),
+        row("forward", n as u64, f, gemm_flops / 3.0 + attention / 3.0),
+        row("backward", n as u64, (s - f).max(1e-9), 2.0 * (gemm_flops + attention) / 3.0),
+        row("train_step", n as u64, s, gemm_flops + attention),
+        row("decode", (db * dn) as u64, d, 0.0),
+    ];
+    let title = format!(
+        "model: {} parameters; batch {b} x {t} tokens; decode {db} x ({dp} + {dn}) tokens",
+        Catalogue::new(arch).parameter_count()
+    );
+    print_rows(&title, &rows)?;
+    let step = rows.iter().find(|r| r.phase == "train_step").map_or(0.0, |r| r.fraction_of_gemm);
+    let floors = vec![Floor::at_least("train_step_fraction_of_gemm_flops", step, 0.4, "ratio")];
+    BenchReport { bench: "engine".into(), machine: machine(session), rows, floors }.finish(json)
+}
+
+/// Median seconds of a forward pass, a training step and a decode of the benchmark's model on
+/// one rank, over `reps` rounds after a warm-up.
+fn time_phases(session: &Session, arch: &Architecture, reps: usize) -> Result<(f64, f64, f64), RuntimeError> {
+    let (b, t) = BATCH;
+    let n = b * t;
     let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
     let ms = ModelStage::new(Role::Actor, Stage::Training);
     let mut set = EmuSet::new(0, 1, 16 << 30, [(Role::Actor, Catalogue::new(arch.clone()))].into_iter().collect());
@@ -157,9 +194,7 @@ fn benchmark(session: &Session, reps: usize, json: Option<&Path>) -> Result<(), 
     let batch = Batch { tokens: &tokens, seq_len: t };
     let objective = CrossEntropy { sequences: b, seq_len: t };
     let opt = AdamW::default();
-    let mut fwd = Vec::new();
-    let mut steps = Vec::new();
-    let mut decodes = Vec::new();
+    let (mut fwd, mut steps, mut decodes) = (Vec::new(), Vec::new(), Vec::new());
     let (db, dp, dn) = DECODE;
     // EOS outside the vocabulary: every sequence decodes all `dn` tokens.
     let sampling =
@@ -184,58 +219,34 @@ fn benchmark(session: &Session, reps: usize, json: Option<&Path>) -> Result<(), 
             steps.push(s);
         }
     }
-    let gemms = step_gemms(&arch, n);
-    let gemm_flops: f64 = gemms.iter().map(Gemm::flops).sum();
+    Ok((median(fwd), median(steps), median(decodes)))
+}
+
+/// The FLOPs of a step's GEMMs and the seconds the GEMM crate takes for them alone (each
+/// distinct shape timed once).
+fn gemm_reference(gemms: &[Gemm]) -> (f64, f64) {
+    let flops: f64 = gemms.iter().map(Gemm::flops).sum();
     let mut distinct: Vec<(Gemm, f64)> = Vec::new();
-    for g in &gemms {
+    for g in gemms {
         if !distinct.iter().any(|(d, _)| d == g) {
             distinct.push((*g, time_gemm(g)));
         }
     }
-    let gemm_seconds: f64 = gemms.iter().map(|g| distinct.iter().find(|(d, _)| d == g).map_or(0.0, |(_, s)| *s)).sum();
-    let reference = gemm_flops / gemm_seconds;
-    let attention = attention_flops(&arch, b, t);
-    let (f, s, d) = (median(fwd), median(steps), median(decodes));
-    let row = |phase: &str, tokens: u64, seconds: f64, flops: f64| Row {
-        phase: phase.into(),
-        tokens,
-        seconds,
-        tokens_per_second: tokens as f64 / seconds,
-        flops,
-        gflops_per_second: flops / seconds / 1e9,
-        fraction_of_gemm: if flops > 0.0 { flops / seconds / reference } else { 0.0 },
-    };
-    let (db, dp, dn) = DECODE;
-    let rows = vec![
-        row("gemm_reference", n as u64, gemm_seconds, gemm_flops),
-        row("forward", n as u64, f, gemm_flops / 3.0 + attention / 3.0),
-        row("backward", n as u64, (s - f).max(1e-9), 2.0 * (gemm_flops + attention) / 3.0),
-        row("train_step", n as u64, s, gemm_flops + attention),
-        row("decode", (db * dn) as u64, d, 0.0),
-    ];
-    let mut out = std::io::stdout().lock();
-    writeln!(
-        out,
-        "model: {} parameters; batch {b} x {t} tokens; decode {db} x ({dp} + {dn}) tokens",
-        Catalogue::new(arch).parameter_count()
-    )
-    .map_err(RuntimeError::Stdout)?;
-    writeln!(
-        out,
-        "{:<15} {:>8} {:>10} {:>12} {:>10} {:>9}",
+    let seconds = gemms.iter().map(|g| distinct.iter().find(|(d, _)| d == g).map_or(0.0, |(_, s)| *s)).sum();
+    (flops, seconds)
+}
+
+fn print_rows(title: &str, rows: &[Row]) -> Result<(), RuntimeError> {
+    let mut text = format!("{title}\n");
+    text += &format!(
+        "{:<15} {:>8} {:>10} {:>12} {:>10} {:>9}\n",
         "phase", "tokens", "seconds", "tokens/s", "GFLOP/s", "of GEMM"
-    )
-    .map_err(RuntimeError::Stdout)?;
-    for r in &rows {
-        writeln!(
-            out,
-            "{:<15} {:>8} {:>10.4} {:>12.0} {:>10.2} {:>9.3}",
+    );
+    for r in rows {
+        text += &format!(
+            "{:<15} {:>8} {:>10.4} {:>12.0} {:>10.2} {:>9.3}\n",
             r.phase, r.tokens, r.seconds, r.tokens_per_second, r.gflops_per_second, r.fraction_of_gemm
-        )
-        .map_err(RuntimeError::Stdout)?;
+        );
     }
-    drop(out);
-    let step = rows.iter().find(|r| r.phase == "train_step").map_or(0.0, |r| r.fraction_of_gemm);
-    let floors = vec![Floor::at_least("train_step_fraction_of_gemm_flops", step, 0.4, "ratio")];
-    BenchReport { bench: "engine".into(), machine: machine(session), rows, floors }.finish(json)
+    std::io::stdout().lock().write_all(text.as_bytes()).map_err(RuntimeError::Stdout)
 }

@@ -28,7 +28,9 @@ use nereus_exec::backend::BackendError;
 use nereus_exec::comm::collectives::CollectiveLib;
 use nereus_exec::comm::gpu_plane::DeviceTransfer;
 use nereus_exec::comm::{calm_barrier, DataPlane, GroupId, MpiPlane, Transfer, Watchdog, World};
-use nereus_exec::emu::{Counters, DeviceMemory, EmuId, EmuSet, Exchange, HostMemory, PrimitiveReport, ShardMemory};
+use nereus_exec::emu::{
+    Counters, DeviceMemory, EmuId, EmuSet, Exchange, HostMemory, PrimitiveOptions, PrimitiveReport, ShardMemory,
+};
 
 use super::{machine, median, BenchReport, Floor};
 use crate::DeviceArg;
@@ -388,15 +390,17 @@ fn primitive_rows<M: ShardMemory + Clone, P: Exchange<M> + Measured>(
     // cache, as a long-running job does) and is not recorded.
     for rep in 0..=reps {
         let warm = rep > 0;
-        let ext = measure(plane, world, warm, "extend", &mut samples, |plane| Ok(set.extend(plane, single, &[1])?))?;
+        let ext = measure(plane, world, warm, "extend", &mut samples, |plane| {
+            Ok(set.extend(plane, single, &[1], PrimitiveOptions::default())?)
+        })?;
         let copy = ext.created[0];
         measure(plane, world, warm, "destroy", &mut samples, |_| Ok(set.destroy(copy)?))?;
         let split = measure(plane, world, warm, "split", &mut samples, |plane| {
-            Ok(set.split(plane, pair_id, Layout::new(1, 1))?)
+            Ok(set.split(plane, pair_id, Layout::new(1, 1), PrimitiveOptions::default())?)
         })?;
         let parts: Vec<EmuId> = split.created.clone();
         let merge = measure(plane, world, warm, "merge", &mut samples, |plane| {
-            Ok(set.merge(plane, &parts, Layout::new(2, 1))?)
+            Ok(set.merge(plane, &parts, Layout::new(2, 1), PrimitiveOptions::default())?)
         })?;
         pair_id = merge.created[0];
     }

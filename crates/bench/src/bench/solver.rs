@@ -24,7 +24,7 @@ use nereus_core::model::{Layout, Position};
 use nereus_core::plan::{ModelStage, Plan};
 use nereus_core::planner::Planner;
 use nereus_core::rng::Rng;
-use nereus_core::transition::global::Links;
+use nereus_core::transition::global::{check, Links};
 use nereus_core::transition::testing::{plan_pair, tightest_capacity, tiny_catalogue, SMALL_LINKS};
 use nereus_core::transition::TransitionDag;
 use nereus_runtime::{RuntimeError, Session};
@@ -94,7 +94,7 @@ pub struct DagRow {
     pub ours_seconds: f64,
     /// The MILP's best schedule, seconds.
     pub exact_seconds: f64,
-    /// That schedule's order costed by the transition's own rules (`TransitionDag::order_seconds`),
+    /// That schedule's order costed by the transition's own rules (`transition::global::check::order_seconds`),
     /// seconds: a check of the model, at most `exact_seconds` (null when the order is circular).
     pub exact_replayed_seconds: Option<f64>,
     /// HiGHS's lower bound on the optimum, seconds.
@@ -289,7 +289,8 @@ fn dag_instance(case: &DagCase, reps: usize, time_limit_s: f64) -> Option<DagRow
     let instance = Instance::of(&dag, case.bytes, case.links.capacity_bytes)?;
     let exact = instance.solve(Some(time_limit_s))?;
     let exact_time_s = start.elapsed().as_secs_f64();
-    let replayed = exact.order.and_then(|order| dag.order_seconds(&order, case.bytes, case.links.capacity_bytes));
+    let replayed =
+        exact.order.and_then(|order| check::order_seconds(&dag, &order, case.bytes, case.links.capacity_bytes));
     let best = exact.optimum;
     let ours = dag.schedule.seconds;
     let ours_time_s = median(times);

@@ -19,7 +19,7 @@ use nereus_core::model::{shard_bytes, Section};
 use nereus_core::model::{Catalogue, Layout, Position};
 use nereus_core::plan::{ModelStage, Plan, Role};
 use nereus_core::planner::Planner;
-use nereus_core::transition::global::Links;
+use nereus_core::transition::global::{check, Links};
 use nereus_core::transition::testing::SMALL_LINKS;
 use nereus_core::transition::TransitionDag;
 
@@ -242,7 +242,7 @@ fn small(cases: u64) -> Vec<Row> {
         if dag.graph.node_count() == 0 || dag.graph.node_count() > 8 {
             continue;
         }
-        let optimal = dag.optimal_seconds(&bytes, &links);
+        let optimal = check::optimal_seconds(&dag, &bytes, &links);
         rows.push(Row {
             kind: "small".into(),
             ranks: pool,

@@ -132,105 +132,133 @@ fn max_rel(got: &LocalShard, want: &LocalShard, s: usize) -> f64 {
         .fold(0.0, f64::max)
 }
 
+/// Sequences, tokens per sequence and sequences per micro-batch of the parity step.
+const SHAPE: (usize, usize, usize) = (8, 8, 2);
+
+/// What one layout produced: rank 0's gathered first replica (parameters and gradients), the
+/// step's loss and gradient norm, and the tokens sampled with the updated weights.
+struct LayoutRun {
+    gathered: Option<LocalShard>,
+    loss: f64,
+    grad_norm: f64,
+    samples: Vec<f32>,
+}
+
 /// Runs the parity check on every rank of the session.
 pub fn engine(session: &Session) -> Result<EngineSummary, RuntimeError> {
     let world = session.world().size();
     let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
-    let (sequences, seq_len, micro_batch) = (8usize, 8usize, 2usize);
+    let (sequences, seq_len, _) = SHAPE;
     let tokens: Vec<u32> =
         (0..sequences * seq_len).map(|i| (nereus_core::rng::mix(i as u64 + 17) % 32) as u32).collect();
-    let batch = Batch { tokens: &tokens, seq_len };
-    let opt = AdamW { lr: 1e-3, weight_decay: 0.1, max_grad_norm: 0.5, ..AdamW::default() };
     let mut summary = EngineSummary::default();
     for (name, head) in [("lm", OutputHead::Lm), ("value", OutputHead::Value)] {
-        let (role, catalogue) =
-            (if head == OutputHead::Lm { Role::Actor } else { Role::Critic }, Catalogue::new(parity_arch(head)));
-        let model_stage = ModelStage { role, stage: Stage::Training };
-        let objective: Box<dyn Objective> = match head {
-            OutputHead::Lm => Box::new(CrossEntropy { sequences, seq_len }),
-            OutputHead::Value => Box::new(ValueRegression { batch }),
-        };
-        let mut reference: Option<(LocalShard, f64, f64)> = None;
-        let mut reference_samples = Vec::new();
+        let mut reference: Option<LayoutRun> = None;
         for (tp, pp, dp) in layouts(world) {
-            let layout = Layout::new(tp, pp);
-            let mut set = EmuSet::new(plane.rank(), world, 1 << 30, [(role, catalogue.clone())].into_iter().collect());
-            let size = layout.size() as i32;
-            let counters = Counters { seed: 7, ..Counters::default() };
-            let ids = (0..dp as i32)
-                .map(|r| {
-                    set.create(
-                        &mut plane,
-                        model_stage,
-                        layout,
-                        &(r * size..(r + 1) * size).collect::<Vec<_>>(),
-                        counters,
-                        |shard, cat| init_shard(shard, cat, 7).map_err(|e| e.to_string()),
-                    )
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            let (mut report, mut sampled) = (None, None);
-            for &id in &ids {
-                if set.emu(id).is_some_and(|e| e.ranks.contains(&plane.rank())) {
-                    let replica = Replica::new(&mut plane, &set, id, seq_len)?;
-                    report =
-                        Some(train_step(&plane, &mut set, &replica, &batch, micro_batch, objective.as_ref(), &opt)?);
-                    if head == OutputHead::Lm {
-                        let share = sample_share(&plane, &mut set, &replica, &tokens, seq_len)?;
-                        // One rank per replica contributes its rows (every rank of it holds them).
-                        sampled = replica.groups.is_leader().then_some(share);
-                    }
-                }
+            let run = run_layout(session, &mut plane, head, &tokens, (tp, pp, dp))?;
+            if run.gathered.is_none() {
+                continue;
             }
-            let world_group = plane.group(&(0..world).collect::<Vec<_>>())?;
-            let samples = assemble_rows(
-                &plane,
-                world_group,
-                sequences,
-                seq_len,
-                sampled.as_ref().map(|(first, t)| (*first, t.as_slice())),
-            )?;
-            let gathered = set.gather(&mut plane, ids[0], 0)?;
-            let (loss, grad_norm) = broadcast_report(session, report)?;
-            if let Some(shard) = gathered {
-                let Some((want, want_loss, want_norm)) = &reference else {
-                    reference = Some((shard, loss, grad_norm));
-                    reference_samples = samples;
+            match &reference {
+                None => {
                     summary.rows.push(ParityRow {
                         model: name.into(),
                         layout: (tp, pp, dp),
-                        loss,
-                        grad_norm,
+                        loss: run.loss,
+                        grad_norm: run.grad_norm,
                         params_rel: 0.0,
                         grads_rel: 0.0,
                         same_samples: true,
                     });
-                    continue;
-                };
-                let same_samples = samples == reference_samples;
-                let row = ParityRow {
-                    model: name.into(),
-                    layout: (tp, pp, dp),
-                    loss,
-                    grad_norm,
-                    params_rel: max_rel(&shard, want, 0),
-                    grads_rel: max_rel(&shard, want, 1),
-                    same_samples,
-                };
-                if !same_samples {
-                    summary.failures.push(format!(
-                        "{name} (tp, pp, dp) = ({tp}, {pp}, {dp}): sampled tokens differ from (1, 1, 1)"
-                    ));
+                    reference = Some(run);
                 }
-                let loss_rel = ((loss - want_loss) / want_loss).abs().max(((grad_norm - want_norm) / want_norm).abs());
-                if row.params_rel > TOLERANCE || row.grads_rel > TOLERANCE || loss_rel > TOLERANCE {
-                    summary.failures.push(format!("{name} (tp, pp, dp) = ({tp}, {pp}, {dp}): loss {loss} vs {want_loss}, grad norm {grad_norm} vs {want_norm}, params rel {:.2e}, grads rel {:.2e}", row.params_rel, row.grads_rel));
-                }
-                summary.rows.push(row);
+                Some(want) => compare(&mut summary, name, (tp, pp, dp), &run, want),
             }
         }
     }
     Ok(summary)
+}
+
+/// One training step (and, for the LM, a sampling) of the parity model under `(tp, pp, dp)`.
+fn run_layout(
+    session: &Session,
+    plane: &mut MpiPlane,
+    head: OutputHead,
+    tokens: &[u32],
+    (tp, pp, dp): (u32, u32, u32),
+) -> Result<LayoutRun, RuntimeError> {
+    let world = session.world().size();
+    let (sequences, seq_len, micro_batch) = SHAPE;
+    let batch = Batch { tokens, seq_len };
+    let opt = AdamW { lr: 1e-3, weight_decay: 0.1, max_grad_norm: 0.5, ..AdamW::default() };
+    let role = if head == OutputHead::Lm { Role::Actor } else { Role::Critic };
+    let objective: Box<dyn Objective> = match head {
+        OutputHead::Lm => Box::new(CrossEntropy { sequences, seq_len }),
+        OutputHead::Value => Box::new(ValueRegression { batch }),
+    };
+    let layout = Layout::new(tp, pp);
+    let catalogues = [(role, Catalogue::new(parity_arch(head)))].into_iter().collect();
+    let mut set = EmuSet::new(plane.rank(), world, 1 << 30, catalogues);
+    let size = layout.size() as i32;
+    let counters = Counters { seed: 7, ..Counters::default() };
+    let model_stage = ModelStage { role, stage: Stage::Training };
+    let ids = (0..dp as i32)
+        .map(|r| {
+            let ranks: Vec<i32> = (r * size..(r + 1) * size).collect();
+            set.create(plane, model_stage, layout, &ranks, counters, |shard, cat| {
+                init_shard(shard, cat, 7).map_err(|e| e.to_string())
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let (mut report, mut sampled) = (None, None);
+    for &id in &ids {
+        if set.emu(id).is_some_and(|e| e.ranks.contains(&plane.rank())) {
+            let replica = Replica::new(plane, &set, id, seq_len)?;
+            report = Some(train_step(plane, &mut set, &replica, &batch, micro_batch, objective.as_ref(), &opt)?);
+            if head == OutputHead::Lm {
+                let share = sample_share(plane, &mut set, &replica, tokens, seq_len)?;
+                // One rank per replica contributes its rows (every rank of it holds them).
+                sampled = replica.groups.is_leader().then_some(share);
+            }
+        }
+    }
+    let world_group = plane.group(&(0..world).collect::<Vec<_>>())?;
+    let rows = sampled.as_ref().map(|(first, t)| (*first, t.as_slice()));
+    let samples = assemble_rows(plane, world_group, sequences, seq_len, rows)?;
+    let gathered = set.gather(plane, ids[0], 0)?;
+    let (loss, grad_norm) = broadcast_report(session, report)?;
+    Ok(LayoutRun { gathered, loss, grad_norm, samples })
+}
+
+/// Compares a layout's run with (1, 1, 1)'s: a row, and a failure for anything beyond
+/// [`TOLERANCE`] or any sampled token that differs.
+fn compare(summary: &mut EngineSummary, name: &str, layout: (u32, u32, u32), run: &LayoutRun, want: &LayoutRun) {
+    let (Some(shard), Some(want_shard)) = (&run.gathered, &want.gathered) else { return };
+    let (tp, pp, dp) = layout;
+    let same_samples = run.samples == want.samples;
+    let row = ParityRow {
+        model: name.into(),
+        layout,
+        loss: run.loss,
+        grad_norm: run.grad_norm,
+        params_rel: max_rel(shard, want_shard, 0),
+        grads_rel: max_rel(shard, want_shard, 1),
+        same_samples,
+    };
+    if !same_samples {
+        summary
+            .failures
+            .push(format!("{name} (tp, pp, dp) = ({tp}, {pp}, {dp}): sampled tokens differ from (1, 1, 1)"));
+    }
+    let rel = |a: f64, b: f64| ((a - b) / b).abs();
+    let loss_rel = rel(run.loss, want.loss).max(rel(run.grad_norm, want.grad_norm));
+    if row.params_rel > TOLERANCE || row.grads_rel > TOLERANCE || loss_rel > TOLERANCE {
+        summary.failures.push(format!(
+            "{name} (tp, pp, dp) = ({tp}, {pp}, {dp}): loss {} vs {}, grad norm {} vs {}, params rel {:.2e}, grads rel {:.2e}",
+            run.loss, want.loss, run.grad_norm, want.grad_norm, row.params_rel, row.grads_rel
+        ));
+    }
+    summary.rows.push(row);
 }
 
 /// Samples 4 tokens after the first half of each of this replica's sequences with the KV cache;

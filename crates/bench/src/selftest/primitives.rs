@@ -26,7 +26,7 @@ use nereus_exec::comm::collectives::CollectiveLib;
 use nereus_exec::comm::{DataPlane, MpiPlane};
 use nereus_exec::emu::{
     synthetic_fill, Counters, DeviceMemory, Digest, EmuError, EmuId, EmuSet, Exchange, HostMemory, LocalShard,
-    ShardMemory,
+    PrimitiveOptions, ShardMemory,
 };
 
 use nereus_core::config::DeviceChoice;
@@ -300,10 +300,10 @@ fn step_once<M: ShardMemory, P: Exchange<M>>(
             let target = &free[..emu.ranks.len()];
             if rng.below(4) == 0 {
                 return oom_drill(plane, set, target, summary, |set, plane| {
-                    set.extend(plane, emu.id, target).map(|_| ())
+                    set.extend(plane, emu.id, target, PrimitiveOptions::default()).map(|_| ())
                 });
             }
-            let report = set.extend(plane, emu.id, target)?;
+            let report = set.extend(plane, emu.id, target, PrimitiveOptions::default())?;
             record(summary, "extend", report.bytes_sent);
             Ok(report.primitive)
         }
@@ -317,9 +317,11 @@ fn step_once<M: ShardMemory, P: Exchange<M>>(
             let Some(&sub) = subs.get(rng.below(subs.len().max(1))) else { return destroy(set, &emu, summary) };
             if rng.below(4) == 0 {
                 let ranks = emu.ranks.clone();
-                return oom_drill(plane, set, &ranks, summary, |set, plane| set.split(plane, emu.id, sub).map(|_| ()));
+                return oom_drill(plane, set, &ranks, summary, |set, plane| {
+                    set.split(plane, emu.id, sub, PrimitiveOptions::default()).map(|_| ())
+                });
             }
-            let report = set.split(plane, emu.id, sub)?;
+            let report = set.split(plane, emu.id, sub, PrimitiveOptions::default())?;
             record(summary, "split", report.bytes_sent);
             Ok(report.primitive)
         }
@@ -340,7 +342,7 @@ fn step_once<M: ShardMemory, P: Exchange<M>>(
             }
             let (target, k) = *rng.pick(&options);
             let ids: Vec<EmuId> = same[..k].iter().map(|e| e.id).collect();
-            let report = set.merge(plane, &ids, target)?;
+            let report = set.merge(plane, &ids, target, PrimitiveOptions::default())?;
             record(summary, "merge", report.bytes_sent);
             Ok(report.primitive)
         }

@@ -366,7 +366,7 @@ fn memory_row(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transition::global::Links;
+    use crate::transition::global::{check, Links};
     use crate::transition::testing::{plan_pair, tightest_capacity, tiny_catalogue};
 
     fn job(seconds: f64, ranks: &[i32]) -> Job {
@@ -440,13 +440,14 @@ mod tests {
                     let touched = node.acquire.iter().chain(&node.release);
                     assert!(touched.clone().all(|(r, _)| ranks.contains(r)), "memory moves only on a node's ranks");
                 }
-                let brute = dag.optimal_seconds(&bytes, &links).expect("the list schedule's order is feasible");
+                let brute =
+                    check::optimal_seconds(&dag, &bytes, &links).expect("the list schedule's order is feasible");
                 let instance = Instance::of(&dag, &bytes, links.capacity_bytes).unwrap();
                 let solved = instance.solve(None).unwrap();
                 let exact = solved.optimum;
                 assert!(exact.proved);
                 assert!(close(exact.seconds, brute), "case {case}: {exact:?} against {brute}");
-                let replayed = solved.order.and_then(|o| dag.order_seconds(&o, &bytes, links.capacity_bytes));
+                let replayed = solved.order.and_then(|o| check::order_seconds(&dag, &o, &bytes, links.capacity_bytes));
                 assert!(replayed.is_some_and(|r| close(r, brute)), "case {case}: {replayed:?} against {brute}");
                 assert!(exact.seconds <= dag.schedule.seconds * (1.0 + 1e-4));
                 compared += 1;

@@ -18,15 +18,26 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 
-use super::search::{Caps, Planner, StageCost};
+use super::front::{Planner, StageCost};
+use super::search::Caps;
 use crate::cost::position::last_is_heavier;
 use crate::cost::{EngineKind, Estimate, PositionCost};
 use crate::model::Layout;
 use crate::plan::{Candidate, ModelStage, Recompute, Stage};
 
-/// What a frontier depends on: the model-stage, its replica limit, the preferred candidate,
-/// the (state, transient) caps of a capped round, and whether only its last point is asked.
-type FrontierKey = (ModelStage, u32, Option<Candidate>, Option<(u64, u64)>, bool);
+/// What a frontier is cached by: everything it depends on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct FrontierKey {
+    model_stage: ModelStage,
+    /// Entries of more replicas are left out.
+    max_dp: u32,
+    /// The candidate that wins ties (the current plan's).
+    prefer: Option<Candidate>,
+    /// The model-stage's (state, transient) caps in a capped round.
+    caps: Option<(u64, u64)>,
+    /// Whether only its last (fastest) point is asked.
+    fastest: bool,
+}
 
 /// The fastest point of a frontier, asked for below a cutoff.
 pub enum Fastest {
@@ -45,7 +56,13 @@ pub type Scored = (Candidate, Estimate);
 
 /// A frontier point: a candidate and its predicted seconds (all a stage's layout reads; the
 /// estimate behind it is the planner's to recompute for the few candidates a plan keeps).
-pub type Point = (Candidate, f64);
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Point {
+    /// The candidate.
+    pub candidate: Candidate,
+    /// Its predicted seconds.
+    pub seconds: f64,
+}
 
 /// What the search reads of a variant's estimate: its memory first, and its seconds only
 /// once asked (a variant that does not fit is never priced). The full [`Estimate`] (per-item
@@ -144,7 +161,7 @@ impl Skeleton {
 }
 
 /// Every model-stage's entries, estimated as far as the frontiers asked so far.
-pub struct Pool<'p> {
+pub struct CandidateCache<'p> {
     planner: &'p Planner,
     entries: BTreeMap<ModelStage, Vec<Entry>>,
     estimates: Estimates,
@@ -152,9 +169,9 @@ pub struct Pool<'p> {
     built: BTreeMap<FrontierKey, Vec<Point>>,
 }
 
-impl<'p> Pool<'p> {
+impl<'p> CandidateCache<'p> {
     /// The entries of every model-stage of `planner`'s job (nothing estimated yet).
-    pub fn new(planner: &'p Planner) -> Pool<'p> {
+    pub fn new(planner: &'p Planner) -> CandidateCache<'p> {
         let skeleton = planner.skeleton();
         let entries = skeleton.entries.clone();
         // Room for every entry at once: growing the store would copy it over and over.
@@ -162,7 +179,7 @@ impl<'p> Pool<'p> {
             positions: (0..skeleton.layouts).map(|_| None).collect(),
             summaries: Vec::with_capacity(entries.values().flatten().map(Entry::variants).sum()),
         };
-        Pool { planner, entries, estimates, built: BTreeMap::new() }
+        CandidateCache { planner, entries, estimates, built: BTreeMap::new() }
     }
 
     /// The latency-versus-ranks frontier of `ms` (ascending ranks, strictly falling latency)
@@ -180,14 +197,14 @@ impl<'p> Pool<'p> {
         if let Some(f) = self.built.get(&key) {
             return f.clone();
         }
-        let within = self.within(ms, key.3);
+        let within = self.within(ms, key.caps);
         let entries = self.entries.get_mut(&ms).map_or(&mut [][..], |v| v.as_mut_slice());
         let frontier = running_minima(entries, &mut self.estimates, &within, max_dp, prefer);
         self.built.insert(key, frontier.clone());
         frontier
     }
 
-    /// The last point of [`Pool::frontier`] (what a stage of one model-stage takes), found
+    /// The last point of [`CandidateCache::frontier`] (what a stage of one model-stage takes), found
     /// without building the rest, when it is faster than `cutoff` seconds (the search stops
     /// once no entry left can be).
     pub fn fastest(
@@ -202,7 +219,7 @@ impl<'p> Pool<'p> {
         if let Some(f) = self.built.get(&key) {
             return Fastest::Found(f.first().copied());
         }
-        let within = self.within(ms, key.3);
+        let within = self.within(ms, key.caps);
         let entries = self.entries.get_mut(&ms).map_or(&mut [][..], |v| v.as_mut_slice());
         let found = fastest_point(entries, &mut self.estimates, &within, max_dp, prefer, cutoff);
         if let Fastest::Found(point) = &found {
@@ -276,7 +293,8 @@ fn frontier_key(
     max_dp: u32,
     fastest: bool,
 ) -> FrontierKey {
-    (ms, max_dp, prefer.copied(), caps.map(|c| (c.state(ms), c.transient)), fastest)
+    let caps = caps.map(|c| (c.state(ms), c.transient));
+    FrontierKey { model_stage: ms, max_dp, prefer: prefer.copied(), caps, fastest }
 }
 
 /// What fits in one frontier: a rank of its own (`usable` bytes) and, in a capped round, the
@@ -316,7 +334,7 @@ fn running_minima(
     // faster than every point with fewer ranks.
     let mut slot: Option<Point> = None;
     let join = |frontier: &mut Vec<Point>, point: Option<Point>| {
-        if let Some(p) = point.filter(|p| frontier.last().is_none_or(|last| p.1 < last.1)) {
+        if let Some(p) = point.filter(|p| frontier.last().is_none_or(|last| p.seconds < last.seconds)) {
             frontier.push(p);
         }
     };
@@ -329,10 +347,10 @@ fn running_minima(
         let preferred = prefer.is_some_and(|p| p.layout == entry.layout && p.dp == entry.dp);
         let Some(k) = entry.pick(est, within, below.min(at), preferred) else { continue };
         let (c, seconds) = (entry.candidate(ms, k), entry.seconds(est, &within.stage, k));
-        if slot.is_none_or(|(_, best)| seconds < best || (seconds == best && Some(&c) == prefer)) {
-            slot = Some((c, seconds));
+        if slot.is_none_or(|best| seconds < best.seconds || (seconds == best.seconds && Some(&c) == prefer)) {
+            slot = Some(Point { candidate: c, seconds });
         }
-        at = slot.map_or(at, |(_, best)| best);
+        at = slot.map_or(at, |best| best.seconds);
     }
     join(&mut frontier, slot);
     frontier
@@ -377,7 +395,9 @@ fn fastest_point(
         }
     }
     match best {
-        Some(((seconds, .., i), k)) if seconds < cutoff => Fastest::Found(Some((entries[i].candidate(ms, k), seconds))),
+        Some(((seconds, .., i), k)) if seconds < cutoff => {
+            Fastest::Found(Some(Point { candidate: entries[i].candidate(ms, k), seconds }))
+        }
         _ if cutoff < f64::INFINITY => Fastest::NotBelow,
         _ => Fastest::Found(None),
     }
@@ -690,21 +710,21 @@ mod tests {
             for plane in [DataPlane::Mpi, DataPlane::Nccl] {
                 config.cluster.data_plane = plane;
                 let planner = Planner::new(&config, gpus, None, Efficiencies::default()).unwrap();
-                let mut pool = Pool::new(&planner);
+                let mut cache = CandidateCache::new(&planner);
                 for &ms in planner.model_stages() {
                     let stage = planner.stage_cost(ms);
-                    for entry in pool.entries.get_mut(&ms).into_iter().flatten() {
+                    for entry in cache.entries.get_mut(&ms).into_iter().flatten() {
                         for k in 0..entry.variants() {
                             let c = entry.candidate(ms, k);
                             let e = planner.estimate(&c);
-                            let s = entry.estimate(&mut pool.estimates, &stage, k);
+                            let s = entry.estimate(&mut cache.estimates, &stage, k);
                             let memory = (e.memory.peak(), e.memory.state.total(), e.memory.transient.total());
                             assert_eq!(
                                 (s.peak, s.state, s.transient, s.feasible),
                                 (memory.0, memory.1, memory.2, e.feasible),
                                 "{c:?}"
                             );
-                            assert_eq!(entry.seconds(&mut pool.estimates, &stage, k), e.seconds, "{c:?}");
+                            assert_eq!(entry.seconds(&mut cache.estimates, &stage, k), e.seconds, "{c:?}");
                             checked += 1;
                         }
                     }

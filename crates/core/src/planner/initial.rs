@@ -3,7 +3,7 @@
 //! made for `policy.initial_response_len` (halved until some plan fits) and the cap then follows
 //! the observed lengths. `nereus train` and `nereus simulate` start from this one function.
 
-use super::search::{fixed_plan, Planner, PlannerError};
+use super::front::{fixed_plan, Planner, PlannerError};
 use crate::config::{JobConfig, PolicyMode};
 use crate::cost::Efficiencies;
 use crate::plan::Plan;

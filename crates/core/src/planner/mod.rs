@@ -16,9 +16,12 @@
 
 mod assign;
 mod candidates;
+mod check;
+mod front;
 mod initial;
+mod predict;
 mod search;
 pub mod stage;
 
+pub use front::{catalogues, fixed_plan, ModelStagePlan, PlannedJob, Planner, PlannerError, StepSeconds};
 pub use initial::initial_plan;
-pub use search::{catalogues, fixed_plan, ModelStagePlan, PlannedJob, Planner, PlannerError, StepSeconds};

@@ -2,11 +2,9 @@
 //! resource edges, a memory check at every step, and the critical-path cost `L_tran`.
 
 use petgraph::graph::{DiGraph, NodeIndex};
-use petgraph::visit::EdgeRef;
 use petgraph::Direction;
 use serde::Serialize;
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::BTreeMap;
 use thiserror::Error;
 
 use super::local::{local_dag, units_of, Primitive, Unit, UnitId};
@@ -285,12 +283,8 @@ impl TransitionDag {
         Ok(dag)
     }
 
-    /// List scheduling by earliest start: among the ready nodes that fit, the one that can
-    /// start first (after its predecessors and its ranks' earlier nodes) runs next; ties go to
-    /// Destroys, then to the longest remaining path, then to stage order generation →
-    /// inference → training. Ready nodes sit in a heap keyed by their earliest start, which
-    /// only grows, so stale keys are refreshed when popped; a node that does not fit waits on
-    /// the ranks that block it until something is freed there.
+    /// Orders, times and memory-checks every node ([`schedule::ListScheduler`]), adding the
+    /// release-before-acquire edges the order needs.
     fn schedule(
         &mut self,
         bytes: &dyn Fn(ModelStage, Layout, Position) -> u64,
@@ -298,138 +292,9 @@ impl TransitionDag {
         cross: bool,
         stage_to_host: Option<f64>,
     ) -> Result<(), TransitionError> {
-        let n = self.graph.node_count();
-        let mut state = ResourceState::new(self, bytes, links.capacity_bytes, cross);
-        let pool = state.usage.len();
-        let mut waiting: Vec<usize> =
-            (0..n).map(|i| self.graph.neighbors_directed(NodeIndex::new(i), Direction::Incoming).count()).collect();
-        let bottom = self.bottom_levels();
-        let mut finish = vec![0.0f64; n];
-        let mut rank_free = vec![0.0f64; pool];
-        let est = |i: usize, finish: &[f64], rank_free: &[f64]| {
-            let preds = self
-                .graph
-                .neighbors_directed(NodeIndex::new(i), Direction::Incoming)
-                .map(|p| finish[p.index()])
-                .fold(0.0, f64::max);
-            self.graph[NodeIndex::new(i)].ranks(&self.units).map(|r| rank_free[r as usize]).fold(preds, f64::max)
-        };
-        // Keys compare as (start, not-Destroy, −remaining path, stage, index). Starts are
-        // non-negative, so their bits order like the numbers; the rest is one precomputed rank.
-        let mut by_priority: Vec<usize> = (0..n).collect();
-        by_priority.sort_by(|&a, &b| {
-            bottom[b]
-                .total_cmp(&bottom[a])
-                .then(
-                    stage_rank(self.graph[NodeIndex::new(a)].model_stage.stage)
-                        .cmp(&stage_rank(self.graph[NodeIndex::new(b)].model_stage.stage)),
-                )
-                .then(a.cmp(&b))
-        });
-        let mut tie = vec![0u64; n];
-        for (position, &i) in by_priority.iter().enumerate() {
-            let destroy = matches!(self.graph[NodeIndex::new(i)].primitive, Primitive::Destroy { .. });
-            tie[i] = (u64::from(!destroy) << 63) | position as u64;
-        }
-        let key = |i: usize, start: f64| Reverse((start.to_bits(), tie[i]));
-        let mut heap: BinaryHeap<Reverse<(u64, u64)>> =
-            (0..n).filter(|&i| waiting[i] == 0).map(|i| key(i, 0.0)).collect();
-        let mut blocked_on: Vec<Vec<usize>> = vec![Vec::new(); pool];
-        let mut is_blocked = vec![false; n];
-        let mut first_block: Option<(usize, Vec<i32>, String)> = None;
-        let mut order = Vec::with_capacity(n);
-        let mut new_edges: Vec<(usize, usize)> = Vec::new();
-        let mut deps = Vec::new();
-        let mut staged: Vec<Option<f64>> = vec![None; n];
-        while let Some(Reverse((start_bits, tie_bits))) = heap.pop() {
-            let i = by_priority[(tie_bits & !(1 << 63)) as usize];
-            let start = est(i, &finish, &rank_free);
-            if start.to_bits() > start_bits {
-                heap.push(key(i, start));
-                continue;
-            }
-            let node = &self.graph[NodeIndex::new(i)];
-            if let Err((ranks, reason)) = state.fits(node, false) {
-                // Blocked by memory: a Split or Merge may still run with its sources in host memory.
-                let stage = stage_to_host.filter(|_| node.stageable() && state.fits(node, true).is_ok());
-                let Some(host) = stage else {
-                    for &r in &ranks {
-                        blocked_on[r as usize].push(i);
-                    }
-                    is_blocked[i] = true;
-                    first_block.get_or_insert((i, ranks, reason));
-                    continue;
-                };
-                staged[i] = Some(node.staging_seconds(host));
-            }
-            is_blocked[i] = false;
-            state.apply_into(i, node, staged[i].is_some(), &mut deps);
-            let begin = deps.iter().map(|&d| finish[d]).fold(start, f64::max);
-            new_edges.extend(
-                deps.iter()
-                    .copied()
-                    .filter(|&d| !self.graph.contains_edge(NodeIndex::new(d), NodeIndex::new(i)))
-                    .map(|d| (d, i)),
-            );
-            finish[i] = begin + node.seconds + staged[i].unwrap_or(0.0);
-            for r in node.ranks(&self.units) {
-                rank_free[r as usize] = finish[i];
-            }
-            // Whatever waited on a rank this node freed may fit now.
-            for &(r, _) in &node.release {
-                for j in std::mem::take(&mut blocked_on[r as usize]) {
-                    if is_blocked[j] {
-                        is_blocked[j] = false;
-                        heap.push(key(j, est(j, &finish, &rank_free)));
-                    }
-                }
-            }
-            order.push(i);
-            for succ in self.graph.neighbors_directed(NodeIndex::new(i), Direction::Outgoing) {
-                waiting[succ.index()] -= 1;
-                if waiting[succ.index()] == 0 {
-                    heap.push(key(succ.index(), est(succ.index(), &finish, &rank_free)));
-                }
-            }
-        }
-        if order.len() < n {
-            let (i, ranks, reason) = first_block.expect("unscheduled nodes of an acyclic DAG are blocked");
-            let (i, ranks, reason) = (0..n).find(|&j| is_blocked[j]).map_or((i, ranks, reason.clone()), |j| {
-                let (r, why) =
-                    state.fits(&self.graph[NodeIndex::new(j)], false).err().unwrap_or((vec![], reason.clone()));
-                (j, r, why)
-            });
-            return Err(TransitionError::Blocked {
-                primitive: self.label(i),
-                ranks: format_index_list(&ranks),
-                reason,
-            });
-        }
-        let peak_bytes = state.peak;
-        drop(state);
-        for (i, extra) in staged.iter().enumerate() {
-            if let Some(seconds) = extra {
-                let node = &mut self.graph[NodeIndex::new(i)];
-                node.staged = true;
-                node.seconds += seconds;
-            }
-        }
-        for (d, i) in &new_edges {
-            self.graph.add_edge(NodeIndex::new(*d), NodeIndex::new(*i), EdgeKind::Resource);
-        }
-        self.resource_edges = new_edges.len();
-        // The loop already timed every node under the final edges: a node's start was bounded
-        // by its predecessors, the dependencies it acquired and its ranks' earlier nodes.
-        let timings: Vec<NodeTiming> = order
-            .iter()
-            .map(|&i| NodeTiming {
-                node: i,
-                start: finish[i] - self.graph[NodeIndex::new(i)].seconds,
-                finish: finish[i],
-            })
-            .collect();
-        let seconds = finish.iter().copied().fold(0.0, f64::max);
-        self.schedule = Schedule { order, timings, seconds, peak_bytes };
+        let state = ResourceState::new(self, bytes, links.capacity_bytes, cross);
+        let scheduled = schedule::ListScheduler::new(self, state, stage_to_host).run()?;
+        self.adopt(scheduled);
         Ok(())
     }
 
@@ -443,169 +308,6 @@ impl TransitionDag {
             level[i.index()] = self.graph[i].seconds + below;
         }
         level
-    }
-
-    /// When each node of `order` runs: after its predecessors in the graph, the `extra`
-    /// dependencies, and every earlier node on its ranks.
-    fn timings(&self, order: &[usize], extra: &[(usize, usize)]) -> Vec<NodeTiming> {
-        let mut finish = vec![0.0f64; self.graph.node_count()];
-        let mut rank_free = vec![0.0f64; self.units.pool()];
-        let mut extra_preds: Vec<Vec<usize>> =
-            vec![Vec::new(); if extra.is_empty() { 0 } else { self.graph.node_count() }];
-        for &(a, b) in extra {
-            extra_preds[b].push(a);
-        }
-        let mut timings = Vec::with_capacity(order.len());
-        for &i in order {
-            let node = &self.graph[NodeIndex::new(i)];
-            let after_preds = self
-                .graph
-                .neighbors_directed(NodeIndex::new(i), Direction::Incoming)
-                .map(|p| finish[p.index()])
-                .fold(0.0, f64::max);
-            let after_extra = extra_preds.get(i).into_iter().flatten().map(|&a| finish[a]).fold(0.0, f64::max);
-            let after_ranks = node.ranks(&self.units).map(|r| rank_free[r as usize]).fold(0.0, f64::max);
-            let start = after_preds.max(after_extra).max(after_ranks);
-            finish[i] = start + node.seconds;
-            for r in node.ranks(&self.units) {
-                rank_free[r as usize] = finish[i];
-            }
-            timings.push(NodeTiming { node: i, start, finish: finish[i] });
-        }
-        timings
-    }
-
-    /// The shortest critical path over every feasible order of the local DAGs (exponential:
-    /// small instances only), to measure how far the list schedule is from optimal.
-    pub fn optimal_seconds(&self, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64, links: &Links) -> Option<f64> {
-        let view = self.local_view();
-        let n = view.graph.node_count();
-        let mut best: Option<f64> = None;
-        let mut order = Vec::with_capacity(n);
-        let mut edges = Vec::new();
-        let waiting: Vec<usize> =
-            (0..n).map(|i| view.graph.neighbors_directed(NodeIndex::new(i), Direction::Incoming).count()).collect();
-        let mut state = ResourceState::new(&view, bytes, links.capacity_bytes, true);
-        view.search(&mut state, waiting, &mut order, &mut edges, &mut best);
-        best
-    }
-
-    /// The DAG with its local edges only: the release-before-acquire edges are the list
-    /// schedule's own choices, which another order need not make.
-    fn local_view(&self) -> TransitionDag {
-        TransitionDag {
-            graph: self.graph.filter_map(|_, n| Some(n.clone()), |_, e| (*e == EdgeKind::Local).then_some(*e)),
-            units: self.units.clone(),
-            initial: self.initial.clone(),
-            targets: BTreeMap::new(),
-            resource_edges: 0,
-            schedule: self.schedule.clone(),
-        }
-    }
-
-    /// `L_tran` of running every node in `order` instead of the list schedule's order, with the
-    /// release-before-acquire waits it implies and `capacity` bytes a rank; `None` when `order`
-    /// breaks a local edge or a step overruns a rank's memory. Another scheduler's answer (the
-    /// exact MILP's) is costed by the same rules as the list schedule's.
-    pub fn order_seconds(
-        &self,
-        order: &[usize],
-        bytes: &dyn Fn(ModelStage, Layout, Position) -> u64,
-        capacity: u64,
-    ) -> Option<f64> {
-        let view = self.local_view();
-        let n = view.graph.node_count();
-        let mut position = vec![usize::MAX; n];
-        for (k, &i) in order.iter().enumerate() {
-            *position.get_mut(i)? = k;
-        }
-        let respects =
-            |e: petgraph::graph::EdgeReference<EdgeKind>| position[e.source().index()] < position[e.target().index()];
-        if position.contains(&usize::MAX) || !view.graph.edge_references().all(respects) {
-            return None;
-        }
-        let mut state = ResourceState::new(&view, bytes, capacity, true);
-        let (mut edges, mut deps) = (Vec::new(), Vec::new());
-        for &i in order {
-            let node = &view.graph[NodeIndex::new(i)];
-            state.fits(node, false).ok()?;
-            state.apply_into(i, node, false, &mut deps);
-            edges.extend(deps.iter().map(|&d| (d, i)));
-        }
-        Some(view.timings(order, &edges).iter().map(|t| t.finish).fold(0.0, f64::max))
-    }
-
-    fn search(
-        &self,
-        state: &mut ResourceState,
-        waiting: Vec<usize>,
-        order: &mut Vec<usize>,
-        edges: &mut Vec<(usize, usize)>,
-        best: &mut Option<f64>,
-    ) {
-        let n = self.graph.node_count();
-        if order.len() == n {
-            let t = self.timings(order, edges).iter().map(|t| t.finish).fold(0.0, f64::max);
-            if best.is_none_or(|b| t < b) {
-                *best = Some(t);
-            }
-            return;
-        }
-        let candidates: Vec<usize> = (0..n).filter(|&i| waiting[i] == 0 && !order.contains(&i)).collect();
-        for i in candidates {
-            let node = &self.graph[NodeIndex::new(i)];
-            if state.fits(node, false).is_err() {
-                continue;
-            }
-            let saved = state.clone();
-            let mut deps = Vec::new();
-            state.apply_into(i, node, false, &mut deps);
-            let added = deps.len();
-            edges.extend(deps.into_iter().map(|d| (d, i)));
-            order.push(i);
-            let mut next = waiting.clone();
-            for succ in self.graph.neighbors_directed(NodeIndex::new(i), Direction::Outgoing) {
-                next[succ.index()] -= 1;
-            }
-            self.search(state, next, order, edges, best);
-            order.pop();
-            edges.truncate(edges.len() - added);
-            *state = saved;
-        }
-    }
-
-    /// Walks `order` and returns the first step that would overrun a rank's memory or take a
-    /// rank another model-stage of its stage still holds, if any — how a schedule built
-    /// without cross-model-stage edges (the per-component baseline) fails.
-    pub fn first_conflict(
-        &self,
-        order: &[usize],
-        bytes: &dyn Fn(ModelStage, Layout, Position) -> u64,
-        capacity: u64,
-    ) -> Option<String> {
-        let mut state = ResourceState::new(self, bytes, capacity, true);
-        let mut deps = Vec::new();
-        for &i in order {
-            let node = &self.graph[NodeIndex::new(i)];
-            if let Err((ranks, reason)) = state.fits(node, false) {
-                return Some(format!("{} on rank(s) {}: {reason}", self.label(i), format_index_list(&ranks)));
-            }
-            state.apply_into(i, node, false, &mut deps);
-        }
-        None
-    }
-
-    /// The schedule's order when each model-stage starts `delay` seconds late (the nodes of a
-    /// model-stage keep their relative order; model-stages interleave by start time).
-    pub fn delayed_order(&self, delay: &dyn Fn(ModelStage) -> f64) -> Vec<usize> {
-        let mut timed: Vec<(f64, usize)> = self
-            .schedule
-            .timings
-            .iter()
-            .map(|t| (t.start + delay(self.graph[NodeIndex::new(t.node)].model_stage), t.node))
-            .collect();
-        timed.sort_by(|a, b| a.0.total_cmp(&b.0));
-        timed.into_iter().map(|(_, i)| i).collect()
     }
 
     /// Bytes that go through host memory (the sources of staged nodes, every rank together).
@@ -809,5 +511,7 @@ fn sorted(ranks: &[i32]) -> Vec<i32> {
     r
 }
 
+pub mod check;
+mod schedule;
 #[cfg(test)]
 mod tests;

@@ -138,115 +138,160 @@ pub fn local_dag(current: &[Unit], target: &[(Layout, Vec<i32>)], next: &mut usi
     build(current, target, sub, next)
 }
 
-/// The DAG through `sub`. Intermediate units of one model-stage may share ranks (memory is
-/// what the global schedule checks); only the target units must be disjoint, as the plan says.
+/// The DAG through `sub`, phase by phase: Split the current units into `sub`, Extend the
+/// sub-units no current unit already is, Destroy what no target needs, Merge each target.
+/// Intermediate units of one model-stage may share ranks (memory is what the global schedule
+/// checks); only the target units must be disjoint, as the plan says.
 fn build(current: &[Unit], target: &[(Layout, Vec<i32>)], sub: Layout, next: &mut usize) -> LocalDag {
-    let ms = current[0].model_stage;
-    let first_new = *next;
-    let mut dag = LocalDag::default();
-    let fresh = |layout: Layout, ranks: Vec<i32>, dag: &mut LocalDag, next: &mut usize| {
-        let id = UnitId(*next);
-        *next += 1;
-        dag.units.push(Unit { id, model_stage: ms, layout, ranks });
-        id
-    };
-    // Split: available sub-units, each with the node that made it (None: it existed).
-    let mut available: Vec<(UnitId, Option<usize>)> = Vec::new();
-    for c in current {
-        if c.layout == sub {
-            available.push((c.id, None));
-            continue;
-        }
-        let node = dag.nodes.len();
-        let parts: Vec<UnitId> =
-            split_ranks_of(c.layout, &c.ranks, sub).into_iter().map(|r| fresh(sub, r, &mut dag, next)).collect();
-        available.extend(parts.iter().map(|&id| (id, Some(node))));
-        dag.nodes.push(Primitive::Split { source: c.id, parts });
-    }
-    // Needed sub-units, per target and flattened; which available unit already is one.
+    let mut b = Builder { current, sub, first_new: *next, next, dag: LocalDag::default(), available: Vec::new() };
+    b.split();
     let needed: Vec<Vec<Vec<i32>>> = target
         .iter()
         .map(|(layout, ranks)| if *layout == sub { vec![ranks.clone()] } else { split_ranks_of(*layout, ranks, sub) })
         .collect();
     let flat: Vec<&[i32]> = needed.iter().flatten().map(Vec::as_slice).collect();
-    let slot: HashMap<&[i32], usize> = flat.iter().enumerate().map(|(k, r)| (*r, k)).collect();
-    // Current units have consecutive ids, new ones continue from `first_new`.
-    let ranks_of = |id: UnitId| -> &[i32] {
-        if id.0 >= first_new {
-            &dag.units[id.0 - first_new].ranks
+    let kept = b.kept(&flat);
+    let (producer, feeds) = b.extend(&flat, &kept);
+    b.destroy(&kept, &feeds);
+    b.merge(target, &needed, &producer, &feeds);
+    b.dag
+}
+
+/// A unit and the node that made it (`None`: it existed before the transition).
+type Made = (UnitId, Option<usize>);
+
+/// One model-stage's local DAG under construction.
+struct Builder<'a> {
+    current: &'a [Unit],
+    sub: Layout,
+    /// The id of the first unit this DAG creates (current units have consecutive ids below).
+    first_new: usize,
+    next: &'a mut usize,
+    dag: LocalDag,
+    /// Sub-units available after the Splits.
+    available: Vec<Made>,
+}
+
+impl Builder<'_> {
+    fn fresh(&mut self, layout: Layout, ranks: Vec<i32>) -> UnitId {
+        let id = UnitId(*self.next);
+        *self.next += 1;
+        self.dag.units.push(Unit { id, model_stage: self.current[0].model_stage, layout, ranks });
+        id
+    }
+
+    fn ranks_of(&self, id: UnitId) -> &[i32] {
+        if id.0 >= self.first_new {
+            &self.dag.units[id.0 - self.first_new].ranks
         } else {
-            &current[id.0 - current[0].id.0].ranks
-        }
-    };
-    let kept: Vec<Option<usize>> = available.iter().map(|(id, _)| slot.get(ranks_of(*id)).copied()).collect();
-    // Who produces each needed unit: a kept unit, or an Extend.
-    let mut producer: Vec<Option<(UnitId, Option<usize>)>> = vec![None; flat.len()];
-    for (i, k) in kept.iter().enumerate() {
-        if let Some(k) = k {
-            producer[*k] = Some(available[i]);
+            &self.current[id.0 - self.current[0].id.0].ranks
         }
     }
-    // Sources for Extends: kept units first (they outlive the transition), then the others.
-    let mut ordered: Vec<usize> = (0..available.len()).filter(|&i| kept[i].is_some()).collect();
-    ordered.extend((0..available.len()).filter(|&i| kept[i].is_none()));
-    let mut feeds: Vec<Vec<usize>> = vec![Vec::new(); available.len()]; // Extend nodes per source
-    let mut rotation = 0;
-    for (k, ranks) in flat.iter().enumerate() {
-        if producer[k].is_some() {
-            continue;
-        }
-        let src = ordered[rotation % ordered.len()];
-        rotation += 1;
-        let copy = fresh(sub, ranks.to_vec(), &mut dag, next);
-        let node = dag.nodes.len();
-        dag.nodes.push(Primitive::Extend { source: available[src].0, copy });
-        if let Some(split) = available[src].1 {
-            dag.edges.push((split, node));
-        }
-        feeds[src].push(node);
-        producer[k] = Some((copy, Some(node)));
-    }
-    // Destroy what no target needs, after the Extends it feeds.
-    for (i, (id, made_by)) in available.iter().enumerate() {
-        if kept[i].is_some() {
-            continue;
-        }
-        let node = dag.nodes.len();
-        dag.nodes.push(Primitive::Destroy { unit: *id });
-        if let Some(split) = made_by {
-            dag.edges.push((*split, node));
-        }
-        for &extend in &feeds[i] {
-            dag.edges.push((extend, node));
-        }
-    }
-    // Merge each target from its parts.
-    let index_of: HashMap<UnitId, usize> = available.iter().enumerate().map(|(i, (id, _))| (*id, i)).collect();
-    let mut k = 0;
-    for ((layout, ranks), parts) in target.iter().zip(&needed) {
-        let part_ids: Vec<(UnitId, Option<usize>)> =
-            (k..k + parts.len()).map(|j| producer[j].expect("every needed unit is produced")).collect();
-        k += parts.len();
-        if *layout == sub {
-            dag.targets.push(part_ids[0].0);
-            continue;
-        }
-        let merged = fresh(*layout, ranks.clone(), &mut dag, next);
-        debug_assert_eq!(merge_ranks_of(sub, &parts.iter().map(|p| p.as_slice()).collect::<Vec<_>>(), *layout), *ranks);
-        let node = dag.nodes.len();
-        dag.nodes.push(Primitive::Merge { parts: part_ids.iter().map(|(id, _)| *id).collect(), merged });
-        for (part, made_by) in &part_ids {
-            if let Some(n) = made_by {
-                dag.edges.push((*n, node));
+
+    /// Split: every current unit not already in `sub` becomes its sub-units.
+    fn split(&mut self) {
+        for c in self.current {
+            if c.layout == self.sub {
+                self.available.push((c.id, None));
+                continue;
             }
-            // A kept part may also be an Extend's source: the Merge consumes it only after.
-            if let Some(&i) = index_of.get(part) {
-                for &extend in &feeds[i] {
-                    dag.edges.push((extend, node));
+            let node = self.dag.nodes.len();
+            let parts: Vec<UnitId> =
+                split_ranks_of(c.layout, &c.ranks, self.sub).into_iter().map(|r| self.fresh(self.sub, r)).collect();
+            self.available.extend(parts.iter().map(|&id| (id, Some(node))));
+            self.dag.nodes.push(Primitive::Split { source: c.id, parts });
+        }
+    }
+
+    /// Per available sub-unit: which needed sub-unit (index into `flat`) it already is.
+    fn kept(&self, flat: &[&[i32]]) -> Vec<Option<usize>> {
+        let slot: HashMap<&[i32], usize> = flat.iter().enumerate().map(|(k, r)| (*r, k)).collect();
+        self.available.iter().map(|(id, _)| slot.get(self.ranks_of(*id)).copied()).collect()
+    }
+
+    /// Extend: each needed sub-unit nobody is yet, copied from an available one in rotation
+    /// (kept units first: they outlive the transition). Returns who produces each needed
+    /// sub-unit and, per available unit, the Extends it feeds.
+    fn extend(&mut self, flat: &[&[i32]], kept: &[Option<usize>]) -> (Vec<Made>, Vec<Vec<usize>>) {
+        let mut producer: Vec<Option<Made>> = vec![None; flat.len()];
+        for (i, k) in kept.iter().enumerate() {
+            if let Some(k) = k {
+                producer[*k] = Some(self.available[i]);
+            }
+        }
+        let mut ordered: Vec<usize> = (0..self.available.len()).filter(|&i| kept[i].is_some()).collect();
+        ordered.extend((0..self.available.len()).filter(|&i| kept[i].is_none()));
+        let mut feeds: Vec<Vec<usize>> = vec![Vec::new(); self.available.len()];
+        let mut rotation = 0;
+        for (k, ranks) in flat.iter().enumerate() {
+            if producer[k].is_some() {
+                continue;
+            }
+            let src = ordered[rotation % ordered.len()];
+            rotation += 1;
+            let copy = self.fresh(self.sub, ranks.to_vec());
+            let node = self.dag.nodes.len();
+            self.dag.nodes.push(Primitive::Extend { source: self.available[src].0, copy });
+            if let Some(split) = self.available[src].1 {
+                self.dag.edges.push((split, node));
+            }
+            feeds[src].push(node);
+            producer[k] = Some((copy, Some(node)));
+        }
+        (producer.into_iter().map(|p| p.expect("every needed unit is produced")).collect(), feeds)
+    }
+
+    /// Destroy what no target needs, after the Extends it feeds.
+    fn destroy(&mut self, kept: &[Option<usize>], feeds: &[Vec<usize>]) {
+        for (i, &(id, made_by)) in self.available.iter().enumerate() {
+            if kept[i].is_some() {
+                continue;
+            }
+            let node = self.dag.nodes.len();
+            self.dag.nodes.push(Primitive::Destroy { unit: id });
+            if let Some(split) = made_by {
+                self.dag.edges.push((split, node));
+            }
+            for &extend in &feeds[i] {
+                self.dag.edges.push((extend, node));
+            }
+        }
+    }
+
+    /// Merge each target from its parts (a target in `sub` is its one part).
+    fn merge(
+        &mut self,
+        target: &[(Layout, Vec<i32>)],
+        needed: &[Vec<Vec<i32>>],
+        producer: &[Made],
+        feeds: &[Vec<usize>],
+    ) {
+        let index_of: HashMap<UnitId, usize> = self.available.iter().enumerate().map(|(i, (id, _))| (*id, i)).collect();
+        let mut k = 0;
+        for ((layout, ranks), parts) in target.iter().zip(needed) {
+            let part_ids = &producer[k..k + parts.len()];
+            k += parts.len();
+            if *layout == self.sub {
+                self.dag.targets.push(part_ids[0].0);
+                continue;
+            }
+            let merged = self.fresh(*layout, ranks.clone());
+            let part_ranks: Vec<&[i32]> = parts.iter().map(Vec::as_slice).collect();
+            debug_assert_eq!(merge_ranks_of(self.sub, &part_ranks, *layout), *ranks);
+            let node = self.dag.nodes.len();
+            self.dag.nodes.push(Primitive::Merge { parts: part_ids.iter().map(|(id, _)| *id).collect(), merged });
+            for (part, made_by) in part_ids {
+                if let Some(n) = made_by {
+                    self.dag.edges.push((*n, node));
+                }
+                // A kept part may also be an Extend's source: the Merge consumes it only after.
+                if let Some(&i) = index_of.get(part) {
+                    for &extend in &feeds[i] {
+                        self.dag.edges.push((extend, node));
+                    }
                 }
             }
+            self.dag.targets.push(merged);
         }
-        dag.targets.push(merged);
     }
-    dag
 }

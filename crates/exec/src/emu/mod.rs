@@ -23,7 +23,7 @@ pub use memory::{
     copy_rect_host, Buffers, Exchange, HostFill, HostMemory, Message, Place, RectCopy, ShardBuffer, ShardMemory,
 };
 pub use movement::{Movement, Segment, TargetEmu};
-pub use set::{merge_ranks, split_ranks, EmuSet, PrimitiveReport};
+pub use set::{merge_ranks, split_ranks, EmuSet, PrimitiveOptions, PrimitiveReport};
 pub use store::{LocalShard, ShardStore};
 pub use unit::{Counters, Emu, EmuId};
 

@@ -18,6 +18,17 @@ use super::{
     synthetic_fill, Counters, Digest, Emu, EmuError, EmuId, LocalShard, Movement, Section, ShardStore, TargetEmu,
 };
 
+/// How a primitive runs: on its own (the default), or as a node of a transition's schedule.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrimitiveOptions {
+    /// Stage the sources (a Split's source, a Merge's parts) through host memory: a node the
+    /// transition's schedule found no room for beside them.
+    pub through_host: bool,
+    /// Inside a transition: intermediate units of one model-stage may share ranks (the
+    /// schedule has checked memory); only the target plan's replicas must be disjoint.
+    pub in_transition: bool,
+}
+
 /// What a primitive did (identical on every rank: computed from the movement, not measured).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PrimitiveReport {
@@ -514,19 +525,9 @@ impl<M: ShardMemory> EmuSet<M> {
         plane: &mut P,
         id: EmuId,
         sub: Layout,
+        options: PrimitiveOptions,
     ) -> Result<PrimitiveReport, EmuError> {
-        self.split_with(plane, id, sub, false)
-    }
-
-    /// [`EmuSet::split`], with the source staged through host memory when `through_host` (a
-    /// transition whose Split has no room beside its source).
-    pub fn split_with<P: Exchange<M>>(
-        &mut self,
-        plane: &mut P,
-        id: EmuId,
-        sub: Layout,
-        through_host: bool,
-    ) -> Result<PrimitiveReport, EmuError> {
+        let through_host = options.through_host;
         let what = format!("Split {id} -> {sub}");
         let emu = self.get(id, &what)?.clone();
         let l = emu.layout;
@@ -549,18 +550,9 @@ impl<M: ShardMemory> EmuSet<M> {
         plane: &mut P,
         ids: &[EmuId],
         layout: Layout,
+        options: PrimitiveOptions,
     ) -> Result<PrimitiveReport, EmuError> {
-        self.merge_with(plane, ids, layout, false)
-    }
-
-    /// [`EmuSet::merge`], with the parts staged through host memory when `through_host`.
-    pub fn merge_with<P: Exchange<M>>(
-        &mut self,
-        plane: &mut P,
-        ids: &[EmuId],
-        layout: Layout,
-        through_host: bool,
-    ) -> Result<PrimitiveReport, EmuError> {
+        let through_host = options.through_host;
         let what = format!("Merge {ids:?} -> {layout}");
         let parts: Vec<Emu> = ids.iter().map(|id| self.get(*id, &what).cloned()).collect::<Result<_, _>>()?;
         let sub = parts[0].layout;
@@ -615,29 +607,9 @@ impl<M: ShardMemory> EmuSet<M> {
         plane: &mut P,
         id: EmuId,
         ranks: &[i32],
+        options: PrimitiveOptions,
     ) -> Result<PrimitiveReport, EmuError> {
-        self.extend_checked(plane, id, ranks, true)
-    }
-
-    /// [`EmuSet::extend`] inside a transition, where intermediate units of one model-stage may
-    /// share ranks (the transition's schedule has checked memory); only the target plan's
-    /// replicas must be disjoint.
-    pub fn extend_in_transition<P: Exchange<M>>(
-        &mut self,
-        plane: &mut P,
-        id: EmuId,
-        ranks: &[i32],
-    ) -> Result<PrimitiveReport, EmuError> {
-        self.extend_checked(plane, id, ranks, false)
-    }
-
-    fn extend_checked<P: Exchange<M>>(
-        &mut self,
-        plane: &mut P,
-        id: EmuId,
-        ranks: &[i32],
-        disjoint_replicas: bool,
-    ) -> Result<PrimitiveReport, EmuError> {
+        let disjoint_replicas = !options.in_transition;
         let what = format!("Extend {id} -> ranks {ranks:?}");
         let emu = self.get(id, &what)?.clone();
         if ranks.len() != emu.ranks.len() {

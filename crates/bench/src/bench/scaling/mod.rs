@@ -401,6 +401,12 @@ fn print_table(catalogues: &BTreeMap<Role, Catalogue>, bandwidth: f64, rows: &[R
         writeln!(out, "{}: {} parameters, f32 θ + Adam m, v", role.name(), c.parameter_count())?;
     }
     writeln!(out, "point-to-point bandwidth: {:.2} GB/s (MPI between ranks of this node)", bandwidth / 1e9)?;
+    print_times(&mut out, rows)?;
+    print_bytes(&mut out, rows)
+}
+
+/// Seconds per case and method, beside the paper's Table 4.
+fn print_times(out: &mut impl Write, rows: &[Row]) -> std::io::Result<()> {
     writeln!(
         out,
         "{:<19} {:>6} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8}",
@@ -453,10 +459,11 @@ fn print_table(catalogues: &BTreeMap<Role, Catalogue>, bandwidth: f64, rows: &[R
         t / n,
         "-"
     )?;
-    writeln!(
-        out,
-        "(a) Nereus DAG, (b) checkpoint/restart as UCP (mpirun start-up included), (c) per tensor as Tenplex"
-    )?;
+    writeln!(out, "(a) Nereus DAG, (b) checkpoint/restart as UCP (mpirun start-up included), (c) per tensor as Tenplex")
+}
+
+/// Bytes per case sent and copied locally by the DAG and by the per-tensor baseline.
+fn print_bytes(out: &mut impl Write, rows: &[Row]) -> std::io::Result<()> {
     // On one CPU node a byte copied inside a rank costs about what a byte sent costs (both are
     // memory copies); on a GPU cluster a local copy runs at HBM speed, a send at the link's.
     writeln!(

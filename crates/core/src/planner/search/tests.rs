@@ -1,7 +1,9 @@
 //! The DP against the exhaustive search, memory bounds, rank assignment and stability.
 
 use super::*;
-use crate::config::{ConfigSource, Overrides, RawJobConfig};
+use crate::config::{Algorithm, ConfigSource, JobConfig, Overrides, RawJobConfig};
+use crate::cost::Efficiencies;
+use crate::plan::{Recompute, Role};
 use crate::rng::Rng;
 
 /// A random tiny job (algorithm, batch, lengths, depths, node shape and device memory).

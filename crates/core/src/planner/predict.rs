@@ -1,0 +1,139 @@
+//! Predictions of any plan: every rank's peak memory and the step's seconds per phase, with
+//! the roofline time per operation class along each phase's critical path.
+
+use crate::cost::{MemoryBreakdown, MemoryItem, OpSeconds, RankPeaks};
+use crate::plan::{overlap_critical, ModelStage, PerPhase, Plan, Role, Stage};
+
+use super::front::{Planner, StepSeconds};
+
+pub(super) const GENERATION: ModelStage = ModelStage::new(Role::Actor, Stage::Generation);
+/// The weight syncs of a step: trained parameters into the layouts that use them.
+pub(super) const SYNCS: [(ModelStage, ModelStage); 2] =
+    [(ACTOR_TRAINING, GENERATION), (CRITIC_TRAINING, CRITIC_INFERENCE)];
+pub(super) const ACTOR_TRAINING: ModelStage = ModelStage::new(Role::Actor, Stage::Training);
+pub(super) const CRITIC_TRAINING: ModelStage = ModelStage::new(Role::Critic, Stage::Training);
+pub(super) const CRITIC_INFERENCE: ModelStage = ModelStage::new(Role::Critic, Stage::Inference);
+
+impl Planner {
+    /// Every rank's predicted peak under `plan` (placement-exact), the weight sync's pack
+    /// buffers included.
+    pub fn rank_peaks(&self, plan: &Plan) -> RankPeaks {
+        let pool = plan.placements.iter().flat_map(|p| p.ranks.iter()).map(|&r| r as u32 + 1).max().unwrap_or(0);
+        let mut peaks = RankPeaks::of(plan, pool.max(self.cost.hardware.devices), |c, j| self.position_memory(c, j));
+        let find = |ms: ModelStage| plan.placements.iter().find(|p| p.candidate.model_stage == ms);
+        for (from, to) in SYNCS {
+            let (Some(src), Some(dst)) = (find(from), find(to)) else { continue };
+            // Rectangles are packed only when the TP split differs (row-parallel column blocks);
+            // a rank packs at most what it sends and receives: its shards' parameters.
+            if src.candidate.layout.tp == dst.candidate.layout.tp {
+                continue;
+            }
+            // Bytes each rank packs, indexed by world rank.
+            let mut pack = vec![0u64; peaks.ranks.len()];
+            for p in [src, dst] {
+                let layout = p.candidate.layout;
+                let ms = p.candidate.model_stage;
+                let params: Vec<u64> =
+                    (0..layout.pp).map(|j| self.position_state(ms, layout, j).get(MemoryItem::Params)).collect();
+                for (k, &r) in p.ranks.iter().enumerate() {
+                    if let Some(bytes) = pack.get_mut(r as usize) {
+                        *bytes += params[layout.position(k % layout.size() as usize).pp as usize];
+                    }
+                }
+            }
+            for (r, &bytes) in pack.iter().enumerate().filter(|(_, &bytes)| bytes > 0) {
+                let mut sync = MemoryBreakdown::default();
+                sync.add(MemoryItem::PackBuffers, bytes);
+                peaks.consider(r as i32, sync, to);
+            }
+        }
+        peaks
+    }
+
+    /// Predicted seconds of one step under `plan`, stage by stage (infinite when a
+    /// placement does not fit a rank on its own). Inside a stage, model-stages that share
+    /// ranks run one after another and the others concurrently (the execution-overlap graph);
+    /// the actor's old log-probabilities run on its training ranks during inference; the
+    /// weight sync reshards the trained parameters into the generation and critic inference
+    /// layouts.
+    pub fn step_seconds(&self, plan: &Plan) -> StepSeconds {
+        self.stage_parts(plan).map(|(seconds, _)| *seconds)
+    }
+
+    /// Per stage (generation, inference, training, weight sync): its predicted seconds and the
+    /// roofline time per operation class along its critical path (the slowest group of the
+    /// overlap graph) — what calibration fits efficiencies to.
+    pub fn stage_parts(&self, plan: &Plan) -> PerPhase<(f64, OpSeconds)> {
+        self.parts_of(plan, false)
+    }
+
+    /// [`Planner::step_seconds`] of a plan known to keep every rank within memory (so every
+    /// position of it fits a rank of its own: its candidates' memory is not estimated again).
+    pub(super) fn fitting_step_seconds(&self, plan: &Plan) -> StepSeconds {
+        self.parts_of(plan, true).map(|(seconds, _)| *seconds)
+    }
+
+    /// [`Planner::stage_parts`]; `fits`: every candidate of `plan` is known to fit a rank of its
+    /// own, so only its latency is estimated (the estimate's own, as it is for any that fits).
+    pub(super) fn parts_of(&self, plan: &Plan, fits: bool) -> PerPhase<(f64, OpSeconds)> {
+        let e = &self.cost.efficiencies;
+        let stage = |s: Stage| -> (f64, OpSeconds) {
+            // (ranks, roofline per class, seconds: infinite for a candidate that does not fit)
+            let mut nodes: Vec<(&[i32], OpSeconds, f64)> = plan
+                .placements
+                .iter()
+                .filter(|p| p.candidate.model_stage.stage == s)
+                .map(|p| {
+                    let c = &p.candidate;
+                    let (ideal, seconds) = if fits {
+                        let ideal =
+                            self.cost.latency(&self.models[&c.model_stage.role].stats, c, self.workload(c.model_stage));
+                        (ideal, ideal.seconds(e))
+                    } else {
+                        let est = self.estimate(c);
+                        (est.ideal, est.seconds)
+                    };
+                    (p.ranks.as_slice(), ideal, seconds)
+                })
+                .collect();
+            if s == Stage::Inference {
+                for p in plan.placements.iter().filter(|p| p.candidate.model_stage == ACTOR_TRAINING) {
+                    let (stats, w) = (&self.models[&Role::Actor].stats, &self.workloads[&ACTOR_TRAINING]);
+                    let ideal = self.cost.old_logp_breakdown(stats, &p.candidate, w);
+                    nodes.push((p.ranks.as_slice(), ideal, ideal.seconds(e)));
+                }
+            }
+            let timed: Vec<(&[i32], f64)> = nodes.iter().map(|(r, _, t)| (*r, *t)).collect();
+            let (seconds, critical) = overlap_critical(&timed);
+            let ideal = critical.iter().fold(OpSeconds::default(), |acc, &i| acc.plus(&nodes[i].1));
+            // An empty stage (no model-stage there) takes no time.
+            let seconds = if critical.is_empty() { 0.0 } else { seconds };
+            (seconds, ideal)
+        };
+        let sync = self.weight_sync_breakdown(plan);
+        PerPhase {
+            generation: stage(Stage::Generation),
+            inference: stage(Stage::Inference),
+            training: stage(Stage::Training),
+            weight_sync: (sync.seconds(e), sync),
+        }
+    }
+
+    /// Predicted step latency of any plan (what admission compares, `ΔL = L(S) − L(S*)`).
+    pub fn predict(&self, plan: &Plan) -> f64 {
+        self.step_seconds(plan).total()
+    }
+
+    /// The weight sync's roofline time (the two reshards run one after the other).
+    pub(super) fn weight_sync_breakdown(&self, plan: &Plan) -> OpSeconds {
+        let find = |ms: ModelStage| plan.placements.iter().find(|p| p.candidate.model_stage == ms);
+        SYNCS
+            .into_iter()
+            .filter_map(|(from, to)| Some((find(from)?, find(to)?)))
+            .map(|(src, dst)| {
+                let stats = &self.models[&src.candidate.model_stage.role].stats;
+                self.cost.weight_sync(stats, src, dst)
+            })
+            .fold(OpSeconds::default(), |acc, b| acc.plus(&b))
+    }
+}

@@ -1,0 +1,244 @@
+//! The list scheduler behind [`TransitionDag::plan`](super::TransitionDag::plan): one global
+//! order for every node of every model-stage, timed and checked against memory.
+//!
+//! Earliest start first: among the ready nodes that fit, the one that can start first (after
+//! its predecessors and its ranks' earlier nodes) runs next; ties go to Destroys, then to the
+//! longest remaining path, then to stage order generation → inference → training. Ready nodes
+//! sit in a heap keyed by their earliest start, which only grows, so stale keys are refreshed
+//! when popped; a node that does not fit waits on the ranks that block it until something is
+//! freed there.
+
+use petgraph::graph::NodeIndex;
+use petgraph::Direction;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use super::{stage_rank, EdgeKind, NodeTiming, ResourceState, Schedule, TransitionDag, TransitionError};
+use crate::index_list::format_index_list;
+use crate::transition::local::Primitive;
+
+/// A heap key: (earliest start's bits, tie-break rank), smallest first.
+type Key = Reverse<(u64, u64)>;
+
+/// One scheduling pass over a DAG.
+pub(super) struct ListScheduler<'d> {
+    dag: &'d TransitionDag,
+    state: ResourceState,
+    /// Seconds per byte staged through host memory when a Split or Merge is blocked by memory
+    /// (`None`: nothing is staged).
+    stage_to_host: Option<f64>,
+    /// Per node: predecessors not yet scheduled.
+    waiting: Vec<usize>,
+    finish: Vec<f64>,
+    /// Per rank: when its last scheduled node finishes.
+    rank_free: Vec<f64>,
+    /// Nodes by tie-break priority; a key's low bits index this.
+    by_priority: Vec<usize>,
+    /// Per node: its tie-break rank (not-Destroy in the top bit, then its priority position).
+    tie: Vec<u64>,
+    heap: BinaryHeap<Key>,
+    /// Per rank: nodes blocked by memory there.
+    blocked_on: Vec<Vec<usize>>,
+    is_blocked: Vec<bool>,
+    first_block: Option<(usize, Vec<i32>, String)>,
+    order: Vec<usize>,
+    /// Release-before-acquire edges the schedule needs beyond the graph's.
+    new_edges: Vec<(usize, usize)>,
+    deps: Vec<usize>,
+    /// Per node: the seconds its staging through host memory adds, when staged.
+    staged: Vec<Option<f64>>,
+}
+
+/// What a successful pass decided, for the DAG to take on.
+pub(super) struct Scheduled {
+    pub order: Vec<usize>,
+    pub finish: Vec<f64>,
+    pub staged: Vec<Option<f64>>,
+    pub new_edges: Vec<(usize, usize)>,
+    pub peak_bytes: u64,
+}
+
+impl<'d> ListScheduler<'d> {
+    /// A pass over `dag` from memory `state`; with `stage_to_host`, blocked Splits and Merges
+    /// may stage their sources through host memory at that bandwidth.
+    pub fn new(dag: &'d TransitionDag, state: ResourceState, stage_to_host: Option<f64>) -> Self {
+        let n = dag.graph.node_count();
+        let pool = state.usage.len();
+        let incoming = |i: usize| dag.graph.neighbors_directed(NodeIndex::new(i), Direction::Incoming).count();
+        let (by_priority, tie) = priorities(dag);
+        let mut scheduler = ListScheduler {
+            dag,
+            state,
+            stage_to_host,
+            waiting: (0..n).map(incoming).collect(),
+            finish: vec![0.0; n],
+            rank_free: vec![0.0; pool],
+            by_priority,
+            tie,
+            heap: BinaryHeap::new(),
+            blocked_on: vec![Vec::new(); pool],
+            is_blocked: vec![false; n],
+            first_block: None,
+            order: Vec::with_capacity(n),
+            new_edges: Vec::new(),
+            deps: Vec::new(),
+            staged: vec![None; n],
+        };
+        scheduler.heap = (0..n).filter(|&i| scheduler.waiting[i] == 0).map(|i| scheduler.key(i, 0.0)).collect();
+        scheduler
+    }
+
+    /// Schedules every node, or says which one is blocked and why.
+    pub fn run(mut self) -> Result<Scheduled, TransitionError> {
+        while let Some(Reverse((start_bits, tie_bits))) = self.heap.pop() {
+            let i = self.by_priority[(tie_bits & !(1 << 63)) as usize];
+            let start = self.earliest_start(i);
+            if start.to_bits() > start_bits {
+                self.heap.push(self.key(i, start));
+                continue;
+            }
+            if self.admit(i) {
+                self.place(i, start);
+            }
+        }
+        if self.order.len() < self.dag.graph.node_count() {
+            return Err(self.blocked());
+        }
+        Ok(Scheduled {
+            order: self.order,
+            finish: self.finish,
+            staged: self.staged,
+            new_edges: self.new_edges,
+            peak_bytes: self.state.peak,
+        })
+    }
+
+    fn key(&self, i: usize, start: f64) -> Key {
+        // Starts are non-negative, so their bits order like the numbers.
+        Reverse((start.to_bits(), self.tie[i]))
+    }
+
+    /// When node `i` could start: after its predecessors and its ranks' earlier nodes.
+    fn earliest_start(&self, i: usize) -> f64 {
+        let graph = &self.dag.graph;
+        let preds = graph
+            .neighbors_directed(NodeIndex::new(i), Direction::Incoming)
+            .map(|p| self.finish[p.index()])
+            .fold(0.0, f64::max);
+        graph[NodeIndex::new(i)].ranks(&self.dag.units).map(|r| self.rank_free[r as usize]).fold(preds, f64::max)
+    }
+
+    /// Whether node `i` fits now (staged through host memory if it must and may); a node that
+    /// does not waits on the ranks that block it.
+    fn admit(&mut self, i: usize) -> bool {
+        let node = &self.dag.graph[NodeIndex::new(i)];
+        if let Err((ranks, reason)) = self.state.fits(node, false) {
+            // Blocked by memory: a Split or Merge may still run with its sources in host memory.
+            let stage = self.stage_to_host.filter(|_| node.stageable() && self.state.fits(node, true).is_ok());
+            let Some(host) = stage else {
+                for &r in &ranks {
+                    self.blocked_on[r as usize].push(i);
+                }
+                self.is_blocked[i] = true;
+                self.first_block.get_or_insert((i, ranks, reason));
+                return false;
+            };
+            self.staged[i] = Some(node.staging_seconds(host));
+        }
+        self.is_blocked[i] = false;
+        true
+    }
+
+    /// Runs node `i` from `start` (or later, after the releases it acquires from), wakes what
+    /// waited on the ranks it frees, and readies its successors.
+    fn place(&mut self, i: usize, start: f64) {
+        let dag = self.dag;
+        let node = &dag.graph[NodeIndex::new(i)];
+        self.state.apply_into(i, node, self.staged[i].is_some(), &mut self.deps);
+        let begin = self.deps.iter().map(|&d| self.finish[d]).fold(start, f64::max);
+        let graph = &dag.graph;
+        let added = self.deps.iter().copied().filter(|&d| !graph.contains_edge(NodeIndex::new(d), NodeIndex::new(i)));
+        self.new_edges.extend(added.map(|d| (d, i)));
+        self.finish[i] = begin + node.seconds + self.staged[i].unwrap_or(0.0);
+        for r in node.ranks(&dag.units) {
+            self.rank_free[r as usize] = self.finish[i];
+        }
+        // Whatever waited on a rank this node freed may fit now.
+        for &(r, _) in &node.release {
+            for j in std::mem::take(&mut self.blocked_on[r as usize]) {
+                if self.is_blocked[j] {
+                    self.is_blocked[j] = false;
+                    self.heap.push(self.key(j, self.earliest_start(j)));
+                }
+            }
+        }
+        self.order.push(i);
+        for succ in graph.neighbors_directed(NodeIndex::new(i), Direction::Outgoing) {
+            self.waiting[succ.index()] -= 1;
+            if self.waiting[succ.index()] == 0 {
+                self.heap.push(self.key(succ.index(), self.earliest_start(succ.index())));
+            }
+        }
+    }
+
+    /// The error of a pass that left nodes unscheduled: the first node still blocked, with
+    /// what blocks it now (else the first that ever was).
+    fn blocked(&self) -> TransitionError {
+        let (i, ranks, reason) = self.first_block.clone().expect("unscheduled nodes of an acyclic DAG are blocked");
+        let n = self.dag.graph.node_count();
+        let (i, ranks, reason) = (0..n).find(|&j| self.is_blocked[j]).map_or((i, ranks, reason.clone()), |j| {
+            let node = &self.dag.graph[NodeIndex::new(j)];
+            let (r, why) = self.state.fits(node, false).err().unwrap_or((vec![], reason.clone()));
+            (j, r, why)
+        });
+        TransitionError::Blocked { primitive: self.dag.label(i), ranks: format_index_list(&ranks), reason }
+    }
+}
+
+/// Nodes by tie-break priority — longest remaining path first, then stage order, then index —
+/// and each node's tie rank: not-Destroy in the top bit (Destroys first), then its position.
+fn priorities(dag: &TransitionDag) -> (Vec<usize>, Vec<u64>) {
+    let n = dag.graph.node_count();
+    let bottom = dag.bottom_levels();
+    let stage = |i: usize| stage_rank(dag.graph[NodeIndex::new(i)].model_stage.stage);
+    let mut by_priority: Vec<usize> = (0..n).collect();
+    by_priority.sort_by(|&a, &b| bottom[b].total_cmp(&bottom[a]).then(stage(a).cmp(&stage(b))).then(a.cmp(&b)));
+    let mut tie = vec![0u64; n];
+    for (position, &i) in by_priority.iter().enumerate() {
+        let destroy = matches!(dag.graph[NodeIndex::new(i)].primitive, Primitive::Destroy { .. });
+        tie[i] = (u64::from(!destroy) << 63) | position as u64;
+    }
+    (by_priority, tie)
+}
+
+impl TransitionDag {
+    /// Takes on a pass's decisions: staged nodes marked and slowed, resource edges added, the
+    /// schedule timed (the pass already timed every node under the final edges: a node's start
+    /// was bounded by its predecessors, the dependencies it acquired and its ranks' earlier
+    /// nodes).
+    pub(super) fn adopt(&mut self, s: Scheduled) {
+        for (i, extra) in s.staged.iter().enumerate() {
+            if let Some(seconds) = extra {
+                let node = &mut self.graph[NodeIndex::new(i)];
+                node.staged = true;
+                node.seconds += seconds;
+            }
+        }
+        for (d, i) in &s.new_edges {
+            self.graph.add_edge(NodeIndex::new(*d), NodeIndex::new(*i), EdgeKind::Resource);
+        }
+        self.resource_edges = s.new_edges.len();
+        let finish = &s.finish;
+        let timings: Vec<NodeTiming> = s
+            .order
+            .iter()
+            .map(|&i| NodeTiming {
+                node: i,
+                start: finish[i] - self.graph[NodeIndex::new(i)].seconds,
+                finish: finish[i],
+            })
+            .collect();
+        let seconds = finish.iter().copied().fold(0.0, f64::max);
+        self.schedule = Schedule { order: s.order, timings, seconds, peak_bytes: s.peak_bytes };
+    }
+}
