@@ -1,10 +1,10 @@
 //! Why a command of the binary failed, for the commands that run over the core alone.
 
-use std::path::PathBuf;
 use thiserror::Error;
 
 use nereus_core::config::ConfigError;
 use nereus_core::exit::{EXIT_FAILURE, EXIT_USAGE};
+use nereus_core::file_error::FileError;
 use nereus_core::planner::PlannerError;
 use nereus_core::sim::SimError;
 use nereus_core::transition::TransitionError;
@@ -28,15 +28,8 @@ pub enum CommandError {
     #[error("{0}")]
     Usage(String),
     /// A file could not be written.
-    #[error("cannot {action} `{}`: {source}", path.display())]
-    Io {
-        /// What was attempted.
-        action: &'static str,
-        /// The file.
-        path: PathBuf,
-        /// The operating system's error.
-        source: std::io::Error,
-    },
+    #[error("{0}")]
+    Io(#[from] FileError),
     /// Printing to standard output failed.
     #[error("cannot write to standard output: {0}")]
     Stdout(std::io::Error),
@@ -46,8 +39,8 @@ impl CommandError {
     /// The process exit status: 2 for anything the user can fix, 1 for files the system refused.
     pub fn exit_code(&self) -> u8 {
         match self {
-            CommandError::Io { .. } | CommandError::Stdout(_) => EXIT_FAILURE,
-            CommandError::Sim(SimError::Io { .. }) => EXIT_FAILURE,
+            CommandError::Io(_) | CommandError::Stdout(_) => EXIT_FAILURE,
+            CommandError::Sim(SimError::Io(_)) => EXIT_FAILURE,
             CommandError::Transition(_) => EXIT_FAILURE,
             _ => EXIT_USAGE,
         }
@@ -56,8 +49,8 @@ impl CommandError {
 
 /// The error-mapping closure for a failed write of `path`.
 pub fn write_error(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> CommandError {
-    let path = path.to_path_buf();
-    move |source| CommandError::Io { action: "write", path, source }
+    let to_file_error = FileError::on("write", path);
+    move |source| CommandError::Io(to_file_error(source))
 }
 
 #[cfg(feature = "mpi")]
@@ -68,10 +61,10 @@ impl From<CommandError> for nereus_runtime::RuntimeError {
             CommandError::Config(e) => e.into(),
             CommandError::Planner(e) => RuntimeError::Planner(e),
             CommandError::Transition(e) => RuntimeError::Transition(e),
-            CommandError::Sim(SimError::Io { path, source }) => RuntimeError::Io { action: "read", path, source },
+            CommandError::Sim(SimError::Io(e)) => RuntimeError::Io(e),
             CommandError::Sim(e) => RuntimeError::Usage(e.to_string()),
             CommandError::Usage(m) => RuntimeError::Usage(m),
-            CommandError::Io { action, path, source } => RuntimeError::Io { action, path, source },
+            CommandError::Io(e) => RuntimeError::Io(e),
             CommandError::Stdout(e) => RuntimeError::Stdout(e),
         }
     }

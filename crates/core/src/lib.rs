@@ -11,6 +11,7 @@ pub mod cost;
 #[cfg(feature = "exact")]
 pub mod exact;
 pub mod exit;
+pub mod file_error;
 pub mod index_list;
 pub mod model;
 pub mod plan;

@@ -18,26 +18,9 @@ use crate::policy::{Decision, TransitionKind};
 pub struct StepLine {
     /// The step (0-based).
     pub step: u64,
-    /// Mean reward of the step's responses.
-    pub reward_mean: f64,
-    /// Mean score of the reward model (the learned reward), when one scores.
-    pub rm_score_mean: f64,
-    /// Mean response length, tokens (EOS included).
-    pub response_len_mean: f64,
-    /// 95th percentile of the response length.
-    pub response_len_p95: f64,
-    /// KL divergence of the policy from the reference, per token.
-    pub kl: f64,
-    /// The actor's loss.
-    pub actor_loss: f64,
-    /// The critic's loss (0 without a critic).
-    pub critic_loss: f64,
-    /// The actor's gradient norm.
-    pub actor_grad_norm: f64,
-    /// The critic's gradient norm.
-    pub critic_grad_norm: f64,
-    /// Updates skipped for non-finite values (`on_nonfinite = "skip-step"`).
-    pub skipped_updates: u64,
+    /// Rewards, lengths, KL, losses and gradient norms.
+    #[serde(flatten)]
+    pub stats: StepStats,
     /// Measured wall seconds of the step.
     pub step_seconds: f64,
     /// The cost model's prediction of them.
@@ -74,13 +57,39 @@ pub struct StepLine {
     pub elastic: Option<ElasticRecord>,
 }
 
+/// What an RL step learned and produced: the numbers a user watches.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepStats {
+    /// Mean task (rule) reward of the sampled responses.
+    pub reward_mean: f64,
+    /// Mean reward-model score (the learned reward), when one scores.
+    pub rm_score_mean: f64,
+    /// Mean response length, tokens (EOS included).
+    pub response_len_mean: f64,
+    /// 95th percentile of the response length.
+    pub response_len_p95: f64,
+    /// Mean sampled KL divergence of the policy from the reference, per token.
+    pub kl: f64,
+    /// The last actor update's loss.
+    pub actor_loss: f64,
+    /// The last critic update's loss (0 without a critic).
+    pub critic_loss: f64,
+    /// The last actor update's gradient norm.
+    pub actor_grad_norm: f64,
+    /// The last critic update's gradient norm.
+    pub critic_grad_norm: f64,
+    /// Updates refused because their loss or gradient norm was not finite
+    /// (`on_nonfinite = "skip-step"`).
+    pub skipped_updates: u64,
+}
+
 impl StepLine {
     /// What the controller is shown of this step (a recorded run replays through it).
     pub fn observed(&self) -> StepRecord {
         StepRecord {
             step: self.step,
-            response_len_mean: self.response_len_mean,
-            response_len_p95: self.response_len_p95,
+            response_len_mean: self.stats.response_len_mean,
+            response_len_p95: self.stats.response_len_p95,
             step_seconds: self.step_seconds,
             stage_seconds: Some(self.stage_seconds),
             pool_size: None,

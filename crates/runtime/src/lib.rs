@@ -18,6 +18,7 @@ use std::path::PathBuf;
 use thiserror::Error;
 
 use nereus_core::config::ConfigError;
+use nereus_core::file_error::FileError;
 use nereus_exec::backend::BackendError;
 use nereus_exec::comm::{CommError, PhaseFailure};
 use nereus_exec::topology::TopologyError;
@@ -58,15 +59,8 @@ pub enum RuntimeError {
     #[error("selftest failed: {0}")]
     SelftestFailed(String),
     /// A file or directory could not be read or written.
-    #[error("cannot {action} `{}`: {source}", path.display())]
-    Io {
-        /// What was attempted: `read`, `write`, `create directory`, …
-        action: &'static str,
-        /// The file or directory.
-        path: PathBuf,
-        /// The operating system's error.
-        source: std::io::Error,
-    },
+    #[error("{0}")]
+    Io(#[from] FileError),
     /// Printing to standard output failed.
     #[error("cannot write to standard output: {0}")]
     Stdout(std::io::Error),
@@ -126,8 +120,8 @@ impl From<checkpoint::CheckpointError> for RuntimeError {
 
 /// The error-mapping closure for a failed file operation on `path`.
 pub fn io_error(action: &'static str, path: &std::path::Path) -> impl FnOnce(std::io::Error) -> RuntimeError {
-    let path = path.to_path_buf();
-    move |source| RuntimeError::Io { action, path, source }
+    let to_file_error = FileError::on(action, path);
+    move |source| RuntimeError::Io(to_file_error(source))
 }
 
 impl RuntimeError {

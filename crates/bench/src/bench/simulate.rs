@@ -144,7 +144,7 @@ fn comparison(gpus: u32, policies: Vec<PolicyMode>, gamma: f64, truth: Truth) ->
 /// A simulation that cannot run is the user's to fix (a bad trace), as `nereus simulate` says.
 fn sim_error(e: nereus_core::sim::SimError) -> RuntimeError {
     match e {
-        nereus_core::sim::SimError::Io { path, source } => RuntimeError::Io { action: "read", path, source },
+        nereus_core::sim::SimError::Io(e) => RuntimeError::Io(e),
         e => RuntimeError::Usage(e.to_string()),
     }
 }

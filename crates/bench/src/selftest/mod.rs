@@ -19,41 +19,34 @@ use crate::DeviceArg;
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum SelftestCommand {
     /// Random plan pairs executed as global transition DAGs; checks targets and digests.
-    Transitions {
-        /// Random cases to run.
-        #[arg(long, default_value_t = 20)]
-        cases: u32,
-        /// Seed of the random decisions (rank 0's draw is broadcast).
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-        #[command(flatten)]
-        device: DeviceArg,
-    },
+    Transitions(RandomCases),
     /// Every (tp, pp, dp) with degrees in {1, 2, 4} that fits the world trains one step of a
     /// tiny LM and value model; parameters and gradients must match (1, 1, 1) within 1e-5.
     Engine,
     /// Random Split/Merge/Extend/Destroy sequences; checks digests, bytes and refusals.
-    Primitives {
-        /// Random cases to run.
-        #[arg(long, default_value_t = 20)]
-        cases: u32,
-        /// Seed of the random decisions (same on every rank).
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-        #[command(flatten)]
-        device: DeviceArg,
-    },
+    Primitives(RandomCases),
+}
+
+/// How many random cases a self-test draws, from which seed, on which device.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RandomCases {
+    /// Random cases to run.
+    #[arg(long, default_value_t = 20)]
+    pub cases: u32,
+    /// Seed of the random decisions (every rank draws alike, or takes rank 0's draw).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    #[command(flatten)]
+    pub device: DeviceArg,
 }
 
 /// Runs `command` on every rank; rank 0 prints its JSON summary, and any failed check fails it.
 pub fn run(session: &mut Session, command: &SelftestCommand) -> Result<(), RuntimeError> {
     match command {
-        SelftestCommand::Transitions { cases, seed, device } => {
-            transitions(session, *cases, *seed, device.device).and_then(|r| report_selftest(session, &r, &r.failures))
-        }
+        SelftestCommand::Transitions(c) => transitions(session, c.cases, c.seed, c.device.device)
+            .and_then(|r| report_selftest(session, &r, &r.failures)),
         SelftestCommand::Engine => engine(session).and_then(|r| report_selftest(session, &r, &r.failures)),
-        SelftestCommand::Primitives { cases, seed, device } => {
-            primitives(session, *cases, *seed, device.device).and_then(|r| report_selftest(session, &r, &r.failures))
-        }
+        SelftestCommand::Primitives(c) => primitives(session, c.cases, c.seed, c.device.device)
+            .and_then(|r| report_selftest(session, &r, &r.failures)),
     }
 }

@@ -6,6 +6,7 @@ use std::path::Path;
 use super::{simulate, PolicyRun, RunSummary, SimError, SimOptions, SimStep, Trace};
 use crate::config::{JobConfig, PolicyMode};
 use crate::cost::Efficiencies;
+use crate::file_error::FileError;
 
 /// What to compare over a trace.
 #[derive(Debug, Clone)]
@@ -48,13 +49,13 @@ pub fn compare(
 
 /// Reads and parses a trace file.
 pub fn read_trace(path: &Path) -> Result<Trace, SimError> {
-    let text = std::fs::read_to_string(path).map_err(|source| SimError::Io { path: path.into(), source })?;
+    let text = std::fs::read_to_string(path).map_err(FileError::on("read", path))?;
     Trace::parse(&text, &path.display().to_string())
 }
 
 /// Reads a calibration file: `[e0, …, e7]` or `{"efficiencies": [...]}`, each in (0, 1].
 pub fn read_calibration(path: &Path) -> Result<Efficiencies, SimError> {
-    let text = std::fs::read_to_string(path).map_err(|source| SimError::Io { path: path.into(), source })?;
+    let text = std::fs::read_to_string(path).map_err(FileError::on("read", path))?;
     let bad = |why: String| SimError::Request(format!("calibration `{}`: {why}", path.display()));
     let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
     let list = value.get("efficiencies").cloned().unwrap_or(value);

@@ -47,13 +47,8 @@ pub enum SimError {
     #[error("{0}")]
     Request(String),
     /// A trace or calibration file could not be read.
-    #[error("cannot read `{}`: {source}", path.display())]
-    Io {
-        /// The file.
-        path: std::path::PathBuf,
-        /// The operating system's error.
-        source: std::io::Error,
-    },
+    #[error("{0}")]
+    Io(#[from] crate::file_error::FileError),
     /// The planner failed where a plan had to exist.
     #[error("{0}")]
     Planner(#[from] crate::planner::PlannerError),

@@ -29,6 +29,7 @@ use nereus_core::cost::OpClass;
 use nereus_core::cost::OpSeconds;
 use nereus_core::plan::{ModelStage, PerPhase, Phase, Plan, Role, Stage};
 use nereus_core::planner::StepSeconds;
+use nereus_core::record::StepStats;
 
 /// Everything an RL step needs besides the state, derived from the job config.
 #[derive(Debug, Clone)]
@@ -122,26 +123,8 @@ impl StepSettings {
 /// What one RL step reports on rank 0.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct StepMetrics {
-    /// Mean task (rule) reward of the sampled responses.
-    pub reward_mean: f64,
-    /// Mean reward-model score.
-    pub rm_score_mean: f64,
-    /// Mean response length (EOS included).
-    pub response_len_mean: f64,
-    /// 95th percentile of the response length.
-    pub response_len_p95: f64,
-    /// Mean sampled KL to the reference.
-    pub kl: f64,
-    /// Last actor update's loss.
-    pub actor_loss: f64,
-    /// Last critic update's loss (PPO).
-    pub critic_loss: f64,
-    /// Last actor update's gradient norm.
-    pub actor_grad_norm: f64,
-    /// Last critic update's gradient norm (PPO).
-    pub critic_grad_norm: f64,
-    /// Updates refused because their loss or gradient norm was not finite.
-    pub skipped_updates: u64,
+    /// Rewards, lengths, KL, losses and gradient norms (as the step line records them).
+    pub stats: StepStats,
     /// The first refused update of the step, if any.
     #[serde(skip)]
     pub non_finite: Option<NonFinite>,
@@ -299,15 +282,19 @@ impl RlJob {
         self.advance_counters(set, counters, step, &updates);
         stage_done(Phase::WeightSync, &mut metrics);
         let lengths: Vec<f64> = rollout.lengths.iter().map(|&l| l as f64).collect();
-        metrics.reward_mean = rule.iter().map(|&x| f64::from(x)).sum::<f64>() / rule.len() as f64;
-        metrics.rm_score_mean = rm_scores.iter().map(|&x| f64::from(x)).sum::<f64>() / rm_scores.len().max(1) as f64;
-        metrics.response_len_mean = lengths.iter().sum::<f64>() / lengths.len() as f64;
-        metrics.response_len_p95 = percentile(&lengths, 0.95);
-        metrics.kl = rollout.kl_mean();
         let [actor, critic] = updates;
-        (metrics.actor_loss, metrics.actor_grad_norm) = (actor.last.loss, actor.last.grad_norm);
-        (metrics.critic_loss, metrics.critic_grad_norm) = (critic.last.loss, critic.last.grad_norm);
-        metrics.skipped_updates = actor.skipped + critic.skipped;
+        metrics.stats = StepStats {
+            reward_mean: rule.iter().map(|&x| f64::from(x)).sum::<f64>() / rule.len() as f64,
+            rm_score_mean: rm_scores.iter().map(|&x| f64::from(x)).sum::<f64>() / rm_scores.len().max(1) as f64,
+            response_len_mean: lengths.iter().sum::<f64>() / lengths.len() as f64,
+            response_len_p95: percentile(&lengths, 0.95),
+            kl: rollout.kl_mean(),
+            actor_loss: actor.last.loss,
+            critic_loss: critic.last.loss,
+            actor_grad_norm: actor.last.grad_norm,
+            critic_grad_norm: critic.last.grad_norm,
+            skipped_updates: actor.skipped + critic.skipped,
+        };
         metrics.non_finite = [(ACTOR, actor), (CRITIC, critic)]
             .into_iter()
             .find_map(|(ms, u)| u.first_skipped.map(|r| NonFinite::of(ms, r)));

@@ -151,8 +151,8 @@ impl TrainJob<'_> {
 fn observed(step: u64, m: &StepMetrics, pool_size: Option<u32>, lost_ranks: &[u32]) -> StepRecord {
     StepRecord {
         step,
-        response_len_mean: m.response_len_mean,
-        response_len_p95: m.response_len_p95,
+        response_len_mean: m.stats.response_len_mean,
+        response_len_p95: m.stats.response_len_p95,
         step_seconds: m.step_seconds,
         stage_seconds: Some(m.stage_seconds),
         pool_size,

@@ -25,14 +25,17 @@ pub fn print_plan(plan: &Plan) {
 /// One step.
 pub fn print_step(step: u64, m: &StepMetrics, plan: &Plan) {
     let s = &m.stage_seconds;
-    let skipped =
-        if m.skipped_updates > 0 { format!("  SKIPPED {} update(s)", m.skipped_updates) } else { String::new() };
+    let skipped = if m.stats.skipped_updates > 0 {
+        format!("  SKIPPED {} update(s)", m.stats.skipped_updates)
+    } else {
+        String::new()
+    };
     println!(
         "step {step:>4}  reward {:.3}  len {:>5.2} (p95 {:>2})  kl {:+.4}  gen {:.2}s  inf {:.2}s  train {:.2}s  sync {:.3}s  tok/s {:.0}  plan {}{skipped}",
-        m.reward_mean,
-        m.response_len_mean,
-        m.response_len_p95,
-        m.kl,
+        m.stats.reward_mean,
+        m.stats.response_len_mean,
+        m.stats.response_len_p95,
+        m.stats.kl,
         s.generation,
         s.inference,
         s.training,

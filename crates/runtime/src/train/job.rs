@@ -178,7 +178,7 @@ impl<'s> TrainJob<'s> {
             OnNonFinite::SkipStep => {
                 log::warn!(
                     "step {step}: {} update(s) skipped ({} of {} is {})",
-                    m.skipped_updates,
+                    m.stats.skipped_updates,
                     nf.quantity,
                     nf.model_stage,
                     nf.value

@@ -5,6 +5,7 @@ use std::fs::OpenOptions;
 use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
+use nereus_core::file_error::FileError;
 use nereus_core::record::StepLine;
 
 use crate::{io_error, RuntimeError};
@@ -83,7 +84,7 @@ impl MetricsLog {
                     }),
                 };
                 let _ = file.set_len(before);
-                Err(RuntimeError::Io { action: "append to", path: self.path.clone(), source })
+                Err(FileError { action: "append to", path: self.path.clone(), source }.into())
             }
         }
     }

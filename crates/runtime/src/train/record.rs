@@ -67,7 +67,7 @@ impl TrainJob<'_> {
             console::print_boundary(boundary);
             let seconds = (m.step_seconds, in_force.predicted.step_seconds());
             let transition = boundary.transition.as_ref();
-            self.timeline.push(step, seconds, m.response_len_mean, m.generated_tokens, in_force.pool, transition);
+            self.timeline.push(step, seconds, m.stats.response_len_mean, m.generated_tokens, in_force.pool, transition);
         }
         self.session.agree("metrics", if root { self.metrics.append(&line) } else { Ok(()) })
     }
@@ -100,16 +100,7 @@ fn step_line(
     let (predicted_peak, predicted_worst) = predicted.peaks.max();
     Ok(StepLine {
         step,
-        reward_mean: m.reward_mean,
-        rm_score_mean: m.rm_score_mean,
-        response_len_mean: m.response_len_mean,
-        response_len_p95: m.response_len_p95,
-        kl: m.kl,
-        actor_loss: m.actor_loss,
-        critic_loss: m.critic_loss,
-        actor_grad_norm: m.actor_grad_norm,
-        critic_grad_norm: m.critic_grad_norm,
-        skipped_updates: m.skipped_updates,
+        stats: m.stats,
         step_seconds: m.step_seconds,
         predicted_step_seconds: predicted.seconds.total(),
         stage_seconds: m.stage_seconds,
