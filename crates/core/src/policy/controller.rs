@@ -145,6 +145,9 @@ impl Controller {
         // The initial plan was made for responses of `cap` tokens: the first step's lengths
         // are compared with that, so a job that starts short is replanned for what it does.
         monitor.set_reference(Signal::ResponseLength, f64::from(cap));
+        // ... and for the pool it was planned on: a pool that differs at the first boundary of
+        // a run, fresh or resumed, is a pool change like any later one.
+        monitor.set_pool(base.cost().hardware.devices);
         Controller {
             mode: p.mode,
             gamma: p.gamma,

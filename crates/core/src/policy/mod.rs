@@ -178,6 +178,12 @@ impl Monitor {
         fired
     }
 
+    /// Sets the pool the current plan was made for (before any observation), so that a pool
+    /// that differs at the first boundary is a change like any later one.
+    pub fn set_pool(&mut self, pool: u32) {
+        self.pool = Some(pool);
+    }
+
     /// Sets `signal`'s reference: what the current plan was made for (before any observation).
     pub fn set_reference(&mut self, signal: Signal, value: f64) {
         self.tracks[signal as usize].reference = Some(value);
