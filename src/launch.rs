@@ -30,9 +30,8 @@ impl Global {
     /// Checks the flags' values (the exit status on a bad one).
     pub fn check(&self) -> Result<(), u8> {
         if let Some(t) = self.collective_timeout {
-            if !(t.is_finite() && t > 0.0 && t <= check::MAX_TIMEOUT_S) {
-                let (most, t) = (check::MAX_TIMEOUT_S, check::show(t));
-                eprintln!("nereus: error: --collective-timeout must be a positive number of seconds up to {most} (one week), got {t}");
+            if let Err(e) = check::timeout("--collective-timeout", t) {
+                eprintln!("nereus: error: {e} (seconds; at most one week)");
                 return Err(EXIT_USAGE);
             }
         }

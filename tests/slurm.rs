@@ -203,3 +203,34 @@ fn a_killed_rank_restarts_the_job_from_the_latest_checkpoint_on_the_ranks_that_r
     let latest = std::fs::read_to_string(runs.join("checkpoints/latest")).unwrap_or_default();
     assert_eq!(latest.trim(), "step-40", "{job_output}");
 }
+
+#[test]
+fn a_crash_before_the_first_checkpoint_restarts_the_job_afresh_and_it_completes() {
+    if !slurm_tests_on() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = common::write(
+        dir.path(),
+        "ppo.toml",
+        &common::set_key(&common::fast_ppo(), "train", "checkpoint_every", Some("0")),
+    );
+    let job = Submitted::training(dir.path(), &config, "20");
+    job.wait_for_steps(2);
+    let ranks = rank_processes(&job.runs);
+    let victim = ranks.iter().max().expect("rank processes").to_string();
+    assert!(Command::new("kill").args(["-9", &victim]).status().unwrap().success());
+    job.wait_until_gone(300, "");
+    let (job_output, runs) = (job.output(), job.runs);
+    assert!(job_output.contains("restart 1 on 3 ranks"), "{job_output}");
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(runs.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let fresh = lines.iter().position(|l| l["event"] == "fresh-start").expect("the restart started afresh");
+    let steps: Vec<u64> = lines[fresh + 1..].iter().filter_map(|l| l["step"].as_u64()).collect();
+    assert_eq!(steps, (0..20).collect::<Vec<_>>(), "{job_output}");
+    let latest = std::fs::read_to_string(runs.join("checkpoints/latest")).unwrap_or_default();
+    assert_eq!(latest.trim(), "step-20", "{job_output}");
+}

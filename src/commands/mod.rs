@@ -18,10 +18,10 @@ use nereus_core::config::{Algorithm, Overrides, PolicyMode};
 #[derive(Args, Debug, Clone)]
 pub struct OverrideArgs {
     /// Overrides job.seed.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub seed: Option<u64>,
     /// Overrides job.steps.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub steps: Option<u32>,
     /// Overrides job.output_dir.
     #[arg(long, value_name = "DIR")]
@@ -36,7 +36,7 @@ pub struct OverrideArgs {
     #[arg(long, value_name = "FILE")]
     pub cluster: Option<PathBuf>,
     /// Overrides cluster.nodes.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub nodes: Option<u32>,
 }
 

@@ -115,17 +115,17 @@ pub struct PlanArgs {
     /// Job file (TOML); the embedded default when omitted.
     pub file: Option<PathBuf>,
     /// GPUs in the pool (default: the cluster's nodes x devices per node).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub gpus: Option<u32>,
     /// Response length in tokens to plan for (default: rl.max_response_len).
-    #[arg(long, value_name = "TOKENS")]
+    #[arg(long, value_name = "TOKENS", allow_negative_numbers = true)]
     pub seq_len: Option<u64>,
     /// What-if: the response length the current plan was made for; prints the transition
     /// from that plan to the one for --seq-len (ΔL, L_tran, whether it can run).
-    #[arg(long, value_name = "TOKENS")]
+    #[arg(long, value_name = "TOKENS", allow_negative_numbers = true)]
     pub from_seq_len: Option<u64>,
     /// What-if: the pool the current plan was made for (default: --gpus).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub from_gpus: Option<u32>,
     /// Print JSON.
     #[arg(long)]
@@ -286,11 +286,16 @@ fn print_what_if(w: &mut impl Write, out: &WhatIfOut) -> Result<(), CommandError
         (None, false, _) if out.fallback_rank > 0 => format!("executable (fallback {})", out.fallback_rank),
         (None, false, _) => "executable".to_string(),
     };
+    let delta = if out.delta_l_s.is_finite() {
+        format!("ΔL {:.3} s/step", out.delta_l_s)
+    } else {
+        "ΔL unbounded (the current plan does not fit the new point)".to_string()
+    };
     say(
         w,
         format!(
-            "ΔL {:.3} s/step, L_tran {:.3} s, {} primitives, {} resource edges, {} bytes staged through host memory: {verdict}",
-            out.delta_l_s, out.l_tran_s, out.dag_nodes, out.resource_edges, out.staged_bytes
+            "{delta}, L_tran {:.3} s, {} primitives, {} resource edges, {} bytes staged through host memory: {verdict}",
+            out.l_tran_s, out.dag_nodes, out.resource_edges, out.staged_bytes
         ),
     )
 }

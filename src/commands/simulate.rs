@@ -7,6 +7,7 @@ use serde::Serialize;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use nereus_core::config::check::{self, MAX_DEVICES};
 use nereus_core::config::{JobConfig, PolicyMode};
 use nereus_core::sim::{self, plot, Comparison, RestartModel, RunSummary, SimOptions, SimStep, Truth};
 
@@ -24,33 +25,33 @@ pub struct SimulateArgs {
     #[arg(long, value_name = "TRACE.csv")]
     pub trace: PathBuf,
     /// GPUs where the trace has no `available_gpus` (default: the cluster's devices).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub gpus: Option<u32>,
     /// Policies to simulate, comma-separated.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "nereus,static,greedy,every-k")]
     pub policies: Vec<PolicyMode>,
     /// γ of the nereus policy (default: policy.gamma).
-    #[arg(long, conflicts_with = "gamma_sweep")]
+    #[arg(long, conflicts_with = "gamma_sweep", allow_negative_numbers = true)]
     pub gamma: Option<f64>,
     /// Several γ values for the nereus policy, comma-separated (e.g. 0,0.1,0.2,...,1).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
     pub gamma_sweep: Vec<f64>,
     /// Efficiencies of the ground truth: JSON list of 8, or {"efficiencies": [...]}.
     #[arg(long, value_name = "EFF.json")]
     pub calibration: Option<PathBuf>,
     /// Seconds a checkpoint/restart costs besides the checkpoint I/O.
-    #[arg(long, default_value_t = 300.0)]
+    #[arg(long, default_value_t = 300.0, allow_negative_numbers = true)]
     pub restart_s: f64,
     /// File system bandwidth of the checkpoint I/O, GB/s.
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = 10.0, allow_negative_numbers = true)]
     pub fs_gbps: f64,
     /// How wrong the cost model is: σ of the log of each plan's true over predicted step
     /// seconds, drawn once per plan (0: the cost model is the ground truth; bench
     /// calibration's held-out 8–13% MAPE is σ ≈ 0.1–0.16).
-    #[arg(long, default_value_t = 0.0, value_name = "SIGMA")]
+    #[arg(long, default_value_t = 0.0, value_name = "SIGMA", allow_negative_numbers = true)]
     pub model_error: f64,
     /// Relative step-to-step jitter of the ground truth (standard deviation).
-    #[arg(long, default_value_t = 0.0, value_name = "SIGMA")]
+    #[arg(long, default_value_t = 0.0, value_name = "SIGMA", allow_negative_numbers = true)]
     pub noise: f64,
     /// Seed of the model error and jitter draws.
     #[arg(long, default_value_t = 1)]
@@ -68,6 +69,10 @@ pub struct SimulateArgs {
     pub overrides: OverrideArgs,
 }
 
+/// The largest σ of the simulated truth's errors: a log-normal of σ = 2 already scales a step
+/// by more than 50 at one standard deviation.
+const MAX_SIGMA: f64 = 2.0;
+
 /// `nereus simulate --json`.
 #[derive(Debug, Serialize)]
 pub struct SimulateOut {
@@ -81,8 +86,25 @@ pub fn exec(args: SimulateArgs, global: &Global) -> u8 {
 }
 
 impl SimulateArgs {
+    /// Checks every number a flag gives, naming the flag and what it accepts.
+    fn check(&self) -> Result<(), CommandError> {
+        if let Some(gpus) = self.gpus {
+            check::between("--gpus", gpus, MAX_DEVICES)?;
+        }
+        check::within("--restart-s", self.restart_s, 0.0, check::MAX_TIMEOUT_S)?;
+        check::positive("--fs-gbps", self.fs_gbps)?;
+        for &gamma in self.gamma.iter().chain(&self.gamma_sweep) {
+            // The same range as policy.gamma.
+            check::within(if self.gamma.is_some() { "--gamma" } else { "--gamma-sweep" }, gamma, 0.0, 1.0)?;
+        }
+        check::within("--model-error", self.model_error, 0.0, MAX_SIGMA)?;
+        check::within("--noise", self.noise, 0.0, MAX_SIGMA)?;
+        Ok(())
+    }
+
     /// The comparison these arguments ask for.
     fn comparison(&self) -> Result<Comparison, CommandError> {
+        self.check()?;
         let efficiencies = self.calibration.as_deref().map(sim::read_calibration).transpose()?;
         let restart = RestartModel { fs_bytes_per_s: self.fs_gbps * 1e9, restart_s: self.restart_s };
         let truth = Truth { model_error: self.model_error, noise: self.noise, seed: self.seed };

@@ -26,6 +26,12 @@ pub struct TrainArgs {
 /// Runs `nereus train` on every rank.
 #[cfg(feature = "mpi")]
 pub fn exec(args: TrainArgs, global: &Global) -> u8 {
+    // Before MPI starts: a stop signal (or SIGHUP) that arrives during bring-up, the config
+    // agreement or a warm-up must find its handler, not the default that kills the rank.
+    if let Err(e) = nereus_runtime::train::signals::install() {
+        eprintln!("nereus: error: {e}");
+        return e.exit_code();
+    }
     let overrides = args.overrides.into();
     crate::launch::spmd(global, |session| {
         nereus_runtime::train::run(session, args.file.as_deref(), &overrides, &args.options)

@@ -182,10 +182,14 @@ pub struct Tmpfs {
 impl Tmpfs {
     /// Mounts a tmpfs of `size` bytes.
     pub fn mount(size: u64, read_only: bool) -> Option<Tmpfs> {
+        Tmpfs::mount_with(&format!("size={size}{}", if read_only { ",ro" } else { "" }))
+    }
+
+    /// Mounts a tmpfs with mount options `options` (`size=…,nr_inodes=…`).
+    pub fn mount_with(options: &str) -> Option<Tmpfs> {
         let dir = tempfile::tempdir().ok()?;
-        let options = format!("size={size}{}", if read_only { ",ro" } else { "" });
         let ok = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &options, "tmpfs"])
+            .args(["-t", "tmpfs", "-o", options, "tmpfs"])
             .arg(dir.path())
             .status()
             .ok()?
@@ -208,4 +212,31 @@ pub fn step_records(out: &Path) -> Vec<serde_json::Value> {
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()) // a line being written is skipped
         .filter(|r| r.get("event").is_none())
         .collect()
+}
+
+/// Kills (SIGKILL) every `nereus` process whose command line names `dir` (ranks an mpirun left
+/// behind when it was killed), and waits until they are gone.
+pub fn kill_ranks_of(dir: &Path) {
+    let needle = dir.to_str().unwrap().to_string();
+    let ranks = || -> Vec<u32> {
+        std::fs::read_dir("/proc")
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+                    .filter(|pid| {
+                        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+                        let cmdline = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                        comm.trim() == "nereus" && cmdline.contains(&needle)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    for pid in ranks() {
+        send_signal(pid, "-KILL");
+    }
+    let start = std::time::Instant::now();
+    while !ranks().is_empty() && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

@@ -219,5 +219,14 @@ pub enum Event {
         checkpoint: PathBuf,
         /// Step records already in the file at or after `from_step` (run again now).
         superseded_records: usize,
+        /// Whether the checkpoint was not the newest: the run branches off an older line.
+        #[serde(default)]
+        branch: bool,
+    },
+    /// `--resume auto` found no complete checkpoint (a crash before the first): the run starts
+    /// fresh, and the step records before this line belong to the run it abandons.
+    FreshStart {
+        /// Step records of the abandoned run.
+        abandoned_records: usize,
     },
 }

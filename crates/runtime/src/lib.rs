@@ -83,18 +83,19 @@ pub enum RuntimeError {
         value: f64,
     },
     /// A signal asked the job to stop; it checkpointed at the step boundary (not a failure of
-    /// the job: the batch scripts requeue it).
-    #[error("{signal} received: stopped after step {step} with a checkpoint in `{}`; continue with `--resume latest`", checkpoint.display())]
+    /// the job: the batch scripts requeue it). Steps are named as the step lines name them
+    /// (from 0); the checkpoint `step-N` holds N completed steps.
+    #[error("{signal} received: stopped after step {last_step} with a checkpoint of the {} completed steps in `{}`; continue with `--resume latest`", last_step + 1, checkpoint.display())]
     Preempted {
         /// The signal's name.
         signal: &'static str,
-        /// Steps completed.
-        step: u64,
+        /// The last step completed (0-based, as the step lines count).
+        last_step: u64,
         /// The checkpoint written.
         checkpoint: PathBuf,
     },
     /// The controller found no plan for the next steps; every rank checkpointed and stops.
-    #[error("the controller stopped the job after step {step}: {reason} (checkpoint {})", checkpoint.display())]
+    #[error("the controller stopped the job after step {step}: {reason} (checkpoint of the {} completed steps: {})", step + 1, checkpoint.display())]
     ControllerStop {
         /// The last step completed (0-based).
         step: u64,
@@ -148,7 +149,7 @@ impl RuntimeError {
     /// Whether every rank holds this error at the same point of the program (an agreement, or
     /// a verdict every rank computes from the same replicated values), so rank 0 alone reports
     /// it and nobody needs to abort the others.
-    fn reported_by_root(&self) -> bool {
+    pub(crate) fn reported_by_root(&self) -> bool {
         matches!(
             self,
             RuntimeError::Comm(CommError::Disagreement { .. })

@@ -15,6 +15,7 @@ use serde_json::json;
 
 use super::checkpoint::{fill_shard, open_weights, Expect, ModelWeights, SIDECAR};
 use super::{io_error, RuntimeError, Session};
+use nereus_core::config::check::MAX_TOKENS;
 use nereus_core::config::{hf, Dtype};
 use nereus_core::model::{Catalogue, Layout, OutputHead};
 use nereus_core::plan::{ModelStage, Role, Stage};
@@ -36,19 +37,32 @@ pub struct LogprobsOptions {
     pub json: Option<PathBuf>,
     /// Tensor-parallel degree of each replica (the ranks form ranks / (tp x pp) replicas that
     /// share the sequences).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
     pub tp: u32,
     /// Pipeline-parallel degree of each replica.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
     pub pp: u32,
     /// Sequences per forward pass.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
     pub micro_batch: usize,
 }
 
-/// Memory the ranks' ledgers allow here: the command runs what the machine holds, so the
-/// ledger only counts (1 PiB).
-const LEDGER_BYTES: u64 = 1 << 50;
+/// Most token ids a `--tokens` file may hold, all sequences together (2^24): far past what
+/// the reference engine scores in reasonable time, small enough to read into memory.
+const MAX_TOTAL_TOKENS: usize = 1 << 24;
+
+/// The memory this rank may use: the node's available memory (`/proc/meminfo`) shared by the
+/// ranks on it. The ledger charges every buffer before it is allocated, so a batch too large
+/// for the machine is refused with the buffer, its size and this capacity named, instead of
+/// the allocator aborting the process.
+fn ledger_bytes(session: &Session) -> u64 {
+    let available = std::fs::read_to_string("/proc/meminfo").ok().and_then(|text| {
+        let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+        line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
+    });
+    let ranks_here = session.layout().max_ranks_per_node().max(1) as u64;
+    available.map_or(u64::MAX / 2, |bytes| bytes / ranks_here)
+}
 
 /// The model and the input, checked on every rank.
 struct Prepared {
@@ -66,7 +80,8 @@ pub fn run(session: &Session, options: &LogprobsOptions) -> Result<(), RuntimeEr
     let role = if value { Role::Critic } else { Role::Actor };
     let ms = ModelStage::new(role, Stage::Inference);
     let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
-    let mut set = EmuSet::new(plane.rank(), world, LEDGER_BYTES, [(role, p.catalogue.clone())].into_iter().collect());
+    let capacity = ledger_bytes(session);
+    let mut set = EmuSet::new(plane.rank(), world, capacity, [(role, p.catalogue.clone())].into_iter().collect());
     let size = p.layout.size() as i32;
     let mut mine = None;
     for r in 0..world / size {
@@ -96,6 +111,19 @@ pub fn run(session: &Session, options: &LogprobsOptions) -> Result<(), RuntimeEr
         seq_len,
         contribution.as_ref().map(|(first, rows)| (*first, rows.as_slice())),
     )?;
+    if let Some(k) = rows.iter().position(|x| !x.is_finite()) {
+        // Every rank holds the assembled rows: every rank refuses alike.
+        let what = if value { "values" } else { "log-probabilities" };
+        return Err(RuntimeError::everywhere(
+            "scoring",
+            RuntimeError::Usage(format!(
+                "`{}`: the {what} of sequence {} are not finite ({}): the model's weights hold NaN or infinite values",
+                options.dir.display(),
+                k / seq_len,
+                rows[k]
+            )),
+        ));
+    }
     if session.rank() == 0 {
         write_report(options, &p.sequences, &rows, seq_len, value)?;
     }
@@ -117,6 +145,9 @@ fn prepare(options: &LogprobsOptions, world: i32) -> Result<Prepared, RuntimeErr
     let spec = nereus_core::config::ModelSpec { dtype: Dtype::F32, ..found.spec };
     spec.validate("model").map_err(|e| usage(format!("config.json describes a model the engine cannot hold: {e}")))?;
     let catalogue = Catalogue::of_spec(&spec, found.value_head);
+    if options.micro_batch == 0 {
+        return Err(RuntimeError::Usage("--micro-batch 0: a forward pass takes at least 1 sequence".into()));
+    }
     let layout = Layout::new(options.tp, options.pp);
     catalogue.check_layout(layout).map_err(|e| RuntimeError::Usage(e.to_string()))?;
     if world % layout.size() as i32 != 0 {
@@ -127,21 +158,40 @@ fn prepare(options: &LogprobsOptions, world: i32) -> Result<Prepared, RuntimeErr
             layout.size()
         )));
     }
-    let sequences = read_tokens(&options.tokens, spec.vocab)?;
+    // The longest sequence the model was made for, when its config.json says.
+    let max_len = found.json.get("max_position_embeddings").and_then(|v| v.as_u64()).unwrap_or(u64::from(MAX_TOKENS));
+    let sequences = read_tokens(&options.tokens, spec.vocab, max_len.min(u64::from(MAX_TOKENS)) as usize)?;
     let weights = open_weights(dir)?;
     weights.check(&catalogue, &[""], Expect::Pretrained { fresh: &[] })?;
     Ok(Prepared { catalogue, weights, sequences, layout })
 }
 
-/// The token-id sequences of a JSON file (`[[1, 2, 3], [4, 5]]`), each at least one token,
-/// every id inside the vocabulary.
-fn read_tokens(path: &Path, vocab: u32) -> Result<Vec<Vec<u32>>, RuntimeError> {
+/// The token-id sequences of a JSON file (`[[1, 2, 3], [4, 5]]`), each at least one token and
+/// at most `max_len`, every id inside the vocabulary, [`MAX_TOTAL_TOKENS`] in all.
+fn read_tokens(path: &Path, vocab: u32, max_len: usize) -> Result<Vec<Vec<u32>>, RuntimeError> {
     let usage = |reason: String| RuntimeError::Usage(format!("--tokens `{}`: {reason}", path.display()));
-    let text = std::fs::read_to_string(path).map_err(io_error("read", path))?;
+    // A file of more digits than the bound allows tokens is refused before it is read.
+    let bytes = std::fs::metadata(path).map_err(io_error("read", path))?.len();
+    if bytes > 24 * MAX_TOTAL_TOKENS as u64 {
+        return Err(usage(format!("{bytes} bytes: more than {MAX_TOTAL_TOKENS} token ids can take")));
+    }
+    let bytes = std::fs::read(path).map_err(io_error("read", path))?;
+    let text = String::from_utf8(bytes)
+        .map_err(|e| usage(format!("not UTF-8 text (byte {})", e.utf8_error().valid_up_to())))?;
     let sequences: Vec<Vec<u64>> =
         serde_json::from_str(&text).map_err(|e| usage(format!("expected a JSON list of lists of token ids: {e}")))?;
     if sequences.is_empty() {
         return Err(usage("holds no sequence".into()));
+    }
+    let total: usize = sequences.iter().map(Vec::len).sum();
+    if total > MAX_TOTAL_TOKENS {
+        return Err(usage(format!("{total} token ids: at most {MAX_TOTAL_TOKENS} in all")));
+    }
+    if let Some((i, s)) = sequences.iter().enumerate().find(|(_, s)| s.len() > max_len) {
+        return Err(usage(format!(
+            "sequence {i} has {} tokens; the model takes at most {max_len} (its max_position_embeddings)",
+            s.len()
+        )));
     }
     sequences
         .iter()

@@ -12,6 +12,15 @@ pub const MAX_TOKENS: u32 = 1 << 20;
 pub const MAX_SEQUENCES: u32 = 1 << 20;
 /// Longest collective time limit: one week, in seconds.
 pub const MAX_TIMEOUT_S: f64 = 7.0 * 24.0 * 3600.0;
+/// Shortest collective time limit, in seconds: below it the watchdog would fire on a healthy
+/// job's first barrier.
+pub const MIN_TIMEOUT_S: f64 = 0.1;
+
+/// A collective time limit (`job.collective_timeout_s`, `--collective-timeout`) in
+/// `[MIN_TIMEOUT_S, MAX_TIMEOUT_S]`.
+pub fn timeout(key: &str, value: f64) -> Result<(), ConfigError> {
+    within(key, value, MIN_TIMEOUT_S, MAX_TIMEOUT_S)
+}
 
 /// A float as a person reads it: plain where that is short, scientific otherwise (so `f64::MAX`
 /// is `1.7976931348623157e308`, not 309 digits).

@@ -24,10 +24,9 @@ pub struct JobSection {
     /// (at most one week).
     #[serde(default = "default_collective_timeout_s")]
     pub collective_timeout_s: f64,
-    /// A signal that, like SIGTERM, makes `nereus train` checkpoint at the next step boundary
-    /// and exit with status 75 (for Slurm's `--signal=USR1@120` lead time, and for `mpirun`,
-    /// which forwards SIGUSR1/SIGUSR2 to the ranks but gives them only a second after SIGTERM):
-    /// `"SIGUSR1"` or `"SIGUSR2"`; unset, only SIGTERM does.
+    /// Kept for configs written when only SIGTERM and this signal made `nereus train`
+    /// checkpoint and stop: SIGTERM, SIGUSR1 and SIGUSR2 all do now, from the start of the
+    /// process (`"SIGUSR1"` or `"SIGUSR2"` are still accepted, and change nothing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_on_signal: Option<String>,
 }
@@ -59,8 +58,7 @@ impl JobSection {
         if self.output_dir.as_os_str().is_empty() {
             return Err(ConfigError::invalid("job.output_dir", "\"\"", "must be a directory path"));
         }
-        check::positive("job.collective_timeout_s", self.collective_timeout_s)?;
-        check::within("job.collective_timeout_s", self.collective_timeout_s, 0.0, check::MAX_TIMEOUT_S)?;
+        check::timeout("job.collective_timeout_s", self.collective_timeout_s)?;
         match &self.checkpoint_on_signal {
             Some(sig) if !CHECKPOINT_SIGNALS.contains(&sig.as_str()) => Err(ConfigError::invalid(
                 "job.checkpoint_on_signal",

@@ -43,6 +43,8 @@ impl<'t> SteppedCsv<'t> {
     /// rank list such as `0-3,6`).
     pub fn parse(text: &'t str, allowed: &[&str], rest_of_line: Option<&str>) -> Result<Self, CsvError> {
         let bad = |line: usize, message: String| CsvError { line, message };
+        // A byte-order mark (spreadsheets write one) is not part of the first column's name.
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         let mut lines = text
             .lines()
             .enumerate()
@@ -51,7 +53,11 @@ impl<'t> SteppedCsv<'t> {
         let (header_line, header) = lines.next().ok_or_else(|| bad(1, "empty file: a header is needed".into()))?;
         let columns: Vec<&str> = header.split(',').map(str::trim).collect();
         if let Some(unknown) = columns.iter().find(|c| !allowed.contains(c)) {
-            return Err(bad(header_line, format!("unknown column `{unknown}`; expected {}", allowed.join(", "))));
+            let shown = unknown.escape_debug();
+            return Err(bad(header_line, format!("unknown column `{shown}`; expected {}", allowed.join(", "))));
+        }
+        if let Some((_, twice)) = columns.iter().enumerate().find(|(k, c)| columns[..*k].contains(c)) {
+            return Err(bad(header_line, format!("column `{twice}` appears twice")));
         }
         let step_column = columns
             .iter()
@@ -115,5 +121,16 @@ mod tests {
             CsvError { line: 4, message: "step 3 does not follow step 3".into() }
         );
         assert!(SteppedCsv::parse("step,available_gpus\n", &allowed, None).unwrap().rows.is_empty());
+        assert_eq!(error("step,available_gpus,step\n0,4,0\n").message, "column `step` appears twice");
+        assert_eq!(
+            error("step, gpus\u{200b}\n0,4\n").message,
+            "unknown column `gpus\\u{200b}`; expected step, available_gpus"
+        );
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_not_part_of_the_header() {
+        let t = SteppedCsv::parse("\u{feff}step,available_gpus\n0,4\n", &["step", "available_gpus"], None).unwrap();
+        assert_eq!(t.columns, ["step", "available_gpus"]);
     }
 }

@@ -648,7 +648,7 @@ fn entries_of(planner: &Planner, ms: ModelStage, layout_slots: &mut usize) -> Ve
     for tp in powers(hw.devices_per_node.min(hw.devices)).filter(|t| hw.devices_per_node.is_multiple_of(*t)) {
         for pp in powers((hw.devices / tp).min(layers)) {
             let layout = Layout::new(tp, pp);
-            if catalogue.check_layout(layout).is_err() {
+            if catalogue.check_layout(layout).is_err() || planner.fixed_layout(ms).is_some_and(|l| l != layout) {
                 continue;
             }
             let layout_slot = *layout_slots;

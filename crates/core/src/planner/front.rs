@@ -125,6 +125,9 @@ pub struct Planner {
     pub(super) model_stages: Vec<ModelStage>,
     /// Every model-stage's candidate layouts and replica counts on this pool.
     pub(super) skeleton: Arc<Skeleton>,
+    /// The one layout each model-stage may take, when they are fixed (the static policy):
+    /// only replica counts and ranks are searched.
+    pub(super) fixed_layouts: Option<Arc<BTreeMap<ModelStage, Layout>>>,
 }
 
 /// The parameter catalogue of every model of a job (critic and reward carry value heads).
@@ -264,7 +267,14 @@ impl Planner {
             workloads.insert(*ms, w);
         }
         let cost = CostModel { hardware, efficiencies, engine: EngineKind::of(&config.cluster) };
-        let mut planner = Planner { cost, models: Arc::new(models), workloads, model_stages, skeleton: Arc::default() };
+        let mut planner = Planner {
+            cost,
+            models: Arc::new(models),
+            workloads,
+            model_stages,
+            skeleton: Arc::default(),
+            fixed_layouts: None,
+        };
         planner.skeleton = Arc::new(Skeleton::of(&planner));
         Ok(planner)
     }
@@ -285,6 +295,26 @@ impl Planner {
             p.skeleton = Arc::new(Skeleton::of(&p));
         }
         Ok(p)
+    }
+
+    /// The same planner searching only `plan`'s layout for each model-stage (replica counts and
+    /// ranks stay free): the static policy's planner, whose DP follows the pool.
+    pub fn keeping_layouts(&self, plan: &Plan) -> Planner {
+        let layouts = plan.placements.iter().map(|p| (p.candidate.model_stage, p.candidate.layout)).collect();
+        let mut p = self.clone();
+        p.fixed_layouts = Some(Arc::new(layouts));
+        p.skeleton = Arc::new(Skeleton::of(&p));
+        p
+    }
+
+    /// How many model-stages have a fixed layout (0 unless [`Planner::keeping_layouts`]).
+    pub fn fixed_layout_count(&self) -> usize {
+        self.fixed_layouts.as_ref().map_or(0, |l| l.len())
+    }
+
+    /// The layout `ms` must keep, when the planner keeps layouts.
+    pub(super) fn fixed_layout(&self, ms: ModelStage) -> Option<Layout> {
+        self.fixed_layouts.as_ref().and_then(|l| l.get(&ms).copied())
     }
 
     /// The search's candidates on this pool, before any estimate.

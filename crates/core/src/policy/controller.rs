@@ -278,6 +278,10 @@ impl Controller {
 
     /// Decides after the step `m` records, under the `current` plan.
     pub fn decide(&mut self, m: &StepRecord, current: &Plan) -> Result<Action, PlannerError> {
+        if self.mode == PolicyMode::Static && self.base.fixed_layout_count() == 0 {
+            // The static baseline keeps the layouts it started with; DP follows the pool.
+            self.base = self.base.keeping_layouts(current);
+        }
         let step = m.step;
         let lost_now = m.lost_ranks != self.lost;
         self.lost.clone_from(&m.lost_ranks);
@@ -367,18 +371,8 @@ impl Controller {
             }
         }
         if !verdict.admitted && !current_fits {
-            // The cap cannot grow under the current plan and nothing reachable fits: stop.
-            let peaks = planner.rank_peaks(current);
-            let (need, rank) = peaks.max();
-            let capacity = planner.cost().hardware.memory_bytes;
-            let target = choice.target.plan();
-            verdict.reason = format!(
-                "{}; out of memory ahead: at {len} response tokens rank {rank} would need {} of {} ({}); a plan that fits: {target}; restart with that plan or more memory and `nereus train --resume latest`",
-                verdict.reason,
-                format_bytes(need),
-                format_bytes(capacity),
-                peaks.ranks[rank as usize].busiest.map_or(String::new(), |ms| format!("while {ms} runs")),
-            );
+            // The current plan cannot go on and nothing reachable is admitted: stop.
+            verdict.reason = self.why_it_cannot_go_on(&planner, current, len, &choice, &verdict);
             let decision = self.record(triggers, &proposal, &verdict);
             return Ok(self.action(None, decision, Some(verdict.reason.clone())));
         }
@@ -393,6 +387,36 @@ impl Controller {
         // Rejected, and the current plan fits the new cap: keep the plan, size the cap.
         self.cap = len;
         Ok(self.action(None, decision, None))
+    }
+
+    /// Why the current plan cannot go on, for a stop: the pool no longer holds its ranks, or a
+    /// rank would run out of memory at the new cap; with the plan that would fit.
+    fn why_it_cannot_go_on(
+        &self,
+        planner: &Planner,
+        current: &Plan,
+        len: u32,
+        choice: &TargetChoice,
+        verdict: &Verdict,
+    ) -> String {
+        let target = choice.target.plan();
+        let advice = format!("a plan that fits: {target}; restart with that plan and `nereus train --resume latest`");
+        if let Err(e) = current.validate(self.gpus) {
+            return format!(
+                "{}; the pool of {} ranks no longer holds the current plan ({e}); {advice}",
+                verdict.reason, self.gpus
+            );
+        }
+        let peaks = planner.rank_peaks(current);
+        let (need, rank) = peaks.max();
+        let capacity = planner.cost().hardware.memory_bytes;
+        format!(
+            "{}; out of memory ahead: at {len} response tokens rank {rank} would need {} of {} ({}); {advice} (or more memory)",
+            verdict.reason,
+            format_bytes(need),
+            format_bytes(capacity),
+            peaks.ranks[rank as usize].busiest.map_or(String::new(), |ms| format!("while {ms} runs")),
+        )
     }
 
     /// The admission's question about `choice` and its answer.

@@ -49,8 +49,14 @@ pub fn compare(
 
 /// Reads and parses a trace file.
 pub fn read_trace(path: &Path) -> Result<Trace, SimError> {
-    let text = std::fs::read_to_string(path).map_err(FileError::on("read", path))?;
-    Trace::parse(&text, &path.display().to_string())
+    let bytes = std::fs::read(path).map_err(FileError::on("read", path))?;
+    let name = path.display().to_string();
+    let text = String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        let line = e.as_bytes()[..at].iter().filter(|&&b| b == b'\n').count() + 1;
+        SimError::Trace { name: name.clone(), line, message: format!("not UTF-8 text (byte {at})") }
+    })?;
+    Trace::parse(&text, &name)
 }
 
 /// Reads a calibration file: `[e0, …, e7]` or `{"efficiencies": [...]}`, each in (0, 1].

@@ -9,6 +9,7 @@
 //! ```
 
 use super::SimError;
+use crate::config::check::{MAX_DEVICES, MAX_TOKENS};
 use crate::config::stepped_csv::SteppedCsv;
 
 /// The columns a trace may carry, in the order they are written.
@@ -47,6 +48,9 @@ pub struct Point {
     pub gpus: u32,
 }
 
+/// Most steps a trace may have (10^7: a simulation keeps every step's record).
+pub const MAX_ROWS: usize = 10_000_000;
+
 impl Trace {
     /// Parses CSV text (`name` is only for messages). Errors name the line and the column.
     pub fn parse(text: &str, name: &str) -> Result<Trace, SimError> {
@@ -65,8 +69,11 @@ impl Trace {
                     "seq_len_mean" => row.seq_len_mean = Some(positive(number, c).map_err(|m| bad(r.line, m))?),
                     "seq_len_p95" => row.seq_len_p95 = Some(positive(number, c).map_err(|m| bad(r.line, m))?),
                     _ => {
-                        let n = integer(number).filter(|n| *n <= u64::from(u32::MAX));
-                        row.available_gpus = Some(n.ok_or_else(|| bad(r.line, format!("{c} = `{cell}`")))? as u32);
+                        let n =
+                            integer(number).filter(|n| (1..=u64::from(MAX_DEVICES)).contains(n)).ok_or_else(|| {
+                                bad(r.line, format!("{c} = `{cell}`: a GPU count between 1 and {MAX_DEVICES}"))
+                            })?;
+                        row.available_gpus = Some(n as u32);
                     }
                 }
             }
@@ -74,6 +81,9 @@ impl Trace {
         }
         if rows.is_empty() {
             return Err(bad(1, "the trace has a header but no rows".into()));
+        }
+        if rows.len() > MAX_ROWS {
+            return Err(bad(1, format!("{} rows: a trace has at most {MAX_ROWS} steps", rows.len())));
         }
         Ok(Trace { rows })
     }
@@ -123,10 +133,12 @@ fn integer(x: f64) -> Option<u64> {
 }
 
 fn positive(x: f64, what: &str) -> Result<f64, String> {
-    if x >= 1.0 {
-        Ok(x)
-    } else {
+    if x < 1.0 {
         Err(format!("{what} = {x}: a response has at least one token"))
+    } else if x > f64::from(MAX_TOKENS) {
+        Err(format!("{what} = {x}: a response has at most {MAX_TOKENS} tokens"))
+    } else {
+        Ok(x)
     }
 }
 

@@ -94,10 +94,10 @@ impl Watchdog {
 
     fn message(&self, op: &str, group: &str) -> String {
         format!(
-            "[r{}] watchdog: collective `{op}` on {group} did not complete within {:.1} s on rank {}; \
+            "[r{}] watchdog: collective `{op}` on {group} did not complete within {} s on rank {}; \
              a rank is stalled, dead or in a different step. Aborting the whole job.",
             self.rank,
-            self.timeout.as_secs_f64(),
+            nereus_core::config::check::show(self.timeout.as_secs_f64()),
             self.rank
         )
     }

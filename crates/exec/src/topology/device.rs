@@ -8,6 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::pci::{GpuInfo, GpuVendor};
+use super::MAX_DEVICE_INDEX;
 use nereus_core::index_list::parse_index_list;
 
 /// The device one rank drives.
@@ -47,8 +48,8 @@ pub fn assign_device(local_rank: usize, gpus: &[GpuInfo], env: &dyn Fn(&str) -> 
     };
     for var in variables {
         let Some(value) = env(var) else { continue };
-        return match parse_index_list(&value) {
-            Some(visible) if !visible.is_empty() => {
+        return match parse_index_list(&value, MAX_DEVICE_INDEX) {
+            Ok(visible) if !visible.is_empty() => {
                 let index = visible[local_rank % visible.len()] as usize;
                 if index >= gpus.len() {
                     DeviceAssignment {

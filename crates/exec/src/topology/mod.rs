@@ -12,6 +12,12 @@ mod node;
 pub mod pci;
 pub mod placement;
 
+/// The most hardware threads a node's cpulists may name (sysfs lists are bounded by the kernel's
+/// `NR_CPUS`, at most 8,192 today; anything past this is a damaged file).
+pub const MAX_CPU_INDEX: u32 = 1 << 16;
+/// The most devices a `*_VISIBLE_DEVICES` list may name on one node.
+pub const MAX_DEVICE_INDEX: u32 = 1 << 10;
+
 pub use detect::detect_cluster;
 pub use device::{assign_device, DeviceAssignment};
 pub use launcher::Launcher;

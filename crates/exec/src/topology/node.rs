@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use std::path::Path;
 
 use super::pci::{scan_gpus, GpuInfo};
-use super::TopologyError;
+use super::{TopologyError, MAX_CPU_INDEX};
 use nereus_core::index_list::{format_index_list, parse_index_list};
 
 /// The hardware of the node this process runs on.
@@ -120,7 +120,8 @@ fn numa_domains_of(threads: &[u32], sysfs_nodes: &Path) -> Vec<u32> {
         .filter_map(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
             let id: u32 = name.strip_prefix("node")?.parse().ok()?;
-            let cpus = parse_index_list(&std::fs::read_to_string(e.path().join("cpulist")).ok()?)?;
+            let cpus =
+                parse_index_list(&std::fs::read_to_string(e.path().join("cpulist")).ok()?, MAX_CPU_INDEX).ok()?;
             cpus.iter().any(|c| threads.contains(c)).then_some(id)
         })
         .collect();

@@ -11,7 +11,7 @@ use hwloc2::{CpuBindFlags, CpuSet, ObjectType, Topology};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
-use super::{TopologyError, WorldLayout};
+use super::{TopologyError, WorldLayout, MAX_CPU_INDEX};
 use nereus_core::index_list::{format_index_list, parse_index_list};
 
 /// Where a PCI device sits: the CPUs its driver calls local, and its NUMA domain.
@@ -28,7 +28,7 @@ pub fn locality(pci_devices: &Path, address: &str) -> Locality {
     let dir = pci_devices.join(address);
     let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok();
     Locality {
-        cpus: read("local_cpulist").and_then(|t| parse_index_list(t.trim())).unwrap_or_default(),
+        cpus: read("local_cpulist").and_then(|t| parse_index_list(t.trim(), MAX_CPU_INDEX).ok()).unwrap_or_default(),
         numa: read("numa_node").and_then(|t| t.trim().parse::<i64>().ok()).and_then(|n| u32::try_from(n).ok()),
     }
 }

@@ -29,7 +29,7 @@ pub enum CheckpointError {
         reason: String,
     },
     /// A fresh run would write into the output directory of another run.
-    #[error("`{}` already holds a run ({found}); pass `--resume latest` to continue it, or choose another --output-dir (or remove it) to start afresh", dir.display())]
+    #[error("`{}` already holds a run ({found}); pass `--resume auto` to continue it (from its newest checkpoint, or afresh when it has none), or choose another --output-dir (or remove it) to start afresh", dir.display())]
     ExistingRun {
         /// The output directory.
         dir: PathBuf,
@@ -50,8 +50,9 @@ pub enum CheckpointError {
         /// How to proceed, when a flag allows it.
         hint: String,
     },
-    /// A file is missing, or its bytes are not what the sidecar promises.
-    #[error("checkpoint file `{}` is damaged: {reason}", path.display())]
+    /// A file is missing, or its bytes are not what the sidecar (or its own header) promises:
+    /// a checkpoint's file or a model directory's.
+    #[error("file `{}` is damaged: {reason}", path.display())]
     Damaged {
         /// The file.
         path: PathBuf,

@@ -34,7 +34,7 @@ pub use error::CheckpointError;
 pub use model_dir::{open_weights, write_model_dir, WriteOptions};
 pub use resume::{ModelFiles, ResumeOptions, Resumed};
 pub use save::{save, save_params_file, ModelToSave, SaveOptions};
-pub use sidecar::{FileDigest, SavedModel, Sidecar, FORMAT, SIDECAR};
+pub use sidecar::{FileDigest, Lineage, SavedModel, Sidecar, FORMAT, SIDECAR};
 pub use tensors::{fill_shard, Absent, Expect, ModelWeights, NamedTensor, TensorFile};
 
 use std::path::{Path, PathBuf};
@@ -50,6 +50,16 @@ pub fn params_file(model: &str) -> String {
 /// The optimizer file of model `model` in a checkpoint.
 pub fn optimizer_file(model: &str) -> String {
     format!("{model}.optim.safetensors")
+}
+
+/// A checkpoint's lineage sequence as its sidecar records it (0 when it does not, or cannot be
+/// read: a damaged checkpoint is refused when it is opened, not here).
+fn sequence_of(dir: &Path) -> u64 {
+    let Ok(text) = std::fs::read_to_string(dir.join(SIDECAR)) else { return 0 };
+    serde_json::from_str::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|v| v.get("lineage")?.get("sequence")?.as_u64())
+        .unwrap_or(0)
 }
 
 /// The checkpoints of one output directory.
@@ -99,15 +109,26 @@ impl Checkpoints {
         out
     }
 
-    /// The newest complete checkpoint: the one `latest` names when it is complete, else the
-    /// highest complete step. The pointer wins over higher steps: after a resume from an
-    /// earlier checkpoint, higher `step-N/` directories belong to the abandoned continuation.
+    /// The newest complete checkpoint: the one `latest` names when it is complete, else the one
+    /// written last (the highest lineage sequence, then the highest step). Either way a higher
+    /// `step-N/` of a continuation that a resume from an earlier step abandoned is not taken.
     pub fn latest(&self) -> Option<PathBuf> {
         let named = std::fs::read_to_string(self.latest_pointer()).ok().map(|s| self.root.join(s.trim()));
         match named {
             Some(dir) if dir.join(SIDECAR).is_file() => Some(dir),
-            _ => self.complete().pop().map(|(_, d)| d),
+            _ => self.newest_written(),
         }
+    }
+
+    /// The complete checkpoint written last, by its sidecar's lineage sequence (checkpoints
+    /// without one count as sequence 0), then by step.
+    pub fn newest_written(&self) -> Option<PathBuf> {
+        self.complete().into_iter().max_by_key(|(step, dir)| (sequence_of(dir), *step)).map(|(_, dir)| dir)
+    }
+
+    /// The sequence the next checkpoint of this directory takes.
+    pub fn next_sequence(&self) -> u64 {
+        self.complete().iter().map(|(_, dir)| sequence_of(dir)).max().unwrap_or(0) + 1
     }
 
     /// Removes what an interrupted save left behind (`*.partial`, `*.replaced`, temporary
@@ -133,11 +154,21 @@ impl Checkpoints {
     pub fn resolve(&self, from: Option<&ResumeFrom>) -> Result<Option<PathBuf>, CheckpointError> {
         match from {
             None => Ok(None),
+            Some(ResumeFrom::Dir(dir)) if dir.is_file() => Err(CheckpointError::NotFound {
+                dir: dir.clone(),
+                reason: format!(
+                    "is a file; --resume takes a checkpoint directory{}",
+                    dir.parent().filter(|_| dir.ends_with(SIDECAR)).map_or(String::new(), |d| format!(
+                        " (`{}`)",
+                        d.display()
+                    ))
+                ),
+            }),
             Some(ResumeFrom::Dir(dir)) => Ok(Some(dir.clone())),
             Some(ResumeFrom::Auto) => Ok(self.latest()),
             Some(ResumeFrom::Latest) => self.latest().map(Some).ok_or_else(|| CheckpointError::NotFound {
                 dir: self.root.clone(),
-                reason: "no complete checkpoint (a `step-N/` with a state.json) is there".into(),
+                reason: "no complete checkpoint (a `step-N/` with a state.json) is there; `--resume auto` starts fresh when there is none".into(),
             }),
         }
     }

@@ -255,8 +255,17 @@ fn open_optimizer(
     catalogue: &Catalogue,
     hash: bool,
 ) -> Result<ModelWeights, CheckpointError> {
+    let path = dir.join(&digest.file);
+    if !path.exists() {
+        return Err(CheckpointError::Damaged {
+            path,
+            reason: format!(
+                "the optimizer file of {model} is missing; pass --resume-reset-optimizer to resume with AdamW restarted from zero moments"
+            ),
+        });
+    }
     check_file(dir, digest, hash)?;
-    let file = TensorFile::open(&dir.join(&digest.file))?;
+    let file = TensorFile::open(&path)?;
     check_tensor_file(&file, sidecar, model, hash)?;
     let moments = ModelWeights::single(file)?;
     moments.check(catalogue, &MOMENT_PREFIXES, Expect::Exactly(Dtype::F32))?;

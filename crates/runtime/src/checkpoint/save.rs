@@ -112,6 +112,7 @@ pub fn save<P: DataPlane>(
         return Ok(dir);
     }
     outcome?;
+    sidecar.lineage.sequence = checkpoints.next_sequence();
     sidecar.write_sealed(&partial)?;
     sync_dir(&partial)?;
     commit(&partial, &dir, checkpoints.root())?;

@@ -81,9 +81,33 @@ pub struct Sidecar {
     pub models: BTreeMap<String, SavedModel>,
     /// How the random state is derived (nothing else to store: draws are counter-based).
     pub rng: String,
+    /// Where this checkpoint stands among the output directory's checkpoints (absent from
+    /// checkpoints written before lineages were recorded).
+    #[serde(default, skip_serializing_if = "Lineage::is_unset")]
+    pub lineage: Lineage,
     /// SHA-256 of this sidecar as written with this field empty: an edited or damaged
     /// `state.json` is refused as such ([`Sidecar::seal`]).
     pub sha256: String,
+}
+
+/// A checkpoint's place in the history of its output directory: the order it was written in,
+/// and the chain of checkpoints the run that wrote it continued from.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Lineage {
+    /// 1 + the highest sequence among the directory's complete checkpoints when it was written:
+    /// the newest checkpoint is the one with the highest sequence, whatever its step (after a
+    /// resume from an earlier step, higher `step-N/` belong to the abandoned continuation).
+    pub sequence: u64,
+    /// The checkpoints this run continued from, oldest first (`step-N` names; empty for a run
+    /// from a fresh start).
+    pub resumed_from: Vec<String>,
+}
+
+impl Lineage {
+    fn is_unset(&self) -> bool {
+        self.sequence == 0 && self.resumed_from.is_empty()
+    }
 }
 
 impl Sidecar {

@@ -35,9 +35,45 @@ pub struct Boundary {
     pub transition: Option<TransitionRecord>,
     /// A rank lost at this boundary.
     pub rank_loss: Option<RankLossRecord>,
+    /// The controller found nothing that fits and the job stops here (after the step's record).
+    pub stop: Option<ControllerStop>,
+}
+
+/// Why the controller stopped the job, and the checkpoint it wrote first.
+#[derive(Debug, Clone)]
+pub struct ControllerStop {
+    step: u64,
+    reason: String,
+    checkpoint: std::path::PathBuf,
+}
+
+impl ControllerStop {
+    /// The error the job ends with.
+    pub fn into_error(self) -> RuntimeError {
+        RuntimeError::ControllerStop { step: self.step, reason: self.reason, checkpoint: self.checkpoint }
+    }
 }
 
 impl TrainJob<'_> {
+    /// A boundary failed with `e`: when every rank holds the error (an agreed failure, such as
+    /// a rank loss nothing can restore), the step it followed is still recorded, so no
+    /// completed step goes missing from the metrics; then `e` is returned. A failure only some
+    /// ranks saw is returned as it is (the others may be inside a collective).
+    pub fn record_before_failing(
+        &mut self,
+        step: u64,
+        m: &StepMetrics,
+        in_force: &super::job::InForce,
+        e: RuntimeError,
+    ) -> RuntimeError {
+        if e.reported_by_root() {
+            if let Err(also) = self.record(step, m, in_force, &Boundary::default()) {
+                log::warn!("the record of step {step} could not be written either: {also}");
+            }
+        }
+        e
+    }
+
     /// The boundary after step `step`: a declared rank loss, the controller's decision on the
     /// step with the next step's pool, and what it asks for; a controller that finds nothing
     /// that fits checkpoints and stops the job.
@@ -67,7 +103,7 @@ impl TrainJob<'_> {
         }
         if let Some(reason) = &action.stop {
             let checkpoint = self.checkpoint(step + 1)?;
-            return Err(RuntimeError::ControllerStop { step, reason: reason.clone(), checkpoint });
+            boundary.stop = Some(ControllerStop { step, reason: reason.clone(), checkpoint });
         }
         Ok(boundary)
     }

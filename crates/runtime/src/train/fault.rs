@@ -51,6 +51,13 @@ pub fn rank_fault(
             "--at-step 0: a rank is lost at the start of a step after the first (K >= 1)".into(),
         ));
     }
+    if at_step >= u64::from(config.job.steps) {
+        return Err(RuntimeError::Usage(format!(
+            "--at-step {at_step}: the job runs steps 0 … {} (job.steps = {}), so rank {rank} would never be lost",
+            u64::from(config.job.steps).saturating_sub(1),
+            config.job.steps
+        )));
+    }
     if config.policy.mode == PolicyMode::Off {
         return Err(RuntimeError::Usage(format!(
             "--fail-rank {rank}: policy.mode = \"off\" cannot replan around a lost rank; set policy.mode (or --policy)"

@@ -40,13 +40,18 @@ pub struct TrainJob<'s> {
     pub(super) pools: PoolSource,
     pub(super) lost: Vec<u32>,
     pub(super) fault: Option<RankFault>,
+    /// Whether the ranks the job uses can change (or did): once true, every later step line
+    /// records its pool, even after the pool file is removed.
+    pub(super) elastic: bool,
     pub(super) controller: Option<Controller>,
     pub(super) checkpoints: Checkpoints,
     pub(super) metrics: MetricsLog,
     pub(super) timeline: Timeline,
     first_step: u64,
+    /// The checkpoints this run continues from, oldest first (recorded in its checkpoints).
+    pub(super) resumed_from: Vec<String>,
     skipping: u32,
-    signals: StopSignals,
+    signals: &'static StopSignals,
     _pool_signal: Option<PoolSignal>,
 }
 
@@ -79,12 +84,10 @@ impl<'s> TrainJob<'s> {
         let pool = agreed_pool(session, &pools, first_step)?;
         let (plan, planner, cap) = session.agree("job checks", job_checks(config, pool as i32))?;
         let predicted = Predicted::of(&planner, &plan);
-        let signals = StopSignals::install(config.job.checkpoint_on_signal.as_deref())?;
-        // SIGUSR1 re-reads the pool file at once, unless it asks for a checkpoint and stop.
+        let signals = signals::install()?;
+        // SIGHUP re-reads the pool file at once (rank 0 says what the next boundary will do).
         let follows_pool = config.policy.mode != PolicyMode::Off;
-        let pool_signal = (follows_pool && config.job.checkpoint_on_signal.as_deref() != Some("SIGUSR1"))
-            .then(|| PoolSignal::install(&pools, session.rank()))
-            .transpose()?;
+        let pool_signal = (follows_pool && session.rank() == 0).then(|| PoolSignal::install(&pools)).transpose()?;
         let mut settings = StepSettings::new(config);
         settings.sampling.max_new_tokens = cap as usize;
         let controller = (config.policy.mode != PolicyMode::Off && session.rank() == 0)
@@ -100,7 +103,7 @@ impl<'s> TrainJob<'s> {
             console::print_plan(&plan);
         }
         if let Some(dir) = &resume_dir {
-            let marker = (session.rank() == 0).then(|| resume_marker(&metrics, dir, sources.start_step));
+            let marker = (session.rank() == 0).then(|| resume_marker(&metrics, &checkpoints, dir, sources.start_step));
             session.agree("metrics", marker.unwrap_or(Ok(())))?;
         }
         let fault =
@@ -118,12 +121,15 @@ impl<'s> TrainJob<'s> {
             pool,
             pools,
             lost: Vec::new(),
+            // The pool's part is agreed at the first step (`in_force`).
+            elastic: fault.is_some(),
             fault,
             controller,
             checkpoints,
             metrics,
             timeline: Timeline::default(),
             first_step: sources.start_step,
+            resumed_from: sources.resumed_from,
             skipping: 0,
             signals,
             _pool_signal: pool_signal,
@@ -140,15 +146,17 @@ impl<'s> TrainJob<'s> {
         Ok(self.rl.step(&mut self.plane, &mut self.set, step)?)
     }
 
-    /// Whether the ranks the job uses can change during the run (a pool, a declared loss).
-    pub fn is_elastic(&self) -> bool {
-        self.pools.is_elastic() || self.fault.is_some()
-    }
-
     /// What is in force at the end of a step, before its boundary moves anything.
     pub fn in_force(&mut self) -> Result<InForce, RuntimeError> {
-        // Ledgers at the end of the step (recorded when the pool can change).
-        let held = if self.is_elastic() { held_bytes(&mut self.plane, &self.set)? } else { Vec::new() };
+        // Ledgers at the end of the step (recorded when the pool can change). A pool file that
+        // appears makes the job elastic from then on; one that goes away does not undo it.
+        // Ranks may see the shared file at different moments, and the gather below needs
+        // every rank or none: they agree (an all-reduce of the flag).
+        if !self.elastic {
+            let (world, watchdog) = (self.session.world(), self.session.watchdog());
+            self.elastic = max_over_ranks(world, watchdog, "pool check", u64::from(self.pools.is_elastic())) > 0;
+        }
+        let held = if self.elastic { held_bytes(&mut self.plane, &self.set)? } else { Vec::new() };
         Ok(InForce {
             plan: self.plan.clone(),
             predicted: self.predicted.clone(),
@@ -192,7 +200,7 @@ impl<'s> TrainJob<'s> {
     /// After `done` steps: a checkpoint when one is due (every `train.checkpoint_every`, the
     /// last step, a stop signal on any rank); a signal then stops the job (exit 75).
     pub fn checkpoint_if_due(&mut self, done: u64) -> Result<(), RuntimeError> {
-        let received = self.signals.received().map_or(0, signal_number);
+        let received = self.signals.received().map_or(0, signals::number);
         let signal =
             signals::name(
                 max_over_ranks(self.session.world(), self.session.watchdog(), "stop-signal check", received) as i32
@@ -207,7 +215,7 @@ impl<'s> TrainJob<'s> {
             log::info!("checkpoint of step {done} written to {}", dir.display());
         }
         match signal {
-            Some(signal) => Err(RuntimeError::Preempted { signal, step: done, checkpoint: dir }),
+            Some(signal) => Err(RuntimeError::Preempted { signal, last_step: done - 1, checkpoint: dir }),
             None => Ok(()),
         }
     }
@@ -233,8 +241,4 @@ fn checkpoint_step(dir: &std::path::Path) -> u64 {
         .and_then(|n| n.strip_prefix("step-"))
         .and_then(|n| n.parse().ok())
         .unwrap_or(0)
-}
-
-fn signal_number(name: &str) -> u64 {
-    (1..64).find(|&s| signals::name(s) == Some(name)).map_or(0, |s| s as u64)
 }

@@ -54,14 +54,14 @@ pub struct TrainOptions {
     pub reset_optimizer: bool,
     /// The ranks the job may use at the start: a count N or the index list of the first N
     /// ranks (`0-5`); `[pool] trace` and `<output_dir>/pool` take over when present.
-    #[arg(long, value_name = "N|0-(N-1)")]
+    #[arg(long, value_name = "N|0-(N-1)", allow_hyphen_values = true)]
     pub pool: Option<String>,
     /// Declare this rank lost without warning at the start of `--at-step` (its state is
     /// gone; the controller replans around it, a checkpoint restores what had no replica).
-    #[arg(long, value_name = "R", requires = "fail_at_step")]
+    #[arg(long, value_name = "R", requires = "fail_at_step", allow_negative_numbers = true)]
     pub fail_rank: Option<u32>,
     /// The step at whose start `--fail-rank` is lost.
-    #[arg(long = "at-step", value_name = "K", requires = "fail_rank")]
+    #[arg(long = "at-step", value_name = "K", requires = "fail_rank", allow_negative_numbers = true)]
     pub fail_at_step: Option<u64>,
 }
 
@@ -83,8 +83,14 @@ pub fn run_config(session: &Session, config: &JobConfig, options: &TrainOptions)
     for step in job.first_step()..u64::from(config.job.steps) {
         let metrics = job.step(step)?;
         let in_force = job.in_force()?;
-        let boundary = job.boundary(step, &metrics)?;
+        let boundary = match job.boundary(step, &metrics) {
+            Ok(boundary) => boundary,
+            Err(e) => return Err(job.record_before_failing(step, &metrics, &in_force, e)),
+        };
         job.record(step, &metrics, &in_force, &boundary)?;
+        if let Some(stop) = boundary.stop {
+            return Err(stop.into_error());
+        }
         job.check_finite(step, &metrics)?;
         job.checkpoint_if_due(step + 1)?;
     }

@@ -1,6 +1,6 @@
 //! The pool: the ranks of the MPI world a job may use now (resource drift, paper §2). It comes
 //! from, in this order, the config's `[pool] trace`, the file `<output_dir>/pool` that an
-//! operator or a scheduler hook writes (re-read at every step boundary, and at once on SIGUSR1:
+//! operator or a scheduler hook writes (re-read at every step boundary, and at once on SIGHUP:
 //! [`PoolSignal`]), and `--pool` for the start; without any of them it is the whole world.
 //!
 //! A pool is the first N ranks of the world in topology order: the planner lays plans out on
@@ -8,14 +8,12 @@
 //! (`0-5`); other sets are refused with a message naming them.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
 
-use signal_hook::consts::SIGUSR1;
+use signal_hook::consts::SIGHUP;
 use signal_hook::iterator::{Handle, Signals};
 
 use nereus_core::config::stepped_csv::SteppedCsv;
-use nereus_core::index_list::parse_index_list;
+use nereus_core::index_list::{parse_index_list, IndexListError};
 
 use crate::RuntimeError;
 
@@ -77,6 +75,10 @@ impl PoolSource {
     /// The pool file's pool, `None` when there is no file.
     fn read_file(&self) -> Result<Option<u32>, RuntimeError> {
         match std::fs::read_to_string(&self.file) {
+            Ok(text) if text.trim().is_empty() => Err(RuntimeError::Usage(format!(
+                "the pool file {} is empty (a write in progress? write the new pool to a temporary file and rename it over the pool file)",
+                self.file.display()
+            ))),
             Ok(text) => parse_pool(text.trim(), self.world, &self.file.display().to_string()).map(Some),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(RuntimeError::Usage(format!("cannot read the pool file {}: {e}", self.file.display()))),
@@ -84,35 +86,30 @@ impl PoolSource {
     }
 }
 
-/// SIGUSR1 as "the pool file changed": rank 0 re-reads `<output_dir>/pool` at once, in a thread,
+/// SIGHUP as "the pool file changed": rank 0 re-reads `<output_dir>/pool` at once, in a thread,
 /// and logs what the job will do at the next step boundary — or, for a file it cannot use, why,
-/// while there is still time to fix it before the boundary reads it. The other ranks only
-/// swallow the signal (its default action would kill them). Not installed when
-/// `job.checkpoint_on_signal = "SIGUSR1"` claims the signal for a checkpoint and stop.
+/// while there is still time to fix it before the boundary reads it. (Every rank catches the
+/// signal from the start of the process: `signals::install`.)
 pub struct PoolSignal {
     handle: Option<Handle>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl PoolSignal {
-    /// Installs the handler on this rank.
-    pub fn install(source: &PoolSource, rank: i32) -> Result<PoolSignal, RuntimeError> {
-        let failed = |e: std::io::Error| RuntimeError::Usage(format!("cannot install a handler for SIGUSR1: {e}"));
-        if rank != 0 {
-            signal_hook::flag::register(SIGUSR1, Arc::new(AtomicBool::new(false))).map_err(failed)?;
-            return Ok(PoolSignal { handle: None, thread: None });
-        }
-        let mut signals = Signals::new([SIGUSR1]).map_err(failed)?;
+    /// Starts the thread (rank 0).
+    pub fn install(source: &PoolSource) -> Result<PoolSignal, RuntimeError> {
+        let failed = |e: std::io::Error| RuntimeError::Usage(format!("cannot install a handler for SIGHUP: {e}"));
+        let mut signals = Signals::new([SIGHUP]).map_err(failed)?;
         let handle = signals.handle();
         let source = source.clone();
         let thread = std::thread::Builder::new()
-            .name("pool-sigusr1".into())
+            .name("pool-sighup".into())
             .spawn(move || {
                 for _ in signals.forever() {
-                    log::info!("SIGUSR1: {}", source.describe_file());
+                    log::info!("SIGHUP: {}", source.describe_file());
                 }
             })
-            .map_err(|e| RuntimeError::Usage(format!("cannot start the SIGUSR1 pool thread: {e}")))?;
+            .map_err(|e| RuntimeError::Usage(format!("cannot start the SIGHUP pool thread: {e}")))?;
         Ok(PoolSignal { handle: Some(handle), thread: Some(thread) })
     }
 }
@@ -145,6 +142,11 @@ fn read_trace(path: &Path, world: u32) -> Result<Vec<(u64, u32)>, RuntimeError> 
             )))
         }
     };
+    if table.rows.is_empty() {
+        return Err(RuntimeError::Usage(format!(
+            "pool.trace {name}: the header has no rows under it; a trace needs at least one `step,pool` row"
+        )));
+    }
     let mut rows = Vec::with_capacity(table.rows.len());
     for row in &table.rows {
         let (value, at) = (row.cells[pool_column], at(row.line));
@@ -168,8 +170,15 @@ fn parse_pool(text: &str, world: u32, what: &str) -> Result<u32, RuntimeError> {
             return check_size(n, world, what);
         }
     }
-    let ranks = parse_index_list(text).ok_or_else(|| {
-        RuntimeError::Usage(format!("{what}: {text:?} is neither a rank count nor an index list like 0-5"))
+    // Ranks past the world are refused before a range is expanded (`0-4294967295`).
+    let ranks = parse_index_list(text, world.saturating_sub(1)).map_err(|e| match e {
+        IndexListError::Above { index, .. } => RuntimeError::Usage(format!(
+            "{what}: {text:?} names rank {index}; the world has {world} (ranks 0-{})",
+            world.saturating_sub(1)
+        )),
+        IndexListError::Malformed(_) => {
+            RuntimeError::Usage(format!("{what}: {text:?} is neither a rank count nor an index list like 0-5 ({e})"))
+        }
     })?;
     let n = ranks.len() as u32;
     if ranks.iter().enumerate().any(|(i, &r)| r != i as u32) {

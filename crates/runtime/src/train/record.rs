@@ -53,7 +53,7 @@ impl TrainJob<'_> {
         boundary: &Boundary,
     ) -> Result<(), RuntimeError> {
         let mut line = step_line(&mut self.plane, &self.set, in_force, step, m, boundary)?;
-        if self.is_elastic() {
+        if self.elastic {
             line.elastic = Some(ElasticRecord {
                 pool: format_index_list(&pool_ranks(in_force.pool, &in_force.lost)),
                 held_bytes: in_force.held.clone(),

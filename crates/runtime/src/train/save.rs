@@ -8,7 +8,7 @@ use nereus_exec::rl::{StepSettings, EOS};
 
 use super::sources::spec;
 use super::TrainJob;
-use crate::checkpoint::{self, ModelToSave, SaveOptions, Sidecar};
+use crate::checkpoint::{self, Lineage, ModelToSave, SaveOptions, Sidecar};
 use crate::RuntimeError;
 
 impl<'s> TrainJob<'s> {
@@ -73,6 +73,8 @@ impl<'s> TrainJob<'s> {
             counters,
             models: BTreeMap::new(),
             rng: "counter-based: draws are functions of (seed, sequence id, position)".into(),
+            // The sequence is the writer's to give (rank 0, when it writes).
+            lineage: Lineage { sequence: 0, resumed_from: self.resumed_from.clone() },
             sha256: String::new(),
         }
     }

@@ -11,7 +11,7 @@ use nereus_core::plan::{ModelStage, Placement, Plan, Role, Stage};
 use nereus_core::planner::catalogues;
 use nereus_exec::comm::{DataPlane, MpiPlane};
 use nereus_exec::emu::{Counters, EmuError, EmuSet, LocalShard};
-use nereus_exec::engine::{init_piece, init_shard};
+use nereus_exec::engine::{init_piece, init_shard, EngineError};
 use nereus_exec::rl::{warm_up, StepSettings, Warmup};
 
 use super::TrainOptions;
@@ -32,6 +32,8 @@ pub(super) struct Sources {
     counters: BTreeMap<String, Counters>,
     /// The step the job starts at (0, or the checkpoint's).
     pub start_step: u64,
+    /// The checkpoints the job continues from, oldest first (empty on a fresh start).
+    pub resumed_from: Vec<String>,
 }
 
 /// Every replica of the plan, filled from `sources` (or the engine's initialization). Room is
@@ -129,7 +131,9 @@ pub(super) fn from_checkpoint(
         .into_iter()
         .map(|(role, m)| (role, Source { params: m.params, optimizer: m.optimizer }))
         .collect();
-    Ok(Sources { files, counters, start_step: resumed.sidecar.step })
+    let mut resumed_from = resumed.sidecar.lineage.resumed_from.clone();
+    resumed_from.extend(dir.file_name().map(|n| n.to_string_lossy().into_owned()));
+    Ok(Sources { files, counters, start_step: resumed.sidecar.step, resumed_from })
 }
 
 /// The catalogues of the job's models, each computing with its model's RoPE and RMSNorm
@@ -213,7 +217,7 @@ pub(super) fn initial_sources(
             files.insert(role, Source { params, optimizer: None });
         }
     }
-    Ok(Sources { files, counters: BTreeMap::new(), start_step: 0 })
+    Ok(Sources { files, counters: BTreeMap::new(), start_step: 0, resumed_from: Vec::new() })
 }
 
 /// Opens the model directory of every model that starts from one, and checks its tensors
@@ -287,7 +291,15 @@ fn run_warm_up(
         // The task's full length, whatever cap a controller starts the RL job with.
         config.rl.max_response_len as usize,
         config.train.warmup_lr,
-    )?;
+    )
+    .map_err(|e| match e {
+        EngineError::OutOfMemory(_) => RuntimeError::Usage(format!(
+            "the supervised warm-up of the {} model ran out of memory: {e}; it may use {} per rank (train.warmup_memory_gb, else cluster.device_memory_gb): raise it, or lower rl.prompts_per_step or rl.max_response_len",
+            role.name(),
+            nereus_core::units::format_bytes(memory)
+        )),
+        e => e.into(),
+    })?;
     let saved = checkpoint::save_params_file(plane, &set, role, id, path);
     session.agree("warm-up output", saved.map_err(RuntimeError::from))?;
     if plane.rank() == 0 {

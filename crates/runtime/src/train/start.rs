@@ -83,43 +83,90 @@ fn prepare_output(
     from: Option<&ResumeFrom>,
 ) -> Result<Option<PathBuf>, RuntimeError> {
     std::fs::create_dir_all(out).map_err(io_error("create directory", out))?;
-    let probe = out.join(".nereus-write-test");
-    std::fs::write(&probe, b"").map_err(io_error("write into", out))?;
-    std::fs::remove_file(&probe).map_err(io_error("remove", &probe))?;
+    // What an interrupted save left goes first: on a full file system (blocks or inodes) it
+    // may hold what the write probe needs.
     for stale in checkpoints.clean_stale()? {
         log::warn!("removed {} (left by an interrupted checkpoint)", stale.display());
     }
+    let probe = out.join(".nereus-write-test");
+    std::fs::write(&probe, b"").map_err(io_error("write into", out))?;
+    std::fs::remove_file(&probe).map_err(io_error("remove", &probe))?;
     let torn = metrics.repair()?;
     if torn > 0 {
         log::warn!("cut a torn last line ({torn} bytes) off {}", metrics.path().display());
     }
     let dir = checkpoints.resolve(from)?;
-    if dir.is_none() {
-        let mut found = Vec::new();
-        if std::fs::metadata(metrics.path()).is_ok_and(|m| m.len() > 0) {
-            found.push("metrics.jsonl".to_string());
-        }
-        if let Some((step, _)) = checkpoints.complete().last() {
-            found.push(format!("checkpoints up to step {step}"));
-        }
-        if !found.is_empty() {
-            return Err(checkpoint::CheckpointError::ExistingRun { dir: out.into(), found: found.join(", ") }.into());
-        }
+    match (&dir, from) {
+        (Some(_), _) => {}
+        (None, None) => refuse_existing_run(out, checkpoints, metrics)?,
+        (None, Some(_)) => fresh_start_marker(metrics)?,
     }
     Ok(dir)
 }
 
-/// Marks a resume in the metrics: from which step and checkpoint, and how many step records it
-/// supersedes (a run resumed from an earlier checkpoint runs those steps again).
-pub(super) fn resume_marker(metrics: &MetricsLog, dir: &Path, from_step: u64) -> Result<(), RuntimeError> {
+/// A fresh start into a directory that already holds a run is refused: its records and
+/// checkpoints would mix with the new run's (`--resume` continues it).
+fn refuse_existing_run(out: &Path, checkpoints: &Checkpoints, metrics: &MetricsLog) -> Result<(), RuntimeError> {
+    let mut found = Vec::new();
+    if std::fs::metadata(metrics.path()).is_ok_and(|m| m.len() > 0) {
+        found.push("metrics.jsonl".to_string());
+    }
+    if let Some((step, _)) = checkpoints.complete().last() {
+        found.push(format!("checkpoints up to step {step}"));
+    }
+    if found.is_empty() {
+        return Ok(());
+    }
+    Err(checkpoint::CheckpointError::ExistingRun { dir: out.into(), found: found.join(", ") }.into())
+}
+
+/// `--resume auto` with no complete checkpoint yet (a crash before the first one): the job
+/// starts fresh, and the records of the run that crashed stay in the file, marked as abandoned.
+fn fresh_start_marker(metrics: &MetricsLog) -> Result<(), RuntimeError> {
+    let abandoned = metrics.steps_from(0).len();
+    log::warn!(
+        "--resume auto: no complete checkpoint yet; starting fresh{}",
+        if abandoned > 0 {
+            format!(" ({abandoned} step records of the run before stay in the metrics, marked abandoned)")
+        } else {
+            String::new()
+        }
+    );
+    if abandoned == 0 {
+        return Ok(());
+    }
+    metrics.append(&Event::FreshStart { abandoned_records: abandoned })
+}
+
+/// Marks a resume in the metrics: from which step and checkpoint, how many step records it
+/// supersedes (a run resumed from an earlier checkpoint runs those steps again), and whether
+/// it branches off: a checkpoint other than the newest continues an older line, and what the
+/// newest line did after it is abandoned (its records stay, superseded).
+pub(super) fn resume_marker(
+    metrics: &MetricsLog,
+    checkpoints: &Checkpoints,
+    dir: &Path,
+    from_step: u64,
+) -> Result<(), RuntimeError> {
     let superseded = metrics.steps_from(from_step).len();
+    let same = |a: &Path, b: &Path| a.canonicalize().ok().zip(b.canonicalize().ok()).is_some_and(|(a, b)| a == b);
+    let newest = checkpoints.latest();
+    let branch = newest.as_deref().is_some_and(|n| !same(n, dir));
+    if branch {
+        let newest = newest.map(|n| n.display().to_string()).unwrap_or_default();
+        log::warn!(
+            "resuming from {} (step {from_step}), not the newest checkpoint {newest}: this run branches off, and what was trained after step {from_step} is abandoned",
+            dir.display()
+        );
+    }
     if superseded > 0 {
         log::warn!(
             "resuming at step {from_step}: {superseded} step records already in {} are superseded",
             metrics.path().display()
         );
     }
-    metrics.append(&Event::Resume { from_step, checkpoint: dir.to_path_buf(), superseded_records: superseded })
+    let checkpoint = dir.to_path_buf();
+    metrics.append(&Event::Resume { from_step, checkpoint, superseded_records: superseded, branch })
 }
 
 /// Where the job's pool comes from; a pool other than the world needs a controller to follow it.
