@@ -457,6 +457,6 @@ fn file_messages_fit_model_directories_and_optimizers() {
     let tokens = write(dir.path(), "t.json", "[[1, 2, 3]]");
     let run = run_single(&["logprobs", broken.to_str().unwrap(), "--tokens", tokens.to_str().unwrap()]);
     let (_, stderr) = text(&run);
+    assert!(stderr.contains("model file") && stderr.contains("is damaged"), "{stderr}");
     assert!(!stderr.contains("checkpoint file"), "{stderr}");
-    assert!(stderr.contains("is damaged"), "{stderr}");
 }

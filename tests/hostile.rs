@@ -184,14 +184,7 @@ fn train2(job: &Path, out: &Path, args: &[&str]) -> Output {
 
 /// A case that trains on two ranks in its own output directory under `dir`; a run that works
 /// must have recorded every one of its `steps`.
-fn train_case(
-    dir: &Path,
-    job: &Path,
-    name: &str,
-    args: &[&str],
-    expect: Expect,
-    steps: usize,
-) -> Case<'static> {
+fn train_case(dir: &Path, job: &Path, name: &str, args: &[&str], expect: Expect, steps: usize) -> Case<'static> {
     let out = dir.join(name.replace(|c: char| !c.is_ascii_alphanumeric(), "_"));
     let (job, args) = (job.to_path_buf(), strings(args));
     let run = move || {
@@ -344,24 +337,6 @@ fn delay(case: u64, lo: u64, hi: u64) -> Duration {
     Duration::from_millis(lo + (z ^ (z >> 31)) % (hi - lo))
 }
 
-/// The pid of rank 0 of a run writing into `out` (the `nereus` process whose command line
-/// names it, and that is the first to appear).
-fn rank0_of(out: &Path) -> Option<u32> {
-    let needle = out.to_str().unwrap();
-    let mut pids: Vec<u32> = std::fs::read_dir("/proc")
-        .ok()?
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-            let cmdline = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            comm.trim() == "nereus" && cmdline.contains(needle)
-        })
-        .collect();
-    pids.sort_unstable();
-    pids.first().copied()
-}
-
 /// Stop signals (SIGTERM, SIGUSR1, SIGUSR2) to `scripts/mpirun.sh`, the documented launcher,
 /// and SIGHUP to rank 0, each at a seeded random time from MPI bring-up to mid-run: a stop
 /// ends with status 75 and a checkpoint of every recorded step, a SIGHUP changes nothing.
@@ -382,7 +357,7 @@ fn signals_at_random_times() {
             .spawn()
             .unwrap();
         std::thread::sleep(delay(case as u64, 50, 3000));
-        let target = if *signal == "HUP" { rank0_of(&out) } else { Some(run.id()) };
+        let target = if *signal == "HUP" { common::rank0_of(&out) } else { Some(run.id()) };
         if let Some(pid) = target {
             send_signal(pid, &format!("-{signal}"));
         }

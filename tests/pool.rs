@@ -128,7 +128,7 @@ fn a_lost_rank_is_replanned_around_and_its_only_replica_restored_from_the_checkp
 }
 
 #[test]
-fn sigusr1_rereads_the_pool_file_at_once_and_a_bad_file_keeps_the_pool() {
+fn sighup_to_rank_0_rereads_the_pool_file_at_once_and_a_bad_file_keeps_the_pool() {
     let dir = tempfile::tempdir().unwrap();
     let toml = set_key(&fast_ppo(), "job", "steps", Some("12"));
     let job = write(dir.path(), "job.toml", &set_key(&toml, "train", "checkpoint_every", Some("0")));
@@ -141,17 +141,18 @@ fn sigusr1_rereads_the_pool_file_at_once_and_a_bad_file_keeps_the_pool() {
         assert!(reached || child.try_wait().unwrap().is_some(), "no step {n} after 10 minutes");
     };
     wait(1, &mut child);
-    // A pool the world cannot give: SIGUSR1 says so at once, and the boundaries keep the pool.
+    // A pool the world cannot give: SIGHUP says so at once, and the boundaries keep the pool.
     std::fs::write(out.join("pool"), "0-5\n").unwrap();
-    assert!(send_signal(child.id(), "-USR1"));
+    let rank0 = common::rank0_of(&out).expect("rank 0 runs");
+    assert!(send_signal(rank0, "-HUP"));
     let seen = step_records(&out).len();
     wait(seen + 2, &mut child);
     std::fs::write(out.join("pool"), "3\n").unwrap();
-    assert!(send_signal(child.id(), "-USR1"));
+    assert!(send_signal(rank0, "-HUP"));
     let run = child.wait_with_output().unwrap();
     let (_, stderr) = text(&run);
     assert!(run.status.success(), "{stderr}");
-    assert!(stderr.contains("SIGUSR1: ") && stderr.contains("a pool of 6 ranks; the world has 4"), "{stderr}");
+    assert!(stderr.contains("SIGHUP: ") && stderr.contains("names rank 5; the world has 4"), "{stderr}");
     assert!(stderr.contains("the job keeps its pool until the file is fixed"), "{stderr}");
     assert!(stderr.contains("reads 3 ranks (0-2); the job follows it at the next step boundary"), "{stderr}");
     // Steps before the pool file existed record no pool: the whole world.

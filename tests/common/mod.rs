@@ -240,3 +240,16 @@ pub fn kill_ranks_of(dir: &Path) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// The pid of rank 0 of the `mpirun` job whose command line names `dir` (its environment has
+/// `OMPI_COMM_WORLD_RANK=0`), when it is running.
+pub fn rank0_of(dir: &Path) -> Option<u32> {
+    let needle = dir.to_str()?.to_string();
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+        let pid = entry.file_name().to_string_lossy().parse::<u32>().ok()?;
+        let cmdline = std::fs::read_to_string(entry.path().join("cmdline")).ok()?;
+        let env = std::fs::read(entry.path().join("environ")).ok()?;
+        let rank0 = env.split(|&b| b == 0).any(|kv| kv == b"OMPI_COMM_WORLD_RANK=0");
+        (rank0 && cmdline.contains(&needle) && !cmdline.starts_with("mpirun")).then_some(pid)
+    })
+}

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::json;
 
-use super::checkpoint::{fill_shard, open_weights, Expect, ModelWeights, SIDECAR};
+use super::checkpoint::{fill_shard, open_weights, CheckpointError, Expect, ModelWeights, SIDECAR};
 use super::{io_error, RuntimeError, Session};
 use nereus_core::config::check::MAX_TOKENS;
 use nereus_core::config::{hf, Dtype};
@@ -161,8 +161,8 @@ fn prepare(options: &LogprobsOptions, world: i32) -> Result<Prepared, RuntimeErr
     // The longest sequence the model was made for, when its config.json says.
     let max_len = found.json.get("max_position_embeddings").and_then(|v| v.as_u64()).unwrap_or(u64::from(MAX_TOKENS));
     let sequences = read_tokens(&options.tokens, spec.vocab, max_len.min(u64::from(MAX_TOKENS)) as usize)?;
-    let weights = open_weights(dir)?;
-    weights.check(&catalogue, &[""], Expect::Pretrained { fresh: &[] })?;
+    let weights = open_weights(dir).map_err(CheckpointError::outside_checkpoint)?;
+    weights.check(&catalogue, &[""], Expect::Pretrained { fresh: &[] }).map_err(CheckpointError::outside_checkpoint)?;
     Ok(Prepared { catalogue, weights, sequences, layout })
 }
 

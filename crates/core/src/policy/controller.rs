@@ -113,6 +113,8 @@ pub struct Controller {
     host_bytes_per_s: f64,
     monitor: Monitor,
     base: Planner,
+    /// The static baseline's planner: the layouts it started with, DP following the pool.
+    fixed: Option<Planner>,
     efficiencies: Efficiencies,
     samples: Vec<StageSample>,
     cap: u32,
@@ -162,6 +164,7 @@ impl Controller {
             gpus: base.cost().hardware.devices,
             lost: Vec::new(),
             base,
+            fixed: None,
             samples: Vec::new(),
             cap,
             last_switch: 0,
@@ -218,7 +221,7 @@ impl Controller {
 
     /// The planner for the pool at response cap `len` with the current calibration.
     fn planner(&self, len: u32) -> Result<Planner, PlannerError> {
-        self.base.replanned(self.gpus, u64::from(len), self.efficiencies)
+        self.fixed.as_ref().unwrap_or(&self.base).replanned(self.gpus, u64::from(len), self.efficiencies)
     }
 
     /// A transition predicted at `predicted_s` took `measured_s`: later `L̂_tran` estimates are
@@ -278,9 +281,9 @@ impl Controller {
 
     /// Decides after the step `m` records, under the `current` plan.
     pub fn decide(&mut self, m: &StepRecord, current: &Plan) -> Result<Action, PlannerError> {
-        if self.mode == PolicyMode::Static && self.base.fixed_layout_count() == 0 {
+        if self.mode == PolicyMode::Static && self.fixed.is_none() {
             // The static baseline keeps the layouts it started with; DP follows the pool.
-            self.base = self.base.keeping_layouts(current);
+            self.fixed = Some(self.base.keeping_layouts(current));
         }
         let step = m.step;
         let lost_now = m.lost_ranks != self.lost;
@@ -348,7 +351,7 @@ impl Controller {
         let links = Links::of(&planner.cost().hardware, Some(self.host_bytes_per_s));
         let choice = match choose(&planner, current, &links) {
             Ok(c) => c,
-            Err(e) => return Ok(self.stopping(triggers, format!("no plan fits responses of {len} tokens: {e}"))),
+            Err(e) => return Ok(self.no_plan(triggers, current, len, e)),
         };
         let current_fits = choice.current_seconds.is_finite();
         let urgent = triggers.iter().any(|t| t.is_urgent()) || !current_fits;
@@ -466,6 +469,23 @@ impl Controller {
     /// A cap for responses whose p95 is `p95`: `δ_len` of room, within the job's limit.
     pub fn sized(&self, p95: f64) -> u32 {
         ((p95 * (1.0 + self.length_drift)).ceil() as u32).clamp(1, self.max_len)
+    }
+
+    /// Nothing reachable fits responses of `len` tokens: a stop. The static baseline, which
+    /// searched its own layouts only, says which plan would fit with others.
+    fn no_plan(&self, triggers: &[Trigger], current: &Plan, len: u32, e: impl std::fmt::Display) -> Action {
+        let reason = format!("no plan fits responses of {len} tokens: {e}");
+        let free = (self.mode == PolicyMode::Static)
+            .then(|| self.base.replanned(self.gpus, u64::from(len), self.efficiencies).ok())
+            .flatten();
+        let links = Links::of(&self.base.cost().hardware, Some(self.host_bytes_per_s));
+        let Some((free, choice)) = free.and_then(|p| choose(&p, current, &links).ok().map(|c| (p, c))) else {
+            return self.stopping(triggers, reason);
+        };
+        let verdict =
+            Verdict { admitted: false, kind: None, reason: "static policy: the TP/PP layouts never change".into() };
+        let reason = self.why_it_cannot_go_on(&free, current, len, &choice, &verdict);
+        self.stopping(triggers, reason)
     }
 
     fn stopping(&self, triggers: &[Trigger], reason: String) -> Action {

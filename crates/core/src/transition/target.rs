@@ -89,11 +89,21 @@ pub fn choose(planner: &Planner, current: &Plan, links: &Links) -> Result<Target
         Err(e) => e,
     };
     // Fallbacks: keep where they are, one more each time, the model-stages whose moves block
-    // (the blocked primitive's first), as long as the plan still fits every rank.
-    let fallbacks: Vec<Plan> = fallbacks(planner, current, &best, &first_block)
+    // (the blocked primitive's first), as long as the plan still fits every rank; and the best
+    // plan that keeps every layout (DP and ranks follow the pool: Extends and Destroys only, the
+    // cheapest moves to make room for). Tried fastest first.
+    let mut fallbacks: Vec<Plan> = fallbacks(planner, current, &best, &first_block);
+    if let Ok((kept, _)) = planner.keeping_layouts(current).search_from(current) {
+        fallbacks.push(kept.plan());
+    }
+    let mut fallbacks: Vec<(f64, Plan)> = fallbacks
         .into_iter()
-        .filter(|plan| planner.predict(plan) < current_seconds)
+        .map(|plan| (planner.predict(&plan), plan))
+        .filter(|(seconds, plan)| *seconds < current_seconds && *plan != best.plan())
         .collect();
+    fallbacks.sort_by(|a, b| a.0.total_cmp(&b.0));
+    fallbacks.dedup_by(|a, b| a.1 == b.1);
+    let fallbacks: Vec<Plan> = fallbacks.into_iter().map(|(_, plan)| plan).collect();
     for (k, plan) in fallbacks.iter().enumerate() {
         if let Ok(dag) = attempt(plan, &device_only) {
             return Ok(reached(planned_as_is(planner, plan, &best), dag, current_seconds, k + 1));

@@ -50,10 +50,18 @@ pub enum CheckpointError {
         /// How to proceed, when a flag allows it.
         hint: String,
     },
-    /// A file is missing, or its bytes are not what the sidecar (or its own header) promises:
-    /// a checkpoint's file or a model directory's.
-    #[error("file `{}` is damaged: {reason}", path.display())]
+    /// A file is missing, or its bytes are not what the sidecar promises.
+    #[error("checkpoint file `{}` is damaged: {reason}", path.display())]
     Damaged {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A file of a model directory that is not part of a checkpoint (one a job starts from,
+    /// or one `nereus logprobs` scores) is missing or damaged.
+    #[error("model file `{}` is damaged: {reason}", path.display())]
+    DamagedModelFile {
         /// The file.
         path: PathBuf,
         /// What is wrong.
@@ -90,6 +98,15 @@ pub enum CheckpointError {
 }
 
 impl CheckpointError {
+    /// The same error about a model directory outside any checkpoint: its files are model
+    /// files, not a checkpoint's.
+    pub fn outside_checkpoint(self) -> CheckpointError {
+        match self {
+            CheckpointError::Damaged { path, reason } => CheckpointError::DamagedModelFile { path, reason },
+            e => e,
+        }
+    }
+
     /// 2 for a checkpoint the user must choose differently (refused, or another job's); 1 for
     /// failures of the machine (I/O) and of the run (non-finite state).
     pub fn exit_code(&self) -> u8 {

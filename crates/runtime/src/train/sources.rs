@@ -15,7 +15,9 @@ use nereus_exec::engine::{init_piece, init_shard, EngineError};
 use nereus_exec::rl::{warm_up, StepSettings, Warmup};
 
 use super::TrainOptions;
-use crate::checkpoint::{self, fill_shard, open_weights, resume, Expect, ModelWeights, ResumeOptions, TensorFile};
+use crate::checkpoint::{
+    self, fill_shard, open_weights, resume, CheckpointError, Expect, ModelWeights, ResumeOptions, TensorFile,
+};
 use crate::{RuntimeError, Session};
 
 /// One model's initial state: parameters (a tensor absent there starts fresh: a value head
@@ -245,8 +247,10 @@ fn open_model_dirs(
             )));
         }
         let fresh: &[&str] = if value && !found.value_head { &["score.weight"] } else { &[] };
-        let params = open_weights(&dir)?;
-        let absent = params.check(catalogue, &[""], Expect::Pretrained { fresh })?;
+        let params = open_weights(&dir).map_err(CheckpointError::outside_checkpoint)?;
+        let absent = params
+            .check(catalogue, &[""], Expect::Pretrained { fresh })
+            .map_err(CheckpointError::outside_checkpoint)?;
         if log && !absent.is_empty() {
             log::info!(
                 "the {} model starts from the causal LM in {}: its value head score.weight [1, {}] is new, initialized from the seed",
