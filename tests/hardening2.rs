@@ -419,7 +419,11 @@ fn messages_name_the_cause() {
     }
     let job = write(dir.path(), "static-pp2.toml", &toml);
     let run = train(4, &job, &dir.path().join("shrunk"), &[]);
-    assert_status(&run, 2, &["1 GPUs"]);
+    assert_status(
+        &run,
+        2,
+        &["static policy", "the pool of 1 ranks no longer holds the current plan", "a plan that fits"],
+    );
     // Warm-up out of memory names the warm-up and its key.
     let toml = set_key(&common::shipped("tiny-ppo.toml"), "train", "warmup_memory_gb", Some("0.0001"));
     let job = write(dir.path(), "w.toml", &toml);
