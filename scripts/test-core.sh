@@ -6,7 +6,8 @@
 #
 # On a machine that has them (as root), they are hidden first in a private mount namespace
 # (tmpfs over their folders, /dev/null over their files); elsewhere the script checks that none
-# of them is there. Builds go to target/core-only, apart from the full build.
+# of them is there. Builds use the dev profile (target/debug), apart from the release build the
+# rest of the suite runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,12 +44,12 @@ if [ -n "$(present)" ] || pkg-config --exists ompi 2>/dev/null || pkg-config --e
   exit 1
 fi
 echo "== core without MPI, hwloc or libclang (none is visible here)"
-export CARGO_TARGET_DIR=target/core-only
-cargo test --release --locked -p nereus-core
-cargo build --release --locked -p nereus --no-default-features
+cargo test --locked -p nereus-core
+cargo build --locked -p nereus --no-default-features
+cargo test --locked -p nereus --no-default-features --bin nereus   # clap's checks of the planner-only command line
 
 echo "== the planner-only binary plans, simulates and traces; the SPMD commands say what they need"
-bin=$CARGO_TARGET_DIR/release/nereus
+bin=target/debug/nereus
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$bin" plan configs/llama3.1-8b-ppo.toml --gpus 64 --json >"$tmp/plan.json"

@@ -77,3 +77,15 @@ fn main() -> ExitCode {
     };
     ExitCode::from(code)
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// clap's own consistency checks over every command (unique names and flags, valid
+    /// defaults), which release builds do not run when parsing.
+    #[test]
+    fn the_command_line_is_consistent() {
+        super::Cli::command().debug_assert();
+    }
+}

@@ -40,7 +40,8 @@ pub struct OverrideArgs {
     pub nodes: Option<u32>,
 }
 
-fn parse_algorithm(s: &str) -> Result<Algorithm, String> {
+/// `--algorithm`'s values.
+pub fn parse_algorithm(s: &str) -> Result<Algorithm, String> {
     match s {
         "ppo" => Ok(Algorithm::Ppo),
         "grpo" => Ok(Algorithm::Grpo),

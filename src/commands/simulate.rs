@@ -11,7 +11,6 @@ use nereus_core::config::check::{self, MAX_DEVICES};
 use nereus_core::config::{JobConfig, PolicyMode};
 use nereus_core::sim::{self, plot, Comparison, RestartModel, RunSummary, SimOptions, SimStep, Truth};
 
-use super::OverrideArgs;
 use crate::error::{write_error, CommandError};
 use crate::launch::{planner_command, Global};
 
@@ -66,7 +65,33 @@ pub struct SimulateArgs {
     #[arg(long, value_name = "PATH")]
     pub plot: Option<PathBuf>,
     #[command(flatten)]
-    pub overrides: OverrideArgs,
+    pub overrides: SimulateOverrides,
+}
+
+/// The job-file keys `simulate` lets the command line override (its `--seed` is the ground
+/// truth's, not `job.seed`).
+#[derive(Args, Debug, Clone)]
+pub struct SimulateOverrides {
+    /// Overrides rl.algorithm (ppo, grpo, remax).
+    #[arg(long, value_parser = super::parse_algorithm)]
+    pub algorithm: Option<nereus_core::config::Algorithm>,
+    /// Cluster file replacing the job file's [cluster] table (e.g. configs/clusters/lumi-g.toml).
+    #[arg(long, value_name = "FILE")]
+    pub cluster: Option<PathBuf>,
+    /// Overrides cluster.nodes.
+    #[arg(long, allow_negative_numbers = true)]
+    pub nodes: Option<u32>,
+}
+
+impl From<SimulateOverrides> for nereus_core::config::Overrides {
+    fn from(a: SimulateOverrides) -> Self {
+        nereus_core::config::Overrides {
+            algorithm: a.algorithm,
+            cluster_file: a.cluster,
+            nodes: a.nodes,
+            ..Default::default()
+        }
+    }
 }
 
 /// The largest σ of the simulated truth's errors: a log-normal of σ = 2 already scales a step
