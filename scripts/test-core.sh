@@ -46,7 +46,6 @@ fi
 echo "== core without MPI, hwloc or libclang (none is visible here)"
 cargo test --locked -p nereus-core
 cargo build --locked -p nereus --no-default-features
-cargo test --locked -p nereus --no-default-features --bin nereus   # clap's checks of the planner-only command line
 
 echo "== the planner-only binary plans, simulates and traces; the SPMD commands say what they need"
 bin=target/debug/nereus
