@@ -364,7 +364,9 @@ fn simulate_refuses_nonsense_by_flag_and_line() {
         (vec!["--gamma-sweep", "nan,-1,7"], "--gamma-sweep"),
         (vec!["--gamma", "5"], "--gamma"),
         (vec!["--noise", "-1"], "--noise"),
-        (vec!["--model-error", "-1"], "--model-error"),
+        (vec!["--op-error", "-1"], "--op-error"),
+        (vec!["--seeds", "0"], "--seeds"),
+        (vec!["--transition-error", "nan"], "--transition-error"),
     ] {
         let mut args = base.to_vec();
         args.extend(extra);

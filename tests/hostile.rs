@@ -83,7 +83,7 @@ const P26: &str = "configs/traces/paper-26.csv";
 fn simulate_flags_and_traces() {
     let dir = tempfile::tempdir().unwrap();
     let mut cases: Vec<Case<'static>> = Vec::new();
-    for flag in ["--restart-s", "--fs-gbps", "--noise", "--model-error", "--gamma", "--gpus"] {
+    for flag in ["--restart-s", "--fs-gbps", "--noise", "--op-error", "--gamma", "--gpus", "--seeds"] {
         for value in ["nan", "inf", "-1", "-1e300", "1e300", "", "abc"] {
             // A file system of 1e300 GB/s is absurd but harmless: any positive bandwidth is taken.
             let expect = if (flag, value) == ("--fs-gbps", "1e300") { Expect::Works } else { Expect::Refused(2, flag) };

@@ -9,7 +9,11 @@
 
 mod common;
 
-use common::{drop_section, run_mpi, run_single, set_key, shipped, step_records, text, write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{drop_section, repo, run_mpi, run_single, set_key, shipped, step_records, text, write};
 use nereus_core::config::{ClusterSection, JobConfig, Overrides};
 use nereus_core::policy::controller::StepRecord;
 use nereus_core::policy::Decision;
@@ -77,28 +81,28 @@ fn same_decision(step: &Value, live: Option<&Decision>, sim: Option<&Decision>) 
     }
 }
 
-#[test]
-fn the_simulator_makes_the_live_runtimes_decisions_on_its_records() {
-    let dir = tempfile::tempdir().unwrap();
+/// The tiny adaptive job of the replays: `steps` steps, responses planned for 8 tokens.
+fn replay_job(dir: &Path, steps: u32) -> PathBuf {
     let job = shipped("tiny-ppo-adaptive.toml");
     let job = drop_section(&job, "cluster");
-    let job = set_key(&job, "job", "steps", Some("30"));
+    let job = set_key(&job, "job", "steps", Some(&steps.to_string()));
     let job = set_key(&job, "train", "warmup_actor_steps", Some("40"));
     let job = set_key(&job, "train", "warmup_reward_steps", Some("40"));
+    let job = set_key(&job, "train", "checkpoint_every", Some("0"));
     let job = set_key(&job, "policy", "initial_response_len", Some("8"));
-    let path = write(dir.path(), "replay.toml", &format!("{CLUSTER}\n{job}"));
-    let out = dir.path().join("live");
-    let run = run_mpi(4, &["train", path.to_str().unwrap(), "--output-dir", out.to_str().unwrap()]);
-    assert!(run.status.success(), "{}", text(&run).1);
-    let lines = step_records(&out);
-    assert_eq!(lines.len(), 30);
+    write(dir, "replay.toml", &format!("{CLUSTER}\n{job}"))
+}
 
-    let config = JobConfig::load(Some(&path), &Overrides::default(), &mut ClusterSection::default).unwrap();
+/// Replays the recorded step `lines` of `job` through one controller (`sim::replay`) and
+/// checks that it ran every step under the recorded plan and made the recorded decision;
+/// returns the steps where a transition was made.
+fn replays_the_same(job: &Path, lines: &[Value]) -> Vec<u64> {
+    let config = JobConfig::load(Some(job), &Overrides::default(), &mut ClusterSection::default).unwrap();
     let typed: Vec<StepLine> = lines.iter().map(|l| serde_json::from_value(l.clone()).unwrap()).collect();
     let records: Vec<StepRecord> = typed.iter().map(StepLine::observed).collect();
     let replayed = replay(&config, 4, &records).unwrap();
     assert_eq!(replayed.len(), lines.len());
-    let mut decided = 0;
+    let mut moved = Vec::new();
     for ((line, typed), (plan, action)) in lines.iter().zip(&typed).zip(&replayed) {
         let step = &line["step"];
         assert_eq!(line["plan"], plan_json(plan), "step {step}: the plan the step ran under");
@@ -107,10 +111,60 @@ fn the_simulator_makes_the_live_runtimes_decisions_on_its_records() {
         if action.target.is_some() {
             let sim = action.decision.as_ref().and_then(|d| d.kind);
             assert_eq!(typed.transition.as_ref().and_then(|t| t.kind), sim, "step {step}");
-            decided += 1;
+            moved.push(typed.step);
         }
     }
-    assert!(decided >= 1, "the live job made no transition: the replay compared nothing but quiet steps");
+    moved
+}
+
+#[test]
+fn the_simulator_makes_the_live_runtimes_decisions_on_its_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = replay_job(dir.path(), 30);
+    let out = dir.path().join("live");
+    let run = run_mpi(4, &["train", path.to_str().unwrap(), "--output-dir", out.to_str().unwrap()]);
+    assert!(run.status.success(), "{}", text(&run).1);
+    let lines = step_records(&out);
+    assert_eq!(lines.len(), 30);
+    let moved = replays_the_same(&path, &lines);
+    assert!(!moved.is_empty(), "the live job made no transition: the replay compared nothing but quiet steps");
+}
+
+/// A run stopped by SIGTERM (through scripts/mpirun.sh) and resumed decides at every step as
+/// one controller that saw every step would: the resumed run continues with the checkpoint's
+/// plan, cap, references, horizons and calibration, not afresh.
+#[test]
+fn a_run_stopped_by_sigterm_and_resumed_decides_as_the_uninterrupted_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = replay_job(dir.path(), 300);
+    let out = dir.path().join("live");
+    let wrapper = Command::new("bash")
+        .arg(repo().join("scripts/mpirun.sh"))
+        .args(["4", "train", path.to_str().unwrap(), "--output-dir", out.to_str().unwrap()])
+        .env("NEREUS", common::nereus())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while step_records(&out).len() < 12 {
+        assert!(started.elapsed() < Duration::from_secs(120), "12 steps did not come");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(common::send_signal(wrapper.id(), "-TERM"));
+    let stopped = wrapper.wait_with_output().unwrap();
+    assert_eq!(stopped.status.code(), Some(75), "{}", String::from_utf8_lossy(&stopped.stderr));
+    let done = step_records(&out).len();
+    let total = (done + 14).to_string();
+    let args = ["train", path.to_str().unwrap(), "--output-dir", out.to_str().unwrap(), "--resume", "latest"];
+    let resumed = run_mpi(4, &[&args[..], &["--steps", &total]].concat());
+    assert!(resumed.status.success(), "{}", text(&resumed).1);
+    let lines = step_records(&out);
+    let steps: Vec<u64> = lines.iter().map(|l| l["step"].as_u64().unwrap()).collect();
+    assert_eq!(steps, (0..done as u64 + 14).collect::<Vec<_>>(), "one line per step, none repeated");
+    let decided_after = lines[done..].iter().filter(|l| !l["decision"].is_null()).count();
+    assert!(decided_after >= 1, "the resumed run decided nothing: nothing was compared after the resume");
+    replays_the_same(&path, &lines);
 }
 
 #[test]
@@ -143,7 +197,7 @@ fn simulate_writes_the_contract_deterministically_and_the_policies_differ() {
         assert!(text(&run).0.contains("every-k"));
         assert!(std::fs::read_to_string(plot.with_extension("svg")).unwrap().contains("<polyline"));
         assert!(std::fs::read(plot.with_extension("png")).unwrap().starts_with(b"\x89PNG"));
-        assert_eq!(std::fs::read_to_string(&jsonl).unwrap().lines().count(), 4 * 26);
+        assert_eq!(std::fs::read_to_string(&jsonl).unwrap().lines().count(), 4 * 26 * 5, "4 policies, 5 seeds");
         let mut v: Value = serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
         for r in v["runs"].as_array_mut().unwrap() {
             r.as_object_mut().unwrap().remove("wall_s");
@@ -152,11 +206,12 @@ fn simulate_writes_the_contract_deterministically_and_the_policies_differ() {
     };
     let (a, b) = (runs("a"), runs("b"));
     assert_eq!(a, b, "two runs of one trace differ");
-    let by = |p: &str| a["runs"].as_array().unwrap().iter().find(|r| r["policy"] == p).unwrap().clone();
+    assert_eq!(a["runs"].as_array().unwrap().len(), 4 * 5);
     for r in a["runs"].as_array().unwrap() {
         for key in [
             "policy",
             "gamma",
+            "seed",
             "steps",
             "mean_step_s",
             "total_s",
@@ -171,13 +226,18 @@ fn simulate_writes_the_contract_deterministically_and_the_policies_differ() {
         }
         assert_eq!(r["steps"], 26);
     }
-    // The pool changes four times: every policy transitions urgently. Static keeps its TP/PP
-    // layouts (DP follows the pool); Nereus may take those plans too (they are among its
-    // fallbacks when a faster target's transition is blocked), so it is never slower. On this
-    // trace, with the cost model as the truth, the two tie: the evidence that adapting pays is
-    // `docs/evaluation.md`'s, not this test's.
-    let (nereus, fixed) = (by("nereus"), by("static"));
-    assert!(nereus["urgent"].as_u64().unwrap() >= 2, "{nereus}");
-    let (n, f) = (nereus["mean_step_s"].as_f64().unwrap(), fixed["mean_step_s"].as_f64().unwrap());
-    assert!(n <= f * (1.0 + 1e-9), "{fixed} {nereus}");
+    let by = |p: &str| a["policies"].as_array().unwrap().iter().find(|r| r["policy"] == p).unwrap().clone();
+    for policy in ["nereus", "static", "greedy", "every-k"] {
+        let p = by(policy);
+        assert_eq!(p["seeds"], 5, "{p}");
+        let (mean, sd) = (p["mean_step_s"]["mean"].as_f64().unwrap(), p["mean_step_s"]["sd"].as_f64().unwrap());
+        assert!(mean > 0.0 && sd > 0.0, "five machines give five results: {p}");
+        // Seed by seed against Nereus on the same machine: Nereus is within 1% of each on this
+        // trace (docs/evaluation.md has the shipped traces' numbers).
+        let over = p["over_nereus"]["mean"].as_f64().unwrap();
+        assert!(over >= 1.0 / 1.01, "{policy}: {p}");
+    }
+    // The pool grows (8 → 16 → 32): growths are opportunistic, priced with the pool's horizon.
+    let nereus = a["runs"].as_array().unwrap().iter().find(|r| r["policy"] == "nereus").unwrap();
+    assert!(nereus["opportunistic"].as_u64().unwrap() >= 2, "{nereus}");
 }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use nereus_core::config::check::{self, MAX_DEVICES};
 use nereus_core::config::{JobConfig, PolicyMode};
-use nereus_core::sim::{self, plot, Comparison, RestartModel, RunSummary, SimOptions, SimStep, Truth};
+use nereus_core::sim::{self, plot, Comparison, PolicySpread, RestartModel, RunSummary, SimOptions, SimStep, Truth};
 
 use crate::error::{write_error, CommandError};
 use crate::launch::{planner_command, Global};
@@ -44,17 +44,34 @@ pub struct SimulateArgs {
     /// File system bandwidth of the checkpoint I/O, GB/s.
     #[arg(long, default_value_t = 10.0, allow_negative_numbers = true)]
     pub fs_gbps: f64,
-    /// How wrong the cost model is: σ of the log of each plan's true over predicted step
-    /// seconds, drawn once per plan (0: the cost model is the ground truth; bench
-    /// calibration's held-out 8–13% MAPE is σ ≈ 0.1–0.16).
-    #[arg(long, default_value_t = 0.0, value_name = "SIGMA", allow_negative_numbers = true)]
-    pub model_error: f64,
-    /// Relative step-to-step jitter of the ground truth (standard deviation).
-    #[arg(long, default_value_t = 0.0, value_name = "SIGMA", allow_negative_numbers = true)]
+    /// The ground truth: `machine`, a seeded machine that differs from the cost model per
+    /// operation class and plan shape, with jitter (the flags below); `model`, the cost model
+    /// itself (exact: greedy cannot lose; for reproducing earlier results).
+    #[arg(long, value_enum, default_value = "machine")]
+    pub truth: TruthKind,
+    /// σ of the log of the machine's per-class efficiencies around the controller's start.
+    #[arg(long, default_value_t = Truth::machine(1).calibration_error, value_name = "SIGMA", allow_negative_numbers = true)]
+    pub calibration_error: f64,
+    /// σ of the log of each class's efficiency per plan shape (what calibration cannot learn;
+    /// bench calibration's held-out 8–13% MAPE is σ ≈ 0.1–0.16).
+    #[arg(long, default_value_t = Truth::machine(1).op_error, value_name = "SIGMA", allow_negative_numbers = true)]
+    pub op_error: f64,
+    /// Relative step-to-step jitter of each phase's seconds (standard deviation).
+    #[arg(long, default_value_t = Truth::machine(1).noise, value_name = "SIGMA", allow_negative_numbers = true)]
     pub noise: f64,
-    /// Seed of the model error and jitter draws.
+    /// Relative step-to-step jitter of the response lengths (standard deviation).
+    #[arg(long, default_value_t = Truth::machine(1).length_noise, value_name = "SIGMA", allow_negative_numbers = true)]
+    pub length_noise: f64,
+    /// σ of the log of a transition's seconds around its uncalibrated prediction.
+    #[arg(long, default_value_t = Truth::machine(1).transition_error, value_name = "SIGMA", allow_negative_numbers = true)]
+    pub transition_error: f64,
+    /// Seed of the first machine.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Machines (seeds `seed`, `seed + 1`, …) every policy runs on; results are their mean and
+    /// spread.
+    #[arg(long, default_value_t = 5, allow_negative_numbers = true)]
+    pub seeds: u32,
     /// Write {"runs": [...]} here.
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
@@ -66,6 +83,15 @@ pub struct SimulateArgs {
     pub plot: Option<PathBuf>,
     #[command(flatten)]
     pub overrides: SimulateOverrides,
+}
+
+/// `--truth`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TruthKind {
+    /// A seeded machine that is not the cost model.
+    Machine,
+    /// The cost model itself.
+    Model,
 }
 
 /// The job-file keys `simulate` lets the command line override (its `--seed` is the ground
@@ -97,11 +123,15 @@ impl From<SimulateOverrides> for nereus_core::config::Overrides {
 /// The largest σ of the simulated truth's errors: a log-normal of σ = 2 already scales a step
 /// by more than 50 at one standard deviation.
 const MAX_SIGMA: f64 = 2.0;
+/// The most seeds one command runs (each is a run of every policy).
+const MAX_SEEDS: u32 = 1000;
 
 /// `nereus simulate --json`.
 #[derive(Debug, Serialize)]
 pub struct SimulateOut {
-    /// One per policy and γ.
+    /// Per policy and γ, over the seeds.
+    pub policies: Vec<PolicySpread>,
+    /// One per policy, γ and seed.
     pub runs: Vec<RunSummary>,
 }
 
@@ -122,8 +152,16 @@ impl SimulateArgs {
             // The same range as policy.gamma.
             check::within(if self.gamma.is_some() { "--gamma" } else { "--gamma-sweep" }, gamma, 0.0, 1.0)?;
         }
-        check::within("--model-error", self.model_error, 0.0, MAX_SIGMA)?;
-        check::within("--noise", self.noise, 0.0, MAX_SIGMA)?;
+        for (flag, sigma) in [
+            ("--calibration-error", self.calibration_error),
+            ("--op-error", self.op_error),
+            ("--noise", self.noise),
+            ("--length-noise", self.length_noise),
+            ("--transition-error", self.transition_error),
+        ] {
+            check::within(flag, sigma, 0.0, MAX_SIGMA)?;
+        }
+        check::between("--seeds", self.seeds, MAX_SEEDS)?;
         Ok(())
     }
 
@@ -132,7 +170,18 @@ impl SimulateArgs {
         self.check()?;
         let efficiencies = self.calibration.as_deref().map(sim::read_calibration).transpose()?;
         let restart = RestartModel { fs_bytes_per_s: self.fs_gbps * 1e9, restart_s: self.restart_s };
-        let truth = Truth { model_error: self.model_error, noise: self.noise, seed: self.seed };
+        let truth = match self.truth {
+            TruthKind::Model => Truth::model(self.seed),
+            TruthKind::Machine => Truth {
+                calibration_error: self.calibration_error,
+                op_error: self.op_error,
+                noise: self.noise,
+                length_noise: self.length_noise,
+                transition_error: self.transition_error,
+                seed: self.seed,
+            },
+        };
+        let seeds = (0..u64::from(self.seeds)).map(|k| self.seed + k).collect();
         Ok(Comparison {
             gpus: self.gpus,
             policies: self.policies.clone(),
@@ -142,6 +191,7 @@ impl SimulateArgs {
                 self.gamma_sweep.clone()
             },
             options: SimOptions { efficiencies, restart, truth },
+            seeds,
         })
     }
 }
@@ -150,9 +200,12 @@ fn simulate(config: &JobConfig, args: &SimulateArgs) -> Result<(), CommandError>
     let trace = sim::read_trace(&args.trace)?;
     let results = sim::compare(config, &trace, &args.comparison()?)?;
     let summaries: Vec<RunSummary> = results.iter().map(|r| r.0.clone()).collect();
-    std::io::stdout().lock().write_all(sim::table(&summaries).as_bytes()).map_err(CommandError::Stdout)?;
+    let gamma = args.gamma.unwrap_or(config.policy.gamma);
+    let policies = sim::spreads(&summaries, gamma);
+    let table = sim::spread_table(&policies);
+    std::io::stdout().lock().write_all(table.as_bytes()).map_err(CommandError::Stdout)?;
     if let Some(p) = &args.json {
-        let out = SimulateOut { runs: summaries };
+        let out = SimulateOut { policies, runs: summaries };
         write_file(p, serde_json::to_string_pretty(&out).expect("summaries serialize") + "\n")?;
     }
     if let Some(p) = &args.jsonl {
@@ -164,8 +217,12 @@ fn simulate(config: &JobConfig, args: &SimulateArgs) -> Result<(), CommandError>
         write_file(p, lines)?;
     }
     if let Some(p) = &args.plot {
-        let named: Vec<(String, Vec<SimStep>)> =
-            results.iter().map(|(s, steps)| (sim::run_name(s), steps.clone())).collect();
+        // The first machine's runs (the others differ in their draws, not in what they show).
+        let named: Vec<(String, Vec<SimStep>)> = results
+            .iter()
+            .filter(|(s, _)| s.seed == args.seed)
+            .map(|(s, steps)| (sim::run_name(s), steps.clone()))
+            .collect();
         let title = format!(
             "{} on {} ({}): {}",
             config.job.name,

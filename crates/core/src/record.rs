@@ -92,6 +92,7 @@ impl StepLine {
             response_len_p95: self.stats.response_len_p95,
             step_seconds: self.step_seconds,
             stage_seconds: Some(self.stage_seconds),
+            op_seconds: Some(self.op_seconds.measured),
             pool_size: None,
             lost_ranks: self.elastic.as_ref().map(|e| e.lost_ranks.clone()).unwrap_or_default(),
             transition: self

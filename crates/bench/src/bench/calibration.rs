@@ -17,8 +17,8 @@ use std::path::{Path, PathBuf};
 
 use super::{machine, BenchReport, Floor};
 use nereus_core::config::{JobConfig, Overrides, PlanEntry};
-use nereus_core::cost::{Efficiencies, OpClass, StageSample};
-use nereus_core::plan::{model_stages, Plan};
+use nereus_core::cost::{Efficiencies, OpClass, OpSeconds, StageSample};
+use nereus_core::plan::{model_stages, PerPhase, Plan};
 use nereus_core::planner::{fixed_plan, Planner, StepSeconds};
 use nereus_core::record::StepLine;
 use nereus_runtime::train::metrics::MetricsLog;
@@ -111,7 +111,9 @@ fn benchmark(
         session.agree("calibration output", Ok(()))?;
         run_config(session, &case.config, &TrainOptions::default())?;
         let root = session.rank() == 0;
-        measured.push(if root { median_stages(&case.config.job.output_dir)? } else { StepSeconds::default() });
+        if root {
+            measured.push(medians(&case.config.job.output_dir)?);
+        }
     }
     if session.rank() != 0 {
         return Ok(());
@@ -131,11 +133,13 @@ fn benchmark(
         for (k, case) in cases.iter().enumerate().filter(|(k, _)| fitting(*k)) {
             let parts = planner_of(case, fitted)?.stage_parts(&plans[k]);
             for (phase, (_, ideal)) in parts.iter() {
-                samples.push(StageSample { ideal: *ideal, measured: *measured[k].get(phase) });
+                let timed = Some(*measured[k].ops.get(phase));
+                samples.push(StageSample { ideal: *ideal, measured: *measured[k].stages.get(phase), timed });
             }
         }
         fitted.fit_stages(&samples);
     }
+    let measured: Vec<StepSeconds> = measured.iter().map(|m| m.stages).collect();
     let mut rows = Vec::new();
     for (k, case) in cases.iter().enumerate() {
         let by_stage =
@@ -198,14 +202,27 @@ fn cases(base: &JobConfig, world: u32, steps: u32, out_dir: &Path) -> Result<Vec
     Ok(out)
 }
 
-/// The median seconds per phase over a run's steps after the first.
-fn median_stages(dir: &Path) -> Result<StepSeconds, RuntimeError> {
+/// A run's measurements: the median seconds per phase, and per phase and operation class
+/// (the slowest rank's timers), over its steps after the first.
+struct Medians {
+    stages: StepSeconds,
+    ops: PerPhase<OpSeconds>,
+}
+
+fn medians(dir: &Path) -> Result<Medians, RuntimeError> {
     let lines: Vec<StepLine> = MetricsLog::of(dir).step_lines()?.into_iter().filter(|l| l.step >= 1).collect();
-    Ok(StepSeconds::from_fn(|phase| {
-        let mut xs: Vec<f64> = lines.iter().map(|l| *l.stage_seconds.get(phase)).collect();
+    let median = |mut xs: Vec<f64>| {
         xs.sort_by(f64::total_cmp);
         xs.get(xs.len() / 2).copied().unwrap_or(0.0)
-    }))
+    };
+    Ok(Medians {
+        stages: StepSeconds::from_fn(|phase| median(lines.iter().map(|l| *l.stage_seconds.get(phase)).collect())),
+        ops: PerPhase::from_fn(|phase| {
+            OpSeconds(std::array::from_fn(|k| {
+                median(lines.iter().map(|l| l.op_seconds.measured.get(phase).0[k]).collect())
+            }))
+        }),
+    })
 }
 
 fn print(rows: &[Row], fitted: &Efficiencies) -> Result<(), RuntimeError> {

@@ -184,13 +184,45 @@ impl Efficiencies {
 }
 
 /// One measured stage of one plan: the roofline seconds per class along its critical path
-/// (`Planner::stage_parts`) and the wall seconds it took.
+/// (`Planner::stage_parts`), the wall seconds it took and, where the engine timed its
+/// operations, the seconds per class (the slowest rank's).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct StageSample {
     /// Roofline seconds per class.
     pub ideal: OpSeconds,
     /// Measured seconds.
     pub measured: f64,
+    /// Measured seconds per class (`None`: only the stage's total is known).
+    #[serde(default)]
+    pub timed: Option<OpSeconds>,
+}
+
+impl StageSample {
+    /// The rows this sample adds to a fit: `(ideal seconds per class over the seconds to
+    /// explain)`, each to be explained by `Σ_c row_c · x_c = 1`. With per-class times, one row
+    /// per class the model prices and the engine timed, its seconds scaled by the stage's wall
+    /// over its timed seconds (time no timer saw — elementwise work, waiting on a slower rank —
+    /// is shared in proportion); without them, one row for the whole stage.
+    fn rows(&self) -> Vec<[f64; 8]> {
+        if self.measured <= 0.0 || !self.ideal.0.iter().any(|&v| v > 0.0) {
+            return Vec::new();
+        }
+        let timed_total = self.timed.map_or(0.0, |t| t.0.iter().sum::<f64>());
+        let Some(timed) = self.timed.filter(|_| timed_total > 0.0) else {
+            return vec![self.ideal.0.map(|v| v / self.measured)];
+        };
+        let scale = self.measured / timed_total;
+        OpClass::ALL
+            .iter()
+            .map(|c| c.index())
+            .filter(|&k| self.ideal.0[k] > 0.0 && timed.0[k] > 0.0)
+            .map(|k| {
+                let mut row = [0.0; 8];
+                row[k] = self.ideal.0[k] / (timed.0[k] * scale);
+                row
+            })
+            .collect()
+    }
 }
 
 /// How strongly a fit keeps a class near its current efficiency (relative to one sample).
@@ -201,17 +233,14 @@ const FIT_PRIOR_WEIGHT: f64 = 1e-6;
 const EFFICIENCY_RANGE: (f64, f64) = (1e-4, 10.0);
 
 impl Efficiencies {
-    /// Fits every class's efficiency to whole stages: the inverse efficiencies `x_c ≥ 0` that
-    /// minimize `Σ_s ((Σ_c ideal_{s,c} x_c − measured_s) / measured_s)²` (relative errors, so
-    /// short stages count as much as long ones), with a weak pull toward the current values so
-    /// a class no sample exercises keeps its efficiency. The normal equations of eight unknowns
-    /// are solved exactly, with an active set for the bound.
+    /// Fits every class's efficiency to measured stages: the inverse efficiencies `x_c ≥ 0`
+    /// that minimize `Σ_s ((Σ_c ideal_{s,c} x_c − measured_s) / measured_s)²` (relative errors,
+    /// so short stages count as much as long ones) over the samples' rows (per class where the
+    /// engine timed its operations, see [`StageSample`]), with a weak pull toward the current
+    /// values so a class no sample exercises keeps its efficiency. The normal equations of
+    /// eight unknowns are solved exactly, with an active set for the bound.
     pub fn fit_stages(&mut self, samples: &[StageSample]) {
-        let rows: Vec<([f64; 8], f64)> = samples
-            .iter()
-            .filter(|s| s.measured > 0.0 && s.ideal.0.iter().any(|&v| v > 0.0))
-            .map(|s| (s.ideal.0.map(|v| v / s.measured), 1.0))
-            .collect();
+        let rows: Vec<([f64; 8], f64)> = samples.iter().flat_map(StageSample::rows).map(|f| (f, 1.0)).collect();
         if rows.is_empty() {
             return;
         }
@@ -321,7 +350,7 @@ mod tests {
                 ideal[OpClass::Attention.index()] = 0.3 * ((k * 7) % 5) as f64;
                 ideal[OpClass::DpAllReduce.index()] = 0.01 * ((k * 3) % 4) as f64;
                 let measured = (0..8).map(|c| ideal[c] / truth[c]).sum();
-                StageSample { ideal: OpSeconds(ideal), measured }
+                StageSample { ideal: OpSeconds(ideal), measured, timed: None }
             })
             .collect();
         let mut e = Efficiencies::default();
@@ -330,5 +359,34 @@ mod tests {
             assert!((e.of(c) / truth[c.index()] - 1.0).abs() < 0.01, "{c:?}: {} vs {}", e.of(c), truth[c.index()]);
         }
         assert!((e.of(OpClass::Decode) - Efficiencies::default().of(OpClass::Decode)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn per_class_timers_separate_classes_whose_stage_totals_cannot() {
+        // Every stage mixes GEMM and attention in the same proportion, so stage totals only
+        // fix a blend; the per-class timers (which saw 90% of the wall time, the rest shared
+        // in proportion) recover each class: GEMM at 0.5, attention at 0.1.
+        let truth = [0.5, 0.1];
+        let samples: Vec<StageSample> = (1..6)
+            .map(|k| {
+                let mut ideal = OpSeconds::default();
+                ideal[OpClass::Gemm] = k as f64;
+                ideal[OpClass::Attention] = 0.5 * k as f64;
+                let mut timed = OpSeconds::default();
+                timed[OpClass::Gemm] = 0.9 * ideal[OpClass::Gemm] / truth[0];
+                timed[OpClass::Attention] = 0.9 * ideal[OpClass::Attention] / truth[1];
+                let measured = (timed[OpClass::Gemm] + timed[OpClass::Attention]) / 0.9;
+                StageSample { ideal, measured, timed: Some(timed) }
+            })
+            .collect();
+        let mut e = Efficiencies::default();
+        e.fit_stages(&samples);
+        assert!((e.of(OpClass::Gemm) / truth[0] - 1.0).abs() < 1e-3, "{:?}", e);
+        assert!((e.of(OpClass::Attention) / truth[1] - 1.0).abs() < 1e-3, "{:?}", e);
+        // The stage totals alone explain the same walls with other efficiencies.
+        let mut totals_only = Efficiencies::default();
+        let untimed: Vec<StageSample> = samples.iter().map(|s| StageSample { timed: None, ..*s }).collect();
+        totals_only.fit_stages(&untimed);
+        assert!((totals_only.of(OpClass::Attention) / truth[1] - 1.0).abs() > 0.05, "{:?}", totals_only);
     }
 }

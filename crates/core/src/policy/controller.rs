@@ -11,14 +11,17 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{admit, Admission, Decision, Monitor, Observation, Proposal, Signal, Thresholds, Trigger, Verdict};
+use super::memory::PlanMemory;
+use super::{
+    admit, Admission, Decision, Monitor, Observation, Proposal, Signal, Thresholds, TransitionKind, Trigger, Verdict,
+};
 use crate::config::{JobConfig, PolicyMode};
-use crate::cost::{Efficiencies, StageSample};
-use crate::plan::Plan;
+use crate::cost::{Efficiencies, OpSeconds, StageSample};
+use crate::plan::{PerPhase, Plan};
 #[cfg(test)]
 use crate::planner::initial_plan;
 use crate::planner::{Planner, PlannerError, StepSeconds};
-use crate::transition::{cheaper_targets, choose, global::Links, TargetChoice};
+use crate::transition::{cheaper_targets, choose, global::Links, toward, TargetChoice};
 use crate::units::format_bytes;
 
 /// Cheaper targets tried after a rejection (each costs a DAG; the decision stays within
@@ -42,8 +45,11 @@ pub struct StepRecord {
     pub response_len_p95: f64,
     /// Measured wall seconds of the step.
     pub step_seconds: f64,
-    /// Measured wall seconds per phase (`None` where nothing was measured: a simulated step).
+    /// Measured wall seconds per phase (`None` where nothing was measured).
     pub stage_seconds: Option<StepSeconds>,
+    /// Measured seconds per phase and operation class, the slowest rank's (`None` where the
+    /// engine did not time its operations).
+    pub op_seconds: Option<PerPhase<OpSeconds>>,
     /// Ranks available from the next step on (`None`: unchanged): the first this many ranks
     /// of the world that are not lost.
     pub pool_size: Option<u32>,
@@ -70,7 +76,7 @@ const TRUST_WINDOW: usize = 16;
 const COMPARABLE_LENGTHS: f64 = 0.1;
 
 /// A step's measured over predicted seconds and the lengths it ran.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 struct RatioAt {
     ratio: f64,
     mean_len: f64,
@@ -100,28 +106,36 @@ pub struct Action {
     pub stop: Option<String>,
 }
 
-/// The controller's state between steps (on rank 0 in a live job).
-pub struct Controller {
-    mode: PolicyMode,
-    gamma: f64,
-    min_gain: f64,
-    every_k: u64,
-    /// Steps between monitor evaluations (`policy.monitor_interval_steps`).
-    monitor_interval: u64,
-    length_drift: f64,
-    max_len: u32,
-    host_bytes_per_s: f64,
+/// A plan better than the one in force that the controller knows of and has not taken (a
+/// rejected or blocked target, or a fallback taken instead of the fastest): re-offered to
+/// admission as a [`Trigger::StandingGap`] until it is taken or the plan in force is the best.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Gap {
+    /// The step at whose boundary the gap was first seen.
+    pub opened: u64,
+    /// The first step at which it is offered again: when the standing horizon will cover the
+    /// payback last priced, or, for a gain the model could not trust or a blocked move, after
+    /// as many steps again as the gap has stood.
+    pub due: u64,
+}
+
+/// Everything the controller learned while the job ran: checkpointed with the job (the
+/// sidecar's `controller`), so a resumed run decides as the uninterrupted one would.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ControllerState {
+    /// References and horizons of the drifting signals and the pool.
     monitor: Monitor,
-    base: Planner,
-    /// The static baseline's planner: the layouts it started with, DP following the pool.
-    fixed: Option<Planner>,
+    /// The running calibration.
     efficiencies: Efficiencies,
+    /// Samples it was fitted to (the last [`CALIBRATION_WINDOW`]).
     samples: Vec<StageSample>,
+    /// The response cap.
     cap: u32,
     /// Ranks in the pool (the planner's device count).
     gpus: u32,
     /// Ranks lost so far (sorted); the planner's ranks skip them.
     lost: Vec<u32>,
+    /// The step after the last admitted switch (`every-k` counts from it).
     last_switch: u64,
     /// Smoothed measured over predicted step seconds.
     latency_ratio: Option<f64>,
@@ -137,6 +151,52 @@ pub struct Controller {
     /// [`Controller::test_the_model`]): how far a predicted gain can be trusted.
     move_changes: Vec<f64>,
     steady_changes: Vec<f64>,
+    /// The better plan under watch, if any.
+    #[serde(default)]
+    gap: Option<Gap>,
+    /// What the plans the job ran measured (payback admission only).
+    #[serde(default)]
+    memory: PlanMemory,
+    /// The plan an opportunistic move just left, until the new plan's first step is measured.
+    #[serde(default)]
+    left: Option<Plan>,
+}
+
+impl ControllerState {
+    /// The response cap the engine is sized for.
+    pub fn cap(&self) -> u32 {
+        self.cap
+    }
+
+    /// The running calibration.
+    pub fn efficiencies(&self) -> Efficiencies {
+        self.efficiencies
+    }
+
+    /// This state as a resumed run on a new allocation starts from: its engine sized for `cap`
+    /// on a pool of `pool` ranks, none of them lost. The monitor keeps the pool it last saw, so
+    /// a pool that differs is a pool change at the first boundary, as for a fresh start.
+    pub fn resumed(self, cap: u32, pool: u32) -> ControllerState {
+        ControllerState { cap, gpus: pool, lost: Vec::new(), ..self }
+    }
+}
+
+/// The controller between steps (on rank 0 in a live job): the job's settings and planners,
+/// and its [`ControllerState`].
+pub struct Controller {
+    mode: PolicyMode,
+    gamma: f64,
+    min_gain: f64,
+    every_k: u64,
+    /// Steps between monitor evaluations (`policy.monitor_interval_steps`).
+    monitor_interval: u64,
+    length_drift: f64,
+    max_len: u32,
+    host_bytes_per_s: f64,
+    base: Planner,
+    /// The static baseline's planner: the layouts it started with, DP following the pool.
+    fixed: Option<Planner>,
+    state: ControllerState,
 }
 
 impl Controller {
@@ -159,22 +219,38 @@ impl Controller {
             length_drift: p.length_drift,
             max_len: config.rl.max_response_len,
             host_bytes_per_s: config.cluster.host_link_gbps * 1e9,
-            monitor,
-            efficiencies: base.cost().efficiencies,
-            gpus: base.cost().hardware.devices,
-            lost: Vec::new(),
+            state: ControllerState {
+                monitor,
+                efficiencies: base.cost().efficiencies,
+                gpus: base.cost().hardware.devices,
+                lost: Vec::new(),
+                samples: Vec::new(),
+                cap,
+                last_switch: 0,
+                latency_ratio: None,
+                transition_seconds: (0.0, 0.0),
+                unseen_plan: false,
+                last_step: None,
+                move_changes: Vec::new(),
+                steady_changes: Vec::new(),
+                gap: None,
+                memory: PlanMemory::default(),
+                left: None,
+            },
             base,
             fixed: None,
-            samples: Vec::new(),
-            cap,
-            last_switch: 0,
-            latency_ratio: None,
-            transition_seconds: (0.0, 0.0),
-            unseen_plan: false,
-            last_step: None,
-            move_changes: Vec::new(),
-            steady_changes: Vec::new(),
         }
+    }
+
+    /// What the controller has learned so far (saved with a checkpoint).
+    pub fn state(&self) -> &ControllerState {
+        &self.state
+    }
+
+    /// Continues from `state`, saved by a run of the same job: references, horizons,
+    /// calibration, cap, pool and the watched gap all as they were.
+    pub fn restore(&mut self, state: ControllerState) {
+        self.state = state;
     }
 
     /// The smallest relative gain admitted: `policy.min_gain`, raised to the cost model's
@@ -185,10 +261,10 @@ impl Controller {
     /// 10% off on new plans needs gains above 10%.
     pub fn gain_threshold(&self) -> f64 {
         let mean = |v: &[f64]| if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
-        let measured = if self.move_changes.is_empty() {
+        let measured = if self.state.move_changes.is_empty() {
             0.0
         } else {
-            (mean(&self.move_changes) - mean(&self.steady_changes)).max(0.0)
+            (mean(&self.state.move_changes) - mean(&self.state.steady_changes)).max(0.0)
         };
         self.min_gain.max(measured)
     }
@@ -202,26 +278,31 @@ impl Controller {
     /// predicted gain is), with whatever bias it has on both plans cancelled out; on other
     /// steps it is what noise changes anyway.
     fn test_the_model(&mut self, current: &Plan, m: &StepRecord) -> Result<(), PlannerError> {
-        let len = m.response_len_p95.ceil().clamp(1.0, f64::from(self.max_len)) as u32;
-        let predicted = self.planner(len)?.predict(current);
+        let predicted = self.planner(self.ran_len(m))?.predict(current);
         let now = Some(m.step_seconds / predicted).filter(|r| r.is_finite() && *r > 0.0);
-        let moved = std::mem::take(&mut self.unseen_plan);
+        let moved = std::mem::take(&mut self.state.unseen_plan);
         let near = |a: f64, b: f64| (a / b - 1.0).abs() <= COMPARABLE_LENGTHS;
-        if let (Some(before), Some(now)) = (&self.last_step, now) {
+        if let (Some(before), Some(now)) = (&self.state.last_step, now) {
             if near(m.response_len_mean, before.mean_len) && near(m.response_len_p95, before.p95_len) {
-                let changes = if moved { &mut self.move_changes } else { &mut self.steady_changes };
+                let changes = if moved { &mut self.state.move_changes } else { &mut self.state.steady_changes };
                 changes.push((now / before.ratio - 1.0).abs());
                 let excess = changes.len().saturating_sub(TRUST_WINDOW);
                 changes.drain(..excess);
             }
         }
-        self.last_step = now.map(|ratio| RatioAt { ratio, mean_len: m.response_len_mean, p95_len: m.response_len_p95 });
+        self.state.last_step =
+            now.map(|ratio| RatioAt { ratio, mean_len: m.response_len_mean, p95_len: m.response_len_p95 });
         Ok(())
+    }
+
+    /// The response length step `m` ran (its p95, as the engine pads to its longest responses).
+    fn ran_len(&self, m: &StepRecord) -> u32 {
+        m.response_len_p95.ceil().clamp(1.0, f64::from(self.max_len)) as u32
     }
 
     /// The planner for the pool at response cap `len` with the current calibration.
     fn planner(&self, len: u32) -> Result<Planner, PlannerError> {
-        self.fixed.as_ref().unwrap_or(&self.base).replanned(self.gpus, u64::from(len), self.efficiencies)
+        self.fixed.as_ref().unwrap_or(&self.base).replanned(self.state.gpus, u64::from(len), self.state.efficiencies)
     }
 
     /// A transition predicted at `predicted_s` took `measured_s`: later `L̂_tran` estimates are
@@ -234,14 +315,14 @@ impl Controller {
             && predicted_s >= MIN_CALIBRATING_TRANSITION_S
             && measured_s >= 0.0
         {
-            self.transition_seconds.0 += predicted_s;
-            self.transition_seconds.1 += measured_s;
+            self.state.transition_seconds.0 += predicted_s;
+            self.state.transition_seconds.1 += measured_s;
         }
     }
 
     /// Measured over predicted transition seconds so far (1 before any prediction was tested).
     fn transition_ratio(&self) -> f64 {
-        let (predicted, measured) = self.transition_seconds;
+        let (predicted, measured) = self.state.transition_seconds;
         if predicted > 0.0 {
             measured / predicted
         } else {
@@ -252,7 +333,7 @@ impl Controller {
     /// `plan` on the world's ranks as the planner sees it: the ranks that are not lost,
     /// renumbered `0, 1, …` in order (the identity while no rank is lost).
     fn to_virtual(&self, plan: &Plan) -> Plan {
-        plan.map_ranks(|r| r - self.lost.iter().filter(|&&l| (l as i32) < r).count() as i32)
+        plan.map_ranks(|r| r - self.state.lost.iter().filter(|&&l| (l as i32) < r).count() as i32)
     }
 
     /// The inverse of [`Controller::to_virtual`]: the planner's rank `v` is the `v`-th rank
@@ -260,7 +341,7 @@ impl Controller {
     fn to_physical(&self, plan: &Plan) -> Plan {
         plan.map_ranks(|v| {
             let mut r = v;
-            for &l in &self.lost {
+            for &l in &self.state.lost {
                 if (l as i32) <= r {
                     r += 1;
                 }
@@ -271,12 +352,12 @@ impl Controller {
 
     /// The response cap the engine is sized for now.
     pub fn cap(&self) -> u32 {
-        self.cap
+        self.state.cap
     }
 
     /// The efficiencies the cost model runs with now (the running calibration).
     pub fn efficiencies(&self) -> Efficiencies {
-        self.efficiencies
+        self.state.efficiencies
     }
 
     /// Decides after the step `m` records, under the `current` plan.
@@ -286,26 +367,30 @@ impl Controller {
             self.fixed = Some(self.base.keeping_layouts(current));
         }
         let step = m.step;
-        let lost_now = m.lost_ranks != self.lost;
-        self.lost.clone_from(&m.lost_ranks);
+        let lost_now = m.lost_ranks != self.state.lost;
+        self.state.lost.clone_from(&m.lost_ranks);
         let current = &self.to_virtual(current);
         self.test_the_model(current, m)?;
-        let now = self.planner(self.cap)?;
-        self.calibrate(&now, current, m);
-        let now = self.planner(self.cap)?;
+        // The step ran responses of its own lengths (the engine pads to the longest, about the
+        // p95), not the cap's: its stages are compared with the model at those lengths.
+        self.calibrate(&self.planner(self.ran_len(m))?, current, m);
+        let regret = self.remember(current, m)?;
+        let now = self.planner(self.state.cap)?;
         let predicted = now.predict(current);
         // Responses reached the cap: it must grow, by δ_len, within the job's limit.
-        let cut = m.response_len_p95 >= f64::from(self.cap) && self.cap < self.max_len;
-        let grown = if cut { self.grow(self.cap) } else { self.cap };
+        let cut = m.response_len_p95 >= f64::from(self.state.cap) && self.state.cap < self.max_len;
+        let grown = if cut { self.grow(self.state.cap) } else { self.state.cap };
         let usable = now.cost().hardware.usable_bytes();
-        let violation = grown > self.cap && self.planner(grown)?.rank_peaks(current).max().0 > usable;
+        let violation = grown > self.state.cap && self.planner(grown)?.rank_peaks(current).max().0 > usable;
         let ratio = m.step_seconds / predicted.max(1e-12);
-        let smoothed = self.latency_ratio.map_or(ratio, |r| LATENCY_SMOOTHING * ratio + (1.0 - LATENCY_SMOOTHING) * r);
-        self.latency_ratio = Some(smoothed);
-        let pool = m.pool_size.unwrap_or(self.gpus);
+        let smoothed =
+            self.state.latency_ratio.map_or(ratio, |r| LATENCY_SMOOTHING * ratio + (1.0 - LATENCY_SMOOTHING) * r);
+        self.state.latency_ratio = Some(smoothed);
+        let pool = m.pool_size.unwrap_or(self.state.gpus);
         // Between monitor evaluations only what cannot wait is looked at: memory and the pool.
-        if !(step + 1).is_multiple_of(self.monitor_interval) && !violation && pool == self.gpus && !lost_now {
-            self.cap = grown;
+        let waits = regret.is_none() && !violation && pool == self.state.gpus && !lost_now;
+        if !(step + 1).is_multiple_of(self.monitor_interval) && waits {
+            self.state.cap = grown;
             return Ok(self.action(None, None, None));
         }
         let observation = Observation {
@@ -316,22 +401,75 @@ impl Controller {
             pool,
             memory_violation: violation,
         };
-        let mut triggers = self.monitor.observe(&observation);
-        self.gpus = observation.pool;
-        if lost_now && !triggers.contains(&Trigger::PoolChange) {
+        let mut triggers = self.state.monitor.observe(&observation);
+        self.state.gpus = observation.pool;
+        if lost_now && !triggers.contains(&Trigger::PoolShrink) {
             // Ranks were lost: the same count may now name other ranks.
-            triggers.insert(0, Trigger::PoolChange);
+            triggers.insert(0, Trigger::PoolShrink);
         }
-        if self.mode == PolicyMode::EveryK && (step + 1 - self.last_switch).is_multiple_of(self.every_k) {
+        if self.mode == PolicyMode::EveryK && (step + 1 - self.state.last_switch).is_multiple_of(self.every_k) {
             triggers.push(Trigger::Schedule);
+        }
+        let revert = if triggers.is_empty() { regret } else { None };
+        if revert.is_some() {
+            triggers.push(Trigger::Regret);
+        } else if triggers.is_empty() && self.state.gap.is_some_and(|g| step >= g.due) {
+            triggers.push(Trigger::StandingGap);
         }
         if triggers.is_empty() {
             // Nothing to replan; a cap that grows within the current plan's memory just grows.
-            self.cap = grown;
+            self.state.cap = grown;
             return Ok(self.action(None, None, None));
         }
-        let len = self.grow(self.cap).min(self.sized(m.response_len_p95)).max(grown);
-        self.replan(step, &triggers, &observation, current, len)
+        let len = self.grow(self.state.cap).min(self.sized(m.response_len_p95)).max(grown);
+        self.replan(step, &triggers, &observation, current, len, revert)
+    }
+
+    /// Records what step `m` measured on `current` against the starting model (payback
+    /// admission only) and, on the first step after an opportunistic move, returns the plan the
+    /// move left when it measured faster than this one by more than noise: a regret.
+    fn remember(&mut self, current: &Plan, m: &StepRecord) -> Result<Option<Plan>, PlannerError> {
+        let left = self.state.left.take();
+        if self.mode != PolicyMode::Nereus {
+            return Ok(None);
+        }
+        let len = self.ran_len(m);
+        let reference = self.reference(len)?;
+        let ratio = m.step_seconds / reference.predict(current);
+        self.state.memory.record(current, ratio, f64::from(len), m.step, self.length_drift);
+        let Some(left) = left.filter(|p| p.validate(self.state.gpus).is_ok()) else { return Ok(None) };
+        let Some(ratio) = self.state.memory.ratio(&left, f64::from(len), self.length_drift) else { return Ok(None) };
+        let expected = ratio * reference.predict(&left);
+        Ok((expected * (1.0 + self.noise().max(self.min_gain)) < m.step_seconds).then_some(left))
+    }
+
+    /// The starting model (never recalibrated) for the pool at response length `len`: what
+    /// the plan memory's ratios are taken against.
+    fn reference(&self, len: u32) -> Result<Planner, PlannerError> {
+        self.base.replanned(self.state.gpus, u64::from(len), self.base.cost().efficiencies)
+    }
+
+    /// How much a step's measured-over-predicted ratio changes from one step to the next on
+    /// one plan (the mean of the last steady changes): what a measurement cannot resolve.
+    fn noise(&self) -> f64 {
+        let changes = &self.state.steady_changes;
+        if changes.is_empty() {
+            0.0
+        } else {
+            changes.iter().sum::<f64>() / changes.len() as f64
+        }
+    }
+
+    /// `ΔL` of moving from `current` to `target` at response length `len` from what the job
+    /// measured on both (`None` unless both ran responses of comparable lengths).
+    fn measured_delta(&self, current: &Plan, target: &Plan, len: u32) -> Option<f64> {
+        let at = f64::from(len);
+        let (mine, theirs) = (
+            self.state.memory.ratio(current, at, self.length_drift)?,
+            self.state.memory.ratio(target, at, self.length_drift)?,
+        );
+        let reference = self.reference(len).ok()?;
+        Some(mine * reference.predict(current) - theirs * reference.predict(target))
     }
 
     /// Replans at response cap `len` and admits or rejects the target.
@@ -342,27 +480,34 @@ impl Controller {
         observation: &Observation,
         current: &Plan,
         len: u32,
+        revert: Option<Plan>,
     ) -> Result<Action, PlannerError> {
-        self.monitor.replanned(observation);
+        if triggers != [Trigger::StandingGap] && triggers != [Trigger::Regret] {
+            // The plan is remade for what the signals read now. (A standing gap's offer changes
+            // no condition: the references and the intervals between crossings stay.)
+            self.state.monitor.replanned(observation);
+        }
         let planner = match self.planner(len) {
             Ok(p) => p,
             Err(e) => return Ok(self.stopping(triggers, format!("no plan fits the next steps: {e}"))),
         };
         let links = Links::of(&planner.cost().hardware, Some(self.host_bytes_per_s));
-        let choice = match choose(&planner, current, &links) {
+        let back = revert.and_then(|plan| toward(&planner, current, &plan, &links));
+        let choice = match back.map_or_else(|| choose(&planner, current, &links), Ok) {
             Ok(c) => c,
             Err(e) => return Ok(self.no_plan(triggers, current, len, e)),
         };
         let current_fits = choice.current_seconds.is_finite();
         let urgent = triggers.iter().any(|t| t.is_urgent()) || !current_fits;
-        let (mut proposal, mut verdict) = self.judge(&choice, current, triggers, urgent);
+        let (mut proposal, mut verdict) = self.judge(&choice, current, triggers, urgent, (step, len));
+        let fastest = (choice.clone(), proposal, verdict.clone());
         let mut choice = choice;
         if !verdict.admitted && !choice.keep {
             // A rejected target falls back to slower ones with cheaper transitions first.
             let alternatives: Vec<TargetChoice> =
                 cheaper_targets(&planner, current, &choice, &links).take(MAX_CHEAPER_TARGETS).collect();
             for alternative in alternatives {
-                let (p, mut v) = self.judge(&alternative, current, triggers, urgent);
+                let (p, mut v) = self.judge(&alternative, current, triggers, urgent, (step, len));
                 if v.admitted {
                     v.reason = format!(
                         "fallback {} keeping the heaviest moves in place: {} (the fastest target: {})",
@@ -380,16 +525,49 @@ impl Controller {
             return Ok(self.action(None, decision, Some(verdict.reason.clone())));
         }
         let decision = self.record(triggers, &proposal, &verdict);
+        // The gap closes when the fastest target is taken, or when the plan in force is the
+        // fastest — by the model, or by what the job measured on both.
+        let measured_slower = fastest.1.measured && fastest.1.delta_l_s <= 0.0;
+        let taken = (verdict.admitted || choice.keep) && choice.fallback_rank == 0 && choice.blocked_reason.is_none();
+        let closed = taken || measured_slower;
+        self.watch(step, if closed { None } else { Some(&fastest) });
         if verdict.admitted {
-            self.cap = len;
-            self.last_switch = step + 1;
+            self.state.cap = len;
+            self.state.last_switch = step + 1;
             let target = (choice.target.plan() != *current).then(|| self.to_physical(&choice.target.plan()));
-            self.unseen_plan = target.is_some();
+            self.state.unseen_plan = target.is_some();
+            if target.is_some()
+                && verdict.kind == Some(TransitionKind::Opportunistic)
+                && self.mode == PolicyMode::Nereus
+            {
+                self.state.left = Some(current.clone());
+            }
             return Ok(self.action(target, decision, None));
         }
         // Rejected, and the current plan fits the new cap: keep the plan, size the cap.
-        self.cap = len;
+        self.state.cap = len;
         Ok(self.action(None, decision, None))
+    }
+
+    /// Keeps the gap between the plan in force and the planner's `fastest` target under watch
+    /// (`None`: there is none). Under payback admission the gap is offered again once the
+    /// standing horizon (which grows by a step per step while no signal crosses) will cover
+    /// the payback last priced; a gain the model could not trust, or a blocked move, is
+    /// offered again after as many steps as the gap has stood. The baselines do not watch.
+    fn watch(&mut self, step: u64, fastest: Option<&(TargetChoice, Proposal, Verdict)>) {
+        let Some((_, p, _)) = fastest.filter(|_| self.mode == PolicyMode::Nereus) else {
+            self.state.gap = None;
+            return;
+        };
+        let opened = self.state.gap.map_or(step, |g| g.opened);
+        let payback = p.l_tran_s / p.delta_l_s;
+        let wait = if p.delta_l_s > 0.0 && payback.is_finite() && p.delta_l_s >= self.gain_threshold() * p.current_s {
+            let horizon = self.state.monitor.standing_horizon(step);
+            (payback / self.gamma.max(1e-9) - horizon).ceil().max(0.0) as u64
+        } else {
+            step - opened
+        };
+        self.state.gap = Some(Gap { opened, due: step + wait.max(self.monitor_interval) });
     }
 
     /// Why the current plan cannot go on, for a stop: the pool no longer holds its ranks, or a
@@ -404,10 +582,10 @@ impl Controller {
     ) -> String {
         let target = choice.target.plan();
         let advice = format!("a plan that fits: {target}; restart with that plan and `nereus train --resume latest`");
-        if let Err(e) = current.validate(self.gpus) {
+        if let Err(e) = current.validate(self.state.gpus) {
             return format!(
                 "{}; the pool of {} ranks no longer holds the current plan ({e}); {advice}",
-                verdict.reason, self.gpus
+                verdict.reason, self.state.gpus
             );
         }
         let peaks = planner.rank_peaks(current);
@@ -423,17 +601,30 @@ impl Controller {
     }
 
     /// The admission's question about `choice` and its answer.
-    fn judge(&self, choice: &TargetChoice, current: &Plan, triggers: &[Trigger], urgent: bool) -> (Proposal, Verdict) {
+    fn judge(
+        &self,
+        choice: &TargetChoice,
+        current: &Plan,
+        triggers: &[Trigger],
+        urgent: bool,
+        (step, len): (u64, u32),
+    ) -> (Proposal, Verdict) {
         let changes_layout = choice.target.plan().placements.iter().zip(&current.placements).any(|(a, b)| {
             (a.candidate.layout, a.candidate.model_stage) != (b.candidate.layout, b.candidate.model_stage)
         });
+        let target = choice.target.plan();
+        let measured = (self.mode == PolicyMode::Nereus && !choice.keep)
+            .then(|| self.measured_delta(current, &target, len))
+            .flatten();
         let proposal = Proposal {
             urgent,
-            delta_l_s: choice.delta_l_s,
+            delta_l_s: measured.unwrap_or(choice.delta_l_s),
             l_tran_s: choice.l_tran_s * self.transition_ratio(),
             current_s: choice.current_seconds,
-            horizon: self.monitor.horizon(triggers),
+            horizon: self.state.monitor.horizon(triggers, step),
             changes_layout,
+            pool_growth: triggers.contains(&Trigger::PoolGrowth),
+            measured: measured.is_some(),
         };
         let verdict = if choice.keep {
             Verdict {
@@ -442,7 +633,14 @@ impl Controller {
                 reason: choice.blocked_reason.clone().unwrap_or_else(|| "the current plan is still the fastest".into()),
             }
         } else {
-            admit(self.mode, &proposal, self.gamma, self.gain_threshold())
+            // A gain measured on both plans is not the model's to doubt: only noise, which
+            // min_gain covers, stands between it and the truth.
+            let threshold = if measured.is_some() { self.min_gain } else { self.gain_threshold() };
+            let mut verdict = admit(self.mode, &proposal, self.gamma, threshold);
+            if measured.is_some() {
+                verdict.reason = format!("measured on both plans: {}", verdict.reason);
+            }
+            verdict
         };
         (proposal, verdict)
     }
@@ -451,14 +649,15 @@ impl Controller {
     fn calibrate(&mut self, planner: &Planner, current: &Plan, m: &StepRecord) {
         if let Some(measured) = &m.stage_seconds {
             for (phase, (_, ideal)) in planner.stage_parts(current).iter() {
-                self.samples.push(StageSample { ideal: *ideal, measured: *measured.get(phase) });
+                let timed = m.op_seconds.as_ref().map(|ops| *ops.get(phase));
+                self.state.samples.push(StageSample { ideal: *ideal, measured: *measured.get(phase), timed });
             }
         }
-        let excess = self.samples.len().saturating_sub(CALIBRATION_WINDOW);
-        self.samples.drain(..excess);
-        let mut e = self.efficiencies;
-        e.fit_stages(&self.samples);
-        self.efficiencies = e;
+        let excess = self.state.samples.len().saturating_sub(CALIBRATION_WINDOW);
+        self.state.samples.drain(..excess);
+        let mut e = self.state.efficiencies;
+        e.fit_stages(&self.state.samples);
+        self.state.efficiencies = e;
     }
 
     /// `cap` grown by `δ_len`, at least one token, within the job's limit.
@@ -476,7 +675,7 @@ impl Controller {
     fn no_plan(&self, triggers: &[Trigger], current: &Plan, len: u32, e: impl std::fmt::Display) -> Action {
         let reason = format!("no plan fits responses of {len} tokens: {e}");
         let free = (self.mode == PolicyMode::Static)
-            .then(|| self.base.replanned(self.gpus, u64::from(len), self.efficiencies).ok())
+            .then(|| self.base.replanned(self.state.gpus, u64::from(len), self.state.efficiencies).ok())
             .flatten();
         let links = Links::of(&self.base.cost().hardware, Some(self.host_bytes_per_s));
         let Some((free, choice)) = free.and_then(|p| choose(&p, current, &links).ok().map(|c| (p, c))) else {
@@ -508,6 +707,7 @@ impl Controller {
             reason: verdict.reason.clone(),
             admission: Some(Admission {
                 delta_l_s: finite(p.delta_l_s),
+                measured: p.measured,
                 l_tran_s: finite(p.l_tran_s),
                 l_tran_calibration: self.transition_ratio(),
                 h_x: p.horizon,
@@ -519,7 +719,14 @@ impl Controller {
     }
 
     fn action(&self, target: Option<Plan>, decision: Option<Decision>, stop: Option<String>) -> Action {
-        Action { target, cap: self.cap, pool: self.gpus, efficiencies: self.efficiencies, decision, stop }
+        Action {
+            target,
+            cap: self.state.cap,
+            pool: self.state.gpus,
+            efficiencies: self.state.efficiencies,
+            decision,
+            stop,
+        }
     }
 }
 
@@ -597,7 +804,7 @@ mod tests {
         c.decide(&record(0, 7.0, 1.3 * predicted(&c)), &plan).unwrap();
         close(&c, floor);
         // The first step of a plan a transition entered ran 25% slower than that bias says...
-        c.unseen_plan = true;
+        c.state.unseen_plan = true;
         c.decide(&record(1, 7.0, 1.25 * 1.3 * predicted(&c)), &plan).unwrap();
         close(&c, 0.25);
         // ... less what steps on one plan change anyway (10% here) ...
@@ -605,20 +812,20 @@ mod tests {
         close(&c, 0.25 - 0.1);
         // ... and the next move's as predicted: the mean of the moves' changes (12.5%) less
         // the steady steps' (10%), never below min_gain.
-        c.unseen_plan = true;
+        c.state.unseen_plan = true;
         c.decide(&record(3, 7.0, 1.1 * 1.25 * 1.3 * predicted(&c)), &plan).unwrap();
         close(&c, floor.max(0.125 - 0.1));
         // A move across a length change (7 to 14 tokens) tests the length scaling, not the move.
-        c.unseen_plan = true;
+        c.state.unseen_plan = true;
         c.decide(&record(4, 14.0, 5.0 * predicted(&c)), &plan).unwrap();
         close(&c, floor.max(0.125 - 0.1));
-        assert!(!c.unseen_plan);
+        assert!(!c.state.unseen_plan);
     }
 
     #[test]
     fn plans_skip_lost_ranks_and_come_back_unchanged() {
         let (mut c, plan) = controller(1);
-        c.lost = vec![2, 5];
+        c.state.lost = vec![2, 5];
         let physical = c.to_physical(&plan);
         let used: Vec<i32> = physical.placements.iter().flat_map(|p| p.ranks.clone()).collect();
         assert!(!used.contains(&2) && !used.contains(&5), "{used:?}");
@@ -627,5 +834,100 @@ mod tests {
         assert_eq!(c.to_physical(&map(2)), map(3));
         assert_eq!(c.to_physical(&map(4)), map(6));
         assert_eq!(c.to_virtual(&physical), plan);
+    }
+
+    /// The plan `initial_plan` makes for the tiny job on 4 of the controller's 8 ranks: valid
+    /// on the pool, and slower than the planner's best on all 8.
+    fn half_pool_plan() -> Plan {
+        let source = ConfigSource::embedded_default();
+        let raw = RawJobConfig::parse(&source).unwrap();
+        let mut config = raw.resolve(&source, &Overrides::default(), &mut || unreachable!()).unwrap();
+        config.policy.initial_response_len = 8;
+        initial_plan(&config, 4).unwrap().0
+    }
+
+    #[test]
+    fn a_rejected_gain_stands_under_watch_and_is_taken_when_the_horizon_covers_its_payback() {
+        let (mut probe, _) = controller(1);
+        let current = half_pool_plan();
+        let seconds = probe.planner(8).unwrap().predict(&current);
+        // What the drift's replan would weigh: ΔL and L_tran of the fastest target.
+        let first = probe.decide(&record(0, 4.0, seconds), &current).unwrap().decision.unwrap();
+        let a = first.admission.unwrap();
+        let payback = a.l_tran_s.unwrap() / a.delta_l_s.unwrap();
+        assert!(payback > 0.0 && a.delta_l_s.unwrap() > 0.0, "{first:?}");
+        // γ such that the payback needs a horizon of 6 steps: the drift's (1) does not cover it.
+        let (mut c, _) = controller(1);
+        c.gamma = payback / 6.0;
+        c.min_gain = 0.0;
+        let d = c.decide(&record(0, 4.0, seconds), &current).unwrap().decision.unwrap();
+        assert_eq!(d.trigger, vec![Trigger::Drift(Signal::ResponseLength)]);
+        assert!(!d.admitted, "{d:?}");
+        let gap = c.state.gap.expect("the rejected target is watched");
+        assert_eq!(gap.opened, 0);
+        // Quiet steps at the new length: nothing is offered until the standing horizon (steps
+        // since the signals last moved) reaches 6; then the gap is, and taken.
+        let mut taken = None;
+        for step in 1..=10 {
+            let action = c.decide(&record(step, 4.0, seconds), &current).unwrap();
+            if let Some(d) = action.decision {
+                assert_eq!(d.trigger, vec![Trigger::StandingGap], "step {step}: {d:?}");
+                if d.admitted {
+                    assert_eq!(d.kind, Some(super::super::TransitionKind::Opportunistic));
+                    assert!(action.target.is_some());
+                    taken = Some(step);
+                    break;
+                }
+            }
+        }
+        let taken = taken.expect("the gap was taken within 10 steps");
+        assert!((5..=7).contains(&taken), "taken at step {taken}, gap due at {}", gap.due);
+        assert_eq!(c.state.gap, None, "the fastest plan was taken: nothing left to watch");
+    }
+
+    #[test]
+    fn a_controller_restored_from_its_saved_state_decides_as_the_uninterrupted_one() {
+        // Lengths that drift, a pool that shrinks and grows back, step times off the model.
+        let steps: Vec<(f64, u32, f64)> = (0..24)
+            .map(|k| {
+                let len = [4.0, 6.0, 9.0, 12.0, 16.0][(k / 5) as usize % 5];
+                let pool = if (8..14).contains(&k) { 6 } else { 8 };
+                (len, pool, 1.0 + 0.2 * ((k * 7) % 5) as f64)
+            })
+            .collect();
+        let run = |c: &mut Controller, plan: &mut Plan, from: usize, to: usize| -> Vec<Option<Decision>> {
+            (from..to)
+                .map(|k| {
+                    let (len, pool, wobble) = steps[k];
+                    let seconds = c.planner(c.cap()).unwrap().predict(plan) * wobble;
+                    let m = StepRecord { pool_size: Some(pool), ..record(k as u64, len, seconds) };
+                    let a = c.decide(&m, plan).unwrap();
+                    if let Some(t) = a.target {
+                        *plan = t;
+                        c.transitioned(0.5, 0.4);
+                    }
+                    a.decision
+                })
+                .collect()
+        };
+        let (mut whole, start) = controller(1);
+        let mut plan = start.clone();
+        let uninterrupted = run(&mut whole, &mut plan, 0, 24);
+        assert!(uninterrupted.iter().flatten().count() >= 3, "{uninterrupted:?}");
+        let (mut first, _) = controller(1);
+        let mut plan = start;
+        let mut resumed = run(&mut first, &mut plan, 0, 11);
+        // The checkpoint: the state as JSON, read back into a new controller.
+        let saved: ControllerState = serde_json::from_str(&serde_json::to_string(first.state()).unwrap()).unwrap();
+        assert_eq!(&saved, first.state());
+        let at_checkpoint = plan.clone();
+        let (mut second, _) = controller(1);
+        second.restore(saved);
+        resumed.extend(run(&mut second, &mut plan, 11, 24));
+        assert_eq!(resumed, uninterrupted);
+        // A controller starting afresh at the checkpoint decides otherwise.
+        let (mut fresh, _) = controller(1);
+        let mut plan = at_checkpoint;
+        assert_ne!(run(&mut fresh, &mut plan, 11, 24), uninterrupted[11..]);
     }
 }

@@ -48,6 +48,9 @@ pub struct Decision {
 pub struct Admission {
     /// `ΔL`, seconds per step (`null` when not finite: the current plan no longer fits).
     pub delta_l_s: Option<f64>,
+    /// Whether `ΔL` comes from the job's measurements of both plans (`false`: the cost model).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub measured: bool,
     /// `L̂_tran` as calibrated, seconds (`null` when not finite).
     pub l_tran_s: Option<f64>,
     /// Measured over predicted transition seconds so far, the factor `L̂_tran` carries.

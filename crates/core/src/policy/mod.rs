@@ -5,10 +5,13 @@
 //! - [`Monitor`]: per drifting signal a reference (reset after every replan, admitted or not)
 //!   and a horizon `H_x`, the exponential moving average of the steps between threshold
 //!   crossings (updated at crossings only; 1 before the first interval).
-//! - Triggers: a pool change and a predicted memory violation are urgent; a signal whose
-//!   relative drift from its reference passes its threshold is opportunistic.
+//! - Triggers (docs/operations.md, "The controller", says where each comes from): a pool that
+//!   shrinks (a rank lost) and a predicted memory violation are urgent; a pool that grows, a
+//!   signal whose relative drift from its reference passes its threshold, and a standing gap (the
+//!   plan in force is not the planner's best, kept under watch by the controller) are
+//!   opportunistic.
 //! - [`admit`]: urgent targets are taken (profitability waived); opportunistic ones when
-//!   `ΔL > 0` and `L_tran / ΔL ≤ γ · H` (the smallest `H` of the signals that fired), by mode.
+//!   `ΔL > 0` and `L_tran / ΔL ≤ γ · H` (the smallest `H` of the triggers that fired), by mode.
 
 use serde::{Deserialize, Serialize};
 
@@ -16,6 +19,7 @@ use crate::config::PolicyMode;
 
 pub mod controller;
 mod decision;
+pub mod memory;
 
 pub use decision::{Admission, Decision, TransitionKind};
 
@@ -41,12 +45,20 @@ impl Signal {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Trigger {
-    /// The pool grew or shrank.
-    PoolChange,
+    /// The pool shrank, or a rank was lost: the plan's ranks are not all there any more.
+    PoolShrink,
     /// The next step is predicted not to fit under the current plan.
     MemoryViolation,
+    /// The pool grew: faster plans may now exist (the GPU pool's horizon prices them).
+    PoolGrowth,
     /// A signal drifted past its threshold.
     Drift(Signal),
+    /// The plan in force has stayed short of the planner's best (a rejected target, a fallback,
+    /// a blocked transition): offered again, priced with the standing horizon.
+    StandingGap,
+    /// The plan an opportunistic move entered measured slower than the plan it left: going back
+    /// is offered, priced on both plans' measurements ([`memory`]).
+    Regret,
     /// `every-k`: the k-th step since the last switch.
     Schedule,
 }
@@ -54,7 +66,7 @@ pub enum Trigger {
 impl Trigger {
     /// Whether the current plan cannot go on (profitability waived).
     pub fn is_urgent(self) -> bool {
-        matches!(self, Trigger::PoolChange | Trigger::MemoryViolation)
+        matches!(self, Trigger::PoolShrink | Trigger::MemoryViolation)
     }
 }
 
@@ -86,7 +98,7 @@ impl Observation {
 }
 
 /// Drift thresholds per signal.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Thresholds {
     /// Relative change of the mean response length (`δ_len`).
     pub response_length: f64,
@@ -104,7 +116,7 @@ impl Thresholds {
 }
 
 /// One signal's reference and horizon.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Track {
     /// The value at the last replan (or the first observation).
     pub reference: Option<f64>,
@@ -122,18 +134,22 @@ impl Default for Track {
     }
 }
 
-/// References and horizons of every signal, and the pool last seen.
-#[derive(Debug, Clone, PartialEq)]
+/// References and horizons of every signal, and the pool last seen with its own horizon.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Monitor {
     thresholds: Thresholds,
     tracks: [Track; 2],
     pool: Option<u32>,
+    /// When the pool changed (`last_crossing`) and `H_pool`, the moving average of the steps
+    /// between changes (the GPU pool's horizon, paper §4).
+    #[serde(default)]
+    pool_track: Track,
 }
 
 impl Monitor {
     /// A monitor with no reference yet (the first observation sets them).
     pub fn new(thresholds: Thresholds) -> Monitor {
-        Monitor { thresholds, tracks: [Track::default(); 2], pool: None }
+        Monitor { thresholds, tracks: [Track::default(); 2], pool: None, pool_track: Track::default() }
     }
 
     /// A signal's reference and horizon.
@@ -145,9 +161,20 @@ impl Monitor {
     /// signal's horizon; references stay until [`Monitor::replanned`].
     pub fn observe(&mut self, o: &Observation) -> Vec<Trigger> {
         let mut fired = Vec::new();
-        if self.pool.is_some_and(|p| p != o.pool) {
-            fired.push(Trigger::PoolChange);
+        match self.pool {
+            Some(p) if o.pool < p => fired.push(Trigger::PoolShrink),
+            Some(p) if o.pool > p => fired.push(Trigger::PoolGrowth),
+            _ => {}
         }
+        if self.pool.is_some_and(|p| p != o.pool) {
+            let track = &mut self.pool_track;
+            let since = track.last_crossing.or(track.reference_step).filter(|&s| s < o.step);
+            if let Some(since) = since {
+                track.horizon = HORIZON_SMOOTHING * (o.step - since) as f64 + (1.0 - HORIZON_SMOOTHING) * track.horizon;
+            }
+            track.last_crossing = Some(o.step);
+        }
+        self.pool_track.reference_step.get_or_insert(o.step);
         self.pool = Some(o.pool);
         if o.memory_violation {
             fired.push(Trigger::MemoryViolation);
@@ -198,17 +225,36 @@ impl Monitor {
         }
     }
 
-    /// The horizon the admission uses for `triggers`: the smallest `H_x` of the signals that
-    /// fired (1 when none drifted).
-    pub fn horizon(&self, triggers: &[Trigger]) -> f64 {
+    /// The horizon the admission uses for `triggers` at `step`: the smallest `H_x` of the
+    /// signals that fired, `H_pool` for a pool's growth, and the standing horizon for a standing
+    /// gap; 1 when none of these.
+    pub fn horizon(&self, triggers: &[Trigger], step: u64) -> f64 {
         triggers
             .iter()
             .filter_map(|t| match t {
                 Trigger::Drift(s) => Some(self.tracks[*s as usize].horizon),
+                Trigger::PoolGrowth => Some(self.pool_track.horizon),
+                Trigger::StandingGap | Trigger::Regret => Some(self.standing_horizon(step)),
                 _ => None,
             })
             .fold(None, |best: Option<f64>, h| Some(best.map_or(h, |b| b.min(h))))
             .unwrap_or(1.0)
+    }
+
+    /// How long the conditions a plan is made for are expected to hold from `step` on: per
+    /// signal and for the pool, the larger of its horizon and the steps since it last crossed
+    /// (a signal quiet for longer than its average interval has shown it lasts longer), the
+    /// smallest of these. It grows by one a step while nothing crosses.
+    pub fn standing_horizon(&self, step: u64) -> f64 {
+        self.tracks
+            .iter()
+            .chain(std::iter::once(&self.pool_track))
+            .map(|t| {
+                let quiet = t.last_crossing.or(t.reference_step).map_or(0, |s| step.saturating_sub(s));
+                t.horizon.max(quiet as f64)
+            })
+            .fold(f64::INFINITY, f64::min)
+            .max(1.0)
     }
 }
 
@@ -227,6 +273,10 @@ pub struct Proposal {
     pub horizon: f64,
     /// Whether the target changes a model-stage's TP/PP layout (static mode refuses those).
     pub changes_layout: bool,
+    /// Whether the pool grew (static mode follows it with DP).
+    pub pool_growth: bool,
+    /// Whether `ΔL` comes from the job's measurements of both plans rather than the model.
+    pub measured: bool,
 }
 
 /// The verdict.
@@ -260,7 +310,11 @@ pub fn admit(mode: PolicyMode, p: &Proposal, gamma: f64, gain_threshold: f64) ->
         PolicyMode::Greedy | PolicyMode::EveryK => {
             yes(TransitionKind::Opportunistic, format!("ΔL = {:.4} s > 0", p.delta_l_s))
         }
-        // The baseline's DP moves with the pool (an urgent trigger) and nothing else.
+        // The baseline's DP follows the pool (a shrink is urgent, a growth taken as it comes)
+        // and nothing else moves it.
+        PolicyMode::Static if p.pool_growth => {
+            yes(TransitionKind::Opportunistic, "static policy: DP follows the pool".into())
+        }
         PolicyMode::Static => no("static policy: only a pool change moves DP".into()),
         PolicyMode::Nereus => {
             if gamma == 0.0 {

@@ -3,7 +3,16 @@
 use super::*;
 
 fn proposal(delta_l_s: f64, l_tran_s: f64, horizon: f64) -> Proposal {
-    Proposal { urgent: false, delta_l_s, l_tran_s, current_s: 10.0, horizon, changes_layout: true }
+    Proposal {
+        urgent: false,
+        delta_l_s,
+        l_tran_s,
+        current_s: 10.0,
+        horizon,
+        changes_layout: true,
+        pool_growth: false,
+        measured: false,
+    }
 }
 
 #[test]
@@ -68,8 +77,13 @@ fn horizons_move_only_at_crossings() {
     assert!(m.observe(&observation(6, 14.0)).contains(&Trigger::Drift(Signal::ResponseLength)));
     let h = m.track(Signal::ResponseLength).horizon;
     assert_eq!(h, 0.5 * 4.0 + 0.5 * first);
-    assert_eq!(m.horizon(&[Trigger::Drift(Signal::ResponseLength), Trigger::MemoryViolation]), h);
-    assert_eq!(m.horizon(&[Trigger::PoolChange]), 1.0);
+    assert_eq!(m.horizon(&[Trigger::Drift(Signal::ResponseLength), Trigger::MemoryViolation], 6), h);
+    assert_eq!(m.horizon(&[Trigger::PoolShrink], 6), 1.0);
+    // A standing gap's horizon: per signal the larger of its horizon and the steps it has been
+    // quiet, the smallest of those — the length (crossed at 6) at once, 14 steps later.
+    assert_eq!(m.horizon(&[Trigger::StandingGap], 6), h);
+    assert_eq!(m.horizon(&[Trigger::StandingGap], 20), 14.0, "latency and pool quiet for 20 steps");
+    assert_eq!(m.standing_horizon(20), 14.0);
 }
 
 #[test]
@@ -84,12 +98,29 @@ fn references_reset_after_a_replan_even_a_rejected_one() {
 }
 
 #[test]
-fn pool_changes_and_memory_violations_are_urgent() {
+fn shrinks_and_memory_violations_are_urgent_growth_has_its_own_horizon() {
     let mut m = monitor();
     m.observe(&observation(0, 10.0));
     let shrunk = Observation { pool: 6, memory_violation: true, ..observation(1, 10.0) };
     let fired = m.observe(&shrunk);
-    assert_eq!(fired, vec![Trigger::PoolChange, Trigger::MemoryViolation]);
+    assert_eq!(fired, vec![Trigger::PoolShrink, Trigger::MemoryViolation]);
     assert!(fired.iter().all(|t| t.is_urgent()));
     assert!(!Trigger::Drift(Signal::StepLatency).is_urgent());
+    // The pool comes back 5 steps later: a growth, not urgent, priced with H_pool.
+    let grown = Observation { pool: 8, ..observation(6, 10.0) };
+    assert_eq!(m.observe(&grown), vec![Trigger::PoolGrowth]);
+    assert!(!Trigger::PoolGrowth.is_urgent());
+    let h = m.horizon(&[Trigger::PoolGrowth], 6);
+    assert_eq!(h, 0.5 * 5.0 + 0.5 * (0.5 * 1.0 + 0.5 * 1.0), "changes at steps 1 and 6: {h}");
+}
+
+#[test]
+fn the_static_baseline_follows_a_growing_pool_and_nothing_else() {
+    let grow = Proposal { pool_growth: true, changes_layout: false, ..proposal(1.0, 100.0, 1.0) };
+    assert!(admit(PolicyMode::Static, &grow, 0.5, 0.0).admitted);
+    assert!(!admit(PolicyMode::Static, &Proposal { pool_growth: false, ..grow }, 0.5, 0.0).admitted);
+    assert!(!admit(PolicyMode::Static, &Proposal { changes_layout: true, ..grow }, 0.5, 0.0).admitted);
+    // Nereus prices the same growth: a transition that does not pay back in the pool's
+    // horizon is not taken.
+    assert!(!admit(PolicyMode::Nereus, &grow, 0.5, 0.0).admitted);
 }

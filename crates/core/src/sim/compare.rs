@@ -1,7 +1,10 @@
-//! Several policies, and several γ for Nereus, over one trace: what `nereus simulate` and
-//! `nereus bench simulate` run, the table they print and the files they read.
+//! Several policies, and several γ for Nereus, over one trace on several seeds' machines: what
+//! `nereus simulate` and `nereus bench simulate` run, the table they print (mean and spread
+//! over the seeds, and each policy against Nereus seed by seed) and the files they read.
 
 use std::path::Path;
+
+use serde::Serialize;
 
 use super::{simulate, PolicyRun, RunSummary, SimError, SimOptions, SimStep, Trace};
 use crate::config::{JobConfig, PolicyMode};
@@ -17,11 +20,15 @@ pub struct Comparison {
     pub policies: Vec<PolicyMode>,
     /// γ values for `nereus` (empty: the job's; the other policies run once, at the job's).
     pub gammas: Vec<f64>,
-    /// The ground truth, the restart model and the calibration.
+    /// The ground truth (its seed replaced by each of `seeds`), the restart model and the
+    /// calibration.
     pub options: SimOptions,
+    /// The seeds: each is another machine ([`super::Truth`]), run by every policy.
+    pub seeds: Vec<u64>,
 }
 
-/// Every (policy, γ) of `comparison` over `trace`: summaries and steps.
+/// Every (policy, γ) of `comparison` over `trace` on every seed: summaries and steps, seed
+/// after seed.
 pub fn compare(
     config: &JobConfig,
     trace: &Trace,
@@ -41,10 +48,97 @@ pub fn compare(
         let job_gamma = [config.policy.gamma];
         let runs: &[f64] = if mode == PolicyMode::Nereus { &gammas } else { &job_gamma };
         for &gamma in runs {
-            out.push(simulate(config, &points, PolicyRun { mode, gamma }, &comparison.options)?);
+            for &seed in &comparison.seeds {
+                let options =
+                    SimOptions { truth: super::Truth { seed, ..comparison.options.truth }, ..comparison.options };
+                out.push(simulate(config, &points, PolicyRun { mode, gamma }, &options)?);
+            }
         }
     }
     Ok(out)
+}
+
+/// A value's mean, sample standard deviation, least and greatest over seeds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Spread {
+    /// Mean.
+    pub mean: f64,
+    /// Sample standard deviation (0 for one seed).
+    pub sd: f64,
+    /// Least.
+    pub min: f64,
+    /// Greatest.
+    pub max: f64,
+}
+
+impl Spread {
+    /// The spread of `xs` (all zero when empty).
+    pub fn of(xs: &[f64]) -> Spread {
+        if xs.is_empty() {
+            return Spread { mean: 0.0, sd: 0.0, min: 0.0, max: 0.0 };
+        }
+        let n = xs.len() as f64;
+        let mean = xs.iter().sum::<f64>() / n;
+        let var = if xs.len() > 1 { xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0) } else { 0.0 };
+        let min = xs.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = xs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        Spread { mean, sd: var.sqrt(), min, max }
+    }
+}
+
+/// One (policy, γ) over the seeds (an element of `policies` in `--json`).
+#[derive(Debug, Clone, Serialize)]
+pub struct PolicySpread {
+    /// The policy.
+    pub policy: PolicyMode,
+    /// γ.
+    pub gamma: f64,
+    /// Seeds run.
+    pub seeds: usize,
+    /// Mean seconds per step (transitions and restarts amortized), over the seeds.
+    pub mean_step_s: Spread,
+    /// Transitions per run.
+    pub transitions: Spread,
+    /// Opportunistic transitions per run.
+    pub opportunistic: Spread,
+    /// Transitions' share of the run time, percent.
+    pub transition_share_pct: Spread,
+    /// Restarts per run.
+    pub restarts: Spread,
+    /// Seed by seed, this policy's mean step over Nereus's at the job's γ on the same machine
+    /// (`None` when that run is not in the comparison): above 1, Nereus was faster.
+    pub over_nereus: Option<Spread>,
+}
+
+/// Groups `runs` by (policy, γ), in the order they first appear.
+pub fn spreads(runs: &[RunSummary], job_gamma: f64) -> Vec<PolicySpread> {
+    let mut keys: Vec<(PolicyMode, f64)> = Vec::new();
+    for r in runs {
+        if !keys.iter().any(|&(p, g)| p == r.policy && g == r.gamma) {
+            keys.push((r.policy, r.gamma));
+        }
+    }
+    let nereus =
+        |seed: u64| runs.iter().find(|r| r.policy == PolicyMode::Nereus && r.gamma == job_gamma && r.seed == seed);
+    keys.into_iter()
+        .map(|(policy, gamma)| {
+            let mine: Vec<&RunSummary> = runs.iter().filter(|r| r.policy == policy && r.gamma == gamma).collect();
+            let of = |f: &dyn Fn(&RunSummary) -> f64| Spread::of(&mine.iter().map(|r| f(r)).collect::<Vec<_>>());
+            let ratios: Option<Vec<f64>> =
+                mine.iter().map(|r| nereus(r.seed).map(|n| r.mean_step_s / n.mean_step_s)).collect();
+            PolicySpread {
+                policy,
+                gamma,
+                seeds: mine.len(),
+                mean_step_s: of(&|r| r.mean_step_s),
+                transitions: of(&|r| r.transitions as f64),
+                opportunistic: of(&|r| r.opportunistic as f64),
+                transition_share_pct: of(&|r| 100.0 * r.transition_share),
+                restarts: of(&|r| r.restarts as f64),
+                over_nereus: ratios.map(|r| Spread::of(&r)),
+            }
+        })
+        .collect()
 }
 
 /// Reads and parses a trace file.
@@ -75,18 +169,48 @@ pub fn read_calibration(path: &Path) -> Result<Efficiencies, SimError> {
 
 /// `policy`, or `nereus γ=0.5`.
 pub fn run_name(s: &RunSummary) -> String {
-    if s.policy == PolicyMode::Nereus {
-        format!("{} γ={}", s.policy.name(), s.gamma)
+    policy_name(s.policy, s.gamma)
+}
+
+fn policy_name(policy: PolicyMode, gamma: f64) -> String {
+    if policy == PolicyMode::Nereus {
+        format!("{} γ={}", policy.name(), gamma)
     } else {
-        s.policy.name().to_string()
+        policy.name().to_string()
     }
+}
+
+/// The policies over their seeds as a table: mean ± sd of the mean step, each against Nereus
+/// seed by seed, and the transitions and restarts per run.
+pub fn spread_table(spreads: &[PolicySpread]) -> String {
+    let mut text = format!(
+        "{:<16} {:>5} {:>20} {:>18} {:>7} {:>6} {:>8} {:>6}\n",
+        "policy", "seeds", "mean step s", "over nereus", "trans", "opp", "share %", "rest"
+    );
+    for p in spreads {
+        let m = p.mean_step_s;
+        let ratio = p.over_nereus.map_or("-".into(), |r| format!("{:.4} ± {:.4}", r.mean, r.sd));
+        text += &format!(
+            "{:<16} {:>5} {:>20} {:>18} {:>7.1} {:>6.1} {:>8.4} {:>6.1}\n",
+            policy_name(p.policy, p.gamma),
+            p.seeds,
+            format!("{:.2} ± {:.2}", m.mean, m.sd),
+            ratio,
+            p.transitions.mean,
+            p.opportunistic.mean,
+            p.transition_share_pct.mean,
+            p.restarts.mean,
+        );
+    }
+    text
 }
 
 /// The runs as a table, one line per run.
 pub fn table(runs: &[RunSummary]) -> String {
     let mut text = format!(
-        "{:<16} {:>6} {:>11} {:>12} {:>5} {:>4} {:>4} {:>10} {:>8} {:>6} {:>5} {:>7}\n",
+        "{:<16} {:>5} {:>6} {:>11} {:>12} {:>5} {:>4} {:>4} {:>10} {:>8} {:>6} {:>5} {:>7}\n",
         "policy",
+        "seed",
         "steps",
         "mean step s",
         "total s",
@@ -101,8 +225,9 @@ pub fn table(runs: &[RunSummary]) -> String {
     );
     for r in runs {
         text += &format!(
-            "{:<16} {:>6} {:>11.2} {:>12.1} {:>5} {:>4} {:>4} {:>10.2} {:>8.4} {:>6} {:>5} {:>7.2}\n",
+            "{:<16} {:>5} {:>6} {:>11.2} {:>12.1} {:>5} {:>4} {:>4} {:>10.2} {:>8.4} {:>6} {:>5} {:>7.2}\n",
             run_name(r),
+            r.seed,
             r.steps,
             r.mean_step_s,
             r.total_s,

@@ -1,5 +1,6 @@
-//! `nereus simulate`: a job at cluster scale, driven by a trace, on one process. Pure: the
-//! cost model is the ground truth (optionally wrong by a seeded error: [`truth`]), and every decision is the live runtime's — the same
+//! `nereus simulate`: a job at cluster scale, driven by a trace, on one process. Pure: a
+//! seeded machine that is not the cost model is the ground truth ([`truth`]), and every
+//! decision and calibration is the live runtime's — the same
 //! [`initial_plan`](crate::planner::initial_plan), [`Controller`](crate::policy::controller::Controller)
 //! (monitor, triggers, replan with the planner, executable target with the transition DAG,
 //! admission) — so what the simulator says a policy does is what `nereus train` would do.
@@ -9,7 +10,7 @@
 //! - [`compare`]: several policies (and γ values) over one trace, as a table.
 //! - [`run`]: the loop, its step records and run summaries, and [`run::replay`] of recorded
 //!   steps through the controller.
-//! - [`truth`]: what a step really takes when the cost model is wrong.
+//! - [`truth`]: what a step and a transition really take on the simulated machine.
 //! - [`plot`]: step latency per policy over the run, transitions marked, length and pool on a
 //!   second axis (SVG).
 
@@ -22,7 +23,9 @@ pub mod truth;
 
 use thiserror::Error;
 
-pub use compare::{compare, read_calibration, read_trace, run_name, table, Comparison};
+pub use compare::{
+    compare, read_calibration, read_trace, run_name, spread_table, spreads, table, Comparison, PolicySpread, Spread,
+};
 pub use run::{replay, simulate, Job, PolicyRun, RestartModel, RunSummary, SimOptions, SimStep};
 pub use trace::{Point, Trace, TraceRow};
 pub use truth::Truth;

@@ -1,10 +1,12 @@
-//! The simulation loop: a job's controller driven by a trace, with the cost model as ground
-//! truth. Each step runs the current plan at the trace's length (responses are cut at the
-//! response cap, as the engine cuts them); the step's record goes to
-//! [`Controller::decide`] — the live runtime's decision, unchanged — with the next step's pool;
-//! an admitted target is taken at its predicted `L̂_tran`; a stop (nothing reachable fits)
-//! costs a checkpoint and a restart ([`RestartModel`]) into the plan `nereus train --resume`
-//! would start with on the new pool.
+//! The simulation loop: a job's controller driven by a trace on a simulated machine
+//! ([`Truth`]). Each step runs the current plan at the trace's lengths (jittered, cut at the
+//! response cap as the engine cuts them) at the machine's speeds; the step's record — seconds
+//! per phase and per operation class, as the live engine's timers give them — goes to
+//! [`Controller::decide`] (the live runtime's decision and calibration, unchanged) with the
+//! next step's pool; an admitted target takes the machine's transition time, which the
+//! controller is told as the live job tells it; a stop (nothing reachable fits) costs a
+//! checkpoint and a restart ([`RestartModel`]) into the plan `nereus train --resume` would
+//! start with on the new pool.
 
 use serde::Serialize;
 
@@ -133,7 +135,7 @@ pub struct SimOptions {
     pub efficiencies: Option<Efficiencies>,
     /// What a stop costs.
     pub restart: RestartModel,
-    /// How wrong the cost model is (default: exact).
+    /// The simulated machine.
     pub truth: Truth,
 }
 
@@ -144,6 +146,8 @@ pub struct SimStep {
     pub policy: PolicyMode,
     /// γ.
     pub gamma: f64,
+    /// The machine's seed.
+    pub seed: u64,
     /// The trace's step.
     pub step: u64,
     /// The trace's mean response length.
@@ -154,9 +158,12 @@ pub struct SimStep {
     pub gpus: u32,
     /// The response cap the plan is sized for.
     pub cap: u32,
-    /// Simulated step seconds (`L̂_step` of the plan at the trace's length, cut at the cap,
-    /// times the [`Truth`]'s factor); 0 when the step could not run.
+    /// Step seconds on the simulated machine ([`Truth::step`] at the trace's lengths, jittered
+    /// and cut at the cap); 0 when the step could not run.
     pub step_s: f64,
+    /// What the controller's calibrated cost model predicted for the step (0 when it could not
+    /// run).
+    pub predicted_step_s: f64,
     /// The plan, `role/stage tp×pp×dp, …` (empty when none runs).
     pub plan: String,
     /// The controller's decision record (as in the live JSON lines).
@@ -169,13 +176,16 @@ pub struct SimStep {
     pub infeasible: bool,
 }
 
-/// A simulated transition, taken at its predicted (calibrated) `L̂_tran`.
+/// A simulated transition: the seconds the machine took ([`Truth::transition_seconds`])
+/// beside the calibrated `L̂_tran` the admission weighed.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct SimTransition {
     /// How it was admitted.
     pub kind: TransitionKind,
-    /// Its seconds.
+    /// Its seconds on the simulated machine.
     pub seconds: f64,
+    /// `L̂_tran` as the controller predicted it.
+    pub predicted_seconds: f64,
 }
 
 /// One policy's run over a trace (an element of `runs` in `--json`).
@@ -185,6 +195,8 @@ pub struct RunSummary {
     pub policy: PolicyMode,
     /// γ.
     pub gamma: f64,
+    /// The machine's seed ([`Truth::seed`]).
+    pub seed: u64,
     /// Steps of the trace.
     pub steps: u64,
     /// Seconds per step of the run: step, transition and restart seconds over the steps that
@@ -232,7 +244,7 @@ pub fn simulate(
         // policy.initial_response_len; without it, the plan is made for rl.max_response_len).
         config.policy.initial_response_len = (start.seq_len_p95.ceil() as u32).clamp(1, config.rl.max_response_len);
     }
-    let mut sim = Sim { config, run, options, job: None };
+    let mut sim = Sim { config, run, options, job: None, transitions: 0 };
     let mut steps = Vec::with_capacity(points.len());
     for (i, p) in points.iter().enumerate() {
         let next_pool = points.get(i + 1).map_or(p.gpus, |n| n.gpus);
@@ -251,6 +263,8 @@ struct Sim<'o> {
     options: &'o SimOptions,
     /// The running job; `None` after a stop or while no plan fits the pool.
     job: Option<Job>,
+    /// Transitions made so far (each draws its own time).
+    transitions: u64,
 }
 
 impl Sim<'_> {
@@ -261,20 +275,27 @@ impl Sim<'_> {
             // step's pool.
             self.job = Job::start(&self.config, p.gpus, self.options.efficiencies).ok();
         }
-        let truth_efficiencies = self.options.efficiencies.unwrap_or_default();
+        let start_efficiencies = self.options.efficiencies.unwrap_or_default();
         let Some(running) = self.job.as_mut() else {
-            return Ok(waiting(self.run, p));
+            return Ok(waiting(self.run, self.options.truth.seed, p));
         };
+        let truth = &self.options.truth;
         let cap = running.controller.cap();
-        let len = p.seq_len_p95.min(f64::from(cap));
-        let truth = running.base.replanned(p.gpus, len.ceil() as u64, truth_efficiencies)?;
-        let step_s = truth.predict(&running.plan) * self.options.truth.factor(&running.plan, p.step);
+        // The lengths the step ran: the trace's, jittered, cut at the cap as the engine cuts.
+        let lengths = truth.length_factor(p.step);
+        let len = (p.seq_len_p95 * lengths).min(f64::from(cap));
+        let at_len = running.base.replanned(p.gpus, len.ceil() as u64, start_efficiencies)?;
+        let measured = truth.step(&at_len, &start_efficiencies, &running.plan, p.step)?;
+        let step_s = measured.stages.total();
+        let calibrated = at_len.replanned(p.gpus, at_len.response_len(), running.controller.efficiencies())?;
+        let predicted_step_s = calibrated.predict(&running.plan);
         let record = StepRecord {
             step: p.step,
-            response_len_mean: p.seq_len_mean.min(f64::from(cap)),
+            response_len_mean: (p.seq_len_mean * lengths).min(f64::from(cap)),
             response_len_p95: len,
             step_seconds: step_s,
-            stage_seconds: None,
+            stage_seconds: Some(measured.stages),
+            op_seconds: Some(measured.ops),
             pool_size: Some(next_pool),
             lost_ranks: Vec::new(),
             transition: None,
@@ -283,12 +304,20 @@ impl Sim<'_> {
         let action = running.boundary(&record)?;
         let transition = action.target.as_ref().map(|_| {
             let decision = action.decision.as_ref();
+            let admission = decision.and_then(|d| d.admission);
+            // The DAG's critical path before the controller's transition calibration: what the
+            // machine's transition time scatters around, and what the controller learns from.
+            let predicted = admission.and_then(|a| a.l_tran_s.map(|l| l / a.l_tran_calibration)).unwrap_or(0.0);
+            self.transitions += 1;
+            let seconds = truth.transition_seconds(predicted, self.transitions);
+            running.controller.transitioned(predicted, seconds);
             SimTransition {
                 kind: decision.and_then(|d| d.kind).unwrap_or(TransitionKind::Urgent),
-                seconds: decision.and_then(|d| d.admission).and_then(|a| a.l_tran_s).unwrap_or(0.0),
+                seconds,
+                predicted_seconds: admission.and_then(|a| a.l_tran_s).unwrap_or(0.0),
             }
         });
-        let stopped = action.stop.is_some() || !fits(running, next_pool, truth_efficiencies)?;
+        let stopped = action.stop.is_some() || !fits(running, next_pool, start_efficiencies)?;
         let restart_s = if stopped { self.options.restart.seconds(&running.base) } else { 0.0 };
         if stopped {
             // The operator restarts the job (`nereus train --resume latest`) told the length it
@@ -300,12 +329,14 @@ impl Sim<'_> {
         Ok(SimStep {
             policy: self.run.mode,
             gamma: self.run.gamma,
+            seed: self.options.truth.seed,
             step: p.step,
             seq_len_mean: p.seq_len_mean,
             seq_len_p95: p.seq_len_p95,
             gpus: p.gpus,
             cap,
             step_s,
+            predicted_step_s,
             plan,
             decision: action.decision,
             transition,
@@ -326,16 +357,18 @@ fn fits(job: &Job, pool: u32, efficiencies: Efficiencies) -> Result<bool, SimErr
 }
 
 /// A step no plan fits: the job waits.
-fn waiting(run: PolicyRun, p: &Point) -> SimStep {
+fn waiting(run: PolicyRun, seed: u64, p: &Point) -> SimStep {
     SimStep {
         policy: run.mode,
         gamma: run.gamma,
+        seed,
         step: p.step,
         seq_len_mean: p.seq_len_mean,
         seq_len_p95: p.seq_len_p95,
         gpus: p.gpus,
         cap: 0,
         step_s: 0.0,
+        predicted_step_s: 0.0,
         plan: String::new(),
         decision: None,
         transition: None,
@@ -357,6 +390,7 @@ pub fn summarize(run: PolicyRun, steps: &[SimStep]) -> RunSummary {
     RunSummary {
         policy: run.mode,
         gamma: run.gamma,
+        seed: steps.first().map_or(0, |s| s.seed),
         steps: steps.len() as u64,
         mean_step_s: if ran.is_empty() { 0.0 } else { total_s / ran.len() as f64 },
         mean_compute_step_s: if ran.is_empty() { 0.0 } else { step_total / ran.len() as f64 },

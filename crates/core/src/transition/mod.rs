@@ -22,4 +22,4 @@ pub mod testing;
 
 pub use global::{NodeTiming, Schedule, TransitionDag, TransitionError};
 pub use local::{Primitive, Unit, UnitId};
-pub use target::{cheaper_targets, choose, TargetChoice};
+pub use target::{cheaper_targets, choose, toward, TargetChoice};

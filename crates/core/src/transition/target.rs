@@ -122,6 +122,13 @@ pub fn choose(planner: &Planner, current: &Plan, links: &Links) -> Result<Target
     Ok(keep(Some(first_block.to_string())))
 }
 
+/// The move from `current` to `target`, a plan of `planner`'s pool (`None` when no DAG reaches
+/// it): how a controller goes back to a plan it left.
+pub fn toward(planner: &Planner, current: &Plan, target: &Plan, links: &Links) -> Option<TargetChoice> {
+    let dag = TransitionDag::plan(current, target, &state_bytes(planner), links, true).ok()?;
+    Some(reached(planner.evaluate(target), dag, planner.predict(current), 0))
+}
+
 fn reached(target: PlannedJob, dag: TransitionDag, current_seconds: f64, fallback_rank: usize) -> TargetChoice {
     TargetChoice {
         delta_l_s: current_seconds - target.step_latency_s,

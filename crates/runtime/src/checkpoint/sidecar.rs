@@ -9,6 +9,8 @@ use sha2::{Digest as _, Sha256};
 
 use super::error::CheckpointError;
 use nereus_core::config::ModelSpec;
+use nereus_core::plan::Plan;
+use nereus_core::policy::controller::ControllerState;
 use nereus_exec::emu::Counters;
 
 /// Sidecar format version (2: architectures, file digests, atomic directories; 3: every model a
@@ -85,6 +87,13 @@ pub struct Sidecar {
     /// checkpoints written before lineages were recorded).
     #[serde(default, skip_serializing_if = "Lineage::is_unset")]
     pub lineage: Lineage,
+    /// The plan the job ran under when it was written (absent from older checkpoints).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<Plan>,
+    /// What the controller had learned (absent under `policy.mode = "off"` and from older
+    /// checkpoints): a resumed run continues with it and decides as an uninterrupted one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub controller: Option<ControllerState>,
     /// SHA-256 of this sidecar as written with this field empty: an edited or damaged
     /// `state.json` is refused as such ([`Sidecar::seal`]).
     pub sha256: String,

@@ -19,6 +19,7 @@ use nereus_exec::emu::EmuSet;
 use nereus_exec::rl::{RlJob, StepMetrics};
 
 use super::fault::surviving;
+use super::job::InForce;
 use super::record::Predicted;
 use super::sources::{create_replica, from_checkpoint};
 use super::start::next_pool;
@@ -63,7 +64,7 @@ impl TrainJob<'_> {
         &mut self,
         step: u64,
         m: &StepMetrics,
-        in_force: &super::job::InForce,
+        in_force: &InForce,
         e: RuntimeError,
     ) -> RuntimeError {
         if e.reported_by_root() {
@@ -77,7 +78,7 @@ impl TrainJob<'_> {
     /// The boundary after step `step`: a declared rank loss, the controller's decision on the
     /// step with the next step's pool, and what it asks for; a controller that finds nothing
     /// that fits checkpoints and stops the job.
-    pub fn boundary(&mut self, step: u64, m: &StepMetrics) -> Result<Boundary, RuntimeError> {
+    pub fn boundary(&mut self, step: u64, m: &StepMetrics, in_force: &InForce) -> Result<Boundary, RuntimeError> {
         if self.config.policy.mode == PolicyMode::Off {
             return Ok(Boundary::default());
         }
@@ -89,7 +90,7 @@ impl TrainJob<'_> {
         let survivors = world - self.lost.len() as u32;
         let root = self.session.rank() == 0;
         let next_pool = root.then(|| next_pool(&self.pools, step + 1, self.pool).min(survivors));
-        let record = observed(step, m, next_pool, &self.lost);
+        let record = observed(step, m, in_force, next_pool, &self.lost);
         let action = decide(self.session, self.controller.as_mut(), &record, &self.plan)?;
         self.pool = action.pool;
         let mut boundary = self.act(&action)?;
@@ -184,13 +185,14 @@ impl TrainJob<'_> {
 
 /// What the controller is shown of step `step` (the same fields its JSON line carries), with
 /// the pool of the next step.
-fn observed(step: u64, m: &StepMetrics, pool_size: Option<u32>, lost_ranks: &[u32]) -> StepRecord {
+fn observed(step: u64, m: &StepMetrics, in_force: &InForce, pool_size: Option<u32>, lost_ranks: &[u32]) -> StepRecord {
     StepRecord {
         step,
         response_len_mean: m.stats.response_len_mean,
         response_len_p95: m.stats.response_len_p95,
         step_seconds: m.step_seconds,
         stage_seconds: Some(m.stage_seconds),
+        op_seconds: Some(in_force.slowest_ops),
         pool_size,
         lost_ranks: lost_ranks.to_vec(),
         transition: None,

@@ -1,7 +1,8 @@
 //! The live job: everything a running `nereus train` holds between steps, and its steps.
 
 use nereus_core::config::{JobConfig, OnNonFinite, PolicyMode};
-use nereus_core::plan::Plan;
+use nereus_core::cost::OpSeconds;
+use nereus_core::plan::{PerPhase, Plan};
 use nereus_core::policy::controller::Controller;
 use nereus_exec::comm::{max_over_ranks, MpiPlane};
 use nereus_exec::emu::EmuSet;
@@ -11,10 +12,10 @@ use super::console;
 use super::fault::{rank_fault, RankFault};
 use super::metrics::MetricsLog;
 use super::pool::{PoolSignal, PoolSource};
-use super::record::{held_bytes, Predicted};
+use super::record::{held_bytes, slowest_op_seconds, Predicted};
 use super::signals::{self, StopSignals};
 use super::sources::{create_state, from_checkpoint, initial_sources};
-use super::start::{agreed_pool, job_checks, pool_source, resume_directory, resume_marker};
+use super::start::{agreed_pool, continued, job_checks, pool_source, resume_directory, resume_marker};
 use super::timeline::Timeline;
 use super::TrainOptions;
 use crate::checkpoint::Checkpoints;
@@ -68,6 +69,9 @@ pub struct InForce {
     pub lost: Vec<u32>,
     /// Bytes every rank's ledger held at the end of the step (when the pool can change).
     pub held: Vec<u64>,
+    /// Per phase and operation class, the most seconds any rank's timers gave the step (the
+    /// step line records them; the controller calibrates with them).
+    pub slowest_ops: PerPhase<OpSeconds>,
 }
 
 impl<'s> TrainJob<'s> {
@@ -82,21 +86,30 @@ impl<'s> TrainJob<'s> {
         let pools = session.agree("pool", pool_source(config, options, world as u32))?;
         let first_step = resume_dir.as_deref().map_or(0, checkpoint_step);
         let pool = agreed_pool(session, &pools, first_step)?;
-        let (plan, planner, cap) = session.agree("job checks", job_checks(config, pool as i32))?;
-        let predicted = Predicted::of(&planner, &plan);
+        let fresh = session.agree("job checks", job_checks(config, pool as i32))?;
         let signals = signals::install()?;
         // SIGHUP re-reads the pool file at once (rank 0 says what the next boundary will do).
         let follows_pool = config.policy.mode != PolicyMode::Off;
         let pool_signal = (follows_pool && session.rank() == 0).then(|| PoolSignal::install(&pools)).transpose()?;
         let mut settings = StepSettings::new(config);
-        settings.sampling.max_new_tokens = cap as usize;
-        let controller = (config.policy.mode != PolicyMode::Off && session.rank() == 0)
-            .then(|| Controller::new(config, planner.clone(), cap));
+        settings.sampling.max_new_tokens = fresh.2 as usize;
         let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
-        let sources = match &resume_dir {
+        let mut sources = match &resume_dir {
             Some(dir) => from_checkpoint(session, dir, config, options)?,
             None => initial_sources(session, &mut plane, config, &settings, &out.join("warmup"))?,
         };
+        let base = fresh.1.clone();
+        let ((plan, planner, cap), state) = continued(config, pool, fresh, sources.saved_control.take())?;
+        settings.sampling.max_new_tokens = cap as usize;
+        let predicted = Predicted::of(&planner, &plan);
+        let controller = (config.policy.mode != PolicyMode::Off && session.rank() == 0).then(|| {
+            let mut c = Controller::new(config, base, cap);
+            if let Some(state) = state {
+                log::info!("the controller continues from the checkpoint's state: plan {plan}, response cap {cap}");
+                c.restore(state);
+            }
+            c
+        });
         let set = create_state(&mut plane, config, &plan, &sources, world)?;
         let rl = RlJob::new(&mut plane, &set, plan.clone(), settings.clone())?;
         if session.rank() == 0 {
@@ -146,8 +159,8 @@ impl<'s> TrainJob<'s> {
         Ok(self.rl.step(&mut self.plane, &mut self.set, step)?)
     }
 
-    /// What is in force at the end of a step, before its boundary moves anything.
-    pub fn in_force(&mut self) -> Result<InForce, RuntimeError> {
+    /// What is in force at the end of step `m`, before its boundary moves anything.
+    pub fn in_force(&mut self, m: &StepMetrics) -> Result<InForce, RuntimeError> {
         // Ledgers at the end of the step (recorded when the pool can change). A pool file that
         // appears makes the job elastic from then on; one that goes away does not undo it.
         // Ranks may see the shared file at different moments, and the gather below needs
@@ -157,12 +170,14 @@ impl<'s> TrainJob<'s> {
             self.elastic = max_over_ranks(world, watchdog, "pool check", u64::from(self.pools.is_elastic())) > 0;
         }
         let held = if self.elastic { held_bytes(&mut self.plane, &self.set)? } else { Vec::new() };
+        let slowest_ops = slowest_op_seconds(&mut self.plane, self.set.world_size(), &m.op_seconds)?;
         Ok(InForce {
             plan: self.plan.clone(),
             predicted: self.predicted.clone(),
             pool: self.pool,
             lost: self.lost.clone(),
             held,
+            slowest_ops,
         })
     }
 

@@ -82,8 +82,8 @@ pub fn run_config(session: &Session, config: &JobConfig, options: &TrainOptions)
     let mut job = TrainJob::start(session, config, options)?;
     for step in job.first_step()..u64::from(config.job.steps) {
         let metrics = job.step(step)?;
-        let in_force = job.in_force()?;
-        let boundary = match job.boundary(step, &metrics) {
+        let in_force = job.in_force(&metrics)?;
+        let boundary = match job.boundary(step, &metrics, &in_force) {
             Ok(boundary) => boundary,
             Err(e) => return Err(job.record_before_failing(step, &metrics, &in_force, e)),
         };

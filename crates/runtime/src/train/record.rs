@@ -94,7 +94,6 @@ fn step_line(
         counters.entry(name).or_insert(record);
     }
     let measured = measured_peaks(plane, set)?;
-    let ops = slowest_op_seconds(plane, set.world_size(), &m.op_seconds)?;
     let predicted = &in_force.predicted;
     let worst = (0..measured.len()).max_by_key(|&r| measured[r].total()).unwrap_or(0);
     let (predicted_peak, predicted_worst) = predicted.peaks.max();
@@ -105,7 +104,7 @@ fn step_line(
         predicted_step_seconds: predicted.seconds.total(),
         stage_seconds: m.stage_seconds,
         predicted_stage_seconds: predicted.seconds,
-        op_seconds: Measured { measured: ops, predicted: predicted.op_seconds },
+        op_seconds: Measured { measured: in_force.slowest_ops, predicted: predicted.op_seconds },
         tokens_per_second: m.generated_tokens as f64 / m.step_seconds.max(1e-9),
         plan: placements(&in_force.plan),
         decision: boundary.decision.clone(),
@@ -130,7 +129,7 @@ fn step_line(
 }
 
 /// Per phase and operation class, the most seconds any rank spent (one all-gather).
-fn slowest_op_seconds(
+pub fn slowest_op_seconds(
     plane: &mut MpiPlane,
     world: i32,
     mine: &PerPhase<OpSeconds>,

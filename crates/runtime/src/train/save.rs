@@ -75,6 +75,9 @@ impl<'s> TrainJob<'s> {
             rng: "counter-based: draws are functions of (seed, sequence id, position)".into(),
             // The sequence is the writer's to give (rank 0, when it writes).
             lineage: Lineage { sequence: 0, resumed_from: self.resumed_from.clone() },
+            plan: Some(self.plan.clone()),
+            // Rank 0's, the writer's.
+            controller: self.controller.as_ref().map(|c| c.state().clone()),
             sha256: String::new(),
         }
     }

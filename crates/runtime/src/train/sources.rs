@@ -9,6 +9,7 @@ use nereus_core::config::{hf, JobConfig, ModelSpec};
 use nereus_core::model::{Catalogue, Numerics, OutputHead};
 use nereus_core::plan::{ModelStage, Placement, Plan, Role, Stage};
 use nereus_core::planner::catalogues;
+use nereus_core::policy::controller::ControllerState;
 use nereus_exec::comm::{DataPlane, MpiPlane};
 use nereus_exec::emu::{Counters, EmuError, EmuSet, LocalShard};
 use nereus_exec::engine::{init_piece, init_shard, EngineError};
@@ -36,6 +37,9 @@ pub(super) struct Sources {
     pub start_step: u64,
     /// The checkpoints the job continues from, oldest first (empty on a fresh start).
     pub resumed_from: Vec<String>,
+    /// The plan the checkpoint was written under and what the controller had learned (a
+    /// fresh start, or a checkpoint that does not record them: none).
+    pub saved_control: Option<(Plan, ControllerState)>,
 }
 
 /// Every replica of the plan, filled from `sources` (or the engine's initialization). Room is
@@ -135,7 +139,8 @@ pub(super) fn from_checkpoint(
         .collect();
     let mut resumed_from = resumed.sidecar.lineage.resumed_from.clone();
     resumed_from.extend(dir.file_name().map(|n| n.to_string_lossy().into_owned()));
-    Ok(Sources { files, counters, start_step: resumed.sidecar.step, resumed_from })
+    let saved_control = resumed.sidecar.plan.clone().zip(resumed.sidecar.controller.clone());
+    Ok(Sources { files, counters, start_step: resumed.sidecar.step, resumed_from, saved_control })
 }
 
 /// The catalogues of the job's models, each computing with its model's RoPE and RMSNorm
@@ -219,7 +224,7 @@ pub(super) fn initial_sources(
             files.insert(role, Source { params, optimizer: None });
         }
     }
-    Ok(Sources { files, counters: BTreeMap::new(), start_step: 0, resumed_from: Vec::new() })
+    Ok(Sources { files, counters: BTreeMap::new(), start_step: 0, resumed_from: Vec::new(), saved_control: None })
 }
 
 /// Opens the model directory of every model that starts from one, and checks its tensors

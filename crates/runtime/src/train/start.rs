@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use nereus_core::config::{DataPlane as PlaneKind, Dtype, JobConfig, PolicyMode, ResumeFrom};
 use nereus_core::plan::Plan;
 use nereus_core::planner::{initial_plan, Planner};
+use nereus_core::policy::controller::ControllerState;
 use nereus_core::record::Event;
 use nereus_core::units::format_bytes;
 use nereus_exec::backend::check_data_plane;
@@ -52,6 +53,33 @@ pub(super) fn job_checks(config: &JobConfig, world: i32) -> Result<(Plan, Planne
         )));
     }
     job_plan(config, world)
+}
+
+/// A plan, the planner that predicts it and the response cap it is made for.
+pub(super) type PlanAtCap = (Plan, Planner, u32);
+
+/// The plan, planner and response cap a resumed run continues with, and the controller state
+/// it continues from: the checkpoint's plan, and the controller's cap and calibration, where
+/// the checkpoint records them and the plan still runs on `pool` ranks within memory; else the
+/// fresh start's plan (`fresh`, from [`job_checks`]) with the saved state sized for it.
+pub(super) fn continued(
+    config: &JobConfig,
+    pool: u32,
+    fresh: PlanAtCap,
+    saved: Option<(Plan, ControllerState)>,
+) -> Result<(PlanAtCap, Option<ControllerState>), RuntimeError> {
+    let Some((plan, state)) = saved.filter(|_| config.policy.mode != PolicyMode::Off) else {
+        return Ok((fresh, None));
+    };
+    let planner = Planner::new(config, pool, Some(u64::from(state.cap())), state.efficiencies())?;
+    let fits =
+        plan.validate(pool).is_ok() && planner.rank_peaks(&plan).max().0 <= planner.cost().hardware.usable_bytes();
+    if !fits {
+        let cap = fresh.2;
+        return Ok((fresh, Some(state.resumed(cap, pool))));
+    }
+    let cap = state.cap();
+    Ok(((plan, planner, cap), Some(state.resumed(cap, pool))))
 }
 
 /// The plan the job starts with, the planner that predicts it and the response cap it is made

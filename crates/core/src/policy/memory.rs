@@ -1,0 +1,105 @@
+//! What the job measured on the plans it ran: the check on the cost model where it has been
+//! wrong (beyond the paper).
+//!
+//! The calibrated model is right on the plan it was fitted to. On other plans it can be wrong
+//! in ways no per-class calibration removes: a shape whose kernels or collectives run worse
+//! than its class averages. So for every plan the job has run, the controller keeps the step
+//! seconds it measured over what the *starting* model predicts at the step's length. The
+//! starting model is never recalibrated, so the ratio means the same thing at every step. A
+//! proposal between two plans the job has both run, at comparable lengths, is priced on these
+//! measurements instead of the model. After an opportunistic move, the plan left behind is
+//! offered back if the new plan measured slower ([`super::Trigger::Regret`]).
+
+use serde::{Deserialize, Serialize};
+
+use crate::plan::Plan;
+
+/// Plans remembered (the least recently run are forgotten first).
+const CAPACITY: usize = 32;
+/// Weight of the newest step in a plan's ratio (as the controller smooths step latency).
+const SMOOTHING: f64 = 0.3;
+
+/// One plan the job ran.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Ran {
+    /// The plan (the planner's ranks).
+    plan: Plan,
+    /// Measured over the starting model's predicted step seconds (smoothed).
+    ratio: f64,
+    /// The response length (p95) of its last step.
+    len: f64,
+    /// Its last step.
+    step: u64,
+}
+
+/// The plans the job ran and what they measured.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PlanMemory {
+    ran: Vec<Ran>,
+}
+
+impl PlanMemory {
+    /// Step `step` of `plan` ran responses of `len` tokens (p95) at `ratio` times the starting
+    /// model's seconds. Folded into the plan's ratio when its last step ran a length within
+    /// `tolerance` (relative) of this one; otherwise it replaces it.
+    pub fn record(&mut self, plan: &Plan, ratio: f64, len: f64, step: u64, tolerance: f64) {
+        if !(ratio.is_finite() && ratio > 0.0) {
+            return;
+        }
+        match self.ran.iter_mut().find(|r| r.plan == *plan) {
+            Some(r) if comparable(r.len, len, tolerance) => {
+                *r = Ran { ratio: SMOOTHING * ratio + (1.0 - SMOOTHING) * r.ratio, len, step, plan: r.plan.clone() }
+            }
+            Some(r) => *r = Ran { plan: r.plan.clone(), ratio, len, step },
+            None => {
+                if self.ran.len() == CAPACITY {
+                    let oldest = (0..self.ran.len()).min_by_key(|&k| self.ran[k].step).unwrap_or(0);
+                    self.ran.swap_remove(oldest);
+                }
+                self.ran.push(Ran { plan: plan.clone(), ratio, len, step });
+            }
+        }
+    }
+
+    /// `plan`'s measured ratio, when it ran responses within `tolerance` of `len` tokens.
+    pub fn ratio(&self, plan: &Plan, len: f64, tolerance: f64) -> Option<f64> {
+        self.ran.iter().find(|r| r.plan == *plan && comparable(r.len, len, tolerance)).map(|r| r.ratio)
+    }
+}
+
+fn comparable(a: f64, b: f64, tolerance: f64) -> bool {
+    (a / b - 1.0).abs() <= tolerance
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Layout;
+    use crate::plan::{Candidate, ModelStage, Placement, Recompute, Role, Stage};
+
+    fn plan(tp: u32) -> Plan {
+        let model_stage = ModelStage::new(Role::Actor, Stage::Training);
+        let candidate =
+            Candidate { model_stage, layout: Layout::new(tp, 1), dp: 1, recompute: Recompute::None, micro_batch: 1 };
+        Plan { placements: vec![Placement { candidate, ranks: (0..tp as i32).collect() }] }
+    }
+
+    #[test]
+    fn ratios_are_smoothed_at_comparable_lengths_and_replaced_across_a_length_change() {
+        let mut m = PlanMemory::default();
+        m.record(&plan(1), 2.0, 100.0, 0, 0.3);
+        m.record(&plan(1), 1.0, 110.0, 1, 0.3);
+        assert!((m.ratio(&plan(1), 110.0, 0.3).unwrap() - (0.3 * 1.0 + 0.7 * 2.0)).abs() < 1e-12);
+        assert_eq!(m.ratio(&plan(2), 110.0, 0.3), None, "never ran");
+        assert_eq!(m.ratio(&plan(1), 200.0, 0.3), None, "ran shorter responses");
+        m.record(&plan(1), 3.0, 200.0, 2, 0.3);
+        assert_eq!(m.ratio(&plan(1), 200.0, 0.3), Some(3.0));
+        m.record(&plan(1), f64::NAN, 200.0, 3, 0.3);
+        assert_eq!(m.ratio(&plan(1), 200.0, 0.3), Some(3.0), "a NaN teaches nothing");
+        for tp in 2..40 {
+            m.record(&plan(tp), 1.0, 200.0, 10 + u64::from(tp), 0.3);
+        }
+        assert_eq!(m.ran.len(), CAPACITY);
+        assert_eq!(m.ratio(&plan(1), 200.0, 0.3), None, "the least recently run is forgotten");
+    }
+}
