@@ -76,7 +76,9 @@ pub fn assign(
     out
 }
 
-/// The current placements of a group whose members are all unchanged, if their ranks are free.
+/// The current placements of a group whose members are all unchanged, if their ranks are free
+/// and make one rank set of the group's size (members that sat apart in the current plan but
+/// share a set now cannot keep theirs: together they would take more ranks than the group has).
 fn kept(g: &GroupToPlace, current: Option<&Plan>, free: &[bool]) -> Option<Vec<Placement>> {
     let current = current?;
     let ps: Vec<Placement> = g
@@ -84,6 +86,12 @@ fn kept(g: &GroupToPlace, current: Option<&Plan>, free: &[bool]) -> Option<Vec<P
         .iter()
         .map(|c| current.placements.iter().find(|p| p.candidate == *c).cloned())
         .collect::<Option<_>>()?;
+    let mut union: Vec<i32> = ps.iter().flat_map(|p| p.ranks.iter().copied()).collect();
+    union.sort_unstable();
+    union.dedup();
+    if union.len() > g.ranks as usize {
+        return None;
+    }
     let all_free = ps.iter().all(|p| p.ranks.iter().all(|&r| (r as usize) < free.len() && free[r as usize]));
     all_free.then_some(ps)
 }
@@ -178,5 +186,31 @@ mod tests {
         let current = Plan { placements: vec![Placement { candidate: reference, ranks: vec![4, 5, 6, 7] }] };
         let stages = vec![vec![GroupToPlace { members: vec![reference], ranks: 4 }]];
         assert_eq!(assign(&stages, 8, Some(&current), &|_, _| 1)[0].ranks, vec![4, 5, 6, 7]);
+    }
+
+    #[test]
+    fn members_that_sat_apart_do_not_keep_their_ranks_when_they_share_a_set_now() {
+        // Reference on 0-3 and reward on 4-7 in the current plan; now one group of 4 ranks
+        // beside a new 4-rank critic on a pool of 8: keeping both would take all 8 ranks and
+        // leave the critic none (the planner once returned it short of ranks).
+        let reference = cand(Role::Reference, Stage::Inference, 1, 4);
+        let reward = cand(Role::Reward, Stage::Inference, 1, 4);
+        let critic = cand(Role::Critic, Stage::Inference, 2, 2);
+        let current = Plan {
+            placements: vec![
+                Placement { candidate: reference, ranks: vec![0, 1, 2, 3] },
+                Placement { candidate: reward, ranks: vec![4, 5, 6, 7] },
+            ],
+        };
+        let stages = vec![vec![
+            GroupToPlace { members: vec![reference, reward], ranks: 4 },
+            GroupToPlace { members: vec![critic], ranks: 4 },
+        ]];
+        let ps = assign(&stages, 8, Some(&current), &|_, _| 1);
+        for p in &ps {
+            assert_eq!(p.ranks.len(), p.candidate.ranks() as usize, "{p:?}");
+        }
+        let shared: Vec<i32> = ps[0].ranks.iter().chain(&ps[1].ranks).copied().collect();
+        assert!(ps[2].ranks.iter().all(|r| !shared.contains(r)), "{ps:?}");
     }
 }

@@ -231,6 +231,19 @@ impl TransitionDag {
         links: &Links,
         cross_model_stage: bool,
     ) -> Result<TransitionDag, TransitionError> {
+        for (name, plan) in [("current", current), ("target", target)] {
+            let short = plan.placements.iter().find(|p| p.ranks.len() != (p.candidate.ranks()) as usize);
+            if let Some(p) = short {
+                return Err(TransitionError::Mismatch(format!(
+                    "the {name} plan gives {} {} ranks for {} ({} replicas of {})",
+                    p.candidate.model_stage,
+                    p.ranks.len(),
+                    p.candidate.ranks(),
+                    p.candidate.dp,
+                    p.candidate.layout
+                )));
+            }
+        }
         let mut next = 0;
         let mut units = Units::default();
         let mut initial = Vec::new();
