@@ -214,31 +214,56 @@ pub fn step_records(out: &Path) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// The `nereus` processes whose command line names `dir` (the ranks of the job writing there).
+pub fn ranks_of(dir: &Path) -> Vec<u32> {
+    let needle = dir.to_str().unwrap().to_string();
+    std::fs::read_dir("/proc")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+                .filter(|pid| {
+                    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+                    let cmdline = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                    comm.trim() == "nereus" && cmdline.contains(&needle)
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Kills (SIGKILL) every `nereus` process whose command line names `dir` (ranks an mpirun left
 /// behind when it was killed), and waits until they are gone.
 pub fn kill_ranks_of(dir: &Path) {
-    let needle = dir.to_str().unwrap().to_string();
-    let ranks = || -> Vec<u32> {
-        std::fs::read_dir("/proc")
-            .map(|d| {
-                d.flatten()
-                    .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-                    .filter(|pid| {
-                        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-                        let cmdline = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-                        comm.trim() == "nereus" && cmdline.contains(&needle)
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    for pid in ranks() {
+    for pid in ranks_of(dir) {
         send_signal(pid, "-KILL");
     }
     let start = std::time::Instant::now();
-    while !ranks().is_empty() && start.elapsed() < Duration::from_secs(10) {
+    while !ranks_of(dir).is_empty() && start.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Waits until `n` ranks of the job writing to `dir` catch `signal` (its bit is set in the
+/// `SigCgt` mask of `/proc/PID/status`): `false` when `limit` passed first. A signal sent to
+/// `mpirun` before its ranks exist is not forwarded to anyone, so tests of early signals wait
+/// for this.
+pub fn wait_for_handlers(dir: &Path, n: usize, signal: u32, limit: Duration) -> bool {
+    let catches = |pid: &u32| {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigCgt:"))
+            .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+            .is_some_and(|mask| mask & (1 << (signal - 1)) != 0)
+    };
+    let start = std::time::Instant::now();
+    while ranks_of(dir).iter().filter(|pid| catches(pid)).count() < n {
+        if start.elapsed() >= limit {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    true
 }
 
 /// The pid of rank 0 of the `mpirun` job whose command line names `dir` (its environment has

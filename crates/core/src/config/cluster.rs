@@ -22,6 +22,20 @@ pub enum DataPlane {
     Rccl,
 }
 
+impl DataPlane {
+    /// Seconds a transition primitive is charged for setting up a communicator for its rank
+    /// set. MPI's groups are sub-communicators of the world, made by one local collective over
+    /// shared memory and cached per rank set (about 0.1 ms); NCCL and RCCL bootstrap a
+    /// communicator (`ncclCommInitRank`) over the network, tens of milliseconds at scale (an
+    /// assumption until measured on a device; docs/cost-model.md).
+    pub fn communicator_setup_s(self) -> f64 {
+        match self {
+            DataPlane::Mpi => 1e-4,
+            DataPlane::Nccl | DataPlane::Rccl => 0.05,
+        }
+    }
+}
+
 /// One layer of `[cluster]` values, as written in a TOML file; unset keys are `None`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -54,6 +54,8 @@ pub struct Hardware {
     pub inter_bytes_per_s: f64,
     /// CPU cores per node where ranks stand in for devices and may share them.
     pub cores_per_node: Option<u32>,
+    /// Seconds to set up a communicator for a transition's rank set on the job's data plane.
+    pub communicator_setup_s: f64,
 }
 
 impl Hardware {
@@ -69,6 +71,7 @@ impl Hardware {
             intra_bytes_per_s: cluster.intra_node_gbps * 1e9,
             inter_bytes_per_s: cluster.inter_node_gbps() * 1e9 / f64::from(cluster.devices_per_node),
             cores_per_node: cluster.cores_per_node,
+            communicator_setup_s: cluster.data_plane.communicator_setup_s(),
         }
     }
 

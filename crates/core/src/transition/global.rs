@@ -51,9 +51,6 @@ pub struct Links {
     pub host_bytes_per_s: Option<f64>,
 }
 
-/// Seconds to set up a communicator for a new rank set, in the cost of a primitive.
-pub const COMMUNICATOR_SETUP_S: f64 = 0.05;
-
 impl Links {
     /// The links of `hardware`'s pool; with `host_bytes_per_s`, transitions blocked by memory
     /// may stage through host memory at that rate.
@@ -63,7 +60,7 @@ impl Links {
             intra_bytes_per_s: hardware.intra_bytes_per_s,
             inter_bytes_per_s: hardware.inter_bytes_per_s,
             memory_bytes_per_s: hardware.hbm_bytes_per_s,
-            setup_seconds: COMMUNICATOR_SETUP_S,
+            setup_seconds: hardware.communicator_setup_s,
             capacity_bytes: hardware.usable_bytes(),
             host_bytes_per_s,
         }
@@ -390,7 +387,10 @@ impl ResourceState {
             let transient = if staged { 0 } else { node.transient };
             if used + b + transient > self.capacity {
                 short.push(r);
-                reason = format!("needs {b} bytes on a rank holding {used} of {}", self.capacity);
+                reason = format!(
+                    "needs {b} bytes and {transient} of pack buffers on a rank holding {used} of {}",
+                    self.capacity
+                );
             }
         }
         if short.is_empty() {

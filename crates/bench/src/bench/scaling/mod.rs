@@ -33,10 +33,11 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use crate::selftest::{changed_digests, materialize_in, missed_targets, state_bytes};
+use nereus_core::config::DataPlane as PlaneKind;
 use nereus_core::config::Dtype;
 use nereus_core::model::{Architecture, Catalogue, Layout, OutputHead, Position};
 use nereus_core::plan::{Candidate, ModelStage, Placement, Plan, Recompute, Role, Stage};
-use nereus_core::transition::global::{Links, COMMUNICATOR_SETUP_S};
+use nereus_core::transition::global::Links;
 use nereus_core::transition::TransitionDag;
 use nereus_exec::comm::{DataPlane, GroupId, MpiPlane};
 use nereus_exec::emu::{Digest, EmuSet, HostMemory};
@@ -258,7 +259,7 @@ impl Bench<'_> {
             intra_bytes_per_s: self.bandwidth,
             inter_bytes_per_s: self.bandwidth,
             memory_bytes_per_s: self.bandwidth,
-            setup_seconds: COMMUNICATOR_SETUP_S,
+            setup_seconds: PlaneKind::Mpi.communicator_setup_s(),
             capacity_bytes: CAPACITY,
             host_bytes_per_s: None,
         }
