@@ -502,8 +502,10 @@ impl Controller {
         let (mut proposal, mut verdict) = self.judge(&choice, current, triggers, urgent, (step, len));
         let fastest = (choice.clone(), proposal, verdict.clone());
         let mut choice = choice;
-        if !verdict.admitted && !choice.keep {
-            // A rejected target falls back to slower ones with cheaper transitions first.
+        if !verdict.admitted && !choice.keep && !triggers.contains(&Trigger::StandingGap) {
+            // A rejected target falls back to slower ones with cheaper transitions first. (Not
+            // when a standing gap is offered: it comes back when the fastest target's payback
+            // is due, and settling for less just before would keep the job short of it.)
             let alternatives: Vec<TargetChoice> =
                 cheaper_targets(&planner, current, &choice, &links).take(MAX_CHEAPER_TARGETS).collect();
             for alternative in alternatives {
