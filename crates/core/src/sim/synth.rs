@@ -9,6 +9,13 @@
 //! - [`Shape::Both`]: the two together (independent draws of the same seed).
 //! - [`Shape::Paper26`]: the paper's 26-step trace (§6.3): the mean length from 1,147 to 3,722
 //!   tokens, on 8 to 32 GPUs that change four times.
+//! - Published length curves ([`Shape::PaperGrowth`], [`Shape::R1Zero`], [`Shape::DeepScaleR`]):
+//!   the mean response length follows a curve read from a published RL run, between anchor points
+//!   (`(fraction of the run, tokens)`, linear between them), over `steps` steps, with the same
+//!   autocorrelated noise; p95 is the mean times [`LONG_COT_TAIL`]. docs/evaluation.md ("Traces")
+//!   says where each curve comes from and how it was read.
+//! - [`Shape::Elastic`]: an elastic allocation that starts at half the pool and is granted nodes
+//!   one at a time (every 100 steps on average), with a rare preemption of one node (every 500).
 
 use super::trace::{Trace, TraceRow};
 
@@ -23,7 +30,38 @@ pub enum Shape {
     Both,
     /// The paper's 26-step trace of growth and pool changes (8–32 GPUs).
     Paper26,
+    /// The paper's length figures: mean response length from 1.3K to 4.1K tokens.
+    PaperGrowth,
+    /// DeepSeek-R1-Zero's average response length during RL (Guo et al. 2025, Fig. 1b).
+    R1Zero,
+    /// DeepScaleR-1.5B's response length over its 8K/16K/24K context phases (Luo et al. 2025).
+    #[value(name = "deepscaler")]
+    DeepScaleR,
+    /// The pool of an elastic allocation: granted nodes one by one, a rare preemption.
+    Elastic,
 }
+
+/// A published run's mean response length: `(fraction of the run, tokens)`, linear between.
+type Curve = &'static [(f64, f64)];
+
+/// The paper's length figures: from about 1.3K to 4.1K tokens, a steady rise.
+const PAPER_GROWTH: Curve = &[(0.0, 1300.0), (1.0, 4100.0)];
+/// DeepSeek-R1-Zero, Fig. 1b (Nature 2025; Fig. 3 of arXiv:2501.12948), 0–10,000 steps:
+/// about 1K at the start, 2.5K at 2,000 steps, 4.5K at 4,000, 6.5K at 6,000, 11K at 8,000 and
+/// 15K at 10,000 (read to about ±1K; see docs/evaluation.md).
+const R1_ZERO: Curve = &[(0.0, 1000.0), (0.2, 2500.0), (0.4, 4500.0), (0.6, 6500.0), (0.8, 11000.0), (1.0, 15000.0)];
+/// DeepScaleR-1.5B-Preview (Luo et al. 2025, blog), about 1,750 steps: under the 8K context
+/// the length drops from 5,500 to 3,500 tokens (stated), then grows back towards the cap; the
+/// 16K (from about step 1,040) and 24K (from about step 1,500) phases let it grow further
+/// (shape stated, values read from the figure to about ±1K).
+const DEEPSCALER: Curve =
+    &[(0.0, 5500.0), (0.15, 3500.0), (0.55, 5200.0), (0.6, 5600.0), (0.85, 8000.0), (1.0, 9500.0)];
+
+/// p95 over mean of a long chain-of-thought run's response lengths. No report above gives it;
+/// DeepScaleR states that incorrect responses ran three times longer than correct ones, so the
+/// distribution is wide. 1.8 is the p95 of a log-normal whose log has σ ≈ 0.45: an assumption,
+/// not a measurement.
+pub const LONG_COT_TAIL: f64 = 1.8;
 
 /// What to synthesize.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -86,22 +124,75 @@ pub fn synthesize(spec: &SynthSpec) -> Trace {
     if spec.shape == Shape::Paper26 {
         return paper26(spec);
     }
+    let curve = match spec.shape {
+        Shape::PaperGrowth => Some(PAPER_GROWTH),
+        Shape::R1Zero => Some(R1_ZERO),
+        Shape::DeepScaleR => Some(DEEPSCALER),
+        _ => None,
+    };
     let grow = matches!(spec.shape, Shape::Growth | Shape::Both);
-    let spot = matches!(spec.shape, Shape::Spot | Shape::Both);
-    let lengths = lengths(spec, grow);
-    let pools = spot.then(|| spot_pool(spec));
+    let lengths = match curve {
+        Some(curve) => published(spec, curve),
+        None => lengths(spec, grow),
+    };
+    let tail = if curve.is_some() { LONG_COT_TAIL } else { TAIL };
+    let pools = match spec.shape {
+        Shape::Spot | Shape::Both => Some(spot_pool(spec)),
+        Shape::Elastic => Some(elastic_pool(spec)),
+        _ => None,
+    };
     let rows = (0..spec.steps)
         .map(|t| {
             let mean = lengths[t as usize];
             TraceRow {
                 step: t,
                 seq_len_mean: Some(mean),
-                seq_len_p95: Some((mean * TAIL).min(spec.max_len).max(mean)),
+                seq_len_p95: Some((mean * tail).min(spec.max_len).max(mean)),
                 available_gpus: spec.pool.then(|| pools.as_ref().map_or(spec.gpus, |p| p[t as usize])),
             }
         })
         .collect();
     Trace { rows }
+}
+
+/// Mean lengths along a published `curve` over `spec.steps` steps, times the same AR(1) noise
+/// as [`lengths`] (what a real run's step-to-step variation looks like at this scale).
+fn published(spec: &SynthSpec, curve: Curve) -> Vec<f64> {
+    let mut state = spec.seed ^ 0x6375_7276;
+    let mut noise = 0.0;
+    (0..spec.steps)
+        .map(|t| {
+            let x = t as f64 / (spec.steps.max(2) - 1) as f64;
+            let k = curve.iter().rposition(|(at, _)| *at <= x).unwrap_or(0).min(curve.len() - 2);
+            let ((x0, y0), (x1, y1)) = (curve[k], curve[k + 1]);
+            let base = y0 + (y1 - y0) * ((x - x0) / (x1 - x0)).clamp(0.0, 1.0);
+            let (sd, rho) = NOISE;
+            let shock = (uniform(&mut state) - 0.5) * (12.0f64).sqrt() * sd;
+            noise = rho * noise + (1.0 - rho * rho).sqrt() * shock;
+            (base * (1.0 + noise)).clamp(1.0, spec.max_len)
+        })
+        .collect()
+}
+
+/// An elastic allocation's pool: it starts at half the pool; each step one node is granted
+/// with probability 1/100 (while short) and one is preempted with probability 1/500.
+fn elastic_pool(spec: &SynthSpec) -> Vec<u32> {
+    let mut state = spec.seed ^ 0x656c_6173;
+    let node = spec.gpus_per_node.max(1);
+    let (min, max) = ((spec.gpus / 2).max(node), spec.gpus);
+    let mut pool = min;
+    (0..spec.steps)
+        .map(|t| {
+            if t > 0 {
+                if pool < max && uniform(&mut state) < 0.01 {
+                    pool = (pool + node).min(max);
+                } else if uniform(&mut state) < 0.002 {
+                    pool = pool.saturating_sub(node).max(node);
+                }
+            }
+            pool
+        })
+        .collect()
 }
 
 /// Mean lengths: a logistic rise from `from` to `to` (flat at `from` without growth), times
@@ -194,5 +285,28 @@ mod tests {
         assert_eq!((p.rows[0].seq_len_mean, p.rows[25].seq_len_mean), (Some(1147.0), Some(3722.0)));
         let pools: Vec<u32> = p.rows.iter().map(|r| r.available_gpus.unwrap()).collect();
         assert_eq!((pools.iter().min(), pools.iter().max()), (Some(&8), Some(&32)));
+    }
+
+    #[test]
+    fn published_curves_pass_through_their_anchors() {
+        let spec =
+            SynthSpec { shape: Shape::R1Zero, steps: 1001, max_len: 32768.0, pool: false, ..SynthSpec::default() };
+        let t = synthesize(&spec);
+        // Within the noise (3%, autocorrelated) of the anchors at 0, 40% and 100% of the run.
+        for (step, want) in [(0usize, 1000.0), (400, 4500.0), (1000, 15000.0)] {
+            let got = t.rows[step].seq_len_mean.unwrap();
+            assert!((got / want - 1.0).abs() < 0.12, "step {step}: {got} vs {want}");
+        }
+        assert!(t.rows.iter().all(|r| r.available_gpus.is_none()));
+        let d = synthesize(&SynthSpec { shape: Shape::DeepScaleR, ..spec });
+        let dip = d.rows[150].seq_len_mean.unwrap();
+        assert!(dip < 0.75 * d.rows[0].seq_len_mean.unwrap(), "the 8K phase's drop: {dip}");
+        let p95 = d.rows[10].seq_len_p95.unwrap() / d.rows[10].seq_len_mean.unwrap();
+        assert!((p95 - LONG_COT_TAIL).abs() < 1e-9);
+        let e = synthesize(&SynthSpec { shape: Shape::Elastic, steps: 2000, gpus: 64, pool: true, ..spec });
+        let pools: Vec<u32> = e.rows.iter().map(|r| r.available_gpus.unwrap()).collect();
+        assert_eq!(pools[0], 32, "starts at half");
+        assert_eq!(*pools.iter().max().unwrap(), 64, "granted the whole pool within 2,000 steps");
+        assert!(pools.iter().all(|p| p % 8 == 0));
     }
 }
