@@ -50,6 +50,30 @@ pub fn execute<M: ShardMemory, P: Exchange<M>>(
     plane: &mut P,
     dag: &TransitionDag,
 ) -> Result<(BTreeMap<UnitId, EmuId>, ExecutionReport), RuntimeError> {
+    // The schedule has checked memory: primitives need only their own ranks to agree, so
+    // primitives on disjoint ranks run concurrently.
+    execute_in_order(set, plane, dag, &dag.schedule.order, Agreement::Participants)
+}
+
+/// Which ranks agree that a primitive's targets fit before it moves a byte.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Agreement {
+    /// Its own ranks (primitives on disjoint ranks run concurrently).
+    Participants,
+    /// Every rank, primitive after primitive: a primitive without room fails on every rank at
+    /// once, so an order nobody checked (a baseline's) stops cleanly where it overruns.
+    World,
+}
+
+/// Runs `dag`'s primitives in `order` (every node once), the room for each agreed by
+/// `agreement` ([`execute`] runs the DAG's own schedule).
+pub fn execute_in_order<M: ShardMemory, P: Exchange<M>>(
+    set: &mut EmuSet<M>,
+    plane: &mut P,
+    dag: &TransitionDag,
+    order: &[usize],
+    agreement: Agreement,
+) -> Result<(BTreeMap<UnitId, EmuId>, ExecutionReport), RuntimeError> {
     let mut ids: BTreeMap<UnitId, EmuId> = BTreeMap::new();
     for uid in &dag.initial {
         let u = &dag.units[uid];
@@ -70,11 +94,9 @@ pub fn execute<M: ShardMemory, P: Exchange<M>>(
         ids.insert(*uid, emu.id);
     }
     let mut report = ExecutionReport::default();
-    // The schedule has checked memory: primitives need only their own ranks to agree, so
-    // primitives on disjoint ranks run concurrently.
-    set.set_participants_only(true);
+    set.set_participants_only(agreement == Agreement::Participants);
     plane.begin_transition()?;
-    let outcome = run_nodes(set, plane, dag, &mut ids, &mut report);
+    let outcome = run_nodes(set, plane, dag, order, &mut ids, &mut report);
     set.set_participants_only(false);
     let finished = plane.end_transition();
     plane.set_context(None);
@@ -87,11 +109,12 @@ fn run_nodes<M: ShardMemory, P: Exchange<M>>(
     set: &mut EmuSet<M>,
     plane: &mut P,
     dag: &TransitionDag,
+    order: &[usize],
     ids: &mut BTreeMap<UnitId, EmuId>,
     report: &mut ExecutionReport,
 ) -> Result<(), RuntimeError> {
     let fused = fused_splits(dag);
-    for &i in &dag.schedule.order {
+    for &i in order {
         plane.set_context(Some(format!("transition node {i}: {}", dag.label(i))));
         let (done, made) = run_node(set, plane, dag, i, ids, &fused)?;
         for (unit, emu) in made.iter().zip(&done.created) {

@@ -98,7 +98,7 @@ pub fn plan_pair(rng: &mut Rng, catalogue: &Catalogue, pool: u32) -> (Plan, Plan
 }
 
 /// The most state any rank holds under `plan`.
-fn fullest_rank(plan: &Plan, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64) -> u64 {
+pub fn fullest_rank(plan: &Plan, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64) -> u64 {
     let mut per_rank: std::collections::BTreeMap<i32, u64> = std::collections::BTreeMap::new();
     for p in &plan.placements {
         let layout = p.candidate.layout;
