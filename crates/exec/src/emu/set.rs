@@ -640,12 +640,15 @@ impl<M: ShardMemory> EmuSet<M> {
         }
     }
 
-    /// The shard-level baseline of `nereus bench scaling` (resharding as Tenplex does it):
-    /// replaces every replica of `model_stage` with `targets` (layout and ranks per replica),
-    /// each built from the first current replica alone, one tensor at a time (one exchange per
-    /// tensor, all its sections), reusing no replica already resident: a target on a current
-    /// replica's ranks is written again. The other current replicas are freed first (nothing
-    /// reads them), the first one last. Every rank of the world calls it.
+    /// The per-tensor baseline of `nereus bench scaling`, after Tenplex's reconfiguration
+    /// (Wagenländer et al., SOSP 2024, §4): replaces every replica of `model_stage` with
+    /// `targets` (layout and ranks per replica). A target that a current replica already is
+    /// (same layout, same ranks) stays resident, untouched; every other target is built one
+    /// tensor at a time (one exchange per tensor, all its sections) from the current replicas,
+    /// each sub-tensor read from a replica on the target's own rank where one holds it, so only
+    /// sub-tensors whose placement changes cross ranks, through the pack buffers (Tenplex's pass
+    /// through its tensor store). Current replicas no target keeps are freed afterwards. Every
+    /// rank of the world calls it.
     pub fn rebuild_per_tensor<P: Exchange<M>>(
         &mut self,
         plane: &mut P,
@@ -655,57 +658,68 @@ impl<M: ShardMemory> EmuSet<M> {
         let start = Instant::now();
         let what = format!("Rebuild {model_stage} per tensor");
         let current: Vec<Emu> = self.replicas(model_stage).into_iter().cloned().collect();
-        let Some(source) = current.first().cloned() else {
+        let Some(counters) = current.first().map(|e| e.counters) else {
             return Err(EmuError::Invalid { primitive: what, reason: format!("{model_stage} has no replica") });
         };
         let catalogue = self.catalogues[&model_stage.role].clone();
         for (layout, _) in targets {
             catalogue.check_layout(*layout)?;
         }
-        for other in &current[1..] {
-            self.store.free(other.id);
-            self.emus.remove(&other.id);
-        }
-        let targets: Vec<TargetEmu> = targets
-            .iter()
+        let (kept, built) = resident_targets(&current, targets);
+        let built: Vec<TargetEmu> = built
+            .into_iter()
             .map(|(layout, ranks)| TargetEmu { id: self.fresh_id(), layout: *layout, ranks: ranks.clone() })
             .collect();
-        let movement = Movement::plan(&catalogue, &[&source], &targets);
+        let sources: Vec<&Emu> = current.iter().collect();
+        let movement = Movement::plan(&catalogue, &sources, &built);
         let (sections, dtype) = (self.sections(model_stage), catalogue.arch.dtype);
-        let scratch = RankPlan::new(&movement, self.rank, &sections, dtype).scratch_bytes();
-        let mut shards =
-            self.allocate_targets(plane, &what, model_stage, &targets, &source.ranks, scratch, &BTreeMap::new())?;
-        self.store.ledger_mut().charge(MemoryItem::PackBuffers, scratch)?;
-        let moved = (0..catalogue.tensors.len()).try_for_each(|tensor| {
-            let one = Movement { segments: movement.segments.iter().filter(|s| s.tensor == tensor).copied().collect() };
-            let plan = RankPlan::new(&one, self.rank, &sections, dtype);
-            let mut buffers = self.store.take_buffers(&plan.scratch_sizes())?;
-            let sources: BTreeMap<EmuId, &LocalShard<M::Buffer>> =
-                self.store.get(source.id).map(|s| (source.id, s)).into_iter().collect();
-            let moved = move_sections(
-                &*plane,
-                self.store.memory(),
-                &plan,
-                &sources,
-                &mut shards,
-                &BTreeSet::new(),
-                &mut buffers,
-            );
-            self.store.keep_buffers(buffers);
-            moved
-        });
-        self.store.ledger_mut().release(MemoryItem::PackBuffers, scratch);
-        moved?;
-        self.store.free(source.id);
-        self.emus.remove(&source.id);
-        let created = targets.iter().map(|t| t.id).collect();
-        self.install(model_stage, source.counters, &targets, shards);
+        let source_ranks: Vec<i32> = current.iter().flat_map(|e| e.ranks.iter().copied()).collect();
+        let mut shards = BTreeMap::new();
+        if !built.is_empty() {
+            let scratch = RankPlan::new(&movement, self.rank, &sections, dtype).scratch_bytes();
+            shards = self.allocate_targets(plane, &what, model_stage, &built, &source_ranks, scratch, &BTreeMap::new())?;
+            self.store.ledger_mut().charge(MemoryItem::PackBuffers, scratch)?;
+            let moved = self.move_tensor_by_tensor(plane, &catalogue, &movement, &current, &mut shards);
+            self.store.ledger_mut().release(MemoryItem::PackBuffers, scratch);
+            moved?;
+        }
+        for emu in current.iter().filter(|e| !kept.contains(&e.id)) {
+            self.store.free(emu.id);
+            self.emus.remove(&emu.id);
+        }
+        let created = built.iter().map(|t| t.id).collect();
+        self.install(model_stage, counters, &built, shards);
         Ok(PrimitiveReport {
             primitive: what,
             bytes_sent: movement.bytes_sent(&sections, dtype),
             bytes_local: movement.bytes_local(&sections, dtype),
             seconds: start.elapsed().as_secs_f64(),
             created,
+        })
+    }
+
+    /// Runs `movement` one tensor at a time (one exchange each), from this rank's shards of
+    /// `sources` into `shards`.
+    fn move_tensor_by_tensor<P: Exchange<M>>(
+        &mut self,
+        plane: &mut P,
+        catalogue: &Catalogue,
+        movement: &Movement,
+        sources: &[Emu],
+        shards: &mut BTreeMap<EmuId, LocalShard<M::Buffer>>,
+    ) -> Result<(), EmuError> {
+        let model_stage = sources[0].model_stage;
+        let (sections, dtype) = (self.sections(model_stage), catalogue.arch.dtype);
+        (0..catalogue.tensors.len()).try_for_each(|tensor| {
+            let one = Movement { segments: movement.segments.iter().filter(|s| s.tensor == tensor).copied().collect() };
+            let plan = RankPlan::new(&one, self.rank, &sections, dtype);
+            let mut buffers = self.store.take_buffers(&plan.scratch_sizes())?;
+            let held: BTreeMap<EmuId, &LocalShard<M::Buffer>> =
+                sources.iter().filter_map(|e| self.store.get(e.id).map(|s| (e.id, s))).collect();
+            let moved =
+                move_sections(&*plane, self.store.memory(), &plan, &held, shards, &BTreeSet::new(), &mut buffers);
+            self.store.keep_buffers(buffers);
+            moved
         })
     }
 
@@ -774,4 +788,20 @@ impl<M: ShardMemory> EmuSet<M> {
             None => Ok(None),
         }
     }
+}
+
+/// Splits `targets` into the current replicas that already are one (same layout and ranks;
+/// each kept at most once) and the targets still to build.
+fn resident_targets<'t>(current: &[Emu], targets: &'t [(Layout, Vec<i32>)]) -> (Vec<EmuId>, Vec<&'t (Layout, Vec<i32>)>) {
+    let mut kept = Vec::new();
+    let mut built = Vec::new();
+    for target in targets {
+        let resident =
+            current.iter().find(|e| e.layout == target.0 && e.ranks == target.1 && !kept.contains(&e.id)).map(|e| e.id);
+        match resident {
+            Some(id) => kept.push(id),
+            None => built.push(target),
+        }
+    }
+    (kept, built)
 }

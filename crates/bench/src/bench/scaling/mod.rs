@@ -15,9 +15,11 @@
 //!   of this binary with the new rank count loads them into the new layout; timed from the
 //!   save's start until every rank of the new job holds its state, so `mpirun`'s start-up is
 //!   part of what it pays;
-//! - (c) **shard-level** as Tenplex does it: every model's replicas rebuilt in the new layout
-//!   from its first replica, one tensor at a time, reusing no replica already resident
-//!   ([`EmuSet::rebuild_per_tensor`]), over the same data plane (MPI);
+//! - (c) **per-tensor** as Tenplex does it (Wagenländer et al., SOSP 2024): replicas already in
+//!   their target place stay resident, every other target is built one tensor at a time from
+//!   the current replicas, reading each sub-tensor on its own rank where one holds it, so only
+//!   sub-tensors whose placement changes cross ranks ([`EmuSet::rebuild_per_tensor`]), over the
+//!   same data plane (MPI);
 //!
 //! and the floor: (a)'s bytes over the point-to-point bandwidth measured in the same run (ranks
 //! of one node: a memory copy between processes). Every method's result is checked: each
@@ -279,8 +281,8 @@ impl Bench<'_> {
         Ok((seconds, report.bytes_sent, report.bytes_local, dag.schedule.seconds))
     }
 
-    /// (c): every model-stage rebuilt tensor by tensor from its first replica; seconds, bytes
-    /// sent and copied locally.
+    /// (c): every model-stage rebuilt tensor by tensor, Tenplex-style; seconds, bytes sent and
+    /// copied locally.
     fn tenplex(&mut self, case: &Case) -> Result<(f64, u64, u64), RuntimeError> {
         let (mut set, before) = self.materialize(&case.from)?;
         set.set_participants_only(true);
@@ -297,7 +299,7 @@ impl Bench<'_> {
             Ok((sent, local))
         })?;
         set.set_participants_only(false);
-        self.verify("the shard-level baseline", case, &set, &before)?;
+        self.verify("the per-tensor (Tenplex-style) baseline", case, &set, &before)?;
         self.spare = set.into_buffers();
         Ok((seconds, sent, local))
     }
@@ -309,7 +311,7 @@ impl Bench<'_> {
         self.spare.clear();
         log::info!("{}: the transition DAG", case.name);
         let (nereus_s, bytes_moved, bytes_local, predicted_s) = median_of(reps, |_| self.nereus(case), |m| m.0)?;
-        log::info!("{}: shard-level, tensor by tensor", case.name);
+        log::info!("{}: per tensor, Tenplex-style", case.name);
         let (tenplex_s, tenplex_bytes, tenplex_bytes_local) = median_of(reps, |_| self.tenplex(case), |m| m.0)?;
         log::info!("{}: checkpoint and restart", case.name);
         let (ucp_s, checkpoint_bytes) = self.checkpoint_restart(case)?;
