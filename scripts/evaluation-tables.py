@@ -1,56 +1,68 @@
 #!/usr/bin/env python3
-"""Prints docs/evaluation.md's result tables from docs/evaluation/<cluster>-<trace>.json (written
-by scripts/evaluation.sh). Run from the repository root: python3 scripts/evaluation-tables.py [DIR]"""
+"""Prints docs/evaluation.md's result tables from the JSON files scripts/evaluation.sh writes
+(`nereus simulate --json`: per policy the mean and spread over five machines, and each policy
+against Nereus seed by seed). Run from the repository root:
+
+    python3 scripts/evaluation-tables.py [DIR]
+"""
+import glob
 import json
+import os
 import sys
 
 DIR = sys.argv[1] if len(sys.argv) > 1 else "docs/evaluation"
-CLUSTERS = ["a100", "h200", "lumi-g"]
-TRACES = [
-    ("growth-1000", "growth (1,000 steps, 500→8,000 tokens, 1,024 GPUs)"),
-    ("spot-1000", "spot (1,000 steps, 2,048 tokens, 512–1,024 GPUs)"),
-    ("both-1000", "growth + spot (1,000 steps, 512–1,024 GPUs)"),
-    ("paper-26", "the paper's 26 steps (1,147→3,722 tokens, 8–32 GPUs)"),
-]
 GAMMA = 0.5
+OTHERS = ["static", "greedy", "every-k"]
+# A comparison's verdict against the issue's floor: Nereus's mean step at most 1.01x each other's.
+FLOOR = 1.01
 
 
-def runs(cluster, trace):
-    with open(f"{DIR}/{cluster}-{trace}.json") as f:
-        return json.load(f)["runs"]
+def load(path):
+    with open(path) as f:
+        return json.load(f)
 
 
-def at_gamma(rs):
-    """One run per policy: Nereus at γ = 0.5 (the others ignore γ)."""
-    return [r for r in rs if r["policy"] != "nereus" or r["gamma"] == GAMMA]
+def at_gamma(policies):
+    """One entry per policy: Nereus at the job's γ (the others ignore γ)."""
+    return {p["policy"]: p for p in policies if p["policy"] != "nereus" or p["gamma"] == GAMMA}
+
+
+def spread(s, digits=1):
+    return f"{s['mean']:.{digits}f} ± {s['sd']:.{digits}f}"
 
 
 def main():
-    for trace, title in TRACES:
-        print(f"### {title}\n")
-        print("| cluster | policy | γ | mean step s | compute s/step | total h | transitions (urgent/opp.) | transition s | share % | stops |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
-        for c in CLUSTERS:
-            for r in at_gamma(runs(c, trace)):
-                print(f"| {c} | {r['policy']} | {r['gamma']:g} | {r['mean_step_s']:.1f} | {r['mean_compute_step_s']:.1f} "
-                      f"| {r['total_s'] / 3600:.2f} | {r['transitions']} ({r['urgent']}/{r['opportunistic']}) "
-                      f"| {r['transition_s']:.1f} | {100 * r['transition_share']:.3f} | {r['restarts']} |")
-        print()
-    sweep = {c: [r for r in runs(c, "paper-26") if r["policy"] == "nereus"] for c in CLUSTERS}
-    gammas = [r["gamma"] for r in sweep[CLUSTERS[0]]]
-    print("### γ on the 26-step trace (nereus)\n")
-    print("| cluster | " + " | ".join(f"γ={g:g}" for g in gammas) + " |")
-    print("|---|" + "---|" * len(gammas))
-    for c in CLUSTERS:
-        print(f"| {c} | " + " | ".join(f"{r['mean_step_s']:.1f}" for r in sweep[c]) + " |")
-    print("\n### Relative to Nereus (mean step seconds, transitions and stops included)\n")
-    print("| cluster | trace | static | greedy | every-k |")
-    print("|---|---|---|---|---|")
-    for c in CLUSTERS:
-        for trace, _ in TRACES:
-            by = {r["policy"]: r["mean_step_s"] for r in at_gamma(runs(c, trace))}
-            rel = lambda p: f"{100 * (1 - by['nereus'] / by[p]):+.1f}%"
-            print(f"| {c} | {trace} | {rel('static')} | {rel('greedy')} | {rel('every-k')} |")
+    files = sorted(glob.glob(f"{DIR}/*.json"))
+    print("### Every comparison (five machines each; mean ± sd)\n")
+    print("| comparison | nereus s/step | static | greedy | every-k | nereus transitions (opp.) | worst ratio | ≤ 1.01× all |")
+    print("|---|---|---|---|---|---|---|---|")
+    sweeps = []
+    for path in files:
+        doc = load(path)
+        if "policies" not in doc:
+            continue
+        name = os.path.basename(path)[: -len(".json")]
+        by = at_gamma(doc["policies"])
+        n = by["nereus"]
+        cells = []
+        worst = 0.0
+        for p in OTHERS:
+            # over_nereus: the other's mean step over Nereus's, seed by seed (above 1: Nereus faster).
+            ratio = by[p]["over_nereus"]
+            worst = max(worst, 1.0 / ratio["mean"])
+            cells.append(f"{spread(by[p]['mean_step_s'])} ({ratio['mean']:.3f} ± {ratio['sd']:.3f})")
+        ok = "yes" if worst <= FLOOR else "**no**"
+        print(f"| {name} | {spread(n['mean_step_s'])} | " + " | ".join(cells)
+              + f" | {n['transitions']['mean']:.1f} ({n['opportunistic']['mean']:.1f}) | {worst:.3f} | {ok} |")
+        gammas = [p for p in doc["policies"] if p["policy"] == "nereus"]
+        if len(gammas) > 1:
+            sweeps.append((name, gammas))
+    for name, gammas in sweeps:
+        print(f"\n### γ on {name} (nereus, mean step s over five machines)\n")
+        print("| γ | " + " | ".join(f"{g['gamma']:g}" for g in gammas) + " |")
+        print("|---|" + "---|" * len(gammas))
+        print("| mean ± sd | " + " | ".join(spread(g["mean_step_s"]) for g in gammas) + " |")
+        print("| transitions | " + " | ".join(f"{g['transitions']['mean']:.1f}" for g in gammas) + " |")
 
 
 main()
