@@ -14,6 +14,8 @@
 use serde::Serialize;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use super::{machine, BenchReport, Floor};
 use nereus_core::config::{JobConfig, Overrides, PlanEntry};
@@ -80,11 +82,48 @@ pub struct Args {
     /// Also write the report as JSON.
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
+    /// Busy threads rank 0 spins beside the measurement, standing in for other work on the
+    /// node's cores (a loaded machine); 0, the default, measures a quiet one. The floors hold
+    /// for a quiet machine only; a loaded run reports its errors without them.
+    #[arg(long, default_value_t = 0)]
+    pub load: u32,
 }
 
 /// Runs the benchmark on every rank with `args`.
 pub fn run(session: &mut Session, args: &Args) -> Result<(), RuntimeError> {
-    benchmark(session, &args.cluster, args.steps, &args.out_dir, args.json.as_deref())
+    let _load = (session.rank() == 0).then(|| Load::start(args.load));
+    benchmark(session, &args.cluster, args.steps, &args.out_dir, args.json.as_deref(), args.load)
+}
+
+/// Threads that keep cores busy until dropped.
+struct Load {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(threads: u32) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let spin = |stop: Arc<AtomicBool>| {
+            move || {
+                let mut x = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+                }
+            }
+        };
+        let threads = (0..threads).map(|_| std::thread::spawn(spin(stop.clone()))).collect();
+        Load { stop, threads }
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
 }
 
 /// Runs the benchmark on every rank (8 ranks: `mpirun -n 8`).
@@ -94,6 +133,7 @@ fn benchmark(
     steps: u32,
     out_dir: &Path,
     json: Option<&Path>,
+    load: u32,
 ) -> Result<(), RuntimeError> {
     let world = session.world().size();
     if world < 8 {
@@ -166,10 +206,16 @@ fn benchmark(
     let held_out: Vec<&Row> = rows.iter().filter(|r| r.set == "held-out").collect();
     let mape = held_out.iter().map(|r| r.step_error_pct).sum::<f64>() / held_out.len().max(1) as f64;
     let worst = held_out.iter().map(|r| r.step_error_pct).fold(0.0, f64::max);
-    let floors = vec![
-        Floor::at_most("held_out_step_mape_pct", mape, 15.0, "%"),
-        Floor::at_most("held_out_largest_step_error_pct", worst, 35.0, "%"),
-    ];
+    // Issue 29's floors, on a quiet machine; a loaded run reports the same figures as rows only.
+    let floors = if load == 0 {
+        vec![
+            Floor::at_most("held_out_step_mape_pct", mape, 10.0, "%"),
+            Floor::at_most("held_out_largest_step_error_pct", worst, 25.0, "%"),
+        ]
+    } else {
+        println!("loaded by {load} busy threads: held-out MAPE {mape:.1}%, largest error {worst:.1}% (no floors)");
+        Vec::new()
+    };
     BenchReport { bench: "calibration".into(), machine: machine(session), rows, floors }.finish(json)
 }
 
