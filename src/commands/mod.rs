@@ -4,6 +4,7 @@ pub mod bench;
 pub mod inspect;
 pub mod logprobs;
 pub mod plan;
+pub mod reward;
 pub mod selftest;
 pub mod simulate;
 pub mod trace;
