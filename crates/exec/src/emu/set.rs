@@ -677,7 +677,8 @@ impl<M: ShardMemory> EmuSet<M> {
         let mut shards = BTreeMap::new();
         if !built.is_empty() {
             let scratch = RankPlan::new(&movement, self.rank, &sections, dtype).scratch_bytes();
-            shards = self.allocate_targets(plane, &what, model_stage, &built, &source_ranks, scratch, &BTreeMap::new())?;
+            shards =
+                self.allocate_targets(plane, &what, model_stage, &built, &source_ranks, scratch, &BTreeMap::new())?;
             self.store.ledger_mut().charge(MemoryItem::PackBuffers, scratch)?;
             let moved = self.move_tensor_by_tensor(plane, &catalogue, &movement, &current, &mut shards);
             self.store.ledger_mut().release(MemoryItem::PackBuffers, scratch);
@@ -792,7 +793,10 @@ impl<M: ShardMemory> EmuSet<M> {
 
 /// Splits `targets` into the current replicas that already are one (same layout and ranks;
 /// each kept at most once) and the targets still to build.
-fn resident_targets<'t>(current: &[Emu], targets: &'t [(Layout, Vec<i32>)]) -> (Vec<EmuId>, Vec<&'t (Layout, Vec<i32>)>) {
+fn resident_targets<'t>(
+    current: &[Emu],
+    targets: &'t [(Layout, Vec<i32>)],
+) -> (Vec<EmuId>, Vec<&'t (Layout, Vec<i32>)>) {
     let mut kept = Vec::new();
     let mut built = Vec::new();
     for target in targets {
