@@ -203,20 +203,24 @@ fn benchmark(
         });
     }
     print(&rows, &fitted)?;
+    let floors = floors(&rows, load);
+    BenchReport { bench: "calibration".into(), machine: machine(session), rows, floors }.finish(json)
+}
+
+/// Issue 29's floors on the held-out plans' step errors, for a quiet machine; a loaded run
+/// prints the same figures and has no floors.
+fn floors(rows: &[Row], load: u32) -> Vec<Floor> {
     let held_out: Vec<&Row> = rows.iter().filter(|r| r.set == "held-out").collect();
     let mape = held_out.iter().map(|r| r.step_error_pct).sum::<f64>() / held_out.len().max(1) as f64;
     let worst = held_out.iter().map(|r| r.step_error_pct).fold(0.0, f64::max);
-    // Issue 29's floors, on a quiet machine; a loaded run reports the same figures as rows only.
-    let floors = if load == 0 {
-        vec![
-            Floor::at_most("held_out_step_mape_pct", mape, 10.0, "%"),
-            Floor::at_most("held_out_largest_step_error_pct", worst, 25.0, "%"),
-        ]
-    } else {
+    if load > 0 {
         println!("loaded by {load} busy threads: held-out MAPE {mape:.1}%, largest error {worst:.1}% (no floors)");
-        Vec::new()
-    };
-    BenchReport { bench: "calibration".into(), machine: machine(session), rows, floors }.finish(json)
+        return Vec::new();
+    }
+    vec![
+        Floor::at_most("held_out_step_mape_pct", mape, 10.0, "%"),
+        Floor::at_most("held_out_largest_step_error_pct", worst, 25.0, "%"),
+    ]
 }
 
 /// Every plan: 4 layouts × {4, 8} ranks × {16, 24} response tokens, grouped by pool and
