@@ -139,9 +139,12 @@ fn bench_scaling_small_moves_every_method_with_digests_unchanged_and_writes_the_
     // …and copies its own half locally: every byte of the new layout is written once.
     let local = |row: &serde_json::Value, key: &str| row[key].as_u64().unwrap();
     assert_eq!(moved + local(reshard, "bytes_local"), state, "{reshard}");
-    // The Extend copies nothing locally; the per-tensor baseline rewrites the resident replica.
+    // The Extend copies nothing locally, and neither does the per-tensor baseline (as Tenplex,
+    // it keeps the resident replica); on the reshard both copy the same bytes, sent and local.
     assert_eq!(local(extend, "bytes_local"), 0, "{extend}");
-    assert_eq!(local(extend, "tenplex_bytes_local"), state, "{extend}");
+    assert_eq!(local(extend, "tenplex_bytes_local"), 0, "{extend}");
+    assert_eq!(local(reshard, "tenplex_bytes"), moved, "{reshard}");
+    assert_eq!(local(reshard, "tenplex_bytes_local"), local(reshard, "bytes_local"), "{reshard}");
     for r in rows {
         for key in ["nereus_s", "ucp_s", "tenplex_s", "floor_s"] {
             assert!(r[key].as_f64().unwrap() > 0.0, "{key}: {r}");

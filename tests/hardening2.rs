@@ -73,8 +73,7 @@ fn a_pool_change_at_the_first_boundary_moves_the_plan() {
         let records = step_records(&out);
         let got: Vec<&str> = records.iter().map(|r| r["pool"].as_str().unwrap()).collect();
         assert_eq!(got, pools, "{trace}");
-        let tops: Vec<u64> = records.iter().map(highest_rank).collect();
-        assert_eq!(tops, top, "{trace}: the plan follows the pool from step 1");
+        assert_follows(&records, &top, trace);
         assert_eq!(records[0]["transition"]["kind"], kind, "{}", records[0]["decision"]);
     }
     // Resumed at step 3 with the growth at step 4.
@@ -82,8 +81,29 @@ fn a_pool_change_at_the_first_boundary_moves_the_plan() {
     let out = dir.path().join("resumed");
     assert_status(&train(4, &job, &out, &[]), 0, &[]);
     assert_status(&train(4, &job, &out, &["--resume", "latest", "--steps", "6"]), 0, &[]);
-    let records = step_records(&out);
-    assert_eq!(records.iter().map(highest_rank).collect::<Vec<_>>(), [1, 1, 1, 1, 3, 3]);
+    assert_follows(&step_records(&out), &[1, 1, 1, 1, 3, 3], "growth at step 4 after a resume");
+}
+
+/// The plan's highest rank per step is `want`, except that a step after the one the pool
+/// changed at may have moved back when the controller measured the new plan slower (`regret`:
+/// on this oversubscribed machine 4 ranks can run slower than 2 under load).
+fn assert_follows(records: &[Value], want: &[u64], what: &str) {
+    let tops: Vec<u64> = records.iter().map(highest_rank).collect();
+    assert_eq!(tops.len(), want.len(), "{what}");
+    let changed = want.iter().zip(want.iter().skip(1)).position(|(a, b)| a != b).map_or(want.len(), |k| k + 1);
+    assert_eq!(
+        tops[..=changed.min(want.len() - 1)],
+        want[..=changed.min(want.len() - 1)],
+        "{what}: the plan follows the pool"
+    );
+    for k in changed + 1..want.len() {
+        let regret = records[k - 1]["decision"]["trigger"].to_string().contains("regret");
+        assert!(
+            tops[k] == want[k] || regret,
+            "{what}: step {k} left the pool's plan without a regret: {}",
+            records[k - 1]
+        );
+    }
 }
 
 /// Item 2: `--resume auto` after a crash before the first checkpoint starts afresh (the crashed

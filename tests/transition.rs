@@ -24,7 +24,7 @@ fn random_transitions_reach_their_targets_without_changing_state() {
 }
 
 #[test]
-fn bench_coordination_keeps_every_overlap_type_at_100_percent() {
+fn bench_coordination_executes_both_schedulers_and_nereus_completes_what_it_runs() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("c.json");
     let out = run_mpi(8, &["bench", "coordination", "--trials", "20", "--json", json.to_str().unwrap()]);
@@ -33,15 +33,26 @@ fn bench_coordination_keeps_every_overlap_type_at_100_percent() {
     let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(report["bench"], "coordination");
     let rows = report["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 3, "the paper's three overlap types");
-    for r in rows {
-        assert_eq!(r["nereus_successes"], r["trials"], "{r}");
-        assert!(r["resource_edges"].as_u64().unwrap() > 0, "{r}");
+    let n = |r: &serde_json::Value, key: &str| r[key].as_u64().unwrap();
+    // The paper's three overlap types, each at the eight capacities.
+    assert_eq!(rows.len(), 24);
+    for overlap in ["same-model-across-stages", "different-models-same-stage", "different-models-across-stages"] {
+        assert_eq!(rows.iter().filter(|r| r["overlap"] == overlap).count(), 8, "{overlap}");
     }
+    for r in rows {
+        // Every DAG Nereus did not block ran to its targets with its digests unchanged; the
+        // baseline either completed or was refused on every rank at once (never half-moved).
+        assert_eq!(n(r, "nereus_completed") + n(r, "nereus_blocked"), n(r, "trials"), "{r}");
+        assert_eq!(n(r, "nereus_failed"), 0, "{r}");
+        assert_eq!(n(r, "baseline_completed") + n(r, "baseline_refused"), n(r, "trials"), "{r}");
+        assert_eq!(n(r, "baseline_failed") + n(r, "stalled"), 0, "{r}");
+    }
+    // Where Nereus ran every trial, the baseline's own order ran out of memory somewhere.
     assert!(
-        rows.iter().any(|r| r["baseline_successes"].as_u64() < r["trials"].as_u64()),
+        rows.iter().any(|r| n(r, "nereus_completed") == n(r, "trials") && n(r, "baseline_refused") > 0),
         "uncoordinated orders must conflict somewhere"
     );
+    assert!(rows.iter().any(|r| n(r, "resource_edges") > 0), "model-stages waited for each other's releases");
     assert!(report["floors"].as_array().unwrap().iter().all(|f| f["ok"] == true));
 }
 
