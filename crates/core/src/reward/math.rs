@@ -55,11 +55,8 @@ pub fn extract_boxed(text: &str) -> Option<String> {
 /// The text after the last "the answer is" (any case), up to the end of its line or sentence.
 fn extract_stated(text: &str) -> Option<String> {
     const PHRASE: &str = "the answer is";
-    let lower = text.to_lowercase();
-    // Lower-casing can change byte lengths outside ASCII; fall back to no match there.
-    if lower.len() != text.len() {
-        return None;
-    }
+    // ASCII lower-casing keeps every byte offset, so `at` indexes `text` too.
+    let lower = text.to_ascii_lowercase();
     let at = lower.rfind(PHRASE)? + PHRASE.len();
     let rest = text[at..].trim_start_matches([' ', ':', '\t']);
     let line = rest.lines().next().unwrap_or("");
@@ -194,7 +191,7 @@ pub fn value(normalized: &str) -> Option<f64> {
                 }
                 (&inner[..n], &den[..d])
             }
-            None if frac.len() == 2 => (&frac[..1], &frac[1..]),
+            None if frac.len() == 2 && frac.is_ascii() => (&frac[..1], &frac[1..]),
             None => return None,
         };
         ratio(decimal(num)?, decimal(den)?)?
@@ -255,6 +252,9 @@ mod tests {
         assert_eq!(value("3/0"), None);
         assert_eq!(value("1e3"), None, "no exponents: `e` is not a digit");
         assert_eq!(value("."), None);
+        assert_eq!(value("\\fracé"), None, "two bytes, one character: not \\frac12");
+        assert!(!equivalent("\\fracé", "0.5"));
+        assert_eq!(extract("İstanbul, 3 → THE ANSWER IS ½").unwrap().text, "½");
         for (a, r) in [
             ("2.50", "5/2"),
             ("\\dfrac{5}{2}", "2.5"),
