@@ -163,7 +163,7 @@ fn scenario(kind: usize, rng: &mut Rng, world: i32) -> (Plan, Plan) {
     }
 }
 
-/// The three overlap types at four capacities, Nereus and the per-component baseline executed
+/// The three overlap types at eight memory capacities, Nereus and the per-component baseline executed
 /// (8 ranks).
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
