@@ -62,7 +62,8 @@ pub enum BenchCommand {
     Scaling(scaling::Args),
     /// Global transition DAG build time from 32 to 16,384 ranks, and its gap to the best order.
     TransitionPlanning(transition::Args),
-    /// The three overlap types at eight memory capacities, Nereus and the per-component baseline both executed on live EMUs (8 ranks).
+    /// The three overlap types at eight memory capacities, Nereus and the per-component
+    /// baseline both executed on live EMUs (8 ranks).
     Coordination(coordination::Args),
     /// The cost model calibrated on this machine: the tiny PPO job under 16 fixed plans on 4 and
     /// 8 ranks, efficiencies fitted on half, the other half predicted (mpirun -n 8).
