@@ -16,6 +16,6 @@ export HIP_PATH=${HIP_PATH:-/usr} NEREUS_REQUIRE_KERNEL_TOOLS=1
 echo "== kernels: NVRTC $(ls "${nereus_nvrtc:-/nonexistent}"/lib/libnvrtc.so.* 2>/dev/null | head -1), ptxas ${NEREUS_PTXAS:-missing}, $(command -v hipcc || echo 'hipcc missing')"
 for source in cuda/*.cu; do echo "   $source -> compute_80, compute_90 PTX -> sm_80, sm_90"; done
 for source in hip/*.hip; do echo "   $source -> gfx90a code object"; done
-cargo test --release --locked --features cuda,rocm --lib -- \
+cargo test --release --locked -p nereus-exec --features cuda,rocm --lib -- \
   backend::cuda::tests::cuda_kernels_compile_with_nvrtc_and_assemble_with_ptxas \
   backend::rocm::tests::the_embedded_code_object_holds_every_kernel

@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 dir=${1:-.gpu}
 rm -rf "$dir" && mkdir -p "$dir/bin" "$dir/lib"
 cargo build --release --locked --features cuda 2>&1 | tail -1
-test_bin=$(cargo test --release --locked --features cuda --lib --no-run --message-format=json 2>/dev/null |
+test_bin=$(cargo test --release --locked -p nereus-exec --features cuda --lib --no-run --message-format=json 2>/dev/null |
   python3 -c 'import json, sys
 for line in sys.stdin:
     m = json.loads(line)

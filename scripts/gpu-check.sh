@@ -79,7 +79,7 @@ else
   echo "== 1. build --features cuda"
   cargo build --release --locked --features cuda 2>&1 | tail -2
   echo "== 2. cuda/pack.cu on GPU 0 against the host reference"
-  cargo test --release --locked --features cuda --lib -- --ignored "$kernel_test" \
+  cargo test --release --locked -p nereus-exec --features cuda --lib -- --ignored "$kernel_test" \
     2>&1 | tee "$out/kernels.txt" | grep -E "^test |test result"
 fi
 
