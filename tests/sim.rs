@@ -147,21 +147,23 @@ fn a_run_stopped_by_sigterm_and_resumed_decides_as_the_uninterrupted_run() {
         .spawn()
         .unwrap();
     let started = Instant::now();
-    while step_records(&out).len() < 12 {
-        assert!(started.elapsed() < Duration::from_secs(120), "12 steps did not come");
+    // Early, while the responses still grow: the length-drift decisions that follow depend on
+    // the (bit-identical) training alone, not on where the signal landed or the machine's load.
+    while step_records(&out).len() < 4 {
+        assert!(started.elapsed() < Duration::from_secs(120), "4 steps did not come");
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(common::send_signal(wrapper.id(), "-TERM"));
     let stopped = wrapper.wait_with_output().unwrap();
     assert_eq!(stopped.status.code(), Some(75), "{}", String::from_utf8_lossy(&stopped.stderr));
     let done = step_records(&out).len();
-    let total = (done + 14).to_string();
+    let total = (done + 24).to_string();
     let args = ["train", path.to_str().unwrap(), "--output-dir", out.to_str().unwrap(), "--resume", "latest"];
     let resumed = run_mpi(4, &[&args[..], &["--steps", &total]].concat());
     assert!(resumed.status.success(), "{}", text(&resumed).1);
     let lines = step_records(&out);
     let steps: Vec<u64> = lines.iter().map(|l| l["step"].as_u64().unwrap()).collect();
-    assert_eq!(steps, (0..done as u64 + 14).collect::<Vec<_>>(), "one line per step, none repeated");
+    assert_eq!(steps, (0..done as u64 + 24).collect::<Vec<_>>(), "one line per step, none repeated");
     let decided_after = lines[done..].iter().filter(|l| !l["decision"].is_null()).count();
     assert!(decided_after >= 1, "the resumed run decided nothing: nothing was compared after the resume");
     replays_the_same(&path, &lines);
