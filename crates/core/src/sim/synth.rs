@@ -158,20 +158,11 @@ pub fn synthesize(spec: &SynthSpec) -> Trace {
 /// Mean lengths along a published `curve` over `spec.steps` steps, times the same AR(1) noise
 /// as [`lengths`] (what a real run's step-to-step variation looks like at this scale).
 fn published(spec: &SynthSpec, curve: Curve) -> Vec<f64> {
-    let mut state = spec.seed ^ 0x6375_7276;
-    let mut noise = 0.0;
-    (0..spec.steps)
-        .map(|t| {
-            let x = t as f64 / (spec.steps.max(2) - 1) as f64;
-            let k = curve.iter().rposition(|(at, _)| *at <= x).unwrap_or(0).min(curve.len() - 2);
-            let ((x0, y0), (x1, y1)) = (curve[k], curve[k + 1]);
-            let base = y0 + (y1 - y0) * ((x - x0) / (x1 - x0)).clamp(0.0, 1.0);
-            let (sd, rho) = NOISE;
-            let shock = (uniform(&mut state) - 0.5) * (12.0f64).sqrt() * sd;
-            noise = rho * noise + (1.0 - rho * rho).sqrt() * shock;
-            (base * (1.0 + noise)).clamp(1.0, spec.max_len)
-        })
-        .collect()
+    noisy(spec, 0x6375_7276, |x| {
+        let k = curve.iter().rposition(|(at, _)| *at <= x).unwrap_or(0).min(curve.len() - 2);
+        let ((x0, y0), (x1, y1)) = (curve[k], curve[k + 1]);
+        y0 + (y1 - y0) * ((x - x0) / (x1 - x0)).clamp(0.0, 1.0)
+    })
 }
 
 /// An elastic allocation's pool: it starts at half the pool; each step one node is granted
@@ -198,19 +189,27 @@ fn elastic_pool(spec: &SynthSpec) -> Vec<u32> {
 /// Mean lengths: a logistic rise from `from` to `to` (flat at `from` without growth), times
 /// AR(1) noise.
 fn lengths(spec: &SynthSpec, grow: bool) -> Vec<f64> {
-    let mut state = spec.seed ^ 0x6c65_6e67;
-    let mut noise = 0.0;
     let logistic = |x: f64| 1.0 / (1.0 + (-8.0 * (x - 0.5)).exp());
     let (lo, hi) = (logistic(0.0), logistic(1.0));
+    noisy(spec, 0x6c65_6e67, |x| {
+        let share = if grow { (logistic(x) - lo) / (hi - lo) } else { 0.0 };
+        spec.from + (spec.to - spec.from) * share
+    })
+}
+
+/// `mean(x)` at every step (`x` the run's fraction, 0 to 1) times AR(1) noise ([`NOISE`])
+/// drawn from the spec's seed salted with `salt`, within `[1, max_len]`.
+fn noisy(spec: &SynthSpec, salt: u64, mean: impl Fn(f64) -> f64) -> Vec<f64> {
+    let mut state = spec.seed ^ salt;
+    let mut noise = 0.0;
+    let (sd, rho) = NOISE;
     (0..spec.steps)
         .map(|t| {
             let x = t as f64 / (spec.steps.max(2) - 1) as f64;
-            let share = if grow { (logistic(x) - lo) / (hi - lo) } else { 0.0 };
-            let (sd, rho) = NOISE;
             // A centred uniform with the right standard deviation.
             let shock = (uniform(&mut state) - 0.5) * (12.0f64).sqrt() * sd;
             noise = rho * noise + (1.0 - rho * rho).sqrt() * shock;
-            ((spec.from + (spec.to - spec.from) * share) * (1.0 + noise)).clamp(1.0, spec.max_len)
+            (mean(x) * (1.0 + noise)).clamp(1.0, spec.max_len)
         })
         .collect()
 }
