@@ -33,20 +33,8 @@ pub fn extract_boxed(text: &str) -> Option<String> {
         ["\\boxed", "\\fbox"].iter().filter_map(|c| text.rfind(c).map(|at| (at, *c))).max_by_key(|(at, _)| *at)?;
     let rest = &text[at + command.len()..];
     if let Some(inner) = rest.strip_prefix('{') {
-        let mut depth = 1usize;
-        for (i, c) in inner.char_indices() {
-            match c {
-                '{' => depth += 1,
-                '}' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        return Some(inner[..i].trim().to_string());
-                    }
-                }
-                _ => {}
-            }
-        }
-        return None; // unbalanced: no answer rather than a guess
+        // Unbalanced: no answer rather than a guess.
+        return matching_brace(inner).map(|end| inner[..end].trim().to_string());
     }
     let token: String = rest.strip_prefix(' ')?.chars().take_while(|c| !c.is_whitespace() && *c != '$').collect();
     (!token.is_empty()).then_some(token)
