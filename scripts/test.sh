@@ -25,6 +25,16 @@ if [ "$(id -u)" = 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
 
+echo "== the test-only Python reference (transformers' tokenizers and chat templates)"
+if python=$(bash scripts/py-test-env.sh); then
+  export NEREUS_TEST_PYTHON=$python
+elif [ "$ci" = true ]; then
+  echo "test: CI needs the reference Python environment (scripts/py-test-env.sh)" >&2
+  exit 1
+else
+  echo "test: no reference Python environment; the transformers parity tests are skipped"
+fi
+
 echo "== rustfmt and clippy (the house style is enforced, not suggested)"
 cargo fmt --check
 cargo clippy --release --locked --workspace --all-targets -- -D warnings

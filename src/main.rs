@@ -12,7 +12,7 @@ mod logging;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
-use commands::{bench, inspect, logprobs, plan, reward, selftest, simulate, trace, train};
+use commands::{bench, data, inspect, logprobs, plan, reward, selftest, simulate, trace, train};
 
 /// Nereus: keeps an RL post-training job on the fastest memory-feasible parallel plan.
 #[derive(Parser, Debug)]
@@ -45,6 +45,9 @@ enum Command {
     /// Traces for `nereus simulate`.
     #[command(subcommand)]
     Trace(trace::TraceCommand),
+    /// Check a prompt file against a model's tokenizer and chat template.
+    #[command(subcommand)]
+    Data(data::DataCommand),
     /// Score a JSON-lines file of responses against reference answers with a rule-based reward
     /// (math, exact), offline; prints the mean reward and accuracy.
     Reward(reward::RewardArgs),
@@ -75,6 +78,7 @@ fn main() -> ExitCode {
         Command::Logprobs(a) => logprobs::exec(a, global),
         Command::Simulate(a) => simulate::exec(a, global),
         Command::Trace(c) => trace::exec(c, global),
+        Command::Data(c) => data::exec(c, global),
         Command::Reward(a) => reward::exec(a, global),
         Command::Bench(c) => bench::exec(c, global),
         Command::Selftest(c) => selftest::exec(c, global),

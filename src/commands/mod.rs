@@ -1,6 +1,7 @@
 //! One file per command: its clap arguments and the function that runs it.
 
 pub mod bench;
+pub mod data;
 pub mod inspect;
 pub mod logprobs;
 pub mod plan;

@@ -6,8 +6,8 @@ use serde::Serialize;
 use std::io::Write;
 use std::path::PathBuf;
 
-use nereus_core::data::{read_jsonl, DataError};
-use nereus_core::reward::{RuleKind, RuleReward, Score};
+use nereus_data::records::{read_jsonl, DataError};
+use nereus_data::reward::{RuleKind, RuleReward, Score};
 
 use super::simulate::write_file;
 use crate::error::CommandError;

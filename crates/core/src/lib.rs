@@ -5,11 +5,10 @@
 //! → [`planner`] → [`transition`] (planning) → [`policy`] → [`sim`]; [`plot`], [`units`],
 //! [`rng`] and [`index_list`] are shared helpers below every layer, and `exact` (feature
 //! `exact`) holds the MILPs the planner and the transition scheduler are checked against.
-//! [`data`] reads users' record files and [`reward`] holds the rule-based rewards over text.
+//! The user's data (prompt files, tokenizers, rewards) lives in the `nereus-data` crate.
 
 pub mod config;
 pub mod cost;
-pub mod data;
 #[cfg(feature = "exact")]
 pub mod exact;
 pub mod exit;
@@ -21,7 +20,6 @@ pub mod planner;
 pub mod plot;
 pub mod policy;
 pub mod record;
-pub mod reward;
 pub mod rng;
 pub mod sim;
 pub mod transition;

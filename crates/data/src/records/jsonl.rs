@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 use thiserror::Error;
 
-use crate::file_error::FileError;
+use nereus_core::file_error::FileError;
 
 /// Lines longer than this are refused before they are parsed (a file that is not JSON lines,
 /// or one record that would not fit any prompt).
@@ -64,7 +64,7 @@ pub fn field<'v>(value: &'v Value, path: &str) -> Option<&'v Value> {
     path.split('.').try_fold(value, |v, key| v.as_object()?.get(key))
 }
 
-fn kind(v: &Value) -> &'static str {
+pub(crate) fn kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

@@ -1,0 +1,99 @@
+//! `nereus data …`: checking a prompt file against a model's tokenizer and chat template before
+//! a run (`preview`).
+
+use clap::{Args, Subcommand};
+use serde::Serialize;
+use std::io::Write;
+use std::path::PathBuf;
+
+use nereus_core::config::hf::read_model_config;
+use nereus_data::records::read_jsonl;
+use nereus_data::text::ModelText;
+
+use super::simulate::write_file;
+use crate::error::CommandError;
+use crate::launch::{solo, Global};
+
+/// `nereus data …`.
+#[derive(Subcommand, Debug, Clone)]
+pub enum DataCommand {
+    /// Print the first prompts of a JSON-lines file as the model will see them: rendered with
+    /// the model directory's chat template, and their token ids.
+    Preview(PreviewArgs),
+}
+
+/// `nereus data preview`.
+#[derive(Args, Debug, Clone)]
+pub struct PreviewArgs {
+    /// The prompt file (JSON lines).
+    pub file: PathBuf,
+    /// The model directory (tokenizer.json, the chat template, config.json).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Prompts to show.
+    #[arg(long, default_value_t = 3)]
+    pub count: usize,
+    /// The field holding the prompt: a string or a list of chat messages (dotted for nesting).
+    #[arg(long, default_value = "prompt")]
+    pub prompt_key: String,
+    /// Use string prompts as they are, not as one user message through the chat template.
+    #[arg(long)]
+    pub raw: bool,
+    /// Also write the prompts as JSON: {"prompts": [{"text": …, "ids": […]}, …]}.
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
+}
+
+/// What `--json` writes.
+#[derive(Debug, Serialize)]
+struct Preview {
+    prompts: Vec<Rendered>,
+}
+
+/// One prompt as the model sees it.
+#[derive(Debug, Serialize)]
+struct Rendered {
+    line: usize,
+    text: String,
+    ids: Vec<u32>,
+}
+
+/// Runs `nereus data …` (this process alone).
+pub fn exec(command: DataCommand, global: &Global) -> u8 {
+    let DataCommand::Preview(a) = command;
+    solo(global, || preview(&a))
+}
+
+fn preview(a: &PreviewArgs) -> Result<(), CommandError> {
+    let usage = |e: &dyn std::fmt::Display| CommandError::Usage(e.to_string());
+    let text = ModelText::load(&a.model).map_err(|e| usage(&e))?;
+    let mut out = std::io::stdout().lock();
+    match read_model_config(&a.model) {
+        Ok(model) => text.check_fits(model.spec.vocab as usize).map_err(|e| usage(&e))?,
+        Err(_) if !a.model.join("config.json").exists() => {
+            writeln!(out, "(no config.json in {}: the vocabulary fit is not checked)", a.model.display())
+                .map_err(CommandError::Stdout)?
+        }
+        Err(why) => return Err(CommandError::Usage(format!("{}: {why}", a.model.display()))),
+    }
+    let special = text.special();
+    writeln!(out, "eos ids {:?}, pad id {}, bos {:?}", special.eos_ids, special.pad_id, special.bos_token)
+        .map_err(CommandError::Stdout)?;
+    let records = read_jsonl(&a.file).map_err(|e| usage(&e))?;
+    let mut prompts = Vec::new();
+    for record in records.iter().take(a.count) {
+        let prompt = record.prompt(&a.file, &a.prompt_key).map_err(|e| usage(&e))?;
+        let rendered =
+            text.render(&prompt, !a.raw).map_err(|e| usage(&format!("{}:{}: {e}", a.file.display(), record.line)))?;
+        let ids = text.encode(&rendered).map_err(|e| usage(&e))?;
+        writeln!(out, "--- line {} ({} tokens)\n{rendered}\n{ids:?}", record.line, ids.len())
+            .map_err(CommandError::Stdout)?;
+        prompts.push(Rendered { line: record.line, text: rendered, ids });
+    }
+    match &a.json {
+        Some(path) => {
+            write_file(path, serde_json::to_string_pretty(&Preview { prompts }).expect("a preview serializes") + "\n")
+        }
+        None => Ok(()),
+    }
+}

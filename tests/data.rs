@@ -1,0 +1,202 @@
+//! Prompt files through a model directory's tokenizer and chat template (`nereus data preview`),
+//! checked against transformers' `apply_chat_template` on Llama-3-style and Qwen3-style
+//! templates, and every bad input named.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use common::{run_single, text, write};
+use nereus_data::text::{save_tokenizer, train_byte_level_bpe};
+use serde_json::{json, Value};
+
+const LLAMA_SPECIAL: [&str; 4] = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>"];
+const QWEN_SPECIAL: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+
+/// Text the test tokenizers are trained on: English, numbers, accents, CJK and emoji, so that
+/// byte-level merges, multi-byte characters and unseen text all occur in the prompts.
+fn corpus() -> Vec<String> {
+    let mut lines = Vec::new();
+    for i in 0..200 {
+        lines.push(format!("What is {i} + {}? The answer is {}.", i * 7 % 13, i + i * 7 % 13));
+        lines.push(format!("Natalia sold clips to {i} of her friends in April, café naïve résumé."));
+        lines.push("You are a helpful assistant. Think step by step. 数学 问题 🙂".to_string());
+    }
+    lines
+}
+
+/// A model directory with a trained byte-level BPE tokenizer, `style`'s template and special
+/// tokens; `vocab` goes into config.json as the embedding size.
+fn model_dir(root: &Path, style: &str, vocab: usize) -> PathBuf {
+    let dir = root.join(style);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (special, bos, eos, eos_ids): (&[&str], Value, &str, Value) = match style {
+        "llama3" => (
+            &[&LLAMA_SPECIAL[..], &["<|eot_id|>"]].concat(),
+            json!("<|begin_of_text|>"),
+            "<|end_of_text|>",
+            json!([1, 4]),
+        ),
+        _ => (&QWEN_SPECIAL, Value::Null, "<|im_end|>", json!(2)),
+    };
+    let tokenizer = train_byte_level_bpe(corpus().into_iter(), 420, special).unwrap();
+    save_tokenizer(&tokenizer, &dir.join("tokenizer.json")).unwrap();
+    let template =
+        std::fs::read_to_string(common::repo().join(format!("tests/fixtures/chat/{style}-style.jinja"))).unwrap();
+    let mut config = json!({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": eos, "model_max_length": 4096});
+    if style == "llama3" {
+        write(&dir, "chat_template.jinja", &template); // where recent transformers save it
+    } else {
+        config["chat_template"] = json!(template); // where older ones did
+        config["pad_token"] = json!("<|endoftext|>");
+    }
+    write(&dir, "tokenizer_config.json", &config.to_string());
+    write(&dir, "generation_config.json", &json!({"eos_token_id": eos_ids}).to_string());
+    let model = json!({"model_type": "llama", "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+        "intermediate_size": 16, "vocab_size": vocab});
+    write(&dir, "config.json", &model.to_string());
+    dir
+}
+
+/// Conversations with system, user and assistant turns, unicode, empty content and thinking.
+fn conversations() -> Vec<Value> {
+    vec![
+        json!([{"role": "user", "content": "What is 12+7?"}]),
+        json!([{"role": "system", "content": "  You are a helpful assistant.\n"},
+               {"role": "user", "content": "Natalia sold clips to 48 friends; café 数学 🙂?"}]),
+        json!([{"role": "system", "content": "Think step by step."},
+               {"role": "user", "content": "What is 3 + 4?"},
+               {"role": "assistant", "content": "<think>\n3 plus 4</think>\n\nThe answer is 7."},
+               {"role": "user", "content": ""}]),
+        json!([{"role": "user", "content": "résumé"}, {"role": "assistant", "content": ""},
+               {"role": "user", "content": "naïve\n\n"}]),
+    ]
+}
+
+fn preview(file: &Path, dir: &Path, json_out: &Path, extra: &[&str]) -> std::process::Output {
+    let mut args = vec!["data", "preview", file.to_str().unwrap(), "--model", dir.to_str().unwrap(), "--count", "10"];
+    args.extend_from_slice(&["--json", json_out.to_str().unwrap()]);
+    args.extend_from_slice(extra);
+    run_single(&args)
+}
+
+/// The Python with transformers (tests/py), from `NEREUS_TEST_PYTHON`; `None` (with a note)
+/// when it is not set outside CI, where it must be.
+fn reference_python() -> Option<String> {
+    match std::env::var("NEREUS_TEST_PYTHON") {
+        Ok(python) => Some(python),
+        Err(_) if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("CI needs NEREUS_TEST_PYTHON (scripts/py-test-env.sh makes it)")
+        }
+        Err(_) => {
+            eprintln!(
+                "note: NEREUS_TEST_PYTHON is not set; the transformers parity is skipped (scripts/py-test-env.sh)"
+            );
+            None
+        }
+    }
+}
+
+/// transformers' rendering and ids of `conversations` through the tokenizer in `dir`.
+fn transformers_prompts(python: &str, dir: &Path, conversations: &[Value]) -> Value {
+    let mut child = Command::new(python)
+        .arg(common::repo().join("tests/py/chat_template_parity.py"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the reference python starts");
+    let request = json!({"dir": dir, "conversations": conversations});
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), request.to_string().as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn rendering_and_ids_match_transformers_on_llama3_and_qwen3_style_templates() {
+    let root = tempfile::tempdir().unwrap();
+    let lines: Vec<String> = conversations().iter().map(|c| json!({"prompt": c}).to_string()).collect();
+    let file = write(root.path(), "prompts.jsonl", &lines.join("\n"));
+    let python = reference_python();
+    for style in ["llama3", "qwen3"] {
+        let dir = model_dir(root.path(), style, 512);
+        let json_out = root.path().join(format!("{style}.json"));
+        let out = preview(&file, &dir, &json_out, &[]);
+        let (stdout, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+        let ours: Value = serde_json::from_str(&std::fs::read_to_string(&json_out).unwrap()).unwrap();
+        let prompts = ours["prompts"].as_array().unwrap();
+        assert_eq!(prompts.len(), 4);
+        let first = prompts[0]["text"].as_str().unwrap();
+        let expected = match style {
+            "llama3" => "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nWhat is 12+7?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
+            _ => "<|im_start|>user\nWhat is 12+7?<|im_end|>\n<|im_start|>assistant\n",
+        };
+        assert_eq!(first, expected, "{style}");
+        if style == "qwen3" {
+            let third = prompts[2]["text"].as_str().unwrap();
+            assert!(third.contains("<|im_start|>assistant\nThe answer is 7.<|im_end|>"), "thinking dropped: {third}");
+        }
+        if let Some(python) = &python {
+            let theirs = transformers_prompts(python, &dir, &conversations());
+            for (k, (a, b)) in prompts.iter().zip(theirs["prompts"].as_array().unwrap()).enumerate() {
+                assert_eq!(a["text"], b["text"], "{style} conversation {k}: rendering");
+                assert_eq!(a["ids"], b["ids"], "{style} conversation {k}: ids");
+            }
+        }
+    }
+}
+
+#[test]
+fn plain_prompts_go_through_the_template_unless_raw_and_stop_ids_are_read() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = model_dir(root.path(), "llama3", 512);
+    let file = write(root.path(), "p.jsonl", r#"{"question": {"text": "What is 12+7?"}}"#);
+    let json_out = root.path().join("p.json");
+    let out = preview(&file, &dir, &json_out, &["--prompt-key", "question.text", "--raw"]);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    assert!(stdout.contains("eos ids [1, 4], pad id 1, bos Some(\"<|begin_of_text|>\")"), "{stdout}");
+    let ours: Value = serde_json::from_str(&std::fs::read_to_string(&json_out).unwrap()).unwrap();
+    assert_eq!(ours["prompts"][0]["text"], "What is 12+7?");
+}
+
+#[test]
+fn bad_inputs_are_named() {
+    let root = tempfile::tempdir().unwrap();
+    let llama = model_dir(root.path(), "llama3", 512);
+    let small = model_dir(&root.path().join("small"), "qwen3", 300);
+    let good = write(root.path(), "good.jsonl", r#"{"prompt": "hi"}"#);
+    let tool = write(root.path(), "tool.jsonl", r#"{"prompt": [{"role": "tool", "content": "x"}]}"#);
+    let broken = write(root.path(), "broken.jsonl", "{\"prompt\": \"hi\"}\n{\"prompt\": [{\"role\": \"user\"}]}\n");
+    let no_template = root.path().join("no-template");
+    std::fs::create_dir_all(&no_template).unwrap();
+    for f in ["tokenizer.json", "generation_config.json", "config.json"] {
+        std::fs::copy(llama.join(f), no_template.join(f)).unwrap();
+    }
+    let bad_tokenizer = root.path().join("bad-tokenizer");
+    std::fs::create_dir_all(&bad_tokenizer).unwrap();
+    write(&bad_tokenizer, "tokenizer.json", "{\"model\": 3}");
+    let missing = root.path().join("missing");
+    let cases: Vec<(&Path, &Path, &str)> = vec![
+        (
+            &good,
+            &small,
+            "the tokenizer's vocabulary (420 ids, up to id 419) does not fit the model's embedding (300 rows)",
+        ),
+        (&tool, &llama, "Conversation roles must be user or assistant, not tool"),
+        (&broken, &llama, "broken.jsonl:2: `prompt[0]` has no `content`"),
+        (&good, &no_template, "no chat template"),
+        (&good, &bad_tokenizer, "tokenizer.json: not a tokenizers file"),
+        (&good, &missing, "cannot read"),
+    ];
+    for (file, dir, needle) in cases {
+        let out = preview(file, dir, &root.path().join("x.json"), &[]);
+        let (stdout, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{needle}: {stdout}{stderr}");
+        assert!(stderr.contains(needle), "wanted `{needle}` in: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}
