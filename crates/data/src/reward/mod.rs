@@ -11,6 +11,7 @@
 //! The reward is 1 for a match and 0 otherwise, plus `format_bonus` when the response carries
 //! its answer in `\boxed{…}` (the format math prompts ask for), whether or not it matches.
 
+pub mod command;
 pub mod math;
 
 use serde::{Deserialize, Serialize};
