@@ -81,6 +81,14 @@ pub struct StepStats {
     /// Updates refused because their loss or gradient norm was not finite
     /// (`on_nonfinite = "skip-step"`).
     pub skipped_updates: u64,
+    /// Responses scored 0 because the reward command failed on them (`[reward] on_error =
+    /// "zero"`); absent when none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub reward_failures: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl StepLine {

@@ -8,6 +8,7 @@
 //!
 //! See `docs/data.md` for the file formats and the keys.
 
+pub mod prompts;
 pub mod records;
 pub mod reward;
 pub mod text;

@@ -20,7 +20,7 @@ use nereus_core::model::{Architecture, Catalogue, Layout, OutputHead};
 use nereus_core::plan::{ModelStage, Role, Stage};
 use nereus_exec::comm::MpiPlane;
 use nereus_exec::emu::{Counters, EmuSet};
-use nereus_exec::engine::{init_shard, matmul, train_step, with_params, AdamW, Batch, Op, Replica, Sampling};
+use nereus_exec::engine::{init_shard, matmul, train_step, with_params, AdamW, Batch, Op, Replica, Sampling, StopIds};
 use nereus_runtime::{RuntimeError, Session};
 
 /// Sequences and positions of the training batch.
@@ -198,7 +198,7 @@ fn time_phases(session: &Session, arch: &Architecture, reps: usize) -> Result<(f
     let (db, dp, dn) = DECODE;
     // EOS outside the vocabulary: every sequence decodes all `dn` tokens.
     let sampling =
-        Sampling { temperature: 1.0, top_p: 1.0, max_new_tokens: dn, eos: arch.vocab as u32, greedy: true, seed: 1 };
+        Sampling { temperature: 1.0, top_p: 1.0, max_new_tokens: dn, eos: arch.vocab as u32, also_stop: StopIds::NONE, greedy: true, seed: 1 };
     let ids: Vec<u64> = (0..db as u64).collect();
     for rep in 0..=reps.max(1) {
         let (f, d) = with_params(&mut set, id, |params, arena| -> Result<(f64, f64), RuntimeError> {

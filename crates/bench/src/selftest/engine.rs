@@ -12,7 +12,7 @@ use nereus_core::plan::{ModelStage, Role, Stage};
 use nereus_exec::comm::{DataPlane, MpiPlane};
 use nereus_exec::emu::{Counters, EmuSet, LocalShard};
 use nereus_exec::engine::parallel::assemble_rows;
-use nereus_exec::engine::{init_shard, train_step, with_params, AdamW, Batch, Objective, Replica, Sampling};
+use nereus_exec::engine::{init_shard, train_step, with_params, AdamW, Batch, Objective, Replica, Sampling, StopIds};
 use nereus_runtime::{RuntimeError, Session};
 
 /// Relative tolerance of the parity checks.
@@ -275,7 +275,7 @@ fn sample_share(
         share.clone().flat_map(|s| tokens[s * seq_len..s * seq_len + seq_len / 2].to_vec()).collect();
     let ids: Vec<u64> = share.clone().map(|s| s as u64).collect();
     let sampling =
-        Sampling { temperature: 1.0, top_p: 0.9, max_new_tokens: seq_len / 2, eos: 0, greedy: false, seed: 11 };
+        Sampling { temperature: 1.0, top_p: 0.9, max_new_tokens: seq_len / 2, eos: 0, also_stop: StopIds::NONE, greedy: false, seed: 11 };
     let out = with_params(set, replica.emu, |params, arena| {
         replica.generate(plane, params, &prompts, &ids, &sampling, arena)
     })?;

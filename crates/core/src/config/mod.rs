@@ -1,6 +1,7 @@
 //! Job configuration: TOML files mapped one-to-one onto typed sections.
 //!
-//! A job file has the sections `[job]`, `[cluster]`, `[models.<role>]`, `[rl]`, `[policy]`, `[train]` and `[plan]`
+//! A job file has the sections `[job]`, `[cluster]`, `[models.<role>]`, `[rl]`, `[policy]`, `[train]`, `[plan]`,
+//! and for a text job `[data]` and `[reward]`
 //! (see `configs/tiny-ppo.toml`). Loading is two steps so that every rank of an SPMD job can do
 //! it the same way:
 //!
@@ -15,6 +16,7 @@
 
 pub mod check;
 pub mod cluster;
+pub mod data;
 mod error;
 pub mod faults;
 pub mod hf;
@@ -29,6 +31,7 @@ pub mod stepped_csv;
 pub mod train;
 
 pub use cluster::{ClusterSection, ClusterSpec, DataPlane};
+pub use data::{DataSection, OnScorerError, RewardKind, RewardSection, TooLong};
 pub use error::ConfigError;
 pub use faults::FaultsSection;
 pub use job::JobSection;
@@ -80,6 +83,12 @@ pub struct RawJobConfig {
     /// `[plan."<model-stage>"]` (optional: the planner chooses when absent).
     #[serde(default)]
     pub plan: BTreeMap<String, PlanEntry>,
+    /// `[data]` (optional: without it, the built-in arithmetic task over token ids).
+    #[serde(default)]
+    pub data: Option<DataSection>,
+    /// `[reward]` (optional; a text job's rule by default: `math`).
+    #[serde(default)]
+    pub reward: RewardSection,
 }
 
 /// A complete, validated job configuration: what every rank must agree on.
@@ -106,6 +115,12 @@ pub struct JobConfig {
     pub faults: FaultsSection,
     /// `[plan."<model-stage>"]`, empty when the planner chooses.
     pub plan: BTreeMap<String, PlanEntry>,
+    /// `[data]`, its paths resolved; `None` for the arithmetic task.
+    #[serde(default)]
+    pub data: Option<DataSection>,
+    /// `[reward]`.
+    #[serde(default)]
+    pub reward: RewardSection,
 }
 
 /// Values given as CLI flags; each replaces the TOML value of the key named in its doc.
@@ -205,8 +220,10 @@ impl RawJobConfig {
         overrides: &Overrides,
         detect: &mut dyn FnMut() -> ClusterSection,
     ) -> Result<JobConfig, ConfigError> {
-        let RawJobConfig { mut job, cluster, models, mut rl, mut policy, train, mut pool, faults, plan } = self;
+        let RawJobConfig { mut job, cluster, models, mut rl, mut policy, train, mut pool, faults, plan, data, reward } =
+            self;
         pool.trace = pool.trace.map(|t| source.base_dir.join(t));
+        let data = data.map(|d| d.resolved(&source.base_dir));
         policy.mode = overrides.policy.unwrap_or(policy.mode);
         job.seed = overrides.seed.unwrap_or(job.seed);
         job.steps = overrides.steps.unwrap_or(job.steps);
@@ -214,7 +231,7 @@ impl RawJobConfig {
         rl.algorithm = overrides.algorithm.unwrap_or(rl.algorithm);
         let cluster = resolve_cluster(cluster, source, overrides, detect)?;
         let models = models.resolve(&source.base_dir)?;
-        let config = JobConfig { job, cluster, models, rl, policy, train, pool, faults, plan };
+        let config = JobConfig { job, cluster, models, rl, policy, train, pool, faults, plan, data, reward };
         config.validate()?;
         Ok(config)
     }
@@ -257,6 +274,27 @@ pub fn load_cluster_file(path: &Path) -> Result<ClusterSection, ConfigError> {
 }
 
 impl JobConfig {
+    /// A text job's warm-ups need data the arithmetic task makes up: worked answers for the
+    /// actor, graded responses for the reward model (which a text job does not have).
+    fn check_text_warm_ups(&self, data: &DataSection) -> Result<(), ConfigError> {
+        let t = &self.train;
+        if t.warmup_actor_steps > 0 && self.models.actor.path.is_none() && data.solution_key.is_none() {
+            return Err(ConfigError::invalid(
+                "train.warmup_actor_steps",
+                t.warmup_actor_steps,
+                "the actor's warm-up on a text job trains on worked answers: set data.solution_key, or set 0 (the actor then starts from models.actor.path or random weights)",
+            ));
+        }
+        if t.warmup_reward_steps > 0 && self.models.reward.path.is_none() {
+            return Err(ConfigError::invalid(
+                "train.warmup_reward_steps",
+                t.warmup_reward_steps,
+                "a text job has no graded responses to warm a reward model up on: set 0 and score with [reward] (train.reward = \"rule\"), or start the reward model from models.reward.path",
+            ));
+        }
+        Ok(())
+    }
+
     /// Loads, resolves and validates a job file (or the embedded default) in one call.
     pub fn load(
         path: Option<&Path>,
@@ -275,6 +313,17 @@ impl JobConfig {
         self.rl.validate()?;
         self.policy.validate()?;
         self.train.validate()?;
+        self.reward.validate()?;
+        if let Some(data) = &self.data {
+            data.validate()?;
+            if data.tokenizer.is_none() && self.models.actor.path.is_none() {
+                return Err(ConfigError::Missing {
+                    key: "data.tokenizer".into(),
+                    hint: "a text job renders its prompts with a tokenizer: set data.tokenizer to a model directory holding tokenizer.json, or models.actor.path".into(),
+                });
+            }
+            self.check_text_warm_ups(data)?;
+        }
         if self.train.reward == RewardSource::Model && self.rl.algorithm == Algorithm::Remax {
             return Err(ConfigError::invalid("train.reward", "model", "ReMax scores its greedy baseline with the rule, so its samples must be scored by the rule too (reward = \"rule\")"));
         }

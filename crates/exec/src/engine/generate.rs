@@ -24,12 +24,49 @@ pub struct Sampling {
     pub top_p: f32,
     /// Longest response.
     pub max_new_tokens: usize,
-    /// End-of-sequence token (also the padding after it).
+    /// End-of-sequence token (also the padding after a response ends).
     pub eos: u32,
+    /// Further ids a response ends at (Llama 3 and Qwen models stop at several).
+    pub also_stop: StopIds,
     /// Take the most likely token instead of sampling (ReMax's baseline rollout).
     pub greedy: bool,
     /// Seed of the draws.
     pub seed: u64,
+}
+
+/// Up to four more token ids a response stops at, beside [`Sampling::eos`] (a fixed array, so
+/// that [`Sampling`] stays `Copy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct StopIds {
+    ids: [u32; 4],
+    len: u8,
+}
+
+impl StopIds {
+    /// No further stop ids.
+    pub const NONE: StopIds = StopIds { ids: [0; 4], len: 0 };
+
+    /// `ids` (at most four), or `None` when there are more.
+    pub fn new(ids: &[u32]) -> Option<StopIds> {
+        let mut stop = StopIds::NONE;
+        for &id in ids {
+            *stop.ids.get_mut(stop.len as usize)? = id;
+            stop.len += 1;
+        }
+        Some(stop)
+    }
+
+    /// The ids.
+    pub fn as_slice(&self) -> &[u32] {
+        &self.ids[..self.len as usize]
+    }
+}
+
+impl Sampling {
+    /// Whether `token` ends a response.
+    pub fn stops_at(&self, token: u32) -> bool {
+        token == self.eos || self.also_stop.as_slice().contains(&token)
+    }
 }
 
 /// Sequences `[B, P + R]` (prompt, response, EOS padding) and response lengths (EOS included).
@@ -138,7 +175,7 @@ impl Replica {
                 }
                 tokens[i * t_cap + p + step] = next[i];
                 lengths[i] += 1;
-                done[i] = next[i] == s.eos;
+                done[i] = s.stops_at(next[i]);
             }
             if done.iter().all(|&d| d) {
                 break;
@@ -156,7 +193,7 @@ mod tests {
     use super::*;
 
     fn sampling(temperature: f32, top_p: f32) -> Sampling {
-        Sampling { temperature, top_p, max_new_tokens: 4, eos: 0, greedy: false, seed: 1 }
+        Sampling { temperature, top_p, max_new_tokens: 4, eos: 0, also_stop: StopIds::NONE, greedy: false, seed: 1 }
     }
 
     #[test]

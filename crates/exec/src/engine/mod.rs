@@ -20,7 +20,7 @@ pub mod train;
 pub mod weights;
 
 pub use arena::Arena;
-pub use generate::{sample_token, Generated, Sampling};
+pub use generate::{sample_token, Generated, Sampling, StopIds};
 pub use init::{init_piece, init_shard};
 pub use optimizer::AdamW;
 pub use parallel::EmuGroups;
@@ -55,6 +55,15 @@ pub enum EngineError {
     #[error("shape mismatch: {what}")]
     Shape {
         /// What did not fit.
+        what: String,
+    },
+    /// The task's reward could not be computed (a scorer command that crashed, hung or
+    /// answered garbage, a response the tokenizer cannot decode); nothing of the step changed.
+    #[error("step {step}: the reward failed: {what}")]
+    Reward {
+        /// The step (0-based).
+        step: u64,
+        /// What failed, naming the line.
         what: String,
     },
 }

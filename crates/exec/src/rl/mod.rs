@@ -1,4 +1,5 @@
-//! Reinforcement learning on the engine: the synthetic task and its verifiable reward,
+//! Reinforcement learning on the engine: the tasks (arithmetic over token ids, or a user's
+//! prompts and reward over text),
 //! advantages (GAE, group-relative, greedy baseline), the training objectives, and the
 //! synchronous RL step across model-stages (generation → inference → training → weight sync).
 
@@ -12,5 +13,5 @@ pub mod warmup;
 pub use losses::{PolicyLoss, ScoreRegression, SequenceCrossEntropy, ValueLoss};
 pub use rollout::{AdvantageParams, Rollout};
 pub use step::{NonFinite, RlJob, StepMetrics, StepSettings};
-pub use task::{ArithmeticTask, EOS};
+pub use task::{ArithmeticTask, Scores, Task, TextReward, TextTask, EOS};
 pub use warmup::{warm_up, Warmup};

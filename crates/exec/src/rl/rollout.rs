@@ -52,6 +52,13 @@ pub struct AdvantageParams {
 }
 
 impl Rollout {
+    /// Sequence `i`'s prompt and its response (up to and including its stop token).
+    pub fn prompt_and_response(&self, i: usize) -> (&[u32], &[u32]) {
+        let (p, t) = (self.prompt_len, self.seq_len);
+        let seq = &self.tokens[i * t..(i + 1) * t];
+        (&seq[..p], &seq[p..p + self.lengths[i]])
+    }
+
     /// Sequences `S`.
     pub fn sequences(&self) -> usize {
         self.lengths.len()

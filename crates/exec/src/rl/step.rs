@@ -16,7 +16,8 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::{AdvantageParams, ArithmeticTask, PolicyLoss, Rollout, ValueLoss, EOS};
+use super::task::{ArithmeticTask, Scores, Task};
+use super::{AdvantageParams, PolicyLoss, Rollout, ValueLoss};
 use crate::comm::{DataPlane, GroupId};
 use crate::emu::{Counters, EmuId, EmuSet};
 use crate::engine::parallel::assemble_rows;
@@ -37,7 +38,7 @@ pub struct StepSettings {
     /// `ppo`, `grpo` or `remax`.
     pub algorithm: Algorithm,
     /// The task and its reward.
-    pub task: ArithmeticTask,
+    pub task: Task,
     /// Prompts per step.
     pub prompts: usize,
     /// Samples per prompt.
@@ -67,11 +68,19 @@ pub struct StepSettings {
 }
 
 impl StepSettings {
-    /// The settings of `config`.
-    pub fn new(config: &JobConfig) -> StepSettings {
+    /// The built-in arithmetic task of `config` (its `[data]` section aside).
+    pub fn arithmetic_task(config: &JobConfig) -> Task {
         let (rl, t) = (&config.rl, &config.train);
-        let vocab = config.models.actor.vocab;
         let cap = if t.reward_cap > 0 { t.reward_cap } else { rl.max_response_len };
+        let vocab = config.models.actor.vocab;
+        Task::Arithmetic(ArithmeticTask { prompt_len: rl.prompt_len as usize, vocab, cap: cap as usize })
+    }
+
+    /// The settings of `config` for `task` (the arithmetic task, or the text task its
+    /// `[data]` section describes).
+    pub fn new(config: &JobConfig, task: Task) -> StepSettings {
+        let (rl, t) = (&config.rl, &config.train);
+        let (eos, also_stop) = task.stop();
         let opt = |lr: f64| AdamW {
             lr: lr as f32,
             weight_decay: t.weight_decay as f32,
@@ -80,7 +89,7 @@ impl StepSettings {
         };
         StepSettings {
             algorithm: rl.algorithm,
-            task: ArithmeticTask { prompt_len: rl.prompt_len as usize, vocab, cap: cap as usize },
+            task,
             prompts: rl.prompts_per_step as usize,
             samples: rl.samples_per_prompt as usize,
             mini_batch: rl.mini_batch as usize,
@@ -90,7 +99,8 @@ impl StepSettings {
                 temperature: t.temperature as f32,
                 top_p: t.top_p as f32,
                 max_new_tokens: rl.max_response_len as usize,
-                eos: EOS,
+                eos,
+                also_stop,
                 greedy: false,
                 seed: config.job.seed,
             },
@@ -116,7 +126,7 @@ impl StepSettings {
 
     /// Positions per sequence.
     pub fn seq_len(&self) -> usize {
-        self.task.prompt_len + self.sampling.max_new_tokens
+        self.task.prompt_len() + self.sampling.max_new_tokens
     }
 }
 
@@ -269,7 +279,8 @@ impl RlJob {
         let greedy = if s.algorithm == Algorithm::Remax { self.greedy_scores(plane, set, step)? } else { Vec::new() };
         stage_done(Phase::Generation, &mut metrics);
         let rm_scores = self.infer(plane, set, &mut rollout)?;
-        let rule: Vec<f32> = (0..rollout.sequences()).map(|i| self.rule_score(&rollout, i)).collect();
+        let positions: Vec<u64> = (0..rollout.sequences()).map(|i| self.position(step, i / s.samples)).collect();
+        let Scores { rewards: rule, failures } = self.score(plane, &rollout, &positions, step)?;
         rollout.scores = match s.reward {
             RewardSource::Rule => rule.clone(),
             RewardSource::Model => rm_scores.clone(),
@@ -294,6 +305,7 @@ impl RlJob {
             actor_grad_norm: actor.last.grad_norm,
             critic_grad_norm: critic.last.grad_norm,
             skipped_updates: actor.skipped + critic.skipped,
+            reward_failures: failures,
         };
         metrics.non_finite = [(ACTOR, actor), (CRITIC, critic)]
             .into_iter()
@@ -313,15 +325,45 @@ impl RlJob {
             .map_or(self.settings.micro_batch, |p| p.candidate.micro_batch as usize)
     }
 
-    fn rule_score(&self, rollout: &Rollout, i: usize) -> f32 {
-        let (p, t) = (rollout.prompt_len, rollout.seq_len);
-        let seq = &rollout.tokens[i * t..(i + 1) * t];
-        self.settings.task.reward(&seq[..p], &seq[p..p + rollout.lengths[i]])
+    /// The run position of prompt `k` of step `step`: `step × prompts + k` (the checkpoint's
+    /// `data_position` is where the next step starts).
+    fn position(&self, step: u64, k: usize) -> u64 {
+        step * self.settings.prompts as u64 + k as u64
     }
 
-    /// Prompt `k` of step `step` (the data position is `step × prompts + k`).
+    /// Prompt `k` of step `step`.
     fn prompt(&self, step: u64, k: usize) -> Vec<u32> {
-        self.settings.task.prompt(self.settings.sampling.seed, step * self.settings.prompts as u64 + k as u64)
+        self.settings.task.prompt(self.settings.sampling.seed, self.position(step, k))
+    }
+
+    /// The task's rewards for `rollout`, the same on every rank. A scorer command runs on rank
+    /// 0 alone and one sum over the world carries its rewards (and whether it failed) to every
+    /// rank; a failure is an [`EngineError::Reward`] on every rank, before any state changed.
+    fn score<P: DataPlane>(&self, plane: &mut P, rollout: &Rollout, positions: &[u64], step: u64) -> Result<Scores, EngineError> {
+        let task = &self.settings.task;
+        let failed = |what: String| EngineError::Reward { step, what };
+        if !task.scores_on_one_rank() {
+            return task.score(rollout, positions).map_err(failed);
+        }
+        let n = rollout.sequences();
+        // [rewards…, failures, ok]: rank 0's values, zeros elsewhere.
+        let mut buf = vec![0f32; n + 2];
+        let mut message = None;
+        if plane.rank() == 0 {
+            match task.score(rollout, positions) {
+                Ok(scores) => {
+                    buf[..n].copy_from_slice(&scores.rewards);
+                    buf[n] = scores.failures as f32;
+                    buf[n + 1] = 1.0;
+                }
+                Err(e) => message = Some(e),
+            }
+        }
+        plane.all_reduce_sum_f32(self.world, &mut buf)?;
+        if buf[n + 1] == 0.0 {
+            return Err(failed(message.unwrap_or_else(|| "the reward command failed on rank 0 (its message is in rank 0's output)".into())));
+        }
+        Ok(Scores { rewards: buf[..n].to_vec(), failures: buf[n] as u64 })
     }
 
     /// Samples `count` sequences on the generation replicas (sequence `i` answers prompt
@@ -395,7 +437,7 @@ impl RlJob {
             |i| step * n as u64 + i as u64,
         )?;
         Ok(Rollout {
-            prompt_len: s.task.prompt_len,
+            prompt_len: s.task.prompt_len(),
             seq_len: s.seq_len(),
             tokens: out.tokens,
             lengths: out.lengths,
@@ -409,13 +451,15 @@ impl RlJob {
         let greedy = Sampling { greedy: true, ..s.sampling };
         let out = self.sample(plane, set, s.prompts, &greedy, |k| self.prompt(step, k), |k| k as u64)?;
         let r = Rollout {
-            prompt_len: s.task.prompt_len,
+            prompt_len: s.task.prompt_len(),
             seq_len: s.seq_len(),
             tokens: out.tokens,
             lengths: out.lengths,
             ..Rollout::default()
         };
-        Ok((0..s.sequences()).map(|i| self.rule_score(&r, i / s.samples)).collect())
+        let positions: Vec<u64> = (0..s.prompts).map(|k| self.position(step, k)).collect();
+        let per_prompt = self.score(plane, &r, &positions, step)?.rewards;
+        Ok((0..s.sequences()).map(|i| per_prompt[i / s.samples]).collect())
     }
 
     /// Reference, reward and critic inference plus the actor's own log-probabilities, each on

@@ -3,7 +3,7 @@
 //! learns to score responses by the rule (so the reward model-stage is a real transformer with
 //! a scalar head whose weights come from training). Both run data-parallel over every rank.
 
-use super::{ArithmeticTask, Rollout, ScoreRegression, SequenceCrossEntropy, EOS};
+use super::{Rollout, ScoreRegression, SequenceCrossEntropy, Task};
 use crate::comm::DataPlane;
 use crate::emu::{Counters, EmuId, EmuSet};
 use crate::engine::{init_shard, train_step, AdamW, Batch, EngineError, Objective, Replica};
@@ -19,22 +19,33 @@ pub enum Warmup {
     RewardModel,
 }
 
-/// A warm-up batch of `count` sequences for step `step`.
-fn batch(kind: Warmup, task: &ArithmeticTask, seed: u64, step: u64, count: usize, response_len: usize) -> Rollout {
-    let t = task.prompt_len + response_len;
-    let mut r = Rollout { prompt_len: task.prompt_len, seq_len: t, ..Rollout::default() };
+/// A warm-up batch of `count` sequences for step `step`; the error says why the task has none.
+fn batch(kind: Warmup, task: &Task, seed: u64, step: u64, count: usize, response_len: usize) -> Result<Rollout, String> {
+    let (p, eos) = (task.prompt_len(), task.stop().0);
+    let t = p + response_len;
+    let mut r = Rollout { prompt_len: p, seq_len: t, ..Rollout::default() };
     for i in 0..count as u64 {
         let index = step * count as u64 + i;
-        let prompt = task.prompt(seed ^ 0xA11CE, index);
-        let response = match kind {
-            Warmup::Actor => task.warmup_response(&prompt, index),
-            Warmup::RewardModel => task.graded_response(&prompt, seed, index, response_len),
+        let (prompt, response, score) = match (kind, task) {
+            (Warmup::Actor, _) => {
+                let (prompt, response) = task.warmup_example(seed, index)?;
+                (prompt, response, 0.0) // next-token cross-entropy reads no score
+            }
+            (Warmup::RewardModel, Task::Arithmetic(a)) => {
+                let prompt = a.prompt(seed ^ 0xA11CE, index);
+                let response = a.graded_response(&prompt, seed, index, response_len);
+                let score = a.reward(&prompt, &response);
+                (prompt, response, score)
+            }
+            (Warmup::RewardModel, Task::Text(_)) => {
+                return Err("a text job has no graded responses to warm a reward model up on: set train.warmup_reward_steps = 0 and score with [reward] (train.reward = \"rule\"), or start the reward model from a directory (models.reward.path)".into())
+            }
         };
-        r.scores.push(task.reward(&prompt, &response));
-        r.lengths.push(response.len());
-        r.tokens.extend(prompt.iter().chain(&response).copied().chain(std::iter::repeat(EOS)).take(t));
+        r.scores.push(score);
+        r.lengths.push(response.len().min(response_len));
+        r.tokens.extend(prompt.iter().chain(&response).copied().chain(std::iter::repeat(eos)).take(t));
     }
-    r
+    Ok(r)
 }
 
 /// Creates `model_stage` data-parallel over every rank (`tp = pp = 1`), trains it `steps` steps
@@ -46,7 +57,7 @@ pub fn warm_up<P: DataPlane>(
     set: &mut EmuSet,
     model_stage: ModelStage,
     kind: Warmup,
-    task: &ArithmeticTask,
+    task: &Task,
     seed: u64,
     steps: u32,
     count: usize,
@@ -61,12 +72,13 @@ pub fn warm_up<P: DataPlane>(
             init_shard(shard, catalogue, seed).map_err(|e| e.to_string())
         })?);
     }
-    let replica = Replica::new(plane, set, ids[plane.rank() as usize], task.prompt_len + response_len)?;
+    let replica = Replica::new(plane, set, ids[plane.rank() as usize], task.prompt_len() + response_len)?;
     let opt = AdamW { lr: lr as f32, ..AdamW::default() };
     let mut loss = 0.0;
     let members: Vec<usize> = (0..count).collect();
     for step in 0..u64::from(steps) {
-        let rollout = batch(kind, task, seed, step, count, response_len);
+        let rollout = batch(kind, task, seed, step, count, response_len)
+            .map_err(|what| EngineError::Shape { what: format!("the supervised warm-up of {model_stage}: {what}") })?;
         let tokens = rollout.tokens_of(&members);
         let objective: Box<dyn Objective> = match kind {
             Warmup::Actor => Box::new(SequenceCrossEntropy { rollout: &rollout, members: &members, first_row: 1 }),

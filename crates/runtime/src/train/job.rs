@@ -6,7 +6,7 @@ use nereus_core::plan::{PerPhase, Plan};
 use nereus_core::policy::controller::Controller;
 use nereus_exec::comm::{max_over_ranks, MpiPlane};
 use nereus_exec::emu::EmuSet;
-use nereus_exec::rl::{RlJob, StepMetrics, StepSettings};
+use nereus_exec::rl::{RlJob, StepMetrics, StepSettings, Task, TextTask};
 
 use super::console;
 use super::fault::{rank_fault, RankFault};
@@ -91,7 +91,8 @@ impl<'s> TrainJob<'s> {
         // SIGHUP re-reads the pool file at once (rank 0 says what the next boundary will do).
         let follows_pool = config.policy.mode != PolicyMode::Off;
         let pool_signal = (follows_pool && session.rank() == 0).then(|| PoolSignal::install(&pools)).transpose()?;
-        let mut settings = StepSettings::new(config);
+        let task = session.agree("data", job_task(config, session.rank() == 0))?;
+        let mut settings = StepSettings::new(config, task);
         settings.sampling.max_new_tokens = fresh.2 as usize;
         let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
         let mut sources = match &resume_dir {
@@ -247,6 +248,29 @@ impl<'s> TrainJob<'s> {
             Err(e) => log::warn!("could not write the timeline to {}: {e}", out.display()),
         }
     }
+}
+
+/// The job's task: the text task its `[data]` section describes (prompts read, rendered and
+/// tokenized on every rank, which then agree), or the arithmetic task.
+fn job_task(config: &JobConfig, log: bool) -> Result<Task, RuntimeError> {
+    if config.data.is_none() {
+        return Ok(StepSettings::arithmetic_task(config));
+    }
+    let task = TextTask::load(config).map_err(RuntimeError::Usage)?;
+    if log {
+        let dropped = task.train.dropped();
+        log::info!(
+            "{} training prompts from {}{}; responses stop at ids {:?}",
+            task.train.len(),
+            task.train.path.display(),
+            match dropped.len() {
+                0 => String::new(),
+                n => format!(" ({n} longer than rl.prompt_len = {} left out, first at line {})", task.prompt_len, dropped[0]),
+            },
+            task.text.special().eos_ids
+        );
+    }
+    Ok(Task::Text(std::sync::Arc::new(task)))
 }
 
 /// The step a checkpoint directory `step-N` continues from.

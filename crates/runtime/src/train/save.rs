@@ -4,7 +4,6 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use nereus_core::plan::{ModelStage, Role, Stage};
-use nereus_exec::rl::{StepSettings, EOS};
 
 use super::sources::spec;
 use super::TrainJob;
@@ -22,11 +21,10 @@ impl<'s> TrainJob<'s> {
     fn save(&mut self, step: u64) -> Result<PathBuf, RuntimeError> {
         let config = self.config;
         let models = self.models_to_save();
-        let settings = StepSettings::new(config);
         let options = SaveOptions {
             max_shard_bytes: config.train.checkpoint_shard_bytes(),
-            max_position_embeddings: settings.seq_len() as u64,
-            eos_token_id: Some(EOS),
+            max_position_embeddings: (config.rl.prompt_len + config.rl.max_response_len).into(),
+            eos_token_id: Some(self.settings.sampling.eos),
             temperature: config.train.temperature,
             top_p: config.train.top_p,
         };

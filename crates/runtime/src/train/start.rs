@@ -10,7 +10,6 @@ use nereus_core::policy::controller::ControllerState;
 use nereus_core::record::Event;
 use nereus_core::units::format_bytes;
 use nereus_exec::backend::check_data_plane;
-use nereus_exec::rl::StepSettings;
 
 use super::metrics::MetricsLog;
 use super::pool::PoolSource;
@@ -39,15 +38,15 @@ pub(super) fn job_checks(config: &JobConfig, world: i32) -> Result<(Plan, Planne
                 .unwrap_or_default()
         )));
     }
-    let s = StepSettings::new(config);
+    let (sequences, seq_len) = (config.rl.sequences_per_step(), config.rl.prompt_len + config.rl.max_response_len);
     // Tokens, the five per-position arrays, the inference buffer and the assembled samples.
-    let rollout = 11 * 4 * s.sequences() as u64 * s.seq_len() as u64;
+    let rollout = 11 * 4 * u64::from(sequences) * u64::from(seq_len);
     let capacity = config.cluster.device_memory_bytes();
     if rollout > capacity {
         return Err(RuntimeError::Usage(format!(
             "one step's rollout ({} sequences × {} tokens) needs {} on every rank, and a rank has {} (cluster.device_memory_gb); lower rl.prompts_per_step, rl.samples_per_prompt or rl.max_response_len",
-            s.sequences(),
-            s.seq_len(),
+            sequences,
+            seq_len,
             format_bytes(rollout),
             format_bytes(capacity)
         )));

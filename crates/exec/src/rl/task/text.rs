@@ -1,0 +1,175 @@
+//! The text task: prompts from the job's `[data]` file, rendered and tokenized once at start;
+//! responses decoded with the same tokenizer and scored by the `[reward]` rule or scorer.
+//!
+//! Prompts shorter than `rl.prompt_len` are left-padded with the pad id so that every sequence
+//! of a batch has the same prompt length (the engine's layout). The padding is not masked: the
+//! policy is trained and sampled on exactly the sequence it sees, so the RL update is exact for
+//! that policy, but a pretrained model reads a few pad tokens before its prompt that
+//! transformers' masked batches would hide (docs/data.md).
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use nereus_core::config::{JobConfig, OnScorerError, RewardKind};
+use nereus_data::prompts::PromptSet;
+use nereus_data::reward::command::{CommandScorer, OnError, ScoreRequest};
+use nereus_data::reward::{RuleKind, RuleReward};
+use nereus_data::text::ModelText;
+
+use super::{Rollout, Scores};
+use crate::engine::StopIds;
+
+/// How a text job's responses are scored.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TextReward {
+    /// A rule over the decoded response and the reference answer.
+    Rule(RuleReward),
+    /// An external scorer: program and arguments, timeout per line, what a failure does.
+    Command {
+        /// Program and arguments.
+        argv: Vec<String>,
+        /// Per response.
+        timeout: Duration,
+        /// Stop or score 0.
+        on_error: OnError,
+    },
+}
+
+/// A job's prompts, tokenizer and reward.
+pub struct TextTask {
+    /// The training prompts.
+    pub train: PromptSet,
+    /// The held-out prompts, if any.
+    pub eval: Option<PromptSet>,
+    /// The tokenizer, template and special tokens.
+    pub text: ModelText,
+    /// Prompt tokens per sequence.
+    pub prompt_len: usize,
+    /// The reward.
+    pub reward: TextReward,
+    /// The scorer process, once started (on the rank that scores).
+    scorer: Mutex<Option<CommandScorer>>,
+}
+
+impl std::fmt::Debug for TextTask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TextTask")
+            .field("train", &self.train.path)
+            .field("prompts", &self.train.len())
+            .field("prompt_len", &self.prompt_len)
+            .field("reward", &self.reward)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TextTask {
+    /// The task of `config` (which has `[data]`): the tokenizer checked against the actor's
+    /// vocabulary, every prompt rendered and tokenized. The error names the file and the line.
+    pub fn load(config: &JobConfig) -> Result<TextTask, String> {
+        let data = config.data.as_ref().ok_or("the job has no [data] section")?;
+        let dir = data.tokenizer.as_ref().or(config.models.actor.path.as_ref()).ok_or("no tokenizer directory")?;
+        let text = ModelText::load(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        text.check_fits(config.models.actor.vocab as usize).map_err(|e| format!("{}: {e}", dir.display()))?;
+        if text.special().eos_ids.len() > 5 {
+            return Err(format!("{}: more than 5 end-of-sequence ids", dir.display()));
+        }
+        let prompt_len = config.rl.prompt_len as usize;
+        let load =
+            |path: &PathBuf| PromptSet::load(path, data, &text, prompt_len, config.job.seed).map_err(|e| e.to_string());
+        let train = load(&data.train)?;
+        let eval = data.eval.as_ref().map(load).transpose()?;
+        let r = &config.reward;
+        let reward = match r.kind {
+            RewardKind::Math => TextReward::Rule(RuleReward { kind: RuleKind::Math, format_bonus: r.format_bonus }),
+            RewardKind::Exact => TextReward::Rule(RuleReward { kind: RuleKind::Exact, format_bonus: r.format_bonus }),
+            RewardKind::Command => TextReward::Command {
+                argv: r.command.clone(),
+                timeout: Duration::from_secs_f64(r.timeout_s),
+                on_error: match r.on_error {
+                    OnScorerError::Stop => OnError::Stop,
+                    OnScorerError::Zero => OnError::Zero,
+                },
+            },
+        };
+        Ok(TextTask { train, eval, text, prompt_len, reward, scorer: Mutex::new(None) })
+    }
+
+    /// Whether the reward is an external scorer.
+    pub fn runs_a_command(&self) -> bool {
+        matches!(self.reward, TextReward::Command { .. })
+    }
+
+    /// The first EOS id (also the padding after a response) and the others.
+    pub fn stop(&self) -> (u32, StopIds) {
+        let eos = &self.text.special().eos_ids;
+        (eos[0], StopIds::new(&eos[1..]).expect("at most 5 EOS ids, checked at load"))
+    }
+
+    /// The training prompt at run position `position`, left-padded to the prompt length.
+    pub fn prompt(&self, position: u64) -> Vec<u32> {
+        let ids = &self.train.at(position).ids;
+        let pad = self.text.special().pad_id;
+        std::iter::repeat_n(pad, self.prompt_len - ids.len()).chain(ids.iter().copied()).collect()
+    }
+
+    /// The text of a response: its stop token dropped, special tokens skipped.
+    pub fn decode_response(&self, response: &[u32]) -> Result<String, String> {
+        let special = self.text.special();
+        let body = match response.split_last() {
+            Some((last, body)) if special.is_eos(*last) => body,
+            _ => response,
+        };
+        self.text.decode(body).map_err(|e| e.to_string())
+    }
+
+    /// The rewards of `rollout` (sequence `i` answers the prompt at position `positions[i]`).
+    pub fn score(&self, rollout: &Rollout, positions: &[u64]) -> Result<Scores, String> {
+        let responses = (0..rollout.sequences())
+            .map(|i| self.decode_response(rollout.prompt_and_response(i).1))
+            .collect::<Result<Vec<_>, _>>()?;
+        let items: Vec<_> = positions.iter().map(|&p| self.train.at(p)).collect();
+        match &self.reward {
+            TextReward::Rule(rule) => {
+                let rewards = responses.iter().zip(&items).map(|(r, item)| rule.score(r, &item.answer).reward as f32);
+                Ok(Scores { rewards: rewards.collect(), failures: 0 })
+            }
+            TextReward::Command { argv, timeout, on_error } => {
+                let requests: Vec<ScoreRequest> = responses
+                    .iter()
+                    .zip(&items)
+                    .map(|(response, item)| ScoreRequest {
+                        prompt: &item.text,
+                        response,
+                        answer: &item.answer,
+                        metadata: &item.metadata,
+                    })
+                    .collect();
+                let mut scorer = self.scorer.lock().map_err(|_| "the scorer's lock is poisoned")?;
+                if scorer.is_none() {
+                    *scorer = Some(CommandScorer::start(argv, *timeout, *on_error).map_err(|e| e.to_string())?);
+                }
+                let batch = scorer.as_mut().expect("started above").score(&requests).map_err(|e| e.to_string())?;
+                for (index, why) in &batch.failures {
+                    log::warn!("{}:{}: scored 0: {why}", self.train.path.display(), items[*index].line);
+                }
+                let rewards = batch.rewards.iter().map(|&x| x as f32).collect();
+                Ok(Scores { rewards, failures: batch.failures.len() as u64 })
+            }
+        }
+    }
+
+    /// Warm-up example `index`: a training prompt and its worked solution, then EOS.
+    pub fn warmup_example(&self, index: u64) -> Result<(Vec<u32>, Vec<u32>), String> {
+        let item = self.train.at(index);
+        let solution = item.solution.as_ref().ok_or_else(|| {
+            format!(
+                "{}: the actor's warm-up needs worked answers: set data.solution_key, or start the actor from a model directory (models.actor.path) with train.warmup_actor_steps = 0",
+                self.train.path.display()
+            )
+        })?;
+        let mut response = self.text.encode(solution).map_err(|e| e.to_string())?;
+        response.push(self.stop().0);
+        Ok((self.prompt(index), response))
+    }
+}
