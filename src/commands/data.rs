@@ -1,5 +1,5 @@
 //! `nereus data …`: checking a prompt file against a model's tokenizer and chat template before
-//! a run (`preview`).
+//! a run (`preview`), and the project's own small text job (`synth`).
 
 use clap::{Args, Subcommand};
 use serde::Serialize;
@@ -8,6 +8,7 @@ use std::path::PathBuf;
 
 use nereus_core::config::hf::read_model_config;
 use nereus_data::records::read_jsonl;
+use nereus_data::synth::{synth, SynthSpec};
 use nereus_data::text::ModelText;
 
 use super::simulate::write_file;
@@ -20,6 +21,31 @@ pub enum DataCommand {
     /// Print the first prompts of a JSON-lines file as the model will see them: rendered with
     /// the model directory's chat template, and their token ids.
     Preview(PreviewArgs),
+    /// Write the project's small text job: arithmetic word problems (train.jsonl, eval.jsonl)
+    /// and a byte-level BPE tokenizer with a chat template trained on them (tokenizer/).
+    Synth(SynthArgs),
+}
+
+/// `nereus data synth`.
+#[derive(Args, Debug, Clone)]
+pub struct SynthArgs {
+    /// The directory to write (configs/data/tiny-math is this command's output with defaults).
+    pub out: PathBuf,
+    /// Training problems.
+    #[arg(long, default_value_t = SynthSpec::default().train)]
+    pub train: usize,
+    /// Held-out problems.
+    #[arg(long, default_value_t = SynthSpec::default().eval)]
+    pub eval: usize,
+    /// Largest operand.
+    #[arg(long, default_value_t = SynthSpec::default().max_operand)]
+    pub max_operand: u32,
+    /// Token ids of the tokenizer (above 259: the 256 bytes and 3 special tokens come first).
+    #[arg(long, default_value_t = SynthSpec::default().vocab)]
+    pub vocab: usize,
+    /// Seed of the problems.
+    #[arg(long, default_value_t = SynthSpec::default().seed)]
+    pub seed: u64,
 }
 
 /// `nereus data preview`.
@@ -60,8 +86,23 @@ struct Rendered {
 
 /// Runs `nereus data …` (this process alone).
 pub fn exec(command: DataCommand, global: &Global) -> u8 {
-    let DataCommand::Preview(a) = command;
-    solo(global, || preview(&a))
+    match command {
+        DataCommand::Preview(a) => solo(global, || preview(&a)),
+        DataCommand::Synth(a) => solo(global, || synth_job(&a)),
+    }
+}
+
+fn synth_job(a: &SynthArgs) -> Result<(), CommandError> {
+    if a.vocab <= 259 || a.train == 0 || a.eval == 0 {
+        return Err(CommandError::Usage(format!(
+            "--vocab must be above 259 (the 256 bytes and 3 special tokens), --train and --eval at least 1; got {}, {}, {}",
+            a.vocab, a.train, a.eval
+        )));
+    }
+    let spec = SynthSpec { train: a.train, eval: a.eval, max_operand: a.max_operand, vocab: a.vocab, seed: a.seed };
+    synth(&spec, &a.out).map_err(|e| CommandError::Usage(e.to_string()))?;
+    println!("wrote {} (train.jsonl: {}, eval.jsonl: {}, tokenizer/)", a.out.display(), a.train, a.eval);
+    Ok(())
 }
 
 fn preview(a: &PreviewArgs) -> Result<(), CommandError> {

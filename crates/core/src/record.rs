@@ -232,6 +232,20 @@ pub enum Event {
         #[serde(default)]
         branch: bool,
     },
+    /// Greedy answers to the held-out prompts, scored by the job's reward (text jobs).
+    Eval {
+        /// RL steps done when it ran (0: after the warm-up, before any RL step).
+        step: u64,
+        /// Prompts answered.
+        prompts: usize,
+        /// Their mean reward.
+        mean_reward: f64,
+        /// The share answered correctly (absent for a scorer command, which gives rewards only).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        accuracy: Option<f64>,
+        /// Mean response length, tokens.
+        response_len_mean: f64,
+    },
     /// `--resume auto` found no complete checkpoint (a crash before the first): the run starts
     /// fresh, and the step records before this line belong to the run it abandons.
     FreshStart {

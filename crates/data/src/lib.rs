@@ -11,4 +11,5 @@
 pub mod prompts;
 pub mod records;
 pub mod reward;
+pub mod synth;
 pub mod text;

@@ -43,7 +43,13 @@ pub struct PromptSet {
 impl PromptSet {
     /// Reads `path` with `data`'s fields, renders and tokenizes every prompt with `text`, and
     /// applies `data.too_long` to prompts over `max_tokens`. `seed` orders the epochs.
-    pub fn load(path: &Path, data: &DataSection, text: &ModelText, max_tokens: usize, seed: u64) -> Result<Self, DataError> {
+    pub fn load(
+        path: &Path,
+        data: &DataSection,
+        text: &ModelText,
+        max_tokens: usize,
+        seed: u64,
+    ) -> Result<Self, DataError> {
         let mut items = Vec::new();
         let mut dropped = Vec::new();
         for record in read_jsonl(path)? {

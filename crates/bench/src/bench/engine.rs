@@ -197,8 +197,15 @@ fn time_phases(session: &Session, arch: &Architecture, reps: usize) -> Result<(f
     let (mut fwd, mut steps, mut decodes) = (Vec::new(), Vec::new(), Vec::new());
     let (db, dp, dn) = DECODE;
     // EOS outside the vocabulary: every sequence decodes all `dn` tokens.
-    let sampling =
-        Sampling { temperature: 1.0, top_p: 1.0, max_new_tokens: dn, eos: arch.vocab as u32, also_stop: StopIds::NONE, greedy: true, seed: 1 };
+    let sampling = Sampling {
+        temperature: 1.0,
+        top_p: 1.0,
+        max_new_tokens: dn,
+        eos: arch.vocab as u32,
+        also_stop: StopIds::NONE,
+        greedy: true,
+        seed: 1,
+    };
     let ids: Vec<u64> = (0..db as u64).collect();
     for rep in 0..=reps.max(1) {
         let (f, d) = with_params(&mut set, id, |params, arena| -> Result<(f64, f64), RuntimeError> {

@@ -274,8 +274,15 @@ fn sample_share(
     let prompts: Vec<u32> =
         share.clone().flat_map(|s| tokens[s * seq_len..s * seq_len + seq_len / 2].to_vec()).collect();
     let ids: Vec<u64> = share.clone().map(|s| s as u64).collect();
-    let sampling =
-        Sampling { temperature: 1.0, top_p: 0.9, max_new_tokens: seq_len / 2, eos: 0, also_stop: StopIds::NONE, greedy: false, seed: 11 };
+    let sampling = Sampling {
+        temperature: 1.0,
+        top_p: 0.9,
+        max_new_tokens: seq_len / 2,
+        eos: 0,
+        also_stop: StopIds::NONE,
+        greedy: false,
+        seed: 11,
+    };
     let out = with_params(set, replica.emu, |params, arena| {
         replica.generate(plane, params, &prompts, &ids, &sampling, arena)
     })?;

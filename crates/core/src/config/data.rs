@@ -53,6 +53,20 @@ pub struct DataSection {
     /// Prompts longer than `rl.prompt_len` tokens: `drop` (counted) or `error`.
     #[serde(default)]
     pub too_long: TooLong,
+    /// Evaluate on the held-out prompts every this many steps (0: only before the first step
+    /// and after the last).
+    #[serde(default)]
+    pub eval_every: u32,
+    /// Held-out prompts per evaluation (0: all of them).
+    #[serde(default)]
+    pub eval_count: u32,
+    /// Decoded responses written to `<output_dir>/samples.jsonl` per step.
+    #[serde(default = "two")]
+    pub samples_per_step: u32,
+}
+
+fn two() -> u32 {
+    2
 }
 
 fn prompt_key() -> String {

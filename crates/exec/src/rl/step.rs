@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::task::{ArithmeticTask, Scores, Task};
+use super::task::{ArithmeticTask, Scores, Split, Task, TextSample};
 use super::{AdvantageParams, PolicyLoss, Rollout, ValueLoss};
 use crate::comm::{DataPlane, GroupId};
 use crate::emu::{Counters, EmuId, EmuSet};
@@ -65,6 +65,8 @@ pub struct StepSettings {
     pub loss_kl_coef: f64,
     /// Score the policy is trained on.
     pub reward: RewardSource,
+    /// Decoded responses recorded per step (text jobs).
+    pub samples_logged: usize,
 }
 
 impl StepSettings {
@@ -116,6 +118,7 @@ impl StepSettings {
             value_clip: t.value_clip,
             loss_kl_coef: if rl.algorithm == Algorithm::Ppo { 0.0 } else { t.kl_coef },
             reward: t.reward,
+            samples_logged: config.data.as_ref().map_or(0, |d| d.samples_per_step as usize),
         }
     }
 
@@ -128,6 +131,19 @@ impl StepSettings {
     pub fn seq_len(&self) -> usize {
         self.task.prompt_len() + self.sampling.max_new_tokens
     }
+}
+
+/// Greedy answers to held-out prompts, scored.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Evaluation {
+    /// Prompts answered.
+    pub prompts: usize,
+    /// Their mean reward.
+    pub mean_reward: f64,
+    /// The share answered correctly (a rule's verdict; `None` for a scorer command).
+    pub accuracy: Option<f64>,
+    /// Mean response length, tokens.
+    pub response_len_mean: f64,
 }
 
 /// What one RL step reports on rank 0.
@@ -146,6 +162,9 @@ pub struct StepMetrics {
     pub step_seconds: f64,
     /// Response tokens generated.
     pub generated_tokens: u64,
+    /// A text job's first responses, decoded (rank 0).
+    #[serde(skip)]
+    pub samples: Vec<TextSample>,
 }
 
 /// The optimizer updates of one training model-stage during a step.
@@ -280,7 +299,8 @@ impl RlJob {
         stage_done(Phase::Generation, &mut metrics);
         let rm_scores = self.infer(plane, set, &mut rollout)?;
         let positions: Vec<u64> = (0..rollout.sequences()).map(|i| self.position(step, i / s.samples)).collect();
-        let Scores { rewards: rule, failures } = self.score(plane, &rollout, &positions, step)?;
+        let Scores { rewards: rule, failures, .. } = self.score(plane, &rollout, Split::Train, &positions, step)?;
+        metrics.samples = self.samples(&rollout, &positions, &rule, plane.rank());
         rollout.scores = match s.reward {
             RewardSource::Rule => rule.clone(),
             RewardSource::Model => rm_scores.clone(),
@@ -339,18 +359,25 @@ impl RlJob {
     /// The task's rewards for `rollout`, the same on every rank. A scorer command runs on rank
     /// 0 alone and one sum over the world carries its rewards (and whether it failed) to every
     /// rank; a failure is an [`EngineError::Reward`] on every rank, before any state changed.
-    fn score<P: DataPlane>(&self, plane: &mut P, rollout: &Rollout, positions: &[u64], step: u64) -> Result<Scores, EngineError> {
+    fn score<P: DataPlane>(
+        &self,
+        plane: &mut P,
+        rollout: &Rollout,
+        split: Split,
+        positions: &[u64],
+        step: u64,
+    ) -> Result<Scores, EngineError> {
         let task = &self.settings.task;
         let failed = |what: String| EngineError::Reward { step, what };
         if !task.scores_on_one_rank() {
-            return task.score(rollout, positions).map_err(failed);
+            return task.score(rollout, split, positions).map_err(failed);
         }
         let n = rollout.sequences();
         // [rewards…, failures, ok]: rank 0's values, zeros elsewhere.
         let mut buf = vec![0f32; n + 2];
         let mut message = None;
         if plane.rank() == 0 {
-            match task.score(rollout, positions) {
+            match task.score(rollout, split, positions) {
                 Ok(scores) => {
                     buf[..n].copy_from_slice(&scores.rewards);
                     buf[n] = scores.failures as f32;
@@ -361,9 +388,62 @@ impl RlJob {
         }
         plane.all_reduce_sum_f32(self.world, &mut buf)?;
         if buf[n + 1] == 0.0 {
-            return Err(failed(message.unwrap_or_else(|| "the reward command failed on rank 0 (its message is in rank 0's output)".into())));
+            return Err(failed(
+                message.unwrap_or_else(|| {
+                    "the reward command failed on rank 0 (its message is in rank 0's output)".into()
+                }),
+            ));
         }
-        Ok(Scores { rewards: buf[..n].to_vec(), failures: buf[n] as u64 })
+        Ok(Scores { rewards: buf[..n].to_vec(), correct: Vec::new(), failures: buf[n] as u64 })
+    }
+
+    /// Rank 0's decoded samples of a text job's step: its first `data.samples_per_step`
+    /// sequences.
+    fn samples(&self, rollout: &Rollout, positions: &[u64], rewards: &[f32], rank: i32) -> Vec<TextSample> {
+        let Task::Text(t) = &self.settings.task else { return Vec::new() };
+        if rank != 0 {
+            return Vec::new();
+        }
+        let count = self.settings.samples_logged.min(rollout.sequences());
+        (0..count).map(|i| t.sample_record(rollout, i, positions[i], rewards[i])).collect()
+    }
+
+    /// Greedy answers to the first `count` held-out prompts (all when 0), scored by the job's
+    /// reward; `None` for a job without held-out prompts. Every rank calls it; the state is not
+    /// touched. `step` is the number of RL steps done, for messages.
+    pub fn evaluate<P: DataPlane>(
+        &self,
+        plane: &mut P,
+        set: &mut EmuSet,
+        count: usize,
+        step: u64,
+    ) -> Result<Option<Evaluation>, EngineError> {
+        let s = &self.settings;
+        let Task::Text(t) = &s.task else { return Ok(None) };
+        let n = match (t.eval_len(), count) {
+            (0, _) => return Ok(None),
+            (all, 0) => all,
+            (all, c) => c.min(all),
+        };
+        let greedy = Sampling { greedy: true, ..s.sampling };
+        let out = self.sample(plane, set, n, &greedy, |i| t.eval_prompt(i), |i| i as u64)?;
+        let rollout = Rollout {
+            prompt_len: s.task.prompt_len(),
+            seq_len: s.seq_len(),
+            tokens: out.tokens,
+            lengths: out.lengths,
+            ..Rollout::default()
+        };
+        let indices: Vec<u64> = (0..n as u64).collect();
+        let scores = self.score(plane, &rollout, Split::Eval, &indices, step)?;
+        let mean = |xs: &mut dyn Iterator<Item = f64>| xs.sum::<f64>() / n as f64;
+        Ok(Some(Evaluation {
+            prompts: n,
+            mean_reward: mean(&mut scores.rewards.iter().map(|&x| f64::from(x))),
+            accuracy: (!scores.correct.is_empty())
+                .then(|| mean(&mut scores.correct.iter().map(|&c| f64::from(u8::from(c))))),
+            response_len_mean: mean(&mut rollout.lengths.iter().map(|&l| l as f64)),
+        }))
     }
 
     /// Samples `count` sequences on the generation replicas (sequence `i` answers prompt
@@ -458,7 +538,7 @@ impl RlJob {
             ..Rollout::default()
         };
         let positions: Vec<u64> = (0..s.prompts).map(|k| self.position(step, k)).collect();
-        let per_prompt = self.score(plane, &r, &positions, step)?.rewards;
+        let per_prompt = self.score(plane, &r, Split::Train, &positions, step)?.rewards;
         Ok((0..s.sequences()).map(|i| per_prompt[i / s.samples]).collect())
     }
 

@@ -20,7 +20,14 @@ pub enum Warmup {
 }
 
 /// A warm-up batch of `count` sequences for step `step`; the error says why the task has none.
-fn batch(kind: Warmup, task: &Task, seed: u64, step: u64, count: usize, response_len: usize) -> Result<Rollout, String> {
+fn batch(
+    kind: Warmup,
+    task: &Task,
+    seed: u64,
+    step: u64,
+    count: usize,
+    response_len: usize,
+) -> Result<Rollout, String> {
     let (p, eos) = (task.prompt_len(), task.stop().0);
     let t = p + response_len;
     let mut r = Rollout { prompt_len: p, seq_len: t, ..Rollout::default() };

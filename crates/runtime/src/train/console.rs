@@ -71,3 +71,12 @@ pub fn print_boundary(b: &Boundary) {
         );
     }
 }
+
+/// One evaluation's line.
+pub fn print_eval(done: u64, e: &nereus_exec::rl::Evaluation) {
+    let accuracy = e.accuracy.map(|a| format!("accuracy {a:.3}  ")).unwrap_or_default();
+    println!(
+        "eval after step {done}: {accuracy}reward {:.3}  len {:.2}  ({} held-out prompts, greedy)",
+        e.mean_reward, e.response_len_mean, e.prompts
+    );
+}

@@ -4,6 +4,7 @@ use nereus_core::config::{JobConfig, OnNonFinite, PolicyMode};
 use nereus_core::cost::OpSeconds;
 use nereus_core::plan::{PerPhase, Plan};
 use nereus_core::policy::controller::Controller;
+use nereus_core::record::Event;
 use nereus_exec::comm::{max_over_ranks, MpiPlane};
 use nereus_exec::emu::EmuSet;
 use nereus_exec::rl::{RlJob, StepMetrics, StepSettings, Task, TextTask};
@@ -236,6 +237,32 @@ impl<'s> TrainJob<'s> {
         }
     }
 
+    /// Evaluates on the held-out prompts when due after `done` RL steps (before the first, every
+    /// `data.eval_every`, after the last); rank 0 prints and records the result.
+    pub fn evaluate_if_due(&mut self, done: u64) -> Result<(), RuntimeError> {
+        let Some(data) = &self.config.data else { return Ok(()) };
+        let every = u64::from(data.eval_every);
+        let last = done == u64::from(self.config.job.steps);
+        if !(done == 0 || last || (every > 0 && done.is_multiple_of(every))) {
+            return Ok(());
+        }
+        let Some(e) = self.rl.evaluate(&mut self.plane, &mut self.set, data.eval_count as usize, done)? else {
+            return Ok(());
+        };
+        let root = self.session.rank() == 0;
+        if root {
+            console::print_eval(done, &e);
+        }
+        let record = Event::Eval {
+            step: done,
+            prompts: e.prompts,
+            mean_reward: e.mean_reward,
+            accuracy: e.accuracy,
+            response_len_mean: e.response_len_mean,
+        };
+        self.session.agree("metrics", if root { self.metrics.append(&record) } else { Ok(()) })
+    }
+
     /// The end of the run: rank 0 prints the summary and writes the timeline.
     pub fn finish(&self) {
         if self.session.rank() != 0 || self.config.policy.mode == PolicyMode::Off {
@@ -265,7 +292,10 @@ fn job_task(config: &JobConfig, log: bool) -> Result<Task, RuntimeError> {
             task.train.path.display(),
             match dropped.len() {
                 0 => String::new(),
-                n => format!(" ({n} longer than rl.prompt_len = {} left out, first at line {})", task.prompt_len, dropped[0]),
+                n => format!(
+                    " ({n} longer than rl.prompt_len = {} left out, first at line {})",
+                    task.prompt_len, dropped[0]
+                ),
             },
             task.text.special().eos_ids
         );

@@ -22,6 +22,11 @@ impl MetricsLog {
         MetricsLog { path: output_dir.join("metrics.jsonl") }
     }
 
+    /// Another JSON-lines file of the run (`samples.jsonl`), written the same way.
+    pub fn at(path: PathBuf) -> MetricsLog {
+        MetricsLog { path }
+    }
+
     /// The file.
     pub fn path(&self) -> &Path {
         &self.path

@@ -80,6 +80,9 @@ pub fn run(
 /// its boundary, its record and, when due, a checkpoint.
 pub fn run_config(session: &Session, config: &JobConfig, options: &TrainOptions) -> Result<(), RuntimeError> {
     let mut job = TrainJob::start(session, config, options)?;
+    if job.first_step() == 0 {
+        job.evaluate_if_due(0)?;
+    }
     for step in job.first_step()..u64::from(config.job.steps) {
         let metrics = job.step(step)?;
         let in_force = job.in_force(&metrics)?;
@@ -92,6 +95,7 @@ pub fn run_config(session: &Session, config: &JobConfig, options: &TrainOptions)
             return Err(stop.into_error());
         }
         job.check_finite(step, &metrics)?;
+        job.evaluate_if_due(step + 1)?;
         job.checkpoint_if_due(step + 1)?;
     }
     job.finish();

@@ -16,6 +16,7 @@ use super::boundary::Boundary;
 use super::console;
 use super::fault::pool_ranks;
 use super::job::InForce;
+use super::metrics::MetricsLog;
 use super::TrainJob;
 use crate::RuntimeError;
 
@@ -69,8 +70,27 @@ impl TrainJob<'_> {
             let transition = boundary.transition.as_ref();
             self.timeline.push(step, seconds, m.stats.response_len_mean, m.generated_tokens, in_force.pool, transition);
         }
-        self.session.agree("metrics", if root { self.metrics.append(&line) } else { Ok(()) })
+        let written =
+            if root { self.metrics.append(&line).and_then(|()| self.append_samples(step, m)) } else { Ok(()) };
+        self.session.agree("metrics", written)
     }
+
+    /// Rank 0: the step's decoded responses, one line each, in `<output_dir>/samples.jsonl`.
+    fn append_samples(&self, step: u64, m: &StepMetrics) -> Result<(), RuntimeError> {
+        let log = MetricsLog::at(self.config.job.output_dir.join("samples.jsonl"));
+        for sample in &m.samples {
+            log.append(&SampleLine { step, sample })?;
+        }
+        Ok(())
+    }
+}
+
+/// A line of `samples.jsonl`.
+#[derive(serde::Serialize)]
+struct SampleLine<'a> {
+    step: u64,
+    #[serde(flatten)]
+    sample: &'a nereus_exec::rl::TextSample,
 }
 
 /// The step's line (docs/operations.md); digests and peak memory need every rank.

@@ -11,7 +11,7 @@ mod text;
 use std::sync::Arc;
 
 pub use arithmetic::{ArithmeticTask, EOS};
-pub use text::{TextReward, TextTask};
+pub use text::{TextReward, TextSample, TextTask};
 
 use super::Rollout;
 use crate::engine::StopIds;
@@ -25,11 +25,23 @@ pub enum Task {
     Text(Arc<TextTask>),
 }
 
+/// Which prompts a batch answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Split {
+    /// Training prompts, by run position.
+    Train,
+    /// Held-out prompts, by index in the file's order.
+    Eval,
+}
+
 /// The rewards of a batch of responses.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Scores {
     /// One reward per sequence.
     pub rewards: Vec<f32>,
+    /// Whether each answer matched the reference (empty when the reward does not say: a
+    /// scorer command).
+    pub correct: Vec<bool>,
     /// Responses scored 0 because the scorer failed on them (`on_error = "zero"`).
     pub failures: u64,
 }
@@ -66,9 +78,11 @@ impl Task {
     }
 
     /// The rewards of `rollout`'s sequences, sequence `i` answering the prompt at run
-    /// position `positions[i]`; the error names the failure.
-    pub fn score(&self, rollout: &Rollout, positions: &[u64]) -> Result<Scores, String> {
+    /// position `positions[i]` (held-out prompt `positions[i]` with [`Split::Eval`]); the
+    /// error names the failure.
+    pub fn score(&self, rollout: &Rollout, split: Split, positions: &[u64]) -> Result<Scores, String> {
         match self {
+            Task::Arithmetic(_) if split == Split::Eval => Err("the arithmetic task has no held-out prompts".into()),
             Task::Arithmetic(t) => {
                 let rewards = (0..rollout.sequences())
                     .map(|i| {
@@ -76,9 +90,9 @@ impl Task {
                         t.reward(prompt, response)
                     })
                     .collect();
-                Ok(Scores { rewards, failures: 0 })
+                Ok(Scores { rewards, correct: Vec::new(), failures: 0 })
             }
-            Task::Text(t) => t.score(rollout, positions),
+            Task::Text(t) => t.score(rollout, split, positions),
         }
     }
 

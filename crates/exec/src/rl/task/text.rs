@@ -12,12 +12,12 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use nereus_core::config::{JobConfig, OnScorerError, RewardKind};
-use nereus_data::prompts::PromptSet;
+use nereus_data::prompts::{PromptItem, PromptSet};
 use nereus_data::reward::command::{CommandScorer, OnError, ScoreRequest};
 use nereus_data::reward::{RuleKind, RuleReward};
 use nereus_data::text::ModelText;
 
-use super::{Rollout, Scores};
+use super::{Rollout, Scores, Split};
 use crate::engine::StopIds;
 
 /// How a text job's responses are scored.
@@ -34,6 +34,19 @@ pub enum TextReward {
         /// Stop or score 0.
         on_error: OnError,
     },
+}
+
+/// One decoded response, as `samples.jsonl` records it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct TextSample {
+    /// The prompt as rendered.
+    pub prompt: String,
+    /// The response, decoded.
+    pub response: String,
+    /// The reference answer.
+    pub answer: String,
+    /// Its reward.
+    pub reward: f32,
 }
 
 /// A job's prompts, tokenizer and reward.
@@ -108,7 +121,10 @@ impl TextTask {
 
     /// The training prompt at run position `position`, left-padded to the prompt length.
     pub fn prompt(&self, position: u64) -> Vec<u32> {
-        let ids = &self.train.at(position).ids;
+        self.padded(&self.train.at(position).ids)
+    }
+
+    fn padded(&self, ids: &[u32]) -> Vec<u32> {
         let pad = self.text.special().pad_id;
         std::iter::repeat_n(pad, self.prompt_len - ids.len()).chain(ids.iter().copied()).collect()
     }
@@ -123,16 +139,26 @@ impl TextTask {
         self.text.decode(body).map_err(|e| e.to_string())
     }
 
-    /// The rewards of `rollout` (sequence `i` answers the prompt at position `positions[i]`).
-    pub fn score(&self, rollout: &Rollout, positions: &[u64]) -> Result<Scores, String> {
+    /// The rewards of `rollout`: sequence `i` answers the training prompt at run position
+    /// `positions[i]`, or with [`Split::Eval`] held-out prompt number `positions[i]`.
+    pub fn score(&self, rollout: &Rollout, split: Split, positions: &[u64]) -> Result<Scores, String> {
+        let items: Vec<&PromptItem> = match (split, &self.eval) {
+            (Split::Train, _) => positions.iter().map(|&p| self.train.at(p)).collect(),
+            (Split::Eval, Some(eval)) => positions.iter().map(|&i| &eval.items()[i as usize]).collect(),
+            (Split::Eval, None) => return Err("the job has no held-out prompts (data.eval)".into()),
+        };
         let responses = (0..rollout.sequences())
             .map(|i| self.decode_response(rollout.prompt_and_response(i).1))
             .collect::<Result<Vec<_>, _>>()?;
-        let items: Vec<_> = positions.iter().map(|&p| self.train.at(p)).collect();
         match &self.reward {
             TextReward::Rule(rule) => {
-                let rewards = responses.iter().zip(&items).map(|(r, item)| rule.score(r, &item.answer).reward as f32);
-                Ok(Scores { rewards: rewards.collect(), failures: 0 })
+                let scores: Vec<_> =
+                    responses.iter().zip(&items).map(|(r, item)| rule.score(r, &item.answer)).collect();
+                Ok(Scores {
+                    rewards: scores.iter().map(|s| s.reward as f32).collect(),
+                    correct: scores.iter().map(|s| s.correct).collect(),
+                    failures: 0,
+                })
             }
             TextReward::Command { argv, timeout, on_error } => {
                 let requests: Vec<ScoreRequest> = responses
@@ -154,9 +180,27 @@ impl TextTask {
                     log::warn!("{}:{}: scored 0: {why}", self.train.path.display(), items[*index].line);
                 }
                 let rewards = batch.rewards.iter().map(|&x| x as f32).collect();
-                Ok(Scores { rewards, failures: batch.failures.len() as u64 })
+                Ok(Scores { rewards, correct: Vec::new(), failures: batch.failures.len() as u64 })
             }
         }
+    }
+
+    /// Held-out prompt `index`, left-padded to the prompt length.
+    pub fn eval_prompt(&self, index: usize) -> Vec<u32> {
+        let eval = self.eval.as_ref().expect("callers count the held-out prompts first");
+        self.padded(&eval.items()[index].ids)
+    }
+
+    /// Held-out prompts.
+    pub fn eval_len(&self) -> usize {
+        self.eval.as_ref().map_or(0, PromptSet::len)
+    }
+
+    /// A decoded sample: sequence `i` of `rollout` with the training prompt at `position`.
+    pub fn sample_record(&self, rollout: &Rollout, i: usize, position: u64, reward: f32) -> TextSample {
+        let item = self.train.at(position);
+        let response = self.decode_response(rollout.prompt_and_response(i).1).unwrap_or_else(|e| format!("<{e}>"));
+        TextSample { prompt: item.text.clone(), response, answer: item.answer.clone(), reward }
     }
 
     /// Warm-up example `index`: a training prompt and its worked solution, then EOS.
