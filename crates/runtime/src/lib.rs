@@ -94,6 +94,17 @@ pub enum RuntimeError {
         /// The checkpoint written.
         checkpoint: PathBuf,
     },
+    /// The reward failed during a step (a scorer command that crashed, hung or answered
+    /// garbage): every rank checkpointed the completed steps, untouched by the failed one.
+    #[error("step {step}: the reward failed: {what}; the {step} completed steps are checkpointed in `{}` (fix the scorer, then `--resume latest`)", checkpoint.display())]
+    RewardFailed {
+        /// The step that failed (0-based), which is also the number of completed steps.
+        step: u64,
+        /// What failed, naming the line.
+        what: String,
+        /// The checkpoint written.
+        checkpoint: PathBuf,
+    },
     /// The controller found no plan for the next steps; every rank checkpointed and stops.
     #[error("the controller stopped the job after step {step}: {reason} (checkpoint of the {} completed steps: {})", step + 1, checkpoint.display())]
     ControllerStop {
@@ -158,6 +169,7 @@ impl RuntimeError {
                 | RuntimeError::Engine(nereus_exec::engine::EngineError::Diverged { .. })
                 | RuntimeError::Preempted { .. }
                 | RuntimeError::ControllerStop { .. }
+                | RuntimeError::RewardFailed { .. }
         )
     }
 }

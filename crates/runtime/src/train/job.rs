@@ -263,6 +263,15 @@ impl<'s> TrainJob<'s> {
         self.session.agree("metrics", if root { self.metrics.append(&record) } else { Ok(()) })
     }
 
+    /// After a failed reward at step `step` (nothing of it applied): checkpoints the `step`
+    /// completed steps and returns the error that stops the job.
+    pub fn stop_for_reward(&mut self, step: u64, what: String) -> RuntimeError {
+        match self.checkpoint(step) {
+            Ok(checkpoint) => RuntimeError::RewardFailed { step, what, checkpoint },
+            Err(e) => e,
+        }
+    }
+
     /// The end of the run: rank 0 prints the summary and writes the timeline.
     pub fn finish(&self) {
         if self.session.rank() != 0 || self.config.policy.mode == PolicyMode::Off {

@@ -39,6 +39,8 @@ use std::path::Path;
 
 use nereus_core::config::{JobConfig, Overrides, ResumeFrom};
 
+use nereus_exec::engine::EngineError;
+
 use crate::{RuntimeError, Session};
 
 /// How `nereus train` starts, beside its job file.
@@ -84,7 +86,12 @@ pub fn run_config(session: &Session, config: &JobConfig, options: &TrainOptions)
         job.evaluate_if_due(0)?;
     }
     for step in job.first_step()..u64::from(config.job.steps) {
-        let metrics = job.step(step)?;
+        let metrics = match job.step(step) {
+            Err(RuntimeError::Engine(EngineError::Reward { step, what })) => {
+                return Err(job.stop_for_reward(step, what))
+            }
+            other => other?,
+        };
         let in_force = job.in_force(&metrics)?;
         let boundary = match job.boundary(step, &metrics, &in_force) {
             Ok(boundary) => boundary,

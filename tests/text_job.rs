@@ -1,0 +1,202 @@
+//! `nereus train` on a text job: prompts from a JSON-lines file through the shipped tokenizer
+//! and chat template, responses decoded and scored by the `math` rule or a scorer command,
+//! held-out evaluation, decoded samples, and every bad input named before or at the step it
+//! breaks — with the completed steps checkpointed when a scorer fails mid-run.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{run_mpi, run_single, set_key, shipped, step_records, text, write};
+use serde_json::Value;
+
+/// The shipped text job, small: `steps` steps of 8 prompts × 2 samples on `dir`'s synthesized
+/// data (200 training, 16 held-out problems), output under `dir/out`.
+fn job(dir: &Path, steps: u32) -> String {
+    let data = dir.join("data");
+    let out = run_single(&["data", "synth", data.to_str().unwrap(), "--train", "200", "--eval", "16"]);
+    assert!(out.status.success(), "{:?}", text(&out));
+    let mut toml = shipped("tiny-math-grpo.toml");
+    for (section, key, value) in [
+        ("job", "steps", steps.to_string()),
+        ("job", "output_dir", format!("{:?}", dir.join("out"))),
+        ("rl", "prompts_per_step", "8".into()),
+        ("rl", "samples_per_prompt", "2".into()),
+        ("rl", "mini_batch", "8".into()),
+        ("rl", "micro_batch", "4".into()),
+        ("data", "train", format!("{:?}", data.join("train.jsonl"))),
+        ("data", "eval", format!("{:?}", data.join("eval.jsonl"))),
+        ("data", "tokenizer", format!("{:?}", data.join("tokenizer"))),
+        ("data", "eval_every", "0".into()),
+        ("train", "warmup_actor_steps", "5".into()),
+    ] {
+        toml = set_key(&toml, section, key, Some(&value));
+    }
+    toml
+}
+
+fn lines(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+fn train(n: usize, config: &Path, extra: &[&str]) -> (Option<i32>, String, String) {
+    let mut args = vec!["train", config.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let out = run_mpi(n, &args);
+    let (stdout, stderr) = text(&out);
+    (out.status.code(), stdout, stderr)
+}
+
+#[test]
+fn a_text_job_trains_on_decoded_scored_responses_and_evaluates() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write(dir.path(), "job.toml", &job(dir.path(), 3));
+    let (code, stdout, stderr) = train(4, &config, &[]);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    let out = dir.path().join("out");
+    assert_eq!(step_records(&out).len(), 3);
+    let evals: Vec<Value> = lines(&out.join("metrics.jsonl")).into_iter().filter(|r| r["event"] == "eval").collect();
+    assert_eq!(evals.iter().map(|e| e["step"].as_u64().unwrap()).collect::<Vec<_>>(), [0, 3], "{stdout}");
+    assert!(evals
+        .iter()
+        .all(|e| e["prompts"] == 16 && e["accuracy"].as_f64().is_some_and(|a| (0.0..=1.0).contains(&a))));
+    assert!(stdout.contains("eval after step 3: accuracy "), "{stdout}");
+    // Two decoded samples per step, each scored as the math rule scores it offline.
+    let samples = out.join("samples.jsonl");
+    let recorded = lines(&samples);
+    assert_eq!(recorded.iter().map(|s| s["step"].as_u64().unwrap()).collect::<Vec<_>>(), [0, 0, 1, 1, 2, 2]);
+    assert!(recorded.iter().all(|s| s["prompt"].as_str().unwrap().starts_with("<|im_start|>user\n")));
+    let json = dir.path().join("scores.json");
+    let offline =
+        run_single(&["reward", samples.to_str().unwrap(), "--kind", "math", "--json", json.to_str().unwrap()]);
+    assert!(offline.status.success(), "{:?}", text(&offline));
+    let scores: Value = serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
+    for (sample, score) in recorded.iter().zip(scores["scores"].as_array().unwrap()) {
+        assert_eq!(sample["reward"].as_f64(), score["reward"].as_f64(), "{sample}");
+    }
+}
+
+#[test]
+fn the_same_prompts_follow_a_resume_under_another_layout() {
+    let dir = tempfile::tempdir().unwrap();
+    let straight = write(dir.path(), "straight.toml", &job(dir.path(), 4));
+    let (code, _, stderr) = train(4, &straight, &[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let first: Vec<Value> = lines(&dir.path().join("out/samples.jsonl"));
+    // Two steps on 4 ranks, then the rest on 2 ranks (another plan) from the checkpoint.
+    let split_dir = dir.path().join("split");
+    std::fs::create_dir_all(&split_dir).unwrap();
+    let mut toml = job(&split_dir, 4);
+    toml = set_key(&toml, "train", "checkpoint_every", Some("2"));
+    let split = write(&split_dir, "split.toml", &toml);
+    let (code, _, stderr) = train(4, &split, &["--steps", "2"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let two_ranks = set_key(&toml, "cluster", "devices_per_node", Some("2"));
+    let resumed = write(&split_dir, "resumed.toml", &two_ranks);
+    let (code, stdout, stderr) = train(2, &resumed, &["--resume", "latest"]);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    let second: Vec<Value> = lines(&split_dir.join("out/samples.jsonl"));
+    let prompts = |v: &[Value], step: u64| {
+        v.iter().filter(|s| s["step"] == step).map(|s| s["prompt"].as_str().unwrap().to_string()).collect::<Vec<_>>()
+    };
+    for step in 0..4 {
+        assert_eq!(prompts(&first, step), prompts(&second, step), "step {step}");
+    }
+    assert_ne!(prompts(&first, 2), prompts(&first, 3), "steps read different prompts");
+}
+
+/// A scorer that answers `{"reward": 1}` until its `limit`-th line, then misbehaves as `how`.
+fn scorer(dir: &Path, how: &str, limit: usize) -> PathBuf {
+    let body = match how {
+        "crash" => "raise SystemExit('scorer: out of budget')",
+        "hang" => "time.sleep(60)",
+        _ => "print('not json', flush=True); continue",
+    };
+    let script = format!(
+        "import json, sys, time\nn = 0\nfor line in sys.stdin:\n    json.loads(line)\n    n += 1\n    if n > {limit}:\n        {body}\n    print(json.dumps({{'reward': 1.0}}), flush=True)\n"
+    );
+    write(dir, &format!("score-{how}.py"), &script)
+}
+
+#[test]
+fn a_failing_scorer_stops_the_job_after_checkpointing_or_scores_zero() {
+    for how in ["crash", "hang", "garbage"] {
+        let dir = tempfile::tempdir().unwrap();
+        let script = scorer(dir.path(), how, 40); // 16 responses per step: fails in step 2
+        let mut toml = job(dir.path(), 4);
+        toml = set_key(&toml, "reward", "kind", Some("\"command\""));
+        toml = set_key(&toml, "reward", "command", Some(&format!("[\"python3\", {:?}]", script)));
+        toml = set_key(&toml, "reward", "timeout_s", Some("2.0"));
+        toml = set_key(&toml, "data", "eval", None); // evaluation would feed the scorer too
+        let config = write(dir.path(), "job.toml", &toml);
+        let started = std::time::Instant::now();
+        let (code, stdout, stderr) = train(4, &config, &[]);
+        assert_eq!(code, Some(1), "{how}: {stdout}{stderr}");
+        assert!(stderr.contains("step 2: the reward failed: reward command `python3 "), "{how}: {stderr}");
+        assert!(stderr.contains("line 9 of the batch"), "{how}: {stderr}");
+        assert!(stderr.contains("the 2 completed steps are checkpointed"), "{how}: {stderr}");
+        assert!(dir.path().join("out/checkpoints/step-2").is_dir(), "{how}");
+        assert_eq!(step_records(&dir.path().join("out")).len(), 2, "{how}");
+        assert!(started.elapsed().as_secs() < 60, "{how} took {:?}", started.elapsed());
+
+        let zero = write(dir.path(), "zero.toml", &set_key(&toml, "reward", "on_error", Some("\"zero\"")));
+        std::fs::remove_dir_all(dir.path().join("out")).unwrap();
+        let (code, stdout, stderr) = train(4, &zero, &["--steps", "3"]);
+        assert_eq!(code, Some(0), "{how}: {stdout}{stderr}");
+        let records = step_records(&dir.path().join("out"));
+        let failures: Vec<u64> = records.iter().map(|r| r["reward_failures"].as_u64().unwrap_or(0)).collect();
+        match how {
+            // A dead or hung scorer is started again and fails again after 40 more lines.
+            "garbage" => assert_eq!(failures, [0, 0, 8], "{stdout}"),
+            _ => assert!(failures[2] >= 1 && failures[..2] == [0, 0], "{how}: {failures:?}"),
+        }
+    }
+}
+
+#[test]
+fn bad_data_is_named_before_the_first_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = job(dir.path(), 1);
+    let broken = write(
+        dir.path(),
+        "broken.jsonl",
+        "{\"prompt\": \"What is 1 + 1?\", \"answer\": \"2\", \"solution\": \"2\"}\n{\"prompt\": \n",
+    );
+    let no_answer = write(dir.path(), "no-answer.jsonl", "{\"prompt\": \"What is 1 + 1?\", \"solution\": \"2\"}\n");
+    let long = "What is 1 + 1? ".repeat(20);
+    let too_long = write(
+        dir.path(),
+        "long.jsonl",
+        &format!("{{\"prompt\": \"{long}\", \"answer\": \"2\", \"solution\": \"2\"}}\n"),
+    );
+    let cases: Vec<(String, &str)> = vec![
+        (set_key(&base, "data", "train", Some(&format!("{broken:?}"))), "broken.jsonl:2: not JSON"),
+        (set_key(&base, "data", "train", Some(&format!("{no_answer:?}"))), "no-answer.jsonl:1: no field `answer`"),
+        (
+            set_key(&base, "data", "train", Some(&format!("{too_long:?}"))),
+            "long.jsonl:1: every prompt is longer than rl.prompt_len = 32 tokens",
+        ),
+        (
+            set_key(
+                &set_key(&base, "data", "train", Some(&format!("{too_long:?}"))),
+                "data",
+                "too_long",
+                Some("\"error\""),
+            ),
+            "long.jsonl:1: the prompt is",
+        ),
+        (
+            set_key(&set_key(&base, "models.actor", "vocab", Some("300")), "models.reference", "vocab", Some("300")),
+            "the tokenizer's vocabulary (384 ids, up to id 383) does not fit the model's embedding (300 rows)",
+        ),
+        (set_key(&base, "data", "tokenizer", Some("\"/nonexistent\"")), "/nonexistent/tokenizer.json"),
+        (set_key(&base, "train", "warmup_reward_steps", Some("10")), "train.warmup_reward_steps"),
+    ];
+    for (k, (toml, needle)) in cases.iter().enumerate() {
+        let config = write(dir.path(), &format!("bad-{k}.toml"), toml);
+        let (code, stdout, stderr) = train(4, &config, &[]);
+        assert_eq!(code, Some(2), "{needle}: {stdout}{stderr}");
+        assert!(stderr.contains(needle), "wanted `{needle}` in: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}
