@@ -200,3 +200,22 @@ fn bad_inputs_are_named() {
         assert!(!stderr.contains("panicked"), "{stderr}");
     }
 }
+
+#[test]
+fn the_shipped_text_job_is_what_data_synth_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_single(&["data", "synth", dir.path().to_str().unwrap()]);
+    assert!(out.status.success(), "{:?}", text(&out));
+    let shipped = common::repo().join("configs/data/tiny-math");
+    for file in ["train.jsonl", "eval.jsonl", "tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json", "tokenizer/generation_config.json"] {
+        let (ours, theirs) = (std::fs::read(dir.path().join(file)).unwrap(), std::fs::read(shipped.join(file)).unwrap());
+        assert!(ours == theirs, "{file} differs from `nereus data synth`'s output");
+    }
+    // Half of the training answers guess; held-out answers are all worked out.
+    let train = std::fs::read_to_string(shipped.join("train.jsonl")).unwrap();
+    let guesses = train.lines().filter(|l| l.contains("\"solution\":\"The answer is")).count();
+    assert!((900..1100).contains(&guesses), "{guesses} of 2000 guess");
+    let bad = run_single(&["data", "synth", dir.path().to_str().unwrap(), "--vocab", "100"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(text(&bad).1.contains("--vocab must be above 259"));
+}

@@ -46,6 +46,10 @@ pub struct SynthArgs {
     /// Seed of the problems.
     #[arg(long, default_value_t = SynthSpec::default().seed)]
     pub seed: u64,
+    /// Share of the training answers that guess (the question's first number) instead of
+    /// working the sum out: what RL then fixes.
+    #[arg(long, default_value_t = SynthSpec::default().guess_share)]
+    pub guess_share: f64,
 }
 
 /// `nereus data preview`.
@@ -93,13 +97,20 @@ pub fn exec(command: DataCommand, global: &Global) -> u8 {
 }
 
 fn synth_job(a: &SynthArgs) -> Result<(), CommandError> {
-    if a.vocab <= 259 || a.train == 0 || a.eval == 0 {
+    if a.vocab <= 259 || a.train == 0 || a.eval == 0 || !(0.0..=1.0).contains(&a.guess_share) {
         return Err(CommandError::Usage(format!(
-            "--vocab must be above 259 (the 256 bytes and 3 special tokens), --train and --eval at least 1; got {}, {}, {}",
-            a.vocab, a.train, a.eval
+            "--vocab must be above 259 (the 256 bytes and 3 special tokens), --train and --eval at least 1, --guess-share in [0, 1]; got {}, {}, {}, {}",
+            a.vocab, a.train, a.eval, a.guess_share
         )));
     }
-    let spec = SynthSpec { train: a.train, eval: a.eval, max_operand: a.max_operand, vocab: a.vocab, seed: a.seed };
+    let spec = SynthSpec {
+        train: a.train,
+        eval: a.eval,
+        max_operand: a.max_operand,
+        vocab: a.vocab,
+        seed: a.seed,
+        guess_share: a.guess_share,
+    };
     synth(&spec, &a.out).map_err(|e| CommandError::Usage(e.to_string()))?;
     println!("wrote {} (train.jsonl: {}, eval.jsonl: {}, tokenizer/)", a.out.display(), a.train, a.eval);
     Ok(())

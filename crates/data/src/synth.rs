@@ -3,6 +3,11 @@
 //! written as a model directory's text files, so that a job from random weights trains on text
 //! end to end (`nereus data synth`, shipped in `configs/data/tiny-math/`).
 //!
+//! The training split's worked answers are deliberately imperfect, as supervised data often is:
+//! a share of them (`guess_share`) skips the work and answers with the question's first number.
+//! A supervised warm-up on them learns both habits; RL with the `math` reward then has something
+//! to fix — it moves the policy to working the sum out, and held-out accuracy rises.
+//!
 //! Everything is a function of the seed: the same seed writes the same bytes.
 
 use std::path::Path;
@@ -21,7 +26,7 @@ pub const CHAT_TEMPLATE: &str = "{%- for message in messages %}\n    {{- '<|im_s
 pub const SPECIAL: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
 
 /// What `synth` makes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SynthSpec {
     /// Training problems.
     pub train: usize,
@@ -33,11 +38,13 @@ pub struct SynthSpec {
     pub vocab: usize,
     /// Seed of the draws.
     pub seed: u64,
+    /// Share of the training split's worked answers that guess instead of working it out.
+    pub guess_share: f64,
 }
 
 impl Default for SynthSpec {
     fn default() -> SynthSpec {
-        SynthSpec { train: 2000, eval: 200, max_operand: 20, vocab: 384, seed: 7 }
+        SynthSpec { train: 2000, eval: 200, max_operand: 9, vocab: 384, seed: 7, guess_share: 0.5 }
     }
 }
 
@@ -55,8 +62,8 @@ pub struct Problem {
 const NAMES: [&str; 8] = ["Ana", "Ben", "Chen", "Dara", "Eli", "Fatima", "Goran", "Hana"];
 const THINGS: [&str; 6] = ["apples", "marbles", "books", "coins", "stamps", "shells"];
 
-/// Problem `k` of the stream `rng`.
-fn problem(rng: &mut Rng, max: u32) -> Problem {
+/// The next problem of the stream `rng`; its worked answer guesses with probability `guess`.
+fn problem(rng: &mut Rng, max: u32, guess: f64) -> Problem {
     let (mut a, mut b) = (rng.below(max as usize + 1) as i64, rng.below(max as usize + 1) as i64);
     let (name, things) = (*rng.pick(&NAMES), *rng.pick(&THINGS));
     let (prompt, answer, work) = match rng.below(4) {
@@ -83,13 +90,20 @@ fn problem(rng: &mut Rng, max: u32) -> Problem {
             )
         }
     };
-    Problem { prompt, answer, solution: format!("{work}. The answer is \\boxed{{{answer}}}.") }
+    let draw = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+    let guessed = draw < guess;
+    let solution = match guessed {
+        true => format!("The answer is \\boxed{{{a}}}."),
+        false => format!("{work}. The answer is \\boxed{{{answer}}}."),
+    };
+    Problem { prompt, answer, solution }
 }
 
-/// `count` problems of stream `stream` of `spec`'s seed.
-pub fn problems(spec: &SynthSpec, stream: u64, count: usize) -> Vec<Problem> {
+/// `count` problems of stream `stream` of `spec`'s seed, a share `guess` of them with guessed
+/// worked answers.
+pub fn problems(spec: &SynthSpec, stream: u64, count: usize, guess: f64) -> Vec<Problem> {
     let mut rng = Rng::new(spec.seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    (0..count).map(|_| problem(&mut rng, spec.max_operand)).collect()
+    (0..count).map(|_| problem(&mut rng, spec.max_operand, guess)).collect()
 }
 
 /// Writes `train.jsonl`, `eval.jsonl` and the tokenizer directory `tokenizer/` (tokenizer.json,
@@ -97,7 +111,7 @@ pub fn problems(spec: &SynthSpec, stream: u64, count: usize) -> Vec<Problem> {
 pub fn synth(spec: &SynthSpec, out: &Path) -> Result<(), TextError> {
     let dir = out.join("tokenizer");
     std::fs::create_dir_all(&dir).map_err(FileError::on("create", &dir))?;
-    let (train, eval) = (problems(spec, 1, spec.train), problems(spec, 2, spec.eval));
+    let (train, eval) = (problems(spec, 1, spec.train, spec.guess_share), problems(spec, 2, spec.eval, 0.0));
     for (name, split) in [("train.jsonl", &train), ("eval.jsonl", &eval)] {
         let lines: String = split
             .iter()
