@@ -4,14 +4,18 @@
 #     100 PPO steps on the planner's plan; JSON lines in runs/tiny-ppo/metrics.jsonl;
 #  2. the adaptive job (configs/tiny-ppo-adaptive.toml) under the live controller: responses grow
 #     toward 64 tokens on 4.5 MB ranks, the job reshapes itself as they do; the decisions print
-#     under the step lines, the timeline is runs/tiny-ppo-adaptive/timeline.svg (and .png).
+#     under the step lines, the timeline is runs/tiny-ppo-adaptive/timeline.svg (and .png);
+#  3. the text job (configs/tiny-math-grpo.toml): GRPO on arithmetic word problems through the
+#     shipped tokenizer and chat template, scored by the math reward; held-out accuracy printed
+#     before the first step and every 20 steps, decoded responses in runs/tiny-math-grpo/samples.jsonl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # A fresh run refuses a directory that holds another run; the quickstart starts over.
-rm -rf runs/tiny-ppo runs/tiny-ppo-adaptive
+rm -rf runs/tiny-ppo runs/tiny-ppo-adaptive runs/tiny-math-grpo
 bash scripts/mpirun.sh 8 train
 bash scripts/mpirun.sh 8 train configs/tiny-ppo-adaptive.toml
+bash scripts/mpirun.sh 8 train configs/tiny-math-grpo.toml
 cat <<'MSG'
 
 Look at:
@@ -21,4 +25,7 @@ Look at:
                                         seconds and bytes beside the prediction
   runs/tiny-ppo-adaptive/metrics.jsonl  one JSON object per step ("decision", "transition",
                                         digests before and after every transition)
+  the "eval after step N" lines         the text job's held-out accuracy, rising as RL teaches it
+                                        to work the sums out (docs/data.md)
+  runs/tiny-math-grpo/samples.jsonl     decoded prompts, responses and rewards, step by step
 MSG

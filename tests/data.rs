@@ -81,23 +81,6 @@ fn preview(file: &Path, dir: &Path, json_out: &Path, extra: &[&str]) -> std::pro
     run_single(&args)
 }
 
-/// The Python with transformers (tests/py), from `NEREUS_TEST_PYTHON`; `None` (with a note)
-/// when it is not set outside CI, where it must be.
-fn reference_python() -> Option<String> {
-    match std::env::var("NEREUS_TEST_PYTHON") {
-        Ok(python) => Some(python),
-        Err(_) if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("CI needs NEREUS_TEST_PYTHON (scripts/py-test-env.sh makes it)")
-        }
-        Err(_) => {
-            eprintln!(
-                "note: NEREUS_TEST_PYTHON is not set; the transformers parity is skipped (scripts/py-test-env.sh)"
-            );
-            None
-        }
-    }
-}
-
 /// transformers' rendering and ids of `conversations` through the tokenizer in `dir`.
 fn transformers_prompts(python: &str, dir: &Path, conversations: &[Value]) -> Value {
     let mut child = Command::new(python)
@@ -119,7 +102,7 @@ fn rendering_and_ids_match_transformers_on_llama3_and_qwen3_style_templates() {
     let root = tempfile::tempdir().unwrap();
     let lines: Vec<String> = conversations().iter().map(|c| json!({"prompt": c}).to_string()).collect();
     let file = write(root.path(), "prompts.jsonl", &lines.join("\n"));
-    let python = reference_python();
+    let python = common::reference_python();
     for style in ["llama3", "qwen3"] {
         let dir = model_dir(root.path(), style, 512);
         let json_out = root.path().join(format!("{style}.json"));
@@ -207,8 +190,15 @@ fn the_shipped_text_job_is_what_data_synth_writes() {
     let out = run_single(&["data", "synth", dir.path().to_str().unwrap()]);
     assert!(out.status.success(), "{:?}", text(&out));
     let shipped = common::repo().join("configs/data/tiny-math");
-    for file in ["train.jsonl", "eval.jsonl", "tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json", "tokenizer/generation_config.json"] {
-        let (ours, theirs) = (std::fs::read(dir.path().join(file)).unwrap(), std::fs::read(shipped.join(file)).unwrap());
+    for file in [
+        "train.jsonl",
+        "eval.jsonl",
+        "tokenizer/tokenizer.json",
+        "tokenizer/tokenizer_config.json",
+        "tokenizer/generation_config.json",
+    ] {
+        let (ours, theirs) =
+            (std::fs::read(dir.path().join(file)).unwrap(), std::fs::read(shipped.join(file)).unwrap());
         assert!(ours == theirs, "{file} differs from `nereus data synth`'s output");
     }
     // Half of the training answers guess; held-out answers are all worked out.

@@ -74,6 +74,33 @@ fn a_text_job_trains_on_decoded_scored_responses_and_evaluates() {
     for (sample, score) in recorded.iter().zip(scores["scores"].as_array().unwrap()) {
         assert_eq!(sample["reward"].as_f64(), score["reward"].as_f64(), "{sample}");
     }
+    if let Some(python) = common::reference_python() {
+        tensorboard_reads_the_run(&python, &out);
+    }
+}
+
+/// TensorBoard's own reader finds every step's reward and the evaluations, with the values the
+/// JSON lines hold (as f32).
+fn tensorboard_reads_the_run(python: &str, out: &Path) {
+    let reader = common::repo().join("tests/py/tensorboard_scalars.py");
+    let run = std::process::Command::new(python).arg(reader).arg(out.join("tensorboard")).output().unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let scalars: Value = serde_json::from_slice(&run.stdout).unwrap();
+    let series = |tag: &str| -> Vec<(u64, f64)> {
+        let points = scalars[tag].as_array().unwrap_or_else(|| panic!("no scalar `{tag}`"));
+        points.iter().map(|p| (p[0].as_u64().unwrap(), p[1].as_f64().unwrap())).collect()
+    };
+    let as_f32 = |x: f64| f64::from(x as f32);
+    let records = step_records(out);
+    let want: Vec<(u64, f64)> =
+        records.iter().map(|r| (r["step"].as_u64().unwrap(), as_f32(r["reward_mean"].as_f64().unwrap()))).collect();
+    assert_eq!(series("reward_mean"), want);
+    assert_eq!(series("step_seconds").len(), 3);
+    assert!(series("op_seconds/measured/generation/attention").len() == 3, "{scalars}");
+    let evals: Vec<Value> = lines(&out.join("metrics.jsonl")).into_iter().filter(|r| r["event"] == "eval").collect();
+    let want: Vec<(u64, f64)> =
+        evals.iter().map(|e| (e["step"].as_u64().unwrap(), as_f32(e["accuracy"].as_f64().unwrap()))).collect();
+    assert_eq!(series("eval/accuracy"), want);
 }
 
 #[test]

@@ -278,3 +278,20 @@ pub fn rank0_of(dir: &Path) -> Option<u32> {
         (rank0 && cmdline.contains(&needle) && !cmdline.starts_with("mpirun")).then_some(pid)
     })
 }
+
+/// The test-only Python with transformers and TensorBoard (tests/py), from `NEREUS_TEST_PYTHON`; `None` (with a note)
+/// when it is not set outside CI, where it must be.
+pub fn reference_python() -> Option<String> {
+    match std::env::var("NEREUS_TEST_PYTHON") {
+        Ok(python) => Some(python),
+        Err(_) if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("CI needs NEREUS_TEST_PYTHON (scripts/py-test-env.sh makes it)")
+        }
+        Err(_) => {
+            eprintln!(
+                "note: NEREUS_TEST_PYTHON is not set; the transformers parity is skipped (scripts/py-test-env.sh)"
+            );
+            None
+        }
+    }
+}

@@ -22,8 +22,27 @@ pub fn print_plan(plan: &Plan) {
     }
 }
 
+/// Wall time of the run so far and the estimate of what is left, in seconds.
+#[derive(Debug, Clone, Copy)]
+pub struct Progress {
+    /// Seconds since this run started stepping (warm-ups and set-up included).
+    pub elapsed_s: f64,
+    /// The steps left at this run's mean seconds per step so far.
+    pub eta_s: f64,
+}
+
+/// `1h02m`, `3m05s`, `42s`.
+fn clock(seconds: f64) -> String {
+    let s = seconds.max(0.0).round() as u64;
+    match (s / 3600, s / 60 % 60, s % 60) {
+        (0, 0, sec) => format!("{sec}s"),
+        (0, min, sec) => format!("{min}m{sec:02}s"),
+        (h, min, _) => format!("{h}h{min:02}m"),
+    }
+}
+
 /// One step.
-pub fn print_step(step: u64, m: &StepMetrics, plan: &Plan) {
+pub fn print_step(step: u64, m: &StepMetrics, plan: &Plan, progress: Progress) {
     let s = &m.stage_seconds;
     let skipped = if m.stats.skipped_updates > 0 {
         format!("  SKIPPED {} update(s)", m.stats.skipped_updates)
@@ -31,7 +50,7 @@ pub fn print_step(step: u64, m: &StepMetrics, plan: &Plan) {
         String::new()
     };
     println!(
-        "step {step:>4}  reward {:.3}  len {:>5.2} (p95 {:>2})  kl {:+.4}  gen {:.2}s  inf {:.2}s  train {:.2}s  sync {:.3}s  tok/s {:.0}  plan {}{skipped}",
+        "step {step:>4}  reward {:.3}  len {:>5.2} (p95 {:>2})  kl {:+.4}  gen {:.2}s  inf {:.2}s  train {:.2}s  sync {:.3}s  tok/s {:.0}  plan {}  {} elapsed, eta {}{skipped}",
         m.stats.reward_mean,
         m.stats.response_len_mean,
         m.stats.response_len_p95,
@@ -41,7 +60,9 @@ pub fn print_step(step: u64, m: &StepMetrics, plan: &Plan) {
         s.training,
         s.weight_sync,
         m.generated_tokens as f64 / m.step_seconds.max(1e-9),
-        plan.compact()
+        plan.compact(),
+        clock(progress.elapsed_s),
+        clock(progress.eta_s)
     );
 }
 
@@ -79,4 +100,12 @@ pub fn print_eval(done: u64, e: &nereus_exec::rl::Evaluation) {
         "eval after step {done}: {accuracy}reward {:.3}  len {:.2}  ({} held-out prompts, greedy)",
         e.mean_reward, e.response_len_mean, e.prompts
     );
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn clocks_read_as_people_read_them() {
+        assert_eq!([5.0, 65.4, 3_725.0, 0.4].map(super::clock), ["5s", "1m05s", "1h02m", "0s"].map(String::from));
+    }
 }

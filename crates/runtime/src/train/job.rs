@@ -17,6 +17,7 @@ use super::record::{held_bytes, slowest_op_seconds, Predicted};
 use super::signals::{self, StopSignals};
 use super::sources::{create_state, from_checkpoint, initial_sources};
 use super::start::{agreed_pool, continued, job_checks, pool_source, resume_directory, resume_marker};
+use super::tensorboard::EventWriter;
 use super::timeline::Timeline;
 use super::TrainOptions;
 use crate::checkpoint::Checkpoints;
@@ -48,8 +49,14 @@ pub struct TrainJob<'s> {
     pub(super) controller: Option<Controller>,
     pub(super) checkpoints: Checkpoints,
     pub(super) metrics: MetricsLog,
+    /// Rank 0's TensorBoard event file.
+    pub(super) tensorboard: Option<EventWriter>,
     pub(super) timeline: Timeline,
     first_step: u64,
+    /// When the run started, and when it took its first step (the step line's elapsed time
+    /// and ETA).
+    pub(super) started: std::time::Instant,
+    pub(super) stepping_since: Option<std::time::Instant>,
     /// The checkpoints this run continues from, oldest first (recorded in its checkpoints).
     pub(super) resumed_from: Vec<String>,
     skipping: u32,
@@ -79,6 +86,7 @@ impl<'s> TrainJob<'s> {
     /// Checks the job, prepares the output directory, finds the resume point, plans, and
     /// creates the plan's EMUs from the model directories, warm-ups or the checkpoint.
     pub fn start(session: &'s Session, config: &'s JobConfig, options: &'s TrainOptions) -> Result<Self, RuntimeError> {
+        let started = std::time::Instant::now();
         let world = session.world().size();
         let out = config.job.output_dir.clone();
         let checkpoints = Checkpoints::of(&out);
@@ -123,6 +131,8 @@ impl<'s> TrainJob<'s> {
         }
         let fault =
             session.agree("faults", rank_fault(config, (options.fail_rank, options.fail_at_step), world as u32))?;
+        let events = (session.rank() == 0).then(|| EventWriter::create(&out.join("tensorboard"))).transpose();
+        let tensorboard = session.agree("tensorboard", events)?;
         Ok(TrainJob {
             session,
             config,
@@ -142,8 +152,11 @@ impl<'s> TrainJob<'s> {
             controller,
             checkpoints,
             metrics,
+            tensorboard,
             timeline: Timeline::default(),
             first_step: sources.start_step,
+            started,
+            stepping_since: None,
             resumed_from: sources.resumed_from,
             skipping: 0,
             signals,
@@ -158,6 +171,7 @@ impl<'s> TrainJob<'s> {
 
     /// Runs RL step `step` on every rank.
     pub fn step(&mut self, step: u64) -> Result<StepMetrics, RuntimeError> {
+        self.stepping_since.get_or_insert_with(std::time::Instant::now);
         Ok(self.rl.step(&mut self.plane, &mut self.set, step)?)
     }
 
@@ -260,7 +274,12 @@ impl<'s> TrainJob<'s> {
             accuracy: e.accuracy,
             response_len_mean: e.response_len_mean,
         };
-        self.session.agree("metrics", if root { self.metrics.append(&record) } else { Ok(()) })
+        let written = match (root, self.tensorboard.as_mut()) {
+            (true, Some(events)) => self.metrics.append(&record).and_then(|()| events.record(done, "eval", &e)),
+            (true, None) => self.metrics.append(&record),
+            (false, _) => Ok(()),
+        };
+        self.session.agree("metrics", written)
     }
 
     /// After a failed reward at step `step` (nothing of it applied): checkpoints the `step`

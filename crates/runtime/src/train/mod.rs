@@ -18,7 +18,8 @@
 //! - `boundary`: decisions, transitions, pool changes and rank loss;
 //! - `record`: the step line, predictions beside measurements;
 //! - `console`: what rank 0 prints;
-//! - [`pool`], [`fault`], [`signals`], [`metrics`], [`timeline`]: the machinery the job uses.
+//! - [`pool`], [`fault`], [`signals`], [`metrics`], [`tensorboard`], [`timeline`]: the machinery
+//!   the job uses.
 
 mod boundary;
 mod console;
@@ -31,6 +32,7 @@ mod save;
 pub mod signals;
 mod sources;
 mod start;
+pub mod tensorboard;
 pub mod timeline;
 
 pub use job::TrainJob;

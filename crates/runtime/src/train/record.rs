@@ -64,15 +64,31 @@ impl TrainJob<'_> {
         }
         let root = self.session.rank() == 0;
         if root {
-            console::print_step(step, m, &in_force.plan);
+            console::print_step(step, m, &in_force.plan, self.progress(step));
             console::print_boundary(boundary);
             let seconds = (m.step_seconds, in_force.predicted.step_seconds());
             let transition = boundary.transition.as_ref();
             self.timeline.push(step, seconds, m.stats.response_len_mean, m.generated_tokens, in_force.pool, transition);
         }
-        let written =
-            if root { self.metrics.append(&line).and_then(|()| self.append_samples(step, m)) } else { Ok(()) };
+        let written = match root {
+            true => self
+                .metrics
+                .append(&line)
+                .and_then(|()| self.append_samples(step, m))
+                .and_then(|()| self.tensorboard.as_mut().map_or(Ok(()), |events| events.record(step, "", &line))),
+            false => Ok(()),
+        };
         self.session.agree("metrics", written)
+    }
+
+    /// How far the run is after step `step`: its seconds so far, and the rest at the mean
+    /// seconds per step since this run's first step (warm-ups and set-up left out).
+    fn progress(&self, step: u64) -> console::Progress {
+        let elapsed_s = self.started.elapsed().as_secs_f64();
+        let stepping_s = self.stepping_since.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        let done = (step + 1).saturating_sub(self.first_step()).max(1) as f64;
+        let left = u64::from(self.config.job.steps).saturating_sub(step + 1) as f64;
+        console::Progress { elapsed_s, eta_s: stepping_s / done * left }
     }
 
     /// Rank 0: the step's decoded responses, one line each, in `<output_dir>/samples.jsonl`.
