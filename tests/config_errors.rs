@@ -225,3 +225,46 @@ fn usage_errors_exit_2() {
     let out = run_single(&["--collective-timeout", "-1", "inspect", "topology"]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn set_flags_reach_every_key_typed_as_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write(dir.path(), "job.toml", &shipped("tiny-grpo.toml"));
+    let c = config.to_str().unwrap();
+    let out = run_single(&[
+        "inspect",
+        "config",
+        c,
+        "--set",
+        "rl.prompts_per_step=32",
+        "--set",
+        "train.kl_coef=0.05",
+        "--set",
+        "job.output_dir=runs/elsewhere",
+        "--steps",
+        "7",
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    for line in [
+        "prompts_per_step = 32",
+        "kl_coef = 0.05",
+        "output_dir = \"runs/elsewhere\"",
+        "steps = 7",
+        "# rl.prompts_per_step = 32 from --set",
+    ] {
+        assert!(stdout.contains(line), "`{line}` missing:\n{stdout}");
+    }
+    for (flag, needle) in [
+        ("rl.prompts_per_step=many", "--set rl.prompts_per_step=many: invalid type: string \"many\", expected u32"),
+        ("rl.prompt_lenn=3", "--set rl.prompt_lenn=3: unknown field `prompt_lenn`"),
+        ("rl.prompts_per_step=0", "invalid value for `rl.prompts_per_step` = 0"),
+        ("job.name.x=1", "--set job.name.x=1: `name` is a value in the job file, not a table"),
+        ("rl", "`rl` is not KEY=VALUE"),
+    ] {
+        let out = run_single(&["inspect", "config", c, "--set", flag]);
+        let (_, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{flag}: {stderr}");
+        assert!(stderr.contains(needle), "wanted `{needle}` in: {stderr}");
+    }
+}

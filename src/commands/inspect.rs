@@ -36,8 +36,11 @@ pub struct ConfigArgs {
 pub fn exec(command: InspectCommand, global: &Global) -> u8 {
     match command {
         InspectCommand::Config(args) => {
-            let source =
+            let mut source =
                 args.file.as_ref().map_or_else(|| EMBEDDED_DEFAULT_NAME.to_string(), |p| p.display().to_string());
+            for set in &args.overrides.sets {
+                source += &format!("\n# {} = {} from --set (the command line)", set.key, set.value);
+            }
             planner_command(global, args.file.as_deref(), &args.overrides.into(), |config, ranks| {
                 print_config(config, &source, ranks)
             })

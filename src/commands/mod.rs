@@ -14,6 +14,7 @@ pub mod train;
 use clap::Args;
 use std::path::PathBuf;
 
+use nereus_core::config::sets::KeySet;
 use nereus_core::config::{Algorithm, Overrides, PolicyMode};
 
 /// Flags that override keys of the job file.
@@ -40,6 +41,10 @@ pub struct OverrideArgs {
     /// Overrides cluster.nodes.
     #[arg(long, allow_negative_numbers = true)]
     pub nodes: Option<u32>,
+    /// Sets any key of the job file: `--set rl.prompts_per_step=32` (repeatable; the value is
+    /// TOML, or a string when it is not; checked as the file is; the flags above win).
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    pub sets: Vec<KeySet>,
 }
 
 /// `--algorithm`'s values.
@@ -62,6 +67,7 @@ impl From<OverrideArgs> for Overrides {
             policy: a.policy,
             cluster_file: a.cluster,
             nodes: a.nodes,
+            sets: a.sets,
         }
     }
 }

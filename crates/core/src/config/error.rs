@@ -31,6 +31,14 @@ pub enum ConfigError {
         /// The parser's description of the problem.
         message: String,
     },
+    /// A `--set` flag names no key of the job file, or gives it a value of the wrong type.
+    #[error("{flag}: {message}")]
+    Set {
+        /// The flag as given.
+        flag: String,
+        /// What is wrong.
+        message: String,
+    },
     /// A value parsed but is out of range or inconsistent with another value.
     #[error("invalid value for `{key}` = {value}: {reason}")]
     Invalid {
@@ -88,7 +96,7 @@ impl ConfigError {
     /// The dotted key the error is about, when there is one.
     pub fn key(&self) -> Option<&str> {
         match self {
-            ConfigError::Read { .. } => None,
+            ConfigError::Read { .. } | ConfigError::Set { .. } => None,
             ConfigError::Parse { key, .. } => key.as_deref(),
             ConfigError::Invalid { key, .. }
             | ConfigError::Missing { key, .. }

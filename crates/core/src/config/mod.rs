@@ -27,6 +27,7 @@ pub mod plan;
 pub mod policy;
 pub mod pool;
 pub mod rl;
+pub mod sets;
 pub mod stepped_csv;
 pub mod train;
 
@@ -141,6 +142,9 @@ pub struct Overrides {
     pub cluster_file: Option<PathBuf>,
     /// `cluster.nodes`.
     pub nodes: Option<u32>,
+    /// `--set section.key=value`, in order (later ones win), applied to the file before the
+    /// flags above.
+    pub sets: Vec<sets::KeySet>,
 }
 
 /// Where a job file came from; relative includes resolve against `base_dir`.
@@ -302,7 +306,9 @@ impl JobConfig {
         detect: &mut dyn FnMut() -> ClusterSection,
     ) -> Result<JobConfig, ConfigError> {
         let source = ConfigSource::file_or_default(path)?;
-        RawJobConfig::parse(&source)?.resolve(&source, overrides, detect)
+        let raw = RawJobConfig::parse(&source)?;
+        let raw = if overrides.sets.is_empty() { raw } else { sets::apply(&source.text, &overrides.sets)? };
+        raw.resolve(&source, overrides, detect)
     }
 
     /// Validates every section and the rules that span sections.

@@ -68,7 +68,7 @@ impl SpecialTokens {
 }
 
 /// The JSON object in `path`, or `None` when there is no such file.
-fn read_object(path: &Path) -> Result<Option<Map<String, Value>>, TextError> {
+pub(super) fn read_object(path: &Path) -> Result<Option<Map<String, Value>>, TextError> {
     let text = match std::fs::read_to_string(path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         other => other.map_err(FileError::on("read", path))?,

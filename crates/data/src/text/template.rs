@@ -10,6 +10,7 @@ use minijinja::{context, Environment, Error, ErrorKind};
 
 use nereus_core::file_error::FileError;
 
+use super::special::read_object;
 use super::{SpecialTokens, TextError};
 use crate::records::Message;
 
@@ -90,13 +91,9 @@ fn describe(e: &Error) -> String {
 
 /// The template string in a JSON file's `chat_template`, if the file and the key exist.
 fn template_in_json(path: &Path) -> Result<Option<String>, TextError> {
-    let text = match std::fs::read_to_string(path) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        other => other.map_err(FileError::on("read", path))?,
-    };
+    let Some(object) = read_object(path)? else { return Ok(None) };
     let invalid = |reason: String| TextError::Invalid { path: path.to_path_buf(), reason };
-    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| invalid(format!("not JSON: {e}")))?;
-    match value.get("chat_template") {
+    match object.get("chat_template") {
         None | Some(serde_json::Value::Null) => Ok(None),
         Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
         Some(serde_json::Value::Array(named)) => {

@@ -131,6 +131,17 @@ impl StepSettings {
     pub fn seq_len(&self) -> usize {
         self.task.prompt_len() + self.sampling.max_new_tokens
     }
+
+    /// A rollout of generated sequences, before inference fills in the rest.
+    fn rollout_of(&self, generated: Generated) -> Rollout {
+        Rollout {
+            prompt_len: self.task.prompt_len(),
+            seq_len: self.seq_len(),
+            tokens: generated.tokens,
+            lengths: generated.lengths,
+            ..Rollout::default()
+        }
+    }
 }
 
 /// Greedy answers to held-out prompts, scored.
@@ -427,13 +438,7 @@ impl RlJob {
         };
         let greedy = Sampling { greedy: true, ..s.sampling };
         let out = self.sample(plane, set, n, &greedy, |i| t.eval_prompt(i), |i| i as u64)?;
-        let rollout = Rollout {
-            prompt_len: s.task.prompt_len(),
-            seq_len: s.seq_len(),
-            tokens: out.tokens,
-            lengths: out.lengths,
-            ..Rollout::default()
-        };
+        let rollout = s.rollout_of(out);
         let indices: Vec<u64> = (0..n as u64).collect();
         let scores = self.score(plane, &rollout, Split::Eval, &indices, step)?;
         let mean = |xs: &mut dyn Iterator<Item = f64>| xs.sum::<f64>() / n as f64;
@@ -516,13 +521,7 @@ impl RlJob {
             |i| self.prompt(step, i / s.samples),
             |i| step * n as u64 + i as u64,
         )?;
-        Ok(Rollout {
-            prompt_len: s.task.prompt_len(),
-            seq_len: s.seq_len(),
-            tokens: out.tokens,
-            lengths: out.lengths,
-            ..Rollout::default()
-        })
+        Ok(s.rollout_of(out))
     }
 
     /// ReMax: the rule score of each prompt's greedy response, one per sequence.
@@ -530,13 +529,7 @@ impl RlJob {
         let s = &self.settings;
         let greedy = Sampling { greedy: true, ..s.sampling };
         let out = self.sample(plane, set, s.prompts, &greedy, |k| self.prompt(step, k), |k| k as u64)?;
-        let r = Rollout {
-            prompt_len: s.task.prompt_len(),
-            seq_len: s.seq_len(),
-            tokens: out.tokens,
-            lengths: out.lengths,
-            ..Rollout::default()
-        };
+        let r = s.rollout_of(out);
         let positions: Vec<u64> = (0..s.prompts).map(|k| self.position(step, k)).collect();
         let per_prompt = self.score(plane, &r, Split::Train, &positions, step)?.rewards;
         Ok((0..s.sequences()).map(|i| per_prompt[i / s.samples]).collect())

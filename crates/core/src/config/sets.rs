@@ -1,0 +1,112 @@
+//! `--set section.key=value`: any key of the job file, from the command line. The value is read
+//! as a TOML value (`--set rl.prompts_per_step=32`, `--set reward.command='["python3", "s.py"]'`),
+//! or as a string when it is not one (`--set job.output_dir=runs/x`), then checked by the same
+//! typed sections as the file, so a wrong type or an unknown key is the same error, naming the
+//! flag.
+
+use serde::de::DeserializeOwned;
+
+use super::ConfigError;
+
+/// One `--set KEY=VALUE`, split.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeySet {
+    /// The dotted key (`plan."actor/training".tp`: quoted parts may hold dots).
+    pub key: String,
+    /// The value as written.
+    pub value: String,
+}
+
+impl std::str::FromStr for KeySet {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<KeySet, String> {
+        let (key, value) = s.split_once('=').ok_or_else(|| format!("`{s}` is not KEY=VALUE (section.key=value)"))?;
+        let key = key.trim();
+        if key_path(key).is_none_or(|parts| parts.len() < 2) {
+            return Err(format!("`{key}` is not a dotted key with its section (`rl.prompts_per_step`)"));
+        }
+        Ok(KeySet { key: key.to_string(), value: value.trim().to_string() })
+    }
+}
+
+/// The parts of a dotted key, `"…"` quoting a part that holds dots; `None` when malformed.
+fn key_path(key: &str) -> Option<Vec<String>> {
+    let mut parts = Vec::new();
+    let mut rest = key;
+    loop {
+        let (part, after) = match rest.strip_prefix('"') {
+            Some(quoted) => {
+                let end = quoted.find('"')?;
+                (quoted[..end].to_string(), &quoted[end + 1..])
+            }
+            None => {
+                let end = rest.find('.').unwrap_or(rest.len());
+                (rest[..end].trim().to_string(), &rest[end..])
+            }
+        };
+        if part.is_empty() {
+            return None;
+        }
+        parts.push(part);
+        match after.strip_prefix('.') {
+            Some(next) => rest = next,
+            None if after.is_empty() => return Some(parts),
+            None => return None,
+        }
+    }
+}
+
+/// The value of `--set`: TOML when it parses as a TOML value, else the text as a string.
+fn toml_value(text: &str) -> toml::Value {
+    toml::from_str::<toml::Table>(&format!("v = {text}"))
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(text.to_string()))
+}
+
+/// `document` (a job file's text, already known to parse) with `sets` applied, read into `T`.
+pub fn apply<T: DeserializeOwned>(document: &str, sets: &[KeySet]) -> Result<T, ConfigError> {
+    let mut table: toml::Table = toml::from_str(document).map_err(|e| set_error(&sets[0], e.message().to_string()))?;
+    for set in sets {
+        let parts = key_path(&set.key).expect("checked when the flag was parsed");
+        let (last, sections) = parts.split_last().expect("at least two parts");
+        let mut at = &mut table;
+        for part in sections {
+            let entry = at.entry(part.clone()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            at = entry
+                .as_table_mut()
+                .ok_or_else(|| set_error(set, format!("`{part}` is a value in the job file, not a table")))?;
+        }
+        at.insert(last.clone(), toml_value(&set.value));
+    }
+    serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|err| {
+        let key = err.path().to_string();
+        let message = err.into_inner().message().trim().replace('\n', " ");
+        let culprit = sets.iter().rev().find(|s| key.starts_with(&s.key) || s.key.starts_with(&key));
+        match culprit {
+            Some(set) => set_error(set, format!("{message} (at `{key}`)")),
+            None => set_error(&sets[0], format!("{message} (at `{key}`)")),
+        }
+    })
+}
+
+fn set_error(set: &KeySet, message: String) -> ConfigError {
+    ConfigError::Set { flag: format!("--set {}={}", set.key, set.value), message }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_split_on_dots_outside_quotes_and_values_are_typed() {
+        assert_eq!(key_path("rl.prompts_per_step").unwrap(), ["rl", "prompts_per_step"]);
+        assert_eq!(key_path("plan.\"actor/training\".tp").unwrap(), ["plan", "actor/training", "tp"]);
+        assert!(key_path("rl..x").is_none() && key_path("\"a").is_none());
+        assert!("rl".parse::<KeySet>().is_err() && "x=1".parse::<KeySet>().is_err());
+        assert_eq!(toml_value("32"), toml::Value::Integer(32));
+        assert_eq!(toml_value("runs/x"), toml::Value::String("runs/x".into()));
+        assert_eq!(toml_value("[\"a\", \"b\"]").as_array().unwrap().len(), 2);
+    }
+}
