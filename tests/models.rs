@@ -90,6 +90,7 @@ fn write_random_model(dir: &Path, spec: &ModelSpec, value_head: bool, seed: u64,
         config: &config,
         generation_config: &generation,
         source: None,
+        tokenizer: None,
     };
     write_model_dir(dir, &tensors, &write).unwrap();
 }

@@ -74,6 +74,16 @@ fn a_text_job_trains_on_decoded_scored_responses_and_evaluates() {
     for (sample, score) in recorded.iter().zip(scores["scores"].as_array().unwrap()) {
         assert_eq!(sample["reward"].as_f64(), score["reward"].as_f64(), "{sample}");
     }
+    // The checkpoint's actor is a model directory with the job's tokenizer: data preview reads
+    // it (config.json's vocabulary against the tokenizer, the template, the stop id).
+    let actor = out.join("checkpoints/step-3/actor");
+    let tokenizer = dir.path().join("data/tokenizer/tokenizer.json");
+    assert_eq!(std::fs::read(actor.join("tokenizer.json")).unwrap(), std::fs::read(tokenizer).unwrap());
+    let prompts = dir.path().join("data/eval.jsonl");
+    let preview =
+        run_single(&["data", "preview", prompts.to_str().unwrap(), "--model", actor.to_str().unwrap(), "--count", "1"]);
+    let (shown, why) = text(&preview);
+    assert!(preview.status.success() && shown.contains("eos ids [2], pad id 0"), "{shown}{why}");
     if let Some(python) = common::reference_python() {
         tensorboard_reads_the_run(&python, &out);
     }

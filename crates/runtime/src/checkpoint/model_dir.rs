@@ -86,8 +86,12 @@ pub struct WriteOptions<'a> {
     pub config: &'a Map<String, Value>,
     /// The `generation_config.json` object, unless `source` has one.
     pub generation_config: &'a Value,
-    /// The directory the model came from: its tokenizer files and generation config are copied.
+    /// The directory the model came from: its generation config is copied, and its tokenizer
+    /// files unless `tokenizer` names another directory.
     pub source: Option<&'a Path>,
+    /// The directory the tokenizer files are copied from when it is not `source` (a text job's
+    /// `data.tokenizer`, for a model that started from random weights).
+    pub tokenizer: Option<&'a Path>,
 }
 
 /// Writes model directory `dir` (created if needed) holding `tensors` (f32, Hugging Face names
@@ -126,7 +130,7 @@ pub fn write_model_dir(
         digests.push(write_file(dir, INDEX, &pretty(&index))?);
     }
     for name in TOKENIZER_FILES {
-        if let Some(path) = options.source.map(|s| s.join(name)).filter(|p| p.is_file()) {
+        if let Some(path) = options.tokenizer.or(options.source).map(|s| s.join(name)).filter(|p| p.is_file()) {
             digests.push(write_file(dir, name, &std::fs::read(&path).map_err(io("read", &path))?)?);
         }
     }
@@ -208,6 +212,7 @@ mod tests {
             config: &config,
             generation_config: &json!({}),
             source: None,
+            tokenizer: None,
         };
         let digests = write_model_dir(dir.path(), &t, &options).unwrap();
         let names: Vec<&str> = digests.iter().map(|d| d.file.as_str()).collect();

@@ -53,6 +53,8 @@ pub struct ModelToSave<'a> {
     /// The model directory it started from: the keys of its `config.json` the job does not
     /// own, its generation config and its tokenizer files are carried into the checkpoint.
     pub source: Option<&'a Path>,
+    /// Where its tokenizer files come from instead of `source` (a text job's tokenizer).
+    pub tokenizer: Option<&'a Path>,
 }
 
 /// What every model directory of a checkpoint takes from the job.
@@ -161,6 +163,7 @@ fn write_model(
         config: &config,
         generation_config: &generation,
         source: m.source,
+        tokenizer: m.tokenizer,
     };
     let files = write_model_dir(&dir.join(name), params, &write)?
         .into_iter()

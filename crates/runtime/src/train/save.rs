@@ -46,7 +46,17 @@ impl<'s> TrainJob<'s> {
             // A model that started from a directory carries what the job does not own of it.
             let source = spec(config, role).path.as_deref();
             let value_head = matches!(role, Role::Critic | Role::Reward);
-            models.push(ModelToSave { role, emu: ids[0], architecture: spec(config, role), value_head, source });
+            // A text job's language models carry the tokenizer they were trained with, so that
+            // the checkpoint is a model directory transformers (and a later job) can use as is.
+            let tokenizer = (!value_head).then(|| config.data.as_ref().and_then(|d| d.tokenizer.as_deref())).flatten();
+            models.push(ModelToSave {
+                role,
+                emu: ids[0],
+                architecture: spec(config, role),
+                value_head,
+                source,
+                tokenizer,
+            });
         }
         models
     }
