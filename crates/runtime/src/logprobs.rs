@@ -97,7 +97,7 @@ pub fn run(session: &Session, options: &LogprobsOptions) -> Result<(), RuntimeEr
     let seq_len = p.sequences.iter().map(Vec::len).max().unwrap_or(1);
     let tokens: Vec<u32> =
         p.sequences.iter().flat_map(|s| s.iter().copied().chain(std::iter::repeat(0)).take(seq_len)).collect();
-    let batch = Batch { tokens: &tokens, seq_len };
+    let batch = Batch { tokens: &tokens, seq_len, starts: &[] };
     let replica = Replica::new(&mut plane, &set, id, seq_len)?;
     let micro_batch = options.micro_batch.max(1);
     let outputs = with_params(&mut set, id, |params, arena| replica.infer(&plane, params, &batch, micro_batch, arena))?;

@@ -191,7 +191,7 @@ fn time_phases(session: &Session, arch: &Architecture, reps: usize) -> Result<(f
     })?;
     let replica = Replica::new(&mut plane, &set, id, t.max(DECODE.1 + DECODE.2))?;
     let tokens: Vec<u32> = (0..n).map(|i| (nereus_core::rng::mix(i as u64) % arch.vocab) as u32).collect();
-    let batch = Batch { tokens: &tokens, seq_len: t };
+    let batch = Batch { tokens: &tokens, seq_len: t, starts: &[] };
     let objective = CrossEntropy { sequences: b, seq_len: t };
     let opt = AdamW::default();
     let (mut fwd, mut steps, mut decodes) = (Vec::new(), Vec::new(), Vec::new());
@@ -213,7 +213,7 @@ fn time_phases(session: &Session, arch: &Architecture, reps: usize) -> Result<(f
             replica.infer(&plane, params, &batch, b, arena)?;
             let f = start.elapsed().as_secs_f64();
             let start = Instant::now();
-            replica.generate(&plane, params, &tokens[..db * dp], &ids, &sampling, arena)?;
+            replica.generate(&plane, params, &tokens[..db * dp], &[], &ids, &sampling, arena)?;
             Ok((f, start.elapsed().as_secs_f64()))
         })?;
         let start = Instant::now();

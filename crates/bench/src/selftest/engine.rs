@@ -189,7 +189,7 @@ fn run_layout(
 ) -> Result<LayoutRun, RuntimeError> {
     let world = session.world().size();
     let (sequences, seq_len, micro_batch) = SHAPE;
-    let batch = Batch { tokens, seq_len };
+    let batch = Batch { tokens, seq_len, starts: &[] };
     let opt = AdamW { lr: 1e-3, weight_decay: 0.1, max_grad_norm: 0.5, ..AdamW::default() };
     let role = if head == OutputHead::Lm { Role::Actor } else { Role::Critic };
     let objective: Box<dyn Objective> = match head {
@@ -270,7 +270,7 @@ fn sample_share(
     tokens: &[u32],
     seq_len: usize,
 ) -> Result<(usize, Vec<f32>), RuntimeError> {
-    let share = Batch { tokens, seq_len }.share(replica.groups.replica);
+    let share = Batch { tokens, seq_len, starts: &[] }.share(replica.groups.replica);
     let prompts: Vec<u32> =
         share.clone().flat_map(|s| tokens[s * seq_len..s * seq_len + seq_len / 2].to_vec()).collect();
     let ids: Vec<u64> = share.clone().map(|s| s as u64).collect();
@@ -284,7 +284,7 @@ fn sample_share(
         seed: 11,
     };
     let out = with_params(set, replica.emu, |params, arena| {
-        replica.generate(plane, params, &prompts, &ids, &sampling, arena)
+        replica.generate(plane, params, &prompts, &[], &ids, &sampling, arena)
     })?;
     Ok((share.start, out.tokens.iter().map(|&t| t as f32).collect()))
 }

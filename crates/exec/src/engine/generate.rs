@@ -109,14 +109,16 @@ pub fn sample_token(logits: &[f32], s: &Sampling, u: f64) -> u32 {
 }
 
 impl Replica {
-    /// Generates responses to `prompts[B, P]` (sequence ids `ids` seed the draws). Every rank of
-    /// the EMU calls it and returns the same tokens.
+    /// Generates responses to `prompts[B, P]` (sequence ids `ids` seed the draws; `starts[i]`
+    /// is where sequence `i`'s left-padded prompt begins, empty when none is padded). Every rank
+    /// of the EMU calls it and returns the same tokens.
     #[allow(clippy::too_many_arguments)]
     pub fn generate<P: DataPlane>(
         &self,
         plane: &P,
         params: &[f32],
         prompts: &[u32],
+        starts: &[usize],
         ids: &[u64],
         s: &Sampling,
         arena: &mut Arena,
@@ -140,7 +142,7 @@ impl Replica {
             row[..p].copy_from_slice(prompt);
         }
         let (mut lengths, mut done) = (vec![0usize; b], vec![false; b]);
-        let (mut input, mut rows) = (prompts.to_vec(), Rows { b, t: p, pos0: 0 });
+        let (mut input, mut rows) = (prompts.to_vec(), Rows { b, t: p, pos0: 0, starts });
         // Step 0 is the prefill; every later step decodes one token per sequence.
         let outside = super::timers::set_decoding(false);
         for step in 0..r {
@@ -181,7 +183,7 @@ impl Replica {
                 break;
             }
             input = next;
-            rows = Rows { b, t: 1, pos0: p + step };
+            rows = Rows { b, t: 1, pos0: p + step, starts };
         }
         super::timers::set_decoding(outside);
         Ok(Generated { tokens, lengths })

@@ -61,16 +61,19 @@ pub struct BlockActs {
 
 /// Token rows of one call: `b` sequences of `t` positions starting at position `pos0`.
 #[derive(Debug, Clone, Copy)]
-pub struct Rows {
+pub struct Rows<'a> {
     /// Sequences.
     pub b: usize,
     /// Positions per sequence in this call.
     pub t: usize,
     /// Position of the first one.
     pub pos0: usize,
+    /// Per sequence, the position of its first real token (a left-padded prompt's padding is
+    /// masked out of attention); empty when no sequence is padded.
+    pub starts: &'a [usize],
 }
 
-impl Rows {
+impl Rows<'_> {
     fn n(&self) -> usize {
         self.b * self.t
     }
@@ -222,9 +225,10 @@ impl StageModel {
                     layer.k[dst..dst + rows.t * kw].copy_from_slice(&k[src..src + rows.t * kw]);
                     layer.v[dst..dst + rows.t * kw].copy_from_slice(&v[src..src + rows.t * kw]);
                 }
-                attention_forward(&mut att, &mut probs, &q, &layer.k, &layer.v, AttentionShape { t_cap, ..shape });
+                let shape = AttentionShape { t_cap, ..shape };
+                attention_forward(&mut att, &mut probs, &q, &layer.k, &layer.v, shape, rows.starts);
             }
-            None => attention_forward(&mut att, &mut probs, &q, &k, &v, shape),
+            None => attention_forward(&mut att, &mut probs, &q, &k, &v, shape, rows.starts),
         }
         let mut xmid = z(n * d.c)?;
         linear_forward(&mut xmid, &att, w(&bw.o), n, qw, d.c);
@@ -303,5 +307,66 @@ impl StageModel {
         let mut dx = dxmid;
         rmsnorm_backward(&mut dx, &mut grads[bw.attn_norm.clone()], &dxn1, &a.x, w(&bw.attn_norm), &a.r1, d.c);
         Ok(dx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::emu::MemoryLedger;
+    use crate::engine::ops::Local;
+    use nereus_core::config::Dtype;
+    use nereus_core::model::{Architecture, Layout, Position};
+
+    /// A left-padded sequence, its padding masked, reads its real tokens as the same sequence
+    /// unpadded: every real position's hidden state after the blocks (RoPE included, at shifted
+    /// absolute positions) matches to f32 rounding, in one pass and through a KV cache.
+    #[test]
+    fn a_masked_left_padded_sequence_reads_as_the_unpadded_one() {
+        let arch = Architecture {
+            vocab: 32,
+            hidden: 16,
+            layers: 2,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 4,
+            ffn: 24,
+            tie_embeddings: false,
+            qk_norm: true,
+            head: OutputHead::Lm,
+            dtype: Dtype::F32,
+        };
+        let catalogue = Catalogue::new(arch);
+        let (layout, position) = (Layout::new(1, 1), Position { tp: 0, pp: 0 });
+        let table = catalogue.shard(layout, position);
+        let weights = StageWeights::new(&catalogue, layout, position, &table).unwrap();
+        let params: Vec<f32> = (0..weights.elements).map(|i| ((i * 7919 % 1000) as f32 / 1000.0 - 0.5) * 0.3).collect();
+        let model = StageModel::new(&catalogue, weights, 16);
+        let mut ledger = MemoryLedger::new(0, 1 << 30);
+        let mut arena = Arena::new(&mut ledger);
+        let (tokens, pad) = ([5u32, 9, 2, 17, 30], 3);
+        let padded: Vec<u32> = std::iter::repeat_n(0, pad).chain(tokens).collect();
+        let hidden = |ids: &[u32], starts: &[usize], arena: &mut Arena| {
+            let x = model.embed(&params, ids, &Local, arena).unwrap();
+            let rows = Rows { b: 1, t: ids.len(), pos0: 0, starts };
+            model.blocks_forward(&params, x, rows, None, &Local, arena).unwrap().0
+        };
+        let plain = hidden(&tokens, &[], &mut arena);
+        let masked = hidden(&padded, &[pad], &mut arena);
+        let c = 16;
+        let close = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| (x - y).abs() <= 1e-5 * (1.0 + y.abs()));
+        assert!(close(&masked[pad * c..], &plain), "padded {:?}\nplain {:?}", &masked[pad * c..pad * c + 4], &plain[..4]);
+        let unmasked = hidden(&padded, &[], &mut arena);
+        assert!(!close(&unmasked[pad * c..], &plain), "without the mask the padding is read");
+        // Decoding the last token against a cache of the padded prompt gives the same row.
+        let mut cache = KvCache::new(&model, 1, padded.len(), &mut arena).unwrap();
+        let prefix = &padded[..padded.len() - 1];
+        let x = model.embed(&params, prefix, &Local, &mut arena).unwrap();
+        let rows = Rows { b: 1, t: prefix.len(), pos0: 0, starts: &[pad] };
+        model.blocks_forward(&params, x, rows, Some(&mut cache), &Local, &mut arena).unwrap();
+        let x = model.embed(&params, &padded[padded.len() - 1..], &Local, &mut arena).unwrap();
+        let rows = Rows { b: 1, t: 1, pos0: prefix.len(), starts: &[pad] };
+        let last = model.blocks_forward(&params, x, rows, Some(&mut cache), &Local, &mut arena).unwrap().0;
+        assert!(close(&last, &plain[(tokens.len() - 1) * c..]));
     }
 }

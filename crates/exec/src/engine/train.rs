@@ -44,6 +44,9 @@ pub struct Batch<'a> {
     pub tokens: &'a [u32],
     /// Positions per sequence `T`.
     pub seq_len: usize,
+    /// Per sequence, the position of its first real token (left padding before it is masked);
+    /// empty when no sequence is padded.
+    pub starts: &'a [usize],
 }
 
 impl Batch<'_> {
@@ -55,6 +58,15 @@ impl Batch<'_> {
     /// The sequences replica `r` of `dp` takes (see [`share`]).
     pub fn share(&self, replica: (usize, usize)) -> Range<usize> {
         share(self.sequences(), replica)
+    }
+
+    /// The first real positions of `seqs` (empty when no sequence is padded).
+    pub fn starts_of(&self, seqs: &Range<usize>) -> &[usize] {
+        if self.starts.is_empty() {
+            &[]
+        } else {
+            &self.starts[seqs.clone()]
+        }
     }
 
     /// Tokens of `seqs`.
@@ -117,7 +129,7 @@ impl Replica {
         arena: &mut Arena,
     ) -> Result<(Vec<BlockActs>, StageOut), EngineError> {
         let tp = self.groups.tp_group(plane);
-        let rows = Rows { b: seqs.len(), t: batch.seq_len, pos0: 0 };
+        let rows = Rows { b: seqs.len(), t: batch.seq_len, pos0: 0, starts: batch.starts_of(seqs) };
         let x = match input {
             Some(x) => x,
             None => self.model.embed(params, batch.tokens_of(seqs), &tp, arena)?,
@@ -222,7 +234,7 @@ impl Replica {
     ) -> Result<Option<Vec<f32>>, EngineError> {
         let tp = self.groups.tp_group(plane);
         let before = arena.mark();
-        let rows = Rows { b: f.seqs.len(), t: batch.seq_len, pos0: 0 };
+        let rows = Rows { b: f.seqs.len(), t: batch.seq_len, pos0: 0, starts: batch.starts_of(&f.seqs) };
         let dx = match (f.head, grad) {
             (Some((head, dout)), _) => self.model.head_backward(params, grads, &head, &dout, &tp, arena)?,
             (None, Some(g)) => g,

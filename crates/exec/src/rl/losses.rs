@@ -212,6 +212,7 @@ mod tests {
         Rollout {
             prompt_len: 2,
             seq_len: 4,
+            starts: Vec::new(),
             tokens: vec![5, 6, 7, 0],
             lengths: vec![2],
             scores: vec![0.5],

@@ -20,6 +20,10 @@ pub struct Rollout {
     pub prompt_len: usize,
     /// Positions per sequence `T = P + R`.
     pub seq_len: usize,
+    /// Per sequence, the position of its first real token (left padding before it is masked);
+    /// empty when no sequence is padded.
+    #[serde(default)]
+    pub starts: Vec<usize>,
     /// Tokens `[S, T]`.
     pub tokens: Vec<u32>,
     /// Response lengths (EOS included).
@@ -77,6 +81,15 @@ impl Rollout {
     /// The tokens of sequences `members`, in that order.
     pub fn tokens_of(&self, members: &[usize]) -> Vec<u32> {
         members.iter().flat_map(|&s| self.tokens[s * self.seq_len..(s + 1) * self.seq_len].to_vec()).collect()
+    }
+
+    /// The first real positions of sequences `members`, in that order (empty when no sequence
+    /// is padded).
+    pub fn starts_of(&self, members: &[usize]) -> Vec<usize> {
+        if self.starts.is_empty() {
+            return Vec::new();
+        }
+        members.iter().map(|&s| self.starts[s]).collect()
     }
 
     /// Mean over action tokens of `log π_old − log π_ref` (the sampled KL estimate).

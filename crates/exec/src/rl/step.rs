@@ -132,16 +132,26 @@ impl StepSettings {
         self.task.prompt_len() + self.sampling.max_new_tokens
     }
 
-    /// A rollout of generated sequences, before inference fills in the rest.
-    fn rollout_of(&self, generated: Generated) -> Rollout {
+    /// A rollout of generated sequences (whose prompts begin at `starts`), before inference
+    /// fills in the rest.
+    fn rollout_of(&self, generated: Generated, starts: Vec<usize>) -> Rollout {
         Rollout {
             prompt_len: self.task.prompt_len(),
             seq_len: self.seq_len(),
+            starts,
             tokens: generated.tokens,
             lengths: generated.lengths,
             ..Rollout::default()
         }
     }
+}
+
+/// The prompts of one sampling call: sequence `i` answers `tokens(i)` (left-padded to the
+/// prompt length), whose real tokens begin at `start(i)`, with draw id `id(i)`.
+struct Prompts<A, B, C> {
+    tokens: A,
+    start: B,
+    id: C,
 }
 
 /// Greedy answers to held-out prompts, scored.
@@ -437,8 +447,8 @@ impl RlJob {
             (all, c) => c.min(all),
         };
         let greedy = Sampling { greedy: true, ..s.sampling };
-        let out = self.sample(plane, set, n, &greedy, |i| t.eval_prompt(i), |i| i as u64)?;
-        let rollout = s.rollout_of(out);
+        let prompts = Prompts { tokens: |i| t.eval_prompt(i).0, start: |i| t.eval_prompt(i).1, id: |i| i as u64 };
+        let rollout = self.sample(plane, set, n, &greedy, prompts)?;
         let indices: Vec<u64> = (0..n as u64).collect();
         let scores = self.score(plane, &rollout, Split::Eval, &indices, step)?;
         let mean = |xs: &mut dyn Iterator<Item = f64>| xs.sum::<f64>() / n as f64;
@@ -451,17 +461,21 @@ impl RlJob {
         }))
     }
 
-    /// Samples `count` sequences on the generation replicas (sequence `i` answers prompt
-    /// `prompt_of(i)` with draw id `id_of(i)`) and assembles tokens and lengths on every rank.
-    fn sample<P: DataPlane>(
+    /// Samples `count` sequences on the generation replicas and assembles their tokens and
+    /// lengths on every rank, as a rollout.
+    fn sample<P: DataPlane, A, B, C>(
         &self,
         plane: &mut P,
         set: &mut EmuSet,
         count: usize,
         sampling: &Sampling,
-        prompt_of: impl Fn(usize) -> Vec<u32>,
-        id_of: impl Fn(usize) -> u64,
-    ) -> Result<Generated, EngineError> {
+        prompts: Prompts<A, B, C>,
+    ) -> Result<Rollout, EngineError>
+    where
+        A: Fn(usize) -> Vec<u32>,
+        B: Fn(usize) -> usize,
+        C: Fn(usize) -> u64,
+    {
         let t = self.settings.seq_len();
         // Each row is a sequence's tokens followed by its length (f32 is exact below 2^24); the
         // replica leaders contribute their rows, one sum over the world assembles them.
@@ -475,10 +489,11 @@ impl RlJob {
                 let mut out = Generated { tokens: Vec::new(), lengths: Vec::new() };
                 for first in share.clone().step_by(wave) {
                     let seqs = first..(first + wave).min(share.end);
-                    let prompts: Vec<u32> = seqs.clone().flat_map(&prompt_of).collect();
-                    let ids: Vec<u64> = seqs.map(&id_of).collect();
+                    let tokens: Vec<u32> = seqs.clone().flat_map(&prompts.tokens).collect();
+                    let starts: Vec<usize> = seqs.clone().map(&prompts.start).collect();
+                    let ids: Vec<u64> = seqs.map(&prompts.id).collect();
                     let mark = arena.mark();
-                    let done = replica.generate(plane, params, &prompts, &ids, sampling, arena)?;
+                    let done = replica.generate(plane, params, &tokens, &starts, &ids, sampling, arena)?;
                     arena.release_to(mark);
                     out.tokens.extend(done.tokens);
                     out.lengths.extend(done.lengths);
@@ -507,29 +522,31 @@ impl RlJob {
             tokens.extend(row[..t].iter().map(|&x| x as u32));
             lengths.push(row[t] as usize);
         }
-        Ok(Generated { tokens, lengths })
+        let starts = (0..count).map(&prompts.start).collect();
+        Ok(self.settings.rollout_of(Generated { tokens, lengths }, starts))
     }
 
     fn generate<P: DataPlane>(&self, plane: &mut P, set: &mut EmuSet, step: u64) -> Result<Rollout, EngineError> {
         let s = &self.settings;
         let n = s.sequences();
-        let out = self.sample(
-            plane,
-            set,
-            n,
-            &s.sampling,
-            |i| self.prompt(step, i / s.samples),
-            |i| step * n as u64 + i as u64,
-        )?;
-        Ok(s.rollout_of(out))
+        let prompts = Prompts {
+            tokens: |i| self.prompt(step, i / s.samples),
+            start: |i| s.task.prompt_start(self.position(step, i / s.samples)),
+            id: |i| step * n as u64 + i as u64,
+        };
+        self.sample(plane, set, n, &s.sampling, prompts)
     }
 
     /// ReMax: the rule score of each prompt's greedy response, one per sequence.
     fn greedy_scores<P: DataPlane>(&self, plane: &mut P, set: &mut EmuSet, step: u64) -> Result<Vec<f32>, EngineError> {
         let s = &self.settings;
         let greedy = Sampling { greedy: true, ..s.sampling };
-        let out = self.sample(plane, set, s.prompts, &greedy, |k| self.prompt(step, k), |k| k as u64)?;
-        let r = s.rollout_of(out);
+        let prompts = Prompts {
+            tokens: |k| self.prompt(step, k),
+            start: |k| s.task.prompt_start(self.position(step, k)),
+            id: |k| k as u64,
+        };
+        let r = self.sample(plane, set, s.prompts, &greedy, prompts)?;
         let positions: Vec<u64> = (0..s.prompts).map(|k| self.position(step, k)).collect();
         let per_prompt = self.score(plane, &r, Split::Train, &positions, step)?.rewards;
         Ok((0..s.sequences()).map(|i| per_prompt[i / s.samples]).collect())
@@ -545,8 +562,8 @@ impl RlJob {
         rollout: &mut Rollout,
     ) -> Result<Vec<f32>, EngineError> {
         let (n, t) = (rollout.sequences(), rollout.seq_len);
-        let batch_tokens = rollout.tokens.clone();
-        let batch = Batch { tokens: &batch_tokens, seq_len: t };
+        let (batch_tokens, batch_starts) = (rollout.tokens.clone(), rollout.starts.clone());
+        let batch = Batch { tokens: &batch_tokens, seq_len: t, starts: &batch_starts };
         let mut buf = vec![0f32; n + 3 * n * t];
         for (ms, offset) in [(REWARD, 0), (REFERENCE, n), (ACTOR, n + n * t), (CRITIC_INFERENCE, n + 2 * n * t)] {
             let Some(replica) = self.mine.get(&ms) else { continue };
@@ -584,7 +601,8 @@ impl RlJob {
         for _ in 0..s.epochs {
             for chunk in (0..rollout.sequences()).collect::<Vec<_>>().chunks(s.mini_batch) {
                 let tokens = rollout.tokens_of(chunk);
-                let batch = Batch { tokens: &tokens, seq_len: rollout.seq_len };
+                let starts = rollout.starts_of(chunk);
+                let batch = Batch { tokens: &tokens, seq_len: rollout.seq_len, starts: &starts };
                 if let Some(replica) = self.mine.get(&ACTOR) {
                     let loss = PolicyLoss { rollout, members: chunk, clip: s.clip, kl_coef: s.loss_kl_coef };
                     let opt = &s.actor_opt;

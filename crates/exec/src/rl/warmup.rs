@@ -33,22 +33,23 @@ fn batch(
     let mut r = Rollout { prompt_len: p, seq_len: t, ..Rollout::default() };
     for i in 0..count as u64 {
         let index = step * count as u64 + i;
-        let (prompt, response, score) = match (kind, task) {
+        let (prompt, start, response, score) = match (kind, task) {
             (Warmup::Actor, _) => {
-                let (prompt, response) = task.warmup_example(seed, index)?;
-                (prompt, response, 0.0) // next-token cross-entropy reads no score
+                let (prompt, start, response) = task.warmup_example(seed, index)?;
+                (prompt, start, response, 0.0) // next-token cross-entropy reads no score
             }
             (Warmup::RewardModel, Task::Arithmetic(a)) => {
                 let prompt = a.prompt(seed ^ 0xA11CE, index);
                 let response = a.graded_response(&prompt, seed, index, response_len);
                 let score = a.reward(&prompt, &response);
-                (prompt, response, score)
+                (prompt, 0, response, score)
             }
             (Warmup::RewardModel, Task::Text(_)) => {
                 return Err("a text job has no graded responses to warm a reward model up on: set train.warmup_reward_steps = 0 and score with [reward] (train.reward = \"rule\"), or start the reward model from a directory (models.reward.path)".into())
             }
         };
         r.scores.push(score);
+        r.starts.push(start);
         r.lengths.push(response.len().min(response_len));
         r.tokens.extend(prompt.iter().chain(&response).copied().chain(std::iter::repeat(eos)).take(t));
     }
@@ -91,7 +92,8 @@ pub fn warm_up<P: DataPlane>(
             Warmup::Actor => Box::new(SequenceCrossEntropy { rollout: &rollout, members: &members, first_row: 1 }),
             Warmup::RewardModel => Box::new(ScoreRegression { rollout: &rollout, members: &members }),
         };
-        let b = Batch { tokens: &tokens, seq_len: rollout.seq_len };
+        let starts = rollout.starts_of(&members);
+        let b = Batch { tokens: &tokens, seq_len: rollout.seq_len, starts: &starts };
         let report = train_step(plane, set, &replica, &b, count, objective.as_ref(), &opt)?;
         if report.skipped {
             return Err(EngineError::Diverged {

@@ -2,6 +2,11 @@
 //! `h / (H/K)`. Keys and values may live in a longer cache (`t_cap` positions per sequence),
 //! of which the first `tk` are valid; query `i` sits at position `tk − tq + i`, so the same
 //! code runs training (`tq = tk`) and one-token decoding against a KV cache (`tq = 1`).
+//!
+//! A left-padded sequence `b` starts at key `starts[b]`: keys before it are masked out, and a
+//! query before it (a pad position) attends to nothing and outputs zero. RoPE scores depend on
+//! position differences only, so a padded sequence's real tokens get the outputs they would get
+//! unpadded. The backward pass needs no mask: masked probabilities are zero.
 
 use crate::engine::timers::timed;
 use crate::engine::Real;
@@ -48,36 +53,49 @@ fn dot<T: Real>(a: &[T], b: &[T]) -> T {
     a.iter().zip(b).map(|(&x, &y)| x * y).sum()
 }
 
-/// `out[B,Tq,H,D] = softmax(q·kᵀ/√D, causal)·v`; the probabilities `probs[B,H,Tq,Tk]` are
-/// saved for the backward pass (zero above the diagonal).
-pub fn attention_forward<T: Real>(out: &mut [T], probs: &mut [T], q: &[T], k: &[T], v: &[T], s: AttentionShape) {
-    timed(OpClass::Attention, || forward(out, probs, q, k, v, s));
+/// `out[B,Tq,H,D] = softmax(q·kᵀ/√D, causal)·v`, keys before `starts[b]` masked (`starts`
+/// empty: none); the probabilities `probs[B,H,Tq,Tk]` are saved for the backward pass (zero
+/// above the diagonal and before the start).
+pub fn attention_forward<T: Real>(
+    out: &mut [T],
+    probs: &mut [T],
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    s: AttentionShape,
+    starts: &[usize],
+) {
+    timed(OpClass::Attention, || forward(out, probs, q, k, v, s, starts));
 }
 
-fn forward<T: Real>(out: &mut [T], probs: &mut [T], q: &[T], k: &[T], v: &[T], s: AttentionShape) {
+fn forward<T: Real>(out: &mut [T], probs: &mut [T], q: &[T], k: &[T], v: &[T], s: AttentionShape, starts: &[usize]) {
     let (d, scale) = (s.d, s.scale::<T>());
     for b in 0..s.b {
+        let first = starts.get(b).copied().unwrap_or(0);
         for h in 0..s.heads {
             let g = s.group(h);
             for i in 0..s.tq {
                 let last = s.tk - s.tq + i;
-                let qi = &q[s.q_at(b, i, h)..s.q_at(b, i, h) + d];
                 let p = &mut probs[s.p_at(b, h, i)..s.p_at(b, h, i) + s.tk];
+                let o = &mut out[s.q_at(b, i, h)..s.q_at(b, i, h) + d];
+                p.fill(T::ZERO);
+                o.fill(T::ZERO);
+                if last < first {
+                    continue; // a pad position: nothing to attend to
+                }
+                let qi = &q[s.q_at(b, i, h)..s.q_at(b, i, h) + d];
                 let mut max = T::of(f64::NEG_INFINITY);
-                for j in 0..=last {
+                for j in first..=last {
                     p[j] = dot(qi, &k[s.kv_at(b, j, g)..s.kv_at(b, j, g) + d]) * scale;
                     max = max.max(p[j]);
                 }
                 let mut sum = T::ZERO;
-                for pj in &mut p[..=last] {
+                for pj in &mut p[first..=last] {
                     *pj = (*pj - max).exp();
                     sum += *pj;
                 }
-                p[..=last].iter_mut().for_each(|pj| *pj = *pj / sum);
-                p[last + 1..].fill(T::ZERO);
-                let o = &mut out[s.q_at(b, i, h)..s.q_at(b, i, h) + d];
-                o.fill(T::ZERO);
-                for (j, &pj) in p[..=last].iter().enumerate() {
+                p[first..=last].iter_mut().for_each(|pj| *pj = *pj / sum);
+                for (j, &pj) in p.iter().enumerate().take(last + 1).skip(first) {
                     for (ov, &vv) in o.iter_mut().zip(&v[s.kv_at(b, j, g)..s.kv_at(b, j, g) + d]) {
                         *ov += pj * vv;
                     }

@@ -208,12 +208,12 @@ fn grouped_query_attention_gradients_match_finite_differences() {
     let r = values(nq, 12);
     let loss = |v: &[Vec<f64>]| {
         let (mut out, mut probs) = (vec![0.0; nq], vec![0.0; s.b * s.heads * s.tq * s.tk]);
-        attention_forward(&mut out, &mut probs, &v[0], &v[1], &v[2], s);
+        attention_forward(&mut out, &mut probs, &v[0], &v[1], &v[2], s, &[]);
         dot(&out, &r)
     };
     let inputs = vec![values(nq, 13), values(nkv, 14), values(nkv, 15)];
     let (mut out, mut probs) = (vec![0.0; nq], vec![0.0; s.b * s.heads * s.tq * s.tk]);
-    attention_forward(&mut out, &mut probs, &inputs[0], &inputs[1], &inputs[2], s);
+    attention_forward(&mut out, &mut probs, &inputs[0], &inputs[1], &inputs[2], s, &[]);
     let (mut dq, mut dk, mut dv) = (vec![0.0; nq], vec![0.0; nkv], vec![0.0; nkv]);
     attention_backward(&mut dq, &mut dk, &mut dv, &r, &inputs[0], &inputs[1], &inputs[2], &probs, s);
     check("attention", &inputs, &[dq, dk, dv], loss);
@@ -225,7 +225,7 @@ fn decoding_against_a_kv_cache_equals_the_last_row_of_full_attention() {
     let (row, nkv) = (s.heads * s.d, s.b * s.tk * s.kv_heads * s.d);
     let (q, k, v) = (values(s.b * s.tq * row, 16), values(nkv, 17), values(nkv, 18));
     let mut full = vec![0.0; q.len()];
-    attention_forward(&mut full, &mut vec![0.0; s.b * s.heads * s.tq * s.tk], &q, &k, &v, s);
+    attention_forward(&mut full, &mut vec![0.0; s.b * s.heads * s.tq * s.tk], &q, &k, &v, s, &[]);
     // Cache of 8 positions per sequence, 5 valid; one query per sequence at position 4.
     let cached = AttentionShape { tq: 1, t_cap: 8, ..s };
     let (mut kc, mut vc) = (vec![9.0; s.b * 8 * s.kv_heads * s.d], vec![9.0; s.b * 8 * s.kv_heads * s.d]);
@@ -236,12 +236,51 @@ fn decoding_against_a_kv_cache_equals_the_last_row_of_full_attention() {
     }
     let qlast: Vec<f64> = (0..s.b).flat_map(|b| q[(b * s.tq + 4) * row..(b * s.tq + 5) * row].to_vec()).collect();
     let mut out = vec![0.0; s.b * row];
-    attention_forward(&mut out, &mut vec![0.0; s.b * s.heads * s.tk], &qlast, &kc, &vc, cached);
+    attention_forward(&mut out, &mut vec![0.0; s.b * s.heads * s.tk], &qlast, &kc, &vc, cached, &[]);
     for b in 0..s.b {
         for (x, y) in out[b * row..(b + 1) * row].iter().zip(&full[(b * s.tq + 4) * row..(b * s.tq + 5) * row]) {
             assert!((x - y).abs() < 1e-12);
         }
     }
+}
+
+/// Left padding masked: a sequence padded by `pad` positions gets, at its real positions, the
+/// outputs of the same sequence unpadded, and its pad positions output zero; gradients through
+/// the masked call still match finite differences.
+#[test]
+fn masked_left_padding_leaves_the_real_positions_as_they_were() {
+    let (pad, t) = (2, 3);
+    let unpadded = attention_shape(t);
+    let padded = attention_shape(t + pad);
+    let row = unpadded.heads * unpadded.d;
+    let kv_row = unpadded.kv_heads * unpadded.d;
+    let (q, k, v) = (values(unpadded.b * t * row, 21), values(unpadded.b * t * kv_row, 22), values(unpadded.b * t * kv_row, 23));
+    // The same rows behind `pad` junk rows per sequence.
+    let pad_rows = |x: &[f64], width: usize, seed: u64| -> Vec<f64> {
+        let junk = values(pad * width, seed);
+        (0..unpadded.b).flat_map(|b| junk.iter().copied().chain(x[b * t * width..(b + 1) * t * width].iter().copied())).collect()
+    };
+    let (qp, kp, vp) = (pad_rows(&q, row, 24), pad_rows(&k, kv_row, 25), pad_rows(&v, kv_row, 26));
+    let mut plain = vec![0.0; q.len()];
+    attention_forward(&mut plain, &mut vec![0.0; unpadded.b * unpadded.heads * t * t], &q, &k, &v, unpadded, &[]);
+    let (mut masked, mut probs) = (vec![0.0; qp.len()], vec![0.0; padded.b * padded.heads * padded.tq * padded.tk]);
+    attention_forward(&mut masked, &mut probs, &qp, &kp, &vp, padded, &[pad, pad]);
+    for b in 0..unpadded.b {
+        let real = &masked[(b * (t + pad) + pad) * row..(b + 1) * (t + pad) * row];
+        assert!(real.iter().zip(&plain[b * t * row..(b + 1) * t * row]).all(|(x, y)| (x - y).abs() < 1e-12));
+        assert!(masked[b * (t + pad) * row..(b * (t + pad) + pad) * row].iter().all(|&x| x == 0.0));
+    }
+    let r = values(qp.len(), 27);
+    let loss = |v: &[Vec<f64>]| {
+        let (mut out, mut p) = (vec![0.0; qp.len()], vec![0.0; probs.len()]);
+        attention_forward(&mut out, &mut p, &v[0], &v[1], &v[2], padded, &[pad, 1]);
+        dot(&out, &r)
+    };
+    let inputs = vec![qp.clone(), kp.clone(), vp.clone()];
+    attention_forward(&mut masked, &mut probs, &qp, &kp, &vp, padded, &[pad, 1]);
+    let (mut dq, mut dk, mut dv) = (vec![0.0; qp.len()], vec![0.0; kp.len()], vec![0.0; vp.len()]);
+    attention_backward(&mut dq, &mut dk, &mut dv, &r, &qp, &kp, &vp, &probs, padded);
+    check("masked attention", &inputs, &[dq, dk, dv], loss);
 }
 
 #[test]

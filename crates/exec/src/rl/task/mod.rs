@@ -71,6 +71,14 @@ impl Task {
         }
     }
 
+    /// Where the prompt at run position `position` begins after its left padding (masked).
+    pub fn prompt_start(&self, position: u64) -> usize {
+        match self {
+            Task::Arithmetic(_) => 0,
+            Task::Text(t) => t.prompt_len - t.train.at(position).ids.len(),
+        }
+    }
+
     /// Whether one process scores for the job (a scorer command, started on rank 0), rather
     /// than every rank alike.
     pub fn scores_on_one_rank(&self) -> bool {
@@ -96,14 +104,14 @@ impl Task {
         }
     }
 
-    /// A supervised warm-up example for the actor: (prompt, response ending in its stop token),
-    /// example `index` of seed `seed`.
-    pub fn warmup_example(&self, seed: u64, index: u64) -> Result<(Vec<u32>, Vec<u32>), String> {
+    /// A supervised warm-up example for the actor: (prompt, where it begins after its
+    /// padding, response ending in its stop token), example `index` of seed `seed`.
+    pub fn warmup_example(&self, seed: u64, index: u64) -> Result<(Vec<u32>, usize, Vec<u32>), String> {
         match self {
             Task::Arithmetic(t) => {
                 let prompt = t.prompt(seed ^ 0xA11CE, index);
                 let response = t.warmup_response(&prompt, index);
-                Ok((prompt, response))
+                Ok((prompt, 0, response))
             }
             Task::Text(t) => t.warmup_example(index),
         }

@@ -2,10 +2,9 @@
 //! responses decoded with the same tokenizer and scored by the `[reward]` rule or scorer.
 //!
 //! Prompts shorter than `rl.prompt_len` are left-padded with the pad id so that every sequence
-//! of a batch has the same prompt length (the engine's layout). The padding is not masked: the
-//! policy is trained and sampled on exactly the sequence it sees, so the RL update is exact for
-//! that policy, but a pretrained model reads a few pad tokens before its prompt that
-//! transformers' masked batches would hide (docs/data.md).
+//! of a batch has the same prompt length (the engine's layout); each sequence's start travels
+//! with it, and attention masks the padding out, so a model reads its prompt as transformers'
+//! masked batches give it (docs/data.md).
 
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -185,10 +184,11 @@ impl TextTask {
         }
     }
 
-    /// Held-out prompt `index`, left-padded to the prompt length.
-    pub fn eval_prompt(&self, index: usize) -> Vec<u32> {
+    /// Held-out prompt `index`, left-padded to the prompt length, and where it begins.
+    pub fn eval_prompt(&self, index: usize) -> (Vec<u32>, usize) {
         let eval = self.eval.as_ref().expect("callers count the held-out prompts first");
-        self.padded(&eval.items()[index].ids)
+        let ids = &eval.items()[index].ids;
+        (self.padded(ids), self.prompt_len - ids.len())
     }
 
     /// Held-out prompts.
@@ -203,8 +203,9 @@ impl TextTask {
         TextSample { prompt: item.text.clone(), response, answer: item.answer.clone(), reward }
     }
 
-    /// Warm-up example `index`: a training prompt and its worked solution, then EOS.
-    pub fn warmup_example(&self, index: u64) -> Result<(Vec<u32>, Vec<u32>), String> {
+    /// Warm-up example `index`: a training prompt, where it begins, and its worked solution,
+    /// then EOS.
+    pub fn warmup_example(&self, index: u64) -> Result<(Vec<u32>, usize, Vec<u32>), String> {
         let item = self.train.at(index);
         let solution = item.solution.as_ref().ok_or_else(|| {
             format!(
@@ -214,6 +215,6 @@ impl TextTask {
         })?;
         let mut response = self.text.encode(solution).map_err(|e| e.to_string())?;
         response.push(self.stop().0);
-        Ok((self.prompt(index), response))
+        Ok((self.prompt(index), self.prompt_len - item.ids.len(), response))
     }
 }
