@@ -355,7 +355,12 @@ mod tests {
         let masked = hidden(&padded, &[pad], &mut arena);
         let c = 16;
         let close = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| (x - y).abs() <= 1e-5 * (1.0 + y.abs()));
-        assert!(close(&masked[pad * c..], &plain), "padded {:?}\nplain {:?}", &masked[pad * c..pad * c + 4], &plain[..4]);
+        assert!(
+            close(&masked[pad * c..], &plain),
+            "padded {:?}\nplain {:?}",
+            &masked[pad * c..pad * c + 4],
+            &plain[..4]
+        );
         let unmasked = hidden(&padded, &[], &mut arena);
         assert!(!close(&unmasked[pad * c..], &plain), "without the mask the padding is read");
         // Decoding the last token against a cache of the padded prompt gives the same row.

@@ -254,11 +254,14 @@ fn masked_left_padding_leaves_the_real_positions_as_they_were() {
     let padded = attention_shape(t + pad);
     let row = unpadded.heads * unpadded.d;
     let kv_row = unpadded.kv_heads * unpadded.d;
-    let (q, k, v) = (values(unpadded.b * t * row, 21), values(unpadded.b * t * kv_row, 22), values(unpadded.b * t * kv_row, 23));
+    let (q, k, v) =
+        (values(unpadded.b * t * row, 21), values(unpadded.b * t * kv_row, 22), values(unpadded.b * t * kv_row, 23));
     // The same rows behind `pad` junk rows per sequence.
     let pad_rows = |x: &[f64], width: usize, seed: u64| -> Vec<f64> {
         let junk = values(pad * width, seed);
-        (0..unpadded.b).flat_map(|b| junk.iter().copied().chain(x[b * t * width..(b + 1) * t * width].iter().copied())).collect()
+        (0..unpadded.b)
+            .flat_map(|b| junk.iter().copied().chain(x[b * t * width..(b + 1) * t * width].iter().copied()))
+            .collect()
     };
     let (qp, kp, vp) = (pad_rows(&q, row, 24), pad_rows(&k, kv_row, 25), pad_rows(&v, kv_row, 26));
     let mut plain = vec![0.0; q.len()];
@@ -270,9 +273,9 @@ fn masked_left_padding_leaves_the_real_positions_as_they_were() {
         assert!(real.iter().zip(&plain[b * t * row..(b + 1) * t * row]).all(|(x, y)| (x - y).abs() < 1e-12));
         assert!(masked[b * (t + pad) * row..(b * (t + pad) + pad) * row].iter().all(|&x| x == 0.0));
     }
-    let r = values(qp.len(), 27);
+    let (r, n_probs) = (values(qp.len(), 27), probs.len());
     let loss = |v: &[Vec<f64>]| {
-        let (mut out, mut p) = (vec![0.0; qp.len()], vec![0.0; probs.len()]);
+        let (mut out, mut p) = (vec![0.0; qp.len()], vec![0.0; n_probs]);
         attention_forward(&mut out, &mut p, &v[0], &v[1], &v[2], padded, &[pad, 1]);
         dot(&out, &r)
     };
