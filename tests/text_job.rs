@@ -237,3 +237,26 @@ fn bad_data_is_named_before_the_first_step() {
         assert!(!stderr.contains("panicked"), "{stderr}");
     }
 }
+
+#[test]
+fn a_scorer_failing_on_the_held_out_prompts_stops_the_job_as_a_step_would() {
+    let dir = tempfile::tempdir().unwrap();
+    // The evaluation before step 0 takes 4 lines, steps 0 and 1 take 16 each: the 38th line is
+    // the 2nd of the evaluation after step 2.
+    let script = scorer(dir.path(), "crash", 37);
+    let mut toml = job(dir.path(), 2);
+    toml = set_key(&toml, "reward", "kind", Some("\"command\""));
+    toml = set_key(&toml, "reward", "command", Some(&format!("[\"python3\", {:?}]", script)));
+    toml = set_key(&toml, "data", "eval_every", Some("2"));
+    toml = set_key(&toml, "data", "eval_count", Some("4"));
+    let config = write(dir.path(), "job.toml", &toml);
+    let (code, stdout, stderr) = train(4, &config, &[]);
+    assert_eq!(code, Some(1), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("step 2: the reward failed: evaluating the held-out prompts: reward command `python3 "),
+        "{stderr}"
+    );
+    assert!(stderr.contains("the 2 completed steps are checkpointed"), "{stderr}");
+    assert!(dir.path().join("out/checkpoints/step-2").is_dir());
+    assert_eq!(step_records(&dir.path().join("out")).len(), 2);
+}

@@ -7,6 +7,7 @@ use nereus_core::policy::controller::Controller;
 use nereus_core::record::Event;
 use nereus_exec::comm::{max_over_ranks, MpiPlane};
 use nereus_exec::emu::EmuSet;
+use nereus_exec::engine::EngineError;
 use nereus_exec::rl::{RlJob, StepMetrics, StepSettings, Task, TextTask};
 
 use super::console;
@@ -260,8 +261,14 @@ impl<'s> TrainJob<'s> {
         if !(done == 0 || last || (every > 0 && done.is_multiple_of(every))) {
             return Ok(());
         }
-        let Some(e) = self.rl.evaluate(&mut self.plane, &mut self.set, data.eval_count as usize, done)? else {
-            return Ok(());
+        let evaluated = self.rl.evaluate(&mut self.plane, &mut self.set, data.eval_count as usize, done);
+        let e = match evaluated {
+            // A scorer that fails on the held-out prompts stops the job as a step's would.
+            Err(EngineError::Reward { what, .. }) => {
+                return Err(self.stop_for_reward(done, format!("evaluating the held-out prompts: {what}")))
+            }
+            Ok(None) => return Ok(()),
+            other => other?.expect("None returned above"),
         };
         let root = self.session.rank() == 0;
         if root {
@@ -282,8 +289,9 @@ impl<'s> TrainJob<'s> {
         self.session.agree("metrics", written)
     }
 
-    /// After a failed reward at step `step` (nothing of it applied): checkpoints the `step`
-    /// completed steps and returns the error that stops the job.
+    /// After a failed reward at step `step` (nothing of it applied), or in the evaluation after
+    /// `step` steps: checkpoints the `step` completed steps and returns the error that stops
+    /// the job.
     pub fn stop_for_reward(&mut self, step: u64, what: String) -> RuntimeError {
         match self.checkpoint(step) {
             Ok(checkpoint) => RuntimeError::RewardFailed { step, what, checkpoint },
