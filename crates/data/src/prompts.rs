@@ -4,6 +4,7 @@
 //! rank, any layout, and a job resumed at position `n` read the same prompt.
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 
@@ -31,13 +32,28 @@ pub struct PromptItem {
 }
 
 /// The prompts of one file, and the cursor over them.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct PromptSet {
     /// The file.
     pub path: PathBuf,
     items: Vec<PromptItem>,
     dropped: Vec<usize>,
     shuffle: Option<u64>,
+    /// The last epoch's order drawn: a step reads its prompts several times (prompt, start,
+    /// reward, samples), and drawing an order is O(N).
+    last_order: Mutex<Option<(u64, Arc<[usize]>)>>,
+}
+
+impl Clone for PromptSet {
+    fn clone(&self) -> Self {
+        PromptSet {
+            path: self.path.clone(),
+            items: self.items.clone(),
+            dropped: self.dropped.clone(),
+            shuffle: self.shuffle,
+            last_order: Mutex::new(None),
+        }
+    }
 }
 
 impl PromptSet {
@@ -70,7 +86,13 @@ impl PromptSet {
             let reason = format!("every prompt is longer than rl.prompt_len = {max_tokens} tokens");
             return Err(DataError::Line { path: path.to_path_buf(), line: dropped[0], reason });
         }
-        Ok(PromptSet { path: path.to_path_buf(), items, dropped, shuffle: data.shuffle.then_some(seed) })
+        Ok(PromptSet {
+            path: path.to_path_buf(),
+            items,
+            dropped,
+            shuffle: data.shuffle.then_some(seed),
+            last_order: Mutex::new(None),
+        })
     }
 
     /// Prompts kept.
@@ -95,30 +117,26 @@ impl PromptSet {
 
     /// The prompt at run position `position`.
     pub fn at(&self, position: u64) -> &PromptItem {
-        self.range(position, 1)[0]
-    }
-
-    /// The prompts at run positions `start..start + count` (each epoch's order drawn once).
-    pub fn range(&self, start: u64, count: usize) -> Vec<&PromptItem> {
         let n = self.items.len() as u64;
-        let mut order: Option<(u64, Vec<usize>)> = None;
-        (start..start + count as u64)
-            .map(|position| {
-                let (epoch, k) = (position / n, (position % n) as usize);
-                let Some(seed) = self.shuffle else { return &self.items[k] };
-                if order.as_ref().is_none_or(|(e, _)| *e != epoch) {
-                    order = Some((epoch, self.order(seed, epoch)));
-                }
-                &self.items[order.as_ref().expect("drawn above").1[k]]
-            })
-            .collect()
+        let (epoch, k) = (position / n, (position % n) as usize);
+        match self.shuffle {
+            None => &self.items[k],
+            Some(seed) => &self.items[self.order(seed, epoch)[k]],
+        }
     }
 
     /// Epoch `epoch`'s order of the prompts: a Fisher–Yates shuffle seeded by the job and the
-    /// epoch.
-    fn order(&self, seed: u64, epoch: u64) -> Vec<usize> {
+    /// epoch, drawn once and kept until another epoch is asked for.
+    fn order(&self, seed: u64, epoch: u64) -> Arc<[usize]> {
+        // A poisoned lock only means another thread panicked mid-draw; the cache is rebuilt.
+        let mut last = self.last_order.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some((_, order)) = last.as_ref().filter(|(e, _)| *e == epoch) {
+            return Arc::clone(order);
+        }
         let mut order: Vec<usize> = (0..self.items.len()).collect();
         Rng::new(seed ^ epoch.wrapping_mul(0xD1B5_4A32_D192_ED03)).shuffle(&mut order);
+        let order: Arc<[usize]> = order.into();
+        *last = Some((epoch, Arc::clone(&order)));
         order
     }
 }
@@ -136,4 +154,43 @@ fn prompt_item(path: &Path, record: &Record, data: &DataSection, text: &ModelTex
         return Err(at_line("the prompt renders to no tokens".into()));
     }
     Ok(PromptItem { line: record.line, text: rendered, ids, answer, metadata, solution })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(n: usize, shuffle: Option<u64>) -> PromptSet {
+        let item = |line| PromptItem {
+            line,
+            text: String::new(),
+            ids: vec![1],
+            answer: String::new(),
+            metadata: Value::Null,
+            solution: None,
+        };
+        let items = (1..=n).map(item).collect();
+        PromptSet { path: "p.jsonl".into(), items, dropped: Vec::new(), shuffle, last_order: Mutex::new(None) }
+    }
+
+    /// Each epoch reads every prompt once, in an order that depends on the seed and the epoch
+    /// alone: not on which positions were asked for before (the cached order), nor on the copy.
+    #[test]
+    fn each_epoch_is_a_seeded_permutation_whatever_was_read_before() {
+        let (a, n) = (set(50, Some(7)), 50u64);
+        let epoch = |s: &PromptSet, e: u64| (e * n..(e + 1) * n).map(|p| s.at(p).line).collect::<Vec<_>>();
+        let (first, second) = (epoch(&a, 0), epoch(&a, 1));
+        let mut sorted = first.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (1..=50).collect::<Vec<_>>());
+        assert_ne!(first, second);
+        assert_ne!(first, sorted, "a 50-prompt shuffle left the file order");
+        // Out of order, alternating epochs, on a fresh copy: the same prompts.
+        let b = a.clone();
+        let lines: Vec<usize> = [3, n + 3, 4, 2 * n, n + 4].iter().map(|&p| b.at(p).line).collect();
+        assert_eq!(lines, [first[3], second[3], first[4], epoch(&a, 2)[0], second[4]]);
+        assert_ne!(epoch(&set(50, Some(8)), 0), first);
+        let unshuffled = set(5, None);
+        assert_eq!((5..10).map(|p| unshuffled.at(p).line).collect::<Vec<_>>(), [1, 2, 3, 4, 5]);
+    }
 }

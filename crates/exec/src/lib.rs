@@ -9,5 +9,7 @@ pub mod backend;
 pub mod comm;
 pub mod emu;
 pub mod engine;
+#[cfg(test)]
+mod fixtures;
 pub mod rl;
 pub mod topology;

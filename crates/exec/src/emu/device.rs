@@ -172,23 +172,11 @@ mod tests {
     use crate::comm::Watchdog;
     use crate::emu::{Counters, Digest, EmuId, EmuSet, PrimitiveOptions};
     use nereus_core::config::Dtype;
-    use nereus_core::model::{Architecture, Catalogue, Layout, OutputHead};
+    use nereus_core::model::{Catalogue, Layout};
     use nereus_core::plan::{ModelStage, Role, Stage};
 
     fn catalogue(dtype: Dtype) -> Catalogue {
-        Catalogue::new(Architecture {
-            vocab: 48,
-            hidden: 16,
-            layers: 4,
-            heads: 4,
-            kv_heads: 2,
-            head_dim: 4,
-            ffn: 24,
-            tie_embeddings: false,
-            qk_norm: true,
-            head: OutputHead::Lm,
-            dtype,
-        })
+        Catalogue::new(crate::fixtures::tiny_architecture(dtype))
     }
 
     /// What one rank saw: digests after each step, bytes the plan reported and the plane sent,

@@ -268,22 +268,15 @@ mod tests {
     use super::*;
     use crate::emu::movement::TargetEmu;
     use crate::emu::{split_ranks, Counters, Emu};
-    use nereus_core::model::{Architecture, Catalogue, Layout, OutputHead};
+    use nereus_core::model::{Architecture, Catalogue, Layout};
     use nereus_core::plan::{ModelStage, Role, Stage};
 
     fn catalogue() -> Catalogue {
         Catalogue::new(Architecture {
-            vocab: 48,
-            hidden: 16,
             layers: 2,
-            heads: 4,
-            kv_heads: 2,
-            head_dim: 4,
             ffn: 32,
-            tie_embeddings: false,
             qk_norm: false,
-            head: OutputHead::Lm,
-            dtype: Dtype::F32,
+            ..crate::fixtures::tiny_architecture(Dtype::F32)
         })
     }
 

@@ -9,17 +9,11 @@ use nereus_core::plan::{ModelStage, Role, Stage};
 
 fn tiny() -> Catalogue {
     Catalogue::new(Architecture {
-        vocab: 48,
-        hidden: 16,
-        layers: 4,
         heads: 8,
         kv_heads: 4,
         head_dim: 2,
         ffn: 32,
-        tie_embeddings: false,
-        qk_norm: true,
-        head: nereus_core::model::OutputHead::Lm,
-        dtype: Dtype::Bf16,
+        ..crate::fixtures::tiny_architecture(Dtype::Bf16)
     })
 }
 

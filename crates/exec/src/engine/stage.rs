@@ -323,19 +323,7 @@ mod tests {
     /// absolute positions) matches to f32 rounding, in one pass and through a KV cache.
     #[test]
     fn a_masked_left_padded_sequence_reads_as_the_unpadded_one() {
-        let arch = Architecture {
-            vocab: 32,
-            hidden: 16,
-            layers: 2,
-            heads: 4,
-            kv_heads: 2,
-            head_dim: 4,
-            ffn: 24,
-            tie_embeddings: false,
-            qk_norm: true,
-            head: OutputHead::Lm,
-            dtype: Dtype::F32,
-        };
+        let arch = Architecture { vocab: 32, layers: 2, ..crate::fixtures::tiny_architecture(Dtype::F32) };
         let catalogue = Catalogue::new(arch);
         let (layout, position) = (Layout::new(1, 1), Position { tp: 0, pp: 0 });
         let table = catalogue.shard(layout, position);
