@@ -15,6 +15,8 @@ struct Case {
 fn cases() -> Vec<Case> {
     let ppo = shipped("tiny-ppo.toml");
     let grpo = shipped("tiny-grpo.toml");
+    let math = shipped("tiny-math-grpo.toml");
+    let reward = |lines: &str| math.replace("[reward]\nkind = \"math\"\n", &format!("[reward]\n{lines}\n"));
     let set = |section: &str, key: &str, value: &str| set_key(&ppo, section, key, Some(value));
     // The broken header's position, counted in the shipped file (1-based line, column after "[rl").
     let rl_line = ppo.lines().position(|l| l == "[rl]").expect("tiny-ppo has [rl]") + 1;
@@ -166,6 +168,31 @@ fn cases() -> Vec<Case> {
             name: "ReMax with a model-scored reward",
             toml: set("rl", "algorithm", "\"remax\"").replace("[train]", "[train]\nreward = \"model\""),
             expect: &["`train.reward` = model", "greedy baseline"],
+        },
+        Case {
+            name: "a reward kind and terms",
+            toml: reward("kind = \"math\"\nterms = [{kind = \"exact\"}]"),
+            expect: &["`reward.kind` = math", "either one kind or weighted [[reward.terms]]"],
+        },
+        Case {
+            name: "two scorer terms",
+            toml: reward("command = [\"s\"]\nterms = [{kind = \"command\"}, {kind = \"math\"}, {kind = \"command\"}]"),
+            expect: &["`reward.terms[2].kind` = command", "one job runs one scorer"],
+        },
+        Case {
+            name: "pass@k without a rule",
+            toml: set_key(&reward("command = [\"s\"]\nterms = [{kind = \"command\"}]"), "data", "pass_k", Some("4")),
+            expect: &["`data.pass_k` = 4", "only a rule (math, exact)"],
+        },
+        Case {
+            name: "a reward-model term under ReMax",
+            toml: set_key(
+                &reward("terms = [{kind = \"math\"}, {kind = \"model\", weight = 0.5}]"),
+                "rl",
+                "algorithm",
+                Some("\"remax\""),
+            ),
+            expect: &["`reward.terms` = model", "greedy baseline"],
         },
         Case {
             name: "included cluster file missing",

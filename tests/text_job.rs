@@ -260,3 +260,48 @@ fn a_scorer_failing_on_the_held_out_prompts_stops_the_job_as_a_step_would() {
     assert!(dir.path().join("out/checkpoints/step-2").is_dir());
     assert_eq!(step_records(&dir.path().join("out")).len(), 2);
 }
+
+/// `[[reward.terms]]` (given with `--set`) sums weighted terms: each decoded sample's reward is
+/// 2 × the math rule's (as `nereus reward` scores it offline) + 0.5 × a scorer's (the
+/// response's length in characters). The math term's verdicts travel from the scorer's rank to
+/// every rank, so the evaluation still reports accuracy; with top-p so small that sampling keeps
+/// only the most likely token, pass@2's answers are the greedy ones and pass@2 equals accuracy.
+#[test]
+fn weighted_reward_terms_sum_and_pass_at_k_counts_solved_prompts() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = write(
+        dir.path(),
+        "length.py",
+        "import json, sys\nfor line in sys.stdin:\n    r = json.loads(line)['response']\n    print(json.dumps({'reward': len(r)}), flush=True)\n",
+    );
+    let mut toml = job(dir.path(), 2);
+    toml = set_key(&toml, "reward", "kind", None);
+    toml = set_key(&toml, "reward", "command", Some(&format!("[\"python3\", {:?}]", script)));
+    toml = set_key(&toml, "data", "pass_k", Some("2"));
+    toml = set_key(&toml, "train", "top_p", Some("1e-9"));
+    let config = write(dir.path(), "job.toml", &toml);
+    let terms = "reward.terms=[{kind = \"math\", weight = 2.0}, {kind = \"command\", weight = 0.5}]";
+    let (code, stdout, stderr) = train(4, &config, &["--set", terms]);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    let out = dir.path().join("out");
+    let samples = out.join("samples.jsonl");
+    let json = dir.path().join("scores.json");
+    let offline =
+        run_single(&["reward", samples.to_str().unwrap(), "--kind", "math", "--json", json.to_str().unwrap()]);
+    assert!(offline.status.success(), "{:?}", text(&offline));
+    let scores: Value = serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
+    let recorded = lines(&samples);
+    assert_eq!(recorded.len(), 4);
+    for (sample, score) in recorded.iter().zip(scores["scores"].as_array().unwrap()) {
+        let length = sample["response"].as_str().unwrap().chars().count() as f64;
+        let want = 2.0 * score["reward"].as_f64().unwrap() + 0.5 * length;
+        assert!((sample["reward"].as_f64().unwrap() - want).abs() < 1e-4, "{sample} against {want}");
+    }
+    let evals: Vec<Value> = lines(&out.join("metrics.jsonl")).into_iter().filter(|r| r["event"] == "eval").collect();
+    assert_eq!(evals.len(), 2, "{stdout}");
+    for e in &evals {
+        assert_eq!(e["pass_k"], 2, "{e}");
+        assert_eq!(e["pass_at_k"].as_f64(), e["accuracy"].as_f64(), "{e}");
+    }
+    assert!(stdout.contains("eval after step 2: accuracy ") && stdout.contains("pass@2 "), "{stdout}");
+}

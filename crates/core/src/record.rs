@@ -216,6 +216,29 @@ pub struct RankLossRecord {
     pub checkpoint: Option<PathBuf>,
 }
 
+/// An evaluation on the held-out prompts: greedy answers scored by the job's reward, and with
+/// `data.pass_k` also `k` sampled answers per prompt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvalResult {
+    /// Prompts answered.
+    pub prompts: usize,
+    /// The greedy answers' mean reward (without a `model` term: the reward model does not
+    /// score held-out answers).
+    pub mean_reward: f64,
+    /// The share answered correctly, greedily (by the first rule term; absent when the reward
+    /// has no rule, as a scorer command gives rewards only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accuracy: Option<f64>,
+    /// `k` of pass@k: sampled answers per prompt, at the job's temperature and top-p.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pass_k: Option<u32>,
+    /// The share of prompts with at least one correct answer among the `k` sampled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pass_at_k: Option<f64>,
+    /// Mean greedy response length, tokens.
+    pub response_len_mean: f64,
+}
+
 /// An event of a run that is not a step (`{"event": "resume", …}`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "kebab-case")]
@@ -236,15 +259,9 @@ pub enum Event {
     Eval {
         /// RL steps done when it ran (0: after the warm-up, before any RL step).
         step: u64,
-        /// Prompts answered.
-        prompts: usize,
-        /// Their mean reward.
-        mean_reward: f64,
-        /// The share answered correctly (absent for a scorer command, which gives rewards only).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        accuracy: Option<f64>,
-        /// Mean response length, tokens.
-        response_len_mean: f64,
+        /// What the evaluation found.
+        #[serde(flatten)]
+        result: EvalResult,
     },
     /// `--resume auto` found no complete checkpoint (a crash before the first): the run starts
     /// fresh, and the step records before this line belong to the run it abandons.

@@ -63,6 +63,9 @@ pub struct DataSection {
     /// Decoded responses written to `<output_dir>/samples.jsonl` per step.
     #[serde(default = "two")]
     pub samples_per_step: u32,
+    /// Sampled answers per held-out prompt for pass@k in each evaluation (0: greedy only).
+    #[serde(default)]
+    pub pass_k: u32,
 }
 
 fn two() -> u32 {
@@ -91,8 +94,15 @@ impl DataSection {
         self
     }
 
-    /// Checks the field names; errors name the key under `data.`.
+    /// Checks the field names and pass@k; errors name the key under `data.`.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.pass_k > 64 {
+            return Err(ConfigError::invalid(
+                "data.pass_k",
+                self.pass_k,
+                "must be at most 64 (0: greedy answers only)",
+            ));
+        }
         for (key, value) in [("data.prompt_key", &self.prompt_key), ("data.answer_key", &self.answer_key)] {
             if value.split('.').any(str::is_empty) {
                 return Err(ConfigError::invalid(key, value, "a field name, dotted for nested fields (`a.b`)"));
@@ -113,6 +123,20 @@ pub enum RewardKind {
     Exact,
     /// An external scorer command (JSON lines in, `{"reward": x}` out).
     Command,
+    /// The reward model's score of the response (a term of a combination).
+    Model,
+}
+
+impl RewardKind {
+    /// Its name in the config.
+    pub fn name(self) -> &'static str {
+        match self {
+            RewardKind::Math => "math",
+            RewardKind::Exact => "exact",
+            RewardKind::Command => "command",
+            RewardKind::Model => "model",
+        }
+    }
 }
 
 /// What a scorer command's failure does.
@@ -126,17 +150,42 @@ pub enum OnScorerError {
     Zero,
 }
 
-/// The `[reward]` section of a text job (with `train.reward = "rule"`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One weighted term of a combined reward (`[[reward.terms]]`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RewardSection {
-    /// `math`, `exact` or `command`.
-    #[serde(default)]
+pub struct RewardTerm {
+    /// `math`, `exact`, `command` (the scorer of `reward.command`) or `model` (the reward
+    /// model's score).
     pub kind: RewardKind,
+    /// Its weight in the sum.
+    #[serde(default = "one")]
+    pub weight: f64,
     /// Added when a response gives its answer in `\boxed{…}` (rules only).
     #[serde(default)]
     pub format_bonus: f64,
-    /// The scorer's program and arguments (`kind = "command"`).
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+/// The `[reward]` section of a text job (with `train.reward = "rule"`): one kind, or a
+/// weighted sum of `terms`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RewardSection {
+    /// `math`, `exact`, `command` or `model` (when `terms` is empty; `math` when neither is
+    /// given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<RewardKind>,
+    /// Added when a response gives its answer in `\boxed{…}` (rules only; with `terms`, each
+    /// term has its own).
+    #[serde(default)]
+    pub format_bonus: f64,
+    /// Weighted terms summed into the reward (instead of `kind`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub terms: Vec<RewardTerm>,
+    /// The scorer's program and arguments (a `command` kind or term).
     #[serde(default)]
     pub command: Vec<String>,
     /// Seconds the scorer may take per response.
@@ -154,8 +203,9 @@ fn timeout_s() -> f64 {
 impl Default for RewardSection {
     fn default() -> RewardSection {
         RewardSection {
-            kind: RewardKind::default(),
+            kind: None,
             format_bonus: 0.0,
+            terms: Vec::new(),
             command: Vec::new(),
             timeout_s: timeout_s(),
             on_error: OnScorerError::default(),
@@ -164,21 +214,93 @@ impl Default for RewardSection {
 }
 
 impl RewardSection {
-    /// Checks the bonus, the timeout and the command; errors name the key under `reward.`.
+    /// The reward as weighted terms: `terms`, or `kind` (by default `math`) with weight 1.
+    pub fn terms(&self) -> Vec<RewardTerm> {
+        if !self.terms.is_empty() {
+            return self.terms.clone();
+        }
+        let kind = self.kind.unwrap_or_default();
+        vec![RewardTerm { kind, weight: 1.0, format_bonus: self.format_bonus }]
+    }
+
+    /// The weight of the reward model's score in the sum (0 without a `model` term).
+    pub fn model_weight(&self) -> f64 {
+        self.terms().iter().filter(|t| t.kind == RewardKind::Model).map(|t| t.weight).sum()
+    }
+
+    /// Checks the terms, bonuses, timeout and command; errors name the key under `reward.`.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        check::within("reward.format_bonus", self.format_bonus, 0.0, 1e6)?;
+        if let (Some(kind), false) = (self.kind, self.terms.is_empty()) {
+            let why = "give either one kind or weighted [[reward.terms]], not both";
+            return Err(ConfigError::invalid("reward.kind", kind.name(), why));
+        }
+        if !self.terms.is_empty() && self.format_bonus != 0.0 {
+            let why = "with [[reward.terms]], each rule term has its own format_bonus";
+            return Err(ConfigError::invalid("reward.format_bonus", check::show(self.format_bonus), why));
+        }
         check::positive("reward.timeout_s", self.timeout_s)?;
-        match (self.kind, self.command.is_empty()) {
-            (RewardKind::Command, true) => Err(ConfigError::Missing {
+        let terms = self.terms();
+        for (i, term) in terms.iter().enumerate() {
+            let key = |field: &str| match self.terms.is_empty() {
+                true => format!("reward.{field}"),
+                false => format!("reward.terms[{i}].{field}"),
+            };
+            check::within(&key("format_bonus"), term.format_bonus, 0.0, 1e6)?;
+            check::within(&key("weight"), term.weight, -1e6, 1e6)?;
+            if term.format_bonus != 0.0 && matches!(term.kind, RewardKind::Command | RewardKind::Model) {
+                let why = "a format bonus belongs to a rule (math, exact)";
+                return Err(ConfigError::invalid(key("format_bonus"), check::show(term.format_bonus), why));
+            }
+            if terms[..i].iter().any(|t| t.kind == term.kind && !matches!(t.kind, RewardKind::Math | RewardKind::Exact))
+            {
+                let why = "one job runs one scorer and one reward model: give this kind one term";
+                return Err(ConfigError::invalid(key("kind"), term.kind.name(), why));
+            }
+        }
+        let scorer = terms.iter().any(|t| t.kind == RewardKind::Command);
+        match (scorer, self.command.is_empty()) {
+            (true, true) => Err(ConfigError::Missing {
                 key: "reward.command".into(),
                 hint: "kind = \"command\" runs a scorer: command = [\"python3\", \"score.py\"]".into(),
             }),
-            (RewardKind::Math | RewardKind::Exact, false) => Err(ConfigError::invalid(
+            (false, false) => Err(ConfigError::invalid(
                 "reward.command",
                 self.command.join(" "),
-                "only kind = \"command\" runs a scorer",
+                "only a `command` kind or term runs a scorer",
             )),
             _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn section(toml: &str) -> RewardSection {
+        toml::from_str(toml).unwrap()
+    }
+
+    /// One kind is a single term of weight 1; terms are summed as given, the reward model's
+    /// weight read from its term.
+    #[test]
+    fn a_reward_is_weighted_terms() {
+        let single = section("kind = \"exact\"\nformat_bonus = 0.1");
+        assert_eq!(single.terms(), [RewardTerm { kind: RewardKind::Exact, weight: 1.0, format_bonus: 0.1 }]);
+        assert_eq!(section("").terms()[0].kind, RewardKind::Math);
+        let combined = section("terms = [{kind = \"math\", format_bonus = 0.2}, {kind = \"model\", weight = -0.5}]");
+        combined.validate().unwrap();
+        assert_eq!(combined.terms()[0], RewardTerm { kind: RewardKind::Math, weight: 1.0, format_bonus: 0.2 });
+        assert_eq!((combined.model_weight(), single.model_weight()), (-0.5, 0.0));
+        for (toml, key) in [
+            ("format_bonus = 0.1\nterms = [{kind = \"math\"}]", "reward.format_bonus"),
+            ("terms = [{kind = \"model\", format_bonus = 1.0}]", "reward.terms[0].format_bonus"),
+            ("terms = [{kind = \"model\"}, {kind = \"model\"}]", "reward.terms[1].kind"),
+            ("terms = [{kind = \"command\"}]", "reward.command"),
+            ("kind = \"math\"\ncommand = [\"s\"]", "reward.command"),
+        ] {
+            let e = section(toml).validate().unwrap_err().to_string();
+            assert!(e.contains(&format!("`{key}`")), "{toml}: {e}");
         }
     }
 }

@@ -32,7 +32,7 @@ pub mod stepped_csv;
 pub mod train;
 
 pub use cluster::{ClusterSection, ClusterSpec, DataPlane};
-pub use data::{DataSection, OnScorerError, RewardKind, RewardSection, TooLong};
+pub use data::{DataSection, OnScorerError, RewardKind, RewardSection, RewardTerm, TooLong};
 pub use error::ConfigError;
 pub use faults::FaultsSection;
 pub use job::JobSection;
@@ -278,6 +278,22 @@ pub fn load_cluster_file(path: &Path) -> Result<ClusterSection, ConfigError> {
 }
 
 impl JobConfig {
+    /// The reward of a text job against the rest: pass@k needs a rule's verdicts, and a
+    /// `model` term is for `train.reward = "rule"` (with `"model"` the score is the model's
+    /// alone).
+    fn check_text_reward(&self, data: &DataSection) -> Result<(), ConfigError> {
+        let terms = self.reward.terms();
+        if data.pass_k > 0 && !terms.iter().any(|t| matches!(t.kind, RewardKind::Math | RewardKind::Exact)) {
+            let why = "pass@k counts correct answers, which only a rule (math, exact) in [reward] judges";
+            return Err(ConfigError::invalid("data.pass_k", data.pass_k, why));
+        }
+        if self.reward.model_weight() != 0.0 && self.train.reward == RewardSource::Model {
+            let why = "with a `model` term in [reward], the reward model's score is already part of the reward: keep train.reward = \"rule\"";
+            return Err(ConfigError::invalid("train.reward", "model", why));
+        }
+        Ok(())
+    }
+
     /// A text job's warm-ups need data the arithmetic task makes up: worked answers for the
     /// actor, graded responses for the reward model (which a text job does not have).
     fn check_text_warm_ups(&self, data: &DataSection) -> Result<(), ConfigError> {
@@ -329,6 +345,11 @@ impl JobConfig {
                 });
             }
             self.check_text_warm_ups(data)?;
+            self.check_text_reward(data)?;
+        }
+        if self.reward.model_weight() != 0.0 && self.rl.algorithm == Algorithm::Remax {
+            let why = "ReMax scores its greedy baseline without the reward model, so its samples must be scored without it too";
+            return Err(ConfigError::invalid("reward.terms", "model", why));
         }
         if self.train.reward == RewardSource::Model && self.rl.algorithm == Algorithm::Remax {
             return Err(ConfigError::invalid("train.reward", "model", "ReMax scores its greedy baseline with the rule, so its samples must be scored by the rule too (reward = \"rule\")"));

@@ -30,7 +30,7 @@ use nereus_core::cost::OpClass;
 use nereus_core::cost::OpSeconds;
 use nereus_core::plan::{ModelStage, PerPhase, Phase, Plan, Role, Stage};
 use nereus_core::planner::StepSeconds;
-use nereus_core::record::StepStats;
+use nereus_core::record::{EvalResult, StepStats};
 
 /// Everything an RL step needs besides the state, derived from the job config.
 #[derive(Debug, Clone)]
@@ -67,6 +67,8 @@ pub struct StepSettings {
     pub reward: RewardSource,
     /// Decoded responses recorded per step (text jobs).
     pub samples_logged: usize,
+    /// Sampled answers per held-out prompt for pass@k (0: greedy answers only).
+    pub pass_k: usize,
 }
 
 impl StepSettings {
@@ -119,6 +121,7 @@ impl StepSettings {
             loss_kl_coef: if rl.algorithm == Algorithm::Ppo { 0.0 } else { t.kl_coef },
             reward: t.reward,
             samples_logged: config.data.as_ref().map_or(0, |d| d.samples_per_step as usize),
+            pass_k: config.data.as_ref().map_or(0, |d| d.pass_k as usize),
         }
     }
 
@@ -154,18 +157,9 @@ struct Prompts<A, B, C> {
     id: C,
 }
 
-/// Greedy answers to held-out prompts, scored.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Evaluation {
-    /// Prompts answered.
-    pub prompts: usize,
-    /// Their mean reward.
-    pub mean_reward: f64,
-    /// The share answered correctly (a rule's verdict; `None` for a scorer command).
-    pub accuracy: Option<f64>,
-    /// Mean response length, tokens.
-    pub response_len_mean: f64,
-}
+/// Draw ids of pass@k's sampled answers: above every training draw's (`step × sequences + i`),
+/// so an evaluation never repeats a training sample's uniforms.
+const PASS_AT_K_IDS: u64 = 1 << 62;
 
 /// What one RL step reports on rank 0.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -320,7 +314,11 @@ impl RlJob {
         stage_done(Phase::Generation, &mut metrics);
         let rm_scores = self.infer(plane, set, &mut rollout)?;
         let positions: Vec<u64> = (0..rollout.sequences()).map(|i| self.position(step, i / s.samples)).collect();
-        let Scores { rewards: rule, failures, .. } = self.score(plane, &rollout, Split::Train, &positions, step)?;
+        let Scores { rewards: mut rule, failures, .. } = self.score(plane, &rollout, Split::Train, &positions, step)?;
+        let model_weight = s.task.model_weight();
+        if model_weight != 0.0 {
+            rule.iter_mut().zip(&rm_scores).for_each(|(r, m)| *r += model_weight * m);
+        }
         metrics.samples = self.samples(&rollout, &positions, &rule, plane.rank());
         rollout.scores = match s.reward {
             RewardSource::Rule => rule.clone(),
@@ -394,28 +392,36 @@ impl RlJob {
             return task.score(rollout, split, positions).map_err(failed);
         }
         let n = rollout.sequences();
-        // [rewards…, failures, ok]: rank 0's values, zeros elsewhere.
-        let mut buf = vec![0f32; n + 2];
+        // [rewards…, verdicts…, failures, ok, has verdicts]: rank 0's values, zeros elsewhere.
+        let mut buf = vec![0f32; 2 * n + 3];
         let mut message = None;
         if plane.rank() == 0 {
             match task.score(rollout, split, positions) {
                 Ok(scores) => {
                     buf[..n].copy_from_slice(&scores.rewards);
-                    buf[n] = scores.failures as f32;
-                    buf[n + 1] = 1.0;
+                    for (slot, &c) in buf[n..2 * n].iter_mut().zip(&scores.correct) {
+                        *slot = f32::from(u8::from(c));
+                    }
+                    buf[2 * n] = scores.failures as f32;
+                    buf[2 * n + 1] = 1.0;
+                    buf[2 * n + 2] = f32::from(u8::from(!scores.correct.is_empty()));
                 }
                 Err(e) => message = Some(e),
             }
         }
         plane.all_reduce_sum_f32(self.world, &mut buf)?;
-        if buf[n + 1] == 0.0 {
+        if buf[2 * n + 1] == 0.0 {
             return Err(failed(
                 message.unwrap_or_else(|| {
                     "the reward command failed on rank 0 (its message is in rank 0's output)".into()
                 }),
             ));
         }
-        Ok(Scores { rewards: buf[..n].to_vec(), correct: Vec::new(), failures: buf[n] as u64 })
+        let correct = match buf[2 * n + 2] == 1.0 {
+            true => buf[n..2 * n].iter().map(|&c| c == 1.0).collect(),
+            false => Vec::new(),
+        };
+        Ok(Scores { rewards: buf[..n].to_vec(), correct, failures: buf[2 * n] as u64 })
     }
 
     /// Rank 0's decoded samples of a text job's step: its first `data.samples_per_step`
@@ -430,15 +436,16 @@ impl RlJob {
     }
 
     /// Greedy answers to the first `count` held-out prompts (all when 0), scored by the job's
-    /// reward; `None` for a job without held-out prompts. Every rank calls it; the state is not
-    /// touched. `step` is the number of RL steps done, for messages.
+    /// reward, and with `data.pass_k = k` also `k` sampled answers per prompt (pass@k); `None`
+    /// for a job without held-out prompts. Every rank calls it; the state is not touched.
+    /// `step` is the number of RL steps done, for messages.
     pub fn evaluate<P: DataPlane>(
         &self,
         plane: &mut P,
         set: &mut EmuSet,
         count: usize,
         step: u64,
-    ) -> Result<Option<Evaluation>, EngineError> {
+    ) -> Result<Option<EvalResult>, EngineError> {
         let s = &self.settings;
         let Task::Text(t) = &s.task else { return Ok(None) };
         let n = match (t.eval_len(), count) {
@@ -452,13 +459,47 @@ impl RlJob {
         let indices: Vec<u64> = (0..n as u64).collect();
         let scores = self.score(plane, &rollout, Split::Eval, &indices, step)?;
         let mean = |xs: &mut dyn Iterator<Item = f64>| xs.sum::<f64>() / n as f64;
-        Ok(Some(Evaluation {
+        let pass_at_k = match s.pass_k {
+            0 => None,
+            k => Some(self.pass_at_k(plane, set, n, k, step)?),
+        };
+        Ok(Some(EvalResult {
             prompts: n,
             mean_reward: mean(&mut scores.rewards.iter().map(|&x| f64::from(x))),
             accuracy: (!scores.correct.is_empty())
                 .then(|| mean(&mut scores.correct.iter().map(|&c| f64::from(u8::from(c))))),
+            pass_k: pass_at_k.map(|_| s.pass_k as u32),
+            pass_at_k,
             response_len_mean: mean(&mut rollout.lengths.iter().map(|&l| l as f64)),
         }))
+    }
+
+    /// pass@k on the first `n` held-out prompts: the share with at least one correct answer
+    /// among `k` sampled at the job's temperature and top-p (with n = k samples, the estimator
+    /// of Chen et al. 2021, "Evaluating Large Language Models Trained on Code", is exactly this
+    /// share). The config ensures the reward has a rule to give the verdicts.
+    fn pass_at_k<P: DataPlane>(
+        &self,
+        plane: &mut P,
+        set: &mut EmuSet,
+        n: usize,
+        k: usize,
+        step: u64,
+    ) -> Result<f64, EngineError> {
+        let Task::Text(t) = &self.settings.task else { unreachable!("evaluate checked the task") };
+        let prompts = Prompts {
+            tokens: |i| t.eval_prompt(i / k).0,
+            start: |i| t.eval_prompt(i / k).1,
+            id: |i| PASS_AT_K_IDS + i as u64,
+        };
+        let rollout = self.sample(plane, set, n * k, &self.settings.sampling, prompts)?;
+        let indices: Vec<u64> = (0..(n * k) as u64).map(|i| i / k as u64).collect();
+        let correct = self.score(plane, &rollout, Split::Eval, &indices, step)?.correct;
+        if correct.len() != n * k {
+            return Err(EngineError::Reward { step, what: "pass@k needs a rule's verdicts (math or exact)".into() });
+        }
+        let solved = correct.chunks_exact(k).filter(|answers| answers.iter().any(|&c| c)).count();
+        Ok(solved as f64 / n as f64)
     }
 
     /// Samples `count` sequences on the generation replicas and assembles their tokens and

@@ -3,6 +3,7 @@
 
 use nereus_core::index_list::format_index_list;
 use nereus_core::plan::Plan;
+use nereus_core::record::EvalResult;
 use nereus_exec::rl::StepMetrics;
 
 use super::boundary::Boundary;
@@ -94,10 +95,14 @@ pub fn print_boundary(b: &Boundary) {
 }
 
 /// One evaluation's line.
-pub fn print_eval(done: u64, e: &nereus_exec::rl::Evaluation) {
+pub fn print_eval(done: u64, e: &EvalResult) {
     let accuracy = e.accuracy.map(|a| format!("accuracy {a:.3}  ")).unwrap_or_default();
+    let pass = match (e.pass_k, e.pass_at_k) {
+        (Some(k), Some(p)) => format!("pass@{k} {p:.3}  "),
+        _ => String::new(),
+    };
     println!(
-        "eval after step {done}: {accuracy}reward {:.3}  len {:.2}  ({} held-out prompts, greedy)",
+        "eval after step {done}: {accuracy}{pass}reward {:.3}  len {:.2}  ({} held-out prompts, greedy)",
         e.mean_reward, e.response_len_mean, e.prompts
     );
 }

@@ -274,13 +274,7 @@ impl<'s> TrainJob<'s> {
         if root {
             console::print_eval(done, &e);
         }
-        let record = Event::Eval {
-            step: done,
-            prompts: e.prompts,
-            mean_reward: e.mean_reward,
-            accuracy: e.accuracy,
-            response_len_mean: e.response_len_mean,
-        };
+        let record = Event::Eval { step: done, result: e.clone() };
         let written = match (root, self.tensorboard.as_mut()) {
             (true, Some(events)) => self.metrics.append(&record).and_then(|()| events.record(done, "eval", &e)),
             (true, None) => self.metrics.append(&record),

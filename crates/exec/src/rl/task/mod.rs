@@ -11,7 +11,7 @@ mod text;
 use std::sync::Arc;
 
 pub use arithmetic::{ArithmeticTask, EOS};
-pub use text::{TextReward, TextSample, TextTask};
+pub use text::{TextReward, TextSample, TextTask, TextTerm};
 
 use super::Rollout;
 use crate::engine::StopIds;
@@ -75,7 +75,16 @@ impl Task {
     pub fn prompt_start(&self, position: u64) -> usize {
         match self {
             Task::Arithmetic(_) => 0,
-            Task::Text(t) => t.prompt_len - t.train.at(position).ids.len(),
+            Task::Text(t) => t.prompt_start(position),
+        }
+    }
+
+    /// The weight of the reward model's score in the reward trained on (`train.reward =
+    /// "rule"`): a text job's `model` term, 0 otherwise.
+    pub fn model_weight(&self) -> f32 {
+        match self {
+            Task::Arithmetic(_) => 0.0,
+            Task::Text(t) => t.reward.model_weight() as f32,
         }
     }
 

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use nereus_core::config::{JobConfig, OnScorerError, RewardKind};
+use nereus_core::config::{JobConfig, OnScorerError, RewardKind, RewardSection};
 use nereus_data::prompts::{PromptItem, PromptSet};
 use nereus_data::reward::command::{CommandScorer, OnError, ScoreRequest};
 use nereus_data::reward::{RuleKind, RuleReward};
@@ -19,9 +19,9 @@ use nereus_data::text::ModelText;
 use super::{Rollout, Scores, Split};
 use crate::engine::StopIds;
 
-/// How a text job's responses are scored.
+/// One term of a text job's reward.
 #[derive(Debug, Clone, PartialEq)]
-pub enum TextReward {
+pub enum TextTerm {
     /// A rule over the decoded response and the reference answer.
     Rule(RuleReward),
     /// An external scorer: program and arguments, timeout per line, what a failure does.
@@ -33,6 +33,59 @@ pub enum TextReward {
         /// Stop or score 0.
         on_error: OnError,
     },
+    /// The reward model's score, added by the RL step (which runs the reward model).
+    Model,
+}
+
+/// How a text job's responses are scored: a weighted sum of terms.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TextReward {
+    /// `(weight, term)`, in the config's order.
+    pub terms: Vec<(f64, TextTerm)>,
+}
+
+impl TextReward {
+    /// The reward of `config`'s `[reward]` section.
+    pub fn of(config: &RewardSection) -> TextReward {
+        let terms = config
+            .terms()
+            .iter()
+            .map(|t| {
+                let term = match t.kind {
+                    RewardKind::Math => {
+                        TextTerm::Rule(RuleReward { kind: RuleKind::Math, format_bonus: t.format_bonus })
+                    }
+                    RewardKind::Exact => {
+                        TextTerm::Rule(RuleReward { kind: RuleKind::Exact, format_bonus: t.format_bonus })
+                    }
+                    RewardKind::Command => TextTerm::Command {
+                        argv: config.command.clone(),
+                        timeout: Duration::from_secs_f64(config.timeout_s),
+                        on_error: match config.on_error {
+                            OnScorerError::Stop => OnError::Stop,
+                            OnScorerError::Zero => OnError::Zero,
+                        },
+                    },
+                    RewardKind::Model => TextTerm::Model,
+                };
+                (t.weight, term)
+            })
+            .collect();
+        TextReward { terms }
+    }
+
+    /// The scorer command's term, if any (a job runs one).
+    fn command(&self) -> Option<(f64, &Vec<String>, Duration, OnError)> {
+        self.terms.iter().find_map(|(w, t)| match t {
+            TextTerm::Command { argv, timeout, on_error } => Some((*w, argv, *timeout, *on_error)),
+            _ => None,
+        })
+    }
+
+    /// The weight of the reward model's score.
+    pub fn model_weight(&self) -> f64 {
+        self.terms.iter().filter(|(_, t)| *t == TextTerm::Model).map(|(w, _)| w).sum()
+    }
 }
 
 /// One decoded response, as `samples.jsonl` records it.
@@ -91,25 +144,13 @@ impl TextTask {
             |path: &PathBuf| PromptSet::load(path, data, &text, prompt_len, config.job.seed).map_err(|e| e.to_string());
         let train = load(&data.train)?;
         let eval = data.eval.as_ref().map(load).transpose()?;
-        let r = &config.reward;
-        let reward = match r.kind {
-            RewardKind::Math => TextReward::Rule(RuleReward { kind: RuleKind::Math, format_bonus: r.format_bonus }),
-            RewardKind::Exact => TextReward::Rule(RuleReward { kind: RuleKind::Exact, format_bonus: r.format_bonus }),
-            RewardKind::Command => TextReward::Command {
-                argv: r.command.clone(),
-                timeout: Duration::from_secs_f64(r.timeout_s),
-                on_error: match r.on_error {
-                    OnScorerError::Stop => OnError::Stop,
-                    OnScorerError::Zero => OnError::Zero,
-                },
-            },
-        };
+        let reward = TextReward::of(&config.reward);
         Ok(TextTask { train, eval, text, prompt_len, reward, scorer: Mutex::new(None) })
     }
 
-    /// Whether the reward is an external scorer.
+    /// Whether the reward runs an external scorer.
     pub fn runs_a_command(&self) -> bool {
-        matches!(self.reward, TextReward::Command { .. })
+        self.reward.command().is_some()
     }
 
     /// The first EOS id (also the padding after a response) and the others.
@@ -123,9 +164,20 @@ impl TextTask {
         self.padded(&self.train.at(position).ids)
     }
 
+    /// Where the training prompt at run position `position` begins after its padding.
+    pub fn prompt_start(&self, position: u64) -> usize {
+        self.start_of(&self.train.at(position).ids)
+    }
+
+    /// Where prompt `ids` begins once left-padded to the prompt length (loading dropped or
+    /// refused every longer prompt).
+    fn start_of(&self, ids: &[u32]) -> usize {
+        self.prompt_len - ids.len()
+    }
+
     fn padded(&self, ids: &[u32]) -> Vec<u32> {
         let pad = self.text.special().pad_id;
-        std::iter::repeat_n(pad, self.prompt_len - ids.len()).chain(ids.iter().copied()).collect()
+        std::iter::repeat_n(pad, self.start_of(ids)).chain(ids.iter().copied()).collect()
     }
 
     /// The text of a response: its stop token dropped, special tokens skipped.
@@ -149,46 +201,49 @@ impl TextTask {
         let responses = (0..rollout.sequences())
             .map(|i| self.decode_response(rollout.prompt_and_response(i).1))
             .collect::<Result<Vec<_>, _>>()?;
-        match &self.reward {
-            TextReward::Rule(rule) => {
-                let scores: Vec<_> =
-                    responses.iter().zip(&items).map(|(r, item)| rule.score(r, &item.answer)).collect();
-                Ok(Scores {
-                    rewards: scores.iter().map(|s| s.reward as f32).collect(),
-                    correct: scores.iter().map(|s| s.correct).collect(),
-                    failures: 0,
-                })
+        let mut scores = Scores { rewards: vec![0.0; responses.len()], correct: Vec::new(), failures: 0 };
+        for (weight, term) in &self.reward.terms {
+            let TextTerm::Rule(rule) = term else { continue };
+            let verdicts: Vec<_> = responses.iter().zip(&items).map(|(r, item)| rule.score(r, &item.answer)).collect();
+            for (total, v) in scores.rewards.iter_mut().zip(&verdicts) {
+                *total += (weight * v.reward) as f32;
             }
-            TextReward::Command { argv, timeout, on_error } => {
-                let requests: Vec<ScoreRequest> = responses
-                    .iter()
-                    .zip(&items)
-                    .map(|(response, item)| ScoreRequest {
-                        prompt: &item.text,
-                        response,
-                        answer: &item.answer,
-                        metadata: &item.metadata,
-                    })
-                    .collect();
-                let mut scorer = self.scorer.lock().map_err(|_| "the scorer's lock is poisoned")?;
-                if scorer.is_none() {
-                    *scorer = Some(CommandScorer::start(argv, *timeout, *on_error).map_err(|e| e.to_string())?);
-                }
-                let batch = scorer.as_mut().expect("started above").score(&requests).map_err(|e| e.to_string())?;
-                for (index, why) in &batch.failures {
-                    log::warn!("{}:{}: scored 0: {why}", self.train.path.display(), items[*index].line);
-                }
-                let rewards = batch.rewards.iter().map(|&x| x as f32).collect();
-                Ok(Scores { rewards, correct: Vec::new(), failures: batch.failures.len() as u64 })
+            if scores.correct.is_empty() {
+                scores.correct = verdicts.iter().map(|v| v.correct).collect();
             }
         }
+        if let Some((weight, argv, timeout, on_error)) = self.reward.command() {
+            let requests: Vec<ScoreRequest> = responses
+                .iter()
+                .zip(&items)
+                .map(|(response, item)| ScoreRequest {
+                    prompt: &item.text,
+                    response,
+                    answer: &item.answer,
+                    metadata: &item.metadata,
+                })
+                .collect();
+            let mut scorer = self.scorer.lock().map_err(|_| "the scorer's lock is poisoned")?;
+            if scorer.is_none() {
+                *scorer = Some(CommandScorer::start(argv, timeout, on_error).map_err(|e| e.to_string())?);
+            }
+            let batch = scorer.as_mut().expect("started above").score(&requests).map_err(|e| e.to_string())?;
+            for (index, why) in &batch.failures {
+                log::warn!("{}:{}: scored 0: {why}", self.train.path.display(), items[*index].line);
+            }
+            for (total, x) in scores.rewards.iter_mut().zip(&batch.rewards) {
+                *total += (weight * x) as f32;
+            }
+            scores.failures = batch.failures.len() as u64;
+        }
+        Ok(scores)
     }
 
     /// Held-out prompt `index`, left-padded to the prompt length, and where it begins.
     pub fn eval_prompt(&self, index: usize) -> (Vec<u32>, usize) {
         let eval = self.eval.as_ref().expect("callers count the held-out prompts first");
         let ids = &eval.items()[index].ids;
-        (self.padded(ids), self.prompt_len - ids.len())
+        (self.padded(ids), self.start_of(ids))
     }
 
     /// Held-out prompts.
@@ -215,6 +270,6 @@ impl TextTask {
         })?;
         let mut response = self.text.encode(solution).map_err(|e| e.to_string())?;
         response.push(self.stop().0);
-        Ok((self.prompt(index), self.prompt_len - item.ids.len(), response))
+        Ok((self.padded(&item.ids), self.start_of(&item.ids), response))
     }
 }
