@@ -274,11 +274,12 @@ fn set_flags_reach_every_key_typed_as_the_file() {
     let (stdout, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     for line in [
-        "prompts_per_step = 32",
-        "kl_coef = 0.05",
-        "output_dir = \"runs/elsewhere\"",
-        "steps = 7",
-        "# rl.prompts_per_step = 32 from --set",
+        "prompts_per_step = 32  # --set",
+        "kl_coef = 0.05  # --set",
+        "output_dir = \"runs/elsewhere\"  # --set",
+        "steps = 7  # --steps",
+        "algorithm = \"grpo\"  # job file",
+        "rope_theta = 10000.0  # default",
     ] {
         assert!(stdout.contains(line), "`{line}` missing:\n{stdout}");
     }

@@ -4,7 +4,8 @@ use clap::{Args, Subcommand};
 use std::io::Write;
 use std::path::PathBuf;
 
-use nereus_core::config::{JobConfig, EMBEDDED_DEFAULT_NAME};
+use nereus_core::config::provenance::{annotated_toml, Provenance};
+use nereus_core::config::{ConfigSource, JobConfig, Overrides, EMBEDDED_DEFAULT_NAME};
 
 use super::OverrideArgs;
 use crate::error::CommandError;
@@ -36,13 +37,15 @@ pub struct ConfigArgs {
 pub fn exec(command: InspectCommand, global: &Global) -> u8 {
     match command {
         InspectCommand::Config(args) => {
-            let mut source =
+            let name =
                 args.file.as_ref().map_or_else(|| EMBEDDED_DEFAULT_NAME.to_string(), |p| p.display().to_string());
-            for set in &args.overrides.sets {
-                source += &format!("\n# {} = {} from --set (the command line)", set.key, set.value);
-            }
-            planner_command(global, args.file.as_deref(), &args.overrides.into(), |config, ranks| {
-                print_config(config, &source, ranks)
+            let overrides: Overrides = args.overrides.into();
+            let (file, layers) = (args.file.clone(), overrides.clone());
+            planner_command(global, args.file.as_deref(), &overrides, |config, ranks| {
+                // The file parsed once already; the sources are read back from the same layers.
+                let source = ConfigSource::file_or_default(file.as_deref()).map_err(CommandError::from)?;
+                let provenance = Provenance::of(config, &source, &layers);
+                print_config(config, &name, &provenance, ranks)
             })
         }
         #[cfg(feature = "mpi")]
@@ -54,8 +57,9 @@ pub fn exec(command: InspectCommand, global: &Global) -> u8 {
     }
 }
 
-/// Rank 0 prints the config resolved, with its hash and the ranks that agreed on it.
-fn print_config(config: &JobConfig, source: &str, ranks: i32) -> Result<(), CommandError> {
+/// Rank 0 prints the config resolved, each value with its source, the config's hash and the
+/// ranks that agreed on it.
+fn print_config(config: &JobConfig, source: &str, provenance: &Provenance, ranks: i32) -> Result<(), CommandError> {
     let mut out = std::io::stdout().lock();
     let (backends, note) = backends(config);
     let mut text = format!("# resolved job config from {source}\n");
@@ -69,7 +73,7 @@ fn print_config(config: &JobConfig, source: &str, ranks: i32) -> Result<(), Comm
     if let Some(note) = note {
         text += &format!("# note: {note}\n");
     }
-    text += &config.to_toml();
+    text += &annotated_toml(config, provenance);
     out.write_all(text.as_bytes()).map_err(CommandError::Stdout)
 }
 

@@ -26,6 +26,7 @@ pub mod models;
 pub mod plan;
 pub mod policy;
 pub mod pool;
+pub mod provenance;
 pub mod rl;
 pub mod sets;
 pub mod stepped_csv;

@@ -17,6 +17,13 @@ pub struct KeySet {
     pub value: String,
 }
 
+impl KeySet {
+    /// The key's parts (`["plan", "actor/training", "tp"]`).
+    pub fn path(&self) -> Option<Vec<String>> {
+        key_path(&self.key)
+    }
+}
+
 impl std::str::FromStr for KeySet {
     type Err = String;
 

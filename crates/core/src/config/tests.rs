@@ -100,6 +100,24 @@ micro_batch = 2
     let overrides = Overrides { nodes: Some(2), steps: Some(9), seed: Some(5), ..Overrides::default() };
     let config = RawJobConfig::parse(&src).unwrap().resolve(&src, &overrides, &mut detect).unwrap();
     assert_eq!((config.cluster.nodes, config.job.steps, config.job.seed), (2, 9, 5), "CLI beats TOML");
+
+    // `inspect config` names each value's layer.
+    let sets = vec!["rl.mini_batch=4".parse().unwrap()];
+    let provenance = provenance::Provenance::of(&config, &src, &Overrides { sets, ..overrides });
+    let at = |key: &str| provenance.source(&key.split('.').map(String::from).collect::<Vec<_>>());
+    use provenance::ValueSource::*;
+    assert_eq!(at("cluster.nodes"), Flag("--nodes"));
+    assert_eq!(at("job.steps"), Flag("--steps"));
+    assert_eq!(at("rl.mini_batch"), Set);
+    assert_eq!(at("rl.algorithm"), JobFile);
+    assert_eq!(at("rl.samples_per_prompt"), Default);
+    assert_eq!(at("cluster.devices_per_node"), ClusterFile(repo_path("configs/clusters/h200.toml")));
+    assert_eq!(at("models.actor.rope_theta"), Default);
+    let printed = provenance::annotated_toml(&config, &provenance);
+    for line in ["steps = 9  # --steps", "name = \"p\"  # job file", "devices_per_node = 8  # cluster file "] {
+        assert!(printed.contains(line), "`{line}` missing:\n{printed}");
+    }
+    assert_eq!(toml::from_str::<JobConfig>(&printed).unwrap(), config, "the comments leave the TOML as it was");
 }
 
 #[test]
