@@ -209,3 +209,80 @@ fn the_shipped_text_job_is_what_data_synth_writes() {
     assert_eq!(bad.status.code(), Some(2));
     assert!(text(&bad).1.contains("--vocab must be above 259"));
 }
+
+/// verl's preprocessed rows: chat messages, the answer under `reward_model.ground_truth`, an
+/// integer index in `extra_info`, and here a response to score.
+fn verl_rows() -> Vec<Value> {
+    let answers = ["19", "48", "7", "x"];
+    let responses = ["12 + 7 = \\boxed{19}", "The answer is 47.", "so 7", "no idea"];
+    conversations()
+        .into_iter()
+        .enumerate()
+        .map(|(i, prompt)| {
+            json!({"data_source": "test", "prompt": prompt, "ability": "math",
+                   "reward_model": {"style": "rule", "ground_truth": answers[i]},
+                   "extra_info": {"index": i, "split": "train"}, "response": responses[i]})
+        })
+        .collect()
+}
+
+/// A verl-style Parquet file written by pyarrow reads as its JSON lines do: the same rendered
+/// prompts and ids through `data preview`, the same rewards from `nereus reward` with the
+/// answer at `reward_model.ground_truth`; a column of the wrong type, a truncated file, an
+/// unread codec and a Parquet file named as JSON lines are each named.
+#[test]
+fn verl_style_parquet_reads_as_its_json_lines() {
+    let Some(python) = common::reference_python() else { return };
+    let root = tempfile::tempdir().unwrap();
+    let dir = model_dir(root.path(), "qwen3", 512);
+    let rows = verl_rows();
+    let parquet = root.path().join("train.parquet");
+    common::write_parquet(&python, &parquet, &rows, "snappy");
+    let lines: Vec<String> = rows.iter().map(Value::to_string).collect();
+    let jsonl = write(root.path(), "train.jsonl", &lines.join("\n"));
+    let read = |file: &Path, name: &str| {
+        let json_out = root.path().join(name);
+        let out = preview(file, &dir, &json_out, &[]);
+        assert_eq!(out.status.code(), Some(0), "{:?}", text(&out));
+        std::fs::read_to_string(json_out).unwrap()
+    };
+    assert_eq!(read(&parquet, "p.json"), read(&jsonl, "j.json"));
+    let score = |file: &Path| {
+        let json_out = root.path().join("scores.json");
+        let file = file.to_str().unwrap();
+        let args = ["reward", file, "--kind", "math", "--answer-key", "reward_model.ground_truth"];
+        let out = run_single(&[&args[..], &["--json", json_out.to_str().unwrap()]].concat());
+        assert_eq!(out.status.code(), Some(0), "{:?}", text(&out));
+        let scores: Value = serde_json::from_str(&std::fs::read_to_string(json_out).unwrap()).unwrap();
+        scores["scores"].as_array().unwrap().iter().map(|s| s["reward"].as_f64().unwrap()).collect::<Vec<_>>()
+    };
+    assert_eq!(score(&parquet), [1.0, 0.0, 1.0, 0.0]);
+    assert_eq!(score(&parquet), score(&jsonl));
+
+    let mut wrong = rows.clone();
+    for (i, row) in wrong.iter_mut().enumerate() {
+        row["reward_model"]["ground_truth"] = json!([i]);
+    }
+    let wrong_type = root.path().join("wrong.parquet");
+    common::write_parquet(&python, &wrong_type, &wrong, "snappy");
+    let truncated = root.path().join("truncated.parquet");
+    let bytes = std::fs::read(&parquet).unwrap();
+    std::fs::write(&truncated, &bytes[..bytes.len() - 40]).unwrap();
+    let zstd = root.path().join("zstd.parquet");
+    common::write_parquet(&python, &zstd, &rows, "zstd");
+    let misnamed = root.path().join("misnamed.jsonl");
+    std::fs::copy(&parquet, &misnamed).unwrap();
+    for (file, needle) in [
+        (&wrong_type, "wrong.parquet row 1: field `reward_model.ground_truth` is a list, not a string"),
+        (&truncated, "truncated.parquet: not a readable Parquet file"),
+        (&zstd, "zstd.parquet row 1: Disabled feature at compile time: zstd: Nereus reads snappy"),
+        (&misnamed, "misnamed.jsonl: this is a Parquet file"),
+    ] {
+        let f = file.to_str().unwrap();
+        let out = run_single(&["reward", f, "--kind", "math", "--answer-key", "reward_model.ground_truth"]);
+        let (stdout, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{needle}: {stdout}{stderr}");
+        assert!(stderr.contains(needle), "wanted `{needle}` in: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}

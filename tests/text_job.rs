@@ -125,6 +125,23 @@ fn the_same_prompts_follow_a_resume_under_another_layout() {
     std::fs::create_dir_all(&split_dir).unwrap();
     let mut toml = job(&split_dir, 4);
     toml = set_key(&toml, "train", "checkpoint_every", Some("2"));
+    // The split run reads the same prompts from a verl-style Parquet file (the answer under
+    // `reward_model.ground_truth`), so it also shows Parquet rows read as their JSON lines.
+    if let Some(python) = common::reference_python() {
+        for split in ["train", "eval"] {
+            let rows: Vec<Value> = lines(&split_dir.join(format!("data/{split}.jsonl")))
+                .into_iter()
+                .map(|r| {
+                    serde_json::json!({"prompt": r["prompt"], "solution": r["solution"],
+                                       "reward_model": {"ground_truth": r["answer"]}})
+                })
+                .collect();
+            let parquet = split_dir.join(format!("data/{split}.parquet"));
+            common::write_parquet(&python, &parquet, &rows, "snappy");
+            toml = set_key(&toml, "data", split, Some(&format!("{parquet:?}")));
+        }
+        toml = set_key(&toml, "data", "answer_key", Some("\"reward_model.ground_truth\""));
+    }
     let split = write(&split_dir, "split.toml", &toml);
     let (code, _, stderr) = train(4, &split, &["--steps", "2"]);
     assert_eq!(code, Some(0), "{stderr}");
@@ -134,7 +151,10 @@ fn the_same_prompts_follow_a_resume_under_another_layout() {
     assert_eq!(code, Some(0), "{stdout}{stderr}");
     let second: Vec<Value> = lines(&split_dir.join("out/samples.jsonl"));
     let prompts = |v: &[Value], step: u64| {
-        v.iter().filter(|s| s["step"] == step).map(|s| s["prompt"].as_str().unwrap().to_string()).collect::<Vec<_>>()
+        v.iter()
+            .filter(|s| s["step"] == step)
+            .map(|s| (s["prompt"].to_string(), s["answer"].to_string()))
+            .collect::<Vec<_>>()
     };
     for step in 0..4 {
         assert_eq!(prompts(&first, step), prompts(&second, step), "step {step}");

@@ -7,7 +7,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use nereus_core::config::hf::read_model_config;
-use nereus_data::records::read_jsonl;
+use nereus_data::records::read_records;
 use nereus_data::synth::{synth, SynthSpec};
 use nereus_data::text::ModelText;
 
@@ -131,7 +131,7 @@ fn preview(a: &PreviewArgs) -> Result<(), CommandError> {
     let special = text.special();
     writeln!(out, "eos ids {:?}, pad id {}, bos {:?}", special.eos_ids, special.pad_id, special.bos_token)
         .map_err(CommandError::Stdout)?;
-    let records = read_jsonl(&a.file).map_err(|e| usage(&e))?;
+    let records = read_records(&a.file).map_err(|e| usage(&e))?;
     let mut prompts = Vec::new();
     for record in records.iter().take(a.count) {
         let prompt = record.prompt(&a.file, &a.prompt_key).map_err(|e| usage(&e))?;

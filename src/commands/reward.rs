@@ -7,7 +7,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use nereus_data::records::Record;
-use nereus_data::records::{read_jsonl, DataError};
+use nereus_data::records::{read_records, DataError};
 use nereus_data::reward::command::{CommandScorer, OnError, ScoreRequest};
 use nereus_data::reward::{RuleKind, RuleReward, Score};
 
@@ -101,7 +101,7 @@ pub fn exec(a: RewardArgs, global: &Global) -> u8 {
             return Err(CommandError::Usage(format!("--format-bonus must be 0 or more, not {}", a.format_bonus)));
         }
         let usage = |e: &dyn std::fmt::Display| CommandError::Usage(e.to_string());
-        let records = read_jsonl(&a.file).map_err(|e| usage(&e))?;
+        let records = read_records(&a.file).map_err(|e| usage(&e))?;
         let (scores, failures) = match a.kind {
             KindArg::Math | KindArg::Exact => (rule_scores(&a, &records).map_err(|e| usage(&e))?, 0),
             KindArg::Command => command_scores(&a, &records)?,

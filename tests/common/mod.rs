@@ -295,3 +295,23 @@ pub fn reference_python() -> Option<String> {
         }
     }
 }
+
+/// `rows` written to `path` by pyarrow (the reference Python) with `compression`, as verl's
+/// preprocessing writes its Parquet files.
+#[allow(dead_code)] // not every test binary writes Parquet
+pub fn write_parquet(python: &str, path: &Path, rows: &[serde_json::Value], compression: &str) {
+    let mut child = Command::new(python)
+        .arg(repo().join("tests/py/write_parquet.py"))
+        .args([path.to_str().unwrap(), compression])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the reference python starts");
+    std::io::Write::write_all(
+        &mut child.stdin.take().unwrap(),
+        serde_json::Value::from(rows.to_vec()).to_string().as_bytes(),
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}

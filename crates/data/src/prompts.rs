@@ -11,7 +11,7 @@ use serde_json::Value;
 use nereus_core::config::{DataSection, TooLong};
 use nereus_core::rng::Rng;
 
-use crate::records::{read_jsonl, DataError, Record};
+use crate::records::{read_records, DataError, Record};
 use crate::text::ModelText;
 
 /// One prompt, ready to generate from.
@@ -68,7 +68,7 @@ impl PromptSet {
     ) -> Result<Self, DataError> {
         let mut items = Vec::new();
         let mut dropped = Vec::new();
-        for record in read_jsonl(path)? {
+        for record in read_records(path)? {
             let item = prompt_item(path, &record, data, text)?;
             if item.ids.len() <= max_tokens {
                 items.push(item);

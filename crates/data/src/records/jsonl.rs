@@ -1,84 +1,25 @@
 //! JSON lines: one object per line, blank lines skipped, every error naming the file and line.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde_json::Value;
-use thiserror::Error;
 
 use nereus_core::file_error::FileError;
+
+use super::{kind, DataError, Record};
 
 /// Lines longer than this are refused before they are parsed (a file that is not JSON lines,
 /// or one record that would not fit any prompt).
 pub const MAX_LINE_BYTES: usize = 64 << 20;
 
-/// Why a data file cannot be used.
-#[derive(Debug, Error)]
-pub enum DataError {
-    /// The system refused the file.
-    #[error("{0}")]
-    File(#[from] FileError),
-    /// A line is not what the format needs.
-    #[error("{}:{line}: {reason}", path.display())]
-    Line {
-        /// The file.
-        path: PathBuf,
-        /// Its 1-based line number.
-        line: usize,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// The file holds no record.
-    #[error("{}: no records (the file is empty or holds only blank lines)", path.display())]
-    Empty {
-        /// The file.
-        path: PathBuf,
-    },
-}
-
-/// One record of a JSON-lines file and where it came from.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Record {
-    /// Its 1-based line number.
-    pub line: usize,
-    /// The object.
-    pub value: Value,
-}
-
-impl Record {
-    /// The string at `path` (dotted for nested objects), or an error naming the field and line.
-    pub fn text(&self, file: &Path, path: &str) -> Result<String, DataError> {
-        let error = |reason: String| DataError::Line { path: file.to_path_buf(), line: self.line, reason };
-        match field(&self.value, path) {
-            None => Err(error(format!("no field `{path}`"))),
-            Some(Value::String(s)) => Ok(s.clone()),
-            // Reference answers are often numbers in users' files ("answer": 42).
-            Some(Value::Number(n)) => Ok(n.to_string()),
-            Some(other) => Err(error(format!("field `{path}` is {}, not a string", kind(other)))),
-        }
-    }
-}
-
-/// The value at a dotted `path` (`reward_model.ground_truth`) inside `value`, if every step is
-/// an object holding the next key.
-pub fn field<'v>(value: &'v Value, path: &str) -> Option<&'v Value> {
-    path.split('.').try_fold(value, |v, key| v.as_object()?.get(key))
-}
-
-pub(crate) fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "a list",
-        Value::Object(_) => "an object",
-    }
-}
-
 /// Every record of the JSON-lines file at `path`: one object per non-blank line. A line that
 /// is not UTF-8, not JSON, or not an object is an error naming the line.
 pub fn read_jsonl(path: &Path) -> Result<Vec<Record>, DataError> {
     let bytes = std::fs::read(path).map_err(FileError::on("read", path))?;
+    if bytes.starts_with(b"PAR1") {
+        let reason = "this is a Parquet file: give it the `.parquet` extension to read it as one".into();
+        return Err(DataError::Format { path: path.to_path_buf(), reason });
+    }
     let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(&bytes);
     let mut records = Vec::new();
     for (k, raw) in bytes.split(|&b| b == b'\n').enumerate() {
@@ -108,6 +49,7 @@ pub fn read_jsonl(path: &Path) -> Result<Vec<Record>, DataError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
 
     fn file(text: &[u8]) -> (tempfile::TempDir, PathBuf) {
         let dir = tempfile::tempdir().unwrap();
