@@ -38,7 +38,7 @@ impl Global {
         Ok(())
     }
 
-    fn log(&self) -> LogOptions {
+    pub(crate) fn log(&self) -> LogOptions {
         LogOptions { level: self.log_level, all_ranks: self.log_all_ranks }
     }
 }

@@ -12,7 +12,7 @@ mod logging;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
-use commands::{bench, data, inspect, logprobs, plan, reward, selftest, simulate, trace, train};
+use commands::{bench, data, inspect, logprobs, model, plan, reward, selftest, simulate, trace, train};
 
 /// Nereus: keeps an RL post-training job on the fastest memory-feasible parallel plan.
 #[derive(Parser, Debug)]
@@ -48,6 +48,9 @@ enum Command {
     /// Check a prompt file against a model's tokenizer and chat template.
     #[command(subcommand)]
     Data(data::DataCommand),
+    /// Bring a model in from another format (llama.cpp's GGUF) as a Hugging Face directory.
+    #[command(subcommand)]
+    Model(model::ModelCommand),
     /// Score a JSON-lines file of responses against reference answers with a rule-based reward
     /// (math, exact), offline; prints the mean reward and accuracy.
     Reward(reward::RewardArgs),
@@ -79,6 +82,7 @@ fn main() -> ExitCode {
         Command::Simulate(a) => simulate::exec(a, global),
         Command::Trace(c) => trace::exec(c, global),
         Command::Data(c) => data::exec(c, global),
+        Command::Model(c) => model::exec(c, global),
         Command::Reward(a) => reward::exec(a, global),
         Command::Bench(c) => bench::exec(c, global),
         Command::Selftest(c) => selftest::exec(c, global),

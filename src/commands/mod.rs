@@ -4,6 +4,7 @@ pub mod bench;
 pub mod data;
 pub mod inspect;
 pub mod logprobs;
+pub mod model;
 pub mod plan;
 pub mod reward;
 pub mod selftest;

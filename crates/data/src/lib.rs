@@ -8,6 +8,7 @@
 //!
 //! See `docs/data.md` for the file formats and the keys.
 
+pub mod gguf;
 pub mod prompts;
 pub mod records;
 pub mod reward;

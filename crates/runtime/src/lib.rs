@@ -5,6 +5,7 @@
 
 pub mod checkpoint;
 pub mod device;
+pub mod import;
 pub mod inspect;
 pub mod logprobs;
 pub mod probe;
