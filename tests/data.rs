@@ -5,7 +5,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use common::{run_single, text, write};
 use nereus_data::text::{save_tokenizer, train_byte_level_bpe};
@@ -81,22 +80,6 @@ fn preview(file: &Path, dir: &Path, json_out: &Path, extra: &[&str]) -> std::pro
     run_single(&args)
 }
 
-/// transformers' rendering and ids of `conversations` through the tokenizer in `dir`.
-fn transformers_prompts(python: &str, dir: &Path, conversations: &[Value]) -> Value {
-    let mut child = Command::new(python)
-        .arg(common::repo().join("tests/py/chat_template_parity.py"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the reference python starts");
-    let request = json!({"dir": dir, "conversations": conversations});
-    std::io::Write::write_all(&mut child.stdin.take().unwrap(), request.to_string().as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
 #[test]
 fn rendering_and_ids_match_transformers_on_llama3_and_qwen3_style_templates() {
     let root = tempfile::tempdir().unwrap();
@@ -123,7 +106,7 @@ fn rendering_and_ids_match_transformers_on_llama3_and_qwen3_style_templates() {
             assert!(third.contains("<|im_start|>assistant\nThe answer is 7.<|im_end|>"), "thinking dropped: {third}");
         }
         if let Some(python) = &python {
-            let theirs = transformers_prompts(python, &dir, &conversations());
+            let theirs = common::transformers_prompts(python, &dir, &conversations());
             for (k, (a, b)) in prompts.iter().zip(theirs["prompts"].as_array().unwrap()).enumerate() {
                 assert_eq!(a["text"], b["text"], "{style} conversation {k}: rendering");
                 assert_eq!(a["ids"], b["ids"], "{style} conversation {k}: ids");

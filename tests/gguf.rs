@@ -69,6 +69,31 @@ fn smollm2_from_its_gguf_file_renders_its_template_and_scores_as_llama_cpp_defin
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nWhat is 12+7?<|im_end|>\n<|im_start|>assistant\n"
     );
     let ids: Vec<u32> = serde_json::from_value(preview["prompts"][0]["ids"].clone()).unwrap();
+    // transformers reads the written tokenizer files as we do: text and ids, on a conversation
+    // with a system turn, numbers, unicode and an earlier assistant turn.
+    let conversations = [
+        json!([{"role": "user", "content": "What is 12+7?"}]),
+        json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Natalia sold 48 clips; café 数学 🙂?"},
+               {"role": "assistant", "content": "The answer is 1,234.5."}, {"role": "user", "content": ""}]),
+    ];
+    let lines: Vec<String> = conversations.iter().map(|c| json!({"prompt": c}).to_string()).collect();
+    let file = write(root.path(), "chats.jsonl", &lines.join("\n"));
+    let out = run_single(&[
+        "data",
+        "preview",
+        file.to_str().unwrap(),
+        "--model",
+        dir.to_str().unwrap(),
+        "--json",
+        preview_json.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{:?}", text(&out));
+    let ours: Value = serde_json::from_str(&std::fs::read_to_string(&preview_json).unwrap()).unwrap();
+    let theirs = common::transformers_prompts(&python, &dir, &conversations);
+    for (k, (a, b)) in ours["prompts"].as_array().unwrap().iter().zip(theirs["prompts"].as_array().unwrap()).enumerate()
+    {
+        assert_eq!((&a["text"], &a["ids"]), (&b["text"], &b["ids"]), "conversation {k}");
+    }
     // Digits are single tokens (SmolLM's pre-tokenizer); the template's specials are ids 1 and 2.
     assert_eq!((ids[0], ids.iter().filter(|&&i| i == 2).count()), (1, 2), "{ids:?}");
 

@@ -315,3 +315,20 @@ pub fn write_parquet(python: &str, path: &Path, rows: &[serde_json::Value], comp
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// transformers' rendering and ids of `conversations` through the tokenizer in `dir`.
+#[allow(dead_code)] // not every test binary renders templates
+pub fn transformers_prompts(python: &str, dir: &Path, conversations: &[serde_json::Value]) -> serde_json::Value {
+    let mut child = Command::new(python)
+        .arg(repo().join("tests/py/chat_template_parity.py"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the reference python starts");
+    let request = serde_json::json!({"dir": dir, "conversations": conversations});
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), request.to_string().as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
