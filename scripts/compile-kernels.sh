@@ -8,7 +8,11 @@
 #               code object embedded in the binary.
 #
 #   NEREUS_WITH_KERNEL_TOOLS=1 bash scripts/setup.sh   # installs the tools (idempotent)
-#   bash scripts/compile-kernels.sh
+#   bash scripts/compile-kernels.sh [CARGO SELECTION…]
+#
+# The selection defaults to `-p nereus-exec --features cuda,rocm`; scripts/test.sh passes the
+# workspace and its own features, so that the test binaries it already built are reused rather
+# than rebuilt under another feature set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/kernel-env.sh
@@ -16,6 +20,8 @@ export HIP_PATH=${HIP_PATH:-/usr} NEREUS_REQUIRE_KERNEL_TOOLS=1
 echo "== kernels: NVRTC $(ls "${nereus_nvrtc:-/nonexistent}"/lib/libnvrtc.so.* 2>/dev/null | head -1), ptxas ${NEREUS_PTXAS:-missing}, $(command -v hipcc || echo 'hipcc missing')"
 for source in cuda/*.cu; do echo "   $source -> compute_80, compute_90 PTX -> sm_80, sm_90"; done
 for source in hip/*.hip; do echo "   $source -> gfx90a code object"; done
-cargo test --release --locked -p nereus-exec --features cuda,rocm --lib -- \
+selection=("$@")
+[ ${#selection[@]} -gt 0 ] || selection=(-p nereus-exec --features cuda,rocm)
+cargo test --release --locked "${selection[@]}" --lib -- \
   backend::cuda::tests::cuda_kernels_compile_with_nvrtc_and_assemble_with_ptxas \
   backend::rocm::tests::the_embedded_code_object_holds_every_kernel

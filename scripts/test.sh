@@ -42,8 +42,7 @@ cargo clippy --release --locked --workspace --all-targets -- -D warnings
 echo "== default build: unit + MPI + Slurm integration tests"
 cargo test --release --locked --workspace
 
-echo "== criterion benches compile"
-cargo build --release --locked --workspace --benches
+# The criterion benches are type-checked by clippy's --all-targets above.
 
 echo "== cuda feature (cudarc loads the CUDA driver and NCCL at run time: no toolkit needed to build)"
 # `exact` (the MILPs beside the planner and the transition scheduler, solved by HiGHS, which
@@ -79,7 +78,7 @@ cargo test --release --locked --workspace --features "$features" --lib
 
 echo "== device kernels compile without a GPU (cuda/*.cu: NVRTC + ptxas for sm_80/sm_90; hip/*.hip: hipcc for gfx90a)"
 if [ "$ci" = true ] || { python3 -c 'import nvidia.cuda_nvrtc' 2>/dev/null && command -v hipcc >/dev/null; }; then
-  bash scripts/compile-kernels.sh
+  bash scripts/compile-kernels.sh --workspace --features "$features"
 else
   echo "test: NVRTC or hipcc missing; skipping (NEREUS_WITH_KERNEL_TOOLS=1 bash scripts/setup.sh installs them)"
 fi
