@@ -51,10 +51,13 @@ fn train(n: usize, config: &Path, extra: &[&str]) -> (Option<i32>, String, Strin
 fn a_text_job_trains_on_decoded_scored_responses_and_evaluates() {
     let dir = tempfile::tempdir().unwrap();
     let config = write(dir.path(), "job.toml", &job(dir.path(), 3));
-    let (code, stdout, stderr) = train(4, &config, &[]);
+    let (code, stdout, stderr) = train(4, &config, &["--set", "train.digest_every=2"]);
     assert_eq!(code, Some(0), "{stdout}{stderr}");
     let out = dir.path().join("out");
-    assert_eq!(step_records(&out).len(), 3);
+    // State digests every 2nd step and after the last.
+    let digested: Vec<bool> =
+        step_records(&out).iter().map(|r| r["state_digest"]["actor/training"].is_string()).collect();
+    assert_eq!(digested, [false, true, true]);
     let evals: Vec<Value> = lines(&out.join("metrics.jsonl")).into_iter().filter(|r| r["event"] == "eval").collect();
     assert_eq!(evals.iter().map(|e| e["step"].as_u64().unwrap()).collect::<Vec<_>>(), [0, 3], "{stdout}");
     assert!(evals

@@ -47,7 +47,9 @@ pub struct StepLine {
     pub peak_memory: Measured<RankMemory>,
     /// Every rank's peak, measured and predicted.
     pub rank_peak_memory_bytes: Measured<Vec<u64>>,
-    /// Per model-stage, the layout-independent digest of its logical state.
+    /// Per model-stage, the layout-independent digest of its logical state (empty, and left
+    /// out, on steps `train.digest_every` skips).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub state_digest: BTreeMap<String, String>,
     /// Per model-stage, its logical counters (absent in runs recorded before they were).
     #[serde(default)]

@@ -68,6 +68,10 @@ pub struct TrainSection {
     pub warmup_memory_gb: f64,
     /// Save a checkpoint every this many RL steps (0: only at the end).
     pub checkpoint_every: u32,
+    /// Record every model-stage's state digest (SHA-256 over its parameters and moments, every
+    /// rank) in the step record every this many steps and after the last (0: never; transitions
+    /// always digest before and after). Hashing costs about a second per GB a rank holds.
+    pub digest_every: u32,
     /// Largest weight file of a checkpoint's model directories, in GB (10^9 bytes); a larger
     /// model is split into shards with an index, as transformers does (its default, 5).
     pub checkpoint_shard_gb: f64,
@@ -96,6 +100,7 @@ impl Default for TrainSection {
             warmup_lr: 3e-3,
             warmup_memory_gb: 0.0,
             checkpoint_every: 0,
+            digest_every: 1,
             checkpoint_shard_gb: 5.0,
             on_nonfinite: OnNonFinite::Stop,
         }

@@ -53,7 +53,8 @@ impl TrainJob<'_> {
         in_force: &InForce,
         boundary: &Boundary,
     ) -> Result<(), RuntimeError> {
-        let mut line = step_line(&mut self.plane, &self.set, in_force, step, m, boundary)?;
+        let digest = self.digest_due(step);
+        let mut line = step_line(&mut self.plane, &self.set, in_force, step, m, boundary, digest)?;
         if self.elastic {
             line.elastic = Some(ElasticRecord {
                 pool: format_index_list(&pool_ranks(in_force.pool, &in_force.lost)),
@@ -79,6 +80,13 @@ impl TrainJob<'_> {
             false => Ok(()),
         };
         self.session.agree("metrics", written)
+    }
+
+    /// Whether step `step`'s record carries the state digests: every `train.digest_every`
+    /// steps and after the last (never with 0). The config decides, so every rank agrees.
+    fn digest_due(&self, step: u64) -> bool {
+        let every = u64::from(self.config.train.digest_every);
+        every > 0 && ((step + 1).is_multiple_of(every) || step + 1 == u64::from(self.config.job.steps))
     }
 
     /// How far the run is after step `step`: its seconds so far, and the rest at the mean
@@ -117,14 +125,18 @@ fn step_line(
     step: u64,
     m: &StepMetrics,
     boundary: &Boundary,
+    digest: bool,
 ) -> Result<StepLine, RuntimeError> {
-    let digests = set.digests(plane)?;
+    // Every rank takes the same branch: the digest is a collective.
+    let digests = if digest { set.digests(plane)? } else { BTreeMap::new() };
     let mut state_digest = BTreeMap::new();
     let mut counters = BTreeMap::new();
     for emu in set.emus() {
         let c = emu.counters;
         let name = emu.model_stage.to_string();
-        state_digest.entry(name.clone()).or_insert_with(|| digests[&emu.id].to_string());
+        if let Some(digest) = digests.get(&emu.id) {
+            state_digest.entry(name.clone()).or_insert_with(|| digest.to_string());
+        }
         let record =
             CountersRecord { updates: c.updates, policy_version: c.policy_version, data_position: c.data_position };
         counters.entry(name).or_insert(record);
