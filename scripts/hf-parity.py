@@ -13,6 +13,8 @@ Needs torch and transformers (not part of CI):
 2. Out (with --checkpoint): every model directory of a nereus checkpoint loads strictly with
    `from_pretrained` (no missing, unexpected or mismatched tensors) and scores like `nereus
    logprobs` does.
+3. Any directory (with --model DIR), e.g. SmolLM2 as `nereus model import-gguf` writes it: it
+   loads strictly and scores alike on one rank and with TP 3.
 
 Prints the largest absolute difference per model and layout; exits 1 above --tolerance.
 """
@@ -123,6 +125,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nereus", default="target/release/nereus")
     p.add_argument("--checkpoint", help="a nereus checkpoint step-N directory to load with from_pretrained")
+    p.add_argument("--model", action="append", default=[],
+                   help="a model directory to score both ways (e.g. one `nereus model import-gguf` wrote); repeatable")
     p.add_argument("--tolerance", type=float, default=1e-4)
     args = p.parse_args()
     print(f"torch {torch.__version__}, transformers {transformers.__version__}")
@@ -138,6 +142,10 @@ def main():
                 model, value, vocab = load(d)
                 rows += compare(args.nereus, f"checkpoint {entry} ({type(model).__name__})", d, model, value, vocab,
                                 [(1, 1, 1), (2, 2, 1)], work)
+    for d in args.model:
+        model, value, vocab = load(d)
+        rows += compare(args.nereus, f"{os.path.basename(d.rstrip('/'))} ({type(model).__name__})", d, model, value,
+                        vocab, [(1, 1, 1), (3, 3, 1)], work)
     worst = 0.0
     for name, layout, diff in rows:
         print(f"{name:55} {layout:24} max |diff| {diff:.2e}")
