@@ -179,6 +179,9 @@ impl Gguf {
 
 type Parsed = (BTreeMap<String, GgufValue>, Vec<TensorInfo>);
 
+/// Most dimensions a ggml tensor has (`GGML_MAX_DIMS`).
+const MAX_RANK: u32 = 4;
+
 /// The metadata and tensor directory of a GGUF file's bytes.
 fn parse(bytes: &[u8]) -> Result<Parsed, String> {
     let mut c = Cursor { bytes, at: 0 };
@@ -202,7 +205,10 @@ fn parse(bytes: &[u8]) -> Result<Parsed, String> {
         let name = c.string(&format!("tensor name {k}"))?;
         let what = format!("tensor `{name}`");
         let rank = c.u32(&what)?;
-        let dims = (0..rank.min(8)).map(|_| c.u64(&what)).collect::<Result<Vec<_>, _>>()?;
+        if rank == 0 || rank > MAX_RANK {
+            return Err(format!("{what} has {rank} dimensions; ggml tensors have 1 to {MAX_RANK}"));
+        }
+        let dims = (0..rank).map(|_| c.u64(&what)).collect::<Result<Vec<_>, _>>()?;
         let id = c.u32(&what)?;
         let offset = c.u64(&what)?;
         let kind = GgmlType::from_id(id).ok_or(format!(
@@ -218,13 +224,54 @@ fn parse(bytes: &[u8]) -> Result<Parsed, String> {
     let tensors = infos
         .into_iter()
         .map(|(name, dims, kind, offset)| {
-            let n = dims.iter().product::<u64>() as usize;
+            let n = dims.iter().try_fold(1u64, |n, &d| n.checked_mul(d)).and_then(|n| usize::try_from(n).ok());
+            let n = n.ok_or(format!("tensor `{name}`: its dimensions {dims:?} overflow"))?;
             let size = kind.bytes_for(n).ok_or(format!("tensor `{name}`: {n} values are not whole blocks"))?;
-            let start = data + offset as usize;
+            let start = usize::try_from(offset).ok().and_then(|o| data.checked_add(o));
+            let start = start.ok_or(format!("tensor `{name}` starts past the end of the file"))?;
             let end = start.checked_add(size).filter(|&e| e <= bytes.len());
             let end = end.ok_or(format!("tensor `{name}` runs past the end of the file (truncated?)"))?;
             Ok(TensorInfo { name, dims, kind, range: start..end })
         })
         .collect::<Result<Vec<_>, String>>()?;
     Ok((metadata, tensors))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A header with one tensor `t` of `dims` (F32) at offset 0, and `payload` bytes of data.
+    fn file(dims: &[u64], offset: u64, payload: usize) -> Vec<u8> {
+        let mut b = b"GGUF".to_vec();
+        b.extend(3u32.to_le_bytes());
+        b.extend(1u64.to_le_bytes());
+        b.extend(0u64.to_le_bytes());
+        b.extend(1u64.to_le_bytes());
+        b.push(b't');
+        b.extend((dims.len() as u32).to_le_bytes());
+        dims.iter().for_each(|d| b.extend(d.to_le_bytes()));
+        b.extend(0u32.to_le_bytes());
+        b.extend(offset.to_le_bytes());
+        b.resize(b.len().div_ceil(32) * 32 + payload, 0);
+        b
+    }
+
+    /// A well-formed tensor reads; damaged directories are errors naming the tensor, never a
+    /// panic or an allocation the size of a damaged count.
+    #[test]
+    fn tensor_directories_are_checked() {
+        let (_, tensors) = parse(&file(&[4, 2], 0, 32)).unwrap();
+        assert_eq!((tensors[0].dims.clone(), tensors[0].range.len()), (vec![4, 2], 32));
+        for (bytes, needle) in [
+            (file(&[4, 2], 0, 16), "tensor `t` runs past the end of the file"),
+            (file(&[1, 1, 1, 1, 1], 0, 4), "tensor `t` has 5 dimensions"),
+            (file(&[u64::MAX, 2], 0, 4), "tensor `t`: its dimensions [18446744073709551615, 2] overflow"),
+            (file(&[1], u64::MAX, 4), "tensor `t` starts past the end of the file"),
+            (file(&[4, 2], 0, 32)[..30].to_vec(), "the file ends inside tensor name 0"),
+        ] {
+            let e = parse(&bytes).unwrap_err();
+            assert!(e.contains(needle), "{e}");
+        }
+    }
 }
