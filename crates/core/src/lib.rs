@@ -13,6 +13,7 @@ pub mod cost;
 pub mod exact;
 pub mod exit;
 pub mod file_error;
+pub mod half;
 pub mod index_list;
 pub mod model;
 pub mod plan;

@@ -20,6 +20,8 @@ pub enum GgmlType {
     Q8_0,
 }
 
+use nereus_core::half::{bf16_to_f32, f16_to_f32};
+
 /// Values per quantized block.
 const BLOCK: usize = 32;
 
@@ -55,10 +57,7 @@ impl GgmlType {
         match self {
             GgmlType::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
             GgmlType::F16 => bytes.chunks_exact(2).map(half).collect(),
-            GgmlType::Bf16 => bytes
-                .chunks_exact(2)
-                .map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16))
-                .collect(),
+            GgmlType::Bf16 => bytes.chunks_exact(2).map(|b| bf16_to_f32(u16::from_le_bytes([b[0], b[1]]))).collect(),
             GgmlType::Q4_0 => nibble_blocks(bytes, 2, |block| (half(block), -8.0 * half(block))),
             GgmlType::Q4_1 => nibble_blocks(bytes, 4, |block| (half(block), half(&block[2..]))),
             GgmlType::Q8_0 => bytes
@@ -85,37 +84,9 @@ fn nibble_blocks(bytes: &[u8], header: usize, scale_offset: impl Fn(&[u8]) -> (f
     out
 }
 
-/// IEEE half to single precision, exactly (subnormals, infinities and NaN included).
-pub fn f16_to_f32(h: u16) -> f32 {
-    let sign = u32::from(h >> 15) << 31;
-    let exponent = u32::from((h >> 10) & 0x1F);
-    let mantissa = u32::from(h & 0x3FF);
-    let bits = match (exponent, mantissa) {
-        (0, 0) => sign,
-        (0, m) => {
-            // Subnormal: normalise the mantissa.
-            let shift = m.leading_zeros() - 21;
-            sign | ((127 - 15 + 1 - shift) << 23) | (((m << shift) & 0x3FF) << 13)
-        }
-        (0x1F, m) => sign | 0x7F80_0000 | (m << 13),
-        (e, m) => sign | ((e + 127 - 15) << 23) | (m << 13),
-    };
-    f32::from_bits(bits)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn halves_decode_exactly() {
-        for (h, x) in
-            [(0x3C00, 1.0), (0xC000, -2.0), (0x0001, 2f32.powi(-24)), (0x7BFF, 65504.0), (0x0400, 2f32.powi(-14))]
-        {
-            assert_eq!(f16_to_f32(h), x, "{h:#06x}");
-        }
-        assert!(f16_to_f32(0x7E00).is_nan() && f16_to_f32(0xFC00) == f32::NEG_INFINITY);
-    }
 
     /// One block of each quantization, built by hand: the nibble order (value j low, j + 16
     /// high), the scales and the minimum.

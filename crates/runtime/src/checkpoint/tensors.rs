@@ -13,6 +13,7 @@ use safetensors::{Dtype as StDtype, SafeTensors};
 
 use super::error::{io, CheckpointError};
 use nereus_core::config::Dtype;
+use nereus_core::half::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 use nereus_core::model::Section;
 use nereus_core::model::{Catalogue, Piece};
 use nereus_exec::emu::LocalShard;
@@ -76,68 +77,12 @@ fn decode(dtype: StDtype, bytes: &[u8], out: &mut [f32]) {
             *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
         }),
         StDtype::BF16 => out.iter_mut().zip(bytes.chunks_exact(2)).for_each(|(o, b)| {
-            *o = f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16);
+            *o = bf16_to_f32(u16::from_le_bytes([b[0], b[1]]));
         }),
         _ => out.iter_mut().zip(bytes.chunks_exact(2)).for_each(|(o, b)| {
             *o = f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
         }),
     }
-}
-
-/// IEEE half to single precision (exact).
-fn f16_to_f32(h: u16) -> f32 {
-    let sign = u32::from(h >> 15) << 31;
-    let exponent = u32::from((h >> 10) & 0x1f);
-    let mantissa = u32::from(h & 0x3ff);
-    let bits = match (exponent, mantissa) {
-        (0, 0) => sign,
-        (0, m) => {
-            // Subnormal: normalize the mantissa into f32's implicit-one form.
-            let shift = m.leading_zeros() - 21;
-            sign | ((113 - shift) << 23) | (((m << shift) & 0x3ff) << 13)
-        }
-        (0x1f, m) => sign | 0x7f80_0000 | (m << 13),
-        (e, m) => sign | ((e + 112) << 23) | (m << 13),
-    };
-    f32::from_bits(bits)
-}
-
-/// f32 to bfloat16, rounding to nearest even (NaN stays NaN).
-fn f32_to_bf16(x: f32) -> u16 {
-    let bits = x.to_bits();
-    if x.is_nan() {
-        return ((bits >> 16) | 0x40) as u16;
-    }
-    let round = 0x7fff + ((bits >> 16) & 1);
-    (bits.wrapping_add(round) >> 16) as u16
-}
-
-/// f32 to IEEE half, rounding to nearest even; out of range becomes ±infinity.
-fn f32_to_f16(x: f32) -> u16 {
-    let bits = x.to_bits();
-    let sign = ((bits >> 16) & 0x8000) as u16;
-    let exponent = ((bits >> 23) & 0xff) as i32;
-    let mantissa = bits & 0x7f_ffff;
-    if exponent == 0xff {
-        return sign | 0x7c00 | if mantissa != 0 { 0x200 } else { 0 };
-    }
-    let e = exponent - 127 + 15;
-    if e >= 0x1f {
-        return sign | 0x7c00;
-    }
-    // Normal halves keep 10 mantissa bits; subnormal ones shift the implicit one in.
-    let (m, shift) = if e <= 0 { (mantissa | 0x80_0000, (14 - e) as u32) } else { (mantissa, 13) };
-    if shift > 24 {
-        return sign;
-    }
-    let half = 1u32 << (shift - 1);
-    let rest = m & ((1 << shift) - 1);
-    let mut out = m >> shift;
-    if rest > half || (rest == half && out & 1 == 1) {
-        out += 1;
-    }
-    let biased = if e <= 0 { out } else { ((e as u32) << 10) + out };
-    sign | biased as u16
 }
 
 /// Little-endian f32 bytes re-encoded as `dtype` (rounding to nearest even).
@@ -481,11 +426,5 @@ mod tests {
                 again.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
             );
         }
-        assert_eq!(f32_to_bf16(1.0 + 2f32.powi(-8)), 0x3f80, "a tie rounds to even");
-        assert_eq!(f32_to_bf16(1.0 + 3.0 * 2f32.powi(-8)), 0x3f82, "a tie rounds to even");
-        assert_eq!(f32_to_f16(65520.0), 0x7c00, "past the largest half: infinity");
-        assert_eq!(f16_to_f32(0x0001), 2f32.powi(-24), "the smallest subnormal half");
-        assert_eq!(f32_to_f16(2f32.powi(-24)), 0x0001);
-        assert_eq!(f16_to_f32(0x3555), 0.333_251_95);
     }
 }
