@@ -159,11 +159,7 @@ fn bad_inputs_are_named() {
         (&good, &missing, "cannot read"),
     ];
     for (file, dir, needle) in cases {
-        let out = preview(file, dir, &root.path().join("x.json"), &[]);
-        let (stdout, stderr) = text(&out);
-        assert_eq!(out.status.code(), Some(2), "{needle}: {stdout}{stderr}");
-        assert!(stderr.contains(needle), "wanted `{needle}` in: {stderr}");
-        assert!(!stderr.contains("panicked"), "{stderr}");
+        common::assert_status(&preview(file, dir, &root.path().join("x.json"), &[]), 2, &[needle]);
     }
 }
 
@@ -263,9 +259,6 @@ fn verl_style_parquet_reads_as_its_json_lines() {
     ] {
         let f = file.to_str().unwrap();
         let out = run_single(&["reward", f, "--kind", "math", "--answer-key", "reward_model.ground_truth"]);
-        let (stdout, stderr) = text(&out);
-        assert_eq!(out.status.code(), Some(2), "{needle}: {stdout}{stderr}");
-        assert!(stderr.contains(needle), "wanted `{needle}` in: {stderr}");
-        assert!(!stderr.contains("panicked"), "{stderr}");
+        common::assert_status(&out, 2, &[needle]);
     }
 }

@@ -146,9 +146,7 @@ fn bad_gguf_files_are_named() {
     ] {
         let out_dir = root.path().join("out");
         let out = run_single(&["model", "import-gguf", file.to_str().unwrap(), "--out", out_dir.to_str().unwrap()]);
-        let (stdout, stderr) = text(&out);
-        assert_eq!(out.status.code(), Some(2), "{needle}: {stdout}{stderr}");
-        assert!(stderr.contains(needle), "wanted `{needle}` in: {stderr}");
+        common::assert_status(&out, 2, &[needle]);
         assert!(!out_dir.exists(), "{needle}: a directory was written");
     }
 }

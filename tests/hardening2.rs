@@ -9,8 +9,8 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{
-    fast_ppo, nereus, repo, run_mpi, run_single, send_signal, set_key, spawn_mpi, step_records, text, wait_for_steps,
-    write, Tmpfs,
+    assert_status, fast_ppo, nereus, repo, run_mpi, run_single, send_signal, set_key, spawn_mpi, step_records, text,
+    wait_for_steps, write, Tmpfs,
 };
 use serde_json::Value;
 
@@ -28,15 +28,6 @@ fn train(ranks: usize, job: &Path, out: &Path, args: &[&str]) -> Output {
     let mut all = vec!["train", job.to_str().unwrap(), "--output-dir", out.to_str().unwrap()];
     all.extend_from_slice(args);
     run_mpi(ranks, &all)
-}
-
-fn assert_status(out: &Output, status: i32, needles: &[&str]) {
-    let (stdout, stderr) = text(out);
-    assert_eq!(out.status.code(), Some(status), "stdout:\n{stdout}\nstderr:\n{stderr}");
-    for n in needles {
-        assert!(stderr.contains(n), "stderr lacks {n:?}:\n{stderr}");
-    }
-    assert!(!stderr.contains("panicked"), "{stderr}");
 }
 
 /// The fast PPO job under the controller with a pool trace, drift triggers out of reach (only

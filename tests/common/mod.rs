@@ -332,3 +332,14 @@ pub fn transformers_prompts(python: &str, dir: &Path, conversations: &[serde_jso
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
 }
+
+/// `out` exited with `status`, its stderr names every one of `needles`, and nothing panicked.
+#[allow(dead_code)] // not every test binary checks refusals
+pub fn assert_status(out: &Output, status: i32, needles: &[&str]) {
+    let (stdout, stderr) = text(out);
+    assert_eq!(out.status.code(), Some(status), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    for n in needles {
+        assert!(stderr.contains(n), "stderr lacks {n:?}:\n{stderr}");
+    }
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
