@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Compiles the device kernels on a machine without a GPU, so that a kernel that does not compile
-# fails here (CI runs it from scripts/test.sh):
-#   cuda/*.cu   NVRTC (PyPI: nvidia-cuda-nvrtc-cu12, loaded through cudarc as at run time) to PTX
-#               for compute_80 and compute_90, assembled by ptxas (PyPI: nvidia-cuda-nvcc-cu12)
-#               for sm_80 and sm_90, and to cubins by NVRTC itself;
-#   hip/*.hip   hipcc --genco --offload-arch=gfx90a (Debian's hipcc, ROCm 5.2) in build.rs, the
-#               code object embedded in the binary.
+# Compiles the device kernels on a machine without a GPU, so that a kernel that does not compile,
+# or spills registers, fails here (CI runs it from scripts/test.sh). Every kernels/*.cu, with
+# kernels/prelude.h, is compiled by
+#   NVRTC   (PyPI: nvidia-cuda-nvrtc-cu12, loaded through cudarc as at run time) to PTX for
+#           compute_80 and compute_90, assembled by ptxas -v (PyPI: nvidia-cuda-nvcc-cu12) for
+#           sm_80 and sm_90, and to cubins by NVRTC itself;
+#   hipcc   --genco --offload-arch=gfx90a (Debian's hipcc, ROCm 5.2) in build.rs, the code object
+#           embedded in the binary;
+#   g++     the grid emulator at warp 32 and 64 (build.rs, every build).
 #
 #   NEREUS_WITH_KERNEL_TOOLS=1 bash scripts/setup.sh   # installs the tools (idempotent)
 #   bash scripts/compile-kernels.sh [CARGO SELECTION…]
@@ -18,10 +20,10 @@ cd "$(dirname "$0")/.."
 source scripts/kernel-env.sh
 export HIP_PATH=${HIP_PATH:-/usr} NEREUS_REQUIRE_KERNEL_TOOLS=1
 echo "== kernels: NVRTC $(ls "${nereus_nvrtc:-/nonexistent}"/lib/libnvrtc.so.* 2>/dev/null | head -1), ptxas ${NEREUS_PTXAS:-missing}, $(command -v hipcc || echo 'hipcc missing')"
-for source in cuda/*.cu; do echo "   $source -> compute_80, compute_90 PTX -> sm_80, sm_90"; done
-for source in hip/*.hip; do echo "   $source -> gfx90a code object"; done
+for source in kernels/*.cu; do echo "   $source -> compute_80, compute_90 PTX -> sm_80, sm_90; gfx90a code object; emulator w32, w64"; done
 selection=("$@")
 [ ${#selection[@]} -gt 0 ] || selection=(-p nereus-exec --features cuda,rocm)
 cargo test --release --locked "${selection[@]}" --lib -- \
-  backend::cuda::tests::cuda_kernels_compile_with_nvrtc_and_assemble_with_ptxas \
-  backend::rocm::tests::the_embedded_code_object_holds_every_kernel
+  backend::cuda::tests::cuda_kernels_compile_with_nvrtc_and_assemble_with_ptxas_without_spills \
+  backend::rocm::tests::the_embedded_code_object_holds_every_kernel \
+  backend::grid::tests::the_emulator_holds_every_kernel_of_every_source_at_both_widths

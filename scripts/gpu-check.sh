@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU data plane on an NVIDIA machine (issue 15), in one run:
 #   1. builds with `--features cuda` (NVRTC, NCCL and the driver are loaded at run time);
-#   2. runs the rectangle-copy kernels (cuda/pack.cu) on GPU 0 against the host reference;
+#   2. runs the rectangle-copy kernels (kernels/pack.cu) on GPU 0 against the host reference;
 #   3. runs `selftest primitives --device` (and `selftest transitions --device` with 3+ GPUs),
 #      one rank per GPU: shards device-resident, every step checked by layout-independent
 #      digests and a byte-exact gather against the state generated on the host from the seed;
@@ -73,12 +73,12 @@ run() {
 kernel_test=gpu_rectangle_copies_match_the_host_reference
 if [ -n "$prebuilt" ]; then
   echo "== 1. prebuilt binaries from $prebuilt"
-  echo "== 2. cuda/pack.cu on GPU 0 against the host reference"
+  echo "== 2. kernels/pack.cu on GPU 0 against the host reference"
   "$prebuilt/bin/kernel-test" --ignored "$kernel_test" 2>&1 | tee "$out/kernels.txt" | grep -E "^test |test result"
 else
   echo "== 1. build --features cuda"
   cargo build --release --locked --features cuda 2>&1 | tail -2
-  echo "== 2. cuda/pack.cu on GPU 0 against the host reference"
+  echo "== 2. kernels/pack.cu on GPU 0 against the host reference"
   cargo test --release --locked -p nereus-exec --features cuda --lib -- --ignored "$kernel_test" \
     2>&1 | tee "$out/kernels.txt" | grep -E "^test |test result"
 fi

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Installs what Nereus needs and builds the release binary (target/release/nereus).
 #
-#   bash scripts/setup.sh                      # MPI, hwloc, clang (for rsmpi's bindgen)
+#   bash scripts/setup.sh                      # MPI, hwloc, clang (for rsmpi's bindgen), g++ (the grid emulator)
 #   NEREUS_WITH_SLURM=1 bash scripts/setup.sh  # + Slurm and munge, for the local test cluster
 #   NEREUS_WITH_HIP=1 bash scripts/setup.sh    # + HIP headers and runtime, to compile `--features rocm`
 #   NEREUS_WITH_KERNEL_TOOLS=1 bash scripts/setup.sh  # + hipcc (apt) and NVRTC and ptxas (PyPI) to
-#                                              # compile cuda/ and hip/ without a GPU (scripts/compile-kernels.sh)
-#   NEREUS_WITH_EXACT=1 bash scripts/setup.sh  # + cmake and g++, to build HiGHS for `--features exact`
+#                                              # compile kernels/ without a GPU (scripts/compile-kernels.sh)
+#   NEREUS_WITH_EXACT=1 bash scripts/setup.sh  # + cmake, to build HiGHS for `--features exact`
 #                                              # (`nereus bench solver`; the build takes ~7 min on 2 cores)
 #
 # Debian/Ubuntu packages are installed with apt-get when running as root; otherwise the missing
@@ -14,10 +14,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages="openmpi-bin libopenmpi-dev libclang-dev libhwloc-dev pkg-config"
+packages="openmpi-bin libopenmpi-dev libclang-dev libhwloc-dev pkg-config g++"
 [ "${NEREUS_WITH_SLURM:-0}" = 1 ] && packages="$packages slurm-wlm munge"
 [ "${NEREUS_WITH_HIP:-0}" = 1 ] && packages="$packages libamdhip64-dev"
-[ "${NEREUS_WITH_EXACT:-0}" = 1 ] && packages="$packages cmake g++"
+[ "${NEREUS_WITH_EXACT:-0}" = 1 ] && packages="$packages cmake"
 if [ "${NEREUS_WITH_KERNEL_TOOLS:-0}" = 1 ]; then
   packages="$packages libamdhip64-dev hipcc"
   python3 -m pip --version >/dev/null 2>&1 || packages="$packages python3-pip"
@@ -38,7 +38,7 @@ if [ -n "$missing" ]; then
   fi
 fi
 
-# NVRTC (compiles cuda/*.cu to PTX) and ptxas (assembles it) from PyPI: no CUDA toolkit needed.
+# NVRTC (compiles kernels/*.cu to PTX) and ptxas (assembles it) from PyPI: no CUDA toolkit needed.
 if [ "${NEREUS_WITH_KERNEL_TOOLS:-0}" = 1 ]; then
   for wheel in nvidia-cuda-nvrtc-cu12 nvidia-cuda-nvcc-cu12; do
     python3 -m pip show -q "$wheel" >/dev/null 2>&1 && continue

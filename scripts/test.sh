@@ -69,14 +69,14 @@ fi
 if [ "$ci" = true ]; then
   export NEREUS_REQUIRE_KERNEL_TOOLS=1  # build.rs then fails without hipcc, as it does on a bad kernel
 fi
-# NVRTC and ptxas from PyPI, for the unit test that compiles cuda/*.cu (skipped when absent
+# NVRTC and ptxas from PyPI, for the unit test that compiles kernels/*.cu (skipped when absent
 # outside CI).
 source scripts/kernel-env.sh
 cargo clippy --release --locked --workspace --all-targets --features "$features" -- -D warnings
 cargo build --release --locked --features "$features"
 cargo test --release --locked --workspace --features "$features" --lib
 
-echo "== device kernels compile without a GPU (cuda/*.cu: NVRTC + ptxas for sm_80/sm_90; hip/*.hip: hipcc for gfx90a)"
+echo "== device kernels compile without a GPU (kernels/*.cu: NVRTC + ptxas for sm_80/sm_90, hipcc for gfx90a, no register spills)"
 if [ "$ci" = true ] || { python3 -c 'import nvidia.cuda_nvrtc' 2>/dev/null && command -v hipcc >/dev/null; }; then
   bash scripts/compile-kernels.sh --workspace --features "$features"
 else

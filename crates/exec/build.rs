@@ -1,28 +1,36 @@
-//! Build script: with the `rocm` feature, compiles every `hip/*.hip` into a code object for
-//! LUMI's MI250X (`hipcc --genco --offload-arch=gfx90a`; `NEREUS_HIP_ARCHS=gfx90a,gfx942` for
-//! more) and lets `src/backend/rocm.rs` embed `pack.co`. A kernel that does not compile fails
-//! the build.
-//! Without hipcc the build goes on with a warning (the ROCm plane then refuses to start), unless
-//! `NEREUS_REQUIRE_KERNEL_TOOLS=1` (CI) makes a missing hipcc an error too. CUDA kernels need no
-//! build step: NVRTC compiles `cuda/pack.cu` at run time.
+//! Build script for the kernels in `kernels/` (one source per concern, docs/kernels.md):
+//!
+//! - **grid emulator** (always): `kernels/emulator/grid.cpp` and every kernel source compiled by
+//!   the host C++ compiler, once per warp width (32 and 64), linked into this crate
+//!   (`src/backend/grid.rs` calls it). A kernel that does not compile fails the build.
+//! - **ROCm** (`rocm` feature): every `kernels/*.cu` compiled by `hipcc --genco
+//!   --offload-arch=gfx90a`, failing on any register spill, (LUMI's MI250X; `NEREUS_HIP_ARCHS=gfx90a,gfx942` for more) with the
+//!   prelude, into code objects that `src/backend/rocm.rs` embeds. Without hipcc the build goes on
+//!   with a warning (the ROCm plane then refuses to start), unless `NEREUS_REQUIRE_KERNEL_TOOLS=1`
+//!   (CI) makes a missing hipcc an error too.
+//!
+//! CUDA needs no build step: NVRTC compiles the same sources at run time (`src/backend/cuda.rs`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+const KERNELS: &str = "../../kernels";
+
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(nereus_hip_kernels)");
-    println!("cargo::rerun-if-changed=../../hip");
+    println!("cargo::rerun-if-changed={KERNELS}");
+    build_grid_emulator();
     for var in ["HIPCC", "HIP_PATH", "NEREUS_HIP_ARCHS", "NEREUS_REQUIRE_KERNEL_TOOLS"] {
         println!("cargo::rerun-if-env-changed={var}");
     }
     if std::env::var_os("CARGO_FEATURE_ROCM").is_none() {
         return;
     }
-    let mut sources: Vec<PathBuf> = std::fs::read_dir("../../hip")
-        .expect("hip/ is in the repository")
+    let mut sources: Vec<PathBuf> = std::fs::read_dir(KERNELS)
+        .expect("kernels/ is in the repository")
         .flatten()
         .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "hip"))
+        .filter(|p| p.extension().is_some_and(|e| e == "cu"))
         .collect();
     sources.sort();
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
@@ -37,16 +45,48 @@ fn main() {
     }
 }
 
-/// Compiles one HIP source; `false` when hipcc is absent (and allowed to be).
+/// The grid emulator: the scheduler once, the kernels once per warp width.
+fn build_grid_emulator() {
+    for file in ["emulator/grid.cpp", "emulator/grid.h", "emulator/kernels.cpp", "prelude.h"] {
+        println!("cargo::rerun-if-changed={KERNELS}/{file}");
+    }
+    let base = || {
+        let mut build = cc::Build::new();
+        build.cpp(true).std("c++17").opt_level(2).warnings(true).extra_warnings(true).warnings_into_errors(true);
+        build.include(format!("{KERNELS}/emulator"));
+        build
+    };
+    base().file(format!("{KERNELS}/emulator/grid.cpp")).define("NEREUS_WARP_SIZE", "32").compile("nereus_grid");
+    for warp in ["32", "64"] {
+        let mut build = base();
+        build.file(format!("{KERNELS}/emulator/kernels.cpp")).define("NEREUS_WARP_SIZE", warp);
+        build.compile(&format!("nereus_grid_kernels_w{warp}"));
+    }
+}
+
+/// Compiles one kernel source with hipcc; `false` when hipcc is absent (and allowed to be).
 fn compile(source: &Path, object: &Path) -> bool {
     let hipcc = std::env::var("HIPCC").unwrap_or_else(|_| "hipcc".into());
     let archs = std::env::var("NEREUS_HIP_ARCHS").unwrap_or_else(|_| "gfx90a".into());
     let mut command = Command::new(&hipcc);
-    command.args(["--genco", "-O3"]);
+    command.args(["--genco", "-O3", "-Rpass-analysis=kernel-resource-usage", "-x", "hip", "-include"]);
+    command.arg(format!("{KERNELS}/prelude.h"));
     command.args(archs.split(',').map(|a| format!("--offload-arch={}", a.trim())));
     command.arg(source).arg("-o").arg(object);
     match command.output() {
-        Ok(o) if o.status.success() => true,
+        Ok(o) if o.status.success() => {
+            // The resource-usage remarks name every kernel's SGPR/VGPR spills: any is a failure.
+            let remarks = String::from_utf8_lossy(&o.stderr);
+            let spills: Vec<&str> =
+                remarks.lines().filter(|l| l.contains("Spill: ") && !l.contains("Spill: 0 ")).collect();
+            assert!(
+                remarks.contains("VGPRs Spill"),
+                "hipcc printed no resource usage for {}: {remarks}",
+                source.display()
+            );
+            assert!(spills.is_empty(), "{} spills registers on {archs}:\n{}", source.display(), spills.join("\n"));
+            true
+        }
         Ok(o) => panic!(
             "hipcc could not compile {} for {archs}:\n{}{}",
             source.display(),

@@ -1,8 +1,8 @@
 //! CUDA through the driver API, loaded at run time by cudarc (no toolkit is needed to build;
-//! `libcuda.so` is needed to run, and `libnvrtc.so.12` to compile `cuda/pack.cu` for the
-//! device): device discovery, and [`Cuda`], the [`GpuRuntime`] of one device.
+//! `libcuda.so` is needed to run, and `libnvrtc.so.12` to compile the kernels in `kernels/` for
+//! the device): device discovery, and [`Cuda`], the [`GpuRuntime`] of one device.
 
-use std::ffi::{c_void, CString};
+use std::ffi::CString;
 
 use cudarc::driver::result::{self, stream::StreamKind};
 use cudarc::driver::sys;
@@ -10,10 +10,8 @@ use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 
 use super::gpu::{DevicePtr, GpuRuntime, RawHandle};
 use super::kernels::{RectLaunch, RECT_COPY_KERNELS};
+use super::sources::{KernelSource, SOURCES};
 use super::{BackendError, DriverDevice};
-
-/// The kernel source, compiled at run time for the device's architecture.
-pub const PACK_CU: &str = include_str!("../../../../cuda/pack.cu");
 
 fn driver_error(e: impl std::fmt::Debug) -> BackendError {
     BackendError::Driver { backend: "CUDA", reason: format!("{e:?}") }
@@ -69,7 +67,7 @@ pub fn ordinal_of(pci_address: &str) -> Result<Option<u32>, BackendError> {
     Ok(None)
 }
 
-/// What NVRTC makes of `cuda/pack.cu`.
+/// What NVRTC makes of a kernel source.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NvrtcOutput {
     /// PTX for a virtual architecture, e.g. `compute_80` (CI assembles it with ptxas).
@@ -83,12 +81,13 @@ fn nvrtc_error(what: &str, e: impl std::fmt::Debug) -> BackendError {
     BackendError::Kernels { backend: "CUDA", reason: format!("NVRTC {what}: {e:?}") }
 }
 
-/// Compiles `cuda/pack.cu` with NVRTC (loaded at run time); the compiler's log on failure.
-pub fn compile_pack(output: NvrtcOutput) -> Result<Vec<u8>, BackendError> {
-    compile(PACK_CU, "pack.cu", output)
+/// Compiles one kernel source (with the prelude) by NVRTC, loaded at run time; the compiler's log
+/// on failure.
+pub fn compile_source(source: &KernelSource, output: NvrtcOutput) -> Result<Vec<u8>, BackendError> {
+    compile(&source.with_prelude(), source.file, output)
 }
 
-/// Compiles one CUDA source with NVRTC (loaded at run time); the compiler's log on failure.
+/// Compiles one CUDA source text with NVRTC (loaded at run time); the compiler's log on failure.
 pub fn compile(source: &str, name: &str, output: NvrtcOutput) -> Result<Vec<u8>, BackendError> {
     // SAFETY: only probes whether the shared library loads.
     if !unsafe { nvrtc_sys::is_culib_present() } {
@@ -155,7 +154,7 @@ pub struct Cuda {
 
 impl Cuda {
     /// Opens device `ordinal`, makes its primary context current, and compiles and loads
-    /// `cuda/pack.cu` for its architecture.
+    /// `kernels/pack.cu` for its architecture.
     pub fn open(ordinal: u32) -> Result<Cuda, BackendError> {
         init()?;
         let count = result::device::get_count().map_err(driver_error)?;
@@ -182,7 +181,8 @@ impl Cuda {
             )
         };
         let sm = (major.map_err(driver_error)? * 10 + minor.map_err(driver_error)?) as u32;
-        let image = compile_pack(NvrtcOutput::Cubin(sm))?;
+        let pack = SOURCES.iter().find(|s| s.file == "pack.cu").expect("pack.cu is a kernel source");
+        let image = compile_source(pack, NvrtcOutput::Cubin(sm))?;
         // SAFETY: `image` is a complete cubin; the module lives until Drop.
         let module = unsafe { result::module::load_data(image.as_ptr().cast()) }.map_err(driver_error)?;
         let kernels = RECT_COPY_KERNELS
@@ -299,8 +299,8 @@ impl GpuRuntime for Cuda {
 
     unsafe fn launch(&self, l: &RectLaunch, s: RawHandle) -> Result<(), BackendError> {
         let f = self.kernels.iter().find(|(n, _)| *n == l.kernel).map(|(_, f)| *f).expect("every kernel is loaded");
-        let mut args = [l.dst, l.dst_pitch, l.src, l.src_pitch, l.row_vectors, l.rows];
-        let mut params: Vec<*mut c_void> = args.iter_mut().map(|a| (a as *mut u64).cast()).collect();
+        let mut args = l.args();
+        let mut params = args.pointers();
         let (grid, block) = ((l.grid[0], l.grid[1], l.grid[2]), (l.block[0], l.block[1], l.block[2]));
         result::launch_kernel(f, grid, block, 0, stream(s), &mut params).map_err(driver_error)
     }
@@ -317,10 +317,11 @@ mod tests {
         std::env::var("NEREUS_REQUIRE_KERNEL_TOOLS").is_ok_and(|v| v == "1")
     }
 
-    /// NVRTC compiles every `cuda/*.cu` to PTX for sm_80 and sm_90 (and to cubins directly),
-    /// and ptxas assembles that PTX: a kernel that does not compile fails here, with no GPU.
+    /// NVRTC compiles every kernel source to PTX for sm_80 and sm_90 (and to cubins directly),
+    /// and ptxas assembles that PTX without spilling a register: a kernel that does not compile,
+    /// or spills, fails here, with no GPU.
     #[test]
-    fn cuda_kernels_compile_with_nvrtc_and_assemble_with_ptxas() {
+    fn cuda_kernels_compile_with_nvrtc_and_assemble_with_ptxas_without_spills() {
         // SAFETY: only probes whether the shared library loads.
         if !unsafe { nvrtc_sys::is_culib_present() } {
             assert!(!tools_required(), "NEREUS_REQUIRE_KERNEL_TOOLS=1 but NVRTC is not on LD_LIBRARY_PATH");
@@ -329,31 +330,32 @@ mod tests {
         }
         let dir = tempfile::tempdir().unwrap();
         let ptxas = std::env::var("NEREUS_PTXAS").map(PathBuf::from).unwrap_or_else(|_| "ptxas".into());
-        let sources = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../../cuda")).unwrap();
-        let mut files: Vec<PathBuf> =
-            sources.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|e| e == "cu")).collect();
-        files.sort();
-        assert!(files.iter().any(|f| f.ends_with("pack.cu")));
-        for (file, (virtual_arch, sm)) in files.iter().flat_map(|f| [(f, ("compute_80", 80)), (f, ("compute_90", 90))])
+        for (source, (virtual_arch, sm)) in
+            SOURCES.iter().flat_map(|s| [(s, ("compute_80", 80)), (s, ("compute_90", 90))])
         {
-            let (source, stem) = (std::fs::read_to_string(file).unwrap(), file.file_stem().unwrap().to_string_lossy());
-            let name = format!("{stem}.cu");
-            let ptx = compile(&source, &name, NvrtcOutput::Ptx(virtual_arch)).unwrap();
+            let ptx = compile_source(source, NvrtcOutput::Ptx(virtual_arch)).unwrap();
             let text = String::from_utf8(ptx.clone()).unwrap();
-            for (_, kernel) in RECT_COPY_KERNELS.iter().filter(|_| stem == "pack") {
+            for kernel in source.entry_points {
                 assert!(text.contains(&format!(".entry {kernel}(")), "{kernel} missing from the {virtual_arch} PTX");
             }
-            assert!(!compile(&source, &name, NvrtcOutput::Cubin(sm)).unwrap().is_empty());
-            let path = dir.path().join(format!("{stem}.{virtual_arch}.ptx"));
+            assert!(!compile_source(source, NvrtcOutput::Cubin(sm)).unwrap().is_empty());
+            let path = dir.path().join(format!("{}.{virtual_arch}.ptx", source.file));
             std::fs::write(&path, &ptx).unwrap();
-            match Command::new(&ptxas)
-                .arg(format!("-arch=sm_{sm}"))
-                .arg(&path)
-                .arg("-o")
-                .arg(path.with_extension("cubin"))
-                .output()
+            let cubin = path.with_extension("cubin");
+            match Command::new(&ptxas).arg(format!("-arch=sm_{sm}")).arg("-v").arg(&path).arg("-o").arg(cubin).output()
             {
-                Ok(out) => assert!(out.status.success(), "ptxas sm_{sm}: {}", String::from_utf8_lossy(&out.stderr)),
+                Ok(out) => {
+                    let log = String::from_utf8_lossy(&out.stderr);
+                    assert!(out.status.success(), "ptxas sm_{sm}: {log}");
+                    assert!(log.contains("spill stores"), "ptxas -v printed no register usage: {log}");
+                    let spills: Vec<&str> = log
+                        .lines()
+                        .filter(|l| {
+                            l.contains("spill stores") && !l.contains(" 0 bytes spill stores, 0 bytes spill loads")
+                        })
+                        .collect();
+                    assert!(spills.is_empty(), "{} spills registers on sm_{sm}:\n{}", source.file, spills.join("\n"));
+                }
                 Err(e) => {
                     assert!(
                         !tools_required(),

@@ -3,10 +3,11 @@
 //! tests and under `--device emulated`. It is a test double, not a backend: nothing here is
 //! faster than the host plane.
 //!
-//! Allocations are host buffers addressed by their host address; every access is checked
-//! against them. Kernels run as the launch's grid and block loops in Rust
-//! ([`for_each_vector`]), so a launch that misses or repeats a vector, strays out of its
-//! allocation, or reads what it writes fails here as it would race on a device.
+//! Allocations are host buffers addressed by their host address; every copy and every launch's
+//! extent is checked against them. Kernels are the device kernels themselves, run by the grid
+//! emulator ([`grid`](super::grid)) at the device's warp width, so a launch that strays out of
+//! its allocation, reads what it writes, or diverges around a barrier fails here as it would
+//! race or hang on a device.
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
@@ -14,7 +15,8 @@ use std::ffi::c_void;
 use std::time::Instant;
 
 use super::gpu::{DevicePtr, GpuRuntime, RawHandle};
-use super::kernels::{for_each_vector, RectLaunch};
+use super::grid::{self, WarpWidth};
+use super::kernels::RectLaunch;
 use super::{BackendError, DriverDevice};
 
 /// An emulated device of a given capacity.
@@ -22,6 +24,7 @@ pub struct Emulated {
     device: DriverDevice,
     allocations: RefCell<BTreeMap<u64, Box<[u8]>>>,
     handles: Cell<usize>,
+    warp: WarpWidth,
     /// When each event was recorded (work is synchronous, so that is when it happened).
     recorded: RefCell<HashMap<usize, Instant>>,
 }
@@ -31,11 +34,16 @@ fn fault(reason: String) -> BackendError {
 }
 
 impl Emulated {
-    /// Device `ordinal` with `memory_bytes` of capacity (allocated on demand).
+    /// Device `ordinal` with `memory_bytes` of capacity (allocated on demand), warp width 32.
     pub fn new(ordinal: u32, memory_bytes: u64) -> Emulated {
         let device = DriverDevice { ordinal, name: "emulated device (host memory)".into(), memory_bytes };
         let (allocations, recorded) = (RefCell::new(BTreeMap::new()), RefCell::new(HashMap::new()));
-        Emulated { device, allocations, handles: Cell::new(0), recorded }
+        Emulated { device, allocations, handles: Cell::new(0), warp: WarpWidth::W32, recorded }
+    }
+
+    /// The same device with another warp width (64 emulates AMD's CDNA).
+    pub fn with_warp(self, warp: WarpWidth) -> Emulated {
+        Emulated { warp, ..self }
     }
 
     /// Bytes allocated now (device and pinned).
@@ -170,13 +178,9 @@ impl GpuRuntime for Emulated {
         if d.0 < s.1 && s.0 < d.1 {
             return Err(fault(format!("{} launch reads what it writes: {l:?}", l.kernel)));
         }
-        let w = l.width;
-        for_each_vector(l, |row, col| {
-            let (from, to) = (l.src + (row * l.src_pitch + col) * w, l.dst + (row * l.dst_pitch + col) * w);
-            // SAFETY: both spans lie inside live allocations and do not overlap (checked above).
-            unsafe { std::ptr::copy_nonoverlapping(from as *const u8, to as *mut u8, w as usize) };
-        });
-        Ok(())
+        // SAFETY: both spans lie inside live allocations and do not overlap (checked above), and
+        // the arguments are the rectangle copy's.
+        unsafe { grid::launch(self.warp, l.kernel, l.grid, l.block, 0, &mut l.args()) }
     }
 }
 
@@ -187,8 +191,11 @@ mod tests {
     use crate::backend::kernels::RectCopy;
 
     #[test]
-    fn rectangle_copies_match_the_host_reference() {
-        crate::backend::gpu::check_rect_copies_against_host(&Device::new(Emulated::new(0, 1 << 30)).unwrap());
+    fn rectangle_copies_match_the_host_reference_at_both_warp_widths() {
+        for warp in WarpWidth::ALL {
+            let device = Device::new(Emulated::new(0, 1 << 30).with_warp(warp)).unwrap();
+            crate::backend::gpu::check_rect_copies_against_host(&device);
+        }
     }
 
     #[test]

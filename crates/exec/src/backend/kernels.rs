@@ -1,4 +1,4 @@
-//! Launch geometry of the rectangle-copy kernels (`cuda/pack.cu`, `hip/pack.hip`) and the
+//! Launch geometry of the rectangle-copy kernels (`kernels/pack.cu`) and the
 //! schedule of Merge's in-place slice: pure functions, tested without a device.
 //!
 //! One kernel family serves every rectangle the data plane moves: packing (pitched source,
@@ -14,6 +14,8 @@
 
 use std::ops::Range;
 
+use super::sources::{KernelArg, KernelArgs};
+
 /// Threads per block (x · y).
 pub const BLOCK_THREADS: u32 = 256;
 /// Largest `gridDim.y` CUDA and HIP accept.
@@ -24,8 +26,7 @@ pub const MAX_BLOCKS: u64 = 32_768;
 /// Kernel launches one in-place slice may take; beyond it Merge copies out of place.
 pub const MAX_IN_PLACE_LAUNCHES: usize = 4_096;
 
-/// Entry points by vector width in bytes, widest first; the same names in `cuda/pack.cu` and
-/// `hip/pack.hip`.
+/// Entry points by vector width in bytes, widest first (`kernels/pack.cu`).
 pub const RECT_COPY_KERNELS: [(u64, &str); 5] = [
     (16, "nereus_rect_copy_16"),
     (8, "nereus_rect_copy_8"),
@@ -113,6 +114,20 @@ pub struct RectLaunch {
     pub rows: u64,
 }
 
+impl RectLaunch {
+    /// The kernel's arguments, in its parameter order.
+    pub fn args(&self) -> KernelArgs {
+        KernelArgs::new([
+            KernelArg::Ptr(self.dst),
+            KernelArg::U64(self.dst_pitch),
+            KernelArg::Ptr(self.src),
+            KernelArg::U64(self.src_pitch),
+            KernelArg::U64(self.row_vectors),
+            KernelArg::U64(self.rows),
+        ])
+    }
+}
+
 /// The launch that copies `c` between buffers at `src_base` and `dst_base` (device addresses):
 /// the widest vector every address, pitch and row length is a multiple of; blocks shaped to
 /// the row length so narrow rows still fill warps; at most [`MAX_BLOCKS`] blocks.
@@ -147,8 +162,9 @@ pub fn rect_launch(src_base: u64, dst_base: u64, c: &RectCopy) -> RectLaunch {
 }
 
 /// Visits `(row, col)` for every vector a launch copies, walking blocks and threads exactly as
-/// the kernel's loops do: the reference the emulated device runs and the tests check.
-pub fn for_each_vector(l: &RectLaunch, mut visit: impl FnMut(u64, u64)) {
+/// the kernel's loops do: the tests' reference for the launch geometry.
+#[cfg(test)]
+fn for_each_vector(l: &RectLaunch, mut visit: impl FnMut(u64, u64)) {
     let (gx, gy) = (u64::from(l.grid[0]), u64::from(l.grid[1]));
     let (bx, by) = (u64::from(l.block[0]), u64::from(l.block[1]));
     for block_y in 0..gy {

@@ -5,15 +5,19 @@
 //! `gpu.rs` is the seam the GPU data plane and the device shard store use ([`gpu::GpuRuntime`],
 //! [`gpu::Device`]); `cuda.rs` and `rocm.rs` implement it over the CUDA driver and the HIP
 //! runtime, `emulated.rs` in host memory for tests; `kernels.rs` holds the launch geometry of
-//! the rectangle-copy kernels in `cuda/pack.cu` and `hip/pack.hip`.
+//! the rectangle-copy kernels in `kernels/pack.cu`. `sources.rs` lists the kernel sources (one
+//! per concern, compiled by NVRTC, hipcc and the host compiler), and `grid.rs` runs them on the
+//! grid emulator.
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod emulated;
 pub mod gpu;
+pub mod grid;
 pub mod kernels;
 #[cfg(feature = "rocm")]
 pub mod rocm;
+pub mod sources;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;

@@ -1,7 +1,7 @@
 //! HIP through the HIP runtime (`libamdhip64`, linked at build time; build with `HIP_PATH`
 //! pointing at a ROCm or Debian HIP installation, e.g. `HIP_PATH=/usr`): device discovery, and
-//! [`Hip`], the [`GpuRuntime`] of one device, running `hip/pack.hip` from the code object that
-//! `build.rs` embedded (`hipcc --genco --offload-arch=gfx90a`).
+//! [`Hip`], the [`GpuRuntime`] of one device, running `kernels/pack.cu` from the code object
+//! that `build.rs` embedded (`hipcc --genco --offload-arch=gfx90a`).
 
 use hip_sys::hiprt;
 use std::ffi::{c_void, CStr, CString};
@@ -11,12 +11,24 @@ use super::gpu::{DevicePtr, GpuRuntime, RawHandle};
 use super::kernels::{RectLaunch, RECT_COPY_KERNELS};
 use super::{BackendError, DriverDevice};
 
-/// The code object of `hip/pack.hip`, when hipcc was present at build time.
+/// The code object of `kernels/pack.cu`, when hipcc was present at build time.
 #[cfg(nereus_hip_kernels)]
 pub const PACK_CODE_OBJECT: Option<&[u8]> = Some(include_bytes!(concat!(env!("OUT_DIR"), "/pack.co")));
-/// The code object of `hip/pack.hip`, when hipcc was present at build time.
+/// The code object of `kernels/pack.cu`, when hipcc was present at build time.
 #[cfg(not(nereus_hip_kernels))]
 pub const PACK_CODE_OBJECT: Option<&[u8]> = None;
+/// The code object of `kernels/engine.cu`, when hipcc was present at build time.
+#[cfg(nereus_hip_kernels)]
+pub const ENGINE_CODE_OBJECT: Option<&[u8]> = Some(include_bytes!(concat!(env!("OUT_DIR"), "/engine.co")));
+/// The code object of `kernels/engine.cu`, when hipcc was present at build time.
+#[cfg(not(nereus_hip_kernels))]
+pub const ENGINE_CODE_OBJECT: Option<&[u8]> = None;
+/// The code object of `kernels/probe.cu`, when hipcc was present at build time.
+#[cfg(nereus_hip_kernels)]
+pub const PROBE_CODE_OBJECT: Option<&[u8]> = Some(include_bytes!(concat!(env!("OUT_DIR"), "/probe.co")));
+/// The code object of `kernels/probe.cu`, when hipcc was present at build time.
+#[cfg(not(nereus_hip_kernels))]
+pub const PROBE_CODE_OBJECT: Option<&[u8]> = None;
 
 fn check(status: hiprt::hipError_t, call: &str) -> Result<(), BackendError> {
     if status == hiprt::hipError_t::hipSuccess {
@@ -84,7 +96,7 @@ pub struct Hip {
 }
 
 impl Hip {
-    /// Opens device `ordinal` and loads the embedded code object of `hip/pack.hip`.
+    /// Opens device `ordinal` and loads the embedded code object of `kernels/pack.cu`.
     pub fn open(ordinal: u32) -> Result<Hip, BackendError> {
         let count = device_count()?;
         if ordinal as c_int >= count {
@@ -94,7 +106,7 @@ impl Hip {
         let Some(image) = PACK_CODE_OBJECT else {
             return Err(BackendError::Kernels {
                 backend: "ROCm",
-                reason: "this binary was built without hipcc, so hip/pack.hip is not embedded; install hipcc and \
+                reason: "this binary was built without hipcc, so kernels/pack.cu is not embedded; install hipcc and \
                          rebuild with `--features rocm`"
                     .into(),
             });
@@ -231,8 +243,8 @@ impl GpuRuntime for Hip {
 
     unsafe fn launch(&self, l: &RectLaunch, s: RawHandle) -> Result<(), BackendError> {
         let f = self.kernels.iter().find(|(n, _)| *n == l.kernel).map(|(_, f)| *f).expect("every kernel is loaded");
-        let mut args = [l.dst, l.dst_pitch, l.src, l.src_pitch, l.row_vectors, l.rows];
-        let mut params: Vec<*mut c_void> = args.iter_mut().map(|a| (a as *mut u64).cast()).collect();
+        let mut args = l.args();
+        let mut params = args.pointers();
         let status = hiprt::hipModuleLaunchKernel(
             f,
             l.grid[0],
@@ -262,19 +274,28 @@ mod tests {
         crate::backend::gpu::check_rect_copies_against_host(&device);
     }
 
-    /// CI builds with hipcc (NEREUS_REQUIRE_KERNEL_TOOLS=1 makes build.rs insist); then the
-    /// embedded code object is a clang offload bundle holding every kernel.
+    /// CI builds with hipcc (NEREUS_REQUIRE_KERNEL_TOOLS=1 makes build.rs insist); then each
+    /// embedded code object is a clang offload bundle holding every kernel of its source.
     #[test]
     fn the_embedded_code_object_holds_every_kernel() {
-        let Some(image) = PACK_CODE_OBJECT else {
-            assert!(std::env::var("NEREUS_REQUIRE_KERNEL_TOOLS").map_or(true, |v| v != "1"), "no code object");
-            eprintln!("skipped: built without hipcc");
-            return;
-        };
-        assert!(image.starts_with(b"__CLANG_OFFLOAD_BUNDLE__"), "an offload bundle");
-        let text = String::from_utf8_lossy(image);
-        for (_, name) in RECT_COPY_KERNELS {
-            assert!(text.contains(&format!("{name}.kd")), "{name}'s kernel descriptor missing from the code object");
+        use crate::backend::sources::SOURCES;
+        for (file, object) in
+            [("pack.cu", PACK_CODE_OBJECT), ("engine.cu", ENGINE_CODE_OBJECT), ("probe.cu", PROBE_CODE_OBJECT)]
+        {
+            let Some(image) = object else {
+                assert!(std::env::var("NEREUS_REQUIRE_KERNEL_TOOLS").map_or(true, |v| v != "1"), "no code object");
+                eprintln!("skipped: built without hipcc");
+                return;
+            };
+            assert!(image.starts_with(b"__CLANG_OFFLOAD_BUNDLE__"), "an offload bundle");
+            let text = String::from_utf8_lossy(image);
+            let source = SOURCES.iter().find(|s| s.file == file).unwrap();
+            for name in source.entry_points {
+                assert!(
+                    text.contains(&format!("{name}.kd")),
+                    "{name}'s kernel descriptor missing from {file}'s code object"
+                );
+            }
         }
     }
 }

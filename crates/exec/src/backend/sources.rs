@@ -1,0 +1,108 @@
+//! The kernel sources in `kernels/`, one per concern, each compiled by NVRTC (CUDA), hipcc (ROCm)
+//! and the host C++ compiler (the grid emulator) with the same prelude (docs/kernels.md), and the
+//! argument block every backend launches them with.
+
+use std::ffi::c_void;
+
+use super::kernels::RECT_COPY_KERNELS;
+
+/// The portability prelude every source is compiled with.
+pub const PRELUDE: &str = include_str!("../../../../kernels/prelude.h");
+
+/// One kernel source and the entry points it defines.
+#[derive(Debug, Clone, Copy)]
+pub struct KernelSource {
+    /// File name in `kernels/`, e.g. `pack.cu`.
+    pub file: &'static str,
+    /// The source text (without the prelude).
+    pub text: &'static str,
+    /// Entry points (`extern "C"` names on devices; the emulator's table lists the same).
+    pub entry_points: &'static [&'static str],
+}
+
+/// The engine's entry points in `kernels/engine.cu`.
+pub const ENGINE_KERNELS: [&str; 9] = [
+    "nereus_cast_f32_to_bf16",
+    "nereus_cast_bf16_to_f32",
+    "nereus_rmsnorm_forward",
+    "nereus_rmsnorm_backward",
+    "nereus_swiglu_forward",
+    "nereus_swiglu_backward",
+    "nereus_residual_add",
+    "nereus_logits_row_stats",
+    "nereus_adamw",
+];
+
+const PACK_ENTRY_POINTS: [&str; 5] = {
+    let mut names = [""; 5];
+    let mut i = 0;
+    while i < 5 {
+        names[i] = RECT_COPY_KERNELS[i].1;
+        i += 1;
+    }
+    names
+};
+
+/// The execution-model probes in `kernels/probe.cu` (the emulator also has one that must fail).
+pub const PROBE_KERNELS: [&str; 2] = ["nereus_probe_block_reverse", "nereus_probe_reductions"];
+
+/// Every kernel source.
+pub const SOURCES: [KernelSource; 3] = [
+    KernelSource {
+        file: "pack.cu",
+        text: include_str!("../../../../kernels/pack.cu"),
+        entry_points: &PACK_ENTRY_POINTS,
+    },
+    KernelSource {
+        file: "engine.cu",
+        text: include_str!("../../../../kernels/engine.cu"),
+        entry_points: &ENGINE_KERNELS,
+    },
+    KernelSource { file: "probe.cu", text: include_str!("../../../../kernels/probe.cu"), entry_points: &PROBE_KERNELS },
+];
+
+impl KernelSource {
+    /// The text a run-time compiler (NVRTC) is given: the prelude, then the source.
+    pub fn with_prelude(&self) -> String {
+        format!("{PRELUDE}\n#line 1 \"{}\"\n{}", self.file, self.text)
+    }
+}
+
+/// One kernel argument, by value, as the kernel's parameter type.
+#[derive(Debug, Clone, Copy)]
+pub enum KernelArg {
+    /// A device address (any pointer parameter).
+    Ptr(u64),
+    /// `u64` (lengths, offsets, pitches).
+    U64(u64),
+    /// `float`.
+    F32(f32),
+    /// `int`.
+    I32(i32),
+}
+
+/// The arguments of one launch, laid out as `cuLaunchKernel` and `hipModuleLaunchKernel` take
+/// them (and the grid emulator too): an array of pointers to the values.
+#[derive(Debug, Default)]
+pub struct KernelArgs {
+    values: Vec<KernelArg>,
+}
+
+impl KernelArgs {
+    /// The arguments in parameter order.
+    pub fn new(values: impl IntoIterator<Item = KernelArg>) -> KernelArgs {
+        KernelArgs { values: values.into_iter().collect() }
+    }
+
+    /// Pointers to each value, valid while `self` is neither moved nor changed.
+    pub fn pointers(&mut self) -> Vec<*mut c_void> {
+        self.values
+            .iter_mut()
+            .map(|v| match v {
+                KernelArg::Ptr(p) | KernelArg::U64(p) => (p as *mut u64).cast(),
+                KernelArg::F32(x) => (x as *mut f32).cast(),
+                KernelArg::I32(x) => (x as *mut i32).cast(),
+            })
+            .collect()
+    }
+}

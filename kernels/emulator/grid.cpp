@@ -1,0 +1,217 @@
+// kernels/emulator/grid.cpp: the grid emulator's scheduler (see grid.h).
+//
+// A launch runs its blocks one after another on the calling host thread. Each thread of a block
+// is a fiber with its own stack. The scheduler resumes every runnable fiber until it finishes or
+// waits at a barrier; then it releases a block barrier when every thread of the block waits at
+// one, and a warp barrier (a shuffle) when every lane of that warp waits at one. Anything else
+// (threads at different barriers, threads that exited before a barrier the others wait at, a
+// shuffle whose warp has exited lanes or a partner lane that does not exist) is reported as the
+// launch's error: CUDA and HIP leave it undefined, and on a device it hangs or reads garbage.
+//
+// Shuffles exchange through two slot buffers used alternately, so one barrier per shuffle
+// suffices: a lane can be at most one shuffle ahead of the slowest lane of its warp, and that
+// next shuffle writes the other buffer.
+
+#include "grid.h"
+
+#include <ucontext.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace nereus_grid {
+namespace {
+
+enum class State { Runnable, AtBlockBarrier, AtWarpBarrier, Done };
+
+constexpr size_t kStackBytes = 64 * 1024;
+constexpr unsigned kMaxThreads = 1024;
+constexpr unsigned kMaxDynamicShared = 160 * 1024;  // H100/H200's opt-in limit per block
+
+struct Fiber {
+  ucontext_t context;
+  Dim3 idx;
+  State state = State::Runnable;
+  unsigned shuffles = 0;  // shuffles done: picks the slot buffer
+};
+
+typedef void (*Body)(void* kernel, void** args);
+
+struct Block {
+  Dim3 idx, dim, grid;
+  unsigned warp_size = 32;
+  Body body = nullptr;
+  void* kernel = nullptr;
+  void** args = nullptr;
+  std::vector<Fiber> fibers;
+  std::vector<unsigned> slots[2];  // shuffle exchange, one value per thread
+  unsigned char* shared = nullptr;
+  ucontext_t scheduler;
+  std::string error;
+};
+
+thread_local Block* current_block = nullptr;
+thread_local Fiber* current_fiber = nullptr;
+thread_local std::vector<std::unique_ptr<char[]>> stacks;
+thread_local std::vector<unsigned char> dynamic;
+
+void yield() {
+  swapcontext(&current_fiber->context, &current_block->scheduler);
+}
+
+void fiber_main() {
+  current_block->body(current_block->kernel, current_block->args);
+  current_fiber->state = State::Done;
+  // Returning resumes uc_link: the scheduler.
+}
+
+unsigned linear(const Fiber& f, const Dim3& dim) { return f.idx.x + dim.x * (f.idx.y + dim.y * f.idx.z); }
+
+// Releases the barrier the live threads wait at; false (with `error` set) when none can be.
+bool release(Block& b) {
+  const unsigned n = b.fibers.size();
+  unsigned live = 0, at_block = 0;
+  for (const Fiber& f : b.fibers) {
+    live += f.state != State::Done;
+    at_block += f.state == State::AtBlockBarrier;
+  }
+  if (at_block == n) {
+    for (Fiber& f : b.fibers) f.state = State::Runnable;
+    return true;
+  }
+  if (at_block == live) {
+    char text[256];
+    std::snprintf(text, sizeof text,
+                  "block (%u,%u,%u): %u of %u threads exited without reaching a __syncthreads the others wait at "
+                  "(a barrier in divergent code)",
+                  b.idx.x, b.idx.y, b.idx.z, n - live, n);
+    b.error = text;
+    return false;
+  }
+  bool released = false;
+  for (unsigned base = 0; base < n; base += b.warp_size) {
+    const unsigned end = base + b.warp_size < n ? base + b.warp_size : n;
+    bool all_at_warp = true;
+    for (unsigned t = base; t < end; ++t) all_at_warp &= b.fibers[t].state == State::AtWarpBarrier;
+    if (!all_at_warp) continue;
+    for (unsigned t = base; t < end; ++t) b.fibers[t].state = State::Runnable;
+    released = true;
+  }
+  if (!released) {
+    char text[256];
+    std::snprintf(text, sizeof text,
+                  "block (%u,%u,%u) cannot go on: %u of %u live threads wait at __syncthreads, the others at a "
+                  "warp shuffle whose warp is not all there (divergent barrier or exited lanes)",
+                  b.idx.x, b.idx.y, b.idx.z, at_block, live);
+    b.error = text;
+  }
+  return released;
+}
+
+// Runs one block to completion; false with `b.error` set when it cannot finish.
+bool run_block(Block& b) {
+  const unsigned n = b.dim.x * b.dim.y * b.dim.z;
+  b.fibers.assign(n, Fiber{});
+  b.slots[0].assign(n, 0);
+  b.slots[1].assign(n, 0);
+  while (stacks.size() < n) stacks.emplace_back(new char[kStackBytes]);
+  for (unsigned t = 0; t < n; ++t) {
+    Fiber& f = b.fibers[t];
+    f.idx = Dim3{t % b.dim.x, (t / b.dim.x) % b.dim.y, t / (b.dim.x * b.dim.y)};
+    getcontext(&f.context);
+    f.context.uc_stack.ss_sp = stacks[t].get();
+    f.context.uc_stack.ss_size = kStackBytes;
+    f.context.uc_link = &b.scheduler;
+    makecontext(&f.context, fiber_main, 0);
+  }
+  for (;;) {
+    bool any_live = false;
+    for (Fiber& f : b.fibers) {
+      if (f.state != State::Runnable) {
+        any_live |= f.state != State::Done;
+        continue;
+      }
+      current_fiber = &f;
+      swapcontext(&b.scheduler, &f.context);
+      any_live |= f.state != State::Done;
+    }
+    if (!b.error.empty()) return false;
+    if (!any_live) return true;
+    if (!release(b)) return false;
+  }
+}
+
+}  // namespace
+
+const Dim3& thread_idx() { return current_fiber->idx; }
+const Dim3& block_idx() { return current_block->idx; }
+const Dim3& block_dim() { return current_block->dim; }
+const Dim3& grid_dim() { return current_block->grid; }
+unsigned char* dynamic_shared() { return current_block->shared; }
+
+void sync_block() {
+  current_fiber->state = State::AtBlockBarrier;
+  yield();
+}
+
+unsigned int shuffle_xor(unsigned int value, int lane_mask) {
+  Block& b = *current_block;
+  Fiber& f = *current_fiber;
+  const unsigned me = linear(f, b.dim), lane = me % b.warp_size;
+  std::vector<unsigned>& slots = b.slots[f.shuffles++ % 2];
+  slots[me] = value;
+  f.state = State::AtWarpBarrier;
+  yield();
+  const unsigned partner = me - lane + (lane ^ static_cast<unsigned>(lane_mask));
+  if (static_cast<unsigned>(lane_mask) >= b.warp_size || partner >= b.fibers.size()) {
+    if (b.error.empty()) b.error = "a warp shuffle named a lane outside the warp (lane mask " + std::to_string(lane_mask) + ")";
+    return value;
+  }
+  return slots[partner];
+}
+
+}  // namespace nereus_grid
+
+using nereus_grid::Block;
+using nereus_grid::Dim3;
+
+// Runs `body(kernel, args)` as a launch of grid × block threads at the given warp width. 0 on
+// success; otherwise 1 with the reason in `error` (NUL-terminated, at most `error_len` bytes).
+extern "C" int nereus_grid_launch(nereus_grid::Body body, void* kernel, void** args, const unsigned grid[3],
+                                  const unsigned block[3], unsigned shared_bytes, unsigned warp_size, char* error,
+                                  size_t error_len) {
+  auto fail = [&](const std::string& why) {
+    std::snprintf(error, error_len, "%s", why.c_str());
+    return 1;
+  };
+  const unsigned long long threads = 1ull * block[0] * block[1] * block[2];
+  if (threads == 0 || threads > nereus_grid::kMaxThreads)
+    return fail("a block of " + std::to_string(threads) + " threads (1 to 1024 run)");
+  if (1ull * grid[0] * grid[1] * grid[2] == 0) return fail("an empty grid");
+  if (shared_bytes > nereus_grid::kMaxDynamicShared)
+    return fail(std::to_string(shared_bytes) + " bytes of dynamic shared memory (at most 163840)");
+  if (nereus_grid::current_block != nullptr) return fail("a launch from inside a kernel");
+  nereus_grid::dynamic.assign(shared_bytes + 16, 0);
+  Block b;
+  b.dim = Dim3{block[0], block[1], block[2]};
+  b.grid = Dim3{grid[0], grid[1], grid[2]};
+  b.warp_size = warp_size;
+  b.body = body;
+  b.kernel = kernel;
+  b.args = args;
+  const auto base = reinterpret_cast<size_t>(nereus_grid::dynamic.data());
+  b.shared = nereus_grid::dynamic.data() + ((16 - base % 16) % 16);
+  nereus_grid::current_block = &b;
+  int status = 0;
+  for (unsigned z = 0; z < grid[2] && status == 0; ++z)
+    for (unsigned y = 0; y < grid[1] && status == 0; ++y)
+      for (unsigned x = 0; x < grid[0] && status == 0; ++x) {
+        b.idx = Dim3{x, y, z};
+        if (!nereus_grid::run_block(b)) status = fail(b.error);
+      }
+  nereus_grid::current_block = nullptr;
+  nereus_grid::current_fiber = nullptr;
+  return status;
+}
