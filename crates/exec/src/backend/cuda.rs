@@ -9,8 +9,7 @@ use cudarc::driver::sys;
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 
 use super::gpu::{DevicePtr, GpuRuntime, RawHandle};
-use super::kernels::{RectLaunch, RECT_COPY_KERNELS};
-use super::sources::{KernelSource, SOURCES};
+use super::sources::{KernelArgs, KernelSource, Launch, SOURCES};
 use super::{BackendError, DriverDevice};
 
 fn driver_error(e: impl std::fmt::Debug) -> BackendError {
@@ -143,18 +142,18 @@ fn c_chars_to_string(chars: &[std::ffi::c_char]) -> String {
     String::from_utf8_lossy(&c_chars_to_bytes(chars)).into_owned()
 }
 
-/// One CUDA device: its primary context (current on the thread that opened it) and the
-/// rectangle-copy kernels compiled for it.
+/// One CUDA device: its primary context (current on the thread that opened it) and every kernel
+/// in `kernels/` compiled for it.
 pub struct Cuda {
     device: DriverDevice,
     cu_device: sys::CUdevice,
-    module: sys::CUmodule,
+    modules: Vec<sys::CUmodule>,
     kernels: Vec<(&'static str, sys::CUfunction)>,
 }
 
 impl Cuda {
-    /// Opens device `ordinal`, makes its primary context current, and compiles and loads
-    /// `kernels/pack.cu` for its architecture.
+    /// Opens device `ordinal`, makes its primary context current, and compiles and loads every
+    /// kernel source for its architecture.
     pub fn open(ordinal: u32) -> Result<Cuda, BackendError> {
         init()?;
         let count = result::device::get_count().map_err(driver_error)?;
@@ -181,19 +180,20 @@ impl Cuda {
             )
         };
         let sm = (major.map_err(driver_error)? * 10 + minor.map_err(driver_error)?) as u32;
-        let pack = SOURCES.iter().find(|s| s.file == "pack.cu").expect("pack.cu is a kernel source");
-        let image = compile_source(pack, NvrtcOutput::Cubin(sm))?;
-        // SAFETY: `image` is a complete cubin; the module lives until Drop.
-        let module = unsafe { result::module::load_data(image.as_ptr().cast()) }.map_err(driver_error)?;
-        let kernels = RECT_COPY_KERNELS
-            .iter()
-            .map(|&(_, name)| {
+        let mut modules = Vec::new();
+        let mut kernels = Vec::new();
+        for source in &SOURCES {
+            let image = compile_source(source, NvrtcOutput::Cubin(sm))?;
+            // SAFETY: `image` is a complete cubin; the module lives until Drop.
+            let module = unsafe { result::module::load_data(image.as_ptr().cast()) }.map_err(driver_error)?;
+            modules.push(module);
+            for &name in source.entry_points {
                 // SAFETY: `module` is loaded.
                 let f = unsafe { result::module::get_function(module, CString::new(name).expect("no NUL")) };
-                f.map(|f| (name, f)).map_err(driver_error)
-            })
-            .collect::<Result<_, _>>()?;
-        Ok(Cuda { device, cu_device, module, kernels })
+                kernels.push((name, f.map_err(driver_error)?));
+            }
+        }
+        Ok(Cuda { device, cu_device, modules, kernels })
     }
 }
 
@@ -201,7 +201,9 @@ impl Drop for Cuda {
     fn drop(&mut self) {
         // SAFETY: our module and our retain of the primary context.
         unsafe {
-            let _ = result::module::unload(self.module);
+            for &module in &self.modules {
+                let _ = result::module::unload(module);
+            }
             let _ = result::primary_ctx::release(self.cu_device);
         }
     }
@@ -297,12 +299,13 @@ impl GpuRuntime for Cuda {
         result::memcpy_dtod_async(dst.0, src.0, bytes as usize, stream(s)).map_err(driver_error)
     }
 
-    unsafe fn launch(&self, l: &RectLaunch, s: RawHandle) -> Result<(), BackendError> {
-        let f = self.kernels.iter().find(|(n, _)| *n == l.kernel).map(|(_, f)| *f).expect("every kernel is loaded");
-        let mut args = l.args();
+    unsafe fn launch(&self, l: &Launch, args: &mut KernelArgs, s: RawHandle) -> Result<(), BackendError> {
+        let Some(&(_, f)) = self.kernels.iter().find(|(n, _)| *n == l.kernel) else {
+            return Err(BackendError::Kernels { backend: "CUDA", reason: format!("no kernel named {}", l.kernel) });
+        };
         let mut params = args.pointers();
         let (grid, block) = ((l.grid[0], l.grid[1], l.grid[2]), (l.block[0], l.block[1], l.block[2]));
-        result::launch_kernel(f, grid, block, 0, stream(s), &mut params).map_err(driver_error)
+        result::launch_kernel(f, grid, block, l.shared_bytes, stream(s), &mut params).map_err(driver_error)
     }
 }
 

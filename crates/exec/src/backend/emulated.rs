@@ -17,6 +17,7 @@ use std::time::Instant;
 use super::gpu::{DevicePtr, GpuRuntime, RawHandle};
 use super::grid::{self, WarpWidth};
 use super::kernels::RectLaunch;
+use super::sources::{KernelArgs, Launch};
 use super::{BackendError, DriverDevice};
 
 /// An emulated device of a given capacity.
@@ -171,16 +172,22 @@ impl GpuRuntime for Emulated {
         self.copy(dst.0, src.0, bytes)
     }
 
-    unsafe fn launch(&self, l: &RectLaunch, _stream: RawHandle) -> Result<(), BackendError> {
+    unsafe fn launch(&self, launch: &Launch, args: &mut KernelArgs, _stream: RawHandle) -> Result<(), BackendError> {
+        for address in args.addresses() {
+            self.check(address, 1, &format!("{} argument", launch.kernel))?;
+        }
+        // SAFETY: the caller's contract ([`GpuRuntime::launch`]); every address is in an allocation.
+        unsafe { grid::launch(self.warp, launch, args) }
+    }
+
+    fn check_rect(&self, l: &RectLaunch) -> Result<(), BackendError> {
         let (s, d) = (span(l.src, l.src_pitch, l), span(l.dst, l.dst_pitch, l));
         self.check(s.0, s.1 - s.0, &format!("{} source", l.kernel))?;
         self.check(d.0, d.1 - d.0, &format!("{} target", l.kernel))?;
         if d.0 < s.1 && s.0 < d.1 {
             return Err(fault(format!("{} launch reads what it writes: {l:?}", l.kernel)));
         }
-        // SAFETY: both spans lie inside live allocations and do not overlap (checked above), and
-        // the arguments are the rectangle copy's.
-        unsafe { grid::launch(self.warp, l.kernel, l.grid, l.block, 0, &mut l.args()) }
+        Ok(())
     }
 }
 

@@ -13,6 +13,7 @@ use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
 use super::kernels::{rect_launch, RectCopy, RectLaunch};
+use super::sources::{KernelArgs, Launch};
 use super::{BackendError, DriverDevice};
 
 /// A device address (`CUdeviceptr`, `hipDeviceptr_t`).
@@ -111,12 +112,17 @@ pub trait GpuRuntime {
         bytes: u64,
         stream: RawHandle,
     ) -> Result<(), BackendError>;
-    /// Launches one rectangle-copy kernel.
+    /// Enqueues one kernel launch on `stream`. A kernel the runtime did not load is an error.
     ///
     /// # Safety
-    /// Every row the launch names lies inside a live allocation; its targets overlap none of
-    /// its sources.
-    unsafe fn launch(&self, launch: &RectLaunch, stream: RawHandle) -> Result<(), BackendError>;
+    /// `args` match the kernel's parameters, and every address among them lies, over the range
+    /// the kernel touches, inside a live allocation (with no overlap the kernel does not allow).
+    unsafe fn launch(&self, launch: &Launch, args: &mut KernelArgs, stream: RawHandle) -> Result<(), BackendError>;
+    /// Checks a rectangle copy's extent before its launch, where the runtime can (the emulated
+    /// device knows its allocations); devices check nothing here.
+    fn check_rect(&self, _launch: &RectLaunch) -> Result<(), BackendError> {
+        Ok(())
+    }
 }
 
 /// Streams and events of the transition in flight, and the host staging buffer.
@@ -290,10 +296,20 @@ impl<R: GpuRuntime> Device<R> {
                 let (to, from) = (dst.offset(c.dst_offset), src.offset(c.src_offset));
                 self.runtime.copy_d2d(to, from, c.bytes(), stream)?;
             } else {
-                self.runtime.launch(&rect_launch(src.0, dst.0, c), stream)?;
+                let l = rect_launch(src.0, dst.0, c);
+                self.runtime.check_rect(&l)?;
+                self.runtime.launch(&l.launch(), &mut l.args(), stream)?;
             }
         }
         Ok(())
+    }
+
+    /// Enqueues a kernel on the current stream.
+    ///
+    /// # Safety
+    /// As [`GpuRuntime::launch`].
+    pub unsafe fn launch(&self, launch: &Launch, args: &mut KernelArgs) -> Result<(), BackendError> {
+        self.runtime.launch(launch, args, self.stream())
     }
 
     /// Copies `bytes.len()` bytes from the device at `src` into host memory, through pinned

@@ -5,7 +5,7 @@
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 
-use super::sources::KernelArgs;
+use super::sources::{KernelArgs, Launch};
 use super::BackendError;
 
 /// Threads per warp: 32 on NVIDIA GPUs, 64 on AMD's CDNA (MI250X, MI300).
@@ -80,25 +80,18 @@ pub fn kernels(warp: WarpWidth) -> Vec<String> {
         .collect()
 }
 
-/// Runs `kernel` over `grid` × `block` threads with `shared_bytes` of dynamic shared memory, on the
-/// calling thread; returns when every block has finished.
+/// Runs a launch on the calling thread; returns when every block has finished.
 ///
 /// # Safety
 /// `args` must match the kernel's parameters in number and type, and every pointer among them
 /// must address host memory the kernel may read or write over the whole range it touches.
-pub unsafe fn launch(
-    warp: WarpWidth,
-    kernel: &str,
-    grid: [u32; 3],
-    block: [u32; 3],
-    shared_bytes: u32,
-    args: &mut KernelArgs,
-) -> Result<(), BackendError> {
-    let (launch, _) = entry_points(warp);
+pub unsafe fn launch(warp: WarpWidth, launch: &Launch, args: &mut KernelArgs) -> Result<(), BackendError> {
+    let Launch { kernel, grid, block, shared_bytes } = *launch;
+    let (run, _) = entry_points(warp);
     let name = CString::new(kernel).map_err(|_| fault(format!("kernel name {kernel:?} has a NUL byte")))?;
     let mut pointers = args.pointers();
     let mut error = [0 as c_char; 512];
-    let status = launch(
+    let status = run(
         name.as_ptr(),
         grid.as_ptr(),
         block.as_ptr(),
@@ -123,10 +116,11 @@ mod tests {
     use crate::backend::sources::{KernelArg, SOURCES};
 
     /// Launches a one-block probe of `threads` threads writing `out`.
-    fn probe(warp: WarpWidth, kernel: &str, threads: u32, out: &mut [f32]) -> Result<(), BackendError> {
+    fn probe(warp: WarpWidth, kernel: &'static str, threads: u32, out: &mut [f32]) -> Result<(), BackendError> {
         let mut args = KernelArgs::new([KernelArg::Ptr(out.as_mut_ptr() as u64)]);
         // SAFETY: every probe writes at most `out.len()` floats (2 per thread).
-        unsafe { launch(warp, kernel, [1, 1, 1], [threads, 1, 1], 0, &mut args) }
+        let shape = Launch { kernel, grid: [1, 1, 1], block: [threads, 1, 1], shared_bytes: 0 };
+        unsafe { launch(warp, &shape, &mut args) }
     }
 
     #[test]

@@ -14,7 +14,7 @@
 
 use std::ops::Range;
 
-use super::sources::{KernelArg, KernelArgs};
+use super::sources::{KernelArg, KernelArgs, Launch};
 
 /// Threads per block (x · y).
 pub const BLOCK_THREADS: u32 = 256;
@@ -115,6 +115,11 @@ pub struct RectLaunch {
 }
 
 impl RectLaunch {
+    /// The launch's shape.
+    pub fn launch(&self) -> Launch {
+        Launch { kernel: self.kernel, grid: self.grid, block: self.block, shared_bytes: 0 }
+    }
+
     /// The kernel's arguments, in its parameter order.
     pub fn args(&self) -> KernelArgs {
         KernelArgs::new([

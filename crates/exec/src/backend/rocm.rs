@@ -8,7 +8,7 @@ use std::ffi::{c_void, CStr, CString};
 use std::os::raw::{c_char, c_int};
 
 use super::gpu::{DevicePtr, GpuRuntime, RawHandle};
-use super::kernels::{RectLaunch, RECT_COPY_KERNELS};
+use super::sources::{KernelArgs, Launch, SOURCES};
 use super::{BackendError, DriverDevice};
 
 /// The code object of `kernels/pack.cu`, when hipcc was present at build time.
@@ -29,6 +29,15 @@ pub const PROBE_CODE_OBJECT: Option<&[u8]> = Some(include_bytes!(concat!(env!("O
 /// The code object of `kernels/probe.cu`, when hipcc was present at build time.
 #[cfg(not(nereus_hip_kernels))]
 pub const PROBE_CODE_OBJECT: Option<&[u8]> = None;
+
+/// Each kernel source's embedded code object.
+const CODE_OBJECTS: [(&str, Option<&[u8]>); 3] =
+    [("pack.cu", PACK_CODE_OBJECT), ("engine.cu", ENGINE_CODE_OBJECT), ("probe.cu", PROBE_CODE_OBJECT)];
+
+/// The code object of kernel source `file`, when embedded.
+fn code_object(file: &str) -> Option<&'static [u8]> {
+    CODE_OBJECTS.iter().find(|(f, _)| *f == file).and_then(|(_, object)| *object)
+}
 
 fn check(status: hiprt::hipError_t, call: &str) -> Result<(), BackendError> {
     if status == hiprt::hipError_t::hipSuccess {
@@ -91,7 +100,7 @@ pub fn ordinal_of(pci_address: &str) -> Result<Option<u32>, BackendError> {
 /// One HIP device (current on the thread that opened it) with the embedded kernels loaded.
 pub struct Hip {
     device: DriverDevice,
-    module: hiprt::hipModule_t,
+    modules: Vec<hiprt::hipModule_t>,
     kernels: Vec<(&'static str, hiprt::hipFunction_t)>,
 }
 
@@ -103,31 +112,32 @@ impl Hip {
             let reason = format!("device {ordinal} was asked for, the runtime sees {count}");
             return Err(BackendError::NoDevice { backend: "ROCm", reason });
         }
-        let Some(image) = PACK_CODE_OBJECT else {
+        if CODE_OBJECTS.iter().any(|(_, object)| object.is_none()) {
             return Err(BackendError::Kernels {
                 backend: "ROCm",
-                reason: "this binary was built without hipcc, so kernels/pack.cu is not embedded; install hipcc and \
+                reason: "this binary was built without hipcc, so kernels/ is not embedded; install hipcc and \
                          rebuild with `--features rocm`"
                     .into(),
             });
-        };
-        let (device, _) = describe(ordinal as c_int)?;
-        let mut module: hiprt::hipModule_t = std::ptr::null_mut();
-        // SAFETY: `image` is a complete code object (an offload bundle) that outlives the call.
-        unsafe {
-            check(hiprt::hipSetDevice(ordinal as c_int), "hipSetDevice")?;
-            check(hiprt::hipModuleLoadData(&mut module, image.as_ptr().cast()), "hipModuleLoadData")?;
         }
-        let kernels = RECT_COPY_KERNELS
-            .iter()
-            .map(|&(_, name)| {
+        let (device, _) = describe(ordinal as c_int)?;
+        // SAFETY: selects the device the modules are loaded on.
+        check(unsafe { hiprt::hipSetDevice(ordinal as c_int) }, "hipSetDevice")?;
+        let (mut modules, mut kernels) = (Vec::new(), Vec::new());
+        for (source, image) in SOURCES.iter().filter_map(|s| code_object(s.file).map(|image| (s, image))) {
+            let mut module: hiprt::hipModule_t = std::ptr::null_mut();
+            // SAFETY: `image` is a complete code object (an offload bundle) that outlives the call.
+            check(unsafe { hiprt::hipModuleLoadData(&mut module, image.as_ptr().cast()) }, "hipModuleLoadData")?;
+            modules.push(module);
+            for &name in source.entry_points {
                 let mut f: hiprt::hipFunction_t = std::ptr::null_mut();
                 let c_name = CString::new(name).expect("no NUL");
                 // SAFETY: `module` is loaded; `f` is an out-parameter.
-                check(unsafe { hiprt::hipModuleGetFunction(&mut f, module, c_name.as_ptr()) }, name).map(|()| (name, f))
-            })
-            .collect::<Result<_, _>>()?;
-        Ok(Hip { device, module, kernels })
+                check(unsafe { hiprt::hipModuleGetFunction(&mut f, module, c_name.as_ptr()) }, name)?;
+                kernels.push((name, f));
+            }
+        }
+        Ok(Hip { device, modules, kernels })
     }
 }
 
@@ -135,7 +145,9 @@ impl Drop for Hip {
     fn drop(&mut self) {
         // SAFETY: our module.
         unsafe {
-            hiprt::hipModuleUnload(self.module);
+            for &module in &self.modules {
+                hiprt::hipModuleUnload(module);
+            }
         }
     }
 }
@@ -241,9 +253,10 @@ impl GpuRuntime for Hip {
         check(status, "hipMemcpyDtoDAsync")
     }
 
-    unsafe fn launch(&self, l: &RectLaunch, s: RawHandle) -> Result<(), BackendError> {
-        let f = self.kernels.iter().find(|(n, _)| *n == l.kernel).map(|(_, f)| *f).expect("every kernel is loaded");
-        let mut args = l.args();
+    unsafe fn launch(&self, l: &Launch, args: &mut KernelArgs, s: RawHandle) -> Result<(), BackendError> {
+        let Some(&(_, f)) = self.kernels.iter().find(|(n, _)| *n == l.kernel) else {
+            return Err(BackendError::Kernels { backend: "ROCm", reason: format!("no kernel named {}", l.kernel) });
+        };
         let mut params = args.pointers();
         let status = hiprt::hipModuleLaunchKernel(
             f,
@@ -253,7 +266,7 @@ impl GpuRuntime for Hip {
             l.block[0],
             l.block[1],
             l.block[2],
-            0,
+            l.shared_bytes,
             stream(s),
             params.as_mut_ptr(),
             std::ptr::null_mut(),

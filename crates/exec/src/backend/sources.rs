@@ -68,6 +68,20 @@ impl KernelSource {
     }
 }
 
+/// A kernel launch's shape: which entry point, over how many blocks of how many threads, with how
+/// much dynamic shared memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Launch {
+    /// Entry point.
+    pub kernel: &'static str,
+    /// Blocks (x, y, z).
+    pub grid: [u32; 3],
+    /// Threads per block (x, y, z).
+    pub block: [u32; 3],
+    /// Bytes of dynamic shared memory per block.
+    pub shared_bytes: u32,
+}
+
 /// One kernel argument, by value, as the kernel's parameter type.
 #[derive(Debug, Clone, Copy)]
 pub enum KernelArg {
@@ -92,6 +106,14 @@ impl KernelArgs {
     /// The arguments in parameter order.
     pub fn new(values: impl IntoIterator<Item = KernelArg>) -> KernelArgs {
         KernelArgs { values: values.into_iter().collect() }
+    }
+
+    /// The pointer arguments' addresses.
+    pub fn addresses(&self) -> impl Iterator<Item = u64> + '_ {
+        self.values.iter().filter_map(|v| match v {
+            KernelArg::Ptr(p) => Some(*p),
+            _ => None,
+        })
     }
 
     /// Pointers to each value, valid while `self` is neither moved nor changed.
