@@ -93,3 +93,30 @@ fn without_a_gpu_backend_device_commands_exit_2_and_say_why() {
         assert!(text(&out).1.contains("not compiled with"), "{}", text(&out).1);
     }
 }
+
+#[test]
+fn every_engine_kernel_matches_its_f64_reference_on_the_grid_emulator_at_warp_32_and_64() {
+    // A fresh seed each run (printed, to reproduce a failure): shapes and inputs differ every time.
+    let seed =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 % 1_000_000;
+    eprintln!("selftest kernels --seed {seed}");
+    let s = summary(1, &["selftest", "kernels", "--seed", &seed.to_string()]);
+    let runs = s["runs"].as_array().unwrap();
+    for warp in [32, 64] {
+        let at: Vec<_> = runs.iter().filter(|r| r["warp"] == warp).collect();
+        assert_eq!(at.len(), 9, "every engine kernel at warp {warp}: {s}");
+        assert!(at.iter().all(|r| r["worst"].as_f64().unwrap() <= 1.0), "{s}");
+    }
+    assert!(s["finite_difference_error"].as_f64().unwrap() < 1e-5, "{s}");
+}
+
+#[test]
+fn kernels_on_a_gpu_this_machine_lacks_exit_2_and_say_which() {
+    for (device, compiled) in [("cuda", cfg!(feature = "cuda")), ("rocm", cfg!(feature = "rocm"))] {
+        let out = run_mpi(1, &["selftest", "kernels", "--device", device]);
+        let stderr = text(&out).1;
+        assert_eq!(out.status.code(), Some(2), "--device {device}: {stderr}");
+        let why = if compiled { "device visible" } else { "not compiled with" };
+        assert!(stderr.contains(why), "--device {device}: {stderr}");
+    }
+}

@@ -3,6 +3,7 @@
 
 mod device_groups;
 mod engine;
+pub mod kernels;
 mod primitives;
 mod transitions;
 
@@ -25,6 +26,20 @@ pub enum SelftestCommand {
     Engine,
     /// Random Split/Merge/Extend/Destroy sequences; checks digests, bytes and refusals.
     Primitives(RandomCases),
+    /// Every device engine kernel on seeded random shapes against f64 references (the grid
+    /// emulator at warp 32 and 64 by default; `--device cuda|rocm` on this rank's GPU).
+    Kernels(KernelCases),
+}
+
+/// Which device the kernel self-test runs on, and its seed.
+#[derive(Debug, Clone, clap::Args)]
+pub struct KernelCases {
+    /// Seed of the shapes and inputs.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// `emulated` (the default: the grid emulator at warp 32 and 64), `cuda` or `rocm`.
+    #[arg(long, value_name = "KIND")]
+    pub device: Option<nereus_core::config::DeviceChoice>,
 }
 
 /// How many random cases a self-test draws, from which seed, on which device.
@@ -48,5 +63,8 @@ pub fn run(session: &mut Session, command: &SelftestCommand) -> Result<(), Runti
         SelftestCommand::Engine => engine(session).and_then(|r| report_selftest(session, &r, &r.failures)),
         SelftestCommand::Primitives(c) => primitives(session, c.cases, c.seed, c.device.device)
             .and_then(|r| report_selftest(session, &r, &r.failures)),
+        SelftestCommand::Kernels(c) => {
+            kernels::kernels(session, c.seed, c.device).and_then(|r| report_selftest(session, &r, &r.failures))
+        }
     }
 }

@@ -77,6 +77,11 @@ impl<R: GpuRuntime> DeviceMemory<R> {
         DeviceMemory { device }
     }
 
+    /// The device the shards live on.
+    pub fn device(&self) -> &Device<R> {
+        &self.device
+    }
+
     /// Checks that every row of `copies` lies inside buffers of `src` and `dst` bytes.
     fn check(copies: &[RectCopy], src: u64, dst: u64) -> Result<(), EmuError> {
         for c in copies.iter().filter(|c| c.rows > 0) {

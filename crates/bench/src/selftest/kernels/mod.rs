@@ -1,0 +1,519 @@
+//! `nereus selftest kernels`: every engine kernel in `kernels/engine.cu`, on seeded random shapes
+//! and inputs, against the f64 references of [`reference`] (whose backward passes are checked by
+//! finite differences in f64 first). On `--device emulated` (the default) the kernels run on the
+//! grid emulator at warp 32 and at warp 64; on `cuda` or `rocm`, on this rank's GPU.
+//!
+//! Tolerances (stated in the summary):
+//! - casts: bit-exact (round to nearest even, as `nereus_core::half`);
+//! - bf16 outputs: `|got − ref| ≤ 2⁻⁸·|ref| + 10⁻⁵·scale` (one rounding to bf16 is up to 2⁻⁸·|ref|:
+//!   half a unit in the last of its 8 significant bits);
+//! - f32 outputs (inverse RMS, row max/Σexp/target, RMSNorm weight gradient, AdamW state):
+//!   `|got − ref| ≤ 10⁻⁵·(|ref| + scale)`;
+//! - the scale is what f32 rounds relative to: the sum of the magnitudes a reduction adds, the
+//!   magnitudes of the terms a difference cancels (RMSNorm's `dx`, Adam's moments and update), or
+//!   else the tensor's largest `|ref|`;
+//! - AdamW's bf16 working copy: exactly the rounding of the f32 master it wrote.
+
+pub mod reference;
+
+use std::time::Instant;
+
+use bytemuck::Pod;
+use serde::Serialize;
+
+use nereus_core::config::DeviceChoice;
+use nereus_core::half::{bf16_to_f32, f32_to_bf16};
+use nereus_core::rng::Rng;
+use nereus_exec::backend::emulated::Emulated;
+use nereus_exec::backend::gpu::{Device, DevicePtr, GpuRuntime};
+use nereus_exec::backend::grid::WarpWidth;
+use nereus_exec::backend::sources::{KernelArg, KernelArgs, Launch};
+use nereus_exec::backend::BackendError;
+use nereus_exec::comm::collectives::CollectiveLib;
+use nereus_exec::emu::DeviceMemory;
+use nereus_runtime::device::{with_device, DeviceJob, Plane};
+use nereus_runtime::{RuntimeError, Session};
+
+use reference::AdamStep;
+
+/// Random cases per kernel and device.
+const CASES: u32 = 6;
+/// Threads per block of the row kernels: a multiple of both warp widths.
+const BLOCK: u32 = 256;
+
+/// One kernel's verdict at one warp width.
+#[derive(Debug, Serialize)]
+pub struct KernelRun {
+    /// Entry point.
+    pub kernel: &'static str,
+    /// Warp width it ran at.
+    pub warp: u32,
+    /// Random cases run.
+    pub cases: u32,
+    /// Largest error over its tolerance (≤ 1 passes; 0 for bit-exact checks that held).
+    pub worst: f64,
+    /// Seconds the launches took, all cases.
+    pub seconds: f64,
+}
+
+/// What `selftest kernels` found.
+#[derive(Debug, Serialize)]
+pub struct KernelSummary {
+    /// The device the kernels ran on.
+    pub device: String,
+    /// Seed of the shapes and inputs.
+    pub seed: u64,
+    /// The tolerances, as stated in the module documentation.
+    pub tolerances: [&'static str; 4],
+    /// Per kernel and warp width.
+    pub runs: Vec<KernelRun>,
+    /// Largest relative disagreement of the f64 backward references with finite differences.
+    pub finite_difference_error: f64,
+    /// Failed checks (empty on success).
+    pub failures: Vec<String>,
+}
+
+/// Runs every kernel check on this rank's `device` (default: the emulator at both warp widths).
+pub fn kernels(session: &Session, seed: u64, device: Option<DeviceChoice>) -> Result<KernelSummary, RuntimeError> {
+    let mut summary = KernelSummary {
+        device: String::new(),
+        seed,
+        tolerances: [
+            "casts: bit-exact",
+            "bf16 outputs: |got-ref| <= 2^-8*|ref| + 1e-5*scale",
+            "f32 outputs: |got-ref| <= 1e-5*(|ref| + scale); scale: magnitudes reduced or cancelled, else max|ref|",
+            "AdamW working copy: bf16 rounding of the f32 master, bit-exact",
+        ],
+        runs: Vec::new(),
+        finite_difference_error: finite_differences(seed),
+        failures: Vec::new(),
+    };
+    if summary.finite_difference_error > 1e-5 {
+        summary
+            .failures
+            .push(format!("f64 backward references vs finite differences: {}", summary.finite_difference_error));
+    }
+    match device.unwrap_or(DeviceChoice::Emulated) {
+        DeviceChoice::Emulated => {
+            for warp in WarpWidth::ALL {
+                let device = Device::new(Emulated::new(0, 16 << 30).with_warp(warp))?;
+                summary.device = "grid emulator (warp 32 and 64)".into();
+                check_every_kernel(&device, seed, warp.lanes(), &mut summary)?;
+            }
+        }
+        choice => {
+            let (device, runs, failures) = with_device(session, choice, OnDevice { seed })?;
+            (summary.device, summary.runs, summary.failures) = (device, runs, failures);
+        }
+    }
+    Ok(summary)
+}
+
+/// The checks as a job on a real device.
+struct OnDevice {
+    seed: u64,
+}
+
+impl DeviceJob for OnDevice {
+    type Output = (String, Vec<KernelRun>, Vec<String>);
+
+    fn run<L: CollectiveLib, R: GpuRuntime>(
+        self,
+        _plane: &mut Plane<'_, L, R>,
+        memory: DeviceMemory<R>,
+    ) -> Result<Self::Output, RuntimeError> {
+        let device = memory.device();
+        let d = device.runtime().device();
+        let name = format!("{} device {} ({})", device.runtime().backend(), d.ordinal, d.name);
+        let warp = if device.runtime().backend() == "ROCm" { 64 } else { 32 };
+        let mut summary = kernels_summary_shell();
+        check_every_kernel(device, self.seed, warp, &mut summary)?;
+        Ok((name, summary.runs, summary.failures))
+    }
+}
+
+fn kernels_summary_shell() -> KernelSummary {
+    KernelSummary {
+        device: String::new(),
+        seed: 0,
+        tolerances: [""; 4],
+        runs: Vec::new(),
+        finite_difference_error: 0.0,
+        failures: Vec::new(),
+    }
+}
+
+/// Every kernel, [`CASES`] random cases each, on `device`.
+fn check_every_kernel<R: GpuRuntime>(
+    device: &Device<R>,
+    seed: u64,
+    warp: u32,
+    summary: &mut KernelSummary,
+) -> Result<(), RuntimeError> {
+    type Check<R> = fn(&Device<R>, &mut Rng, &mut Verdict) -> Result<(), BackendError>;
+    let checks: [(&'static str, Check<R>); 9] = [
+        ("nereus_cast_f32_to_bf16", check_cast_to_bf16),
+        ("nereus_cast_bf16_to_f32", check_cast_to_f32),
+        ("nereus_rmsnorm_forward", check_rmsnorm_forward),
+        ("nereus_rmsnorm_backward", check_rmsnorm_backward),
+        ("nereus_swiglu_forward", check_swiglu_forward),
+        ("nereus_swiglu_backward", check_swiglu_backward),
+        ("nereus_residual_add", check_residual_add),
+        ("nereus_logits_row_stats", check_row_stats),
+        ("nereus_adamw", check_adamw),
+    ];
+    for (i, (kernel, check)) in checks.into_iter().enumerate() {
+        let mut rng = Rng::new(nereus_core::rng::mix(seed ^ (i as u64 + 1)));
+        let mut verdict = Verdict { kernel, worst: 0.0, failures: Vec::new() };
+        let started = Instant::now();
+        for _ in 0..CASES {
+            check(device, &mut rng, &mut verdict)?;
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        summary.failures.extend(verdict.failures.into_iter().map(|f| format!("warp {warp}: {f}")));
+        summary.runs.push(KernelRun { kernel, warp, cases: CASES, worst: verdict.worst, seconds });
+    }
+    Ok(())
+}
+
+/// One kernel's running verdict.
+struct Verdict {
+    kernel: &'static str,
+    worst: f64,
+    failures: Vec<String>,
+}
+
+impl Verdict {
+    /// Records `|got − want| / tolerance` for output `what`; a failure above 1.
+    fn compare(&mut self, what: &str, got: &[f64], want: &[f64], tolerance: impl Fn(usize, f64) -> f64) {
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            let ratio = if g == w { 0.0 } else { (g - w).abs() / tolerance(i, *w) };
+            let ratio = if ratio.is_nan() { f64::INFINITY } else { ratio };
+            self.worst = self.worst.max(ratio);
+            if ratio > 1.0 && self.failures.len() < 5 {
+                self.failures
+                    .push(format!("{} {what}[{i}]: got {g}, want {w} (error {ratio:.2}× the tolerance)", self.kernel));
+            }
+        }
+    }
+
+    /// bf16 outputs with the tensor's largest `|ref|` as the scale.
+    fn bf16(&mut self, what: &str, got: &[u16], want: &[f64]) {
+        let scale = want.iter().fold(0.0f64, |m, w| m.max(w.abs()));
+        self.bf16_scaled(what, got, want, &vec![scale; want.len()]);
+    }
+
+    /// bf16 outputs: `2⁻⁸·|ref| + 10⁻⁵·scale[i]`.
+    fn bf16_scaled(&mut self, what: &str, got: &[u16], want: &[f64], scale: &[f64]) {
+        let got: Vec<f64> = got.iter().map(|&h| f64::from(bf16_to_f32(h))).collect();
+        self.compare(what, &got, want, |i, w| w.abs() / 256.0 + 1e-5 * scale[i] + f64::MIN_POSITIVE);
+    }
+
+    /// f32 outputs: `10⁻⁵·(|ref| + scale[i])`.
+    fn f32(&mut self, what: &str, got: &[f32], want: &[f64], scale: &[f64]) {
+        let got: Vec<f64> = got.iter().map(|&v| f64::from(v)).collect();
+        self.compare(what, &got, want, |i, w| 1e-5 * (w.abs() + scale[i]) + f64::MIN_POSITIVE);
+    }
+}
+
+/// A device buffer freed on drop.
+struct DeviceVec<'a, R: GpuRuntime> {
+    device: &'a Device<R>,
+    ptr: DevicePtr,
+    bytes: usize,
+}
+
+impl<'a, R: GpuRuntime> DeviceVec<'a, R> {
+    fn from<T: Pod>(device: &'a Device<R>, values: &[T]) -> Result<Self, BackendError> {
+        let bytes: &[u8] = bytemuck::cast_slice(values);
+        let ptr = device.alloc(bytes.len().max(1) as u64)?;
+        let buffer = DeviceVec { device, ptr, bytes: bytes.len() };
+        device.upload(bytes, ptr)?;
+        Ok(buffer)
+    }
+
+    fn read<T: Pod>(&self) -> Result<Vec<T>, BackendError> {
+        let mut out = vec![T::zeroed(); self.bytes / std::mem::size_of::<T>()];
+        self.device.download(self.ptr, bytemuck::cast_slice_mut(&mut out))?;
+        Ok(out)
+    }
+
+    fn arg(&self) -> KernelArg {
+        KernelArg::Ptr(self.ptr.0)
+    }
+}
+
+impl<R: GpuRuntime> Drop for DeviceVec<'_, R> {
+    fn drop(&mut self) {
+        // SAFETY: our allocation, no longer used by any launch (every check downloads first).
+        unsafe { self.device.free(self.ptr) };
+    }
+}
+
+/// Launches `kernel` over `grid` blocks of [`BLOCK`] threads and waits for it.
+fn run<R: GpuRuntime>(
+    device: &Device<R>,
+    kernel: &'static str,
+    grid: u64,
+    args: Vec<KernelArg>,
+) -> Result<(), BackendError> {
+    let launch = Launch { kernel, grid: [grid.clamp(1, 4096) as u32, 1, 1], block: [BLOCK, 1, 1], shared_bytes: 0 };
+    // SAFETY: each check passes the kernel's parameters with buffers of the sizes it touches.
+    unsafe { device.launch(&launch, &mut KernelArgs::new(args))? };
+    device.synchronize()
+}
+
+/// Blocks of an element-wise launch over `n` elements: a few grid-stride rounds at least.
+fn elementwise_grid(n: usize) -> u64 {
+    (n as u64).div_ceil(u64::from(BLOCK) * 2)
+}
+
+fn uniform(rng: &mut Rng) -> f64 {
+    (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+}
+
+/// `n` bf16 values spread over `±scale` (with exponents varied, so rounding is exercised).
+fn bf16_values(rng: &mut Rng, n: usize, scale: f64) -> Vec<u16> {
+    (0..n).map(|_| f32_to_bf16((uniform(rng) * scale * (1.0 + 3.0 * uniform(rng).abs())) as f32)).collect()
+}
+
+fn widen(values: &[u16]) -> Vec<f64> {
+    values.iter().map(|&h| f64::from(bf16_to_f32(h))).collect()
+}
+
+/// A random length in `1..=max`, skewed to cover both tiny and multi-round shapes.
+fn length(rng: &mut Rng, max: usize) -> usize {
+    if rng.below(3) == 0 {
+        1 + rng.below(40)
+    } else {
+        1 + rng.below(max)
+    }
+}
+
+fn check_cast_to_bf16<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
+    let n = length(rng, 20_000);
+    let specials = [0.0f32, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0];
+    let x: Vec<f32> =
+        (0..n).map(|i| if i < specials.len() { specials[i] } else { f32::from_bits(rng.next_u64() as u32) }).collect();
+    let (xs, ys) = (DeviceVec::from(d, &x)?, DeviceVec::from(d, &vec![0u16; n])?);
+    run(d, v.kernel, elementwise_grid(n), vec![ys.arg(), xs.arg(), KernelArg::U64(n as u64)])?;
+    let got: Vec<u16> = ys.read()?;
+    let mismatched = x.iter().zip(&got).position(|(x, g)| f32_to_bf16(*x) != *g);
+    if let Some(i) = mismatched {
+        v.failures.push(format!("{}: bf16({:e}) = {:#06x}, want {:#06x}", v.kernel, x[i], got[i], f32_to_bf16(x[i])));
+    }
+    Ok(())
+}
+
+fn check_cast_to_f32<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
+    let n = length(rng, 20_000);
+    let x: Vec<u16> = (0..n).map(|_| rng.next_u64() as u16).collect();
+    let (xs, ys) = (DeviceVec::from(d, &x)?, DeviceVec::from(d, &vec![0f32; n])?);
+    run(d, v.kernel, elementwise_grid(n), vec![ys.arg(), xs.arg(), KernelArg::U64(n as u64)])?;
+    let got: Vec<f32> = ys.read()?;
+    if let Some(i) = x.iter().zip(&got).position(|(x, g)| bf16_to_f32(*x).to_bits() != g.to_bits()) {
+        v.failures.push(format!("{}: f32({:#06x}) = {:e}, want {:e}", v.kernel, x[i], got[i], bf16_to_f32(x[i])));
+    }
+    Ok(())
+}
+
+/// A random `(rows, cols)` row-kernel shape.
+fn row_shape(rng: &mut Rng) -> (usize, usize) {
+    (1 + rng.below(9), length(rng, 3_000))
+}
+
+const EPS: f32 = 1e-5;
+
+fn check_rmsnorm_forward<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
+    let (rows, cols) = row_shape(rng);
+    let (x, w) = (bf16_values(rng, rows * cols, 2.0), bf16_values(rng, cols, 1.0));
+    let (xs, ws) = (DeviceVec::from(d, &x)?, DeviceVec::from(d, &w)?);
+    let (ys, rs) = (DeviceVec::from(d, &vec![0u16; rows * cols])?, DeviceVec::from(d, &vec![0f32; rows])?);
+    let shape = [KernelArg::U64(rows as u64), KernelArg::U64(cols as u64), KernelArg::F32(EPS)];
+    run(d, v.kernel, rows as u64, [vec![ys.arg(), rs.arg(), xs.arg(), ws.arg()], shape.to_vec()].concat())?;
+    let (xf, wf) = (widen(&x), widen(&w));
+    let (mut want_y, mut want_r) = (Vec::new(), Vec::new());
+    for row in xf.chunks(cols) {
+        let (y, r) = reference::rmsnorm(row, &wf, f64::from(EPS));
+        want_y.extend(y);
+        want_r.push(r);
+    }
+    v.bf16("y", &ys.read()?, &want_y);
+    v.f32("inv_rms", &rs.read()?, &want_r, &vec![0.0; rows]);
+    Ok(())
+}
+
+fn check_rmsnorm_backward<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
+    let (rows, cols) = row_shape(rng);
+    let (x, w, dy) =
+        (bf16_values(rng, rows * cols, 2.0), bf16_values(rng, cols, 1.0), bf16_values(rng, rows * cols, 1.0));
+    let (xf, wf, dyf) = (widen(&x), widen(&w), widen(&dy));
+    let inv_rms: Vec<f32> = xf.chunks(cols).map(|row| reference::rmsnorm(row, &wf, f64::from(EPS)).1 as f32).collect();
+    let (xs, ws, dys, rs) =
+        (DeviceVec::from(d, &x)?, DeviceVec::from(d, &w)?, DeviceVec::from(d, &dy)?, DeviceVec::from(d, &inv_rms)?);
+    let (dxs, dws) = (DeviceVec::from(d, &vec![0u16; rows * cols])?, DeviceVec::from(d, &vec![0f32; cols])?);
+    let buffers = vec![dxs.arg(), dws.arg(), dys.arg(), xs.arg(), ws.arg(), rs.arg()];
+    run(d, v.kernel, rows as u64, [buffers, vec![KernelArg::U64(rows as u64), KernelArg::U64(cols as u64)]].concat())?;
+    let (mut want_dx, mut dx_scale, mut want_dw, mut dw_scale) =
+        (Vec::new(), Vec::new(), vec![0.0; cols], vec![0.0; cols]);
+    for (xr, dyr) in xf.chunks(cols).zip(dyf.chunks(cols)) {
+        let (dx, dw) = reference::rmsnorm_backward(dyr, xr, &wf, f64::from(EPS));
+        want_dx.extend(dx);
+        dx_scale.extend(cancelled_terms(dyr, xr, &wf));
+        for c in 0..cols {
+            want_dw[c] += dw[c];
+            dw_scale[c] += dw[c].abs();
+        }
+    }
+    v.bf16_scaled("dx", &dxs.read()?, &want_dx, &dx_scale);
+    v.f32("dweight", &dws.read()?, &want_dw, &dw_scale);
+    Ok(())
+}
+
+/// The magnitudes RMSNorm's `dx = r·(g − x·r²·mean(g·x))` cancels: `r·(|g| + |x|·r²·mean|g·x|)`.
+fn cancelled_terms(dy: &[f64], x: &[f64], weight: &[f64]) -> Vec<f64> {
+    let (_, r) = reference::rmsnorm(x, weight, f64::from(EPS));
+    let g: Vec<f64> = dy.iter().zip(weight).map(|(d, w)| d * w).collect();
+    let mean_gx = g.iter().zip(x).map(|(g, x)| (g * x).abs()).sum::<f64>() / x.len() as f64;
+    g.iter().zip(x).map(|(g, x)| r * (g.abs() + x.abs() * r * r * mean_gx)).collect()
+}
+
+fn check_swiglu_forward<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
+    let n = length(rng, 20_000);
+    let (g, u) = (bf16_values(rng, n, 4.0), bf16_values(rng, n, 2.0));
+    let (gs, us, outs) = (DeviceVec::from(d, &g)?, DeviceVec::from(d, &u)?, DeviceVec::from(d, &vec![0u16; n])?);
+    run(d, v.kernel, elementwise_grid(n), vec![outs.arg(), gs.arg(), us.arg(), KernelArg::U64(n as u64)])?;
+    let want: Vec<f64> = widen(&g).iter().zip(widen(&u)).map(|(g, u)| reference::swiglu(*g, u)).collect();
+    v.bf16("out", &outs.read()?, &want);
+    Ok(())
+}
+
+fn check_swiglu_backward<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
+    let n = length(rng, 20_000);
+    let (g, u, dout) = (bf16_values(rng, n, 4.0), bf16_values(rng, n, 2.0), bf16_values(rng, n, 1.0));
+    let (gs, us, ds) = (DeviceVec::from(d, &g)?, DeviceVec::from(d, &u)?, DeviceVec::from(d, &dout)?);
+    let (dgs, dus) = (DeviceVec::from(d, &vec![0u16; n])?, DeviceVec::from(d, &vec![0u16; n])?);
+    let args = vec![dgs.arg(), dus.arg(), ds.arg(), gs.arg(), us.arg(), KernelArg::U64(n as u64)];
+    run(d, v.kernel, elementwise_grid(n), args)?;
+    let (gf, uf, df) = (widen(&g), widen(&u), widen(&dout));
+    let grads: Vec<(f64, f64)> = (0..n).map(|i| reference::swiglu_backward(gf[i], uf[i])).collect();
+    v.bf16("dgate", &dgs.read()?, &grads.iter().zip(&df).map(|((dg, _), d)| dg * d).collect::<Vec<_>>());
+    v.bf16("dup", &dus.read()?, &grads.iter().zip(&df).map(|((_, du), d)| du * d).collect::<Vec<_>>());
+    Ok(())
+}
+
+fn check_residual_add<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
+    let n = length(rng, 20_000);
+    let (x, y) = (bf16_values(rng, n, 3.0), bf16_values(rng, n, 3.0));
+    let (xs, ys) = (DeviceVec::from(d, &x)?, DeviceVec::from(d, &y)?);
+    run(d, v.kernel, elementwise_grid(n), vec![xs.arg(), ys.arg(), KernelArg::U64(n as u64)])?;
+    let want: Vec<f64> = widen(&x).iter().zip(widen(&y)).map(|(a, b)| a + b).collect();
+    v.bf16("x", &xs.read()?, &want);
+    Ok(())
+}
+
+fn check_row_stats<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
+    let (rows, cols) = (1 + rng.below(9), length(rng, 50_000));
+    let shard_start = rng.below(100_000) as i64;
+    let logits = bf16_values(rng, rows * cols, 8.0);
+    // Half the targets fall in this shard, the others before or after it.
+    let targets: Vec<i32> = (0..rows)
+        .map(|_| match rng.below(4) {
+            0 => (shard_start - 1 - rng.below(50) as i64).max(0) as i32,
+            1 => (shard_start + cols as i64 + rng.below(50) as i64) as i32,
+            _ => (shard_start + rng.below(cols) as i64) as i32,
+        })
+        .collect();
+    let (ls, ts) = (DeviceVec::from(d, &logits)?, DeviceVec::from(d, &targets)?);
+    let zeros = vec![0f32; rows];
+    let (maxs, sums, tls) = (DeviceVec::from(d, &zeros)?, DeviceVec::from(d, &zeros)?, DeviceVec::from(d, &zeros)?);
+    let shape = vec![KernelArg::U64(rows as u64), KernelArg::U64(cols as u64), KernelArg::U64(shard_start as u64)];
+    run(d, v.kernel, rows as u64, [vec![maxs.arg(), sums.arg(), tls.arg(), ls.arg(), ts.arg()], shape].concat())?;
+    let stats: Vec<(f64, f64, f64)> = widen(&logits)
+        .chunks(cols)
+        .zip(&targets)
+        .map(|(row, &t)| reference::row_stats(row, i64::from(t), shard_start))
+        .collect();
+    let none = vec![0.0; rows];
+    v.f32("row_max", &maxs.read()?, &stats.iter().map(|s| s.0).collect::<Vec<_>>(), &none);
+    // Σexp's terms are each ≤ 1, so the sum of magnitudes is the sum itself.
+    v.f32("row_sum", &sums.read()?, &stats.iter().map(|s| s.1).collect::<Vec<_>>(), &none);
+    v.f32("target_logit", &tls.read()?, &stats.iter().map(|s| s.2).collect::<Vec<_>>(), &none);
+    Ok(())
+}
+
+fn check_adamw<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
+    let n = length(rng, 20_000);
+    let step = 1 + rng.below(1000) as i32;
+    let (beta1, beta2) = (0.9f32, 0.95f32);
+    let a = AdamStep {
+        lr: 1e-3,
+        beta1: f64::from(beta1),
+        beta2: f64::from(beta2),
+        eps: 1e-8,
+        weight_decay: 0.1,
+        c1: 1.0 - f64::from(beta1).powi(step),
+        c2: 1.0 - f64::from(beta2).powi(step),
+    };
+    let draw = |rng: &mut Rng, scale: f64| -> Vec<f32> { (0..n).map(|_| (uniform(rng) * scale) as f32).collect() };
+    let (p, m, g) = (draw(rng, 1.0), draw(rng, 1e-2), draw(rng, 1e-1));
+    let vv: Vec<f32> = draw(rng, 1e-2).iter().map(|x| x * x).collect();
+    let (ps, ms, vs, gs) =
+        (DeviceVec::from(d, &p)?, DeviceVec::from(d, &m)?, DeviceVec::from(d, &vv)?, DeviceVec::from(d, &g)?);
+    let work = DeviceVec::from(d, &vec![0u16; n])?;
+    let hyper = [a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.c1, a.c2].map(|x| KernelArg::F32(x as f32));
+    let args =
+        [vec![ps.arg(), ms.arg(), vs.arg(), work.arg(), gs.arg(), KernelArg::U64(n as u64)], hyper.to_vec()].concat();
+    run(d, v.kernel, elementwise_grid(n), args)?;
+    let want: Vec<(f64, f64, f64)> = (0..n)
+        .map(|i| reference::adamw(&a, f64::from(p[i]), f64::from(m[i]), f64::from(vv[i]), f64::from(g[i])))
+        .collect();
+    let got_p: Vec<f32> = ps.read()?;
+    // Scales: the magnitudes each line of the update adds (m's two terms may cancel).
+    let (mut p_scale, mut m_scale) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for (i, w) in want.iter().enumerate() {
+        let (pi, gi) = (f64::from(p[i]).abs(), f64::from(g[i]).abs());
+        m_scale.push(a.beta1 * f64::from(m[i]).abs() + (1.0 - a.beta1) * gi);
+        let step = (w.1 / a.c1).abs() / ((w.2 / a.c2).sqrt() + a.eps) + a.weight_decay * pi;
+        p_scale.push(pi + a.lr * step);
+    }
+    v.f32("param", &got_p, &want.iter().map(|w| w.0).collect::<Vec<_>>(), &p_scale);
+    v.f32("m", &ms.read()?, &want.iter().map(|w| w.1).collect::<Vec<_>>(), &m_scale);
+    v.f32("v", &vs.read()?, &want.iter().map(|w| w.2).collect::<Vec<_>>(), &vec![0.0; n]);
+    let working: Vec<u16> = work.read()?;
+    if let Some(i) = got_p.iter().zip(&working).position(|(p, w)| f32_to_bf16(*p) != *w) {
+        v.failures.push(format!(
+            "{}: working[{i}] = {:#06x}, want bf16({}) = {:#06x}",
+            v.kernel,
+            working[i],
+            got_p[i],
+            f32_to_bf16(got_p[i])
+        ));
+    }
+    Ok(())
+}
+
+/// Largest disagreement of the f64 backward references with central differences on seeded
+/// random rows.
+fn finite_differences(seed: u64) -> f64 {
+    let mut rng = Rng::new(nereus_core::rng::mix(seed ^ 0xfd));
+    let mut worst = 0.0f64;
+    for _ in 0..CASES {
+        let cols = 1 + rng.below(64);
+        let draw = |rng: &mut Rng| -> Vec<f64> { (0..cols).map(|_| uniform(rng) * 2.0).collect() };
+        let (x, w, dy) = (draw(&mut rng), draw(&mut rng), draw(&mut rng));
+        let eps = f64::from(EPS);
+        let (dx, dw) = reference::rmsnorm_backward(&dy, &x, &w, eps);
+        let dot = |y: Vec<f64>| y.iter().zip(&dy).map(|(a, b)| a * b).sum::<f64>();
+        for i in 0..cols {
+            let numeric_x = reference::central_difference(&x, i, |x| dot(reference::rmsnorm(x, &w, eps).0));
+            let numeric_w = reference::central_difference(&w, i, |w| dot(reference::rmsnorm(&x, w, eps).0));
+            worst = worst.max(reference::fd_error(dx[i], numeric_x)).max(reference::fd_error(dw[i], numeric_w));
+            let (dg, du) = reference::swiglu_backward(x[i], w[i]);
+            let numeric_g = reference::central_difference(&x, i, |g| reference::swiglu(g[i], w[i]));
+            let numeric_u = reference::central_difference(&w, i, |u| reference::swiglu(x[i], u[i]));
+            worst = worst.max(reference::fd_error(dg, numeric_g)).max(reference::fd_error(du, numeric_u));
+        }
+    }
+    worst
+}

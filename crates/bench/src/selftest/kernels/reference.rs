@@ -1,0 +1,102 @@
+//! The f64 references the device kernels are checked against, written from the formulas (not
+//! from the kernels), and the finite-difference checks of their backward passes.
+
+/// RMSNorm forward of one row: `(y, inv_rms)`.
+pub fn rmsnorm(x: &[f64], weight: &[f64], eps: f64) -> (Vec<f64>, f64) {
+    let mean_square = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
+    let r = 1.0 / (mean_square + eps).sqrt();
+    (x.iter().zip(weight).map(|(v, w)| v * r * w).collect(), r)
+}
+
+/// RMSNorm backward of one row: `(dx, dweight contribution)`.
+pub fn rmsnorm_backward(dy: &[f64], x: &[f64], weight: &[f64], eps: f64) -> (Vec<f64>, Vec<f64>) {
+    let (_, r) = rmsnorm(x, weight, eps);
+    let n = x.len() as f64;
+    let mean_gx = dy.iter().zip(weight).zip(x).map(|((d, w), v)| d * w * v).sum::<f64>() / n;
+    let dx = dy.iter().zip(weight).zip(x).map(|((d, w), v)| r * (d * w - v * r * r * mean_gx)).collect();
+    let dweight = dy.iter().zip(x).map(|(d, v)| d * v * r).collect();
+    (dx, dweight)
+}
+
+/// `silu(g)·u`.
+pub fn swiglu(g: f64, u: f64) -> f64 {
+    g / (1.0 + (-g).exp()) * u
+}
+
+/// `(d out/d g, d out/d u)` of [`swiglu`].
+pub fn swiglu_backward(g: f64, u: f64) -> (f64, f64) {
+    let s = 1.0 / (1.0 + (-g).exp());
+    (u * s * (1.0 + g * (1.0 - s)), g * s)
+}
+
+/// Row statistics of one vocab shard: `(max, Σ exp(l − max), target logit or −∞)`.
+pub fn row_stats(logits: &[f64], target: i64, shard_start: i64) -> (f64, f64, f64) {
+    let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let sum = logits.iter().map(|l| (l - max).exp()).sum();
+    let t = target - shard_start;
+    let target_logit = if t >= 0 && (t as usize) < logits.len() { logits[t as usize] } else { f64::NEG_INFINITY };
+    (max, sum, target_logit)
+}
+
+/// AdamW's hyper-parameters and step (bias corrections `c1 = 1 − β1^t`, `c2 = 1 − β2^t`).
+#[derive(Debug, Clone, Copy)]
+pub struct AdamStep {
+    /// Learning rate.
+    pub lr: f64,
+    /// β1.
+    pub beta1: f64,
+    /// β2.
+    pub beta2: f64,
+    /// ε.
+    pub eps: f64,
+    /// Decoupled weight decay.
+    pub weight_decay: f64,
+    /// `1 − β1^t`.
+    pub c1: f64,
+    /// `1 − β2^t`.
+    pub c2: f64,
+}
+
+/// One AdamW update of one element: `(param, m, v)` after the step.
+pub fn adamw(a: &AdamStep, param: f64, m: f64, v: f64, g: f64) -> (f64, f64, f64) {
+    let m = a.beta1 * m + (1.0 - a.beta1) * g;
+    let v = a.beta2 * v + (1.0 - a.beta2) * g * g;
+    let p = param - a.lr * (m / a.c1 / ((v / a.c2).sqrt() + a.eps) + a.weight_decay * param);
+    (p, m, v)
+}
+
+/// Central difference of `f` at `x` in direction `index`: `(f(x + h) − f(x − h)) / 2h`.
+pub fn central_difference(x: &[f64], index: usize, f: impl Fn(&[f64]) -> f64) -> f64 {
+    let h = 1e-6 * x[index].abs().max(1.0);
+    let (mut plus, mut minus) = (x.to_vec(), x.to_vec());
+    plus[index] += h;
+    minus[index] -= h;
+    (f(&plus) - f(&minus)) / (2.0 * h)
+}
+
+/// Relative disagreement of an analytic derivative with its central difference.
+pub fn fd_error(analytic: f64, numeric: f64) -> f64 {
+    (analytic - numeric).abs() / analytic.abs().max(numeric.abs()).max(1e-3)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backward_references_agree_with_finite_differences() {
+        let x = [0.3, -1.2, 0.8, 2.0, -0.1];
+        let w = [1.1, 0.9, -0.5, 1.3, 0.7];
+        let dy = [0.2, -0.4, 1.0, 0.3, -0.9];
+        let (dx, dw) = rmsnorm_backward(&dy, &x, &w, 1e-5);
+        let loss_x = |x: &[f64]| rmsnorm(x, &w, 1e-5).0.iter().zip(&dy).map(|(y, d)| y * d).sum::<f64>();
+        let loss_w = |w: &[f64]| rmsnorm(&x, w, 1e-5).0.iter().zip(&dy).map(|(y, d)| y * d).sum::<f64>();
+        for i in 0..x.len() {
+            assert!(fd_error(dx[i], central_difference(&x, i, loss_x)) < 1e-6, "dx[{i}]");
+            assert!(fd_error(dw[i], central_difference(&w, i, loss_w)) < 1e-6, "dw[{i}]");
+        }
+        let (dg, du) = swiglu_backward(0.7, -1.3);
+        assert!(fd_error(dg, central_difference(&[0.7], 0, |g| swiglu(g[0], -1.3))) < 1e-6);
+        assert!(fd_error(du, central_difference(&[-1.3], 0, |u| swiglu(0.7, u[0]))) < 1e-6);
+    }
+}
