@@ -43,11 +43,26 @@ const PACK_ENTRY_POINTS: [&str; 5] = {
     names
 };
 
+/// The attention-path entry points in `kernels/attention.cu`.
+pub const ATTENTION_KERNELS: [&str; 6] = [
+    "nereus_embedding_forward",
+    "nereus_embedding_backward",
+    "nereus_rope",
+    "nereus_kv_append",
+    "nereus_attention_forward",
+    "nereus_attention_backward",
+];
+
+/// Threads per block the attention kernels must be launched with (`NEREUS_KEY_TILE`).
+pub const ATTENTION_BLOCK: u32 = 128;
+/// Widest head the attention kernels take (`NEREUS_MAX_HEAD_DIM`).
+pub const ATTENTION_MAX_HEAD_DIM: usize = 256;
+
 /// The execution-model probes in `kernels/probe.cu` (the emulator also has one that must fail).
 pub const PROBE_KERNELS: [&str; 2] = ["nereus_probe_block_reverse", "nereus_probe_reductions"];
 
 /// Every kernel source.
-pub const SOURCES: [KernelSource; 3] = [
+pub const SOURCES: [KernelSource; 4] = [
     KernelSource {
         file: "pack.cu",
         text: include_str!("../../../../kernels/pack.cu"),
@@ -57,6 +72,11 @@ pub const SOURCES: [KernelSource; 3] = [
         file: "engine.cu",
         text: include_str!("../../../../kernels/engine.cu"),
         entry_points: &ENGINE_KERNELS,
+    },
+    KernelSource {
+        file: "attention.cu",
+        text: include_str!("../../../../kernels/attention.cu"),
+        entry_points: &ATTENTION_KERNELS,
     },
     KernelSource { file: "probe.cu", text: include_str!("../../../../kernels/probe.cu"), entry_points: &PROBE_KERNELS },
 ];

@@ -14,6 +14,7 @@
 //!   else the tensor's largest `|ref|`;
 //! - AdamW's bf16 working copy: exactly the rounding of the f32 master it wrote.
 
+mod attention;
 pub mod reference;
 
 use std::time::Instant;
@@ -151,7 +152,7 @@ fn check_every_kernel<R: GpuRuntime>(
     summary: &mut KernelSummary,
 ) -> Result<(), RuntimeError> {
     type Check<R> = fn(&Device<R>, &mut Rng, &mut Verdict) -> Result<(), BackendError>;
-    let checks: [(&'static str, Check<R>); 9] = [
+    let checks: [(&'static str, Check<R>); 15] = [
         ("nereus_cast_f32_to_bf16", check_cast_to_bf16),
         ("nereus_cast_bf16_to_f32", check_cast_to_f32),
         ("nereus_rmsnorm_forward", check_rmsnorm_forward),
@@ -161,6 +162,12 @@ fn check_every_kernel<R: GpuRuntime>(
         ("nereus_residual_add", check_residual_add),
         ("nereus_logits_row_stats", check_row_stats),
         ("nereus_adamw", check_adamw),
+        ("nereus_embedding_forward", attention::check_embedding_forward),
+        ("nereus_embedding_backward", attention::check_embedding_backward),
+        ("nereus_rope", attention::check_rope),
+        ("nereus_kv_append", attention::check_kv_append),
+        ("nereus_attention_forward", attention::check_attention_forward),
+        ("nereus_attention_backward", attention::check_attention_backward),
     ];
     for (i, (kernel, check)) in checks.into_iter().enumerate() {
         let mut rng = Rng::new(nereus_core::rng::mix(seed ^ (i as u64 + 1)));
@@ -257,7 +264,18 @@ fn run<R: GpuRuntime>(
     grid: u64,
     args: Vec<KernelArg>,
 ) -> Result<(), BackendError> {
-    let launch = Launch { kernel, grid: [grid.clamp(1, 4096) as u32, 1, 1], block: [BLOCK, 1, 1], shared_bytes: 0 };
+    run_shaped(device, kernel, [grid.clamp(1, 4096) as u32, 1, 1], BLOCK, args)
+}
+
+/// Launches `kernel` over `grid` blocks of `block` threads and waits for it.
+fn run_shaped<R: GpuRuntime>(
+    device: &Device<R>,
+    kernel: &'static str,
+    grid: [u32; 3],
+    block: u32,
+    args: Vec<KernelArg>,
+) -> Result<(), BackendError> {
+    let launch = Launch { kernel, grid, block: [block, 1, 1], shared_bytes: 0 };
     // SAFETY: each check passes the kernel's parameters with buffers of the sizes it touches.
     unsafe { device.launch(&launch, &mut KernelArgs::new(args))? };
     device.synchronize()
@@ -514,6 +532,7 @@ fn finite_differences(seed: u64) -> f64 {
             let numeric_u = reference::central_difference(&w, i, |u| reference::swiglu(x[i], u[i]));
             worst = worst.max(reference::fd_error(dg, numeric_g)).max(reference::fd_error(du, numeric_u));
         }
+        worst = worst.max(attention::attention_finite_differences(&mut rng));
     }
     worst
 }

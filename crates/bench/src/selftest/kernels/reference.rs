@@ -100,3 +100,127 @@ mod tests {
         assert!(fd_error(du, central_difference(&[-1.3], 0, |u| swiglu(0.7, u[0]))) < 1e-6);
     }
 }
+
+/// The shapes of one attention call (the kernels' legend in `kernels/attention.cu`).
+#[derive(Debug, Clone, Copy)]
+pub struct Attention {
+    /// Sequences `B`.
+    pub b: usize,
+    /// Query positions `Tq`.
+    pub tq: usize,
+    /// Valid key positions `Tk ≥ Tq`.
+    pub tk: usize,
+    /// Positions per sequence in the K/V buffers (`≥ Tk`).
+    pub tc: usize,
+    /// Query heads `H`.
+    pub heads: usize,
+    /// Key/value heads `K`, dividing `H`.
+    pub kv_heads: usize,
+    /// Head width `D`.
+    pub d: usize,
+}
+
+impl Attention {
+    /// Offset of query `(b, i, h)` in `q`/`out` `[B,Tq,H,D]`.
+    pub fn q_at(&self, b: usize, i: usize, h: usize) -> usize {
+        ((b * self.tq + i) * self.heads + h) * self.d
+    }
+
+    /// Offset of key/value `(b, j, g)` in `[B,Tc,K,D]`.
+    pub fn kv_at(&self, b: usize, j: usize, g: usize) -> usize {
+        ((b * self.tc + j) * self.kv_heads + g) * self.d
+    }
+
+    /// The keys query `i` of a sequence starting at `first` attends to (empty for a pad query).
+    pub fn keys(&self, i: usize, first: usize) -> std::ops::Range<usize> {
+        first..self.tk - self.tq + i + 1
+    }
+
+    fn probabilities(&self, q: &[f64], k: &[f64], b: usize, i: usize, h: usize, first: usize) -> Vec<f64> {
+        let (g, scale) = (h / (self.heads / self.kv_heads), 1.0 / (self.d as f64).sqrt());
+        let qi = &q[self.q_at(b, i, h)..][..self.d];
+        let scores: Vec<f64> = self
+            .keys(i, first)
+            .map(|j| qi.iter().zip(&k[self.kv_at(b, j, g)..][..self.d]).map(|(x, y)| x * y).sum::<f64>() * scale)
+            .collect();
+        let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let sum: f64 = scores.iter().map(|s| (s - max).exp()).sum();
+        scores.iter().map(|s| (s - max).exp() / sum).collect()
+    }
+}
+
+/// Causal GQA attention in f64: `(out[B,Tq,H,D], lse[B,H,Tq])`, pad queries zero and −∞.
+pub fn attention(a: &Attention, q: &[f64], k: &[f64], v: &[f64], starts: &[usize]) -> (Vec<f64>, Vec<f64>) {
+    let (mut out, mut lse) = (vec![0.0; a.b * a.tq * a.heads * a.d], vec![f64::NEG_INFINITY; a.b * a.heads * a.tq]);
+    let scale = 1.0 / (a.d as f64).sqrt();
+    for b in 0..a.b {
+        for h in 0..a.heads {
+            let g = h / (a.heads / a.kv_heads);
+            for i in 0..a.tq {
+                let keys = a.keys(i, starts[b]);
+                if keys.is_empty() {
+                    continue;
+                }
+                let qi = &q[a.q_at(b, i, h)..][..a.d];
+                let scores: Vec<f64> = keys
+                    .clone()
+                    .map(|j| qi.iter().zip(&k[a.kv_at(b, j, g)..][..a.d]).map(|(x, y)| x * y).sum::<f64>() * scale)
+                    .collect();
+                let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let sum: f64 = scores.iter().map(|s| (s - max).exp()).sum();
+                lse[(b * a.heads + h) * a.tq + i] = max + sum.ln();
+                let o = &mut out[a.q_at(b, i, h)..][..a.d];
+                for (j, s) in keys.zip(&scores) {
+                    let p = (s - max).exp() / sum;
+                    for (oc, vc) in o.iter_mut().zip(&v[a.kv_at(b, j, g)..][..a.d]) {
+                        *oc += p * vc;
+                    }
+                }
+            }
+        }
+    }
+    (out, lse)
+}
+
+/// Gradients of `Σ dout·out` with respect to `q`, `k` and `v`, with the magnitudes each sums
+/// (what f32 rounds relative to): `((dq, dk, dv), (|dq|, |dk|, |dv|) scales)`. `out` is the
+/// forward's output as the kernel sees it (its `δ_i = Σ dout·out` uses it).
+#[allow(clippy::type_complexity)]
+pub fn attention_backward(
+    a: &Attention,
+    (q, k, v): (&[f64], &[f64], &[f64]),
+    out: &[f64],
+    dout: &[f64],
+    starts: &[usize],
+) -> ([Vec<f64>; 3], [Vec<f64>; 3]) {
+    let (mut grads, mut scales) = ([q, k, v].map(|x| vec![0.0; x.len()]), [q, k, v].map(|x| vec![0.0; x.len()]));
+    let scale = 1.0 / (a.d as f64).sqrt();
+    for (b, &first) in starts.iter().enumerate().take(a.b) {
+        for h in 0..a.heads {
+            let g = h / (a.heads / a.kv_heads);
+            for i in 0..a.tq {
+                let keys = a.keys(i, first);
+                if keys.is_empty() {
+                    continue;
+                }
+                let p = a.probabilities(q, k, b, i, h, first);
+                let qo = a.q_at(b, i, h);
+                let delta: f64 = (0..a.d).map(|c| dout[qo + c] * out[qo + c]).sum();
+                for (j, &pj) in keys.zip(&p) {
+                    let ko = a.kv_at(b, j, g);
+                    let dp: f64 = (0..a.d).map(|c| dout[qo + c] * v[ko + c]).sum();
+                    let (ds, ds_mag) = (pj * (dp - delta), pj * (dp.abs() + delta.abs()));
+                    for c in 0..a.d {
+                        grads[0][qo + c] += scale * ds * k[ko + c];
+                        scales[0][qo + c] += scale * ds_mag * k[ko + c].abs();
+                        grads[1][ko + c] += scale * ds * q[qo + c];
+                        scales[1][ko + c] += scale * ds_mag * q[qo + c].abs();
+                        grads[2][ko + c] += pj * dout[qo + c];
+                        scales[2][ko + c] += pj * dout[qo + c].abs();
+                    }
+                }
+            }
+        }
+    }
+    (grads, scales)
+}

@@ -1,0 +1,283 @@
+//! The checks of `kernels/attention.cu`: embedding, RoPE, KV-cache append and attention.
+
+use nereus_core::half::{bf16_to_f32, f32_to_bf16};
+use nereus_core::rng::Rng;
+use nereus_exec::backend::gpu::{Device, GpuRuntime};
+use nereus_exec::backend::sources::{KernelArg, ATTENTION_BLOCK};
+use nereus_exec::backend::BackendError;
+
+use super::reference::{self, Attention};
+use super::{bf16_values, elementwise_grid, run, run_shaped, uniform, widen, DeviceVec, Verdict};
+
+fn u64s(values: &[usize]) -> Vec<KernelArg> {
+    values.iter().map(|&v| KernelArg::U64(v as u64)).collect()
+}
+
+/// A vocab shard `(v0, V)`, `n` tokens of which about half fall in it, and the width `C`.
+fn vocab_case(rng: &mut Rng) -> (usize, usize, Vec<i32>, usize) {
+    let (v0, v, c) = (rng.below(1000), 1 + rng.below(300), 1 + rng.below(200));
+    let n = 1 + rng.below(64);
+    let tokens = (0..n).map(|_| rng.below(v0 + 2 * v) as i32).collect();
+    (v0, v, tokens, c)
+}
+
+fn in_shard(token: i32, v0: usize, v: usize) -> Option<usize> {
+    (token as usize).checked_sub(v0).filter(|&row| row < v)
+}
+
+pub(super) fn check_embedding_forward<R: GpuRuntime>(
+    d: &Device<R>,
+    rng: &mut Rng,
+    verdict: &mut Verdict,
+) -> Result<(), BackendError> {
+    let (v0, v, tokens, c) = vocab_case(rng);
+    let w = bf16_values(rng, v * c, 1.0);
+    let (ws, ts, outs) = (
+        DeviceVec::from(d, &w)?,
+        DeviceVec::from(d, &tokens)?,
+        DeviceVec::from(d, &vec![0xffffu16; tokens.len() * c])?,
+    );
+    let args = [vec![outs.arg(), ts.arg(), ws.arg()], u64s(&[tokens.len(), c, v0, v])].concat();
+    run(d, verdict.kernel, elementwise_grid(tokens.len() * c), args)?;
+    let want: Vec<u16> = tokens
+        .iter()
+        .flat_map(|&t| match in_shard(t, v0, v) {
+            Some(row) => w[row * c..(row + 1) * c].to_vec(),
+            None => vec![0; c],
+        })
+        .collect();
+    let got: Vec<u16> = outs.read()?;
+    if let Some(i) = got.iter().zip(&want).position(|(g, w)| g != w) {
+        verdict.failures.push(format!("{}: out[{i}] = {:#06x}, want {:#06x}", verdict.kernel, got[i], want[i]));
+    }
+    Ok(())
+}
+
+pub(super) fn check_embedding_backward<R: GpuRuntime>(
+    d: &Device<R>,
+    rng: &mut Rng,
+    verdict: &mut Verdict,
+) -> Result<(), BackendError> {
+    let (v0, v, tokens, c) = vocab_case(rng);
+    let dy = bf16_values(rng, tokens.len() * c, 1.0);
+    let (dys, ts, dws) =
+        (DeviceVec::from(d, &dy)?, DeviceVec::from(d, &tokens)?, DeviceVec::from(d, &vec![0f32; v * c])?);
+    let args = [vec![dws.arg(), dys.arg(), ts.arg()], u64s(&[tokens.len(), c, v0, v])].concat();
+    run(d, verdict.kernel, elementwise_grid(tokens.len() * c), args)?;
+    let (mut want, mut scale) = (vec![0.0; v * c], vec![0.0; v * c]);
+    for (row, &t) in widen(&dy).chunks(c).zip(&tokens) {
+        if let Some(r) = in_shard(t, v0, v) {
+            for (i, g) in row.iter().enumerate() {
+                want[r * c + i] += g;
+                scale[r * c + i] += g.abs();
+            }
+        }
+    }
+    verdict.f32("dw", &dws.read()?, &want, &scale);
+    Ok(())
+}
+
+pub(super) fn check_rope<R: GpuRuntime>(
+    d: &Device<R>,
+    rng: &mut Rng,
+    verdict: &mut Verdict,
+) -> Result<(), BackendError> {
+    let (b, t, heads, half) = (1 + rng.below(3), 1 + rng.below(40), 1 + rng.below(4), 1 + rng.below(64));
+    let (pos0, inverse) = (rng.below(100), rng.below(2) == 1);
+    let positions = pos0 + t;
+    // Tables as the engine builds them: f64 angles rounded to f32 (scaled frequencies included).
+    let omega: Vec<f64> = (0..half).map(|i| 500_000f64.powf(-(i as f64) / half as f64)).collect();
+    let angles: Vec<f64> = (0..positions).flat_map(|p| omega.iter().map(move |w| p as f64 * w)).collect();
+    let cos: Vec<f32> = angles.iter().map(|a| a.cos() as f32).collect();
+    let sin: Vec<f32> = angles.iter().map(|a| a.sin() as f32).collect();
+    let x = bf16_values(rng, b * t * heads * 2 * half, 2.0);
+    let (xs, cs, ss) = (DeviceVec::from(d, &x)?, DeviceVec::from(d, &cos)?, DeviceVec::from(d, &sin)?);
+    let mut args = [vec![xs.arg(), cs.arg(), ss.arg()], u64s(&[b * t, t, heads, half, pos0])].concat();
+    args.push(KernelArg::I32(i32::from(inverse)));
+    run(d, verdict.kernel, elementwise_grid(b * t * heads * half), args)?;
+    let xf = widen(&x);
+    let (mut want, mut scale) = (xf.clone(), vec![0.0; xf.len()]);
+    for (head, chunk) in xf.chunks(2 * half).enumerate() {
+        let pos = pos0 + (head / heads) % t;
+        for j in 0..half {
+            let (c, s) = (f64::from(cos[pos * half + j]), f64::from(sin[pos * half + j]));
+            let s = if inverse { -s } else { s };
+            let (a, bb) = (chunk[j], chunk[j + half]);
+            want[head * 2 * half + j] = a * c - bb * s;
+            want[head * 2 * half + j + half] = bb * c + a * s;
+            scale[head * 2 * half + j] = a.abs() + bb.abs();
+            scale[head * 2 * half + j + half] = a.abs() + bb.abs();
+        }
+    }
+    verdict.bf16_scaled("x", &xs.read()?, &want, &scale);
+    Ok(())
+}
+
+pub(super) fn check_kv_append<R: GpuRuntime>(
+    d: &Device<R>,
+    rng: &mut Rng,
+    verdict: &mut Verdict,
+) -> Result<(), BackendError> {
+    let (b, tn, kd) = (1 + rng.below(3), 1 + rng.below(20), 1 + rng.below(300));
+    let (at, tc) = (rng.below(30), 0);
+    let tc = tc + at + tn + rng.below(5);
+    let cache: Vec<u16> = (0..b * tc * kd).map(|_| rng.next_u64() as u16).collect();
+    let fresh: Vec<u16> = (0..b * tn * kd).map(|_| rng.next_u64() as u16).collect();
+    let (cs, fs) = (DeviceVec::from(d, &cache)?, DeviceVec::from(d, &fresh)?);
+    run(
+        d,
+        verdict.kernel,
+        elementwise_grid(fresh.len()),
+        [vec![cs.arg(), fs.arg()], u64s(&[b, tn, tc, at, kd])].concat(),
+    )?;
+    let mut want = cache.clone();
+    for seq in 0..b {
+        let to = (seq * tc + at) * kd;
+        want[to..to + tn * kd].copy_from_slice(&fresh[seq * tn * kd..(seq + 1) * tn * kd]);
+    }
+    let got: Vec<u16> = cs.read()?;
+    if let Some(i) = got.iter().zip(&want).position(|(g, w)| g != w) {
+        verdict.failures.push(format!("{}: cache[{i}] = {:#06x}, want {:#06x}", verdict.kernel, got[i], want[i]));
+    }
+    Ok(())
+}
+
+/// A random attention shape (training, prefill or decode), its inputs and per-sequence starts.
+struct AttentionCase {
+    shape: Attention,
+    q: Vec<u16>,
+    k: Vec<u16>,
+    v: Vec<u16>,
+    starts: Vec<i32>,
+}
+
+fn attention_case(rng: &mut Rng) -> AttentionCase {
+    // Two cases in three span several key tiles (128 keys), where the online softmax rescales.
+    // Training shapes (Tq = Tk) are the short ones; long ones are decodes or chunked prefills of
+    // at most 64 queries, whose every query still spans the tiles.
+    let tk = if rng.below(3) == 0 { 1 + rng.below(40) } else { 260 + rng.below(100) };
+    let tq = match rng.below(3) {
+        0 => 1,
+        1 => tk.min(64),
+        _ => 1 + rng.below(tk.min(64)),
+    };
+    // Long prefills keep few, narrow heads: the emulator runs Tq·Tk·H·D multiply-adds one by one.
+    let heavy = tq > 16 && tk > 128;
+    let kv_heads = 1 + rng.below(2);
+    let heads = kv_heads * if heavy { 1 } else { [1, 2, 4][rng.below(3)] };
+    let d = if heavy { [8, 16, 32][rng.below(3)] } else { [8, 16, 64, 80, 128, 256][rng.below(6)] };
+    let b = if tk > 128 { 1 } else { 1 + rng.below(2) };
+    let shape = Attention { b, tq, tk, tc: tk + rng.below(9), heads, kv_heads, d };
+    // Starts (left padding) before the first key tile ends, so padded rows still span tiles.
+    let starts = (0..shape.b).map(|_| rng.below(tk.div_ceil(2).min(100)) as i32).collect();
+    let kv = shape.b * shape.tc * kv_heads * d;
+    let q = bf16_values(rng, shape.b * tq * heads * d, 1.0);
+    let (k, v) = (bf16_values(rng, kv, 1.0), bf16_values(rng, kv, 1.0));
+    AttentionCase { shape, q, k, v, starts }
+}
+
+impl AttentionCase {
+    fn grid(&self) -> [u32; 3] {
+        [self.shape.tq as u32, self.shape.heads as u32, self.shape.b as u32]
+    }
+
+    fn shape_args(&self) -> Vec<KernelArg> {
+        let a = &self.shape;
+        u64s(&[a.b, a.tq, a.tk, a.tc, a.heads, a.kv_heads, a.d])
+    }
+
+    fn starts(&self) -> Vec<usize> {
+        self.starts.iter().map(|&s| s as usize).collect()
+    }
+}
+
+pub(super) fn check_attention_forward<R: GpuRuntime>(
+    d: &Device<R>,
+    rng: &mut Rng,
+    verdict: &mut Verdict,
+) -> Result<(), BackendError> {
+    let case = attention_case(rng);
+    let a = case.shape;
+    let (qs, ks, vs) = (DeviceVec::from(d, &case.q)?, DeviceVec::from(d, &case.k)?, DeviceVec::from(d, &case.v)?);
+    let starts = DeviceVec::from(d, &case.starts)?;
+    let outs = DeviceVec::from(d, &vec![0u16; case.q.len()])?;
+    let lses = DeviceVec::from(d, &vec![0f32; a.b * a.heads * a.tq])?;
+    let buffers = vec![outs.arg(), lses.arg(), qs.arg(), ks.arg(), vs.arg(), starts.arg()];
+    run_shaped(d, verdict.kernel, case.grid(), ATTENTION_BLOCK, [buffers, case.shape_args()].concat())?;
+    let (out, lse) = reference::attention(&a, &widen(&case.q), &widen(&case.k), &widen(&case.v), &case.starts());
+    // The output is a convex combination of value rows: f32 rounds relative to their size.
+    let v_scale = widen(&case.v).iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    verdict.bf16_scaled("out", &outs.read()?, &out, &vec![v_scale; out.len()]);
+    let got_lse: Vec<f32> = lses.read()?;
+    let (finite_got, finite_want): (Vec<f32>, Vec<f64>) =
+        got_lse.iter().zip(&lse).filter(|(_, w)| w.is_finite()).map(|(g, w)| (*g, *w)).unzip();
+    verdict.f32("lse", &finite_got, &finite_want, &vec![1.0; finite_want.len()]);
+    if let Some(i) = got_lse.iter().zip(&lse).position(|(g, w)| w.is_infinite() && g.is_finite()) {
+        verdict.failures.push(format!("{}: lse[{i}] of a pad query = {}, want -inf", verdict.kernel, got_lse[i]));
+    }
+    Ok(())
+}
+
+pub(super) fn check_attention_backward<R: GpuRuntime>(
+    d: &Device<R>,
+    rng: &mut Rng,
+    verdict: &mut Verdict,
+) -> Result<(), BackendError> {
+    let case = attention_case(rng);
+    let a = case.shape;
+    let (q, k, v) = (widen(&case.q), widen(&case.k), widen(&case.v));
+    let (out, lse) = reference::attention(&a, &q, &k, &v, &case.starts());
+    // The kernel gets the forward's outputs as training stores them: bf16 out, f32 lse.
+    let out_bf16: Vec<u16> = out.iter().map(|&x| f32_to_bf16(x as f32)).collect();
+    let lse_f32: Vec<f32> = lse.iter().map(|&x| x as f32).collect();
+    let dout = bf16_values(rng, out.len(), 1.0);
+    let (qs, ks, vs) = (DeviceVec::from(d, &case.q)?, DeviceVec::from(d, &case.k)?, DeviceVec::from(d, &case.v)?);
+    let (outs, lses, dos) = (DeviceVec::from(d, &out_bf16)?, DeviceVec::from(d, &lse_f32)?, DeviceVec::from(d, &dout)?);
+    let starts = DeviceVec::from(d, &case.starts)?;
+    let dqs = DeviceVec::from(d, &vec![0u16; case.q.len()])?;
+    let (dks, dvs) = (DeviceVec::from(d, &vec![0f32; case.k.len()])?, DeviceVec::from(d, &vec![0f32; case.v.len()])?);
+    let buffers = vec![
+        dqs.arg(),
+        dks.arg(),
+        dvs.arg(),
+        dos.arg(),
+        outs.arg(),
+        lses.arg(),
+        qs.arg(),
+        ks.arg(),
+        vs.arg(),
+        starts.arg(),
+    ];
+    run_shaped(d, verdict.kernel, case.grid(), ATTENTION_BLOCK, [buffers, case.shape_args()].concat())?;
+    let seen_out: Vec<f64> = out_bf16.iter().map(|&h| f64::from(bf16_to_f32(h))).collect();
+    let ([dq, dk, dv], [sq, sk, sv]) =
+        reference::attention_backward(&a, (&q, &k, &v), &seen_out, &widen(&dout), &case.starts());
+    verdict.bf16_scaled("dq", &dqs.read()?, &dq, &sq);
+    verdict.f32("dk", &dks.read()?, &dk, &sk);
+    verdict.f32("dv", &dvs.read()?, &dv, &sv);
+    Ok(())
+}
+
+/// Largest disagreement of the f64 attention backward with central differences of the f64
+/// forward, on a few entries of q, k and v of small random cases.
+pub(super) fn attention_finite_differences(rng: &mut Rng) -> f64 {
+    let mut worst = 0.0f64;
+    let shape = Attention { b: 2, tq: 5, tk: 7, tc: 8, heads: 4, kv_heads: 2, d: 6 };
+    let draw = |rng: &mut Rng, n: usize| -> Vec<f64> { (0..n).map(|_| uniform(rng)).collect() };
+    let (q, k, v) = (draw(rng, 2 * 5 * 4 * 6), draw(rng, 2 * 8 * 2 * 6), draw(rng, 2 * 8 * 2 * 6));
+    let dout = draw(rng, q.len());
+    let starts = [0, 3];
+    let (out, _) = reference::attention(&shape, &q, &k, &v, &starts);
+    let (grads, _) = reference::attention_backward(&shape, (&q, &k, &v), &out, &dout, &starts);
+    let loss = |q: &[f64], k: &[f64], v: &[f64]| -> f64 {
+        reference::attention(&shape, q, k, v, &starts).0.iter().zip(&dout).map(|(o, d)| o * d).sum()
+    };
+    for _ in 0..12 {
+        let (iq, ik) = (rng.below(q.len()), rng.below(k.len()));
+        worst = worst
+            .max(reference::fd_error(grads[0][iq], reference::central_difference(&q, iq, |x| loss(x, &k, &v))))
+            .max(reference::fd_error(grads[1][ik], reference::central_difference(&k, ik, |x| loss(&q, x, &v))))
+            .max(reference::fd_error(grads[2][ik], reference::central_difference(&v, ik, |x| loss(&q, &k, x))));
+    }
+    worst
+}
