@@ -132,8 +132,57 @@ NEREUS_KERNEL nereus_adamw(float* __restrict__ param, float* __restrict__ m, flo
   }
 }
 
+// The LM head's backward through log p(target) over one vocab shard, given each row's global
+// log-sum-exp (after the TP combine) and the loss's gradient g[R] with respect to log p:
+//   dlogits[R,C] = g · (onehot(target − shard_start) − exp(l − lse))
+NEREUS_KERNEL nereus_logprob_backward(bf16* __restrict__ dlogits, const bf16* __restrict__ logits,
+                                      const float* __restrict__ lse, const float* __restrict__ dlogp,
+                                      const int* __restrict__ targets, u64 rows, u64 cols, u64 shard_start) {
+  NEREUS_GRID_STRIDE(i, rows * cols) {
+    const u64 row = i / cols, col = i % cols;
+    const float p = nereus_exp(nereus_bf16_to_f32(logits[i]) - lse[row]);
+    const float hit = (long long)targets[row] - (long long)shard_start == (long long)col ? 1.0f : 0.0f;
+    dlogits[i] = nereus_f32_to_bf16(dlogp[row] * (hit - p));
+  }
+}
+
+// Greedy decoding over one vocab shard: tokens[R] = the lowest column holding the row's largest
+// logit (the host combines shards by (value, shard_start + column)); values[R] that logit.
+NEREUS_KERNEL nereus_argmax(int* __restrict__ tokens, float* __restrict__ values, const bf16* __restrict__ logits,
+                            u64 rows, u64 cols) {
+  __shared__ float scratch[1024 / NEREUS_WARP];
+  const float neg_inf = nereus_bits_to_f32(0xff800000u);
+  NEREUS_ROWS(row, rows) {
+    const bf16* lr = logits + row * cols;  // [C]
+    float m = neg_inf;
+    for (u64 c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, nereus_bf16_to_f32(lr[c]));
+    m = nereus_block_reduce(m, scratch, true);
+    // The lowest column at the maximum, as the largest −column (exact in f32 below 2^24 columns).
+    float first = neg_inf;
+    for (u64 c = threadIdx.x; c < cols; c += blockDim.x)
+      if (nereus_bf16_to_f32(lr[c]) == m) first = fmaxf(first, -(float)c);
+    first = nereus_block_reduce(first, scratch, true);
+    if (threadIdx.x == 0) {
+      tokens[row] = (int)(-first);
+      values[row] = m;
+    }
+  }
+}
+
+// One pass of the gradient norm: partial[blockIdx.x] = Σ x² (`square` = 1) or Σ x (0) over the
+// block's grid-stride share, each thread's share summed in f64 (a 10⁹-element tensor gives each
+// thread thousands of terms), the block's in a pairwise f32 tree. The first pass squares; a
+// second launch with one block and `square` = 0 adds the partials.
+NEREUS_KERNEL nereus_sum_squares(float* __restrict__ partial, const float* __restrict__ x, u64 n, int square) {
+  __shared__ float scratch[1024 / NEREUS_WARP];
+  double own = 0.0;
+  NEREUS_GRID_STRIDE(i, n) own += square ? (double)x[i] * (double)x[i] : (double)x[i];
+  const float block = nereus_block_reduce((float)own, scratch, false);
+  if (threadIdx.x == 0) partial[blockIdx.x] = block;
+}
+
 // Every entry point, for the grid emulator's table (kernels/emulator/kernels.cpp).
 #define NEREUS_ENGINE_KERNELS(X)                                                                            \
   X(nereus_cast_f32_to_bf16) X(nereus_cast_bf16_to_f32) X(nereus_rmsnorm_forward) X(nereus_rmsnorm_backward) \
   X(nereus_swiglu_forward) X(nereus_swiglu_backward) X(nereus_residual_add) X(nereus_logits_row_stats)       \
-  X(nereus_adamw)
+  X(nereus_adamw) X(nereus_logprob_backward) X(nereus_argmax) X(nereus_sum_squares)

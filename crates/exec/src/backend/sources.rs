@@ -21,7 +21,7 @@ pub struct KernelSource {
 }
 
 /// The engine's entry points in `kernels/engine.cu`.
-pub const ENGINE_KERNELS: [&str; 9] = [
+pub const ENGINE_KERNELS: [&str; 12] = [
     "nereus_cast_f32_to_bf16",
     "nereus_cast_bf16_to_f32",
     "nereus_rmsnorm_forward",
@@ -31,6 +31,9 @@ pub const ENGINE_KERNELS: [&str; 9] = [
     "nereus_residual_add",
     "nereus_logits_row_stats",
     "nereus_adamw",
+    "nereus_logprob_backward",
+    "nereus_argmax",
+    "nereus_sum_squares",
 ];
 
 const PACK_ENTRY_POINTS: [&str; 5] = {

@@ -152,7 +152,7 @@ fn check_every_kernel<R: GpuRuntime>(
     summary: &mut KernelSummary,
 ) -> Result<(), RuntimeError> {
     type Check<R> = fn(&Device<R>, &mut Rng, &mut Verdict) -> Result<(), BackendError>;
-    let checks: [(&'static str, Check<R>); 15] = [
+    let checks: [(&'static str, Check<R>); 18] = [
         ("nereus_cast_f32_to_bf16", check_cast_to_bf16),
         ("nereus_cast_bf16_to_f32", check_cast_to_f32),
         ("nereus_rmsnorm_forward", check_rmsnorm_forward),
@@ -162,6 +162,9 @@ fn check_every_kernel<R: GpuRuntime>(
         ("nereus_residual_add", check_residual_add),
         ("nereus_logits_row_stats", check_row_stats),
         ("nereus_adamw", check_adamw),
+        ("nereus_logprob_backward", check_logprob_backward),
+        ("nereus_argmax", check_argmax),
+        ("nereus_sum_squares", check_sum_squares),
         ("nereus_embedding_forward", attention::check_embedding_forward),
         ("nereus_embedding_backward", attention::check_embedding_backward),
         ("nereus_rope", attention::check_rope),
@@ -508,6 +511,87 @@ fn check_adamw<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> 
             f32_to_bf16(got_p[i])
         ));
     }
+    Ok(())
+}
+
+fn check_logprob_backward<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
+    let (rows, cols) = (1 + rng.below(9), length(rng, 5_000));
+    let shard_start = rng.below(10_000);
+    let logits = bf16_values(rng, rows * cols, 8.0);
+    let targets: Vec<i32> = (0..rows).map(|_| (shard_start + rng.below(cols + cols / 4 + 1)) as i32).collect();
+    // The global log-sum-exp: this shard's plus the mass of the other shards (drawn).
+    let lse: Vec<f32> = widen(&logits)
+        .chunks(cols)
+        .map(|row| {
+            let (max, sum, _) = reference::row_stats(row, 0, 0);
+            (max + (sum + (uniform(rng).abs() * 1e3)).ln()) as f32
+        })
+        .collect();
+    let dlogp: Vec<f32> = (0..rows).map(|_| uniform(rng) as f32).collect();
+    let (ls, lses, gs, ts) = (
+        DeviceVec::from(d, &logits)?,
+        DeviceVec::from(d, &lse)?,
+        DeviceVec::from(d, &dlogp)?,
+        DeviceVec::from(d, &targets)?,
+    );
+    let out = DeviceVec::from(d, &vec![0u16; rows * cols])?;
+    let shape = vec![KernelArg::U64(rows as u64), KernelArg::U64(cols as u64), KernelArg::U64(shard_start as u64)];
+    run(
+        d,
+        v.kernel,
+        elementwise_grid(rows * cols),
+        [vec![out.arg(), ls.arg(), lses.arg(), gs.arg(), ts.arg()], shape].concat(),
+    )?;
+    let (mut want, mut scale) = (Vec::with_capacity(rows * cols), Vec::with_capacity(rows * cols));
+    for (r, row) in widen(&logits).chunks(cols).enumerate() {
+        let g = f64::from(dlogp[r]);
+        for (c, l) in row.iter().enumerate() {
+            let p = (l - f64::from(lse[r])).exp();
+            let hit = if targets[r] as usize == shard_start + c { 1.0 } else { 0.0 };
+            want.push(g * (hit - p));
+            scale.push(g.abs() * (hit + p));
+        }
+    }
+    v.bf16_scaled("dlogits", &out.read()?, &want, &scale);
+    Ok(())
+}
+
+fn check_argmax<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
+    let (rows, cols) = (1 + rng.below(9), length(rng, 50_000));
+    let mut logits = bf16_values(rng, rows * cols, 8.0);
+    // Ties at the maximum: the lowest column must win.
+    for row in logits.chunks_mut(cols) {
+        let top = row.iter().copied().max_by(|a, b| bf16_to_f32(*a).total_cmp(&bf16_to_f32(*b))).unwrap_or(0);
+        for _ in 0..rng.below(3) {
+            row[rng.below(cols)] = top;
+        }
+    }
+    let (ls, ts, vs) =
+        (DeviceVec::from(d, &logits)?, DeviceVec::from(d, &vec![-1i32; rows])?, DeviceVec::from(d, &vec![0f32; rows])?);
+    let shape = vec![KernelArg::U64(rows as u64), KernelArg::U64(cols as u64)];
+    run(d, v.kernel, rows as u64, [vec![ts.arg(), vs.arg(), ls.arg()], shape].concat())?;
+    let (tokens, values): (Vec<i32>, Vec<f32>) = (ts.read()?, vs.read()?);
+    for (r, row) in widen(&logits).chunks(cols).enumerate() {
+        let best = (0..cols).fold(0, |b, c| if row[c] > row[b] { c } else { b });
+        if tokens[r] != best as i32 || f64::from(values[r]) != row[best] {
+            v.failures
+                .push(format!("{} row {r}: ({}, {}), want ({best}, {})", v.kernel, tokens[r], values[r], row[best]));
+        }
+    }
+    Ok(())
+}
+
+fn check_sum_squares<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
+    let n = length(rng, 200_000);
+    let x: Vec<f32> = (0..n).map(|_| (uniform(rng) * 3.0) as f32).collect();
+    let blocks = elementwise_grid(n).min(64);
+    let (xs, partial, total) =
+        (DeviceVec::from(d, &x)?, DeviceVec::from(d, &vec![0f32; blocks as usize])?, DeviceVec::from(d, &[0f32])?);
+    run(d, v.kernel, blocks, vec![partial.arg(), xs.arg(), KernelArg::U64(n as u64), KernelArg::I32(1)])?;
+    run(d, v.kernel, 1, vec![total.arg(), partial.arg(), KernelArg::U64(blocks), KernelArg::I32(0)])?;
+    let want: f64 = x.iter().map(|&e| f64::from(e) * f64::from(e)).sum();
+    // Every term is positive: the sum of magnitudes is the sum.
+    v.f32("sum", &total.read()?, &[want], &[want]);
     Ok(())
 }
 
