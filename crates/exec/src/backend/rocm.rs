@@ -29,6 +29,12 @@ pub const ATTENTION_CODE_OBJECT: Option<&[u8]> = Some(include_bytes!(concat!(env
 /// The code object of `kernels/attention.cu`, when hipcc was present at build time.
 #[cfg(not(nereus_hip_kernels))]
 pub const ATTENTION_CODE_OBJECT: Option<&[u8]> = None;
+/// The code object of `kernels/sample.cu`, when hipcc was present at build time.
+#[cfg(nereus_hip_kernels)]
+pub const SAMPLE_CODE_OBJECT: Option<&[u8]> = Some(include_bytes!(concat!(env!("OUT_DIR"), "/sample.co")));
+/// The code object of `kernels/sample.cu`, when hipcc was present at build time.
+#[cfg(not(nereus_hip_kernels))]
+pub const SAMPLE_CODE_OBJECT: Option<&[u8]> = None;
 /// The code object of `kernels/probe.cu`, when hipcc was present at build time.
 #[cfg(nereus_hip_kernels)]
 pub const PROBE_CODE_OBJECT: Option<&[u8]> = Some(include_bytes!(concat!(env!("OUT_DIR"), "/probe.co")));
@@ -37,10 +43,11 @@ pub const PROBE_CODE_OBJECT: Option<&[u8]> = Some(include_bytes!(concat!(env!("O
 pub const PROBE_CODE_OBJECT: Option<&[u8]> = None;
 
 /// Each kernel source's embedded code object.
-const CODE_OBJECTS: [(&str, Option<&[u8]>); 4] = [
+const CODE_OBJECTS: [(&str, Option<&[u8]>); 5] = [
     ("pack.cu", PACK_CODE_OBJECT),
     ("engine.cu", ENGINE_CODE_OBJECT),
     ("attention.cu", ATTENTION_CODE_OBJECT),
+    ("sample.cu", SAMPLE_CODE_OBJECT),
     ("probe.cu", PROBE_CODE_OBJECT),
 ];
 

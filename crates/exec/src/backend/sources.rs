@@ -65,7 +65,7 @@ pub const ATTENTION_MAX_HEAD_DIM: usize = 256;
 pub const PROBE_KERNELS: [&str; 2] = ["nereus_probe_block_reverse", "nereus_probe_reductions"];
 
 /// Every kernel source.
-pub const SOURCES: [KernelSource; 4] = [
+pub const SOURCES: [KernelSource; 5] = [
     KernelSource {
         file: "pack.cu",
         text: include_str!("../../../../kernels/pack.cu"),
@@ -80,6 +80,11 @@ pub const SOURCES: [KernelSource; 4] = [
         file: "attention.cu",
         text: include_str!("../../../../kernels/attention.cu"),
         entry_points: &ATTENTION_KERNELS,
+    },
+    KernelSource {
+        file: "sample.cu",
+        text: include_str!("../../../../kernels/sample.cu"),
+        entry_points: &["nereus_sample"],
     },
     KernelSource { file: "probe.cu", text: include_str!("../../../../kernels/probe.cu"), entry_points: &PROBE_KERNELS },
 ];

@@ -32,6 +32,7 @@ use nereus_exec::backend::sources::{KernelArg, KernelArgs, Launch};
 use nereus_exec::backend::BackendError;
 use nereus_exec::comm::collectives::CollectiveLib;
 use nereus_exec::emu::DeviceMemory;
+use nereus_exec::engine::{sample_token, Sampling, StopIds};
 use nereus_runtime::device::{with_device, DeviceJob, Plane};
 use nereus_runtime::{RuntimeError, Session};
 
@@ -152,7 +153,7 @@ fn check_every_kernel<R: GpuRuntime>(
     summary: &mut KernelSummary,
 ) -> Result<(), RuntimeError> {
     type Check<R> = fn(&Device<R>, &mut Rng, &mut Verdict) -> Result<(), BackendError>;
-    let checks: [(&'static str, Check<R>); 18] = [
+    let checks: [(&'static str, Check<R>); 19] = [
         ("nereus_cast_f32_to_bf16", check_cast_to_bf16),
         ("nereus_cast_bf16_to_f32", check_cast_to_f32),
         ("nereus_rmsnorm_forward", check_rmsnorm_forward),
@@ -165,6 +166,7 @@ fn check_every_kernel<R: GpuRuntime>(
         ("nereus_logprob_backward", check_logprob_backward),
         ("nereus_argmax", check_argmax),
         ("nereus_sum_squares", check_sum_squares),
+        ("nereus_sample", check_sample),
         ("nereus_embedding_forward", attention::check_embedding_forward),
         ("nereus_embedding_backward", attention::check_embedding_backward),
         ("nereus_rope", attention::check_rope),
@@ -592,6 +594,61 @@ fn check_sum_squares<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdic
     let want: f64 = x.iter().map(|&e| f64::from(e) * f64::from(e)).sum();
     // Every term is positive: the sum of magnitudes is the sum.
     v.f32("sum", &total.read()?, &[want], &[want]);
+    Ok(())
+}
+
+/// The draw of the CPU engine's `sample_token` for one row.
+fn host_draw(logits: &[f32], temperature: f32, top_p: f32, greedy: bool, u: f64) -> i32 {
+    let sampling =
+        Sampling { temperature, top_p, max_new_tokens: 1, eos: 0, also_stop: StopIds::NONE, greedy, seed: 0 };
+    sample_token(logits, &sampling, u) as i32
+}
+
+fn check_sample<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
+    let (rows, cols) = (1 + rng.below(6), length(rng, 12_000));
+    let scale = [0.5, 3.0, 12.0][rng.below(3)];
+    let mut logits: Vec<f32> = (0..rows * cols).map(|_| (uniform(rng) * scale) as f32).collect();
+    for row in logits.chunks_mut(cols) {
+        // Ties, at the top and elsewhere: ids break them.
+        let top = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        for _ in 0..rng.below(4) {
+            let (a, b) = (rng.below(cols), rng.below(cols));
+            row[a] = if rng.below(2) == 0 { top } else { row[b] };
+        }
+    }
+    let greedy = rng.below(4) == 0;
+    let temperature = [0.3f32, 0.7, 1.0, 1.5][rng.below(4)];
+    let top_p = [1.0f32, 0.95, 0.8, 0.5][rng.below(4)];
+    let u: Vec<f32> = (0..rows).map(|_| (uniform(rng).abs() as f32).min(0.999_999)).collect();
+    let (ls, us, ts) = (DeviceVec::from(d, &logits)?, DeviceVec::from(d, &u)?, DeviceVec::from(d, &vec![-1i32; rows])?);
+    let mut args = vec![ts.arg(), ls.arg(), us.arg(), KernelArg::U64(rows as u64), KernelArg::U64(cols as u64)];
+    args.extend([KernelArg::F32(temperature), KernelArg::F32(top_p), KernelArg::I32(i32::from(greedy))]);
+    run(d, v.kernel, rows as u64, args)?;
+    let got: Vec<i32> = ts.read()?;
+    for (r, row) in logits.chunks(cols).enumerate() {
+        let draw = |u: f64, top_p: f32| host_draw(row, temperature, top_p, greedy, u);
+        let ur = f64::from(u[r]);
+        if got[r] == draw(ur, top_p) {
+            continue;
+        }
+        // f32 trees against f64 sums: a draw within 10⁻⁵ of a boundary may fall either side.
+        let near = [
+            (ur * (1.0 - 1e-5), top_p),
+            ((ur * (1.0 + 1e-5)).min(1.0), top_p),
+            (ur, top_p * (1.0 - 1e-5)),
+            (ur, (top_p * (1.0 + 1e-5)).min(1.0)),
+        ];
+        if near.iter().any(|&(u, p)| got[r] == draw(u, p)) {
+            v.worst = v.worst.max(0.5);
+        } else {
+            v.failures.push(format!(
+                "{} row {r}: drew {}, the host draws {} (u {ur}, T {temperature}, top-p {top_p}, greedy {greedy})",
+                v.kernel,
+                got[r],
+                draw(ur, top_p)
+            ));
+        }
+    }
     Ok(())
 }
 

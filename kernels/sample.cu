@@ -1,0 +1,124 @@
+// kernels/sample.cu: drawing the next token from one full-vocabulary row of f32 logits, exactly
+// as the CPU engine's `sample_token` (crates/exec/src/engine/generate.rs) defines it, without
+// sorting the vocabulary:
+//   p_i = exp((z_i − max) / T); the nucleus is the smallest set of most likely tokens (ties by
+//   lower id) whose mass reaches top_p·Σp; the token is where the nucleus's cumulative mass, in
+//   that order, first exceeds u·(nucleus mass).
+// Both "where" questions are answered by bisection over the bit patterns of positive floats
+// (monotone in their value): 31 block-wide passes each, every pass a masked sum over the row.
+// Within the level found, ties are resolved by id with a block scan. Greedy (or T ≤ 0) takes the
+// lowest id at the maximum. u comes from the counter-based draws (a token does not depend on the
+// layout that produced the logits). Sums are f64 per thread and f32 trees across the block, so a
+// draw within ~10⁻⁵ of a boundary may pick the neighbour the host's f64 sorted sums pick; the
+// distribution is the same.
+//
+// Legend: R rows (sequences), V vocabulary. One block per row, blockDim.x a multiple of the warp.
+
+struct NereusNucleus {
+  float max, temperature;
+};
+
+__device__ __forceinline__ float nereus_sample_p(const NereusNucleus& n, float z) {
+  return nereus_exp((z - n.max) / n.temperature);
+}
+
+// Σ p_i over ids whose p lies in [lo, hi), over the block's row.
+__device__ __forceinline__ float nereus_mass_between(const float* row, u64 v, const NereusNucleus& n, float lo, float hi,
+                                                     float* scratch) {
+  double s = 0.0;  // each thread's share in f64: a 128k vocabulary gives it 500 terms
+  for (u64 c = threadIdx.x; c < v; c += blockDim.x) {
+    const float p = nereus_sample_p(n, row[c]);
+    if (p >= lo && p < hi) s += p;
+  }
+  return nereus_block_reduce((float)s, scratch, false);
+}
+
+// The largest positive float x with mass(p in [x, hi)) + below_hi ≥ target, by bisection on bits.
+__device__ __forceinline__ float nereus_level(const float* row, u64 v, const NereusNucleus& n, float hi,
+                                              float target, float* scratch) {
+  unsigned int lo_bits = 0u, hi_bits = nereus_f32_to_bits(1.0f) + 1u;  // p ≤ 1 (the max has p = 1)
+  while (hi_bits - lo_bits > 1u) {
+    const unsigned int mid = lo_bits + (hi_bits - lo_bits) / 2u;
+    if (nereus_mass_between(row, v, n, nereus_bits_to_f32(mid), hi, scratch) >= target) lo_bits = mid;
+    else hi_bits = mid;
+  }
+  return nereus_bits_to_f32(lo_bits);
+}
+
+// The next float above a non-negative x.
+__device__ __forceinline__ float nereus_next_up(float x) { return nereus_bits_to_f32(nereus_f32_to_bits(x) + 1u); }
+
+// Whether column value z sits at `level`: by p (sampling) or by the raw logit (greedy, where
+// exp(z − max) could round a near-maximum up to 1).
+__device__ __forceinline__ bool nereus_at_level(const NereusNucleus& n, float z, float level, bool by_logit) {
+  return by_logit ? z == level : nereus_sample_p(n, z) == level;
+}
+
+// The id of the `rank`-th (0-based) entry of the row at `level`, in id order (the last one when
+// `rank` is past them, which float slack can cause); each thread scans a contiguous chunk and a
+// block prefix over the chunk counts finds the owner. `counts` is shared, one per thread.
+__device__ __forceinline__ int nereus_tied_id(const float* row, u64 v, const NereusNucleus& n, float level,
+                                              unsigned int rank, bool by_logit, unsigned int* counts) {
+  const u64 chunk = (v + blockDim.x - 1) / blockDim.x, begin = threadIdx.x * chunk;
+  const u64 end = begin + chunk < v ? begin + chunk : v;
+  unsigned int mine = 0;
+  for (u64 c = begin; c < end; ++c) mine += nereus_at_level(n, row[c], level, by_logit);
+  counts[threadIdx.x] = mine;
+  __syncthreads();
+  unsigned int before = 0, all = 0;
+  for (unsigned int t = 0; t < blockDim.x; ++t) {
+    before += t < threadIdx.x ? counts[t] : 0u;
+    all += counts[t];
+  }
+  __syncthreads();  // counts is reused by the next call
+  const unsigned int want = rank < all ? rank : all - 1u;
+  int id = -1;
+  if (want >= before && want < before + mine) {
+    unsigned int seen = before;
+    for (u64 c = begin; c < end && id < 0; ++c)
+      if (nereus_at_level(n, row[c], level, by_logit) && seen++ == want) id = (int)c;
+  }
+  return id;  // only the owning thread holds it; the others hold −1
+}
+
+// tokens[R]: the draw for each row of logits[R, V] with uniforms u[R] ∈ [0, 1).
+NEREUS_KERNEL nereus_sample(int* __restrict__ tokens, const float* __restrict__ logits, const float* __restrict__ u,
+                            u64 rows, u64 v, float temperature, float top_p, int greedy) {
+  __shared__ float scratch[1024 / NEREUS_WARP];
+  __shared__ unsigned int counts[1024];
+  const float inf = nereus_bits_to_f32(0x7f800000u);
+  for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* row = logits + r * v;  // [V]
+    float m = nereus_bits_to_f32(0xff800000u);
+    for (u64 c = threadIdx.x; c < v; c += blockDim.x) m = fmaxf(m, row[c]);
+    m = nereus_block_reduce(m, scratch, true);
+    const NereusNucleus n = {m, temperature > 0.0f ? temperature : 1.0f};
+    int id;
+    if (greedy || temperature <= 0.0f) {
+      id = nereus_tied_id(row, v, n, m, 0u, true, counts);
+    } else {
+      // The nucleus: every p above tau, and the first k of those equal to it.
+      const float want = top_p * nereus_mass_between(row, v, n, 0.0f, inf, scratch);
+      const float tau = nereus_level(row, v, n, inf, want, scratch);
+      const float above_tau = nereus_mass_between(row, v, n, nereus_next_up(tau), inf, scratch);
+      // k = the ties at tau the mass still needs, at least one and at most all of them (rounding
+      // in want − above_tau must not take in a token that is not there).
+      float ties = 0.0f;
+      for (u64 c = threadIdx.x; c < v; c += blockDim.x) ties += nereus_sample_p(n, row[c]) == tau ? 1.0f : 0.0f;
+      ties = nereus_block_reduce(ties, scratch, false);
+      const float k = tau > 0.0f ? fminf(fmaxf(ceilf((want - above_tau) / tau), 1.0f), ties) : 1.0f;
+      // Invert the nucleus's cumulative mass at u·kept: the first level whose cumulative mass
+      // exceeds the target (≥ the next float up), never below tau; then the tie within it.
+      const float target = u[r] * (above_tau + k * tau);
+      const float sigma = fmaxf(nereus_level(row, v, n, inf, nereus_next_up(target), scratch), tau);
+      const float above_sigma = nereus_mass_between(row, v, n, nereus_next_up(sigma), inf, scratch);
+      const float j = sigma > 0.0f ? fmaxf(floorf((target - above_sigma) / sigma), 0.0f) : 0.0f;
+      id = nereus_tied_id(row, v, n, sigma, (unsigned int)j, false, counts);
+    }
+    if (id >= 0) tokens[r] = id;
+    __syncthreads();  // the next row reuses the shared scratch
+  }
+}
+
+// Every entry point, for the grid emulator's table (kernels/emulator/kernels.cpp).
+#define NEREUS_SAMPLE_KERNELS(X) X(nereus_sample)
