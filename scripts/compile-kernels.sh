@@ -7,7 +7,8 @@
 #           sm_80 and sm_90, and to cubins by NVRTC itself;
 #   hipcc   --genco --offload-arch=gfx90a (Debian's hipcc, ROCm 5.2) in build.rs, the code object
 #           embedded in the binary;
-#   g++     the grid emulator at warp 32 and 64 (build.rs, every build).
+#   g++     the grid emulator at warp 32 and 64 (build.rs, every build);
+# and every cuBLAS symbol the engine's GEMMs use is resolved from the PyPI wheel's libcublas.so.12.
 #
 #   NEREUS_WITH_KERNEL_TOOLS=1 bash scripts/setup.sh   # installs the tools (idempotent)
 #   bash scripts/compile-kernels.sh [CARGO SELECTION…]
@@ -26,4 +27,5 @@ selection=("$@")
 cargo test --release --locked "${selection[@]}" --lib -- \
   backend::cuda::tests::cuda_kernels_compile_with_nvrtc_and_assemble_with_ptxas_without_spills \
   backend::rocm::tests::the_embedded_code_object_holds_every_kernel \
-  backend::grid::tests::the_emulator_holds_every_kernel_of_every_source_at_both_widths
+  backend::grid::tests::the_emulator_holds_every_kernel_of_every_source_at_both_widths \
+  backend::cuda::tests::every_cublas_symbol_the_engine_uses_resolves

@@ -2,6 +2,7 @@
 # PyPI ships loadable without a CUDA toolkit. Each is used only when installed:
 #   nvidia-cuda-nvrtc-cu12  libnvrtc.so.12   -> LD_LIBRARY_PATH (NVRTC compiles kernels/*.cu)
 #   nvidia-cuda-nvcc-cu12   ptxas            -> NEREUS_PTXAS (assembles the PTX for sm_80/sm_90)
+#   nvidia-cublas-cu12      libcublas.so.12  -> LD_LIBRARY_PATH (the GEMM symbols are resolved in CI)
 #   nvidia-nccl-cu12        libnccl.so.2     -> a libnccl.so link in target/nccl-link on
 #                                               LD_LIBRARY_PATH (cudarc loads libnccl.so)
 py=${PYTHON:-python3}
@@ -15,6 +16,10 @@ if [ -n "$nereus_nvcc" ] && [ -x "$nereus_nvcc/bin/ptxas" ]; then
   export NEREUS_PTXAS="$nereus_nvcc/bin/ptxas"
 elif command -v ptxas >/dev/null; then
   export NEREUS_PTXAS=$(command -v ptxas)
+fi
+nereus_cublas=$(pkg_dir cublas)
+if [ -n "$nereus_cublas" ] && [ -e "$nereus_cublas/lib/libcublas.so.12" ]; then
+  export LD_LIBRARY_PATH="$nereus_cublas/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 nereus_nccl=$(pkg_dir nccl)
 if [ -n "$nereus_nccl" ] && [ -e "$nereus_nccl/lib/libnccl.so.2" ]; then

@@ -38,14 +38,15 @@ if [ -n "$missing" ]; then
   fi
 fi
 
-# NVRTC (compiles kernels/*.cu to PTX) and ptxas (assembles it) from PyPI: no CUDA toolkit needed.
+# NVRTC (compiles kernels/*.cu to PTX), ptxas (assembles it) and cuBLAS (its symbols are resolved)
+# from PyPI: no CUDA toolkit needed.
 if [ "${NEREUS_WITH_KERNEL_TOOLS:-0}" = 1 ]; then
-  for wheel in nvidia-cuda-nvrtc-cu12 nvidia-cuda-nvcc-cu12; do
+  for wheel in nvidia-cuda-nvrtc-cu12 nvidia-cuda-nvcc-cu12 nvidia-cublas-cu12; do
     python3 -m pip show -q "$wheel" >/dev/null 2>&1 && continue
     echo "setup: pip installing $wheel"
     # Debian's own python refuses system-wide pip installs unless told (PEP 668).
-    python3 -m pip install -q --disable-pip-version-check "$wheel" 2>/dev/null ||
-      python3 -m pip install -q --disable-pip-version-check --break-system-packages "$wheel"
+    python3 -m pip install -q --no-deps --disable-pip-version-check "$wheel" 2>/dev/null ||
+      python3 -m pip install -q --no-deps --disable-pip-version-check --break-system-packages "$wheel"
   done
 fi
 

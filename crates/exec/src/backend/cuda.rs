@@ -8,6 +8,7 @@ use cudarc::driver::result::{self, stream::StreamKind};
 use cudarc::driver::sys;
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 
+use super::blas::{Gemm, VendorBlas, CUBLAS};
 use super::gpu::{DevicePtr, GpuRuntime, RawHandle};
 use super::sources::{KernelArgs, KernelSource, Launch, SOURCES};
 use super::{BackendError, DriverDevice};
@@ -149,6 +150,8 @@ pub struct Cuda {
     cu_device: sys::CUdevice,
     modules: Vec<sys::CUmodule>,
     kernels: Vec<(&'static str, sys::CUfunction)>,
+    /// The vendor BLAS, opened at the first GEMM (a job that never multiplies never needs it).
+    blas: std::cell::OnceCell<VendorBlas>,
 }
 
 impl Cuda {
@@ -193,7 +196,7 @@ impl Cuda {
                 kernels.push((name, f.map_err(driver_error)?));
             }
         }
-        Ok(Cuda { device, cu_device, modules, kernels })
+        Ok(Cuda { device, cu_device, modules, kernels, blas: std::cell::OnceCell::new() })
     }
 }
 
@@ -299,6 +302,21 @@ impl GpuRuntime for Cuda {
         result::memcpy_dtod_async(dst.0, src.0, bytes as usize, stream(s)).map_err(driver_error)
     }
 
+    unsafe fn gemm(
+        &self,
+        g: &Gemm,
+        a: DevicePtr,
+        b: DevicePtr,
+        c: DevicePtr,
+        s: RawHandle,
+    ) -> Result<(), BackendError> {
+        if self.blas.get().is_none() {
+            let _ = self.blas.set(VendorBlas::open(CUBLAS)?);
+        }
+        let blas = self.blas.get().expect("set above");
+        blas.gemm(g, a.0, b.0, c.0, stream(s).cast())
+    }
+
     unsafe fn launch(&self, l: &Launch, args: &mut KernelArgs, s: RawHandle) -> Result<(), BackendError> {
         let Some(&(_, f)) = self.kernels.iter().find(|(n, _)| *n == l.kernel) else {
             return Err(BackendError::Kernels { backend: "CUDA", reason: format!("no kernel named {}", l.kernel) });
@@ -367,6 +385,20 @@ mod tests {
                     );
                     eprintln!("ptxas not found ({e}); NVRTC's own cubin for sm_{sm} was checked");
                 }
+            }
+        }
+    }
+
+    /// Every cuBLAS symbol the engine's GEMMs use resolves from the library (CI: the PyPI wheel
+    /// `nvidia-cublas-cu12`, put on LD_LIBRARY_PATH by scripts/kernel-env.sh); no GPU needed.
+    #[test]
+    fn every_cublas_symbol_the_engine_uses_resolves() {
+        use crate::backend::blas::{open_library, resolve_symbols, CUBLAS};
+        match open_library(&CUBLAS) {
+            Ok(library) => resolve_symbols(&CUBLAS, &library).unwrap(),
+            Err(e) => {
+                assert!(!tools_required(), "NEREUS_REQUIRE_KERNEL_TOOLS=1 but cuBLAS does not load: {e}");
+                eprintln!("skipped: {e}");
             }
         }
     }

@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::ffi::c_void;
 use std::time::Instant;
 
+use super::blas::{gemm_on_host, Gemm, GemmOut};
 use super::gpu::{DevicePtr, GpuRuntime, RawHandle};
 use super::grid::{self, WarpWidth};
 use super::kernels::RectLaunch;
@@ -178,6 +179,23 @@ impl GpuRuntime for Emulated {
         }
         // SAFETY: the caller's contract ([`GpuRuntime::launch`]); every address is in an allocation.
         unsafe { grid::launch(self.warp, launch, args) }
+    }
+
+    unsafe fn gemm(
+        &self,
+        g: &Gemm,
+        a: DevicePtr,
+        b: DevicePtr,
+        c: DevicePtr,
+        _: RawHandle,
+    ) -> Result<(), BackendError> {
+        let c_bytes = if g.out == GemmOut::Bf16 { 2 } else { 4 };
+        self.check(a.0, (g.m * g.k * 2) as u64, "GEMM operand A")?;
+        self.check(b.0, (g.k * g.n * 2) as u64, "GEMM operand B")?;
+        self.check(c.0, (g.m * g.n * c_bytes) as u64, "GEMM output C")?;
+        // SAFETY: the three ranges lie inside allocations (checked above).
+        unsafe { gemm_on_host(g, a.0, b.0, c.0) };
+        Ok(())
     }
 
     fn check_rect(&self, l: &RectLaunch) -> Result<(), BackendError> {

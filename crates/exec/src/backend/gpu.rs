@@ -12,6 +12,7 @@ use std::cell::RefCell;
 use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
+use super::blas::Gemm;
 use super::kernels::{rect_launch, RectCopy, RectLaunch};
 use super::sources::{KernelArgs, Launch};
 use super::{BackendError, DriverDevice};
@@ -118,6 +119,18 @@ pub trait GpuRuntime {
     /// `args` match the kernel's parameters, and every address among them lies, over the range
     /// the kernel touches, inside a live allocation (with no overlap the kernel does not allow).
     unsafe fn launch(&self, launch: &Launch, args: &mut KernelArgs, stream: RawHandle) -> Result<(), BackendError>;
+    /// Enqueues a GEMM on `stream` (bf16 inputs, f32 accumulation; see [`Gemm`]).
+    ///
+    /// # Safety
+    /// `a`, `b` and `c` are live allocations of at least the sizes `g` implies.
+    unsafe fn gemm(
+        &self,
+        g: &Gemm,
+        a: DevicePtr,
+        b: DevicePtr,
+        c: DevicePtr,
+        stream: RawHandle,
+    ) -> Result<(), BackendError>;
     /// Checks a rectangle copy's extent before its launch, where the runtime can (the emulated
     /// device knows its allocations); devices check nothing here.
     fn check_rect(&self, _launch: &RectLaunch) -> Result<(), BackendError> {
@@ -310,6 +323,14 @@ impl<R: GpuRuntime> Device<R> {
     /// As [`GpuRuntime::launch`].
     pub unsafe fn launch(&self, launch: &Launch, args: &mut KernelArgs) -> Result<(), BackendError> {
         self.runtime.launch(launch, args, self.stream())
+    }
+
+    /// Enqueues a GEMM on the current stream.
+    ///
+    /// # Safety
+    /// As [`GpuRuntime::gemm`].
+    pub unsafe fn gemm(&self, g: &Gemm, a: DevicePtr, b: DevicePtr, c: DevicePtr) -> Result<(), BackendError> {
+        self.runtime.gemm(g, a, b, c, self.stream())
     }
 
     /// Copies `bytes.len()` bytes from the device at `src` into host memory, through pinned

@@ -9,6 +9,7 @@
 //! per concern, compiled by NVRTC, hipcc and the host compiler), and `grid.rs` runs them on the
 //! grid emulator.
 
+pub mod blas;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod emulated;

@@ -7,6 +7,7 @@ use hip_sys::hiprt;
 use std::ffi::{c_void, CStr, CString};
 use std::os::raw::{c_char, c_int};
 
+use super::blas::{Gemm, VendorBlas, HIPBLAS};
 use super::gpu::{DevicePtr, GpuRuntime, RawHandle};
 use super::sources::{KernelArgs, Launch, SOURCES};
 use super::{BackendError, DriverDevice};
@@ -119,6 +120,8 @@ pub struct Hip {
     device: DriverDevice,
     modules: Vec<hiprt::hipModule_t>,
     kernels: Vec<(&'static str, hiprt::hipFunction_t)>,
+    /// The vendor BLAS, opened at the first GEMM (a job that never multiplies never needs it).
+    blas: std::cell::OnceCell<VendorBlas>,
 }
 
 impl Hip {
@@ -154,7 +157,7 @@ impl Hip {
                 kernels.push((name, f));
             }
         }
-        Ok(Hip { device, modules, kernels })
+        Ok(Hip { device, modules, kernels, blas: std::cell::OnceCell::new() })
     }
 }
 
@@ -270,6 +273,21 @@ impl GpuRuntime for Hip {
         check(status, "hipMemcpyDtoDAsync")
     }
 
+    unsafe fn gemm(
+        &self,
+        g: &Gemm,
+        a: DevicePtr,
+        b: DevicePtr,
+        c: DevicePtr,
+        s: RawHandle,
+    ) -> Result<(), BackendError> {
+        if self.blas.get().is_none() {
+            let _ = self.blas.set(VendorBlas::open(HIPBLAS)?);
+        }
+        let blas = self.blas.get().expect("set above");
+        blas.gemm(g, a.0, b.0, c.0, stream(s).cast())
+    }
+
     unsafe fn launch(&self, l: &Launch, args: &mut KernelArgs, s: RawHandle) -> Result<(), BackendError> {
         let Some(&(_, f)) = self.kernels.iter().find(|(n, _)| *n == l.kernel) else {
             return Err(BackendError::Kernels { backend: "ROCm", reason: format!("no kernel named {}", l.kernel) });
@@ -302,6 +320,17 @@ mod tests {
     fn gpu_rectangle_copies_match_the_host_reference() {
         let device = crate::backend::gpu::Device::new(Hip::open(0).unwrap()).unwrap();
         crate::backend::gpu::check_rect_copies_against_host(&device);
+    }
+
+    /// hipBLAS is not in Debian: where it is missing, opening it names the libraries and the
+    /// variable to set, and resolving against a library that lacks the symbols names the symbol.
+    #[test]
+    fn a_missing_hipblas_is_a_clear_error() {
+        use crate::backend::blas::{open_library, HIPBLAS};
+        if let Err(e) = open_library(&HIPBLAS) {
+            let text = e.to_string();
+            assert!(text.contains("libhipblas.so") && text.contains("NEREUS_HIPBLAS_LIBRARY"), "{text}");
+        }
     }
 
     /// CI builds with hipcc (NEREUS_REQUIRE_KERNEL_TOOLS=1 makes build.rs insist); then each

@@ -13,7 +13,7 @@ pub mod ops;
 pub mod optimizer;
 mod output;
 pub mod parallel;
-mod real;
+pub(crate) mod real;
 pub mod stage;
 pub mod timers;
 pub mod train;

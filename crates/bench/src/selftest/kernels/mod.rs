@@ -25,6 +25,7 @@ use serde::Serialize;
 use nereus_core::config::DeviceChoice;
 use nereus_core::half::{bf16_to_f32, f32_to_bf16};
 use nereus_core::rng::Rng;
+use nereus_exec::backend::blas::{Gemm, GemmOut};
 use nereus_exec::backend::emulated::Emulated;
 use nereus_exec::backend::gpu::{Device, DevicePtr, GpuRuntime};
 use nereus_exec::backend::grid::WarpWidth;
@@ -32,7 +33,7 @@ use nereus_exec::backend::sources::{KernelArg, KernelArgs, Launch};
 use nereus_exec::backend::BackendError;
 use nereus_exec::comm::collectives::CollectiveLib;
 use nereus_exec::emu::DeviceMemory;
-use nereus_exec::engine::{sample_token, Sampling, StopIds};
+use nereus_exec::engine::{sample_token, Op, Sampling, StopIds};
 use nereus_runtime::device::{with_device, DeviceJob, Plane};
 use nereus_runtime::{RuntimeError, Session};
 
@@ -153,7 +154,7 @@ fn check_every_kernel<R: GpuRuntime>(
     summary: &mut KernelSummary,
 ) -> Result<(), RuntimeError> {
     type Check<R> = fn(&Device<R>, &mut Rng, &mut Verdict) -> Result<(), BackendError>;
-    let checks: [(&'static str, Check<R>); 19] = [
+    let checks: [(&'static str, Check<R>); 20] = [
         ("nereus_cast_f32_to_bf16", check_cast_to_bf16),
         ("nereus_cast_bf16_to_f32", check_cast_to_f32),
         ("nereus_rmsnorm_forward", check_rmsnorm_forward),
@@ -167,6 +168,7 @@ fn check_every_kernel<R: GpuRuntime>(
         ("nereus_argmax", check_argmax),
         ("nereus_sum_squares", check_sum_squares),
         ("nereus_sample", check_sample),
+        ("gemm (vendor BLAS)", check_gemm),
         ("nereus_embedding_forward", attention::check_embedding_forward),
         ("nereus_embedding_backward", attention::check_embedding_backward),
         ("nereus_rope", attention::check_rope),
@@ -594,6 +596,51 @@ fn check_sum_squares<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdic
     let want: f64 = x.iter().map(|&e| f64::from(e) * f64::from(e)).sum();
     // Every term is positive: the sum of magnitudes is the sum.
     v.f32("sum", &total.read()?, &[want], &[want]);
+    Ok(())
+}
+
+fn check_gemm<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
+    let (m, k, n) = (length(rng, 150), length(rng, 300), length(rng, 150));
+    let op = |rng: &mut Rng| if rng.below(2) == 0 { Op::N } else { Op::T };
+    let (op_a, op_b) = (op(rng), op(rng));
+    let out = match rng.below(3) {
+        0 => GemmOut::Bf16,
+        1 => GemmOut::F32 { accumulate: false },
+        _ => GemmOut::F32 { accumulate: true },
+    };
+    let g = Gemm { m, k, n, op_a, op_b, out };
+    let (a, b) = (bf16_values(rng, m * k, 1.0), bf16_values(rng, k * n, 1.0));
+    let c0: Vec<f32> = (0..m * n).map(|_| uniform(rng) as f32).collect();
+    let (af, bf) = (widen(&a), widen(&b));
+    let at = |i: usize, l: usize| if op_a == Op::N { af[i * k + l] } else { af[l * m + i] };
+    let bt = |l: usize, j: usize| if op_b == Op::N { bf[l * n + j] } else { bf[j * k + l] };
+    let (mut want, mut scale) = (vec![0.0; m * n], vec![0.0; m * n]);
+    for i in 0..m {
+        for j in 0..n {
+            for l in 0..k {
+                want[i * n + j] += at(i, l) * bt(l, j);
+                scale[i * n + j] += (at(i, l) * bt(l, j)).abs();
+            }
+            if out == (GemmOut::F32 { accumulate: true }) {
+                want[i * n + j] += f64::from(c0[i * n + j]);
+                scale[i * n + j] += f64::from(c0[i * n + j]).abs();
+            }
+        }
+    }
+    let (as_, bs) = (DeviceVec::from(d, &a)?, DeviceVec::from(d, &b)?);
+    if out == GemmOut::Bf16 {
+        let cs = DeviceVec::from(d, &vec![0u16; m * n])?;
+        // SAFETY: the buffers hold [m,k], [k,n] bf16 and [m,n] bf16.
+        unsafe { d.gemm(&g, as_.ptr, bs.ptr, cs.ptr)? };
+        d.synchronize()?;
+        v.bf16_scaled("C", &cs.read()?, &want, &scale);
+    } else {
+        let cs = DeviceVec::from(d, &c0)?;
+        // SAFETY: the buffers hold [m,k], [k,n] bf16 and [m,n] f32.
+        unsafe { d.gemm(&g, as_.ptr, bs.ptr, cs.ptr)? };
+        d.synchronize()?;
+        v.f32("C", &cs.read()?, &want, &scale);
+    }
     Ok(())
 }
 
