@@ -8,7 +8,11 @@
 #   4. runs `bench primitives --device --json` (2 ranks with 2+ GPUs, else the kernel rows on
 #      one) and checks its floors: pack/unpack >= 70% of the device's own device-to-device copy
 #      bandwidth for rectangles >= 64 MiB, Merge sends 0 bytes with resident targets, and the
-#      bytes Split and Extend hand to ncclSend equal the host plane's.
+#      bytes Split and Extend hand to ncclSend equal the host plane's;
+#   5. runs `selftest kernels --device cuda` (issue 30) for seeds 1-3: every engine kernel
+#      (kernels/*.cu, NVRTC for this GPU's sm) and the cuBLAS GEMM on the same seeded shapes and
+#      inputs the grid emulator runs in CI, each within its stated tolerance of the f64 reference
+#      (the emulator's results for these seeds are what CI checked; the reference is the golden).
 # Outputs (JSON, tables, logs) go to OUT_DIR; the exit status is 0 only if every check holds.
 #
 #   bash scripts/gpu-check.sh [OUT_DIR]        # default runs/gpu-check
@@ -33,6 +37,7 @@ have_lib() { ldconfig -p | grep -q "$1"; }
 have_wheel() { python3 -c "import nvidia.$1" 2>/dev/null; }
 if ! have_lib 'libnvrtc.so.12' && ! have_wheel cuda_nvrtc; then python3 -m pip install -q nvidia-cuda-nvrtc-cu12 || true; fi
 if ! have_lib 'libnccl.so' && ! have_wheel nccl; then python3 -m pip install -q nvidia-nccl-cu12 || true; fi
+if ! have_lib 'libcublas.so.12' && ! have_wheel cublas; then python3 -m pip install -q --no-deps nvidia-cublas-cu12 || true; fi
 source scripts/kernel-env.sh
 # cudarc opens libnvrtc.so (or .so.12) and libnccl.so. A machine with only a runtime package
 # (libnccl.so.2) or a newer CUDA (libnvrtc.so.13, in the toolkit or PyTorch's wheels) gets a link
@@ -101,5 +106,16 @@ floors = json.load(open(sys.argv[1]))["floors"]
 for f in floors:
     print(f"{'ok  ' if f['ok'] else 'FAIL'} {f['name']}: {f['value']:.4g} {f['op']} {f['floor']} {f['unit']}")
 sys.exit(0 if floors and all(f["ok"] for f in floors) else 1)
+PY
+echo "== 5. selftest kernels --device cuda (every engine kernel and the cuBLAS GEMM against f64 references)"
+for seed in 1 2 3; do
+  run 1 selftest kernels --device cuda --seed "$seed" | tee "$out/selftest-kernels-$seed.json"
+done
+python3 - "$out"/selftest-kernels-*.json <<'PY'
+import json, sys
+for path in sys.argv[1:]:
+    s = json.load(open(path))
+    worst = max(r["worst"] for r in s["runs"])
+    print(f"{path}: {s['device']}: {len(s['runs'])} checks, worst {worst:.3f} of the tolerance, {len(s['failures'])} failures")
 PY
 echo "gpu-check: every check held; outputs in $out"
