@@ -14,9 +14,13 @@
 
 #include "grid.h"
 
+#if !defined(__x86_64__)
 #include <ucontext.h>
+#endif
 
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,8 +34,21 @@ constexpr size_t kStackBytes = 64 * 1024;
 constexpr unsigned kMaxThreads = 1024;
 constexpr unsigned kMaxDynamicShared = 160 * 1024;  // H100/H200's opt-in limit per block
 
+// Switching between fibers. On x86-64, a six-register switch in assembly (below): glibc's
+// swapcontext also saves and restores the signal mask, a system call per switch, which made half
+// of the emulator's time. Elsewhere, ucontext.
+#if defined(__x86_64__)
+struct Context {
+  void* sp = nullptr;  // the suspended stack: its callee-saved registers, then where to return
+};
+#else
+struct Context {
+  ucontext_t uc;
+};
+#endif
+
 struct Fiber {
-  ucontext_t context;
+  Context context;
   Dim3 idx;
   State state = State::Runnable;
   unsigned shuffles = 0;  // shuffles done: picks the slot buffer
@@ -48,7 +65,7 @@ struct Block {
   std::vector<Fiber> fibers;
   std::vector<unsigned> slots[2];  // shuffle exchange, one value per thread
   unsigned char* shared = nullptr;
-  ucontext_t scheduler;
+  Context scheduler;
   std::string error;
 };
 
@@ -57,14 +74,86 @@ thread_local Fiber* current_fiber = nullptr;
 thread_local std::vector<std::unique_ptr<char[]>> stacks;
 thread_local std::vector<unsigned char> dynamic;
 
-void yield() {
-  swapcontext(&current_fiber->context, &current_block->scheduler);
-}
+#if defined(__x86_64__)
+}  // namespace
+}  // namespace nereus_grid
 
+// Saves the callee-saved registers (and MXCSR, the x87 control word) on the current stack,
+// stores its pointer in *from, switches to `to` and restores what was saved there.
+extern "C" void nereus_grid_switch(void** from, void* to);
+asm(R"(
+  .text
+  .p2align 4
+  .globl nereus_grid_switch
+  .hidden nereus_grid_switch
+  .type nereus_grid_switch, @function
+nereus_grid_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size nereus_grid_switch, .-nereus_grid_switch
+)");
+
+namespace nereus_grid {
+namespace {
+
+void switch_to(Context& from, Context& to) { nereus_grid_switch(&from.sp, to.sp); }
+
+[[noreturn]] void fiber_main();
+
+// A fresh stack whose first switch "returns" into fiber_main as if called: the saved registers
+// (zero), MXCSR and x87 control word at their defaults, then fiber_main's address.
+void start(Context& c, char* stack, size_t bytes) {
+  auto top = reinterpret_cast<uintptr_t>(stack + bytes) & ~uintptr_t{15};
+  auto* sp = reinterpret_cast<uint64_t*>(top - 72);  // ≡ 8 mod 16 after the ret, as after a call
+  const uint32_t mxcsr = 0x1f80;
+  const uint16_t x87 = 0x037f;
+  std::memset(sp, 0, 72);
+  std::memcpy(sp, &mxcsr, sizeof mxcsr);
+  std::memcpy(reinterpret_cast<char*>(sp) + 4, &x87, sizeof x87);
+  sp[7] = reinterpret_cast<uint64_t>(&fiber_main);
+  c.sp = sp;
+}
+#else
+void switch_to(Context& from, Context& to) { swapcontext(&from.uc, &to.uc); }
+
+void fiber_main();
+
+void start(Context& c, char* stack, size_t bytes) {
+  getcontext(&c.uc);
+  c.uc.uc_stack.ss_sp = stack;
+  c.uc.uc_stack.ss_size = bytes;
+  c.uc.uc_link = nullptr;
+  makecontext(&c.uc, fiber_main, 0);
+}
+#endif
+
+void yield() { switch_to(current_fiber->context, current_block->scheduler); }
+
+// A fiber's whole life: the kernel body, then back to the scheduler for good.
 void fiber_main() {
   current_block->body(current_block->kernel, current_block->args);
   current_fiber->state = State::Done;
-  // Returning resumes uc_link: the scheduler.
+  yield();
+  __builtin_unreachable();
 }
 
 unsigned linear(const Fiber& f, const Dim3& dim) { return f.idx.x + dim.x * (f.idx.y + dim.y * f.idx.z); }
@@ -120,11 +209,7 @@ bool run_block(Block& b) {
   for (unsigned t = 0; t < n; ++t) {
     Fiber& f = b.fibers[t];
     f.idx = Dim3{t % b.dim.x, (t / b.dim.x) % b.dim.y, t / (b.dim.x * b.dim.y)};
-    getcontext(&f.context);
-    f.context.uc_stack.ss_sp = stacks[t].get();
-    f.context.uc_stack.ss_size = kStackBytes;
-    f.context.uc_link = &b.scheduler;
-    makecontext(&f.context, fiber_main, 0);
+    start(f.context, stacks[t].get(), kStackBytes);
   }
   for (;;) {
     bool any_live = false;
@@ -134,7 +219,7 @@ bool run_block(Block& b) {
         continue;
       }
       current_fiber = &f;
-      swapcontext(&b.scheduler, &f.context);
+      switch_to(b.scheduler, f.context);
       any_live |= f.state != State::Done;
     }
     if (!b.error.empty()) return false;
