@@ -114,21 +114,38 @@ NEREUS_KERNEL nereus_logits_row_stats(float* __restrict__ row_max, float* __rest
   }
 }
 
-// Fused AdamW over one f32 master tensor and its moments, also writing the bf16 working copy:
+// One tensor of the fused AdamW: f32 master weights, moments and gradient, the bf16 working copy
+// it rewrites, and its own weight decay (0 for norms). Mirrors `AdamTensor` in
+// crates/exec/src/backend/sources.rs (56 bytes).
+struct NereusAdamTensor {
+  float* param;
+  float* m;
+  float* v;
+  bf16* working;
+  const float* grad;
+  u64 n;
+  float weight_decay;
+  unsigned int pad;
+};
+
+// Fused multi-tensor AdamW: one launch updates `count` tensors from the table (in device memory),
+// every thread striding over each tensor in turn, and writes each bf16 working copy:
 //   m = β1·m + (1−β1)·g;  v = β2·v + (1−β2)·g²;  p −= lr·(m/c1 / (sqrt(v/c2) + eps) + wd·p)
 // with c1 = 1 − β1^t and c2 = 1 − β2^t (decoupled weight decay, Loshchilov & Hutter 2019).
-NEREUS_KERNEL nereus_adamw(float* __restrict__ param, float* __restrict__ m, float* __restrict__ v,
-                           bf16* __restrict__ working, const float* __restrict__ grad, u64 n, float lr, float beta1,
-                           float beta2, float eps, float weight_decay, float c1, float c2) {
-  NEREUS_GRID_STRIDE(i, n) {
-    const float g = grad[i];
-    const float mi = beta1 * m[i] + (1.0f - beta1) * g;
-    const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-    const float p = param[i] - lr * (mi / c1 / (nereus_sqrt(vi / c2) + eps) + weight_decay * param[i]);
-    m[i] = mi;
-    v[i] = vi;
-    param[i] = p;
-    working[i] = nereus_f32_to_bf16(p);
+NEREUS_KERNEL nereus_adamw(const NereusAdamTensor* __restrict__ tensors, int count, float lr, float beta1, float beta2,
+                           float eps, float c1, float c2) {
+  for (int t = 0; t < count; ++t) {
+    const NereusAdamTensor x = tensors[t];
+    NEREUS_GRID_STRIDE(i, x.n) {
+      const float g = x.grad[i];
+      const float mi = beta1 * x.m[i] + (1.0f - beta1) * g;
+      const float vi = beta2 * x.v[i] + (1.0f - beta2) * g * g;
+      const float p = x.param[i] - lr * (mi / c1 / (nereus_sqrt(vi / c2) + eps) + x.weight_decay * x.param[i]);
+      x.m[i] = mi;
+      x.v[i] = vi;
+      x.param[i] = p;
+      x.working[i] = nereus_f32_to_bf16(p);
+    }
   }
 }
 

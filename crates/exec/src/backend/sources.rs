@@ -110,6 +110,36 @@ pub struct Launch {
     pub shared_bytes: u32,
 }
 
+/// One tensor of the fused AdamW kernel's table (`NereusAdamTensor` in `kernels/engine.cu`):
+/// device addresses of the f32 master weights, moments and gradient and of the bf16 working copy.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct AdamTensor {
+    /// f32 master weights.
+    pub param: u64,
+    /// f32 first moment.
+    pub m: u64,
+    /// f32 second moment.
+    pub v: u64,
+    /// bf16 working copy, rewritten from the updated master.
+    pub working: u64,
+    /// f32 gradient.
+    pub grad: u64,
+    /// Elements.
+    pub n: u64,
+    /// Decoupled weight decay of this tensor (0 for norms).
+    pub weight_decay: f32,
+    /// Padding to the device struct's 56 bytes.
+    pub pad: u32,
+}
+
+// SAFETY: `repr(C)`, every field plain data, no implicit padding (6 × 8 + 4 + 4 = 56 bytes), and
+// every bit pattern a valid value.
+unsafe impl bytemuck::Zeroable for AdamTensor {}
+// SAFETY: as above.
+unsafe impl bytemuck::Pod for AdamTensor {}
+const _: () = assert!(std::mem::size_of::<AdamTensor>() == 56);
+
 /// One kernel argument, by value, as the kernel's parameter type.
 #[derive(Debug, Clone, Copy)]
 pub enum KernelArg {

@@ -29,7 +29,7 @@ use nereus_exec::backend::blas::{Gemm, GemmOut};
 use nereus_exec::backend::emulated::Emulated;
 use nereus_exec::backend::gpu::{Device, DevicePtr, GpuRuntime};
 use nereus_exec::backend::grid::WarpWidth;
-use nereus_exec::backend::sources::{KernelArg, KernelArgs, Launch};
+use nereus_exec::backend::sources::{AdamTensor, KernelArg, KernelArgs, Launch};
 use nereus_exec::backend::BackendError;
 use nereus_exec::comm::collectives::CollectiveLib;
 use nereus_exec::emu::DeviceMemory;
@@ -468,7 +468,6 @@ fn check_row_stats<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict)
 }
 
 fn check_adamw<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
-    let n = length(rng, 20_000);
     let step = 1 + rng.below(1000) as i32;
     let (beta1, beta2) = (0.9f32, 0.95f32);
     let a = AdamStep {
@@ -476,46 +475,97 @@ fn check_adamw<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> 
         beta1: f64::from(beta1),
         beta2: f64::from(beta2),
         eps: 1e-8,
-        weight_decay: 0.1,
+        weight_decay: 0.0,
         c1: 1.0 - f64::from(beta1).powi(step),
         c2: 1.0 - f64::from(beta2).powi(step),
     };
-    let draw = |rng: &mut Rng, scale: f64| -> Vec<f32> { (0..n).map(|_| (uniform(rng) * scale) as f32).collect() };
-    let (p, m, g) = (draw(rng, 1.0), draw(rng, 1e-2), draw(rng, 1e-1));
-    let vv: Vec<f32> = draw(rng, 1e-2).iter().map(|x| x * x).collect();
-    let (ps, ms, vs, gs) =
-        (DeviceVec::from(d, &p)?, DeviceVec::from(d, &m)?, DeviceVec::from(d, &vv)?, DeviceVec::from(d, &g)?);
-    let work = DeviceVec::from(d, &vec![0u16; n])?;
-    let hyper = [a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.c1, a.c2].map(|x| KernelArg::F32(x as f32));
-    let args =
-        [vec![ps.arg(), ms.arg(), vs.arg(), work.arg(), gs.arg(), KernelArg::U64(n as u64)], hyper.to_vec()].concat();
-    run(d, v.kernel, elementwise_grid(n), args)?;
-    let want: Vec<(f64, f64, f64)> = (0..n)
-        .map(|i| reference::adamw(&a, f64::from(p[i]), f64::from(m[i]), f64::from(vv[i]), f64::from(g[i])))
-        .collect();
-    let got_p: Vec<f32> = ps.read()?;
-    // Scales: the magnitudes each line of the update adds (m's two terms may cancel).
-    let (mut p_scale, mut m_scale) = (Vec::with_capacity(n), Vec::with_capacity(n));
-    for (i, w) in want.iter().enumerate() {
-        let (pi, gi) = (f64::from(p[i]).abs(), f64::from(g[i]).abs());
-        m_scale.push(a.beta1 * f64::from(m[i]).abs() + (1.0 - a.beta1) * gi);
-        let step = (w.1 / a.c1).abs() / ((w.2 / a.c2).sqrt() + a.eps) + a.weight_decay * pi;
-        p_scale.push(pi + a.lr * step);
+    // One to four tensors in one launch, with their own sizes and weight decays.
+    let tensors: Vec<AdamCase> = (0..1 + rng.below(4)).map(|_| AdamCase::draw(rng)).collect();
+    let mut buffers = Vec::new();
+    let mut table = Vec::new();
+    for t in &tensors {
+        let bufs = [
+            DeviceVec::from(d, &t.p)?,
+            DeviceVec::from(d, &t.m)?,
+            DeviceVec::from(d, &t.v)?,
+            DeviceVec::from(d, &t.g)?,
+        ];
+        let work = DeviceVec::from(d, &vec![0u16; t.p.len()])?;
+        let (p, m, vv, g, w) = (bufs[0].ptr.0, bufs[1].ptr.0, bufs[2].ptr.0, bufs[3].ptr.0, work.ptr.0);
+        table.push(AdamTensor {
+            param: p,
+            m,
+            v: vv,
+            working: w,
+            grad: g,
+            n: t.p.len() as u64,
+            weight_decay: t.decay as f32,
+            pad: 0,
+        });
+        buffers.push((bufs, work));
     }
-    v.f32("param", &got_p, &want.iter().map(|w| w.0).collect::<Vec<_>>(), &p_scale);
-    v.f32("m", &ms.read()?, &want.iter().map(|w| w.1).collect::<Vec<_>>(), &m_scale);
-    v.f32("v", &vs.read()?, &want.iter().map(|w| w.2).collect::<Vec<_>>(), &vec![0.0; n]);
-    let working: Vec<u16> = work.read()?;
-    if let Some(i) = got_p.iter().zip(&working).position(|(p, w)| f32_to_bf16(*p) != *w) {
-        v.failures.push(format!(
-            "{}: working[{i}] = {:#06x}, want bf16({}) = {:#06x}",
-            v.kernel,
-            working[i],
-            got_p[i],
-            f32_to_bf16(got_p[i])
-        ));
+    let table_buffer = DeviceVec::from(d, &table)?;
+    let grid = elementwise_grid(tensors.iter().map(|t| t.p.len()).max().unwrap_or(1));
+    let hyper = [a.lr, a.beta1, a.beta2, a.eps, a.c1, a.c2].map(|x| KernelArg::F32(x as f32));
+    run(d, v.kernel, grid, [vec![table_buffer.arg(), KernelArg::I32(table.len() as i32)], hyper.to_vec()].concat())?;
+    for (t, (bufs, work)) in tensors.iter().zip(&buffers) {
+        t.compare(&AdamStep { weight_decay: t.decay, ..a }, bufs, work, v)?;
     }
     Ok(())
+}
+
+/// One tensor of the AdamW check: master weights, moments, gradient and weight decay.
+struct AdamCase {
+    p: Vec<f32>,
+    m: Vec<f32>,
+    v: Vec<f32>,
+    g: Vec<f32>,
+    decay: f64,
+}
+
+impl AdamCase {
+    fn draw(rng: &mut Rng) -> AdamCase {
+        let n = length(rng, 8_000);
+        let mut draw = |scale: f64| -> Vec<f32> { (0..n).map(|_| (uniform(rng) * scale) as f32).collect() };
+        let (p, m, g) = (draw(1.0), draw(1e-2), draw(1e-1));
+        let v = draw(1e-2).iter().map(|x| x * x).collect();
+        AdamCase { p, m, v, g, decay: [0.0, 0.1][rng.below(2)] }
+    }
+
+    /// The kernel's master, moments and working copy against the f64 update.
+    fn compare<R: GpuRuntime>(
+        &self,
+        a: &AdamStep,
+        bufs: &[DeviceVec<'_, R>; 4],
+        work: &DeviceVec<'_, R>,
+        v: &mut Verdict,
+    ) -> Result<(), BackendError> {
+        let n = self.p.len();
+        let want: Vec<(f64, f64, f64)> = (0..n)
+            .map(|i| {
+                let f = |x: &[f32]| f64::from(x[i]);
+                reference::adamw(a, f(&self.p), f(&self.m), f(&self.v), f(&self.g))
+            })
+            .collect();
+        // Scales: the magnitudes each line of the update adds (m's two terms may cancel).
+        let (mut p_scale, mut m_scale) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        for (i, w) in want.iter().enumerate() {
+            let (pi, gi) = (f64::from(self.p[i]).abs(), f64::from(self.g[i]).abs());
+            m_scale.push(a.beta1 * f64::from(self.m[i]).abs() + (1.0 - a.beta1) * gi);
+            let step = (w.1 / a.c1).abs() / ((w.2 / a.c2).sqrt() + a.eps) + a.weight_decay * pi;
+            p_scale.push(pi + a.lr * step);
+        }
+        let got_p: Vec<f32> = bufs[0].read()?;
+        v.f32("param", &got_p, &want.iter().map(|w| w.0).collect::<Vec<_>>(), &p_scale);
+        v.f32("m", &bufs[1].read()?, &want.iter().map(|w| w.1).collect::<Vec<_>>(), &m_scale);
+        v.f32("v", &bufs[2].read()?, &want.iter().map(|w| w.2).collect::<Vec<_>>(), &vec![0.0; n]);
+        let working: Vec<u16> = work.read()?;
+        if let Some(i) = got_p.iter().zip(&working).position(|(p, w)| f32_to_bf16(*p) != *w) {
+            let (got, want) = (working[i], f32_to_bf16(got_p[i]));
+            v.failures.push(format!("{}: working[{i}] = {got:#06x}, want bf16({}) = {want:#06x}", v.kernel, got_p[i]));
+        }
+        Ok(())
+    }
 }
 
 fn check_logprob_backward<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
