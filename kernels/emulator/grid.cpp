@@ -275,6 +275,13 @@ extern "C" int nereus_grid_launch(nereus_grid::Body body, void* kernel, void** a
   if (threads == 0 || threads > nereus_grid::kMaxThreads)
     return fail("a block of " + std::to_string(threads) + " threads (1 to 1024 run)");
   if (1ull * grid[0] * grid[1] * grid[2] == 0) return fail("an empty grid");
+  // CUDA's and HIP's limits, so a launch the emulator accepts is one a device accepts.
+  if (grid[0] > 2147483647u || grid[1] > 65535u || grid[2] > 65535u)
+    return fail("a grid of (" + std::to_string(grid[0]) + ", " + std::to_string(grid[1]) + ", " +
+                std::to_string(grid[2]) + ") blocks (at most 2^31 - 1, 65535, 65535)");
+  if (block[0] > 1024u || block[1] > 1024u || block[2] > 64u)
+    return fail("a block of (" + std::to_string(block[0]) + ", " + std::to_string(block[1]) + ", " +
+                std::to_string(block[2]) + ") threads (at most 1024, 1024, 64 per dimension)");
   if (shared_bytes > nereus_grid::kMaxDynamicShared)
     return fail(std::to_string(shared_bytes) + " bytes of dynamic shared memory (at most 163840)");
   if (nereus_grid::current_block != nullptr) return fail("a launch from inside a kernel");

@@ -164,5 +164,11 @@ mod tests {
         assert!(err.contains("no kernel named no_such_kernel"), "{err}");
         let err = probe(WarpWidth::W64, "nereus_probe_block_reverse", 2048, &mut out).unwrap_err().to_string();
         assert!(err.contains("2048 threads"), "{err}");
+        let mut args = KernelArgs::new([KernelArg::Ptr(out.as_mut_ptr() as u64)]);
+        let tall =
+            Launch { kernel: "nereus_probe_block_reverse", grid: [1, 70_000, 1], block: [64, 1, 1], shared_bytes: 0 };
+        // SAFETY: refused before any block runs.
+        let err = unsafe { launch(WarpWidth::W32, &tall, &mut args) }.unwrap_err().to_string();
+        assert!(err.contains("65535"), "{err}");
     }
 }
