@@ -57,6 +57,16 @@ NEREUS_KERNEL nereus_kv_append(bf16* __restrict__ cache, const bf16* __restrict_
   }
 }
 
+// The query row a block of the attention kernels owns: grid (Tq, H, B).
+struct NereusQueryRow {
+  u64 i, h, seq, g, pos, first;  // query, head, sequence, key/value group, position, first key
+};
+
+__device__ __forceinline__ NereusQueryRow nereus_query_row(const int* starts, u64 tq, u64 tk, u64 heads, u64 kv_heads) {
+  const u64 i = blockIdx.x, h = blockIdx.y, seq = blockIdx.z;
+  return NereusQueryRow{i, h, seq, h / (heads / kv_heads), tk - tq + i, starts ? (u64)starts[seq] : 0};
+}
+
 // Keys per tile: the block's threads each score one key of the tile.
 #define NEREUS_KEY_TILE 128
 #define NEREUS_MAX_HEAD_DIM 256
@@ -73,9 +83,9 @@ NEREUS_KERNEL nereus_attention_forward(bf16* __restrict__ out, float* __restrict
   __shared__ float q_row[NEREUS_MAX_HEAD_DIM];
   __shared__ float p_tile[NEREUS_KEY_TILE];
   __shared__ float scratch[1024 / NEREUS_WARP];
-  const u64 i = blockIdx.x, h = blockIdx.y, seq = blockIdx.z, g = h / (heads / kv_heads);
-  if (i >= tq || h >= heads || seq >= b) return;  // a grid larger than the shape: the whole block leaves
-  const u64 pos = tk - tq + i, first = starts ? (u64)starts[seq] : 0;
+  const NereusQueryRow at = nereus_query_row(starts, tq, tk, heads, kv_heads);
+  if (at.i >= tq || at.h >= heads || at.seq >= b) return;  // a grid larger than the shape: the block leaves
+  const u64 i = at.i, h = at.h, seq = at.seq, g = at.g, pos = at.pos, first = at.first;
   const float scale = nereus_rsqrt((float)d);
   bf16* o = out + ((seq * tq + i) * heads + h) * d;  // [D]
   for (u64 c = threadIdx.x; c < d; c += blockDim.x) q_row[c] = nereus_bf16_to_f32(q[((seq * tq + i) * heads + h) * d + c]);
@@ -131,9 +141,9 @@ NEREUS_KERNEL nereus_attention_backward(bf16* __restrict__ dq, float* __restrict
   __shared__ float p_tile[NEREUS_KEY_TILE];
   __shared__ float ds_tile[NEREUS_KEY_TILE];
   __shared__ float scratch[1024 / NEREUS_WARP];
-  const u64 i = blockIdx.x, h = blockIdx.y, seq = blockIdx.z, g = h / (heads / kv_heads);
-  if (i >= tq || h >= heads || seq >= b) return;  // a grid larger than the shape: the whole block leaves
-  const u64 pos = tk - tq + i, first = starts ? (u64)starts[seq] : 0;
+  const NereusQueryRow at = nereus_query_row(starts, tq, tk, heads, kv_heads);
+  if (at.i >= tq || at.h >= heads || at.seq >= b) return;  // a grid larger than the shape: the block leaves
+  const u64 i = at.i, h = at.h, seq = at.seq, g = at.g, pos = at.pos, first = at.first;
   const u64 row = ((seq * tq + i) * heads + h) * d;
   const float scale = nereus_rsqrt((float)d), row_lse = lse[(seq * heads + h) * tq + i];
   float delta = 0.0f;

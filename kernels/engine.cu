@@ -12,6 +12,13 @@
   for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (u64)gridDim.x * blockDim.x)
 #define NEREUS_ROWS(row, rows) for (u64 row = blockIdx.x; row < (rows); row += gridDim.x)
 
+// The largest of a bf16 row of C values, on every thread of the block.
+__device__ __forceinline__ float nereus_row_max(const bf16* row, u64 cols, float* scratch) {
+  float m = nereus_bits_to_f32(0xff800000u);
+  for (u64 c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, nereus_bf16_to_f32(row[c]));
+  return nereus_block_reduce(m, scratch, true);
+}
+
 // y[N] = bf16(x[N]), rounding to nearest even.
 NEREUS_KERNEL nereus_cast_f32_to_bf16(bf16* __restrict__ y, const float* __restrict__ x, u64 n) {
   NEREUS_GRID_STRIDE(i, n) y[i] = nereus_f32_to_bf16(x[i]);
@@ -99,9 +106,7 @@ NEREUS_KERNEL nereus_logits_row_stats(float* __restrict__ row_max, float* __rest
   const float neg_inf = nereus_bits_to_f32(0xff800000u);
   NEREUS_ROWS(row, rows) {
     const bf16* lr = logits + row * cols;  // [C]
-    float m = neg_inf;
-    for (u64 c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, nereus_bf16_to_f32(lr[c]));
-    m = nereus_block_reduce(m, scratch, true);
+    const float m = nereus_row_max(lr, cols, scratch);
     float s = 0.0f;
     for (u64 c = threadIdx.x; c < cols; c += blockDim.x) s += nereus_exp(nereus_bf16_to_f32(lr[c]) - m);
     s = nereus_block_reduce(s, scratch, false);
@@ -171,9 +176,7 @@ NEREUS_KERNEL nereus_argmax(int* __restrict__ tokens, float* __restrict__ values
   const float neg_inf = nereus_bits_to_f32(0xff800000u);
   NEREUS_ROWS(row, rows) {
     const bf16* lr = logits + row * cols;  // [C]
-    float m = neg_inf;
-    for (u64 c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, nereus_bf16_to_f32(lr[c]));
-    m = nereus_block_reduce(m, scratch, true);
+    const float m = nereus_row_max(lr, cols, scratch);
     // The lowest column at the maximum, as the largest −column (exact in f32 below 2^24 columns).
     float first = neg_inf;
     for (u64 c = threadIdx.x; c < cols; c += blockDim.x)

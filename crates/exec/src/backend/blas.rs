@@ -202,6 +202,15 @@ mod vendor {
     }
 
     impl VendorBlas {
+        /// The BLAS in `cell`, opened (for `abi`) at the first call: a job that never multiplies
+        /// never needs the library.
+        pub fn opened(cell: &std::cell::OnceCell<VendorBlas>, abi: BlasAbi) -> Result<&VendorBlas, BackendError> {
+            if cell.get().is_none() {
+                let _ = cell.set(VendorBlas::open(abi)?);
+            }
+            Ok(cell.get().expect("set above"))
+        }
+
         /// Opens the library of `abi` and creates a handle (on the current device).
         pub fn open(abi: BlasAbi) -> Result<VendorBlas, BackendError> {
             let library = open_library(&abi)?;

@@ -10,7 +10,7 @@ use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 
 use super::blas::{Gemm, VendorBlas, CUBLAS};
 use super::gpu::{DevicePtr, GpuRuntime, RawHandle};
-use super::sources::{KernelArgs, KernelSource, Launch, SOURCES};
+use super::sources::{loaded, KernelArgs, KernelSource, Launch, SOURCES};
 use super::{BackendError, DriverDevice};
 
 fn driver_error(e: impl std::fmt::Debug) -> BackendError {
@@ -310,17 +310,11 @@ impl GpuRuntime for Cuda {
         c: DevicePtr,
         s: RawHandle,
     ) -> Result<(), BackendError> {
-        if self.blas.get().is_none() {
-            let _ = self.blas.set(VendorBlas::open(CUBLAS)?);
-        }
-        let blas = self.blas.get().expect("set above");
-        blas.gemm(g, a.0, b.0, c.0, stream(s).cast())
+        VendorBlas::opened(&self.blas, CUBLAS)?.gemm(g, a.0, b.0, c.0, stream(s).cast())
     }
 
     unsafe fn launch(&self, l: &Launch, args: &mut KernelArgs, s: RawHandle) -> Result<(), BackendError> {
-        let Some(&(_, f)) = self.kernels.iter().find(|(n, _)| *n == l.kernel) else {
-            return Err(BackendError::Kernels { backend: "CUDA", reason: format!("no kernel named {}", l.kernel) });
-        };
+        let f = loaded(&self.kernels, l.kernel, "CUDA")?;
         let mut params = args.pointers();
         let (grid, block) = ((l.grid[0], l.grid[1], l.grid[2]), (l.block[0], l.block[1], l.block[2]));
         result::launch_kernel(f, grid, block, l.shared_bytes, stream(s), &mut params).map_err(driver_error)

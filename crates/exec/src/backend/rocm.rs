@@ -9,7 +9,7 @@ use std::os::raw::{c_char, c_int};
 
 use super::blas::{Gemm, VendorBlas, HIPBLAS};
 use super::gpu::{DevicePtr, GpuRuntime, RawHandle};
-use super::sources::{KernelArgs, Launch, SOURCES};
+use super::sources::{loaded, KernelArgs, Launch, SOURCES};
 use super::{BackendError, DriverDevice};
 
 /// The code object of `kernels/pack.cu`, when hipcc was present at build time.
@@ -281,17 +281,11 @@ impl GpuRuntime for Hip {
         c: DevicePtr,
         s: RawHandle,
     ) -> Result<(), BackendError> {
-        if self.blas.get().is_none() {
-            let _ = self.blas.set(VendorBlas::open(HIPBLAS)?);
-        }
-        let blas = self.blas.get().expect("set above");
-        blas.gemm(g, a.0, b.0, c.0, stream(s).cast())
+        VendorBlas::opened(&self.blas, HIPBLAS)?.gemm(g, a.0, b.0, c.0, stream(s).cast())
     }
 
     unsafe fn launch(&self, l: &Launch, args: &mut KernelArgs, s: RawHandle) -> Result<(), BackendError> {
-        let Some(&(_, f)) = self.kernels.iter().find(|(n, _)| *n == l.kernel) else {
-            return Err(BackendError::Kernels { backend: "ROCm", reason: format!("no kernel named {}", l.kernel) });
-        };
+        let f = loaded(&self.kernels, l.kernel, "ROCm")?;
         let mut params = args.pointers();
         let status = hiprt::hipModuleLaunchKernel(
             f,

@@ -5,6 +5,7 @@
 use std::ffi::c_void;
 
 use super::kernels::RECT_COPY_KERNELS;
+use super::BackendError;
 
 /// The portability prelude every source is compiled with.
 pub const PRELUDE: &str = include_str!("../../../../kernels/prelude.h");
@@ -139,6 +140,15 @@ unsafe impl bytemuck::Zeroable for AdamTensor {}
 // SAFETY: as above.
 unsafe impl bytemuck::Pod for AdamTensor {}
 const _: () = assert!(std::mem::size_of::<AdamTensor>() == 56);
+
+/// The loaded function of `kernel` among a runtime's `(name, function)` pairs.
+pub fn loaded<F: Copy>(kernels: &[(&'static str, F)], kernel: &str, backend: &'static str) -> Result<F, BackendError> {
+    kernels
+        .iter()
+        .find(|(name, _)| *name == kernel)
+        .map(|&(_, f)| f)
+        .ok_or_else(|| BackendError::Kernels { backend, reason: format!("no kernel named {kernel}") })
+}
 
 /// One kernel argument, by value, as the kernel's parameter type.
 #[derive(Debug, Clone, Copy)]
