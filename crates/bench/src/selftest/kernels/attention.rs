@@ -149,6 +149,8 @@ struct AttentionCase {
     k: Vec<u16>,
     v: Vec<u16>,
     starts: Vec<i32>,
+    /// Pass a null `starts` (every sequence starts at 0).
+    no_starts: bool,
 }
 
 fn attention_case(rng: &mut Rng) -> AttentionCase {
@@ -170,10 +172,12 @@ fn attention_case(rng: &mut Rng) -> AttentionCase {
     let shape = Attention { b, tq, tk, tc: tk + rng.below(9), heads, kv_heads, d };
     // Starts (left padding) before the first key tile ends, so padded rows still span tiles.
     let starts = (0..shape.b).map(|_| rng.below(tk.div_ceil(2).min(100)) as i32).collect();
+    // One case in four has no padding and passes no `starts` at all (a null pointer).
+    let (starts, no_starts) = if rng.below(4) == 0 { (vec![0; shape.b], true) } else { (starts, false) };
     let kv = shape.b * shape.tc * kv_heads * d;
     let q = bf16_values(rng, shape.b * tq * heads * d, 1.0);
     let (k, v) = (bf16_values(rng, kv, 1.0), bf16_values(rng, kv, 1.0));
-    AttentionCase { shape, q, k, v, starts }
+    AttentionCase { shape, q, k, v, starts, no_starts }
 }
 
 impl AttentionCase {
@@ -189,6 +193,15 @@ impl AttentionCase {
     fn starts(&self) -> Vec<usize> {
         self.starts.iter().map(|&s| s as usize).collect()
     }
+
+    /// The `starts` argument: the buffer, or null for a case without padding.
+    fn starts_arg<R: GpuRuntime>(&self, buffer: &DeviceVec<'_, R>) -> KernelArg {
+        if self.no_starts {
+            KernelArg::Ptr(0)
+        } else {
+            buffer.arg()
+        }
+    }
 }
 
 pub(super) fn check_attention_forward<R: GpuRuntime>(
@@ -202,7 +215,7 @@ pub(super) fn check_attention_forward<R: GpuRuntime>(
     let starts = DeviceVec::from(d, &case.starts)?;
     let outs = DeviceVec::from(d, &vec![0u16; case.q.len()])?;
     let lses = DeviceVec::from(d, &vec![0f32; a.b * a.heads * a.tq])?;
-    let buffers = vec![outs.arg(), lses.arg(), qs.arg(), ks.arg(), vs.arg(), starts.arg()];
+    let buffers = vec![outs.arg(), lses.arg(), qs.arg(), ks.arg(), vs.arg(), case.starts_arg(&starts)];
     run_shaped(d, verdict.kernel, case.grid(), ATTENTION_BLOCK, [buffers, case.shape_args()].concat())?;
     let (out, lse) = reference::attention(&a, &widen(&case.q), &widen(&case.k), &widen(&case.v), &case.starts());
     // The output is a convex combination of value rows: f32 rounds relative to their size.
@@ -246,7 +259,7 @@ pub(super) fn check_attention_backward<R: GpuRuntime>(
         qs.arg(),
         ks.arg(),
         vs.arg(),
-        starts.arg(),
+        case.starts_arg(&starts),
     ];
     run_shaped(d, verdict.kernel, case.grid(), ATTENTION_BLOCK, [buffers, case.shape_args()].concat())?;
     let seen_out: Vec<f64> = out_bf16.iter().map(|&h| f64::from(bf16_to_f32(h))).collect();
