@@ -1,7 +1,7 @@
 // kernels/engine.cu: the element-wise and row kernels of the device engine, bf16 in memory and
-// f32 in registers. Each entry point's contract (shapes, launch geometry, what it reduces) is
-// in crates/exec/src/backend/engine_kernels.rs, which launches them; the f64 references they are
-// checked against are in crates/exec/src/engine/reference.rs.
+// f32 in registers. Each entry point's contract (shapes, what it reduces) is in its comment; the
+// f64 references they are checked against, and their launches, are in
+// crates/bench/src/selftest/kernels/ (`nereus selftest kernels`, docs/kernels.md).
 //
 // Legend: R rows, C columns (the model width, or the local vocab shard), N elements.
 // Row kernels: one block per row (grid-stride over rows), blockDim.x a multiple of the warp and at
