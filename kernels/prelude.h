@@ -19,28 +19,24 @@
 #else
 #define NEREUS_WARP 64  // host pass of hipcc: the value is only used in device code
 #endif
-#define NEREUS_KERNEL extern "C" __global__ void
-#define NEREUS_DYNAMIC_SHARED(type, name) \
-  extern __shared__ __align__(16) unsigned char nereus_dynamic_shared[]; \
-  type* name = reinterpret_cast<type*>(nereus_dynamic_shared)
 __device__ __forceinline__ float nereus_shfl_xor(float v, int lane_mask) { return __shfl_xor(v, lane_mask); }
-__device__ __forceinline__ float nereus_bits_to_f32(unsigned int u) { return __uint_as_float(u); }
-__device__ __forceinline__ unsigned int nereus_f32_to_bits(float f) { return __float_as_uint(f); }
-
 #elif defined(__CUDACC__)
 #define NEREUS_WARP 32
-#define NEREUS_KERNEL extern "C" __global__ void
-#define NEREUS_DYNAMIC_SHARED(type, name) \
-  extern __shared__ __align__(16) unsigned char nereus_dynamic_shared[]; \
-  type* name = reinterpret_cast<type*>(nereus_dynamic_shared)
 __device__ __forceinline__ float nereus_shfl_xor(float v, int lane_mask) {
   return __shfl_xor_sync(0xffffffffu, v, lane_mask);
 }
-__device__ __forceinline__ float nereus_bits_to_f32(unsigned int u) { return __uint_as_float(u); }
-__device__ __forceinline__ unsigned int nereus_f32_to_bits(float f) { return __float_as_uint(f); }
-
 #else
 #include "emulator/grid.h"
+#endif
+
+// What CUDA and HIP spell alike (the emulator defines its own in grid.h).
+#if defined(__HIPCC__) || defined(__CUDACC__)
+#define NEREUS_KERNEL extern "C" __global__ void
+#define NEREUS_DYNAMIC_SHARED(type, name) \
+  extern __shared__ __align__(16) unsigned char nereus_dynamic_shared[]; \
+  type* name = reinterpret_cast<type*>(nereus_dynamic_shared)
+__device__ __forceinline__ float nereus_bits_to_f32(unsigned int u) { return __uint_as_float(u); }
+__device__ __forceinline__ unsigned int nereus_f32_to_bits(float f) { return __float_as_uint(f); }
 #endif
 
 typedef unsigned long long u64;

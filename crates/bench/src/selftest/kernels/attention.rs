@@ -5,6 +5,7 @@ use nereus_core::rng::Rng;
 use nereus_exec::backend::gpu::{Device, GpuRuntime};
 use nereus_exec::backend::sources::{KernelArg, ATTENTION_BLOCK};
 use nereus_exec::backend::BackendError;
+use nereus_exec::engine::ops::frequencies;
 
 use super::reference::{self, Attention};
 use super::{bf16_values, elementwise_grid, run, run_shaped, uniform, widen, DeviceVec, Verdict};
@@ -85,8 +86,8 @@ pub(super) fn check_rope<R: GpuRuntime>(
     let (b, t, heads, half) = (1 + rng.below(3), 1 + rng.below(40), 1 + rng.below(4), 1 + rng.below(64));
     let (pos0, inverse) = (rng.below(100), rng.below(2) == 1);
     let positions = pos0 + t;
-    // Tables as the engine builds them: f64 angles rounded to f32 (scaled frequencies included).
-    let omega: Vec<f64> = (0..half).map(|i| 500_000f64.powf(-(i as f64) / half as f64)).collect();
+    // Tables as the engine builds them: its frequencies, f64 angles rounded to f32.
+    let omega = frequencies(2 * half, 500_000.0, None);
     let angles: Vec<f64> = (0..positions).flat_map(|p| omega.iter().map(move |w| p as f64 * w)).collect();
     let cos: Vec<f32> = angles.iter().map(|a| a.cos() as f32).collect();
     let sin: Vec<f32> = angles.iter().map(|a| a.sin() as f32).collect();
@@ -119,8 +120,8 @@ pub(super) fn check_kv_append<R: GpuRuntime>(
     verdict: &mut Verdict,
 ) -> Result<(), BackendError> {
     let (b, tn, kd) = (1 + rng.below(3), 1 + rng.below(20), 1 + rng.below(300));
-    let (at, tc) = (rng.below(30), 0);
-    let tc = tc + at + tn + rng.below(5);
+    let at = rng.below(30);
+    let tc = at + tn + rng.below(5);
     let cache: Vec<u16> = (0..b * tc * kd).map(|_| rng.next_u64() as u16).collect();
     let fresh: Vec<u16> = (0..b * tn * kd).map(|_| rng.next_u64() as u16).collect();
     let (cs, fs) = (DeviceVec::from(d, &cache)?, DeviceVec::from(d, &fresh)?);

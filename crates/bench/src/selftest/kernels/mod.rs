@@ -98,15 +98,19 @@ pub fn kernels(session: &Session, seed: u64, device: Option<DeviceChoice>) -> Re
     }
     match device.unwrap_or(DeviceChoice::Emulated) {
         DeviceChoice::Emulated => {
+            summary.device = "grid emulator (warp 32 and 64)".into();
             for warp in WarpWidth::ALL {
                 let device = Device::new(Emulated::new(0, 16 << 30).with_warp(warp))?;
-                summary.device = "grid emulator (warp 32 and 64)".into();
-                check_every_kernel(&device, seed, warp.lanes(), &mut summary)?;
+                let (runs, failures) = check_every_kernel(&device, seed, warp.lanes())?;
+                summary.runs.extend(runs);
+                summary.failures.extend(failures);
             }
         }
         choice => {
             let (device, runs, failures) = with_device(session, choice, OnDevice { seed })?;
-            (summary.device, summary.runs, summary.failures) = (device, runs, failures);
+            summary.device = device;
+            summary.runs = runs;
+            summary.failures.extend(failures);
         }
     }
     Ok(summary)
@@ -129,30 +133,17 @@ impl DeviceJob for OnDevice {
         let d = device.runtime().device();
         let name = format!("{} device {} ({})", device.runtime().backend(), d.ordinal, d.name);
         let warp = if device.runtime().backend() == "ROCm" { 64 } else { 32 };
-        let mut summary = kernels_summary_shell();
-        check_every_kernel(device, self.seed, warp, &mut summary)?;
-        Ok((name, summary.runs, summary.failures))
+        let (runs, failures) = check_every_kernel(device, self.seed, warp)?;
+        Ok((name, runs, failures))
     }
 }
 
-fn kernels_summary_shell() -> KernelSummary {
-    KernelSummary {
-        device: String::new(),
-        seed: 0,
-        tolerances: [""; 4],
-        runs: Vec::new(),
-        finite_difference_error: 0.0,
-        failures: Vec::new(),
-    }
-}
-
-/// Every kernel, [`CASES`] random cases each, on `device`.
+/// Every kernel, [`CASES`] random cases each, on `device`: each kernel's run and the failed checks.
 fn check_every_kernel<R: GpuRuntime>(
     device: &Device<R>,
     seed: u64,
     warp: u32,
-    summary: &mut KernelSummary,
-) -> Result<(), RuntimeError> {
+) -> Result<(Vec<KernelRun>, Vec<String>), RuntimeError> {
     type Check<R> = fn(&Device<R>, &mut Rng, &mut Verdict) -> Result<(), BackendError>;
     let checks: [(&'static str, Check<R>); 20] = [
         ("nereus_cast_f32_to_bf16", check_cast_to_bf16),
@@ -176,6 +167,7 @@ fn check_every_kernel<R: GpuRuntime>(
         ("nereus_attention_forward", attention::check_attention_forward),
         ("nereus_attention_backward", attention::check_attention_backward),
     ];
+    let (mut runs, mut failures) = (Vec::new(), Vec::new());
     for (i, (kernel, check)) in checks.into_iter().enumerate() {
         let mut rng = Rng::new(nereus_core::rng::mix(seed ^ (i as u64 + 1)));
         let mut verdict = Verdict { kernel, worst: 0.0, failures: Vec::new() };
@@ -184,10 +176,10 @@ fn check_every_kernel<R: GpuRuntime>(
             check(device, &mut rng, &mut verdict)?;
         }
         let seconds = started.elapsed().as_secs_f64();
-        summary.failures.extend(verdict.failures.into_iter().map(|f| format!("warp {warp}: {f}")));
-        summary.runs.push(KernelRun { kernel, warp, cases: CASES, worst: verdict.worst, seconds });
+        failures.extend(verdict.failures.into_iter().map(|f| format!("warp {warp}: {f}")));
+        runs.push(KernelRun { kernel, warp, cases: CASES, worst: verdict.worst, seconds });
     }
-    Ok(())
+    Ok((runs, failures))
 }
 
 /// One kernel's running verdict.
