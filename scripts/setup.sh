@@ -45,8 +45,8 @@ if [ "${NEREUS_WITH_KERNEL_TOOLS:-0}" = 1 ]; then
     python3 -m pip show -q "$wheel" >/dev/null 2>&1 && continue
     echo "setup: pip installing $wheel"
     # Debian's own python refuses system-wide pip installs unless told (PEP 668).
-    python3 -m pip install -q --no-deps --disable-pip-version-check "$wheel" 2>/dev/null ||
-      python3 -m pip install -q --no-deps --disable-pip-version-check --break-system-packages "$wheel"
+    python3 -m pip install -q --no-deps --no-cache-dir --disable-pip-version-check "$wheel" 2>/dev/null ||
+      python3 -m pip install -q --no-deps --no-cache-dir --disable-pip-version-check --break-system-packages "$wheel"
   done
 fi
 

@@ -12,6 +12,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ci=${CI:-false}
 
+# The suite builds three feature sets in target/ (a few GiB) beside the Python reference and the
+# kernel tools; say up front when the disk is short, since running out shows up later as a
+# linker's bus error or a pip traceback.
+free_kib=$(df -Pk . | awk 'NR == 2 { print $4 }')
+echo "test: $((free_kib / 1048576)) GiB free on the filesystem of $PWD"
+if [ "$free_kib" -lt $((8 * 1048576)) ]; then
+  echo "test: warning: under 8 GiB free; the suite may run out of disk (cargo clean, or free space)" >&2
+fi
+
 if [ "$(id -u)" = 0 ] && command -v slurmctld >/dev/null; then
   bash slurm/local-cluster.sh start
   export NEREUS_SLURM_TESTS=1
