@@ -383,6 +383,64 @@ impl<R: GpuRuntime> Device<R> {
     }
 }
 
+/// A device allocation of `T`s, freed in stream order when dropped.
+pub struct DeviceBuffer<'d, R: GpuRuntime, T: bytemuck::Pod> {
+    device: &'d Device<R>,
+    ptr: DevicePtr,
+    len: usize,
+    _elements: std::marker::PhantomData<T>,
+}
+
+impl<'d, R: GpuRuntime, T: bytemuck::Pod> DeviceBuffer<'d, R, T> {
+    /// `len` zeroed elements on `device`.
+    pub fn zeros(device: &'d Device<R>, len: usize) -> Result<Self, BackendError> {
+        Self::from(device, &vec![T::zeroed(); len])
+    }
+
+    /// A copy of `values` on `device`.
+    pub fn from(device: &'d Device<R>, values: &[T]) -> Result<Self, BackendError> {
+        let bytes: &[u8] = bytemuck::cast_slice(values);
+        let ptr = device.alloc(bytes.len() as u64)?;
+        let buffer = DeviceBuffer { device, ptr, len: values.len(), _elements: std::marker::PhantomData };
+        device.upload(bytes, ptr)?;
+        Ok(buffer)
+    }
+
+    /// The elements, copied back to the host once the work enqueued before has run.
+    pub fn read(&self) -> Result<Vec<T>, BackendError> {
+        let mut out = vec![T::zeroed(); self.len];
+        self.device.download(self.ptr, bytemuck::cast_slice_mut(&mut out))?;
+        Ok(out)
+    }
+
+    /// The address of element `index`.
+    pub fn at(&self, index: usize) -> DevicePtr {
+        self.ptr.offset((index * std::mem::size_of::<T>()) as u64)
+    }
+
+    /// The address of the first element.
+    pub fn ptr(&self) -> DevicePtr {
+        self.ptr
+    }
+
+    /// Elements held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl<R: GpuRuntime, T: bytemuck::Pod> Drop for DeviceBuffer<'_, R, T> {
+    fn drop(&mut self) {
+        // SAFETY: our allocation; work enqueued later on this stream cannot name it any more.
+        unsafe { self.device.free(self.ptr) };
+    }
+}
+
 impl<R: GpuRuntime> Drop for Device<R> {
     fn drop(&mut self) {
         let _ = self.synchronize();

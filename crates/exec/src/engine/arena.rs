@@ -26,10 +26,15 @@ impl<'l> Arena<'l> {
 
     /// A zeroed buffer of `n` elements holding `item`, charged first.
     pub fn zeros<T: Real>(&mut self, item: MemoryItem, n: usize) -> Result<Vec<T>, EngineError> {
-        let bytes = (n * std::mem::size_of::<T>()) as u64;
+        self.charge(item, (n * std::mem::size_of::<T>()) as u64)?;
+        Ok(vec![T::ZERO; n])
+    }
+
+    /// Charges `bytes` of `item` for a buffer allocated elsewhere (on a device).
+    pub fn charge(&mut self, item: MemoryItem, bytes: u64) -> Result<(), EngineError> {
         self.ledger.charge(item, bytes)?;
         self.charged.add(item, bytes);
-        Ok(vec![T::ZERO; n])
+        Ok(())
     }
 
     /// The current position, to release back to once the buffers allocated after it are dropped.

@@ -7,6 +7,7 @@
 //! are charged to the same rank's memory ledger ([`arena`]) before they are allocated.
 
 pub mod arena;
+pub mod compute;
 pub mod generate;
 pub mod init;
 pub mod ops;
@@ -51,6 +52,9 @@ pub enum EngineError {
         /// Where and which value.
         what: String,
     },
+    /// A device refused an allocation, a launch or a copy.
+    #[error(transparent)]
+    Device(#[from] crate::backend::BackendError),
     /// Inputs whose shapes do not fit the model.
     #[error("shape mismatch: {what}")]
     Shape {

@@ -3,8 +3,9 @@
 //! backward passes need (`BlockActs`); every buffer comes from the [`Arena`].
 
 use super::arena::Arena;
+use super::compute::{Compute, Host, KvRows};
 use super::ops::*;
-use super::parallel::{CopyToTp, ReduceFromTp};
+use super::parallel::ReduceFromTp;
 use super::weights::{BlockWeights, LocalDims, StageWeights};
 use super::EngineError;
 use nereus_core::cost::MemoryItem;
@@ -12,51 +13,60 @@ use nereus_core::model::{Catalogue, OutputHead};
 
 /// Key/value cache of one block: `k, v[B, T_cap, K, D]`.
 #[derive(Debug)]
-pub struct LayerCache {
-    k: Vec<f32>,
-    v: Vec<f32>,
+pub struct LayerCache<A> {
+    k: A,
+    v: A,
 }
 
-/// The KV cache of this stage's blocks for a batch of `B` sequences of up to `T_cap` tokens.
+/// The KV cache of this stage's blocks for a batch of `B` sequences of up to `T_cap` tokens
+/// (host f32 buffers unless `A` says otherwise).
 #[derive(Debug)]
-pub struct KvCache {
-    layers: Vec<LayerCache>,
+pub struct KvCache<A = Vec<f32>> {
+    layers: Vec<LayerCache<A>>,
     t_cap: usize,
 }
 
 impl KvCache {
-    /// A cache for `b` sequences of `t_cap` positions over `model`'s blocks, charged to `arena`.
+    /// A host cache for `b` sequences of `t_cap` positions over `model`'s blocks, charged to
+    /// `arena`.
     pub fn new(model: &StageModel, b: usize, t_cap: usize, arena: &mut Arena) -> Result<KvCache, EngineError> {
+        KvCache::on(&mut Host::new(arena, &model.rope), model, b, t_cap)
+    }
+}
+
+impl<A> KvCache<A> {
+    /// A cache for `b` sequences of `t_cap` positions over `model`'s blocks, on `c`.
+    pub fn on<C: Compute<Act = A>>(c: &mut C, model: &StageModel, b: usize, t_cap: usize) -> Result<Self, EngineError> {
         let n = b * t_cap * model.dims().kv_heads * model.dims().d;
         let layers = (0..model.weights.blocks.len())
-            .map(|_| {
-                Ok(LayerCache { k: arena.zeros(MemoryItem::KvCache, n)?, v: arena.zeros(MemoryItem::KvCache, n)? })
-            })
+            .map(|_| Ok(LayerCache { k: c.zeros(MemoryItem::KvCache, n)?, v: c.zeros(MemoryItem::KvCache, n)? }))
             .collect::<Result<_, EngineError>>()?;
         Ok(KvCache { layers, t_cap })
     }
 }
 
-/// What a block's backward pass needs from its forward pass (all `[N, …]` row-major).
-pub struct BlockActs {
-    x: Vec<f32>,
-    xn1: Vec<f32>,
-    r1: Vec<f32>,
-    q_raw: Vec<f32>,
-    k_raw: Vec<f32>,
-    rq: Vec<f32>,
-    rk: Vec<f32>,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    probs: Vec<f32>,
-    att: Vec<f32>,
-    xmid: Vec<f32>,
-    xn2: Vec<f32>,
-    r2: Vec<f32>,
-    g: Vec<f32>,
-    u: Vec<f32>,
-    h: Vec<f32>,
+/// What a block's backward pass needs from its forward pass (all `[N, …]` row-major):
+/// activations `A` and per-row statistics `S` (host f32 buffers unless the types say otherwise).
+pub struct BlockActs<A = Vec<f32>, S = Vec<f32>> {
+    x: A,
+    xn1: A,
+    r1: S,
+    q_raw: A,
+    k_raw: A,
+    rq: S,
+    rk: S,
+    q: A,
+    k: A,
+    v: A,
+    /// Attention's saved state: the probabilities on the host, `lse` on a device.
+    attention: S,
+    att: A,
+    xmid: A,
+    xn2: A,
+    r2: S,
+    g: A,
+    u: A,
+    h: A,
 }
 
 /// Token rows of one call: `b` sequences of `t` positions starting at position `pos0`.
@@ -104,6 +114,11 @@ impl StageModel {
         self.weights.dims
     }
 
+    /// The rotary tables (a device uploads them once).
+    pub fn rope(&self) -> &Rope<f32> {
+        &self.rope
+    }
+
     /// Positions the rotary tables cover.
     pub fn max_positions(&self) -> usize {
         self.rope.max_positions()
@@ -136,176 +151,193 @@ impl StageModel {
         }
     }
 
-    /// Runs every block of this stage on `x[N,C]`; with `cache`, keys and values are written at
-    /// positions `pos0..pos0+t` and attention reads the whole cache (generation).
+    /// Runs every block of this stage on `x[N,C]` on the host; with `cache`, keys and values are
+    /// written at positions `pos0..pos0+t` and attention reads the whole cache (generation).
+    #[allow(clippy::too_many_arguments)]
     pub fn blocks_forward<G: TensorGroup<f32>>(
         &self,
         p: &[f32],
-        mut x: Vec<f32>,
+        x: Vec<f32>,
         rows: Rows,
-        mut cache: Option<&mut KvCache>,
+        cache: Option<&mut KvCache>,
         tp: &G,
         arena: &mut Arena,
     ) -> Result<(Vec<f32>, Vec<BlockActs>), EngineError> {
-        let mut acts = Vec::with_capacity(self.weights.blocks.len());
-        for (i, bw) in self.weights.blocks.iter().enumerate() {
-            let layer = cache.as_deref_mut().map(|c| (&mut c.layers[i], c.t_cap));
-            let (out, a) = self.block_forward(p, bw, x, rows, layer, tp, arena)?;
-            acts.push(a);
-            x = out;
-        }
-        Ok((x, acts))
+        self.blocks_forward_on(&mut Host::new(arena, &self.rope), p, x, rows, cache, tp)
     }
 
-    /// Backward through every block, last first; returns `dx` of the stage input.
+    /// Backward through every block on the host, last first; returns `dx` of the stage input.
     #[allow(clippy::too_many_arguments)]
     pub fn blocks_backward<G: TensorGroup<f32>>(
         &self,
         p: &[f32],
         g: &mut [f32],
         acts: &[BlockActs],
-        mut dx: Vec<f32>,
+        dx: Vec<f32>,
         rows: Rows,
         tp: &G,
         arena: &mut Arena,
     ) -> Result<Vec<f32>, EngineError> {
+        self.blocks_backward_on(&mut Host::new(arena, &self.rope), p, g, acts, dx, rows, tp)
+    }
+
+    /// [`StageModel::blocks_forward`] on any [`Compute`].
+    #[allow(clippy::type_complexity)]
+    pub fn blocks_forward_on<C: Compute, G: TensorGroup<f32>>(
+        &self,
+        c: &mut C,
+        p: &C::Params,
+        mut x: C::Act,
+        rows: Rows,
+        mut cache: Option<&mut KvCache<C::Act>>,
+        tp: &G,
+    ) -> Result<(C::Act, Vec<BlockActs<C::Act, C::Stat>>), EngineError> {
+        let mut acts = Vec::with_capacity(self.weights.blocks.len());
+        for (i, bw) in self.weights.blocks.iter().enumerate() {
+            let layer = cache.as_deref_mut().map(|kv| (&mut kv.layers[i], kv.t_cap));
+            let (out, a) = self.block_forward(c, p, bw, x, rows, layer, tp)?;
+            acts.push(a);
+            x = out;
+        }
+        Ok((x, acts))
+    }
+
+    /// [`StageModel::blocks_backward`] on any [`Compute`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn blocks_backward_on<C: Compute, G: TensorGroup<f32>>(
+        &self,
+        c: &mut C,
+        p: &C::Params,
+        g: &mut C::Grads,
+        acts: &[BlockActs<C::Act, C::Stat>],
+        mut dx: C::Act,
+        rows: Rows,
+        tp: &G,
+    ) -> Result<C::Act, EngineError> {
         for (bw, a) in self.weights.blocks.iter().zip(acts).rev() {
-            dx = self.block_backward(p, g, bw, a, dx, rows, tp, arena)?;
+            dx = self.block_backward(c, p, g, bw, a, dx, rows, tp)?;
         }
         Ok(dx)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn block_forward<G: TensorGroup<f32>>(
+    fn attention_shape(&self, rows: Rows, tk: usize, t_cap: usize) -> AttentionShape {
+        let d = self.dims();
+        AttentionShape { b: rows.b, tq: rows.t, tk, t_cap, heads: d.heads, kv_heads: d.kv_heads, d: d.d }
+    }
+
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn block_forward<C: Compute, G: TensorGroup<f32>>(
         &self,
-        p: &[f32],
+        c: &mut C,
+        p: &C::Params,
         bw: &BlockWeights,
-        x: Vec<f32>,
+        x: C::Act,
         rows: Rows,
-        cache: Option<(&mut LayerCache, usize)>,
+        cache: Option<(&mut LayerCache<C::Act>, usize)>,
         tp: &G,
-        arena: &mut Arena,
-    ) -> Result<(Vec<f32>, BlockActs), EngineError> {
+    ) -> Result<(C::Act, BlockActs<C::Act, C::Stat>), EngineError> {
         let (d, n) = (self.dims(), rows.n());
         let (qw, kw) = (d.heads * d.d, d.kv_heads * d.d);
-        let w = |r: &std::ops::Range<usize>| &p[r.clone()];
-        let mut z = |len: usize| arena.zeros::<f32>(MemoryItem::Activations, len);
-        let (mut xn1, mut r1) = (z(n * d.c)?, z(n)?);
-        rmsnorm_forward(&mut xn1, &mut r1, &x, w(&bw.attn_norm), d.c, self.eps);
-        CopyToTp::forward(&mut xn1);
-        let (mut q_raw, mut k_raw, mut v) = (z(n * qw)?, z(n * kw)?, z(n * kw)?);
-        linear_forward(&mut q_raw, &xn1, w(&bw.q), n, d.c, qw);
-        linear_forward(&mut k_raw, &xn1, w(&bw.k), n, d.c, kw);
-        linear_forward(&mut v, &xn1, w(&bw.v), n, d.c, kw);
-        let (mut q, mut k) = (z(n * qw)?, z(n * kw)?);
-        q.copy_from_slice(&q_raw);
-        k.copy_from_slice(&k_raw);
-        let (mut rq, mut rk) = (z(n * d.heads)?, z(n * d.kv_heads)?);
+        let item = MemoryItem::Activations;
+        let (mut xn1, mut r1) = (c.zeros(item, n * d.c)?, c.stats(item, n)?);
+        c.rmsnorm_forward(&mut xn1, &mut r1, &x, (p, &bw.attn_norm), d.c, self.eps)?;
+        // Entering the column-parallel attention (Megatron's copy_to_tensor_model_parallel_region):
+        // the identity forward.
+        let (mut q_raw, mut k_raw, mut v) = (c.zeros(item, n * qw)?, c.zeros(item, n * kw)?, c.zeros(item, n * kw)?);
+        c.linear_forward(&mut q_raw, &xn1, (p, &bw.q), n, d.c, qw)?;
+        c.linear_forward(&mut k_raw, &xn1, (p, &bw.k), n, d.c, kw)?;
+        c.linear_forward(&mut v, &xn1, (p, &bw.v), n, d.c, kw)?;
+        let (mut q, mut k) = (c.duplicate(item, &q_raw)?, c.duplicate(item, &k_raw)?);
+        let (mut rq, mut rk) = (c.stats(item, n * d.heads)?, c.stats(item, n * d.kv_heads)?);
         if let (Some(qn), Some(kn)) = (&bw.q_norm, &bw.k_norm) {
-            rmsnorm_forward(&mut q, &mut rq, &q_raw, w(qn), d.d, self.eps);
-            rmsnorm_forward(&mut k, &mut rk, &k_raw, w(kn), d.d, self.eps);
+            c.rmsnorm_forward(&mut q, &mut rq, &q_raw, (p, qn), d.d, self.eps)?;
+            c.rmsnorm_forward(&mut k, &mut rk, &k_raw, (p, kn), d.d, self.eps)?;
         }
-        self.rope.apply(&mut q, rows.t, d.heads, rows.pos0, false);
-        self.rope.apply(&mut k, rows.t, d.kv_heads, rows.pos0, false);
-        let mut att = z(n * qw)?;
-        let shape = AttentionShape {
-            b: rows.b,
-            tq: rows.t,
-            tk: rows.pos0 + rows.t,
-            t_cap: rows.t,
-            heads: d.heads,
-            kv_heads: d.kv_heads,
-            d: d.d,
-        };
-        let mut probs = z(rows.b * d.heads * rows.t * shape.tk)?;
-        match cache {
+        c.rope(&mut q, rows.t, d.heads, rows.pos0, false)?;
+        c.rope(&mut k, rows.t, d.kv_heads, rows.pos0, false)?;
+        let mut att = c.zeros(item, n * qw)?;
+        let attention = match cache {
             Some((layer, t_cap)) => {
-                for b in 0..rows.b {
-                    let (dst, src) = ((b * t_cap + rows.pos0) * kw, b * rows.t * kw);
-                    layer.k[dst..dst + rows.t * kw].copy_from_slice(&k[src..src + rows.t * kw]);
-                    layer.v[dst..dst + rows.t * kw].copy_from_slice(&v[src..src + rows.t * kw]);
-                }
-                let shape = AttentionShape { t_cap, ..shape };
-                attention_forward(&mut att, &mut probs, &q, &layer.k, &layer.v, shape, rows.starts);
+                let fresh = KvRows { b: rows.b, t: rows.t, t_cap, pos0: rows.pos0, width: kw };
+                c.kv_append(&mut layer.k, &k, fresh)?;
+                c.kv_append(&mut layer.v, &v, fresh)?;
+                let shape = self.attention_shape(rows, rows.pos0 + rows.t, t_cap);
+                c.attention_forward(&mut att, &q, &layer.k, &layer.v, shape, rows.starts)?
             }
-            None => attention_forward(&mut att, &mut probs, &q, &k, &v, shape, rows.starts),
-        }
-        let mut xmid = z(n * d.c)?;
-        linear_forward(&mut xmid, &att, w(&bw.o), n, qw, d.c);
-        ReduceFromTp::forward(tp, &mut xmid)?;
-        xmid.iter_mut().zip(&x).for_each(|(m, &r)| *m += r);
-        let (mut xn2, mut r2) = (z(n * d.c)?, z(n)?);
-        rmsnorm_forward(&mut xn2, &mut r2, &xmid, w(&bw.mlp_norm), d.c, self.eps);
-        CopyToTp::forward(&mut xn2);
-        let (mut g, mut u, mut h) = (z(n * d.ffn)?, z(n * d.ffn)?, z(n * d.ffn)?);
-        linear_forward(&mut g, &xn2, w(&bw.gate), n, d.c, d.ffn);
-        linear_forward(&mut u, &xn2, w(&bw.up), n, d.c, d.ffn);
-        swiglu_forward(&mut h, &g, &u);
-        let mut out = z(n * d.c)?;
-        linear_forward(&mut out, &h, w(&bw.down), n, d.ffn, d.c);
-        ReduceFromTp::forward(tp, &mut out)?;
-        out.iter_mut().zip(&xmid).for_each(|(o, &r)| *o += r);
-        Ok((out, BlockActs { x, xn1, r1, q_raw, k_raw, rq, rk, q, k, v, probs, att, xmid, xn2, r2, g, u, h }))
+            None => {
+                let shape = self.attention_shape(rows, rows.pos0 + rows.t, rows.t);
+                c.attention_forward(&mut att, &q, &k, &v, shape, rows.starts)?
+            }
+        };
+        let mut xmid = c.zeros(item, n * d.c)?;
+        c.linear_forward(&mut xmid, &att, (p, &bw.o), n, qw, d.c)?;
+        // Leaving the row-parallel projection (reduce_from_tensor_model_parallel_region).
+        c.tp_sum(tp, &mut xmid)?;
+        c.add(&mut xmid, &x)?;
+        let (mut xn2, mut r2) = (c.zeros(item, n * d.c)?, c.stats(item, n)?);
+        c.rmsnorm_forward(&mut xn2, &mut r2, &xmid, (p, &bw.mlp_norm), d.c, self.eps)?;
+        let (mut g, mut u, mut h) = (c.zeros(item, n * d.ffn)?, c.zeros(item, n * d.ffn)?, c.zeros(item, n * d.ffn)?);
+        c.linear_forward(&mut g, &xn2, (p, &bw.gate), n, d.c, d.ffn)?;
+        c.linear_forward(&mut u, &xn2, (p, &bw.up), n, d.c, d.ffn)?;
+        c.swiglu_forward(&mut h, &g, &u)?;
+        let mut out = c.zeros(item, n * d.c)?;
+        c.linear_forward(&mut out, &h, (p, &bw.down), n, d.ffn, d.c)?;
+        c.tp_sum(tp, &mut out)?;
+        c.add(&mut out, &xmid)?;
+        let acts = BlockActs { x, xn1, r1, q_raw, k_raw, rq, rk, q, k, v, attention, att, xmid, xn2, r2, g, u, h };
+        Ok((out, acts))
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn block_backward<G: TensorGroup<f32>>(
+    fn block_backward<C: Compute, G: TensorGroup<f32>>(
         &self,
-        p: &[f32],
-        grads: &mut [f32],
+        c: &mut C,
+        p: &C::Params,
+        grads: &mut C::Grads,
         bw: &BlockWeights,
-        a: &BlockActs,
-        mut dout: Vec<f32>,
+        a: &BlockActs<C::Act, C::Stat>,
+        dout: C::Act,
         rows: Rows,
         tp: &G,
-        arena: &mut Arena,
-    ) -> Result<Vec<f32>, EngineError> {
+    ) -> Result<C::Act, EngineError> {
         let (d, n) = (self.dims(), rows.n());
         let (qw, kw) = (d.heads * d.d, d.kv_heads * d.d);
-        let w = |r: &std::ops::Range<usize>| &p[r.clone()];
-        let mut z = |len: usize| arena.zeros::<f32>(MemoryItem::ActivationGradients, len);
-        // MLP: out = xmid + down(swiglu(gate(xn2), up(xn2))).
-        ReduceFromTp::backward(&mut dout);
-        let mut dh = z(n * d.ffn)?;
-        linear_backward(Some(&mut dh), &mut grads[bw.down.clone()], &dout, &a.h, w(&bw.down), n, d.ffn, d.c);
-        let (mut dg, mut du) = (z(n * d.ffn)?, z(n * d.ffn)?);
-        swiglu_backward(&mut dg, &mut du, &dh, &a.g, &a.u);
-        let mut dxn2 = z(n * d.c)?;
-        linear_backward(Some(&mut dxn2), &mut grads[bw.gate.clone()], &dg, &a.xn2, w(&bw.gate), n, d.c, d.ffn);
-        linear_backward(Some(&mut dxn2), &mut grads[bw.up.clone()], &du, &a.xn2, w(&bw.up), n, d.c, d.ffn);
-        CopyToTp::backward(tp, &mut dxn2)?;
+        let item = MemoryItem::ActivationGradients;
+        // MLP: out = xmid + down(swiglu(gate(xn2), up(xn2))); the output gradient is the same on
+        // every TP rank (the row-parallel reduction's backward is the identity).
+        let mut dh = c.zeros(item, n * d.ffn)?;
+        c.linear_backward(Some(&mut dh), (grads, &bw.down), &dout, &a.h, (p, &bw.down), n, d.ffn, d.c)?;
+        let (mut dg, mut du) = (c.zeros(item, n * d.ffn)?, c.zeros(item, n * d.ffn)?);
+        c.swiglu_backward(&mut dg, &mut du, &dh, &a.g, &a.u)?;
+        let mut dxn2 = c.zeros(item, n * d.c)?;
+        c.linear_backward(Some(&mut dxn2), (grads, &bw.gate), &dg, &a.xn2, (p, &bw.gate), n, d.c, d.ffn)?;
+        c.linear_backward(Some(&mut dxn2), (grads, &bw.up), &du, &a.xn2, (p, &bw.up), n, d.c, d.ffn)?;
+        // Each TP rank's input gradient covers its own columns: the copy's backward sums them.
+        c.tp_sum(tp, &mut dxn2)?;
         let mut dxmid = dout;
-        rmsnorm_backward(&mut dxmid, &mut grads[bw.mlp_norm.clone()], &dxn2, &a.xmid, w(&bw.mlp_norm), &a.r2, d.c);
+        c.rmsnorm_backward(&mut dxmid, (grads, &bw.mlp_norm), &dxn2, &a.xmid, (p, &bw.mlp_norm), &a.r2, d.c)?;
         // Attention: xmid = x + o(attention(rope(q), rope(k), v)).
-        ReduceFromTp::backward(&mut dxmid);
-        let mut datt = z(n * qw)?;
-        linear_backward(Some(&mut datt), &mut grads[bw.o.clone()], &dxmid, &a.att, w(&bw.o), n, qw, d.c);
-        let (mut dq, mut dk, mut dv) = (z(n * qw)?, z(n * kw)?, z(n * kw)?);
-        let shape = AttentionShape {
-            b: rows.b,
-            tq: rows.t,
-            tk: rows.t,
-            t_cap: rows.t,
-            heads: d.heads,
-            kv_heads: d.kv_heads,
-            d: d.d,
-        };
-        attention_backward(&mut dq, &mut dk, &mut dv, &datt, &a.q, &a.k, &a.v, &a.probs, shape);
-        self.rope.apply(&mut dq, rows.t, d.heads, rows.pos0, true);
-        self.rope.apply(&mut dk, rows.t, d.kv_heads, rows.pos0, true);
+        let mut datt = c.zeros(item, n * qw)?;
+        c.linear_backward(Some(&mut datt), (grads, &bw.o), &dxmid, &a.att, (p, &bw.o), n, qw, d.c)?;
+        let (mut dq, mut dk, mut dv) = (c.zeros(item, n * qw)?, c.zeros(item, n * kw)?, c.zeros(item, n * kw)?);
+        let shape = self.attention_shape(rows, rows.t, rows.t);
+        let qkv = (&a.q, &a.k, &a.v);
+        c.attention_backward((&mut dq, &mut dk, &mut dv), &datt, &a.att, &a.attention, qkv, shape, rows.starts)?;
+        c.rope(&mut dq, rows.t, d.heads, rows.pos0, true)?;
+        c.rope(&mut dk, rows.t, d.kv_heads, rows.pos0, true)?;
         if let (Some(qn), Some(kn)) = (&bw.q_norm, &bw.k_norm) {
-            let (mut dq_raw, mut dk_raw) = (z(n * qw)?, z(n * kw)?);
-            rmsnorm_backward(&mut dq_raw, &mut grads[qn.clone()], &dq, &a.q_raw, w(qn), &a.rq, d.d);
-            rmsnorm_backward(&mut dk_raw, &mut grads[kn.clone()], &dk, &a.k_raw, w(kn), &a.rk, d.d);
+            let (mut dq_raw, mut dk_raw) = (c.zeros(item, n * qw)?, c.zeros(item, n * kw)?);
+            c.rmsnorm_backward(&mut dq_raw, (grads, qn), &dq, &a.q_raw, (p, qn), &a.rq, d.d)?;
+            c.rmsnorm_backward(&mut dk_raw, (grads, kn), &dk, &a.k_raw, (p, kn), &a.rk, d.d)?;
             (dq, dk) = (dq_raw, dk_raw);
         }
-        let mut dxn1 = z(n * d.c)?;
-        linear_backward(Some(&mut dxn1), &mut grads[bw.q.clone()], &dq, &a.xn1, w(&bw.q), n, d.c, qw);
-        linear_backward(Some(&mut dxn1), &mut grads[bw.k.clone()], &dk, &a.xn1, w(&bw.k), n, d.c, kw);
-        linear_backward(Some(&mut dxn1), &mut grads[bw.v.clone()], &dv, &a.xn1, w(&bw.v), n, d.c, kw);
-        CopyToTp::backward(tp, &mut dxn1)?;
+        let mut dxn1 = c.zeros(item, n * d.c)?;
+        c.linear_backward(Some(&mut dxn1), (grads, &bw.q), &dq, &a.xn1, (p, &bw.q), n, d.c, qw)?;
+        c.linear_backward(Some(&mut dxn1), (grads, &bw.k), &dk, &a.xn1, (p, &bw.k), n, d.c, kw)?;
+        c.linear_backward(Some(&mut dxn1), (grads, &bw.v), &dv, &a.xn1, (p, &bw.v), n, d.c, kw)?;
+        c.tp_sum(tp, &mut dxn1)?;
         let mut dx = dxmid;
-        rmsnorm_backward(&mut dx, &mut grads[bw.attn_norm.clone()], &dxn1, &a.x, w(&bw.attn_norm), &a.r1, d.c);
+        c.rmsnorm_backward(&mut dx, (grads, &bw.attn_norm), &dxn1, &a.x, (p, &bw.attn_norm), &a.r1, d.c)?;
         Ok(dx)
     }
 }

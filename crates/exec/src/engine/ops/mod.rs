@@ -41,6 +41,10 @@ pub trait TensorGroup<T: Real> {
     fn sum(&self, values: &mut [T]) -> Result<(), super::EngineError>;
     /// Element-wise maximum over the group, in place.
     fn max(&self, values: &mut [T]) -> Result<(), super::EngineError>;
+    /// Whether the group is this rank alone (its reductions are the identity).
+    fn is_single(&self) -> bool {
+        false
+    }
 }
 
 /// The group of one rank: reductions are the identity.
@@ -52,5 +56,8 @@ impl<T: Real> TensorGroup<T> for Local {
     }
     fn max(&self, _values: &mut [T]) -> Result<(), super::EngineError> {
         Ok(())
+    }
+    fn is_single(&self) -> bool {
+        true
     }
 }

@@ -63,6 +63,16 @@ impl<T: Real> Rope<T> {
         Rope { half, cos, sin }
     }
 
+    /// The cosine and sine tables, `[positions, D/2]` each.
+    pub fn tables(&self) -> (&[T], &[T]) {
+        (&self.cos, &self.sin)
+    }
+
+    /// `D/2`.
+    pub fn half(&self) -> usize {
+        self.half
+    }
+
     /// Positions the tables cover.
     pub fn max_positions(&self) -> usize {
         self.cos.len() / self.half.max(1)

@@ -1,0 +1,306 @@
+//! A GPU (or the grid emulator): activations in bf16, statistics, gradients and accumulations in
+//! f32, layers as the kernels of `kernels/engine.cu` and `kernels/attention.cu`, linear layers as
+//! the vendor GEMMs ([`crate::backend::blas`]). Every launch is enqueued on the device's current
+//! stream; the host waits only where it reads bytes back (the tensor-parallel sum, for now).
+
+use super::{Compute, GradView, KvRows, View};
+use crate::backend::blas::{Gemm, GemmOut};
+use crate::backend::gpu::{Device, DeviceBuffer, DevicePtr, GpuRuntime};
+use crate::backend::sources::{KernelArg, KernelArgs, Launch, ATTENTION_BLOCK};
+use crate::engine::arena::Arena;
+use crate::engine::ops::{AttentionShape, Rope, TensorGroup};
+use crate::engine::real::Op;
+use crate::engine::EngineError;
+use nereus_core::cost::MemoryItem;
+use nereus_core::half::{bf16_to_f32, f32_to_bf16};
+
+/// Threads per block of the row and element-wise kernels.
+const BLOCK: u32 = 256;
+/// At most this many blocks per launch: the kernels stride over the rest.
+const MAX_BLOCKS: u64 = 4096;
+
+/// bf16 activations on a device.
+pub type Bf16<'d, R> = DeviceBuffer<'d, R, u16>;
+/// f32 statistics or gradients on a device.
+pub type F32<'d, R> = DeviceBuffer<'d, R, f32>;
+
+/// A stage's layers on `device`, buffers charged to the rank's [`Arena`] under the items the
+/// cost model prices, rotary tables uploaded once.
+pub struct OnDevice<'d, 'a, 'l, R: GpuRuntime> {
+    device: &'d Device<R>,
+    arena: &'a mut Arena<'l>,
+    cos: F32<'d, R>,
+    sin: F32<'d, R>,
+    half: usize,
+}
+
+impl<'d, 'a, 'l, R: GpuRuntime> OnDevice<'d, 'a, 'l, R> {
+    /// Computes on `device` with buffers charged to `arena` and the tables of `rope`.
+    pub fn new(device: &'d Device<R>, arena: &'a mut Arena<'l>, rope: &Rope<f32>) -> Result<Self, EngineError> {
+        let (cos, sin) = rope.tables();
+        let bytes = 4 * (cos.len() + sin.len()) as u64;
+        arena.charge(MemoryItem::Activations, bytes)?;
+        let (cos, sin) = (DeviceBuffer::from(device, cos)?, DeviceBuffer::from(device, sin)?);
+        Ok(OnDevice { device, arena, cos, sin, half: rope.half() })
+    }
+
+    /// The device computed on.
+    pub fn device(&self) -> &'d Device<R> {
+        self.device
+    }
+
+    fn launch(
+        &self,
+        kernel: &'static str,
+        grid: [u32; 3],
+        block: u32,
+        args: Vec<KernelArg>,
+    ) -> Result<(), EngineError> {
+        let launch = Launch { kernel, grid, block: [block, 1, 1], shared_bytes: 0 };
+        // SAFETY: each caller passes the kernel's parameters with buffers of the sizes it touches.
+        unsafe { self.device.launch(&launch, &mut KernelArgs::new(args))? };
+        Ok(())
+    }
+
+    /// One block per row (up to [`MAX_BLOCKS`]; the kernels stride over the rest).
+    fn rows(&self, kernel: &'static str, rows: usize, args: Vec<KernelArg>) -> Result<(), EngineError> {
+        self.launch(kernel, [(rows as u64).clamp(1, MAX_BLOCKS) as u32, 1, 1], BLOCK, args)
+    }
+
+    /// A grid-stride launch over `n` elements, a few elements per thread.
+    fn elementwise(&self, kernel: &'static str, n: usize, args: Vec<KernelArg>) -> Result<(), EngineError> {
+        let blocks = (n as u64).div_ceil(u64::from(BLOCK) * 2).clamp(1, MAX_BLOCKS);
+        self.launch(kernel, [blocks as u32, 1, 1], BLOCK, args)
+    }
+
+    fn gemm(&self, g: Gemm, a: DevicePtr, b: DevicePtr, c: DevicePtr) -> Result<(), EngineError> {
+        // SAFETY: callers pass buffers holding op(A)[m,k], op(B)[k,n] and C[m,n] of `g`.
+        unsafe { self.device.gemm(&g, a, b, c)? };
+        Ok(())
+    }
+
+    /// `f32` scratch charged under `item`.
+    fn f32_zeros(&mut self, item: MemoryItem, len: usize) -> Result<F32<'d, R>, EngineError> {
+        self.arena.charge(item, 4 * len as u64)?;
+        Ok(DeviceBuffer::zeros(self.device, len)?)
+    }
+
+    /// `y = bf16(x)`.
+    fn round(&self, y: &Bf16<'d, R>, x: &F32<'d, R>) -> Result<(), EngineError> {
+        self.elementwise("nereus_cast_f32_to_bf16", x.len(), vec![ptr(y.ptr()), ptr(x.ptr()), len(x.len())])
+    }
+
+    /// The `starts` argument: null when no sequence is padded, as the kernels read it.
+    fn starts(&self, starts: &[usize]) -> Result<Option<DeviceBuffer<'d, R, i32>>, EngineError> {
+        if starts.iter().all(|&s| s == 0) {
+            return Ok(None);
+        }
+        let values: Vec<i32> = starts.iter().map(|&s| s as i32).collect();
+        Ok(Some(DeviceBuffer::from(self.device, &values)?))
+    }
+}
+
+fn ptr(p: DevicePtr) -> KernelArg {
+    KernelArg::Ptr(p.0)
+}
+
+fn len(n: usize) -> KernelArg {
+    KernelArg::U64(n as u64)
+}
+
+fn weight<'d, R: GpuRuntime>((p, r): View<Bf16<'d, R>>) -> DevicePtr {
+    p.at(r.start)
+}
+
+fn attention_args(a: &AttentionShape) -> Vec<KernelArg> {
+    [a.b, a.tq, a.tk, a.t_cap, a.heads, a.kv_heads, a.d].iter().map(|&v| len(v)).collect()
+}
+
+fn attention_grid(a: &AttentionShape) -> [u32; 3] {
+    [a.tq as u32, a.heads as u32, a.b as u32]
+}
+
+impl<'d, R: GpuRuntime> Compute for OnDevice<'d, '_, '_, R> {
+    type Act = Bf16<'d, R>;
+    type Stat = F32<'d, R>;
+    type Params = Bf16<'d, R>;
+    type Grads = F32<'d, R>;
+
+    fn zeros(&mut self, item: MemoryItem, len: usize) -> Result<Self::Act, EngineError> {
+        self.arena.charge(item, 2 * len as u64)?;
+        Ok(DeviceBuffer::zeros(self.device, len)?)
+    }
+
+    fn stats(&mut self, item: MemoryItem, len: usize) -> Result<Self::Stat, EngineError> {
+        self.f32_zeros(item, len)
+    }
+
+    fn duplicate(&mut self, item: MemoryItem, x: &Self::Act) -> Result<Self::Act, EngineError> {
+        // bf16(0 + x) is x exactly.
+        let mut copy = self.zeros(item, x.len())?;
+        self.add(&mut copy, x)?;
+        Ok(copy)
+    }
+
+    fn add(&mut self, x: &mut Self::Act, y: &Self::Act) -> Result<(), EngineError> {
+        self.elementwise("nereus_residual_add", x.len(), vec![ptr(x.ptr()), ptr(y.ptr()), len(x.len())])
+    }
+
+    fn rmsnorm_forward(
+        &mut self,
+        y: &mut Self::Act,
+        rstd: &mut Self::Stat,
+        x: &Self::Act,
+        w: View<Self::Params>,
+        cols: usize,
+        eps: f64,
+    ) -> Result<(), EngineError> {
+        let rows = x.len() / cols;
+        let args = vec![ptr(y.ptr()), ptr(rstd.ptr()), ptr(x.ptr()), ptr(weight(w)), len(rows), len(cols)];
+        self.rows("nereus_rmsnorm_forward", rows, [args, vec![KernelArg::F32(eps as f32)]].concat())
+    }
+
+    fn rmsnorm_backward(
+        &mut self,
+        dx: &mut Self::Act,
+        (grads, range): GradView<Self::Grads>,
+        dy: &Self::Act,
+        x: &Self::Act,
+        w: View<Self::Params>,
+        rstd: &Self::Stat,
+        cols: usize,
+    ) -> Result<(), EngineError> {
+        let rows = x.len() / cols;
+        // The kernel writes its dx; the residual stream's gradient is then added to it.
+        let part = self.zeros(MemoryItem::ActivationGradients, dx.len())?;
+        let args = [ptr(part.ptr()), ptr(grads.at(range.start)), ptr(dy.ptr()), ptr(x.ptr()), ptr(weight(w))];
+        self.rows("nereus_rmsnorm_backward", rows, [&args[..], &[ptr(rstd.ptr()), len(rows), len(cols)]].concat())?;
+        self.add(dx, &part)
+    }
+
+    fn linear_forward(
+        &mut self,
+        y: &mut Self::Act,
+        x: &Self::Act,
+        w: View<Self::Params>,
+        n: usize,
+        inp: usize,
+        out: usize,
+    ) -> Result<(), EngineError> {
+        let g = Gemm { m: n, k: inp, n: out, op_a: Op::N, op_b: Op::T, out: GemmOut::Bf16 };
+        self.gemm(g, x.ptr(), weight(w), y.ptr())
+    }
+
+    fn linear_backward(
+        &mut self,
+        dx: Option<&mut Self::Act>,
+        (grads, range): GradView<Self::Grads>,
+        dy: &Self::Act,
+        x: &Self::Act,
+        w: View<Self::Params>,
+        n: usize,
+        inp: usize,
+        out: usize,
+    ) -> Result<(), EngineError> {
+        if let Some(dx) = dx {
+            let part = self.zeros(MemoryItem::ActivationGradients, n * inp)?;
+            let g = Gemm { m: n, k: out, n: inp, op_a: Op::N, op_b: Op::N, out: GemmOut::Bf16 };
+            self.gemm(g, dy.ptr(), weight(w), part.ptr())?;
+            self.add(dx, &part)?;
+        }
+        // Weight gradients accumulate in f32, across micro-batches too.
+        let g = Gemm { m: out, k: n, n: inp, op_a: Op::T, op_b: Op::N, out: GemmOut::F32 { accumulate: true } };
+        self.gemm(g, dy.ptr(), x.ptr(), grads.at(range.start))
+    }
+
+    fn swiglu_forward(&mut self, h: &mut Self::Act, g: &Self::Act, u: &Self::Act) -> Result<(), EngineError> {
+        self.elementwise("nereus_swiglu_forward", h.len(), vec![ptr(h.ptr()), ptr(g.ptr()), ptr(u.ptr()), len(h.len())])
+    }
+
+    fn swiglu_backward(
+        &mut self,
+        dg: &mut Self::Act,
+        du: &mut Self::Act,
+        dh: &Self::Act,
+        g: &Self::Act,
+        u: &Self::Act,
+    ) -> Result<(), EngineError> {
+        let args = vec![ptr(dg.ptr()), ptr(du.ptr()), ptr(dh.ptr()), ptr(g.ptr()), ptr(u.ptr()), len(dh.len())];
+        self.elementwise("nereus_swiglu_backward", dh.len(), args)
+    }
+
+    fn rope(
+        &mut self,
+        x: &mut Self::Act,
+        t: usize,
+        heads: usize,
+        pos0: usize,
+        inverse: bool,
+    ) -> Result<(), EngineError> {
+        let rows = x.len() / (heads * 2 * self.half);
+        let mut args = vec![ptr(x.ptr()), ptr(self.cos.ptr()), ptr(self.sin.ptr())];
+        args.extend([rows, t, heads, self.half, pos0].map(len));
+        args.push(KernelArg::I32(i32::from(inverse)));
+        self.elementwise("nereus_rope", rows * heads * self.half, args)
+    }
+
+    fn attention_forward(
+        &mut self,
+        out: &mut Self::Act,
+        q: &Self::Act,
+        k: &Self::Act,
+        v: &Self::Act,
+        shape: AttentionShape,
+        starts: &[usize],
+    ) -> Result<Self::Stat, EngineError> {
+        let lse = self.f32_zeros(MemoryItem::Activations, shape.b * shape.heads * shape.tq)?;
+        let starts = self.starts(starts)?;
+        let buffers =
+            [out.ptr(), lse.ptr(), q.ptr(), k.ptr(), v.ptr(), starts.as_ref().map_or(DevicePtr(0), |s| s.ptr())];
+        let args = [buffers.map(ptr).to_vec(), attention_args(&shape)].concat();
+        self.launch("nereus_attention_forward", attention_grid(&shape), ATTENTION_BLOCK, args)?;
+        Ok(lse)
+    }
+
+    fn attention_backward(
+        &mut self,
+        (dq, dk, dv): (&mut Self::Act, &mut Self::Act, &mut Self::Act),
+        dout: &Self::Act,
+        out: &Self::Act,
+        lse: &Self::Stat,
+        (q, k, v): (&Self::Act, &Self::Act, &Self::Act),
+        shape: AttentionShape,
+        starts: &[usize],
+    ) -> Result<(), EngineError> {
+        // Key and value gradients gather over query rows with f32 atomics, then round once.
+        let dk32 = self.f32_zeros(MemoryItem::ActivationGradients, dk.len())?;
+        let dv32 = self.f32_zeros(MemoryItem::ActivationGradients, dv.len())?;
+        let starts = self.starts(starts)?;
+        let buffers = [dq.ptr(), dk32.ptr(), dv32.ptr(), dout.ptr(), out.ptr(), lse.ptr(), q.ptr(), k.ptr(), v.ptr()];
+        let mut args = buffers.map(ptr).to_vec();
+        args.push(ptr(starts.as_ref().map_or(DevicePtr(0), |s| s.ptr())));
+        args.extend(attention_args(&shape));
+        self.launch("nereus_attention_backward", attention_grid(&shape), ATTENTION_BLOCK, args)?;
+        self.round(dk, &dk32)?;
+        self.round(dv, &dv32)
+    }
+
+    fn kv_append(&mut self, cache: &mut Self::Act, fresh: &Self::Act, r: KvRows) -> Result<(), EngineError> {
+        let args = vec![ptr(cache.ptr()), ptr(fresh.ptr())];
+        let shape = [r.b, r.t, r.t_cap, r.pos0, r.width].map(len);
+        self.elementwise("nereus_kv_append", fresh.len(), [args, shape.to_vec()].concat())
+    }
+
+    fn tp_sum<G: TensorGroup<f32>>(&mut self, tp: &G, x: &mut Self::Act) -> Result<(), EngineError> {
+        if tp.is_single() {
+            return Ok(());
+        }
+        // Over the host until the device collectives carry the engine (the parallel device
+        // engine's issue): bf16 widened exactly, summed in f32, rounded once.
+        let mut wide: Vec<f32> = x.read()?.into_iter().map(bf16_to_f32).collect();
+        tp.sum(&mut wide)?;
+        let narrow: Vec<u16> = wide.into_iter().map(f32_to_bf16).collect();
+        self.device.upload(bytemuck::cast_slice(&narrow), x.ptr())?;
+        Ok(())
+    }
+}

@@ -1,0 +1,175 @@
+//! The host f32 reference: each layer is the `ops/` function of the same name.
+
+use super::{Compute, GradView, KvRows, View};
+use crate::engine::arena::Arena;
+use crate::engine::ops::*;
+use crate::engine::EngineError;
+use nereus_core::cost::MemoryItem;
+
+/// The host f32 engine: buffers from the rank's [`Arena`], layers from `ops/`.
+pub struct Host<'a, 'l> {
+    arena: &'a mut Arena<'l>,
+    rope: &'a Rope<f32>,
+}
+
+impl<'a, 'l> Host<'a, 'l> {
+    /// Computes with buffers charged to `arena` and the rotary tables `rope`.
+    pub fn new(arena: &'a mut Arena<'l>, rope: &'a Rope<f32>) -> Self {
+        Host { arena, rope }
+    }
+}
+
+fn at<'a>((p, r): View<'a, [f32]>) -> &'a [f32] {
+    &p[r.clone()]
+}
+
+impl Compute for Host<'_, '_> {
+    type Act = Vec<f32>;
+    type Stat = Vec<f32>;
+    type Params = [f32];
+    type Grads = [f32];
+
+    fn zeros(&mut self, item: MemoryItem, len: usize) -> Result<Vec<f32>, EngineError> {
+        self.arena.zeros(item, len)
+    }
+
+    fn stats(&mut self, item: MemoryItem, len: usize) -> Result<Vec<f32>, EngineError> {
+        self.arena.zeros(item, len)
+    }
+
+    fn duplicate(&mut self, item: MemoryItem, x: &Vec<f32>) -> Result<Vec<f32>, EngineError> {
+        let mut copy = self.arena.zeros(item, x.len())?;
+        copy.copy_from_slice(x);
+        Ok(copy)
+    }
+
+    fn add(&mut self, x: &mut Vec<f32>, y: &Vec<f32>) -> Result<(), EngineError> {
+        x.iter_mut().zip(y).for_each(|(a, &b)| *a += b);
+        Ok(())
+    }
+
+    fn rmsnorm_forward(
+        &mut self,
+        y: &mut Vec<f32>,
+        rstd: &mut Vec<f32>,
+        x: &Vec<f32>,
+        w: View<[f32]>,
+        cols: usize,
+        eps: f64,
+    ) -> Result<(), EngineError> {
+        rmsnorm_forward(y, rstd, x, at(w), cols, eps);
+        Ok(())
+    }
+
+    fn rmsnorm_backward(
+        &mut self,
+        dx: &mut Vec<f32>,
+        (grads, range): GradView<[f32]>,
+        dy: &Vec<f32>,
+        x: &Vec<f32>,
+        w: View<[f32]>,
+        rstd: &Vec<f32>,
+        cols: usize,
+    ) -> Result<(), EngineError> {
+        rmsnorm_backward(dx, &mut grads[range.clone()], dy, x, at(w), rstd, cols);
+        Ok(())
+    }
+
+    fn linear_forward(
+        &mut self,
+        y: &mut Vec<f32>,
+        x: &Vec<f32>,
+        w: View<[f32]>,
+        n: usize,
+        inp: usize,
+        out: usize,
+    ) -> Result<(), EngineError> {
+        linear_forward(y, x, at(w), n, inp, out);
+        Ok(())
+    }
+
+    fn linear_backward(
+        &mut self,
+        dx: Option<&mut Vec<f32>>,
+        (grads, range): GradView<[f32]>,
+        dy: &Vec<f32>,
+        x: &Vec<f32>,
+        w: View<[f32]>,
+        n: usize,
+        inp: usize,
+        out: usize,
+    ) -> Result<(), EngineError> {
+        linear_backward(dx.map(|d| d.as_mut_slice()), &mut grads[range.clone()], dy, x, at(w), n, inp, out);
+        Ok(())
+    }
+
+    fn swiglu_forward(&mut self, h: &mut Vec<f32>, g: &Vec<f32>, u: &Vec<f32>) -> Result<(), EngineError> {
+        swiglu_forward(h, g, u);
+        Ok(())
+    }
+
+    fn swiglu_backward(
+        &mut self,
+        dg: &mut Vec<f32>,
+        du: &mut Vec<f32>,
+        dh: &Vec<f32>,
+        g: &Vec<f32>,
+        u: &Vec<f32>,
+    ) -> Result<(), EngineError> {
+        swiglu_backward(dg, du, dh, g, u);
+        Ok(())
+    }
+
+    fn rope(
+        &mut self,
+        x: &mut Vec<f32>,
+        t: usize,
+        heads: usize,
+        pos0: usize,
+        inverse: bool,
+    ) -> Result<(), EngineError> {
+        self.rope.apply(x, t, heads, pos0, inverse);
+        Ok(())
+    }
+
+    fn attention_forward(
+        &mut self,
+        out: &mut Vec<f32>,
+        q: &Vec<f32>,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        shape: AttentionShape,
+        starts: &[usize],
+    ) -> Result<Vec<f32>, EngineError> {
+        let mut probs = self.arena.zeros(MemoryItem::Activations, shape.b * shape.heads * shape.tq * shape.tk)?;
+        attention_forward(out, &mut probs, q, k, v, shape, starts);
+        Ok(probs)
+    }
+
+    fn attention_backward(
+        &mut self,
+        (dq, dk, dv): (&mut Vec<f32>, &mut Vec<f32>, &mut Vec<f32>),
+        dout: &Vec<f32>,
+        _out: &Vec<f32>,
+        probs: &Vec<f32>,
+        (q, k, v): (&Vec<f32>, &Vec<f32>, &Vec<f32>),
+        shape: AttentionShape,
+        _starts: &[usize],
+    ) -> Result<(), EngineError> {
+        attention_backward(dq, dk, dv, dout, q, k, v, probs, shape);
+        Ok(())
+    }
+
+    fn kv_append(&mut self, cache: &mut Vec<f32>, fresh: &Vec<f32>, r: KvRows) -> Result<(), EngineError> {
+        let row = r.t * r.width;
+        for b in 0..r.b {
+            let dst = (b * r.t_cap + r.pos0) * r.width;
+            cache[dst..dst + row].copy_from_slice(&fresh[b * row..(b + 1) * row]);
+        }
+        Ok(())
+    }
+
+    fn tp_sum<G: TensorGroup<f32>>(&mut self, tp: &G, x: &mut Vec<f32>) -> Result<(), EngineError> {
+        tp.sum(x)
+    }
+}

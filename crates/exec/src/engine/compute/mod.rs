@@ -1,0 +1,170 @@
+//! Where a stage's layers compute: the host f32 reference ([`Host`]) or a GPU through the
+//! kernels in `kernels/` and the vendor GEMMs ([`OnDevice`], bf16 activations, f32 statistics
+//! and gradients). A transformer block's forward and backward passes are written once, in
+//! `stage.rs`, over this trait; each implementation supplies the layers.
+//!
+//! Conventions, as the host ops (`ops/`) keep them: buffers are flat row-major; an output a
+//! method *writes* is passed freshly zeroed by [`Compute::zeros`]; `dx` arguments of backward
+//! passes and every weight gradient *accumulate* (`+=`), because activations feed more than one
+//! consumer and gradients sum over micro-batches. Weights are `(parameters, range)` views into
+//! the stage's flat parameter buffer; gradients are views into the flat f32 gradient buffer.
+
+mod device;
+mod host;
+
+pub use device::OnDevice;
+pub use host::Host;
+
+use std::ops::Range;
+
+use super::ops::{AttentionShape, TensorGroup};
+use super::EngineError;
+use nereus_core::cost::MemoryItem;
+
+/// A view of one tensor in a stage's flat parameter (or gradient) buffer.
+pub type View<'a, P> = (&'a P, &'a Range<usize>);
+
+/// A view of one tensor in a stage's flat gradient buffer, accumulated into.
+pub type GradView<'a, G> = (&'a mut G, &'a Range<usize>);
+
+/// The layers a transformer block needs, on one compute (see the module comment).
+pub trait Compute {
+    /// Activations and their gradients (`f32` on the host, bf16 on a device).
+    type Act;
+    /// Per-row statistics saved for backward passes (RMSNorm's `1/rms`; attention's saved
+    /// state): f32 everywhere.
+    type Stat;
+    /// The stage's flat parameters.
+    type Params: ?Sized;
+    /// The stage's flat gradients (f32 everywhere).
+    type Grads: ?Sized;
+
+    /// `len` zeroed activations holding `item`, charged to the rank's ledger first.
+    fn zeros(&mut self, item: MemoryItem, len: usize) -> Result<Self::Act, EngineError>;
+    /// `len` zeroed statistics holding `item`, charged first.
+    fn stats(&mut self, item: MemoryItem, len: usize) -> Result<Self::Stat, EngineError>;
+    /// A copy of `x`, charged under `item`.
+    fn duplicate(&mut self, item: MemoryItem, x: &Self::Act) -> Result<Self::Act, EngineError>;
+    /// `x += y` (residual connections).
+    fn add(&mut self, x: &mut Self::Act, y: &Self::Act) -> Result<(), EngineError>;
+
+    /// `y[R,C] = x · rstd · w`, `rstd[R]` saved.
+    #[allow(clippy::too_many_arguments)]
+    fn rmsnorm_forward(
+        &mut self,
+        y: &mut Self::Act,
+        rstd: &mut Self::Stat,
+        x: &Self::Act,
+        w: View<Self::Params>,
+        cols: usize,
+        eps: f64,
+    ) -> Result<(), EngineError>;
+    /// Backward of [`Compute::rmsnorm_forward`]: `dx +=`, `dw +=`.
+    #[allow(clippy::too_many_arguments)]
+    fn rmsnorm_backward(
+        &mut self,
+        dx: &mut Self::Act,
+        dw: GradView<Self::Grads>,
+        dy: &Self::Act,
+        x: &Self::Act,
+        w: View<Self::Params>,
+        rstd: &Self::Stat,
+        cols: usize,
+    ) -> Result<(), EngineError>;
+
+    /// `y[N,out] = x[N,in] · W[out,in]ᵀ`.
+    fn linear_forward(
+        &mut self,
+        y: &mut Self::Act,
+        x: &Self::Act,
+        w: View<Self::Params>,
+        n: usize,
+        inp: usize,
+        out: usize,
+    ) -> Result<(), EngineError>;
+    /// `dx[N,in] += dy · W` (when `dx` is given) and `dW += dyᵀ · x`.
+    #[allow(clippy::too_many_arguments)]
+    fn linear_backward(
+        &mut self,
+        dx: Option<&mut Self::Act>,
+        dw: GradView<Self::Grads>,
+        dy: &Self::Act,
+        x: &Self::Act,
+        w: View<Self::Params>,
+        n: usize,
+        inp: usize,
+        out: usize,
+    ) -> Result<(), EngineError>;
+
+    /// `h = silu(g) · u`.
+    fn swiglu_forward(&mut self, h: &mut Self::Act, g: &Self::Act, u: &Self::Act) -> Result<(), EngineError>;
+    /// Backward of [`Compute::swiglu_forward`] into zeroed `dg`, `du`.
+    fn swiglu_backward(
+        &mut self,
+        dg: &mut Self::Act,
+        du: &mut Self::Act,
+        dh: &Self::Act,
+        g: &Self::Act,
+        u: &Self::Act,
+    ) -> Result<(), EngineError>;
+
+    /// Rotates `x[B,T,heads,D]` in place, row `(b, t)` at position `pos0 + t`; `inverse` is the
+    /// backward pass.
+    fn rope(
+        &mut self,
+        x: &mut Self::Act,
+        t: usize,
+        heads: usize,
+        pos0: usize,
+        inverse: bool,
+    ) -> Result<(), EngineError>;
+
+    /// Causal GQA attention into zeroed `out`; returns what the backward pass needs (the host
+    /// saves the probabilities, a device only each query row's log-sum-exp).
+    fn attention_forward(
+        &mut self,
+        out: &mut Self::Act,
+        q: &Self::Act,
+        k: &Self::Act,
+        v: &Self::Act,
+        shape: AttentionShape,
+        starts: &[usize],
+    ) -> Result<Self::Stat, EngineError>;
+    /// Backward of [`Compute::attention_forward`] (`tq = tk = t_cap`) into zeroed `dq`, `dk`, `dv`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_backward(
+        &mut self,
+        grads: (&mut Self::Act, &mut Self::Act, &mut Self::Act),
+        dout: &Self::Act,
+        out: &Self::Act,
+        saved: &Self::Stat,
+        qkv: (&Self::Act, &Self::Act, &Self::Act),
+        shape: AttentionShape,
+        starts: &[usize],
+    ) -> Result<(), EngineError>;
+
+    /// Writes `fresh[B,T,W]` into `cache[B,T_cap,W]` at positions `pos0..pos0+T`.
+    fn kv_append(&mut self, cache: &mut Self::Act, fresh: &Self::Act, rows: KvRows) -> Result<(), EngineError>;
+
+    /// Element-wise sum over the tensor-parallel group, in place.
+    fn tp_sum<G: TensorGroup<f32>>(&mut self, tp: &G, x: &mut Self::Act) -> Result<(), EngineError>;
+}
+
+/// Where [`Compute::kv_append`] writes: `b` sequences of `t` fresh rows `width` wide, into a
+/// cache of `t_cap` positions per sequence, from position `pos0`.
+#[derive(Debug, Clone, Copy)]
+pub struct KvRows {
+    /// Sequences.
+    pub b: usize,
+    /// Fresh positions per sequence.
+    pub t: usize,
+    /// Positions per sequence in the cache.
+    pub t_cap: usize,
+    /// Where the fresh rows go.
+    pub pos0: usize,
+    /// Elements per position (`K·D`).
+    pub width: usize,
+}
+
+#[cfg(test)]
+mod tests;
