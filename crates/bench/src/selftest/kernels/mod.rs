@@ -27,7 +27,7 @@ use nereus_core::half::{bf16_to_f32, f32_to_bf16};
 use nereus_core::rng::Rng;
 use nereus_exec::backend::blas::{Gemm, GemmOut};
 use nereus_exec::backend::emulated::Emulated;
-use nereus_exec::backend::gpu::{Device, DevicePtr, GpuRuntime};
+use nereus_exec::backend::gpu::{Device, DeviceBuffer, GpuRuntime};
 use nereus_exec::backend::grid::WarpWidth;
 use nereus_exec::backend::sources::{AdamTensor, KernelArg, KernelArgs, Launch};
 use nereus_exec::backend::BackendError;
@@ -222,37 +222,14 @@ impl Verdict {
     }
 }
 
-/// A device buffer freed on drop.
-struct DeviceVec<'a, R: GpuRuntime> {
-    device: &'a Device<R>,
-    ptr: DevicePtr,
-    bytes: usize,
+/// A device buffer as a kernel's pointer argument.
+trait Arg {
+    fn arg(&self) -> KernelArg;
 }
 
-impl<'a, R: GpuRuntime> DeviceVec<'a, R> {
-    fn from<T: Pod>(device: &'a Device<R>, values: &[T]) -> Result<Self, BackendError> {
-        let bytes: &[u8] = bytemuck::cast_slice(values);
-        let ptr = device.alloc(bytes.len().max(1) as u64)?;
-        let buffer = DeviceVec { device, ptr, bytes: bytes.len() };
-        device.upload(bytes, ptr)?;
-        Ok(buffer)
-    }
-
-    fn read<T: Pod>(&self) -> Result<Vec<T>, BackendError> {
-        let mut out = vec![T::zeroed(); self.bytes / std::mem::size_of::<T>()];
-        self.device.download(self.ptr, bytemuck::cast_slice_mut(&mut out))?;
-        Ok(out)
-    }
-
+impl<R: GpuRuntime, T: Pod> Arg for DeviceBuffer<'_, R, T> {
     fn arg(&self) -> KernelArg {
-        KernelArg::Ptr(self.ptr.0)
-    }
-}
-
-impl<R: GpuRuntime> Drop for DeviceVec<'_, R> {
-    fn drop(&mut self) {
-        // SAFETY: our allocation, no longer used by any launch (every check downloads first).
-        unsafe { self.device.free(self.ptr) };
+        KernelArg::Ptr(self.ptr().0)
     }
 }
 
@@ -312,7 +289,7 @@ fn check_cast_to_bf16<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdi
     let specials = [0.0f32, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0];
     let x: Vec<f32> =
         (0..n).map(|i| if i < specials.len() { specials[i] } else { f32::from_bits(rng.next_u64() as u32) }).collect();
-    let (xs, ys) = (DeviceVec::from(d, &x)?, DeviceVec::from(d, &vec![0u16; n])?);
+    let (xs, ys) = (DeviceBuffer::from(d, &x)?, DeviceBuffer::from(d, &vec![0u16; n])?);
     run(d, v.kernel, elementwise_grid(n), vec![ys.arg(), xs.arg(), KernelArg::U64(n as u64)])?;
     let got: Vec<u16> = ys.read()?;
     let mismatched = x.iter().zip(&got).position(|(x, g)| f32_to_bf16(*x) != *g);
@@ -325,7 +302,7 @@ fn check_cast_to_bf16<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdi
 fn check_cast_to_f32<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
     let n = length(rng, 20_000);
     let x: Vec<u16> = (0..n).map(|_| rng.next_u64() as u16).collect();
-    let (xs, ys) = (DeviceVec::from(d, &x)?, DeviceVec::from(d, &vec![0f32; n])?);
+    let (xs, ys) = (DeviceBuffer::from(d, &x)?, DeviceBuffer::from(d, &vec![0f32; n])?);
     run(d, v.kernel, elementwise_grid(n), vec![ys.arg(), xs.arg(), KernelArg::U64(n as u64)])?;
     let got: Vec<f32> = ys.read()?;
     if let Some(i) = x.iter().zip(&got).position(|(x, g)| bf16_to_f32(*x).to_bits() != g.to_bits()) {
@@ -344,8 +321,8 @@ const EPS: f32 = 1e-5;
 fn check_rmsnorm_forward<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
     let (rows, cols) = row_shape(rng);
     let (x, w) = (bf16_values(rng, rows * cols, 2.0), bf16_values(rng, cols, 1.0));
-    let (xs, ws) = (DeviceVec::from(d, &x)?, DeviceVec::from(d, &w)?);
-    let (ys, rs) = (DeviceVec::from(d, &vec![0u16; rows * cols])?, DeviceVec::from(d, &vec![0f32; rows])?);
+    let (xs, ws) = (DeviceBuffer::from(d, &x)?, DeviceBuffer::from(d, &w)?);
+    let (ys, rs) = (DeviceBuffer::from(d, &vec![0u16; rows * cols])?, DeviceBuffer::from(d, &vec![0f32; rows])?);
     let shape = [KernelArg::U64(rows as u64), KernelArg::U64(cols as u64), KernelArg::F32(EPS)];
     run(d, v.kernel, rows as u64, [vec![ys.arg(), rs.arg(), xs.arg(), ws.arg()], shape.to_vec()].concat())?;
     let (xf, wf) = (widen(&x), widen(&w));
@@ -366,9 +343,13 @@ fn check_rmsnorm_backward<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut V
         (bf16_values(rng, rows * cols, 2.0), bf16_values(rng, cols, 1.0), bf16_values(rng, rows * cols, 1.0));
     let (xf, wf, dyf) = (widen(&x), widen(&w), widen(&dy));
     let inv_rms: Vec<f32> = xf.chunks(cols).map(|row| reference::rmsnorm(row, &wf, f64::from(EPS)).1 as f32).collect();
-    let (xs, ws, dys, rs) =
-        (DeviceVec::from(d, &x)?, DeviceVec::from(d, &w)?, DeviceVec::from(d, &dy)?, DeviceVec::from(d, &inv_rms)?);
-    let (dxs, dws) = (DeviceVec::from(d, &vec![0u16; rows * cols])?, DeviceVec::from(d, &vec![0f32; cols])?);
+    let (xs, ws, dys, rs) = (
+        DeviceBuffer::from(d, &x)?,
+        DeviceBuffer::from(d, &w)?,
+        DeviceBuffer::from(d, &dy)?,
+        DeviceBuffer::from(d, &inv_rms)?,
+    );
+    let (dxs, dws) = (DeviceBuffer::from(d, &vec![0u16; rows * cols])?, DeviceBuffer::from(d, &vec![0f32; cols])?);
     let buffers = vec![dxs.arg(), dws.arg(), dys.arg(), xs.arg(), ws.arg(), rs.arg()];
     run(d, v.kernel, rows as u64, [buffers, vec![KernelArg::U64(rows as u64), KernelArg::U64(cols as u64)]].concat())?;
     let (mut want_dx, mut dx_scale, mut want_dw, mut dw_scale) =
@@ -398,7 +379,8 @@ fn cancelled_terms(dy: &[f64], x: &[f64], weight: &[f64]) -> Vec<f64> {
 fn check_swiglu_forward<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
     let n = length(rng, 20_000);
     let (g, u) = (bf16_values(rng, n, 4.0), bf16_values(rng, n, 2.0));
-    let (gs, us, outs) = (DeviceVec::from(d, &g)?, DeviceVec::from(d, &u)?, DeviceVec::from(d, &vec![0u16; n])?);
+    let (gs, us, outs) =
+        (DeviceBuffer::from(d, &g)?, DeviceBuffer::from(d, &u)?, DeviceBuffer::from(d, &vec![0u16; n])?);
     run(d, v.kernel, elementwise_grid(n), vec![outs.arg(), gs.arg(), us.arg(), KernelArg::U64(n as u64)])?;
     let want: Vec<f64> = widen(&g).iter().zip(widen(&u)).map(|(g, u)| reference::swiglu(*g, u)).collect();
     v.bf16("out", &outs.read()?, &want);
@@ -408,8 +390,8 @@ fn check_swiglu_forward<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Ver
 fn check_swiglu_backward<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
     let n = length(rng, 20_000);
     let (g, u, dout) = (bf16_values(rng, n, 4.0), bf16_values(rng, n, 2.0), bf16_values(rng, n, 1.0));
-    let (gs, us, ds) = (DeviceVec::from(d, &g)?, DeviceVec::from(d, &u)?, DeviceVec::from(d, &dout)?);
-    let (dgs, dus) = (DeviceVec::from(d, &vec![0u16; n])?, DeviceVec::from(d, &vec![0u16; n])?);
+    let (gs, us, ds) = (DeviceBuffer::from(d, &g)?, DeviceBuffer::from(d, &u)?, DeviceBuffer::from(d, &dout)?);
+    let (dgs, dus) = (DeviceBuffer::from(d, &vec![0u16; n])?, DeviceBuffer::from(d, &vec![0u16; n])?);
     let args = vec![dgs.arg(), dus.arg(), ds.arg(), gs.arg(), us.arg(), KernelArg::U64(n as u64)];
     run(d, v.kernel, elementwise_grid(n), args)?;
     let (gf, uf, df) = (widen(&g), widen(&u), widen(&dout));
@@ -422,7 +404,7 @@ fn check_swiglu_backward<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Ve
 fn check_residual_add<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
     let n = length(rng, 20_000);
     let (x, y) = (bf16_values(rng, n, 3.0), bf16_values(rng, n, 3.0));
-    let (xs, ys) = (DeviceVec::from(d, &x)?, DeviceVec::from(d, &y)?);
+    let (xs, ys) = (DeviceBuffer::from(d, &x)?, DeviceBuffer::from(d, &y)?);
     run(d, v.kernel, elementwise_grid(n), vec![xs.arg(), ys.arg(), KernelArg::U64(n as u64)])?;
     let want: Vec<f64> = widen(&x).iter().zip(widen(&y)).map(|(a, b)| a + b).collect();
     v.bf16("x", &xs.read()?, &want);
@@ -441,9 +423,10 @@ fn check_row_stats<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict)
             _ => (shard_start + rng.below(cols) as i64) as i32,
         })
         .collect();
-    let (ls, ts) = (DeviceVec::from(d, &logits)?, DeviceVec::from(d, &targets)?);
+    let (ls, ts) = (DeviceBuffer::from(d, &logits)?, DeviceBuffer::from(d, &targets)?);
     let zeros = vec![0f32; rows];
-    let (maxs, sums, tls) = (DeviceVec::from(d, &zeros)?, DeviceVec::from(d, &zeros)?, DeviceVec::from(d, &zeros)?);
+    let (maxs, sums, tls) =
+        (DeviceBuffer::from(d, &zeros)?, DeviceBuffer::from(d, &zeros)?, DeviceBuffer::from(d, &zeros)?);
     let shape = vec![KernelArg::U64(rows as u64), KernelArg::U64(cols as u64), KernelArg::U64(shard_start as u64)];
     run(d, v.kernel, rows as u64, [vec![maxs.arg(), sums.arg(), tls.arg(), ls.arg(), ts.arg()], shape].concat())?;
     let stats: Vec<(f64, f64, f64)> = widen(&logits)
@@ -477,13 +460,13 @@ fn check_adamw<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> 
     let mut table = Vec::new();
     for t in &tensors {
         let bufs = [
-            DeviceVec::from(d, &t.p)?,
-            DeviceVec::from(d, &t.m)?,
-            DeviceVec::from(d, &t.v)?,
-            DeviceVec::from(d, &t.g)?,
+            DeviceBuffer::from(d, &t.p)?,
+            DeviceBuffer::from(d, &t.m)?,
+            DeviceBuffer::from(d, &t.v)?,
+            DeviceBuffer::from(d, &t.g)?,
         ];
-        let work = DeviceVec::from(d, &vec![0u16; t.p.len()])?;
-        let (p, m, vv, g, w) = (bufs[0].ptr.0, bufs[1].ptr.0, bufs[2].ptr.0, bufs[3].ptr.0, work.ptr.0);
+        let work = DeviceBuffer::from(d, &vec![0u16; t.p.len()])?;
+        let (p, m, vv, g, w) = (bufs[0].ptr().0, bufs[1].ptr().0, bufs[2].ptr().0, bufs[3].ptr().0, work.ptr().0);
         table.push(AdamTensor {
             param: p,
             m,
@@ -496,7 +479,7 @@ fn check_adamw<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> 
         });
         buffers.push((bufs, work));
     }
-    let table_buffer = DeviceVec::from(d, &table)?;
+    let table_buffer = DeviceBuffer::from(d, &table)?;
     let grid = elementwise_grid(tensors.iter().map(|t| t.p.len()).max().unwrap_or(1));
     let hyper = [a.lr, a.beta1, a.beta2, a.eps, a.c1, a.c2].map(|x| KernelArg::F32(x as f32));
     run(d, v.kernel, grid, [vec![table_buffer.arg(), KernelArg::I32(table.len() as i32)], hyper.to_vec()].concat())?;
@@ -528,8 +511,8 @@ impl AdamCase {
     fn compare<R: GpuRuntime>(
         &self,
         a: &AdamStep,
-        bufs: &[DeviceVec<'_, R>; 4],
-        work: &DeviceVec<'_, R>,
+        bufs: &[DeviceBuffer<'_, R, f32>; 4],
+        work: &DeviceBuffer<'_, R, u16>,
         v: &mut Verdict,
     ) -> Result<(), BackendError> {
         let n = self.p.len();
@@ -575,12 +558,12 @@ fn check_logprob_backward<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut V
         .collect();
     let dlogp: Vec<f32> = (0..rows).map(|_| uniform(rng) as f32).collect();
     let (ls, lses, gs, ts) = (
-        DeviceVec::from(d, &logits)?,
-        DeviceVec::from(d, &lse)?,
-        DeviceVec::from(d, &dlogp)?,
-        DeviceVec::from(d, &targets)?,
+        DeviceBuffer::from(d, &logits)?,
+        DeviceBuffer::from(d, &lse)?,
+        DeviceBuffer::from(d, &dlogp)?,
+        DeviceBuffer::from(d, &targets)?,
     );
-    let out = DeviceVec::from(d, &vec![0u16; rows * cols])?;
+    let out = DeviceBuffer::from(d, &vec![0u16; rows * cols])?;
     let shape = vec![KernelArg::U64(rows as u64), KernelArg::U64(cols as u64), KernelArg::U64(shard_start as u64)];
     run(
         d,
@@ -612,8 +595,11 @@ fn check_argmax<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) ->
             row[rng.below(cols)] = top;
         }
     }
-    let (ls, ts, vs) =
-        (DeviceVec::from(d, &logits)?, DeviceVec::from(d, &vec![-1i32; rows])?, DeviceVec::from(d, &vec![0f32; rows])?);
+    let (ls, ts, vs) = (
+        DeviceBuffer::from(d, &logits)?,
+        DeviceBuffer::from(d, &vec![-1i32; rows])?,
+        DeviceBuffer::from(d, &vec![0f32; rows])?,
+    );
     let shape = vec![KernelArg::U64(rows as u64), KernelArg::U64(cols as u64)];
     run(d, v.kernel, rows as u64, [vec![ts.arg(), vs.arg(), ls.arg()], shape].concat())?;
     let (tokens, values): (Vec<i32>, Vec<f32>) = (ts.read()?, vs.read()?);
@@ -631,8 +617,11 @@ fn check_sum_squares<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdic
     let n = length(rng, 200_000);
     let x: Vec<f32> = (0..n).map(|_| (uniform(rng) * 3.0) as f32).collect();
     let blocks = elementwise_grid(n).min(64);
-    let (xs, partial, total) =
-        (DeviceVec::from(d, &x)?, DeviceVec::from(d, &vec![0f32; blocks as usize])?, DeviceVec::from(d, &[0f32])?);
+    let (xs, partial, total) = (
+        DeviceBuffer::from(d, &x)?,
+        DeviceBuffer::from(d, &vec![0f32; blocks as usize])?,
+        DeviceBuffer::from(d, &[0f32])?,
+    );
     run(d, v.kernel, blocks, vec![partial.arg(), xs.arg(), KernelArg::U64(n as u64), KernelArg::I32(1)])?;
     run(d, v.kernel, 1, vec![total.arg(), partial.arg(), KernelArg::U64(blocks), KernelArg::I32(0)])?;
     let want: f64 = x.iter().map(|&e| f64::from(e) * f64::from(e)).sum();
@@ -669,17 +658,17 @@ fn check_gemm<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> R
             }
         }
     }
-    let (as_, bs) = (DeviceVec::from(d, &a)?, DeviceVec::from(d, &b)?);
+    let (as_, bs) = (DeviceBuffer::from(d, &a)?, DeviceBuffer::from(d, &b)?);
     if out == GemmOut::Bf16 {
-        let cs = DeviceVec::from(d, &vec![0u16; m * n])?;
+        let cs = DeviceBuffer::from(d, &vec![0u16; m * n])?;
         // SAFETY: the buffers hold [m,k], [k,n] bf16 and [m,n] bf16.
-        unsafe { d.gemm(&g, as_.ptr, bs.ptr, cs.ptr)? };
+        unsafe { d.gemm(&g, as_.ptr(), bs.ptr(), cs.ptr())? };
         d.synchronize()?;
         v.bf16_scaled("C", &cs.read()?, &want, &scale);
     } else {
-        let cs = DeviceVec::from(d, &c0)?;
+        let cs = DeviceBuffer::from(d, &c0)?;
         // SAFETY: the buffers hold [m,k], [k,n] bf16 and [m,n] f32.
-        unsafe { d.gemm(&g, as_.ptr, bs.ptr, cs.ptr)? };
+        unsafe { d.gemm(&g, as_.ptr(), bs.ptr(), cs.ptr())? };
         d.synchronize()?;
         v.f32("C", &cs.read()?, &want, &scale);
     }
@@ -709,7 +698,8 @@ fn check_sample<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) ->
     let temperature = [0.3f32, 0.7, 1.0, 1.5][rng.below(4)];
     let top_p = [1.0f32, 0.95, 0.8, 0.5][rng.below(4)];
     let u: Vec<f32> = (0..rows).map(|_| (uniform(rng).abs() as f32).min(0.999_999)).collect();
-    let (ls, us, ts) = (DeviceVec::from(d, &logits)?, DeviceVec::from(d, &u)?, DeviceVec::from(d, &vec![-1i32; rows])?);
+    let (ls, us, ts) =
+        (DeviceBuffer::from(d, &logits)?, DeviceBuffer::from(d, &u)?, DeviceBuffer::from(d, &vec![-1i32; rows])?);
     let mut args = vec![ts.arg(), ls.arg(), us.arg(), KernelArg::U64(rows as u64), KernelArg::U64(cols as u64)];
     args.extend([KernelArg::F32(temperature), KernelArg::F32(top_p), KernelArg::I32(i32::from(greedy))]);
     run(d, v.kernel, rows as u64, args)?;
