@@ -135,14 +135,15 @@ struct NereusAdamTensor {
 
 // Fused multi-tensor AdamW: one launch updates `count` tensors from the table (in device memory),
 // every thread striding over each tensor in turn, and writes each bf16 working copy:
-//   m = β1·m + (1−β1)·g;  v = β2·v + (1−β2)·g²;  p −= lr·(m/c1 / (sqrt(v/c2) + eps) + wd·p)
-// with c1 = 1 − β1^t and c2 = 1 − β2^t (decoupled weight decay, Loshchilov & Hutter 2019).
+//   g = clip·grad;  m = β1·m + (1−β1)·g;  v = β2·v + (1−β2)·g²;  p −= lr·(m/c1 / (sqrt(v/c2) + eps) + wd·p)
+// with c1 = 1 − β1^t and c2 = 1 − β2^t (decoupled weight decay, Loshchilov & Hutter 2019) and
+// `clip` the global-norm clipping factor (1 when the norm is within bounds).
 NEREUS_KERNEL nereus_adamw(const NereusAdamTensor* __restrict__ tensors, int count, float lr, float beta1, float beta2,
-                           float eps, float c1, float c2) {
+                           float eps, float c1, float c2, float clip) {
   for (int t = 0; t < count; ++t) {
     const NereusAdamTensor x = tensors[t];
     NEREUS_GRID_STRIDE(i, x.n) {
-      const float g = x.grad[i];
+      const float g = x.grad[i] * clip;
       const float mi = beta1 * x.m[i] + (1.0f - beta1) * g;
       const float vi = beta2 * x.v[i] + (1.0f - beta2) * g * g;
       const float p = x.param[i] - lr * (mi / c1 / (nereus_sqrt(vi / c2) + eps) + x.weight_decay * x.param[i]);

@@ -384,14 +384,14 @@ impl<R: GpuRuntime> Device<R> {
 }
 
 /// A device allocation of `T`s, freed in stream order when dropped.
-pub struct DeviceBuffer<'d, R: GpuRuntime, T: bytemuck::Pod> {
+pub struct DeviceArray<'d, R: GpuRuntime, T: bytemuck::Pod> {
     device: &'d Device<R>,
     ptr: DevicePtr,
     len: usize,
     _elements: std::marker::PhantomData<T>,
 }
 
-impl<'d, R: GpuRuntime, T: bytemuck::Pod> DeviceBuffer<'d, R, T> {
+impl<'d, R: GpuRuntime, T: bytemuck::Pod> DeviceArray<'d, R, T> {
     /// `len` zeroed elements on `device`.
     pub fn zeros(device: &'d Device<R>, len: usize) -> Result<Self, BackendError> {
         Self::from(device, &vec![T::zeroed(); len])
@@ -401,16 +401,14 @@ impl<'d, R: GpuRuntime, T: bytemuck::Pod> DeviceBuffer<'d, R, T> {
     pub fn from(device: &'d Device<R>, values: &[T]) -> Result<Self, BackendError> {
         let bytes: &[u8] = bytemuck::cast_slice(values);
         let ptr = device.alloc(bytes.len() as u64)?;
-        let buffer = DeviceBuffer { device, ptr, len: values.len(), _elements: std::marker::PhantomData };
+        let buffer = DeviceArray { device, ptr, len: values.len(), _elements: std::marker::PhantomData };
         device.upload(bytes, ptr)?;
         Ok(buffer)
     }
 
     /// The elements, copied back to the host once the work enqueued before has run.
     pub fn read(&self) -> Result<Vec<T>, BackendError> {
-        let mut out = vec![T::zeroed(); self.len];
-        self.device.download(self.ptr, bytemuck::cast_slice_mut(&mut out))?;
-        Ok(out)
+        self.view().read(self.device)
     }
 
     /// The address of element `index`.
@@ -421,6 +419,11 @@ impl<'d, R: GpuRuntime, T: bytemuck::Pod> DeviceBuffer<'d, R, T> {
     /// The address of the first element.
     pub fn ptr(&self) -> DevicePtr {
         self.ptr
+    }
+
+    /// A view of the whole array (which must outlive the work that uses it).
+    pub fn view(&self) -> DeviceView<T> {
+        DeviceView::new(self.ptr, self.len)
     }
 
     /// Elements held.
@@ -434,7 +437,61 @@ impl<'d, R: GpuRuntime, T: bytemuck::Pod> DeviceBuffer<'d, R, T> {
     }
 }
 
-impl<R: GpuRuntime, T: bytemuck::Pod> Drop for DeviceBuffer<'_, R, T> {
+/// A typed window of device memory owned elsewhere (a section of an EMU's shard, a
+/// [`DeviceArray`]): `len` elements of `T` from `ptr`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceView<T> {
+    ptr: DevicePtr,
+    len: usize,
+    _elements: std::marker::PhantomData<T>,
+}
+
+impl<T> DeviceView<T> {
+    /// `len` elements from `ptr`.
+    pub fn new(ptr: DevicePtr, len: usize) -> DeviceView<T> {
+        DeviceView { ptr, len, _elements: std::marker::PhantomData }
+    }
+
+    /// The address of element `index`.
+    pub fn at(&self, index: usize) -> DevicePtr {
+        self.ptr.offset((index * std::mem::size_of::<T>()) as u64)
+    }
+
+    /// The address of the first element.
+    pub fn ptr(&self) -> DevicePtr {
+        self.ptr
+    }
+
+    /// Elements in the window.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the window is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl<T: bytemuck::Pod> DeviceView<T> {
+    /// The elements, copied to the host once the work enqueued before on `device` has run.
+    pub fn read<R: GpuRuntime>(&self, device: &Device<R>) -> Result<Vec<T>, BackendError> {
+        let mut out = vec![T::zeroed(); self.len];
+        device.download(self.ptr, bytemuck::cast_slice_mut(&mut out))?;
+        Ok(out)
+    }
+
+    /// Overwrites the window with `values` (as many as it holds) from the host.
+    pub fn write<R: GpuRuntime>(&self, device: &Device<R>, values: &[T]) -> Result<(), BackendError> {
+        if values.len() != self.len {
+            let reason = format!("writing {} elements into a view of {}", values.len(), self.len);
+            return Err(BackendError::Driver { backend: "device", reason });
+        }
+        device.upload(bytemuck::cast_slice(values), self.ptr)
+    }
+}
+
+impl<R: GpuRuntime, T: bytemuck::Pod> Drop for DeviceArray<'_, R, T> {
     fn drop(&mut self) {
         // SAFETY: our allocation; work enqueued later on this stream cannot name it any more.
         unsafe { self.device.free(self.ptr) };

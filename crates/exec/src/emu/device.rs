@@ -82,6 +82,11 @@ impl<R: GpuRuntime> DeviceMemory<R> {
         &self.device
     }
 
+    /// The device, shared (to compute on while the store is borrowed).
+    pub fn shared_device(&self) -> Rc<Device<R>> {
+        self.device.clone()
+    }
+
     /// Checks that every row of `copies` lies inside buffers of `src` and `dst` bytes.
     fn check(copies: &[RectCopy], src: u64, dst: u64) -> Result<(), EmuError> {
         for c in copies.iter().filter(|c| c.rows > 0) {

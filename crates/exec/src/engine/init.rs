@@ -6,7 +6,9 @@ use crate::emu::LocalShard;
 use nereus_core::model::{Catalogue, Piece};
 use nereus_core::rng::mix;
 
-use super::{f32_sections, EngineError};
+use super::{bf16_sections, f32_sections, EngineError};
+use nereus_core::config::Dtype;
+use nereus_core::half::f32_to_bf16;
 
 /// Standard deviation of weight matrices (GPT-2's 0.02); residual output projections are
 /// further scaled by `1/√(2L)` (GPT-2), norms start at one.
@@ -18,18 +20,34 @@ pub fn uniform(seed: u64, stream: u64, index: u64) -> f64 {
     (bits >> 11) as f64 / (1u64 << 52) as f64 - 1.0
 }
 
-/// Writes initial parameters (and zero Adam moments) into `shard`.
+/// Writes initial parameters (and zero Adam moments) into `shard`: f32 as they are; bf16 as
+/// the f32 master copy (when the EMU trains) and its bf16 rounding, the working copy.
 pub fn init_shard(shard: &mut LocalShard, catalogue: &Catalogue, seed: u64) -> Result<(), EngineError> {
     let table = shard.table.clone();
+    let fill = |params: &mut [f32]| {
+        for piece in &table.pieces {
+            let out = &mut params[piece.offset as usize..(piece.offset + piece.region.elements()) as usize];
+            init_piece(out, catalogue, piece, seed);
+        }
+    };
+    if shard.dtype == Dtype::Bf16 {
+        let mut values = vec![0f32; table.elements as usize];
+        fill(&mut values);
+        let (params, state) = bf16_sections(shard)?;
+        params.iter_mut().zip(&values).for_each(|(p, &v)| *p = f32_to_bf16(v));
+        if let Some((m, v, master)) = state {
+            m.fill(0.0);
+            v.fill(0.0);
+            master.copy_from_slice(&values);
+        }
+        return Ok(());
+    }
     let (params, moments) = f32_sections(shard)?;
     if let Some((m, v)) = moments {
         m.fill(0.0);
         v.fill(0.0);
     }
-    for piece in &table.pieces {
-        let out = &mut params[piece.offset as usize..(piece.offset + piece.region.elements()) as usize];
-        init_piece(out, catalogue, piece, seed);
-    }
+    fill(params);
     Ok(())
 }
 

@@ -8,6 +8,7 @@
 
 pub mod arena;
 pub mod compute;
+pub mod device_train;
 pub mod generate;
 pub mod init;
 pub mod ops;
@@ -21,6 +22,7 @@ pub mod train;
 pub mod weights;
 
 pub use arena::Arena;
+pub use device_train::train_step_on_device;
 pub use generate::{sample_token, Generated, Sampling, StopIds};
 pub use init::{init_piece, init_shard};
 pub use optimizer::AdamW;
@@ -33,7 +35,7 @@ pub use weights::StageWeights;
 use thiserror::Error;
 
 use crate::comm::{CommError, DataPlane};
-use crate::emu::{EmuError, EmuId, EmuSet, LocalShard};
+use crate::emu::{EmuError, EmuId, EmuSet, LocalShard, ShardMemory};
 use nereus_core::config::Dtype;
 use nereus_core::model::Section;
 
@@ -100,6 +102,34 @@ pub fn f32_sections(shard: &mut LocalShard) -> Result<(&mut [f32], Option<Moment
     }
 }
 
+/// Adam's first and second moments and the f32 master copy of a mixed-precision shard.
+pub type MixedState<'a> = (&'a mut [f32], &'a mut [f32], &'a mut [f32]);
+
+/// This rank's view of the flat buffer of a bf16 shard (host bytes, e.g. while it is filled):
+/// the bf16 parameters the engine computes with, and, when the EMU trains, Adam's `(m, v)` and
+/// the f32 master copy the optimizer updates.
+pub fn bf16_sections(shard: &mut LocalShard) -> Result<(&mut [u16], Option<MixedState<'_>>), EngineError> {
+    let what = |reason: String| EngineError::Shape { what: format!("{} shard: {reason}", shard.emu) };
+    if shard.dtype != Dtype::Bf16 {
+        return Err(what(format!("expected a bf16 shard, the model is {:?}", shard.dtype)));
+    }
+    let sections = shard.sections.clone();
+    let per = shard.table.elements as usize;
+    let (params, rest) = shard.buffer.split_at_mut(2 * per);
+    let aligned = |e| what(format!("buffer not aligned ({e:?})"));
+    let params: &mut [u16] = bytemuck::try_cast_slice_mut(params).map_err(aligned)?;
+    match sections.as_slice() {
+        [Section::Params] => Ok((params, None)),
+        [Section::Params, Section::AdamM, Section::AdamV, Section::Master] => {
+            let state: &mut [f32] = bytemuck::try_cast_slice_mut(&mut rest[..12 * per]).map_err(aligned)?;
+            let (m, rest) = state.split_at_mut(per);
+            let (v, master) = rest.split_at_mut(per);
+            Ok((params, Some((m, v, master))))
+        }
+        other => Err(what(format!("unexpected state sections {other:?}"))),
+    }
+}
+
 /// Runs `f` on the parameters of this rank's shard of EMU `id`, with an arena charging the
 /// rank's ledger (released when `f` returns).
 pub fn with_params<T, E: From<EngineError>>(
@@ -129,9 +159,9 @@ pub struct Replica {
 impl Replica {
     /// This rank's part of replica `id` of `set`, for sequences of up to `max_positions` tokens.
     /// Every rank of every replica of the model-stage calls it (groups are created here).
-    pub fn new<P: DataPlane>(
+    pub fn new<P: DataPlane, M: ShardMemory>(
         plane: &mut P,
-        set: &EmuSet,
+        set: &EmuSet<M>,
         id: EmuId,
         max_positions: usize,
     ) -> Result<Replica, EngineError> {

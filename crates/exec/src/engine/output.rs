@@ -2,34 +2,40 @@
 //! vocabulary-parallel) or one scalar per position (value head).
 
 use super::arena::Arena;
+use super::compute::{Compute, Host};
 use super::ops::*;
-use super::parallel::CopyToTp;
 use super::stage::StageModel;
 use super::EngineError;
 use nereus_core::cost::MemoryItem;
 use nereus_core::model::OutputHead;
 
-/// What the head's backward pass needs from its forward pass.
-pub struct HeadActs {
-    x: Vec<f32>,
-    xf: Vec<f32>,
-    rf: Vec<f32>,
-    logits: Vec<f32>,
-    lse: Vec<f32>,
+/// What the head's backward pass needs from its forward pass: activations `A` and statistics
+/// `S` (host f32 buffers unless the types say otherwise).
+pub struct HeadActs<A = Vec<f32>, S = Vec<f32>> {
+    x: A,
+    xf: A,
+    rf: S,
+    /// The LM head's logits and log-sum-exp (absent for a value head).
+    lm: Option<(A, S)>,
     targets: Vec<u32>,
 }
 
 impl StageModel {
-    fn final_norm(&self, p: &[f32], x: &[f32], arena: &mut Arena) -> Result<(Vec<f32>, Vec<f32>), EngineError> {
-        let c = self.dims().c;
+    fn final_norm<C: Compute>(
+        &self,
+        c: &mut C,
+        p: &C::Params,
+        x: &C::Act,
+        n: usize,
+    ) -> Result<(C::Act, C::Stat), EngineError> {
         let range = self
             .weights
             .final_norm
-            .clone()
+            .as_ref()
             .ok_or_else(|| EngineError::Shape { what: "output head on a stage without it".into() })?;
-        let (mut xf, mut rf) =
-            (arena.zeros(MemoryItem::Activations, x.len())?, arena.zeros(MemoryItem::Activations, x.len() / c)?);
-        rmsnorm_forward(&mut xf, &mut rf, x, &p[range], c, self.eps);
+        let width = self.dims().c;
+        let (mut xf, mut rf) = (c.zeros(MemoryItem::Activations, n * width)?, c.stats(MemoryItem::Activations, n)?);
+        c.rmsnorm_forward(&mut xf, &mut rf, x, (p, range), width, self.eps)?;
         Ok((xf, rf))
     }
 
@@ -43,33 +49,7 @@ impl StageModel {
         tp: &G,
         arena: &mut Arena,
     ) -> Result<(Vec<f32>, HeadActs), EngineError> {
-        let (d, n) = (self.dims(), x.len() / self.dims().c);
-        let (mut xf, rf) = self.final_norm(p, &x, arena)?;
-        let mut out = arena.zeros(MemoryItem::Logits, n)?;
-        let (mut logits, mut lse) = (Vec::new(), Vec::new());
-        match self.head {
-            OutputHead::Lm => {
-                let w = &p[self
-                    .weights
-                    .lm_head
-                    .clone()
-                    .ok_or_else(|| EngineError::Shape { what: "LM head missing".into() })?];
-                CopyToTp::forward(&mut xf);
-                logits = arena.zeros(MemoryItem::Logits, n * d.vocab)?;
-                linear_forward(&mut logits, &xf, w, n, d.c, d.vocab);
-                lse = arena.zeros(MemoryItem::Logits, n)?;
-                log_probs_forward(&mut out, &mut lse, &logits, &targets, d.v0, tp)?;
-            }
-            OutputHead::Value => {
-                let w = &p[self
-                    .weights
-                    .score
-                    .clone()
-                    .ok_or_else(|| EngineError::Shape { what: "value head missing".into() })?];
-                value_forward(&mut out, &xf, w);
-            }
-        }
-        Ok((out, HeadActs { x, xf, rf, logits, lse, targets }))
+        self.head_forward_on(&mut Host::new(arena, self.rope()), p, x, targets, tp)
     }
 
     /// Last stage, backward: from `d loss / d output[N]` to `dx[N,C]`, accumulating the head's
@@ -83,24 +63,72 @@ impl StageModel {
         tp: &G,
         arena: &mut Arena,
     ) -> Result<Vec<f32>, EngineError> {
-        let (d, n) = (self.dims(), dout.len());
-        let mut dxf = arena.zeros(MemoryItem::ActivationGradients, n * d.c)?;
+        // The caller's gradient, as the host compute holds statistics (not charged again).
+        let dout = dout.to_vec();
+        self.head_backward_on(&mut Host::new(arena, self.rope()), p, grads, a, &dout, tp)
+    }
+
+    /// [`StageModel::head_forward`] on any [`Compute`].
+    #[allow(clippy::type_complexity)]
+    pub fn head_forward_on<C: Compute, G: TensorGroup<f32>>(
+        &self,
+        c: &mut C,
+        p: &C::Params,
+        x: C::Act,
+        targets: Vec<u32>,
+        tp: &G,
+    ) -> Result<(C::Stat, HeadActs<C::Act, C::Stat>), EngineError> {
+        let (d, n) = (self.dims(), targets.len());
+        let (xf, rf) = self.final_norm(c, p, &x, n)?;
+        let missing = |what: &str| EngineError::Shape { what: format!("{what} head missing") };
         match self.head {
             OutputHead::Lm => {
-                let range = self.weights.lm_head.clone().unwrap_or_default();
-                let mut dlogits = arena.zeros(MemoryItem::Logits, n * d.vocab)?;
-                log_probs_backward(&mut dlogits, dout, &a.logits, &a.lse, &a.targets, d.v0);
-                linear_backward(Some(&mut dxf), &mut grads[range.clone()], &dlogits, &a.xf, &p[range], n, d.c, d.vocab);
-                CopyToTp::backward(tp, &mut dxf)?;
+                let w = self.weights.lm_head.as_ref().ok_or_else(|| missing("LM"))?;
+                // Entering the vocabulary-parallel head: the identity forward (CopyToTp).
+                let mut logits = c.zeros(MemoryItem::Logits, n * d.vocab)?;
+                c.linear_forward(&mut logits, &xf, (p, w), n, d.c, d.vocab)?;
+                let (logp, lse) = c.log_probs_forward(&logits, &targets, d.v0, tp)?;
+                Ok((logp, HeadActs { x, xf, rf, lm: Some((logits, lse)), targets }))
             }
             OutputHead::Value => {
-                let range = self.weights.score.clone().unwrap_or_default();
-                value_backward(&mut dxf, &mut grads[range.clone()], dout, &a.xf, &p[range]);
+                let w = self.weights.score.as_ref().ok_or_else(|| missing("value"))?;
+                let mut value = c.stats(MemoryItem::Logits, n)?;
+                c.value_forward(&mut value, &xf, (p, w))?;
+                Ok((value, HeadActs { x, xf, rf, lm: None, targets }))
             }
         }
-        let range = self.weights.final_norm.clone().unwrap_or_default();
-        let mut dx = arena.zeros(MemoryItem::ActivationGradients, n * d.c)?;
-        rmsnorm_backward(&mut dx, &mut grads[range.clone()], &dxf, &a.x, &p[range], &a.rf, d.c);
+    }
+
+    /// [`StageModel::head_backward`] on any [`Compute`].
+    pub fn head_backward_on<C: Compute, G: TensorGroup<f32>>(
+        &self,
+        c: &mut C,
+        p: &C::Params,
+        grads: &mut C::Grads,
+        a: &HeadActs<C::Act, C::Stat>,
+        dout: &C::Stat,
+        tp: &G,
+    ) -> Result<C::Act, EngineError> {
+        let (d, n) = (self.dims(), a.targets.len());
+        let mut dxf = c.zeros(MemoryItem::ActivationGradients, n * d.c)?;
+        let none = std::ops::Range::default();
+        match &a.lm {
+            Some((logits, lse)) => {
+                let range = self.weights.lm_head.as_ref().unwrap_or(&none);
+                let mut dlogits = c.zeros(MemoryItem::Logits, n * d.vocab)?;
+                c.log_probs_backward(&mut dlogits, dout, logits, lse, &a.targets, d.v0)?;
+                c.linear_backward(Some(&mut dxf), (grads, range), &dlogits, &a.xf, (p, range), n, d.c, d.vocab)?;
+                // Each TP rank's input gradient covers its vocabulary columns (CopyToTp backward).
+                c.tp_sum(tp, &mut dxf)?;
+            }
+            None => {
+                let range = self.weights.score.as_ref().unwrap_or(&none);
+                c.value_backward(&mut dxf, (grads, range), dout, &a.xf, (p, range))?;
+            }
+        }
+        let range = self.weights.final_norm.as_ref().unwrap_or(&none);
+        let mut dx = c.zeros(MemoryItem::ActivationGradients, n * d.c)?;
+        c.rmsnorm_backward(&mut dx, (grads, range), &dxf, &a.x, (p, range), &a.rf, d.c)?;
         Ok(dx)
     }
 
@@ -114,7 +142,7 @@ impl StageModel {
         arena: &mut Arena,
     ) -> Result<Vec<f32>, EngineError> {
         let (d, n) = (self.dims(), x.len() / self.dims().c);
-        let (xf, _) = self.final_norm(p, x, arena)?;
+        let (xf, _) = self.final_norm(&mut Host::new(arena, self.rope()), p, &x.to_vec(), n)?;
         let w = &p[self
             .weights
             .lm_head

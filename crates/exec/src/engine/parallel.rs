@@ -185,34 +185,6 @@ impl<P: DataPlane> TensorGroup<f32> for TpGroup<'_, P> {
     }
 }
 
-/// Entering a column-parallel region (Megatron's `copy_to_tensor_model_parallel_region`):
-/// every TP rank already holds the input, so forward is the identity; each rank's input
-/// gradient covers only its own output columns, so backward sums them.
-pub struct CopyToTp;
-
-impl CopyToTp {
-    /// Identity.
-    pub fn forward(_x: &mut [f32]) {}
-    /// All-reduce of the input gradient over the TP group.
-    pub fn backward<G: TensorGroup<f32>>(tp: &G, dx: &mut [f32]) -> Result<(), EngineError> {
-        tp.sum(dx)
-    }
-}
-
-/// Leaving a row-parallel region (`reduce_from_tensor_model_parallel_region`): each TP rank's
-/// output is a partial sum over its input columns, so forward sums them; the output gradient
-/// is the same on every rank, so backward is the identity. The mirror of [`CopyToTp`].
-pub struct ReduceFromTp;
-
-impl ReduceFromTp {
-    /// All-reduce of the partial outputs over the TP group.
-    pub fn forward<G: TensorGroup<f32>>(tp: &G, y: &mut [f32]) -> Result<(), EngineError> {
-        tp.sum(y)
-    }
-    /// Identity.
-    pub fn backward(_dy: &mut [f32]) {}
-}
-
 /// Assembles a global `[rows × width]` array on every rank of `world` (a group of every rank)
 /// from the rows each holder contributes: holders pass `Some((first_row, values))`, everyone
 /// else `None`, and one sum over the group completes it. Rows must have exactly one holder.

@@ -5,7 +5,6 @@
 use super::arena::Arena;
 use super::compute::{Compute, Host, KvRows};
 use super::ops::*;
-use super::parallel::ReduceFromTp;
 use super::weights::{BlockWeights, LocalDims, StageWeights};
 use super::EngineError;
 use nereus_core::cost::MemoryItem;
@@ -132,22 +131,48 @@ impl StageModel {
         tp: &G,
         arena: &mut Arena,
     ) -> Result<Vec<f32>, EngineError> {
-        let d = self.dims();
-        let range = self
-            .weights
-            .embed
-            .clone()
-            .ok_or_else(|| EngineError::Shape { what: "embedding on a stage without it".into() })?;
-        let mut x = arena.zeros(MemoryItem::Activations, tokens.len() * d.c)?;
-        embedding_forward(&mut x, tokens, &p[range], d.v0, d.c);
-        ReduceFromTp::forward(tp, &mut x)?;
-        Ok(x)
+        self.embed_on(&mut Host::new(arena, &self.rope), p, tokens, tp)
     }
 
     /// First stage, backward: accumulates the embedding gradient of `tokens`.
     pub fn embed_backward(&self, g: &mut [f32], dx: &[f32], tokens: &[u32]) {
         if let Some(range) = self.weights.embed.clone() {
             embedding_backward(&mut g[range], dx, tokens, self.dims().v0, self.dims().c);
+        }
+    }
+
+    /// [`StageModel::embed`] on any [`Compute`].
+    pub fn embed_on<C: Compute, G: TensorGroup<f32>>(
+        &self,
+        c: &mut C,
+        p: &C::Params,
+        tokens: &[u32],
+        tp: &G,
+    ) -> Result<C::Act, EngineError> {
+        let d = self.dims();
+        let range = self
+            .weights
+            .embed
+            .as_ref()
+            .ok_or_else(|| EngineError::Shape { what: "embedding on a stage without it".into() })?;
+        let mut x = c.zeros(MemoryItem::Activations, tokens.len() * d.c)?;
+        c.embedding_forward(&mut x, tokens, (p, range), d.v0, d.c)?;
+        // Each rank holds a vocabulary shard: the rows of the others are zero here (ReduceFromTp).
+        c.tp_sum(tp, &mut x)?;
+        Ok(x)
+    }
+
+    /// [`StageModel::embed_backward`] on any [`Compute`].
+    pub fn embed_backward_on<C: Compute>(
+        &self,
+        c: &mut C,
+        g: &mut C::Grads,
+        dx: &C::Act,
+        tokens: &[u32],
+    ) -> Result<(), EngineError> {
+        match &self.weights.embed {
+            Some(range) => c.embedding_backward((g, range), dx, tokens, self.dims().v0, self.dims().c),
+            None => Ok(()),
         }
     }
 

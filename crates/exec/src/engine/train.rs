@@ -15,6 +15,7 @@ use crate::comm::DataPlane;
 use crate::emu::{EmuId, EmuSet};
 
 use super::arena::Arena;
+use super::compute::{Compute, Host};
 use super::optimizer::AdamW;
 use super::output::HeadActs;
 use super::stage::{BlockActs, Rows};
@@ -82,21 +83,24 @@ impl Batch<'_> {
 }
 
 /// What a stage's forward pass hands on.
-enum StageOut {
+enum StageOut<A, S> {
     /// Hidden state for the next stage.
-    Hidden(Vec<f32>),
+    Hidden(A),
     /// The last stage's outputs and head state.
-    Head(Vec<f32>, HeadActs),
+    Head(S, HeadActs<A, S>),
 }
 
 /// A micro-batch between its forward and its backward pass.
-struct InFlight {
+struct InFlight<A, S> {
     seqs: Range<usize>,
-    acts: Vec<BlockActs>,
-    head: Option<(HeadActs, Vec<f32>)>,
+    acts: Vec<BlockActs<A, S>>,
+    head: Option<(HeadActs<A, S>, S)>,
     /// What its forward pass charged, its input included (released by its backward pass).
     charges: MemoryBreakdown,
 }
+
+/// The micro-batch state of a [`Compute`].
+type Flight<C> = InFlight<<C as Compute>::Act, <C as Compute>::Stat>;
 
 /// What one training step reports (the same on every rank of the model-stage).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -115,28 +119,36 @@ impl StepReport {
     pub const NONE: StepReport = StepReport { loss: 0.0, grad_norm: 0.0, skipped: false };
 }
 
+/// `elements` activations of a pipeline buffer, as a compute charges them.
+fn pipeline_charge<C: Compute>(elements: usize) -> MemoryBreakdown {
+    let mut m = MemoryBreakdown::default();
+    m.add(MemoryItem::PipelineBuffers, C::ACT_BYTES * elements as u64);
+    m
+}
+
 impl Replica {
     /// Forward through this stage for sequences `seqs` of `batch`, from the embedding (first
     /// stage) or the previous stage's `input`: the blocks' saved activations, then either the
     /// hidden state for the next stage or, on the last stage, the head's outputs and state.
-    fn stage_forward<P: DataPlane>(
+    #[allow(clippy::type_complexity)]
+    fn stage_forward<C: Compute, P: DataPlane>(
         &self,
+        c: &mut C,
         plane: &P,
-        params: &[f32],
+        params: &C::Params,
         batch: &Batch,
         seqs: &Range<usize>,
-        input: Option<Vec<f32>>,
-        arena: &mut Arena,
-    ) -> Result<(Vec<BlockActs>, StageOut), EngineError> {
+        input: Option<C::Act>,
+    ) -> Result<(Vec<BlockActs<C::Act, C::Stat>>, StageOut<C::Act, C::Stat>), EngineError> {
         let tp = self.groups.tp_group(plane);
         let rows = Rows { b: seqs.len(), t: batch.seq_len, pos0: 0, starts: batch.starts_of(seqs) };
         let x = match input {
             Some(x) => x,
-            None => self.model.embed(params, batch.tokens_of(seqs), &tp, arena)?,
+            None => self.model.embed_on(c, params, batch.tokens_of(seqs), &tp)?,
         };
-        let (x, acts) = self.model.blocks_forward(params, x, rows, None, &tp, arena)?;
+        let (x, acts) = self.model.blocks_forward_on(c, params, x, rows, None, &tp)?;
         if self.model.weights.is_last() {
-            let (out, head) = self.model.head_forward(params, x, batch.targets_of(seqs), &tp, arena)?;
+            let (out, head) = self.model.head_forward_on(c, params, x, batch.targets_of(seqs), &tp)?;
             Ok((acts, StageOut::Head(out, head)))
         } else {
             Ok((acts, StageOut::Hidden(x)))
@@ -144,18 +156,28 @@ impl Replica {
     }
 
     /// The previous stage's activations for `rows` token rows (`None` on the first stage, which
-    /// embeds).
+    /// embeds), on the host.
     pub(super) fn recv_input<P: DataPlane>(
         &self,
         plane: &P,
         rows: usize,
         arena: &mut Arena,
     ) -> Result<Option<Vec<f32>>, EngineError> {
+        self.recv_input_on(&mut Host::new(arena, self.model.rope()), plane, rows)
+    }
+
+    /// [`Replica::recv_input`] on any [`Compute`].
+    fn recv_input_on<C: Compute, P: DataPlane>(
+        &self,
+        c: &mut C,
+        plane: &P,
+        rows: usize,
+    ) -> Result<Option<C::Act>, EngineError> {
         if self.model.weights.is_first() {
             return Ok(None);
         }
-        let mut x = arena.zeros(MemoryItem::PipelineBuffers, rows * self.model.dims().c)?;
-        self.groups.recv_prev(plane, &mut x)?;
+        let mut x = c.zeros(MemoryItem::PipelineBuffers, rows * self.model.dims().c)?;
+        c.modify(&mut x, |values| self.groups.recv_prev(plane, values))?;
         Ok(Some(x))
     }
 
@@ -175,15 +197,28 @@ impl Replica {
         micro_batch: usize,
         arena: &mut Arena,
     ) -> Result<Vec<f32>, EngineError> {
+        self.infer_on(&mut Host::new(arena, self.model.rope()), plane, params, batch, micro_batch)
+    }
+
+    /// [`Replica::infer`] on any [`Compute`].
+    pub fn infer_on<C: Compute, P: DataPlane>(
+        &self,
+        c: &mut C,
+        plane: &P,
+        params: &C::Params,
+        batch: &Batch,
+        micro_batch: usize,
+    ) -> Result<Vec<f32>, EngineError> {
         let mut outputs = Vec::new();
         for seqs in self.micro_batches(batch, micro_batch) {
-            let mark = arena.mark();
-            let input = self.recv_input(plane, seqs.len() * batch.seq_len, arena)?;
-            match self.stage_forward(plane, params, batch, &seqs, input, arena)?.1 {
-                StageOut::Head(out, _) => outputs.extend_from_slice(&out),
-                StageOut::Hidden(x) => self.groups.send_next(plane, &x)?,
+            let mark = c.mark();
+            let input = self.recv_input_on(c, plane, seqs.len() * batch.seq_len)?;
+            match self.stage_forward(c, plane, params, batch, &seqs, input)?.1 {
+                StageOut::Head(out, _) => outputs.extend(c.read_stats(&out, |o| Ok(o.to_vec()))?),
+                StageOut::Hidden(x) => c.read(&x, |x| self.groups.send_next(plane, x))?,
             }
-            arena.release_to(mark);
+            let since = c.since(mark);
+            c.release(&since);
         }
         Ok(outputs)
     }
@@ -191,52 +226,52 @@ impl Replica {
     /// One micro-batch forward; on the last stage the objective's loss and output gradient too.
     /// Returns what its backward pass needs and the hidden state to send on (other stages).
     #[allow(clippy::too_many_arguments)]
-    fn forward_one<P: DataPlane>(
+    fn forward_one<C: Compute, P: DataPlane>(
         &self,
+        c: &mut C,
         plane: &P,
-        params: &[f32],
+        params: &C::Params,
         batch: &Batch,
         seqs: &Range<usize>,
-        input: Option<Vec<f32>>,
+        input: Option<C::Act>,
         objective: &dyn Objective,
         loss: &mut f64,
-        arena: &mut Arena,
-    ) -> Result<(InFlight, Option<Vec<f32>>), EngineError> {
-        let before = arena.mark();
+    ) -> Result<(Flight<C>, Option<C::Act>), EngineError> {
+        let before = c.mark();
         // A received input is part of the micro-batch: it becomes the first block's saved `x`.
-        let mut input_charge = MemoryBreakdown::default();
-        input_charge.add(MemoryItem::PipelineBuffers, input.as_ref().map_or(0, |x| 4 * x.len() as u64));
-        let (acts, out) = self.stage_forward(plane, params, batch, seqs, input, arena)?;
+        let received = if input.is_some() { seqs.len() * batch.seq_len * self.model.dims().c } else { 0 };
+        let (acts, out) = self.stage_forward(c, plane, params, batch, seqs, input)?;
         let (head, hidden) = match out {
             StageOut::Head(out, head) => {
-                let mut dout = arena.zeros(MemoryItem::Logits, out.len())?;
-                *loss += objective.loss_and_grad(seqs.clone(), &out, &mut dout);
+                let mut dout = c.stats(MemoryItem::Logits, seqs.len() * batch.seq_len)?;
+                *loss +=
+                    c.read_modify_stats(&out, &mut dout, |o, d| Ok(objective.loss_and_grad(seqs.clone(), o, d)))?;
                 (Some((head, dout)), None)
             }
             StageOut::Hidden(x) => (None, Some(x)),
         };
-        let charges = arena.since(before).plus(&input_charge);
+        let charges = c.since(before).plus(&pipeline_charge::<C>(received));
         Ok((InFlight { seqs: seqs.clone(), acts, head, charges }, hidden))
     }
 
     /// One micro-batch backward from the head (last stage) or the next stage's `grad`;
     /// releases its charges and returns the input gradient to send back (other than stage 0).
     #[allow(clippy::too_many_arguments)]
-    fn backward_one<P: DataPlane>(
+    fn backward_one<C: Compute, P: DataPlane>(
         &self,
+        c: &mut C,
         plane: &P,
-        params: &[f32],
-        grads: &mut [f32],
+        params: &C::Params,
+        grads: &mut C::Grads,
         batch: &Batch,
-        f: InFlight,
-        grad: Option<Vec<f32>>,
-        arena: &mut Arena,
-    ) -> Result<Option<Vec<f32>>, EngineError> {
+        f: Flight<C>,
+        grad: Option<C::Act>,
+    ) -> Result<Option<C::Act>, EngineError> {
         let tp = self.groups.tp_group(plane);
-        let before = arena.mark();
+        let before = c.mark();
         let rows = Rows { b: f.seqs.len(), t: batch.seq_len, pos0: 0, starts: batch.starts_of(&f.seqs) };
         let dx = match (f.head, grad) {
-            (Some((head, dout)), _) => self.model.head_backward(params, grads, &head, &dout, &tp, arena)?,
+            (Some((head, dout)), _) => self.model.head_backward_on(c, params, grads, &head, &dout, &tp)?,
             (None, Some(g)) => g,
             (None, None) => {
                 return Err(EngineError::Shape {
@@ -244,22 +279,18 @@ impl Replica {
                 })
             }
         };
-        let dx = self.model.blocks_backward(params, grads, &f.acts, dx, rows, &tp, arena)?;
-        let done = arena.since(before).plus(&f.charges);
-        arena.release(&done);
+        let dx = self.model.blocks_backward_on(c, params, grads, &f.acts, dx, rows, &tp)?;
+        let done = c.since(before).plus(&f.charges);
+        c.release(&done);
         if self.model.weights.is_first() {
-            self.model.embed_backward(grads, &dx, batch.tokens_of(&f.seqs));
+            self.model.embed_backward_on(c, grads, &dx, batch.tokens_of(&f.seqs))?;
             return Ok(None);
         }
         Ok(Some(dx))
     }
 
-    /// Forward and backward over this replica's share of `batch`, accumulating into `grads`,
-    /// on the 1F1B schedule (Narayanan et al. 2021, Megatron's non-interleaved schedule): stage
-    /// `j` of `pp` runs `pp − 1 − j` warm-up forwards, then alternates one forward and one
-    /// backward, then drains the backwards — so it holds at most `pp − j` micro-batches of
-    /// activations instead of all of them. Sends and receives that cross in the steady phase
-    /// are posted together. Returns the loss over the share (non-zero on the last stage only).
+    /// Forward and backward over this replica's share of `batch` on the host, accumulating into
+    /// `grads` (see [`Replica::forward_backward_on`]).
     #[allow(clippy::too_many_arguments)]
     pub fn forward_backward<P: DataPlane>(
         &self,
@@ -271,73 +302,96 @@ impl Replica {
         objective: &dyn Objective,
         arena: &mut Arena,
     ) -> Result<f64, EngineError> {
+        let mut host = Host::new(arena, self.model.rope());
+        self.forward_backward_on(&mut host, plane, params, grads, batch, micro_batch, objective)
+    }
+
+    /// Forward and backward over this replica's share of `batch`, accumulating into `grads`,
+    /// on the 1F1B schedule (Narayanan et al. 2021, Megatron's non-interleaved schedule): stage
+    /// `j` of `pp` runs `pp − 1 − j` warm-up forwards, then alternates one forward and one
+    /// backward, then drains the backwards — so it holds at most `pp − j` micro-batches of
+    /// activations instead of all of them. Sends and receives that cross in the steady phase
+    /// are posted together. Returns the loss over the share (non-zero on the last stage only).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_backward_on<C: Compute, P: DataPlane>(
+        &self,
+        c: &mut C,
+        plane: &P,
+        params: &C::Params,
+        grads: &mut C::Grads,
+        batch: &Batch,
+        micro_batch: usize,
+        objective: &dyn Objective,
+    ) -> Result<f64, EngineError> {
         let micro = self.micro_batches(batch, micro_batch);
         let (pp, j) = (self.groups.layout.pp as usize, self.groups.position.pp as usize);
         let warmup = (pp - 1 - j).min(micro.len());
-        let rows = |seqs: &Range<usize>| seqs.len() * batch.seq_len;
-        let c = self.model.dims().c;
+        let width = self.model.dims().c;
+        let elements = |seqs: &Range<usize>| seqs.len() * batch.seq_len * width;
         let mut loss = 0.0;
-        let mut inflight: VecDeque<InFlight> = VecDeque::new();
+        let mut inflight: VecDeque<Flight<C>> = VecDeque::new();
         for seqs in &micro[..warmup] {
-            let input = self.recv_input(plane, rows(seqs), arena)?;
-            let (f, hidden) = self.forward_one(plane, params, batch, seqs, input, objective, &mut loss, arena)?;
+            let input = self.recv_input_on(c, plane, seqs.len() * batch.seq_len)?;
+            let (f, hidden) = self.forward_one(c, plane, params, batch, seqs, input, objective, &mut loss)?;
             if let Some(x) = hidden {
-                self.groups.send_next(plane, &x)?;
+                c.read(&x, |x| self.groups.send_next(plane, x))?;
             }
             inflight.push_back(f);
         }
         let steady = &micro[warmup..];
         let mut input = match steady.first() {
-            Some(seqs) => self.recv_input(plane, rows(seqs), arena)?,
+            Some(seqs) => self.recv_input_on(c, plane, seqs.len() * batch.seq_len)?,
             None => None,
         };
         for (i, seqs) in steady.iter().enumerate() {
-            let (f, hidden) =
-                self.forward_one(plane, params, batch, seqs, input.take(), objective, &mut loss, arena)?;
+            let (f, hidden) = self.forward_one(c, plane, params, batch, seqs, input.take(), objective, &mut loss)?;
             inflight.push_back(f);
             let oldest =
                 inflight.pop_front().ok_or_else(|| EngineError::Shape { what: "1F1B: nothing in flight".into() })?;
-            let grad = match hidden {
+            let (grad, received) = match hidden {
                 Some(x) => {
-                    let mut g = arena.zeros(MemoryItem::PipelineBuffers, rows(&oldest.seqs) * c)?;
-                    self.groups.exchange_next(plane, &x, &mut g)?;
-                    Some(g)
+                    let mut g = c.zeros(MemoryItem::PipelineBuffers, elements(&oldest.seqs))?;
+                    c.read_modify(&x, &mut g, |x, g| self.groups.exchange_next(plane, x, g))?;
+                    (Some(g), elements(&oldest.seqs))
                 }
-                None => None,
+                None => (None, 0),
             };
             let next = steady.get(i + 1);
-            let received = pipeline_charge(grad.as_ref());
-            match (self.backward_one(plane, params, grads, batch, oldest, grad, arena)?, next) {
+            match (self.backward_one(c, plane, params, grads, batch, oldest, grad)?, next) {
                 (Some(dx), Some(seqs)) => {
-                    let mut x = arena.zeros(MemoryItem::PipelineBuffers, rows(seqs) * c)?;
-                    self.groups.exchange_prev(plane, &dx, &mut x)?;
+                    let mut x = c.zeros(MemoryItem::PipelineBuffers, elements(seqs))?;
+                    c.read_modify(&dx, &mut x, |dx, x| self.groups.exchange_prev(plane, dx, x))?;
                     input = Some(x);
                 }
-                (Some(dx), None) => self.groups.send_prev(plane, &dx)?,
+                (Some(dx), None) => c.read(&dx, |dx| self.groups.send_prev(plane, dx))?,
                 (None, _) => {}
             }
-            arena.release(&received);
+            c.release(&pipeline_charge::<C>(received));
         }
         while let Some(f) = inflight.pop_front() {
-            let grad = if self.model.weights.is_last() {
-                None
+            let (grad, received) = if self.model.weights.is_last() {
+                (None, 0)
             } else {
-                let mut g = arena.zeros(MemoryItem::PipelineBuffers, rows(&f.seqs) * c)?;
-                self.groups.recv_next(plane, &mut g)?;
-                Some(g)
+                let mut g = c.zeros(MemoryItem::PipelineBuffers, elements(&f.seqs))?;
+                c.modify(&mut g, |g| self.groups.recv_next(plane, g))?;
+                (Some(g), elements(&f.seqs))
             };
-            let received = pipeline_charge(grad.as_ref());
-            if let Some(dx) = self.backward_one(plane, params, grads, batch, f, grad, arena)? {
-                self.groups.send_prev(plane, &dx)?;
+            if let Some(dx) = self.backward_one(c, plane, params, grads, batch, f, grad)? {
+                c.read(&dx, |dx| self.groups.send_prev(plane, dx))?;
             }
-            arena.release(&received);
+            c.release(&pipeline_charge::<C>(received));
         }
         Ok(loss)
     }
 
     /// Sums `grads` over the data-parallel replicas, then returns the global gradient norm
     /// (tensors replicated over TP counted once) and the loss summed over the model-stage.
-    fn reduce<P: DataPlane>(&self, plane: &P, grads: &mut [f32], loss: f64) -> Result<(f64, f64), EngineError> {
+    pub(super) fn reduce<P: DataPlane>(
+        &self,
+        plane: &P,
+        grads: &mut [f32],
+        loss: f64,
+    ) -> Result<(f64, f64), EngineError> {
         if let Some(dp) = self.groups.dp {
             super::timers::timed(nereus_core::cost::OpClass::DpAllReduce, || plane.all_reduce_sum_f32(dp, grads))?;
         }
@@ -361,14 +415,6 @@ impl Replica {
         }
         Ok((f64::from(sums[0]).sqrt(), f64::from(loss[0])))
     }
-}
-
-/// The charge of a gradient received from the next stage (released once its buffer, reused as
-/// the input gradient, has been sent on).
-fn pipeline_charge(grad: Option<&Vec<f32>>) -> MemoryBreakdown {
-    let mut m = MemoryBreakdown::default();
-    m.add(MemoryItem::PipelineBuffers, grad.map_or(0, |g| 4 * g.len() as u64));
-    m
 }
 
 /// One optimizer step of replica `id` of a training model-stage on `batch` (every rank of every

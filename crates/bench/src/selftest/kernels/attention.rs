@@ -2,7 +2,7 @@
 
 use nereus_core::half::{bf16_to_f32, f32_to_bf16};
 use nereus_core::rng::Rng;
-use nereus_exec::backend::gpu::{Device, DeviceBuffer, GpuRuntime};
+use nereus_exec::backend::gpu::{Device, DeviceArray, GpuRuntime};
 use nereus_exec::backend::sources::{KernelArg, ATTENTION_BLOCK};
 use nereus_exec::backend::BackendError;
 use nereus_exec::engine::ops::frequencies;
@@ -34,9 +34,9 @@ pub(super) fn check_embedding_forward<R: GpuRuntime>(
     let (v0, v, tokens, c) = vocab_case(rng);
     let w = bf16_values(rng, v * c, 1.0);
     let (ws, ts, outs) = (
-        DeviceBuffer::from(d, &w)?,
-        DeviceBuffer::from(d, &tokens)?,
-        DeviceBuffer::from(d, &vec![0xffffu16; tokens.len() * c])?,
+        DeviceArray::from(d, &w)?,
+        DeviceArray::from(d, &tokens)?,
+        DeviceArray::from(d, &vec![0xffffu16; tokens.len() * c])?,
     );
     let args = [vec![outs.arg(), ts.arg(), ws.arg()], u64s(&[tokens.len(), c, v0, v])].concat();
     run(d, verdict.kernel, elementwise_grid(tokens.len() * c), args)?;
@@ -62,7 +62,7 @@ pub(super) fn check_embedding_backward<R: GpuRuntime>(
     let (v0, v, tokens, c) = vocab_case(rng);
     let dy = bf16_values(rng, tokens.len() * c, 1.0);
     let (dys, ts, dws) =
-        (DeviceBuffer::from(d, &dy)?, DeviceBuffer::from(d, &tokens)?, DeviceBuffer::from(d, &vec![0f32; v * c])?);
+        (DeviceArray::from(d, &dy)?, DeviceArray::from(d, &tokens)?, DeviceArray::from(d, &vec![0f32; v * c])?);
     let args = [vec![dws.arg(), dys.arg(), ts.arg()], u64s(&[tokens.len(), c, v0, v])].concat();
     run(d, verdict.kernel, elementwise_grid(tokens.len() * c), args)?;
     let (mut want, mut scale) = (vec![0.0; v * c], vec![0.0; v * c]);
@@ -92,7 +92,7 @@ pub(super) fn check_rope<R: GpuRuntime>(
     let cos: Vec<f32> = angles.iter().map(|a| a.cos() as f32).collect();
     let sin: Vec<f32> = angles.iter().map(|a| a.sin() as f32).collect();
     let x = bf16_values(rng, b * t * heads * 2 * half, 2.0);
-    let (xs, cs, ss) = (DeviceBuffer::from(d, &x)?, DeviceBuffer::from(d, &cos)?, DeviceBuffer::from(d, &sin)?);
+    let (xs, cs, ss) = (DeviceArray::from(d, &x)?, DeviceArray::from(d, &cos)?, DeviceArray::from(d, &sin)?);
     let mut args = [vec![xs.arg(), cs.arg(), ss.arg()], u64s(&[b * t, t, heads, half, pos0])].concat();
     args.push(KernelArg::I32(i32::from(inverse)));
     run(d, verdict.kernel, elementwise_grid(b * t * heads * half), args)?;
@@ -124,7 +124,7 @@ pub(super) fn check_kv_append<R: GpuRuntime>(
     let tc = at + tn + rng.below(5);
     let cache: Vec<u16> = (0..b * tc * kd).map(|_| rng.next_u64() as u16).collect();
     let fresh: Vec<u16> = (0..b * tn * kd).map(|_| rng.next_u64() as u16).collect();
-    let (cs, fs) = (DeviceBuffer::from(d, &cache)?, DeviceBuffer::from(d, &fresh)?);
+    let (cs, fs) = (DeviceArray::from(d, &cache)?, DeviceArray::from(d, &fresh)?);
     run(
         d,
         verdict.kernel,
@@ -196,7 +196,7 @@ impl AttentionCase {
     }
 
     /// The `starts` argument: the buffer, or null for a case without padding.
-    fn starts_arg<R: GpuRuntime>(&self, buffer: &DeviceBuffer<'_, R, i32>) -> KernelArg {
+    fn starts_arg<R: GpuRuntime>(&self, buffer: &DeviceArray<'_, R, i32>) -> KernelArg {
         if self.no_starts {
             KernelArg::Ptr(0)
         } else {
@@ -212,11 +212,10 @@ pub(super) fn check_attention_forward<R: GpuRuntime>(
 ) -> Result<(), BackendError> {
     let case = attention_case(rng);
     let a = case.shape;
-    let (qs, ks, vs) =
-        (DeviceBuffer::from(d, &case.q)?, DeviceBuffer::from(d, &case.k)?, DeviceBuffer::from(d, &case.v)?);
-    let starts = DeviceBuffer::from(d, &case.starts)?;
-    let outs = DeviceBuffer::from(d, &vec![0u16; case.q.len()])?;
-    let lses = DeviceBuffer::from(d, &vec![0f32; a.b * a.heads * a.tq])?;
+    let (qs, ks, vs) = (DeviceArray::from(d, &case.q)?, DeviceArray::from(d, &case.k)?, DeviceArray::from(d, &case.v)?);
+    let starts = DeviceArray::from(d, &case.starts)?;
+    let outs = DeviceArray::from(d, &vec![0u16; case.q.len()])?;
+    let lses = DeviceArray::from(d, &vec![0f32; a.b * a.heads * a.tq])?;
     let buffers = vec![outs.arg(), lses.arg(), qs.arg(), ks.arg(), vs.arg(), case.starts_arg(&starts)];
     run_shaped(d, verdict.kernel, case.grid(), ATTENTION_BLOCK, [buffers, case.shape_args()].concat())?;
     let (out, lse) = reference::attention(&a, &widen(&case.q), &widen(&case.k), &widen(&case.v), &case.starts());
@@ -246,14 +245,13 @@ pub(super) fn check_attention_backward<R: GpuRuntime>(
     let out_bf16: Vec<u16> = out.iter().map(|&x| f32_to_bf16(x as f32)).collect();
     let lse_f32: Vec<f32> = lse.iter().map(|&x| x as f32).collect();
     let dout = bf16_values(rng, out.len(), 1.0);
-    let (qs, ks, vs) =
-        (DeviceBuffer::from(d, &case.q)?, DeviceBuffer::from(d, &case.k)?, DeviceBuffer::from(d, &case.v)?);
+    let (qs, ks, vs) = (DeviceArray::from(d, &case.q)?, DeviceArray::from(d, &case.k)?, DeviceArray::from(d, &case.v)?);
     let (outs, lses, dos) =
-        (DeviceBuffer::from(d, &out_bf16)?, DeviceBuffer::from(d, &lse_f32)?, DeviceBuffer::from(d, &dout)?);
-    let starts = DeviceBuffer::from(d, &case.starts)?;
-    let dqs = DeviceBuffer::from(d, &vec![0u16; case.q.len()])?;
+        (DeviceArray::from(d, &out_bf16)?, DeviceArray::from(d, &lse_f32)?, DeviceArray::from(d, &dout)?);
+    let starts = DeviceArray::from(d, &case.starts)?;
+    let dqs = DeviceArray::from(d, &vec![0u16; case.q.len()])?;
     let (dks, dvs) =
-        (DeviceBuffer::from(d, &vec![0f32; case.k.len()])?, DeviceBuffer::from(d, &vec![0f32; case.v.len()])?);
+        (DeviceArray::from(d, &vec![0f32; case.k.len()])?, DeviceArray::from(d, &vec![0f32; case.v.len()])?);
     let buffers = vec![
         dqs.arg(),
         dks.arg(),

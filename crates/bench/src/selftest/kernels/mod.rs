@@ -27,7 +27,7 @@ use nereus_core::half::{bf16_to_f32, f32_to_bf16};
 use nereus_core::rng::Rng;
 use nereus_exec::backend::blas::{Gemm, GemmOut};
 use nereus_exec::backend::emulated::Emulated;
-use nereus_exec::backend::gpu::{Device, DeviceBuffer, GpuRuntime};
+use nereus_exec::backend::gpu::{Device, DeviceArray, GpuRuntime};
 use nereus_exec::backend::grid::WarpWidth;
 use nereus_exec::backend::sources::{AdamTensor, KernelArg, KernelArgs, Launch};
 use nereus_exec::backend::BackendError;
@@ -227,7 +227,7 @@ trait Arg {
     fn arg(&self) -> KernelArg;
 }
 
-impl<R: GpuRuntime, T: Pod> Arg for DeviceBuffer<'_, R, T> {
+impl<R: GpuRuntime, T: Pod> Arg for DeviceArray<'_, R, T> {
     fn arg(&self) -> KernelArg {
         KernelArg::Ptr(self.ptr().0)
     }
@@ -289,7 +289,7 @@ fn check_cast_to_bf16<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdi
     let specials = [0.0f32, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0];
     let x: Vec<f32> =
         (0..n).map(|i| if i < specials.len() { specials[i] } else { f32::from_bits(rng.next_u64() as u32) }).collect();
-    let (xs, ys) = (DeviceBuffer::from(d, &x)?, DeviceBuffer::from(d, &vec![0u16; n])?);
+    let (xs, ys) = (DeviceArray::from(d, &x)?, DeviceArray::from(d, &vec![0u16; n])?);
     run(d, v.kernel, elementwise_grid(n), vec![ys.arg(), xs.arg(), KernelArg::U64(n as u64)])?;
     let got: Vec<u16> = ys.read()?;
     let mismatched = x.iter().zip(&got).position(|(x, g)| f32_to_bf16(*x) != *g);
@@ -302,7 +302,7 @@ fn check_cast_to_bf16<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdi
 fn check_cast_to_f32<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
     let n = length(rng, 20_000);
     let x: Vec<u16> = (0..n).map(|_| rng.next_u64() as u16).collect();
-    let (xs, ys) = (DeviceBuffer::from(d, &x)?, DeviceBuffer::from(d, &vec![0f32; n])?);
+    let (xs, ys) = (DeviceArray::from(d, &x)?, DeviceArray::from(d, &vec![0f32; n])?);
     run(d, v.kernel, elementwise_grid(n), vec![ys.arg(), xs.arg(), KernelArg::U64(n as u64)])?;
     let got: Vec<f32> = ys.read()?;
     if let Some(i) = x.iter().zip(&got).position(|(x, g)| bf16_to_f32(*x).to_bits() != g.to_bits()) {
@@ -321,8 +321,8 @@ const EPS: f32 = 1e-5;
 fn check_rmsnorm_forward<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
     let (rows, cols) = row_shape(rng);
     let (x, w) = (bf16_values(rng, rows * cols, 2.0), bf16_values(rng, cols, 1.0));
-    let (xs, ws) = (DeviceBuffer::from(d, &x)?, DeviceBuffer::from(d, &w)?);
-    let (ys, rs) = (DeviceBuffer::from(d, &vec![0u16; rows * cols])?, DeviceBuffer::from(d, &vec![0f32; rows])?);
+    let (xs, ws) = (DeviceArray::from(d, &x)?, DeviceArray::from(d, &w)?);
+    let (ys, rs) = (DeviceArray::from(d, &vec![0u16; rows * cols])?, DeviceArray::from(d, &vec![0f32; rows])?);
     let shape = [KernelArg::U64(rows as u64), KernelArg::U64(cols as u64), KernelArg::F32(EPS)];
     run(d, v.kernel, rows as u64, [vec![ys.arg(), rs.arg(), xs.arg(), ws.arg()], shape.to_vec()].concat())?;
     let (xf, wf) = (widen(&x), widen(&w));
@@ -344,12 +344,12 @@ fn check_rmsnorm_backward<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut V
     let (xf, wf, dyf) = (widen(&x), widen(&w), widen(&dy));
     let inv_rms: Vec<f32> = xf.chunks(cols).map(|row| reference::rmsnorm(row, &wf, f64::from(EPS)).1 as f32).collect();
     let (xs, ws, dys, rs) = (
-        DeviceBuffer::from(d, &x)?,
-        DeviceBuffer::from(d, &w)?,
-        DeviceBuffer::from(d, &dy)?,
-        DeviceBuffer::from(d, &inv_rms)?,
+        DeviceArray::from(d, &x)?,
+        DeviceArray::from(d, &w)?,
+        DeviceArray::from(d, &dy)?,
+        DeviceArray::from(d, &inv_rms)?,
     );
-    let (dxs, dws) = (DeviceBuffer::from(d, &vec![0u16; rows * cols])?, DeviceBuffer::from(d, &vec![0f32; cols])?);
+    let (dxs, dws) = (DeviceArray::from(d, &vec![0u16; rows * cols])?, DeviceArray::from(d, &vec![0f32; cols])?);
     let buffers = vec![dxs.arg(), dws.arg(), dys.arg(), xs.arg(), ws.arg(), rs.arg()];
     run(d, v.kernel, rows as u64, [buffers, vec![KernelArg::U64(rows as u64), KernelArg::U64(cols as u64)]].concat())?;
     let (mut want_dx, mut dx_scale, mut want_dw, mut dw_scale) =
@@ -379,8 +379,7 @@ fn cancelled_terms(dy: &[f64], x: &[f64], weight: &[f64]) -> Vec<f64> {
 fn check_swiglu_forward<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
     let n = length(rng, 20_000);
     let (g, u) = (bf16_values(rng, n, 4.0), bf16_values(rng, n, 2.0));
-    let (gs, us, outs) =
-        (DeviceBuffer::from(d, &g)?, DeviceBuffer::from(d, &u)?, DeviceBuffer::from(d, &vec![0u16; n])?);
+    let (gs, us, outs) = (DeviceArray::from(d, &g)?, DeviceArray::from(d, &u)?, DeviceArray::from(d, &vec![0u16; n])?);
     run(d, v.kernel, elementwise_grid(n), vec![outs.arg(), gs.arg(), us.arg(), KernelArg::U64(n as u64)])?;
     let want: Vec<f64> = widen(&g).iter().zip(widen(&u)).map(|(g, u)| reference::swiglu(*g, u)).collect();
     v.bf16("out", &outs.read()?, &want);
@@ -390,8 +389,8 @@ fn check_swiglu_forward<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Ver
 fn check_swiglu_backward<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
     let n = length(rng, 20_000);
     let (g, u, dout) = (bf16_values(rng, n, 4.0), bf16_values(rng, n, 2.0), bf16_values(rng, n, 1.0));
-    let (gs, us, ds) = (DeviceBuffer::from(d, &g)?, DeviceBuffer::from(d, &u)?, DeviceBuffer::from(d, &dout)?);
-    let (dgs, dus) = (DeviceBuffer::from(d, &vec![0u16; n])?, DeviceBuffer::from(d, &vec![0u16; n])?);
+    let (gs, us, ds) = (DeviceArray::from(d, &g)?, DeviceArray::from(d, &u)?, DeviceArray::from(d, &dout)?);
+    let (dgs, dus) = (DeviceArray::from(d, &vec![0u16; n])?, DeviceArray::from(d, &vec![0u16; n])?);
     let args = vec![dgs.arg(), dus.arg(), ds.arg(), gs.arg(), us.arg(), KernelArg::U64(n as u64)];
     run(d, v.kernel, elementwise_grid(n), args)?;
     let (gf, uf, df) = (widen(&g), widen(&u), widen(&dout));
@@ -404,7 +403,7 @@ fn check_swiglu_backward<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Ve
 fn check_residual_add<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
     let n = length(rng, 20_000);
     let (x, y) = (bf16_values(rng, n, 3.0), bf16_values(rng, n, 3.0));
-    let (xs, ys) = (DeviceBuffer::from(d, &x)?, DeviceBuffer::from(d, &y)?);
+    let (xs, ys) = (DeviceArray::from(d, &x)?, DeviceArray::from(d, &y)?);
     run(d, v.kernel, elementwise_grid(n), vec![xs.arg(), ys.arg(), KernelArg::U64(n as u64)])?;
     let want: Vec<f64> = widen(&x).iter().zip(widen(&y)).map(|(a, b)| a + b).collect();
     v.bf16("x", &xs.read()?, &want);
@@ -423,10 +422,10 @@ fn check_row_stats<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict)
             _ => (shard_start + rng.below(cols) as i64) as i32,
         })
         .collect();
-    let (ls, ts) = (DeviceBuffer::from(d, &logits)?, DeviceBuffer::from(d, &targets)?);
+    let (ls, ts) = (DeviceArray::from(d, &logits)?, DeviceArray::from(d, &targets)?);
     let zeros = vec![0f32; rows];
     let (maxs, sums, tls) =
-        (DeviceBuffer::from(d, &zeros)?, DeviceBuffer::from(d, &zeros)?, DeviceBuffer::from(d, &zeros)?);
+        (DeviceArray::from(d, &zeros)?, DeviceArray::from(d, &zeros)?, DeviceArray::from(d, &zeros)?);
     let shape = vec![KernelArg::U64(rows as u64), KernelArg::U64(cols as u64), KernelArg::U64(shard_start as u64)];
     run(d, v.kernel, rows as u64, [vec![maxs.arg(), sums.arg(), tls.arg(), ls.arg(), ts.arg()], shape].concat())?;
     let stats: Vec<(f64, f64, f64)> = widen(&logits)
@@ -460,12 +459,12 @@ fn check_adamw<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> 
     let mut table = Vec::new();
     for t in &tensors {
         let bufs = [
-            DeviceBuffer::from(d, &t.p)?,
-            DeviceBuffer::from(d, &t.m)?,
-            DeviceBuffer::from(d, &t.v)?,
-            DeviceBuffer::from(d, &t.g)?,
+            DeviceArray::from(d, &t.p)?,
+            DeviceArray::from(d, &t.m)?,
+            DeviceArray::from(d, &t.v)?,
+            DeviceArray::from(d, &t.g)?,
         ];
-        let work = DeviceBuffer::from(d, &vec![0u16; t.p.len()])?;
+        let work = DeviceArray::from(d, &vec![0u16; t.p.len()])?;
         let (p, m, vv, g, w) = (bufs[0].ptr().0, bufs[1].ptr().0, bufs[2].ptr().0, bufs[3].ptr().0, work.ptr().0);
         table.push(AdamTensor {
             param: p,
@@ -479,12 +478,14 @@ fn check_adamw<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> 
         });
         buffers.push((bufs, work));
     }
-    let table_buffer = DeviceBuffer::from(d, &table)?;
+    let table_buffer = DeviceArray::from(d, &table)?;
     let grid = elementwise_grid(tensors.iter().map(|t| t.p.len()).max().unwrap_or(1));
-    let hyper = [a.lr, a.beta1, a.beta2, a.eps, a.c1, a.c2].map(|x| KernelArg::F32(x as f32));
+    // A clipped step one time in two: the kernel scales each gradient by the factor.
+    let clip = [1.0f32, 0.37][rng.below(2)];
+    let hyper = [a.lr, a.beta1, a.beta2, a.eps, a.c1, a.c2, f64::from(clip)].map(|x| KernelArg::F32(x as f32));
     run(d, v.kernel, grid, [vec![table_buffer.arg(), KernelArg::I32(table.len() as i32)], hyper.to_vec()].concat())?;
     for (t, (bufs, work)) in tensors.iter().zip(&buffers) {
-        t.compare(&AdamStep { weight_decay: t.decay, ..a }, bufs, work, v)?;
+        t.compare(&AdamStep { weight_decay: t.decay, ..a }, f64::from(clip), bufs, work, v)?;
     }
     Ok(())
 }
@@ -511,15 +512,16 @@ impl AdamCase {
     fn compare<R: GpuRuntime>(
         &self,
         a: &AdamStep,
-        bufs: &[DeviceBuffer<'_, R, f32>; 4],
-        work: &DeviceBuffer<'_, R, u16>,
+        clip: f64,
+        bufs: &[DeviceArray<'_, R, f32>; 4],
+        work: &DeviceArray<'_, R, u16>,
         v: &mut Verdict,
     ) -> Result<(), BackendError> {
         let n = self.p.len();
         let want: Vec<(f64, f64, f64)> = (0..n)
             .map(|i| {
                 let f = |x: &[f32]| f64::from(x[i]);
-                reference::adamw(a, f(&self.p), f(&self.m), f(&self.v), f(&self.g))
+                reference::adamw(a, f(&self.p), f(&self.m), f(&self.v), clip * f(&self.g))
             })
             .collect();
         // Scales: the magnitudes each line of the update adds (m's two terms may cancel).
@@ -558,12 +560,12 @@ fn check_logprob_backward<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut V
         .collect();
     let dlogp: Vec<f32> = (0..rows).map(|_| uniform(rng) as f32).collect();
     let (ls, lses, gs, ts) = (
-        DeviceBuffer::from(d, &logits)?,
-        DeviceBuffer::from(d, &lse)?,
-        DeviceBuffer::from(d, &dlogp)?,
-        DeviceBuffer::from(d, &targets)?,
+        DeviceArray::from(d, &logits)?,
+        DeviceArray::from(d, &lse)?,
+        DeviceArray::from(d, &dlogp)?,
+        DeviceArray::from(d, &targets)?,
     );
-    let out = DeviceBuffer::from(d, &vec![0u16; rows * cols])?;
+    let out = DeviceArray::from(d, &vec![0u16; rows * cols])?;
     let shape = vec![KernelArg::U64(rows as u64), KernelArg::U64(cols as u64), KernelArg::U64(shard_start as u64)];
     run(
         d,
@@ -596,9 +598,9 @@ fn check_argmax<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) ->
         }
     }
     let (ls, ts, vs) = (
-        DeviceBuffer::from(d, &logits)?,
-        DeviceBuffer::from(d, &vec![-1i32; rows])?,
-        DeviceBuffer::from(d, &vec![0f32; rows])?,
+        DeviceArray::from(d, &logits)?,
+        DeviceArray::from(d, &vec![-1i32; rows])?,
+        DeviceArray::from(d, &vec![0f32; rows])?,
     );
     let shape = vec![KernelArg::U64(rows as u64), KernelArg::U64(cols as u64)];
     run(d, v.kernel, rows as u64, [vec![ts.arg(), vs.arg(), ls.arg()], shape].concat())?;
@@ -618,9 +620,9 @@ fn check_sum_squares<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdic
     let x: Vec<f32> = (0..n).map(|_| (uniform(rng) * 3.0) as f32).collect();
     let blocks = elementwise_grid(n).min(64);
     let (xs, partial, total) = (
-        DeviceBuffer::from(d, &x)?,
-        DeviceBuffer::from(d, &vec![0f32; blocks as usize])?,
-        DeviceBuffer::from(d, &[0f32])?,
+        DeviceArray::from(d, &x)?,
+        DeviceArray::from(d, &vec![0f32; blocks as usize])?,
+        DeviceArray::from(d, &[0f32])?,
     );
     run(d, v.kernel, blocks, vec![partial.arg(), xs.arg(), KernelArg::U64(n as u64), KernelArg::I32(1)])?;
     run(d, v.kernel, 1, vec![total.arg(), partial.arg(), KernelArg::U64(blocks), KernelArg::I32(0)])?;
@@ -658,15 +660,15 @@ fn check_gemm<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> R
             }
         }
     }
-    let (as_, bs) = (DeviceBuffer::from(d, &a)?, DeviceBuffer::from(d, &b)?);
+    let (as_, bs) = (DeviceArray::from(d, &a)?, DeviceArray::from(d, &b)?);
     if out == GemmOut::Bf16 {
-        let cs = DeviceBuffer::from(d, &vec![0u16; m * n])?;
+        let cs = DeviceArray::from(d, &vec![0u16; m * n])?;
         // SAFETY: the buffers hold [m,k], [k,n] bf16 and [m,n] bf16.
         unsafe { d.gemm(&g, as_.ptr(), bs.ptr(), cs.ptr())? };
         d.synchronize()?;
         v.bf16_scaled("C", &cs.read()?, &want, &scale);
     } else {
-        let cs = DeviceBuffer::from(d, &c0)?;
+        let cs = DeviceArray::from(d, &c0)?;
         // SAFETY: the buffers hold [m,k], [k,n] bf16 and [m,n] f32.
         unsafe { d.gemm(&g, as_.ptr(), bs.ptr(), cs.ptr())? };
         d.synchronize()?;
@@ -699,7 +701,7 @@ fn check_sample<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) ->
     let top_p = [1.0f32, 0.95, 0.8, 0.5][rng.below(4)];
     let u: Vec<f32> = (0..rows).map(|_| (uniform(rng).abs() as f32).min(0.999_999)).collect();
     let (ls, us, ts) =
-        (DeviceBuffer::from(d, &logits)?, DeviceBuffer::from(d, &u)?, DeviceBuffer::from(d, &vec![-1i32; rows])?);
+        (DeviceArray::from(d, &logits)?, DeviceArray::from(d, &u)?, DeviceArray::from(d, &vec![-1i32; rows])?);
     let mut args = vec![ts.arg(), ls.arg(), us.arg(), KernelArg::U64(rows as u64), KernelArg::U64(cols as u64)];
     args.extend([KernelArg::F32(temperature), KernelArg::F32(top_p), KernelArg::I32(i32::from(greedy))]);
     run(d, v.kernel, rows as u64, args)?;

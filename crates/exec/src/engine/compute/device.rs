@@ -5,13 +5,13 @@
 
 use super::{Compute, GradView, KvRows, View};
 use crate::backend::blas::{Gemm, GemmOut};
-use crate::backend::gpu::{Device, DeviceBuffer, DevicePtr, GpuRuntime};
-use crate::backend::sources::{KernelArg, KernelArgs, Launch, ATTENTION_BLOCK};
-use crate::engine::arena::Arena;
+use crate::backend::gpu::{Device, DeviceArray, DevicePtr, DeviceView, GpuRuntime};
+use crate::backend::sources::{AdamTensor, KernelArg, KernelArgs, Launch, ATTENTION_BLOCK};
+use crate::engine::arena::{Arena, Mark};
 use crate::engine::ops::{AttentionShape, Rope, TensorGroup};
 use crate::engine::real::Op;
-use crate::engine::EngineError;
-use nereus_core::cost::MemoryItem;
+use crate::engine::{AdamW, EngineError};
+use nereus_core::cost::{MemoryBreakdown, MemoryItem};
 use nereus_core::half::{bf16_to_f32, f32_to_bf16};
 
 /// Threads per block of the row and element-wise kernels.
@@ -20,9 +20,9 @@ const BLOCK: u32 = 256;
 const MAX_BLOCKS: u64 = 4096;
 
 /// bf16 activations on a device.
-pub type Bf16<'d, R> = DeviceBuffer<'d, R, u16>;
+pub type Bf16<'d, R> = DeviceArray<'d, R, u16>;
 /// f32 statistics or gradients on a device.
-pub type F32<'d, R> = DeviceBuffer<'d, R, f32>;
+pub type F32<'d, R> = DeviceArray<'d, R, f32>;
 
 /// A stage's layers on `device`, buffers charged to the rank's [`Arena`] under the items the
 /// cost model prices, rotary tables uploaded once.
@@ -40,13 +40,25 @@ impl<'d, 'a, 'l, R: GpuRuntime> OnDevice<'d, 'a, 'l, R> {
         let (cos, sin) = rope.tables();
         let bytes = 4 * (cos.len() + sin.len()) as u64;
         arena.charge(MemoryItem::Activations, bytes)?;
-        let (cos, sin) = (DeviceBuffer::from(device, cos)?, DeviceBuffer::from(device, sin)?);
+        let (cos, sin) = (DeviceArray::from(device, cos)?, DeviceArray::from(device, sin)?);
         Ok(OnDevice { device, arena, cos, sin, half: rope.half() })
     }
 
     /// The device computed on.
     pub fn device(&self) -> &'d Device<R> {
         self.device
+    }
+
+    /// One fused AdamW step over `tensors` (update number `t`, gradients scaled by `clip`):
+    /// the f32 master weights and moments, then each bf16 working copy (`nereus_adamw`).
+    pub fn adamw(&mut self, tensors: &[AdamTensor], opt: &AdamW, t: u64, clip: f32) -> Result<(), EngineError> {
+        let table = DeviceArray::from(self.device, tensors)?;
+        let (c1, c2) = (1.0 - opt.beta1.powi(t as i32), 1.0 - opt.beta2.powi(t as i32));
+        let hyper = [opt.lr, opt.beta1, opt.beta2, opt.eps, c1, c2, clip].map(KernelArg::F32);
+        let args = [vec![ptr(table.ptr()), KernelArg::I32(tensors.len() as i32)], hyper.to_vec()].concat();
+        let widest = tensors.iter().map(|x| x.n as usize).max().unwrap_or(1);
+        // The table is freed in stream order, after the launch has read it.
+        self.elementwise("nereus_adamw", widest, args)
     }
 
     fn launch(
@@ -82,7 +94,7 @@ impl<'d, 'a, 'l, R: GpuRuntime> OnDevice<'d, 'a, 'l, R> {
     /// `f32` scratch charged under `item`.
     fn f32_zeros(&mut self, item: MemoryItem, len: usize) -> Result<F32<'d, R>, EngineError> {
         self.arena.charge(item, 4 * len as u64)?;
-        Ok(DeviceBuffer::zeros(self.device, len)?)
+        Ok(DeviceArray::zeros(self.device, len)?)
     }
 
     /// `y = bf16(x)`.
@@ -90,14 +102,48 @@ impl<'d, 'a, 'l, R: GpuRuntime> OnDevice<'d, 'a, 'l, R> {
         self.elementwise("nereus_cast_f32_to_bf16", x.len(), vec![ptr(y.ptr()), ptr(x.ptr()), len(x.len())])
     }
 
+    /// Token ids as the kernels read them.
+    fn tokens(&self, tokens: &[u32]) -> Result<DeviceArray<'d, R, i32>, EngineError> {
+        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        Ok(DeviceArray::from(self.device, &ids)?)
+    }
+
     /// The `starts` argument: null when no sequence is padded, as the kernels read it.
-    fn starts(&self, starts: &[usize]) -> Result<Option<DeviceBuffer<'d, R, i32>>, EngineError> {
+    fn starts(&self, starts: &[usize]) -> Result<Option<DeviceArray<'d, R, i32>>, EngineError> {
         if starts.iter().all(|&s| s == 0) {
             return Ok(None);
         }
         let values: Vec<i32> = starts.iter().map(|&s| s as i32).collect();
-        Ok(Some(DeviceBuffer::from(self.device, &values)?))
+        Ok(Some(DeviceArray::from(self.device, &values)?))
     }
+}
+
+/// Per row, `(lse, logp)` over the whole vocabulary from each shard's `(max, Σ exp(z − max),
+/// target logit or −inf)`: the group's maximum, the sums rescaled to it and added, and the one
+/// shard's target logit (Milakov & Gimelshein 2018's online-softmax merge).
+fn combine_shards<G: TensorGroup<f32>>(
+    local_max: Vec<f32>,
+    sum: Vec<f32>,
+    target: Vec<f32>,
+    tp: &G,
+) -> Result<(Vec<f32>, Vec<f32>), EngineError> {
+    let mut max = local_max.clone();
+    tp.max(&mut max)?;
+    let mut sums: Vec<f32> = sum.iter().zip(&local_max).zip(&max).map(|((&s, &m), &g)| s * (m - g).exp()).collect();
+    tp.sum(&mut sums)?;
+    let mut target: Vec<f32> = target.into_iter().map(|t| if t.is_finite() { t } else { 0.0 }).collect();
+    tp.sum(&mut target)?;
+    let lse: Vec<f32> = max.iter().zip(&sums).map(|(&m, &s)| m + s.ln()).collect();
+    let logp = target.iter().zip(&lse).map(|(&t, &l)| t - l).collect();
+    Ok((lse, logp))
+}
+
+fn widen(values: &[u16]) -> Vec<f32> {
+    values.iter().map(|&h| bf16_to_f32(h)).collect()
+}
+
+fn narrow(values: &[f32]) -> Vec<u16> {
+    values.iter().map(|&v| f32_to_bf16(v)).collect()
 }
 
 fn ptr(p: DevicePtr) -> KernelArg {
@@ -108,7 +154,7 @@ fn len(n: usize) -> KernelArg {
     KernelArg::U64(n as u64)
 }
 
-fn weight<'d, R: GpuRuntime>((p, r): View<Bf16<'d, R>>) -> DevicePtr {
+fn weight((p, r): View<DeviceView<u16>>) -> DevicePtr {
     p.at(r.start)
 }
 
@@ -123,12 +169,12 @@ fn attention_grid(a: &AttentionShape) -> [u32; 3] {
 impl<'d, R: GpuRuntime> Compute for OnDevice<'d, '_, '_, R> {
     type Act = Bf16<'d, R>;
     type Stat = F32<'d, R>;
-    type Params = Bf16<'d, R>;
-    type Grads = F32<'d, R>;
+    type Params = DeviceView<u16>;
+    type Grads = DeviceView<f32>;
 
     fn zeros(&mut self, item: MemoryItem, len: usize) -> Result<Self::Act, EngineError> {
         self.arena.charge(item, 2 * len as u64)?;
-        Ok(DeviceBuffer::zeros(self.device, len)?)
+        Ok(DeviceArray::zeros(self.device, len)?)
     }
 
     fn stats(&mut self, item: MemoryItem, len: usize) -> Result<Self::Stat, EngineError> {
@@ -291,16 +337,166 @@ impl<'d, R: GpuRuntime> Compute for OnDevice<'d, '_, '_, R> {
         self.elementwise("nereus_kv_append", fresh.len(), [args, shape.to_vec()].concat())
     }
 
-    fn tp_sum<G: TensorGroup<f32>>(&mut self, tp: &G, x: &mut Self::Act) -> Result<(), EngineError> {
-        if tp.is_single() {
-            return Ok(());
-        }
-        // Over the host until the device collectives carry the engine (the parallel device
-        // engine's issue): bf16 widened exactly, summed in f32, rounded once.
-        let mut wide: Vec<f32> = x.read()?.into_iter().map(bf16_to_f32).collect();
-        tp.sum(&mut wide)?;
-        let narrow: Vec<u16> = wide.into_iter().map(f32_to_bf16).collect();
-        self.device.upload(bytemuck::cast_slice(&narrow), x.ptr())?;
-        Ok(())
+    fn embedding_forward(
+        &mut self,
+        x: &mut Self::Act,
+        tokens: &[u32],
+        w: View<Self::Params>,
+        v0: usize,
+        c: usize,
+    ) -> Result<(), EngineError> {
+        let ids = self.tokens(tokens)?;
+        let rows = w.1.len() / c;
+        let args = vec![ptr(x.ptr()), ptr(ids.ptr()), ptr(weight(w)), len(tokens.len()), len(c), len(v0), len(rows)];
+        self.elementwise("nereus_embedding_forward", tokens.len() * c, args)
+    }
+
+    fn embedding_backward(
+        &mut self,
+        (grads, range): GradView<Self::Grads>,
+        dx: &Self::Act,
+        tokens: &[u32],
+        v0: usize,
+        c: usize,
+    ) -> Result<(), EngineError> {
+        let ids = self.tokens(tokens)?;
+        let rows = range.len() / c;
+        let args = vec![ptr(grads.at(range.start)), ptr(dx.ptr()), ptr(ids.ptr()), len(tokens.len()), len(c), len(v0)];
+        self.elementwise("nereus_embedding_backward", tokens.len() * c, [args, vec![len(rows)]].concat())
+    }
+
+    fn log_probs_forward<G: TensorGroup<f32>>(
+        &mut self,
+        logits: &Self::Act,
+        targets: &[u32],
+        v0: usize,
+        tp: &G,
+    ) -> Result<(Self::Stat, Self::Stat), EngineError> {
+        let n = targets.len();
+        let ids = self.tokens(targets)?;
+        let item = MemoryItem::Logits;
+        let (max, sum, target) = (self.f32_zeros(item, n)?, self.f32_zeros(item, n)?, self.f32_zeros(item, n)?);
+        let args = vec![ptr(max.ptr()), ptr(sum.ptr()), ptr(target.ptr()), ptr(logits.ptr()), ptr(ids.ptr())];
+        self.rows("nereus_logits_row_stats", n, [args, vec![len(n), len(logits.len() / n.max(1)), len(v0)]].concat())?;
+        let (lse, logp) = combine_shards(max.read()?, sum.read()?, target.read()?, tp)?;
+        self.arena.charge(item, 8 * n as u64)?;
+        Ok((DeviceArray::from(self.device, &logp)?, DeviceArray::from(self.device, &lse)?))
+    }
+
+    fn log_probs_backward(
+        &mut self,
+        dlogits: &mut Self::Act,
+        dlogp: &Self::Stat,
+        logits: &Self::Act,
+        lse: &Self::Stat,
+        targets: &[u32],
+        v0: usize,
+    ) -> Result<(), EngineError> {
+        let ids = self.tokens(targets)?;
+        let (n, v) = (targets.len(), logits.len() / targets.len().max(1));
+        let args = vec![ptr(dlogits.ptr()), ptr(logits.ptr()), ptr(lse.ptr()), ptr(dlogp.ptr()), ptr(ids.ptr())];
+        self.elementwise("nereus_logprob_backward", n * v, [args, vec![len(n), len(v), len(v0)]].concat())
+    }
+
+    fn value_forward(
+        &mut self,
+        value: &mut Self::Stat,
+        x: &Self::Act,
+        w: View<Self::Params>,
+    ) -> Result<(), EngineError> {
+        let c = w.1.len();
+        let g = Gemm { m: value.len(), k: c, n: 1, op_a: Op::N, op_b: Op::T, out: GemmOut::F32 { accumulate: false } };
+        self.gemm(g, x.ptr(), weight(w), value.ptr())
+    }
+
+    fn value_backward(
+        &mut self,
+        dx: &mut Self::Act,
+        (grads, range): GradView<Self::Grads>,
+        dvalue: &Self::Stat,
+        x: &Self::Act,
+        w: View<Self::Params>,
+    ) -> Result<(), EngineError> {
+        let (n, c) = (dvalue.len(), range.len());
+        // The GEMMs take bf16 operands: the per-row gradient is rounded once.
+        let narrow = self.zeros(MemoryItem::ActivationGradients, n)?;
+        self.round(&narrow, dvalue)?;
+        let part = self.zeros(MemoryItem::ActivationGradients, n * c)?;
+        let g = Gemm { m: n, k: 1, n: c, op_a: Op::N, op_b: Op::N, out: GemmOut::Bf16 };
+        self.gemm(g, narrow.ptr(), weight(w), part.ptr())?;
+        self.add(dx, &part)?;
+        let g = Gemm { m: 1, k: n, n: c, op_a: Op::T, op_b: Op::N, out: GemmOut::F32 { accumulate: true } };
+        self.gemm(g, narrow.ptr(), x.ptr(), grads.at(range.start))
+    }
+
+    fn read<T>(&mut self, x: &Self::Act, f: impl FnOnce(&[f32]) -> Result<T, EngineError>) -> Result<T, EngineError> {
+        f(&widen(&x.read()?))
+    }
+
+    fn modify<T>(
+        &mut self,
+        x: &mut Self::Act,
+        f: impl FnOnce(&mut [f32]) -> Result<T, EngineError>,
+    ) -> Result<T, EngineError> {
+        let mut values = widen(&x.read()?);
+        let out = f(&mut values)?;
+        x.view().write(self.device, &narrow(&values))?;
+        Ok(out)
+    }
+
+    fn read_modify<T>(
+        &mut self,
+        src: &Self::Act,
+        dst: &mut Self::Act,
+        f: impl FnOnce(&[f32], &mut [f32]) -> Result<T, EngineError>,
+    ) -> Result<T, EngineError> {
+        let src = widen(&src.read()?);
+        self.modify(dst, |values| f(&src, values))
+    }
+
+    fn read_stats<T>(
+        &mut self,
+        x: &Self::Stat,
+        f: impl FnOnce(&[f32]) -> Result<T, EngineError>,
+    ) -> Result<T, EngineError> {
+        f(&x.read()?)
+    }
+
+    fn read_modify_stats<T>(
+        &mut self,
+        src: &Self::Stat,
+        dst: &mut Self::Stat,
+        f: impl FnOnce(&[f32], &mut [f32]) -> Result<T, EngineError>,
+    ) -> Result<T, EngineError> {
+        let src = src.read()?;
+        let mut values = dst.read()?;
+        let out = f(&src, &mut values)?;
+        dst.view().write(self.device, &values)?;
+        Ok(out)
+    }
+
+    fn modify_grads<T>(
+        &mut self,
+        g: &mut Self::Grads,
+        f: impl FnOnce(&mut [f32]) -> Result<T, EngineError>,
+    ) -> Result<T, EngineError> {
+        let mut values = g.read(self.device)?;
+        let out = f(&mut values)?;
+        g.write(self.device, &values)?;
+        Ok(out)
+    }
+
+    const ACT_BYTES: u64 = 2;
+
+    fn mark(&self) -> Mark {
+        self.arena.mark()
+    }
+
+    fn since(&self, mark: Mark) -> MemoryBreakdown {
+        self.arena.since(mark)
+    }
+
+    fn release(&mut self, charges: &MemoryBreakdown) {
+        self.arena.release(charges)
     }
 }

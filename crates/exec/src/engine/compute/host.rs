@@ -1,10 +1,10 @@
 //! The host f32 reference: each layer is the `ops/` function of the same name.
 
 use super::{Compute, GradView, KvRows, View};
-use crate::engine::arena::Arena;
+use crate::engine::arena::{Arena, Mark};
 use crate::engine::ops::*;
 use crate::engine::EngineError;
-use nereus_core::cost::MemoryItem;
+use nereus_core::cost::{MemoryBreakdown, MemoryItem};
 
 /// The host f32 engine: buffers from the rank's [`Arena`], layers from `ops/`.
 pub struct Host<'a, 'l> {
@@ -169,7 +169,130 @@ impl Compute for Host<'_, '_> {
         Ok(())
     }
 
-    fn tp_sum<G: TensorGroup<f32>>(&mut self, tp: &G, x: &mut Vec<f32>) -> Result<(), EngineError> {
-        tp.sum(x)
+    fn embedding_forward(
+        &mut self,
+        x: &mut Vec<f32>,
+        tokens: &[u32],
+        w: View<[f32]>,
+        v0: usize,
+        c: usize,
+    ) -> Result<(), EngineError> {
+        embedding_forward(x, tokens, at(w), v0, c);
+        Ok(())
+    }
+
+    fn embedding_backward(
+        &mut self,
+        (grads, range): GradView<[f32]>,
+        dx: &Vec<f32>,
+        tokens: &[u32],
+        v0: usize,
+        c: usize,
+    ) -> Result<(), EngineError> {
+        embedding_backward(&mut grads[range.clone()], dx, tokens, v0, c);
+        Ok(())
+    }
+
+    fn log_probs_forward<G: TensorGroup<f32>>(
+        &mut self,
+        logits: &Vec<f32>,
+        targets: &[u32],
+        v0: usize,
+        tp: &G,
+    ) -> Result<(Vec<f32>, Vec<f32>), EngineError> {
+        let mut logp = self.arena.zeros(MemoryItem::Logits, targets.len())?;
+        let mut lse = self.arena.zeros(MemoryItem::Logits, targets.len())?;
+        log_probs_forward(&mut logp, &mut lse, logits, targets, v0, tp)?;
+        Ok((logp, lse))
+    }
+
+    fn log_probs_backward(
+        &mut self,
+        dlogits: &mut Vec<f32>,
+        dlogp: &Vec<f32>,
+        logits: &Vec<f32>,
+        lse: &Vec<f32>,
+        targets: &[u32],
+        v0: usize,
+    ) -> Result<(), EngineError> {
+        log_probs_backward(dlogits, dlogp, logits, lse, targets, v0);
+        Ok(())
+    }
+
+    fn value_forward(&mut self, value: &mut Vec<f32>, x: &Vec<f32>, w: View<[f32]>) -> Result<(), EngineError> {
+        value_forward(value, x, at(w));
+        Ok(())
+    }
+
+    fn value_backward(
+        &mut self,
+        dx: &mut Vec<f32>,
+        (grads, range): GradView<[f32]>,
+        dvalue: &Vec<f32>,
+        x: &Vec<f32>,
+        w: View<[f32]>,
+    ) -> Result<(), EngineError> {
+        value_backward(dx, &mut grads[range.clone()], dvalue, x, at(w));
+        Ok(())
+    }
+
+    fn read<T>(&mut self, x: &Vec<f32>, f: impl FnOnce(&[f32]) -> Result<T, EngineError>) -> Result<T, EngineError> {
+        f(x)
+    }
+
+    fn modify<T>(
+        &mut self,
+        x: &mut Vec<f32>,
+        f: impl FnOnce(&mut [f32]) -> Result<T, EngineError>,
+    ) -> Result<T, EngineError> {
+        f(x)
+    }
+
+    fn read_modify<T>(
+        &mut self,
+        src: &Vec<f32>,
+        dst: &mut Vec<f32>,
+        f: impl FnOnce(&[f32], &mut [f32]) -> Result<T, EngineError>,
+    ) -> Result<T, EngineError> {
+        f(src, dst)
+    }
+
+    fn read_stats<T>(
+        &mut self,
+        x: &Vec<f32>,
+        f: impl FnOnce(&[f32]) -> Result<T, EngineError>,
+    ) -> Result<T, EngineError> {
+        f(x)
+    }
+
+    fn read_modify_stats<T>(
+        &mut self,
+        src: &Vec<f32>,
+        dst: &mut Vec<f32>,
+        f: impl FnOnce(&[f32], &mut [f32]) -> Result<T, EngineError>,
+    ) -> Result<T, EngineError> {
+        f(src, dst)
+    }
+
+    fn modify_grads<T>(
+        &mut self,
+        g: &mut [f32],
+        f: impl FnOnce(&mut [f32]) -> Result<T, EngineError>,
+    ) -> Result<T, EngineError> {
+        f(g)
+    }
+
+    const ACT_BYTES: u64 = 4;
+
+    fn mark(&self) -> Mark {
+        self.arena.mark()
+    }
+
+    fn since(&self, mark: Mark) -> MemoryBreakdown {
+        self.arena.since(mark)
+    }
+
+    fn release(&mut self, charges: &MemoryBreakdown) {
+        self.arena.release(charges)
     }
 }

@@ -17,9 +17,10 @@ pub use host::Host;
 
 use std::ops::Range;
 
+use super::arena::Mark;
 use super::ops::{AttentionShape, TensorGroup};
 use super::EngineError;
-use nereus_core::cost::MemoryItem;
+use nereus_core::cost::{MemoryBreakdown, MemoryItem};
 
 /// A view of one tensor in a stage's flat parameter (or gradient) buffer.
 pub type View<'a, P> = (&'a P, &'a Range<usize>);
@@ -146,8 +147,121 @@ pub trait Compute {
     /// Writes `fresh[B,T,W]` into `cache[B,T_cap,W]` at positions `pos0..pos0+T`.
     fn kv_append(&mut self, cache: &mut Self::Act, fresh: &Self::Act, rows: KvRows) -> Result<(), EngineError>;
 
-    /// Element-wise sum over the tensor-parallel group, in place.
-    fn tp_sum<G: TensorGroup<f32>>(&mut self, tp: &G, x: &mut Self::Act) -> Result<(), EngineError>;
+    /// `x[N,C]` = rows `tokens - v0` of this rank's embedding shard `w[V,C]` (zero for tokens
+    /// outside it), into zeroed `x`.
+    fn embedding_forward(
+        &mut self,
+        x: &mut Self::Act,
+        tokens: &[u32],
+        w: View<Self::Params>,
+        v0: usize,
+        c: usize,
+    ) -> Result<(), EngineError>;
+    /// `dw[token - v0] += dx[n]` for the tokens in this rank's shard.
+    fn embedding_backward(
+        &mut self,
+        dw: GradView<Self::Grads>,
+        dx: &Self::Act,
+        tokens: &[u32],
+        v0: usize,
+        c: usize,
+    ) -> Result<(), EngineError>;
+
+    /// Per row, `log p(target)` over the whole vocabulary from this rank's logit columns
+    /// `v0..v0+V` (`logits[N,V]`): the row maximum, the sum of exponentials and the target's
+    /// logit are reduced over `tp`. Returns `(logp[N], lse[N])`, `lse` for the backward pass.
+    fn log_probs_forward<G: TensorGroup<f32>>(
+        &mut self,
+        logits: &Self::Act,
+        targets: &[u32],
+        v0: usize,
+        tp: &G,
+    ) -> Result<(Self::Stat, Self::Stat), EngineError>;
+    /// `dlogits[N,V] = dlogp[n] · (1[v = target_n] − softmax(logits)[n,v])`, into zeroed `dlogits`.
+    fn log_probs_backward(
+        &mut self,
+        dlogits: &mut Self::Act,
+        dlogp: &Self::Stat,
+        logits: &Self::Act,
+        lse: &Self::Stat,
+        targets: &[u32],
+        v0: usize,
+    ) -> Result<(), EngineError>;
+
+    /// `value[N] = x[N,C] · w[C]` (the value head), into zeroed `value`.
+    fn value_forward(
+        &mut self,
+        value: &mut Self::Stat,
+        x: &Self::Act,
+        w: View<Self::Params>,
+    ) -> Result<(), EngineError>;
+    /// `dx += dvalue · w`, `dw += Σ dvalue · x`.
+    fn value_backward(
+        &mut self,
+        dx: &mut Self::Act,
+        dw: GradView<Self::Grads>,
+        dvalue: &Self::Stat,
+        x: &Self::Act,
+        w: View<Self::Params>,
+    ) -> Result<(), EngineError>;
+
+    /// Runs `f` on `x` as host f32 values (a device copies them back first, widened).
+    fn read<T>(&mut self, x: &Self::Act, f: impl FnOnce(&[f32]) -> Result<T, EngineError>) -> Result<T, EngineError>;
+    /// Lets `f` rewrite `x` as host f32 values (a device copies them back, then over, rounded).
+    fn modify<T>(
+        &mut self,
+        x: &mut Self::Act,
+        f: impl FnOnce(&mut [f32]) -> Result<T, EngineError>,
+    ) -> Result<T, EngineError>;
+    /// Runs `f` on `src` as host values while it rewrites `dst` (a pipeline exchange).
+    fn read_modify<T>(
+        &mut self,
+        src: &Self::Act,
+        dst: &mut Self::Act,
+        f: impl FnOnce(&[f32], &mut [f32]) -> Result<T, EngineError>,
+    ) -> Result<T, EngineError>;
+    /// Runs `f` on statistics `x` as host values.
+    fn read_stats<T>(
+        &mut self,
+        x: &Self::Stat,
+        f: impl FnOnce(&[f32]) -> Result<T, EngineError>,
+    ) -> Result<T, EngineError>;
+    /// Runs `f` on `src` as host values while it rewrites `dst` (a loss and its gradient).
+    fn read_modify_stats<T>(
+        &mut self,
+        src: &Self::Stat,
+        dst: &mut Self::Stat,
+        f: impl FnOnce(&[f32], &mut [f32]) -> Result<T, EngineError>,
+    ) -> Result<T, EngineError>;
+    /// Lets `f` rewrite the gradients as host values (the data-parallel all-reduce, the norm).
+    fn modify_grads<T>(
+        &mut self,
+        g: &mut Self::Grads,
+        f: impl FnOnce(&mut [f32]) -> Result<T, EngineError>,
+    ) -> Result<T, EngineError>;
+
+    /// Bytes of one activation element (what a pipeline buffer of `n` elements is charged).
+    const ACT_BYTES: u64;
+    /// The current position in the rank's stack of charges (see [`Arena::mark`]).
+    fn mark(&self) -> Mark;
+    /// The charges made since `mark`.
+    fn since(&self, mark: Mark) -> MemoryBreakdown;
+    /// Releases `charges` (buffers the caller has dropped).
+    fn release(&mut self, charges: &MemoryBreakdown);
+
+    /// Element-wise sum over the tensor-parallel group, in place: Megatron's
+    /// `reduce_from_tensor_model_parallel_region` forward (a row-parallel layer's partial
+    /// outputs) and `copy_to_tensor_model_parallel_region` backward (a column-parallel layer's
+    /// partial input gradients); the other direction of each is the identity.
+    ///
+    /// Through the host here; a device's collectives take it over with the parallel device
+    /// engine.
+    fn tp_sum<G: TensorGroup<f32>>(&mut self, tp: &G, x: &mut Self::Act) -> Result<(), EngineError> {
+        if tp.is_single() {
+            return Ok(());
+        }
+        self.modify(x, |values| tp.sum(values))
+    }
 }
 
 /// Where [`Compute::kv_append`] writes: `b` sequences of `t` fresh rows `width` wide, into a

@@ -1,10 +1,10 @@
-//! The same blocks on the host f32 reference and on the emulated device (the kernels of
-//! `kernels/` under the grid emulator, the GEMMs in bf16 with f32 accumulation): outputs,
-//! input gradients and every weight gradient agree within bf16 tolerance.
+//! The same stage on the host f32 reference and on the emulated device (the kernels of
+//! `kernels/` under the grid emulator, the GEMMs in bf16 with f32 accumulation): the head's
+//! outputs and every weight's gradient agree within bf16 tolerance.
 
 use super::*;
 use crate::backend::emulated::Emulated;
-use crate::backend::gpu::{Device, DeviceBuffer};
+use crate::backend::gpu::{Device, DeviceArray};
 use crate::backend::grid::WarpWidth;
 use crate::emu::MemoryLedger;
 use crate::engine::arena::Arena;
@@ -13,18 +13,21 @@ use crate::engine::stage::{Rows, StageModel};
 use crate::engine::weights::StageWeights;
 use nereus_core::config::Dtype;
 use nereus_core::half::{bf16_to_f32, f32_to_bf16};
-use nereus_core::model::{Architecture, Catalogue, Layout, Position};
+use nereus_core::model::{Architecture, Catalogue, Layout, OutputHead, Position};
 use nereus_core::rng::Rng;
 
-/// Relative L2 error a bf16 pass may reach on activations and matrix gradients: every
-/// activation is rounded to 8 significant bits (relative error ≤ 2⁻⁹) at every layer, and two
-/// blocks' forward and backward passes compound some tens of such roundings. Measured over
-/// 144 cases (seeds 1–24, warp 32 and 64, three row shapes, padded or not): at most 0.030.
-const TOLERANCE: f64 = 0.05;
+/// Relative L2 error a bf16 pass may reach on outputs and matrix gradients: every activation is
+/// rounded to 8 significant bits (relative error ≤ 2⁻⁹) at every layer, and a two-block stage's
+/// forward and backward passes compound some tens of such roundings. Measured over 288 cases
+/// (seeds 1–24 × warp 32 and 64 × LM and value heads × three row shapes, padded or not): at
+/// most 0.046 (the query projection's gradient, through attention, RoPE and QK-norm).
+const TOLERANCE: f64 = 0.08;
 
-/// The same for RMSNorm weights' gradients, sums over every row whose terms largely cancel,
-/// so their relative error is amplified: at most 0.053 over the same cases.
-const NORM_TOLERANCE: f64 = 0.10;
+/// The same for the gradients of tensors replicated over TP (RMSNorm gains, the value head):
+/// sums over every row (and head) whose terms largely cancel, so their relative error is
+/// amplified: at most 0.143 over the same cases (QK-norm gains under a value head; every other
+/// gain at most 0.044).
+const SUM_TOLERANCE: f64 = 0.25;
 
 fn bf16_round(values: &[f32]) -> Vec<f32> {
     values.iter().map(|&v| bf16_to_f32(f32_to_bf16(v))).collect()
@@ -36,116 +39,116 @@ fn relative_error(got: &[f32], want: &[f32]) -> f64 {
     (diff / norm.max(f64::MIN_POSITIVE)).sqrt()
 }
 
+/// A one-stage Qwen3-shaped model (GQA 4/2, QK-norm) with bf16-exact parameters, tokens,
+/// targets and an output gradient.
 struct Case {
     model: StageModel,
     params: Vec<f32>,
-    x: Vec<f32>,
+    tokens: Vec<u32>,
+    targets: Vec<u32>,
     dout: Vec<f32>,
 }
 
-fn case(seed: u64, rows: Rows) -> Case {
-    let arch =
-        Architecture { hidden: 32, layers: 2, head_dim: 8, ffn: 48, ..crate::fixtures::tiny_architecture(Dtype::Bf16) };
-    let hidden = arch.hidden as usize;
+fn case(seed: u64, rows: Rows, head: OutputHead) -> Case {
+    let base = crate::fixtures::tiny_architecture(Dtype::Bf16);
+    let arch = Architecture { hidden: 32, layers: 2, head_dim: 8, ffn: 48, head, ..base };
+    let vocab = arch.vocab as usize;
     let catalogue = Catalogue::new(arch);
     let (layout, position) = (Layout::new(1, 1), Position { tp: 0, pp: 0 });
     let table = catalogue.shard(layout, position);
     let weights = StageWeights::new(&catalogue, layout, position, &table).unwrap();
     let mut rng = Rng::new(seed);
-    let mut draw = |n: usize, scale: f64| -> Vec<f32> {
-        bf16_round(
-            &(0..n)
-                .map(|_| (((rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) * scale) as f32)
-                .collect::<Vec<_>>(),
-        )
-    };
-    let mut params = draw(weights.elements, 0.3);
-    // Norm weights near one, as trained models have them.
+    let mut uniform = || ((rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) as f32;
+    let mut params: Vec<f32> = bf16_round(&(0..weights.elements).map(|_| 0.3 * uniform()).collect::<Vec<_>>());
+    let n = rows.b * rows.t;
+    let dout = (0..n).map(|_| uniform()).collect();
+    let tokens: Vec<u32> = (0..2 * n).map(|_| rng.below(vocab) as u32).collect();
+    let (tokens, targets) = (tokens[..n].to_vec(), tokens[n..].to_vec());
+    // Norm gains near one, as trained models have them.
     for bw in &weights.blocks {
         let norms = [Some(&bw.attn_norm), Some(&bw.mlp_norm), bw.q_norm.as_ref(), bw.k_norm.as_ref()];
         for r in norms.into_iter().flatten() {
             params[r.clone()].iter_mut().for_each(|w| *w = bf16_to_f32(f32_to_bf16(1.0 + *w)));
         }
     }
-    let n = rows.b * rows.t * hidden;
-    let (x, dout) = (draw(n, 1.0), draw(n, 1.0));
-    Case { model: StageModel::new(&catalogue, weights, 32), params, x, dout }
+    Case { model: StageModel::new(&catalogue, weights, 32), params, tokens, targets, dout }
 }
 
-/// `(out, dx, grads)` of the stage's blocks on the host, in f32.
-fn on_host(c: &Case, rows: Rows) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+/// `(outputs, gradients)` of the stage on `c`: embedding, blocks and head forward, then backward
+/// from the case's output gradient.
+fn run_stage<C: Compute>(c: &mut C, case: &Case, p: &C::Params, grads: &mut C::Grads, rows: Rows) -> C::Stat {
+    let m = &case.model;
+    let x = m.embed_on(c, p, &case.tokens, &Local).unwrap();
+    let (x, acts) = m.blocks_forward_on(c, p, x, rows, None, &Local).unwrap();
+    let (out, head) = m.head_forward_on(c, p, x, case.targets.clone(), &Local).unwrap();
+    let mut dout = c.stats(MemoryItem::ActivationGradients, case.dout.len()).unwrap();
+    let fill = |_: &[f32], d: &mut [f32]| {
+        d.copy_from_slice(&case.dout);
+        Ok(())
+    };
+    c.read_modify_stats(&out, &mut dout, fill).unwrap();
+    let dx = m.head_backward_on(c, p, grads, &head, &dout, &Local).unwrap();
+    let dx = m.blocks_backward_on(c, p, grads, &acts, dx, rows, &Local).unwrap();
+    m.embed_backward_on(c, grads, &dx, &case.tokens).unwrap();
+    out
+}
+
+fn on_host(case: &Case, rows: Rows) -> (Vec<f32>, Vec<f32>) {
     let mut ledger = MemoryLedger::new(0, 1 << 30);
     let mut arena = Arena::new(&mut ledger);
-    let (out, acts) = c.model.blocks_forward(&c.params, c.x.clone(), rows, None, &Local, &mut arena).unwrap();
-    let mut grads = vec![0f32; c.params.len()];
-    let dx = c.model.blocks_backward(&c.params, &mut grads, &acts, c.dout.clone(), rows, &Local, &mut arena).unwrap();
-    (out, dx, grads)
+    let mut grads = vec![0f32; case.params.len()];
+    let out = run_stage(&mut Host::new(&mut arena, case.model.rope()), case, &case.params[..], &mut grads[..], rows);
+    (out, grads)
 }
 
-/// The same on the emulated device at `warp`, read back widened.
-fn on_device(c: &Case, rows: Rows, warp: WarpWidth) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+fn on_device(case: &Case, rows: Rows, warp: WarpWidth) -> (Vec<f32>, Vec<f32>) {
     let device = Device::new(Emulated::new(0, 1 << 30).with_warp(warp)).unwrap();
     let mut ledger = MemoryLedger::new(0, 1 << 30);
     let mut arena = Arena::new(&mut ledger);
-    let mut compute = OnDevice::new(&device, &mut arena, c.model.rope()).unwrap();
-    let narrow = |v: &[f32]| v.iter().map(|&x| f32_to_bf16(x)).collect::<Vec<u16>>();
-    let params = DeviceBuffer::from(&device, &narrow(&c.params)).unwrap();
-    let x = DeviceBuffer::from(&device, &narrow(&c.x)).unwrap();
-    let (out, acts) = c.model.blocks_forward_on(&mut compute, &params, x, rows, None, &Local).unwrap();
-    let mut grads = DeviceBuffer::zeros(&device, c.params.len()).unwrap();
-    let dout = DeviceBuffer::from(&device, &narrow(&c.dout)).unwrap();
-    let dx = c.model.blocks_backward_on(&mut compute, &params, &mut grads, &acts, dout, rows, &Local).unwrap();
-    let wide = |b: &DeviceBuffer<'_, Emulated, u16>| b.read().unwrap().into_iter().map(bf16_to_f32).collect();
-    (wide(&out), wide(&dx), grads.read().unwrap())
+    let mut compute = OnDevice::new(&device, &mut arena, case.model.rope()).unwrap();
+    let narrow: Vec<u16> = case.params.iter().map(|&x| f32_to_bf16(x)).collect();
+    let params = DeviceArray::from(&device, &narrow).unwrap();
+    let grads = DeviceArray::zeros(&device, case.params.len()).unwrap();
+    let out = run_stage(&mut compute, case, &params.view(), &mut grads.view(), rows);
+    (out.read().unwrap(), grads.read().unwrap())
 }
 
 /// The tensors whose relative error of the device against the host passes their tolerance
-/// (outputs, input gradient, each weight's gradient), with the error.
-fn failures(seed: u64, rows: Rows, warp: WarpWidth) -> Vec<(String, f64)> {
-    let c = case(seed, rows);
+/// (the head's outputs, each weight's gradient), with the error.
+fn failures(seed: u64, rows: Rows, warp: WarpWidth, head: OutputHead) -> Vec<(String, f64)> {
+    let c = case(seed, rows, head);
     let (host, device) = (on_host(&c, rows), on_device(&c, rows, warp));
-    let mut errors = vec![("out".to_string(), relative_error(&device.0, &host.0), TOLERANCE)];
-    errors.push(("dx".to_string(), relative_error(&device.1, &host.1), TOLERANCE));
-    for (i, bw) in c.model.weights.blocks.iter().enumerate() {
-        let named = [("q", &bw.q), ("k", &bw.k), ("v", &bw.v), ("o", &bw.o), ("gate", &bw.gate), ("up", &bw.up)];
-        let more = [("down", &bw.down), ("attn_norm", &bw.attn_norm), ("mlp_norm", &bw.mlp_norm)];
-        let norms = [("q_norm", bw.q_norm.as_ref()), ("k_norm", bw.k_norm.as_ref())];
-        let all = named.into_iter().chain(more).chain(norms.into_iter().filter_map(|(n, r)| r.map(|r| (n, r))));
-        for (name, r) in all {
-            let tolerance = if name.ends_with("norm") { NORM_TOLERANCE } else { TOLERANCE };
-            errors.push((
-                format!("block {i} d{name}"),
-                relative_error(&device.2[r.clone()], &host.2[r.clone()]),
-                tolerance,
-            ));
-        }
+    let mut errors = vec![("outputs".to_string(), relative_error(&device.0, &host.0), TOLERANCE)];
+    for (range, replicated) in &c.model.weights.tensors {
+        let error = relative_error(&device.1[range.clone()], &host.1[range.clone()]);
+        errors.push((format!("gradient {range:?}"), error, if *replicated { SUM_TOLERANCE } else { TOLERANCE }));
     }
     errors.into_iter().filter(|e| e.1 > e.2).map(|e| (e.0, e.1)).collect()
 }
 
 #[test]
-fn blocks_on_the_emulated_device_match_the_host_reference() {
+fn a_stage_on_the_emulated_device_matches_the_host_reference() {
     for (seed, warp) in [(1, WarpWidth::W32), (2, WarpWidth::W64)] {
         let rows = Rows { b: 2, t: 7, pos0: 0, starts: &[] };
-        let off = failures(seed, rows, warp);
+        let off = failures(seed, rows, warp, OutputHead::Lm);
         assert!(off.is_empty(), "seed {seed}, warp {warp:?}: off by (relative L2) {off:?}");
     }
 }
 
 #[test]
-fn left_padded_blocks_on_the_emulated_device_match_the_host_reference() {
+fn a_left_padded_value_model_on_the_emulated_device_matches_the_host_reference() {
     let rows = Rows { b: 2, t: 6, pos0: 0, starts: &[0, 3] };
-    let off = failures(3, rows, WarpWidth::W64);
+    let off = failures(3, rows, WarpWidth::W64, OutputHead::Value);
     assert!(off.is_empty(), "off by (relative L2) {off:?}");
 }
 
 /// The tolerance is tight enough to catch a wrong layer: a device pass that ignored the padding
-/// mask is far outside it.
+/// mask is far outside it (its gradients off by 0.58 or more over seeds 1–24).
 #[test]
 fn the_parity_tolerance_catches_a_missing_mask() {
     let padded = Rows { b: 2, t: 6, pos0: 0, starts: &[0, 3] };
-    let c = case(4, padded);
+    let c = case(4, padded, OutputHead::Lm);
     let (host, device) = (on_host(&c, padded), on_device(&c, Rows { starts: &[], ..padded }, WarpWidth::W32));
-    let error = relative_error(&device.0, &host.0);
-    assert!(error > 10.0 * TOLERANCE, "{error}");
+    let error = relative_error(&device.1, &host.1);
+    assert!(error > 3.0 * TOLERANCE, "{error}");
 }
