@@ -109,7 +109,7 @@ mod tests {
     use super::*;
     use crate::backend::emulated::Emulated;
     use crate::backend::gpu::Device;
-    use crate::comm::testing::{LoopbackPlane, Mailbox};
+    use crate::comm::testing::{run_ranks, LoopbackPlane, Mailbox};
     use crate::emu::{Counters, EmuId, ShardMemory};
     use crate::engine::{bf16_sections, init_shard, train_step};
     use nereus_core::half::f32_to_bf16;
@@ -119,6 +119,7 @@ mod tests {
     const SEQUENCES: usize = 4;
     const SEQ_LEN: usize = 8;
     const STEPS: usize = 8;
+    const PARALLEL_STEPS: usize = 3;
 
     /// Mean next-token cross-entropy over every position that has a next token.
     struct NextToken;
@@ -149,13 +150,19 @@ mod tests {
             .collect()
     }
 
-    fn create<M: ShardMemory>(plane: &mut LoopbackPlane, set: &mut EmuSet<M>) -> EmuId {
+    /// The `dp` replicas of the actor in `layout`, replica `r` on ranks `r·size..(r+1)·size`.
+    fn create<M: ShardMemory>(plane: &mut LoopbackPlane, set: &mut EmuSet<M>, layout: Layout, dp: i32) -> Vec<EmuId> {
         let stage = ModelStage { role: Role::Actor, stage: Stage::Training };
         let counters = Counters { seed: 5, ..Counters::default() };
-        set.create(plane, stage, Layout::new(1, 1), &[0], counters, |shard, cat| {
-            init_shard(shard, cat, 5).map_err(|e| e.to_string())
-        })
-        .unwrap()
+        let size = layout.size() as i32;
+        (0..dp)
+            .map(|r| {
+                let ranks: Vec<i32> = (r * size..(r + 1) * size).collect();
+                let fill =
+                    |shard: &mut LocalShard, cat: &Catalogue| init_shard(shard, cat, 5).map_err(|e| e.to_string());
+                set.create(plane, stage, layout, &ranks, counters, fill).unwrap()
+            })
+            .collect()
     }
 
     const OPT: AdamW = AdamW { lr: 1e-2, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, max_grad_norm: 1.0 };
@@ -163,7 +170,7 @@ mod tests {
     fn host_losses(tokens: &[u32]) -> Vec<f64> {
         let mut plane = LoopbackPlane::new(0, Arc::new(Mailbox::default()));
         let mut set = EmuSet::new(0, 1, 1 << 30, catalogues(Dtype::F32));
-        let id = create(&mut plane, &mut set);
+        let id = create(&mut plane, &mut set, Layout::new(1, 1), 1)[0];
         let replica = Replica::new(&mut plane, &set, id, SEQ_LEN).unwrap();
         let batch = Batch { tokens, seq_len: SEQ_LEN, starts: &[] };
         (0..STEPS).map(|_| train_step(&plane, &mut set, &replica, &batch, 2, &NextToken, &OPT).unwrap().loss).collect()
@@ -180,7 +187,7 @@ mod tests {
         let device = Rc::new(Device::new(Emulated::new(0, 1 << 30)).unwrap());
         let memory = DeviceMemory::new(device);
         let mut set = EmuSet::in_memory(0, 1, 1 << 30, catalogues(Dtype::Bf16), memory);
-        let id = create(&mut plane, &mut set);
+        let id = create(&mut plane, &mut set, Layout::new(1, 1), 1)[0];
         let replica = Replica::new(&mut plane, &set, id, SEQ_LEN).unwrap();
         let batch = Batch { tokens: &tokens, seq_len: SEQ_LEN, starts: &[] };
         let mut losses = Vec::new();
@@ -190,8 +197,9 @@ mod tests {
             losses.push(report.loss);
         }
         assert!(losses[STEPS - 1] < 0.8 * losses[0], "the device engine does not learn: {losses:?}");
+        // Measured: at most 0.38% apart over the 8 steps.
         for (step, (d, h)) in losses.iter().zip(&host).enumerate() {
-            assert!((d - h).abs() <= 0.02 * h, "step {step}: device loss {d}, host {h}");
+            assert!((d - h).abs() <= 0.01 * h, "step {step}: device loss {d}, host {h}");
         }
         assert_eq!(set.emu(id).unwrap().counters.updates, STEPS as u64);
         let shard = set.store().get(id).unwrap();
@@ -202,5 +210,36 @@ mod tests {
         let (params, state) = bf16_sections(&mut host_view).unwrap();
         let (_, _, master) = state.unwrap();
         assert!(params.iter().zip(master.iter()).all(|(&p, &m)| p == f32_to_bf16(m)));
+    }
+
+    /// Tensor, pipeline and data parallelism run the same code on the device: every layout of
+    /// four ranks (and two) trains the bf16 actor along the host f32 engine's loss curve.
+    #[test]
+    fn parallel_layouts_train_on_the_emulated_device_as_on_the_host() {
+        let tokens = tokens();
+        let host = host_losses(&tokens);
+        for (tp, pp, dp) in [(2, 1, 1), (1, 2, 1), (1, 1, 2), (2, 2, 1), (1, 2, 2)] {
+            let world = tp * pp * dp;
+            let losses = run_ranks(world, |rank, mail| {
+                let mut plane = LoopbackPlane::new(rank, mail);
+                let device = Rc::new(Device::new(Emulated::new(rank as u32, 1 << 30)).unwrap());
+                let memory = DeviceMemory::new(device);
+                let mut set = EmuSet::in_memory(rank, world, 1 << 30, catalogues(Dtype::Bf16), memory);
+                let ids = create(&mut plane, &mut set, Layout::new(tp as u32, pp as u32), dp);
+                let id = *ids.iter().find(|&&id| set.emu(id).unwrap().ranks.contains(&rank)).unwrap();
+                let replica = Replica::new(&mut plane, &set, id, SEQ_LEN).unwrap();
+                let batch = Batch { tokens: &tokens, seq_len: SEQ_LEN, starts: &[] };
+                let step =
+                    |set: &mut EmuSet<_>| train_step_on_device(&plane, set, &replica, &batch, 1, &NextToken, &OPT);
+                (0..PARALLEL_STEPS).map(|_| step(&mut set).unwrap().loss).collect::<Vec<_>>()
+            });
+            for (rank, curve) in losses.iter().enumerate() {
+                for (step, (d, h)) in curve.iter().zip(&host).enumerate() {
+                    let layout = (tp, pp, dp);
+                    // Measured: at most 0.05% apart; a device TP sum left out is 2.4% off at step 1.
+                    assert!((d - h).abs() <= 0.005 * h, "{layout:?} rank {rank} step {step}: device {d}, host {h}");
+                }
+            }
+        }
     }
 }
