@@ -107,7 +107,8 @@ pub fn generation(s: &LocalShape, b: u64, p: u64, r: u64) -> MemoryBreakdown {
         x.add(input, 4 * b * t * c);
         x.add(MemoryItem::Activations, 4 * blocks * block_forward(s, b, t, tk));
         if s.last {
-            x.add(MemoryItem::Activations, 4 * (b * c + b));
+            // Each sequence's last row, the final norm's output and its 1/rms.
+            x.add(MemoryItem::Activations, 4 * (2 * b * c + b));
             x.add(MemoryItem::Logits, 4 * b * (s.vocab + s.vocab_total) as u64);
         }
         x

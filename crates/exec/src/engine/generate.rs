@@ -11,9 +11,11 @@ use serde::{Deserialize, Serialize};
 use crate::comm::DataPlane;
 
 use super::arena::Arena;
+use super::compute::{Compute, Host, RowCopy};
 use super::init::uniform;
 use super::stage::{KvCache, Rows};
 use super::{EngineError, Replica};
+use nereus_core::cost::MemoryItem;
 
 /// How responses are sampled.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -109,9 +111,7 @@ pub fn sample_token(logits: &[f32], s: &Sampling, u: f64) -> u32 {
 }
 
 impl Replica {
-    /// Generates responses to `prompts[B, P]` (sequence ids `ids` seed the draws; `starts[i]`
-    /// is where sequence `i`'s left-padded prompt begins, empty when none is padded). Every rank
-    /// of the EMU calls it and returns the same tokens.
+    /// Generates responses to `prompts[B, P]` on the host (see [`Replica::generate_on`]).
     #[allow(clippy::too_many_arguments)]
     pub fn generate<P: DataPlane>(
         &self,
@@ -122,6 +122,23 @@ impl Replica {
         ids: &[u64],
         s: &Sampling,
         arena: &mut Arena,
+    ) -> Result<Generated, EngineError> {
+        self.generate_on(&mut Host::new(arena, self.model.rope()), plane, params, prompts, starts, ids, s)
+    }
+
+    /// Generates responses to `prompts[B, P]` (sequence ids `ids` seed the draws; `starts[i]`
+    /// is where sequence `i`'s left-padded prompt begins, empty when none is padded). Every rank
+    /// of the EMU calls it and returns the same tokens.
+    #[allow(clippy::too_many_arguments)]
+    pub fn generate_on<C: Compute, P: DataPlane>(
+        &self,
+        c: &mut C,
+        plane: &P,
+        params: &C::Params,
+        prompts: &[u32],
+        starts: &[usize],
+        ids: &[u64],
+        s: &Sampling,
     ) -> Result<Generated, EngineError> {
         let (b, r) = (ids.len(), s.max_new_tokens);
         let p = prompts.len() / b.max(1);
@@ -135,8 +152,8 @@ impl Replica {
             });
         }
         let tp = self.groups.tp_group(plane);
-        let c = self.model.dims().c;
-        let mut cache = KvCache::new(&self.model, b, t_cap, arena)?;
+        let width = self.model.dims().c;
+        let mut cache = KvCache::on(c, &self.model, b, t_cap)?;
         let mut tokens = vec![s.eos; b * t_cap];
         for (row, prompt) in tokens.chunks_exact_mut(t_cap).zip(prompts.chunks_exact(p)) {
             row[..p].copy_from_slice(prompt);
@@ -147,29 +164,29 @@ impl Replica {
         let outside = super::timers::set_decoding(false);
         for step in 0..r {
             super::timers::set_decoding(step > 0);
-            let mark = arena.mark();
-            let x = match self.recv_input(plane, b * rows.t, arena)? {
+            let mark = c.mark();
+            let x = match self.recv_input_on(c, plane, b * rows.t)? {
                 Some(x) => x,
-                None => self.model.embed(params, &input, &tp, arena)?,
+                None => self.model.embed_on(c, params, &input, &tp)?,
             };
-            let (x, _) = self.model.blocks_forward(params, x, rows, Some(&mut cache), &tp, arena)?;
+            let (x, _) = self.model.blocks_forward_on(c, params, x, rows, Some(&mut cache), &tp)?;
             let mut next = vec![s.eos; b];
             if self.model.weights.is_last() {
-                let last: Vec<f32> =
-                    (0..b).flat_map(|i| x[((i + 1) * rows.t - 1) * c..(i + 1) * rows.t * c].to_vec()).collect();
-                let logits = self.model.full_logits(params, &last, &tp, arena)?;
-                let vocab = logits.len() / b;
+                let mut last = c.zeros(MemoryItem::Activations, b * width)?;
+                let (t, src_offset) = (rows.t * width, (rows.t - 1) * width);
+                let copy = RowCopy { src_offset, src_pitch: t, dst_offset: 0, dst_pitch: width, width, rows: b };
+                c.copy_rows(&mut last, &x, copy)?;
+                let logits = self.model.full_logits_on(c, params, &last, b, &tp)?;
+                let u: Vec<f64> = (0..b).map(|i| uniform(s.seed, ids[i], (p + step) as u64)).collect();
+                let drawn = c.sample(&logits, s, &u)?;
                 for i in (0..b).filter(|&i| !done[i]) {
-                    next[i] = sample_token(
-                        &logits[i * vocab..(i + 1) * vocab],
-                        s,
-                        uniform(s.seed, ids[i], (p + step) as u64),
-                    );
+                    next[i] = drawn[i];
                 }
             } else {
-                self.groups.send_next(plane, &x)?;
+                c.read(&x, |x| self.groups.send_next(plane, x))?;
             }
-            arena.release_to(mark);
+            let since = c.since(mark);
+            c.release(&since);
             self.groups.broadcast_from_last(plane, bytemuck::cast_slice_mut(&mut next))?;
             for i in 0..b {
                 if done[i] {

@@ -22,7 +22,7 @@ pub mod train;
 pub mod weights;
 
 pub use arena::Arena;
-pub use device_train::train_step_on_device;
+pub use device_train::{train_step_on_device, with_device_params};
 pub use generate::{sample_token, Generated, Sampling, StopIds};
 pub use init::{init_piece, init_shard};
 pub use optimizer::AdamW;

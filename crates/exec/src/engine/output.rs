@@ -2,7 +2,7 @@
 //! vocabulary-parallel) or one scalar per position (value head).
 
 use super::arena::Arena;
-use super::compute::{Compute, Host};
+use super::compute::{Compute, Host, RowCopy};
 use super::ops::*;
 use super::stage::StageModel;
 use super::EngineError;
@@ -132,29 +132,36 @@ impl StageModel {
         Ok(dx)
     }
 
-    /// Last stage, generation: the whole vocabulary's logits `[N, vocab]` of rows `x[N,C]`
+    /// Last stage, generation: the whole vocabulary's logits `[B, vocab]` of the rows `x[B,C]`
     /// (each TP rank fills its columns and one sum over the group completes every row).
-    pub fn full_logits<G: TensorGroup<f32>>(
+    pub fn full_logits_on<C: Compute, G: TensorGroup<f32>>(
         &self,
-        p: &[f32],
-        x: &[f32],
+        c: &mut C,
+        p: &C::Params,
+        x: &C::Act,
+        b: usize,
         tp: &G,
-        arena: &mut Arena,
-    ) -> Result<Vec<f32>, EngineError> {
-        let (d, n) = (self.dims(), x.len() / self.dims().c);
-        let (xf, _) = self.final_norm(&mut Host::new(arena, self.rope()), p, &x.to_vec(), n)?;
-        let w = &p[self
+    ) -> Result<C::Act, EngineError> {
+        let d = self.dims();
+        let (xf, _) = self.final_norm(c, p, x, b)?;
+        let w = self
             .weights
             .lm_head
-            .clone()
-            .ok_or_else(|| EngineError::Shape { what: "sampling from a model without an LM head".into() })?];
-        let mut local = arena.zeros(MemoryItem::Logits, n * d.vocab)?;
-        linear_forward(&mut local, &xf, w, n, d.c, d.vocab);
-        let mut full = arena.zeros(MemoryItem::Logits, n * d.vocab_total)?;
-        for (row, src) in full.chunks_exact_mut(d.vocab_total).zip(local.chunks_exact(d.vocab)) {
-            row[d.v0..d.v0 + d.vocab].copy_from_slice(src);
-        }
-        tp.sum(&mut full)?;
+            .as_ref()
+            .ok_or_else(|| EngineError::Shape { what: "sampling from a model without an LM head".into() })?;
+        let mut local = c.zeros(MemoryItem::Logits, b * d.vocab)?;
+        c.linear_forward(&mut local, &xf, (p, w), b, d.c, d.vocab)?;
+        let mut full = c.zeros(MemoryItem::Logits, b * d.vocab_total)?;
+        let columns = RowCopy {
+            src_offset: 0,
+            src_pitch: d.vocab,
+            dst_offset: d.v0,
+            dst_pitch: d.vocab_total,
+            width: d.vocab,
+            rows: b,
+        };
+        c.copy_rows(&mut full, &local, columns)?;
+        c.tp_sum(tp, &mut full)?;
         Ok(full)
     }
 }

@@ -156,18 +156,8 @@ impl Replica {
     }
 
     /// The previous stage's activations for `rows` token rows (`None` on the first stage, which
-    /// embeds), on the host.
-    pub(super) fn recv_input<P: DataPlane>(
-        &self,
-        plane: &P,
-        rows: usize,
-        arena: &mut Arena,
-    ) -> Result<Option<Vec<f32>>, EngineError> {
-        self.recv_input_on(&mut Host::new(arena, self.model.rope()), plane, rows)
-    }
-
-    /// [`Replica::recv_input`] on any [`Compute`].
-    fn recv_input_on<C: Compute, P: DataPlane>(
+    /// embeds).
+    pub(super) fn recv_input_on<C: Compute, P: DataPlane>(
         &self,
         c: &mut C,
         plane: &P,

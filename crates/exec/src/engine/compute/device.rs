@@ -3,11 +3,13 @@
 //! the vendor GEMMs ([`crate::backend::blas`]). Every launch is enqueued on the device's current
 //! stream; the host waits only where it reads bytes back (the tensor-parallel sum, for now).
 
-use super::{Compute, GradView, KvRows, View};
+use super::{Compute, GradView, KvRows, RowCopy, View};
 use crate::backend::blas::{Gemm, GemmOut};
 use crate::backend::gpu::{Device, DeviceArray, DevicePtr, DeviceView, GpuRuntime};
+use crate::backend::kernels::RectCopy;
 use crate::backend::sources::{AdamTensor, KernelArg, KernelArgs, Launch, ATTENTION_BLOCK};
 use crate::engine::arena::{Arena, Mark};
+use crate::engine::generate::Sampling;
 use crate::engine::ops::{AttentionShape, Rope, TensorGroup};
 use crate::engine::real::Op;
 use crate::engine::{AdamW, EngineError};
@@ -427,6 +429,37 @@ impl<'d, R: GpuRuntime> Compute for OnDevice<'d, '_, '_, R> {
         self.add(dx, &part)?;
         let g = Gemm { m: 1, k: n, n: c, op_a: Op::T, op_b: Op::N, out: GemmOut::F32 { accumulate: true } };
         self.gemm(g, narrow.ptr(), x.ptr(), grads.at(range.start))
+    }
+
+    fn copy_rows(&mut self, dst: &mut Self::Act, src: &Self::Act, c: RowCopy) -> Result<(), EngineError> {
+        let copy = RectCopy {
+            src_offset: 2 * c.src_offset as u64,
+            src_pitch: 2 * c.src_pitch as u64,
+            dst_offset: 2 * c.dst_offset as u64,
+            dst_pitch: 2 * c.dst_pitch as u64,
+            row_bytes: 2 * c.width as u64,
+            rows: c.rows as u64,
+        };
+        // SAFETY: the engine's copies stay inside both buffers (their shapes come from the same
+        // dims that sized them); `dst` and `src` are distinct buffers.
+        unsafe { self.device.copy_rects(src.ptr(), dst.ptr(), &[copy])? };
+        Ok(())
+    }
+
+    fn sample(&mut self, logits: &Self::Act, s: &Sampling, u: &[f64]) -> Result<Vec<u32>, EngineError> {
+        let rows = u.len();
+        // The sampler reads f32 logits (its bisection runs over float bit patterns).
+        let wide = self.f32_zeros(MemoryItem::Logits, logits.len())?;
+        let cast = vec![ptr(wide.ptr()), ptr(logits.ptr()), len(logits.len())];
+        self.elementwise("nereus_cast_bf16_to_f32", logits.len(), cast)?;
+        let draws: Vec<f32> = u.iter().map(|&u| u as f32).collect();
+        let (draws, tokens) =
+            (DeviceArray::from(self.device, &draws)?, DeviceArray::<R, i32>::zeros(self.device, rows)?);
+        let mut args =
+            vec![ptr(tokens.ptr()), ptr(wide.ptr()), ptr(draws.ptr()), len(rows), len(logits.len() / rows.max(1))];
+        args.extend([KernelArg::F32(s.temperature), KernelArg::F32(s.top_p), KernelArg::I32(i32::from(s.greedy))]);
+        self.rows("nereus_sample", rows, args)?;
+        Ok(tokens.read()?.into_iter().map(|t| t as u32).collect())
     }
 
     fn read<T>(&mut self, x: &Self::Act, f: impl FnOnce(&[f32]) -> Result<T, EngineError>) -> Result<T, EngineError> {

@@ -1,7 +1,8 @@
 //! The host f32 reference: each layer is the `ops/` function of the same name.
 
-use super::{Compute, GradView, KvRows, View};
+use super::{Compute, GradView, KvRows, RowCopy, View};
 use crate::engine::arena::{Arena, Mark};
+use crate::engine::generate::{sample_token, Sampling};
 use crate::engine::ops::*;
 use crate::engine::EngineError;
 use nereus_core::cost::{MemoryBreakdown, MemoryItem};
@@ -161,12 +162,29 @@ impl Compute for Host<'_, '_> {
     }
 
     fn kv_append(&mut self, cache: &mut Vec<f32>, fresh: &Vec<f32>, r: KvRows) -> Result<(), EngineError> {
-        let row = r.t * r.width;
-        for b in 0..r.b {
-            let dst = (b * r.t_cap + r.pos0) * r.width;
-            cache[dst..dst + row].copy_from_slice(&fresh[b * row..(b + 1) * row]);
+        let run = r.t * r.width;
+        let copy = RowCopy {
+            src_offset: 0,
+            src_pitch: run,
+            dst_offset: r.pos0 * r.width,
+            dst_pitch: r.t_cap * r.width,
+            width: run,
+            rows: r.b,
+        };
+        self.copy_rows(cache, fresh, copy)
+    }
+
+    fn copy_rows(&mut self, dst: &mut Vec<f32>, src: &Vec<f32>, c: RowCopy) -> Result<(), EngineError> {
+        for i in 0..c.rows {
+            let (from, to) = (c.src_offset + i * c.src_pitch, c.dst_offset + i * c.dst_pitch);
+            dst[to..to + c.width].copy_from_slice(&src[from..from + c.width]);
         }
         Ok(())
+    }
+
+    fn sample(&mut self, logits: &Vec<f32>, s: &Sampling, u: &[f64]) -> Result<Vec<u32>, EngineError> {
+        let vocab = logits.len() / u.len().max(1);
+        Ok(logits.chunks_exact(vocab).zip(u).map(|(row, &u)| sample_token(row, s, u)).collect())
     }
 
     fn embedding_forward(

@@ -18,6 +18,7 @@ pub use host::Host;
 use std::ops::Range;
 
 use super::arena::Mark;
+use super::generate::Sampling;
 use super::ops::{AttentionShape, TensorGroup};
 use super::EngineError;
 use nereus_core::cost::{MemoryBreakdown, MemoryItem};
@@ -205,6 +206,14 @@ pub trait Compute {
         w: View<Self::Params>,
     ) -> Result<(), EngineError>;
 
+    /// Copies `copy.rows` runs of `copy.width` elements from `src` into `dst` (strided rows:
+    /// the last position of each sequence, a TP shard's columns of a full row).
+    fn copy_rows(&mut self, dst: &mut Self::Act, src: &Self::Act, copy: RowCopy) -> Result<(), EngineError>;
+
+    /// One token per row of `logits[rows, V]` (the whole vocabulary), drawn as
+    /// [`crate::engine::sample_token`] draws it with the uniforms `u[rows]`.
+    fn sample(&mut self, logits: &Self::Act, s: &Sampling, u: &[f64]) -> Result<Vec<u32>, EngineError>;
+
     /// Runs `f` on `x` as host f32 values (a device copies them back first, widened).
     fn read<T>(&mut self, x: &Self::Act, f: impl FnOnce(&[f32]) -> Result<T, EngineError>) -> Result<T, EngineError>;
     /// Lets `f` rewrite `x` as host f32 values (a device copies them back, then over, rounded).
@@ -262,6 +271,24 @@ pub trait Compute {
         }
         self.modify(x, |values| tp.sum(values))
     }
+}
+
+/// A strided copy between activation buffers, in elements: `rows` runs of `width`, the `i`-th
+/// from `src_offset + i·src_pitch` to `dst_offset + i·dst_pitch`.
+#[derive(Debug, Clone, Copy)]
+pub struct RowCopy {
+    /// First source element.
+    pub src_offset: usize,
+    /// Elements between source runs.
+    pub src_pitch: usize,
+    /// First target element.
+    pub dst_offset: usize,
+    /// Elements between target runs.
+    pub dst_pitch: usize,
+    /// Elements per run.
+    pub width: usize,
+    /// Runs.
+    pub rows: usize,
 }
 
 /// Where [`Compute::kv_append`] writes: `b` sequences of `t` fresh rows `width` wide, into a
