@@ -12,7 +12,10 @@
 #   5. runs `selftest kernels --device cuda` (issue 30) for seeds 1-3: every engine kernel
 #      (kernels/*.cu, NVRTC for this GPU's sm) and the cuBLAS GEMM on the same seeded shapes and
 #      inputs the grid emulator runs in CI, each within its stated tolerance of the f64 reference
-#      (the emulator's results for these seeds are what CI checked; the reference is the golden).
+#      (the emulator's results for these seeds are what CI checked; the reference is the golden);
+#   6. runs `selftest engine --device cuda`, one rank per GPU: every (tp, pp, dp) layout that fits
+#      trains one bf16 step of the parity LM and value model on the GPU(s) (kernels, cuBLAS, the
+#      device shard store, the fused AdamW) against the host f32 engine's (1, 1, 1).
 # Outputs (JSON, tables, logs) go to OUT_DIR; the exit status is 0 only if every check holds.
 #
 #   bash scripts/gpu-check.sh [OUT_DIR]        # default runs/gpu-check
@@ -118,4 +121,6 @@ for path in sys.argv[1:]:
     worst = max(r["worst"] for r in s["runs"])
     print(f"{path}: {s['device']}: {len(s['runs'])} checks, worst {worst:.3f} of the tolerance, {len(s['failures'])} failures")
 PY
+echo "== 6. selftest engine --device cuda on $gpus rank(s) (the bf16 engine against the host f32 engine)"
+run "$gpus" selftest engine --device cuda | tee "$out/selftest-engine.json"
 echo "gpu-check: every check held; outputs in $out"

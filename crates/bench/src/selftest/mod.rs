@@ -22,13 +22,23 @@ pub enum SelftestCommand {
     /// Random plan pairs executed as global transition DAGs; checks targets and digests.
     Transitions(RandomCases),
     /// Every (tp, pp, dp) with degrees in {1, 2, 4} that fits the world trains one step of a
-    /// tiny LM and value model; parameters and gradients must match (1, 1, 1) within 1e-5.
-    Engine,
+    /// tiny LM and value model; parameters and gradients must match (1, 1, 1) within 1e-5, or,
+    /// with `--device`, the host's f32 (1, 1, 1) within bf16 tolerance.
+    Engine(EngineArgs),
     /// Random Split/Merge/Extend/Destroy sequences; checks digests, bytes and refusals.
     Primitives(RandomCases),
     /// Every device engine kernel on seeded random shapes against f64 references (the grid
     /// emulator at warp 32 and 64 by default; `--device cuda|rocm` on this rank's GPU).
     Kernels(KernelCases),
+}
+
+/// Where the engine parity runs.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EngineArgs {
+    /// Run every layout in bf16 on this rank's device (`emulated`: the grid emulator; `cuda`,
+    /// `rocm`) against the host f32 engine; default: the host engine against itself.
+    #[arg(long, value_name = "KIND")]
+    pub device: Option<nereus_core::config::DeviceChoice>,
 }
 
 /// Which device the kernel self-test runs on, and its seed.
@@ -60,7 +70,7 @@ pub fn run(session: &mut Session, command: &SelftestCommand) -> Result<(), Runti
     match command {
         SelftestCommand::Transitions(c) => transitions(session, c.cases, c.seed, c.device.device)
             .and_then(|r| report_selftest(session, &r, &r.failures)),
-        SelftestCommand::Engine => engine(session).and_then(|r| report_selftest(session, &r, &r.failures)),
+        SelftestCommand::Engine(c) => engine(session, c.device).and_then(|r| report_selftest(session, &r, &r.failures)),
         SelftestCommand::Primitives(c) => primitives(session, c.cases, c.seed, c.device.device)
             .and_then(|r| report_selftest(session, &r, &r.failures)),
         SelftestCommand::Kernels(c) => {
