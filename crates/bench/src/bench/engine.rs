@@ -14,13 +14,14 @@ use std::time::Instant;
 use serde::Serialize;
 
 use super::{machine, median, BenchReport, Floor};
-use crate::selftest::CrossEntropy;
 use nereus_core::config::Dtype;
 use nereus_core::model::{Architecture, Catalogue, Layout, OutputHead};
 use nereus_core::plan::{ModelStage, Role, Stage};
 use nereus_exec::comm::MpiPlane;
 use nereus_exec::emu::{Counters, EmuSet};
-use nereus_exec::engine::{init_shard, matmul, train_step, with_params, AdamW, Batch, Op, Replica, Sampling, StopIds};
+use nereus_exec::engine::{
+    init_shard, matmul, train_step, with_params, AdamW, Batch, CrossEntropy, Op, Replica, Sampling, StopIds,
+};
 use nereus_runtime::{RuntimeError, Session};
 
 /// Sequences and positions of the training batch.

@@ -17,8 +17,8 @@ use nereus_exec::comm::{DataPlane, MpiPlane};
 use nereus_exec::emu::{Counters, DeviceMemory, EmuSet, Exchange, HostMemory, LocalShard, ShardMemory};
 use nereus_exec::engine::parallel::assemble_rows;
 use nereus_exec::engine::{
-    init_shard, train_step, train_step_on_device, with_device_params, with_params, AdamW, Batch, EngineError,
-    Generated, Objective, Replica, Sampling, StepReport, StopIds,
+    init_shard, train_step, train_step_on_device, with_device_params, with_params, AdamW, Batch, CrossEntropy,
+    EngineError, Generated, Objective, Replica, Sampling, StepReport, StopIds,
 };
 use nereus_runtime::device::{with_device, DeviceJob, Plane};
 use nereus_runtime::{RuntimeError, Session};
@@ -70,28 +70,6 @@ pub fn parity_arch(head: OutputHead) -> Architecture {
         qk_norm: false,
         head,
         dtype: Dtype::F32,
-    }
-}
-
-/// Mean next-token cross-entropy over every position that has a next token.
-pub struct CrossEntropy {
-    /// Sequences in the global batch.
-    pub sequences: usize,
-    /// Positions per sequence.
-    pub seq_len: usize,
-}
-
-impl Objective for CrossEntropy {
-    fn loss_and_grad(&self, seqs: std::ops::Range<usize>, outputs: &[f32], grad: &mut [f32]) -> f64 {
-        let norm = (self.sequences * (self.seq_len - 1)) as f64;
-        let mut loss = 0.0;
-        for (i, (&lp, g)) in outputs.iter().zip(grad.iter_mut()).enumerate() {
-            let counted = i % self.seq_len != self.seq_len - 1;
-            *g = if counted { (-1.0 / norm) as f32 } else { 0.0 };
-            loss -= if counted { f64::from(lp) / norm } else { 0.0 };
-        }
-        let _ = seqs;
-        loss
     }
 }
 

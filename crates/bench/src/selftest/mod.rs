@@ -7,7 +7,7 @@ pub mod kernels;
 mod primitives;
 mod transitions;
 
-pub use engine::{engine, parity_arch, CrossEntropy, EngineSummary};
+pub use engine::{engine, parity_arch, EngineSummary};
 pub use primitives::{primitives, SelftestSummary};
 pub(crate) use transitions::{changed_digests, materialize, materialize_in, missed_targets, state_bytes};
 pub use transitions::{transitions, TransitionSummary};

@@ -143,7 +143,7 @@ mod tests {
     use crate::backend::gpu::Device;
     use crate::comm::testing::{run_ranks, LoopbackPlane, Mailbox};
     use crate::emu::{Counters, EmuId, ShardMemory};
-    use crate::engine::{bf16_sections, init_shard, train_step, with_params, Sampling, StopIds};
+    use crate::engine::{bf16_sections, init_shard, train_step, with_params, CrossEntropy, Sampling, StopIds};
     use nereus_core::half::f32_to_bf16;
     use nereus_core::model::{Architecture, Catalogue, Layout};
     use nereus_core::plan::{ModelStage, Role, Stage};
@@ -153,22 +153,7 @@ mod tests {
     const STEPS: usize = 8;
     const PARALLEL_STEPS: usize = 3;
     const TRAINED_STEPS: usize = 30;
-
-    /// Mean next-token cross-entropy over every position that has a next token.
-    struct NextToken;
-
-    impl Objective for NextToken {
-        fn loss_and_grad(&self, _seqs: std::ops::Range<usize>, outputs: &[f32], grad: &mut [f32]) -> f64 {
-            let norm = (SEQUENCES * (SEQ_LEN - 1)) as f64;
-            let mut loss = 0.0;
-            for (i, (&lp, g)) in outputs.iter().zip(grad.iter_mut()).enumerate() {
-                let counted = i % SEQ_LEN != SEQ_LEN - 1;
-                *g = if counted { (-1.0 / norm) as f32 } else { 0.0 };
-                loss -= if counted { f64::from(lp) / norm } else { 0.0 };
-            }
-            loss
-        }
-    }
+    const NEXT_TOKEN: CrossEntropy = CrossEntropy { sequences: SEQUENCES, seq_len: SEQ_LEN };
 
     fn catalogues(dtype: Dtype) -> BTreeMap<Role, Catalogue> {
         let base = crate::fixtures::tiny_architecture(dtype);
@@ -206,7 +191,7 @@ mod tests {
         let id = create(&mut plane, &mut set, Layout::new(1, 1), 1)[0];
         let replica = Replica::new(&mut plane, &set, id, SEQ_LEN).unwrap();
         let batch = Batch { tokens, seq_len: SEQ_LEN, starts: &[] };
-        (0..STEPS).map(|_| train_step(&plane, &mut set, &replica, &batch, 2, &NextToken, &OPT).unwrap().loss).collect()
+        (0..STEPS).map(|_| train_step(&plane, &mut set, &replica, &batch, 2, &NEXT_TOKEN, &OPT).unwrap().loss).collect()
     }
 
     /// A bf16 actor trained on the emulated device learns as the host f32 engine does: the same
@@ -225,7 +210,7 @@ mod tests {
         let batch = Batch { tokens: &tokens, seq_len: SEQ_LEN, starts: &[] };
         let mut losses = Vec::new();
         for _ in 0..STEPS {
-            let report = train_step_on_device(&plane, &mut set, &replica, &batch, 2, &NextToken, &OPT).unwrap();
+            let report = train_step_on_device(&plane, &mut set, &replica, &batch, 2, &NEXT_TOKEN, &OPT).unwrap();
             assert!(!report.skipped);
             losses.push(report.loss);
         }
@@ -263,7 +248,7 @@ mod tests {
                 let replica = Replica::new(&mut plane, &set, id, SEQ_LEN).unwrap();
                 let batch = Batch { tokens: &tokens, seq_len: SEQ_LEN, starts: &[] };
                 let step =
-                    |set: &mut EmuSet<_>| train_step_on_device(&plane, set, &replica, &batch, 1, &NextToken, &OPT);
+                    |set: &mut EmuSet<_>| train_step_on_device(&plane, set, &replica, &batch, 1, &NEXT_TOKEN, &OPT);
                 (0..PARALLEL_STEPS).map(|_| step(&mut set).unwrap().loss).collect::<Vec<_>>()
             });
             for (rank, curve) in losses.iter().enumerate() {
@@ -298,7 +283,7 @@ mod tests {
         let id = create(&mut plane, &mut host, Layout::new(1, 1), 1)[0];
         let replica = Replica::new(&mut plane, &host, id, SEQ_LEN).unwrap();
         for _ in 0..TRAINED_STEPS {
-            train_step(&plane, &mut host, &replica, &batch, 2, &NextToken, &OPT).unwrap();
+            train_step(&plane, &mut host, &replica, &batch, 2, &NEXT_TOKEN, &OPT).unwrap();
         }
         let on_host =
             with_params(&mut host, id, |p, arena| replica.generate(&plane, p, &prompts, &[], &ids, &greedy, arena))
@@ -308,7 +293,7 @@ mod tests {
         let id = create(&mut plane, &mut set, Layout::new(1, 1), 1)[0];
         let replica = Replica::new(&mut plane, &set, id, SEQ_LEN).unwrap();
         for _ in 0..TRAINED_STEPS {
-            train_step_on_device(&plane, &mut set, &replica, &batch, 2, &NextToken, &OPT).unwrap();
+            train_step_on_device(&plane, &mut set, &replica, &batch, 2, &NEXT_TOKEN, &OPT).unwrap();
         }
         let on_device = with_device_params(&mut set, &replica, |c, p| {
             replica.generate_on(c, &plane, p, &prompts, &[], &ids, &greedy)

@@ -29,7 +29,7 @@ pub use optimizer::AdamW;
 pub use parallel::EmuGroups;
 pub use real::{matmul, Op, Real};
 pub use stage::{KvCache, Rows, StageModel};
-pub use train::{share, train_step, Batch, Objective, StepReport};
+pub use train::{share, train_step, Batch, CrossEntropy, Objective, StepReport};
 pub use weights::StageWeights;
 
 use thiserror::Error;

@@ -32,6 +32,28 @@ pub trait Objective {
     fn loss_and_grad(&self, seqs: Range<usize>, outputs: &[f32], grad: &mut [f32]) -> f64;
 }
 
+/// Mean next-token cross-entropy over every position that has a next token, for a language model
+/// trained on whole sequences (the engine's selftests and benchmarks).
+pub struct CrossEntropy {
+    /// Sequences in the global batch.
+    pub sequences: usize,
+    /// Positions per sequence.
+    pub seq_len: usize,
+}
+
+impl Objective for CrossEntropy {
+    fn loss_and_grad(&self, _seqs: Range<usize>, outputs: &[f32], grad: &mut [f32]) -> f64 {
+        let norm = (self.sequences * (self.seq_len - 1)) as f64;
+        let mut loss = 0.0;
+        for (i, (&lp, g)) in outputs.iter().zip(grad.iter_mut()).enumerate() {
+            let counted = i % self.seq_len != self.seq_len - 1;
+            *g = if counted { (-1.0 / norm) as f32 } else { 0.0 };
+            loss -= if counted { f64::from(lp) / norm } else { 0.0 };
+        }
+        loss
+    }
+}
+
 /// The sequences of `sequences` that replica `r` of `dp` takes: contiguous, sizes differing by
 /// at most one.
 pub fn share(sequences: usize, (r, dp): (usize, usize)) -> Range<usize> {

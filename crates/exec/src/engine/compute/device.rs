@@ -1,7 +1,11 @@
 //! A GPU (or the grid emulator): activations in bf16, statistics, gradients and accumulations in
 //! f32, layers as the kernels of `kernels/engine.cu` and `kernels/attention.cu`, linear layers as
 //! the vendor GEMMs ([`crate::backend::blas`]). Every launch is enqueued on the device's current
-//! stream; the host waits only where it reads bytes back (the tensor-parallel sum, for now).
+//! stream; the host waits only where it reads bytes back: for now the tensor-parallel sum, the
+//! pipeline's sends and receives, the data-parallel sum and the norm, the loss, and the LM head's
+//! per-row statistics go through the host (the device collectives replace them, issue 31).
+//! Scratch buffers stay charged to the arena until the caller releases the micro-batch, as on
+//! the host.
 
 use super::{Compute, GradView, KvRows, RowCopy, View};
 use crate::backend::blas::{Gemm, GemmOut};

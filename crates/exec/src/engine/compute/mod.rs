@@ -1,7 +1,9 @@
 //! Where a stage's layers compute: the host f32 reference ([`Host`]) or a GPU through the
 //! kernels in `kernels/` and the vendor GEMMs ([`OnDevice`], bf16 activations, f32 statistics
-//! and gradients). A transformer block's forward and backward passes are written once, in
-//! `stage.rs`, over this trait; each implementation supplies the layers.
+//! and gradients). The model is written once over this trait — a block and the embedding in
+//! `stage.rs`, the heads in `output.rs`, 1F1B with TP/PP/DP in `train.rs`, generation in
+//! `generate.rs` — and each implementation supplies the layers and the few places where the
+//! host must see values (`read`, `modify`: the loss, pipeline transfers, the DP sum).
 //!
 //! Conventions, as the host ops (`ops/`) keep them: buffers are flat row-major; an output a
 //! method *writes* is passed freshly zeroed by [`Compute::zeros`]; `dx` arguments of backward
@@ -29,7 +31,7 @@ pub type View<'a, P> = (&'a P, &'a Range<usize>);
 /// A view of one tensor in a stage's flat gradient buffer, accumulated into.
 pub type GradView<'a, G> = (&'a mut G, &'a Range<usize>);
 
-/// The layers a transformer block needs, on one compute (see the module comment).
+/// The layers the engine needs, on one compute (see the module comment).
 pub trait Compute {
     /// Activations and their gradients (`f32` on the host, bf16 on a device).
     type Act;
