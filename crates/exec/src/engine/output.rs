@@ -1,8 +1,7 @@
 //! The last stage's output: final RMSNorm, then log-probabilities of target tokens (LM head,
 //! vocabulary-parallel) or one scalar per position (value head).
 
-use super::arena::Arena;
-use super::compute::{Compute, Host, RowCopy};
+use super::compute::{Compute, RowCopy};
 use super::ops::*;
 use super::stage::StageModel;
 use super::EngineError;
@@ -41,34 +40,6 @@ impl StageModel {
 
     /// Last stage, forward: per row `n`, `log p(targets[n])` for an LM or the value for a value
     /// model, from the last block's output `x[N,C]`.
-    pub fn head_forward<G: TensorGroup<f32>>(
-        &self,
-        p: &[f32],
-        x: Vec<f32>,
-        targets: Vec<u32>,
-        tp: &G,
-        arena: &mut Arena,
-    ) -> Result<(Vec<f32>, HeadActs), EngineError> {
-        self.head_forward_on(&mut Host::new(arena, self.rope()), p, x, targets, tp)
-    }
-
-    /// Last stage, backward: from `d loss / d output[N]` to `dx[N,C]`, accumulating the head's
-    /// and the final norm's gradients.
-    pub fn head_backward<G: TensorGroup<f32>>(
-        &self,
-        p: &[f32],
-        grads: &mut [f32],
-        a: &HeadActs,
-        dout: &[f32],
-        tp: &G,
-        arena: &mut Arena,
-    ) -> Result<Vec<f32>, EngineError> {
-        // The caller's gradient, as the host compute holds statistics (not charged again).
-        let dout = dout.to_vec();
-        self.head_backward_on(&mut Host::new(arena, self.rope()), p, grads, a, &dout, tp)
-    }
-
-    /// [`StageModel::head_forward`] on any [`Compute`].
     #[allow(clippy::type_complexity)]
     pub fn head_forward_on<C: Compute, G: TensorGroup<f32>>(
         &self,
@@ -84,7 +55,7 @@ impl StageModel {
         match self.head {
             OutputHead::Lm => {
                 let w = self.weights.lm_head.as_ref().ok_or_else(|| missing("LM"))?;
-                // Entering the vocabulary-parallel head: the identity forward (CopyToTp).
+                // Entering the vocabulary-parallel head is the identity forward (Megatron's copy region).
                 let mut logits = c.zeros(MemoryItem::Logits, n * d.vocab)?;
                 c.linear_forward(&mut logits, &xf, (p, w), n, d.c, d.vocab)?;
                 let (logp, lse) = c.log_probs_forward(&logits, &targets, d.v0, tp)?;
@@ -99,7 +70,8 @@ impl StageModel {
         }
     }
 
-    /// [`StageModel::head_backward`] on any [`Compute`].
+    /// Last stage, backward: from `d loss / d output[N]` to `dx[N,C]`, accumulating the head's
+    /// and the final norm's gradients.
     pub fn head_backward_on<C: Compute, G: TensorGroup<f32>>(
         &self,
         c: &mut C,
@@ -118,7 +90,7 @@ impl StageModel {
                 let mut dlogits = c.zeros(MemoryItem::Logits, n * d.vocab)?;
                 c.log_probs_backward(&mut dlogits, dout, logits, lse, &a.targets, d.v0)?;
                 c.linear_backward(Some(&mut dxf), (grads, range), &dlogits, &a.xf, (p, range), n, d.c, d.vocab)?;
-                // Each TP rank's input gradient covers its vocabulary columns (CopyToTp backward).
+                // Each TP rank's input gradient covers its vocabulary columns: the copy's backward sums them.
                 c.tp_sum(tp, &mut dxf)?;
             }
             None => {

@@ -134,13 +134,6 @@ impl StageModel {
         self.embed_on(&mut Host::new(arena, &self.rope), p, tokens, tp)
     }
 
-    /// First stage, backward: accumulates the embedding gradient of `tokens`.
-    pub fn embed_backward(&self, g: &mut [f32], dx: &[f32], tokens: &[u32]) {
-        if let Some(range) = self.weights.embed.clone() {
-            embedding_backward(&mut g[range], dx, tokens, self.dims().v0, self.dims().c);
-        }
-    }
-
     /// [`StageModel::embed`] on any [`Compute`].
     pub fn embed_on<C: Compute, G: TensorGroup<f32>>(
         &self,
@@ -157,12 +150,12 @@ impl StageModel {
             .ok_or_else(|| EngineError::Shape { what: "embedding on a stage without it".into() })?;
         let mut x = c.zeros(MemoryItem::Activations, tokens.len() * d.c)?;
         c.embedding_forward(&mut x, tokens, (p, range), d.v0, d.c)?;
-        // Each rank holds a vocabulary shard: the rows of the others are zero here (ReduceFromTp).
+        // Each rank holds a vocabulary shard: the rows of the others are zero here, so the shards sum.
         c.tp_sum(tp, &mut x)?;
         Ok(x)
     }
 
-    /// [`StageModel::embed_backward`] on any [`Compute`].
+    /// First stage, backward: accumulates the embedding gradient of `tokens`.
     pub fn embed_backward_on<C: Compute>(
         &self,
         c: &mut C,
@@ -191,21 +184,6 @@ impl StageModel {
         self.blocks_forward_on(&mut Host::new(arena, &self.rope), p, x, rows, cache, tp)
     }
 
-    /// Backward through every block on the host, last first; returns `dx` of the stage input.
-    #[allow(clippy::too_many_arguments)]
-    pub fn blocks_backward<G: TensorGroup<f32>>(
-        &self,
-        p: &[f32],
-        g: &mut [f32],
-        acts: &[BlockActs],
-        dx: Vec<f32>,
-        rows: Rows,
-        tp: &G,
-        arena: &mut Arena,
-    ) -> Result<Vec<f32>, EngineError> {
-        self.blocks_backward_on(&mut Host::new(arena, &self.rope), p, g, acts, dx, rows, tp)
-    }
-
     /// [`StageModel::blocks_forward`] on any [`Compute`].
     #[allow(clippy::type_complexity)]
     pub fn blocks_forward_on<C: Compute, G: TensorGroup<f32>>(
@@ -227,7 +205,7 @@ impl StageModel {
         Ok((x, acts))
     }
 
-    /// [`StageModel::blocks_backward`] on any [`Compute`].
+    /// Backward through every block, last first; returns `dx` of the stage input.
     #[allow(clippy::too_many_arguments)]
     pub fn blocks_backward_on<C: Compute, G: TensorGroup<f32>>(
         &self,
