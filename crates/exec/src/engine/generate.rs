@@ -178,10 +178,8 @@ impl Replica {
                 c.copy_rows(&mut last, &x, copy)?;
                 let logits = self.model.full_logits_on(c, params, &last, b, &tp)?;
                 let u: Vec<f64> = (0..b).map(|i| uniform(s.seed, ids[i], (p + step) as u64)).collect();
-                let drawn = c.sample(&logits, s, &u)?;
-                for i in (0..b).filter(|&i| !done[i]) {
-                    next[i] = drawn[i];
-                }
+                let active: Vec<bool> = done.iter().map(|&d| !d).collect();
+                next = c.sample(&logits, s, &u, &active)?;
             } else {
                 c.read(&x, |x| self.groups.send_next(plane, x))?;
             }

@@ -1,9 +1,9 @@
 //! One pipeline stage of one model on one rank: the blocks it holds, the embedding on the
 //! first stage, the final norm and the head on the last. Forward passes save what their
-//! backward passes need (`BlockActs`); every buffer comes from the [`Arena`].
+//! backward passes need (`BlockActs`); every buffer comes from the compute, charged to the
+//! rank's [`super::arena::Arena`].
 
-use super::arena::Arena;
-use super::compute::{Compute, Host, KvRows};
+use super::compute::{Compute, KvRows};
 use super::ops::*;
 use super::weights::{BlockWeights, LocalDims, StageWeights};
 use super::EngineError;
@@ -23,14 +23,6 @@ pub struct LayerCache<A> {
 pub struct KvCache<A = Vec<f32>> {
     layers: Vec<LayerCache<A>>,
     t_cap: usize,
-}
-
-impl KvCache {
-    /// A host cache for `b` sequences of `t_cap` positions over `model`'s blocks, charged to
-    /// `arena`.
-    pub fn new(model: &StageModel, b: usize, t_cap: usize, arena: &mut Arena) -> Result<KvCache, EngineError> {
-        KvCache::on(&mut Host::new(arena, &model.rope), model, b, t_cap)
-    }
 }
 
 impl<A> KvCache<A> {
@@ -124,17 +116,6 @@ impl StageModel {
     }
 
     /// First stage: `x[N,C]` = the embedding rows of `tokens`, summed over vocabulary shards.
-    pub fn embed<G: TensorGroup<f32>>(
-        &self,
-        p: &[f32],
-        tokens: &[u32],
-        tp: &G,
-        arena: &mut Arena,
-    ) -> Result<Vec<f32>, EngineError> {
-        self.embed_on(&mut Host::new(arena, &self.rope), p, tokens, tp)
-    }
-
-    /// [`StageModel::embed`] on any [`Compute`].
     pub fn embed_on<C: Compute, G: TensorGroup<f32>>(
         &self,
         c: &mut C,
@@ -169,22 +150,8 @@ impl StageModel {
         }
     }
 
-    /// Runs every block of this stage on `x[N,C]` on the host; with `cache`, keys and values are
-    /// written at positions `pos0..pos0+t` and attention reads the whole cache (generation).
-    #[allow(clippy::too_many_arguments)]
-    pub fn blocks_forward<G: TensorGroup<f32>>(
-        &self,
-        p: &[f32],
-        x: Vec<f32>,
-        rows: Rows,
-        cache: Option<&mut KvCache>,
-        tp: &G,
-        arena: &mut Arena,
-    ) -> Result<(Vec<f32>, Vec<BlockActs>), EngineError> {
-        self.blocks_forward_on(&mut Host::new(arena, &self.rope), p, x, rows, cache, tp)
-    }
-
-    /// [`StageModel::blocks_forward`] on any [`Compute`].
+    /// Runs every block of this stage on `x[N,C]`; with `cache`, keys and values are written at
+    /// positions `pos0..pos0+t` and attention reads the whole cache (generation).
     #[allow(clippy::type_complexity)]
     pub fn blocks_forward_on<C: Compute, G: TensorGroup<f32>>(
         &self,
@@ -349,6 +316,8 @@ impl StageModel {
 mod tests {
     use super::*;
     use crate::emu::MemoryLedger;
+    use crate::engine::arena::Arena;
+    use crate::engine::compute::Host;
     use crate::engine::ops::Local;
     use nereus_core::config::Dtype;
     use nereus_core::model::{Architecture, Layout, Position};
@@ -367,15 +336,17 @@ mod tests {
         let model = StageModel::new(&catalogue, weights, 16);
         let mut ledger = MemoryLedger::new(0, 1 << 30);
         let mut arena = Arena::new(&mut ledger);
+        let mut host = Host::new(&mut arena, model.rope());
         let (tokens, pad) = ([5u32, 9, 2, 17, 30], 3);
         let padded: Vec<u32> = std::iter::repeat_n(0, pad).chain(tokens).collect();
-        let hidden = |ids: &[u32], starts: &[usize], arena: &mut Arena| {
-            let x = model.embed(&params, ids, &Local, arena).unwrap();
-            let rows = Rows { b: 1, t: ids.len(), pos0: 0, starts };
-            model.blocks_forward(&params, x, rows, None, &Local, arena).unwrap().0
+        let mut cache = KvCache::on(&mut host, &model, 1, padded.len()).unwrap();
+        let mut hidden = |ids: &[u32], starts: &[usize], cache: Option<&mut KvCache>, pos0: usize| {
+            let x = model.embed_on(&mut host, &params[..], ids, &Local).unwrap();
+            let rows = Rows { b: 1, t: ids.len(), pos0, starts };
+            model.blocks_forward_on(&mut host, &params[..], x, rows, cache, &Local).unwrap().0
         };
-        let plain = hidden(&tokens, &[], &mut arena);
-        let masked = hidden(&padded, &[pad], &mut arena);
+        let plain = hidden(&tokens, &[], None, 0);
+        let masked = hidden(&padded, &[pad], None, 0);
         let c = 16;
         let close = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| (x - y).abs() <= 1e-5 * (1.0 + y.abs()));
         assert!(
@@ -384,17 +355,12 @@ mod tests {
             &masked[pad * c..pad * c + 4],
             &plain[..4]
         );
-        let unmasked = hidden(&padded, &[], &mut arena);
+        let unmasked = hidden(&padded, &[], None, 0);
         assert!(!close(&unmasked[pad * c..], &plain), "without the mask the padding is read");
         // Decoding the last token against a cache of the padded prompt gives the same row.
-        let mut cache = KvCache::new(&model, 1, padded.len(), &mut arena).unwrap();
         let prefix = &padded[..padded.len() - 1];
-        let x = model.embed(&params, prefix, &Local, &mut arena).unwrap();
-        let rows = Rows { b: 1, t: prefix.len(), pos0: 0, starts: &[pad] };
-        model.blocks_forward(&params, x, rows, Some(&mut cache), &Local, &mut arena).unwrap();
-        let x = model.embed(&params, &padded[padded.len() - 1..], &Local, &mut arena).unwrap();
-        let rows = Rows { b: 1, t: 1, pos0: prefix.len(), starts: &[pad] };
-        let last = model.blocks_forward(&params, x, rows, Some(&mut cache), &Local, &mut arena).unwrap().0;
+        hidden(prefix, &[pad], Some(&mut cache), 0);
+        let last = hidden(&padded[padded.len() - 1..], &[pad], Some(&mut cache), prefix.len());
         assert!(close(&last, &plain[(tokens.len() - 1) * c..]));
     }
 }

@@ -450,7 +450,14 @@ impl<'d, R: GpuRuntime> Compute for OnDevice<'d, '_, '_, R> {
         Ok(())
     }
 
-    fn sample(&mut self, logits: &Self::Act, s: &Sampling, u: &[f64]) -> Result<Vec<u32>, EngineError> {
+    /// Every row is drawn in one launch (a block per row); ended rows cost nothing extra.
+    fn sample(
+        &mut self,
+        logits: &Self::Act,
+        s: &Sampling,
+        u: &[f64],
+        active: &[bool],
+    ) -> Result<Vec<u32>, EngineError> {
         let rows = u.len();
         // The sampler reads f32 logits (its bisection runs over float bit patterns).
         let wide = self.f32_zeros(MemoryItem::Logits, logits.len())?;
@@ -463,7 +470,8 @@ impl<'d, R: GpuRuntime> Compute for OnDevice<'d, '_, '_, R> {
             vec![ptr(tokens.ptr()), ptr(wide.ptr()), ptr(draws.ptr()), len(rows), len(logits.len() / rows.max(1))];
         args.extend([KernelArg::F32(s.temperature), KernelArg::F32(s.top_p), KernelArg::I32(i32::from(s.greedy))]);
         self.rows("nereus_sample", rows, args)?;
-        Ok(tokens.read()?.into_iter().map(|t| t as u32).collect())
+        let drawn = tokens.read()?.into_iter().zip(active);
+        Ok(drawn.map(|(t, &active)| if active { t as u32 } else { s.eos }).collect())
     }
 
     fn read<T>(&mut self, x: &Self::Act, f: impl FnOnce(&[f32]) -> Result<T, EngineError>) -> Result<T, EngineError> {

@@ -182,9 +182,10 @@ impl Compute for Host<'_, '_> {
         Ok(())
     }
 
-    fn sample(&mut self, logits: &Vec<f32>, s: &Sampling, u: &[f64]) -> Result<Vec<u32>, EngineError> {
+    fn sample(&mut self, logits: &Vec<f32>, s: &Sampling, u: &[f64], active: &[bool]) -> Result<Vec<u32>, EngineError> {
         let vocab = logits.len() / u.len().max(1);
-        Ok(logits.chunks_exact(vocab).zip(u).map(|(row, &u)| sample_token(row, s, u)).collect())
+        let rows = logits.chunks_exact(vocab).zip(u).zip(active);
+        Ok(rows.map(|((row, &u), &active)| if active { sample_token(row, s, u) } else { s.eos }).collect())
     }
 
     fn embedding_forward(

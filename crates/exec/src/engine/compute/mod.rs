@@ -213,8 +213,10 @@ pub trait Compute {
     fn copy_rows(&mut self, dst: &mut Self::Act, src: &Self::Act, copy: RowCopy) -> Result<(), EngineError>;
 
     /// One token per row of `logits[rows, V]` (the whole vocabulary), drawn as
-    /// [`crate::engine::sample_token`] draws it with the uniforms `u[rows]`.
-    fn sample(&mut self, logits: &Self::Act, s: &Sampling, u: &[f64]) -> Result<Vec<u32>, EngineError>;
+    /// [`crate::engine::sample_token`] draws it with the uniforms `u[rows]`; rows not `active`
+    /// (sequences that have ended) hold `s.eos` (the host skips drawing them).
+    fn sample(&mut self, logits: &Self::Act, s: &Sampling, u: &[f64], active: &[bool])
+        -> Result<Vec<u32>, EngineError>;
 
     /// Runs `f` on `x` as host f32 values (a device copies them back first, widened).
     fn read<T>(&mut self, x: &Self::Act, f: impl FnOnce(&[f32]) -> Result<T, EngineError>) -> Result<T, EngineError>;
