@@ -47,7 +47,8 @@ NEREUS_KERNEL nereus_rmsnorm_forward(bf16* __restrict__ y, float* __restrict__ i
   }
 }
 
-// RMSNorm backward: dx[R,C] and dweight[C] += Σ_rows dy·x·inv_rms (f32, atomically).
+// RMSNorm backward: dx[R,C] += (in f32, rounded once: the residual stream's gradient is added to)
+// and dweight[C] += Σ_rows dy·x·inv_rms (f32, atomically).
 //   g = dy·weight;  dx = inv_rms · (g − x · inv_rms² · mean(g·x))
 NEREUS_KERNEL nereus_rmsnorm_backward(bf16* __restrict__ dx, float* __restrict__ dweight, const bf16* __restrict__ dy,
                                       const bf16* __restrict__ x, const bf16* __restrict__ weight,
@@ -64,7 +65,8 @@ NEREUS_KERNEL nereus_rmsnorm_backward(bf16* __restrict__ dx, float* __restrict__
     for (u64 c = threadIdx.x; c < cols; c += blockDim.x) {
       const float xv = nereus_bf16_to_f32(xr[c]), dyv = nereus_bf16_to_f32(dyr[c]);
       const float g = dyv * nereus_bf16_to_f32(weight[c]);
-      dx[row * cols + c] = nereus_f32_to_bf16(r * (g - xv * r * r * mean_gx));
+      const u64 i = row * cols + c;
+      dx[i] = nereus_f32_to_bf16(nereus_bf16_to_f32(dx[i]) + r * (g - xv * r * r * mean_gx));
       atomicAdd(&dweight[c], dyv * xv * r);
     }
   }

@@ -11,13 +11,34 @@ use crate::engine::real::{matmul, Op};
 /// What the GEMM writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GemmOut {
-    /// bf16 (activations), overwriting `C`.
-    Bf16,
+    /// bf16 (activations), overwriting `C` or adding to it (`bf16(C + op(A)·op(B))`, the sum
+    /// in f32: input gradients that several layers feed).
+    Bf16 {
+        /// Add to `C` instead of overwriting it.
+        accumulate: bool,
+    },
     /// f32, overwriting `C` (`accumulate` false) or adding to it (weight gradients).
     F32 {
         /// Add to `C` instead of overwriting it.
         accumulate: bool,
     },
+}
+
+impl GemmOut {
+    /// Whether `C` is added to (the libraries' `beta = 1`) rather than overwritten.
+    pub fn accumulates(self) -> bool {
+        match self {
+            GemmOut::Bf16 { accumulate } | GemmOut::F32 { accumulate } => accumulate,
+        }
+    }
+
+    /// Bytes of one element of `C`.
+    pub fn bytes(self) -> usize {
+        match self {
+            GemmOut::Bf16 { .. } => 2,
+            GemmOut::F32 { .. } => 4,
+        }
+    }
 }
 
 /// `C[m,n] (+)= op(A)·op(B)`: `A` stored `[m,k]` (`Op::N`) or `[k,m]` (`Op::T`), `B` `[k,n]` or
@@ -58,11 +79,16 @@ pub unsafe fn gemm_on_host(g: &Gemm, a: u64, b: u64, c: u64) {
     };
     let (a, b) = (widen(a, g.m * g.k), widen(b, g.k * g.n));
     match g.out {
-        GemmOut::Bf16 => {
-            let mut out = vec![0.0f32; g.m * g.n];
-            matmul(&mut out, &a, g.op_a, &b, g.op_b, g.m, g.k, g.n, false);
+        GemmOut::Bf16 { accumulate } => {
             // SAFETY: the caller's contract.
             let c = unsafe { std::slice::from_raw_parts_mut(c as *mut u16, g.m * g.n) };
+            // As the libraries' epilogue: `C` widened, the product added in f32, rounded once.
+            let mut out: Vec<f32> = if accumulate {
+                c.iter().map(|&h| nereus_core::half::bf16_to_f32(h)).collect()
+            } else {
+                vec![0.0; g.m * g.n]
+            };
+            matmul(&mut out, &a, g.op_a, &b, g.op_b, g.m, g.k, g.n, accumulate);
             for (dst, v) in c.iter_mut().zip(&out) {
                 *dst = nereus_core::half::f32_to_bf16(*v);
             }
@@ -243,10 +269,8 @@ mod vendor {
             // Column-major Cᵀ[n,m] = op(B)ᵀ·op(A)ᵀ: B first; leading dimensions of the stored rows.
             let ld_b = if g.op_b == Op::N { g.n } else { g.k };
             let ld_a = if g.op_a == Op::N { g.k } else { g.m };
-            let (c_type, beta) = match g.out {
-                GemmOut::Bf16 => (abi.types.0, 0.0f32),
-                GemmOut::F32 { accumulate } => (abi.types.1, if accumulate { 1.0 } else { 0.0 }),
-            };
+            let c_type = if g.out.bytes() == 2 { abi.types.0 } else { abi.types.1 };
+            let beta = if g.out.accumulates() { 1.0f32 } else { 0.0 };
             let alpha = 1.0f32;
             let (compute, algo) = abi.compute_and_algo;
             let status = (self.gemm)(

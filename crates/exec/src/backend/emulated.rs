@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::ffi::c_void;
 use std::time::Instant;
 
-use super::blas::{gemm_on_host, Gemm, GemmOut};
+use super::blas::{gemm_on_host, Gemm};
 use super::gpu::{DevicePtr, GpuRuntime, RawHandle};
 use super::grid::{self, WarpWidth};
 use super::kernels::RectLaunch;
@@ -191,7 +191,7 @@ impl GpuRuntime for Emulated {
         c: DevicePtr,
         _: RawHandle,
     ) -> Result<(), BackendError> {
-        let c_bytes = if g.out == GemmOut::Bf16 { 2 } else { 4 };
+        let c_bytes = g.out.bytes();
         self.check(a.0, (g.m * g.k * 2) as u64, "GEMM operand A")?;
         self.check(b.0, (g.k * g.n * 2) as u64, "GEMM operand B")?;
         self.check(c.0, (g.m * g.n * c_bytes) as u64, "GEMM output C")?;

@@ -349,7 +349,9 @@ fn check_rmsnorm_backward<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut V
         DeviceArray::from(d, &dy)?,
         DeviceArray::from(d, &inv_rms)?,
     );
-    let (dxs, dws) = (DeviceArray::from(d, &vec![0u16; rows * cols])?, DeviceArray::from(d, &vec![0f32; cols])?);
+    // dx accumulates: it starts from the residual stream's gradient.
+    let dx0 = bf16_values(rng, rows * cols, 1.0);
+    let (dxs, dws) = (DeviceArray::from(d, &dx0)?, DeviceArray::from(d, &vec![0f32; cols])?);
     let buffers = vec![dxs.arg(), dws.arg(), dys.arg(), xs.arg(), ws.arg(), rs.arg()];
     run(d, v.kernel, rows as u64, [buffers, vec![KernelArg::U64(rows as u64), KernelArg::U64(cols as u64)]].concat())?;
     let (mut want_dx, mut dx_scale, mut want_dw, mut dw_scale) =
@@ -362,6 +364,10 @@ fn check_rmsnorm_backward<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut V
             want_dw[c] += dw[c];
             dw_scale[c] += dw[c].abs();
         }
+    }
+    for ((want, scale), &start) in want_dx.iter_mut().zip(&mut dx_scale).zip(&widen(&dx0)) {
+        *want += start;
+        *scale += start.abs();
     }
     v.bf16_scaled("dx", &dxs.read()?, &want_dx, &dx_scale);
     v.f32("dweight", &dws.read()?, &want_dw, &dw_scale);
@@ -636,14 +642,17 @@ fn check_gemm<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> R
     let (m, k, n) = (length(rng, 150), length(rng, 300), length(rng, 150));
     let op = |rng: &mut Rng| if rng.below(2) == 0 { Op::N } else { Op::T };
     let (op_a, op_b) = (op(rng), op(rng));
-    let out = match rng.below(3) {
-        0 => GemmOut::Bf16,
-        1 => GemmOut::F32 { accumulate: false },
-        _ => GemmOut::F32 { accumulate: true },
-    };
+    let accumulate = rng.below(2) == 0;
+    let out = if rng.below(2) == 0 { GemmOut::Bf16 { accumulate } } else { GemmOut::F32 { accumulate } };
     let g = Gemm { m, k, n, op_a, op_b, out };
     let (a, b) = (bf16_values(rng, m * k, 1.0), bf16_values(rng, k * n, 1.0));
-    let c0: Vec<f32> = (0..m * n).map(|_| uniform(rng) as f32).collect();
+    // The starting C (added to when accumulating), in the output's dtype.
+    let c0_bf16 = bf16_values(rng, m * n, 1.0);
+    let c0: Vec<f32> = if out.bytes() == 2 {
+        c0_bf16.iter().map(|&h| bf16_to_f32(h)).collect()
+    } else {
+        (0..m * n).map(|_| uniform(rng) as f32).collect()
+    };
     let (af, bf) = (widen(&a), widen(&b));
     let at = |i: usize, l: usize| if op_a == Op::N { af[i * k + l] } else { af[l * m + i] };
     let bt = |l: usize, j: usize| if op_b == Op::N { bf[l * n + j] } else { bf[j * k + l] };
@@ -654,15 +663,15 @@ fn check_gemm<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> R
                 want[i * n + j] += at(i, l) * bt(l, j);
                 scale[i * n + j] += (at(i, l) * bt(l, j)).abs();
             }
-            if out == (GemmOut::F32 { accumulate: true }) {
+            if accumulate {
                 want[i * n + j] += f64::from(c0[i * n + j]);
                 scale[i * n + j] += f64::from(c0[i * n + j]).abs();
             }
         }
     }
     let (as_, bs) = (DeviceArray::from(d, &a)?, DeviceArray::from(d, &b)?);
-    if out == GemmOut::Bf16 {
-        let cs = DeviceArray::from(d, &vec![0u16; m * n])?;
+    if out.bytes() == 2 {
+        let cs = DeviceArray::from(d, &c0_bf16)?;
         // SAFETY: the buffers hold [m,k], [k,n] bf16 and [m,n] bf16.
         unsafe { d.gemm(&g, as_.ptr(), bs.ptr(), cs.ptr())? };
         d.synchronize()?;

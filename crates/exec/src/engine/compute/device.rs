@@ -223,11 +223,9 @@ impl<'d, R: GpuRuntime> Compute for OnDevice<'d, '_, '_, R> {
         cols: usize,
     ) -> Result<(), EngineError> {
         let rows = x.len() / cols;
-        // The kernel writes its dx; the residual stream's gradient is then added to it.
-        let part = self.zeros(MemoryItem::ActivationGradients, dx.len())?;
-        let args = [ptr(part.ptr()), ptr(grads.at(range.start)), ptr(dy.ptr()), ptr(x.ptr()), ptr(weight(w))];
-        self.rows("nereus_rmsnorm_backward", rows, [&args[..], &[ptr(rstd.ptr()), len(rows), len(cols)]].concat())?;
-        self.add(dx, &part)
+        // The kernel adds its dx to the residual stream's gradient.
+        let args = [ptr(dx.ptr()), ptr(grads.at(range.start)), ptr(dy.ptr()), ptr(x.ptr()), ptr(weight(w))];
+        self.rows("nereus_rmsnorm_backward", rows, [&args[..], &[ptr(rstd.ptr()), len(rows), len(cols)]].concat())
     }
 
     fn linear_forward(
@@ -239,7 +237,7 @@ impl<'d, R: GpuRuntime> Compute for OnDevice<'d, '_, '_, R> {
         inp: usize,
         out: usize,
     ) -> Result<(), EngineError> {
-        let g = Gemm { m: n, k: inp, n: out, op_a: Op::N, op_b: Op::T, out: GemmOut::Bf16 };
+        let g = Gemm { m: n, k: inp, n: out, op_a: Op::N, op_b: Op::T, out: GemmOut::Bf16 { accumulate: false } };
         self.gemm(g, x.ptr(), weight(w), y.ptr())
     }
 
@@ -255,10 +253,8 @@ impl<'d, R: GpuRuntime> Compute for OnDevice<'d, '_, '_, R> {
         out: usize,
     ) -> Result<(), EngineError> {
         if let Some(dx) = dx {
-            let part = self.zeros(MemoryItem::ActivationGradients, n * inp)?;
-            let g = Gemm { m: n, k: out, n: inp, op_a: Op::N, op_b: Op::N, out: GemmOut::Bf16 };
-            self.gemm(g, dy.ptr(), weight(w), part.ptr())?;
-            self.add(dx, &part)?;
+            let g = Gemm { m: n, k: out, n: inp, op_a: Op::N, op_b: Op::N, out: GemmOut::Bf16 { accumulate: true } };
+            self.gemm(g, dy.ptr(), weight(w), dx.ptr())?;
         }
         // Weight gradients accumulate in f32, across micro-batches too.
         let g = Gemm { m: out, k: n, n: inp, op_a: Op::T, op_b: Op::N, out: GemmOut::F32 { accumulate: true } };
@@ -427,10 +423,8 @@ impl<'d, R: GpuRuntime> Compute for OnDevice<'d, '_, '_, R> {
         // The GEMMs take bf16 operands: the per-row gradient is rounded once.
         let narrow = self.zeros(MemoryItem::ActivationGradients, n)?;
         self.round(&narrow, dvalue)?;
-        let part = self.zeros(MemoryItem::ActivationGradients, n * c)?;
-        let g = Gemm { m: n, k: 1, n: c, op_a: Op::N, op_b: Op::N, out: GemmOut::Bf16 };
-        self.gemm(g, narrow.ptr(), weight(w), part.ptr())?;
-        self.add(dx, &part)?;
+        let g = Gemm { m: n, k: 1, n: c, op_a: Op::N, op_b: Op::N, out: GemmOut::Bf16 { accumulate: true } };
+        self.gemm(g, narrow.ptr(), weight(w), dx.ptr())?;
         let g = Gemm { m: 1, k: n, n: c, op_a: Op::T, op_b: Op::N, out: GemmOut::F32 { accumulate: true } };
         self.gemm(g, narrow.ptr(), x.ptr(), grads.at(range.start))
     }
