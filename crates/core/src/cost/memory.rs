@@ -142,6 +142,10 @@ pub enum EngineKind {
     /// The CPU reference engine of `src/engine/` (f32, every activation of a micro-batch kept,
     /// the KV cache sized for the longest response): what runs on the MPI data plane.
     Reference,
+    /// The same engine on a device (`--device emulated|cuda|rocm`): bf16 activations, f32
+    /// statistics, gradients and optimizer state, attention saving log-sum-exps rather than
+    /// probabilities (`cost/reference.rs` with [`super::reference::Residence::Device`]).
+    Device,
     /// A GPU engine in Megatron's style: mixed precision with persistent gradients, activations
     /// per Korthikanti et al. with the chosen recomputation, fused attention, workspaces.
     Gpu,

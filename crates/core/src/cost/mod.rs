@@ -324,10 +324,11 @@ impl CostModel {
         out
     }
 
-    /// Bytes per gradient element on the wire: f32 in the reference engine, bf16 on GPUs.
+    /// Bytes per gradient element on the wire: f32 in the reference engine (on the host or a
+    /// device), bf16 in a Megatron-style GPU engine.
     fn gradient_bytes(&self) -> u64 {
         match self.engine {
-            EngineKind::Reference => 4,
+            EngineKind::Reference | EngineKind::Device => 4,
             EngineKind::Gpu => GRADIENT_BYTES,
         }
     }

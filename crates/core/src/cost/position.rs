@@ -8,7 +8,8 @@ use super::memory::{
     activation_width, kv_cache_bytes_per_sequence, optimizer_bytes_per_param, EngineKind, MemoryBreakdown, MemoryItem,
     GRADIENT_BYTES,
 };
-use super::{reference, CostModel, ModelStats, PositionMemory, Workload};
+use super::reference::{self, Residence};
+use super::{CostModel, ModelStats, PositionMemory, Workload};
 use crate::model::catalogue::blocks_of_stage;
 use crate::model::{Layout, LocalShape, OutputHead, Position};
 use crate::plan::{Candidate, ModelStage, Recompute, Stage};
@@ -36,8 +37,9 @@ pub struct PositionCost {
 /// The shapes an engine's transient buffers are sized from.
 #[derive(Debug, Clone, Copy)]
 enum Buffers {
-    /// The reference engine sizes every buffer from the position's local shapes.
-    Reference(LocalShape),
+    /// The reference engine sizes every buffer from the position's local shapes, with the
+    /// element sizes of where it runs.
+    Reference(LocalShape, Residence),
     /// A GPU engine's buffers.
     Gpu(GpuShape),
 }
@@ -74,8 +76,9 @@ impl CostModel {
         let params = stats.params_of_stage(c.layout, j);
         let state = self.state_of(stats, c.model_stage, params);
         let buffers = match self.engine {
-            EngineKind::Reference => {
-                Buffers::Reference(LocalShape::of(&stats.arch, c.layout, Position { tp: 0, pp: j }))
+            EngineKind::Reference | EngineKind::Device => {
+                let on = if self.engine == EngineKind::Device { Residence::Device } else { Residence::Host };
+                Buffers::Reference(LocalShape::of(&stats.arch, c.layout, Position { tp: 0, pp: j }), on)
             }
             EngineKind::Gpu => Buffers::Gpu(self.gpu_shape(stats, c, w, j)),
         };
@@ -147,24 +150,25 @@ impl PositionCost {
     pub fn transient(&self, c: &Candidate, w: &Workload) -> MemoryBreakdown {
         debug_assert_eq!((c.model_stage, c.layout.pp), (self.model_stage, self.pp));
         match &self.buffers {
-            Buffers::Reference(shape) => self.reference_transient(shape, c, w),
+            Buffers::Reference(shape, on) => self.reference_transient(shape, *on, c, w),
             Buffers::Gpu(shape) => self.gpu_transient(shape, c, w),
         }
     }
 
-    fn reference_transient(&self, s: &LocalShape, c: &Candidate, w: &Workload) -> MemoryBreakdown {
+    fn reference_transient(&self, s: &LocalShape, on: Residence, c: &Candidate, w: &Workload) -> MemoryBreakdown {
         let seq = w.seq_len();
         let rollout = per_replica(w.sequences, c.dp);
         match c.model_stage.stage {
             // Generation decodes in waves of `micro_batch` sequences.
-            Stage::Generation => reference::generation(s, micro(c, rollout), w.prompt_len, w.response_len),
-            Stage::Inference => reference::inference(s, micro(c, rollout), seq),
+            Stage::Generation => reference::generation(s, micro(c, rollout), w.prompt_len, w.response_len, on),
+            Stage::Inference => reference::inference(s, micro(c, rollout), seq, on),
             Stage::Training => {
                 let share = per_replica(w.mini_batch, c.dp);
                 let micro = micro(c, share);
-                let train = reference::training(s, self.params, micro, share.div_ceil(micro), seq, self.pp, self.j);
+                let micro_batches = share.div_ceil(micro);
+                let train = reference::training(s, self.params, micro, micro_batches, seq, self.pp, self.j, on);
                 // The actor's old log-probabilities run forward-only on its training replicas.
-                let old_logp = reference::inference(s, self::micro(c, rollout), seq);
+                let old_logp = reference::inference(s, self::micro(c, rollout), seq, on);
                 if old_logp.total() > train.total() {
                     old_logp
                 } else {

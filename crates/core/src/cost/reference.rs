@@ -1,7 +1,9 @@
-//! The reference engine's transient memory, buffer by buffer as `src/engine/` charges it to the
-//! ledger (every count is in f32 elements; `×4` makes bytes). Legend: `b` sequences of `t` new
-//! positions attending to `tk` positions, `n = b·t` token rows, local widths `C` (residual),
-//! `H·D` (queries), `K·D` (keys, values), `F` (SwiGLU), `V` (vocabulary shard).
+//! The reference engine's transient memory, buffer by buffer as `crates/exec/src/engine/`
+//! charges it to the ledger, on the host (f32) or on a device (the same code over the device
+//! kernels: bf16 activations and activation gradients, f32 statistics, gradients and logits'
+//! reductions). Legend: `b` sequences of `t` new positions attending to `tk` positions, `n =
+//! b·t` token rows, local widths `C` (residual), `H·D` (queries), `K·D` (keys, values), `F`
+//! (SwiGLU), `V` (vocabulary shard). Every function returns bytes.
 //!
 //! A micro-batch keeps every activation of its forward pass until its backward pass (training)
 //! or its end (inference) releases them; the 1F1B schedule keeps at most `pp − j` micro-batches
@@ -11,57 +13,118 @@
 use super::memory::{MemoryBreakdown, MemoryItem};
 use crate::model::{LocalShape, OutputHead};
 
+/// Where the reference engine computes, which sets its buffers' element sizes and what
+/// attention saves for its backward pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Residence {
+    /// The host f32 engine (`engine::compute::Host`): attention saves its probabilities.
+    Host,
+    /// The engine on a device (`engine::compute::OnDevice`, the emulator or a GPU): bf16
+    /// activations, attention saving one log-sum-exp per query row (flash-style), f32 scratch
+    /// where kernels gather with atomics or reduce across the tensor-parallel group.
+    Device,
+}
+
+impl Residence {
+    /// Bytes of one activation (or activation gradient) element.
+    pub fn act(self) -> u64 {
+        match self {
+            Residence::Host => 4,
+            Residence::Device => 2,
+        }
+    }
+
+    /// Bytes attention keeps for its backward pass: the probabilities `[b, H, t, tk]` on the
+    /// host, the log-sum-exps `[b, H, t]` on a device (both f32).
+    fn attention_saved(self, b: u64, heads: u64, t: u64, tk: u64) -> u64 {
+        match self {
+            Residence::Host => 4 * b * heads * t * tk,
+            Residence::Device => 4 * b * heads * t,
+        }
+    }
+
+    /// f32 elements a device adds per log-probability row: the per-shard maximum, sum of
+    /// exponentials and target logit, combined across the tensor-parallel group.
+    fn log_prob_scratch(self) -> u64 {
+        match self {
+            Residence::Host => 0,
+            Residence::Device => 3,
+        }
+    }
+
+    /// The rotary tables a device uploads for each pass: f32 cosines and sines of `positions`
+    /// (the host reads them where the model keeps them).
+    fn rope_tables(self, s: &LocalShape, positions: u64) -> u64 {
+        match self {
+            Residence::Host => 0,
+            Residence::Device => 4 * 2 * positions * (s.d / 2) as u64,
+        }
+    }
+}
+
 /// One block's forward pass (`engine::stage::block_forward`): `xn1, xmid, xn2, out` `[n, C]`,
-/// the two RMS vectors, `q_raw, q, att` `[n, H·D]`, `k_raw, k, v` `[n, K·D]`, the q/k-norm RMS
-/// vectors, `gate, up, h` `[n, F]`, and the attention probabilities `[b, H, t, tk]`.
-pub fn block_forward(s: &LocalShape, b: u64, t: u64, tk: u64) -> u64 {
+/// `q_raw, q, att` `[n, H·D]`, `k_raw, k, v` `[n, K·D]`, `gate, up, h` `[n, F]` (activations);
+/// the two RMS vectors and the q/k-norm ones (f32); what attention saves.
+pub fn block_forward(s: &LocalShape, b: u64, t: u64, tk: u64, on: Residence) -> u64 {
     let n = b * t;
     let (c, h, k, f) = (s.c as u64, s.heads as u64, s.kv_heads as u64, s.ffn as u64);
     let (qw, kw) = (h * s.d as u64, k * s.d as u64);
-    n * (4 * c + 2 + 3 * qw + 3 * kw + h + k + 3 * f) + b * h * t * tk
+    on.act() * n * (4 * c + 3 * qw + 3 * kw + 3 * f) + 4 * n * (2 + h + k) + on.attention_saved(b, h, t, tk)
 }
 
 /// One block's backward pass (`engine::stage::block_backward`): `dh, dg, du` `[n, F]`, `dxn2,
-/// dxn1` `[n, C]`, `datt, dq` `[n, H·D]`, `dk, dv` `[n, K·D]`, and two more for q/k-norm.
-pub fn block_backward(s: &LocalShape, n: u64) -> u64 {
+/// dxn1` `[n, C]`, `datt, dq` `[n, H·D]`, `dk, dv` `[n, K·D]`, and two more for q/k-norm; a
+/// device gathers `dk, dv` in f32 first (atomics over query rows).
+pub fn block_backward(s: &LocalShape, n: u64, on: Residence) -> u64 {
     let (c, f) = (s.c as u64, s.ffn as u64);
     let (qw, kw) = ((s.heads * s.d) as u64, (s.kv_heads * s.d) as u64);
-    n * (3 * f + 2 * c + 2 * qw + 2 * kw) + if s.qk_norm { n * (qw + kw) } else { 0 }
+    let qk_norm = if s.qk_norm { n * (qw + kw) } else { 0 };
+    let gathered = if on == Residence::Device { 4 * 2 * n * kw } else { 0 };
+    on.act() * (n * (3 * f + 2 * c + 2 * qw + 2 * kw) + qk_norm) + gathered
 }
 
 /// What a micro-batch of `b` sequences of `t` positions keeps after its forward pass on this
 /// stage: the input (embedded on the first stage, received elsewhere), every block's
 /// activations, and on the last stage the final norm, the outputs, and for an LM the logits
 /// and log-sum-exps; `training` adds the output gradients.
-pub fn micro_batch_forward(s: &LocalShape, b: u64, t: u64, training: bool) -> MemoryBreakdown {
+pub fn micro_batch_forward(s: &LocalShape, b: u64, t: u64, training: bool, on: Residence) -> MemoryBreakdown {
     let n = b * t;
     let c = s.c as u64;
     let mut m = MemoryBreakdown::default();
     let input = if s.first { MemoryItem::Activations } else { MemoryItem::PipelineBuffers };
-    m.add(input, 4 * n * c);
-    m.add(MemoryItem::Activations, 4 * s.blocks as u64 * block_forward(s, b, t, t));
+    m.add(input, on.act() * n * c);
+    m.add(MemoryItem::Activations, s.blocks as u64 * block_forward(s, b, t, t, on));
     if s.last {
-        m.add(MemoryItem::Activations, 4 * (n * c + n));
-        let lm = if s.head == OutputHead::Lm { n * s.vocab as u64 + n } else { 0 };
-        m.add(MemoryItem::Logits, 4 * (n + lm + if training { n } else { 0 }));
+        m.add(MemoryItem::Activations, on.act() * n * c + 4 * n);
+        // LM: the logits shard, log-probabilities and log-sum-exps (and a device's per-shard
+        // scratch); value head: the values. Training adds the outputs' gradients.
+        let lm = if s.head == OutputHead::Lm {
+            on.act() * n * s.vocab as u64 + 4 * n * (1 + on.log_prob_scratch())
+        } else {
+            0
+        };
+        m.add(MemoryItem::Logits, 4 * n + lm + if training { 4 * n } else { 0 });
     }
     m
 }
 
 /// The temporaries of one micro-batch's backward pass, held until it ends: every block's
-/// activation gradients, the head's on the last stage, and the gradient received from the next
-/// stage elsewhere.
-pub fn micro_batch_backward(s: &LocalShape, n: u64) -> MemoryBreakdown {
+/// activation gradients, the head's on the last stage (the final norm's and the head's input
+/// gradients, the logits' gradients, a device's bf16 copy of a value head's), and the gradient
+/// received from the next stage elsewhere.
+pub fn micro_batch_backward(s: &LocalShape, n: u64, on: Residence) -> MemoryBreakdown {
     let c = s.c as u64;
     let mut m = MemoryBreakdown::default();
-    m.add(MemoryItem::ActivationGradients, 4 * s.blocks as u64 * block_backward(s, n));
+    m.add(MemoryItem::ActivationGradients, s.blocks as u64 * block_backward(s, n, on));
     if s.last {
-        m.add(MemoryItem::ActivationGradients, 4 * 2 * n * c);
-        if s.head == OutputHead::Lm {
-            m.add(MemoryItem::Logits, 4 * n * s.vocab as u64);
+        m.add(MemoryItem::ActivationGradients, on.act() * 2 * n * c);
+        match s.head {
+            OutputHead::Lm => m.add(MemoryItem::Logits, on.act() * n * s.vocab as u64),
+            OutputHead::Value if on == Residence::Device => m.add(MemoryItem::ActivationGradients, 2 * n),
+            OutputHead::Value => {}
         }
     } else {
-        m.add(MemoryItem::PipelineBuffers, 4 * n * c);
+        m.add(MemoryItem::PipelineBuffers, on.act() * n * c);
     }
     m
 }
@@ -69,6 +132,7 @@ pub fn micro_batch_backward(s: &LocalShape, n: u64) -> MemoryBreakdown {
 /// Peak of one training step on stage `j` of `pp` (1F1B): the f32 gradient buffer of the
 /// position's `params` elements, `min(pp − j, micro_batches)` micro-batches in flight, and one
 /// backward pass's temporaries.
+#[allow(clippy::too_many_arguments)]
 pub fn training(
     s: &LocalShape,
     params: u64,
@@ -77,39 +141,46 @@ pub fn training(
     seq: u64,
     pp: u32,
     j: u32,
+    on: Residence,
 ) -> MemoryBreakdown {
     let in_flight = u64::from(pp - j).min(micro_batches.max(1));
-    let one = micro_batch_forward(s, micro, seq, true);
+    let one = micro_batch_forward(s, micro, seq, true, on);
     let mut m = MemoryBreakdown::default();
     m.add(MemoryItem::Gradients, 4 * params);
+    m.add(MemoryItem::Activations, on.rope_tables(s, seq));
     for _ in 0..in_flight {
         m = m.plus(&one);
     }
-    m.plus(&micro_batch_backward(s, micro * seq))
+    m.plus(&micro_batch_backward(s, micro * seq, on))
 }
 
 /// Peak of a forward-only pass (inference, and the actor's old log-probabilities): one
 /// micro-batch's activations.
-pub fn inference(s: &LocalShape, micro: u64, seq: u64) -> MemoryBreakdown {
-    micro_batch_forward(s, micro, seq, false)
+pub fn inference(s: &LocalShape, micro: u64, seq: u64, on: Residence) -> MemoryBreakdown {
+    let mut m = micro_batch_forward(s, micro, seq, false, on);
+    m.add(MemoryItem::Activations, on.rope_tables(s, seq));
+    m
 }
 
 /// Peak of generating `r` tokens after a prompt of `p` for `b` sequences: the KV cache for
 /// `p + r` positions, and the larger of the prefill pass and the last decode step (the input,
-/// every block's activations, and on the last stage the whole vocabulary's logits).
-pub fn generation(s: &LocalShape, b: u64, p: u64, r: u64) -> MemoryBreakdown {
+/// every block's activations, and on the last stage the whole vocabulary's logits, which a
+/// device widens to f32 for its sampler).
+pub fn generation(s: &LocalShape, b: u64, p: u64, r: u64, on: Residence) -> MemoryBreakdown {
     let (c, blocks) = (s.c as u64, s.blocks as u64);
     let mut m = MemoryBreakdown::default();
-    m.add(MemoryItem::KvCache, 4 * blocks * 2 * b * (p + r) * (s.kv_heads * s.d) as u64);
+    m.add(MemoryItem::KvCache, on.act() * blocks * 2 * b * (p + r) * (s.kv_heads * s.d) as u64);
+    m.add(MemoryItem::Activations, on.rope_tables(s, p + r));
     let pass = |t: u64, tk: u64| {
         let mut x = MemoryBreakdown::default();
         let input = if s.first { MemoryItem::Activations } else { MemoryItem::PipelineBuffers };
-        x.add(input, 4 * b * t * c);
-        x.add(MemoryItem::Activations, 4 * blocks * block_forward(s, b, t, tk));
+        x.add(input, on.act() * b * t * c);
+        x.add(MemoryItem::Activations, blocks * block_forward(s, b, t, tk, on));
         if s.last {
             // Each sequence's last row, the final norm's output and its 1/rms.
-            x.add(MemoryItem::Activations, 4 * (2 * b * c + b));
-            x.add(MemoryItem::Logits, 4 * b * (s.vocab + s.vocab_total) as u64);
+            x.add(MemoryItem::Activations, on.act() * 2 * b * c + 4 * b);
+            let widened = if on == Residence::Device { 4 * b * s.vocab_total as u64 } else { 0 };
+            x.add(MemoryItem::Logits, on.act() * b * (s.vocab + s.vocab_total) as u64 + widened);
         }
         x
     };
@@ -144,17 +215,18 @@ mod tests {
         let s = shape(true, true);
         // n = 2·3 rows: 4·64 + 2 + 3·64 + 3·32 + 4 + 2 + 3·176 per row, and probs 2·4·3·5.
         let per_row = 4 * 64 + 2 + 3 * 64 + 3 * 32 + 4 + 2 + 3 * 176;
-        assert_eq!(block_forward(&s, 2, 3, 5), 6 * per_row + 2 * 4 * 3 * 5);
-        assert_eq!(block_backward(&s, 6), 6 * (3 * 176 + 2 * 64 + 2 * 64 + 2 * 32));
+        assert_eq!(block_forward(&s, 2, 3, 5, Residence::Host), 4 * (6 * per_row + 2 * 4 * 3 * 5));
+        assert_eq!(block_backward(&s, 6, Residence::Host), 4 * 6 * (3 * 176 + 2 * 64 + 2 * 64 + 2 * 32));
     }
 
     #[test]
     fn inner_stages_receive_their_input_and_the_first_stage_holds_the_most_in_flight() {
         let (first, inner) = (shape(true, false), shape(false, false));
-        let f = micro_batch_forward(&inner, 2, 8, true);
+        let f = micro_batch_forward(&inner, 2, 8, true, Residence::Host);
         assert_eq!(f.get(MemoryItem::PipelineBuffers), 4 * 16 * 64);
         assert_eq!(f.get(MemoryItem::Logits), 0);
-        let (p0, p1) = (training(&first, 1000, 2, 8, 8, 4, 0), training(&first, 1000, 2, 8, 8, 4, 3));
+        let train = |j| training(&first, 1000, 2, 8, 8, 4, j, Residence::Host);
+        let (p0, p1) = (train(0), train(3));
         assert!(p0.total() > p1.total());
         assert_eq!(p0.get(MemoryItem::Gradients), 4000);
     }
@@ -162,7 +234,7 @@ mod tests {
     #[test]
     fn generation_holds_the_cache_for_the_longest_response() {
         let s = shape(true, true);
-        let g = generation(&s, 4, 8, 24);
+        let g = generation(&s, 4, 8, 24, Residence::Host);
         assert_eq!(g.get(MemoryItem::KvCache), 4 * 2 * 2 * 4 * 32 * 32);
         assert!(g.get(MemoryItem::Logits) == 4 * 4 * 64);
     }

@@ -144,8 +144,10 @@ mod tests {
     use crate::comm::testing::{run_ranks, LoopbackPlane, Mailbox};
     use crate::emu::{Counters, EmuId, ShardMemory};
     use crate::engine::{bf16_sections, init_shard, train_step, with_params, CrossEntropy, Sampling, StopIds};
+    use nereus_core::cost::reference::{self, Residence};
+    use nereus_core::cost::{optimizer_bytes_per_param, MemoryBreakdown, ModelStats};
     use nereus_core::half::f32_to_bf16;
-    use nereus_core::model::{Architecture, Catalogue, Layout};
+    use nereus_core::model::{Architecture, Catalogue, Layout, LocalShape, Position};
     use nereus_core::plan::{ModelStage, Role, Stage};
 
     const SEQUENCES: usize = 4;
@@ -302,5 +304,128 @@ mod tests {
         assert_eq!(on_device, on_host);
         let follows = on_host.tokens.chunks(SEQ_LEN).zip(tokens.chunks(SEQ_LEN)).filter(|(g, t)| g == t).count();
         assert!(follows >= SEQUENCES - 1, "{follows} of {SEQUENCES} sequences continue the rule: {:?}", on_host.tokens);
+    }
+
+    /// The ledger's peaks of one rank, pass by pass: a training step, an inference pass and
+    /// generation.
+    struct Peaks {
+        training: MemoryBreakdown,
+        inference: MemoryBreakdown,
+        generation: MemoryBreakdown,
+    }
+
+    const PROMPT: usize = 3;
+    const MICRO: usize = 2;
+
+    fn greedy() -> Sampling {
+        Sampling {
+            temperature: 1.0,
+            top_p: 1.0,
+            max_new_tokens: SEQ_LEN - PROMPT,
+            eos: 47,
+            also_stop: StopIds::NONE,
+            greedy: true,
+            seed: 3,
+        }
+    }
+
+    fn prompts(tokens: &[u32]) -> Vec<u32> {
+        tokens.chunks(SEQ_LEN).flat_map(|s| s[..PROMPT].to_vec()).collect()
+    }
+
+    /// Runs `pass` with a fresh peak and returns the peak it reached.
+    fn peak_of<M: ShardMemory>(set: &mut EmuSet<M>, pass: impl FnOnce(&mut EmuSet<M>)) -> MemoryBreakdown {
+        set.store_mut().ledger_mut().reset_peak();
+        pass(set);
+        set.store().ledger().peak_breakdown()
+    }
+
+    fn host_peaks(rank: i32, mail: Arc<Mailbox>, layout: Layout) -> Peaks {
+        let (tokens, ids) = (tokens(), (0..SEQUENCES as u64).collect::<Vec<_>>());
+        let mut plane = LoopbackPlane::new(rank, mail);
+        let mut set = EmuSet::new(rank, layout.size() as i32, 1 << 30, catalogues(Dtype::F32));
+        let id = create(&mut plane, &mut set, layout, 1)[0];
+        let replica = Replica::new(&mut plane, &set, id, SEQ_LEN).unwrap();
+        let batch = Batch { tokens: &tokens, seq_len: SEQ_LEN, starts: &[] };
+        let training = peak_of(&mut set, |set| {
+            train_step(&plane, set, &replica, &batch, MICRO, &NEXT_TOKEN, &OPT).unwrap();
+        });
+        let inference = peak_of(&mut set, |set| {
+            with_params(set, id, |p, arena| replica.infer(&plane, p, &batch, MICRO, arena)).unwrap();
+        });
+        let generation = peak_of(&mut set, |set| {
+            let prompts = prompts(&tokens);
+            with_params(set, id, |p, arena| replica.generate(&plane, p, &prompts, &[], &ids, &greedy(), arena))
+                .unwrap();
+        });
+        Peaks { training, inference, generation }
+    }
+
+    fn device_peaks(rank: i32, mail: Arc<Mailbox>, layout: Layout) -> Peaks {
+        let (tokens, ids) = (tokens(), (0..SEQUENCES as u64).collect::<Vec<_>>());
+        let mut plane = LoopbackPlane::new(rank, mail);
+        let memory = DeviceMemory::new(Rc::new(Device::new(Emulated::new(rank as u32, 1 << 30)).unwrap()));
+        let mut set = EmuSet::in_memory(rank, layout.size() as i32, 1 << 30, catalogues(Dtype::Bf16), memory);
+        let id = create(&mut plane, &mut set, layout, 1)[0];
+        let replica = Replica::new(&mut plane, &set, id, SEQ_LEN).unwrap();
+        let batch = Batch { tokens: &tokens, seq_len: SEQ_LEN, starts: &[] };
+        let training = peak_of(&mut set, |set| {
+            train_step_on_device(&plane, set, &replica, &batch, MICRO, &NEXT_TOKEN, &OPT).unwrap();
+        });
+        let inference = peak_of(&mut set, |set| {
+            with_device_params(set, &replica, |c, p| replica.infer_on(c, &plane, p, &batch, MICRO)).unwrap();
+        });
+        let generation = peak_of(&mut set, |set| {
+            let prompts = prompts(&tokens);
+            with_device_params(set, &replica, |c, p| replica.generate_on(c, &plane, p, &prompts, &[], &ids, &greedy()))
+                .unwrap();
+        });
+        Peaks { training, inference, generation }
+    }
+
+    /// What the cost model predicts for pipeline position `j` of `layout`: the state the
+    /// position keeps and each pass's transient buffers (`cost/reference.rs`).
+    fn predicted(layout: Layout, j: u32, dtype: Dtype, on: Residence) -> Peaks {
+        let catalogue = &catalogues(dtype)[&Role::Actor];
+        let params = ModelStats::new(catalogue).params_of_stage(layout, j);
+        let shape = LocalShape::of(&catalogue.arch, layout, Position { tp: 0, pp: j });
+        let mut state = MemoryBreakdown::default();
+        state.add(MemoryItem::Params, params * dtype.bytes());
+        state.add(MemoryItem::Optimizer, params * optimizer_bytes_per_param(dtype));
+        let (b, seq) = (MICRO as u64, SEQ_LEN as u64);
+        let micro_batches = (SEQUENCES / MICRO) as u64;
+        let new = (SEQ_LEN - PROMPT) as u64;
+        Peaks {
+            training: state.plus(&reference::training(&shape, params, b, micro_batches, seq, layout.pp, j, on)),
+            inference: state.plus(&reference::inference(&shape, b, seq, on)),
+            generation: state.plus(&reference::generation(&shape, SEQUENCES as u64, PROMPT as u64, new, on)),
+        }
+    }
+
+    /// Every rank's ledger peak, in each pass on the host and on the emulated device, is the
+    /// cost model's prediction for its position, byte for byte and item by item: the device
+    /// engine's bf16 activations, its attention's log-sum-exps, f32 gathers, log-probability
+    /// scratch and rotary tables are all priced.
+    #[test]
+    fn every_pass_peaks_at_the_cost_models_prediction_item_by_item_on_host_and_device() {
+        for (tp, pp) in [(1, 1), (2, 1), (1, 2)] {
+            let layout = Layout::new(tp, pp);
+            let world = layout.size() as i32;
+            let host = run_ranks(world, |rank, mail| host_peaks(rank, mail, layout));
+            let device = run_ranks(world, |rank, mail| device_peaks(rank, mail, layout));
+            for (rank, (host, device)) in host.iter().zip(&device).enumerate() {
+                // Ranks are laid out TP-fastest within a replica.
+                let j = rank as u32 / tp;
+                for (measured, dtype, on) in
+                    [(host, Dtype::F32, Residence::Host), (device, Dtype::Bf16, Residence::Device)]
+                {
+                    let want = predicted(layout, j, dtype, on);
+                    let at = format!("{on:?} ({tp}, {pp}) rank {rank}");
+                    assert_eq!(measured.training, want.training, "training peak, {at}");
+                    assert_eq!(measured.inference, want.inference, "inference peak, {at}");
+                    assert_eq!(measured.generation, want.generation, "generation peak, {at}");
+                }
+            }
+        }
     }
 }

@@ -4,8 +4,10 @@
 //! stream; the host waits only where it reads bytes back: for now the tensor-parallel sum, the
 //! pipeline's sends and receives, the data-parallel sum and the norm, the loss, and the LM head's
 //! per-row statistics go through the host (the device collectives replace them, issue 31).
-//! Scratch buffers stay charged to the arena until the caller releases the micro-batch, as on
-//! the host.
+//! Input gradients accumulate in place (bf16 GEMMs with `beta = 1`, RMSNorm's backward adds to
+//! `dx`); the few f32 scratch buffers (attention's `dk`/`dv` gathers, the LM head's per-shard
+//! statistics, the sampler's widened logits) stay charged to the arena until the caller releases
+//! the micro-batch, as on the host, and `cost/reference.rs` prices each of them.
 
 use super::{Compute, GradView, KvRows, RowCopy, View};
 use crate::backend::blas::{Gemm, GemmOut};
