@@ -109,7 +109,7 @@ pub use vendor::*;
 mod vendor {
     use std::ffi::c_void;
 
-    use super::{Gemm, GemmOut};
+    use super::Gemm;
     use crate::backend::BackendError;
     use crate::engine::real::Op;
 

@@ -302,6 +302,10 @@ impl GpuRuntime for Cuda {
         result::memcpy_dtod_async(dst.0, src.0, bytes as usize, stream(s)).map_err(driver_error)
     }
 
+    unsafe fn zero(&self, dst: DevicePtr, bytes: u64, s: RawHandle) -> Result<(), BackendError> {
+        result::memset_d8_async(dst.0, 0, bytes as usize, stream(s)).map_err(driver_error)
+    }
+
     unsafe fn gemm(
         &self,
         g: &Gemm,

@@ -173,6 +173,13 @@ impl GpuRuntime for Emulated {
         self.copy(dst.0, src.0, bytes)
     }
 
+    unsafe fn zero(&self, dst: DevicePtr, bytes: u64, _: RawHandle) -> Result<(), BackendError> {
+        self.check(dst.0, bytes, "zeroed range")?;
+        // SAFETY: the range lies inside a live allocation (checked).
+        unsafe { std::ptr::write_bytes(dst.0 as *mut u8, 0, bytes as usize) };
+        Ok(())
+    }
+
     unsafe fn launch(&self, launch: &Launch, args: &mut KernelArgs, _stream: RawHandle) -> Result<(), BackendError> {
         // A null pointer is an absent optional argument (attention's `starts`), as on a device.
         for address in args.addresses().filter(|&a| a != 0) {

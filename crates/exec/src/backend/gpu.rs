@@ -113,6 +113,11 @@ pub trait GpuRuntime {
         bytes: u64,
         stream: RawHandle,
     ) -> Result<(), BackendError>;
+    /// Zeroes `bytes` at `dst` in stream order (`cuMemsetD8Async`, `hipMemsetAsync`).
+    ///
+    /// # Safety
+    /// The range lies inside a live allocation.
+    unsafe fn zero(&self, dst: DevicePtr, bytes: u64, stream: RawHandle) -> Result<(), BackendError>;
     /// Enqueues one kernel launch on `stream`. A kernel the runtime did not load is an error.
     ///
     /// # Safety
@@ -394,7 +399,13 @@ pub struct DeviceArray<'d, R: GpuRuntime, T: bytemuck::Pod> {
 impl<'d, R: GpuRuntime, T: bytemuck::Pod> DeviceArray<'d, R, T> {
     /// `len` zeroed elements on `device`.
     pub fn zeros(device: &'d Device<R>, len: usize) -> Result<Self, BackendError> {
-        Self::from(device, &vec![T::zeroed(); len])
+        let bytes = (len * std::mem::size_of::<T>()) as u64;
+        let ptr = device.alloc(bytes)?;
+        let buffer = DeviceArray { device, ptr, len, _elements: std::marker::PhantomData };
+        // SAFETY: the allocation holds `bytes`; the zeroing is ordered before any later work on
+        // the stream, and the host does not wait for it.
+        unsafe { device.runtime.zero(ptr, bytes, device.stream())? };
+        Ok(buffer)
     }
 
     /// A copy of `values` on `device`.

@@ -273,6 +273,10 @@ impl GpuRuntime for Hip {
         check(status, "hipMemcpyDtoDAsync")
     }
 
+    unsafe fn zero(&self, dst: DevicePtr, bytes: u64, s: RawHandle) -> Result<(), BackendError> {
+        check(hiprt::hipMemsetAsync(dst.0 as *mut c_void, 0, bytes as usize, stream(s)), "hipMemsetAsync")
+    }
+
     unsafe fn gemm(
         &self,
         g: &Gemm,
