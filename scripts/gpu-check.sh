@@ -15,8 +15,14 @@
 #      (the emulator's results for these seeds are what CI checked; the reference is the golden);
 #   6. runs `selftest engine --device cuda`, one rank per GPU: every (tp, pp, dp) layout that fits
 #      trains one bf16 step of the parity LM and value model on the GPU(s) (kernels, cuBLAS, the
-#      device shard store, the fused AdamW) against the host f32 engine's (1, 1, 1).
-# Outputs (JSON, tables, logs) go to OUT_DIR; the exit status is 0 only if every check holds.
+#      device shard store, the fused AdamW) against the host f32 engine's (1, 1, 1);
+#   7. runs `bench engine --device cuda` on one GPU (the Llama-3.2-1B shape, random weights, one
+#      4,096-token sequence; decode 64 × (128 + 128)) and checks issue 30's floors: the engine's
+#      GEMMs >= 80% of the bare cuBLAS GEMM's TFLOP/s at the same shapes, the training step at
+#      >= 35% of the device's dense bf16 peak (MFU), decode >= 50% of the HBM roofline for
+#      reading the weights and the KV cache (peaks from configs/clusters/ for H200 and A100).
+# Outputs (JSON, tables, logs) go to OUT_DIR; every step runs even when an earlier floor fails
+# (device time is scarce); the exit status is 0 only if every check held.
 #
 #   bash scripts/gpu-check.sh [OUT_DIR]        # default runs/gpu-check
 #   NEREUS_PREBUILT=.gpu bash scripts/gpu-check.sh   # binaries and OpenMPI from scripts/gpu-bundle.sh
@@ -77,6 +83,18 @@ run() {
   shift
   mpirun --oversubscribe -n "$n" -x LD_LIBRARY_PATH "$bin" "$@"
 }
+# Prints a benchmark report's floors; a failed floor (or none reported) fails the check at the
+# end, not here.
+status=0
+check_floors() {
+  python3 - "$1" <<'PY' || status=1
+import json, sys
+floors = json.load(open(sys.argv[1]))["floors"]
+for f in floors:
+    print(f"{'ok  ' if f['ok'] else 'FAIL'} {f['name']}: {f['value']:.4g} {f['op']} {f['floor']} {f['unit']}")
+sys.exit(0 if floors and all(f["ok"] for f in floors) else 1)
+PY
+}
 
 kernel_test=gpu_rectangle_copies_match_the_host_reference
 if [ -n "$prebuilt" ]; then
@@ -93,26 +111,20 @@ fi
 
 echo "== 3. selftests with device-resident state, $gpus rank(s), one per GPU"
 run "$gpus" inspect topology | tee "$out/topology.txt"
-run "$gpus" selftest primitives --device --cases 20 | tee "$out/selftest-primitives.json"
+run "$gpus" selftest primitives --device --cases 20 | tee "$out/selftest-primitives.json" || status=1
 if [ "$gpus" -ge 3 ]; then
-  run "$gpus" selftest transitions --device --cases 10 | tee "$out/selftest-transitions.json"
+  run "$gpus" selftest transitions --device --cases 10 | tee "$out/selftest-transitions.json" || status=1
 else
   echo "selftest transitions needs 3 ranks on 3 GPUs; skipped with $gpus" | tee "$out/selftest-transitions.json"
 fi
 
 ranks=$((gpus >= 2 ? 2 : 1))
 echo "== 4. bench primitives --device on $ranks rank(s)"
-run "$ranks" bench primitives --device --json "$out/bench-primitives.json" | tee "$out/bench-primitives.txt"
-python3 - "$out/bench-primitives.json" <<'PY'
-import json, sys
-floors = json.load(open(sys.argv[1]))["floors"]
-for f in floors:
-    print(f"{'ok  ' if f['ok'] else 'FAIL'} {f['name']}: {f['value']:.4g} {f['op']} {f['floor']} {f['unit']}")
-sys.exit(0 if floors and all(f["ok"] for f in floors) else 1)
-PY
+run "$ranks" bench primitives --device --json "$out/bench-primitives.json" | tee "$out/bench-primitives.txt" || status=1
+check_floors "$out/bench-primitives.json"
 echo "== 5. selftest kernels --device cuda (every engine kernel and the cuBLAS GEMM against f64 references)"
 for seed in 1 2 3; do
-  run 1 selftest kernels --device cuda --seed "$seed" | tee "$out/selftest-kernels-$seed.json"
+  run 1 selftest kernels --device cuda --seed "$seed" | tee "$out/selftest-kernels-$seed.json" || status=1
 done
 python3 - "$out"/selftest-kernels-*.json <<'PY'
 import json, sys
@@ -122,5 +134,22 @@ for path in sys.argv[1:]:
     print(f"{path}: {s['device']}: {len(s['runs'])} checks, worst {worst:.3f} of the tolerance, {len(s['failures'])} failures")
 PY
 echo "== 6. selftest engine --device cuda on $gpus rank(s) (the bf16 engine against the host f32 engine)"
-run "$gpus" selftest engine --device cuda | tee "$out/selftest-engine.json"
-echo "gpu-check: every check held; outputs in $out"
+run "$gpus" selftest engine --device cuda | tee "$out/selftest-engine.json" || status=1
+echo "== 7. bench engine --device cuda on GPU 0 (GEMMs, MFU of a training step, decode roofline)"
+case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" in
+  *H200*) cluster=(--cluster configs/clusters/h200.toml) ;;
+  *A100*) cluster=(--cluster configs/clusters/a100.toml) ;;
+  *) cluster=(); echo "gpu-check: no cluster file for this GPU; MFU and the roofline are not computed" ;;
+esac
+if run 1 bench engine --device cuda --reps 2 "${cluster[@]}" --json "$out/bench-engine.json" \
+  | tee "$out/bench-engine.txt"; then
+  check_floors "$out/bench-engine.json"
+else
+  status=1
+fi
+if [ "$status" = 0 ]; then
+  echo "gpu-check: every check held; outputs in $out"
+else
+  echo "gpu-check: a check failed (see FAIL above); outputs in $out" >&2
+fi
+exit "$status"

@@ -111,14 +111,14 @@ fn every_engine_kernel_matches_its_f64_reference_on_the_grid_emulator_at_warp_32
 }
 
 #[test]
-fn kernels_and_the_engine_on_a_gpu_this_machine_lacks_exit_2_and_say_which() {
-    for what in ["kernels", "engine"] {
+fn kernels_and_the_engine_on_a_gpu_this_machine_lacks_exit_2_and_say_which_for_selftests_and_the_bench() {
+    for what in [["selftest", "kernels"], ["selftest", "engine"], ["bench", "engine"]] {
         for (device, compiled) in [("cuda", cfg!(feature = "cuda")), ("rocm", cfg!(feature = "rocm"))] {
-            let out = run_mpi(1, &["selftest", what, "--device", device]);
+            let out = run_mpi(1, &[what[0], what[1], "--device", device]);
             let stderr = text(&out).1;
-            assert_eq!(out.status.code(), Some(2), "selftest {what} --device {device}: {stderr}");
+            assert_eq!(out.status.code(), Some(2), "{what:?} --device {device}: {stderr}");
             let why = if compiled { "device visible" } else { "not compiled with" };
-            assert!(stderr.contains(why), "selftest {what} --device {device}: {stderr}");
+            assert!(stderr.contains(why), "{what:?} --device {device}: {stderr}");
         }
     }
 }

@@ -41,3 +41,40 @@ fn every_layout_on_emulated_devices_matches_the_host_f32_step_within_bf16_tolera
         assert!(grads > 1e-4 && grads <= 0.08 && params <= 0.05, "{row}");
     }
 }
+
+/// `bench engine --device emulated` runs the bf16 engine on the grid emulator and reports what
+/// a GPU run is judged by: the FLOPs it counts are the tiny model's, and the model FLOP
+/// utilisation and the decode roofline follow from the cluster file's peaks (no floor applies
+/// on the emulator).
+#[test]
+fn bench_engine_on_the_emulated_device_counts_flops_and_bytes_against_the_cluster_peaks() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("engine.json");
+    let args = ["bench", "engine", "--device", "emulated", "--cluster", "configs/clusters/h200.toml", "--reps", "1"];
+    let out = run_mpi(1, &[&args[..], &["--json", json.to_str().unwrap()]].concat());
+    assert!(out.status.success(), "{}", text(&out).1);
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rows = report["rows"].as_array().unwrap();
+    let phase = |name: &str| rows.iter().find(|r| r["phase"] == name).unwrap_or_else(|| panic!("{name}: {report}"));
+    let phases: Vec<&str> = rows.iter().map(|r| r["phase"].as_str().unwrap()).collect();
+    assert_eq!(phases, ["gemm_library", "gemm_engine", "forward", "backward", "train_step", "prefill", "decode"]);
+    assert!(rows.iter().all(|r| r["seconds"].as_f64().unwrap() > 0.0), "{report}");
+    // The tiny shape: 2 blocks of 128 wide, 4 × 32 query and 2 × 32 key-value heads, SwiGLU 352,
+    // vocabulary 512, 128 tokens; each linear layer's three products are 6·n·in·out FLOPs.
+    let linears = 2 * (128 * 128 + 2 * 128 * 64 + 128 * 128 + 3 * 128 * 352) + 128 * 512;
+    assert_eq!(phase("gemm_library")["flops"].as_f64().unwrap(), (6 * 128 * linears) as f64);
+    assert_eq!(phase("gemm_engine")["flops"], phase("gemm_library")["flops"]);
+    // MFU against the H200's 989 TFLOP/s: the fraction times the peak and the time is the work.
+    let step = phase("train_step");
+    let work = step["fraction_of_peak"].as_f64().unwrap() * 989e12 * step["seconds"].as_f64().unwrap();
+    assert!((work / step["flops"].as_f64().unwrap() - 1.0).abs() < 1e-9, "{step}");
+    // Decode reads the bf16 weights less the untied embedding table (500,352 − 512·128
+    // parameters) and 4 sequences' KV cache over 2 blocks at the mean context 8 + 8/2, per step
+    // (7 steps), at 4.8 TB/s.
+    let decode = phase("decode");
+    let per_step = decode["seconds"].as_f64().unwrap() / 7.0;
+    let bytes = decode["fraction_of_roofline"].as_f64().unwrap() * per_step * 4.8e12;
+    let want = 2.0 * (500_352.0 - 512.0 * 128.0) + 4.0 * 2.0 * 2.0 * 64.0 * 12.0 * 2.0;
+    assert!((bytes / want - 1.0).abs() < 1e-9, "{bytes} bytes for {want}: {decode}");
+    assert_eq!(report["floors"].as_array().unwrap().len(), 0, "the emulator is held to no floor");
+}

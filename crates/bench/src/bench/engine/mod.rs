@@ -1,6 +1,7 @@
 //! `nereus bench engine`: forward, backward, training-step and decode throughput of the CPU
 //! reference engine on one rank, and the FLOP/s it achieves against the GEMM crate's own FLOP/s
-//! on exactly the matrix shapes a training step multiplies, measured in the same run.
+//! on exactly the matrix shapes a training step multiplies, measured in the same run. With
+//! `--device`, the same engine on the rank's device ([`device`]).
 //!
 //! FLOPs counted: every linear layer's products (forward `2·N·in·out`; backward twice that, for
 //! the input and the weight gradients) and causal attention (`2·D·T(T+1)` per sequence and head
@@ -13,8 +14,13 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+pub mod device;
+
 use super::{machine, median, BenchReport, Floor};
+use crate::DeviceArg;
+use device::{DeviceBench, EngineShape, Peaks};
 use nereus_core::config::Dtype;
+use nereus_core::config::{load_cluster_file, DeviceChoice};
 use nereus_core::model::{Architecture, Catalogue, Layout, OutputHead};
 use nereus_core::plan::{ModelStage, Role, Stage};
 use nereus_exec::comm::MpiPlane;
@@ -44,8 +50,33 @@ pub struct Row {
     pub flops: f64,
     /// Achieved GFLOP/s.
     pub gflops_per_second: f64,
-    /// Achieved FLOP/s over the GEMM crate's FLOP/s on the step's shapes.
+    /// Achieved FLOP/s over the GEMM crate's FLOP/s on the step's shapes (on a device: over
+    /// the bare library GEMM's).
     pub fraction_of_gemm: f64,
+    /// Achieved FLOP/s over the device's dense peak (model FLOP utilisation; on a device with
+    /// a cluster file).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fraction_of_peak: Option<f64>,
+    /// The HBM roofline's time over the measured time (decode on a device with a cluster file).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fraction_of_roofline: Option<f64>,
+}
+
+impl Row {
+    /// A phase of `tokens` in `seconds` doing `flops`, against `reference` FLOP/s.
+    fn new(phase: &str, tokens: u64, seconds: f64, flops: f64, reference: f64) -> Row {
+        Row {
+            phase: phase.into(),
+            tokens,
+            seconds,
+            tokens_per_second: tokens as f64 / seconds,
+            flops,
+            gflops_per_second: flops / seconds / 1e9,
+            fraction_of_gemm: if flops > 0.0 { flops / seconds / reference } else { 0.0 },
+            fraction_of_peak: None,
+            fraction_of_roofline: None,
+        }
+    }
 }
 
 /// The benchmark model: 4 blocks, 512 wide, 8 query / 4 key-value heads of 64, SwiGLU 1408,
@@ -132,11 +163,50 @@ pub struct Args {
     /// Also write the report as JSON.
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
+    /// Run the bf16 engine on the rank's device instead (`emulated`, `cuda`, `rocm`).
+    #[command(flatten)]
+    pub device: DeviceArg,
+    /// The device benchmark's model and batch (default: `tiny` on the emulator, `llama1b` on a
+    /// GPU).
+    #[arg(long, value_enum, requires = "device")]
+    pub shape: Option<EngineShape>,
+    /// A cluster file whose `device_peak_tflops` and `device_hbm_gbps` give the model FLOP
+    /// utilisation and the decode roofline (with `--device`).
+    #[arg(long, value_name = "FILE", requires = "device")]
+    pub cluster: Option<PathBuf>,
 }
 
 /// Runs the benchmark on every rank with `args`.
 pub fn run(session: &mut Session, args: &Args) -> Result<(), RuntimeError> {
-    benchmark(session, args.reps, args.json.as_deref())
+    match args.device.device {
+        None => benchmark(session, args.reps, args.json.as_deref()),
+        Some(choice) => on_device(session, args, choice),
+    }
+}
+
+/// `--device`: the engine on each rank's device; rank 0 measures and reports.
+fn on_device(session: &Session, args: &Args, choice: DeviceChoice) -> Result<(), RuntimeError> {
+    let peaks = match &args.cluster {
+        None => None,
+        Some(path) => {
+            let c = load_cluster_file(path)?;
+            let missing = |key: &str| RuntimeError::Usage(format!("{} sets no cluster.{key}", path.display()));
+            let tflops = c.device_peak_tflops.ok_or_else(|| missing("device_peak_tflops"))?;
+            let gbps = c.device_hbm_gbps.ok_or_else(|| missing("device_hbm_gbps"))?;
+            Some(Peaks { flops: tflops * 1e12, hbm_bytes_per_s: gbps * 1e9 })
+        }
+    };
+    let shape =
+        args.shape.unwrap_or(if choice == DeviceChoice::Emulated { EngineShape::Tiny } else { EngineShape::Llama1b });
+    let job = DeviceBench { reps: args.reps, shape, choice, peaks };
+    let Some((title, rows, floors)) = nereus_runtime::device::with_device(session, choice, job)? else {
+        return Ok(());
+    };
+    print_rows(&title, &rows)?;
+    if choice == DeviceChoice::Emulated {
+        println!("(the grid emulator: no floor applies)");
+    }
+    BenchReport { bench: "engine".into(), machine: machine(session), rows, floors }.finish(args.json.as_deref())
 }
 
 /// Runs the benchmark on rank 0 (other ranks return at once).
@@ -152,15 +222,7 @@ fn benchmark(session: &Session, reps: usize, json: Option<&Path>) -> Result<(), 
     let (gemm_flops, gemm_seconds) = gemm_reference(&gemms);
     let reference = gemm_flops / gemm_seconds;
     let attention = attention_flops(&arch, b, t);
-    let row = |phase: &str, tokens: u64, seconds: f64, flops: f64| Row {
-        phase: phase.into(),
-        tokens,
-        seconds,
-        tokens_per_second: tokens as f64 / seconds,
-        flops,
-        gflops_per_second: flops / seconds / 1e9,
-        fraction_of_gemm: if flops > 0.0 { flops / seconds / reference } else { 0.0 },
-    };
+    let row = |phase: &str, tokens: u64, seconds: f64, flops: f64| Row::new(phase, tokens, seconds, flops, reference);
     let (db, dp, dn) = DECODE;
     let rows = vec![
         row("gemm_reference", n as u64, gemm_seconds, gemm_flops),
@@ -247,13 +309,21 @@ fn gemm_reference(gemms: &[Gemm]) -> (f64, f64) {
 fn print_rows(title: &str, rows: &[Row]) -> Result<(), RuntimeError> {
     let mut text = format!("{title}\n");
     text += &format!(
-        "{:<15} {:>8} {:>10} {:>12} {:>10} {:>9}\n",
-        "phase", "tokens", "seconds", "tokens/s", "GFLOP/s", "of GEMM"
+        "{:<15} {:>8} {:>10} {:>12} {:>10} {:>9} {:>8} {:>9}\n",
+        "phase", "tokens", "seconds", "tokens/s", "GFLOP/s", "of GEMM", "of peak", "roofline"
     );
+    let optional = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.3}"));
     for r in rows {
         text += &format!(
-            "{:<15} {:>8} {:>10.4} {:>12.0} {:>10.2} {:>9.3}\n",
-            r.phase, r.tokens, r.seconds, r.tokens_per_second, r.gflops_per_second, r.fraction_of_gemm
+            "{:<15} {:>8} {:>10.4} {:>12.0} {:>10.2} {:>9.3} {:>8} {:>9}\n",
+            r.phase,
+            r.tokens,
+            r.seconds,
+            r.tokens_per_second,
+            r.gflops_per_second,
+            r.fraction_of_gemm,
+            optional(r.fraction_of_peak),
+            optional(r.fraction_of_roofline)
         );
     }
     std::io::stdout().lock().write_all(text.as_bytes()).map_err(RuntimeError::Stdout)

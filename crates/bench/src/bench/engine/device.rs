@@ -1,0 +1,346 @@
+//! `nereus bench engine --device …`: the engine on one rank's device (bf16 through the kernels
+//! and the vendor GEMMs, its shards in the device shard store), and the three numbers the device
+//! engine's floors name (docs/benchmarks.md):
+//!
+//! - **engine GEMMs against the bare library GEMM at the same shapes.** Library: every product of
+//!   a training step ([`step_gemms`]) issued alone, bf16 output, nothing accumulated. Engine: the
+//!   same products as the engine issues them (`linear_forward`, then `linear_backward` adding
+//!   the input gradient in bf16 and the weight gradient in f32). The forward products are the
+//!   same call in both, so only the backward's choices can cost anything.
+//! - **model FLOP utilisation of a training step**: the step's counted FLOPs (GEMMs and causal
+//!   attention) per second over the dense peak of the cluster file given.
+//! - **decode against the HBM roofline**: the bytes one decode step must read (the bf16 weights,
+//!   less an untied embedding table, of which only the tokens' rows are read, and the KV cache
+//!   at the steps' mean context) over the cluster file's HBM bandwidth, against the measured
+//!   step time (generating `new` tokens less generating one, per step).
+//!
+//! On the grid emulator every number is measured and reported but no floor applies: it checks
+//! that the benchmark runs, not how fast a GPU is.
+
+use std::time::Instant;
+
+use super::{attention_flops, step_gemms, Gemm as StepGemm, Row};
+use crate::bench::Floor;
+use nereus_core::config::{DeviceChoice, Dtype};
+use nereus_core::cost::MemoryItem;
+use nereus_core::model::{Architecture, Catalogue, Layout, OutputHead};
+use nereus_core::plan::{ModelStage, Role, Stage};
+use nereus_exec::backend::blas::{Gemm, GemmOut};
+use nereus_exec::backend::gpu::{Device, DeviceArray, GpuRuntime};
+use nereus_exec::comm::collectives::CollectiveLib;
+use nereus_exec::emu::{Counters, DeviceMemory, EmuSet};
+use nereus_exec::engine::compute::{Compute, OnDevice};
+use nereus_exec::engine::{
+    init_shard, train_step_on_device, with_device_params, AdamW, Batch, CrossEntropy, EngineError, Op, Replica,
+    Sampling, StopIds,
+};
+use nereus_runtime::device::{DeviceJob, Plane};
+use nereus_runtime::RuntimeError;
+
+/// The model and batch a device benchmark runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EngineShape {
+    /// Two blocks 128 wide, 2 × 64 tokens, decode 4 × (8 + 8): seconds on the grid emulator.
+    Tiny,
+    /// The Llama-3.2-1B shape (16 blocks, 2048 wide, 32 query / 8 key-value heads of 64,
+    /// SwiGLU 8192, 128,256-token vocabulary, tied embeddings; 1.24 B parameters), one
+    /// 4,096-token sequence; decode 64 sequences of 128 + 128 tokens.
+    Llama1b,
+}
+
+/// A shape's model, training batch (sequences, tokens) and decode (sequences, prompt, new).
+struct Sizes {
+    arch: Architecture,
+    batch: (usize, usize),
+    decode: (usize, usize, usize),
+}
+
+impl EngineShape {
+    fn sizes(self) -> Sizes {
+        let lm = |vocab, hidden, layers, heads, kv_heads, head_dim, ffn, tie_embeddings| Architecture {
+            vocab,
+            hidden,
+            layers,
+            heads,
+            kv_heads,
+            head_dim,
+            ffn,
+            tie_embeddings,
+            qk_norm: false,
+            head: OutputHead::Lm,
+            dtype: Dtype::Bf16,
+        };
+        match self {
+            EngineShape::Tiny => {
+                Sizes { arch: lm(512, 128, 2, 4, 2, 32, 352, false), batch: (2, 64), decode: (4, 8, 8) }
+            }
+            EngineShape::Llama1b => {
+                Sizes { arch: lm(128_256, 2048, 16, 32, 8, 64, 8192, true), batch: (1, 4096), decode: (64, 128, 128) }
+            }
+        }
+    }
+}
+
+/// The device's dense bf16 peak and HBM bandwidth (from a cluster file).
+#[derive(Debug, Clone, Copy)]
+pub struct Peaks {
+    /// FLOP/s.
+    pub flops: f64,
+    /// Bytes per second.
+    pub hbm_bytes_per_s: f64,
+}
+
+/// The benchmark as a [`DeviceJob`]: rank 0 measures, other ranks return at once.
+pub struct DeviceBench {
+    /// Measured repetitions after one warm-up.
+    pub reps: usize,
+    /// Model and batch.
+    pub shape: EngineShape,
+    /// Which device was asked for (floors apply on GPUs only).
+    pub choice: DeviceChoice,
+    /// Peaks for MFU and the roofline, if a cluster file was given.
+    pub peaks: Option<Peaks>,
+}
+
+/// What the benchmark measured: a title, rows and floors (rank 0; empty elsewhere).
+pub type Measured = Option<(String, Vec<Row>, Vec<Floor>)>;
+
+impl DeviceJob for DeviceBench {
+    type Output = Measured;
+
+    fn run<L: CollectiveLib, R: GpuRuntime>(
+        self,
+        plane: &mut Plane<'_, L, R>,
+        memory: DeviceMemory<R>,
+    ) -> Result<Measured, RuntimeError> {
+        use nereus_exec::comm::DataPlane;
+        if plane.rank() != 0 {
+            return Ok(None);
+        }
+        let Sizes { arch, batch: (b, t), decode: (db, dp, dn) } = self.shape.sizes();
+        let ms = ModelStage::new(Role::Actor, Stage::Training);
+        let catalogue = Catalogue::new(arch.clone());
+        let params = catalogue.parameter_count();
+        let mut set = EmuSet::in_memory(0, 1, u64::MAX / 2, [(Role::Actor, catalogue)].into_iter().collect(), memory);
+        let id = set.create(plane, ms, Layout::new(1, 1), &[0], Counters::default(), |shard, cat| {
+            init_shard(shard, cat, 3).map_err(|e| e.to_string())
+        })?;
+        let replica = Replica::new(plane, &set, id, t.max(dp + dn))?;
+        let (library, engine) = time_gemms(&mut set, &replica, &arch, b * t, self.reps)?;
+        let phases = time_phases(&*plane, &mut set, &replica, &arch, (b, t, db, dp, dn), self.reps)?;
+        let rows = rows(&arch, (b, t, db, dp, dn), params, (library, engine), &phases, self.peaks);
+        let floors = if self.choice == DeviceChoice::Emulated { Vec::new() } else { floors(&rows) };
+        let title = format!(
+            "device engine ({:?}): {params} parameters in bf16; batch {b} x {t} tokens; decode {db} x ({dp} + {dn})",
+            self.choice
+        );
+        Ok(Some((title, rows, floors)))
+    }
+}
+
+/// Median seconds of the step's phases on the device.
+struct Phases {
+    forward: f64,
+    step: f64,
+    prefill: f64,
+    decode_step: f64,
+}
+
+/// Times `f` after one warm-up run: `runs` back to back, then one wait for the device.
+fn per_run<R: GpuRuntime>(
+    device: &Device<R>,
+    runs: usize,
+    mut f: impl FnMut() -> Result<(), EngineError>,
+) -> Result<f64, EngineError> {
+    f()?;
+    device.synchronize()?;
+    let start = Instant::now();
+    for _ in 0..runs.max(1) {
+        f()?;
+    }
+    device.synchronize()?;
+    Ok(start.elapsed().as_secs_f64() / runs.max(1) as f64)
+}
+
+/// `len` bf16 values in ±0.05 (not zeros, which draw less power on a GPU) on the compute.
+fn filled<'d, R: GpuRuntime>(
+    c: &mut OnDevice<'d, '_, '_, R>,
+    len: usize,
+    seed: f32,
+) -> Result<DeviceArray<'d, R, u16>, EngineError> {
+    let mut x = c.zeros(MemoryItem::Activations, len)?;
+    c.modify(&mut x, |v| {
+        v.iter_mut().enumerate().for_each(|(i, v)| *v = ((i as f32 * 0.37 + seed).sin()) * 0.05);
+        Ok(())
+    })?;
+    Ok(x)
+}
+
+/// Seconds of every product of a training step on `n` tokens, issued bare and through the
+/// engine's linear layers (each distinct layer shape timed once, weighted by its count).
+fn time_gemms<R: GpuRuntime>(
+    set: &mut EmuSet<DeviceMemory<R>>,
+    replica: &Replica,
+    arch: &Architecture,
+    n: usize,
+    reps: usize,
+) -> Result<(f64, f64), RuntimeError> {
+    // Every linear layer contributes its forward product first (see `step_gemms`).
+    let layers: Vec<(usize, usize)> = step_gemms(arch, n).iter().step_by(3).map(|g| (g.k, g.n)).collect();
+    let mut distinct: Vec<((usize, usize), usize)> = Vec::new();
+    for shape in layers {
+        match distinct.iter_mut().find(|(s, _)| *s == shape) {
+            Some((_, count)) => *count += 1,
+            None => distinct.push((shape, 1)),
+        }
+    }
+    let runs = reps.max(1) * 2;
+    Ok(with_device_params(set, replica, |c, _| {
+        let (mut library, mut engine) = (0.0, 0.0);
+        for &((inp, out), count) in &distinct {
+            let (x, dy, w) = (filled(c, n * inp, 1.0)?, filled(c, n * out, 2.0)?, filled(c, out * inp, 3.0)?);
+            let (mut y, mut dx, dw16) = (
+                c.zeros(MemoryItem::Activations, n * out)?,
+                c.zeros(MemoryItem::Activations, n * inp)?,
+                c.zeros(MemoryItem::Activations, out * inp)?,
+            );
+            let dw = c.stats(MemoryItem::Gradients, out * inp)?;
+            let (wv, mut gv, range) = (w.view(), dw.view(), 0..out * inp);
+            let device = c.device();
+            let bare = |m, k, n, op_a, op_b| Gemm { m, k, n, op_a, op_b, out: GemmOut::Bf16 { accumulate: false } };
+            let products = [
+                (bare(n, inp, out, Op::N, Op::T), x.ptr(), w.ptr(), y.ptr()),
+                (bare(n, out, inp, Op::N, Op::N), dy.ptr(), w.ptr(), dx.ptr()),
+                (bare(out, n, inp, Op::T, Op::N), dy.ptr(), x.ptr(), dw16.ptr()),
+            ];
+            library += count as f64
+                * per_run(device, runs, || {
+                    for (g, a, b, out) in &products {
+                        // SAFETY: each buffer holds the product's operand or output.
+                        unsafe { device.gemm(g, *a, *b, *out)? };
+                    }
+                    Ok(())
+                })?;
+            engine += count as f64
+                * per_run(device, runs, || {
+                    c.linear_forward(&mut y, &x, (&wv, &range), n, inp, out)?;
+                    c.linear_backward(Some(&mut dx), (&mut gv, &range), &dy, &x, (&wv, &range), n, inp, out)
+                })?;
+        }
+        Ok((library, engine))
+    })?)
+}
+
+/// Median seconds of a forward pass, a training step, a prefill (one new token) and one decode
+/// step, over `reps` rounds after a warm-up.
+fn time_phases<P: nereus_exec::comm::DataPlane, R: GpuRuntime>(
+    plane: &P,
+    set: &mut EmuSet<DeviceMemory<R>>,
+    replica: &Replica,
+    arch: &Architecture,
+    (b, t, db, dp, dn): (usize, usize, usize, usize, usize),
+    reps: usize,
+) -> Result<Phases, RuntimeError> {
+    let tokens: Vec<u32> =
+        (0..(b * t).max(db * dp)).map(|i| (nereus_core::rng::mix(i as u64) % arch.vocab) as u32).collect();
+    let batch = Batch { tokens: &tokens[..b * t], seq_len: t, starts: &[] };
+    let objective = CrossEntropy { sequences: b, seq_len: t };
+    let opt = AdamW::default();
+    let ids: Vec<u64> = (0..db as u64).collect();
+    // EOS outside the vocabulary: every sequence decodes all its tokens.
+    let sampling = |new| Sampling {
+        temperature: 1.0,
+        top_p: 1.0,
+        max_new_tokens: new,
+        eos: arch.vocab as u32,
+        also_stop: StopIds::NONE,
+        greedy: true,
+        seed: 1,
+    };
+    let prompts = &tokens[..db * dp];
+    let timed = |f: &mut dyn FnMut() -> Result<(), EngineError>| -> Result<f64, EngineError> {
+        let start = Instant::now();
+        f()?;
+        Ok(start.elapsed().as_secs_f64())
+    };
+    let mut runs: [Vec<f64>; 4] = Default::default();
+    for rep in 0..=reps.max(1) {
+        let forward =
+            timed(&mut || with_device_params(set, replica, |c, p| replica.infer_on(c, plane, p, &batch, b)).map(drop))?;
+        let step = timed(&mut || train_step_on_device(plane, set, replica, &batch, b, &objective, &opt).map(drop))?;
+        let generate = |set: &mut EmuSet<DeviceMemory<R>>, new| {
+            with_device_params(set, replica, |c, p| {
+                replica.generate_on(c, plane, p, prompts, &[], &ids, &sampling(new))
+            })
+        };
+        let prefill = timed(&mut || generate(set, 1).map(drop))?;
+        let full = timed(&mut || generate(set, dn).map(drop))?;
+        // The first round warms the allocator, the libraries' heuristics and the caches.
+        if rep > 0 {
+            let decode_step = (full - prefill).max(0.0) / (dn.max(2) - 1) as f64;
+            for (k, v) in [forward, step, prefill, decode_step].into_iter().enumerate() {
+                runs[k].push(v);
+            }
+        }
+    }
+    let [forward, step, prefill, decode_step] = runs.map(super::super::median);
+    Ok(Phases { forward, step, prefill, decode_step })
+}
+
+/// Bytes one decode step reads at context `context`: the bf16 weights (an untied embedding
+/// table only for the tokens' rows) and every sequence's KV cache.
+fn decode_bytes(arch: &Architecture, params: u64, sequences: u64, context: f64) -> f64 {
+    let untied_embedding = if arch.tie_embeddings { 0 } else { arch.vocab * arch.hidden };
+    let weights = 2 * (params - untied_embedding);
+    let kv = sequences as f64 * arch.layers as f64 * 2.0 * arch.kv_width() as f64 * context * 2.0;
+    weights as f64 + kv
+}
+
+fn rows(
+    arch: &Architecture,
+    (b, t, db, dp, dn): (usize, usize, usize, usize, usize),
+    params: u64,
+    (library, engine): (f64, f64),
+    p: &Phases,
+    peaks: Option<Peaks>,
+) -> Vec<Row> {
+    let n = (b * t) as u64;
+    let gemm_flops: f64 = step_gemms(arch, b * t).iter().map(StepGemm::flops).sum();
+    let attention = attention_flops(arch, b, t);
+    let reference = gemm_flops / library;
+    let row = |phase: &str, tokens: u64, seconds: f64, flops: f64| {
+        let mut r = Row::new(phase, tokens, seconds, flops, reference);
+        r.fraction_of_peak = peaks.filter(|_| flops > 0.0).map(|pk| flops / seconds / pk.flops);
+        r
+    };
+    let steps = dn.max(2) as u64 - 1;
+    let mut decode = row("decode", db as u64 * steps, p.decode_step * steps as f64, 0.0);
+    let context = dp as f64 + dn as f64 / 2.0;
+    let roofline = |pk: Peaks| decode_bytes(arch, params, db as u64, context) / pk.hbm_bytes_per_s;
+    decode.fraction_of_roofline = peaks.map(|pk| roofline(pk) / p.decode_step);
+    vec![
+        row("gemm_library", n, library, gemm_flops),
+        row("gemm_engine", n, engine, gemm_flops),
+        row("forward", n, p.forward, gemm_flops / 3.0 + attention / 3.0),
+        row("backward", n, (p.step - p.forward).max(1e-9), 2.0 * (gemm_flops + attention) / 3.0),
+        row("train_step", n, p.step, gemm_flops + attention),
+        row("prefill", (db * dp) as u64, p.prefill, 0.0),
+        decode,
+    ]
+}
+
+/// The device engine's floors, from the rows (GPUs only).
+fn floors(rows: &[Row]) -> Vec<Floor> {
+    let find = |phase: &str| rows.iter().find(|r| r.phase == phase);
+    let mut out = Vec::new();
+    if let Some(r) = find("gemm_engine") {
+        out.push(Floor::at_least("engine_gemm_fraction_of_library", r.fraction_of_gemm, 0.8, "ratio"));
+    }
+    if let Some(mfu) = find("train_step").and_then(|r| r.fraction_of_peak) {
+        out.push(Floor::at_least("train_step_mfu", mfu, 0.35, "ratio"));
+    }
+    if let Some(roofline) = find("decode").and_then(|r| r.fraction_of_roofline) {
+        out.push(Floor::at_least("decode_fraction_of_hbm_roofline", roofline, 0.5, "ratio"));
+    }
+    out
+}
