@@ -8,7 +8,9 @@
 #   hipcc   --genco --offload-arch=gfx90a (Debian's hipcc, ROCm 5.2) in build.rs, the code object
 #           embedded in the binary;
 #   g++     the grid emulator at warp 32 and 64 (build.rs, every build);
-# and every cuBLAS symbol the engine's GEMMs use is resolved from the PyPI wheel's libcublas.so.12.
+# and every cuBLAS symbol the engine's GEMMs use is resolved from the PyPI wheel's libcublas.so.12;
+# Debian has no hipBLAS, so its symbols, GEMM argument widths and enum values are checked against
+# hipBLAS's declarations (hipblas-sys 0.1.0 from crates.io, fetched by setup.sh).
 #
 #   NEREUS_WITH_KERNEL_TOOLS=1 bash scripts/setup.sh   # installs the tools (idempotent)
 #   bash scripts/compile-kernels.sh [CARGO SELECTION…]
@@ -28,4 +30,5 @@ cargo test --release --locked "${selection[@]}" --lib -- \
   backend::cuda::tests::cuda_kernels_compile_with_nvrtc_and_assemble_with_ptxas_without_spills \
   backend::rocm::tests::the_embedded_code_object_holds_every_kernel \
   backend::grid::tests::the_emulator_holds_every_kernel_of_every_source_at_both_widths \
-  backend::cuda::tests::every_cublas_symbol_the_engine_uses_resolves
+  backend::cuda::tests::every_cublas_symbol_the_engine_uses_resolves \
+  backend::rocm::tests::the_engines_hipblas_symbols_argument_widths_and_constants_are_hipblas_declarations

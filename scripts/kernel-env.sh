@@ -5,6 +5,7 @@
 #   nvidia-cublas-cu12      libcublas.so.12  -> LD_LIBRARY_PATH (the GEMM symbols are resolved in CI)
 #   nvidia-nccl-cu12        libnccl.so.2     -> a libnccl.so link in target/nccl-link on
 #                                               LD_LIBRARY_PATH (cudarc loads libnccl.so)
+#   hipblas-sys (crates.io) bindings.rs      -> NEREUS_HIPBLAS_API (hipBLAS's declarations)
 py=${PYTHON:-python3}
 pkg_dir() { "$py" -c "import importlib.util as u, os; s = u.find_spec('nvidia.$1'); print(os.path.dirname(s.origin) if s and s.origin else (list(s.submodule_search_locations)[0] if s else ''))" 2>/dev/null || true; }
 nereus_nvrtc=$(pkg_dir cuda_nvrtc)
@@ -26,5 +27,9 @@ if [ -n "$nereus_nccl" ] && [ -e "$nereus_nccl/lib/libnccl.so.2" ]; then
   mkdir -p target/nccl-link
   ln -sf "$nereus_nccl/lib/libnccl.so.2" target/nccl-link/libnccl.so
   export LD_LIBRARY_PATH="$PWD/target/nccl-link:$nereus_nccl/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+# hipBLAS's declarations (fetched by setup.sh): the engine's hipBLAS ABI is checked against them.
+if [ -f target/hipblas-api/hipblas-sys-0.1.0/src/bindings.rs ]; then
+  export NEREUS_HIPBLAS_API="$PWD/target/hipblas-api/hipblas-sys-0.1.0/src/bindings.rs"
 fi
 unset -f pkg_dir

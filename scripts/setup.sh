@@ -19,7 +19,7 @@ packages="openmpi-bin libopenmpi-dev libclang-dev libhwloc-dev pkg-config g++"
 [ "${NEREUS_WITH_HIP:-0}" = 1 ] && packages="$packages libamdhip64-dev"
 [ "${NEREUS_WITH_EXACT:-0}" = 1 ] && packages="$packages cmake"
 if [ "${NEREUS_WITH_KERNEL_TOOLS:-0}" = 1 ]; then
-  packages="$packages libamdhip64-dev hipcc"
+  packages="$packages libamdhip64-dev hipcc curl"
   python3 -m pip --version >/dev/null 2>&1 || packages="$packages python3-pip"
 fi
 
@@ -48,6 +48,17 @@ if [ "${NEREUS_WITH_KERNEL_TOOLS:-0}" = 1 ]; then
     python3 -m pip install -q --no-deps --no-cache-dir --disable-pip-version-check "$wheel" 2>/dev/null ||
       python3 -m pip install -q --no-deps --no-cache-dir --disable-pip-version-check --break-system-packages "$wheel"
   done
+fi
+
+# hipBLAS's API as bindgen wrote it from hipblas.h (the crate hipblas-sys 0.1.0: hipBLAS 0.53,
+# whose legacy GEMM API hipBLAS 2 keeps). Debian ships no hipBLAS, so CI checks the engine's
+# hipBLAS names, enum values and argument widths against this declaration instead of a library.
+if [ "${NEREUS_WITH_KERNEL_TOOLS:-0}" = 1 ] && [ ! -f target/hipblas-api/hipblas-sys-0.1.0/src/bindings.rs ]; then
+  echo "setup: fetching hipblas-sys 0.1.0 (hipBLAS's declarations) from crates.io"
+  mkdir -p target/hipblas-api
+  curl -sSfL https://static.crates.io/crates/hipblas-sys/hipblas-sys-0.1.0.crate -o target/hipblas-api/crate.tar.gz
+  echo "37b86436ed4bbb3d66e8be840f417956f2b54bd0d1c7fd12d249c0cec9a41c98  target/hipblas-api/crate.tar.gz" | sha256sum -c --quiet
+  tar xzf target/hipblas-api/crate.tar.gz -C target/hipblas-api hipblas-sys-0.1.0/src/bindings.rs
 fi
 
 command -v cargo >/dev/null || { echo "setup: cargo not found; install Rust from https://rustup.rs" >&2; exit 1; }

@@ -328,13 +328,9 @@ impl GpuRuntime for Cuda {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::tools_required;
     use std::path::PathBuf;
     use std::process::Command;
-
-    /// CI sets this so missing kernel tools fail the run instead of skipping the check.
-    fn tools_required() -> bool {
-        std::env::var("NEREUS_REQUIRE_KERNEL_TOOLS").is_ok_and(|v| v == "1")
-    }
 
     /// NVRTC compiles every kernel source to PTX for sm_80 and sm_90 (and to cubins directly),
     /// and ptxas assembles that PTX without spilling a register: a kernel that does not compile,

@@ -140,3 +140,10 @@ mod tests {
         }
     }
 }
+
+/// CI sets `NEREUS_REQUIRE_KERNEL_TOOLS=1` so that missing kernel tools fail a test instead of
+/// skipping its check.
+#[cfg(test)]
+pub(crate) fn tools_required() -> bool {
+    std::env::var("NEREUS_REQUIRE_KERNEL_TOOLS").is_ok_and(|v| v == "1")
+}

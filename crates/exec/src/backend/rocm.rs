@@ -331,6 +331,51 @@ mod tests {
         }
     }
 
+    /// Debian has no hipBLAS library, so CI checks the engine's hipBLAS ABI against hipBLAS's
+    /// declarations instead (`NEREUS_HIPBLAS_API`: hipblas-sys 0.1.0's bindgen output of
+    /// hipblas.h, hipBLAS 0.53, whose legacy GEMM API hipBLAS 2 keeps): every symbol is declared,
+    /// the GEMM's 23 arguments have the widths of the engine's function type (pointer, 32-bit
+    /// integer or enum, 64-bit stride), and the enum values the engine passes are hipBLAS's.
+    #[test]
+    fn the_engines_hipblas_symbols_argument_widths_and_constants_are_hipblas_declarations() {
+        use crate::backend::blas::HIPBLAS;
+        let Some(path) = std::env::var_os("NEREUS_HIPBLAS_API") else {
+            assert!(!crate::backend::tools_required(), "NEREUS_REQUIRE_KERNEL_TOOLS=1 but NEREUS_HIPBLAS_API is unset");
+            return eprintln!("skipped: NEREUS_HIPBLAS_API unset (NEREUS_WITH_KERNEL_TOOLS=1 bash scripts/setup.sh)");
+        };
+        let api = std::fs::read_to_string(path).unwrap();
+        let declared = |symbol: &str| {
+            let start = api.find(&format!("pub fn {symbol}(")).unwrap_or_else(|| panic!("{symbol} is not declared"));
+            let params = &api[start..][..api[start..].find(") ->").unwrap()];
+            params
+                .split(',')
+                .filter(|p| !p.trim().is_empty())
+                .map(|p| p.split_once(':').map_or("", |(_, t)| t).trim().to_string())
+                .collect::<Vec<_>>()
+        };
+        for symbol in HIPBLAS.symbols {
+            declared(symbol);
+        }
+        assert!(api.contains("pub type hipblasHandle_t = *mut ::libc::c_void;"));
+        assert!(api.contains("pub type hipblasStride = i64;"));
+        let width = |t: &str| match t {
+            "hipblasStride" => 'l',
+            t if t.starts_with('*') || t == "hipblasHandle_t" => 'p',
+            _ => 'i',
+        };
+        let widths: String = declared(HIPBLAS.symbols[3]).iter().map(|t| width(t)).collect();
+        // `blas::GemmStridedBatched`, argument by argument.
+        assert_eq!(widths, "piiiiippiilpiilppiiliii");
+        let value = |name: &str| {
+            let at = api.find(&format!("    {name} = ")).unwrap_or_else(|| panic!("{name} is not declared"));
+            let text = &api[at + name.len() + 7..];
+            text[..text.find(',').unwrap()].parse::<i32>().unwrap()
+        };
+        assert_eq!(HIPBLAS.ops, (value("HIPBLAS_OP_N"), value("HIPBLAS_OP_T")));
+        assert_eq!(HIPBLAS.types, (value("HIPBLAS_R_16B"), value("HIPBLAS_R_32F")));
+        assert_eq!(HIPBLAS.compute_and_algo, (value("HIPBLAS_R_32F"), value("HIPBLAS_GEMM_DEFAULT")));
+    }
+
     /// CI builds with hipcc (NEREUS_REQUIRE_KERNEL_TOOLS=1 makes build.rs insist); then each
     /// embedded code object is a clang offload bundle holding every kernel of its source.
     #[test]
@@ -340,7 +385,7 @@ mod tests {
             [("pack.cu", PACK_CODE_OBJECT), ("engine.cu", ENGINE_CODE_OBJECT), ("probe.cu", PROBE_CODE_OBJECT)]
         {
             let Some(image) = object else {
-                assert!(std::env::var("NEREUS_REQUIRE_KERNEL_TOOLS").map_or(true, |v| v != "1"), "no code object");
+                assert!(!crate::backend::tools_required(), "no code object");
                 eprintln!("skipped: built without hipcc");
                 return;
             };
