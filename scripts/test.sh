@@ -82,8 +82,9 @@ fi
 # outside CI).
 source scripts/kernel-env.sh
 cargo clippy --release --locked --workspace --all-targets --features "$features" -- -D warnings
-cargo build --release --locked --features "$features"
-cargo test --release --locked --workspace --features "$features" --lib
+# The libraries' unit tests, and the binary's test harness (which links the whole binary with
+# every backend: a separate `cargo build` of it would compile everything once more).
+cargo test --release --locked --workspace --features "$features" --lib --bins
 
 echo "== device kernels compile without a GPU (kernels/*.cu: NVRTC + ptxas for sm_80/sm_90, hipcc for gfx90a, no register spills)"
 if [ "$ci" = true ] || { python3 -c 'import nvidia.cuda_nvrtc' 2>/dev/null && command -v hipcc >/dev/null; }; then
