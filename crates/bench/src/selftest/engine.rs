@@ -17,8 +17,8 @@ use nereus_exec::comm::{DataPlane, MpiPlane};
 use nereus_exec::emu::{Counters, DeviceMemory, EmuSet, Exchange, HostMemory, LocalShard, ShardMemory};
 use nereus_exec::engine::parallel::assemble_rows;
 use nereus_exec::engine::{
-    init_shard, train_step, train_step_on_device, with_device_params, with_params, AdamW, Batch, CrossEntropy,
-    EngineError, Generated, Objective, Replica, Sampling, StepReport, StopIds,
+    init_shard, AdamW, Batch, CrossEntropy, DeviceEngine, EngineOn, HostEngine, Objective, Replica, Sampling, StopIds,
+    Wave,
 };
 use nereus_runtime::device::{with_device, DeviceJob, Plane};
 use nereus_runtime::{RuntimeError, Session};
@@ -150,7 +150,7 @@ pub fn engine(session: &Session, device: Option<DeviceChoice>) -> Result<EngineS
             let layouts = layouts(session.world().size());
             let mut reference: Option<LayoutRun> = None;
             for layout in layouts {
-                let run = run_layout(session, &mut plane, &OnHost, head, &tokens, layout)?;
+                let run = run_layout(session, &mut plane, &HostEngine, head, &tokens, layout)?;
                 match &reference {
                     _ if run.gathered.is_none() => {}
                     None => {
@@ -165,7 +165,7 @@ pub fn engine(session: &Session, device: Option<DeviceChoice>) -> Result<EngineS
     };
     let mut references = Vec::new();
     for (name, head) in MODELS {
-        let run = run_layout(session, &mut plane, &OnHost, head, &tokens, (1, 1, 1))?;
+        let run = run_layout(session, &mut plane, &HostEngine, head, &tokens, (1, 1, 1))?;
         summary.rows.push(reference_row(name, (1, 1, 1), &run));
         references.push(run);
     }
@@ -226,70 +226,26 @@ impl DeviceJob for DeviceParity<'_> {
     }
 }
 
-/// Where a layout's replicas keep their shards and compute.
+/// Where a layout's replicas keep their shards, and the engine (shared with the RL step) that
+/// computes them.
 trait Backend<M: ShardMemory> {
-    /// The parameters' dtype.
-    const DTYPE: Dtype;
+    /// The engine.
+    type Engine: EngineOn<M>;
+    /// The engine.
+    fn engine(&self) -> &Self::Engine;
     /// An empty set of EMUs for this rank.
     fn new_set(&self, rank: i32, world: i32, catalogues: BTreeMap<Role, Catalogue>) -> EmuSet<M>;
-    /// One training step of `replica`.
-    #[allow(clippy::too_many_arguments)]
-    fn step<P: DataPlane>(
-        &self,
-        plane: &P,
-        set: &mut EmuSet<M>,
-        replica: &Replica,
-        batch: &Batch,
-        micro_batch: usize,
-        objective: &dyn Objective,
-        opt: &AdamW,
-    ) -> Result<StepReport, EngineError>;
-    /// Responses of `replica` to `prompts`.
-    #[allow(clippy::too_many_arguments)]
-    fn generate<P: DataPlane>(
-        &self,
-        plane: &P,
-        set: &mut EmuSet<M>,
-        replica: &Replica,
-        prompts: &[u32],
-        ids: &[u64],
-        s: &Sampling,
-    ) -> Result<Generated, EngineError>;
 }
 
-/// The host f32 engine.
-struct OnHost;
+impl Backend<HostMemory> for HostEngine {
+    type Engine = HostEngine;
 
-impl Backend<HostMemory> for OnHost {
-    const DTYPE: Dtype = Dtype::F32;
+    fn engine(&self) -> &HostEngine {
+        self
+    }
 
     fn new_set(&self, rank: i32, world: i32, catalogues: BTreeMap<Role, Catalogue>) -> EmuSet {
         EmuSet::new(rank, world, 1 << 30, catalogues)
-    }
-
-    fn step<P: DataPlane>(
-        &self,
-        plane: &P,
-        set: &mut EmuSet,
-        replica: &Replica,
-        batch: &Batch,
-        micro_batch: usize,
-        objective: &dyn Objective,
-        opt: &AdamW,
-    ) -> Result<StepReport, EngineError> {
-        train_step(plane, set, replica, batch, micro_batch, objective, opt)
-    }
-
-    fn generate<P: DataPlane>(
-        &self,
-        plane: &P,
-        set: &mut EmuSet,
-        replica: &Replica,
-        prompts: &[u32],
-        ids: &[u64],
-        s: &Sampling,
-    ) -> Result<Generated, EngineError> {
-        with_params(set, replica.emu, |params, arena| replica.generate(plane, params, prompts, &[], ids, s, arena))
     }
 }
 
@@ -299,35 +255,14 @@ struct OnDevice<R: GpuRuntime> {
 }
 
 impl<R: GpuRuntime> Backend<DeviceMemory<R>> for OnDevice<R> {
-    const DTYPE: Dtype = Dtype::Bf16;
+    type Engine = DeviceEngine;
+
+    fn engine(&self) -> &DeviceEngine {
+        &DeviceEngine
+    }
 
     fn new_set(&self, rank: i32, world: i32, catalogues: BTreeMap<Role, Catalogue>) -> EmuSet<DeviceMemory<R>> {
         EmuSet::in_memory(rank, world, 1 << 30, catalogues, self.memory.clone())
-    }
-
-    fn step<P: DataPlane>(
-        &self,
-        plane: &P,
-        set: &mut EmuSet<DeviceMemory<R>>,
-        replica: &Replica,
-        batch: &Batch,
-        micro_batch: usize,
-        objective: &dyn Objective,
-        opt: &AdamW,
-    ) -> Result<StepReport, EngineError> {
-        train_step_on_device(plane, set, replica, batch, micro_batch, objective, opt)
-    }
-
-    fn generate<P: DataPlane>(
-        &self,
-        plane: &P,
-        set: &mut EmuSet<DeviceMemory<R>>,
-        replica: &Replica,
-        prompts: &[u32],
-        ids: &[u64],
-        s: &Sampling,
-    ) -> Result<Generated, EngineError> {
-        with_device_params(set, replica, |c, params| replica.generate_on(c, plane, params, prompts, &[], ids, s))
     }
 }
 
@@ -351,7 +286,7 @@ fn run_layout<M: ShardMemory, P: DataPlane + Exchange<M>, B: Backend<M>>(
         OutputHead::Value => Box::new(ValueRegression { batch }),
     };
     let layout = Layout::new(tp, pp);
-    let arch = Architecture { dtype: B::DTYPE, ..parity_arch(head) };
+    let arch = Architecture { dtype: <B::Engine as EngineOn<M>>::DTYPE, ..parity_arch(head) };
     let mut set = backend.new_set(plane.rank(), world, [(role, Catalogue::new(arch))].into_iter().collect());
     let size = layout.size() as i32;
     let counters = Counters { seed: 7, ..Counters::default() };
@@ -368,7 +303,15 @@ fn run_layout<M: ShardMemory, P: DataPlane + Exchange<M>, B: Backend<M>>(
     for &id in &ids {
         if set.emu(id).is_some_and(|e| e.ranks.contains(&plane.rank())) {
             let replica = Replica::new(plane, &set, id, seq_len)?;
-            report = Some(backend.step(plane, &mut set, &replica, &batch, micro_batch, objective.as_ref(), &opt)?);
+            report = Some(backend.engine().train_step(
+                plane,
+                &mut set,
+                &replica,
+                &batch,
+                micro_batch,
+                objective.as_ref(),
+                &opt,
+            )?);
             if head == OutputHead::Lm {
                 let share = sample_share(plane, backend, &mut set, &replica, tokens, seq_len)?;
                 // One rank per replica contributes its rows (every rank of it holds them).
@@ -473,7 +416,8 @@ fn sample_share<M: ShardMemory, P: DataPlane, B: Backend<M>>(
         greedy: false,
         seed: 11,
     };
-    let out = backend.generate(plane, set, replica, &prompts, &ids, &sampling)?;
+    let wave = Wave { prompts, starts: Vec::new(), ids };
+    let out = backend.engine().generate(plane, set, replica, &[wave], &sampling)?;
     Ok((share.start, out.tokens.iter().map(|&t| t as f32).collect()))
 }
 

@@ -126,6 +126,13 @@ pub fn compiled_backends() -> &'static str {
     }
 }
 
+/// CI sets `NEREUS_REQUIRE_KERNEL_TOOLS=1` so that missing kernel tools fail a test instead of
+/// skipping its check.
+#[cfg(all(test, any(feature = "cuda", feature = "rocm")))]
+pub(crate) fn tools_required() -> bool {
+    std::env::var("NEREUS_REQUIRE_KERNEL_TOOLS").is_ok_and(|v| v == "1")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -139,11 +146,4 @@ mod tests {
             assert!(e.to_string().contains("--features cuda"), "{e}");
         }
     }
-}
-
-/// CI sets `NEREUS_REQUIRE_KERNEL_TOOLS=1` so that missing kernel tools fail a test instead of
-/// skipping its check.
-#[cfg(test)]
-pub(crate) fn tools_required() -> bool {
-    std::env::var("NEREUS_REQUIRE_KERNEL_TOOLS").is_ok_and(|v| v == "1")
 }

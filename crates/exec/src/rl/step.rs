@@ -19,11 +19,11 @@ use serde::Serialize;
 use super::task::{ArithmeticTask, Scores, Split, Task, TextSample};
 use super::{AdvantageParams, PolicyLoss, Rollout, ValueLoss};
 use crate::comm::{DataPlane, GroupId};
-use crate::emu::{Counters, EmuId, EmuSet};
+use crate::emu::{Counters, EmuId, EmuSet, Exchange, ShardMemory};
 use crate::engine::parallel::assemble_rows;
 use crate::engine::timers::{self, timed};
 use crate::engine::{
-    share, train_step, with_params, AdamW, Batch, EngineError, Generated, Objective, Replica, Sampling, StepReport,
+    share, AdamW, Batch, EngineError, EngineOn, Generated, HostEngine, Objective, Replica, Sampling, StepReport, Wave,
 };
 use nereus_core::config::{Algorithm, JobConfig, RewardSource};
 use nereus_core::cost::OpClass;
@@ -249,9 +249,9 @@ impl NonFinite {
     }
 }
 
-/// This rank's part of a running RL job: the plan, every replica's id, and the replicas this
-/// rank computes for.
-pub struct RlJob {
+/// This rank's part of a running RL job: the plan, every replica's id, the replicas this rank
+/// computes for, and the engine that computes them (the host's, or a device's: [`EngineOn`]).
+pub struct RlJob<E = HostEngine> {
     /// Settings.
     pub settings: StepSettings,
     /// The plan the EMUs follow.
@@ -260,6 +260,7 @@ pub struct RlJob {
     pub replicas: BTreeMap<ModelStage, Vec<EmuId>>,
     mine: BTreeMap<ModelStage, Replica>,
     world: GroupId,
+    engine: E,
 }
 
 const GENERATION: ModelStage = ModelStage::new(Role::Actor, Stage::Generation);
@@ -270,14 +271,27 @@ const REFERENCE: ModelStage = ModelStage::new(Role::Reference, Stage::Inference)
 const REWARD: ModelStage = ModelStage::new(Role::Reward, Stage::Inference);
 
 impl RlJob {
-    /// The job over the EMUs of `set` (created from `plan`, replicas in plan order). Every rank
-    /// calls it; groups are formed here, model-stage by model-stage.
+    /// The job over the EMUs of `set` on the host engine (see [`RlJob::on`]).
     pub fn new<P: DataPlane>(
         plane: &mut P,
         set: &EmuSet,
         plan: Plan,
         settings: StepSettings,
     ) -> Result<RlJob, EngineError> {
+        RlJob::on(HostEngine, plane, set, plan, settings)
+    }
+}
+
+impl<E> RlJob<E> {
+    /// The job over the EMUs of `set` (created from `plan`, replicas in plan order), computed by
+    /// `engine`. Every rank calls it; groups are formed here, model-stage by model-stage.
+    pub fn on<M: ShardMemory, P: DataPlane>(
+        engine: E,
+        plane: &mut P,
+        set: &EmuSet<M>,
+        plan: Plan,
+        settings: StepSettings,
+    ) -> Result<RlJob<E>, EngineError> {
         let mut replicas: BTreeMap<ModelStage, Vec<EmuId>> = BTreeMap::new();
         for emu in set.emus() {
             replicas.entry(emu.model_stage).or_default().push(emu.id);
@@ -292,11 +306,19 @@ impl RlJob {
             }
         }
         let world = plane.group(&(0..set.world_size()).collect::<Vec<_>>())?;
-        Ok(RlJob { settings, plan, replicas, mine, world })
+        Ok(RlJob { settings, plan, replicas, mine, world, engine })
     }
 
     /// Runs RL step `step` (0-based) on every rank; rank 0's metrics are the job's.
-    pub fn step<P: DataPlane>(&self, plane: &mut P, set: &mut EmuSet, step: u64) -> Result<StepMetrics, EngineError> {
+    pub fn step<M: ShardMemory, P: Exchange<M>>(
+        &self,
+        plane: &mut P,
+        set: &mut EmuSet<M>,
+        step: u64,
+    ) -> Result<StepMetrics, EngineError>
+    where
+        E: EngineOn<M>,
+    {
         let s = &self.settings;
         let start = Instant::now();
         let counters: Vec<(EmuId, ModelStage, Counters)> =
@@ -439,13 +461,16 @@ impl RlJob {
     /// reward, and with `data.pass_k = k` also `k` sampled answers per prompt (pass@k); `None`
     /// for a job without held-out prompts. Every rank calls it; the state is not touched.
     /// `step` is the number of RL steps done, for messages.
-    pub fn evaluate<P: DataPlane>(
+    pub fn evaluate<M: ShardMemory, P: DataPlane>(
         &self,
         plane: &mut P,
-        set: &mut EmuSet,
+        set: &mut EmuSet<M>,
         count: usize,
         step: u64,
-    ) -> Result<Option<EvalResult>, EngineError> {
+    ) -> Result<Option<EvalResult>, EngineError>
+    where
+        E: EngineOn<M>,
+    {
         let s = &self.settings;
         let Task::Text(t) = &s.task else { return Ok(None) };
         let n = match (t.eval_len(), count) {
@@ -478,14 +503,17 @@ impl RlJob {
     /// among `k` sampled at the job's temperature and top-p (with n = k samples, the estimator
     /// of Chen et al. 2021, "Evaluating Large Language Models Trained on Code", is exactly this
     /// share). The config ensures the reward has a rule to give the verdicts.
-    fn pass_at_k<P: DataPlane>(
+    fn pass_at_k<M: ShardMemory, P: DataPlane>(
         &self,
         plane: &mut P,
-        set: &mut EmuSet,
+        set: &mut EmuSet<M>,
         n: usize,
         k: usize,
         step: u64,
-    ) -> Result<f64, EngineError> {
+    ) -> Result<f64, EngineError>
+    where
+        E: EngineOn<M>,
+    {
         let Task::Text(t) = &self.settings.task else { unreachable!("evaluate checked the task") };
         let prompts = Prompts {
             tokens: |i| t.eval_prompt(i / k).0,
@@ -504,15 +532,16 @@ impl RlJob {
 
     /// Samples `count` sequences on the generation replicas and assembles their tokens and
     /// lengths on every rank, as a rollout.
-    fn sample<P: DataPlane, A, B, C>(
+    fn sample<M: ShardMemory, P: DataPlane, A, B, C>(
         &self,
         plane: &mut P,
-        set: &mut EmuSet,
+        set: &mut EmuSet<M>,
         count: usize,
         sampling: &Sampling,
         prompts: Prompts<A, B, C>,
     ) -> Result<Rollout, EngineError>
     where
+        E: EngineOn<M>,
         A: Fn(usize) -> Vec<u32>,
         B: Fn(usize) -> usize,
         C: Fn(usize) -> u64,
@@ -526,21 +555,19 @@ impl RlJob {
             // Waves of `micro_batch` sequences, each with its own KV cache (the planner sizes
             // them to fit); draws depend on the sequence id only, so waves change no token.
             let wave = self.micro_batch(GENERATION).max(1);
-            let out = with_params(set, replica.emu, |params, arena| {
-                let mut out = Generated { tokens: Vec::new(), lengths: Vec::new() };
-                for first in share.clone().step_by(wave) {
+            let waves: Vec<Wave> = share
+                .clone()
+                .step_by(wave)
+                .map(|first| {
                     let seqs = first..(first + wave).min(share.end);
-                    let tokens: Vec<u32> = seqs.clone().flat_map(&prompts.tokens).collect();
-                    let starts: Vec<usize> = seqs.clone().map(&prompts.start).collect();
-                    let ids: Vec<u64> = seqs.map(&prompts.id).collect();
-                    let mark = arena.mark();
-                    let done = replica.generate(plane, params, &tokens, &starts, &ids, sampling, arena)?;
-                    arena.release_to(mark);
-                    out.tokens.extend(done.tokens);
-                    out.lengths.extend(done.lengths);
-                }
-                Ok::<_, EngineError>(out)
-            })?;
+                    Wave {
+                        prompts: seqs.clone().flat_map(&prompts.tokens).collect(),
+                        starts: seqs.clone().map(&prompts.start).collect(),
+                        ids: seqs.map(&prompts.id).collect(),
+                    }
+                })
+                .collect();
+            let out = self.engine.generate(plane, set, replica, &waves, sampling)?;
             if replica.groups.is_leader() {
                 let rows: Vec<f32> = out
                     .tokens
@@ -567,7 +594,15 @@ impl RlJob {
         Ok(self.settings.rollout_of(Generated { tokens, lengths }, starts))
     }
 
-    fn generate<P: DataPlane>(&self, plane: &mut P, set: &mut EmuSet, step: u64) -> Result<Rollout, EngineError> {
+    fn generate<M: ShardMemory, P: DataPlane>(
+        &self,
+        plane: &mut P,
+        set: &mut EmuSet<M>,
+        step: u64,
+    ) -> Result<Rollout, EngineError>
+    where
+        E: EngineOn<M>,
+    {
         let s = &self.settings;
         let n = s.sequences();
         let prompts = Prompts {
@@ -579,7 +614,15 @@ impl RlJob {
     }
 
     /// ReMax: the rule score of each prompt's greedy response, one per sequence.
-    fn greedy_scores<P: DataPlane>(&self, plane: &mut P, set: &mut EmuSet, step: u64) -> Result<Vec<f32>, EngineError> {
+    fn greedy_scores<M: ShardMemory, P: DataPlane>(
+        &self,
+        plane: &mut P,
+        set: &mut EmuSet<M>,
+        step: u64,
+    ) -> Result<Vec<f32>, EngineError>
+    where
+        E: EngineOn<M>,
+    {
         let s = &self.settings;
         let greedy = Sampling { greedy: true, ..s.sampling };
         let prompts = Prompts {
@@ -596,21 +639,22 @@ impl RlJob {
     /// Reference, reward and critic inference plus the actor's own log-probabilities, each on
     /// its ranks; one sum over the world assembles `[rm S | ref S·T | old S·T | values S·T]`.
     /// Returns the reward model's scores.
-    fn infer<P: DataPlane>(
+    fn infer<M: ShardMemory, P: DataPlane>(
         &self,
         plane: &mut P,
-        set: &mut EmuSet,
+        set: &mut EmuSet<M>,
         rollout: &mut Rollout,
-    ) -> Result<Vec<f32>, EngineError> {
+    ) -> Result<Vec<f32>, EngineError>
+    where
+        E: EngineOn<M>,
+    {
         let (n, t) = (rollout.sequences(), rollout.seq_len);
         let (batch_tokens, batch_starts) = (rollout.tokens.clone(), rollout.starts.clone());
         let batch = Batch { tokens: &batch_tokens, seq_len: t, starts: &batch_starts };
         let mut buf = vec![0f32; n + 3 * n * t];
         for (ms, offset) in [(REWARD, 0), (REFERENCE, n), (ACTOR, n + n * t), (CRITIC_INFERENCE, n + 2 * n * t)] {
             let Some(replica) = self.mine.get(&ms) else { continue };
-            let out = with_params(set, replica.emu, |params, arena| {
-                replica.infer(plane, params, &batch, self.micro_batch(ms), arena)
-            })?;
+            let out = self.engine.infer(plane, set, replica, &batch, self.micro_batch(ms))?;
             if !replica.groups.speaks_for_outputs() {
                 continue;
             }
@@ -631,12 +675,15 @@ impl RlJob {
     }
 
     /// Actor and critic updates over mini-batches; what they did reaches every rank.
-    fn train<P: DataPlane>(
+    fn train<M: ShardMemory, P: DataPlane>(
         &self,
         plane: &mut P,
-        set: &mut EmuSet,
+        set: &mut EmuSet<M>,
         rollout: &Rollout,
-    ) -> Result<[Updates; 2], EngineError> {
+    ) -> Result<[Updates; 2], EngineError>
+    where
+        E: EngineOn<M>,
+    {
         let s = &self.settings;
         let (mut actor, mut critic) = (Updates::default(), Updates::default());
         for _ in 0..s.epochs {
@@ -647,7 +694,7 @@ impl RlJob {
                 if let Some(replica) = self.mine.get(&ACTOR) {
                     let loss = PolicyLoss { rollout, members: chunk, clip: s.clip, kl_coef: s.loss_kl_coef };
                     let opt = &s.actor_opt;
-                    actor.add(train_step(
+                    actor.add(self.engine.train_step(
                         plane,
                         set,
                         replica,
@@ -660,7 +707,7 @@ impl RlJob {
                 if let Some(replica) = self.mine.get(&CRITIC) {
                     let loss = ValueLoss { rollout, members: chunk, clip: s.value_clip };
                     let opt = &s.critic_opt;
-                    critic.add(train_step(
+                    critic.add(self.engine.train_step(
                         plane,
                         set,
                         replica,
@@ -686,7 +733,11 @@ impl RlJob {
 
     /// Reshards trained weights into the layouts that use them: generation replica `g` from
     /// training replica `g mod dp` (spreading the senders), same for the critic's inference.
-    fn sync_weights<P: DataPlane>(&self, plane: &mut P, set: &mut EmuSet) -> Result<(), EngineError> {
+    fn sync_weights<M: ShardMemory, P: Exchange<M>>(
+        &self,
+        plane: &mut P,
+        set: &mut EmuSet<M>,
+    ) -> Result<(), EngineError> {
         for (from, to) in [(ACTOR, GENERATION), (CRITIC, CRITIC_INFERENCE)] {
             let (Some(sources), Some(targets)) = (self.replicas.get(&from), self.replicas.get(&to)) else { continue };
             for (g, &target) in targets.iter().enumerate() {
@@ -700,9 +751,9 @@ impl RlJob {
     /// before it: the optimizer updates applied on the training replicas (which their own ranks
     /// already counted, update by update), and the policy version and data position on every
     /// replica.
-    fn advance_counters(
+    fn advance_counters<M: ShardMemory>(
         &self,
-        set: &mut EmuSet,
+        set: &mut EmuSet<M>,
         before: Vec<(EmuId, ModelStage, Counters)>,
         step: u64,
         updates: &[Updates; 2],

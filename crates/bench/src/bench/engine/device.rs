@@ -31,8 +31,8 @@ use nereus_exec::comm::collectives::CollectiveLib;
 use nereus_exec::emu::{Counters, DeviceMemory, EmuSet};
 use nereus_exec::engine::compute::{Compute, OnDevice};
 use nereus_exec::engine::{
-    init_shard, train_step_on_device, with_device_params, AdamW, Batch, CrossEntropy, EngineError, Op, Replica,
-    Sampling, StopIds,
+    init_shard, with_device_params, AdamW, Batch, CrossEntropy, DeviceEngine, EngineError, EngineOn, Op, Replica,
+    Sampling, StopIds, Wave,
 };
 use nereus_runtime::device::{DeviceJob, Plane};
 use nereus_runtime::RuntimeError;
@@ -265,14 +265,11 @@ fn time_phases<P: nereus_exec::comm::DataPlane, R: GpuRuntime>(
     };
     let mut runs: [Vec<f64>; 4] = Default::default();
     for rep in 0..=reps.max(1) {
-        let forward =
-            timed(&mut || with_device_params(set, replica, |c, p| replica.infer_on(c, plane, p, &batch, b)).map(drop))?;
-        let step = timed(&mut || train_step_on_device(plane, set, replica, &batch, b, &objective, &opt).map(drop))?;
-        let generate = |set: &mut EmuSet<DeviceMemory<R>>, new| {
-            with_device_params(set, replica, |c, p| {
-                replica.generate_on(c, plane, p, prompts, &[], &ids, &sampling(new))
-            })
-        };
+        let forward = timed(&mut || DeviceEngine.infer(plane, set, replica, &batch, b).map(drop))?;
+        let step = timed(&mut || DeviceEngine.train_step(plane, set, replica, &batch, b, &objective, &opt).map(drop))?;
+        let wave = [Wave { prompts: prompts.to_vec(), starts: Vec::new(), ids: ids.clone() }];
+        let generate =
+            |set: &mut EmuSet<DeviceMemory<R>>, new| DeviceEngine.generate(plane, set, replica, &wave, &sampling(new));
         let prefill = timed(&mut || generate(set, 1).map(drop))?;
         let full = timed(&mut || generate(set, dn).map(drop))?;
         // The first round warms the allocator, the libraries' heuristics and the caches.
@@ -283,7 +280,7 @@ fn time_phases<P: nereus_exec::comm::DataPlane, R: GpuRuntime>(
             }
         }
     }
-    let [forward, step, prefill, decode_step] = runs.map(super::super::median);
+    let [forward, step, prefill, decode_step] = runs.map(crate::bench::median);
     Ok(Phases { forward, step, prefill, decode_step })
 }
 
