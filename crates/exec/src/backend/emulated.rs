@@ -25,6 +25,10 @@ use super::{BackendError, DriverDevice};
 pub struct Emulated {
     device: DriverDevice,
     allocations: RefCell<BTreeMap<u64, Box<[u8]>>>,
+    /// Bytes allocated now and the most since the last [`Emulated::reset_peak`] (the
+    /// allocator's own count, which the ledger is checked against).
+    live: Cell<u64>,
+    peak: Cell<u64>,
     handles: Cell<usize>,
     warp: WarpWidth,
     /// When each event was recorded (work is synchronous, so that is when it happened).
@@ -40,7 +44,8 @@ impl Emulated {
     pub fn new(ordinal: u32, memory_bytes: u64) -> Emulated {
         let device = DriverDevice { ordinal, name: "emulated device (host memory)".into(), memory_bytes };
         let (allocations, recorded) = (RefCell::new(BTreeMap::new()), RefCell::new(HashMap::new()));
-        Emulated { device, allocations, handles: Cell::new(0), warp: WarpWidth::W32, recorded }
+        let (live, peak) = (Cell::new(0), Cell::new(0));
+        Emulated { device, allocations, live, peak, handles: Cell::new(0), warp: WarpWidth::W32, recorded }
     }
 
     /// The same device with another warp width (64 emulates AMD's CDNA).
@@ -50,7 +55,25 @@ impl Emulated {
 
     /// Bytes allocated now (device and pinned).
     pub fn allocated_bytes(&self) -> u64 {
-        self.allocations.borrow().values().map(|b| b.len() as u64).sum()
+        self.live.get()
+    }
+
+    /// The most bytes allocated at once (device and pinned) since the last reset.
+    pub fn peak_allocated_bytes(&self) -> u64 {
+        self.peak.get()
+    }
+
+    /// Starts a new peak from what is allocated now.
+    pub fn reset_peak(&self) {
+        self.peak.set(self.live.get());
+    }
+
+    /// Forgets the allocation at `addr` (a double free or a foreign address is ignored, as the
+    /// range checks have already refused any use of it).
+    fn release(&self, addr: u64) {
+        if let Some(buffer) = self.allocations.borrow_mut().remove(&addr) {
+            self.live.set(self.live.get() - buffer.len() as u64);
+        }
     }
 
     /// Checks that `[addr, addr + len)` lies inside one allocation.
@@ -76,6 +99,8 @@ impl Emulated {
         let buffer = vec![0u8; bytes as usize].into_boxed_slice();
         let addr = buffer.as_ptr() as u64;
         self.allocations.borrow_mut().insert(addr, buffer);
+        self.live.set(self.live.get() + bytes);
+        self.peak.set(self.peak.get().max(self.live.get()));
         addr
     }
 
@@ -109,7 +134,7 @@ impl GpuRuntime for Emulated {
     }
 
     unsafe fn free(&self, ptr: DevicePtr, _stream: RawHandle) {
-        self.allocations.borrow_mut().remove(&ptr.0);
+        self.release(ptr.0);
     }
 
     fn alloc_pinned(&self, bytes: usize) -> Result<*mut u8, BackendError> {
@@ -117,7 +142,7 @@ impl GpuRuntime for Emulated {
     }
 
     unsafe fn free_pinned(&self, ptr: *mut u8) {
-        self.allocations.borrow_mut().remove(&(ptr as u64));
+        self.release(ptr as u64);
     }
 
     fn create_stream(&self) -> Result<RawHandle, BackendError> {

@@ -361,26 +361,45 @@ mod tests {
         Peaks { training, inference, generation }
     }
 
-    fn device_peaks(rank: i32, mail: Arc<Mailbox>, layout: Layout) -> Peaks {
+    /// Runs `pass` with fresh peaks on the ledger and the emulator's allocator; checks that the
+    /// pass gave back every byte it allocated, and returns the ledger's peak and how far the
+    /// allocator's own peak lay below it (negative: above).
+    fn device_peak_of(
+        set: &mut EmuSet<DeviceMemory<Emulated>>,
+        device: &Device<Emulated>,
+        pass: impl FnOnce(&mut EmuSet<DeviceMemory<Emulated>>),
+    ) -> (MemoryBreakdown, i64) {
+        let allocated = || device.runtime().allocated_bytes() - device.staging_bytes() as u64;
+        let before = allocated();
+        device.runtime().reset_peak();
+        let ledger = peak_of(set, pass);
+        assert_eq!(allocated(), before, "the pass freed every buffer it allocated");
+        let staging = device.staging_bytes() as u64;
+        (ledger, ledger.total() as i64 - (device.runtime().peak_allocated_bytes() - staging) as i64)
+    }
+
+    /// The device's ledger peaks, and by how much each lay above the allocator's own peak.
+    fn device_peaks(rank: i32, mail: Arc<Mailbox>, layout: Layout) -> (Peaks, [i64; 3]) {
         let (tokens, ids) = (tokens(), (0..SEQUENCES as u64).collect::<Vec<_>>());
         let mut plane = LoopbackPlane::new(rank, mail);
-        let memory = DeviceMemory::new(Rc::new(Device::new(Emulated::new(rank as u32, 1 << 30)).unwrap()));
+        let device = Rc::new(Device::new(Emulated::new(rank as u32, 1 << 30)).unwrap());
+        let memory = DeviceMemory::new(device.clone());
         let mut set = EmuSet::in_memory(rank, layout.size() as i32, 1 << 30, catalogues(Dtype::Bf16), memory);
         let id = create(&mut plane, &mut set, layout, 1)[0];
         let replica = Replica::new(&mut plane, &set, id, SEQ_LEN).unwrap();
         let batch = Batch { tokens: &tokens, seq_len: SEQ_LEN, starts: &[] };
-        let training = peak_of(&mut set, |set| {
+        let (training, t) = device_peak_of(&mut set, &device, |set| {
             train_step_on_device(&plane, set, &replica, &batch, MICRO, &NEXT_TOKEN, &OPT).unwrap();
         });
-        let inference = peak_of(&mut set, |set| {
+        let (inference, i) = device_peak_of(&mut set, &device, |set| {
             with_device_params(set, &replica, |c, p| replica.infer_on(c, &plane, p, &batch, MICRO)).unwrap();
         });
-        let generation = peak_of(&mut set, |set| {
+        let (generation, g) = device_peak_of(&mut set, &device, |set| {
             let prompts = prompts(&tokens);
             with_device_params(set, &replica, |c, p| replica.generate_on(c, &plane, p, &prompts, &[], &ids, &greedy()))
                 .unwrap();
         });
-        Peaks { training, inference, generation }
+        (Peaks { training, inference, generation }, [t, i, g])
     }
 
     /// What the cost model predicts for pipeline position `j` of `layout`: the state the
@@ -405,14 +424,24 @@ mod tests {
     /// Every rank's ledger peak, in each pass on the host and on the emulated device, is the
     /// cost model's prediction for its position, byte for byte and item by item: the device
     /// engine's bf16 activations, its attention's log-sum-exps, f32 gathers, log-probability
-    /// scratch and rotary tables are all priced.
+    /// scratch and rotary tables are all priced. On the device, the ledger is also checked
+    /// against the allocator's own count: every pass frees what it allocated, and the
+    /// allocator's peak never passes the ledger's by more than the uncharged token ids.
     #[test]
     fn every_pass_peaks_at_the_cost_models_prediction_item_by_item_on_host_and_device() {
         for (tp, pp) in [(1, 1), (2, 1), (1, 2)] {
             let layout = Layout::new(tp, pp);
             let world = layout.size() as i32;
             let host = run_ranks(world, |rank, mail| host_peaks(rank, mail, layout));
-            let device = run_ranks(world, |rank, mail| device_peaks(rank, mail, layout));
+            let (device, margins): (Vec<Peaks>, Vec<[i64; 3]>) =
+                run_ranks(world, |rank, mail| device_peaks(rank, mail, layout)).into_iter().unzip();
+            // The allocator's own count: the ledger holds a pass's scratch until the micro-batch
+            // ends (measured: up to 22 KB above the allocator in training), and does not charge
+            // the token ids a kernel reads (`4·n` bytes of one micro-batch, the only way the
+            // allocator can exceed it; measured 64 bytes in inference).
+            eprintln!("({tp}, {pp}) ledger peak above the allocator's [training, inference, generation]: {margins:?}");
+            let uncharged_ids = 4 * (MICRO * SEQ_LEN) as i64;
+            assert!(margins.iter().flatten().all(|&m| m >= -uncharged_ids), "{margins:?}");
             for (rank, (host, device)) in host.iter().zip(&device).enumerate() {
                 // Ranks are laid out TP-fastest within a replica.
                 let j = rank as u32 / tp;
