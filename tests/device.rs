@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{run_mpi, text};
+use common::{fresh_seed, run_mpi, text};
 
 fn summary(n: usize, args: &[&str]) -> serde_json::Value {
     let out = run_mpi(n, args);
@@ -29,8 +29,9 @@ fn device_resident_primitives_do_what_the_host_plane_does_on_8_ranks() {
 }
 
 #[test]
-fn device_resident_transitions_do_what_the_host_plane_does() {
-    let args = ["selftest", "transitions", "--cases", "12", "--seed", "5"];
+fn device_resident_transitions_do_what_the_host_plane_does_with_a_fresh_seed() {
+    let seed = fresh_seed("selftest transitions").to_string();
+    let args = ["selftest", "transitions", "--cases", "12", "--seed", &seed];
     let (host, device) = (summary(6, &args), summary(6, &[&args[..], &["--device=emulated"]].concat()));
     assert!(device["executed"].as_u64().unwrap() > 0, "{device}");
     assert_eq!(host, device, "same transitions, same bytes, every check passed");
@@ -97,9 +98,7 @@ fn without_a_gpu_backend_device_commands_exit_2_and_say_why() {
 #[test]
 fn every_engine_kernel_matches_its_f64_reference_on_the_grid_emulator_at_warp_32_and_64() {
     // A fresh seed each run (printed, to reproduce a failure): shapes and inputs differ every time.
-    let seed =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 % 1_000_000;
-    eprintln!("selftest kernels --seed {seed}");
+    let seed = fresh_seed("selftest kernels");
     let s = summary(1, &["selftest", "kernels", "--seed", &seed.to_string()]);
     let runs = s["runs"].as_array().unwrap();
     for warp in [32, 64] {

@@ -135,6 +135,14 @@ pub fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     path
 }
 
+/// A fresh seed for a randomized self-test, printed so that a failure can be reproduced.
+pub fn fresh_seed(what: &str) -> u64 {
+    let seed =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 % 1_000_000;
+    eprintln!("{what} --seed {seed}");
+    seed
+}
+
 /// Runs `mpirun -n 8 nereus selftest KIND --cases N --seed S`, requires success and no failed
 /// check, and returns rank 0's JSON summary.
 pub fn selftest_summary(kind: &str, cases: &str, seed: &str) -> serde_json::Value {

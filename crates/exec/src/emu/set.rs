@@ -401,6 +401,31 @@ impl<M: ShardMemory> EmuSet<M> {
         Ok(shards)
     }
 
+    /// The in-place slices (target → source) whose target fills its source's whole buffer. A
+    /// sliced target keeps the source's buffer, and the transition DAG prices every target at
+    /// its own size, so a smaller target would hold the difference until it is freed — room a
+    /// plan at the tightest memory does not have (`selftest transitions --device` found it).
+    fn filling(
+        &self,
+        in_place: BTreeMap<EmuId, EmuId>,
+        model_stage: ModelStage,
+        targets: &[TargetEmu],
+    ) -> BTreeMap<EmuId, EmuId> {
+        let catalogue = &self.catalogues[&model_stage.role];
+        let (sections, dtype) = (self.sections(model_stage), catalogue.arch.dtype);
+        let target_bytes = |id: EmuId| {
+            let t = targets.iter().find(|t| t.id == id)?;
+            let position = t.layout.position(t.ranks.iter().position(|&r| r == self.rank)?);
+            Some(shard_bytes(&catalogue.shard(t.layout, position), &sections, dtype))
+        };
+        in_place
+            .into_iter()
+            .filter(|&(target, source)| {
+                target_bytes(target).is_some_and(|bytes| self.store.get(source).is_some_and(|s| s.bytes() == bytes))
+            })
+            .collect()
+    }
+
     /// Registers targets in the metadata and hands their shards (already charged) to the store.
     fn install(
         &mut self,
@@ -443,7 +468,7 @@ impl<M: ShardMemory> EmuSet<M> {
         // A consumed source whose bytes are all its one target's may become that target where
         // it lies (Merge with resident targets): nothing allocated, nothing sent.
         let slices = consume && !through_host && self.store.memory().slices_in_place();
-        let in_place = if slices { plan.in_place() } else { BTreeMap::new() };
+        let in_place = if slices { self.filling(plan.in_place(), model_stage, &targets) } else { BTreeMap::new() };
         let (bytes_sent, bytes_local) = (movement.bytes_sent(&sections, dtype), movement.bytes_local(&sections, dtype));
         let source_ranks: Vec<i32> = src.iter().flat_map(|e| e.ranks.iter().copied()).collect();
         // Through host memory: this rank's sources leave the device (and its ledger) before the
