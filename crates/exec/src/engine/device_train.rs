@@ -102,7 +102,14 @@ pub fn train_step_on_device<R: GpuRuntime, P: DataPlane>(
     let mut c = OnDevice::new(&device, &mut arena, replica.model.rope())?;
     let loss =
         replica.forward_backward_on(&mut c, plane, &s.params, &mut grads.view(), batch, micro_batch, objective)?;
-    let (grad_norm, loss) = c.modify_grads(&mut grads.view(), |g| replica.reduce(plane, g, loss))?;
+    // One replica: the norm is summed on the device, and the gradients never leave it. Several:
+    // the data-parallel sum goes through the host until the device collectives take it over.
+    let (grad_norm, loss) = if replica.groups.dp.is_some() {
+        c.modify_grads(&mut grads.view(), |g| replica.reduce(plane, g, loss))?
+    } else {
+        let sq = c.sum_squares(&grads.view(), &replica.counted_runs())?;
+        replica.norm_and_loss(plane, sq, loss)?
+    };
     if !(grad_norm.is_finite() && loss.is_finite()) {
         return Ok(StepReport { loss, grad_norm, skipped: true });
     }

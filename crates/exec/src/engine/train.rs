@@ -407,15 +407,32 @@ impl Replica {
         if let Some(dp) = self.groups.dp {
             super::timers::timed(nereus_core::cost::OpClass::DpAllReduce, || plane.all_reduce_sum_f32(dp, grads))?;
         }
-        let counted = |(_, replicated): &(Range<usize>, bool)| !*replicated || self.groups.position.tp == 0;
-        let sq: f64 = self
-            .model
-            .weights
-            .tensors
-            .iter()
-            .filter(|x| counted(x))
-            .map(|(r, _)| grads[r.clone()].iter().map(|&g| f64::from(g) * f64::from(g)).sum::<f64>())
+        let sq = self
+            .counted_runs()
+            .into_iter()
+            .map(|r| grads[r].iter().map(|&g| f64::from(g) * f64::from(g)).sum::<f64>())
             .sum();
+        self.norm_and_loss(plane, sq, loss)
+    }
+
+    /// The runs of the gradient buffer the global norm counts: every tensor, but replicated
+    /// ones (norm gains, the value head) only on the first TP rank, adjacent tensors merged.
+    pub(super) fn counted_runs(&self) -> Vec<Range<usize>> {
+        let counted = |(_, replicated): &&(Range<usize>, bool)| !*replicated || self.groups.position.tp == 0;
+        let mut runs: Vec<Range<usize>> = Vec::new();
+        for (r, _) in self.model.weights.tensors.iter().filter(counted) {
+            match runs.last_mut() {
+                Some(last) if last.end == r.start => last.end = r.end,
+                _ => runs.push(r.clone()),
+            }
+        }
+        runs
+    }
+
+    /// The global gradient norm from this rank's sum of squares `sq` of its counted gradients
+    /// (summed over the replica's ranks), and the loss (from the replica's last stage, summed
+    /// over the replicas).
+    pub(super) fn norm_and_loss<P: DataPlane>(&self, plane: &P, sq: f64, loss: f64) -> Result<(f64, f64), EngineError> {
         let speaks = self.model.weights.is_last() && self.groups.position.tp == 0;
         let mut sums = [sq as f32, if speaks { loss as f32 } else { 0.0 }];
         if let Some(emu) = self.groups.emu {

@@ -9,6 +9,8 @@
 //! statistics, the sampler's widened logits) stay charged to the arena until the caller releases
 //! the micro-batch, as on the host, and `cost/reference.rs` prices each of them.
 
+use std::ops::Range;
+
 use super::{Compute, GradView, KvRows, RowCopy, View};
 use crate::backend::blas::{Gemm, GemmOut};
 use crate::backend::gpu::{Device, DeviceArray, DevicePtr, DeviceView, GpuRuntime};
@@ -67,6 +69,25 @@ impl<'d, 'a, 'l, R: GpuRuntime> OnDevice<'d, 'a, 'l, R> {
         let widest = tensors.iter().map(|x| x.n as usize).max().unwrap_or(1);
         // The table is freed in stream order, after the launch has read it.
         self.elementwise("nereus_adamw", widest, args)
+    }
+
+    /// `Σ x²` over `runs` of `x`, on the device (`nereus_sum_squares`: a partial per block, then
+    /// one block adds them), read back as one value per run.
+    pub fn sum_squares(&mut self, x: &DeviceView<f32>, runs: &[Range<usize>]) -> Result<f64, EngineError> {
+        let widest = runs.iter().map(Range::len).max().unwrap_or(0);
+        let blocks = (widest as u64).div_ceil(u64::from(BLOCK) * 2).clamp(1, MAX_BLOCKS);
+        let partial = self.f32_zeros(MemoryItem::Workspace, blocks as usize + 1)?;
+        let mut total = 0.0;
+        for r in runs.iter().filter(|r| !r.is_empty()) {
+            let grid = (r.len() as u64).div_ceil(u64::from(BLOCK) * 2).clamp(1, MAX_BLOCKS);
+            let first = vec![ptr(partial.at(1)), ptr(x.at(r.start)), len(r.len()), KernelArg::I32(1)];
+            self.launch("nereus_sum_squares", [grid as u32, 1, 1], BLOCK, first)?;
+            let second = vec![ptr(partial.ptr()), ptr(partial.at(1)), KernelArg::U64(grid), KernelArg::I32(0)];
+            self.launch("nereus_sum_squares", [1, 1, 1], BLOCK, second)?;
+            // The first element holds the run's sum (a few KiB come back with it).
+            total += f64::from(partial.read()?[0]);
+        }
+        Ok(total)
     }
 
     fn launch(
