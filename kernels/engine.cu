@@ -49,7 +49,7 @@ NEREUS_KERNEL nereus_rmsnorm_forward(bf16* __restrict__ y, float* __restrict__ i
 
 // RMSNorm backward: dx[R,C] += (in f32, rounded once: the residual stream's gradient is added to)
 // and dweight[C] += Σ_rows dy·x·inv_rms (f32, atomically).
-//   g = dy·weight;  dx = inv_rms · (g − x · inv_rms² · mean(g·x))
+//   g = dy·weight;  dx += inv_rms · (g − x · inv_rms² · mean(g·x))
 NEREUS_KERNEL nereus_rmsnorm_backward(bf16* __restrict__ dx, float* __restrict__ dweight, const bf16* __restrict__ dy,
                                       const bf16* __restrict__ x, const bf16* __restrict__ weight,
                                       const float* __restrict__ inv_rms, u64 rows, u64 cols) {

@@ -126,7 +126,7 @@ echo "== 5. selftest kernels --device cuda (every engine kernel and the cuBLAS G
 for seed in 1 2 3; do
   run 1 selftest kernels --device cuda --seed "$seed" | tee "$out/selftest-kernels-$seed.json" || status=1
 done
-python3 - "$out"/selftest-kernels-*.json <<'PY'
+python3 - "$out"/selftest-kernels-*.json <<'PY' || status=1
 import json, sys
 for path in sys.argv[1:]:
     s = json.load(open(path))
@@ -141,7 +141,7 @@ case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" in
   *A100*) cluster=(--cluster configs/clusters/a100.toml) ;;
   *) cluster=(); echo "gpu-check: no cluster file for this GPU; MFU and the roofline are not computed" ;;
 esac
-if run 1 bench engine --device cuda --reps 2 "${cluster[@]}" --json "$out/bench-engine.json" \
+if run 1 bench engine --device cuda --reps 2 ${cluster[@]+"${cluster[@]}"} --json "$out/bench-engine.json" \
   | tee "$out/bench-engine.txt"; then
   check_floors "$out/bench-engine.json"
 else

@@ -29,7 +29,8 @@ if [ -n "$nereus_nccl" ] && [ -e "$nereus_nccl/lib/libnccl.so.2" ]; then
   export LD_LIBRARY_PATH="$PWD/target/nccl-link:$nereus_nccl/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 # hipBLAS's declarations (fetched by setup.sh): the engine's hipBLAS ABI is checked against them.
-if [ -f target/hipblas-api/hipblas-sys-0.1.0/src/bindings.rs ]; then
-  export NEREUS_HIPBLAS_API="$PWD/target/hipblas-api/hipblas-sys-0.1.0/src/bindings.rs"
+nereus_hipblas_api=${XDG_CACHE_HOME:-$HOME/.cache}/nereus/hipblas-api/hipblas-sys-0.1.0/src/bindings.rs
+if [ -f "$nereus_hipblas_api" ]; then
+  export NEREUS_HIPBLAS_API="$nereus_hipblas_api"
 fi
 unset -f pkg_dir

@@ -53,12 +53,14 @@ fi
 # hipBLAS's API as bindgen wrote it from hipblas.h (the crate hipblas-sys 0.1.0: hipBLAS 0.53,
 # whose legacy GEMM API hipBLAS 2 keeps). Debian ships no hipBLAS, so CI checks the engine's
 # hipBLAS names, enum values and argument widths against this declaration instead of a library.
-if [ "${NEREUS_WITH_KERNEL_TOOLS:-0}" = 1 ] && [ ! -f target/hipblas-api/hipblas-sys-0.1.0/src/bindings.rs ]; then
+# Kept outside target/, so that `cargo clean` does not remove it.
+hipblas_api=${XDG_CACHE_HOME:-$HOME/.cache}/nereus/hipblas-api
+if [ "${NEREUS_WITH_KERNEL_TOOLS:-0}" = 1 ] && [ ! -f "$hipblas_api/hipblas-sys-0.1.0/src/bindings.rs" ]; then
   echo "setup: fetching hipblas-sys 0.1.0 (hipBLAS's declarations) from crates.io"
-  mkdir -p target/hipblas-api
-  curl -sSfL https://static.crates.io/crates/hipblas-sys/hipblas-sys-0.1.0.crate -o target/hipblas-api/crate.tar.gz
-  echo "37b86436ed4bbb3d66e8be840f417956f2b54bd0d1c7fd12d249c0cec9a41c98  target/hipblas-api/crate.tar.gz" | sha256sum -c --quiet
-  tar xzf target/hipblas-api/crate.tar.gz -C target/hipblas-api hipblas-sys-0.1.0/src/bindings.rs
+  mkdir -p "$hipblas_api"
+  curl -sSfL https://static.crates.io/crates/hipblas-sys/hipblas-sys-0.1.0.crate -o "$hipblas_api/crate.tar.gz"
+  echo "37b86436ed4bbb3d66e8be840f417956f2b54bd0d1c7fd12d249c0cec9a41c98  $hipblas_api/crate.tar.gz" | sha256sum -c --quiet
+  tar xzf "$hipblas_api/crate.tar.gz" -C "$hipblas_api" hipblas-sys-0.1.0/src/bindings.rs
 fi
 
 command -v cargo >/dev/null || { echo "setup: cargo not found; install Rust from https://rustup.rs" >&2; exit 1; }

@@ -229,9 +229,9 @@ impl DeviceJob for DeviceParity<'_> {
 /// Where a layout's replicas keep their shards, and the engine (shared with the RL step) that
 /// computes them.
 trait Backend<M: ShardMemory> {
-    /// The engine.
+    /// The engine that computes on these shards.
     type Engine: EngineOn<M>;
-    /// The engine.
+    /// That engine.
     fn engine(&self) -> &Self::Engine;
     /// An empty set of EMUs for this rank.
     fn new_set(&self, rank: i32, world: i32, catalogues: BTreeMap<Role, Catalogue>) -> EmuSet<M>;

@@ -249,3 +249,37 @@ pub(super) fn per_replica(sequences: u64, dp: u32) -> u64 {
 pub(super) fn micro(c: &Candidate, share: u64) -> u64 {
     u64::from(c.micro_batch).min(share).max(1)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{ConfigSource, Overrides, RawJobConfig};
+    use crate::cost::Efficiencies;
+    use crate::planner::Planner;
+
+    /// `EngineKind::Device` prices a position with the reference engine's functions at a
+    /// device's sizes (`Residence::Device`, which the engine's own test holds against the
+    /// emulated device's ledger), and keeps the reference engine's state.
+    #[test]
+    fn the_device_engine_prices_the_reference_buffers_at_device_sizes() {
+        let source = ConfigSource::embedded_default();
+        let overrides = Overrides::default();
+        let config =
+            RawJobConfig::parse(&source).unwrap().resolve(&source, &overrides, &mut || unreachable!()).unwrap();
+        let planner = Planner::new(&config, 4, None, Efficiencies::default()).unwrap();
+        let ms = ModelStage::new(crate::plan::Role::Reference, Stage::Inference);
+        let (layout, w) = (Layout::new(1, 1), planner.workload(ms).clone());
+        let c = Candidate { model_stage: ms, layout, dp: 1, recompute: Recompute::None, micro_batch: 2 };
+        let stats = ModelStats::new(planner.catalogue(ms.role));
+        let priced = |engine| {
+            let cost = CostModel { engine, ..planner.cost().clone() };
+            cost.position_cost(&stats, &c, &w, 0).memory(&c, &w)
+        };
+        let (host, device) = (priced(EngineKind::Reference), priced(EngineKind::Device));
+        let shape = LocalShape::of(&stats.arch, layout, Position { tp: 0, pp: 0 });
+        assert_eq!(device.state, host.state);
+        assert_eq!(host.transient, reference::inference(&shape, 2, w.seq_len(), Residence::Host));
+        assert_eq!(device.transient, reference::inference(&shape, 2, w.seq_len(), Residence::Device));
+        assert!(device.transient.total() < host.transient.total());
+    }
+}

@@ -53,7 +53,8 @@ impl Residence {
     }
 
     /// The rotary tables a device uploads for each pass: f32 cosines and sines of `positions`
-    /// (the host reads them where the model keeps them).
+    /// (the host reads them where the model keeps them). The engine sizes them for its
+    /// replica's longest sequence, which the RL step sets to the workload's prompt + response.
     fn rope_tables(self, s: &LocalShape, positions: u64) -> u64 {
         match self {
             Residence::Host => 0,

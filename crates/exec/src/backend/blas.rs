@@ -109,7 +109,7 @@ pub use vendor::*;
 mod vendor {
     use std::ffi::c_void;
 
-    use super::Gemm;
+    use super::{Gemm, GemmOut};
     use crate::backend::BackendError;
     use crate::engine::real::Op;
 
@@ -149,7 +149,8 @@ mod vendor {
     /// (ROCm 7) changed `hipblasGemmEx`'s types to `hipDataType` and `hipblasComputeType_t`.
     pub const HIPBLAS: BlasAbi = BlasAbi {
         name: "hipBLAS",
-        libraries: &["libhipblas.so.2", "libhipblas.so"],
+        // Not the unversioned name: hipBLAS 3 keeps the symbol with other enum types.
+        libraries: &["libhipblas.so.2"],
         env: "NEREUS_HIPBLAS_LIBRARY",
         symbols: ["hipblasCreate", "hipblasDestroy", "hipblasSetStream", "hipblasGemmStridedBatchedEx"],
         ops: (111, 112),
@@ -269,7 +270,7 @@ mod vendor {
             // Column-major Cᵀ[n,m] = op(B)ᵀ·op(A)ᵀ: B first; leading dimensions of the stored rows.
             let ld_b = if g.op_b == Op::N { g.n } else { g.k };
             let ld_a = if g.op_a == Op::N { g.k } else { g.m };
-            let c_type = if g.out.bytes() == 2 { abi.types.0 } else { abi.types.1 };
+            let c_type = if matches!(g.out, GemmOut::Bf16 { .. }) { abi.types.0 } else { abi.types.1 };
             let beta = if g.out.accumulates() { 1.0f32 } else { 0.0 };
             let alpha = 1.0f32;
             let (compute, algo) = abi.compute_and_algo;

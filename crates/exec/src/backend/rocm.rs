@@ -358,14 +358,41 @@ mod tests {
         }
         assert!(api.contains("pub type hipblasHandle_t = *mut ::libc::c_void;"));
         assert!(api.contains("pub type hipblasStride = i64;"));
-        let width = |t: &str| match t {
-            "hipblasStride" => 'l',
-            t if t.starts_with('*') || t == "hipblasHandle_t" => 'p',
-            _ => 'i',
-        };
-        let widths: String = declared(HIPBLAS.symbols[3]).iter().map(|t| width(t)).collect();
-        // `blas::GemmStridedBatched`, argument by argument.
-        assert_eq!(widths, "piiiiippiilpiilppiiliii");
+        // `blas::GemmStridedBatched`, argument by argument: pointers, 32-bit integers and enums
+        // (i32 in the engine's type), the 64-bit strides.
+        let (int, ptr, dtype, stride) =
+            ("::libc::c_int", "*const ::libc::c_void", "hipblasDatatype_t", "hipblasStride");
+        let op = "hipblasOperation_t";
+        let want = [
+            "hipblasHandle_t",
+            op,
+            op,
+            int,
+            int,
+            int,
+            ptr,
+            ptr,
+            dtype,
+            int,
+            stride,
+            ptr,
+            dtype,
+            int,
+            stride,
+            ptr,
+            "*mut ::libc::c_void",
+            dtype,
+            int,
+            stride,
+            int,
+            dtype,
+            "hipblasGemmAlgo_t",
+        ];
+        assert_eq!(declared(HIPBLAS.symbols[3]), want);
+        for e in [op, dtype, "hipblasGemmAlgo_t"] {
+            let at = api.find(&format!("pub enum {e} {{")).unwrap_or_else(|| panic!("{e} is not an enum"));
+            assert!(api[..at].trim_end().rsplit('\n').take(4).any(|l| l.trim() == "#[repr(u32)]"), "{e} is not 32-bit");
+        }
         let value = |name: &str| {
             let at = api.find(&format!("    {name} = ")).unwrap_or_else(|| panic!("{name} is not declared"));
             let text = &api[at + name.len() + 7..];

@@ -648,7 +648,7 @@ fn check_gemm<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> R
     let (a, b) = (bf16_values(rng, m * k, 1.0), bf16_values(rng, k * n, 1.0));
     // The starting C (added to when accumulating), in the output's dtype.
     let c0_bf16 = bf16_values(rng, m * n, 1.0);
-    let c0: Vec<f32> = if out.bytes() == 2 {
+    let c0: Vec<f32> = if matches!(out, GemmOut::Bf16 { .. }) {
         c0_bf16.iter().map(|&h| bf16_to_f32(h)).collect()
     } else {
         (0..m * n).map(|_| uniform(rng) as f32).collect()
@@ -670,7 +670,7 @@ fn check_gemm<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> R
         }
     }
     let (as_, bs) = (DeviceArray::from(d, &a)?, DeviceArray::from(d, &b)?);
-    if out.bytes() == 2 {
+    if matches!(out, GemmOut::Bf16 { .. }) {
         let cs = DeviceArray::from(d, &c0_bf16)?;
         // SAFETY: the buffers hold [m,k], [k,n] bf16 and [m,n] bf16.
         unsafe { d.gemm(&g, as_.ptr(), bs.ptr(), cs.ptr())? };
