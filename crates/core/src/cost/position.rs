@@ -268,7 +268,7 @@ mod tests {
             RawJobConfig::parse(&source).unwrap().resolve(&source, &overrides, &mut || unreachable!()).unwrap();
         let planner = Planner::new(&config, 4, None, Efficiencies::default()).unwrap();
         let ms = ModelStage::new(crate::plan::Role::Reference, Stage::Inference);
-        let (layout, w) = (Layout::new(1, 1), planner.workload(ms).clone());
+        let (layout, w) = (Layout::new(1, 1), *planner.workload(ms));
         let c = Candidate { model_stage: ms, layout, dp: 1, recompute: Recompute::None, micro_batch: 2 };
         let stats = ModelStats::new(planner.catalogue(ms.role));
         let priced = |engine| {
