@@ -150,7 +150,10 @@ mod tests {
     use crate::backend::gpu::Device;
     use crate::comm::testing::{run_ranks, LoopbackPlane, Mailbox};
     use crate::emu::{Counters, EmuId, ShardMemory};
-    use crate::engine::{bf16_sections, init_shard, train_step, with_params, CrossEntropy, Sampling, StopIds};
+    use crate::engine::{
+        bf16_sections, init_shard, train_step, with_params, CrossEntropy, DeviceEngine, EngineOn, HostEngine, Sampling,
+        StopIds, Wave,
+    };
     use nereus_core::cost::reference::{self, Residence};
     use nereus_core::cost::{optimizer_bytes_per_param, MemoryBreakdown, ModelStats};
     use nereus_core::half::f32_to_bf16;
@@ -347,24 +350,38 @@ mod tests {
         set.store().ledger().peak_breakdown()
     }
 
-    fn host_peaks(rank: i32, mail: Arc<Mailbox>, layout: Layout) -> Peaks {
-        let (tokens, ids) = (tokens(), (0..SEQUENCES as u64).collect::<Vec<_>>());
-        let mut plane = LoopbackPlane::new(rank, mail);
-        let mut set = EmuSet::new(rank, layout.size() as i32, 1 << 30, catalogues(Dtype::F32));
-        let id = create(&mut plane, &mut set, layout, 1)[0];
-        let replica = Replica::new(&mut plane, &set, id, SEQ_LEN).unwrap();
+    /// One training step, one inference pass and generation of the actor in `layout`, through
+    /// `engine`, each run by `measure` (which runs the pass it is given and measures it).
+    fn three_passes<M: ShardMemory, E: EngineOn<M>, T>(
+        engine: &E,
+        plane: &mut LoopbackPlane,
+        mut set: EmuSet<M>,
+        layout: Layout,
+        mut measure: impl FnMut(&mut EmuSet<M>, &mut dyn FnMut(&mut EmuSet<M>)) -> T,
+    ) -> [T; 3] {
+        let tokens = tokens();
+        let id = create(plane, &mut set, layout, 1)[0];
+        let replica = Replica::new(plane, &set, id, SEQ_LEN).unwrap();
         let batch = Batch { tokens: &tokens, seq_len: SEQ_LEN, starts: &[] };
-        let training = peak_of(&mut set, |set| {
-            train_step(&plane, set, &replica, &batch, MICRO, &NEXT_TOKEN, &OPT).unwrap();
+        let wave = [Wave { prompts: prompts(&tokens), starts: Vec::new(), ids: (0..SEQUENCES as u64).collect() }];
+        let plane = &*plane;
+        let training = measure(&mut set, &mut |set| {
+            engine.train_step(plane, set, &replica, &batch, MICRO, &NEXT_TOKEN, &OPT).unwrap();
         });
-        let inference = peak_of(&mut set, |set| {
-            with_params(set, id, |p, arena| replica.infer(&plane, p, &batch, MICRO, arena)).unwrap();
+        let inference = measure(&mut set, &mut |set| {
+            engine.infer(plane, set, &replica, &batch, MICRO).unwrap();
         });
-        let generation = peak_of(&mut set, |set| {
-            let prompts = prompts(&tokens);
-            with_params(set, id, |p, arena| replica.generate(&plane, p, &prompts, &[], &ids, &greedy(), arena))
-                .unwrap();
+        let generation = measure(&mut set, &mut |set| {
+            engine.generate(plane, set, &replica, &wave, &greedy()).unwrap();
         });
+        [training, inference, generation]
+    }
+
+    fn host_peaks(rank: i32, mail: Arc<Mailbox>, layout: Layout) -> Peaks {
+        let mut plane = LoopbackPlane::new(rank, mail);
+        let set = EmuSet::new(rank, layout.size() as i32, 1 << 30, catalogues(Dtype::F32));
+        let [training, inference, generation] =
+            three_passes(&HostEngine, &mut plane, set, layout, |set, pass| peak_of(set, |s| pass(s)));
         Peaks { training, inference, generation }
     }
 
@@ -387,25 +404,14 @@ mod tests {
 
     /// The device's ledger peaks, and by how much each lay above the allocator's own peak.
     fn device_peaks(rank: i32, mail: Arc<Mailbox>, layout: Layout) -> (Peaks, [i64; 3]) {
-        let (tokens, ids) = (tokens(), (0..SEQUENCES as u64).collect::<Vec<_>>());
         let mut plane = LoopbackPlane::new(rank, mail);
         let device = Rc::new(Device::new(Emulated::new(rank as u32, 1 << 30)).unwrap());
         let memory = DeviceMemory::new(device.clone());
-        let mut set = EmuSet::in_memory(rank, layout.size() as i32, 1 << 30, catalogues(Dtype::Bf16), memory);
-        let id = create(&mut plane, &mut set, layout, 1)[0];
-        let replica = Replica::new(&mut plane, &set, id, SEQ_LEN).unwrap();
-        let batch = Batch { tokens: &tokens, seq_len: SEQ_LEN, starts: &[] };
-        let (training, t) = device_peak_of(&mut set, &device, |set| {
-            train_step_on_device(&plane, set, &replica, &batch, MICRO, &NEXT_TOKEN, &OPT).unwrap();
-        });
-        let (inference, i) = device_peak_of(&mut set, &device, |set| {
-            with_device_params(set, &replica, |c, p| replica.infer_on(c, &plane, p, &batch, MICRO)).unwrap();
-        });
-        let (generation, g) = device_peak_of(&mut set, &device, |set| {
-            let prompts = prompts(&tokens);
-            with_device_params(set, &replica, |c, p| replica.generate_on(c, &plane, p, &prompts, &[], &ids, &greedy()))
-                .unwrap();
-        });
+        let set = EmuSet::in_memory(rank, layout.size() as i32, 1 << 30, catalogues(Dtype::Bf16), memory);
+        let measure =
+            |set: &mut EmuSet<_>, pass: &mut dyn FnMut(&mut EmuSet<_>)| device_peak_of(set, &device, |s| pass(s));
+        let [(training, t), (inference, i), (generation, g)] =
+            three_passes(&DeviceEngine, &mut plane, set, layout, measure);
         (Peaks { training, inference, generation }, [t, i, g])
     }
 
