@@ -162,15 +162,16 @@ fn per_run<R: GpuRuntime>(
     Ok(start.elapsed().as_secs_f64() / runs.max(1) as f64)
 }
 
-/// `len` bf16 values in ±0.05 (not zeros, which draw less power on a GPU) on the compute.
+/// The host benchmark's operand values ([`super::operand`]), rounded to bf16 on the compute.
 fn filled<'d, R: GpuRuntime>(
     c: &mut OnDevice<'d, '_, '_, R>,
     len: usize,
     seed: f32,
 ) -> Result<DeviceArray<'d, R, u16>, EngineError> {
     let mut x = c.zeros(MemoryItem::Activations, len)?;
+    let values = super::operand(len, seed);
     c.modify(&mut x, |v| {
-        v.iter_mut().enumerate().for_each(|(i, v)| *v = ((i as f32 * 0.37 + seed).sin()) * 0.05);
+        v.copy_from_slice(&values);
         Ok(())
     })?;
     Ok(x)

@@ -137,10 +137,15 @@ fn attention_flops(a: &Architecture, b: usize, t: usize) -> f64 {
     3.0 * (a.layers as usize * b * a.heads as usize * 2 * a.head_dim as usize * t * (t + 1)) as f64
 }
 
+/// `len` benchmark operand values in ±0.1 from `seed` (not zeros, which multiply faster on
+/// some hardware and draw less power on a GPU).
+fn operand(len: usize, seed: f32) -> Vec<f32> {
+    (0..len).map(|i| (i as f32 * 0.37 + seed).sin() * 0.1).collect()
+}
+
 /// Seconds of one product of shape `g` with the GEMM crate (median of runs filling ≥ 0.2 s).
 fn time_gemm(g: &Gemm) -> f64 {
-    let fill = |len: usize, s: f32| (0..len).map(|i| ((i as f32 * 0.37 + s).sin()) * 0.1).collect::<Vec<f32>>();
-    let (a, b) = (fill(g.m * g.k, 1.0), fill(g.k * g.n, 2.0));
+    let (a, b) = (operand(g.m * g.k, 1.0), operand(g.k * g.n, 2.0));
     let mut c = vec![0f32; g.m * g.n];
     matmul(&mut c, &a, g.a, &b, g.b, g.m, g.k, g.n, false);
     let mut times = Vec::new();
