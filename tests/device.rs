@@ -121,3 +121,137 @@ fn kernels_and_the_engine_on_a_gpu_this_machine_lacks_exit_2_and_say_which_for_s
         }
     }
 }
+
+/// `--set` flags that make every model of tiny-ppo bf16 (the device engine's dtype).
+fn bf16_models() -> Vec<String> {
+    ["actor", "reference", "critic", "reward"].iter().map(|r| format!("models.{r}.dtype=bf16")).collect()
+}
+
+/// tiny-ppo's train arguments at a CI-sized batch (16 prompts), writing to `out`; `device` adds
+/// `--device` and bf16 models.
+fn small_ppo(out: &std::path::Path, steps: &str, device: Option<&str>, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = ["train", "--steps", steps, "--output-dir", out.to_str().unwrap()]
+        .into_iter()
+        .chain(
+            ["rl.prompts_per_step=16", "rl.mini_batch=16", "train.digest_every=1"]
+                .into_iter()
+                .flat_map(|s| ["--set", s]),
+        )
+        .map(String::from)
+        .collect();
+    if let Some(device) = device {
+        args.extend(["--device".into(), device.into()]);
+        args.extend(bf16_models().into_iter().flat_map(|s| ["--set".to_string(), s]));
+    }
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+fn train(n: usize, args: &[String]) {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = run_mpi(n, &args);
+    assert!(out.status.success(), "{args:?}:\n{}", text(&out).1);
+}
+
+/// The tensor names in a safetensors file's header.
+fn tensor_names(path: &std::path::Path) -> Vec<String> {
+    let bytes = std::fs::read(path).unwrap();
+    let len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + len]).unwrap();
+    header.as_object().unwrap().keys().filter(|k| *k != "__metadata__").cloned().collect()
+}
+
+/// `nereus train --device emulated` on 4 ranks: the bf16 device engine follows the host's f32
+/// run step by step (same seeds, same prompts: rewards within 0.06, the drift bf16 sampling
+/// allows), its ledger peaks equal the cost model's predictions on every rank, its checkpoint
+/// is a bf16 model directory with f32 master weights beside the moments, and a run resumed from
+/// it computes the next step exactly as the uninterrupted run did (bit-equal losses, digests).
+#[test]
+fn training_on_the_emulated_device_follows_the_host_and_resumes_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let (host, device, resumed) = (dir.path().join("host"), dir.path().join("device"), dir.path().join("resumed"));
+    let every = ["--set", "train.checkpoint_every=2"];
+    train(4, &small_ppo(&host, "3", None, &every));
+    train(4, &small_ppo(&device, "3", Some("emulated"), &every));
+    let (h, d) = (common::step_records(&host), common::step_records(&device));
+    assert_eq!((h.len(), d.len()), (3, 3));
+    for (h, d) in h.iter().zip(&d) {
+        let (hr, dr) = (h["reward_mean"].as_f64().unwrap(), d["reward_mean"].as_f64().unwrap());
+        assert!((hr - dr).abs() <= 0.06, "step {}: host reward {hr}, device {dr}", d["step"]);
+        let peaks = &d["rank_peak_memory_bytes"];
+        assert_eq!(peaks["measured"], peaks["predicted"], "step {}: device ledger vs cost model", d["step"]);
+    }
+    let ckpt = device.join("checkpoints/step-2");
+    let config = std::fs::read_to_string(ckpt.join("actor/config.json")).unwrap();
+    assert!(config.contains("\"torch_dtype\": \"bfloat16\""), "{config}");
+    let optimizer = tensor_names(&ckpt.join("actor.optim.safetensors"));
+    for prefix in ["exp_avg.", "exp_avg_sq.", "master."] {
+        assert!(
+            optimizer.iter().any(|n| n == &format!("{prefix}model.embed_tokens.weight")),
+            "{prefix}: {optimizer:?}"
+        );
+    }
+    std::fs::create_dir_all(resumed.join("checkpoints")).unwrap();
+    let copied = std::process::Command::new("cp").arg("-r").arg(&ckpt).arg(resumed.join("checkpoints")).status();
+    assert!(copied.unwrap().success());
+    let from = resumed.join("checkpoints/step-2");
+    train(
+        4,
+        &small_ppo(&resumed, "3", Some("emulated"), &[&every[..], &["--resume", from.to_str().unwrap()]].concat()),
+    );
+    let again = common::step_records(&resumed);
+    assert_eq!(again.len(), 1);
+    for key in ["step", "reward_mean", "actor_loss", "critic_loss", "kl", "state_digest", "counters"] {
+        assert_eq!(again[0][key], d[2][key], "{key} of the resumed step 2");
+    }
+}
+
+/// The adaptive path on device-resident state: tiny-ppo under the controller on 8 emulated
+/// devices, with two ranks leaving before step 2. The controller's transitions (an urgent one
+/// for the shrink, an opportunistic one when the first measured step re-prices the plans) move
+/// θ, ω and the masters in device memory over the GPU plane, and every model-stage's digest
+/// after each transition equals its digest before.
+#[test]
+fn the_controller_reshapes_device_resident_state_with_equal_digests() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("adaptive");
+    let trace = format!("pool.trace={}", common::repo().join("configs/traces/pool-8-6-8-5.csv").display());
+    train(8, &small_ppo(&out, "3", Some("emulated"), &["--policy", "nereus", "--set", &trace]));
+    let records = common::step_records(&out);
+    let transitions: Vec<&serde_json::Value> =
+        records.iter().map(|r| &r["transition"]).filter(|t| !t.is_null()).collect();
+    let kinds: Vec<&str> = transitions.iter().filter_map(|t| t["kind"].as_str()).collect();
+    assert!(kinds.contains(&"urgent") && kinds.contains(&"opportunistic"), "{kinds:?}");
+    for t in transitions {
+        assert!(!t["digests_before"].as_object().unwrap().is_empty(), "{t}");
+        assert_eq!(t["digests_before"], t["digests_after"], "{t}");
+    }
+}
+
+/// What a device job refuses, before anything is allocated, with exit status 2 and the key to
+/// change: f32 models on a device, a vendor device on the other vendor's library, a plan larger
+/// than the device (naming the rank, the need and the device's capacity), and NCCL in a binary
+/// built without CUDA.
+#[test]
+fn device_training_refuses_what_it_cannot_run_before_allocating() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("refused");
+    let o = out.to_str().unwrap();
+    let f32_on_device = run_mpi(2, &["train", "--device", "emulated", "--output-dir", o]);
+    common::assert_status(&f32_on_device, 2, &["models.actor.dtype = \"f32\"", "bf16"]);
+    let no_warm_up = ["--set", "train.warmup_actor_steps=0", "--set", "train.warmup_reward_steps=0"];
+    let cuda_on_rccl =
+        small_ppo(&out, "1", Some("cuda"), &[&no_warm_up[..], &["--set", "cluster.data_plane=rccl"]].concat());
+    let cuda_on_rccl: Vec<&str> = cuda_on_rccl.iter().map(String::as_str).collect();
+    common::assert_status(&run_mpi(2, &cuda_on_rccl), 2, &["cluster.device = \"cuda\"", "NCCL"]);
+    let mut args = small_ppo(&out, "1", Some("emulated"), &no_warm_up);
+    let mut small = common::mpirun();
+    args.insert(0, common::nereus().to_str().unwrap().into());
+    small.args(["-n", "2", "-x", "NEREUS_EMULATED_DEVICE_BYTES=1000000"]).args(&args);
+    common::assert_status(&small.output().unwrap(), 2, &["needs", "on rank 0", "emulated device", "has 1.00 MB"]);
+    assert!(!out.join("checkpoints").exists(), "nothing was trained");
+    if !cfg!(feature = "cuda") {
+        let nccl = run_mpi(2, &["train", "--set", "cluster.data_plane=nccl", "--output-dir", o]);
+        common::assert_status(&nccl, 2, &["CUDA"]);
+    }
+}

@@ -24,8 +24,14 @@ use nereus_core::config::DeviceChoice;
 
 use super::{RuntimeError, Session};
 
-/// Capacity of an emulated device (allocated only as shards are made).
+/// Capacity of an emulated device (allocated only as shards are made), unless
+/// `NEREUS_EMULATED_DEVICE_BYTES` gives another: a smaller device than the job's
+/// `cluster.device_memory_gb`, as a mis-sized cluster file meets on real GPUs.
 const EMULATED_DEVICE_BYTES: u64 = 64 << 30;
+
+fn emulated_device_bytes() -> u64 {
+    std::env::var("NEREUS_EMULATED_DEVICE_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(EMULATED_DEVICE_BYTES)
+}
 
 /// The GPU data plane over MPI control, as a device job receives it.
 pub type Plane<'w, L, R> = GpuPlane<MpiPlane<'w>, L, R>;
@@ -95,7 +101,7 @@ pub fn with_device<J: DeviceJob>(session: &Session, choice: DeviceChoice, job: J
     match choice {
         DeviceChoice::Emulated => {
             let ordinal = session.layout().local_rank(session.rank() as usize) as u32;
-            let opened = Ok((Emulated::new(ordinal, EMULATED_DEVICE_BYTES), MpiCollectives::new(session.world())));
+            let opened = Ok((Emulated::new(ordinal, emulated_device_bytes()), MpiCollectives::new(session.world())));
             run_on(session, opened, job)
         }
         DeviceChoice::Auto if cfg!(feature = "cuda") => with_device(session, DeviceChoice::Cuda, job),

@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
-use super::{check, ConfigError};
+use super::{check, ConfigError, DeviceChoice};
 
 /// Which library moves tensors between ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -72,6 +72,10 @@ pub struct ClusterSection {
     pub cores_per_node: Option<u32>,
     /// Data plane for tensors: `mpi`, `nccl` or `rccl`.
     pub data_plane: Option<DataPlane>,
+    /// The device `nereus train` keeps state on and computes with: `cuda`, `rocm`, `emulated`
+    /// (host memory posing as a device, for tests) or `auto`. Unset: the host on `mpi`, CUDA on
+    /// `nccl`, ROCm on `rccl`. `--device` replaces it.
+    pub device: Option<DeviceChoice>,
 }
 
 /// The resolved `[cluster]`: every value known and validated.
@@ -103,9 +107,23 @@ pub struct ClusterSpec {
     pub cores_per_node: Option<u32>,
     /// Data plane for tensors.
     pub data_plane: DataPlane,
+    /// The device chosen in the job (`cluster.device` or `--device`); `None`: the host engine
+    /// on `mpi`, see [`ClusterSpec::train_device`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<DeviceChoice>,
 }
 
 impl ClusterSpec {
+    /// The device `nereus train` runs on: `cluster.device` when set, else CUDA on NCCL, ROCm on
+    /// RCCL, and `None` (the host reference engine) on MPI.
+    pub fn train_device(&self) -> Option<DeviceChoice> {
+        self.device.or(match self.data_plane {
+            DataPlane::Mpi => None,
+            DataPlane::Nccl => Some(DeviceChoice::Cuda),
+            DataPlane::Rccl => Some(DeviceChoice::Rocm),
+        })
+    }
+
     /// Total devices (and so the largest rank count a plan may use; validation bounds the
     /// product, so it cannot wrap).
     pub fn devices(&self) -> u32 {
@@ -149,6 +167,7 @@ impl ClusterSection {
             host_link_gbps: over.host_link_gbps.or(self.host_link_gbps),
             cores_per_node: over.cores_per_node.or(self.cores_per_node),
             data_plane: over.data_plane.or(self.data_plane),
+            device: over.device.or(self.device),
         }
     }
 
@@ -181,6 +200,7 @@ impl ClusterSection {
             host_link_gbps,
             cores_per_node: self.cores_per_node,
             data_plane,
+            device: self.device,
         };
         spec.validate()?;
         Ok(spec)

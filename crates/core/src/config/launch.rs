@@ -27,8 +27,9 @@ impl FromStr for ResumeFrom {
     }
 }
 
-/// Which device `--device` asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which device `--device` (or `cluster.device`) asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum DeviceChoice {
     /// The backend this binary has: CUDA, else ROCm.
     Auto,

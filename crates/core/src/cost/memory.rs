@@ -152,11 +152,15 @@ pub enum EngineKind {
 }
 
 impl EngineKind {
-    /// The engine that runs on `cluster`'s data plane.
+    /// The engine that runs `cluster`'s job: Nereus's own engine on a device when the job
+    /// names one (`cluster.device`, `--device`: what `nereus train` runs), else by data plane:
+    /// the reference engine on MPI, a Megatron-style GPU engine on NCCL/RCCL (what `nereus plan`
+    /// sizes for a job that only names its data plane).
     pub fn of(cluster: &ClusterSpec) -> EngineKind {
-        match cluster.data_plane {
-            DataPlane::Mpi => EngineKind::Reference,
-            DataPlane::Nccl | DataPlane::Rccl => EngineKind::Gpu,
+        match (cluster.device, cluster.data_plane) {
+            (Some(_), _) => EngineKind::Device,
+            (None, DataPlane::Mpi) => EngineKind::Reference,
+            (None, DataPlane::Nccl | DataPlane::Rccl) => EngineKind::Gpu,
         }
     }
 }

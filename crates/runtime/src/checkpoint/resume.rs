@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use super::error::CheckpointError;
 use super::model_dir::{digest_file, open_weights};
 use super::sidecar::{FileDigest, SavedModel, Sidecar};
-use super::tensors::{Expect, ModelWeights, TensorFile, MOMENT_PREFIXES};
+use super::tensors::{optimizer_prefixes, Expect, ModelWeights, TensorFile};
 use nereus_core::config::hf::{self, CONFIG_JSON};
 use nereus_core::config::models::spec_map;
 use nereus_core::config::{Dtype, JobConfig, ModelSpec};
@@ -268,7 +268,7 @@ fn open_optimizer(
     let file = TensorFile::open(&path)?;
     check_tensor_file(&file, sidecar, model, hash)?;
     let moments = ModelWeights::single(file)?;
-    moments.check(catalogue, &MOMENT_PREFIXES, Expect::Exactly(Dtype::F32))?;
+    moments.check(catalogue, optimizer_prefixes(catalogue.arch.dtype), Expect::Exactly(Dtype::F32))?;
     Ok(moments)
 }
 

@@ -17,7 +17,7 @@ use nereus_core::config::hf::{self, ConfigJsonOptions};
 use nereus_core::config::{Dtype, ModelSpec};
 use nereus_core::plan::Role;
 use nereus_exec::comm::DataPlane;
-use nereus_exec::emu::{EmuId, EmuSet};
+use nereus_exec::emu::{EmuId, EmuSet, Exchange, ShardMemory};
 
 /// Writes `bytes` to `path` and waits until they are on disk. Files get the process's default
 /// mode (0644 under the usual umask), the sidecar and the tensors alike.
@@ -86,9 +86,9 @@ fn file_metadata(sidecar: &Sidecar, model: &str) -> HashMap<String, String> {
 /// model is gathered onto rank 0, which writes). Rank 0 keeps taking part in every gather
 /// after a local failure, so the caller can end the phase with an agreement; it returns the
 /// first failure, or the directory written. `sidecar.models` is filled here.
-pub fn save<P: DataPlane>(
+pub fn save<M: ShardMemory, P: Exchange<M>>(
     plane: &mut P,
-    set: &EmuSet,
+    set: &EmuSet<M>,
     models: &[ModelToSave],
     mut sidecar: Sidecar,
     checkpoints: &Checkpoints,

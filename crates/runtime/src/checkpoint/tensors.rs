@@ -17,17 +17,41 @@ use nereus_core::half::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 use nereus_core::model::Section;
 use nereus_core::model::{Catalogue, Piece};
 use nereus_exec::emu::LocalShard;
+use nereus_exec::engine::{bf16_sections, f32_sections};
 
 /// Tensor-name prefixes of the optimizer file's two moments (PyTorch's names).
 pub const MOMENT_PREFIXES: [&str; 2] = ["exp_avg.", "exp_avg_sq."];
 
+/// Tensor-name prefix of the f32 master weights, kept in the optimizer file of a model whose
+/// parameters are below f32 (the model directory holds their bf16 rounding).
+pub const MASTER_PREFIX: &str = "master.";
+
+/// The prefixes of the optimizer file of a model of `dtype`: Adam's moments, and below f32 the
+/// master weights.
+pub fn optimizer_prefixes(dtype: Dtype) -> &'static [&'static str] {
+    match dtype {
+        Dtype::F32 => &MOMENT_PREFIXES,
+        Dtype::Bf16 | Dtype::F16 => &[MOMENT_PREFIXES[0], MOMENT_PREFIXES[1], MASTER_PREFIX],
+    }
+}
+
 /// One tensor ready to serialize: name, shape, little-endian f32 bytes.
 pub type NamedTensor = (String, Vec<usize>, Vec<u8>);
 
-/// Every tensor of section `s` of a gathered `(1, 1)` shard, names prefixed with `prefix`, in
-/// Hugging Face's shapes.
-pub fn tensors_of(whole: &LocalShard, catalogue: &Catalogue, s: usize, prefix: &str) -> Vec<NamedTensor> {
-    let bytes = &whole.buffer[whole.section_range(s)];
+/// Every tensor of `section` of a gathered `(1, 1)` shard as little-endian f32 bytes (bf16
+/// parameters widened, exactly), names prefixed with `prefix`, in Hugging Face's shapes.
+pub fn tensors_of(whole: &LocalShard, catalogue: &Catalogue, section: Section, prefix: &str) -> Vec<NamedTensor> {
+    let s = whole.sections.iter().position(|&x| x == section).expect("the shard keeps the section asked for");
+    let raw = &whole.buffer[whole.section_range(s)];
+    let widened: Vec<u8>;
+    let bytes = match section.element_bytes(whole.dtype) {
+        4 => raw,
+        _ => {
+            widened =
+                raw.chunks_exact(2).flat_map(|b| bf16_to_f32(u16::from_le_bytes([b[0], b[1]])).to_le_bytes()).collect();
+            &widened
+        }
+    };
     whole
         .table
         .pieces
@@ -40,15 +64,22 @@ pub fn tensors_of(whole: &LocalShard, catalogue: &Catalogue, s: usize, prefix: &
         .collect()
 }
 
-/// The parameters, and for a training replica the moments, of a gathered shard.
+/// The parameters, and for a training replica the optimizer state (Adam's moments, and the f32
+/// master weights of a bf16 model), of a gathered shard. A bf16 model's parameters are its
+/// master weights where it has them, so the model directory holds their rounding: the working
+/// copy the engine computed with.
 pub fn model_tensors(whole: &LocalShard, catalogue: &Catalogue) -> (Vec<NamedTensor>, Option<Vec<NamedTensor>>) {
-    let params = tensors_of(whole, catalogue, 0, "");
-    let moments = whole.sections.contains(&Section::AdamM).then(|| {
-        let mut both = tensors_of(whole, catalogue, 1, MOMENT_PREFIXES[0]);
-        both.extend(tensors_of(whole, catalogue, 2, MOMENT_PREFIXES[1]));
-        both
+    let master = whole.sections.contains(&Section::Master);
+    let params = tensors_of(whole, catalogue, if master { Section::Master } else { Section::Params }, "");
+    let optimizer = whole.sections.contains(&Section::AdamM).then(|| {
+        let mut all = tensors_of(whole, catalogue, Section::AdamM, MOMENT_PREFIXES[0]);
+        all.extend(tensors_of(whole, catalogue, Section::AdamV, MOMENT_PREFIXES[1]));
+        if master {
+            all.extend(tensors_of(whole, catalogue, Section::Master, MASTER_PREFIX));
+        }
+        all
     });
-    (params, moments)
+    (params, optimizer)
 }
 
 /// The safetensors dtype that stores `dtype`.
@@ -311,21 +342,18 @@ impl ModelWeights {
         Ok(absent)
     }
 
-    /// Fills section `s` of `shard` with its rectangles of the tensors named `prefix + name`,
-    /// converted to f32; a tensor that is absent goes to `absent` (which may initialize it,
-    /// or refuse).
+    /// Fills `out` (the f32 values of a shard's pieces, in table order) with their rectangles
+    /// of the tensors named `prefix + name`, converted to f32; a tensor that is absent goes to
+    /// `absent` (which may initialize it, or refuse).
     pub fn fill(
         &self,
-        shard: &mut LocalShard,
+        out: &mut [f32],
+        pieces: &[Piece],
         catalogue: &Catalogue,
-        s: usize,
         prefix: &str,
         absent: &mut Absent,
     ) -> Result<(), String> {
-        let range = shard.section_range(s);
-        let out: &mut [f32] = bytemuck::try_cast_slice_mut(&mut shard.buffer[range])
-            .map_err(|e| format!("shard buffer not f32-aligned ({e:?})"))?;
-        for piece in &shard.table.pieces {
+        for piece in pieces {
             let spec = &catalogue.tensors[piece.tensor];
             let name = format!("{prefix}{}", spec.name);
             let target = &mut out[piece.offset as usize..(piece.offset + piece.region.elements()) as usize];
@@ -365,8 +393,10 @@ fn copy_rect(dtype: StDtype, size: usize, data: &[u8], cols: u64, piece: &Piece,
 }
 
 /// Fills a new shard: parameters from `params` (a tensor absent there is initialized by
-/// `fresh`), moments from `optim` when the shard keeps them (zero when no optimizer file is
-/// given: a fresh optimizer, asked for explicitly).
+/// `fresh`), the optimizer state from `optim` when the shard keeps one (zero moments when no
+/// optimizer file is given: a fresh optimizer, asked for explicitly). A bf16 shard's working
+/// copy is the rounding of its f32 master weights, which come from the optimizer file's
+/// `master.` tensors, or without one from `params` as they are.
 pub fn fill_shard(
     shard: &mut LocalShard,
     catalogue: &Catalogue,
@@ -374,19 +404,53 @@ pub fn fill_shard(
     optim: Option<&ModelWeights>,
     fresh: &mut Absent,
 ) -> Result<(), String> {
-    params.fill(shard, catalogue, 0, "", fresh)?;
-    if shard.sections.len() >= 3 {
-        match optim {
-            Some(o) => {
-                let mut refuse = |_: &Piece, _: &mut [f32]| Err("missing from the optimizer file".to_string());
-                o.fill(shard, catalogue, 1, MOMENT_PREFIXES[0], &mut refuse)?;
-                o.fill(shard, catalogue, 2, MOMENT_PREFIXES[1], &mut refuse)?;
-            }
-            None => {
-                let (m, v) = (shard.section_range(1), shard.section_range(2));
-                shard.buffer[m.start..v.end].fill(0);
-            }
+    let pieces = shard.table.pieces.clone();
+    let per = shard.table.elements as usize;
+    let mut values = vec![0f32; per];
+    params.fill(&mut values, &pieces, catalogue, "", fresh)?;
+    // Adam's moments, then (below f32) the master weights; without an optimizer file, zero
+    // moments and the parameters as loaded.
+    let mut state = Vec::new();
+    if shard.sections.contains(&Section::AdamM) {
+        let mut refuse = |_: &Piece, _: &mut [f32]| Err("missing from the optimizer file".to_string());
+        state = vec![0f32; 2 * per];
+        if let Some(o) = optim {
+            let (m, v) = state.split_at_mut(per);
+            o.fill(m, &pieces, catalogue, MOMENT_PREFIXES[0], &mut refuse)?;
+            o.fill(v, &pieces, catalogue, MOMENT_PREFIXES[1], &mut refuse)?;
         }
+        if shard.dtype != Dtype::F32 {
+            let mut master = values.clone();
+            if let Some(o) = optim {
+                o.fill(&mut master, &pieces, catalogue, MASTER_PREFIX, &mut refuse)?;
+            }
+            state.extend(master);
+        }
+    }
+    write_state(shard, &values, &state)
+}
+
+/// Writes `values` (f32 parameters) and `state` (`m`, `v`, and below f32 the master weights,
+/// each one section long; empty for a shard that does not train) into `shard` in its dtype. A
+/// bf16 working copy is the rounding of the master weights where the shard keeps them.
+fn write_state(shard: &mut LocalShard, values: &[f32], state: &[f32]) -> Result<(), String> {
+    let per = values.len();
+    if shard.dtype == Dtype::F32 {
+        let (params, moments) = f32_sections(shard).map_err(|e| e.to_string())?;
+        params.copy_from_slice(values);
+        if let Some((m, v)) = moments {
+            m.copy_from_slice(&state[..per]);
+            v.copy_from_slice(&state[per..2 * per]);
+        }
+        return Ok(());
+    }
+    let (theta, mixed) = bf16_sections(shard).map_err(|e| e.to_string())?;
+    let weights = if mixed.is_some() { &state[2 * per..] } else { values };
+    theta.iter_mut().zip(weights).for_each(|(t, &x)| *t = f32_to_bf16(x));
+    if let Some((m, v, master)) = mixed {
+        m.copy_from_slice(&state[..per]);
+        v.copy_from_slice(&state[per..2 * per]);
+        master.copy_from_slice(&state[2 * per..]);
     }
     Ok(())
 }

@@ -14,8 +14,9 @@ use nereus_core::policy::{Decision, TransitionKind};
 use nereus_core::record::{RankLossRecord, TransitionRecord};
 use nereus_core::transition::target::state_bytes;
 use nereus_core::transition::{global::Links, TransitionDag};
-use nereus_exec::comm::{max_over_ranks, MpiPlane};
-use nereus_exec::emu::EmuSet;
+use nereus_exec::comm::{max_over_ranks, DataPlane};
+use nereus_exec::emu::{EmuSet, Exchange, ShardMemory};
+use nereus_exec::engine::EngineOn;
 use nereus_exec::rl::{RlJob, StepMetrics};
 
 use super::fault::surviving;
@@ -55,7 +56,12 @@ impl ControllerStop {
     }
 }
 
-impl TrainJob<'_> {
+impl<P, M, E> TrainJob<'_, P, M, E>
+where
+    P: Exchange<M>,
+    M: ShardMemory + Clone,
+    E: EngineOn<M> + Copy,
+{
     /// A boundary failed with `e`: when every rank holds the error (an agreed failure, such as
     /// a rank loss nothing can restore), the step it followed is still recorded, so no
     /// completed step goes missing from the metrics; then `e` is returned. A failure only some
@@ -96,7 +102,7 @@ impl TrainJob<'_> {
         let mut boundary = self.act(&action)?;
         if loss.is_some() && action.target.is_none() {
             // The plan lost replicas: the RL job runs over what remains.
-            self.rl = RlJob::new(&mut self.plane, &self.set, self.plan.clone(), self.settings.clone())?;
+            self.rebuild_rl()?;
         }
         boundary.rank_loss = loss;
         if let (Some(c), Some(t)) = (self.controller.as_mut(), &boundary.transition) {
@@ -121,16 +127,22 @@ impl TrainJob<'_> {
         if let Some(target) = &action.target {
             let host = self.config.cluster.host_link_gbps * 1e9;
             let moved = (&self.plan, target);
-            let record = transition(self.session, &mut self.plane, &mut self.set, &planner, host, moved, kind)?;
+            let record = transition(self.session, &mut *self.plane, &mut self.set, &planner, host, moved, kind)?;
             boundary.transition = Some(record);
             self.plan = target.clone();
         }
         if action.target.is_some() || self.settings.sampling.max_new_tokens != cap as usize {
             self.settings.sampling.max_new_tokens = cap as usize;
-            self.rl = RlJob::new(&mut self.plane, &self.set, self.plan.clone(), self.settings.clone())?;
+            self.rebuild_rl()?;
         }
         self.predicted = Predicted::of(&planner, &self.plan);
         Ok(boundary)
+    }
+
+    /// The RL job rebuilt over the live EMUs for the plan and settings in force.
+    fn rebuild_rl(&mut self) -> Result<(), RuntimeError> {
+        self.rl = RlJob::on(self.engine, &mut *self.plane, &self.set, self.plan.clone(), self.settings.clone())?;
+        Ok(())
     }
 
     /// Rank `gone` is lost at this boundary: on every rank the replicas that had a shard there
@@ -158,7 +170,7 @@ impl TrainJob<'_> {
             let dir = session.agree("rank loss", latest)?;
             let sources = from_checkpoint(session, &dir, self.config, self.options)?;
             for p in &restore {
-                create_replica(&mut self.plane, &mut self.set, self.config, &sources, p, &p.ranks)?;
+                create_replica(&mut *self.plane, &mut self.set, self.config, &sources, p, &p.ranks)?;
             }
             checkpoint = Some(dir);
         }
@@ -218,10 +230,10 @@ fn decide(
 /// Runs the transition `from → to` on every rank: the DAG planned with the state bytes and
 /// links of `planner`, agreed by hash, executed on the live EMUs; digests per model-stage
 /// before and after (layout-independent), measured seconds and bytes beside the prediction.
-fn transition(
+fn transition<M: ShardMemory, P: Exchange<M>>(
     session: &Session,
-    plane: &mut MpiPlane,
-    set: &mut EmuSet,
+    plane: &mut P,
+    set: &mut EmuSet<M>,
     planner: &Planner,
     host_bytes_per_s: f64,
     (from, to): (&Plan, &Plan),
@@ -252,7 +264,10 @@ fn transition(
 }
 
 /// Each model-stage's digest (its first replica's; every replica holds the same state).
-fn stage_digests(plane: &mut MpiPlane, set: &EmuSet) -> Result<BTreeMap<String, String>, RuntimeError> {
+fn stage_digests<M: ShardMemory, P: DataPlane>(
+    plane: &mut P,
+    set: &EmuSet<M>,
+) -> Result<BTreeMap<String, String>, RuntimeError> {
     let digests = set.digests(plane)?;
     let mut out = BTreeMap::new();
     for emu in set.emus() {

@@ -5,9 +5,9 @@ use nereus_core::cost::OpSeconds;
 use nereus_core::plan::{PerPhase, Plan};
 use nereus_core::policy::controller::Controller;
 use nereus_core::record::Event;
-use nereus_exec::comm::{max_over_ranks, MpiPlane};
-use nereus_exec::emu::EmuSet;
-use nereus_exec::engine::EngineError;
+use nereus_exec::comm::max_over_ranks;
+use nereus_exec::emu::{EmuSet, Exchange, HostMemory, ShardMemory};
+use nereus_exec::engine::{EngineError, EngineOn, HostEngine};
 use nereus_exec::rl::{RlJob, StepMetrics, StepSettings, Task, TextTask};
 
 use super::console;
@@ -17,7 +17,7 @@ use super::pool::{PoolSignal, PoolSource};
 use super::record::{held_bytes, slowest_op_seconds, Predicted};
 use super::signals::{self, StopSignals};
 use super::sources::{create_state, from_checkpoint, initial_sources};
-use super::start::{agreed_pool, continued, job_checks, pool_source, resume_directory, resume_marker};
+use super::start::{agreed_pool, continued, fits_devices, job_checks, pool_source, resume_directory, resume_marker};
 use super::tensorboard::EventWriter;
 use super::timeline::Timeline;
 use super::TrainOptions;
@@ -29,13 +29,18 @@ const MAX_SKIPPING_STEPS: u32 = 3;
 
 /// A running `nereus train` on one rank: the plane, the EMUs, the RL job over them, the plan
 /// and pool in force, the ranks lost, the controller (rank 0's), and the run's records.
-pub struct TrainJob<'s> {
+///
+/// The same job runs on the host reference engine (`P` an MPI plane, shards in [`HostMemory`],
+/// [`HostEngine`]) and on a device (`P` the GPU plane, shards in device memory, the device
+/// engine): every method below is written once for both.
+pub struct TrainJob<'s, P, M: ShardMemory = HostMemory, E = HostEngine> {
     pub(super) session: &'s Session,
     pub(super) config: &'s JobConfig,
     pub(super) options: &'s TrainOptions,
-    pub(super) plane: MpiPlane<'s>,
-    pub(super) set: EmuSet,
-    pub(super) rl: RlJob,
+    pub(super) plane: &'s mut P,
+    pub(super) engine: E,
+    pub(super) set: EmuSet<M>,
+    pub(super) rl: RlJob<E>,
     pub(super) settings: StepSettings,
     pub(super) plan: Plan,
     pub(super) predicted: Predicted,
@@ -83,10 +88,23 @@ pub struct InForce {
     pub slowest_ops: PerPhase<OpSeconds>,
 }
 
-impl<'s> TrainJob<'s> {
+impl<'s, P, M, E> TrainJob<'s, P, M, E>
+where
+    P: Exchange<M>,
+    M: ShardMemory + Clone,
+    E: EngineOn<M> + Copy,
+{
     /// Checks the job, prepares the output directory, finds the resume point, plans, and
-    /// creates the plan's EMUs from the model directories, warm-ups or the checkpoint.
-    pub fn start(session: &'s Session, config: &'s JobConfig, options: &'s TrainOptions) -> Result<Self, RuntimeError> {
+    /// creates the plan's EMUs (in `memory`, computed by `engine`) from the model directories,
+    /// warm-ups or the checkpoint.
+    pub fn start(
+        session: &'s Session,
+        config: &'s JobConfig,
+        options: &'s TrainOptions,
+        plane: &'s mut P,
+        memory: M,
+        engine: E,
+    ) -> Result<Self, RuntimeError> {
         let started = std::time::Instant::now();
         let world = session.world().size();
         let out = config.job.output_dir.clone();
@@ -104,10 +122,9 @@ impl<'s> TrainJob<'s> {
         let task = session.agree("data", job_task(config, session.rank() == 0))?;
         let mut settings = StepSettings::new(config, task);
         settings.sampling.max_new_tokens = fresh.2 as usize;
-        let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
         let mut sources = match &resume_dir {
             Some(dir) => from_checkpoint(session, dir, config, options)?,
-            None => initial_sources(session, &mut plane, config, &settings, &out.join("warmup"))?,
+            None => initial_sources(session, plane, config, &settings, &out.join("warmup"))?,
         };
         let base = fresh.1.clone();
         let ((plan, planner, cap), state) = continued(config, pool, fresh, sources.saved_control.take())?;
@@ -121,8 +138,9 @@ impl<'s> TrainJob<'s> {
             }
             c
         });
-        let set = create_state(&mut plane, config, &plan, &sources, world)?;
-        let rl = RlJob::new(&mut plane, &set, plan.clone(), settings.clone())?;
+        session.agree("device memory", fits_devices(session.rank(), &planner, &plan, &memory))?;
+        let set = create_state(plane, config, &plan, &sources, world, &memory)?;
+        let rl = RlJob::on(engine, plane, &set, plan.clone(), settings.clone())?;
         if session.rank() == 0 {
             console::print_plan(&plan);
         }
@@ -139,6 +157,7 @@ impl<'s> TrainJob<'s> {
             config,
             options,
             plane,
+            engine,
             set,
             rl,
             settings,
@@ -173,7 +192,7 @@ impl<'s> TrainJob<'s> {
     /// Runs RL step `step` on every rank.
     pub fn step(&mut self, step: u64) -> Result<StepMetrics, RuntimeError> {
         self.stepping_since.get_or_insert_with(std::time::Instant::now);
-        Ok(self.rl.step(&mut self.plane, &mut self.set, step)?)
+        Ok(self.rl.step(&mut *self.plane, &mut self.set, step)?)
     }
 
     /// What is in force at the end of step `m`, before its boundary moves anything.
@@ -186,8 +205,8 @@ impl<'s> TrainJob<'s> {
             let (world, watchdog) = (self.session.world(), self.session.watchdog());
             self.elastic = max_over_ranks(world, watchdog, "pool check", u64::from(self.pools.is_elastic())) > 0;
         }
-        let held = if self.elastic { held_bytes(&mut self.plane, &self.set)? } else { Vec::new() };
-        let slowest_ops = slowest_op_seconds(&mut self.plane, self.set.world_size(), &m.op_seconds)?;
+        let held = if self.elastic { held_bytes(&mut *self.plane, &self.set)? } else { Vec::new() };
+        let slowest_ops = slowest_op_seconds(&mut *self.plane, self.set.world_size(), &m.op_seconds)?;
         Ok(InForce {
             plan: self.plan.clone(),
             predicted: self.predicted.clone(),
@@ -261,7 +280,7 @@ impl<'s> TrainJob<'s> {
         if !(done == 0 || last || (every > 0 && done.is_multiple_of(every))) {
             return Ok(());
         }
-        let evaluated = self.rl.evaluate(&mut self.plane, &mut self.set, data.eval_count as usize, done);
+        let evaluated = self.rl.evaluate(&mut *self.plane, &mut self.set, data.eval_count as usize, done);
         let e = match evaluated {
             // A scorer that fails on the held-out prompts stops the job as a step's would.
             Err(EngineError::Reward { what, .. }) => {

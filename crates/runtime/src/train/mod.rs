@@ -1,5 +1,5 @@
-//! `nereus train`: an RL job on the reference engine, as a type ([`TrainJob`]) and the short
-//! driver over it ([`run_config`]).
+//! `nereus train`: an RL job on the host reference engine or on a device, as a type
+//! ([`TrainJob`], written once for both) and the short driver over it ([`run_config`]).
 //!
 //! Every rank checks the job and computes the same plan, rank 0 prepares the output directory,
 //! every rank creates the plan's EMUs from the warm-up or a verified checkpoint, then steps;
@@ -39,10 +39,14 @@ pub use job::TrainJob;
 
 use std::path::Path;
 
-use nereus_core::config::{JobConfig, Overrides, ResumeFrom};
+use nereus_core::config::{DeviceChoice, JobConfig, Overrides, ResumeFrom};
+use nereus_exec::backend::gpu::GpuRuntime;
+use nereus_exec::comm::collectives::CollectiveLib;
+use nereus_exec::comm::MpiPlane;
+use nereus_exec::emu::{DeviceMemory, Exchange, HostMemory, ShardMemory};
+use nereus_exec::engine::{DeviceEngine, EngineError, EngineOn, HostEngine};
 
-use nereus_exec::engine::EngineError;
-
+use crate::device::{with_device, DeviceJob, Plane};
 use crate::{RuntimeError, Session};
 
 /// How `nereus train` starts, beside its job file.
@@ -67,6 +71,11 @@ pub struct TrainOptions {
     /// The step at whose start `--fail-rank` is lost.
     #[arg(long = "at-step", value_name = "K", requires = "fail_rank", allow_negative_numbers = true)]
     pub fail_at_step: Option<u64>,
+    /// Keep state on and compute with this device (`cuda`, `rocm`, `emulated`, `auto`);
+    /// replaces `cluster.device`. Without either, the host reference engine trains on `mpi`,
+    /// and `nccl`/`rccl` jobs train on CUDA/ROCm devices.
+    #[arg(long, value_name = "cuda|rocm|emulated|auto")]
+    pub device: Option<DeviceChoice>,
 }
 
 /// Runs `nereus train` on every rank.
@@ -76,18 +85,59 @@ pub fn run(
     overrides: &Overrides,
     options: &TrainOptions,
 ) -> Result<(), RuntimeError> {
-    let config = session.load_config(path, overrides)?;
+    let mut config = session.load_config(path, overrides)?;
+    // The job is planned for the engine it runs on (`EngineKind::of`): `--device`, else
+    // `cluster.device`, else the data plane's device.
+    config.cluster.device = options.device.or(config.cluster.device);
+    config.cluster.device = config.cluster.train_device();
     run_config(session, &config, options)
 }
 
-/// Trains the job `config` describes (already agreed by every rank): steps, each followed by
-/// its boundary, its record and, when due, a checkpoint.
+/// Trains the job `config` describes (already agreed by every rank) on the engine it names:
+/// the host reference engine over MPI, or each rank's device over the GPU data plane.
 pub fn run_config(session: &Session, config: &JobConfig, options: &TrainOptions) -> Result<(), RuntimeError> {
-    let mut job = TrainJob::start(session, config, options)?;
+    session.agree("engine checks", start::engine_checks(config))?;
+    match config.cluster.device {
+        None => {
+            let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
+            train(TrainJob::start(session, config, options, &mut plane, HostMemory, HostEngine)?)
+        }
+        Some(choice) => with_device(session, choice, OnDevice { session, config, options }),
+    }
+}
+
+/// `nereus train` on the device `--device` opened.
+struct OnDevice<'s> {
+    session: &'s Session,
+    config: &'s JobConfig,
+    options: &'s TrainOptions,
+}
+
+impl DeviceJob for OnDevice<'_> {
+    type Output = ();
+
+    fn run<L: CollectiveLib, R: GpuRuntime>(
+        self,
+        plane: &mut Plane<'_, L, R>,
+        memory: DeviceMemory<R>,
+    ) -> Result<(), RuntimeError> {
+        train(TrainJob::start(self.session, self.config, self.options, plane, memory, DeviceEngine)?)
+    }
+}
+
+/// Steps the started `job` to the end: each step followed by its boundary, its record and,
+/// when due, an evaluation and a checkpoint.
+fn train<P, M, E>(mut job: TrainJob<'_, P, M, E>) -> Result<(), RuntimeError>
+where
+    P: Exchange<M>,
+    M: ShardMemory + Clone,
+    E: EngineOn<M> + Copy,
+{
+    let steps = u64::from(job.config.job.steps);
     if job.first_step() == 0 {
         job.evaluate_if_due(0)?;
     }
-    for step in job.first_step()..u64::from(config.job.steps) {
+    for step in job.first_step()..steps {
         let metrics = match job.step(step) {
             Err(RuntimeError::Engine(EngineError::Reward { step, what })) => {
                 return Err(job.stop_for_reward(step, what))

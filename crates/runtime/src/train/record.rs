@@ -8,8 +8,9 @@ use nereus_core::index_list::format_index_list;
 use nereus_core::plan::{PerPhase, Phase, Plan};
 use nereus_core::planner::{Planner, StepSeconds};
 use nereus_core::record::{placements, CountersRecord, ElasticRecord, Measured, RankMemory, StepLine};
-use nereus_exec::comm::{DataPlane, MpiPlane};
-use nereus_exec::emu::EmuSet;
+use nereus_exec::comm::DataPlane;
+use nereus_exec::emu::{EmuSet, Exchange, ShardMemory};
+use nereus_exec::engine::EngineOn;
 use nereus_exec::rl::StepMetrics;
 
 use super::boundary::Boundary;
@@ -43,7 +44,12 @@ impl Predicted {
     }
 }
 
-impl TrainJob<'_> {
+impl<P, M, E> TrainJob<'_, P, M, E>
+where
+    P: Exchange<M>,
+    M: ShardMemory + Clone,
+    E: EngineOn<M> + Copy,
+{
     /// Records step `step`: its line built (every rank takes part), printed and appended by
     /// rank 0 with the boundary after it, and the timeline extended.
     pub fn record(
@@ -54,7 +60,7 @@ impl TrainJob<'_> {
         boundary: &Boundary,
     ) -> Result<(), RuntimeError> {
         let digest = self.digest_due(step);
-        let mut line = step_line(&mut self.plane, &self.set, in_force, step, m, boundary, digest)?;
+        let mut line = step_line(&mut *self.plane, &self.set, in_force, step, m, boundary, digest)?;
         if self.elastic {
             line.elastic = Some(ElasticRecord {
                 pool: format_index_list(&pool_ranks(in_force.pool, &in_force.lost)),
@@ -118,9 +124,9 @@ struct SampleLine<'a> {
 }
 
 /// The step's line (docs/operations.md); digests and peak memory need every rank.
-fn step_line(
-    plane: &mut MpiPlane,
-    set: &EmuSet,
+fn step_line<M: ShardMemory, P: DataPlane>(
+    plane: &mut P,
+    set: &EmuSet<M>,
     in_force: &InForce,
     step: u64,
     m: &StepMetrics,
@@ -177,8 +183,8 @@ fn step_line(
 }
 
 /// Per phase and operation class, the most seconds any rank spent (one all-gather).
-pub fn slowest_op_seconds(
-    plane: &mut MpiPlane,
+pub fn slowest_op_seconds<P: DataPlane>(
+    plane: &mut P,
     world: i32,
     mine: &PerPhase<OpSeconds>,
 ) -> Result<PerPhase<OpSeconds>, RuntimeError> {
@@ -199,7 +205,10 @@ pub fn slowest_op_seconds(
 }
 
 /// Every rank's ledger peak, item by item (one all-gather).
-fn measured_peaks(plane: &mut MpiPlane, set: &EmuSet) -> Result<Vec<MemoryBreakdown>, RuntimeError> {
+fn measured_peaks<M: ShardMemory, P: DataPlane>(
+    plane: &mut P,
+    set: &EmuSet<M>,
+) -> Result<Vec<MemoryBreakdown>, RuntimeError> {
     let mine = set.store().ledger().peak_breakdown();
     let local: Vec<u64> = MemoryItem::ALL.iter().map(|&i| mine.get(i)).collect();
     let all = gather_u64s(plane, set.world_size(), &local)?;
@@ -216,12 +225,12 @@ fn measured_peaks(plane: &mut MpiPlane, set: &EmuSet) -> Result<Vec<MemoryBreakd
 }
 
 /// Bytes each rank's ledger holds now (all-gathered): zero on ranks outside the pool.
-pub fn held_bytes(plane: &mut MpiPlane, set: &EmuSet) -> Result<Vec<u64>, RuntimeError> {
+pub fn held_bytes<M: ShardMemory, P: DataPlane>(plane: &mut P, set: &EmuSet<M>) -> Result<Vec<u64>, RuntimeError> {
     gather_u64s(plane, set.world_size(), &[set.store().ledger().used()])
 }
 
 /// Every rank's `local` values, rank after rank (one all-gather over the world).
-fn gather_u64s(plane: &mut MpiPlane, world: i32, local: &[u64]) -> Result<Vec<u64>, RuntimeError> {
+fn gather_u64s<P: DataPlane>(plane: &mut P, world: i32, local: &[u64]) -> Result<Vec<u64>, RuntimeError> {
     let group = plane.group(&(0..world).collect::<Vec<_>>())?;
     let mut all = vec![0u8; 8 * local.len() * world as usize];
     plane.all_gather(group, bytemuck::cast_slice(local), &mut all)?;

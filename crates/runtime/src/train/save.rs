@@ -7,10 +7,18 @@ use nereus_core::plan::{ModelStage, Role, Stage};
 
 use super::sources::spec;
 use super::TrainJob;
+use nereus_exec::emu::{Exchange, ShardMemory};
+use nereus_exec::engine::EngineOn;
+
 use crate::checkpoint::{self, Lineage, ModelToSave, SaveOptions, Sidecar};
 use crate::RuntimeError;
 
-impl<'s> TrainJob<'s> {
+impl<'s, P, M, E> TrainJob<'s, P, M, E>
+where
+    P: Exchange<M>,
+    M: ShardMemory + Clone,
+    E: EngineOn<M> + Copy,
+{
     /// Saves every model as checkpoint `step` (every rank calls it; see [`checkpoint::save`]);
     /// every rank learns where it went, or every rank fails.
     pub fn checkpoint(&mut self, step: u64) -> Result<PathBuf, RuntimeError> {
@@ -29,7 +37,7 @@ impl<'s> TrainJob<'s> {
             top_p: config.train.top_p,
         };
         let sidecar = self.sidecar(step);
-        Ok(checkpoint::save(&mut self.plane, &self.set, &models, sidecar, &self.checkpoints, &options)?)
+        Ok(checkpoint::save(&mut *self.plane, &self.set, &models, sidecar, &self.checkpoints, &options)?)
     }
 
     /// Each model once: from its first training replica (with Adam's moments) when it trains,

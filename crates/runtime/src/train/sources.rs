@@ -5,13 +5,13 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use nereus_core::config::{hf, JobConfig, ModelSpec};
+use nereus_core::config::{hf, Dtype, JobConfig, ModelSpec};
 use nereus_core::model::{Catalogue, Numerics, OutputHead};
 use nereus_core::plan::{ModelStage, Placement, Plan, Role, Stage};
 use nereus_core::planner::catalogues;
 use nereus_core::policy::controller::ControllerState;
-use nereus_exec::comm::{DataPlane, MpiPlane};
-use nereus_exec::emu::{Counters, EmuError, EmuSet, LocalShard};
+use nereus_exec::comm::DataPlane;
+use nereus_exec::emu::{Counters, EmuError, EmuSet, LocalShard, ShardMemory};
 use nereus_exec::engine::{init_piece, init_shard, EngineError};
 use nereus_exec::rl::{warm_up, StepSettings, Warmup};
 
@@ -45,14 +45,15 @@ pub(super) struct Sources {
 /// Every replica of the plan, filled from `sources` (or the engine's initialization). Room is
 /// checked by one all-reduce per replica, so a plan that does not fit fails on every rank at
 /// the same replica, before anything is filled.
-pub(super) fn create_state(
-    plane: &mut MpiPlane,
+pub(super) fn create_state<M: ShardMemory + Clone, P: DataPlane>(
+    plane: &mut P,
     config: &JobConfig,
     plan: &Plan,
     sources: &Sources,
     world: i32,
-) -> Result<EmuSet, RuntimeError> {
-    let mut set = EmuSet::new(plane.rank(), world, device_memory(config), job_catalogues(config));
+    memory: &M,
+) -> Result<EmuSet<M>, RuntimeError> {
+    let mut set = EmuSet::in_memory(plane.rank(), world, device_memory(config), job_catalogues(config), memory.clone());
     for p in &plan.placements {
         for r in 0..p.candidate.dp as usize {
             create_replica(plane, &mut set, config, sources, p, p.replica(r))?;
@@ -63,9 +64,9 @@ pub(super) fn create_state(
 
 /// One replica of `placement`'s model-stage on `ranks`, filled from `sources` (or the engine's
 /// initialization), with the sources' counters.
-pub(super) fn create_replica(
-    plane: &mut MpiPlane,
-    set: &mut EmuSet,
+pub(super) fn create_replica<M: ShardMemory, P: DataPlane>(
+    plane: &mut P,
+    set: &mut EmuSet<M>,
     config: &JobConfig,
     sources: &Sources,
     placement: &Placement,
@@ -188,9 +189,9 @@ pub(super) fn origin(config: &JobConfig, role: Role) -> Origin {
 
 /// The initial weights of a fresh job: model directories (opened and checked on every rank),
 /// then the supervised warm-ups the config asks for, for models without a directory.
-pub(super) fn initial_sources(
+pub(super) fn initial_sources<P: DataPlane>(
     session: &Session,
-    plane: &mut MpiPlane,
+    plane: &mut P,
     config: &JobConfig,
     settings: &StepSettings,
     dir: &Path,
@@ -271,9 +272,9 @@ fn open_model_dirs(
 
 /// Runs one supervised warm-up (every rank) and saves its output at `path`.
 #[allow(clippy::too_many_arguments)]
-fn run_warm_up(
+fn run_warm_up<P: DataPlane>(
     session: &Session,
-    plane: &mut MpiPlane,
+    plane: &mut P,
     config: &JobConfig,
     settings: &StepSettings,
     role: Role,
@@ -286,7 +287,16 @@ fn run_warm_up(
         gb if gb > 0.0 => (gb * 1e9) as u64,
         _ => config.cluster.device_memory_bytes(),
     };
-    let mut set = EmuSet::new(plane.rank(), world, memory, job_catalogues(config));
+    // The warm-up runs on the host reference engine in f32, whatever dtype the RL job keeps (a
+    // bf16 job reads its output rounded).
+    let catalogues = job_catalogues(config)
+        .into_iter()
+        .map(|(role, mut c)| {
+            c.arch.dtype = Dtype::F32;
+            (role, c)
+        })
+        .collect();
+    let mut set = EmuSet::new(plane.rank(), world, memory, catalogues);
     let ms = ModelStage::new(role, Stage::Training);
     let (id, loss) = warm_up(
         plane,

@@ -3,13 +3,14 @@
 
 use std::path::{Path, PathBuf};
 
-use nereus_core::config::{DataPlane as PlaneKind, Dtype, JobConfig, PolicyMode, ResumeFrom};
+use nereus_core::config::{DataPlane as PlaneKind, DeviceChoice, Dtype, JobConfig, PolicyMode, ResumeFrom};
 use nereus_core::plan::Plan;
 use nereus_core::planner::{initial_plan, Planner};
 use nereus_core::policy::controller::ControllerState;
 use nereus_core::record::Event;
 use nereus_core::units::format_bytes;
 use nereus_exec::backend::check_data_plane;
+use nereus_exec::emu::ShardMemory;
 
 use super::metrics::MetricsLog;
 use super::pool::PoolSource;
@@ -17,27 +18,10 @@ use super::TrainOptions;
 use crate::checkpoint::{self, Checkpoints};
 use crate::{io_error, RuntimeError, Session};
 
-/// What every rank checks before touching anything: the engine can run this job here (f32
-/// models, the MPI data plane, room for the rollout), and the plan.
+/// What every rank checks before touching anything: the engine can run this job here
+/// ([`engine_checks`], room for the rollout), and the plan.
 pub(super) fn job_checks(config: &JobConfig, world: i32) -> Result<(Plan, Planner, u32), RuntimeError> {
-    for (role, spec) in config.models.roles() {
-        if spec.dtype != Dtype::F32 {
-            return Err(RuntimeError::Usage(format!(
-                "models.{role}.dtype = {:?}: the CPU reference engine computes in f32 (bf16 and f16 models are planned with `nereus plan`, and trained by the GPU engines)",
-                format!("{:?}", spec.dtype).to_lowercase()
-            )));
-        }
-    }
-    check_data_plane(config.cluster.data_plane).map_err(RuntimeError::Backend)?;
-    if config.cluster.data_plane != PlaneKind::Mpi {
-        return Err(RuntimeError::Usage(format!(
-            "cluster.data_plane = \"{}\": the CPU reference engine moves tensors over MPI; set data_plane = \"mpi\"",
-            serde_json::to_value(config.cluster.data_plane)
-                .ok()
-                .and_then(|v| v.as_str().map(String::from))
-                .unwrap_or_default()
-        )));
-    }
+    engine_checks(config)?;
     let (sequences, seq_len) = (config.rl.sequences_per_step(), config.rl.prompt_len + config.rl.max_response_len);
     // Tokens, the five per-position arrays, the inference buffer and the assembled samples.
     let rollout = 11 * 4 * u64::from(sequences) * u64::from(seq_len);
@@ -52,6 +36,90 @@ pub(super) fn job_checks(config: &JobConfig, world: i32) -> Result<(Plan, Planne
         )));
     }
     job_plan(config, world)
+}
+
+/// The engine the job names can train it: f32 models on the host reference engine over MPI;
+/// bf16 models on a device (bf16 working weights, f32 master weights and moments), whose
+/// tensors move over its vendor's library (NCCL for CUDA, RCCL for ROCm) or, emulated, over
+/// MPI.
+pub fn engine_checks(config: &JobConfig) -> Result<(), RuntimeError> {
+    let device = config.cluster.train_device();
+    let plane = config.cluster.data_plane;
+    let needs = match device {
+        None | Some(DeviceChoice::Emulated) => None,
+        Some(DeviceChoice::Cuda) => Some(PlaneKind::Nccl),
+        Some(DeviceChoice::Rocm) => Some(PlaneKind::Rccl),
+        Some(DeviceChoice::Auto) if plane == PlaneKind::Mpi => Some(PlaneKind::Nccl),
+        Some(DeviceChoice::Auto) => None,
+    };
+    if let Some(n) = needs.filter(|&n| n != plane) {
+        return Err(RuntimeError::Usage(format!(
+            "cluster.device = \"{}\" moves tensors with {}: set cluster.data_plane = \"{}\" (or train on the emulated device: --device emulated)",
+            device_name(device),
+            plane_name(n).to_uppercase(),
+            plane_name(n)
+        )));
+    }
+    // The emulated device's collectives run over MPI, whichever plane the job names.
+    if device != Some(DeviceChoice::Emulated) {
+        check_data_plane(plane).map_err(RuntimeError::Backend)?;
+    }
+    let (want, why) = match device {
+        None => (
+            Dtype::F32,
+            "the CPU reference engine computes in f32; set dtype = \"f32\", or train on a device (cluster.device, or --device cuda|rocm|emulated)",
+        ),
+        Some(_) => (
+            Dtype::Bf16,
+            "the device engine trains bf16 working weights with f32 master weights and moments; set dtype = \"bf16\"",
+        ),
+    };
+    match config.models.roles().into_iter().find(|(_, s)| s.dtype != want) {
+        Some((role, spec)) => {
+            Err(RuntimeError::Usage(format!("models.{role}.dtype = \"{}\": {why}", spec.dtype.name())))
+        }
+        None => Ok(()),
+    }
+}
+
+fn plane_name(plane: PlaneKind) -> &'static str {
+    match plane {
+        PlaneKind::Mpi => "mpi",
+        PlaneKind::Nccl => "nccl",
+        PlaneKind::Rccl => "rccl",
+    }
+}
+
+fn device_name(device: Option<DeviceChoice>) -> &'static str {
+    match device {
+        Some(DeviceChoice::Cuda) => "cuda",
+        Some(DeviceChoice::Rocm) => "rocm",
+        Some(DeviceChoice::Emulated) => "emulated",
+        Some(DeviceChoice::Auto) | None => "auto",
+    }
+}
+
+/// Whether `plan`'s predicted peak on this rank fits the memory its shards go to: on a device,
+/// what the driver reports (the plan was made for `cluster.device_memory_gb`); on the host the
+/// plan's own bound holds. Checked before anything is allocated, naming the rank, the need and
+/// the capacity.
+pub(super) fn fits_devices<M: ShardMemory>(
+    rank: i32,
+    planner: &Planner,
+    plan: &Plan,
+    memory: &M,
+) -> Result<(), RuntimeError> {
+    let Some(capacity) = memory.device_capacity() else { return Ok(()) };
+    let need = planner.rank_peaks(plan).ranks.get(rank as usize).map_or(0, |m| m.peak());
+    if need <= capacity {
+        return Ok(());
+    }
+    Err(RuntimeError::Usage(format!(
+        "plan {plan} needs {} on rank {rank} and its device ({}) has {}: lower cluster.device_memory_gb to what the devices have, or give the job more devices",
+        format_bytes(need),
+        memory.describe(),
+        format_bytes(capacity)
+    )))
 }
 
 /// A plan, the planner that predicts it and the response cap it is made for.
