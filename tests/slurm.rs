@@ -86,16 +86,34 @@ struct Submitted {
 impl Submitted {
     /// `sbatch slurm/local-test.sbatch train CONFIG --steps STEPS --output-dir dir/run`.
     fn training(dir: &Path, config: &Path, steps: &str) -> Submitted {
+        Submitted::submit(dir, &[], &[], "slurm/local-test.sbatch", &["train"], config, steps)
+    }
+
+    /// `sbatch FLAGS SCRIPT [LEAD] CONFIG --steps STEPS --output-dir dir/run` with the script's
+    /// variables `env`, without waiting.
+    fn submit(
+        dir: &Path,
+        flags: &[&str],
+        env: &[(&str, &str)],
+        script: &str,
+        lead: &[&str],
+        config: &Path,
+        steps: &str,
+    ) -> Submitted {
         let (out, runs) = (dir.join("job.out"), dir.join("run"));
         let submitted = Command::new("sbatch")
             .args(["--parsable", &format!("--output={}", out.display())])
-            .arg(repo().join("slurm/local-test.sbatch"))
-            .args(["train", config.to_str().unwrap(), "--steps", steps, "--output-dir", runs.to_str().unwrap()])
+            .args(flags)
+            .arg(repo().join(script))
+            .args(lead)
+            .args([config.to_str().unwrap(), "--steps", steps, "--output-dir", runs.to_str().unwrap()])
             .env("NEREUS", nereus())
+            .envs(env.iter().copied())
             .current_dir(repo())
             .output()
             .expect("sbatch starts");
         let id = text(&submitted).0.trim().to_string();
+        assert!(!id.is_empty(), "sbatch refused the job: {}", text(&submitted).1);
         Submitted { id, out, runs, started: std::time::Instant::now() }
     }
 
@@ -233,4 +251,39 @@ fn a_crash_before_the_first_checkpoint_restarts_the_job_afresh_and_it_completes(
     assert_eq!(steps, (0..20).collect::<Vec<_>>(), "{job_output}");
     let latest = std::fs::read_to_string(runs.join("checkpoints/latest")).unwrap_or_default();
     assert_eq!(latest.trim(), "step-20", "{job_output}");
+}
+
+/// The NVIDIA batch script as users submit it, its train path on the local cluster: the
+/// emulated device stands in for the GPUs (`NEREUS_DEVICE=emulated`, the only difference), the
+/// job keeps its own `[cluster]` (`NEREUS_CLUSTER=`), and a rank killed mid-run goes through
+/// slurm/requeue.sh's restart loop: the step starts again on the rank left, resumes on the
+/// device from the latest checkpoint, and the run completes.
+#[test]
+fn the_nvidia_batch_script_trains_on_the_emulated_device_and_restarts_a_lost_rank() {
+    if !slurm_tests_on() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut toml = common::fast_ppo().replace("dtype = \"f32\"", "dtype = \"bf16\"");
+    for (key, value) in [("prompts_per_step", "16"), ("mini_batch", "16"), ("max_response_len", "12")] {
+        toml = common::set_key(&toml, "rl", key, Some(value));
+    }
+    let config = common::write(dir.path(), "ppo.toml", &toml);
+    // The local node has two cores: two ranks, no GPUs to request.
+    let flags = ["--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1", "--gpus-per-node=0", "--overcommit"];
+    let env = [("NEREUS_DEVICE", "emulated"), ("NEREUS_CLUSTER", "")];
+    let job = Submitted::submit(dir.path(), &flags, &env, "slurm/nvidia-ib.sbatch", &[], &config, "3");
+    job.wait_for_steps(1);
+    let ranks = rank_processes(&job.runs);
+    let victim = ranks.iter().max().expect("rank processes").to_string();
+    assert!(Command::new("kill").args(["-9", &victim]).status().unwrap().success());
+    job.wait_until_gone(300, "");
+    let (job_output, runs) = (job.output(), job.runs);
+    assert!(job_output.contains("drives emulated device 0"), "{job_output}");
+    assert!(job_output.contains("restart 1 on 1 ranks from the latest checkpoint"), "{job_output}");
+    let steps: std::collections::BTreeSet<u64> =
+        common::step_records(&runs).iter().map(|r| r["step"].as_u64().unwrap()).collect();
+    assert_eq!(steps, (0..3).collect(), "{job_output}");
+    let latest = std::fs::read_to_string(runs.join("checkpoints/latest")).unwrap_or_default();
+    assert_eq!(latest.trim(), "step-3", "{job_output}");
 }

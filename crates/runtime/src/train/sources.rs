@@ -78,7 +78,9 @@ pub(super) fn create_replica<M: ShardMemory, P: DataPlane>(
         .get(&ms.to_string())
         .copied()
         .unwrap_or(Counters { seed: config.job.seed, ..Counters::default() });
-    let seed = config.job.seed ^ ms.role as u64;
+    // Models that start alike start from one seed: the reference as the actor, the critic as
+    // the reward model (the pairs `origin` names), so PPO's KL starts at zero without warm-ups too.
+    let seed = config.job.seed ^ seed_role(config, ms.role) as u64;
     let fill = |shard: &mut LocalShard, catalogue: &Catalogue| match sources.files.get(&ms.role) {
         Some(source) => {
             let mut fresh = |piece: &_, out: &mut [f32]| {
@@ -167,6 +169,16 @@ pub(super) enum Origin {
     WarmUp(Role),
     /// The engine's initialization.
     Engine,
+}
+
+/// The role whose initialization seed `role` uses: the one it starts as (see [`origin`]).
+fn seed_role(config: &JobConfig, role: Role) -> Role {
+    let same = |a: Role, b: Role| spec(config, a).architecture_map() == spec(config, b).architecture_map();
+    match role {
+        Role::Reference if same(Role::Reference, Role::Actor) => Role::Actor,
+        Role::Critic if same(Role::Critic, Role::Reward) => Role::Reward,
+        role => role,
+    }
 }
 
 /// Where `role` starts: its own `path`; else the actor's and the reward model's warm-ups; the
