@@ -20,7 +20,10 @@
 #      4,096-token sequence; decode 64 × (128 + 128)) and checks issue 30's floors: the engine's
 #      GEMMs >= 80% of the bare cuBLAS GEMM's TFLOP/s at the same shapes, the training step at
 #      >= 35% of the device's dense bf16 peak (MFU), decode >= 50% of the HBM roofline for
-#      reading the weights and the KV cache (peaks from configs/clusters/ for H200 and A100).
+#      reading the weights and the KV cache (peaks from configs/clusters/ for H200 and A100);
+#   8. trains configs/llama3.2-1b-grpo-1gpu.toml for 3 steps (`nereus train` on the GPU: GRPO,
+#      Llama-3.2-1B's shape, random weights) and prints per step tokens/s, decode tokens/s, the
+#      training phase's MFU and peak memory measured beside predicted (issue 31).
 # Outputs (JSON, tables, logs) go to OUT_DIR; every step runs even when an earlier floor fails
 # (device time is scarce); the exit status is 0 only if every check held.
 #
@@ -144,6 +147,29 @@ esac
 if run 1 bench engine --device cuda --reps 2 ${cluster[@]+"${cluster[@]}"} --json "$out/bench-engine.json" \
   | tee "$out/bench-engine.txt"; then
   check_floors "$out/bench-engine.json"
+else
+  status=1
+fi
+echo "== 8. train configs/llama3.2-1b-grpo-1gpu.toml on GPU 0 (GRPO, Llama-3.2-1B shape, 3 steps)"
+rm -rf "$out/train-1gpu"
+if run 1 train configs/llama3.2-1b-grpo-1gpu.toml --steps 3 --output-dir "$out/train-1gpu" \
+  2>&1 | tee "$out/train-1gpu.txt"; then
+  # Per step: tokens/s, decode tokens/s, the training phase's MFU (6·N·tokens over the H100/H200
+  # dense bf16 peak of 989 TFLOP/s), and the ledger's peak beside the cost model's prediction.
+  python3 - "$out/train-1gpu/metrics.jsonl" <<'PY' | tee "$out/train-1gpu-summary.txt" || status=1
+import json, sys
+params, peak, sequences, prompt = 1.236e9, 989e12, 64, 64
+rows = [r for r in map(json.loads, open(sys.argv[1])) if "step" in r and "event" not in r]
+for r in rows:
+    s = r["stage_seconds"]
+    generated = sequences * r["response_len_mean"]
+    trained = sequences * (prompt + r["response_len_mean"])
+    mfu = 6 * params * trained / s["training"] / peak
+    print(f"step {r['step']}: {r['tokens_per_second']:.0f} tokens/s, decode {generated / s['generation']:.0f} tokens/s, "
+          f"training MFU {100 * mfu:.1f}%, peak {r['peak_memory_bytes'] / 1e9:.2f} GB measured, "
+          f"{r['predicted_peak_memory_bytes'] / 1e9:.2f} GB predicted")
+sys.exit(0 if len(rows) == 3 else 1)
+PY
 else
   status=1
 fi

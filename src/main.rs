@@ -31,9 +31,9 @@ enum Command {
     Inspect(inspect::InspectCommand),
     /// Find the fastest memory-feasible TP/PP/DP plan for a job (per model-stage).
     Plan(plan::PlanArgs),
-    /// Run an RL job (PPO, GRPO, ReMax) on the reference engine (under mpirun/srun), on one
-    /// plan or under the live controller; one line per step, JSON lines in
-    /// <output_dir>/metrics.jsonl.
+    /// Run an RL job (PPO, GRPO, ReMax) under mpirun/srun, on the host reference engine (f32,
+    /// MPI) or each rank's device (bf16; --device or cluster.device, NCCL/RCCL), on one plan or
+    /// under the live controller; one line per step, JSON lines in <output_dir>/metrics.jsonl.
     Train(train::TrainArgs),
     /// Per-token log-probabilities log p(x_t | x_<t), t >= 1 (a value model: per-position values)
     /// of token sequences under a Hugging Face model directory, on one rank or under mpirun with
