@@ -12,6 +12,7 @@ use mpi::traits::{CommunicatorCollectives, Destination, Group as _, Root, Source
 use std::collections::HashMap;
 
 use super::{CommError, Watchdog, World};
+use crate::backend::gpu::DevicePtr;
 
 /// Largest single message; bigger transfers are cut into pieces (MPI counts are 32-bit).
 const MAX_MESSAGE_BYTES: usize = 1 << 30;
@@ -68,6 +69,18 @@ pub trait DataPlane {
     /// A transition's nodes are all issued: a device plane waits for them (under the watchdog).
     fn end_transition(&mut self) -> Result<(), CommError> {
         Ok(())
+    }
+    /// Makes the device communicator of `ranks` (sorted world ranks, this one among them; every
+    /// member calls it) for [`DataPlane::all_reduce_device_f32`]; a plane without device
+    /// collectives has nothing to make.
+    fn prepare_device_sum(&mut self, _ranks: &[i32]) -> Result<(), CommError> {
+        Ok(())
+    }
+    /// Sums `count` f32 at `data`, in device memory, over `ranks` (prepared by
+    /// [`DataPlane::prepare_device_sum`]), in place and in the device stream's order. `false`
+    /// from a plane without device collectives: the caller sums through host memory.
+    fn all_reduce_device_f32(&self, _ranks: &[i32], _data: DevicePtr, _count: u64) -> Result<bool, CommError> {
+        Ok(false)
     }
 }
 

@@ -305,6 +305,17 @@ impl<C: DataPlane, L: CollectiveLib, R: GpuRuntime> DataPlane for GpuPlane<C, L,
         self.control.group(ranks)
     }
 
+    fn prepare_device_sum(&mut self, ranks: &[i32]) -> Result<(), CommError> {
+        self.device_group(ranks).map(drop)
+    }
+
+    fn all_reduce_device_f32(&self, ranks: &[i32], data: DevicePtr, count: u64) -> Result<bool, CommError> {
+        let group = self.index.get(ranks).copied().ok_or_else(|| {
+            self.failed("ncclAllReduce", ranks, "no communicator for these ranks (prepare_device_sum)".into())
+        })?;
+        self.all_reduce_sum_f32(DeviceGroup(group), data, count).map(|()| true)
+    }
+
     fn all_gather(&self, group: GroupId, send: &[u8], recv: &mut [u8]) -> Result<(), CommError> {
         self.control.all_gather(group, send, recv)
     }
@@ -422,6 +433,29 @@ mod tests {
                 assert!(calls.splits.is_empty());
             }
         }
+    }
+
+    #[test]
+    fn a_prepared_device_sum_adds_every_members_f32_in_device_memory() {
+        let calls = Arc::new(Mutex::new(Calls::default()));
+        let sums = run_ranks(4, |rank, mail| {
+            let mut p = plane(rank, 4, false, mail.clone(), &calls);
+            // Data-parallel pairs, as EmuGroups prepares them: ranks 0 and 2, ranks 1 and 3.
+            let pair: Vec<i32> = if rank % 2 == 0 { vec![0, 2] } else { vec![1, 3] };
+            p.prepare_device_sum(&pair).unwrap();
+            let device = p.device().clone();
+            let data = device.alloc(8).unwrap();
+            device.upload(bytemuck::cast_slice(&[rank as f32 + 0.5, 10.0 * rank as f32]), data).unwrap();
+            assert!(p.all_reduce_device_f32(&pair, data, 2).unwrap(), "the GPU plane sums in device memory");
+            assert!(p.all_reduce_device_f32(&[rank], data, 2).is_err(), "an unprepared set is refused");
+            p.synchronize().unwrap();
+            let host = LoopbackPlane::new(rank, mail);
+            assert!(!host.all_reduce_device_f32(&pair, data, 2).unwrap(), "a host plane has no device sum");
+            let mut got = [0u8; 8];
+            device.download(data, &mut got).unwrap();
+            bytemuck::cast::<[u8; 8], [f32; 2]>(got)
+        });
+        assert_eq!(sums, [[3.0, 20.0], [5.0, 40.0], [3.0, 20.0], [5.0, 40.0]]);
     }
 
     #[test]

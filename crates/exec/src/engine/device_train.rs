@@ -11,11 +11,12 @@ use crate::backend::sources::AdamTensor;
 use crate::comm::DataPlane;
 use crate::emu::{DeviceBuffer, DeviceMemory, EmuSet, LocalShard};
 use nereus_core::config::Dtype;
-use nereus_core::cost::MemoryItem;
+use nereus_core::cost::{MemoryItem, OpClass};
 use nereus_core::model::Section;
 
 use super::arena::Arena;
 use super::compute::{Compute, OnDevice};
+use super::timers::timed;
 use super::train::{Batch, Objective, StepReport};
 use super::{AdamW, EngineError, Replica};
 
@@ -102,13 +103,20 @@ pub fn train_step_on_device<R: GpuRuntime, P: DataPlane>(
     let mut c = OnDevice::new(&device, &mut arena, replica.model.rope())?;
     let loss =
         replica.forward_backward_on(&mut c, plane, &s.params, &mut grads.view(), batch, micro_batch, objective)?;
-    // One replica: the norm is summed on the device, and the gradients never leave it. Several:
-    // the data-parallel sum goes through the host until the device collectives take it over.
-    let (grad_norm, loss) = if replica.groups.dp.is_some() {
-        c.modify_grads(&mut grads.view(), |g| replica.reduce(plane, g, loss))?
-    } else {
+    // The gradients stay on the device: the data-parallel sum runs on the plane's device
+    // collective (NCCL, RCCL) in stream order, the norm is summed there. A plane without device
+    // collectives sums them through the host.
+    let on_device = match replica.groups.dp {
+        Some(_) => timed(OpClass::DpAllReduce, || {
+            plane.all_reduce_device_f32(&replica.groups.dp_ranks, grads.ptr(), grads.len() as u64)
+        })?,
+        None => true,
+    };
+    let (grad_norm, loss) = if on_device {
         let sq = c.sum_squares(&grads.view(), &replica.counted_runs())?;
         replica.norm_and_loss(plane, sq, loss)?
+    } else {
+        c.modify_grads(&mut grads.view(), |g| replica.reduce(plane, g, loss))?
     };
     if !(grad_norm.is_finite() && loss.is_finite()) {
         return Ok(StepReport { loss, grad_norm, skipped: true });

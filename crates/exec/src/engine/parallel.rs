@@ -29,6 +29,9 @@ pub struct EmuGroups {
     pub emu: Option<GroupId>,
     /// Ranks at this position in every replica of the model-stage (`None` when `dp = 1`).
     pub dp: Option<GroupId>,
+    /// Those ranks (sorted world ranks): a device plane sums gradients over them in device
+    /// memory.
+    pub dp_ranks: Vec<i32>,
     /// This replica's index among the model-stage's replicas, and how many there are.
     pub replica: (usize, usize),
     /// The previous pipeline stage's rank at this TP index.
@@ -59,6 +62,9 @@ impl EmuGroups {
         let replica = (replicas.iter().position(|r| r.id == emu.id).unwrap_or(0), replicas.len());
         let tp = if layout.tp > 1 { Some(plane.group(&tp_ranks)?) } else { None };
         let dp = if replicas.len() > 1 { Some(plane.group(&dp_ranks)?) } else { None };
+        if dp.is_some() {
+            plane.prepare_device_sum(&dp_ranks)?;
+        }
         let emu_group = if layout.size() > 1 { Some(plane.group(&sorted(emu.ranks.clone()))?) } else { None };
         Ok(EmuGroups {
             layout,
@@ -66,6 +72,7 @@ impl EmuGroups {
             tp,
             emu: emu_group,
             dp,
+            dp_ranks,
             replica,
             prev: (position.pp > 0).then(|| at(position.tp, position.pp - 1)),
             next: (position.pp + 1 < layout.pp).then(|| at(position.tp, position.pp + 1)),
