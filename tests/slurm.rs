@@ -269,10 +269,18 @@ fn the_nvidia_batch_script_trains_on_the_emulated_device_and_restarts_a_lost_ran
         toml = common::set_key(&toml, "rl", key, Some(value));
     }
     let config = common::write(dir.path(), "ppo.toml", &toml);
-    // The local node has two cores: two ranks, no GPUs to request.
-    let flags = ["--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1", "--gpus-per-node=0", "--overcommit"];
+    // The local node has two cores: two ranks, no GPUs to request, and the node shared with
+    // the other tests' jobs (the script asks for it whole).
+    let flags = [
+        "--nodes=1",
+        "--ntasks-per-node=2",
+        "--cpus-per-task=1",
+        "--gpus-per-node=0",
+        "--overcommit",
+        "--oversubscribe",
+    ];
     let env = [("NEREUS_DEVICE", "emulated"), ("NEREUS_CLUSTER", "")];
-    let job = Submitted::submit(dir.path(), &flags, &env, "slurm/nvidia-ib.sbatch", &[], &config, "3");
+    let job = Submitted::submit(dir.path(), &flags, &env, "slurm/nvidia-ib.sbatch", &[], &config, "4");
     job.wait_for_steps(1);
     let ranks = rank_processes(&job.runs);
     let victim = ranks.iter().max().expect("rank processes").to_string();
@@ -283,7 +291,7 @@ fn the_nvidia_batch_script_trains_on_the_emulated_device_and_restarts_a_lost_ran
     assert!(job_output.contains("restart 1 on 1 ranks from the latest checkpoint"), "{job_output}");
     let steps: std::collections::BTreeSet<u64> =
         common::step_records(&runs).iter().map(|r| r["step"].as_u64().unwrap()).collect();
-    assert_eq!(steps, (0..3).collect(), "{job_output}");
+    assert_eq!(steps, (0..4).collect(), "{job_output}");
     let latest = std::fs::read_to_string(runs.join("checkpoints/latest")).unwrap_or_default();
-    assert_eq!(latest.trim(), "step-3", "{job_output}");
+    assert_eq!(latest.trim(), "step-4", "{job_output}");
 }

@@ -1,6 +1,7 @@
-//! `nereus train [FILE] [--resume …] [--pool …] [--fail-rank R --at-step K]`: an RL job (PPO,
-//! GRPO, ReMax) on the reference engine under mpirun/srun, on one plan or under the live
-//! controller; one line per step, JSON lines in `<output_dir>/metrics.jsonl`.
+//! `nereus train [FILE] [--resume …] [--pool …] [--fail-rank R --at-step K] [--device …]`: an RL
+//! job (PPO, GRPO, ReMax) under mpirun/srun on the host reference engine or each rank's device,
+//! on one plan or under the live controller; one line per step, JSON lines in
+//! `<output_dir>/metrics.jsonl`.
 
 use clap::Args;
 use std::path::PathBuf;

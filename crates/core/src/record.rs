@@ -47,6 +47,10 @@ pub struct StepLine {
     pub peak_memory: Measured<RankMemory>,
     /// Every rank's peak, measured and predicted.
     pub rank_peak_memory_bytes: Measured<Vec<u64>>,
+    /// On a device: each rank's most bytes held in device allocations since the start, by the
+    /// allocator's own count, beside the ledger's peaks above (absent on the host engine).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank_allocator_peak_bytes: Option<Vec<u64>>,
     /// Per model-stage, the layout-independent digest of its logical state (empty, and left
     /// out, on steps `train.digest_every` skips).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]

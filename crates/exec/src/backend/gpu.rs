@@ -165,6 +165,11 @@ pub struct Device<R: GpuRuntime> {
     runtime: R,
     streams: RefCell<Streams>,
     stall: RefCell<Option<(Duration, StallHandler)>>,
+    /// The allocator's own count: every live allocation's bytes, their sum, and the most that
+    /// sum has been (the ledger is checked against it).
+    allocations: RefCell<std::collections::HashMap<u64, u64>>,
+    live: std::cell::Cell<u64>,
+    peak: std::cell::Cell<u64>,
 }
 
 impl<R: GpuRuntime> Device<R> {
@@ -172,7 +177,8 @@ impl<R: GpuRuntime> Device<R> {
     pub fn new(runtime: R) -> Result<Device<R>, BackendError> {
         let current = runtime.create_stream()?;
         let streams = RefCell::new(Streams { current, marks: Vec::new(), staging: None });
-        Ok(Device { runtime, streams, stall: RefCell::new(None) })
+        let (allocations, live, peak) = (RefCell::default(), Default::default(), Default::default());
+        Ok(Device { runtime, streams, stall: RefCell::new(None), allocations, live, peak })
     }
 
     /// Makes every wait give up after `timeout` and call `handler` (see [`StallHandler`]).
@@ -290,7 +296,17 @@ impl<R: GpuRuntime> Device<R> {
 
     /// `bytes` of device memory in stream order.
     pub fn alloc(&self, bytes: u64) -> Result<DevicePtr, BackendError> {
-        self.runtime.alloc(bytes.max(1), self.stream())
+        let ptr = self.runtime.alloc(bytes.max(1), self.stream())?;
+        self.allocations.borrow_mut().insert(ptr.0, bytes);
+        self.live.set(self.live.get() + bytes);
+        self.peak.set(self.peak.get().max(self.live.get()));
+        Ok(ptr)
+    }
+
+    /// Bytes this process holds in device allocations now, and the most it has held: what
+    /// Nereus asked the driver for (libraries' own workspaces, NCCL's buffers, left out).
+    pub fn allocated_bytes(&self) -> (u64, u64) {
+        (self.live.get(), self.peak.get())
     }
 
     /// Frees `ptr` in stream order.
@@ -298,6 +314,9 @@ impl<R: GpuRuntime> Device<R> {
     /// # Safety
     /// `ptr` came from [`Device::alloc`] and nothing enqueued later uses it.
     pub unsafe fn free(&self, ptr: DevicePtr) {
+        if let Some(bytes) = self.allocations.borrow_mut().remove(&ptr.0) {
+            self.live.set(self.live.get() - bytes);
+        }
         self.runtime.free(ptr, self.stream());
     }
 

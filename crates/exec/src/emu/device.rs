@@ -111,6 +111,10 @@ impl<R: GpuRuntime> ShardMemory for DeviceMemory<R> {
         Some(self.device.runtime().device().memory_bytes)
     }
 
+    fn allocator_peak(&self) -> Option<u64> {
+        Some(self.device.allocated_bytes().1)
+    }
+
     fn allocate(&self, bytes: u64) -> Result<DeviceBuffer<R>, EmuError> {
         Ok(DeviceBuffer { ptr: self.device.alloc(bytes)?, len: bytes, device: self.device.clone() })
     }

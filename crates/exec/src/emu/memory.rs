@@ -36,6 +36,11 @@ pub trait ShardMemory {
     /// The device's real capacity as its driver reports it; `None` for host memory, whose
     /// capacity is the job's `cluster.device_memory_gb`.
     fn device_capacity(&self) -> Option<u64>;
+    /// The most bytes the device's allocator has held for this process, by its own count (the
+    /// ledger is checked against it); `None` for host memory, which only the ledger counts.
+    fn allocator_peak(&self) -> Option<u64> {
+        None
+    }
     /// A buffer of `bytes` bytes with unspecified contents.
     fn allocate(&self, bytes: u64) -> Result<Self::Buffer, EmuError>;
     /// Copies rectangles from `src` into `dst` (two distinct buffers).

@@ -62,7 +62,8 @@ impl EmuGroups {
         let replica = (replicas.iter().position(|r| r.id == emu.id).unwrap_or(0), replicas.len());
         let tp = if layout.tp > 1 { Some(plane.group(&tp_ranks)?) } else { None };
         let dp = if replicas.len() > 1 { Some(plane.group(&dp_ranks)?) } else { None };
-        if dp.is_some() {
+        // Only training replicas sum gradients (a device communicator holds device memory).
+        if dp.is_some() && emu.model_stage.trains() {
             plane.prepare_device_sum(&dp_ranks)?;
         }
         let emu_group = if layout.size() > 1 { Some(plane.group(&sorted(emu.ranks.clone()))?) } else { None };

@@ -38,17 +38,17 @@ pub fn optimizer_prefixes(dtype: Dtype) -> &'static [&'static str] {
 /// One tensor ready to serialize: name, shape, little-endian f32 bytes.
 pub type NamedTensor = (String, Vec<usize>, Vec<u8>);
 
-/// Every tensor of `section` of a gathered `(1, 1)` shard as little-endian f32 bytes (bf16
-/// parameters widened, exactly), names prefixed with `prefix`, in Hugging Face's shapes.
+/// Every tensor of `section` of a gathered `(1, 1)` shard as little-endian f32 bytes (bf16 and
+/// f16 parameters widened, exactly), names prefixed with `prefix`, in Hugging Face's shapes.
 pub fn tensors_of(whole: &LocalShard, catalogue: &Catalogue, section: Section, prefix: &str) -> Vec<NamedTensor> {
     let s = whole.sections.iter().position(|&x| x == section).expect("the shard keeps the section asked for");
     let raw = &whole.buffer[whole.section_range(s)];
     let widened: Vec<u8>;
+    let widen = if whole.dtype == Dtype::F16 { f16_to_f32 } else { bf16_to_f32 };
     let bytes = match section.element_bytes(whole.dtype) {
         4 => raw,
         _ => {
-            widened =
-                raw.chunks_exact(2).flat_map(|b| bf16_to_f32(u16::from_le_bytes([b[0], b[1]])).to_le_bytes()).collect();
+            widened = raw.chunks_exact(2).flat_map(|b| widen(u16::from_le_bytes([b[0], b[1]])).to_le_bytes()).collect();
             &widened
         }
     };
@@ -396,7 +396,7 @@ fn copy_rect(dtype: StDtype, size: usize, data: &[u8], cols: u64, piece: &Piece,
 /// `fresh`), the optimizer state from `optim` when the shard keeps one (zero moments when no
 /// optimizer file is given: a fresh optimizer, asked for explicitly). A bf16 shard's working
 /// copy is the rounding of its f32 master weights, which come from the optimizer file's
-/// `master.` tensors, or without one from `params` as they are.
+/// `master.` tensors, or without one from `params` as they are. Sections are filled in place.
 pub fn fill_shard(
     shard: &mut LocalShard,
     catalogue: &Catalogue,
@@ -405,54 +405,46 @@ pub fn fill_shard(
     fresh: &mut Absent,
 ) -> Result<(), String> {
     let pieces = shard.table.pieces.clone();
-    let per = shard.table.elements as usize;
-    let mut values = vec![0f32; per];
-    params.fill(&mut values, &pieces, catalogue, "", fresh)?;
-    // Adam's moments, then (below f32) the master weights; without an optimizer file, zero
-    // moments and the parameters as loaded.
-    let mut state = Vec::new();
-    if shard.sections.contains(&Section::AdamM) {
-        let mut refuse = |_: &Piece, _: &mut [f32]| Err("missing from the optimizer file".to_string());
-        state = vec![0f32; 2 * per];
-        if let Some(o) = optim {
-            let (m, v) = state.split_at_mut(per);
+    let fill_moments = |m: &mut [f32], v: &mut [f32]| match optim {
+        Some(o) => {
             o.fill(m, &pieces, catalogue, MOMENT_PREFIXES[0], &mut refuse)?;
-            o.fill(v, &pieces, catalogue, MOMENT_PREFIXES[1], &mut refuse)?;
+            o.fill(v, &pieces, catalogue, MOMENT_PREFIXES[1], &mut refuse)
         }
-        if shard.dtype != Dtype::F32 {
-            let mut master = values.clone();
-            if let Some(o) = optim {
-                o.fill(&mut master, &pieces, catalogue, MASTER_PREFIX, &mut refuse)?;
-            }
-            state.extend(master);
+        None => {
+            m.fill(0.0);
+            v.fill(0.0);
+            Ok(())
         }
-    }
-    write_state(shard, &values, &state)
-}
-
-/// Writes `values` (f32 parameters) and `state` (`m`, `v`, and below f32 the master weights,
-/// each one section long; empty for a shard that does not train) into `shard` in its dtype. A
-/// bf16 working copy is the rounding of the master weights where the shard keeps them.
-fn write_state(shard: &mut LocalShard, values: &[f32], state: &[f32]) -> Result<(), String> {
-    let per = values.len();
+    };
     if shard.dtype == Dtype::F32 {
-        let (params, moments) = f32_sections(shard).map_err(|e| e.to_string())?;
-        params.copy_from_slice(values);
-        if let Some((m, v)) = moments {
-            m.copy_from_slice(&state[..per]);
-            v.copy_from_slice(&state[per..2 * per]);
-        }
-        return Ok(());
+        let (values, moments) = f32_sections(shard).map_err(|e| e.to_string())?;
+        params.fill(values, &pieces, catalogue, "", fresh)?;
+        return moments.map_or(Ok(()), |(m, v)| fill_moments(m, v));
     }
     let (theta, mixed) = bf16_sections(shard).map_err(|e| e.to_string())?;
-    let weights = if mixed.is_some() { &state[2 * per..] } else { values };
+    let mut values = Vec::new();
+    let weights: &[f32] = match mixed {
+        Some((m, v, master)) => {
+            fill_moments(m, v)?;
+            match optim {
+                Some(o) => o.fill(master, &pieces, catalogue, MASTER_PREFIX, &mut refuse)?,
+                None => params.fill(master, &pieces, catalogue, "", fresh)?,
+            }
+            master
+        }
+        None => {
+            values.resize(theta.len(), 0.0);
+            params.fill(&mut values, &pieces, catalogue, "", fresh)?;
+            &values
+        }
+    };
     theta.iter_mut().zip(weights).for_each(|(t, &x)| *t = f32_to_bf16(x));
-    if let Some((m, v, master)) = mixed {
-        m.copy_from_slice(&state[..per]);
-        v.copy_from_slice(&state[per..2 * per]);
-        master.copy_from_slice(&state[2 * per..]);
-    }
     Ok(())
+}
+
+/// What a tensor missing from an optimizer file gets: a refusal.
+fn refuse(_: &Piece, _: &mut [f32]) -> Result<(), String> {
+    Err("missing from the optimizer file".to_string())
 }
 
 #[cfg(test)]

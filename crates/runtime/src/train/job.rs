@@ -115,6 +115,9 @@ where
         let first_step = resume_dir.as_deref().map_or(0, checkpoint_step);
         let pool = agreed_pool(session, &pools, first_step)?;
         let fresh = session.agree("job checks", job_checks(config, pool as i32))?;
+        // Before warm-ups or any shard: the plan a fresh start takes must fit this device (a
+        // resumed plan is checked again below).
+        session.agree("device memory", fits_devices(session.rank(), &fresh.1, &fresh.0, &memory))?;
         let signals = signals::install()?;
         // SIGHUP re-reads the pool file at once (rank 0 says what the next boundary will do).
         let follows_pool = config.policy.mode != PolicyMode::Off;

@@ -85,17 +85,19 @@ pub fn run(
     overrides: &Overrides,
     options: &TrainOptions,
 ) -> Result<(), RuntimeError> {
-    let mut config = session.load_config(path, overrides)?;
-    // The job is planned for the engine it runs on (`EngineKind::of`): `--device`, else
-    // `cluster.device`, else the data plane's device.
-    config.cluster.device = options.device.or(config.cluster.device);
-    config.cluster.device = config.cluster.train_device();
+    let config = session.load_config(path, overrides)?;
     run_config(session, &config, options)
 }
 
 /// Trains the job `config` describes (already agreed by every rank) on the engine it names:
 /// the host reference engine over MPI, or each rank's device over the GPU data plane.
 pub fn run_config(session: &Session, config: &JobConfig, options: &TrainOptions) -> Result<(), RuntimeError> {
+    // The job is planned for the engine it runs on (`EngineKind::of`): `--device`, else
+    // `cluster.device`, else the data plane's device.
+    let mut config = config.clone();
+    config.cluster.device = options.device.or(config.cluster.device);
+    config.cluster.device = config.cluster.train_device();
+    let config = &config;
     session.agree("engine checks", start::engine_checks(config))?;
     match config.cluster.device {
         None => {

@@ -148,6 +148,9 @@ fn step_line<M: ShardMemory, P: DataPlane>(
         counters.entry(name).or_insert(record);
     }
     let measured = measured_peaks(plane, set)?;
+    // Every rank holds the same memory kind, so all gather or none do.
+    let allocator = set.store().memory().allocator_peak();
+    let rank_allocator_peak_bytes = allocator.map(|peak| gather_u64s(plane, set.world_size(), &[peak])).transpose()?;
     let predicted = &in_force.predicted;
     let worst = (0..measured.len()).max_by_key(|&r| measured[r].total()).unwrap_or(0);
     let (predicted_peak, predicted_worst) = predicted.peaks.max();
@@ -176,6 +179,7 @@ fn step_line<M: ShardMemory, P: DataPlane>(
             measured: measured.iter().map(|b| b.total()).collect(),
             predicted: predicted.peaks.ranks.iter().map(|r| r.peak()).collect(),
         },
+        rank_allocator_peak_bytes,
         state_digest,
         counters,
         elastic: None,
