@@ -114,14 +114,19 @@ pub struct ClusterSpec {
 }
 
 impl ClusterSpec {
-    /// The device `nereus train` runs on: `cluster.device` when set, else CUDA on NCCL, ROCm on
-    /// RCCL, and `None` (the host reference engine) on MPI.
+    /// The device `nereus train` runs on: `cluster.device` when set (`auto` resolved by the data
+    /// plane: CUDA on NCCL, ROCm on RCCL), else CUDA on NCCL, ROCm on RCCL, and `None` (the host
+    /// reference engine) on MPI.
     pub fn train_device(&self) -> Option<DeviceChoice> {
-        self.device.or(match self.data_plane {
+        let by_plane = match self.data_plane {
             DataPlane::Mpi => None,
             DataPlane::Nccl => Some(DeviceChoice::Cuda),
             DataPlane::Rccl => Some(DeviceChoice::Rocm),
-        })
+        };
+        match self.device {
+            Some(DeviceChoice::Auto) => by_plane.or(Some(DeviceChoice::Auto)),
+            chosen => chosen.or(by_plane),
+        }
     }
 
     /// Total devices (and so the largest rank count a plan may use; validation bounds the

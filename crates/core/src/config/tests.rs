@@ -31,6 +31,30 @@ fn every_shipped_job_config_is_valid() {
 }
 
 #[test]
+fn the_training_device_follows_cluster_device_then_the_data_plane() {
+    let cluster = load("configs/tiny-ppo.toml", &Overrides::default()).unwrap().cluster;
+    let on =
+        |plane: DataPlane, device: Option<DeviceChoice>| ClusterSpec { data_plane: plane, device, ..cluster.clone() };
+    use DeviceChoice::{Auto, Cuda, Emulated, Rocm};
+    for (plane, device, trains_on) in [
+        (DataPlane::Mpi, None, None),
+        (DataPlane::Nccl, None, Some(Cuda)),
+        (DataPlane::Rccl, None, Some(Rocm)),
+        (DataPlane::Mpi, Some(Emulated), Some(Emulated)),
+        (DataPlane::Rccl, Some(Auto), Some(Rocm)),
+        (DataPlane::Nccl, Some(Auto), Some(Cuda)),
+        (DataPlane::Mpi, Some(Auto), Some(Auto)),
+        (DataPlane::Rccl, Some(Cuda), Some(Cuda)),
+    ] {
+        assert_eq!(on(plane, device).train_device(), trains_on, "{plane:?} with {device:?}");
+    }
+    // A named device plans with the device engine; a plane alone keeps its engine.
+    assert_eq!(crate::cost::EngineKind::of(&on(DataPlane::Nccl, None)), crate::cost::EngineKind::Gpu);
+    assert_eq!(crate::cost::EngineKind::of(&on(DataPlane::Nccl, Some(Cuda))), crate::cost::EngineKind::Device);
+    assert_eq!(crate::cost::EngineKind::of(&on(DataPlane::Mpi, None)), crate::cost::EngineKind::Reference);
+}
+
+#[test]
 fn the_paper_clusters_have_their_published_figures() {
     let spec = |name: &str| {
         load_cluster_file(&repo_path(&format!("configs/clusters/{name}.toml"))).unwrap().resolve().unwrap()

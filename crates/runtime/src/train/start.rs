@@ -45,21 +45,7 @@ pub(super) fn job_checks(config: &JobConfig, world: i32) -> Result<(Plan, Planne
 pub fn engine_checks(config: &JobConfig) -> Result<(), RuntimeError> {
     let device = config.cluster.train_device();
     let plane = config.cluster.data_plane;
-    let needs = match device {
-        None | Some(DeviceChoice::Emulated) => None,
-        Some(DeviceChoice::Cuda) => Some(PlaneKind::Nccl),
-        Some(DeviceChoice::Rocm) => Some(PlaneKind::Rccl),
-        Some(DeviceChoice::Auto) if plane == PlaneKind::Mpi => Some(PlaneKind::Nccl),
-        Some(DeviceChoice::Auto) => None,
-    };
-    if let Some(n) = needs.filter(|&n| n != plane) {
-        return Err(RuntimeError::Usage(format!(
-            "cluster.device = \"{}\" moves tensors with {}: set cluster.data_plane = \"{}\" (or train on the emulated device: --device emulated)",
-            device_name(device),
-            plane_name(n).to_uppercase(),
-            plane_name(n)
-        )));
-    }
+    plane_check(device, plane)?;
     // The emulated device's collectives run over MPI, whichever plane the job names.
     if device != Some(DeviceChoice::Emulated) {
         check_data_plane(plane).map_err(RuntimeError::Backend)?;
@@ -82,20 +68,35 @@ pub fn engine_checks(config: &JobConfig) -> Result<(), RuntimeError> {
     }
 }
 
+/// A vendor's device moves tensors with its vendor's library: CUDA with NCCL, ROCm with RCCL;
+/// the emulated device (MPI underneath) with any; `auto` was resolved by the plane, and on MPI
+/// has nothing to go by.
+fn plane_check(device: Option<DeviceChoice>, plane: PlaneKind) -> Result<(), RuntimeError> {
+    let (name, needs) = match device {
+        None | Some(DeviceChoice::Emulated) => return Ok(()),
+        Some(DeviceChoice::Cuda) => ("cuda", PlaneKind::Nccl),
+        Some(DeviceChoice::Rocm) => ("rocm", PlaneKind::Rccl),
+        Some(DeviceChoice::Auto) => {
+            return Err(RuntimeError::Usage(
+                "cluster.device = \"auto\" picks the device by the data plane: set cluster.data_plane = \"nccl\" (CUDA) or \"rccl\" (ROCm), or name the device (--device cuda|rocm|emulated)".into(),
+            ))
+        }
+    };
+    if needs == plane {
+        return Ok(());
+    }
+    Err(RuntimeError::Usage(format!(
+        "cluster.device = \"{name}\" moves tensors with {}: set cluster.data_plane = \"{}\" (or train on the emulated device: --device emulated)",
+        plane_name(needs).to_uppercase(),
+        plane_name(needs)
+    )))
+}
+
 fn plane_name(plane: PlaneKind) -> &'static str {
     match plane {
         PlaneKind::Mpi => "mpi",
         PlaneKind::Nccl => "nccl",
         PlaneKind::Rccl => "rccl",
-    }
-}
-
-fn device_name(device: Option<DeviceChoice>) -> &'static str {
-    match device {
-        Some(DeviceChoice::Cuda) => "cuda",
-        Some(DeviceChoice::Rocm) => "rocm",
-        Some(DeviceChoice::Emulated) => "emulated",
-        Some(DeviceChoice::Auto) | None => "auto",
     }
 }
 
