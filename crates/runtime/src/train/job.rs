@@ -3,7 +3,8 @@
 use nereus_core::config::{JobConfig, OnNonFinite, PolicyMode};
 use nereus_core::cost::OpSeconds;
 use nereus_core::plan::{PerPhase, Plan};
-use nereus_core::policy::controller::Controller;
+use nereus_core::planner::Planner;
+use nereus_core::policy::controller::{Controller, ControllerState};
 use nereus_core::record::Event;
 use nereus_exec::comm::max_over_ranks;
 use nereus_exec::emu::{EmuSet, Exchange, HostMemory, ShardMemory};
@@ -133,14 +134,7 @@ where
         let ((plan, planner, cap), state) = continued(config, pool, fresh, sources.saved_control.take())?;
         settings.sampling.max_new_tokens = cap as usize;
         let predicted = Predicted::of(&planner, &plan);
-        let controller = (config.policy.mode != PolicyMode::Off && session.rank() == 0).then(|| {
-            let mut c = Controller::new(config, base, cap);
-            if let Some(state) = state {
-                log::info!("the controller continues from the checkpoint's state: plan {plan}, response cap {cap}");
-                c.restore(state);
-            }
-            c
-        });
+        let controller = (session.rank() == 0).then(|| controller(config, base, cap, state, &plan)).flatten();
         session.agree("device memory", fits_devices(session.rank(), &planner, &plan, &memory))?;
         let set = create_state(plane, config, &plan, &sources, world, &memory)?;
         let rl = RlJob::on(engine, plane, &set, plan.clone(), settings.clone())?;
@@ -327,6 +321,26 @@ where
             Err(e) => log::warn!("could not write the timeline to {}: {e}", out.display()),
         }
     }
+}
+
+/// Rank 0's controller (none with `policy.mode = "off"`), from the checkpoint's state when the
+/// run resumed with one.
+fn controller(
+    config: &JobConfig,
+    base: Planner,
+    cap: u32,
+    state: Option<ControllerState>,
+    plan: &Plan,
+) -> Option<Controller> {
+    if config.policy.mode == PolicyMode::Off {
+        return None;
+    }
+    let mut c = Controller::new(config, base, cap);
+    if let Some(state) = state {
+        log::info!("the controller continues from the checkpoint's state: plan {plan}, response cap {cap}");
+        c.restore(state);
+    }
+    Some(c)
 }
 
 /// The job's task: the text task its `[data]` section describes (prompts read, rendered and
