@@ -4,7 +4,7 @@
 //! on device buffers, every result depending on every member.
 
 use nereus_exec::backend::gpu::GpuRuntime;
-use nereus_exec::comm::collectives::CollectiveLib;
+use nereus_exec::comm::collectives::{CollectiveLib, DataType};
 use nereus_exec::comm::gpu_plane::DeviceGroup;
 use nereus_exec::comm::DataPlane;
 use nereus_exec::emu::{DeviceMemory, ShardMemory};
@@ -60,7 +60,7 @@ fn collectives_agree<L: CollectiveLib, R: GpuRuntime>(
     memory.write(bytemuck::cast_slice(&[me as f32 + 1.0; 4]), &mut sum)?;
     plane.all_gather(group, mine.ptr(), all.ptr(), 8)?;
     plane.broadcast(group, 0, root.ptr(), 8)?;
-    plane.all_reduce_sum_f32(group, sum.ptr(), 4)?;
+    plane.all_reduce_sum(group, sum.ptr(), 4, DataType::F32)?;
     plane.synchronize()?;
     let gathered: Vec<u8> = members.iter().flat_map(|&r| [r as u8 + 1; 8]).collect();
     let total: f32 = members.iter().map(|&r| r as f32 + 1.0).sum();

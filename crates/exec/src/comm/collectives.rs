@@ -7,6 +7,7 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use crate::backend::gpu::{DevicePtr, RawHandle};
+use nereus_core::half::{bf16_to_f32, f32_to_bf16};
 
 /// `ncclUniqueId`: 128 opaque bytes the root of a communicator makes and every member receives
 /// (over the MPI control plane).
@@ -36,6 +37,8 @@ pub enum DataType {
     U64 = 5,
     /// `ncclFloat32`: gradients.
     F32 = 7,
+    /// `ncclBfloat16`: activations (tensor-parallel sums).
+    Bf16 = 9,
 }
 
 impl DataType {
@@ -45,6 +48,34 @@ impl DataType {
             DataType::U8 => 1,
             DataType::U64 => 8,
             DataType::F32 => 4,
+            DataType::Bf16 => 2,
+        }
+    }
+}
+
+/// Element-wise sum of every member's bytes (`parts`, in member order) into `out`, as the
+/// emulated and test libraries reduce: in member order, so every member gets the same bits;
+/// bf16 widened to f32, summed, rounded once (NCCL's ring rounds after each hop, so for more
+/// than two members its bits may differ; the host engine's sum rounds once, as here).
+pub fn sum_members(ty: DataType, parts: &[&[u8]], out: &mut [u8]) {
+    let width = ty.bytes();
+    for (i, chunk) in out.chunks_exact_mut(width).enumerate() {
+        let at = i * width..(i + 1) * width;
+        let each = parts.iter().map(|p| &p[at.clone()]);
+        match ty {
+            DataType::F32 => {
+                let sum: f32 = each.map(|p| f32::from_le_bytes(p.try_into().expect("4 bytes"))).sum();
+                chunk.copy_from_slice(&sum.to_le_bytes());
+            }
+            DataType::Bf16 => {
+                let sum: f32 = each.map(|p| bf16_to_f32(u16::from_le_bytes(p.try_into().expect("2 bytes")))).sum();
+                chunk.copy_from_slice(&f32_to_bf16(sum).to_le_bytes());
+            }
+            DataType::U64 => {
+                let sum = each.fold(0u64, |a, p| a.wrapping_add(u64::from_le_bytes(p.try_into().expect("8 bytes"))));
+                chunk.copy_from_slice(&sum.to_le_bytes());
+            }
+            DataType::U8 => chunk[0] = each.fold(0u8, |a, p| a.wrapping_add(p[0])),
         }
     }
 }

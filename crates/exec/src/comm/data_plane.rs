@@ -11,6 +11,8 @@ use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::traits::{CommunicatorCollectives, Destination, Group as _, Root, Source};
 use std::collections::HashMap;
 
+use super::collectives::DataType;
+use super::gpu_plane::DeviceTransfer;
 use super::{CommError, Watchdog, World};
 use crate::backend::gpu::DevicePtr;
 
@@ -71,15 +73,27 @@ pub trait DataPlane {
         Ok(())
     }
     /// Makes the device communicator of `ranks` (sorted world ranks, this one among them; every
-    /// member calls it) for [`DataPlane::all_reduce_device_f32`]; a plane without device
+    /// member calls it) for [`DataPlane::all_reduce_device`]; a plane without device
     /// collectives has nothing to make.
     fn prepare_device_sum(&mut self, _ranks: &[i32]) -> Result<(), CommError> {
         Ok(())
     }
-    /// Sums `count` f32 at `data`, in device memory, over `ranks` (prepared by
-    /// [`DataPlane::prepare_device_sum`]), in place and in the device stream's order. `false`
-    /// from a plane without device collectives: the caller sums through host memory.
-    fn all_reduce_device_f32(&self, _ranks: &[i32], _data: DevicePtr, _count: u64) -> Result<bool, CommError> {
+    /// Sums `count` elements of type `ty` at `data`, in device memory, over `ranks` (prepared
+    /// by [`DataPlane::prepare_device_sum`]), in place and in the device stream's order.
+    /// `false` from a plane without device collectives: the caller sums through host memory.
+    fn all_reduce_device(
+        &self,
+        _ranks: &[i32],
+        _data: DevicePtr,
+        _count: u64,
+        _ty: DataType,
+    ) -> Result<bool, CommError> {
+        Ok(false)
+    }
+    /// Sends and receives device bytes to and from world ranks, all at once, in the device
+    /// stream's order (a pipeline's activations and their gradients). `false` from a plane
+    /// without device point-to-point: the caller exchanges through host memory.
+    fn exchange_on_device(&self, _sends: &[DeviceTransfer], _recvs: &[DeviceTransfer]) -> Result<bool, CommError> {
         Ok(false)
     }
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use mpi::topology::Communicator;
 use mpi::traits::{Destination, Source};
 
-use super::collectives::{Aborter, CollectiveLib, DataType, RawComm, UniqueId, SPLIT_NO_COLOR};
+use super::collectives::{sum_members, Aborter, CollectiveLib, DataType, RawComm, UniqueId, SPLIT_NO_COLOR};
 use super::World;
 use crate::backend::gpu::{DevicePtr, RawHandle};
 
@@ -202,22 +202,8 @@ impl CollectiveLib for MpiCollectives<'_> {
         let bytes = count * ty.bytes();
         let all = self.with(comm, |c| self.gather(c, buf.0, bytes));
         let out = std::slice::from_raw_parts_mut(buf.0 as *mut u8, bytes);
-        // Summed in member order, so every member gets the same bits.
-        for (i, chunk) in out.chunks_exact_mut(ty.bytes()).enumerate() {
-            let parts = all.chunks_exact(bytes).map(|m| &m[i * ty.bytes()..(i + 1) * ty.bytes()]);
-            match ty {
-                DataType::F32 => {
-                    let sum: f32 = parts.map(|p| f32::from_le_bytes(p.try_into().expect("4 bytes"))).sum();
-                    chunk.copy_from_slice(&sum.to_le_bytes());
-                }
-                DataType::U64 => {
-                    let sum =
-                        parts.fold(0u64, |a, p| a.wrapping_add(u64::from_le_bytes(p.try_into().expect("8 bytes"))));
-                    chunk.copy_from_slice(&sum.to_le_bytes());
-                }
-                DataType::U8 => chunk[0] = parts.fold(0u8, |a, p| a.wrapping_add(p[0])),
-            }
-        }
+        let parts: Vec<&[u8]> = all.chunks_exact(bytes).collect();
+        sum_members(ty, &parts, out);
         Ok(())
     }
 

@@ -236,12 +236,18 @@ impl<C: DataPlane, L: CollectiveLib, R: GpuRuntime> GpuPlane<C, L, R> {
             .map_err(|e| self.failed("ncclBroadcast", ranks, e))
     }
 
-    /// Element-wise sum of `count` f32 at `data` over the members, in place.
-    pub fn all_reduce_sum_f32(&self, group: DeviceGroup, data: DevicePtr, count: u64) -> Result<(), CommError> {
+    /// Element-wise sum of `count` elements of type `ty` at `data` over the members, in place.
+    pub fn all_reduce_sum(
+        &self,
+        group: DeviceGroup,
+        data: DevicePtr,
+        count: u64,
+        ty: DataType,
+    ) -> Result<(), CommError> {
         let (ranks, comm, _) = &self.comms[group.0];
         let stream = self.device.stream();
-        // SAFETY: the caller's buffer holds `count` f32 of device memory.
-        unsafe { self.lib.all_reduce_sum(data, count as usize, DataType::F32, *comm, stream) }
+        // SAFETY: the caller's buffer holds `count` elements of `ty` in device memory.
+        unsafe { self.lib.all_reduce_sum(data, count as usize, ty, *comm, stream) }
             .map_err(|e| self.failed("ncclAllReduce", ranks, e))
     }
 
@@ -309,11 +315,15 @@ impl<C: DataPlane, L: CollectiveLib, R: GpuRuntime> DataPlane for GpuPlane<C, L,
         self.device_group(ranks).map(drop)
     }
 
-    fn all_reduce_device_f32(&self, ranks: &[i32], data: DevicePtr, count: u64) -> Result<bool, CommError> {
+    fn all_reduce_device(&self, ranks: &[i32], data: DevicePtr, count: u64, ty: DataType) -> Result<bool, CommError> {
         let group = self.index.get(ranks).copied().ok_or_else(|| {
             self.failed("ncclAllReduce", ranks, "no communicator for these ranks (prepare_device_sum)".into())
         })?;
-        self.all_reduce_sum_f32(DeviceGroup(group), data, count).map(|()| true)
+        self.all_reduce_sum(DeviceGroup(group), data, count, ty).map(|()| true)
+    }
+
+    fn exchange_on_device(&self, sends: &[DeviceTransfer], recvs: &[DeviceTransfer]) -> Result<bool, CommError> {
+        self.exchange_device(sends, recvs).map(|()| true)
     }
 
     fn all_gather(&self, group: GroupId, send: &[u8], recv: &mut [u8]) -> Result<(), CommError> {
@@ -446,11 +456,11 @@ mod tests {
             let device = p.device().clone();
             let data = device.alloc(8).unwrap();
             device.upload(bytemuck::cast_slice(&[rank as f32 + 0.5, 10.0 * rank as f32]), data).unwrap();
-            assert!(p.all_reduce_device_f32(&pair, data, 2).unwrap(), "the GPU plane sums in device memory");
-            assert!(p.all_reduce_device_f32(&[rank], data, 2).is_err(), "an unprepared set is refused");
+            assert!(p.all_reduce_device(&pair, data, 2, DataType::F32).unwrap(), "the GPU plane sums in device memory");
+            assert!(p.all_reduce_device(&[rank], data, 2, DataType::F32).is_err(), "an unprepared set is refused");
             p.synchronize().unwrap();
             let host = LoopbackPlane::new(rank, mail);
-            assert!(!host.all_reduce_device_f32(&pair, data, 2).unwrap(), "a host plane has no device sum");
+            assert!(!host.all_reduce_device(&pair, data, 2, DataType::F32).unwrap(), "a host plane has no device sum");
             let mut got = [0u8; 8];
             device.download(data, &mut got).unwrap();
             bytemuck::cast::<[u8; 8], [f32; 2]>(got)

@@ -31,6 +31,7 @@ fn data_type(ty: DataType) -> sys::ncclDataType_t {
         DataType::U8 => sys::ncclDataType_t::ncclUint8,
         DataType::U64 => sys::ncclDataType_t::ncclUint64,
         DataType::F32 => sys::ncclDataType_t::ncclFloat32,
+        DataType::Bf16 => sys::ncclDataType_t::ncclBfloat16,
     }
 }
 

@@ -7,7 +7,7 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Condvar, Mutex};
 
-use super::collectives::{Aborter, CollectiveLib, DataType, RawComm, UniqueId, SPLIT_NO_COLOR};
+use super::collectives::{sum_members, Aborter, CollectiveLib, DataType, RawComm, UniqueId, SPLIT_NO_COLOR};
 use super::{CommError, DataPlane, GroupId, Transfer};
 use crate::backend::gpu::{DevicePtr, RawHandle};
 
@@ -249,13 +249,12 @@ impl CollectiveLib for FakeLib {
         comm: RawComm,
         _: RawHandle,
     ) -> Result<(), String> {
-        assert_eq!(ty, DataType::F32, "the fake sums f32 only");
         let members = self.members(comm);
-        let data = std::slice::from_raw_parts_mut(buf.0 as *mut f32, count);
-        let all = gather(&self.mail, self.rank, &members, channel_of(&members, 4), bytemuck::cast_slice(data));
-        for (i, v) in data.iter_mut().enumerate() {
-            *v = all.iter().map(|m| bytemuck::pod_read_unaligned::<f32>(&m[4 * i..4 * i + 4])).sum();
-        }
+        let data = std::slice::from_raw_parts_mut(buf.0 as *mut u8, count * ty.bytes());
+        self.log(format!("all_reduce {ty:?} ×{count}"));
+        let all = gather(&self.mail, self.rank, &members, channel_of(&members, 4), data);
+        let parts: Vec<&[u8]> = all.iter().map(Vec::as_slice).collect();
+        sum_members(ty, &parts, data);
         Ok(())
     }
 

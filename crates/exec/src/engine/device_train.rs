@@ -8,6 +8,7 @@
 
 use crate::backend::gpu::{DeviceArray, DeviceView, GpuRuntime};
 use crate::backend::sources::AdamTensor;
+use crate::comm::collectives::DataType;
 use crate::comm::DataPlane;
 use crate::emu::{DeviceBuffer, DeviceMemory, EmuSet, LocalShard};
 use nereus_core::config::Dtype;
@@ -108,7 +109,7 @@ pub fn train_step_on_device<R: GpuRuntime, P: DataPlane>(
     // collectives sums them through the host.
     let on_device = match replica.groups.dp {
         Some(_) => timed(OpClass::DpAllReduce, || {
-            plane.all_reduce_device_f32(&replica.groups.dp_ranks, grads.ptr(), grads.len() as u64)
+            plane.all_reduce_device(&replica.groups.dp_ranks, grads.ptr(), grads.len() as u64, DataType::F32)
         })?,
         None => true,
     };
@@ -151,12 +152,15 @@ pub fn train_step_on_device<R: GpuRuntime, P: DataPlane>(
 mod tests {
     use std::collections::BTreeMap;
     use std::rc::Rc;
-    use std::sync::Arc;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
 
     use super::*;
     use crate::backend::emulated::Emulated;
     use crate::backend::gpu::Device;
-    use crate::comm::testing::{run_ranks, LoopbackPlane, Mailbox};
+    use crate::comm::gpu_plane::GpuPlane;
+    use crate::comm::testing::{run_ranks, Calls, FakeLib, LoopbackPlane, Mailbox};
+    use crate::comm::Watchdog;
     use crate::emu::{Counters, EmuId, ShardMemory};
     use crate::engine::{
         bf16_sections, init_shard, train_step, with_params, CrossEntropy, DeviceEngine, EngineOn, HostEngine, Sampling,
@@ -189,7 +193,7 @@ mod tests {
     }
 
     /// The `dp` replicas of the actor in `layout`, replica `r` on ranks `r·size..(r+1)·size`.
-    fn create<M: ShardMemory>(plane: &mut LoopbackPlane, set: &mut EmuSet<M>, layout: Layout, dp: i32) -> Vec<EmuId> {
+    fn create<M: ShardMemory, P: DataPlane>(plane: &mut P, set: &mut EmuSet<M>, layout: Layout, dp: i32) -> Vec<EmuId> {
         let stage = ModelStage { role: Role::Actor, stage: Stage::Training };
         let counters = Counters { seed: 5, ..Counters::default() };
         let size = layout.size() as i32;
@@ -277,6 +281,63 @@ mod tests {
                     // Measured: at most 0.05% apart; a device TP sum left out is 2.4% off at step 1.
                     assert!((d - h).abs() <= 0.005 * h, "{layout:?} rank {rank} step {step}: device {d}, host {h}");
                 }
+            }
+        }
+    }
+
+    /// [`PARALLEL_STEPS`] steps of the bf16 actor on `device` over `plane` (the rank's replica of
+    /// `dp` in `layout`): each step's loss bits, then the shard's bytes after the last.
+    fn device_run<P: DataPlane>(
+        mut plane: P,
+        device: Rc<Device<Emulated>>,
+        layout: Layout,
+        dp: i32,
+    ) -> (Vec<u64>, Vec<u8>) {
+        let (rank, world) = (plane.rank(), layout.size() as i32 * dp);
+        let mut set = EmuSet::in_memory(rank, world, 1 << 30, catalogues(Dtype::Bf16), DeviceMemory::new(device));
+        let ids = create(&mut plane, &mut set, layout, dp);
+        let id = *ids.iter().find(|&&id| set.emu(id).unwrap().ranks.contains(&rank)).unwrap();
+        let replica = Replica::new(&mut plane, &set, id, SEQ_LEN).unwrap();
+        let tokens = tokens();
+        let batch = Batch { tokens: &tokens, seq_len: SEQ_LEN, starts: &[] };
+        let losses = (0..PARALLEL_STEPS)
+            .map(|_| {
+                train_step_on_device(&plane, &mut set, &replica, &batch, 1, &NEXT_TOKEN, &OPT).unwrap().loss.to_bits()
+            })
+            .collect();
+        let shard = set.store().get(id).unwrap();
+        (losses, set.store().memory().read(&shard.buffer).unwrap().into_owned())
+    }
+
+    /// The tensor-parallel sums and the pipeline's transfers run on the plane's device
+    /// collectives when it has them: over the GPU plane (on the test library), every layout's
+    /// losses and trained shards are bit-identical to the same device engine's through host
+    /// memory, and the library carried each rank's bf16 TP sums and pipeline sends.
+    #[test]
+    fn tensor_and_pipeline_traffic_runs_on_the_device_collectives_bit_for_bit() {
+        for (tp, pp, dp) in [(2, 1, 1), (1, 2, 1), (2, 2, 1), (1, 2, 2)] {
+            let layout = Layout::new(tp, pp);
+            let world = layout.size() as i32 * dp;
+            let emulated = |rank: i32| Rc::new(Device::new(Emulated::new(rank as u32, 1 << 30)).unwrap());
+            let through_host =
+                run_ranks(world, |rank, mail| device_run(LoopbackPlane::new(rank, mail), emulated(rank), layout, dp));
+            let calls = Arc::new(Mutex::new(Calls::default()));
+            let on_device = run_ranks(world, |rank, mail| {
+                let device = emulated(rank);
+                let lib = FakeLib::new(rank, false, mail.clone(), calls.clone());
+                let watchdog = Watchdog::new(Duration::from_secs(30), rank, false);
+                let plane =
+                    GpuPlane::new(LoopbackPlane::new(rank, mail), lib, device.clone(), watchdog, world).unwrap();
+                device_run(plane, device, layout, dp)
+            });
+            let at = (tp, pp, dp);
+            assert_eq!(on_device, through_host, "{at:?}: device collectives against the host path");
+            let calls = calls.lock().unwrap();
+            for rank in 0..world {
+                let mine = |what: &str| calls.log.iter().filter(|(r, c)| *r == rank && c.starts_with(what)).count();
+                assert_eq!(mine("all_reduce Bf16") > 0, tp > 1, "{at:?} rank {rank}: TP sums on the device");
+                assert_eq!(mine("send→") > 0, pp > 1, "{at:?} rank {rank}: pipeline sends on the device");
+                assert_eq!(mine("all_reduce F32") > 0, dp > 1, "{at:?} rank {rank}: DP sums on the device");
             }
         }
     }

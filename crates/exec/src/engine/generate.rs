@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::comm::DataPlane;
 
 use super::arena::Arena;
-use super::compute::{Compute, Host, RowCopy};
+use super::compute::{Compute, Host, Neighbour, RowCopy};
 use super::init::uniform;
 use super::stage::{KvCache, Rows};
 use super::{EngineError, Replica};
@@ -181,7 +181,7 @@ impl Replica {
                 let active: Vec<bool> = done.iter().map(|&d| !d).collect();
                 next = c.sample(&logits, s, &u, &active)?;
             } else {
-                c.read(&x, |x| self.groups.send_next(plane, x))?;
+                c.pipe(&self.groups.link(plane), Some((Neighbour::Next, &x)), None)?;
             }
             let since = c.since(mark);
             c.release(&since);

@@ -7,11 +7,15 @@
 //! its TP group is `[4, 5]`, its next pipeline stage is rank 7 (same TP index, stage 1), it has
 //! no previous stage, and its DP group — the same position in every replica — is `[1, 5]`.
 
+use crate::backend::gpu::DevicePtr;
+use crate::comm::collectives::DataType;
+use crate::comm::gpu_plane::DeviceTransfer;
 use crate::comm::{DataPlane, GroupId, Transfer};
 use crate::emu::Emu;
 use nereus_core::cost::OpClass;
 use nereus_core::model::{Layout, Position};
 
+use super::compute::{DeviceBytes, Neighbour, PipeLink};
 use super::ops::TensorGroup;
 use super::timers::timed;
 use super::EngineError;
@@ -25,6 +29,9 @@ pub struct EmuGroups {
     pub position: Position,
     /// This rank's TP group (`None` when `tp = 1`).
     pub tp: Option<GroupId>,
+    /// Its ranks (sorted world ranks): a device plane sums activations over them in device
+    /// memory.
+    pub tp_ranks: Vec<i32>,
     /// Every rank of the EMU (`None` for one rank).
     pub emu: Option<GroupId>,
     /// Ranks at this position in every replica of the model-stage (`None` when `dp = 1`).
@@ -62,7 +69,11 @@ impl EmuGroups {
         let replica = (replicas.iter().position(|r| r.id == emu.id).unwrap_or(0), replicas.len());
         let tp = if layout.tp > 1 { Some(plane.group(&tp_ranks)?) } else { None };
         let dp = if replicas.len() > 1 { Some(plane.group(&dp_ranks)?) } else { None };
-        // Only training replicas sum gradients (a device communicator holds device memory).
+        // Every stage sums activations over TP; only training replicas sum gradients over DP
+        // (a device communicator holds device memory).
+        if tp.is_some() {
+            plane.prepare_device_sum(&tp_ranks)?;
+        }
         if dp.is_some() && emu.model_stage.trains() {
             plane.prepare_device_sum(&dp_ranks)?;
         }
@@ -71,6 +82,7 @@ impl EmuGroups {
             layout,
             position,
             tp,
+            tp_ranks,
             emu: emu_group,
             dp,
             dp_ranks,
@@ -94,8 +106,13 @@ impl EmuGroups {
     }
 
     /// The TP group as a reduction for the layers.
-    pub fn tp_group<'a, P: DataPlane>(&self, plane: &'a P) -> TpGroup<'a, P> {
-        TpGroup { plane, group: self.tp, size: self.layout.tp as usize }
+    pub fn tp_group<'a, P: DataPlane>(&'a self, plane: &'a P) -> TpGroup<'a, P> {
+        TpGroup { plane, group: self.tp, ranks: &self.tp_ranks, size: self.layout.tp as usize }
+    }
+
+    /// This rank's pipeline neighbours over `plane`, for [`crate::engine::compute::Compute::pipe`].
+    pub fn link<'a, P: DataPlane>(&'a self, plane: &'a P) -> StageLink<'a, P> {
+        StageLink { plane, groups: self }
     }
 
     /// Copies `data` from the rank at `(tp 0, last stage)` to every rank of the EMU (the
@@ -107,69 +124,58 @@ impl EmuGroups {
         plane.broadcast(group, index, data)?;
         Ok(())
     }
+}
 
-    /// Sends `data` to the next pipeline stage.
-    pub fn send_next<P: DataPlane>(&self, plane: &P, data: &[f32]) -> Result<(), EngineError> {
-        send(plane, self.next, data)
-    }
+/// One rank's pipeline neighbours over a data plane: activations go to the next stage and their
+/// gradients come back, through host memory or, where the plane has device point-to-point
+/// (NCCL, RCCL), as device bytes.
+pub struct StageLink<'a, P> {
+    plane: &'a P,
+    groups: &'a EmuGroups,
+}
 
-    /// Sends `data` to the previous pipeline stage.
-    pub fn send_prev<P: DataPlane>(&self, plane: &P, data: &[f32]) -> Result<(), EngineError> {
-        send(plane, self.prev, data)
-    }
-
-    /// Receives `data.len()` values from the previous pipeline stage.
-    pub fn recv_prev<P: DataPlane>(&self, plane: &P, data: &mut [f32]) -> Result<(), EngineError> {
-        recv(plane, self.prev, data)
-    }
-
-    /// Receives `data.len()` values from the next pipeline stage.
-    pub fn recv_next<P: DataPlane>(&self, plane: &P, data: &mut [f32]) -> Result<(), EngineError> {
-        recv(plane, self.next, data)
-    }
-
-    /// Sends `data` to the next stage while receiving `into` from it (Megatron's
-    /// `send_forward_recv_backward`), both posted at once so neither side waits on the other.
-    pub fn exchange_next<P: DataPlane>(&self, plane: &P, data: &[f32], into: &mut [f32]) -> Result<(), EngineError> {
-        exchange(plane, self.next, data, into)
-    }
-
-    /// Sends `data` to the previous stage while receiving `into` from it
-    /// (`send_backward_recv_forward`).
-    pub fn exchange_prev<P: DataPlane>(&self, plane: &P, data: &[f32], into: &mut [f32]) -> Result<(), EngineError> {
-        exchange(plane, self.prev, data, into)
+impl<P> StageLink<'_, P> {
+    fn peer(&self, neighbour: Neighbour) -> Result<i32, EngineError> {
+        let (peer, which) = match neighbour {
+            Neighbour::Next => (self.groups.next, "next"),
+            Neighbour::Prev => (self.groups.prev, "previous"),
+        };
+        peer.ok_or_else(|| EngineError::Shape { what: format!("a pipeline transfer with no {which} stage") })
     }
 }
 
-fn exchange<P: DataPlane>(plane: &P, peer: Option<i32>, data: &[f32], into: &mut [f32]) -> Result<(), EngineError> {
-    let peer = peer.ok_or_else(|| EngineError::Shape { what: "pipeline exchange with a missing stage".into() })?;
-    timed(OpClass::PpP2pIntra, || {
-        plane.exchange(&mut [
-            Transfer::Send { peer, data: bytemuck::cast_slice(data) },
-            Transfer::Recv { peer, data: bytemuck::cast_slice_mut(into) },
-        ])
-    })?;
-    Ok(())
-}
+impl<P: DataPlane> PipeLink for StageLink<'_, P> {
+    fn exchange(
+        &self,
+        send: Option<(Neighbour, &[f32])>,
+        recv: Option<(Neighbour, &mut [f32])>,
+    ) -> Result<(), EngineError> {
+        let mut transfers = Vec::with_capacity(2);
+        if let Some((to, data)) = send {
+            transfers.push(Transfer::Send { peer: self.peer(to)?, data: bytemuck::cast_slice(data) });
+        }
+        if let Some((from, data)) = recv {
+            transfers.push(Transfer::Recv { peer: self.peer(from)?, data: bytemuck::cast_slice_mut(data) });
+        }
+        // Both posted at once, so neither side of a two-way exchange waits on the other.
+        timed(OpClass::PpP2pIntra, || self.plane.exchange(&mut transfers))?;
+        Ok(())
+    }
 
-fn send<P: DataPlane>(plane: &P, peer: Option<i32>, data: &[f32]) -> Result<(), EngineError> {
-    let peer = peer.ok_or_else(|| EngineError::Shape { what: "pipeline send past the last stage".into() })?;
-    timed(OpClass::PpP2pIntra, || plane.exchange(&mut [Transfer::Send { peer, data: bytemuck::cast_slice(data) }]))?;
-    Ok(())
-}
-
-fn recv<P: DataPlane>(plane: &P, peer: Option<i32>, data: &mut [f32]) -> Result<(), EngineError> {
-    let peer = peer.ok_or_else(|| EngineError::Shape { what: "pipeline receive before the first stage".into() })?;
-    timed(OpClass::PpP2pIntra, || {
-        plane.exchange(&mut [Transfer::Recv { peer, data: bytemuck::cast_slice_mut(data) }])
-    })?;
-    Ok(())
+    fn exchange_on_device(&self, send: Option<DeviceBytes>, recv: Option<DeviceBytes>) -> Result<bool, EngineError> {
+        let transfer =
+            |(n, data, bytes): DeviceBytes| Ok::<_, EngineError>(DeviceTransfer { peer: self.peer(n)?, data, bytes });
+        let sends: Vec<DeviceTransfer> = send.map(transfer).transpose()?.into_iter().collect();
+        let recvs: Vec<DeviceTransfer> = recv.map(transfer).transpose()?.into_iter().collect();
+        Ok(timed(OpClass::PpP2pIntra, || self.plane.exchange_on_device(&sends, &recvs))?)
+    }
 }
 
 /// A TP group seen by the layers: sums and maxima over the data plane.
 pub struct TpGroup<'a, P> {
     plane: &'a P,
     group: Option<GroupId>,
+    ranks: &'a [i32],
     size: usize,
 }
 
@@ -179,6 +185,15 @@ impl<P: DataPlane> TensorGroup<f32> for TpGroup<'_, P> {
             timed(OpClass::TpAllReduce, || self.plane.all_reduce_sum_f32(g, values))?;
         }
         Ok(())
+    }
+
+    fn is_single(&self) -> bool {
+        self.group.is_none()
+    }
+
+    fn sum_bf16_on_device(&self, data: DevicePtr, count: usize) -> Result<bool, EngineError> {
+        let ranks = self.ranks;
+        Ok(timed(OpClass::TpAllReduce, || self.plane.all_reduce_device(ranks, data, count as u64, DataType::Bf16))?)
     }
 
     fn max(&self, values: &mut [f32]) -> Result<(), EngineError> {

@@ -15,7 +15,7 @@ use crate::comm::DataPlane;
 use crate::emu::{EmuId, EmuSet};
 
 use super::arena::Arena;
-use super::compute::{Compute, Host};
+use super::compute::{Compute, Host, Neighbour};
 use super::optimizer::AdamW;
 use super::output::HeadActs;
 use super::stage::{BlockActs, Rows};
@@ -189,7 +189,7 @@ impl Replica {
             return Ok(None);
         }
         let mut x = c.zeros(MemoryItem::PipelineBuffers, rows * self.model.dims().c)?;
-        c.modify(&mut x, |values| self.groups.recv_prev(plane, values))?;
+        c.pipe(&self.groups.link(plane), None, Some((Neighbour::Prev, &mut x)))?;
         Ok(Some(x))
     }
 
@@ -227,7 +227,7 @@ impl Replica {
             let input = self.recv_input_on(c, plane, seqs.len() * batch.seq_len)?;
             match self.stage_forward(c, plane, params, batch, &seqs, input)?.1 {
                 StageOut::Head(out, _) => outputs.extend(c.read_stats(&out, |o| Ok(o.to_vec()))?),
-                StageOut::Hidden(x) => c.read(&x, |x| self.groups.send_next(plane, x))?,
+                StageOut::Hidden(x) => c.pipe(&self.groups.link(plane), Some((Neighbour::Next, &x)), None)?,
             }
             let since = c.since(mark);
             c.release(&since);
@@ -341,12 +341,13 @@ impl Replica {
         let width = self.model.dims().c;
         let elements = |seqs: &Range<usize>| seqs.len() * batch.seq_len * width;
         let mut loss = 0.0;
+        let link = self.groups.link(plane);
         let mut inflight: VecDeque<Flight<C>> = VecDeque::new();
         for seqs in &micro[..warmup] {
             let input = self.recv_input_on(c, plane, seqs.len() * batch.seq_len)?;
             let (f, hidden) = self.forward_one(c, plane, params, batch, seqs, input, objective, &mut loss)?;
             if let Some(x) = hidden {
-                c.read(&x, |x| self.groups.send_next(plane, x))?;
+                c.pipe(&link, Some((Neighbour::Next, &x)), None)?;
             }
             inflight.push_back(f);
         }
@@ -363,7 +364,7 @@ impl Replica {
             let (grad, received) = match hidden {
                 Some(x) => {
                     let mut g = c.zeros(MemoryItem::PipelineBuffers, elements(&oldest.seqs))?;
-                    c.read_modify(&x, &mut g, |x, g| self.groups.exchange_next(plane, x, g))?;
+                    c.pipe(&link, Some((Neighbour::Next, &x)), Some((Neighbour::Next, &mut g)))?;
                     (Some(g), elements(&oldest.seqs))
                 }
                 None => (None, 0),
@@ -372,10 +373,10 @@ impl Replica {
             match (self.backward_one(c, plane, params, grads, batch, oldest, grad)?, next) {
                 (Some(dx), Some(seqs)) => {
                     let mut x = c.zeros(MemoryItem::PipelineBuffers, elements(seqs))?;
-                    c.read_modify(&dx, &mut x, |dx, x| self.groups.exchange_prev(plane, dx, x))?;
+                    c.pipe(&link, Some((Neighbour::Prev, &dx)), Some((Neighbour::Prev, &mut x)))?;
                     input = Some(x);
                 }
-                (Some(dx), None) => c.read(&dx, |dx| self.groups.send_prev(plane, dx))?,
+                (Some(dx), None) => c.pipe(&link, Some((Neighbour::Prev, &dx)), None)?,
                 (None, _) => {}
             }
             c.release(&pipeline_charge::<C>(received));
@@ -385,11 +386,11 @@ impl Replica {
                 (None, 0)
             } else {
                 let mut g = c.zeros(MemoryItem::PipelineBuffers, elements(&f.seqs))?;
-                c.modify(&mut g, |g| self.groups.recv_next(plane, g))?;
+                c.pipe(&link, None, Some((Neighbour::Next, &mut g)))?;
                 (Some(g), elements(&f.seqs))
             };
             if let Some(dx) = self.backward_one(c, plane, params, grads, batch, f, grad)? {
-                c.read(&dx, |dx| self.groups.send_prev(plane, dx))?;
+                c.pipe(&link, Some((Neighbour::Prev, &dx)), None)?;
             }
             c.release(&pipeline_charge::<C>(received));
         }

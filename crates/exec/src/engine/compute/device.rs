@@ -1,9 +1,11 @@
 //! A GPU (or the grid emulator): activations in bf16, statistics, gradients and accumulations in
 //! f32, layers as the kernels of `kernels/engine.cu` and `kernels/attention.cu`, linear layers as
 //! the vendor GEMMs ([`crate::backend::blas`]). Every launch is enqueued on the device's current
-//! stream; the host waits only where it reads bytes back: for now the tensor-parallel sum, the
-//! pipeline's sends and receives, the data-parallel sum and the norm, the loss, and the LM head's
-//! per-row statistics go through the host (the device collectives replace them, issue 31).
+//! stream. The tensor-parallel sums (bf16) and the pipeline's transfers run on the plane's
+//! device collectives in the same stream order, as the data-parallel gradient sum does
+//! (`device_train.rs`); on a plane without them they go through the host. The host waits only
+//! where it reads bytes back: the loss, the norm's one value, and the LM head's per-row
+//! statistics (their TP maxima and sums are a few values per row).
 //! Input gradients accumulate in place (bf16 GEMMs with `beta = 1`, RMSNorm's backward adds to
 //! `dx`); the few f32 scratch buffers (attention's `dk`/`dv` gathers, the LM head's per-shard
 //! statistics, the sampler's widened logits) stay charged to the arena until the caller releases
@@ -11,7 +13,7 @@
 
 use std::ops::Range;
 
-use super::{Compute, GradView, KvRows, RowCopy, View};
+use super::{pipe_through_host, Compute, GradView, KvRows, Neighbour, PipeLink, RowCopy, View};
 use crate::backend::blas::{Gemm, GemmOut};
 use crate::backend::gpu::{Device, DeviceArray, DevicePtr, DeviceView, GpuRuntime};
 use crate::backend::kernels::RectCopy;
@@ -549,6 +551,30 @@ impl<'d, R: GpuRuntime> Compute for OnDevice<'d, '_, '_, R> {
     }
 
     const ACT_BYTES: u64 = 2;
+
+    fn tp_sum<G: TensorGroup<f32>>(&mut self, tp: &G, x: &mut Self::Act) -> Result<(), EngineError> {
+        if tp.is_single() || tp.sum_bf16_on_device(x.ptr(), x.len())? {
+            return Ok(());
+        }
+        self.modify(x, |values| tp.sum(values))
+    }
+
+    fn pipe<L: PipeLink>(
+        &mut self,
+        link: &L,
+        send: Option<(Neighbour, &Self::Act)>,
+        recv: Option<(Neighbour, &mut Self::Act)>,
+    ) -> Result<(), EngineError> {
+        let bytes = |x: &Self::Act| Self::ACT_BYTES * x.len() as u64;
+        let on_device = link.exchange_on_device(
+            send.as_ref().map(|(n, x)| (*n, x.ptr(), bytes(x))),
+            recv.as_ref().map(|(n, x)| (*n, x.ptr(), bytes(x))),
+        )?;
+        if on_device {
+            return Ok(());
+        }
+        pipe_through_host(self, link, send, recv)
+    }
 
     fn mark(&self) -> Mark {
         self.arena.mark()

@@ -3,7 +3,10 @@
 //! and gradients). The model is written once over this trait — a block and the embedding in
 //! `stage.rs`, the heads in `output.rs`, 1F1B with TP/PP/DP in `train.rs`, generation in
 //! `generate.rs` — and each implementation supplies the layers and the few places where the
-//! host must see values (`read`, `modify`: the loss, pipeline transfers, the DP sum).
+//! host must see values (`read`, `modify`: the loss, the LM head's per-row statistics). The
+//! tensor-parallel sum ([`Compute::tp_sum`]) and the pipeline's transfers ([`Compute::pipe`])
+//! go through the host on the host, and through the plane's device collectives on a device
+//! whose plane has them (NCCL, RCCL, the emulated library).
 //!
 //! Conventions, as the host ops (`ops/`) keep them: buffers are flat row-major; an output a
 //! method *writes* is passed freshly zeroed by [`Compute::zeros`]; `dx` arguments of backward
@@ -23,6 +26,7 @@ use super::arena::Mark;
 use super::generate::Sampling;
 use super::ops::{AttentionShape, TensorGroup};
 use super::EngineError;
+use crate::backend::gpu::DevicePtr;
 use nereus_core::cost::{MemoryBreakdown, MemoryItem};
 
 /// A view of one tensor in a stage's flat parameter (or gradient) buffer.
@@ -30,6 +34,46 @@ pub type View<'a, P> = (&'a P, &'a Range<usize>);
 
 /// A view of one tensor in a stage's flat gradient buffer, accumulated into.
 pub type GradView<'a, G> = (&'a mut G, &'a Range<usize>);
+
+/// Which pipeline neighbour a transfer goes to or comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Neighbour {
+    /// The next stage (activations go there, their gradients come back from it).
+    Next,
+    /// The previous stage.
+    Prev,
+}
+
+/// A device transfer of a pipeline exchange: the neighbour, the device address, the bytes.
+pub type DeviceBytes = (Neighbour, DevicePtr, u64);
+
+/// A stage's pipeline neighbours as [`Compute::pipe`] sees them.
+pub trait PipeLink {
+    /// Sends `send` and receives `recv` as host f32 values, both posted at once.
+    fn exchange(
+        &self,
+        send: Option<(Neighbour, &[f32])>,
+        recv: Option<(Neighbour, &mut [f32])>,
+    ) -> Result<(), EngineError>;
+    /// The same with device bytes, in the device stream's order; `false` where the plane has no
+    /// device point-to-point (the caller goes through the host).
+    fn exchange_on_device(&self, send: Option<DeviceBytes>, recv: Option<DeviceBytes>) -> Result<bool, EngineError>;
+}
+
+/// [`Compute::pipe`] through host values: read `send`, receive into `recv`'s values.
+pub fn pipe_through_host<C: Compute + ?Sized, L: PipeLink>(
+    c: &mut C,
+    link: &L,
+    send: Option<(Neighbour, &C::Act)>,
+    recv: Option<(Neighbour, &mut C::Act)>,
+) -> Result<(), EngineError> {
+    match (send, recv) {
+        (Some((to, x)), Some((from, y))) => c.read_modify(x, y, |x, y| link.exchange(Some((to, x)), Some((from, y)))),
+        (Some((to, x)), None) => c.read(x, |x| link.exchange(Some((to, x)), None)),
+        (None, Some((from, y))) => c.modify(y, |y| link.exchange(None, Some((from, y)))),
+        (None, None) => Ok(()),
+    }
+}
 
 /// The layers the engine needs, on one compute (see the module comment).
 pub trait Compute {
@@ -267,13 +311,25 @@ pub trait Compute {
     /// outputs) and `copy_to_tensor_model_parallel_region` backward (a column-parallel layer's
     /// partial input gradients); the other direction of each is the identity.
     ///
-    /// Through the host here; a device's collectives take it over with the parallel device
-    /// engine.
+    /// Through the host here; a device sums its bf16 values with the plane's device collective.
     fn tp_sum<G: TensorGroup<f32>>(&mut self, tp: &G, x: &mut Self::Act) -> Result<(), EngineError> {
         if tp.is_single() {
             return Ok(());
         }
         self.modify(x, |values| tp.sum(values))
+    }
+
+    /// Sends `send` to a pipeline neighbour while receiving `recv` from one, both at once
+    /// (Megatron's `send_forward_recv_backward` and its kin; either may be absent).
+    ///
+    /// Through the host here; a device moves its bf16 bytes with the plane's point-to-point.
+    fn pipe<L: PipeLink>(
+        &mut self,
+        link: &L,
+        send: Option<(Neighbour, &Self::Act)>,
+        recv: Option<(Neighbour, &mut Self::Act)>,
+    ) -> Result<(), EngineError> {
+        pipe_through_host(self, link, send, recv)
     }
 }
 

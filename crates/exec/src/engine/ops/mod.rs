@@ -33,6 +33,7 @@ pub use rope::{frequencies, Rope};
 pub use swiglu::{swiglu_backward, swiglu_forward};
 
 use super::Real;
+use crate::backend::gpu::DevicePtr;
 
 /// A reduction over the tensor-parallel group of a layer. The vocabulary-parallel head needs
 /// the sum and the maximum across shards; one rank (`Local`) reduces over nothing.
@@ -44,6 +45,12 @@ pub trait TensorGroup<T: Real> {
     /// Whether the group is this rank alone (its reductions are the identity).
     fn is_single(&self) -> bool {
         false
+    }
+    /// Element-wise sum of `count` bf16 values at `data` in device memory, in place, over the
+    /// plane's device collective; `false` where there is none (the caller sums through the
+    /// host).
+    fn sum_bf16_on_device(&self, _data: DevicePtr, _count: usize) -> Result<bool, super::EngineError> {
+        Ok(false)
     }
 }
 
