@@ -114,11 +114,23 @@ fn bench_calibration_fits_half_the_plans_and_predicts_the_other_half() {
 
 #[test]
 fn bench_scaling_small_moves_every_method_with_digests_unchanged_and_writes_the_contract() {
+    scaling_moves_every_method(&[], "host");
+}
+
+/// The same three methods on device-resident state (the emulated device, NCCL's API over MPI):
+/// the DAG and the per-tensor baseline move device buffers over the GPU plane, and the restarted
+/// job of checkpoint/restart loads its files onto the device.
+#[test]
+fn bench_scaling_on_the_emulated_device_moves_device_resident_state_every_way() {
+    scaling_moves_every_method(&["--device", "emulated"], "emulated");
+}
+
+fn scaling_moves_every_method(device: &[&str], memory: &str) {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("s.json");
     let checkpoints = dir.path().join("ckpt");
     let args = ["bench", "scaling", "--small", "--reps", "1", "--dir", checkpoints.to_str().unwrap()];
-    let out = run_mpi(4, &[&args[..], &["--json", json.to_str().unwrap()]].concat());
+    let out = run_mpi(4, &[&args[..], device, &["--json", json.to_str().unwrap()]].concat());
     let (stdout, stderr) = text(&out);
     // A digest that changed under any method, or a restarted job that failed, fails the run.
     assert!(out.status.success(), "{stdout}\n{stderr}");
@@ -146,6 +158,7 @@ fn bench_scaling_small_moves_every_method_with_digests_unchanged_and_writes_the_
     assert_eq!(local(reshard, "tenplex_bytes"), moved, "{reshard}");
     assert_eq!(local(reshard, "tenplex_bytes_local"), local(reshard, "bytes_local"), "{reshard}");
     for r in rows {
+        assert_eq!(r["memory"], memory, "{r}");
         for key in ["nereus_s", "ucp_s", "tenplex_s", "floor_s"] {
             assert!(r[key].as_f64().unwrap() > 0.0, "{key}: {r}");
         }

@@ -259,6 +259,29 @@ pub(crate) fn host_p2p_seconds(
     })
 }
 
+/// Median seconds of one send of `bytes` device bytes from rank 0 to rank 1 over the GPU
+/// plane's library (NCCL, RCCL), as [`host_p2p_seconds`] times MPI: the device benchmarks'
+/// yardstick.
+pub(crate) fn device_p2p_seconds<L: CollectiveLib, R: GpuRuntime>(
+    plane: &mut Plane<'_, L, R>,
+    memory: &DeviceMemory<R>,
+    world: GroupId,
+    wait: Wait<'_>,
+    reps: usize,
+    bytes: u64,
+) -> Result<f64, RuntimeError> {
+    let buffer = memory.allocate(bytes)?;
+    let t = DeviceTransfer { peer: 1 - plane.rank().min(1), data: buffer.ptr(), bytes };
+    p2p_seconds(plane, world, wait, reps, |plane| {
+        let (sends, recvs): (&[DeviceTransfer], &[DeviceTransfer]) = match plane.rank() {
+            0 => (&[t], &[]),
+            1 => (&[], &[t]),
+            _ => (&[], &[]),
+        };
+        Ok(plane.exchange_device(sends, recvs)?)
+    })
+}
+
 /// Bytes of the unit for `mib` MiB.
 fn unit_bytes(mib: u64) -> u64 {
     Catalogue::new(unit_architecture(mib << 20)).parameter_count() * 4
@@ -288,17 +311,8 @@ impl DeviceJob for DeviceRows<'_> {
             if world_size < 2 {
                 continue;
             }
-            let time_send = |plane: &mut Plane<'_, L, R>, bytes: u64| -> Result<f64, RuntimeError> {
-                let buffer = memory.allocate(bytes)?;
-                let t = DeviceTransfer { peer: 1 - plane.rank().min(1), data: buffer.ptr(), bytes };
-                p2p_seconds(plane, world, Wait::Barrier, self.reps, |plane| {
-                    let (sends, recvs): (&[DeviceTransfer], &[DeviceTransfer]) = match plane.rank() {
-                        0 => (&[t], &[]),
-                        1 => (&[], &[t]),
-                        _ => (&[], &[]),
-                    };
-                    Ok(plane.exchange_device(sends, recvs)?)
-                })
+            let time_send = |plane: &mut Plane<'_, L, R>, bytes| {
+                device_p2p_seconds(plane, &memory, world, Wait::Barrier, self.reps, bytes)
             };
             let p2p = (time_send(plane, unit)?, time_send(plane, unit / 2)?);
             rows.extend(primitive_rows(plane, &memory, (world, world_size), mib, self.reps, p2p)?);

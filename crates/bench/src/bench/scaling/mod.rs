@@ -36,18 +36,23 @@ use std::path::PathBuf;
 
 use crate::selftest::{changed_digests, materialize_in, missed_targets, state_bytes};
 use nereus_core::config::DataPlane as PlaneKind;
+use nereus_core::config::DeviceChoice;
 use nereus_core::config::Dtype;
 use nereus_core::model::{Architecture, Catalogue, Layout, OutputHead, Position};
 use nereus_core::plan::{Candidate, ModelStage, Placement, Plan, Recompute, Role, Stage};
 use nereus_core::transition::global::Links;
 use nereus_core::transition::TransitionDag;
+use nereus_exec::backend::gpu::GpuRuntime;
+use nereus_exec::comm::collectives::CollectiveLib;
 use nereus_exec::comm::{DataPlane, GroupId, MpiPlane};
-use nereus_exec::emu::{Digest, EmuSet, HostMemory};
+use nereus_exec::emu::{DeviceMemory, Digest, EmuSet, Exchange, HostMemory, ShardMemory};
+use nereus_runtime::device::{with_device, DeviceJob, Plane};
 use nereus_runtime::transition::{agree_on_dag, execute};
 use nereus_runtime::{RuntimeError, Session};
 
-use super::primitives::{host_p2p_seconds, timed, Wait};
+use super::primitives::{device_p2p_seconds, host_p2p_seconds, timed, Measured, Wait};
 use super::{machine, BenchReport, Floor};
+use crate::DeviceArg;
 
 /// Bytes every rank may hold (host memory: the machine, not a device, is the limit).
 const CAPACITY: u64 = u64::MAX / 4;
@@ -81,6 +86,10 @@ pub struct Args {
     /// Also write the report as JSON.
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
+    /// The state lives in device memory and moves over the GPU data plane (all three methods;
+    /// the restarted job of (b) opens the same device).
+    #[command(flatten)]
+    pub device: DeviceArg,
 }
 
 /// One case, measured three ways.
@@ -88,6 +97,9 @@ pub struct Args {
 pub struct Row {
     /// `extend-2-4`, `extend-4-8`, `destroy-8-4`, `reshard-tp2-pp2`, `reshard-tp2-pp2-dp2`.
     pub case: String,
+    /// Where the state lived and moved: `host` (MPI), or the device `--device` named (`cuda`,
+    /// `rocm`, `emulated`, `auto`) over the GPU data plane.
+    pub memory: String,
     /// Ranks the job holds before.
     pub from_ranks: u32,
     /// Ranks it holds after.
@@ -204,10 +216,15 @@ fn cases(world: i32) -> Vec<Case> {
     all.into_iter().filter(|c| Case::ranks(&c.from).max(Case::ranks(&c.to)) <= world as u32).collect()
 }
 
-/// What every method needs: the ranks, the models, the yardstick.
-pub(crate) struct Bench<'s> {
+/// What every method needs: the ranks, the memory the state lives in, the models, the
+/// yardstick.
+pub(crate) struct Bench<'s, 'p, P, M: ShardMemory> {
     session: &'s Session,
-    plane: MpiPlane<'s>,
+    plane: &'p mut P,
+    /// Host memory, or the device's (`--device`).
+    memory: M,
+    /// The device the restarted job of method (b) opens (`None`: host memory).
+    device: Option<DeviceChoice>,
     all: GroupId,
     catalogues: BTreeMap<Role, Catalogue>,
     /// Point-to-point bytes/s measured at the start.
@@ -217,16 +234,16 @@ pub(crate) struct Bench<'s> {
     /// with them cached, as a long-running job's caching allocator holds the buffers of the
     /// transitions it ran before. On a CPU rank the kernel's first touch of a new page costs
     /// more than the copy into it; a GPU's allocator pool pays neither.
-    spare: Vec<Vec<u8>>,
+    spare: Vec<M::Buffer>,
 }
 
-impl Bench<'_> {
+impl<P: Measured + Exchange<M>, M: ShardMemory + Clone> Bench<'_, '_, P, M> {
     /// The job's state in `plan`, filled with synthetic bytes, and each model-stage's digest;
     /// the store starts with the buffers the last measurement left ([`Bench::spare`]).
-    fn materialize(&mut self, plan: &Plan) -> Result<(EmuSet, BTreeMap<ModelStage, Digest>), RuntimeError> {
+    fn materialize(&mut self, plan: &Plan) -> Result<(EmuSet<M>, BTreeMap<ModelStage, Digest>), RuntimeError> {
         let world = self.session.world().size();
         let spare = std::mem::take(&mut self.spare);
-        materialize_in(&mut self.plane, &HostMemory, world, self.catalogues.clone(), plan, CAPACITY, spare)
+        materialize_in(self.plane, &self.memory, world, self.catalogues.clone(), plan, CAPACITY, spare)
     }
 
     /// Every model-stage at `to`'s replicas with its digest of `before`, or an error naming
@@ -235,11 +252,11 @@ impl Bench<'_> {
         &mut self,
         method: &str,
         case: &Case,
-        set: &EmuSet,
+        set: &EmuSet<M>,
         before: &BTreeMap<ModelStage, Digest>,
     ) -> Result<(), RuntimeError> {
         let mut failures = missed_targets(set, &case.to);
-        failures.extend(changed_digests(&mut self.plane, set, before)?);
+        failures.extend(changed_digests(self.plane, set, before)?);
         match failures.first() {
             None => Ok(()),
             Some(first) => Err(RuntimeError::everywhere(
@@ -275,7 +292,7 @@ impl Bench<'_> {
         let dag = TransitionDag::plan(&case.from, &case.to, &bytes, &self.links(), true)?;
         agree_on_dag(self.session.world(), self.session.watchdog(), &dag)?;
         let wait = Wait::Calm(self.session.world(), self.session.watchdog());
-        let (report, seconds) = timed(&mut self.plane, self.all, wait, |plane| Ok(execute(&mut set, plane, &dag)?.1))?;
+        let (report, seconds) = timed(self.plane, self.all, wait, |plane| Ok(execute(&mut set, plane, &dag)?.1))?;
         self.verify("the transition DAG", case, &set, &before)?;
         self.spare = set.into_buffers();
         Ok((seconds, report.bytes_sent, report.bytes_local, dag.schedule.seconds))
@@ -287,7 +304,7 @@ impl Bench<'_> {
         let (mut set, before) = self.materialize(&case.from)?;
         set.set_participants_only(true);
         let wait = Wait::Calm(self.session.world(), self.session.watchdog());
-        let ((sent, local), seconds) = timed(&mut self.plane, self.all, wait, |plane| {
+        let ((sent, local), seconds) = timed(self.plane, self.all, wait, |plane| {
             let (mut sent, mut local) = (0, 0);
             for p in &case.to.placements {
                 let dp = p.candidate.dp as usize;
@@ -323,6 +340,7 @@ impl Bench<'_> {
         let floor_s = bytes_moved as f64 / self.bandwidth;
         Ok(Row {
             case: case.name.into(),
+            memory: self.device.map_or_else(|| "host".into(), |d| format!("{d:?}").to_lowercase()),
             from_ranks: Case::ranks(&case.from),
             to_ranks: Case::ranks(&case.to),
             state_bytes,
@@ -356,7 +374,8 @@ fn median_of<T>(
     Ok(all.swap_remove(reps / 2))
 }
 
-/// Runs the benchmark on every rank; rank 0 prints the table and writes the report.
+/// Runs the benchmark on every rank, with the state in host memory over MPI or on the device
+/// `--device` names; rank 0 prints the table and writes the report.
 pub fn run(session: &Session, options: &Args) -> Result<(), RuntimeError> {
     let world = session.world().size();
     let mut cases = cases(world);
@@ -366,21 +385,79 @@ pub fn run(session: &Session, options: &Args) -> Result<(), RuntimeError> {
             "bench scaling: no case fits; it needs at least 4 MPI ranks, 8 for every case (mpirun -n 8 …), and case names among extend-2-4, extend-4-8, destroy-8-4, reshard-tp2-pp2, reshard-tp2-pp2-dp2".into(),
         ));
     }
-    let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
-    let all = plane.group(&(0..world).collect::<Vec<_>>())?;
-    let p2p_bytes: u64 = if options.small { 4 << 20 } else { 256 << 20 };
-    // Every measurement's closing wait is calm, the yardstick's included (see `Wait::Calm`).
-    let wait = Wait::Calm(session.world(), session.watchdog());
-    let bandwidth = p2p_bytes as f64 / host_p2p_seconds(&mut plane, all, wait, 3, p2p_bytes)?;
-    let catalogues = models(options.small);
-    let mut bench = Bench { session, plane, all, catalogues, bandwidth, options, spare: Vec::new() };
-    let rows = cases.iter().map(|c| bench.case(c)).collect::<Result<Vec<Row>, _>>()?;
+    let (rows, bandwidth) = match options.device.device {
+        None => {
+            let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
+            let all = plane.group(&(0..world).collect::<Vec<_>>())?;
+            let wait = Wait::Calm(session.world(), session.watchdog());
+            let bandwidth =
+                yardstick_bytes(options) as f64 / host_p2p_seconds(&mut plane, all, wait, 3, yardstick_bytes(options))?;
+            let bench = Bench::new(session, &mut plane, HostMemory, None, options, all, bandwidth);
+            (bench.measure(&cases)?, bandwidth)
+        }
+        Some(choice) => with_device(session, choice, OnDevice { session, options, choice, cases: &cases })?,
+    };
     if session.rank() != 0 {
         return Ok(());
     }
-    print_table(&bench.catalogues, bandwidth, &rows).map_err(RuntimeError::Stdout)?;
+    print_table(&models(options.small), options.device.device, bandwidth, &rows).map_err(RuntimeError::Stdout)?;
     let report = BenchReport { bench: "scaling".into(), machine: machine(session), floors: floors(&rows), rows };
     report.finish(options.json.as_deref())
+}
+
+/// Bytes of the point-to-point yardstick's message.
+fn yardstick_bytes(options: &Args) -> u64 {
+    if options.small {
+        4 << 20
+    } else {
+        256 << 20
+    }
+}
+
+/// The benchmark on device-resident state (`--device`): the yardstick is one device send.
+struct OnDevice<'s, 'c> {
+    session: &'s Session,
+    options: &'s Args,
+    choice: DeviceChoice,
+    cases: &'c [Case],
+}
+
+impl DeviceJob for OnDevice<'_, '_> {
+    type Output = (Vec<Row>, f64);
+
+    fn run<L: CollectiveLib, R: GpuRuntime>(
+        self,
+        plane: &mut Plane<'_, L, R>,
+        memory: DeviceMemory<R>,
+    ) -> Result<(Vec<Row>, f64), RuntimeError> {
+        let all = plane.group(&(0..self.session.world().size()).collect::<Vec<_>>())?;
+        let wait = Wait::Calm(self.session.world(), self.session.watchdog());
+        let bytes = yardstick_bytes(self.options);
+        let bandwidth = bytes as f64 / device_p2p_seconds(plane, &memory, all, wait, 3, bytes)?;
+        let bench = Bench::new(self.session, plane, memory, Some(self.choice), self.options, all, bandwidth);
+        Ok((bench.measure(self.cases)?, bandwidth))
+    }
+}
+
+impl<'s, 'p, P: Measured + Exchange<M>, M: ShardMemory + Clone> Bench<'s, 'p, P, M> {
+    /// The bench over `plane` with state in `memory` (opened on `device`, or host memory).
+    fn new(
+        session: &'s Session,
+        plane: &'p mut P,
+        memory: M,
+        device: Option<DeviceChoice>,
+        options: &'s Args,
+        all: GroupId,
+        bandwidth: f64,
+    ) -> Self {
+        let catalogues = models(options.small);
+        Bench { session, plane, memory, device, all, catalogues, bandwidth, options, spare: Vec::new() }
+    }
+
+    /// Every case, three ways.
+    fn measure(mut self, cases: &[Case]) -> Result<Vec<Row>, RuntimeError> {
+        cases.iter().map(|c| self.case(c)).collect()
+    }
 }
 
 /// The floors, per case: (b) over (a) at least 10, (c) over (a) at least 2, (a) over
@@ -398,12 +475,22 @@ fn floors(rows: &[Row]) -> Vec<Floor> {
     floors
 }
 
-fn print_table(catalogues: &BTreeMap<Role, Catalogue>, bandwidth: f64, rows: &[Row]) -> std::io::Result<()> {
+fn print_table(
+    catalogues: &BTreeMap<Role, Catalogue>,
+    device: Option<DeviceChoice>,
+    bandwidth: f64,
+    rows: &[Row],
+) -> std::io::Result<()> {
     let mut out = std::io::stdout().lock();
+    let resident = device.map_or_else(|| "host memory".into(), |d| format!("device memory ({d:?})").to_lowercase());
     for (role, c) in catalogues {
-        writeln!(out, "{}: {} parameters, f32 θ + Adam m, v", role.name(), c.parameter_count())?;
+        writeln!(out, "{}: {} parameters, f32 θ + Adam m, v, in {resident}", role.name(), c.parameter_count())?;
     }
-    writeln!(out, "point-to-point bandwidth: {:.2} GB/s (MPI between ranks of this node)", bandwidth / 1e9)?;
+    let between = match device {
+        None => "MPI between ranks of this node",
+        Some(_) => "the GPU plane's library between devices",
+    };
+    writeln!(out, "point-to-point bandwidth: {:.2} GB/s ({between})", bandwidth / 1e9)?;
     print_times(&mut out, rows)?;
     print_bytes(&mut out, rows)
 }

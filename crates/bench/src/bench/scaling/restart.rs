@@ -17,18 +17,24 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use safetensors::SafeTensors;
 
-use nereus_core::config::Dtype;
+use nereus_core::config::{DeviceChoice, Dtype};
 use nereus_core::model::Section;
 use nereus_core::model::{Catalogue, Layout, Position, Region};
 use nereus_core::plan::{ModelStage, Plan, Role};
-use nereus_exec::comm::{calm_barrier, DataPlane, MpiPlane};
-use nereus_exec::emu::{copy_rect_host, Counters, Digest, EmuSet, LocalShard, RectCopy};
+use nereus_exec::backend::gpu::GpuRuntime;
+use nereus_exec::comm::collectives::CollectiveLib;
+use nereus_exec::comm::{calm_barrier, MpiPlane};
+use nereus_exec::emu::{
+    copy_rect_host, Counters, DeviceMemory, Digest, EmuSet, Exchange, HostMemory, LocalShard, RectCopy, ShardMemory,
+};
 use nereus_runtime::checkpoint::save::write_durably;
 use nereus_runtime::checkpoint::tensors::{serialize, NamedTensor};
 use nereus_runtime::checkpoint::TensorFile;
+use nereus_runtime::device::{with_device, DeviceJob, Plane};
 use nereus_runtime::{io_error, RuntimeError, Session};
 
 use super::{Bench, Case, CAPACITY};
+use crate::bench::primitives::Measured;
 
 /// The job the restarted ranks load.
 const JOB: &str = "restart.json";
@@ -39,6 +45,8 @@ const HELD: &str = "held.json";
 /// saved from.
 #[derive(Debug, Serialize, Deserialize)]
 struct RestartJob {
+    /// The device the state is restored onto (`None`: host memory).
+    device: Option<DeviceChoice>,
     catalogues: Vec<(Role, Catalogue)>,
     target: Plan,
     saved: Vec<Saved>,
@@ -76,11 +84,18 @@ fn file_name(ms: ModelStage, position: Position, section: Section) -> String {
     format!("{}.tp{}-pp{}.{section}.safetensors", ms.to_string().replace('/', "-"), position.tp, position.pp)
 }
 
-/// Writes this rank's shard of `ms`'s first replica, one file per section; returns bytes written.
-fn save_shard(dir: &Path, ms: ModelStage, shard: &LocalShard, catalogue: &Catalogue) -> Result<u64, RuntimeError> {
+/// Writes this rank's shard of `ms`'s first replica (`bytes`, its buffer read to the host), one
+/// file per section; returns bytes written.
+fn save_shard<B>(
+    dir: &Path,
+    ms: ModelStage,
+    shard: &LocalShard<B>,
+    bytes: &[u8],
+    catalogue: &Catalogue,
+) -> Result<u64, RuntimeError> {
     let mut written = 0;
     for (s, section) in shard.sections.iter().enumerate() {
-        let data = &shard.buffer[shard.section_range(s)];
+        let data = &bytes[shard.section_range(s)];
         let tensors: Vec<NamedTensor> = shard
             .table
             .pieces
@@ -210,7 +225,7 @@ fn unchanged(held: &Held, before: &BTreeMap<ModelStage, Digest>, case: &Case) ->
     }
 }
 
-impl Bench<'_> {
+impl<P: Measured + Exchange<M>, M: ShardMemory + Clone> Bench<'_, '_, P, M> {
     /// The case's checkpoint directory, emptied by rank 0.
     fn checkpoint_dir(&self, case: &Case) -> Result<PathBuf, RuntimeError> {
         let dir = self.options.dir.join(case.name);
@@ -225,7 +240,7 @@ impl Bench<'_> {
 
     /// Saves the first replica of every model-stage (its ranks, each its own files) and, on
     /// rank 0, the job to restart; returns the bytes this rank wrote.
-    fn save(&self, set: &EmuSet, case: &Case, dir: &Path) -> Result<u64, RuntimeError> {
+    fn save(&self, set: &EmuSet<M>, case: &Case, dir: &Path) -> Result<u64, RuntimeError> {
         let mut written = 0;
         let mut saved = Vec::new();
         for p in &case.from.placements {
@@ -233,12 +248,13 @@ impl Bench<'_> {
             let first = set.replicas(ms)[0];
             saved.push(Saved { model_stage: ms, layout: first.layout, counters: first.counters });
             if let Some(shard) = set.store().get(first.id) {
-                written += save_shard(dir, ms, shard, set.catalogue(ms.role))?;
+                let bytes = self.memory.read(&shard.buffer)?;
+                written += save_shard(dir, ms, shard, &bytes, set.catalogue(ms.role))?;
             }
         }
         if self.session.rank() == 0 {
             let catalogues = self.catalogues.iter().map(|(r, c)| (*r, c.clone())).collect();
-            let job = RestartJob { catalogues, target: case.to.clone(), saved };
+            let job = RestartJob { device: self.device, catalogues, target: case.to.clone(), saved };
             let text = serde_json::to_vec_pretty(&job).expect("jobs serialize");
             write_durably(&dir.join(JOB), &text)?;
         }
@@ -250,6 +266,7 @@ impl Bench<'_> {
     pub(super) fn checkpoint_restart(&mut self, case: &Case) -> Result<(f64, u64), RuntimeError> {
         let dir = self.checkpoint_dir(case)?;
         let (set, before) = self.materialize(&case.from)?;
+        self.plane.settle()?;
         self.plane.barrier(self.all)?;
         let start = unix_seconds();
         let saved = self.save(&set, case, &dir);
@@ -273,29 +290,65 @@ impl Bench<'_> {
 }
 
 /// `nereus bench scaling-restore DIR` (launched by `bench scaling`): loads the job of
-/// `DIR/restart.json` into EMUs of its target plan and reports when every rank holds its state.
+/// `DIR/restart.json` into EMUs of its target plan, in host memory or on the device the job
+/// names, and reports when every rank holds its state.
 pub fn restore(session: &Session, dir: &Path) -> Result<(), RuntimeError> {
     let path = dir.join(JOB);
     let text = std::fs::read(&path).map_err(io_error("read", &path))?;
     let job: RestartJob =
         serde_json::from_slice(&text).map_err(|e| RuntimeError::Usage(format!("{}: {e}", path.display())))?;
+    match job.device {
+        None => {
+            let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
+            restore_into(session, &mut plane, HostMemory, &job, dir)
+        }
+        Some(choice) => with_device(session, choice, Restore { session, job: &job, dir }),
+    }
+}
+
+/// The restarted job on the device its checkpoint names.
+struct Restore<'a> {
+    session: &'a Session,
+    job: &'a RestartJob,
+    dir: &'a Path,
+}
+
+impl DeviceJob for Restore<'_> {
+    type Output = ();
+
+    fn run<L: CollectiveLib, R: GpuRuntime>(
+        self,
+        plane: &mut Plane<'_, L, R>,
+        memory: DeviceMemory<R>,
+    ) -> Result<(), RuntimeError> {
+        restore_into(self.session, plane, memory, self.job, self.dir)
+    }
+}
+
+/// Fills the target plan's EMUs in `memory` from the saved files, then (rank 0) writes when
+/// every rank held its state and every replica's digest.
+fn restore_into<P: Measured + Exchange<M>, M: ShardMemory + Clone>(
+    session: &Session,
+    plane: &mut P,
+    memory: M,
+    job: &RestartJob,
+    dir: &Path,
+) -> Result<(), RuntimeError> {
     let world = session.world().size();
-    let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
-    let catalogues: BTreeMap<Role, Catalogue> = job.catalogues.into_iter().collect();
-    let mut set = EmuSet::new(session.rank(), world, CAPACITY, catalogues);
+    let catalogues: BTreeMap<Role, Catalogue> = job.catalogues.iter().cloned().collect();
+    let mut set = EmuSet::in_memory(session.rank(), world, CAPACITY, catalogues, memory);
     // Replicas on disjoint ranks load at the same time, as every rank of a restarted job does.
     set.set_participants_only(true);
     for p in &job.target.placements {
         let ms = p.candidate.model_stage;
-        let saved = job
-            .saved
-            .iter()
-            .find(|s| s.model_stage == ms)
-            .ok_or_else(|| RuntimeError::Usage(format!("{}: nothing was saved for {ms}", path.display())))?;
+        let saved =
+            job.saved.iter().find(|s| s.model_stage == ms).ok_or_else(|| {
+                RuntimeError::Usage(format!("{}: nothing was saved for {ms}", dir.join(JOB).display()))
+            })?;
         let sections = Section::of(ms.trains(), set.catalogue(ms.role).arch.dtype);
         let mut files: Option<SavedFiles> = None;
         for r in 0..p.candidate.dp as usize {
-            set.create(&mut plane, ms, p.candidate.layout, p.replica(r), saved.counters, |shard, catalogue| {
+            set.create(plane, ms, p.candidate.layout, p.replica(r), saved.counters, |shard, catalogue| {
                 if files.is_none() {
                     files = Some(SavedFiles::open(dir, saved, &sections)?);
                 }
@@ -305,9 +358,10 @@ pub fn restore(session: &Session, dir: &Path) -> Result<(), RuntimeError> {
     }
     set.set_participants_only(false);
     let all = plane.group(&(0..world).collect::<Vec<_>>())?;
+    plane.settle()?;
     plane.barrier(all)?;
     let at_unix_s = unix_seconds();
-    let digests = set.digests(&mut plane)?;
+    let digests = set.digests(plane)?;
     if session.rank() == 0 {
         let digests = set.emus().map(|e| (e.model_stage, digests[&e.id])).collect();
         let text = serde_json::to_vec(&Held { at_unix_s, digests }).expect("reports serialize");
