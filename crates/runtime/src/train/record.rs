@@ -147,10 +147,7 @@ fn step_line<M: ShardMemory, P: DataPlane>(
             CountersRecord { updates: c.updates, policy_version: c.policy_version, data_position: c.data_position };
         counters.entry(name).or_insert(record);
     }
-    let measured = measured_peaks(plane, set)?;
-    // Every rank holds the same memory kind, so all gather or none do.
-    let allocator = set.store().memory().allocator_peak();
-    let rank_allocator_peak_bytes = allocator.map(|peak| gather_u64s(plane, set.world_size(), &[peak])).transpose()?;
+    let (measured, rank_allocator_peak_bytes) = measured_peaks(plane, set)?;
     let predicted = &in_force.predicted;
     let worst = (0..measured.len()).max_by_key(|&r| measured[r].total()).unwrap_or(0);
     let (predicted_peak, predicted_worst) = predicted.peaks.max();
@@ -208,16 +205,21 @@ pub fn slowest_op_seconds<P: DataPlane>(
     Ok(out)
 }
 
-/// Every rank's ledger peak, item by item (one all-gather).
+/// Every rank's ledger peak, item by item, and on a device each rank's peak by its allocator's
+/// own count (one all-gather).
 fn measured_peaks<M: ShardMemory, P: DataPlane>(
     plane: &mut P,
     set: &EmuSet<M>,
-) -> Result<Vec<MemoryBreakdown>, RuntimeError> {
+) -> Result<(Vec<MemoryBreakdown>, Option<Vec<u64>>), RuntimeError> {
     let mine = set.store().ledger().peak_breakdown();
-    let local: Vec<u64> = MemoryItem::ALL.iter().map(|&i| mine.get(i)).collect();
+    // Every rank holds the same memory kind, so all have an allocator's count or none do.
+    let allocator = set.store().memory().allocator_peak();
+    let mut local: Vec<u64> = MemoryItem::ALL.iter().map(|&i| mine.get(i)).collect();
+    local.push(allocator.unwrap_or(0));
     let all = gather_u64s(plane, set.world_size(), &local)?;
-    Ok(all
-        .chunks_exact(local.len())
+    let ranks = all.chunks_exact(local.len());
+    let ledger = ranks
+        .clone()
         .map(|rank| {
             let mut b = MemoryBreakdown::default();
             for (item, bytes) in MemoryItem::ALL.iter().zip(rank) {
@@ -225,7 +227,9 @@ fn measured_peaks<M: ShardMemory, P: DataPlane>(
             }
             b
         })
-        .collect())
+        .collect();
+    let allocators = allocator.map(|_| ranks.map(|rank| rank[MemoryItem::ALL.len()]).collect());
+    Ok((ledger, allocators))
 }
 
 /// Bytes each rank's ledger holds now (all-gathered): zero on ranks outside the pool.
