@@ -125,6 +125,10 @@ impl GpuRuntime for Emulated {
         "emulated"
     }
 
+    fn synchronous(&self) -> bool {
+        true
+    }
+
     fn device(&self) -> &DriverDevice {
         &self.device
     }

@@ -37,6 +37,11 @@ pub struct RawHandle(pub *mut c_void);
 pub trait GpuRuntime {
     /// `CUDA`, `ROCm` or `emulated`.
     fn backend(&self) -> &'static str;
+    /// Whether work has run when the call that enqueued it returns (the emulated device); a
+    /// GPU's stream runs it later, so a host timer around a launch measures its issue.
+    fn synchronous(&self) -> bool {
+        false
+    }
     /// The device: ordinal, name and total memory as the driver reports them.
     fn device(&self) -> &DriverDevice;
     /// `bytes` of device memory, usable in `stream` order.

@@ -115,6 +115,10 @@ impl<R: GpuRuntime> ShardMemory for DeviceMemory<R> {
         Some(self.device.allocated_bytes().1)
     }
 
+    fn times_operations(&self) -> bool {
+        self.device.runtime().synchronous()
+    }
+
     fn allocate(&self, bytes: u64) -> Result<DeviceBuffer<R>, EmuError> {
         Ok(DeviceBuffer { ptr: self.device.alloc(bytes)?, len: bytes, device: self.device.clone() })
     }

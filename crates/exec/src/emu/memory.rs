@@ -41,6 +41,12 @@ pub trait ShardMemory {
     fn allocator_peak(&self) -> Option<u64> {
         None
     }
+    /// Whether the engine's per-operation timers measure how long work on this memory ran
+    /// (host memory: each operation has finished when it returns); on a GPU they measure its
+    /// issue, and calibration must go by stage totals.
+    fn times_operations(&self) -> bool {
+        true
+    }
     /// A buffer of `bytes` bytes with unspecified contents.
     fn allocate(&self, bytes: u64) -> Result<Self::Buffer, EmuError>;
     /// Copies rectangles from `src` into `dst` (two distinct buffers).

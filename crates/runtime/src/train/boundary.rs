@@ -96,7 +96,11 @@ where
         let survivors = world - self.lost.len() as u32;
         let root = self.session.rank() == 0;
         let next_pool = root.then(|| next_pool(&self.pools, step + 1, self.pool).min(survivors));
-        let record = observed(step, m, in_force, next_pool, &self.lost);
+        let mut record = observed(step, m, in_force, next_pool, &self.lost);
+        if !self.set.store().memory().times_operations() {
+            // A GPU's timers saw work issued, not run: calibration goes by stage totals.
+            record.op_seconds = None;
+        }
         let action = decide(self.session, self.controller.as_mut(), &record, &self.plan)?;
         self.pool = action.pool;
         let mut boundary = self.act(&action)?;

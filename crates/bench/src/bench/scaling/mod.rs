@@ -97,8 +97,8 @@ pub struct Args {
 pub struct Row {
     /// `extend-2-4`, `extend-4-8`, `destroy-8-4`, `reshard-tp2-pp2`, `reshard-tp2-pp2-dp2`.
     pub case: String,
-    /// Where the state lived and moved: `host` (MPI), or the device `--device` named (`cuda`,
-    /// `rocm`, `emulated`, `auto`) over the GPU data plane.
+    /// Where the state lived and moved: `host` (MPI), or the backend of the device `--device`
+    /// opened (`cuda`, `rocm`, `emulated`) over the GPU data plane.
     pub memory: String,
     /// Ranks the job holds before.
     pub from_ranks: u32,
@@ -225,6 +225,8 @@ pub(crate) struct Bench<'s, 'p, P, M: ShardMemory> {
     memory: M,
     /// The device the restarted job of method (b) opens (`None`: host memory).
     device: Option<DeviceChoice>,
+    /// Where the state lives, for the rows: `host`, or the device's backend.
+    resident: String,
     all: GroupId,
     catalogues: BTreeMap<Role, Catalogue>,
     /// Point-to-point bytes/s measured at the start.
@@ -340,7 +342,7 @@ impl<P: Measured + Exchange<M>, M: ShardMemory + Clone> Bench<'_, '_, P, M> {
         let floor_s = bytes_moved as f64 / self.bandwidth;
         Ok(Row {
             case: case.name.into(),
-            memory: self.device.map_or_else(|| "host".into(), |d| format!("{d:?}").to_lowercase()),
+            memory: self.resident.clone(),
             from_ranks: Case::ranks(&case.from),
             to_ranks: Case::ranks(&case.to),
             state_bytes,
@@ -434,7 +436,9 @@ impl DeviceJob for OnDevice<'_, '_> {
         let wait = Wait::Calm(self.session.world(), self.session.watchdog());
         let bytes = yardstick_bytes(self.options);
         let bandwidth = bytes as f64 / device_p2p_seconds(plane, &memory, all, wait, 3, bytes)?;
-        let bench = Bench::new(self.session, plane, memory, Some(self.choice), self.options, all, bandwidth);
+        let backend = plane.device().runtime().backend().to_lowercase();
+        let mut bench = Bench::new(self.session, plane, memory, Some(self.choice), self.options, all, bandwidth);
+        bench.resident = backend;
         Ok((bench.measure(self.cases)?, bandwidth))
     }
 }
@@ -451,7 +455,8 @@ impl<'s, 'p, P: Measured + Exchange<M>, M: ShardMemory + Clone> Bench<'s, 'p, P,
         bandwidth: f64,
     ) -> Self {
         let catalogues = models(options.small);
-        Bench { session, plane, memory, device, all, catalogues, bandwidth, options, spare: Vec::new() }
+        let resident = "host".into();
+        Bench { session, plane, memory, device, resident, all, catalogues, bandwidth, options, spare: Vec::new() }
     }
 
     /// Every case, three ways.

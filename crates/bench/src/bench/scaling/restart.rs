@@ -271,6 +271,9 @@ impl<P: Measured + Exchange<M>, M: ShardMemory + Clone> Bench<'_, '_, P, M> {
         let start = unix_seconds();
         let saved = self.save(&set, case, &dir);
         drop(set);
+        // A GPU's freed buffers return to its pool in stream order: wait, so the restarted job
+        // finds the memory free (on a GPU in Default compute mode both jobs share it).
+        self.plane.settle()?;
         let (world, watchdog) = (self.session.world(), self.session.watchdog());
         calm_barrier(world, watchdog, "checkpoint written", Duration::from_millis(20));
         let mut written = [*saved.as_ref().unwrap_or(&0)];
