@@ -354,7 +354,9 @@ impl CostModel {
         out.add(OpClass::Gemm, 2.0 * n * b_rep * prompt / flops_rate);
         out.add(OpClass::Attention, 2.0 * layers * prompt * q_width * b_rep * prompt / flops_rate);
         // Decode, in waves: every step reads the stage's weights and the KV cache (mean
-        // context), stage after stage; compute-bound only for very large batches.
+        // context), stage after stage; compute-bound only for very large batches. Priced at
+        // its roofline under `decode` either way, the class the engine times decode steps as,
+        // so calibration fits one efficiency to what one timer measures.
         let batch = micro(c, per_replica(w.sequences, c.dp)) as f64;
         let steps = (b_rep / batch).ceil() * response;
         let kv_per_token = 2.0 * layers * (a.kv_heads * a.head_dim) as f64 * bytes;
@@ -362,11 +364,7 @@ impl CostModel {
         let read = (n * bytes + batch * context * kv_per_token) / devices;
         let memory_time = read / hw.hbm_bytes_per_s * pp;
         let compute_time = 2.0 * n * batch / flops_rate * pp;
-        if memory_time >= compute_time {
-            out.add(OpClass::Decode, steps * memory_time);
-        } else {
-            out.add(OpClass::Gemm, steps * compute_time);
-        }
+        out.add(OpClass::Decode, steps * memory_time.max(compute_time));
         let step_msg = batch * h * bytes;
         out.add(OpClass::TpAllReduce, steps * layers * 2.0 * ring(tp, step_msg, hw.intra_bytes_per_s));
         if pp > 1.0 {
