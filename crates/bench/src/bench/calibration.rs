@@ -56,6 +56,11 @@ pub struct Row {
     pub step_error_pct: f64,
     /// The largest such error over the stages that take at least 5% of the step, percent.
     pub largest_stage_error_pct: f64,
+    /// Roofline seconds per stage and operation class along each stage's critical path (at
+    /// the fitted efficiencies): what the fit divides by an efficiency.
+    pub roofline_ops: PerPhase<OpSeconds>,
+    /// Measured seconds per stage and operation class (the slowest rank's timers, median).
+    pub measured_ops: PerPhase<OpSeconds>,
 }
 
 /// One plan to run.
@@ -179,27 +184,30 @@ fn benchmark(
         }
         fitted.fit_stages(&samples);
     }
-    let measured: Vec<StepSeconds> = measured.iter().map(|m| m.stages).collect();
     let mut rows = Vec::new();
     for (k, case) in cases.iter().enumerate() {
         let by_stage =
             |e: Efficiencies| -> Result<StepSeconds, RuntimeError> { Ok(planner_of(case, e)?.step_seconds(&plans[k])) };
         let (before, after) = (by_stage(Efficiencies::default())?, by_stage(fitted)?);
+        let roofline_ops = planner_of(case, fitted)?.stage_parts(&plans[k]).map(|(_, ideal)| *ideal);
+        let Medians { stages: measured, ops: measured_ops } = measured[k];
         let error = |p: f64, m: f64| 100.0 * (p - m).abs() / m.max(1e-9);
         rows.push(Row {
             plan: case.name.clone(),
             ranks: case.ranks,
             response_len: case.response_len,
             set: if fitting(k) { "fit" } else { "held-out" },
-            step_error_pct: error(after.total(), measured[k].total()),
-            largest_stage_error_pct: measured[k]
+            step_error_pct: error(after.total(), measured.total()),
+            largest_stage_error_pct: measured
                 .iter()
-                .filter(|(_, &m)| m >= STAGE_SHARE * measured[k].total())
+                .filter(|(_, &m)| m >= STAGE_SHARE * measured.total())
                 .map(|(phase, &m)| error(*after.get(phase), m))
                 .fold(0.0, f64::max),
-            measured: measured[k],
+            measured,
             predicted_default: before,
             predicted: after,
+            roofline_ops,
+            measured_ops,
         });
     }
     print(&rows, &fitted)?;
@@ -254,6 +262,7 @@ fn cases(base: &JobConfig, world: u32, steps: u32, out_dir: &Path) -> Result<Vec
 
 /// A run's measurements: the median seconds per phase, and per phase and operation class
 /// (the slowest rank's timers), over its steps after the first.
+#[derive(Clone, Copy)]
 struct Medians {
     stages: StepSeconds,
     ops: PerPhase<OpSeconds>,

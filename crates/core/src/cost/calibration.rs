@@ -198,30 +198,33 @@ pub struct StageSample {
 }
 
 impl StageSample {
-    /// The rows this sample adds to a fit: `(ideal seconds per class over the seconds to
-    /// explain)`, each to be explained by `Σ_c row_c · x_c = 1`. With per-class times, one row
-    /// per class the model prices and the engine timed, its seconds scaled by the stage's wall
-    /// over its timed seconds (time no timer saw — elementwise work, waiting on a slower rank —
-    /// is shared in proportion); without them, one row for the whole stage.
-    fn rows(&self) -> Vec<[f64; 8]> {
+    /// The rows this sample adds to a fit, each `(row, target)` to be explained by
+    /// `Σ_c row_c · x_c = target`, in units of the stage's wall time (so short stages count as
+    /// much as long ones, and within a stage a class counts by its share of it): one row for the
+    /// whole stage and, where the engine timed its operations, one per class the model prices
+    /// and the engine timed, whose seconds are scaled by the stage's wall over its timed seconds
+    /// (time no timer saw — elementwise work, waiting on a slower rank — is shared in
+    /// proportion). Why shares and not each class's relative error: a class whose
+    /// measured-over-roofline ratio varies across plans would be fitted to its fastest showing
+    /// (relative errors of an over-prediction are unbounded, of an under-prediction at most 1),
+    /// and every stage then predicted short.
+    fn rows(&self) -> Vec<([f64; 8], f64)> {
         if self.measured <= 0.0 || !self.ideal.0.iter().any(|&v| v > 0.0) {
             return Vec::new();
         }
+        let whole = (self.ideal.0.map(|v| v / self.measured), 1.0);
         let timed_total = self.timed.map_or(0.0, |t| t.0.iter().sum::<f64>());
         let Some(timed) = self.timed.filter(|_| timed_total > 0.0) else {
-            return vec![self.ideal.0.map(|v| v / self.measured)];
+            return vec![whole];
         };
         let scale = self.measured / timed_total;
-        OpClass::ALL
-            .iter()
-            .map(|c| c.index())
-            .filter(|&k| self.ideal.0[k] > 0.0 && timed.0[k] > 0.0)
-            .map(|k| {
+        let per_class =
+            OpClass::ALL.iter().map(|c| c.index()).filter(|&k| self.ideal.0[k] > 0.0 && timed.0[k] > 0.0).map(|k| {
                 let mut row = [0.0; 8];
-                row[k] = self.ideal.0[k] / (timed.0[k] * scale);
-                row
-            })
-            .collect()
+                row[k] = self.ideal.0[k] / self.measured;
+                (row, timed.0[k] * scale / self.measured)
+            });
+        std::iter::once(whole).chain(per_class).collect()
     }
 }
 
@@ -234,13 +237,13 @@ const EFFICIENCY_RANGE: (f64, f64) = (1e-4, 10.0);
 
 impl Efficiencies {
     /// Fits every class's efficiency to measured stages: the inverse efficiencies `x_c ≥ 0`
-    /// that minimize `Σ_s ((Σ_c ideal_{s,c} x_c − measured_s) / measured_s)²` (relative errors,
-    /// so short stages count as much as long ones) over the samples' rows (per class where the
-    /// engine timed its operations, see [`StageSample`]), with a weak pull toward the current
+    /// that minimize the squared errors of the samples' rows in units of each stage's wall time
+    /// (the stage's total and, where the engine timed its operations, each class's share of it,
+    /// see [`StageSample`]), with a weak pull toward the current
     /// values so a class no sample exercises keeps its efficiency. The normal equations of
     /// eight unknowns are solved exactly, with an active set for the bound.
     pub fn fit_stages(&mut self, samples: &[StageSample]) {
-        let rows: Vec<([f64; 8], f64)> = samples.iter().flat_map(StageSample::rows).map(|f| (f, 1.0)).collect();
+        let rows: Vec<([f64; 8], f64)> = samples.iter().flat_map(StageSample::rows).collect();
         if rows.is_empty() {
             return;
         }
