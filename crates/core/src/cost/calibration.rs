@@ -200,31 +200,34 @@ pub struct StageSample {
 impl StageSample {
     /// The rows this sample adds to a fit, each `(row, target)` to be explained by
     /// `Σ_c row_c · x_c = target`, in units of the stage's wall time (so short stages count as
-    /// much as long ones, and within a stage a class counts by its share of it): one row for the
-    /// whole stage and, where the engine timed its operations, one per class the model prices
-    /// and the engine timed, whose seconds are scaled by the stage's wall over its timed seconds
-    /// (time no timer saw — elementwise work, waiting on a slower rank — is shared in
-    /// proportion). Why shares and not each class's relative error: a class whose
-    /// measured-over-roofline ratio varies across plans would be fitted to its fastest showing
-    /// (relative errors of an over-prediction are unbounded, of an under-prediction at most 1),
-    /// and every stage then predicted short.
+    /// much as long ones, and within a stage a class counts by its share of it). Where the
+    /// engine timed its operations, one row per class the model prices and the engine timed,
+    /// whose seconds are scaled by the stage's wall over its timed seconds (time no timer saw —
+    /// elementwise work, waiting on a slower rank — is shared in proportion); otherwise one row
+    /// for the whole stage. Why shares and not each class's own relative error: a class is
+    /// then fitted to the stages where it takes much of the time. Weighted alike, the stages
+    /// where a class is a sliver pulled it as hard as those it dominates, toward its fastest
+    /// showing (an over-prediction's relative error is unbounded, an under-prediction's at most
+    /// 1), and `bench calibration` predicted every plan's step short.
     fn rows(&self) -> Vec<([f64; 8], f64)> {
         if self.measured <= 0.0 || !self.ideal.0.iter().any(|&v| v > 0.0) {
             return Vec::new();
         }
-        let whole = (self.ideal.0.map(|v| v / self.measured), 1.0);
         let timed_total = self.timed.map_or(0.0, |t| t.0.iter().sum::<f64>());
         let Some(timed) = self.timed.filter(|_| timed_total > 0.0) else {
-            return vec![whole];
+            return vec![(self.ideal.0.map(|v| v / self.measured), 1.0)];
         };
         let scale = self.measured / timed_total;
-        let per_class =
-            OpClass::ALL.iter().map(|c| c.index()).filter(|&k| self.ideal.0[k] > 0.0 && timed.0[k] > 0.0).map(|k| {
+        OpClass::ALL
+            .iter()
+            .map(|c| c.index())
+            .filter(|&k| self.ideal.0[k] > 0.0 && timed.0[k] > 0.0)
+            .map(|k| {
                 let mut row = [0.0; 8];
                 row[k] = self.ideal.0[k] / self.measured;
                 (row, timed.0[k] * scale / self.measured)
-            });
-        std::iter::once(whole).chain(per_class).collect()
+            })
+            .collect()
     }
 }
 
@@ -238,10 +241,10 @@ const EFFICIENCY_RANGE: (f64, f64) = (1e-4, 10.0);
 impl Efficiencies {
     /// Fits every class's efficiency to measured stages: the inverse efficiencies `x_c ≥ 0`
     /// that minimize the squared errors of the samples' rows in units of each stage's wall time
-    /// (the stage's total and, where the engine timed its operations, each class's share of it,
-    /// see [`StageSample`]), with a weak pull toward the current
-    /// values so a class no sample exercises keeps its efficiency. The normal equations of
-    /// eight unknowns are solved exactly, with an active set for the bound.
+    /// (each class's share of it where the engine timed its operations, the stage's total
+    /// otherwise; see [`StageSample`]), with a weak pull toward the current values so a class
+    /// no sample exercises keeps its efficiency. The normal equations of eight unknowns are
+    /// solved exactly, with an active set for the bound.
     pub fn fit_stages(&mut self, samples: &[StageSample]) {
         let rows: Vec<([f64; 8], f64)> = samples.iter().flat_map(StageSample::rows).collect();
         if rows.is_empty() {
@@ -391,5 +394,27 @@ mod tests {
         let untimed: Vec<StageSample> = samples.iter().map(|s| StageSample { timed: None, ..*s }).collect();
         totals_only.fit_stages(&untimed);
         assert!((totals_only.of(OpClass::Attention) / truth[1] - 1.0).abs() > 0.05, "{:?}", totals_only);
+    }
+    #[test]
+    fn a_class_is_fitted_to_the_stages_it_dominates() {
+        // GEMM takes 90% of stage A at 20x its roofline and 1% of stage B at 2x; the other
+        // 10% and 99% are DP all-reduce at 4x. Fitted by each class's own relative error,
+        // GEMM would land near 2x and stage A come out five times short.
+        let stage = |gemm_ideal: f64, gemm_ratio: f64, dp_ideal: f64| {
+            let mut ideal = OpSeconds::default();
+            ideal[OpClass::Gemm] = gemm_ideal;
+            ideal[OpClass::DpAllReduce] = dp_ideal;
+            let mut timed = OpSeconds::default();
+            timed[OpClass::Gemm] = gemm_ideal * gemm_ratio;
+            timed[OpClass::DpAllReduce] = dp_ideal * 4.0;
+            StageSample { ideal, measured: timed.0.iter().sum(), timed: Some(timed) }
+        };
+        let samples = [stage(0.9 / 20.0, 20.0, 0.1 / 4.0), stage(0.01 / 2.0, 2.0, 0.99 / 4.0)];
+        let mut e = Efficiencies::default();
+        e.fit_stages(&samples);
+        let a = &samples[0];
+        let predicted = a.ideal.seconds(&e);
+        assert!((predicted / a.measured - 1.0).abs() < 0.05, "stage A: {predicted} against {}", a.measured);
+        assert!((e.of(OpClass::DpAllReduce) - 0.25).abs() < 1e-3, "{e:?}");
     }
 }
