@@ -395,6 +395,7 @@ mod tests {
         totals_only.fit_stages(&untimed);
         assert!((totals_only.of(OpClass::Attention) / truth[1] - 1.0).abs() > 0.05, "{:?}", totals_only);
     }
+
     #[test]
     fn a_class_is_fitted_to_the_stages_it_dominates() {
         // GEMM takes 90% of stage A at 20x its roofline and 1% of stage B at 2x; the other
