@@ -56,8 +56,8 @@ pub struct Row {
     pub step_error_pct: f64,
     /// The largest such error over the stages that take at least 5% of the step, percent.
     pub largest_stage_error_pct: f64,
-    /// Roofline seconds per stage and operation class along each stage's critical path (at
-    /// the fitted efficiencies): what the fit divides by an efficiency.
+    /// Roofline seconds per stage and operation class along each stage's critical path at the
+    /// fitted efficiencies (the last fit round divided those of the round before).
     pub roofline_ops: PerPhase<OpSeconds>,
     /// Measured seconds per stage and operation class (the slowest rank's timers, median).
     pub measured_ops: PerPhase<OpSeconds>,

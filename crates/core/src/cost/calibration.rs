@@ -14,7 +14,8 @@ pub enum OpClass {
     Gemm,
     /// Attention score and value products.
     Attention,
-    /// Memory-bound decode steps (weights and KV cache read once per token).
+    /// Decode steps (weights and KV cache read once per token; priced at the larger of that
+    /// read and the step's FLOPs).
     Decode,
     /// Tensor-parallel all-reduce inside a node.
     TpAllReduce,
@@ -200,15 +201,16 @@ pub struct StageSample {
 impl StageSample {
     /// The rows this sample adds to a fit, each `(row, target)` to be explained by
     /// `Σ_c row_c · x_c = target`, in units of the stage's wall time (so short stages count as
-    /// much as long ones, and within a stage a class counts by its share of it). Where the
-    /// engine timed its operations, one row per class the model prices and the engine timed,
-    /// whose seconds are scaled by the stage's wall over its timed seconds (time no timer saw —
-    /// elementwise work, waiting on a slower rank — is shared in proportion); otherwise one row
-    /// for the whole stage. Why shares and not each class's own relative error: a class is
-    /// then fitted to the stages where it takes much of the time. Weighted alike, the stages
-    /// where a class is a sliver pulled it as hard as those it dominates, toward its fastest
-    /// showing (an over-prediction's relative error is unbounded, an under-prediction's at most
-    /// 1), and `bench calibration` predicted every plan's step short.
+    /// much as long ones, and a class's error counts as its relative error times its share of
+    /// the stage). Where the engine timed its operations, one row per class the model prices
+    /// and the engine timed, whose seconds are scaled by the stage's wall over its timed
+    /// seconds (time no timer saw — elementwise work, waiting on a slower rank — is shared in
+    /// proportion); otherwise one row for the whole stage. Why shares and not each class's own
+    /// relative error: a class is then fitted to the stages where it takes much of the time.
+    /// Weighted alike, the stages where a class is a sliver pulled it as hard as those it
+    /// dominates, toward its fastest showing (an over-prediction's relative error is unbounded,
+    /// an under-prediction's at most 1), and `bench calibration` predicted nearly every plan's
+    /// step short.
     fn rows(&self) -> Vec<([f64; 8], f64)> {
         if self.measured <= 0.0 || !self.ideal.0.iter().any(|&v| v > 0.0) {
             return Vec::new();

@@ -70,7 +70,8 @@ impl Truth {
     /// The default machine. `σ_cal = 0.3`: the CPU job's per-class ratios before calibration
     /// spread more than that (0.09–1.8, docs/cost-model.md), and a GPU cluster's classes sit
     /// closer to a tuned model's defaults. `σ_op = 0.15`: `bench calibration`'s held-out error
-    /// after calibration (8–13% MAPE on a quiet machine is σ ≈ 0.1–0.16). Step jitter is 3%,
+    /// after calibration by stage totals (8–13% MAPE on a quiet machine is σ ≈ 0.1–0.16; the
+    /// per-class fit's 21–26% there is mostly the CPU ranks' scheduling). Step jitter is 3%,
     /// length jitter 3%, and transitions are off by `σ_tran = 0.3`.
     pub fn machine(seed: u64) -> Truth {
         Truth { calibration_error: 0.3, op_error: 0.15, noise: 0.03, length_noise: 0.03, transition_error: 0.3, seed }
