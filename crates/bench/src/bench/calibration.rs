@@ -186,33 +186,45 @@ fn benchmark(
     }
     let mut rows = Vec::new();
     for (k, case) in cases.iter().enumerate() {
-        let by_stage =
-            |e: Efficiencies| -> Result<StepSeconds, RuntimeError> { Ok(planner_of(case, e)?.step_seconds(&plans[k])) };
-        let (before, after) = (by_stage(Efficiencies::default())?, by_stage(fitted)?);
-        let roofline_ops = planner_of(case, fitted)?.stage_parts(&plans[k]).map(|(_, ideal)| *ideal);
-        let Medians { stages: measured, ops: measured_ops } = measured[k];
-        let error = |p: f64, m: f64| 100.0 * (p - m).abs() / m.max(1e-9);
-        rows.push(Row {
-            plan: case.name.clone(),
-            ranks: case.ranks,
-            response_len: case.response_len,
-            set: if fitting(k) { "fit" } else { "held-out" },
-            step_error_pct: error(after.total(), measured.total()),
-            largest_stage_error_pct: measured
-                .iter()
-                .filter(|(_, &m)| m >= STAGE_SHARE * measured.total())
-                .map(|(phase, &m)| error(*after.get(phase), m))
-                .fold(0.0, f64::max),
-            measured,
-            predicted_default: before,
-            predicted: after,
-            roofline_ops,
-            measured_ops,
-        });
+        let before = planner_of(case, Efficiencies::default())?.step_seconds(&plans[k]);
+        let after = planner_of(case, fitted)?.stage_parts(&plans[k]);
+        let set = if fitting(k) { "fit" } else { "held-out" };
+        rows.push(row(case, set, measured[k], before, &after));
     }
     print(&rows, &fitted)?;
     let floors = floors(&rows, load);
     BenchReport { bench: "calibration".into(), machine: machine(session), rows, floors }.finish(json)
+}
+
+/// `case`'s row: what it measured against the default efficiencies' prediction (`before`)
+/// and the fitted ones' seconds and roofline per stage (`after`).
+fn row(
+    case: &Case,
+    set: &'static str,
+    measured: Medians,
+    before: StepSeconds,
+    after: &PerPhase<(f64, OpSeconds)>,
+) -> Row {
+    let predicted = after.map(|(seconds, _)| *seconds);
+    let error = |p: f64, m: f64| 100.0 * (p - m).abs() / m.max(1e-9);
+    let Medians { stages, ops } = measured;
+    Row {
+        plan: case.name.clone(),
+        ranks: case.ranks,
+        response_len: case.response_len,
+        set,
+        step_error_pct: error(predicted.total(), stages.total()),
+        largest_stage_error_pct: stages
+            .iter()
+            .filter(|(_, &m)| m >= STAGE_SHARE * stages.total())
+            .map(|(phase, &m)| error(*predicted.get(phase), m))
+            .fold(0.0, f64::max),
+        measured: stages,
+        predicted_default: before,
+        predicted,
+        roofline_ops: after.map(|(_, ideal)| *ideal),
+        measured_ops: ops,
+    }
 }
 
 /// Issue 29's floors on the held-out plans' step errors, for a quiet machine; a loaded run
