@@ -18,7 +18,7 @@ use super::pool::{PoolSignal, PoolSource};
 use super::record::{held_bytes, slowest_op_seconds, Predicted};
 use super::signals::{self, StopSignals};
 use super::sources::{create_state, from_checkpoint, initial_sources};
-use super::start::{agreed_pool, continued, fits_devices, job_checks, pool_source, resume_directory, resume_marker};
+use super::start::{agreed_pool, continued, fits_devices, job_checks, mark_resume, pool_source, resume_directory};
 use super::tensorboard::EventWriter;
 use super::timeline::Timeline;
 use super::TrainOptions;
@@ -141,10 +141,7 @@ where
         if session.rank() == 0 {
             console::print_plan(&plan);
         }
-        if let Some(dir) = &resume_dir {
-            let marker = (session.rank() == 0).then(|| resume_marker(&metrics, &checkpoints, dir, sources.start_step));
-            session.agree("metrics", marker.unwrap_or(Ok(())))?;
-        }
+        mark_resume(session, &metrics, &checkpoints, resume_dir.as_deref(), sources.start_step)?;
         let fault =
             session.agree("faults", rank_fault(config, (options.fail_rank, options.fail_at_step), world as u32))?;
         let events = (session.rank() == 0).then(|| EventWriter::create(&out.join("tensorboard"))).transpose();

@@ -234,11 +234,25 @@ fn fresh_start_marker(metrics: &MetricsLog) -> Result<(), RuntimeError> {
     metrics.append(&Event::FreshStart { abandoned_records: abandoned })
 }
 
+/// On every rank, when the run resumes from `dir`: rank 0 marks the resume in the metrics
+/// ([`resume_marker`]) and the ranks agree that it was written. A fresh start marks nothing.
+pub(super) fn mark_resume(
+    session: &Session,
+    metrics: &MetricsLog,
+    checkpoints: &Checkpoints,
+    dir: Option<&Path>,
+    from_step: u64,
+) -> Result<(), RuntimeError> {
+    let Some(dir) = dir else { return Ok(()) };
+    let marker = (session.rank() == 0).then(|| resume_marker(metrics, checkpoints, dir, from_step));
+    session.agree("metrics", marker.unwrap_or(Ok(())))
+}
+
 /// Marks a resume in the metrics: from which step and checkpoint, how many step records it
 /// supersedes (a run resumed from an earlier checkpoint runs those steps again), and whether
 /// it branches off: a checkpoint other than the newest continues an older line, and what the
 /// newest line did after it is abandoned (its records stay, superseded).
-pub(super) fn resume_marker(
+fn resume_marker(
     metrics: &MetricsLog,
     checkpoints: &Checkpoints,
     dir: &Path,
