@@ -300,14 +300,24 @@ impl Planner {
     /// The same planner searching only `plan`'s layout for each model-stage (replica counts and
     /// ranks stay free): the static policy's planner, whose DP follows the pool.
     pub fn keeping_layouts(&self, plan: &Plan) -> Planner {
-        let layouts = plan.placements.iter().map(|p| (p.candidate.model_stage, p.candidate.layout)).collect();
+        self.fixing(plan.placements.iter().map(|p| (p.candidate.model_stage, p.candidate.layout)).collect())
+    }
+
+    /// The same planner with `ms` held to `layout` and every other model-stage free: where the
+    /// controller looks for a plan one layout away from the best (`policy::trial`).
+    pub fn holding_layout(&self, ms: ModelStage, layout: Layout) -> Planner {
+        self.fixing(BTreeMap::from([(ms, layout)]))
+    }
+
+    fn fixing(&self, layouts: BTreeMap<ModelStage, Layout>) -> Planner {
         let mut p = self.clone();
         p.fixed_layouts = Some(Arc::new(layouts));
         p.skeleton = Arc::new(Skeleton::of(&p));
         p
     }
 
-    /// How many model-stages have a fixed layout (0 unless [`Planner::keeping_layouts`]).
+    /// How many model-stages have a fixed layout (0 unless [`Planner::keeping_layouts`] or
+    /// [`Planner::holding_layout`]).
     pub fn fixed_layout_count(&self) -> usize {
         self.fixed_layouts.as_ref().map_or(0, |l| l.len())
     }

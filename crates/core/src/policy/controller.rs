@@ -12,6 +12,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::memory::PlanMemory;
+use super::trial::{self, Odds};
 use super::{
     admit, Admission, Decision, Monitor, Observation, Proposal, Signal, Thresholds, TransitionKind, Trigger, Verdict,
 };
@@ -23,6 +24,10 @@ use crate::planner::initial_plan;
 use crate::planner::{Planner, PlannerError, StepSeconds};
 use crate::transition::{cheaper_targets, choose, global::Links, toward, TargetChoice};
 use crate::units::format_bytes;
+
+/// Neighbours of the best plan whose trials are priced with their transitions (the rest only
+/// by their expected improvement).
+const TRIALS_PRICED: usize = 2;
 
 /// Cheaper targets tried after a rejection (each costs a DAG; the decision stays within
 /// milliseconds at 1,024 GPUs).
@@ -160,6 +165,9 @@ pub struct ControllerState {
     /// The plan an opportunistic move just left, until the new plan's first step is measured.
     #[serde(default)]
     left: Option<Plan>,
+    /// The first step at which a trial of the best plan's neighbours is priced again.
+    #[serde(default)]
+    trial_due: u64,
 }
 
 impl ControllerState {
@@ -196,6 +204,9 @@ pub struct Controller {
     base: Planner,
     /// The static baseline's planner: the layouts it started with, DP following the pool.
     fixed: Option<Planner>,
+    /// The response length (p95) the step being decided on ran: where the plan memory's
+    /// measurements of this decision are looked up (set from the step's record, never saved).
+    ran: u32,
     state: ControllerState,
 }
 
@@ -236,9 +247,11 @@ impl Controller {
                 gap: None,
                 memory: PlanMemory::default(),
                 left: None,
+                trial_due: 0,
             },
             base,
             fixed: None,
+            ran: cap,
         }
     }
 
@@ -260,13 +273,19 @@ impl Controller {
     /// model cannot resolve is noise: an exact model earns every gain that pays back, a model
     /// 10% off on new plans needs gains above 10%.
     pub fn gain_threshold(&self) -> f64 {
+        self.min_gain.max(self.move_error())
+    }
+
+    /// The cost model's measured error on moves: the mean change of its measured-over-predicted
+    /// ratio on the first steps of plans transitions entered, less the mean change on other
+    /// steps (0 before a move was measured).
+    fn move_error(&self) -> f64 {
         let mean = |v: &[f64]| if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
-        let measured = if self.state.move_changes.is_empty() {
+        if self.state.move_changes.is_empty() {
             0.0
         } else {
             (mean(&self.state.move_changes) - mean(&self.state.steady_changes)).max(0.0)
-        };
-        self.min_gain.max(measured)
+        }
     }
 
     /// Tests the cost model on the moves it predicted. Every step's measured over predicted
@@ -278,7 +297,7 @@ impl Controller {
     /// predicted gain is), with whatever bias it has on both plans cancelled out; on other
     /// steps it is what noise changes anyway.
     fn test_the_model(&mut self, current: &Plan, m: &StepRecord) -> Result<(), PlannerError> {
-        let predicted = self.planner(self.ran_len(m))?.predict(current);
+        let predicted = self.planner(self.ran)?.predict(current);
         let now = Some(m.step_seconds / predicted).filter(|r| r.is_finite() && *r > 0.0);
         let moved = std::mem::take(&mut self.state.unseen_plan);
         let near = |a: f64, b: f64| (a / b - 1.0).abs() <= COMPARABLE_LENGTHS;
@@ -367,13 +386,14 @@ impl Controller {
             self.fixed = Some(self.base.keeping_layouts(current));
         }
         let step = m.step;
+        self.ran = self.ran_len(m);
         let lost_now = m.lost_ranks != self.state.lost;
         self.state.lost.clone_from(&m.lost_ranks);
         let current = &self.to_virtual(current);
         self.test_the_model(current, m)?;
         // The step ran responses of its own lengths (the engine pads to the longest, about the
         // p95), not the cap's: its stages are compared with the model at those lengths.
-        self.calibrate(&self.planner(self.ran_len(m))?, current, m);
+        self.calibrate(&self.planner(self.ran)?, current, m);
         let regret = self.remember(current, m)?;
         let now = self.planner(self.state.cap)?;
         let predicted = now.predict(current);
@@ -416,10 +436,16 @@ impl Controller {
         } else if triggers.is_empty() && self.state.gap.is_some_and(|g| step >= g.due) {
             triggers.push(Trigger::StandingGap);
         }
+        let looks_around = triggers.is_empty() && self.looks_around(step);
+        if looks_around && !self.is_best(current, grown) {
+            // What calibration learned since the last replan ranks another plan first.
+            triggers.push(Trigger::StandingGap);
+        }
         if triggers.is_empty() {
             // Nothing to replan; a cap that grows within the current plan's memory just grows.
             self.state.cap = grown;
-            return Ok(self.action(None, None, None));
+            let trial = if looks_around { self.trial(step, current)? } else { None };
+            return Ok(trial.unwrap_or_else(|| self.action(None, None, None)));
         }
         let len = self.grow(self.state.cap).min(self.sized(m.response_len_p95)).max(grown);
         self.replan(step, &triggers, &observation, current, len, revert)
@@ -433,7 +459,7 @@ impl Controller {
         if self.mode != PolicyMode::Nereus {
             return Ok(None);
         }
-        let len = self.ran_len(m);
+        let len = self.ran;
         let reference = self.reference(len)?;
         let ratio = m.step_seconds / reference.predict(current);
         self.state.memory.record(current, ratio, f64::from(len), m.step, self.length_drift);
@@ -461,9 +487,10 @@ impl Controller {
     }
 
     /// `ΔL` of moving from `current` to `target` at response length `len` from what the job
-    /// measured on both (`None` unless both ran responses of comparable lengths).
+    /// measured on both (`None` unless both ran responses comparable to the last step's).
     fn measured_delta(&self, current: &Plan, target: &Plan, len: u32) -> Option<f64> {
-        let at = f64::from(len);
+        // The ratios are looked up where they were measured (the cap is sized with room above).
+        let at = f64::from(self.ran);
         let (mine, theirs) = (
             self.state.memory.ratio(current, at, self.length_drift)?,
             self.state.memory.ratio(target, at, self.length_drift)?,
@@ -572,6 +599,115 @@ impl Controller {
         self.state.gap = Some(Gap { opened, due: step + wait.max(self.monitor_interval) });
     }
 
+    /// Whether the controller, with nothing to do at this boundary, looks again at the plan in
+    /// force (payback admission only, no gap watched): after as many steps as the plan has
+    /// held since the last look, or when a trial priced at the last look would pay back.
+    fn looks_around(&mut self, step: u64) -> bool {
+        if self.mode != PolicyMode::Nereus || self.gamma <= 0.0 || self.state.gap.is_some() {
+            return false;
+        }
+        if step < self.state.trial_due {
+            return false;
+        }
+        self.state.trial_due = step + (step + 1 - self.state.last_switch).max(self.monitor_interval);
+        true
+    }
+
+    /// Whether `current` is still the planner's best at response cap `cap` with the running
+    /// calibration (a plan that no longer fits is, for this question, the best).
+    fn is_best(&self, current: &Plan, cap: u32) -> bool {
+        let best = self.planner(cap).and_then(|p| p.search_from(current));
+        best.map_or(true, |(job, _)| job.plan() == *current)
+    }
+
+    /// Offers a trial of one of the best plan's neighbours ([`trial`]), priced with the error
+    /// measured on the job's moves ([`Controller::as_trial`]); when none pays back yet, looks
+    /// again when the standing horizon will cover the cheapest.
+    fn trial(&mut self, step: u64, current: &Plan) -> Result<Option<Action>, PlannerError> {
+        let sigma = self.model_error_sd();
+        if sigma <= 0.0 {
+            return Ok(None);
+        }
+        let planner = self.planner(self.state.cap)?;
+        let horizon = self.state.monitor.horizon(&[Trigger::Trial], step);
+        let Some((payback, choice)) = self.cheapest_trial(&planner, current, sigma) else { return Ok(None) };
+        let mut proposal = Proposal {
+            urgent: false,
+            delta_l_s: choice.delta_l_s,
+            l_tran_s: choice.l_tran_s * self.transition_ratio(),
+            current_s: choice.current_seconds,
+            horizon,
+            changes_layout: true,
+            pool_growth: false,
+            measured: false,
+            trial_gain_s: None,
+        };
+        let Some((verdict, gain)) = self.as_trial(&proposal) else {
+            let wait = (payback / self.gamma - horizon).ceil().clamp(0.0, 1e9) as u64;
+            self.state.trial_due = step + wait.max(self.monitor_interval);
+            return Ok(None);
+        };
+        proposal.trial_gain_s = Some(gain);
+        let decision = self.record(&[Trigger::Trial], &proposal, &verdict);
+        self.state.last_switch = step + 1;
+        self.state.unseen_plan = true;
+        self.state.left = Some(current.clone());
+        Ok(Some(self.action(Some(self.to_physical(&choice.target.plan())), decision, None)))
+    }
+
+    /// The best plan's neighbours not measured at the lengths the last step ran, priced: the
+    /// one whose trial pays back soonest (with its payback, steps) and its move.
+    fn cheapest_trial(&self, planner: &Planner, current: &Plan, sigma: f64) -> Option<(f64, TargetChoice)> {
+        let c = planner.predict(current);
+        let mut priced: Vec<(Odds, Plan)> = trial::neighbours(planner, current)
+            .into_iter()
+            .filter(|p| self.state.memory.ratio(p, f64::from(self.ran), self.length_drift).is_none())
+            .map(|p| (Odds::of(c, planner.predict(&p), sigma), p))
+            .filter(|(odds, _)| odds.gain > 0.0)
+            .collect();
+        // Each costs a DAG: only the most promising are priced with their transitions.
+        priced.sort_by(|a, b| b.0.gain.total_cmp(&a.0.gain));
+        let links = Links::of(&planner.cost().hardware, Some(self.host_bytes_per_s));
+        priced
+            .into_iter()
+            .take(TRIALS_PRICED)
+            .filter_map(|(odds, plan)| {
+                let choice = toward(planner, current, &plan, &links)?;
+                Some((odds.cost(choice.l_tran_s * self.transition_ratio()) / odds.gain, choice))
+            })
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+    }
+
+    /// `proposal` priced as a trial ([`trial`]): the target's step seconds taken as normal
+    /// around the prediction, with the model's measured error on moves; taken when the expected
+    /// improvement, gained on every step of `γ · H`, pays back the transition there, the way
+    /// back when it measures slower and the step run on it. The verdict and the expected
+    /// improvement per step, or `None` when it does not pay back (or nothing was measured).
+    fn as_trial(&self, p: &Proposal) -> Option<(Verdict, f64)> {
+        let sigma = self.model_error_sd();
+        if self.mode != PolicyMode::Nereus || sigma <= 0.0 || self.gamma <= 0.0 {
+            return None;
+        }
+        let odds = Odds::of(p.current_s, p.current_s - p.delta_l_s, sigma);
+        let payback = odds.cost(p.l_tran_s) / odds.gain;
+        let budget = self.gamma * p.horizon;
+        let reason = format!(
+            "a trial: predicted {:+.1}% with the model {:.1}% off on moves, {:.4} s/step expected better, \
+             pays back its cost (there, back and one step) in {payback:.2} steps ≤ γ·H = {budget:.2}",
+            100.0 * p.delta_l_s / p.current_s,
+            100.0 * sigma,
+            odds.gain
+        );
+        (odds.gain > 0.0 && payback <= budget)
+            .then(|| (Verdict { admitted: true, kind: Some(TransitionKind::Opportunistic), reason }, odds.gain))
+    }
+
+    /// The model's error on moves as a standard deviation: the mean absolute change
+    /// ([`Controller::move_error`]) of a normal error is `σ·√(2/π)`.
+    fn model_error_sd(&self) -> f64 {
+        self.move_error() * (std::f64::consts::PI / 2.0).sqrt()
+    }
+
     /// Why the current plan cannot go on, for a stop: the pool no longer holds its ranks, or a
     /// rank would run out of memory at the new cap; with the plan that would fit.
     fn why_it_cannot_go_on(
@@ -618,7 +754,7 @@ impl Controller {
         let measured = (self.mode == PolicyMode::Nereus && !choice.keep)
             .then(|| self.measured_delta(current, &target, len))
             .flatten();
-        let proposal = Proposal {
+        let mut proposal = Proposal {
             urgent,
             delta_l_s: measured.unwrap_or(choice.delta_l_s),
             l_tran_s: choice.l_tran_s * self.transition_ratio(),
@@ -627,6 +763,7 @@ impl Controller {
             changes_layout,
             pool_growth: triggers.contains(&Trigger::PoolGrowth),
             measured: measured.is_some(),
+            trial_gain_s: None,
         };
         let verdict = if choice.keep {
             Verdict {
@@ -642,7 +779,19 @@ impl Controller {
             if measured.is_some() {
                 verdict.reason = format!("measured on both plans: {}", verdict.reason);
             }
-            verdict
+            // A gain positive but within the model's error: not trusted as a prediction, but
+            // worth a trial when what it may bring pays back what it costs.
+            let unresolved = proposal.delta_l_s > 0.0 && proposal.delta_l_s < threshold * proposal.current_s;
+            let trial = (!verdict.admitted && !urgent && measured.is_none() && unresolved)
+                .then(|| self.as_trial(&proposal))
+                .flatten();
+            match trial {
+                Some((trial, gain)) => {
+                    proposal.trial_gain_s = Some(gain);
+                    trial
+                }
+                None => verdict,
+            }
         };
         (proposal, verdict)
     }
@@ -715,6 +864,7 @@ impl Controller {
                 h_x: p.horizon,
                 gamma: self.gamma,
                 gain_threshold: self.gain_threshold(),
+                expected_gain_s: p.trial_gain_s,
                 mode: self.mode,
             }),
         })

@@ -61,6 +61,9 @@ pub struct Admission {
     pub gamma: f64,
     /// The smallest relative gain trusted.
     pub gain_threshold: f64,
+    /// A trial's expected improvement per step, seconds (`policy::trial`; absent otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_gain_s: Option<f64>,
     /// The policy.
     pub mode: PolicyMode,
 }

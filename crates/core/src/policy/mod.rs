@@ -20,6 +20,7 @@ use crate::config::PolicyMode;
 pub mod controller;
 mod decision;
 pub mod memory;
+pub mod trial;
 
 pub use decision::{Admission, Decision, TransitionKind};
 
@@ -59,6 +60,9 @@ pub enum Trigger {
     /// The plan an opportunistic move entered measured slower than the plan it left: going back
     /// is offered, priced on both plans' measurements ([`memory`]).
     Regret,
+    /// The plan in force has held and a plan one layout away, which the model ranks a little
+    /// slower, is expected to run faster by more than a trial costs ([`trial`]).
+    Trial,
     /// `every-k`: the k-th step since the last switch.
     Schedule,
 }
@@ -234,7 +238,7 @@ impl Monitor {
             .filter_map(|t| match t {
                 Trigger::Drift(s) => Some(self.tracks[*s as usize].horizon),
                 Trigger::PoolGrowth => Some(self.pool_track.horizon),
-                Trigger::StandingGap | Trigger::Regret => Some(self.standing_horizon(step)),
+                Trigger::StandingGap | Trigger::Regret | Trigger::Trial => Some(self.standing_horizon(step)),
                 _ => None,
             })
             .fold(None, |best: Option<f64>, h| Some(best.map_or(h, |b| b.min(h))))
@@ -277,6 +281,8 @@ pub struct Proposal {
     pub pool_growth: bool,
     /// Whether `ΔL` comes from the job's measurements of both plans rather than the model.
     pub measured: bool,
+    /// When the move was priced as a trial ([`trial`]): its expected improvement per step.
+    pub trial_gain_s: Option<f64>,
 }
 
 /// The verdict.

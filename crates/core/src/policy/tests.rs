@@ -12,6 +12,7 @@ fn proposal(delta_l_s: f64, l_tran_s: f64, horizon: f64) -> Proposal {
         changes_layout: true,
         pool_growth: false,
         measured: false,
+        trial_gain_s: None,
     }
 }
 
