@@ -699,7 +699,7 @@ impl Controller {
             odds.gain
         );
         (odds.gain > 0.0 && payback <= budget)
-            .then(|| (Verdict { admitted: true, kind: Some(TransitionKind::Opportunistic), reason }, odds.gain))
+            .then_some((Verdict { admitted: true, kind: Some(TransitionKind::Opportunistic), reason }, odds.gain))
     }
 
     /// The model's error on moves as a standard deviation: the mean absolute change
