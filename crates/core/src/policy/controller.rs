@@ -890,12 +890,18 @@ mod tests {
 
     /// The embedded tiny PPO job under the controller, responses planned for 8 tokens.
     fn controller(interval: u32) -> (Controller, Plan) {
+        controller_with(interval, |_| {})
+    }
+
+    /// [`controller`] with the policy settings `edit` makes.
+    fn controller_with(interval: u32, edit: impl FnOnce(&mut crate::config::PolicySection)) -> (Controller, Plan) {
         let source = ConfigSource::embedded_default();
         let raw = RawJobConfig::parse(&source).unwrap();
         let mut config = raw.resolve(&source, &Overrides::default(), &mut || unreachable!()).unwrap();
         config.policy.mode = PolicyMode::Nereus;
         config.policy.initial_response_len = 8;
         config.policy.monitor_interval_steps = interval;
+        edit(&mut config.policy);
         let (plan, planner, cap) = initial_plan(&config, 8).unwrap();
         assert_eq!(cap, 8);
         (Controller::new(&config, planner, cap), plan)
@@ -1035,6 +1041,42 @@ mod tests {
         let taken = taken.expect("the gap was taken within 10 steps");
         assert!((5..=7).contains(&taken), "taken at step {taken}, gap due at {}", gap.due);
         assert_eq!(c.state.gap, None, "the fastest plan was taken: nothing left to watch");
+    }
+
+    #[test]
+    fn a_gain_within_the_models_error_is_taken_as_a_trial_and_left_when_it_measures_slower() {
+        // Latency drift out of the way: the trial's slow step must be judged by Regret alone.
+        let (mut c, _) = controller_with(1, |p| p.latency_drift = 100.0);
+        let current = half_pool_plan();
+        let seconds = c.planner(8).unwrap().predict(&current);
+        let (mut probe, _) = controller(1);
+        let first = probe.decide(&record(0, 4.0, seconds), &current).unwrap().decision.unwrap();
+        let gain = first.admission.unwrap().delta_l_s.unwrap();
+        // The current plan's seconds the replan weighed the gain against (at the new cap).
+        let current_s = probe.planner(probe.cap()).unwrap().predict(&current);
+        // The model was measured 1.5× the predicted gain off on the job's moves: the gain is
+        // not trusted as a prediction...
+        let error = 1.5 * gain / current_s;
+        c.state.move_changes = vec![error; 4];
+        c.state.steady_changes = vec![0.0; 4];
+        c.gamma = 1e3;
+        let action = c.decide(&record(0, 4.0, seconds), &current).unwrap();
+        let d = action.decision.clone().unwrap();
+        // ... but worth a trial, priced as the normal partial expectation with σ = error·√(π/2).
+        assert!(d.admitted && d.reason.contains("a trial"), "{d:?}");
+        let p = d.admission.unwrap();
+        let sigma = error * (std::f64::consts::PI / 2.0).sqrt();
+        assert_eq!(p.delta_l_s, Some(gain), "the fastest target, as the probe saw it");
+        let want = Odds::of(current_s, current_s - gain, sigma).gain;
+        assert!((p.expected_gain_s.unwrap() - want).abs() < 1e-9 * want, "{p:?} vs {want}");
+        let target = action.target.expect("the trial moves");
+        // The trial's plan runs half again as long as the plan it left did: back at once, on
+        // what the job measured on both (looked up at the lengths they ran, not the cap).
+        let back = c.decide(&record(1, 4.0, 1.5 * seconds), &target).unwrap();
+        let d = back.decision.unwrap();
+        assert_eq!(d.trigger, vec![Trigger::Regret], "{d:?}");
+        assert!(d.admitted && d.reason.starts_with("measured on both plans"), "{d:?}");
+        assert_eq!(back.target, Some(current));
     }
 
     #[test]
