@@ -309,6 +309,7 @@ impl Planner {
         self.fixing(BTreeMap::from([(ms, layout)]))
     }
 
+    /// The same planner searching only `layouts` for their model-stages (the rest free).
     fn fixing(&self, layouts: BTreeMap<ModelStage, Layout>) -> Planner {
         let mut p = self.clone();
         p.fixed_layouts = Some(Arc::new(layouts));
@@ -383,6 +384,20 @@ impl Planner {
     pub fn frontier(&self, ms: ModelStage, prefer: Option<&Candidate>) -> Vec<Scored> {
         let points = CandidateCache::new(self).frontier(ms, prefer, None, u32::MAX);
         points.into_iter().map(|p| (p.candidate, self.estimate(&p.candidate))).collect()
+    }
+
+    /// The layouts `ms` can take on this pool, each with the seconds of its fastest candidate
+    /// that fits a rank of its own (any replica count), fastest first: where the controller
+    /// looks for plans one layout away from the best (`policy::trial`).
+    pub fn layouts_by_speed(&self, ms: ModelStage) -> Vec<(Layout, f64)> {
+        let mut fastest: BTreeMap<Layout, f64> = BTreeMap::new();
+        for (candidate, estimate) in CandidateCache::new(self).all_fitting(ms) {
+            let seconds = fastest.entry(candidate.layout).or_insert(f64::INFINITY);
+            *seconds = seconds.min(estimate.seconds);
+        }
+        let mut layouts: Vec<(Layout, f64)> = fastest.into_iter().collect();
+        layouts.sort_by(|a, b| a.1.total_cmp(&b.1));
+        layouts
     }
 
     /// What one step asks of `ms`.

@@ -280,7 +280,6 @@ impl Controller {
     /// ratio on the first steps of plans transitions entered, less the mean change on other
     /// steps (0 before a move was measured).
     fn move_error(&self) -> f64 {
-        let mean = |v: &[f64]| if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
         if self.state.move_changes.is_empty() {
             0.0
         } else {
@@ -444,7 +443,7 @@ impl Controller {
         if triggers.is_empty() {
             // Nothing to replan; a cap that grows within the current plan's memory just grows.
             self.state.cap = grown;
-            let trial = if looks_around { self.trial(step, current)? } else { None };
+            let trial = if looks_around { self.trial(step, current) } else { None };
             return Ok(trial.unwrap_or_else(|| self.action(None, None, None)));
         }
         let len = self.grow(self.state.cap).min(self.sized(m.response_len_p95)).max(grown);
@@ -478,12 +477,7 @@ impl Controller {
     /// How much a step's measured-over-predicted ratio changes from one step to the next on
     /// one plan (the mean of the last steady changes): what a measurement cannot resolve.
     fn noise(&self) -> f64 {
-        let changes = &self.state.steady_changes;
-        if changes.is_empty() {
-            0.0
-        } else {
-            changes.iter().sum::<f64>() / changes.len() as f64
-        }
+        mean(&self.state.steady_changes)
     }
 
     /// `ΔL` of moving from `current` to `target` at response length `len` from what the job
@@ -590,26 +584,25 @@ impl Controller {
         };
         let opened = self.state.gap.map_or(step, |g| g.opened);
         let payback = p.l_tran_s / p.delta_l_s;
-        let wait = if p.delta_l_s > 0.0 && payback.is_finite() && p.delta_l_s >= self.gain_threshold() * p.current_s {
-            let horizon = self.state.monitor.standing_horizon(step);
-            (payback / self.gamma.max(1e-9) - horizon).ceil().max(0.0) as u64
+        let due = if p.delta_l_s > 0.0 && payback.is_finite() && p.delta_l_s >= self.gain_threshold() * p.current_s {
+            step + self.steps_until_covered(payback, self.state.monitor.standing_horizon(step))
         } else {
-            step - opened
+            step + (step - opened).max(self.monitor_interval)
         };
-        self.state.gap = Some(Gap { opened, due: step + wait.max(self.monitor_interval) });
+        self.state.gap = Some(Gap { opened, due });
     }
 
     /// Whether the controller, with nothing to do at this boundary, looks again at the plan in
-    /// force (payback admission only, no gap watched): after as many steps as the plan has
-    /// held since the last look, or when a trial priced at the last look would pay back.
+    /// force: payback admission only, no gap watched, and the plan run for two monitor
+    /// intervals at least (`regret` has judged its first step). The next look is due after as
+    /// many steps again as the plan has held, or sooner when a trial priced now will pay back.
     fn looks_around(&mut self, step: u64) -> bool {
-        if self.mode != PolicyMode::Nereus || self.gamma <= 0.0 || self.state.gap.is_some() {
+        let held = (step + 1).saturating_sub(self.state.last_switch);
+        let quiet = held >= 2 * self.monitor_interval && step >= self.state.trial_due;
+        if self.mode != PolicyMode::Nereus || self.gamma <= 0.0 || self.state.gap.is_some() || !quiet {
             return false;
         }
-        if step < self.state.trial_due {
-            return false;
-        }
-        self.state.trial_due = step + (step + 1 - self.state.last_switch).max(self.monitor_interval);
+        self.state.trial_due = step + held;
         true
     }
 
@@ -623,14 +616,12 @@ impl Controller {
     /// Offers a trial of one of the best plan's neighbours ([`trial`]), priced with the error
     /// measured on the job's moves ([`Controller::as_trial`]); when none pays back yet, looks
     /// again when the standing horizon will cover the cheapest.
-    fn trial(&mut self, step: u64, current: &Plan) -> Result<Option<Action>, PlannerError> {
+    fn trial(&mut self, step: u64, current: &Plan) -> Option<Action> {
         let sigma = self.model_error_sd();
-        if sigma <= 0.0 {
-            return Ok(None);
-        }
-        let planner = self.planner(self.state.cap)?;
+        // A planner that cannot be made here is the next trigger's to report, not a look's.
+        let planner = self.planner(self.state.cap).ok().filter(|_| sigma > 0.0)?;
         let horizon = self.state.monitor.horizon(&[Trigger::Trial], step);
-        let Some((payback, choice)) = self.cheapest_trial(&planner, current, sigma) else { return Ok(None) };
+        let (payback, choice) = self.cheapest_trial(&planner, current, sigma)?;
         let mut proposal = Proposal {
             urgent: false,
             delta_l_s: choice.delta_l_s,
@@ -643,16 +634,23 @@ impl Controller {
             trial_gain_s: None,
         };
         let Some((verdict, gain)) = self.as_trial(&proposal) else {
-            let wait = (payback / self.gamma - horizon).ceil().clamp(0.0, 1e9) as u64;
-            self.state.trial_due = step + wait.max(self.monitor_interval);
-            return Ok(None);
+            let covered = step + self.steps_until_covered(payback, horizon);
+            self.state.trial_due = self.state.trial_due.min(covered);
+            return None;
         };
         proposal.trial_gain_s = Some(gain);
         let decision = self.record(&[Trigger::Trial], &proposal, &verdict);
         self.state.last_switch = step + 1;
         self.state.unseen_plan = true;
         self.state.left = Some(current.clone());
-        Ok(Some(self.action(Some(self.to_physical(&choice.target.plan())), decision, None)))
+        Some(self.action(Some(self.to_physical(&choice.target.plan())), decision, None))
+    }
+
+    /// Steps from now until the standing horizon, `horizon` now and growing by one a step,
+    /// covers a payback of `payback` steps at γ (at least one monitor interval).
+    fn steps_until_covered(&self, payback: f64, horizon: f64) -> u64 {
+        let wait = (payback / self.gamma.max(1e-9) - horizon).ceil().clamp(0.0, 1e9) as u64;
+        wait.max(self.monitor_interval)
     }
 
     /// The best plan's neighbours not measured at the lengths the last step ran, priced: the
@@ -661,7 +659,7 @@ impl Controller {
         let c = planner.predict(current);
         let mut priced: Vec<(Odds, Plan)> = trial::neighbours(planner, current)
             .into_iter()
-            .filter(|p| self.state.memory.ratio(p, f64::from(self.ran), self.length_drift).is_none())
+            .filter(|p| !self.state.memory.ran_alike(p, f64::from(self.ran), self.length_drift))
             .map(|p| (Odds::of(c, planner.predict(&p), sigma), p))
             .filter(|(odds, _)| odds.gain > 0.0)
             .collect();
@@ -681,8 +679,9 @@ impl Controller {
     /// `proposal` priced as a trial ([`trial`]): the target's step seconds taken as normal
     /// around the prediction, with the model's measured error on moves; taken when the expected
     /// improvement, gained on every step of `γ · H`, pays back the transition there, the way
-    /// back when it measures slower and the step run on it. The verdict and the expected
-    /// improvement per step, or `None` when it does not pay back (or nothing was measured).
+    /// back when it measures slower and the step run on it, and is at least `min_gain`. The
+    /// verdict and the expected improvement per step, or `None` when it does not pay back (or
+    /// nothing was measured).
     fn as_trial(&self, p: &Proposal) -> Option<(Verdict, f64)> {
         let sigma = self.model_error_sd();
         if self.mode != PolicyMode::Nereus || sigma <= 0.0 || self.gamma <= 0.0 {
@@ -698,7 +697,7 @@ impl Controller {
             100.0 * sigma,
             odds.gain
         );
-        (odds.gain > 0.0 && payback <= budget)
+        (odds.gain > 0.0 && odds.gain >= self.min_gain * p.current_s && payback <= budget)
             .then_some((Verdict { admitted: true, kind: Some(TransitionKind::Opportunistic), reason }, odds.gain))
     }
 
@@ -781,7 +780,7 @@ impl Controller {
             }
             // A gain positive but within the model's error: not trusted as a prediction, but
             // worth a trial when what it may bring pays back what it costs.
-            let unresolved = proposal.delta_l_s > 0.0 && proposal.delta_l_s < threshold * proposal.current_s;
+            let unresolved = proposal.delta_l_s > 0.0 && proposal.delta_l_s < self.move_error() * proposal.current_s;
             let trial = (!verdict.admitted && !urgent && measured.is_none() && unresolved)
                 .then(|| self.as_trial(&proposal))
                 .flatten();
@@ -879,6 +878,15 @@ impl Controller {
             decision,
             stop,
         }
+    }
+}
+
+/// The mean of `v` (0 when empty).
+fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        0.0
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
     }
 }
 
@@ -1077,6 +1085,43 @@ mod tests {
         assert_eq!(d.trigger, vec![Trigger::Regret], "{d:?}");
         assert!(d.admitted && d.reason.starts_with("measured on both plans"), "{d:?}");
         assert_eq!(back.target, Some(current));
+    }
+
+    #[test]
+    fn a_quiet_best_plan_is_tried_against_each_neighbour_once_and_kept_when_they_run_slower() {
+        let (mut c, best) = controller_with(1, |p| p.latency_drift = 100.0);
+        let seconds = c.planner(8).unwrap().predict(&best);
+        // The model was measured 30% off on moves: its ranking of near plans is not to be trusted.
+        c.state.move_changes = vec![0.3; 4];
+        c.state.steady_changes = vec![0.0; 4];
+        let candidates = |p: &Plan| p.placements.iter().map(|x| x.candidate).collect::<Vec<_>>();
+        let (mut current, mut tried, mut trial_at) = (best.clone(), Vec::new(), None);
+        for step in 0..60 {
+            // Every neighbour runs half again as long as the best plan.
+            let slower = if current == best { 1.0 } else { 1.5 };
+            let action = c.decide(&record(step, 7.0, slower * seconds), &current).unwrap();
+            match action.decision.as_ref().map(|d| (d.trigger.as_slice(), d.admitted)) {
+                Some(([Trigger::Trial], true)) => {
+                    assert_eq!(current, best, "step {step}: tried from the best plan only");
+                    assert!(trial_at.is_none_or(|t| step >= t + 3), "step {step}: the plan held two steps");
+                    let target = action.target.clone().unwrap();
+                    assert!(!tried.contains(&candidates(&target)), "step {step}: tried twice");
+                    tried.push(candidates(&target));
+                    trial_at = Some(step);
+                }
+                Some(([Trigger::Regret], true)) => {
+                    assert_eq!(trial_at, Some(step - 1), "left on the trial's first step");
+                    assert_eq!(action.target.as_ref(), Some(&best));
+                }
+                other => assert!(other.is_none(), "step {step}: {:?}", action.decision),
+            }
+            if let Some(target) = action.target {
+                current = target;
+            }
+        }
+        assert!(!tried.is_empty(), "no neighbour was tried");
+        assert!(trial_at.unwrap() < 50, "the neighbours ran out: the best plan stays");
+        assert_eq!(current, best);
     }
 
     #[test]

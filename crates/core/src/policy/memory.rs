@@ -61,6 +61,14 @@ impl PlanMemory {
         }
     }
 
+    /// Whether a plan of `plan`'s candidates, on whatever ranks, ran responses within
+    /// `tolerance` of `len` tokens (what a trial would measure is known already).
+    pub fn ran_alike(&self, plan: &Plan, len: f64, tolerance: f64) -> bool {
+        let candidates = |p: &Plan| p.placements.iter().map(|x| x.candidate).collect::<Vec<_>>();
+        let wanted = candidates(plan);
+        self.ran.iter().any(|r| candidates(&r.plan) == wanted && comparable(r.len, len, tolerance))
+    }
+
     /// `plan`'s measured ratio, when it ran responses within `tolerance` of `len` tokens.
     pub fn ratio(&self, plan: &Plan, len: f64, tolerance: f64) -> Option<f64> {
         self.ran.iter().find(|r| r.plan == *plan && comparable(r.len, len, tolerance)).map(|r| r.ratio)
