@@ -28,6 +28,8 @@ use crate::units::format_bytes;
 /// Neighbours of the best plan whose trials are priced with their transitions (the rest only
 /// by their expected improvement).
 const TRIALS_PRICED: usize = 2;
+/// Moves whose error must have been measured before the model's spread prices a trial.
+const MOVES_FOR_TRIALS: usize = 3;
 
 /// Cheaper targets tried after a rejection (each costs a DAG; the decision stays within
 /// milliseconds at 1,024 GPUs).
@@ -198,6 +200,8 @@ pub struct Controller {
     every_k: u64,
     /// Steps between monitor evaluations (`policy.monitor_interval_steps`).
     monitor_interval: u64,
+    /// The job's steps (`job.steps`): a trial's gain ends with the job.
+    steps: u64,
     length_drift: f64,
     max_len: u32,
     host_bytes_per_s: f64,
@@ -227,6 +231,7 @@ impl Controller {
             min_gain: p.min_gain,
             every_k: u64::from(p.every_k),
             monitor_interval: u64::from(p.monitor_interval_steps.max(1)),
+            steps: u64::from(config.job.steps),
             length_drift: p.length_drift,
             max_len: config.rl.max_response_len,
             host_bytes_per_s: config.cluster.host_link_gbps * 1e9,
@@ -633,7 +638,7 @@ impl Controller {
             measured: false,
             trial_gain_s: None,
         };
-        let Some((verdict, gain)) = self.as_trial(&proposal) else {
+        let Some((verdict, gain)) = self.as_trial(&proposal, step) else {
             let covered = step + self.steps_until_covered(payback, horizon);
             self.state.trial_due = self.state.trial_due.min(covered);
             return None;
@@ -678,18 +683,21 @@ impl Controller {
 
     /// `proposal` priced as a trial ([`trial`]): the target's step seconds taken as normal
     /// around the prediction, with the model's measured error on moves; taken when the expected
-    /// improvement, gained on every step of `γ · H`, pays back the transition there, the way
-    /// back when it measures slower and the step run on it, and is at least `min_gain`. The
+    /// improvement, gained on every step of `γ · H` (`H` at most the job's steps left after
+    /// `step`), pays back the transition there, the way back when it measures slower and the
+    /// step run on it, and is at least `min_gain`. The
     /// verdict and the expected improvement per step, or `None` when it does not pay back (or
     /// nothing was measured).
-    fn as_trial(&self, p: &Proposal) -> Option<(Verdict, f64)> {
+    fn as_trial(&self, p: &Proposal, step: u64) -> Option<(Verdict, f64)> {
         let sigma = self.model_error_sd();
         if self.mode != PolicyMode::Nereus || sigma <= 0.0 || self.gamma <= 0.0 {
             return None;
         }
         let odds = Odds::of(p.current_s, p.current_s - p.delta_l_s, sigma);
         let payback = odds.cost(p.l_tran_s) / odds.gain;
-        let budget = self.gamma * p.horizon;
+        // What a trial finds is collected until the job ends at the latest.
+        let steps_left = self.steps.saturating_sub(step + 1) as f64;
+        let budget = self.gamma * p.horizon.min(steps_left);
         let reason = format!(
             "a trial: predicted {:+.1}% with the model {:.1}% off on moves, {:.4} s/step expected better, \
              pays back its cost (there, back and one step) in {payback:.2} steps ≤ γ·H = {budget:.2}",
@@ -702,8 +710,12 @@ impl Controller {
     }
 
     /// The model's error on moves as a standard deviation: the mean absolute change
-    /// ([`Controller::move_error`]) of a normal error is `σ·√(2/π)`.
+    /// ([`Controller::move_error`]) of a normal error is `σ·√(2/π)`. 0 until
+    /// [`MOVES_FOR_TRIALS`] moves were measured: one or two changes are not a spread.
     fn model_error_sd(&self) -> f64 {
+        if self.state.move_changes.len() < MOVES_FOR_TRIALS {
+            return 0.0;
+        }
         self.move_error() * (std::f64::consts::PI / 2.0).sqrt()
     }
 
@@ -782,7 +794,7 @@ impl Controller {
             // worth a trial when what it may bring pays back what it costs.
             let unresolved = proposal.delta_l_s > 0.0 && proposal.delta_l_s < self.move_error() * proposal.current_s;
             let trial = (!verdict.admitted && !urgent && measured.is_none() && unresolved)
-                .then(|| self.as_trial(&proposal))
+                .then(|| self.as_trial(&proposal, step))
                 .flatten();
             match trial {
                 Some((trial, gain)) => {

@@ -238,6 +238,8 @@ pub fn simulate(
     let mut config = config.clone();
     config.policy.mode = run.mode;
     config.policy.gamma = run.gamma;
+    // The job runs the trace's steps (the controller's trials are priced within them).
+    config.job.steps = u32::try_from(points.len()).unwrap_or(u32::MAX);
     let start = points.first().ok_or(SimError::EmptyTrace)?;
     if config.policy.initial_response_len == 0 {
         // The job starts sized for the trace's first step (a live job would be told so by
