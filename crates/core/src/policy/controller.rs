@@ -685,9 +685,8 @@ impl Controller {
     /// around the prediction, with the model's measured error on moves; taken when the expected
     /// improvement, gained on every step of `γ · H` (`H` at most the job's steps left after
     /// `step`), pays back the transition there, the way back when it measures slower and the
-    /// step run on it, and is at least `min_gain`. The
-    /// verdict and the expected improvement per step, or `None` when it does not pay back (or
-    /// nothing was measured).
+    /// step run on it, and is at least `min_gain`. The verdict and the expected improvement per
+    /// step, or `None` when it does not pay back (or too few moves were measured).
     fn as_trial(&self, p: &Proposal, step: u64) -> Option<(Verdict, f64)> {
         let sigma = self.model_error_sd();
         if self.mode != PolicyMode::Nereus || sigma <= 0.0 || self.gamma <= 0.0 {
