@@ -80,9 +80,11 @@ fn a_pool_without_a_controller_or_outside_the_world_is_refused() {
 fn plan_with_a_single_replica_on_rank_6() -> String {
     let toml = set_key(&fast_ppo(), "job", "steps", Some("6"));
     let toml = set_key(&toml, "policy", "mode", Some("\"nereus\""));
-    // Drift out of reach: only the lost rank moves the plan (under load, step-time noise could
-    // otherwise move critic/training off rank 6 before the loss).
+    // Drift out of reach and no gain admitted (a step cannot become 100% faster): only the lost
+    // rank moves the plan (under load, step-time noise could otherwise move critic/training off
+    // rank 6 before the loss, by a drift, a standing gap or a trial).
     let toml = set_key(&toml, "policy", "length_drift", Some("100.0"));
+    let toml = set_key(&toml, "policy", "min_gain", Some("1.0"));
     let mut toml = set_key(&toml, "policy", "latency_drift", Some("100.0"));
     let plan = [
         ("actor/generation", "[0, 1]"),
