@@ -40,7 +40,7 @@ pub use job::JobSection;
 pub use launch::{DeviceChoice, ResumeFrom};
 pub use models::{Dtype, ModelSpec, ModelsSection, RawModelSpec, RawModelsSection, RopeScaling};
 pub use plan::PlanEntry;
-pub use policy::{PolicyMode, PolicySection};
+pub use policy::{PolicyMode, PolicySection, PLAN_ERROR};
 pub use pool::PoolSection;
 pub use rl::{Algorithm, RlSection};
 pub use train::{OnNonFinite, RewardSource, TrainSection};

@@ -33,6 +33,10 @@ impl PolicyMode {
     }
 }
 
+/// `policy.plan_error`'s default: `bench calibration`'s held-out error of the calibrated model
+/// on plans it was not fitted to, on a quiet machine (8–13% MAPE, docs/cost-model.md).
+pub const PLAN_ERROR: f64 = 0.1;
+
 /// The `[policy]` section (every key has a default).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -57,6 +61,11 @@ pub struct PolicySection {
     /// Smallest predicted relative step-latency gain worth a transition; the controller raises
     /// it to the cost model's measured error on the plans transitions entered.
     pub min_gain: f64,
+    /// The calibrated cost model's expected relative error on a plan the job has not run (a
+    /// prior, weighed as three measured moves and then outweighed by what the job's moves
+    /// measure); it prices trials of plans ranked just below the best. 0: no trial before
+    /// three moves were measured.
+    pub plan_error: f64,
     /// Fraction of device memory a plan must leave free.
     pub memory_headroom: f64,
     /// RL steps between monitor evaluations.
@@ -73,6 +82,7 @@ impl Default for PolicySection {
             every_k: 3,
             initial_response_len: 0,
             min_gain: 0.0,
+            plan_error: PLAN_ERROR,
             memory_headroom: 0.1,
             monitor_interval_steps: 1,
         }
@@ -88,6 +98,7 @@ impl PolicySection {
         check::positive("policy.latency_drift", self.latency_drift)?;
         check::at_least_one("policy.every_k", self.every_k)?;
         check::within("policy.min_gain", self.min_gain, 0.0, 1.0)?;
+        check::within("policy.plan_error", self.plan_error, 0.0, 1.0)?;
         check::within("policy.memory_headroom", self.memory_headroom, 0.0, 0.9)?;
         check::at_least_one("policy.monitor_interval_steps", self.monitor_interval_steps)
     }

@@ -197,6 +197,8 @@ pub struct Controller {
     mode: PolicyMode,
     gamma: f64,
     min_gain: f64,
+    /// `policy.plan_error`: the model's error on an unmeasured plan before moves measured it.
+    plan_error: f64,
     every_k: u64,
     /// Steps between monitor evaluations (`policy.monitor_interval_steps`).
     monitor_interval: u64,
@@ -229,6 +231,7 @@ impl Controller {
             mode: p.mode,
             gamma: p.gamma,
             min_gain: p.min_gain,
+            plan_error: p.plan_error,
             every_k: u64::from(p.every_k),
             monitor_interval: u64::from(p.monitor_interval_steps.max(1)),
             steps: u64::from(config.job.steps),
@@ -709,13 +712,14 @@ impl Controller {
     }
 
     /// The model's error on moves as a standard deviation: the mean absolute change
-    /// ([`Controller::move_error`]) of a normal error is `σ·√(2/π)`. 0 until
-    /// [`MOVES_FOR_TRIALS`] moves were measured: one or two changes are not a spread.
+    /// ([`Controller::move_error`]) of a normal error is `σ·√(2/π)`, shrunk toward the prior
+    /// `policy.plan_error` weighed as [`MOVES_FOR_TRIALS`] moves (one or two changes are not a
+    /// spread; a job that has moved little still errs on the plans it has not run).
     fn model_error_sd(&self) -> f64 {
-        if self.state.move_changes.len() < MOVES_FOR_TRIALS {
-            return 0.0;
-        }
-        self.move_error() * (std::f64::consts::PI / 2.0).sqrt()
+        let moves = self.state.move_changes.len() as f64;
+        let measured = self.move_error() * (std::f64::consts::PI / 2.0).sqrt();
+        let prior = MOVES_FOR_TRIALS as f64;
+        (prior * self.plan_error + moves * measured) / (prior + moves)
     }
 
     /// Why the current plan cannot go on, for a stop: the pool no longer holds its ranks, or a
@@ -904,7 +908,7 @@ fn mean(v: &[f64]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{ConfigSource, Overrides, RawJobConfig};
+    use crate::config::{ConfigSource, Overrides, RawJobConfig, PLAN_ERROR};
     use crate::plan::Placement;
 
     /// The embedded tiny PPO job under the controller, responses planned for 8 tokens.
@@ -1081,10 +1085,11 @@ mod tests {
         c.gamma = 1e3;
         let action = c.decide(&record(0, 4.0, seconds), &current).unwrap();
         let d = action.decision.clone().unwrap();
-        // ... but worth a trial, priced as the normal partial expectation with σ = error·√(π/2).
+        // ... but worth a trial, priced as the normal partial expectation with σ = error·√(π/2)
+        // from the four moves, shrunk toward the prior weighed as three.
         assert!(d.admitted && d.reason.contains("a trial"), "{d:?}");
         let p = d.admission.unwrap();
-        let sigma = error * (std::f64::consts::PI / 2.0).sqrt();
+        let sigma = (3.0 * PLAN_ERROR + 4.0 * error * (std::f64::consts::PI / 2.0).sqrt()) / 7.0;
         assert_eq!(p.delta_l_s, Some(gain), "the fastest target, as the probe saw it");
         let want = Odds::of(current_s, current_s - gain, sigma).gain;
         assert!((p.expected_gain_s.unwrap() - want).abs() < 1e-9 * want, "{p:?} vs {want}");
