@@ -133,6 +133,11 @@ fn cases() -> Vec<Case> {
             expect: &["`policy.memory_headroom` = 0.95", "[0, 0.9]"],
         },
         Case {
+            name: "plan error out of range",
+            toml: set("policy", "plan_error", "-0.1"),
+            expect: &["`policy.plan_error` = -0.1", "[0, 1]"],
+        },
+        Case {
             name: "job name with a space",
             toml: set("job", "name", "\"my job\""),
             expect: &["`job.name` = \"my job\"", "letters, digits"],

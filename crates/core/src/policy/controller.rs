@@ -630,17 +630,7 @@ impl Controller {
         let planner = self.planner(self.state.cap).ok().filter(|_| sigma > 0.0)?;
         let horizon = self.state.monitor.horizon(&[Trigger::Trial], step);
         let (payback, choice) = self.cheapest_trial(&planner, current, sigma)?;
-        let mut proposal = Proposal {
-            urgent: false,
-            delta_l_s: choice.delta_l_s,
-            l_tran_s: choice.l_tran_s * self.transition_ratio(),
-            current_s: choice.current_seconds,
-            horizon,
-            changes_layout: true,
-            pool_growth: false,
-            measured: false,
-            trial_gain_s: None,
-        };
+        let mut proposal = self.proposal(&choice, current, horizon);
         let Some((verdict, gain)) = self.as_trial(&proposal, step) else {
             let covered = step + self.steps_until_covered(payback, horizon);
             self.state.trial_due = self.state.trial_due.min(covered);
@@ -752,6 +742,25 @@ impl Controller {
         )
     }
 
+    /// The admission's question about the move `choice` from `current` over `horizon`, as the
+    /// model predicts it (not urgent, no pool growth, nothing measured, not a trial).
+    fn proposal(&self, choice: &TargetChoice, current: &Plan, horizon: f64) -> Proposal {
+        let changes_layout = choice.target.plan().placements.iter().zip(&current.placements).any(|(a, b)| {
+            (a.candidate.layout, a.candidate.model_stage) != (b.candidate.layout, b.candidate.model_stage)
+        });
+        Proposal {
+            urgent: false,
+            delta_l_s: choice.delta_l_s,
+            l_tran_s: choice.l_tran_s * self.transition_ratio(),
+            current_s: choice.current_seconds,
+            horizon,
+            changes_layout,
+            pool_growth: false,
+            measured: false,
+            trial_gain_s: None,
+        }
+    }
+
     /// The admission's question about `choice` and its answer.
     fn judge(
         &self,
@@ -761,9 +770,6 @@ impl Controller {
         urgent: bool,
         (step, len): (u64, u32),
     ) -> (Proposal, Verdict) {
-        let changes_layout = choice.target.plan().placements.iter().zip(&current.placements).any(|(a, b)| {
-            (a.candidate.layout, a.candidate.model_stage) != (b.candidate.layout, b.candidate.model_stage)
-        });
         let target = choice.target.plan();
         let measured = (self.mode == PolicyMode::Nereus && !choice.keep)
             .then(|| self.measured_delta(current, &target, len))
@@ -771,13 +777,9 @@ impl Controller {
         let mut proposal = Proposal {
             urgent,
             delta_l_s: measured.unwrap_or(choice.delta_l_s),
-            l_tran_s: choice.l_tran_s * self.transition_ratio(),
-            current_s: choice.current_seconds,
-            horizon: self.state.monitor.horizon(triggers, step),
-            changes_layout,
             pool_growth: triggers.contains(&Trigger::PoolGrowth),
             measured: measured.is_some(),
-            trial_gain_s: None,
+            ..self.proposal(choice, current, self.state.monitor.horizon(triggers, step))
         };
         let verdict = if choice.keep {
             Verdict {
