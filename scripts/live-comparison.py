@@ -4,7 +4,7 @@
 - whole-run tokens/s per policy (the run summary's "tokens/s over the run"), mean ± sd;
 - for Nereus, per op class, the median of predicted over measured seconds per step (all stages
   summed, steps from STEADY on, after the calibration has steps to fit), for classes above 5% of
-  the measured step time;
+  the steady steps' measured time;
 - every Nereus transition's predicted and measured seconds.
 
     python3 scripts/live-comparison.py DIR
@@ -43,10 +43,14 @@ def whole_run_tokens_per_s(log):
 
 
 def per_class(rows):
-    ratios, share = {}, {}
+    """Per op class: the median of predicted over measured seconds over the steady steps that ran
+    it, and its share of the steady steps' measured time (a class run on a few steps only, as a
+    trial's plan, weighs by those steps, not by its share while it ran)."""
+    ratios, seconds, total = {}, {}, 0.0
     for r in rows:
         if r["step"] < STEADY or "op_seconds" not in r:
             continue
+        total += r["step_seconds"]
         measured, predicted = {}, {}
         for side, into in (("measured", measured), ("predicted", predicted)):
             for stage in r["op_seconds"][side].values():
@@ -55,8 +59,8 @@ def per_class(rows):
         for op, m in measured.items():
             if m > 0 and op in predicted:
                 ratios.setdefault(op, []).append(predicted[op] / m)
-                share.setdefault(op, []).append(m / r["step_seconds"])
-    return {op: (statistics.median(v), statistics.mean(share[op])) for op, v in ratios.items()}
+                seconds[op] = seconds.get(op, 0.0) + m
+    return {op: (statistics.median(v), seconds[op] / total, len(v)) for op, v in ratios.items()}
 
 
 def main():
@@ -69,15 +73,15 @@ def main():
         cell = f"{statistics.mean(done):,.0f} ± {statistics.stdev(done):,.0f}" if len(done) > 1 else "-"
         seeds = ", ".join("stopped" if v is None else f"{v:,.0f}" for v in values)
         print(f"| {policy} | {len(logs)} | {cell} | {seeds} |")
-    print("\n| Nereus run | op class | share of step | median predicted/measured | in [0.67, 1.5] |")
-    print("|---|---|---|---|---|")
+    print("\n| Nereus run | op class | share of step | steps run | median predicted/measured | in [0.67, 1.5] |")
+    print("|---|---|---|---|---|---|")
     transitions = []
     for run in sorted(glob.glob(os.path.join(DIR, "nereus-*[0-9]"))):
         rows = records(run)
-        for op, (ratio, share) in sorted(per_class(rows).items(), key=lambda kv: -kv[1][1]):
+        for op, (ratio, share, steps) in sorted(per_class(rows).items(), key=lambda kv: -kv[1][1]):
             if share > 0.05:
                 ok = "yes" if 0.67 <= ratio <= 1.5 else "**no**"
-                print(f"| {os.path.basename(run)} | {op} | {share:.1%} | {ratio:.2f} | {ok} |")
+                print(f"| {os.path.basename(run)} | {op} | {share:.1%} | {steps} | {ratio:.2f} | {ok} |")
         for r in rows:
             t = r.get("transition")
             if t:
