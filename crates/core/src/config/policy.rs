@@ -33,8 +33,10 @@ impl PolicyMode {
     }
 }
 
-/// `policy.plan_error`'s default: `bench calibration`'s held-out error of the calibrated model
-/// on plans it was not fitted to, on a quiet machine (8–13% MAPE, docs/cost-model.md).
+/// `policy.plan_error`'s default: the low end of `bench calibration`'s held-out error on plans
+/// the calibration was not fitted to, fitted by stage totals on a quiet machine (8–13% MAPE,
+/// σ ≈ 0.10–0.16; docs/cost-model.md). The per-class fit reads 26% on the 2-core VM, most of it
+/// 8 ranks sharing 2 cores, which a GPU cluster does not do.
 pub const PLAN_ERROR: f64 = 0.1;
 
 /// The `[policy]` section (every key has a default).
@@ -62,9 +64,8 @@ pub struct PolicySection {
     /// it to the cost model's measured error on the plans transitions entered.
     pub min_gain: f64,
     /// The calibrated cost model's expected relative error on a plan the job has not run (a
-    /// prior, weighed as three measured moves and then outweighed by what the job's moves
-    /// measure); it prices trials of plans ranked just below the best. 0: no trial before
-    /// three moves were measured.
+    /// prior, weighed as three measured moves beside those the job measured); it prices trials
+    /// of plans ranked just below the best. 0: no trial before a move's error was measured.
     pub plan_error: f64,
     /// Fraction of device memory a plan must leave free.
     pub memory_headroom: f64,

@@ -28,8 +28,9 @@ use crate::units::format_bytes;
 /// Neighbours of the best plan whose trials are priced with their transitions (the rest only
 /// by their expected improvement).
 const TRIALS_PRICED: usize = 2;
-/// Moves whose error must have been measured before the model's spread prices a trial.
-const MOVES_FOR_TRIALS: usize = 3;
+/// Measured moves the prior `policy.plan_error` weighs as, in the model's error on plans (one
+/// or two changes are not a spread).
+const PRIOR_MOVES: usize = 3;
 
 /// Cheaper targets tried after a rejection (each costs a DAG; the decision stays within
 /// milliseconds at 1,024 GPUs).
@@ -621,9 +622,9 @@ impl Controller {
         best.map_or(true, |(job, _)| job.plan() == *current)
     }
 
-    /// Offers a trial of one of the best plan's neighbours ([`trial`]), priced with the error
-    /// measured on the job's moves ([`Controller::as_trial`]); when none pays back yet, looks
-    /// again when the standing horizon will cover the cheapest.
+    /// Offers a trial of one of the best plan's neighbours ([`trial`]), priced with the model's
+    /// error on plans ([`Controller::model_error_sd`], [`Controller::as_trial`]); when none pays
+    /// back yet, looks again when the standing horizon will cover the cheapest.
     fn trial(&mut self, step: u64, current: &Plan) -> Option<Action> {
         let sigma = self.model_error_sd();
         // A planner that cannot be made here is the next trigger's to report, not a look's.
@@ -675,11 +676,12 @@ impl Controller {
     }
 
     /// `proposal` priced as a trial ([`trial`]): the target's step seconds taken as normal
-    /// around the prediction, with the model's measured error on moves; taken when the expected
+    /// around the prediction, with the model's error on plans ([`Controller::model_error_sd`]);
+    /// taken when the expected
     /// improvement, gained on every step of `γ · H` (`H` at most the job's steps left after
     /// `step`), pays back the transition there, the way back when it measures slower and the
     /// step run on it, and is at least `min_gain`. The verdict and the expected improvement per
-    /// step, or `None` when it does not pay back (or too few moves were measured).
+    /// step, or `None` when it does not pay back (or that error is 0).
     fn as_trial(&self, p: &Proposal, step: u64) -> Option<(Verdict, f64)> {
         let sigma = self.model_error_sd();
         if self.mode != PolicyMode::Nereus || sigma <= 0.0 || self.gamma <= 0.0 {
@@ -691,24 +693,29 @@ impl Controller {
         let steps_left = self.steps.saturating_sub(step + 1) as f64;
         let budget = self.gamma * p.horizon.min(steps_left);
         let reason = format!(
-            "a trial: predicted {:+.1}% with the model {:.1}% off on moves, {:.4} s/step expected better, \
-             pays back its cost (there, back and one step) in {payback:.2} steps ≤ γ·H = {budget:.2}",
+            "a trial: predicted {:+.1}% with the model's error on plans σ = {:.1}% (prior {:.1}%, {} moves \
+             measured), {:.4} s/step expected better, pays back its cost (there, back and one step) in \
+             {payback:.2} steps ≤ γ·H = {budget:.2}",
             100.0 * p.delta_l_s / p.current_s,
             100.0 * sigma,
+            100.0 * self.plan_error,
+            self.state.move_changes.len(),
             odds.gain
         );
         (odds.gain > 0.0 && odds.gain >= self.min_gain * p.current_s && payback <= budget)
             .then_some((Verdict { admitted: true, kind: Some(TransitionKind::Opportunistic), reason }, odds.gain))
     }
 
-    /// The model's error on moves as a standard deviation: the mean absolute change
-    /// ([`Controller::move_error`]) of a normal error is `σ·√(2/π)`, shrunk toward the prior
-    /// `policy.plan_error` weighed as [`MOVES_FOR_TRIALS`] moves (one or two changes are not a
-    /// spread; a job that has moved little still errs on the plans it has not run).
+    /// The model's error on plans as a relative standard deviation: the moves' (the mean
+    /// absolute change, [`Controller::move_error`], of a normal error is `σ·√(2/π)`) shrunk
+    /// toward the prior `policy.plan_error` weighed as [`PRIOR_MOVES`] moves: one or two
+    /// changes are not a spread, and a job that has moved little still errs on the plans it has
+    /// not run. The moves kept are at most [`TRUST_WINDOW`], so the prior never weighs less
+    /// than `3/(3 + TRUST_WINDOW)`; with a prior of 0, `σ` is the moves' shrunk toward 0.
     fn model_error_sd(&self) -> f64 {
         let moves = self.state.move_changes.len() as f64;
         let measured = self.move_error() * (std::f64::consts::PI / 2.0).sqrt();
-        let prior = MOVES_FOR_TRIALS as f64;
+        let prior = PRIOR_MOVES as f64;
         (prior * self.plan_error + moves * measured) / (prior + moves)
     }
 
@@ -910,7 +917,7 @@ fn mean(v: &[f64]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{ConfigSource, Overrides, RawJobConfig, PLAN_ERROR};
+    use crate::config::{ConfigSource, Overrides, RawJobConfig};
     use crate::plan::Placement;
 
     /// The embedded tiny PPO job under the controller, responses planned for 8 tokens.
@@ -1091,7 +1098,7 @@ mod tests {
         // from the four moves, shrunk toward the prior weighed as three.
         assert!(d.admitted && d.reason.contains("a trial"), "{d:?}");
         let p = d.admission.unwrap();
-        let sigma = (3.0 * PLAN_ERROR + 4.0 * error * (std::f64::consts::PI / 2.0).sqrt()) / 7.0;
+        let sigma = (3.0 * c.plan_error + 4.0 * error * (std::f64::consts::PI / 2.0).sqrt()) / 7.0;
         assert_eq!(p.delta_l_s, Some(gain), "the fastest target, as the probe saw it");
         let want = Odds::of(current_s, current_s - gain, sigma).gain;
         assert!((p.expected_gain_s.unwrap() - want).abs() < 1e-9 * want, "{p:?} vs {want}");
@@ -1140,6 +1147,34 @@ mod tests {
         assert!(!tried.is_empty(), "no neighbour was tried");
         assert!(trial_at.unwrap() < 50, "the neighbours ran out: the best plan stays");
         assert_eq!(current, best);
+    }
+
+    #[test]
+    fn before_any_move_is_measured_the_prior_prices_trials_and_a_prior_of_zero_prices_none() {
+        for (prior, expected) in [(0.0, false), (0.3, true)] {
+            let (mut c, best) = controller_with(1, |p| {
+                p.latency_drift = 100.0;
+                p.plan_error = prior;
+            });
+            let seconds = c.planner(8).unwrap().predict(&best);
+            let (mut current, mut first_trial) = (best.clone(), None);
+            for step in 0..30 {
+                let slower = if current == best { 1.0 } else { 1.5 };
+                let moves_before = c.state.move_changes.len();
+                let action = c.decide(&record(step, 7.0, slower * seconds), &current).unwrap();
+                if let Some(d) = action.decision.as_ref().filter(|d| d.admitted && d.trigger == [Trigger::Trial]) {
+                    first_trial.get_or_insert((moves_before, d.reason.clone()));
+                }
+                if let Some(target) = action.target {
+                    current = target;
+                }
+            }
+            assert_eq!(first_trial.is_some(), expected, "prior {prior}: {first_trial:?}");
+            if let Some((moves, reason)) = first_trial {
+                assert_eq!(moves, 0, "the first trial came before any move was measured");
+                assert!(reason.contains("σ = 30.0% (prior 30.0%, 0 moves measured)"), "{reason}");
+            }
+        }
     }
 
     #[test]

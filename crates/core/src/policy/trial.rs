@@ -1,5 +1,5 @@
 //! Trials (beyond the paper): a priced step on a plan the model ranks just below the best, for
-//! the error the model has been measured to make between plans.
+//! the error the model makes between plans (a prior, then what the job's moves measured).
 //!
 //! The calibrated model is right on the plans it was fitted to. On a plan of another shape it
 //! can be off by as much as it was off on the job's own moves (what the trusted gain measures),
@@ -11,7 +11,8 @@
 //! Welch, "Efficient global optimization of expensive black-box functions", J. Global Optim.
 //! 13, 1998): against the plan in force's predicted `c` seconds, the neighbour's step seconds
 //! are taken as `T ~ N(μ, (σμ)²)`, with `μ` its prediction (a bias common to both plans
-//! cancels) and `σ` the model's measured error on moves. A trial costs the transition there,
+//! cancels) and `σ` the model's error on plans: the prior `policy.plan_error`, shrunk toward the
+//! error measured on the job's moves as they come. A trial costs the transition there,
 //! the way back (when it measures slower) and the step run on it; it is taken when
 //! `E[max(0, c − T)]`, gained on every step of the standing horizon, pays that back within
 //! `γ · H`. A neighbour that measures slower is left at the next boundary by `Regret`, and the
