@@ -679,8 +679,8 @@ impl Controller {
     /// around the prediction, with the model's error on plans ([`Controller::model_error_sd`]);
     /// taken when the expected improvement, gained on every step of `γ · H` (`H` at most the
     /// job's steps left after `step`), pays back the transition there, the way back when it
-    /// measures slower and the step run on it, and is at least `min_gain`. The verdict and the expected improvement per
-    /// step, or `None` when it does not pay back (or that error is 0).
+    /// measures slower and the step run on it, and is at least `min_gain`. The verdict and the
+    /// expected improvement per step, or `None` when it does not pay back (or that error is 0).
     fn as_trial(&self, p: &Proposal, step: u64) -> Option<(Verdict, f64)> {
         let sigma = self.model_error_sd();
         if self.mode != PolicyMode::Nereus || sigma <= 0.0 || self.gamma <= 0.0 {
