@@ -113,7 +113,7 @@ fn run_nodes<M: ShardMemory, P: Exchange<M>>(
     ids: &mut BTreeMap<UnitId, EmuId>,
     report: &mut ExecutionReport,
 ) -> Result<(), RuntimeError> {
-    let fused = fused_splits(dag);
+    let fused = dag.fused_splits();
     for &i in order {
         plane.set_context(Some(format!("transition node {i}: {}", dag.label(i))));
         let (done, made) = run_node(set, plane, dag, i, ids, &fused)?;
@@ -172,34 +172,4 @@ fn run_node<M: ShardMemory, P: Exchange<M>>(
         Primitive::Destroy { unit } => set.destroy(ids[unit])?,
     };
     Ok((done, made))
-}
-
-/// The Splits whose parts all go, and go only, into one Merge (no Extend copies a part, no
-/// Destroy frees one), mapped to that Merge: the pair is one layout change on the same ranks,
-/// run as one redistribution so that nothing the Merge would discard crosses ranks.
-pub fn fused_splits(dag: &TransitionDag) -> BTreeMap<usize, usize> {
-    let nodes: Vec<&Primitive> = dag.graph.node_weights().map(|n| &n.primitive).collect();
-    let sorted = |units: &[UnitId]| {
-        let mut u = units.to_vec();
-        u.sort_unstable();
-        u
-    };
-    let used_elsewhere = |parts: &[UnitId]| {
-        nodes.iter().any(|p| match p {
-            Primitive::Extend { source, .. } => parts.contains(source),
-            Primitive::Destroy { unit } => parts.contains(unit),
-            _ => false,
-        })
-    };
-    let mut fused = BTreeMap::new();
-    for (i, p) in nodes.iter().enumerate() {
-        let Primitive::Split { parts, .. } = p else { continue };
-        let merge = nodes
-            .iter()
-            .position(|m| matches!(m, Primitive::Merge { parts: into, .. } if sorted(into) == sorted(parts)));
-        if let Some(j) = merge.filter(|_| !used_elsewhere(parts)) {
-            fused.insert(i, j);
-        }
-    }
-    fused
 }

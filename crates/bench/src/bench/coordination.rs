@@ -244,6 +244,7 @@ fn trial_pair(
         setup_seconds: 1e-3,
         capacity_bytes: capacity,
         host_bytes_per_s: None,
+        cores_per_node: None,
     };
     let delays: BTreeMap<ModelStage, f64> =
         from.placements.iter().map(|p| (p.candidate.model_stage, rng.below(1000) as f64 * 1e-4)).collect();

@@ -252,6 +252,7 @@ fn random_links(capacity_bytes: u64) -> Links {
         setup_seconds: 1e-3,
         capacity_bytes,
         host_bytes_per_s: None,
+        cores_per_node: None,
     }
 }
 

@@ -49,6 +49,9 @@ pub struct Links {
     /// Bytes/s between a rank's device memory and its host memory, when a transition blocked by
     /// memory may stage a Split's or Merge's sources through host memory (`None`: it may not).
     pub host_bytes_per_s: Option<f64>,
+    /// Cores a node's ranks share for their copies, where ranks stand in for devices on a CPU
+    /// node (`None`: every rank copies on its own device, as a GPU's engines do).
+    pub cores_per_node: Option<u32>,
 }
 
 impl Links {
@@ -63,6 +66,7 @@ impl Links {
             setup_seconds: hardware.communicator_setup_s,
             capacity_bytes: hardware.usable_bytes(),
             host_bytes_per_s,
+            cores_per_node: hardware.cores_per_node,
         }
     }
 }
@@ -85,6 +89,9 @@ pub struct Node {
     /// Whether its sources go to host memory before its new units are allocated (a Split or
     /// Merge that cannot fit beside its sources; `seconds` includes both copies).
     pub staged: bool,
+    /// Seconds each rank spends copying bytes into its new units (receiving, or slicing and
+    /// concatenating locally) at its links' rates.
+    pub copying: Vec<(i32, f64)>,
 }
 
 impl Node {
@@ -157,7 +164,8 @@ pub struct Schedule {
     pub order: Vec<usize>,
     /// Per node (in order): when it runs.
     pub timings: Vec<NodeTiming>,
-    /// `L_tran`: the critical path, seconds.
+    /// `L_tran`: the critical path, or where ranks share a CPU node's cores, the node's copying
+    /// over its cores when that is longer; seconds.
     pub seconds: f64,
     /// Highest bytes held on any rank at any point.
     pub peak_bytes: u64,
@@ -282,6 +290,7 @@ impl TransitionDag {
             resource_edges: 0,
             schedule: Schedule { order: vec![], timings: vec![], seconds: 0.0, peak_bytes: 0 },
         };
+        dag.copy_fused_pairs_once(bytes, links);
         // Staging through host memory is the fallback of a transition blocked by memory, not
         // a choice among equals: only when the plain schedule is blocked.
         match dag.schedule(bytes, links, cross_model_stage, None) {
@@ -291,6 +300,52 @@ impl TransitionDag {
             outcome => outcome?,
         }
         Ok(dag)
+    }
+
+    /// The Splits whose parts all go, and go only, into one Merge (no Extend copies a part, no
+    /// Destroy frees one), mapped to that Merge: the pair is one layout change on the same ranks,
+    /// run as one redistribution so that nothing the Merge would discard crosses ranks.
+    pub fn fused_splits(&self) -> BTreeMap<usize, usize> {
+        let nodes: Vec<&Primitive> = self.graph.node_weights().map(|n| &n.primitive).collect();
+        let sorted = |units: &[UnitId]| {
+            let mut u = units.to_vec();
+            u.sort_unstable();
+            u
+        };
+        let used_elsewhere = |parts: &[UnitId]| {
+            nodes.iter().any(|p| match p {
+                Primitive::Extend { source, .. } => parts.contains(source),
+                Primitive::Destroy { unit } => parts.contains(unit),
+                _ => false,
+            })
+        };
+        let mut fused = BTreeMap::new();
+        for (i, p) in nodes.iter().enumerate() {
+            let Primitive::Split { parts, .. } = p else { continue };
+            let merge = nodes
+                .iter()
+                .position(|m| matches!(m, Primitive::Merge { parts: into, .. } if sorted(into) == sorted(parts)));
+            if let Some(j) = merge.filter(|_| !used_elsewhere(parts)) {
+                fused.insert(i, j);
+            }
+        }
+        fused
+    }
+
+    /// The copying of each fused Split and Merge ([`TransitionDag::fused_splits`]) as the
+    /// executor runs them, one redistribution: each rank fills its new shard once, receiving
+    /// part of it and slicing the rest from its old shard (on a CPU node both are copies by its
+    /// core, at about the same rate), where the two nodes priced apart copy most bytes twice.
+    /// Their durations stay as priced apart (the critical path).
+    fn copy_fused_pairs_once(&mut self, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64, links: &Links) {
+        for (split, merge) in self.fused_splits() {
+            let Primitive::Merge { merged, .. } = &self.graph[NodeIndex::new(merge)].primitive else { continue };
+            let unit = &self.units[merged];
+            let bw = slowest_link(links, &unit.ranks);
+            let copying = per_rank(unit, bytes).into_iter().map(|(r, b)| (r, b as f64 / bw)).collect();
+            self.graph[NodeIndex::new(split)].copying = copying;
+            self.graph[NodeIndex::new(merge)].copying.clear();
+        }
     }
 
     /// Orders, times and memory-checks every node ([`schedule::ListScheduler`]), adding the
@@ -305,7 +360,22 @@ impl TransitionDag {
         let state = ResourceState::new(self, bytes, links.capacity_bytes, cross);
         let scheduled = schedule::ListScheduler::new(self, state, stage_to_host).run()?;
         self.adopt(scheduled);
+        self.schedule.seconds = self.schedule.seconds.max(self.shared_cores_seconds(links));
         Ok(())
+    }
+
+    /// The least time the transition can take where ranks share a CPU node's cores
+    /// (`Links::cores_per_node`): each core copies at one rank's rate, so a node's copying,
+    /// summed over its ranks, takes at least that sum over its cores, however the nodes
+    /// overlap. `bench scaling`'s 4 → 8 extension on 2 cores has its four receiving ranks copy
+    /// at once and measures twice the time of one pair. 0 without shared cores.
+    fn shared_cores_seconds(&self, links: &Links) -> f64 {
+        let Some(cores) = links.cores_per_node else { return 0.0 };
+        let mut per_node = BTreeMap::<i32, f64>::new();
+        for (r, seconds) in self.graph.node_weights().flat_map(|n| &n.copying) {
+            *per_node.entry(node_of(links, *r)).or_default() += seconds;
+        }
+        per_node.values().fold(0.0, |m, &s| m.max(s / f64::from(cores.max(1))))
     }
 
     /// Longest path from each node to the end of the local DAG, its own duration included.
@@ -446,6 +516,16 @@ fn node_of(links: &Links, r: i32) -> i32 {
     r / links.devices_per_node as i32
 }
 
+/// Bytes/s of the slowest link between `ranks`: a node's own, or between nodes.
+fn slowest_link(links: &Links, ranks: &[i32]) -> f64 {
+    let one_node = ranks.iter().all(|&r| node_of(links, r) == node_of(links, ranks[0]));
+    if one_node {
+        links.intra_bytes_per_s
+    } else {
+        links.inter_bytes_per_s
+    }
+}
+
 fn per_rank(unit: &Unit, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64) -> Vec<(i32, u64)> {
     // Ranks are TP-fastest and TP positions of a stage hold equal shards: ask once per stage.
     let mut stage = (u32::MAX, 0);
@@ -479,14 +559,14 @@ fn make_node(
         }
     };
     let mut transient = 0;
+    let mut copying = Vec::new();
     let (acquire, release, seconds) = match &p {
         Primitive::Split { source, parts } => {
             let src = u(source);
             let acquire: Vec<(i32, u64)> = parts.iter().flat_map(|id| per_rank(u(id), bytes)).collect();
             let held = per_rank(src, bytes);
             // Each rank receives what its new shard has beyond its old one, from its unit's ranks.
-            let one_node = src.ranks.iter().all(|&r| node_of(links, r) == node_of(links, src.ranks[0]));
-            let slowest_bw = if one_node { links.intra_bytes_per_s } else { links.inter_bytes_per_s };
+            let slowest_bw = slowest_link(links, &src.ranks);
             // At most: the largest new shard less the smallest old one.
             let largest_new = acquire.iter().map(|(_, b)| *b).max().unwrap_or(0);
             let smallest_old = held.iter().map(|(_, b)| *b).min().unwrap_or(0);
@@ -494,20 +574,23 @@ fn make_node(
             // Pack buffers: at most what a rank receives plus its old shard once per other part.
             let largest_old = held.iter().map(|(_, b)| *b).max().unwrap_or(0);
             transient = incoming + largest_old * (parts.len() as u64 - 1);
-            (acquire, held, incoming as f64 / slowest_bw + links.setup_seconds)
+            let receive = incoming as f64 / slowest_bw;
+            copying = distinct_ranks(&acquire).map(|r| (r, receive)).collect();
+            (acquire, held, receive + links.setup_seconds)
         }
         Primitive::Extend { source, copy } => {
             let (src, dst) = (u(source), u(copy));
             let acquire = per_rank(dst, bytes);
-            let secs = acquire.iter().zip(&src.ranks).map(|((r, b), s)| *b as f64 / bw(*s, *r)).fold(0.0, f64::max)
-                + links.setup_seconds;
+            copying = acquire.iter().zip(&src.ranks).map(|((r, b), s)| (*r, *b as f64 / bw(*s, *r))).collect();
+            let secs = copying.iter().map(|(_, t)| *t).fold(0.0, f64::max) + links.setup_seconds;
             (acquire, vec![], secs)
         }
         Primitive::Merge { parts, merged } => {
             let m = u(merged);
             let acquire = per_rank(m, bytes);
             let release: Vec<(i32, u64)> = parts.iter().flat_map(|id| per_rank(u(id), bytes)).collect();
-            let secs = acquire.iter().map(|(_, b)| *b as f64 / links.memory_bytes_per_s).fold(0.0, f64::max);
+            copying = acquire.iter().map(|(r, b)| (*r, *b as f64 / links.memory_bytes_per_s)).collect();
+            let secs = copying.iter().map(|(_, t)| *t).fold(0.0, f64::max);
             (acquire, release, secs)
         }
         Primitive::Destroy { unit } => {
@@ -515,7 +598,12 @@ fn make_node(
             (vec![], per_rank(x, bytes), 0.0)
         }
     };
-    Node { primitive: p, model_stage: ms, acquire, release, seconds, transient, staged: false }
+    Node { primitive: p, model_stage: ms, acquire, release, seconds, transient, staged: false, copying }
+}
+
+/// Each rank of `per_rank` once, in order of first appearance.
+fn distinct_ranks(per_rank: &[(i32, u64)]) -> impl Iterator<Item = i32> + '_ {
+    per_rank.iter().enumerate().filter(|(k, (r, _))| !per_rank[..*k].iter().any(|(q, _)| q == r)).map(|(_, (r, _))| *r)
 }
 
 fn sorted(ranks: &[i32]) -> Vec<i32> {

@@ -28,6 +28,7 @@ pub const SMALL_LINKS: Links = Links {
     setup_seconds: 1e-4,
     capacity_bytes: u64::MAX,
     host_bytes_per_s: None,
+    cores_per_node: None,
 };
 
 /// An 8-block bf16 model that every `tp, pp ∈ {1, 2, 4, 8}` can hold.

@@ -283,6 +283,9 @@ impl<P: Measured + Exchange<M>, M: ShardMemory + Clone> Bench<'_, '_, P, M> {
             setup_seconds: PlaneKind::Mpi.communicator_setup_s(),
             capacity_bytes: CAPACITY,
             host_bytes_per_s: None,
+            // Host-resident state is copied by the ranks' cores, which the ranks of this node
+            // share; a device's copies run on its own engines.
+            cores_per_node: self.device.is_none().then(|| super::machine(self.session).cores).filter(|&c| c > 0),
         }
     }
 

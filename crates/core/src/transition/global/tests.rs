@@ -34,6 +34,7 @@ fn links(capacity: u64) -> Links {
         setup_seconds: 1e-3,
         capacity_bytes: capacity,
         host_bytes_per_s: None,
+        cores_per_node: None,
     }
 }
 
@@ -209,4 +210,66 @@ fn a_split_with_no_room_beside_its_source_stages_through_host_memory() {
     assert!(dag.staged_bytes() > 0);
     assert!(dag.graph.node_weights().any(|n| n.staged && matches!(n.primitive, Primitive::Split { .. })));
     replay(&dag, &to, &b, capacity);
+}
+
+/// Two models doubling their replicas on one node of eight ranks: four Extends of one replica
+/// each, from four different sources, all at once. With a rank's own link each takes one
+/// replica's copy time; on 2 shared cores the four copies take twice that, on 8 no longer.
+#[test]
+fn concurrent_copies_on_shared_cores_take_their_summed_time_over_the_cores() {
+    let c = catalogue();
+    let ms = |r| ModelStage::new(r, Stage::Inference);
+    let place = |r, ranks: Vec<i32>| Placement {
+        candidate: Candidate {
+            model_stage: ms(r),
+            layout: Layout::new(1, 1),
+            dp: ranks.len() as u32,
+            recompute: Recompute::None,
+            micro_batch: 1,
+        },
+        ranks,
+    };
+    let from = Plan { placements: vec![place(Role::Reference, vec![0, 1]), place(Role::Reward, vec![4, 5])] };
+    let to = Plan { placements: vec![place(Role::Reference, vec![0, 1, 2, 3]), place(Role::Reward, vec![4, 5, 6, 7])] };
+    let bytes = sizer(&c);
+    let replica = bytes(ms(Role::Reward), Layout::new(1, 1), Position { tp: 0, pp: 0 });
+    let node = Links { devices_per_node: 8, setup_seconds: 0.0, ..links(u64::MAX) };
+    let one_copy = replica as f64 / node.intra_bytes_per_s;
+    let seconds = |cores| {
+        let dag = TransitionDag::plan(&from, &to, &bytes, &Links { cores_per_node: cores, ..node }, true).unwrap();
+        assert_eq!(dag.graph.node_weights().filter(|n| matches!(n.primitive, Primitive::Extend { .. })).count(), 4);
+        dag.schedule.seconds
+    };
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * b;
+    assert!(close(seconds(None), one_copy), "{} against {one_copy}", seconds(None));
+    assert!(close(seconds(Some(2)), 2.0 * one_copy), "{} against {}", seconds(Some(2)), 2.0 * one_copy);
+    assert!(close(seconds(Some(8)), one_copy), "{} against {one_copy}", seconds(Some(8)));
+}
+
+/// A layout change on the same ranks runs as one redistribution (a Split fused with its
+/// Merge): each rank fills its new shard once, so on shared cores the pair copies the new
+/// layout's bytes once, not once per node.
+#[test]
+fn a_fused_split_and_merge_copy_the_new_shards_once() {
+    let ms = ModelStage::new(Role::Actor, Stage::Training);
+    let place = |layout: Layout| Plan {
+        placements: vec![Placement {
+            candidate: Candidate { model_stage: ms, layout, dp: 1, recompute: Recompute::None, micro_batch: 1 },
+            ranks: vec![0, 1],
+        }],
+    };
+    let (from, to) = (place(Layout::new(2, 1)), place(Layout::new(1, 2)));
+    let c = catalogue();
+    let b = sizer(&c);
+    let one_core = Links { cores_per_node: Some(1), setup_seconds: 0.0, ..links(u64::MAX) };
+    let dag = TransitionDag::plan(&from, &to, &b, &one_core, true).unwrap();
+    let fused = dag.fused_splits();
+    assert_eq!(fused.len(), 1, "{:?}", (0..dag.graph.node_count()).map(|i| dag.label(i)).collect::<Vec<_>>());
+    let (split, merge) = fused.into_iter().next().unwrap();
+    assert!(dag.graph[NodeIndex::new(merge)].copying.is_empty());
+    let new_shards: f64 = (0..2).map(|j| b(ms, Layout::new(1, 2), Position { tp: 0, pp: j }) as f64).sum();
+    let copied: f64 = dag.graph[NodeIndex::new(split)].copying.iter().map(|(_, s)| s).sum();
+    assert!((copied * one_core.intra_bytes_per_s - new_shards).abs() <= 1e-6 * new_shards);
+    // One core copies both ranks' shards: the floor is their sum, above either node's time.
+    assert!((dag.schedule.seconds - copied).abs() <= 1e-12 * copied, "{} against {copied}", dag.schedule.seconds);
 }
