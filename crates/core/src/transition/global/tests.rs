@@ -38,6 +38,15 @@ fn links(capacity: u64) -> Links {
     }
 }
 
+/// `ms` in `layout` on `ranks`, as many replicas as the ranks hold.
+fn placed(ms: ModelStage, layout: Layout, ranks: Vec<i32>) -> Placement {
+    let dp = ranks.len() as u32 / layout.size();
+    Placement {
+        candidate: Candidate { model_stage: ms, layout, dp, recompute: Recompute::None, micro_batch: 1 },
+        ranks,
+    }
+}
+
 /// Replays the schedule and checks memory, rank ownership and the final units.
 fn replay(dag: &TransitionDag, target: &Plan, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64, capacity: u64) {
     let mut usage: BTreeMap<i32, u64> = BTreeMap::new();
@@ -154,16 +163,7 @@ fn an_unchanged_plan_has_no_nodes() {
 fn an_extend_onto_a_rank_another_model_stage_vacates_waits_for_its_release() {
     let c = catalogue();
     let ms = |r| ModelStage::new(r, Stage::Inference);
-    let place = |r, ranks: Vec<i32>| Placement {
-        candidate: Candidate {
-            model_stage: ms(r),
-            layout: Layout::new(1, 1),
-            dp: ranks.len() as u32,
-            recompute: Recompute::None,
-            micro_batch: 1,
-        },
-        ranks,
-    };
+    let place = |r, ranks| placed(ms(r), Layout::new(1, 1), ranks);
     let from = Plan { placements: vec![place(Role::Reference, vec![0, 1]), place(Role::Reward, vec![2])] };
     let to = Plan { placements: vec![place(Role::Reference, vec![0]), place(Role::Reward, vec![2, 1])] };
     let bytes = sizer(&c);
@@ -187,12 +187,7 @@ fn a_split_with_no_room_beside_its_source_stages_through_host_memory() {
     // Split to T_sub = (1, 1) needs each rank's new part beside its old shard. With the capacity
     // just above the old state, only staging the sources through host memory fits.
     let ms = ModelStage::new(Role::Actor, Stage::Training);
-    let place = |layout: Layout| Plan {
-        placements: vec![Placement {
-            candidate: Candidate { model_stage: ms, layout, dp: 1, recompute: Recompute::None, micro_batch: 1 },
-            ranks: vec![0, 1],
-        }],
-    };
+    let place = |layout| Plan { placements: vec![placed(ms, layout, vec![0, 1])] };
     let (from, to) = (place(Layout::new(1, 2)), place(Layout::new(2, 1)));
     let c = catalogue();
     let b = sizer(&c);
@@ -219,16 +214,7 @@ fn a_split_with_no_room_beside_its_source_stages_through_host_memory() {
 fn concurrent_copies_on_shared_cores_take_their_summed_time_over_the_cores() {
     let c = catalogue();
     let ms = |r| ModelStage::new(r, Stage::Inference);
-    let place = |r, ranks: Vec<i32>| Placement {
-        candidate: Candidate {
-            model_stage: ms(r),
-            layout: Layout::new(1, 1),
-            dp: ranks.len() as u32,
-            recompute: Recompute::None,
-            micro_batch: 1,
-        },
-        ranks,
-    };
+    let place = |r, ranks| placed(ms(r), Layout::new(1, 1), ranks);
     let from = Plan { placements: vec![place(Role::Reference, vec![0, 1]), place(Role::Reward, vec![4, 5])] };
     let to = Plan { placements: vec![place(Role::Reference, vec![0, 1, 2, 3]), place(Role::Reward, vec![4, 5, 6, 7])] };
     let bytes = sizer(&c);
@@ -252,12 +238,7 @@ fn concurrent_copies_on_shared_cores_take_their_summed_time_over_the_cores() {
 #[test]
 fn a_fused_split_and_merge_copy_the_new_shards_once() {
     let ms = ModelStage::new(Role::Actor, Stage::Training);
-    let place = |layout: Layout| Plan {
-        placements: vec![Placement {
-            candidate: Candidate { model_stage: ms, layout, dp: 1, recompute: Recompute::None, micro_batch: 1 },
-            ranks: vec![0, 1],
-        }],
-    };
+    let place = |layout| Plan { placements: vec![placed(ms, layout, vec![0, 1])] };
     let (from, to) = (place(Layout::new(2, 1)), place(Layout::new(1, 2)));
     let c = catalogue();
     let b = sizer(&c);
