@@ -575,7 +575,8 @@ fn make_node(
             let largest_old = held.iter().map(|(_, b)| *b).max().unwrap_or(0);
             transient = incoming + largest_old * (parts.len() as u64 - 1);
             let receive = incoming as f64 / slowest_bw;
-            copying = distinct_ranks(&acquire).map(|r| (r, receive)).collect();
+            // The parts partition the source's ranks: each of them receives.
+            copying = src.ranks.iter().map(|&r| (r, receive)).collect();
             (acquire, held, receive + links.setup_seconds)
         }
         Primitive::Extend { source, copy } => {
@@ -599,11 +600,6 @@ fn make_node(
         }
     };
     Node { primitive: p, model_stage: ms, acquire, release, seconds, transient, staged: false, copying }
-}
-
-/// Each rank of `per_rank` once, in order of first appearance.
-fn distinct_ranks(per_rank: &[(i32, u64)]) -> impl Iterator<Item = i32> + '_ {
-    per_rank.iter().enumerate().filter(|(k, (r, _))| !per_rank[..*k].iter().any(|(q, _)| q == r)).map(|(_, (r, _))| *r)
 }
 
 fn sorted(ranks: &[i32]) -> Vec<i32> {
