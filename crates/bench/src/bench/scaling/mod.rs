@@ -231,6 +231,9 @@ pub(crate) struct Bench<'s, 'p, P, M: ShardMemory> {
     catalogues: BTreeMap<Role, Catalogue>,
     /// Point-to-point bytes/s measured at the start.
     bandwidth: f64,
+    /// The cores this node's ranks share for their copies: host-resident state is copied by
+    /// them; a device's copies run on its own engines (`None`).
+    shared_cores: Option<u32>,
     options: &'s Args,
     /// Every buffer the last measurement's store held, live or cached: the next one starts
     /// with them cached, as a long-running job's caching allocator holds the buffers of the
@@ -283,9 +286,7 @@ impl<P: Measured + Exchange<M>, M: ShardMemory + Clone> Bench<'_, '_, P, M> {
             setup_seconds: PlaneKind::Mpi.communicator_setup_s(),
             capacity_bytes: CAPACITY,
             host_bytes_per_s: None,
-            // Host-resident state is copied by the ranks' cores, which the ranks of this node
-            // share; a device's copies run on its own engines.
-            cores_per_node: self.device.is_none().then(|| super::machine(self.session).cores).filter(|&c| c > 0),
+            cores_per_node: self.shared_cores,
         }
     }
 
@@ -459,7 +460,9 @@ impl<'s, 'p, P: Measured + Exchange<M>, M: ShardMemory + Clone> Bench<'s, 'p, P,
     ) -> Self {
         let catalogues = models(options.small);
         let resident = "host".into();
-        Bench { session, plane, memory, device, resident, all, catalogues, bandwidth, options, spare: Vec::new() }
+        let shared_cores = device.is_none().then(|| super::machine(session).cores).filter(|&c| c > 0);
+        let spare = Vec::new();
+        Bench { session, plane, memory, device, resident, all, catalogues, bandwidth, shared_cores, options, spare }
     }
 
     /// Every case, three ways.
