@@ -66,8 +66,12 @@ pub fn adamw(a: &AdamStep, param: f64, m: f64, v: f64, g: f64) -> (f64, f64, f64
 }
 
 /// Central difference of `f` at `x` in direction `index`: `(f(x + h) − f(x − h)) / 2h`.
+///
+/// `h = ε^(1/3)·max(|x|, 1)` balances the truncation error (∝ h²) against the roundoff of the
+/// two evaluations (∝ ε/h); with `h = 1e-6` roundoff alone reached 1.3e-5 of a near-zero
+/// derivative on one seed in thousands (a 54-column RMSNorm).
 pub fn central_difference(x: &[f64], index: usize, f: impl Fn(&[f64]) -> f64) -> f64 {
-    let h = 1e-6 * x[index].abs().max(1.0);
+    let h = f64::EPSILON.cbrt() * x[index].abs().max(1.0);
     let (mut plus, mut minus) = (x.to_vec(), x.to_vec());
     plus[index] += h;
     minus[index] -= h;
