@@ -210,10 +210,15 @@ pub fn attention_backward(
                 let p = a.probabilities(q, k, b, i, h, first);
                 let qo = a.q_at(b, i, h);
                 let delta: f64 = (0..a.d).map(|c| dout[qo + c] * out[qo + c]).sum();
+                // The dot products' own terms, not their sums, size their f32 rounding: a
+                // query with one key has `dp = delta` exactly, where a kernel summing in
+                // another order is off by the terms' size.
+                let delta_mag: f64 = (0..a.d).map(|c| (dout[qo + c] * out[qo + c]).abs()).sum();
                 for (j, &pj) in keys.zip(&p) {
                     let ko = a.kv_at(b, j, g);
                     let dp: f64 = (0..a.d).map(|c| dout[qo + c] * v[ko + c]).sum();
-                    let (ds, ds_mag) = (pj * (dp - delta), pj * (dp.abs() + delta.abs()));
+                    let dp_mag: f64 = (0..a.d).map(|c| (dout[qo + c] * v[ko + c]).abs()).sum();
+                    let (ds, ds_mag) = (pj * (dp - delta), pj * (dp_mag + delta_mag));
                     for c in 0..a.d {
                         grads[0][qo + c] += scale * ds * k[ko + c];
                         scales[0][qo + c] += scale * ds_mag * k[ko + c].abs();
