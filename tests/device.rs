@@ -97,16 +97,20 @@ fn without_a_gpu_backend_device_commands_exit_2_and_say_why() {
 
 #[test]
 fn every_engine_kernel_matches_its_f64_reference_on_the_grid_emulator_at_warp_32_and_64() {
-    // A fresh seed each run (printed, to reproduce a failure): shapes and inputs differ every time.
-    let seed = fresh_seed("selftest kernels");
-    let s = summary(1, &["selftest", "kernels", "--seed", &seed.to_string()]);
-    let runs = s["runs"].as_array().unwrap();
-    for warp in [32, 64] {
-        let at: Vec<_> = runs.iter().filter(|r| r["warp"] == warp).collect();
-        assert_eq!(at.len(), 20, "every kernel and the GEMM at warp {warp}: {s}");
-        assert!(at.iter().all(|r| r["worst"].as_f64().unwrap() <= 1.0), "{s}");
+    // A fresh seed each run (printed, to reproduce a failure): shapes and inputs differ every
+    // time. Beside it, the seeds that once failed a tolerance that was wrong: 655789 (central
+    // differences' roundoff on a near-zero derivative), 1028 (attention's dq where a one-key
+    // query cancels exactly).
+    for seed in [fresh_seed("selftest kernels"), 655_789, 1028] {
+        let s = summary(1, &["selftest", "kernels", "--seed", &seed.to_string()]);
+        let runs = s["runs"].as_array().unwrap();
+        for warp in [32, 64] {
+            let at: Vec<_> = runs.iter().filter(|r| r["warp"] == warp).collect();
+            assert_eq!(at.len(), 20, "every kernel and the GEMM at warp {warp}, seed {seed}: {s}");
+            assert!(at.iter().all(|r| r["worst"].as_f64().unwrap() <= 1.0), "seed {seed}: {s}");
+        }
+        assert!(s["finite_difference_error"].as_f64().unwrap() < 1e-5, "seed {seed}: {s}");
     }
-    assert!(s["finite_difference_error"].as_f64().unwrap() < 1e-5, "{s}");
 }
 
 #[test]
