@@ -47,6 +47,14 @@ fn placed(ms: ModelStage, layout: Layout, ranks: Vec<i32>) -> Placement {
     }
 }
 
+/// One actor/training replica on ranks 0 and 1, re-laid from `from` to `to` on the same ranks:
+/// the model-stage and the two plans.
+fn relaid_on_two_ranks(from: Layout, to: Layout) -> (ModelStage, Plan, Plan) {
+    let ms = ModelStage::new(Role::Actor, Stage::Training);
+    let place = |layout| Plan { placements: vec![placed(ms, layout, vec![0, 1])] };
+    (ms, place(from), place(to))
+}
+
 /// Replays the schedule and checks memory, rank ownership and the final units.
 fn replay(dag: &TransitionDag, target: &Plan, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64, capacity: u64) {
     let mut usage: BTreeMap<i32, u64> = BTreeMap::new();
@@ -186,9 +194,7 @@ fn a_split_with_no_room_beside_its_source_stages_through_host_memory() {
     // One actor/training replica (tp, pp) = (1, 2) re-laid as (2, 1) on the same two ranks: the
     // Split to T_sub = (1, 1) needs each rank's new part beside its old shard. With the capacity
     // just above the old state, only staging the sources through host memory fits.
-    let ms = ModelStage::new(Role::Actor, Stage::Training);
-    let place = |layout| Plan { placements: vec![placed(ms, layout, vec![0, 1])] };
-    let (from, to) = (place(Layout::new(1, 2)), place(Layout::new(2, 1)));
+    let (ms, from, to) = relaid_on_two_ranks(Layout::new(1, 2), Layout::new(2, 1));
     let c = catalogue();
     let b = sizer(&c);
     // Through T_sub = (1, 1) each rank briefly holds a whole replica: beside its old half
@@ -237,9 +243,7 @@ fn concurrent_copies_on_shared_cores_take_their_summed_time_over_the_cores() {
 /// layout's bytes once, not once per node.
 #[test]
 fn a_fused_split_and_merge_copy_the_new_shards_once() {
-    let ms = ModelStage::new(Role::Actor, Stage::Training);
-    let place = |layout| Plan { placements: vec![placed(ms, layout, vec![0, 1])] };
-    let (from, to) = (place(Layout::new(2, 1)), place(Layout::new(1, 2)));
+    let (ms, from, to) = relaid_on_two_ranks(Layout::new(2, 1), Layout::new(1, 2));
     let c = catalogue();
     let b = sizer(&c);
     let one_core = Links { cores_per_node: Some(1), setup_seconds: 0.0, ..links(u64::MAX) };
