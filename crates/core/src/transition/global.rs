@@ -307,11 +307,6 @@ impl TransitionDag {
     /// run as one redistribution so that nothing the Merge would discard crosses ranks.
     pub fn fused_splits(&self) -> BTreeMap<usize, usize> {
         let nodes: Vec<&Primitive> = self.graph.node_weights().map(|n| &n.primitive).collect();
-        let sorted = |units: &[UnitId]| {
-            let mut u = units.to_vec();
-            u.sort_unstable();
-            u
-        };
         let used_elsewhere = |parts: &[UnitId]| {
             nodes.iter().any(|p| match p {
                 Primitive::Extend { source, .. } => parts.contains(source),
@@ -602,10 +597,11 @@ fn make_node(
     Node { primitive: p, model_stage: ms, acquire, release, seconds, transient, staged: false, copying }
 }
 
-fn sorted(ranks: &[i32]) -> Vec<i32> {
-    let mut r = ranks.to_vec();
-    r.sort_unstable();
-    r
+/// `items` in ascending order (ranks, unit ids).
+fn sorted<T: Ord + Clone>(items: &[T]) -> Vec<T> {
+    let mut sorted = items.to_vec();
+    sorted.sort_unstable();
+    sorted
 }
 
 pub mod check;
