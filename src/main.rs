@@ -4,6 +4,7 @@
 //! the function that runs it; `launch` says how a command reaches the ranks. Built without the
 //! `mpi` feature, the binary plans and simulates only, and says so for the other commands.
 
+mod allocator;
 mod commands;
 mod error;
 mod launch;
@@ -69,6 +70,7 @@ enum Command {
 static ALLOCATOR: nereus_bench::alloc_meter::MeteredAllocator = nereus_bench::alloc_meter::MeteredAllocator;
 
 fn main() -> ExitCode {
+    allocator::keep_freed_buffers();
     let cli = Cli::parse();
     if let Err(code) = cli.global.check() {
         return ExitCode::from(code);
