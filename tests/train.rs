@@ -116,7 +116,9 @@ fn runs_are_bit_identical_and_resume_under_other_layouts_with_the_same_losses() 
 #[test]
 fn a_plan_missing_a_model_stage_or_repeating_a_rank_is_refused_and_a_shared_stage_runs() {
     let dir = tempfile::tempdir().unwrap();
-    let full = with_tp_pp_plan(&shipped("tiny-ppo.toml"));
+    // One step of each; the refusals come before any warm-up, and the shared stage needs none.
+    let toml = set_key(&shipped("tiny-ppo.toml"), "train", "warmup_actor_steps", Some("0"));
+    let full = with_tp_pp_plan(&set_key(&toml, "train", "warmup_reward_steps", Some("0")));
     let missing = full.replace("[plan.\"critic/inference\"]\ntp = 1\npp = 1\ndp = 4\nranks = [4, 5, 6, 7]\n", "");
     let repeated = full.replace("dp = 2\nranks = [4, 5, 6, 7]", "dp = 2\nranks = [4, 5, 5, 7]");
     let run = |name: &str, toml: &str| {
