@@ -5,8 +5,9 @@
 //! 32 MiB) with a fresh `mmap`, and gives a heap top above its trim threshold back to the kernel.
 //! The reference engine allocates and frees its activations and gradients in every op, so under
 //! those defaults each step faulted every page of them in again, zeroed by the kernel: a
-//! one-rank run of `configs/tiny-ppo.toml`'s warm-ups took 4.2 million page faults and 33 s of
-//! CPU, 14 thousand and 20–24 s with the thresholds below (docs/engine.md, "The allocator").
+//! one-rank run of `configs/tiny-ppo.toml`'s warm-ups took 2.8–4.2 million page faults and
+//! 27–34 s of CPU, 14 thousand and 17 s with the thresholds below (docs/engine.md, "The
+//! allocator").
 
 /// Allocations below this come from the heap, not from their own `mmap`.
 const MMAP_THRESHOLD: i32 = 64 << 20;
