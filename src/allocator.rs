@@ -11,6 +11,8 @@
 
 /// Allocations below this come from the heap, not from their own `mmap`.
 const MMAP_THRESHOLD: i32 = 64 << 20;
+/// The most an older glibc accepts: half its heap size on 64-bit.
+const MMAP_THRESHOLD_OLD_GLIBC: i32 = 32 << 20;
 /// The most freed heap top kept before it is given back to the kernel.
 const TRIM_THRESHOLD: i32 = 128 << 20;
 
@@ -31,9 +33,8 @@ fn set_thresholds() {
     // SAFETY: mallopt only changes two of malloc's tuning parameters, which is sound at any
     // time; a refused value leaves the old one in place.
     unsafe {
-        // Older glibc caps the threshold at half its heap size (32 MiB on 64-bit).
         if libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 0 {
-            libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+            libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD_OLD_GLIBC);
         }
         libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD);
     }
