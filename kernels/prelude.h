@@ -35,6 +35,16 @@ __device__ __forceinline__ float nereus_shfl_xor(float v, int lane_mask) {
 #define NEREUS_DYNAMIC_SHARED(type, name) \
   extern __shared__ __align__(16) unsigned char nereus_dynamic_shared[]; \
   type* name = reinterpret_cast<type*>(nereus_dynamic_shared)
+// Unrolls the loop that follows (loops over fragments: their registers must not become an array
+// in local memory).
+#define NEREUS_UNROLL _Pragma("unroll")
+#define NEREUS_NO_UNROLL _Pragma("unroll 1")
+// The most threads a kernel is launched with, so the compiler may give each more registers.
+#if defined(__CUDACC__)
+#define NEREUS_LAUNCH_BOUNDS(threads) __launch_bounds__(threads, 1)
+#else
+#define NEREUS_LAUNCH_BOUNDS(threads) __launch_bounds__(threads)
+#endif
 __device__ __forceinline__ float nereus_bits_to_f32(unsigned int u) { return __uint_as_float(u); }
 __device__ __forceinline__ unsigned int nereus_f32_to_bits(float f) { return __float_as_uint(f); }
 #endif
@@ -86,4 +96,161 @@ __device__ __forceinline__ float nereus_block_reduce(float v, float* scratch, bo
   __syncthreads();
   float r = lane < warps ? scratch[lane] : (is_max ? nereus_bits_to_f32(0xff800000u) : 0.0f);
   return is_max ? nereus_warp_max(r) : nereus_warp_sum(r);
+}
+
+// Warp synchronization: the lanes' shared-memory writes before it are visible to the warp after.
+#if defined(__CUDACC__)
+__device__ __forceinline__ void nereus_syncwarp() { __syncwarp(); }
+#elif defined(__HIPCC__)
+// A wavefront runs in lockstep; the barrier keeps the compiler from moving memory accesses across.
+__device__ __forceinline__ void nereus_syncwarp() { __builtin_amdgcn_wave_barrier(); }
+#else
+inline void nereus_syncwarp() {
+  char none = 0;
+  ::nereus_grid::warp_exchange(&none, 0, &none);
+}
+#endif
+
+// 16 bytes moved as one vector (global and shared loads and stores of 8 bf16).
+struct __align__(16) NereusVec16 {
+  unsigned int w[4];
+};
+
+// ---------------------------------------------------------------------------------------------
+// The warp-level matrix multiply-accumulate (docs/kernels.md, "Tensor cores"): one warp computes
+//   C[16×16] (f32) += A[16×16] (bf16) · B[16×16] (bf16)
+// with each lane holding NEREUS_MMA_REGS elements of each operand. Which elements a lane holds is
+// the instruction's fragment layout, given below as (row, column) functions of (lane, element e):
+// kernels load and store fragments only through them, so one kernel source serves every layout.
+//
+// Warp 32 (CUDA, sm_80+; the emulator at warp 32): two `mma.sync.m16n8k16.row.col` per call, one
+// per 8-column half of C (PTX ISA, "Matrix Fragments for mma.m16n8k16"). With g = lane / 4 and
+// t = lane % 4:
+//   A: e = 0..7 at row g + 8·((e / 2) % 2), column 2t + e % 2 + 8·(e / 4)   (a0..a7, two per register)
+//   B: e = 0..7 at row (k) 2t + e % 2 + 8·((e / 2) % 2), column (n) g + 8·(e / 4)
+//   C: e = 0..7 at row g + 8·((e / 2) % 2), column 2t + e % 2 + 8·(e / 4)
+//   so a lane holds 2 rows of C, each shared with the 3 other lanes of its quad.
+// Warp 64 (ROCm gfx90a, `v_mfma_f32_16x16x16bf16_1k`; the emulator at warp 64), from AMD's matrix
+// instruction calculator, with c = lane % 16 and q = lane / 16:
+//   A: e = 0..3 at row c, column (k) 4q + e
+//   B: e = 0..3 at row (k) 4q + e, column c
+//   C: e = 0..3 at row 4q + e, column c
+//   so a lane holds 4 rows of C, each shared with the 15 other lanes of its sixteen.
+// The grid emulator executes the same ownership exactly: every lane hands its fragments to the
+// warp (a warp barrier), and each computes its own elements of C from the gathered operands, in
+// f32, k in order.
+// ---------------------------------------------------------------------------------------------
+#define NEREUS_MMA_REGS (256 / NEREUS_WARP)
+struct NereusMmaA {
+  bf16 x[NEREUS_MMA_REGS];
+};
+struct NereusMmaB {
+  bf16 x[NEREUS_MMA_REGS];
+};
+struct NereusMmaC {
+  float x[NEREUS_MMA_REGS];
+};
+
+#if NEREUS_WARP == 32
+#define NEREUS_MMA_ROWS 2  // rows of C a lane holds
+__device__ __forceinline__ int nereus_mma_a_row(int lane, int e) { return lane / 4 + 8 * ((e / 2) % 2); }
+__device__ __forceinline__ int nereus_mma_a_col(int lane, int e) { return 2 * (lane % 4) + e % 2 + 8 * (e / 4); }
+__device__ __forceinline__ int nereus_mma_b_row(int lane, int e) { return 2 * (lane % 4) + e % 2 + 8 * ((e / 2) % 2); }
+__device__ __forceinline__ int nereus_mma_b_col(int lane, int e) { return lane / 4 + 8 * (e / 4); }
+__device__ __forceinline__ int nereus_mma_c_row(int lane, int e) { return nereus_mma_a_row(lane, e); }
+__device__ __forceinline__ int nereus_mma_c_col(int lane, int e) { return nereus_mma_a_col(lane, e); }
+// Which of the lane's NEREUS_MMA_ROWS rows C element e lies in.
+__device__ __forceinline__ int nereus_mma_c_slot(int e) { return (e / 2) % 2; }
+// Max and sum over the lanes that hold one row of C.
+__device__ __forceinline__ float nereus_mma_row_max(float v) {
+  v = fmaxf(v, nereus_shfl_xor(v, 1));
+  return fmaxf(v, nereus_shfl_xor(v, 2));
+}
+__device__ __forceinline__ float nereus_mma_row_sum(float v) {
+  v += nereus_shfl_xor(v, 1);
+  return v + nereus_shfl_xor(v, 2);
+}
+#else
+#define NEREUS_MMA_ROWS 4
+__device__ __forceinline__ int nereus_mma_a_row(int lane, int) { return lane % 16; }
+__device__ __forceinline__ int nereus_mma_a_col(int lane, int e) { return 4 * (lane / 16) + e; }
+__device__ __forceinline__ int nereus_mma_b_row(int lane, int e) { return 4 * (lane / 16) + e; }
+__device__ __forceinline__ int nereus_mma_b_col(int lane, int) { return lane % 16; }
+__device__ __forceinline__ int nereus_mma_c_row(int lane, int e) { return 4 * (lane / 16) + e; }
+__device__ __forceinline__ int nereus_mma_c_col(int lane, int) { return lane % 16; }
+__device__ __forceinline__ int nereus_mma_c_slot(int e) { return e; }
+__device__ __forceinline__ float nereus_mma_row_max(float v) {
+  for (int m = 1; m < 16; m *= 2) v = fmaxf(v, nereus_shfl_xor(v, m));
+  return v;
+}
+__device__ __forceinline__ float nereus_mma_row_sum(float v) {
+  for (int m = 1; m < 16; m *= 2) v += nereus_shfl_xor(v, m);
+  return v;
+}
+#endif
+
+// C += A · B on the warp (every lane of a full warp calls it, with its own fragments).
+__device__ __forceinline__ void nereus_mma(NereusMmaC& c, const NereusMmaA& a, const NereusMmaB& b) {
+#if defined(__CUDACC__)
+  const unsigned int* ar = reinterpret_cast<const unsigned int*>(a.x);
+  const unsigned int* br = reinterpret_cast<const unsigned int*>(b.x);
+  NEREUS_UNROLL
+  for (int half = 0; half < 2; ++half)
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c.x[4 * half]), "+f"(c.x[4 * half + 1]), "+f"(c.x[4 * half + 2]), "+f"(c.x[4 * half + 3])
+        : "r"(ar[0]), "r"(ar[1]), "r"(ar[2]), "r"(ar[3]), "r"(br[2 * half]), "r"(br[2 * half + 1]));
+#elif defined(__HIPCC__)
+  typedef short short4_t __attribute__((ext_vector_type(4)));
+  typedef float float4_t __attribute__((ext_vector_type(4)));
+  const short4_t av = {(short)a.x[0], (short)a.x[1], (short)a.x[2], (short)a.x[3]};
+  const short4_t bv = {(short)b.x[0], (short)b.x[1], (short)b.x[2], (short)b.x[3]};
+  float4_t cv = {c.x[0], c.x[1], c.x[2], c.x[3]};
+  cv = __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(av, bv, cv, 0, 0, 0);
+  for (int e = 0; e < 4; ++e) c.x[e] = cv[e];
+#else
+  struct Operands {
+    NereusMmaA a;
+    NereusMmaB b;
+  };
+  const Operands mine = {a, b};
+  Operands all[NEREUS_WARP];
+  ::nereus_grid::warp_exchange(&mine, sizeof mine, all);
+  float am[16][16], bm[16][16];
+  for (int l = 0; l < NEREUS_WARP; ++l)
+    for (int e = 0; e < NEREUS_MMA_REGS; ++e) {
+      am[nereus_mma_a_row(l, e)][nereus_mma_a_col(l, e)] = nereus_bf16_to_f32(all[l].a.x[e]);
+      bm[nereus_mma_b_row(l, e)][nereus_mma_b_col(l, e)] = nereus_bf16_to_f32(all[l].b.x[e]);
+    }
+  const int lane = threadIdx.x % NEREUS_WARP;
+  for (int e = 0; e < NEREUS_MMA_REGS; ++e) {
+    const int row = nereus_mma_c_row(lane, e), col = nereus_mma_c_col(lane, e);
+    float sum = c.x[e];
+    for (int k = 0; k < 16; ++k) sum += am[row][k] * bm[k][col];
+    c.x[e] = sum;
+  }
+#endif
+}
+
+// Loads the lane's fragment of A[16×16] whose element (m, k) is at s[m·row_stride + k·col_stride]
+// (shared memory; a transposed operand is the same call with the strides swapped).
+__device__ __forceinline__ void nereus_mma_load_a(NereusMmaA& a, const bf16* s, int row_stride, int col_stride) {
+  const int lane = threadIdx.x % NEREUS_WARP;
+  NEREUS_UNROLL
+  for (int e = 0; e < NEREUS_MMA_REGS; ++e)
+    a.x[e] = s[nereus_mma_a_row(lane, e) * row_stride + nereus_mma_a_col(lane, e) * col_stride];
+}
+
+// Loads the lane's fragment of B[16×16] whose element (k, n) is at s[k·row_stride + n·col_stride].
+__device__ __forceinline__ void nereus_mma_load_b(NereusMmaB& b, const bf16* s, int row_stride, int col_stride) {
+  const int lane = threadIdx.x % NEREUS_WARP;
+  NEREUS_UNROLL
+  for (int e = 0; e < NEREUS_MMA_REGS; ++e)
+    b.x[e] = s[nereus_mma_b_row(lane, e) * row_stride + nereus_mma_b_col(lane, e) * col_stride];
+}
+
+__device__ __forceinline__ void nereus_mma_zero(NereusMmaC& c) {
+  NEREUS_UNROLL
+  for (int e = 0; e < NEREUS_MMA_REGS; ++e) c.x[e] = 0.0f;
 }

@@ -33,6 +33,7 @@ enum class State { Runnable, AtBlockBarrier, AtWarpBarrier, Done };
 constexpr size_t kStackBytes = 64 * 1024;
 constexpr unsigned kMaxThreads = 1024;
 constexpr unsigned kMaxDynamicShared = 160 * 1024;  // H100/H200's opt-in limit per block
+constexpr unsigned kExchangeBytes = 64;              // what one lane may hand a warp exchange
 
 // Switching between fibers. On x86-64, a six-register switch in assembly (below): glibc's
 // swapcontext also saves and restores the signal mask, a system call per switch, which made half
@@ -64,6 +65,7 @@ struct Block {
   void** args = nullptr;
   std::vector<Fiber> fibers;
   std::vector<unsigned> slots[2];  // shuffle exchange, one value per thread
+  std::vector<unsigned char> exchange[2];  // warp exchange, kExchangeBytes per thread
   unsigned char* shared = nullptr;
   Context scheduler;
   std::string error;
@@ -255,6 +257,30 @@ unsigned int shuffle_xor(unsigned int value, int lane_mask) {
     return value;
   }
   return slots[partner];
+}
+
+// A barrier of the calling thread's warp, with each lane's `bytes` handed to all (the warp
+// matrix multiply's emulation gathers its operands' fragments through it). The exchange buffers
+// alternate with the shuffles' (one counter), so one barrier per exchange suffices here too.
+void warp_exchange(const void* mine, unsigned bytes, void* all) {
+  Block& b = *current_block;
+  Fiber& f = *current_fiber;
+  const unsigned me = linear(f, b.dim), lane = me % b.warp_size, base = me - lane;
+  std::vector<unsigned char>& buffer = b.exchange[f.shuffles++ % 2];
+  if (buffer.size() < b.fibers.size() * kExchangeBytes) buffer.resize(b.fibers.size() * kExchangeBytes);
+  if (bytes > kExchangeBytes) {
+    if (b.error.empty()) b.error = "a warp exchange of " + std::to_string(bytes) + " bytes a lane (at most 64)";
+    bytes = kExchangeBytes;
+  }
+  std::memcpy(&buffer[me * kExchangeBytes], mine, bytes);
+  f.state = State::AtWarpBarrier;
+  yield();
+  if (base + b.warp_size > b.fibers.size()) {
+    if (b.error.empty()) b.error = "a warp exchange in a block whose last warp is not full";
+    return;
+  }
+  for (unsigned l = 0; l < b.warp_size; ++l)
+    std::memcpy(static_cast<unsigned char*>(all) + l * bytes, &buffer[(base + l) * kExchangeBytes], bytes);
 }
 
 }  // namespace nereus_grid

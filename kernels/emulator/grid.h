@@ -31,6 +31,9 @@ const Dim3& grid_dim();
 void sync_block();
 // Exchanges one 32-bit value across the calling thread's warp: every live lane must call it.
 unsigned int shuffle_xor(unsigned int value, int lane_mask);
+// A warp barrier that hands each lane's `bytes` (at most 64) to every lane: `all` receives the
+// warp's lanes in order, `bytes` apart. Every lane of a full warp must call it.
+void warp_exchange(const void* mine, unsigned bytes, void* all);
 // The launch's dynamic shared memory, 16-byte aligned.
 unsigned char* dynamic_shared();
 
@@ -39,6 +42,7 @@ unsigned char* dynamic_shared();
 #define __global__
 #define __device__
 #define __forceinline__ inline
+#define __align__(n) __attribute__((aligned(n)))
 #define __restrict__ __restrict
 // Function-scope shared arrays: one per host thread, so blocks (run one after another) reuse
 // them and concurrent launches on different host threads do not share them.
@@ -49,6 +53,9 @@ unsigned char* dynamic_shared();
 #define gridDim (::nereus_grid::grid_dim())
 #define __syncthreads() ::nereus_grid::sync_block()
 #define NEREUS_KERNEL void
+#define NEREUS_LAUNCH_BOUNDS(threads)
+#define NEREUS_UNROLL
+#define NEREUS_NO_UNROLL
 #define NEREUS_DYNAMIC_SHARED(type, name) type* name = reinterpret_cast<type*>(::nereus_grid::dynamic_shared())
 
 inline float nereus_bits_to_f32(unsigned int u) {

@@ -24,6 +24,7 @@ namespace nereus_kernels {
 #include "../pack.cu"
 #include "../engine.cu"
 #include "../attention.cu"
+#include "../flash_attention.cu"
 #include "../sample.cu"
 #include "../probe.cu"
 }  // namespace nereus_kernels
@@ -53,6 +54,7 @@ struct Entry {
 #define NEREUS_ENTRY(k) Entry{#k, reinterpret_cast<void*>(&nereus_kernels::k), body_of(&nereus_kernels::k)},
 const Entry kEntries[] = {NEREUS_PACK_KERNELS(NEREUS_ENTRY) NEREUS_ENGINE_KERNELS(NEREUS_ENTRY)
                              NEREUS_ATTENTION_KERNELS(NEREUS_ENTRY)
+                             NEREUS_FLASH_KERNELS(NEREUS_ENTRY)
                              NEREUS_SAMPLE_KERNELS(NEREUS_ENTRY)
                              NEREUS_PROBE_KERNELS(NEREUS_ENTRY)};
 

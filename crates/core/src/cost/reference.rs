@@ -13,6 +13,10 @@
 use super::memory::{MemoryBreakdown, MemoryItem};
 use crate::model::{LocalShape, OutputHead};
 
+/// The widest head the device's flash attention kernels take (`kernels/flash_attention.cu`);
+/// wider heads run the scalar kernels, whose backward gathers `dk, dv` in f32 with atomics.
+pub const FLASH_MAX_HEAD_DIM: usize = 128;
+
 /// Where the reference engine computes, which sets its buffers' element sizes and what
 /// attention saves for its backward pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,12 +79,17 @@ pub fn block_forward(s: &LocalShape, b: u64, t: u64, tk: u64, on: Residence) -> 
 
 /// One block's backward pass (`engine::stage::block_backward`): `dh, dg, du` `[n, F]`, `dxn2,
 /// dxn1` `[n, C]`, `datt, dq` `[n, H·D]`, `dk, dv` `[n, K·D]`, and two more for q/k-norm; a
-/// device gathers `dk, dv` in f32 first (atomics over query rows).
+/// device's flash attention keeps one f32 `delta` per query row and head, and its scalar
+/// kernels (heads wider than [`FLASH_MAX_HEAD_DIM`]) gather `dk, dv` in f32 (atomics).
 pub fn block_backward(s: &LocalShape, n: u64, on: Residence) -> u64 {
     let (c, f) = (s.c as u64, s.ffn as u64);
     let (qw, kw) = ((s.heads * s.d) as u64, (s.kv_heads * s.d) as u64);
     let qk_norm = if s.qk_norm { n * (qw + kw) } else { 0 };
-    let gathered = if on == Residence::Device { 4 * 2 * n * kw } else { 0 };
+    let gathered = match on {
+        Residence::Host => 0,
+        Residence::Device if s.d <= FLASH_MAX_HEAD_DIM => 4 * n * s.heads as u64,
+        Residence::Device => 4 * 2 * n * kw,
+    };
     on.act() * (n * (3 * f + 2 * c + 2 * qw + 2 * kw) + qk_norm) + gathered
 }
 

@@ -129,6 +129,10 @@ impl GpuRuntime for Emulated {
         true
     }
 
+    fn warp_width(&self) -> u32 {
+        self.warp.lanes()
+    }
+
     fn device(&self) -> &DriverDevice {
         &self.device
     }

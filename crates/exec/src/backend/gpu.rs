@@ -42,6 +42,11 @@ pub trait GpuRuntime {
     fn synchronous(&self) -> bool {
         false
     }
+    /// Lanes per warp: 32 on NVIDIA GPUs, 64 on AMD's CDNA (kernels whose blocks are counted in
+    /// warps are launched with this many threads a warp).
+    fn warp_width(&self) -> u32 {
+        32
+    }
     /// The device: ordinal, name and total memory as the driver reports them.
     fn device(&self) -> &DriverDevice;
     /// `bytes` of device memory, usable in `stream` order.

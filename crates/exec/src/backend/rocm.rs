@@ -185,6 +185,10 @@ impl GpuRuntime for Hip {
         "ROCm"
     }
 
+    fn warp_width(&self) -> u32 {
+        64
+    }
+
     fn device(&self) -> &DriverDevice {
         &self.device
     }

@@ -57,6 +57,84 @@ pub const ATTENTION_KERNELS: [&str; 6] = [
     "nereus_attention_backward",
 ];
 
+/// The flash attention entry points in `kernels/flash_attention.cu`, by padded head width.
+pub const FLASH_KERNELS: [&str; 9] = [
+    "nereus_flash_forward_32",
+    "nereus_flash_backward_dq_32",
+    "nereus_flash_backward_dkv_32",
+    "nereus_flash_forward_64",
+    "nereus_flash_backward_dq_64",
+    "nereus_flash_backward_dkv_64",
+    "nereus_flash_forward_128",
+    "nereus_flash_backward_dq_128",
+    "nereus_flash_backward_dkv_128",
+];
+
+/// Warps per block of the flash attention kernels (`NEREUS_FLASH_WARPS`).
+pub const FLASH_WARPS: u32 = 4;
+/// Rows (query, head) a forward or dq block owns, and keys a dkv block owns (`NEREUS_FLASH_ROWS`).
+pub const FLASH_ROWS: usize = 64;
+
+/// The padded head width of a flash attention kernel: a head of width `d` runs in the narrowest
+/// one that holds it (zero columns pad it). Wider heads take the scalar kernels of
+/// `attention.cu`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlashWidth {
+    /// Heads of width 1–32.
+    D32,
+    /// Heads of width 33–64 (Llama-3.2-1B's 64).
+    D64,
+    /// Heads of width 65–128 (Llama-3.1-8B's 128).
+    D128,
+}
+
+impl FlashWidth {
+    /// The kernels' width for heads of width `d`, if they take it
+    /// ([`nereus_core::cost::reference::FLASH_MAX_HEAD_DIM`] is the widest).
+    pub fn for_head(d: usize) -> Option<FlashWidth> {
+        const _: () = assert!(nereus_core::cost::reference::FLASH_MAX_HEAD_DIM == 128);
+        match d {
+            1..=32 => Some(FlashWidth::D32),
+            33..=64 => Some(FlashWidth::D64),
+            65..=128 => Some(FlashWidth::D128),
+            _ => None,
+        }
+    }
+
+    fn index(self) -> usize {
+        match self {
+            FlashWidth::D32 => 0,
+            FlashWidth::D64 => 1,
+            FlashWidth::D128 => 2,
+        }
+    }
+
+    /// The forward entry point: `out`, `lse` from `q, k, v, starts` and the shape.
+    pub fn forward(self) -> &'static str {
+        FLASH_KERNELS[3 * self.index()]
+    }
+
+    /// The backward's first pass: `dq` and `delta` (Σ dout·out per row).
+    pub fn backward_dq(self) -> &'static str {
+        FLASH_KERNELS[3 * self.index() + 1]
+    }
+
+    /// The backward's second pass: `dk`, `dv`.
+    pub fn backward_dkv(self) -> &'static str {
+        FLASH_KERNELS[3 * self.index() + 2]
+    }
+}
+
+/// Blocks of a flash forward or dq launch: `⌈tq·G / 64⌉` row tiles per (key/value head, sequence).
+pub fn flash_rows_grid(b: usize, tq: usize, heads: usize, kv_heads: usize) -> [u32; 3] {
+    [(tq * (heads / kv_heads)).div_ceil(FLASH_ROWS) as u32, kv_heads as u32, b as u32]
+}
+
+/// Blocks of a flash dkv launch: `⌈tk / 64⌉` key tiles per (key/value head, sequence).
+pub fn flash_keys_grid(b: usize, tk: usize, kv_heads: usize) -> [u32; 3] {
+    [tk.div_ceil(FLASH_ROWS) as u32, kv_heads as u32, b as u32]
+}
+
 /// Threads per block the attention kernels must be launched with (`NEREUS_KEY_TILE`).
 pub const ATTENTION_BLOCK: u32 = 128;
 /// Widest head the attention kernels take (`NEREUS_MAX_HEAD_DIM`).
@@ -66,7 +144,7 @@ pub const ATTENTION_MAX_HEAD_DIM: usize = 256;
 pub const PROBE_KERNELS: [&str; 2] = ["nereus_probe_block_reverse", "nereus_probe_reductions"];
 
 /// Every kernel source.
-pub const SOURCES: [KernelSource; 5] = [
+pub const SOURCES: [KernelSource; 6] = [
     KernelSource {
         file: "pack.cu",
         text: include_str!("../../../../kernels/pack.cu"),
@@ -81,6 +159,11 @@ pub const SOURCES: [KernelSource; 5] = [
         file: "attention.cu",
         text: include_str!("../../../../kernels/attention.cu"),
         entry_points: &ATTENTION_KERNELS,
+    },
+    KernelSource {
+        file: "flash_attention.cu",
+        text: include_str!("../../../../kernels/flash_attention.cu"),
+        entry_points: &FLASH_KERNELS,
     },
     KernelSource {
         file: "sample.cu",

@@ -3,7 +3,9 @@
 use nereus_core::half::{bf16_to_f32, f32_to_bf16};
 use nereus_core::rng::Rng;
 use nereus_exec::backend::gpu::{Device, DeviceArray, GpuRuntime};
-use nereus_exec::backend::sources::{KernelArg, ATTENTION_BLOCK};
+use nereus_exec::backend::sources::{
+    flash_keys_grid, flash_rows_grid, FlashWidth, KernelArg, ATTENTION_BLOCK, FLASH_WARPS,
+};
 use nereus_exec::backend::BackendError;
 use nereus_exec::engine::ops::frequencies;
 
@@ -271,6 +273,104 @@ pub(super) fn check_attention_backward<R: GpuRuntime>(
     verdict.bf16_scaled("dq", &dqs.read()?, &dq, &sq);
     verdict.f32("dk", &dks.read()?, &dk, &sk);
     verdict.f32("dv", &dvs.read()?, &dv, &sv);
+    Ok(())
+}
+
+/// A random case for the flash kernels: every padded width (32, 64, 128) with head widths that
+/// fill it or not (and one not a multiple of 8, which stages element by element), GQA 1:1 to
+/// 4:1, training shapes (Tq = Tk), prefills and decodes, lengths that are not multiples of the
+/// 64-row tiles, left padding that leaves rows with one key or none.
+fn flash_case(rng: &mut Rng) -> AttentionCase {
+    let tk = if rng.below(3) == 0 { 1 + rng.below(40) } else { 60 + rng.below(140) };
+    let tq = match rng.below(4) {
+        0 => 1,
+        1 | 2 => tk,
+        _ => 1 + rng.below(tk),
+    };
+    let kv_heads = 1 + rng.below(2);
+    let heads = kv_heads * [1, 2, 4][rng.below(3)];
+    let d = [16, 20, 32, 48, 64, 64, 96, 128, 128][rng.below(9)];
+    let b = 1 + rng.below(2);
+    let shape = Attention { b, tq, tk, tc: tk + rng.below(9), heads, kv_heads, d };
+    // Starts up to the last key: a query at the start sees one key, one before it none.
+    let starts = (0..b).map(|_| if rng.below(3) == 0 { 0 } else { rng.below(tk) as i32 }).collect();
+    let (starts, no_starts) = if rng.below(4) == 0 { (vec![0; b], true) } else { (starts, false) };
+    let kv = b * shape.tc * kv_heads * d;
+    let q = bf16_values(rng, b * tq * heads * d, 1.0);
+    let (k, v) = (bf16_values(rng, kv, 1.0), bf16_values(rng, kv, 1.0));
+    AttentionCase { shape, q, k, v, starts, no_starts }
+}
+
+/// Threads of a flash block on `d`: its warps at the device's width.
+fn flash_threads<R: GpuRuntime>(d: &Device<R>) -> u32 {
+    FLASH_WARPS * d.runtime().warp_width()
+}
+
+pub(super) fn check_flash_forward<R: GpuRuntime>(
+    d: &Device<R>,
+    rng: &mut Rng,
+    verdict: &mut Verdict,
+) -> Result<(), BackendError> {
+    let case = flash_case(rng);
+    let a = case.shape;
+    let width = FlashWidth::for_head(a.d).expect("flash cases fit a width");
+    let (qs, ks, vs) = (DeviceArray::from(d, &case.q)?, DeviceArray::from(d, &case.k)?, DeviceArray::from(d, &case.v)?);
+    let starts = DeviceArray::from(d, &case.starts)?;
+    let outs = DeviceArray::from(d, &vec![0xffffu16; case.q.len()])?;
+    let lses = DeviceArray::from(d, &vec![0f32; a.b * a.heads * a.tq])?;
+    let buffers = vec![outs.arg(), lses.arg(), qs.arg(), ks.arg(), vs.arg(), case.starts_arg(&starts)];
+    let grid = flash_rows_grid(a.b, a.tq, a.heads, a.kv_heads);
+    run_shaped(d, width.forward(), grid, flash_threads(d), [buffers, case.shape_args()].concat())?;
+    let (out, lse) = reference::attention(&a, &widen(&case.q), &widen(&case.k), &widen(&case.v), &case.starts());
+    // The probabilities enter the product as bf16: at most 2⁻⁹ of max |v| off, besides the
+    // output's own rounding.
+    let v_scale = widen(&case.v).iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    verdict.bf16_products("out", &outs.read()?, &out, &vec![v_scale; out.len()]);
+    let got_lse: Vec<f32> = lses.read()?;
+    let (finite_got, finite_want): (Vec<f32>, Vec<f64>) =
+        got_lse.iter().zip(&lse).filter(|(_, w)| w.is_finite()).map(|(g, w)| (*g, *w)).unzip();
+    verdict.f32("lse", &finite_got, &finite_want, &vec![1.0; finite_want.len()]);
+    if let Some(i) = got_lse.iter().zip(&lse).position(|(g, w)| w.is_infinite() && g.is_finite()) {
+        verdict.failures.push(format!("{}: lse[{i}] of a pad query = {}, want -inf", verdict.kernel, got_lse[i]));
+    }
+    Ok(())
+}
+
+pub(super) fn check_flash_backward<R: GpuRuntime>(
+    d: &Device<R>,
+    rng: &mut Rng,
+    verdict: &mut Verdict,
+) -> Result<(), BackendError> {
+    let case = flash_case(rng);
+    let a = case.shape;
+    let width = FlashWidth::for_head(a.d).expect("flash cases fit a width");
+    let (q, k, v) = (widen(&case.q), widen(&case.k), widen(&case.v));
+    let (out, lse) = reference::attention(&a, &q, &k, &v, &case.starts());
+    let out_bf16: Vec<u16> = out.iter().map(|&x| f32_to_bf16(x as f32)).collect();
+    let lse_f32: Vec<f32> = lse.iter().map(|&x| x as f32).collect();
+    let dout = bf16_values(rng, out.len(), 1.0);
+    let (qs, ks, vs) = (DeviceArray::from(d, &case.q)?, DeviceArray::from(d, &case.k)?, DeviceArray::from(d, &case.v)?);
+    let (outs, lses, dos) =
+        (DeviceArray::from(d, &out_bf16)?, DeviceArray::from(d, &lse_f32)?, DeviceArray::from(d, &dout)?);
+    let starts = DeviceArray::from(d, &case.starts)?;
+    // The outputs start zeroed, as the engine passes them; the kernels write every key below Tk.
+    let dqs = DeviceArray::from(d, &vec![0xffffu16; case.q.len()])?;
+    let (dks, dvs) =
+        (DeviceArray::from(d, &vec![0u16; case.k.len()])?, DeviceArray::from(d, &vec![0u16; case.v.len()])?);
+    let delta = DeviceArray::from(d, &vec![0f32; a.b * a.heads * a.tq])?;
+    let dq_args = vec![dqs.arg(), delta.arg(), dos.arg(), outs.arg(), lses.arg(), qs.arg(), ks.arg(), vs.arg()];
+    let tail = [vec![case.starts_arg(&starts)], case.shape_args()].concat();
+    let rows = flash_rows_grid(a.b, a.tq, a.heads, a.kv_heads);
+    run_shaped(d, width.backward_dq(), rows, flash_threads(d), [dq_args, tail.clone()].concat())?;
+    let dkv_args = vec![dks.arg(), dvs.arg(), dos.arg(), lses.arg(), delta.arg(), qs.arg(), ks.arg(), vs.arg()];
+    let keys = flash_keys_grid(a.b, a.tk, a.kv_heads);
+    run_shaped(d, width.backward_dkv(), keys, flash_threads(d), [dkv_args, tail].concat())?;
+    let seen_out: Vec<f64> = out_bf16.iter().map(|&h| f64::from(bf16_to_f32(h))).collect();
+    let ([dq, dk, dv], [sq, sk, sv]) =
+        reference::attention_backward(&a, (&q, &k, &v), &seen_out, &widen(&dout), &case.starts());
+    verdict.bf16_products("dq", &dqs.read()?, &dq, &sq);
+    verdict.bf16_products("dk", &dks.read()?, &dk, &sk);
+    verdict.bf16_products("dv", &dvs.read()?, &dv, &sv);
     Ok(())
 }
 

@@ -145,7 +145,7 @@ fn check_every_kernel<R: GpuRuntime>(
     warp: u32,
 ) -> Result<(Vec<KernelRun>, Vec<String>), RuntimeError> {
     type Check<R> = fn(&Device<R>, &mut Rng, &mut Verdict) -> Result<(), BackendError>;
-    let checks: [(&'static str, Check<R>); 20] = [
+    let checks: [(&'static str, Check<R>); 22] = [
         ("nereus_cast_f32_to_bf16", check_cast_to_bf16),
         ("nereus_cast_bf16_to_f32", check_cast_to_f32),
         ("nereus_rmsnorm_forward", check_rmsnorm_forward),
@@ -166,6 +166,8 @@ fn check_every_kernel<R: GpuRuntime>(
         ("nereus_kv_append", attention::check_kv_append),
         ("nereus_attention_forward", attention::check_attention_forward),
         ("nereus_attention_backward", attention::check_attention_backward),
+        ("nereus_flash_forward_{32,64,128}", attention::check_flash_forward),
+        ("nereus_flash_backward_{dq,dkv}_{32,64,128}", attention::check_flash_backward),
     ];
     let (mut runs, mut failures) = (Vec::new(), Vec::new());
     for (i, (kernel, check)) in checks.into_iter().enumerate() {
@@ -213,6 +215,15 @@ impl Verdict {
     fn bf16_scaled(&mut self, what: &str, got: &[u16], want: &[f64], scale: &[f64]) {
         let got: Vec<f64> = got.iter().map(|&h| f64::from(bf16_to_f32(h))).collect();
         self.compare(what, &got, want, |i, w| w.abs() / 256.0 + 1e-5 * scale[i] + f64::MIN_POSITIVE);
+    }
+
+    /// bf16 outputs of sums whose terms went through bf16 on the way (a tensor-core product's
+    /// probabilities or score gradients): each term's rounding is at most 2⁻⁸ (bf16's unit
+    /// roundoff) of its size and the output's own at most 2⁻⁸ of it, so the bound
+    /// `2⁻⁸·(|ref| + scale[i])`, with `scale[i]` the sum of the terms' magnitudes.
+    fn bf16_products(&mut self, what: &str, got: &[u16], want: &[f64], scale: &[f64]) {
+        let got: Vec<f64> = got.iter().map(|&h| f64::from(bf16_to_f32(h))).collect();
+        self.compare(what, &got, want, |i, w| (w.abs() + scale[i]) / 256.0 + f64::MIN_POSITIVE);
     }
 
     /// f32 outputs: `10⁻⁵·(|ref| + scale[i])`.

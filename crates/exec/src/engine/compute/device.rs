@@ -17,7 +17,10 @@ use super::{pipe_through_host, Compute, GradView, KvRows, Neighbour, PipeLink, R
 use crate::backend::blas::{Gemm, GemmOut};
 use crate::backend::gpu::{Device, DeviceArray, DevicePtr, DeviceView, GpuRuntime};
 use crate::backend::kernels::RectCopy;
-use crate::backend::sources::{AdamTensor, KernelArg, KernelArgs, Launch, ATTENTION_BLOCK};
+use crate::backend::sources::{
+    flash_keys_grid, flash_rows_grid, AdamTensor, FlashWidth, KernelArg, KernelArgs, Launch, ATTENTION_BLOCK,
+    FLASH_WARPS,
+};
 use crate::engine::arena::{Arena, Mark};
 use crate::engine::generate::Sampling;
 use crate::engine::ops::{AttentionShape, Rope, TensorGroup};
@@ -131,6 +134,11 @@ impl<'d, 'a, 'l, R: GpuRuntime> OnDevice<'d, 'a, 'l, R> {
     /// `y = bf16(x)`.
     fn round(&self, y: &Bf16<'d, R>, x: &F32<'d, R>) -> Result<(), EngineError> {
         self.elementwise("nereus_cast_f32_to_bf16", x.len(), vec![ptr(y.ptr()), ptr(x.ptr()), len(x.len())])
+    }
+
+    /// Threads per block of the flash attention kernels: their warps at this device's width.
+    fn flash_threads(&self) -> u32 {
+        FLASH_WARPS * self.device.runtime().warp_width()
     }
 
     /// Token ids as the kernels read them.
@@ -331,7 +339,13 @@ impl<'d, R: GpuRuntime> Compute for OnDevice<'d, '_, '_, R> {
         let buffers =
             [out.ptr(), lse.ptr(), q.ptr(), k.ptr(), v.ptr(), starts.as_ref().map_or(DevicePtr(0), |s| s.ptr())];
         let args = [buffers.map(ptr).to_vec(), attention_args(&shape)].concat();
-        self.launch("nereus_attention_forward", attention_grid(&shape), ATTENTION_BLOCK, args)?;
+        match FlashWidth::for_head(shape.d) {
+            Some(width) => {
+                let grid = flash_rows_grid(shape.b, shape.tq, shape.heads, shape.kv_heads);
+                self.launch(width.forward(), grid, self.flash_threads(), args)?;
+            }
+            None => self.launch("nereus_attention_forward", attention_grid(&shape), ATTENTION_BLOCK, args)?,
+        }
         Ok(lse)
     }
 
@@ -345,13 +359,28 @@ impl<'d, R: GpuRuntime> Compute for OnDevice<'d, '_, '_, R> {
         shape: AttentionShape,
         starts: &[usize],
     ) -> Result<(), EngineError> {
+        let starts_buffer = self.starts(starts)?;
+        let starts_ptr = ptr(starts_buffer.as_ref().map_or(DevicePtr(0), |s| s.ptr()));
+        if let Some(width) = FlashWidth::for_head(shape.d) {
+            // dq (and each row's Σ dout·out) per row tile, then dk, dv per key tile: no atomics.
+            let delta = self.f32_zeros(MemoryItem::ActivationGradients, shape.b * shape.heads * shape.tq)?;
+            let dq_buffers = [dq.ptr(), delta.ptr(), dout.ptr(), out.ptr()];
+            let inputs = [lse.ptr(), q.ptr(), k.ptr(), v.ptr()];
+            let args =
+                [dq_buffers.map(ptr).to_vec(), inputs.map(ptr).to_vec(), vec![starts_ptr], attention_args(&shape)];
+            let grid = flash_rows_grid(shape.b, shape.tq, shape.heads, shape.kv_heads);
+            self.launch(width.backward_dq(), grid, self.flash_threads(), args.concat())?;
+            let dkv_buffers = [dk.ptr(), dv.ptr(), dout.ptr(), lse.ptr(), delta.ptr(), q.ptr(), k.ptr(), v.ptr()];
+            let args = [dkv_buffers.map(ptr).to_vec(), vec![starts_ptr], attention_args(&shape)];
+            let grid = flash_keys_grid(shape.b, shape.tk, shape.kv_heads);
+            return self.launch(width.backward_dkv(), grid, self.flash_threads(), args.concat());
+        }
         // Key and value gradients gather over query rows with f32 atomics, then round once.
         let dk32 = self.f32_zeros(MemoryItem::ActivationGradients, dk.len())?;
         let dv32 = self.f32_zeros(MemoryItem::ActivationGradients, dv.len())?;
-        let starts = self.starts(starts)?;
         let buffers = [dq.ptr(), dk32.ptr(), dv32.ptr(), dout.ptr(), out.ptr(), lse.ptr(), q.ptr(), k.ptr(), v.ptr()];
         let mut args = buffers.map(ptr).to_vec();
-        args.push(ptr(starts.as_ref().map_or(DevicePtr(0), |s| s.ptr())));
+        args.push(starts_ptr);
         args.extend(attention_args(&shape));
         self.launch("nereus_attention_backward", attention_grid(&shape), ATTENTION_BLOCK, args)?;
         self.round(dk, &dk32)?;
