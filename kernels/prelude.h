@@ -141,13 +141,14 @@ struct __align__(16) NereusVec16 {
 // f32, k in order.
 // ---------------------------------------------------------------------------------------------
 #define NEREUS_MMA_REGS (256 / NEREUS_WARP)
-struct NereusMmaA {
+// Aligned so that the CUDA path may read two bf16 as one 32-bit register wherever they live.
+struct __align__(16) NereusMmaA {
   bf16 x[NEREUS_MMA_REGS];
 };
-struct NereusMmaB {
+struct __align__(16) NereusMmaB {
   bf16 x[NEREUS_MMA_REGS];
 };
-struct NereusMmaC {
+struct __align__(16) NereusMmaC {
   float x[NEREUS_MMA_REGS];
 };
 

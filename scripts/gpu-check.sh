@@ -1,31 +1,26 @@
 #!/usr/bin/env bash
-# The GPU data plane on an NVIDIA machine (issue 15), in one run:
-#   1. builds with `--features cuda` (NVRTC, NCCL and the driver are loaded at run time);
-#   2. runs the rectangle-copy kernels (kernels/pack.cu) on GPU 0 against the host reference;
-#   3. runs `selftest primitives --device` (and `selftest transitions --device` with 3+ GPUs),
-#      one rank per GPU: shards device-resident, every step checked by layout-independent
-#      digests and a byte-exact gather against the state generated on the host from the seed;
-#   4. runs `bench primitives --device --json` (2 ranks with 2+ GPUs, else the kernel rows on
-#      one) and checks its floors: pack/unpack >= 70% of the device's own device-to-device copy
-#      bandwidth for rectangles >= 64 MiB, Merge sends 0 bytes with resident targets, and the
-#      bytes Split and Extend hand to ncclSend equal the host plane's;
-#   5. runs `selftest kernels --device cuda` (issue 30) for seeds 1-3: every engine kernel
-#      (kernels/*.cu, NVRTC for this GPU's sm) and the cuBLAS GEMM on the same seeded shapes and
-#      inputs the grid emulator runs in CI, each within its stated tolerance of the f64 reference
-#      (the emulator's results for these seeds are what CI checked; the reference is the golden);
-#   6. runs `selftest engine --device cuda`, one rank per GPU: every (tp, pp, dp) layout that fits
-#      trains one bf16 step of the parity LM and value model on the GPU(s) (kernels, cuBLAS, the
-#      device shard store, the fused AdamW) against the host f32 engine's (1, 1, 1);
-#   7. runs `bench engine --device cuda` on one GPU (the Llama-3.2-1B shape, random weights, one
-#      4,096-token sequence; decode 64 × (128 + 128)) and checks issue 30's floors: the engine's
-#      GEMMs >= 80% of the bare cuBLAS GEMM's TFLOP/s at the same shapes, the training step at
-#      >= 35% of the device's dense bf16 peak (MFU), decode >= 50% of the HBM roofline for
-#      reading the weights and the KV cache (peaks from configs/clusters/ for H200 and A100);
-#   8. trains configs/llama3.2-1b-grpo-1gpu.toml for 3 steps (`nereus train` on the GPU: GRPO,
-#      Llama-3.2-1B's shape, random weights) and prints per step tokens/s, decode tokens/s, the
-#      training phase's MFU and peak memory measured beside predicted (issue 31);
-#   9. runs `bench calibration` on 8 CPU ranks, one a core (issue 29's floors on a quiet machine:
-#      held-out step MAPE <= 10%, largest error <= 25%).
+# The device checks on an NVIDIA machine, in one run, in order of value under a deadline
+# (NEREUS_GPU_DEADLINE_S, default 480 s; a step that would not fit is skipped and fails the run):
+#   1. builds with `--features cuda` (or takes the prebuilt bundle of scripts/gpu-bundle.sh);
+#   2. `selftest kernels --device cuda` for seeds 1-3 (NEREUS_KERNEL_SEEDS): every engine kernel
+#      (the flash attention on tensor cores included) and the cuBLAS GEMM on the seeded shapes the
+#      grid emulator runs in CI, each within its stated tolerance of the f64 reference;
+#   3. `bench engine --device cuda` on one GPU (the Llama-3.2-1B shape, random weights, one
+#      4,096-token sequence; decode 64 × (128 + 128)) and its floors: the engine's GEMMs >= 80% of
+#      bare cuBLAS at the same shapes, the training step's MFU >= 35%, decode >= 50% of the HBM
+#      roofline (peaks from configs/clusters/ for H200 and A100);
+#   4. the peer on the same shape and machine: scripts/peer-torch.py (PyTorch eager, f32 masters,
+#      bf16 autocast, SDPA, fused AdamW; Hugging Face generate), beside step 3's rows;
+#   5. `selftest engine --device cuda`: every (tp, pp, dp) layout that fits trains one bf16 step
+#      of the parity LM and value model on the GPU against the host f32 engine's (1, 1, 1);
+#   6. trains configs/llama3.2-1b-grpo-1gpu.toml for 3 steps and prints per step tokens/s, decode
+#      tokens/s, the training phase's MFU and peak memory measured beside predicted;
+#   7. `bench calibration` on 8 CPU ranks, one a core (issue 29's quiet-machine floors);
+#   8. the rectangle-copy kernels (kernels/pack.cu) on GPU 0 against the host reference;
+#   9. `selftest primitives --device` (and `selftest transitions --device` with 3+ GPUs), one rank
+#      per GPU, device-resident shards checked by digests and byte-exact gathers;
+#  10. `bench primitives --device --json` and its floors (pack/unpack >= 70% of the device's
+#      device-to-device copy bandwidth at >= 64 MiB; Merge sends 0 bytes with resident targets).
 # Outputs (JSON, tables, logs) go to OUT_DIR; every step runs even when an earlier floor fails
 # (device time is scarce); the exit status is 0 only if every check held.
 #
@@ -49,10 +44,19 @@ nvidia-smi --query-gpu=index,name,memory.total,driver_version,pci.bus_id --forma
 
 have_lib() { ldconfig -p | grep -q "$1"; }
 have_wheel() { python3 -c "import nvidia.$1" 2>/dev/null; }
-if ! have_lib 'libnvrtc.so.12' && ! have_wheel cuda_nvrtc; then python3 -m pip install -q nvidia-cuda-nvrtc-cu12 || true; fi
-if ! have_lib 'libnccl.so' && ! have_wheel nccl; then python3 -m pip install -q nvidia-nccl-cu12 || true; fi
-if ! have_lib 'libcublas.so.12' && ! have_wheel cublas; then python3 -m pip install -q --no-deps nvidia-cublas-cu12 || true; fi
+# From PyPI only where asked (NEREUS_GPU_PIP=1): a GPU node without a network would spend minutes
+# of device time in pip's retries.
+if [ "${NEREUS_GPU_PIP:-0}" = 1 ]; then
+  if ! have_lib 'libnvrtc.so.12' && ! have_wheel cuda_nvrtc; then python3 -m pip install -q nvidia-cuda-nvrtc-cu12 || true; fi
+  if ! have_lib 'libnccl.so' && ! have_wheel nccl; then python3 -m pip install -q nvidia-nccl-cu12 || true; fi
+  if ! have_lib 'libcublas.so.12' && ! have_wheel cublas; then python3 -m pip install -q --no-deps nvidia-cublas-cu12 || true; fi
+fi
 source scripts/kernel-env.sh
+# A CUDA toolkit outside the loader's cache (CUDA 13 in /usr/local/cuda-13.0): its libraries
+# (NVRTC, cuBLAS) are found through LD_LIBRARY_PATH.
+for lib in $(ls -d /usr/local/cuda*/lib64 2>/dev/null | sort -V); do
+  export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+done
 # cudarc opens libnvrtc.so (or .so.12) and libnccl.so. A machine with only a runtime package
 # (libnccl.so.2) or a newer CUDA (libnvrtc.so.13, in the toolkit or PyTorch's wheels) gets a link
 # in target/nccl-link to the newest one found.
@@ -83,6 +87,8 @@ if [ "$(id -u)" = 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
 export OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader}
+# The packed PMIx warns on every launch that it has no compression library.
+export PMIX_MCA_pcompress_base_silence_warning=1
 run() {
   local n=$1
   shift
@@ -104,31 +110,22 @@ PY
 kernel_test=gpu_rectangle_copies_match_the_host_reference
 if [ -n "$prebuilt" ]; then
   echo "== 1. prebuilt binaries from $prebuilt"
-  echo "== 2. kernels/pack.cu on GPU 0 against the host reference"
-  "$prebuilt/bin/kernel-test" --ignored "$kernel_test" 2>&1 | tee "$out/kernels.txt" | grep -E "^test |test result"
 else
   echo "== 1. build --features cuda"
   cargo build --release --locked --features cuda 2>&1 | tail -2
-  echo "== 2. kernels/pack.cu on GPU 0 against the host reference"
-  cargo test --release --locked -p nereus-exec --features cuda --lib -- --ignored "$kernel_test" \
-    2>&1 | tee "$out/kernels.txt" | grep -E "^test |test result"
 fi
 
-echo "== 3. selftests with device-resident state, $gpus rank(s), one per GPU"
-run "$gpus" inspect topology | tee "$out/topology.txt"
-run "$gpus" selftest primitives --device --cases 20 | tee "$out/selftest-primitives.json" || status=1
-if [ "$gpus" -ge 3 ]; then
-  run "$gpus" selftest transitions --device --cases 10 | tee "$out/selftest-transitions.json" || status=1
-else
-  echo "selftest transitions needs 3 ranks on 3 GPUs; skipped with $gpus" | tee "$out/selftest-transitions.json"
-fi
-
-ranks=$((gpus >= 2 ? 2 : 1))
-echo "== 4. bench primitives --device on $ranks rank(s)"
-run "$ranks" bench primitives --device --json "$out/bench-primitives.json" | tee "$out/bench-primitives.txt" || status=1
-check_floors "$out/bench-primitives.json"
-echo "== 5. selftest kernels --device cuda (every engine kernel and the cuBLAS GEMM against f64 references)"
-for seed in 1 2 3; do
+# Device time is scarce: the steps run in order of value, each only while the deadline
+# (NEREUS_GPU_DEADLINE_S seconds from here, default 480) leaves room, each under `timeout`.
+start_s=$(date +%s)
+deadline_s=${NEREUS_GPU_DEADLINE_S:-480}
+left() { echo $((deadline_s - ($(date +%s) - start_s))); }
+step() {  # step SECONDS_NEEDED NAME: whether there is time for it
+  if [ "$(left)" -lt "$1" ]; then echo "== $2: skipped, $(left) s left of the deadline"; status=1; return 1; fi
+}
+if step 60 "selftest kernels"; then
+echo "== 2. selftest kernels --device cuda (every engine kernel and the cuBLAS GEMM against f64 references)"
+for seed in ${NEREUS_KERNEL_SEEDS:-1 2 3}; do
   run 1 selftest kernels --device cuda --seed "$seed" | tee "$out/selftest-kernels-$seed.json" || status=1
 done
 python3 - "$out"/selftest-kernels-*.json <<'PY' || status=1
@@ -138,9 +135,9 @@ for path in sys.argv[1:]:
     worst = max(r["worst"] for r in s["runs"])
     print(f"{path}: {s['device']}: {len(s['runs'])} checks, worst {worst:.3f} of the tolerance, {len(s['failures'])} failures")
 PY
-echo "== 6. selftest engine --device cuda on $gpus rank(s) (the bf16 engine against the host f32 engine)"
-run "$gpus" selftest engine --device cuda | tee "$out/selftest-engine.json" || status=1
-echo "== 7. bench engine --device cuda on GPU 0 (GEMMs, MFU of a training step, decode roofline)"
+fi
+if step 90 "bench engine"; then
+echo "== 3. bench engine --device cuda on GPU 0 (GEMMs, MFU of a training step, decode roofline)"
 case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" in
   *H200*) cluster=(--cluster configs/clusters/h200.toml) ;;
   *A100*) cluster=(--cluster configs/clusters/a100.toml) ;;
@@ -152,7 +149,25 @@ if run 1 bench engine --device cuda --reps 2 ${cluster[@]+"${cluster[@]}"} --jso
 else
   status=1
 fi
-echo "== 8. train configs/llama3.2-1b-grpo-1gpu.toml on GPU 0 (GRPO, Llama-3.2-1B shape, 3 steps)"
+fi
+if step 60 "peer"; then
+echo "== 4. the peer: PyTorch eager on the same shape (f32 masters, bf16 autocast, SDPA, fused AdamW; HF generate)"
+if python3 scripts/peer-torch.py --reps 3 --json "$out/peer-torch.json" 2>&1 | tail -3; then
+  python3 - "$out/bench-engine.json" "$out/peer-torch.json" <<'PY' | tee "$out/peer-ratio.txt" || true
+import json, sys
+ours, peer = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+print("peer:", {k: peer[k] for k in ("step_s", "forward_s", "mfu", "peak_memory_bytes", "decode_tokens_per_s") if k in peer})
+for r in ours["rows"]:
+    print("ours:", {k: v for k, v in r.items() if not isinstance(v, (list, dict))})
+PY
+fi
+fi
+if step 60 "selftest engine"; then
+echo "== 5. selftest engine --device cuda on $gpus rank(s) (the bf16 engine against the host f32 engine)"
+run "$gpus" selftest engine --device cuda | tee "$out/selftest-engine.json" || status=1
+fi
+if step 120 "train"; then
+echo "== 6. train configs/llama3.2-1b-grpo-1gpu.toml on GPU 0 (GRPO, Llama-3.2-1B shape, 3 steps)"
 rm -rf "$out/train-1gpu"
 if run 1 train configs/llama3.2-1b-grpo-1gpu.toml --steps 3 --output-dir "$out/train-1gpu" \
   2>&1 | tee "$out/train-1gpu.txt"; then
@@ -175,7 +190,9 @@ PY
 else
   status=1
 fi
-echo "== 9. bench calibration on the CPU cores, one rank per core (issue 29's quiet-machine floors)"
+fi
+if step 120 "bench calibration"; then
+echo "== 7. bench calibration on the CPU cores, one rank per core (issue 29's quiet-machine floors)"
 # The 2-core development VM runs these 8 CPU ranks 4 to a core, which no per-class efficiency
 # carries across layouts (docs/cost-model.md, "Calibration"); a machine with a core per rank is
 # the quiet machine the floors were set for. The GPU is not used.
@@ -202,6 +219,29 @@ if [ "$cores" -ge 8 ] && run 8 bench calibration --cluster "$out/cpu-node.toml" 
 else
   echo "bench calibration needs 8 cores and a clean run; $cores cores here" | tee -a "$out/bench-calibration.txt"
   status=1
+fi
+fi
+if step 60 "primitives"; then
+echo "== 8. kernels/pack.cu on GPU 0 against the host reference"
+if [ -n "$prebuilt" ]; then
+  "$prebuilt/bin/kernel-test" --ignored "$kernel_test" 2>&1 | tee "$out/kernels.txt" | grep -E "^test |test result"
+else
+  cargo test --release --locked -p nereus-exec --features cuda --lib -- --ignored "$kernel_test" \
+    2>&1 | tee "$out/kernels.txt" | grep -E "^test |test result"
+fi
+echo "== 9. selftests with device-resident state, $gpus rank(s), one per GPU"
+run "$gpus" inspect topology | tee "$out/topology.txt"
+run "$gpus" selftest primitives --device --cases 20 | tee "$out/selftest-primitives.json" || status=1
+if [ "$gpus" -ge 3 ]; then
+  run "$gpus" selftest transitions --device --cases 10 | tee "$out/selftest-transitions.json" || status=1
+else
+  echo "selftest transitions needs 3 ranks on 3 GPUs; skipped with $gpus" | tee "$out/selftest-transitions.json"
+fi
+
+ranks=$((gpus >= 2 ? 2 : 1))
+echo "== 10. bench primitives --device on $ranks rank(s)"
+run "$ranks" bench primitives --device --json "$out/bench-primitives.json" | tee "$out/bench-primitives.txt" || status=1
+check_floors "$out/bench-primitives.json"
 fi
 if [ "$status" = 0 ]; then
   echo "gpu-check: every check held; outputs in $out"

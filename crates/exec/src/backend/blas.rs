@@ -136,7 +136,7 @@ mod vendor {
     /// `CUBLAS_COMPUTE_32F` = 68, `CUBLAS_GEMM_DEFAULT` = −1).
     pub const CUBLAS: BlasAbi = BlasAbi {
         name: "cuBLAS",
-        libraries: &["libcublas.so.12", "libcublas.so"],
+        libraries: &["libcublas.so.12", "libcublas.so.13", "libcublas.so"],
         env: "NEREUS_CUBLAS_LIBRARY",
         symbols: ["cublasCreate_v2", "cublasDestroy_v2", "cublasSetStream_v2", "cublasGemmStridedBatchedEx"],
         ops: (0, 1),

@@ -183,6 +183,7 @@ impl Cuda {
             )
         };
         let sm = (major.map_err(driver_error)? * 10 + minor.map_err(driver_error)?) as u32;
+        keep_freed_memory(cu_device)?;
         let mut modules = Vec::new();
         let mut kernels = Vec::new();
         for source in &SOURCES {
@@ -197,6 +198,22 @@ impl Cuda {
             }
         }
         Ok(Cuda { device, cu_device, modules, kernels, blas: std::cell::OnceCell::new() })
+    }
+}
+
+/// Stream-ordered allocations come from the device's default memory pool, whose release
+/// threshold is 0 unless set: every synchronization then hands the pool's free memory back to the
+/// driver, and the next step's allocations map it afresh. At the maximum, memory freed in one step
+/// serves the next (`cuMemPoolSetAttribute`, CUDA programming guide, "Stream Ordered Memory
+/// Allocator": physical page caching behavior).
+fn keep_freed_memory(device: sys::CUdevice) -> Result<(), BackendError> {
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let mut threshold = u64::MAX;
+    // SAFETY: a valid device; the attribute's value is a u64, as the driver reads it.
+    unsafe {
+        sys::cuDeviceGetDefaultMemPool(&mut pool, device).result().map_err(driver_error)?;
+        let attribute = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD;
+        sys::cuMemPoolSetAttribute(pool, attribute, (&mut threshold as *mut u64).cast()).result().map_err(driver_error)
     }
 }
 
