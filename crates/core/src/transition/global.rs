@@ -605,6 +605,8 @@ fn sorted<T: Ord + Clone>(items: &[T]) -> Vec<T> {
 }
 
 pub mod check;
+#[cfg(test)]
+mod digests;
 mod schedule;
 #[cfg(test)]
 mod tests;
