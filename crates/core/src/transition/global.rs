@@ -171,6 +171,29 @@ pub struct Schedule {
     pub peak_bytes: u64,
 }
 
+/// The work one [`TransitionDag::plan`] did, counted by its passes as they go: a machine-free
+/// measure of the build's cost that CI bounds by the DAG's size, so that a pass which looks at
+/// every node once per node fails a test on any machine. Each pass counts what it visits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct BuildWork {
+    /// Nodes looked at, over every pass (a node counts each time a pass looks at it).
+    pub node_visits: u64,
+    /// Edges followed or looked up, over every pass.
+    pub edge_visits: u64,
+}
+
+impl BuildWork {
+    /// Node visits and edge visits together.
+    pub fn total(&self) -> u64 {
+        self.node_visits + self.edge_visits
+    }
+
+    fn add(&mut self, other: BuildWork) {
+        self.node_visits += other.node_visits;
+        self.edge_visits += other.edge_visits;
+    }
+}
+
 /// A planned transition.
 #[derive(Debug, Clone)]
 pub struct TransitionDag {
@@ -186,6 +209,8 @@ pub struct TransitionDag {
     pub resource_edges: usize,
     /// The schedule.
     pub schedule: Schedule,
+    /// The work its build did.
+    pub work: BuildWork,
 }
 
 /// Every unit of a transition, indexed by its id (ids are dense, in creation order).
@@ -254,6 +279,7 @@ impl TransitionDag {
         let mut initial = Vec::new();
         let mut graph: DiGraph<Node, EdgeKind> = DiGraph::new();
         let mut targets = BTreeMap::new();
+        let mut work = BuildWork::default();
         for placement in &current.placements {
             let ms = placement.candidate.model_stage;
             let goal = target
@@ -270,10 +296,12 @@ impl TransitionDag {
                 units.push(u);
             }
             let base = graph.node_count();
+            work.node_visits += local.nodes.len() as u64;
             for p in local.nodes {
                 let node = make_node(p, ms, &units, bytes, links);
                 graph.add_node(node);
             }
+            work.edge_visits += local.edges.len() as u64;
             for (a, b) in &local.edges {
                 graph.add_edge(NodeIndex::new(base + a), NodeIndex::new(base + b), EdgeKind::Local);
             }
@@ -289,6 +317,7 @@ impl TransitionDag {
             targets,
             resource_edges: 0,
             schedule: Schedule { order: vec![], timings: vec![], seconds: 0.0, peak_bytes: 0 },
+            work,
         };
         dag.copy_fused_pairs_once(bytes, links);
         // Staging through host memory is the fallback of a transition blocked by memory, not
@@ -306,24 +335,36 @@ impl TransitionDag {
     /// Destroy frees one), mapped to that Merge: the pair is one layout change on the same ranks,
     /// run as one redistribution so that nothing the Merge would discard crosses ranks.
     pub fn fused_splits(&self) -> BTreeMap<usize, usize> {
+        self.fused_pairs(&mut BuildWork::default())
+    }
+
+    /// [`TransitionDag::fused_splits`], counting its visits into `work`.
+    fn fused_pairs(&self, work: &mut BuildWork) -> BTreeMap<usize, usize> {
         let nodes: Vec<&Primitive> = self.graph.node_weights().map(|n| &n.primitive).collect();
+        work.node_visits += nodes.len() as u64;
+        let visits = std::cell::Cell::new(0u64);
         let used_elsewhere = |parts: &[UnitId]| {
-            nodes.iter().any(|p| match p {
-                Primitive::Extend { source, .. } => parts.contains(source),
-                Primitive::Destroy { unit } => parts.contains(unit),
-                _ => false,
+            nodes.iter().any(|p| {
+                visits.set(visits.get() + 1);
+                match p {
+                    Primitive::Extend { source, .. } => parts.contains(source),
+                    Primitive::Destroy { unit } => parts.contains(unit),
+                    _ => false,
+                }
             })
         };
         let mut fused = BTreeMap::new();
         for (i, p) in nodes.iter().enumerate() {
             let Primitive::Split { parts, .. } = p else { continue };
-            let merge = nodes
-                .iter()
-                .position(|m| matches!(m, Primitive::Merge { parts: into, .. } if sorted(into) == sorted(parts)));
+            let merge = nodes.iter().position(|m| {
+                visits.set(visits.get() + 1);
+                matches!(m, Primitive::Merge { parts: into, .. } if sorted(into) == sorted(parts))
+            });
             if let Some(j) = merge.filter(|_| !used_elsewhere(parts)) {
                 fused.insert(i, j);
             }
         }
+        work.node_visits += visits.get();
         fused
     }
 
@@ -333,7 +374,10 @@ impl TransitionDag {
     /// core, at about the same rate), where the two nodes priced apart copy most bytes twice.
     /// Their durations stay as priced apart (the critical path).
     fn copy_fused_pairs_once(&mut self, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64, links: &Links) {
-        for (split, merge) in self.fused_splits() {
+        let mut work = BuildWork::default();
+        let fused = self.fused_pairs(&mut work);
+        self.work.add(work);
+        for (split, merge) in fused {
             let Primitive::Merge { merged, .. } = &self.graph[NodeIndex::new(merge)].primitive else { continue };
             let unit = &self.units[merged];
             let bw = slowest_link(links, &unit.ranks);
@@ -353,8 +397,9 @@ impl TransitionDag {
         stage_to_host: Option<f64>,
     ) -> Result<(), TransitionError> {
         let state = ResourceState::new(self, bytes, links.capacity_bytes, cross);
-        let scheduled = schedule::ListScheduler::new(self, state, stage_to_host).run()?;
-        self.adopt(scheduled);
+        let (scheduled, work) = schedule::ListScheduler::new(self, state, stage_to_host).run();
+        self.work.add(work);
+        self.adopt(scheduled?);
         self.schedule.seconds = self.schedule.seconds.max(self.shared_cores_seconds(links));
         Ok(())
     }
@@ -364,8 +409,9 @@ impl TransitionDag {
     /// summed over its ranks, takes at least that sum over its cores, however the nodes
     /// overlap. `bench scaling`'s 4 → 8 extension on 2 cores has its four receiving ranks copy
     /// at once and measures twice the time of one pair. 0 without shared cores.
-    fn shared_cores_seconds(&self, links: &Links) -> f64 {
+    fn shared_cores_seconds(&mut self, links: &Links) -> f64 {
         let Some(cores) = links.cores_per_node else { return 0.0 };
+        self.work.node_visits += self.graph.node_count() as u64;
         let mut per_node = BTreeMap::<i32, f64>::new();
         for (r, seconds) in self.graph.node_weights().flat_map(|n| &n.copying) {
             *per_node.entry(node_of(links, *r)).or_default() += seconds;
@@ -374,9 +420,12 @@ impl TransitionDag {
     }
 
     /// Longest path from each node to the end of the local DAG, its own duration included.
-    fn bottom_levels(&self) -> Vec<f64> {
+    fn bottom_levels(&self, work: &mut BuildWork) -> Vec<f64> {
         let mut level = vec![0.0f64; self.graph.node_count()];
         let order = petgraph::algo::toposort(&self.graph, None).expect("local DAGs are acyclic");
+        // The sort visits every node and edge once, and so does the sweep.
+        work.node_visits += 2 * self.graph.node_count() as u64;
+        work.edge_visits += 2 * self.graph.edge_count() as u64;
         for &i in order.iter().rev() {
             let below =
                 self.graph.neighbors_directed(i, Direction::Outgoing).map(|s| level[s.index()]).fold(0.0, f64::max);

@@ -66,7 +66,8 @@ fn digest(outcome: &Result<TransitionDag, TransitionError>) -> String {
     Sha256::digest(describe(outcome).as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn shipped(name: &str) -> JobConfig {
+/// A shipped job config, read from the repository's `configs/`.
+pub(super) fn shipped(name: &str) -> JobConfig {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs").join(format!("{name}.toml"));
     JobConfig::load(Some(&path), &Overrides::default(), &mut || panic!("{name}: no detection in tests"))
         .unwrap_or_else(|e| panic!("{name}: {e}"))
