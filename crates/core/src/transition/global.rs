@@ -3,6 +3,7 @@
 
 use petgraph::graph::{DiGraph, NodeIndex};
 use petgraph::Direction;
+use rustc_hash::{FxHashMap, FxHashSet};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use thiserror::Error;
@@ -338,33 +339,39 @@ impl TransitionDag {
         self.fused_pairs(&mut BuildWork::default())
     }
 
-    /// [`TransitionDag::fused_splits`], counting its visits into `work`.
+    /// [`TransitionDag::fused_splits`], counting its visits into `work`: one pass over the nodes
+    /// to index the Merges by their sorted parts and the units an Extend or Destroy uses, one to
+    /// look each Split up.
     fn fused_pairs(&self, work: &mut BuildWork) -> BTreeMap<usize, usize> {
-        let nodes: Vec<&Primitive> = self.graph.node_weights().map(|n| &n.primitive).collect();
-        work.node_visits += nodes.len() as u64;
-        let visits = std::cell::Cell::new(0u64);
-        let used_elsewhere = |parts: &[UnitId]| {
-            nodes.iter().any(|p| {
-                visits.set(visits.get() + 1);
-                match p {
-                    Primitive::Extend { source, .. } => parts.contains(source),
-                    Primitive::Destroy { unit } => parts.contains(unit),
-                    _ => false,
+        work.node_visits += 2 * self.graph.node_count() as u64;
+        let mut used_elsewhere: FxHashSet<UnitId> = FxHashSet::default();
+        // The first Merge of each set of parts, as a scan in node order would find it.
+        let mut merges: FxHashMap<Vec<UnitId>, usize> = FxHashMap::default();
+        for (j, node) in self.graph.node_weights().enumerate() {
+            match &node.primitive {
+                Primitive::Extend { source, .. } => {
+                    used_elsewhere.insert(*source);
                 }
-            })
-        };
+                Primitive::Destroy { unit } => {
+                    used_elsewhere.insert(*unit);
+                }
+                Primitive::Merge { parts, .. } => {
+                    merges.entry(sorted(parts)).or_insert(j);
+                }
+                Primitive::Split { .. } => {}
+            }
+        }
         let mut fused = BTreeMap::new();
-        for (i, p) in nodes.iter().enumerate() {
-            let Primitive::Split { parts, .. } = p else { continue };
-            let merge = nodes.iter().position(|m| {
-                visits.set(visits.get() + 1);
-                matches!(m, Primitive::Merge { parts: into, .. } if sorted(into) == sorted(parts))
-            });
-            if let Some(j) = merge.filter(|_| !used_elsewhere(parts)) {
+        let mut key = Vec::new();
+        for (i, node) in self.graph.node_weights().enumerate() {
+            let Primitive::Split { parts, .. } = &node.primitive else { continue };
+            key.clear();
+            key.extend_from_slice(parts);
+            key.sort_unstable();
+            if let Some(&j) = merges.get(key.as_slice()).filter(|_| !parts.iter().any(|p| used_elsewhere.contains(p))) {
                 fused.insert(i, j);
             }
         }
-        work.node_visits += visits.get();
         fused
     }
 
