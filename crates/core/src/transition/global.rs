@@ -298,6 +298,8 @@ impl TransitionDag {
             }
             let base = graph.node_count();
             work.node_visits += local.nodes.len() as u64;
+            graph.reserve_nodes(local.nodes.len());
+            graph.reserve_edges(local.edges.len());
             for p in local.nodes {
                 let node = make_node(p, ms, &units, bytes, links);
                 graph.add_node(node);
@@ -578,19 +580,35 @@ fn slowest_link(links: &Links, ranks: &[i32]) -> f64 {
 }
 
 fn per_rank(unit: &Unit, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64) -> Vec<(i32, u64)> {
+    let mut out = Vec::with_capacity(unit.ranks.len());
+    per_rank_into(unit, bytes, &mut out);
+    out
+}
+
+/// [`per_rank`] of `unit`, appended to `out`.
+fn per_rank_into(unit: &Unit, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64, out: &mut Vec<(i32, u64)>) {
     // Ranks are TP-fastest and TP positions of a stage hold equal shards: ask once per stage.
     let mut stage = (u32::MAX, 0);
-    unit.ranks
-        .iter()
-        .enumerate()
-        .map(|(k, &r)| {
-            let p = unit.layout.position(k);
-            if stage.0 != p.pp {
-                stage = (p.pp, bytes(unit.model_stage, unit.layout, p));
-            }
-            (r, stage.1)
-        })
-        .collect()
+    out.extend(unit.ranks.iter().enumerate().map(|(k, &r)| {
+        let p = unit.layout.position(k);
+        if stage.0 != p.pp {
+            stage = (p.pp, bytes(unit.model_stage, unit.layout, p));
+        }
+        (r, stage.1)
+    }));
+}
+
+/// [`per_rank`] of every unit of `ids`, one after another.
+fn per_rank_of_all(
+    ids: &[UnitId],
+    units: &Units,
+    bytes: &dyn Fn(ModelStage, Layout, Position) -> u64,
+) -> Vec<(i32, u64)> {
+    let mut out = Vec::with_capacity(ids.iter().map(|id| units[id].ranks.len()).sum());
+    for id in ids {
+        per_rank_into(&units[id], bytes, &mut out);
+    }
+    out
 }
 
 /// A node with its rank set, memory effects and estimated duration.
@@ -614,7 +632,7 @@ fn make_node(
     let (acquire, release, seconds) = match &p {
         Primitive::Split { source, parts } => {
             let src = u(source);
-            let acquire: Vec<(i32, u64)> = parts.iter().flat_map(|id| per_rank(u(id), bytes)).collect();
+            let acquire = per_rank_of_all(parts, units, bytes);
             let held = per_rank(src, bytes);
             // Each rank receives what its new shard has beyond its old one, from its unit's ranks.
             let slowest_bw = slowest_link(links, &src.ranks);
@@ -640,7 +658,7 @@ fn make_node(
         Primitive::Merge { parts, merged } => {
             let m = u(merged);
             let acquire = per_rank(m, bytes);
-            let release: Vec<(i32, u64)> = parts.iter().flat_map(|id| per_rank(u(id), bytes)).collect();
+            let release = per_rank_of_all(parts, units, bytes);
             copying = acquire.iter().map(|(r, b)| (*r, *b as f64 / links.memory_bytes_per_s)).collect();
             let secs = copying.iter().map(|(_, t)| *t).fold(0.0, f64::max);
             (acquire, release, secs)
