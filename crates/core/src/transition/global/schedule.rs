@@ -11,6 +11,7 @@
 use petgraph::graph::NodeIndex;
 use petgraph::Direction;
 use std::cmp::Reverse;
+use std::collections::binary_heap::PeekMut;
 use std::collections::BinaryHeap;
 
 use super::{stage_rank, BuildWork, EdgeKind, NodeTiming, ResourceState, Schedule, TransitionDag, TransitionError};
@@ -29,6 +30,8 @@ pub(super) struct ListScheduler<'d> {
     stage_to_host: Option<f64>,
     /// Per node: predecessors not yet scheduled.
     waiting: Vec<usize>,
+    /// Per node: when its scheduled predecessors finish (all of them once it is ready).
+    preds_finish: Vec<f64>,
     finish: Vec<f64>,
     /// Per rank: when its last scheduled node finishes.
     rank_free: Vec<f64>,
@@ -74,6 +77,7 @@ impl<'d> ListScheduler<'d> {
             state,
             stage_to_host,
             waiting: (0..n).map(incoming).collect(),
+            preds_finish: vec![0.0; n],
             finish: vec![0.0; n],
             rank_free: vec![0.0; pool],
             by_priority,
@@ -95,14 +99,26 @@ impl<'d> ListScheduler<'d> {
     /// Schedules every node, or says which one is blocked and why; and what the pass visited,
     /// either way.
     pub fn run(mut self) -> (Result<Scheduled, TransitionError>, BuildWork) {
-        while let Some(Reverse((start_bits, tie_bits))) = self.heap.pop() {
+        loop {
+            // The heap is taken out while its top is looked at, and put back before `place`
+            // pushes onto it.
+            let mut heap = std::mem::take(&mut self.heap);
+            let Some(mut top) = heap.peek_mut() else { break };
+            let Reverse((start_bits, tie_bits)) = *top;
             self.work.node_visits += 1;
             let i = self.by_priority[(tie_bits & !(1 << 63)) as usize];
             let start = self.earliest_start(i);
             if start.to_bits() > start_bits {
-                self.heap.push(self.key(i, start));
+                // A stale key is refreshed in place: one sift down instead of a pop and a push.
+                // (Each ready node has one entry and its own tie rank, so the keys are distinct
+                // and the order is that of the keys alone.)
+                *top = self.key(i, start);
+                drop(top);
+                self.heap = heap;
                 continue;
             }
+            PeekMut::pop(top);
+            self.heap = heap;
             if self.admit(i) {
                 self.place(i, start);
             }
@@ -133,19 +149,10 @@ impl<'d> ListScheduler<'d> {
         self.heap.push(self.key(i, start));
     }
 
-    /// When node `i` could start: after its predecessors and its ranks' earlier nodes.
-    fn earliest_start(&mut self, i: usize) -> f64 {
-        let graph = &self.dag.graph;
-        let mut edges = 0;
-        let preds = graph
-            .neighbors_directed(NodeIndex::new(i), Direction::Incoming)
-            .map(|p| {
-                edges += 1;
-                self.finish[p.index()]
-            })
-            .fold(0.0, f64::max);
-        self.work.edge_visits += edges;
-        graph[NodeIndex::new(i)].ranks(&self.dag.units).map(|r| self.rank_free[r as usize]).fold(preds, f64::max)
+    /// When ready node `i` could start: after its predecessors and its ranks' earlier nodes.
+    fn earliest_start(&self, i: usize) -> f64 {
+        let node = &self.dag.graph[NodeIndex::new(i)];
+        node.ranks(&self.dag.units).map(|r| self.rank_free[r as usize]).fold(self.preds_finish[i], f64::max)
     }
 
     /// Whether node `i` fits now (staged through host memory if it must and may); a node that
@@ -197,6 +204,8 @@ impl<'d> ListScheduler<'d> {
         self.order.push(i);
         for succ in graph.neighbors_directed(NodeIndex::new(i), Direction::Outgoing) {
             self.work.edge_visits += 1;
+            let after = &mut self.preds_finish[succ.index()];
+            *after = after.max(self.finish[i]);
             self.waiting[succ.index()] -= 1;
             if self.waiting[succ.index()] == 0 {
                 self.push_ready(succ.index());
