@@ -15,7 +15,6 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use super::transition::{links, replanned_pair, Sizer};
 use super::{machine, median, BenchReport, Floor};
 use nereus_core::config::{JobConfig, Overrides};
 use nereus_core::cost::{Efficiencies, Hardware};
@@ -25,7 +24,9 @@ use nereus_core::plan::{ModelStage, Plan};
 use nereus_core::planner::Planner;
 use nereus_core::rng::Rng;
 use nereus_core::transition::global::{check, Links};
-use nereus_core::transition::testing::{plan_pair, tightest_capacity, tiny_catalogue, SMALL_LINKS};
+use nereus_core::transition::testing::{
+    base_planner, plan_pair, replanned_pair, tightest_capacity, tiny_catalogue, whole_memory_links, Sizer, SMALL_LINKS,
+};
 use nereus_core::transition::TransitionDag;
 use nereus_runtime::{RuntimeError, Session};
 
@@ -315,13 +316,13 @@ fn dag_instance(case: &DagCase, reps: usize, time_limit_s: f64) -> Option<DagRow
 
 /// The planner's own transitions on 8–64 GPUs (those of `bench transition-planning`).
 fn planner_dags(config: &JobConfig, reps: usize, time_limit_s: f64) -> Result<Vec<DagRow>, RuntimeError> {
-    let base = Planner::new(config, 8, Some(1024), Efficiencies::default())?;
+    let base = base_planner(config)?;
     let sizer = Sizer::of(config);
     let bytes = |ms: ModelStage, l: Layout, p: Position| sizer.bytes(ms, l, p);
     let mut rows = Vec::new();
     for ranks in SIZES {
         let (from, to) = replanned_pair(&base, ranks)?;
-        let links = links(&Hardware::new(&config.cluster, ranks, 0.0));
+        let links = whole_memory_links(&Hardware::new(&config.cluster, ranks, 0.0));
         let case = DagCase { source: "planner", memory: "device", ranks, from, to, bytes: &bytes, links };
         match dag_instance(&case, reps, time_limit_s) {
             Some(row) => rows.push(row),

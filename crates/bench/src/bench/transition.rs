@@ -7,20 +7,16 @@
 //! random plan pairs of a tiny model on 4–8 ranks whose DAG has at most 8 primitives.
 
 use serde::Serialize;
-use std::cell::RefCell;
-use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use nereus_core::config::{JobConfig, Overrides};
-use nereus_core::cost::{Efficiencies, Hardware};
-use nereus_core::model::{shard_bytes, Section};
-use nereus_core::model::{Catalogue, Layout, Position};
-use nereus_core::plan::{ModelStage, Plan, Role};
-use nereus_core::planner::Planner;
-use nereus_core::transition::global::{check, Links};
-use nereus_core::transition::testing::SMALL_LINKS;
+use nereus_core::cost::Hardware;
+use nereus_core::model::{Layout, Position};
+use nereus_core::plan::{ModelStage, Plan};
+use nereus_core::transition::global::check;
+use nereus_core::transition::testing::{base_planner, replanned_pair, whole_memory_links, Sizer, SMALL_LINKS};
 use nereus_core::transition::TransitionDag;
 
 use super::{machine, BenchReport, Floor};
@@ -43,58 +39,6 @@ pub struct Row {
     pub l_tran_s: f64,
     /// Best `L_tran` over every feasible order (small instances), seconds.
     pub optimal_l_tran_s: Option<f64>,
-}
-
-/// Per-position state bytes from the catalogues, memoized per (role, training, layout, stage).
-pub(super) struct Sizer {
-    catalogues: HashMap<Role, Catalogue>,
-    memo: RefCell<rustc_hash::FxHashMap<(Role, bool, Layout, u32), u64>>,
-}
-
-impl Sizer {
-    /// The job's own models.
-    pub(super) fn of(config: &JobConfig) -> Sizer {
-        Sizer { catalogues: nereus_core::planner::catalogues(config).into_iter().collect(), memo: Default::default() }
-    }
-
-    /// The tiny model of the random plan pairs, in every role.
-    pub(super) fn tiny() -> Sizer {
-        let tiny = nereus_core::transition::testing::tiny_catalogue();
-        Sizer {
-            catalogues: [Role::Actor, Role::Critic, Role::Reference, Role::Reward]
-                .into_iter()
-                .map(|r| (r, tiny.clone()))
-                .collect(),
-            memo: Default::default(),
-        }
-    }
-
-    /// Bytes one position of a unit holds.
-    pub(super) fn bytes(&self, ms: ModelStage, layout: Layout, position: Position) -> u64 {
-        let key = (ms.role, ms.trains(), layout, position.pp);
-        if let Some(b) = self.memo.borrow().get(&key) {
-            return *b;
-        }
-        let c = &self.catalogues[&ms.role];
-        let dtype = c.arch.dtype;
-        let b =
-            shard_bytes(&c.shard(layout, Position { tp: 0, pp: position.pp }), &Section::of(ms.trains(), dtype), dtype);
-        self.memo.borrow_mut().insert(key, b);
-        b
-    }
-}
-
-/// The pool's links, each rank with room for its device's whole memory.
-pub(super) fn links(hw: &Hardware) -> Links {
-    Links { capacity_bytes: hw.memory_bytes, ..Links::of(hw, None) }
-}
-
-/// The planner's plans on `ranks` GPUs for 1K- and then 8K-token responses (the second
-/// searched from the first), so that every model-stage changes layout.
-pub(super) fn replanned_pair(base: &Planner, ranks: u32) -> Result<(Plan, Plan), RuntimeError> {
-    let from = base.replanned(ranks, 1024, Efficiencies::default())?.search(None)?.plan();
-    let to = base.replanned(ranks, 8192, Efficiencies::default())?.search(Some(&from))?.plan();
-    Ok((from, to))
 }
 
 /// Global transition DAG build time from 32 to 16,384 ranks, and its gap to the best order.
@@ -180,13 +124,13 @@ fn benchmark(
 }
 
 fn large(config: &JobConfig, sizes: &[u32], reps: usize) -> Result<Vec<Row>, RuntimeError> {
-    let base = Planner::new(config, 8, Some(1024), Efficiencies::default())?;
+    let base = base_planner(config)?;
     let sizer = Sizer::of(config);
     let mut rows = Vec::new();
     for &ranks in sizes {
         let (from, to) = replanned_pair(&base, ranks)?;
         let hw = Hardware::new(&config.cluster, ranks, 0.0);
-        let links = links(&hw);
+        let links = whole_memory_links(&hw);
         let bytes = |ms: ModelStage, l: Layout, p: Position| sizer.bytes(ms, l, p);
         let mut times = Vec::new();
         let mut last = None;

@@ -3,6 +3,7 @@
 
 use petgraph::graph::{DiGraph, NodeIndex};
 use petgraph::Direction;
+use rustc_hash::{FxHashMap, FxHashSet};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use thiserror::Error;
@@ -171,6 +172,29 @@ pub struct Schedule {
     pub peak_bytes: u64,
 }
 
+/// The work one [`TransitionDag::plan`] did, counted by its passes as they go: a machine-free
+/// measure of the build's cost that CI bounds by the DAG's size, so that a pass which looks at
+/// every node once per node fails a test on any machine. Each pass counts what it visits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct BuildWork {
+    /// Nodes looked at, over every pass (a node counts each time a pass looks at it).
+    pub node_visits: u64,
+    /// Edges followed or looked up, over every pass.
+    pub edge_visits: u64,
+}
+
+impl BuildWork {
+    /// Node visits and edge visits together.
+    pub fn total(&self) -> u64 {
+        self.node_visits + self.edge_visits
+    }
+
+    fn add(&mut self, other: BuildWork) {
+        self.node_visits += other.node_visits;
+        self.edge_visits += other.edge_visits;
+    }
+}
+
 /// A planned transition.
 #[derive(Debug, Clone)]
 pub struct TransitionDag {
@@ -186,6 +210,8 @@ pub struct TransitionDag {
     pub resource_edges: usize,
     /// The schedule.
     pub schedule: Schedule,
+    /// The work its build did.
+    pub work: BuildWork,
 }
 
 /// Every unit of a transition, indexed by its id (ids are dense, in creation order).
@@ -254,6 +280,7 @@ impl TransitionDag {
         let mut initial = Vec::new();
         let mut graph: DiGraph<Node, EdgeKind> = DiGraph::new();
         let mut targets = BTreeMap::new();
+        let mut work = BuildWork::default();
         for placement in &current.placements {
             let ms = placement.candidate.model_stage;
             let goal = target
@@ -270,10 +297,14 @@ impl TransitionDag {
                 units.push(u);
             }
             let base = graph.node_count();
+            work.node_visits += local.nodes.len() as u64;
+            graph.reserve_nodes(local.nodes.len());
+            graph.reserve_edges(local.edges.len());
             for p in local.nodes {
                 let node = make_node(p, ms, &units, bytes, links);
                 graph.add_node(node);
             }
+            work.edge_visits += local.edges.len() as u64;
             for (a, b) in &local.edges {
                 graph.add_edge(NodeIndex::new(base + a), NodeIndex::new(base + b), EdgeKind::Local);
             }
@@ -289,6 +320,7 @@ impl TransitionDag {
             targets,
             resource_edges: 0,
             schedule: Schedule { order: vec![], timings: vec![], seconds: 0.0, peak_bytes: 0 },
+            work,
         };
         dag.copy_fused_pairs_once(bytes, links);
         // Staging through host memory is the fallback of a transition blocked by memory, not
@@ -306,21 +338,39 @@ impl TransitionDag {
     /// Destroy frees one), mapped to that Merge: the pair is one layout change on the same ranks,
     /// run as one redistribution so that nothing the Merge would discard crosses ranks.
     pub fn fused_splits(&self) -> BTreeMap<usize, usize> {
-        let nodes: Vec<&Primitive> = self.graph.node_weights().map(|n| &n.primitive).collect();
-        let used_elsewhere = |parts: &[UnitId]| {
-            nodes.iter().any(|p| match p {
-                Primitive::Extend { source, .. } => parts.contains(source),
-                Primitive::Destroy { unit } => parts.contains(unit),
-                _ => false,
-            })
-        };
+        self.fused_pairs(&mut BuildWork::default())
+    }
+
+    /// [`TransitionDag::fused_splits`], counting its visits into `work`: one pass over the nodes
+    /// to index the Merges by their sorted parts and the units an Extend or Destroy uses, one to
+    /// look each Split up.
+    fn fused_pairs(&self, work: &mut BuildWork) -> BTreeMap<usize, usize> {
+        work.node_visits += 2 * self.graph.node_count() as u64;
+        let mut used_elsewhere: FxHashSet<UnitId> = FxHashSet::default();
+        // The first Merge of each set of parts, as a scan in node order would find it.
+        let mut merges: FxHashMap<Vec<UnitId>, usize> = FxHashMap::default();
+        for (j, node) in self.graph.node_weights().enumerate() {
+            match &node.primitive {
+                Primitive::Extend { source, .. } => {
+                    used_elsewhere.insert(*source);
+                }
+                Primitive::Destroy { unit } => {
+                    used_elsewhere.insert(*unit);
+                }
+                Primitive::Merge { parts, .. } => {
+                    merges.entry(sorted(parts)).or_insert(j);
+                }
+                Primitive::Split { .. } => {}
+            }
+        }
         let mut fused = BTreeMap::new();
-        for (i, p) in nodes.iter().enumerate() {
-            let Primitive::Split { parts, .. } = p else { continue };
-            let merge = nodes
-                .iter()
-                .position(|m| matches!(m, Primitive::Merge { parts: into, .. } if sorted(into) == sorted(parts)));
-            if let Some(j) = merge.filter(|_| !used_elsewhere(parts)) {
+        let mut key = Vec::new();
+        for (i, node) in self.graph.node_weights().enumerate() {
+            let Primitive::Split { parts, .. } = &node.primitive else { continue };
+            key.clear();
+            key.extend_from_slice(parts);
+            key.sort_unstable();
+            if let Some(&j) = merges.get(key.as_slice()).filter(|_| !parts.iter().any(|p| used_elsewhere.contains(p))) {
                 fused.insert(i, j);
             }
         }
@@ -333,7 +383,10 @@ impl TransitionDag {
     /// core, at about the same rate), where the two nodes priced apart copy most bytes twice.
     /// Their durations stay as priced apart (the critical path).
     fn copy_fused_pairs_once(&mut self, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64, links: &Links) {
-        for (split, merge) in self.fused_splits() {
+        let mut work = BuildWork::default();
+        let fused = self.fused_pairs(&mut work);
+        self.work.add(work);
+        for (split, merge) in fused {
             let Primitive::Merge { merged, .. } = &self.graph[NodeIndex::new(merge)].primitive else { continue };
             let unit = &self.units[merged];
             let bw = slowest_link(links, &unit.ranks);
@@ -353,8 +406,9 @@ impl TransitionDag {
         stage_to_host: Option<f64>,
     ) -> Result<(), TransitionError> {
         let state = ResourceState::new(self, bytes, links.capacity_bytes, cross);
-        let scheduled = schedule::ListScheduler::new(self, state, stage_to_host).run()?;
-        self.adopt(scheduled);
+        let (scheduled, work) = schedule::ListScheduler::new(self, state, stage_to_host).run();
+        self.work.add(work);
+        self.adopt(scheduled?);
         self.schedule.seconds = self.schedule.seconds.max(self.shared_cores_seconds(links));
         Ok(())
     }
@@ -364,8 +418,9 @@ impl TransitionDag {
     /// summed over its ranks, takes at least that sum over its cores, however the nodes
     /// overlap. `bench scaling`'s 4 → 8 extension on 2 cores has its four receiving ranks copy
     /// at once and measures twice the time of one pair. 0 without shared cores.
-    fn shared_cores_seconds(&self, links: &Links) -> f64 {
+    fn shared_cores_seconds(&mut self, links: &Links) -> f64 {
         let Some(cores) = links.cores_per_node else { return 0.0 };
+        self.work.node_visits += self.graph.node_count() as u64;
         let mut per_node = BTreeMap::<i32, f64>::new();
         for (r, seconds) in self.graph.node_weights().flat_map(|n| &n.copying) {
             *per_node.entry(node_of(links, *r)).or_default() += seconds;
@@ -374,9 +429,12 @@ impl TransitionDag {
     }
 
     /// Longest path from each node to the end of the local DAG, its own duration included.
-    fn bottom_levels(&self) -> Vec<f64> {
+    fn bottom_levels(&self, work: &mut BuildWork) -> Vec<f64> {
         let mut level = vec![0.0f64; self.graph.node_count()];
         let order = petgraph::algo::toposort(&self.graph, None).expect("local DAGs are acyclic");
+        // The sort visits every node and edge once, and so does the sweep.
+        work.node_visits += 2 * self.graph.node_count() as u64;
+        work.edge_visits += 2 * self.graph.edge_count() as u64;
         for &i in order.iter().rev() {
             let below =
                 self.graph.neighbors_directed(i, Direction::Outgoing).map(|s| level[s.index()]).fold(0.0, f64::max);
@@ -522,19 +580,35 @@ fn slowest_link(links: &Links, ranks: &[i32]) -> f64 {
 }
 
 fn per_rank(unit: &Unit, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64) -> Vec<(i32, u64)> {
+    let mut out = Vec::with_capacity(unit.ranks.len());
+    per_rank_into(unit, bytes, &mut out);
+    out
+}
+
+/// [`per_rank`] of `unit`, appended to `out`.
+fn per_rank_into(unit: &Unit, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64, out: &mut Vec<(i32, u64)>) {
     // Ranks are TP-fastest and TP positions of a stage hold equal shards: ask once per stage.
     let mut stage = (u32::MAX, 0);
-    unit.ranks
-        .iter()
-        .enumerate()
-        .map(|(k, &r)| {
-            let p = unit.layout.position(k);
-            if stage.0 != p.pp {
-                stage = (p.pp, bytes(unit.model_stage, unit.layout, p));
-            }
-            (r, stage.1)
-        })
-        .collect()
+    out.extend(unit.ranks.iter().enumerate().map(|(k, &r)| {
+        let p = unit.layout.position(k);
+        if stage.0 != p.pp {
+            stage = (p.pp, bytes(unit.model_stage, unit.layout, p));
+        }
+        (r, stage.1)
+    }));
+}
+
+/// [`per_rank`] of every unit of `ids`, one after another.
+fn per_rank_of_all(
+    ids: &[UnitId],
+    units: &Units,
+    bytes: &dyn Fn(ModelStage, Layout, Position) -> u64,
+) -> Vec<(i32, u64)> {
+    let mut out = Vec::with_capacity(ids.iter().map(|id| units[id].ranks.len()).sum());
+    for id in ids {
+        per_rank_into(&units[id], bytes, &mut out);
+    }
+    out
 }
 
 /// A node with its rank set, memory effects and estimated duration.
@@ -558,7 +632,7 @@ fn make_node(
     let (acquire, release, seconds) = match &p {
         Primitive::Split { source, parts } => {
             let src = u(source);
-            let acquire: Vec<(i32, u64)> = parts.iter().flat_map(|id| per_rank(u(id), bytes)).collect();
+            let acquire = per_rank_of_all(parts, units, bytes);
             let held = per_rank(src, bytes);
             // Each rank receives what its new shard has beyond its old one, from its unit's ranks.
             let slowest_bw = slowest_link(links, &src.ranks);
@@ -584,7 +658,7 @@ fn make_node(
         Primitive::Merge { parts, merged } => {
             let m = u(merged);
             let acquire = per_rank(m, bytes);
-            let release: Vec<(i32, u64)> = parts.iter().flat_map(|id| per_rank(u(id), bytes)).collect();
+            let release = per_rank_of_all(parts, units, bytes);
             copying = acquire.iter().map(|(r, b)| (*r, *b as f64 / links.memory_bytes_per_s)).collect();
             let secs = copying.iter().map(|(_, t)| *t).fold(0.0, f64::max);
             (acquire, release, secs)
@@ -605,6 +679,8 @@ fn sorted<T: Ord + Clone>(items: &[T]) -> Vec<T> {
 }
 
 pub mod check;
+#[cfg(test)]
+mod digests;
 mod schedule;
 #[cfg(test)]
 mod tests;

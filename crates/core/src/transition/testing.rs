@@ -1,10 +1,18 @@
-//! Random valid plan pairs over a tiny model, shared by the property tests and
-//! `nereus bench transition-planning`.
+//! Plan pairs for the transition's tests and benchmarks: random valid pairs over a tiny model
+//! (the property tests, `nereus bench transition-planning`'s small instances), and the planner's
+//! own re-plans of a shipped job (its large instances, the core's criterion bench, the DAG
+//! digests), with the state sizes and links they are planned with.
 
-use crate::config::Dtype;
-use crate::model::Position;
+use rustc_hash::FxHashMap;
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+
+use crate::config::{Dtype, JobConfig};
+use crate::cost::{Efficiencies, Hardware};
+use crate::model::{shard_bytes, Position, Section};
 use crate::model::{Architecture, Catalogue, Layout, OutputHead};
 use crate::plan::{Candidate, ModelStage, Placement, Plan, Recompute, Role, Stage};
+use crate::planner::{Planner, PlannerError};
 use crate::rng::Rng;
 use crate::transition::global::Links;
 use crate::transition::TransitionDag;
@@ -131,4 +139,66 @@ pub fn tightest_capacity(
         }
     }
     hi
+}
+
+/// Per-position state bytes from the catalogues, memoized per (role, training, layout, stage):
+/// the `bytes` every transition of the benchmarks is planned with.
+pub struct Sizer {
+    catalogues: BTreeMap<Role, Catalogue>,
+    memo: RefCell<FxHashMap<(Role, bool, Layout, u32), u64>>,
+}
+
+impl Sizer {
+    /// The job's own models.
+    pub fn of(config: &JobConfig) -> Sizer {
+        Sizer { catalogues: crate::planner::catalogues(config), memo: Default::default() }
+    }
+
+    /// The tiny model of the random plan pairs, in every role.
+    pub fn tiny() -> Sizer {
+        let tiny = tiny_catalogue();
+        Sizer {
+            catalogues: [Role::Actor, Role::Critic, Role::Reference, Role::Reward]
+                .into_iter()
+                .map(|r| (r, tiny.clone()))
+                .collect(),
+            memo: Default::default(),
+        }
+    }
+
+    /// Bytes one position of a unit holds (TP positions of a pipeline stage hold equal shards).
+    pub fn bytes(&self, ms: ModelStage, layout: Layout, position: Position) -> u64 {
+        let key = (ms.role, ms.trains(), layout, position.pp);
+        if let Some(b) = self.memo.borrow().get(&key) {
+            return *b;
+        }
+        let c = &self.catalogues[&ms.role];
+        let dtype = c.arch.dtype;
+        let b =
+            shard_bytes(&c.shard(layout, Position { tp: 0, pp: position.pp }), &Section::of(ms.trains(), dtype), dtype);
+        self.memo.borrow_mut().insert(key, b);
+        b
+    }
+}
+
+/// The pool's links, each rank with room for its device's whole memory.
+pub fn whole_memory_links(hw: &Hardware) -> Links {
+    Links { capacity_bytes: hw.memory_bytes, ..Links::of(hw, None) }
+}
+
+/// Response tokens of the current plan of [`replanned_pair`]; the target's are 8 times as many.
+pub const REPLANNED_FROM_LEN: u64 = 1024;
+
+/// The planner the large instances re-plan from: `config`'s job on 8 GPUs at
+/// [`REPLANNED_FROM_LEN`]-token responses.
+pub fn base_planner(config: &JobConfig) -> Result<Planner, PlannerError> {
+    Planner::new(config, 8, Some(REPLANNED_FROM_LEN), Efficiencies::default())
+}
+
+/// The planner's plans on `ranks` GPUs for 1K- and then 8K-token responses (the second
+/// searched from the first), so that every model-stage changes layout.
+pub fn replanned_pair(base: &Planner, ranks: u32) -> Result<(Plan, Plan), PlannerError> {
+    let from = base.replanned(ranks, REPLANNED_FROM_LEN, Efficiencies::default())?.search(None)?.plan();
+    let to = base.replanned(ranks, 8 * REPLANNED_FROM_LEN, Efficiencies::default())?.search(Some(&from))?.plan();
+    Ok((from, to))
 }

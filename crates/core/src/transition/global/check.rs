@@ -8,7 +8,7 @@ use petgraph::visit::EdgeRef;
 use petgraph::Direction;
 use std::collections::BTreeMap;
 
-use super::{EdgeKind, Links, NodeTiming, ResourceState, TransitionDag};
+use super::{BuildWork, EdgeKind, Links, NodeTiming, ResourceState, TransitionDag};
 use crate::index_list::format_index_list;
 use crate::model::{Layout, Position};
 use crate::plan::ModelStage;
@@ -71,6 +71,7 @@ fn local_view(dag: &TransitionDag) -> TransitionDag {
         targets: BTreeMap::new(),
         resource_edges: 0,
         schedule: dag.schedule.clone(),
+        work: BuildWork::default(),
     }
 }
 

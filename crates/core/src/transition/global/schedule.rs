@@ -11,9 +11,10 @@
 use petgraph::graph::NodeIndex;
 use petgraph::Direction;
 use std::cmp::Reverse;
+use std::collections::binary_heap::PeekMut;
 use std::collections::BinaryHeap;
 
-use super::{stage_rank, EdgeKind, NodeTiming, ResourceState, Schedule, TransitionDag, TransitionError};
+use super::{stage_rank, BuildWork, EdgeKind, NodeTiming, ResourceState, Schedule, TransitionDag, TransitionError};
 use crate::index_list::format_index_list;
 use crate::transition::local::Primitive;
 
@@ -29,6 +30,8 @@ pub(super) struct ListScheduler<'d> {
     stage_to_host: Option<f64>,
     /// Per node: predecessors not yet scheduled.
     waiting: Vec<usize>,
+    /// Per node: when its scheduled predecessors finish (all of them once it is ready).
+    preds_finish: Vec<f64>,
     finish: Vec<f64>,
     /// Per rank: when its last scheduled node finishes.
     rank_free: Vec<f64>,
@@ -47,6 +50,8 @@ pub(super) struct ListScheduler<'d> {
     deps: Vec<usize>,
     /// Per node: the seconds its staging through host memory adds, when staged.
     staged: Vec<Option<f64>>,
+    /// What the pass visited.
+    work: BuildWork,
 }
 
 /// What a successful pass decided, for the DAG to take on.
@@ -65,12 +70,14 @@ impl<'d> ListScheduler<'d> {
         let n = dag.graph.node_count();
         let pool = state.usage.len();
         let incoming = |i: usize| dag.graph.neighbors_directed(NodeIndex::new(i), Direction::Incoming).count();
-        let (by_priority, tie) = priorities(dag);
+        let mut work = BuildWork { node_visits: n as u64, edge_visits: dag.graph.edge_count() as u64 };
+        let (by_priority, tie) = priorities(dag, &mut work);
         let mut scheduler = ListScheduler {
             dag,
             state,
             stage_to_host,
             waiting: (0..n).map(incoming).collect(),
+            preds_finish: vec![0.0; n],
             finish: vec![0.0; n],
             rank_free: vec![0.0; pool],
             by_priority,
@@ -83,34 +90,52 @@ impl<'d> ListScheduler<'d> {
             new_edges: Vec::new(),
             deps: Vec::new(),
             staged: vec![None; n],
+            work,
         };
         scheduler.heap = (0..n).filter(|&i| scheduler.waiting[i] == 0).map(|i| scheduler.key(i, 0.0)).collect();
         scheduler
     }
 
-    /// Schedules every node, or says which one is blocked and why.
-    pub fn run(mut self) -> Result<Scheduled, TransitionError> {
-        while let Some(Reverse((start_bits, tie_bits))) = self.heap.pop() {
+    /// Schedules every node, or says which one is blocked and why; and what the pass visited,
+    /// either way.
+    pub fn run(mut self) -> (Result<Scheduled, TransitionError>, BuildWork) {
+        loop {
+            // The heap is taken out while its top is looked at, and put back before `place`
+            // pushes onto it.
+            let mut heap = std::mem::take(&mut self.heap);
+            let Some(mut top) = heap.peek_mut() else { break };
+            let Reverse((start_bits, tie_bits)) = *top;
+            self.work.node_visits += 1;
             let i = self.by_priority[(tie_bits & !(1 << 63)) as usize];
             let start = self.earliest_start(i);
             if start.to_bits() > start_bits {
-                self.heap.push(self.key(i, start));
+                // A stale key is refreshed in place: one sift down instead of a pop and a push.
+                // (Each ready node has one entry and its own tie rank, so the keys are distinct
+                // and the order is that of the keys alone.)
+                *top = self.key(i, start);
+                drop(top);
+                self.heap = heap;
                 continue;
             }
+            PeekMut::pop(top);
+            self.heap = heap;
             if self.admit(i) {
                 self.place(i, start);
             }
         }
         if self.order.len() < self.dag.graph.node_count() {
-            return Err(self.blocked());
+            self.work.node_visits += self.dag.graph.node_count() as u64;
+            return (Err(self.blocked()), self.work);
         }
-        Ok(Scheduled {
+        let work = self.work;
+        let scheduled = Scheduled {
             order: self.order,
             finish: self.finish,
             staged: self.staged,
             new_edges: self.new_edges,
             peak_bytes: self.state.peak,
-        })
+        };
+        (Ok(scheduled), work)
     }
 
     fn key(&self, i: usize, start: f64) -> Key {
@@ -118,14 +143,16 @@ impl<'d> ListScheduler<'d> {
         Reverse((start.to_bits(), self.tie[i]))
     }
 
-    /// When node `i` could start: after its predecessors and its ranks' earlier nodes.
+    /// Puts node `i` on the heap, keyed by when it could start now.
+    fn push_ready(&mut self, i: usize) {
+        let start = self.earliest_start(i);
+        self.heap.push(self.key(i, start));
+    }
+
+    /// When ready node `i` could start: after its predecessors and its ranks' earlier nodes.
     fn earliest_start(&self, i: usize) -> f64 {
-        let graph = &self.dag.graph;
-        let preds = graph
-            .neighbors_directed(NodeIndex::new(i), Direction::Incoming)
-            .map(|p| self.finish[p.index()])
-            .fold(0.0, f64::max);
-        graph[NodeIndex::new(i)].ranks(&self.dag.units).map(|r| self.rank_free[r as usize]).fold(preds, f64::max)
+        let node = &self.dag.graph[NodeIndex::new(i)];
+        node.ranks(&self.dag.units).map(|r| self.rank_free[r as usize]).fold(self.preds_finish[i], f64::max)
     }
 
     /// Whether node `i` fits now (staged through host memory if it must and may); a node that
@@ -157,6 +184,7 @@ impl<'d> ListScheduler<'d> {
         self.state.apply_into(i, node, self.staged[i].is_some(), &mut self.deps);
         let begin = self.deps.iter().map(|&d| self.finish[d]).fold(start, f64::max);
         let graph = &dag.graph;
+        self.work.edge_visits += self.deps.len() as u64;
         let added = self.deps.iter().copied().filter(|&d| !graph.contains_edge(NodeIndex::new(d), NodeIndex::new(i)));
         self.new_edges.extend(added.map(|d| (d, i)));
         self.finish[i] = begin + node.seconds + self.staged[i].unwrap_or(0.0);
@@ -166,17 +194,21 @@ impl<'d> ListScheduler<'d> {
         // Whatever waited on a rank this node freed may fit now.
         for &(r, _) in &node.release {
             for j in std::mem::take(&mut self.blocked_on[r as usize]) {
+                self.work.node_visits += 1;
                 if self.is_blocked[j] {
                     self.is_blocked[j] = false;
-                    self.heap.push(self.key(j, self.earliest_start(j)));
+                    self.push_ready(j);
                 }
             }
         }
         self.order.push(i);
         for succ in graph.neighbors_directed(NodeIndex::new(i), Direction::Outgoing) {
+            self.work.edge_visits += 1;
+            let after = &mut self.preds_finish[succ.index()];
+            *after = after.max(self.finish[i]);
             self.waiting[succ.index()] -= 1;
             if self.waiting[succ.index()] == 0 {
-                self.heap.push(self.key(succ.index(), self.earliest_start(succ.index())));
+                self.push_ready(succ.index());
             }
         }
     }
@@ -197,9 +229,10 @@ impl<'d> ListScheduler<'d> {
 
 /// Nodes by tie-break priority — longest remaining path first, then stage order, then index —
 /// and each node's tie rank: not-Destroy in the top bit (Destroys first), then its position.
-fn priorities(dag: &TransitionDag) -> (Vec<usize>, Vec<u64>) {
+fn priorities(dag: &TransitionDag, work: &mut BuildWork) -> (Vec<usize>, Vec<u64>) {
     let n = dag.graph.node_count();
-    let bottom = dag.bottom_levels();
+    let bottom = dag.bottom_levels(work);
+    work.node_visits += 2 * n as u64;
     let stage = |i: usize| stage_rank(dag.graph[NodeIndex::new(i)].model_stage.stage);
     let mut by_priority: Vec<usize> = (0..n).collect();
     by_priority.sort_by(|&a, &b| bottom[b].total_cmp(&bottom[a]).then(stage(a).cmp(&stage(b))).then(a.cmp(&b)));
@@ -228,6 +261,8 @@ impl TransitionDag {
             self.graph.add_edge(NodeIndex::new(*d), NodeIndex::new(*i), EdgeKind::Resource);
         }
         self.resource_edges = s.new_edges.len();
+        self.work.node_visits += s.order.len() as u64;
+        self.work.edge_visits += s.new_edges.len() as u64;
         let finish = &s.finish;
         let timings: Vec<NodeTiming> = s
             .order

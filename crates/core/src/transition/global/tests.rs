@@ -258,3 +258,28 @@ fn a_fused_split_and_merge_copy_the_new_shards_once() {
     // One core copies both ranks' shards: the floor is their sum, above either node's time.
     assert!((dag.schedule.seconds - copied).abs() <= 1e-12 * copied, "{} against {copied}", dag.schedule.seconds);
 }
+
+/// Work per node and edge that a linear build stays under on the 1,024-rank instance: every
+/// pass visits each node and edge a few times (making, fusing, the bottom levels, the list
+/// schedule's pops, stale keys included, and relaxations, adoption). Measured: 61,260 visits
+/// for 3,216 nodes and 4,096 edges (8.4 each); before issue 53's fix, 329,848 (45 each).
+const WORK_PER_NODE_AND_EDGE: u64 = 16;
+
+/// The guard of issue 53, untimed: `nereus bench transition-planning`'s 1,024-rank instance
+/// (3,216 primitives) is built with work linear in its nodes and edges, so a pass that looks at
+/// every node once per node (that instance's 3.7x slowdown) fails here on any machine.
+#[test]
+fn the_1024_rank_instance_is_built_with_work_linear_in_its_size() {
+    use crate::cost::Hardware;
+    use crate::transition::testing::{base_planner, replanned_pair, whole_memory_links, Sizer};
+    let config = super::digests::shipped("llama3.1-8b-ppo");
+    let (from, to) = replanned_pair(&base_planner(&config).unwrap(), 1024).unwrap();
+    let sizer = Sizer::of(&config);
+    let bytes = |ms: ModelStage, l: Layout, p: Position| sizer.bytes(ms, l, p);
+    let links = whole_memory_links(&Hardware::new(&config.cluster, 1024, 0.0));
+    let dag = TransitionDag::plan(&from, &to, &bytes, &links, true).unwrap();
+    let size = (dag.graph.node_count() + dag.graph.edge_count()) as u64;
+    assert_eq!(dag.graph.node_count(), 3216, "the instance of the issue");
+    let bound = WORK_PER_NODE_AND_EDGE * size;
+    assert!(dag.work.total() <= bound, "work {:?} over {bound} for {size} nodes and edges", dag.work);
+}
