@@ -106,7 +106,11 @@ fn every_engine_kernel_matches_its_f64_reference_on_the_grid_emulator_at_warp_32
         let runs = s["runs"].as_array().unwrap();
         for warp in [32, 64] {
             let at: Vec<_> = runs.iter().filter(|r| r["warp"] == warp).collect();
-            assert_eq!(at.len(), 22, "every kernel (the flash attention too) and the GEMM at warp {warp}, seed {seed}: {s}");
+            assert_eq!(
+                at.len(),
+                22,
+                "every kernel (the flash attention too) and the GEMM at warp {warp}, seed {seed}: {s}"
+            );
             assert!(at.iter().all(|r| r["worst"].as_f64().unwrap() <= 1.0), "seed {seed}: {s}");
             let flash = at.iter().filter(|r| r["kernel"].as_str().unwrap().starts_with("nereus_flash")).count();
             assert_eq!(flash, 2, "the flash attention's forward and backward checks at warp {warp}: {s}");
