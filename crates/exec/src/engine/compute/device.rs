@@ -7,7 +7,8 @@
 //! where it reads bytes back: the loss, the norm's one value, and the LM head's per-row
 //! statistics (their TP maxima and sums are a few values per row).
 //! Input gradients accumulate in place (bf16 GEMMs with `beta = 1`, RMSNorm's backward adds to
-//! `dx`); the few f32 scratch buffers (attention's `dk`/`dv` gathers, the LM head's per-shard
+//! `dx`); the few f32 scratch buffers (the flash attention backward's per-row `delta`, or the
+//! scalar kernels' `dk`/`dv` gathers for heads wider than 128, the LM head's per-shard
 //! statistics, the sampler's widened logits) stay charged to the arena until the caller releases
 //! the micro-batch, as on the host, and `cost/reference.rs` prices each of them.
 
