@@ -177,13 +177,18 @@ fn attention_case(rng: &mut Rng) -> AttentionCase {
     let starts = (0..shape.b).map(|_| rng.below(tk.div_ceil(2).min(100)) as i32).collect();
     // One case in four has no padding and passes no `starts` at all (a null pointer).
     let (starts, no_starts) = if rng.below(4) == 0 { (vec![0; shape.b], true) } else { (starts, false) };
-    let kv = shape.b * shape.tc * kv_heads * d;
-    let q = bf16_values(rng, shape.b * tq * heads * d, 1.0);
-    let (k, v) = (bf16_values(rng, kv, 1.0), bf16_values(rng, kv, 1.0));
-    AttentionCase { shape, q, k, v, starts, no_starts }
+    AttentionCase::draw(rng, shape, starts, no_starts)
 }
 
 impl AttentionCase {
+    /// The case of `shape` with uniform bf16 inputs drawn from `rng` (q, then k, then v).
+    fn draw(rng: &mut Rng, shape: Attention, starts: Vec<i32>, no_starts: bool) -> AttentionCase {
+        let kv = shape.b * shape.tc * shape.kv_heads * shape.d;
+        let q = bf16_values(rng, shape.b * shape.tq * shape.heads * shape.d, 1.0);
+        let (k, v) = (bf16_values(rng, kv, 1.0), bf16_values(rng, kv, 1.0));
+        AttentionCase { shape, q, k, v, starts, no_starts }
+    }
+
     fn grid(&self) -> [u32; 3] {
         [self.shape.tq as u32, self.shape.heads as u32, self.shape.b as u32]
     }
@@ -207,23 +212,25 @@ impl AttentionCase {
     }
 }
 
-pub(super) fn check_attention_forward<R: GpuRuntime>(
+/// Runs a forward kernel on `case` (`launch` gets its arguments: out, lse, q, k, v, starts, then
+/// the shape), checks `lse` against the f64 reference (finite where the reference is, −inf for a
+/// pad query), and returns the output read back, the reference's, and max |v| (the scale of the
+/// caller's tolerance for the output).
+fn run_forward<R: GpuRuntime>(
     d: &Device<R>,
-    rng: &mut Rng,
+    case: &AttentionCase,
     verdict: &mut Verdict,
-) -> Result<(), BackendError> {
-    let case = attention_case(rng);
+    launch: impl FnOnce(Vec<KernelArg>) -> Result<(), BackendError>,
+) -> Result<(Vec<u16>, Vec<f64>, f64), BackendError> {
     let a = case.shape;
     let (qs, ks, vs) = (DeviceArray::from(d, &case.q)?, DeviceArray::from(d, &case.k)?, DeviceArray::from(d, &case.v)?);
     let starts = DeviceArray::from(d, &case.starts)?;
-    let outs = DeviceArray::from(d, &vec![0u16; case.q.len()])?;
+    // Poisoned, so an output the kernel never writes fails the comparison.
+    let outs = DeviceArray::from(d, &vec![0xffffu16; case.q.len()])?;
     let lses = DeviceArray::from(d, &vec![0f32; a.b * a.heads * a.tq])?;
     let buffers = vec![outs.arg(), lses.arg(), qs.arg(), ks.arg(), vs.arg(), case.starts_arg(&starts)];
-    run_shaped(d, verdict.kernel, case.grid(), ATTENTION_BLOCK, [buffers, case.shape_args()].concat())?;
+    launch([buffers, case.shape_args()].concat())?;
     let (out, lse) = reference::attention(&a, &widen(&case.q), &widen(&case.k), &widen(&case.v), &case.starts());
-    // The output is a convex combination of value rows: f32 rounds relative to their size.
-    let v_scale = widen(&case.v).iter().fold(0.0f64, |m, x| m.max(x.abs()));
-    verdict.bf16_scaled("out", &outs.read()?, &out, &vec![v_scale; out.len()]);
     let got_lse: Vec<f32> = lses.read()?;
     let (finite_got, finite_want): (Vec<f32>, Vec<f64>) =
         got_lse.iter().zip(&lse).filter(|(_, w)| w.is_finite()).map(|(g, w)| (*g, *w)).unzip();
@@ -231,6 +238,21 @@ pub(super) fn check_attention_forward<R: GpuRuntime>(
     if let Some(i) = got_lse.iter().zip(&lse).position(|(g, w)| w.is_infinite() && g.is_finite()) {
         verdict.failures.push(format!("{}: lse[{i}] of a pad query = {}, want -inf", verdict.kernel, got_lse[i]));
     }
+    let v_scale = widen(&case.v).iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    Ok((outs.read()?, out, v_scale))
+}
+
+pub(super) fn check_attention_forward<R: GpuRuntime>(
+    d: &Device<R>,
+    rng: &mut Rng,
+    verdict: &mut Verdict,
+) -> Result<(), BackendError> {
+    let case = attention_case(rng);
+    let kernel = verdict.kernel;
+    let (got, out, v_scale) =
+        run_forward(d, &case, verdict, |args| run_shaped(d, kernel, case.grid(), ATTENTION_BLOCK, args))?;
+    // The output is a convex combination of value rows: f32 rounds relative to their size.
+    verdict.bf16_scaled("out", &got, &out, &vec![v_scale; out.len()]);
     Ok(())
 }
 
@@ -295,10 +317,7 @@ fn flash_case(rng: &mut Rng) -> AttentionCase {
     // Starts up to the last key: a query at the start sees one key, one before it none.
     let starts = (0..b).map(|_| if rng.below(3) == 0 { 0 } else { rng.below(tk) as i32 }).collect();
     let (starts, no_starts) = if rng.below(4) == 0 { (vec![0; b], true) } else { (starts, false) };
-    let kv = b * shape.tc * kv_heads * d;
-    let q = bf16_values(rng, b * tq * heads * d, 1.0);
-    let (k, v) = (bf16_values(rng, kv, 1.0), bf16_values(rng, kv, 1.0));
-    AttentionCase { shape, q, k, v, starts, no_starts }
+    AttentionCase::draw(rng, shape, starts, no_starts)
 }
 
 /// Threads of a flash block on `d`: its warps at the device's width.
@@ -314,25 +333,12 @@ pub(super) fn check_flash_forward<R: GpuRuntime>(
     let case = flash_case(rng);
     let a = case.shape;
     let width = FlashWidth::for_head(a.d).expect("flash cases fit a width");
-    let (qs, ks, vs) = (DeviceArray::from(d, &case.q)?, DeviceArray::from(d, &case.k)?, DeviceArray::from(d, &case.v)?);
-    let starts = DeviceArray::from(d, &case.starts)?;
-    let outs = DeviceArray::from(d, &vec![0xffffu16; case.q.len()])?;
-    let lses = DeviceArray::from(d, &vec![0f32; a.b * a.heads * a.tq])?;
-    let buffers = vec![outs.arg(), lses.arg(), qs.arg(), ks.arg(), vs.arg(), case.starts_arg(&starts)];
     let grid = flash_rows_grid(a.b, a.tq, a.heads, a.kv_heads);
-    run_shaped(d, width.forward(), grid, flash_threads(d), [buffers, case.shape_args()].concat())?;
-    let (out, lse) = reference::attention(&a, &widen(&case.q), &widen(&case.k), &widen(&case.v), &case.starts());
-    // The probabilities enter the product as bf16: at most 2⁻⁹ of max |v| off, besides the
-    // output's own rounding.
-    let v_scale = widen(&case.v).iter().fold(0.0f64, |m, x| m.max(x.abs()));
-    verdict.bf16_products("out", &outs.read()?, &out, &vec![v_scale; out.len()]);
-    let got_lse: Vec<f32> = lses.read()?;
-    let (finite_got, finite_want): (Vec<f32>, Vec<f64>) =
-        got_lse.iter().zip(&lse).filter(|(_, w)| w.is_finite()).map(|(g, w)| (*g, *w)).unzip();
-    verdict.f32("lse", &finite_got, &finite_want, &vec![1.0; finite_want.len()]);
-    if let Some(i) = got_lse.iter().zip(&lse).position(|(g, w)| w.is_infinite() && g.is_finite()) {
-        verdict.failures.push(format!("{}: lse[{i}] of a pad query = {}, want -inf", verdict.kernel, got_lse[i]));
-    }
+    let (got, out, v_scale) =
+        run_forward(d, &case, verdict, |args| run_shaped(d, width.forward(), grid, flash_threads(d), args))?;
+    // The probabilities enter the product as bf16: at most 2⁻⁸ (bf16's unit roundoff) of max |v|
+    // off, besides the output's own rounding.
+    verdict.bf16_products("out", &got, &out, &vec![v_scale; out.len()]);
     Ok(())
 }
 
