@@ -33,20 +33,11 @@ fn emulated_device_bytes() -> u64 {
     std::env::var("NEREUS_EMULATED_DEVICE_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(EMULATED_DEVICE_BYTES)
 }
 
-/// The GPU data plane over MPI control, as a device job receives it.
-pub type Plane<'w, L, R> = GpuPlane<MpiPlane<'w>, L, R>;
+/// The GPU data plane over MPI control, as [`open_device`] opens it.
+pub type Plane<'w> = GpuPlane<'w, MpiPlane<'w>>;
 
-/// Work that runs on whichever device plane `--device` opened.
-pub trait DeviceJob {
-    /// What it returns.
-    type Output;
-    /// Runs on this rank's plane, with shards in `memory` (the plane's device).
-    fn run<L: CollectiveLib, R: GpuRuntime>(
-        self,
-        plane: &mut Plane<'_, L, R>,
-        memory: DeviceMemory<R>,
-    ) -> Result<Self::Output, RuntimeError>;
-}
+/// A runtime and a collective library that one rank opened, before every rank has agreed.
+type Opened<'w> = Result<(Box<dyn GpuRuntime>, Box<dyn CollectiveLib + 'w>), BackendError>;
 
 fn not_compiled(what: &str, backend: &'static str, feature: &'static str) -> RuntimeError {
     BackendError::NotCompiled { what: what.into(), backend, feature }.into()
@@ -90,40 +81,48 @@ fn bind_near_gpu(session: &Session) -> Result<Option<String>, RuntimeError> {
     Ok(Some(p.describe()))
 }
 
-/// Opens the device and plane of `choice` on every rank and runs `job` there.
-pub fn with_device<J: DeviceJob>(session: &Session, choice: DeviceChoice, job: J) -> Result<J::Output, RuntimeError> {
-    let what = "--device";
+/// Opens the device of `choice` on every rank (together: a rank that cannot still joins the
+/// agreement, so all stop), and returns this rank's GPU data plane and the shard store in the
+/// plane's device memory.
+pub fn open_device(session: &Session, choice: DeviceChoice) -> Result<(Plane<'_>, DeviceMemory), RuntimeError> {
     if matches!(choice, DeviceChoice::Emulated) || cfg!(any(feature = "cuda", feature = "rocm")) {
         if let Some(bound) = bind_near_gpu(session)? {
             log::info!("rank {} bound to {bound}", session.rank());
         }
     }
+    let opened = open_runtime(session, choice)?;
+    plane_on(session, opened)
+}
+
+/// This rank's runtime and collective library for `choice`; a backend the binary lacks is an
+/// error every rank reaches alike (no agreement needed).
+fn open_runtime(session: &Session, choice: DeviceChoice) -> Result<Opened<'_>, RuntimeError> {
     match choice {
         DeviceChoice::Emulated => {
             let ordinal = session.layout().local_rank(session.rank() as usize) as u32;
-            let opened = Ok((Emulated::new(ordinal, emulated_device_bytes()), MpiCollectives::new(session.world())));
-            run_on(session, opened, job)
+            let runtime: Box<dyn GpuRuntime> = Box::new(Emulated::new(ordinal, emulated_device_bytes()));
+            Ok(Ok((runtime, Box::new(MpiCollectives::new(session.world())))))
         }
-        DeviceChoice::Auto if cfg!(feature = "cuda") => with_device(session, DeviceChoice::Cuda, job),
-        DeviceChoice::Auto if cfg!(feature = "rocm") => with_device(session, DeviceChoice::Rocm, job),
-        DeviceChoice::Auto => Err(not_compiled(what, "CUDA or ROCm", "cuda` or `--features rocm")),
+        DeviceChoice::Auto if cfg!(feature = "cuda") => open_runtime(session, DeviceChoice::Cuda),
+        DeviceChoice::Auto if cfg!(feature = "rocm") => open_runtime(session, DeviceChoice::Rocm),
+        DeviceChoice::Auto => Err(not_compiled("--device", "CUDA or ROCm", "cuda` or `--features rocm")),
         #[cfg(feature = "cuda")]
         DeviceChoice::Cuda => {
             use nereus_exec::backend::cuda::{devices, ordinal_of, Cuda};
-            let opened = ordinal(session, ordinal_of, devices)
-                .and_then(Cuda::open)
-                .and_then(|cuda| nereus_exec::comm::nccl::Nccl::load().map(|nccl| (cuda, nccl)));
-            run_on(session, opened, job)
+            Ok(ordinal(session, ordinal_of, devices).and_then(Cuda::open).and_then(|cuda| {
+                let nccl = nereus_exec::comm::nccl::Nccl::load()?;
+                Ok((Box::new(cuda) as Box<dyn GpuRuntime>, Box::new(nccl) as Box<dyn CollectiveLib>))
+            }))
         }
         #[cfg(not(feature = "cuda"))]
         DeviceChoice::Cuda => Err(not_compiled("--device cuda", "CUDA", "cuda")),
         #[cfg(feature = "rocm")]
         DeviceChoice::Rocm => {
             use nereus_exec::backend::rocm::{devices, ordinal_of, Hip};
-            let opened = ordinal(session, ordinal_of, devices)
-                .and_then(Hip::open)
-                .and_then(|hip| nereus_exec::comm::rccl::Rccl::load().map(|rccl| (hip, rccl)));
-            run_on(session, opened, job)
+            Ok(ordinal(session, ordinal_of, devices).and_then(Hip::open).and_then(|hip| {
+                let rccl = nereus_exec::comm::rccl::Rccl::load()?;
+                Ok((Box::new(hip) as Box<dyn GpuRuntime>, Box::new(rccl) as Box<dyn CollectiveLib>))
+            }))
         }
         #[cfg(not(feature = "rocm"))]
         DeviceChoice::Rocm => Err(not_compiled("--device rocm", "ROCm", "rocm")),
@@ -152,12 +151,8 @@ fn ordinal(
     Ok((local_rank % count) as u32)
 }
 
-/// Agrees that every rank opened its device, then builds the plane and runs the job.
-fn run_on<L: CollectiveLib, R: GpuRuntime, J: DeviceJob>(
-    session: &Session,
-    opened: Result<(R, L), BackendError>,
-    job: J,
-) -> Result<J::Output, RuntimeError> {
+/// Agrees that every rank opened its device, then builds the plane.
+fn plane_on<'w>(session: &'w Session, opened: Opened<'w>) -> Result<(Plane<'w>, DeviceMemory), RuntimeError> {
     let verdict = opened.as_ref().map(|_| 1).map_err(ToString::to_string);
     let agreed = agree(session.world(), session.watchdog(), "device bring-up", verdict);
     let (runtime, lib) = match (opened, agreed) {
@@ -165,7 +160,7 @@ fn run_on<L: CollectiveLib, R: GpuRuntime, J: DeviceJob>(
         (Ok(_), Err(others)) => return Err(others.into()),
         (Ok(pair), Ok(_)) => pair,
     };
-    let device = Rc::new(Device::new(runtime)?);
+    let device = Rc::new(Device::from_boxed(runtime)?);
     let d = device.runtime().device();
     log::info!(
         "rank {} drives {} device {} ({}, {:.1} GB)",
@@ -175,8 +170,7 @@ fn run_on<L: CollectiveLib, R: GpuRuntime, J: DeviceJob>(
         d.name,
         d.memory_bytes as f64 / 1e9
     );
-    let control = MpiPlane::new(session.world(), session.watchdog().clone());
     let world = session.world().size();
-    let mut plane = GpuPlane::new(control, lib, device.clone(), session.watchdog().clone(), world)?;
-    job.run(&mut plane, DeviceMemory::new(device))
+    let plane = GpuPlane::new(session.control_plane(), lib, device.clone(), session.watchdog().clone(), world)?;
+    Ok((plane, DeviceMemory::new(device)))
 }

@@ -19,7 +19,7 @@ use nereus_core::config::check::MAX_TOKENS;
 use nereus_core::config::{hf, Dtype};
 use nereus_core::model::{Catalogue, Layout, OutputHead};
 use nereus_core::plan::{ModelStage, Role, Stage};
-use nereus_exec::comm::{DataPlane, MpiPlane};
+use nereus_exec::comm::DataPlane;
 use nereus_exec::emu::{Counters, EmuSet};
 use nereus_exec::engine::parallel::assemble_rows;
 use nereus_exec::engine::{with_params, Batch, Replica};
@@ -79,7 +79,7 @@ pub fn run(session: &Session, options: &LogprobsOptions) -> Result<(), RuntimeEr
     let value = p.catalogue.arch.head == OutputHead::Value;
     let role = if value { Role::Critic } else { Role::Actor };
     let ms = ModelStage::new(role, Stage::Inference);
-    let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
+    let mut plane = session.control_plane();
     let capacity = ledger_bytes(session);
     let mut set = EmuSet::new(plane.rank(), world, capacity, [(role, p.catalogue.clone())].into_iter().collect());
     let size = p.layout.size() as i32;

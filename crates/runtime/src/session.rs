@@ -4,7 +4,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use nereus_core::config::{ClusterSection, JobConfig, Overrides};
-use nereus_exec::comm::{agree, agree_outcome, all_gather_bytes, broadcast_bytes, Watchdog, World};
+use nereus_exec::comm::{agree, agree_outcome, all_gather_bytes, broadcast_bytes, MpiPlane, Watchdog, World};
 use nereus_exec::topology::{detect_cluster, Launcher, NodeTopology, WorldLayout};
 
 use super::RuntimeError;
@@ -68,6 +68,12 @@ impl Session {
     /// This rank.
     pub fn rank(&self) -> i32 {
         self.world.rank()
+    }
+
+    /// A host data plane over the world, under this session's watchdog (the control plane of a
+    /// device plane, or the data plane of a host job).
+    pub fn control_plane(&self) -> MpiPlane<'_> {
+        MpiPlane::new(&self.world, self.watchdog.clone())
     }
 
     /// The collective watchdog.

@@ -189,7 +189,7 @@ fn benchmark(session: &Session, trials: u32, seed: u64, json: Option<&Path>) -> 
     if world < 8 {
         return Err(RuntimeError::Usage("bench coordination needs 8 MPI ranks (mpirun -n 8 …)".into()));
     }
-    let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
+    let mut plane = session.control_plane();
     let mut rows = Vec::new();
     for (kind, name) in OVERLAPS.iter().enumerate() {
         for factor in CAPACITY_FACTORS {

@@ -22,10 +22,8 @@ use std::time::Instant;
 use nereus_core::config::Dtype;
 use nereus_core::model::{Architecture, Catalogue, Layout, OutputHead};
 use nereus_core::plan::{ModelStage, Role, Stage};
-use nereus_exec::backend::gpu::GpuRuntime;
 use nereus_exec::backend::kernels::RectCopy;
 use nereus_exec::backend::BackendError;
-use nereus_exec::comm::collectives::CollectiveLib;
 use nereus_exec::comm::gpu_plane::DeviceTransfer;
 use nereus_exec::comm::{calm_barrier, DataPlane, GroupId, MpiPlane, Transfer, Watchdog, World};
 use nereus_exec::emu::{
@@ -35,7 +33,7 @@ use nereus_exec::emu::{
 use super::{machine, median, BenchReport, Floor};
 use crate::DeviceArg;
 use nereus_core::config::DeviceChoice;
-use nereus_runtime::device::{with_device, DeviceJob, Plane};
+use nereus_runtime::device::{open_device, Plane};
 use nereus_runtime::{RuntimeError, Session};
 
 /// Bytes per row of the kernel rectangles: half of a 4096-wide f32 row.
@@ -109,7 +107,7 @@ impl Measured for MpiPlane<'_> {
     }
 }
 
-impl<L: CollectiveLib, R: GpuRuntime> Measured for Plane<'_, L, R> {
+impl Measured for Plane<'_> {
     fn settle(&self) -> Result<(), RuntimeError> {
         Ok(self.synchronize()?)
     }
@@ -206,10 +204,13 @@ fn benchmark(
             return Err(RuntimeError::Usage("bench primitives needs at least 2 MPI ranks (mpirun -n 2 …)".into()))
         }
         None => {
-            let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
+            let mut plane = session.control_plane();
             host_rows(&mut plane, world_size, sizes_mib, reps)?
         }
-        Some(choice) => with_device(session, choice, DeviceRows { world_size, sizes_mib, reps })?,
+        Some(choice) => {
+            let (mut plane, memory) = open_device(session, choice)?;
+            DeviceRows { world_size, sizes_mib, reps }.run(&mut plane, memory)?
+        }
     };
     if session.rank() != 0 {
         return Ok(());
@@ -262,9 +263,9 @@ pub(crate) fn host_p2p_seconds(
 /// Median seconds of one send of `bytes` device bytes from rank 0 to rank 1 over the GPU
 /// plane's library (NCCL, RCCL), as [`host_p2p_seconds`] times MPI: the device benchmarks'
 /// yardstick.
-pub(crate) fn device_p2p_seconds<L: CollectiveLib, R: GpuRuntime>(
-    plane: &mut Plane<'_, L, R>,
-    memory: &DeviceMemory<R>,
+pub(crate) fn device_p2p_seconds(
+    plane: &mut Plane<'_>,
+    memory: &DeviceMemory,
     world: GroupId,
     wait: Wait<'_>,
     reps: usize,
@@ -294,14 +295,9 @@ struct DeviceRows<'a> {
     reps: usize,
 }
 
-impl DeviceJob for DeviceRows<'_> {
-    type Output = Vec<Row>;
-
-    fn run<L: CollectiveLib, R: GpuRuntime>(
-        self,
-        plane: &mut Plane<'_, L, R>,
-        memory: DeviceMemory<R>,
-    ) -> Result<Vec<Row>, RuntimeError> {
+impl DeviceRows<'_> {
+    /// Runs on this rank's device plane, with shards in `memory`.
+    fn run(self, plane: &mut Plane<'_>, memory: DeviceMemory) -> Result<Vec<Row>, RuntimeError> {
         let world_size = self.world_size;
         let world = plane.group(&(0..world_size).collect::<Vec<_>>())?;
         let mut rows = Vec::new();
@@ -311,7 +307,7 @@ impl DeviceJob for DeviceRows<'_> {
             if world_size < 2 {
                 continue;
             }
-            let time_send = |plane: &mut Plane<'_, L, R>, bytes| {
+            let time_send = |plane: &mut Plane<'_>, bytes| {
                 device_p2p_seconds(plane, &memory, world, Wait::Barrier, self.reps, bytes)
             };
             let p2p = (time_send(plane, unit)?, time_send(plane, unit / 2)?);
@@ -323,9 +319,9 @@ impl DeviceJob for DeviceRows<'_> {
 
 /// Copy engine, pack and unpack on this rank's device, one rectangle of `unit` bytes, timed on
 /// the device.
-fn kernel_rows<L: CollectiveLib, R: GpuRuntime>(
-    plane: &mut Plane<'_, L, R>,
-    memory: &DeviceMemory<R>,
+fn kernel_rows(
+    plane: &mut Plane<'_>,
+    memory: &DeviceMemory,
     world: GroupId,
     unit: u64,
     reps: usize,

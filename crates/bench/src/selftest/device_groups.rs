@@ -3,8 +3,7 @@
 //! rank's pair made by its members alone (by a unique id); all-gather, broadcast and all-reduce
 //! on device buffers, every result depending on every member.
 
-use nereus_exec::backend::gpu::GpuRuntime;
-use nereus_exec::comm::collectives::{CollectiveLib, DataType};
+use nereus_exec::comm::collectives::DataType;
 use nereus_exec::comm::gpu_plane::DeviceGroup;
 use nereus_exec::comm::DataPlane;
 use nereus_exec::emu::{DeviceMemory, ShardMemory};
@@ -12,9 +11,9 @@ use nereus_runtime::device::Plane;
 use nereus_runtime::RuntimeError;
 
 /// Runs the collectives on both kinds of communicator; a wrong result on any rank is a failure.
-pub fn check<L: CollectiveLib, R: GpuRuntime>(
-    plane: &mut Plane<'_, L, R>,
-    memory: &DeviceMemory<R>,
+pub fn check(
+    plane: &mut Plane<'_>,
+    memory: &DeviceMemory,
     world: i32,
     failures: &mut Vec<String>,
 ) -> Result<(), RuntimeError> {
@@ -46,11 +45,7 @@ pub fn check<L: CollectiveLib, R: GpuRuntime>(
 }
 
 /// All-gather of 8 bytes per member, broadcast from the first member, all-reduce of 4 f32.
-fn collectives_agree<L: CollectiveLib, R: GpuRuntime>(
-    plane: &mut Plane<'_, L, R>,
-    memory: &DeviceMemory<R>,
-    group: DeviceGroup,
-) -> Result<bool, RuntimeError> {
+fn collectives_agree(plane: &mut Plane<'_>, memory: &DeviceMemory, group: DeviceGroup) -> Result<bool, RuntimeError> {
     let (me, members) = (plane.rank(), plane.members(group).to_vec());
     let n = members.len() as u64;
     let (mut mine, all, mut root, mut sum) =

@@ -11,16 +11,14 @@ use std::collections::BTreeMap;
 use nereus_core::config::{DeviceChoice, Dtype};
 use nereus_core::model::{Architecture, Catalogue, Layout, OutputHead};
 use nereus_core::plan::{ModelStage, Role, Stage};
-use nereus_exec::backend::gpu::GpuRuntime;
-use nereus_exec::comm::collectives::CollectiveLib;
-use nereus_exec::comm::{DataPlane, MpiPlane};
+use nereus_exec::comm::DataPlane;
 use nereus_exec::emu::{Counters, DeviceMemory, EmuSet, Exchange, HostMemory, LocalShard, ShardMemory};
 use nereus_exec::engine::parallel::assemble_rows;
 use nereus_exec::engine::{
     init_shard, AdamW, Batch, CrossEntropy, DeviceEngine, EngineOn, HostEngine, Objective, Replica, Sampling, StopIds,
     Wave,
 };
-use nereus_runtime::device::{with_device, DeviceJob, Plane};
+use nereus_runtime::device::{open_device, Plane};
 use nereus_runtime::{RuntimeError, Session};
 
 /// Relative tolerance of the parity checks.
@@ -142,7 +140,7 @@ const MODELS: [(&str, OutputHead); 2] = [("lm", OutputHead::Lm), ("value", Outpu
 /// host's `(1, 1, 1)`; with `device`, every layout on this rank's device (bf16) against the
 /// host's f32 `(1, 1, 1)` within bf16 tolerance.
 pub fn engine(session: &Session, device: Option<DeviceChoice>) -> Result<EngineSummary, RuntimeError> {
-    let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
+    let mut plane = session.control_plane();
     let tokens = parity_tokens();
     let mut summary = EngineSummary::default();
     let Some(choice) = device else {
@@ -170,8 +168,8 @@ pub fn engine(session: &Session, device: Option<DeviceChoice>) -> Result<EngineS
         references.push(run);
     }
     drop(plane);
-    let device_summary =
-        with_device(session, choice, DeviceParity { session, tokens: &tokens, references: &references })?;
+    let (mut plane, memory) = open_device(session, choice)?;
+    let device_summary = DeviceParity { session, tokens: &tokens, references: &references }.run(&mut plane, memory)?;
     summary.rows.extend(device_summary.rows);
     summary.failures.extend(device_summary.failures);
     Ok(summary)
@@ -204,14 +202,9 @@ struct DeviceParity<'a> {
     references: &'a [LayoutRun],
 }
 
-impl DeviceJob for DeviceParity<'_> {
-    type Output = EngineSummary;
-
-    fn run<L: CollectiveLib, R: GpuRuntime>(
-        self,
-        plane: &mut Plane<'_, L, R>,
-        memory: DeviceMemory<R>,
-    ) -> Result<EngineSummary, RuntimeError> {
+impl DeviceParity<'_> {
+    /// Runs on this rank's device plane, with shards in `memory`.
+    fn run(self, plane: &mut Plane<'_>, memory: DeviceMemory) -> Result<EngineSummary, RuntimeError> {
         let mut summary = EngineSummary::default();
         let on_device = OnDevice { memory };
         for ((name, head), want) in MODELS.into_iter().zip(self.references) {
@@ -250,18 +243,18 @@ impl Backend<HostMemory> for HostEngine {
 }
 
 /// The bf16 engine on a device, its shards in the device shard store.
-struct OnDevice<R: GpuRuntime> {
-    memory: DeviceMemory<R>,
+struct OnDevice {
+    memory: DeviceMemory,
 }
 
-impl<R: GpuRuntime> Backend<DeviceMemory<R>> for OnDevice<R> {
+impl Backend<DeviceMemory> for OnDevice {
     type Engine = DeviceEngine;
 
     fn engine(&self) -> &DeviceEngine {
         &DeviceEngine
     }
 
-    fn new_set(&self, rank: i32, world: i32, catalogues: BTreeMap<Role, Catalogue>) -> EmuSet<DeviceMemory<R>> {
+    fn new_set(&self, rank: i32, world: i32, catalogues: BTreeMap<Role, Catalogue>) -> EmuSet<DeviceMemory> {
         EmuSet::in_memory(rank, world, 1 << 30, catalogues, self.memory.clone())
     }
 }

@@ -21,9 +21,7 @@ use serde::Serialize;
 use nereus_core::config::Dtype;
 use nereus_core::model::{Architecture, Catalogue, Layout, OutputHead, Position};
 use nereus_core::plan::{ModelStage, Role, Stage};
-use nereus_exec::backend::gpu::GpuRuntime;
-use nereus_exec::comm::collectives::CollectiveLib;
-use nereus_exec::comm::{DataPlane, MpiPlane};
+use nereus_exec::comm::DataPlane;
 use nereus_exec::emu::{
     synthetic_fill, Counters, DeviceMemory, Digest, EmuError, EmuId, EmuSet, Exchange, HostMemory, LocalShard,
     PrimitiveOptions, ShardMemory,
@@ -31,7 +29,7 @@ use nereus_exec::emu::{
 
 use nereus_core::config::DeviceChoice;
 use nereus_core::rng::Rng;
-use nereus_runtime::device::{with_device, DeviceJob, Plane};
+use nereus_runtime::device::{open_device, Plane};
 use nereus_runtime::{RuntimeError, Session};
 
 /// Tensor-parallel and pipeline degrees drawn from.
@@ -103,10 +101,11 @@ pub fn primitives(
 ) -> Result<SelftestSummary, RuntimeError> {
     let world = session.world().size();
     match device {
-        None => {
-            run_cases(&mut MpiPlane::new(session.world(), session.watchdog().clone()), &HostMemory, world, cases, seed)
+        None => run_cases(&mut session.control_plane(), &HostMemory, world, cases, seed),
+        Some(choice) => {
+            let (mut plane, memory) = open_device(session, choice)?;
+            DeviceCases { world, cases, seed }.run(&mut plane, memory)
         }
-        Some(choice) => with_device(session, choice, DeviceCases { world, cases, seed }),
     }
 }
 
@@ -117,14 +116,9 @@ struct DeviceCases {
     seed: u64,
 }
 
-impl DeviceJob for DeviceCases {
-    type Output = SelftestSummary;
-
-    fn run<L: CollectiveLib, R: GpuRuntime>(
-        self,
-        plane: &mut Plane<'_, L, R>,
-        memory: DeviceMemory<R>,
-    ) -> Result<SelftestSummary, RuntimeError> {
+impl DeviceCases {
+    /// Runs on this rank's device plane, with shards in `memory`.
+    fn run(self, plane: &mut Plane<'_>, memory: DeviceMemory) -> Result<SelftestSummary, RuntimeError> {
         let mut summary = run_cases(plane, &memory, self.world, self.cases, self.seed)?;
         super::device_groups::check(plane, &memory, self.world, &mut summary.failures)?;
         summary.group_checks += 1;

@@ -23,11 +23,9 @@ use nereus_core::rng::Rng;
 use nereus_core::transition::global::Links;
 use nereus_core::transition::testing::{plan_pair, tightest_capacity, tiny_catalogue};
 use nereus_core::transition::{choose, TransitionDag, TransitionError};
-use nereus_exec::backend::gpu::GpuRuntime;
-use nereus_exec::comm::collectives::CollectiveLib;
 use nereus_exec::comm::{broadcast_bytes, DataPlane, MpiPlane};
 use nereus_exec::emu::{Counters, DeviceMemory, Digest, EmuSet, Exchange, HostMemory, LocalShard, ShardMemory};
-use nereus_runtime::device::{with_device, DeviceJob, Plane};
+use nereus_runtime::device::{open_device, Plane};
 use nereus_runtime::transition::{agree_on_dag, execute};
 use nereus_runtime::{RuntimeError, Session};
 
@@ -170,10 +168,13 @@ pub fn transitions(
     }
     match device {
         None => {
-            let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
+            let mut plane = session.control_plane();
             run_cases(session, &mut plane, &HostMemory, cases, seed)
         }
-        Some(choice) => with_device(session, choice, DeviceCases { session, cases, seed }),
+        Some(choice) => {
+            let (mut plane, memory) = open_device(session, choice)?;
+            DeviceCases { session, cases, seed }.run(&mut plane, memory)
+        }
     }
 }
 
@@ -184,14 +185,9 @@ struct DeviceCases<'s> {
     seed: u64,
 }
 
-impl DeviceJob for DeviceCases<'_> {
-    type Output = TransitionSummary;
-
-    fn run<L: CollectiveLib, R: GpuRuntime>(
-        self,
-        plane: &mut Plane<'_, L, R>,
-        memory: DeviceMemory<R>,
-    ) -> Result<TransitionSummary, RuntimeError> {
+impl DeviceCases<'_> {
+    /// Runs on this rank's device plane, with shards in `memory`.
+    fn run(self, plane: &mut Plane<'_>, memory: DeviceMemory) -> Result<TransitionSummary, RuntimeError> {
         run_cases(self.session, plane, &memory, self.cases, self.seed)
     }
 }

@@ -8,7 +8,7 @@
 //! after the previous one by an event; each DAG node ends with an event ([`Device::mark`]) so a
 //! stall can be located; the host waits only where it reads device bytes ([`Device::synchronize`]).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
@@ -170,25 +170,82 @@ pub const STAGING_BYTES: usize = 64 << 20;
 /// exits with its status).
 pub type StallHandler = Box<dyn Fn(Option<String>)>;
 
-/// A GPU with the stream discipline of transitions (see the module comment).
-pub struct Device<R: GpuRuntime> {
-    runtime: R,
+/// What a [`Device`] has done since it was opened: the engine's overheads that a profile of a
+/// training step is read against (a launch per kernel, a GEMM per library call, a driver
+/// allocation per buffer, a host wait per synchronization, the bytes crossing the host link).
+/// [`DeviceCounters::since`] turns two readings into the work of the span between them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DeviceCounters {
+    /// Kernel launches (the rectangle copies' kernels included).
+    pub launches: u64,
+    /// GEMM library calls.
+    pub gemms: u64,
+    /// Device allocations asked of the runtime.
+    pub allocations: u64,
+    /// Device frees.
+    pub frees: u64,
+    /// Host waits for the stream ([`Device::synchronize`], once per staged chunk of a copy).
+    pub synchronizations: u64,
+    /// Bytes copied host to device.
+    pub h2d_bytes: u64,
+    /// Bytes copied device to host.
+    pub d2h_bytes: u64,
+}
+
+impl DeviceCounters {
+    /// The work done between `earlier` and this reading.
+    pub fn since(&self, earlier: &DeviceCounters) -> DeviceCounters {
+        DeviceCounters {
+            launches: self.launches - earlier.launches,
+            gemms: self.gemms - earlier.gemms,
+            allocations: self.allocations - earlier.allocations,
+            frees: self.frees - earlier.frees,
+            synchronizations: self.synchronizations - earlier.synchronizations,
+            h2d_bytes: self.h2d_bytes - earlier.h2d_bytes,
+            d2h_bytes: self.d2h_bytes - earlier.d2h_bytes,
+        }
+    }
+}
+
+/// A GPU with the stream discipline of transitions (see the module comment). The runtime is a
+/// value chosen at run time (`--device`): CUDA, ROCm or the emulated device behind one
+/// [`GpuRuntime`] object, so nothing above the backend carries the vendor in its type.
+pub struct Device {
+    runtime: Box<dyn GpuRuntime>,
     streams: RefCell<Streams>,
     stall: RefCell<Option<(Duration, StallHandler)>>,
     /// The allocator's own count: every live allocation's bytes, their sum, and the most that
     /// sum has been (the ledger is checked against it).
     allocations: RefCell<std::collections::HashMap<u64, u64>>,
-    live: std::cell::Cell<u64>,
-    peak: std::cell::Cell<u64>,
+    live: Cell<u64>,
+    peak: Cell<u64>,
+    counters: Cell<DeviceCounters>,
 }
 
-impl<R: GpuRuntime> Device<R> {
+impl Device {
     /// Wraps `runtime` with a first stream.
-    pub fn new(runtime: R) -> Result<Device<R>, BackendError> {
+    pub fn new(runtime: impl GpuRuntime + 'static) -> Result<Device, BackendError> {
+        Device::from_boxed(Box::new(runtime))
+    }
+
+    /// Wraps a runtime chosen at run time with a first stream.
+    pub fn from_boxed(runtime: Box<dyn GpuRuntime>) -> Result<Device, BackendError> {
         let current = runtime.create_stream()?;
         let streams = RefCell::new(Streams { current, marks: Vec::new(), staging: None });
         let (allocations, live, peak) = (RefCell::default(), Default::default(), Default::default());
-        Ok(Device { runtime, streams, stall: RefCell::new(None), allocations, live, peak })
+        let counters = Cell::default();
+        Ok(Device { runtime, streams, stall: RefCell::new(None), allocations, live, peak, counters })
+    }
+
+    /// What the device has done since it was opened (see [`DeviceCounters`]).
+    pub fn counters(&self) -> DeviceCounters {
+        self.counters.get()
+    }
+
+    fn count(&self, add: impl FnOnce(&mut DeviceCounters)) {
+        let mut c = self.counters.get();
+        add(&mut c);
+        self.counters.set(c);
     }
 
     /// Makes every wait give up after `timeout` and call `handler` (see [`StallHandler`]).
@@ -197,8 +254,8 @@ impl<R: GpuRuntime> Device<R> {
     }
 
     /// The runtime.
-    pub fn runtime(&self) -> &R {
-        &self.runtime
+    pub fn runtime(&self) -> &dyn GpuRuntime {
+        self.runtime.as_ref()
     }
 
     /// The stream work is enqueued on now.
@@ -245,6 +302,7 @@ impl<R: GpuRuntime> Device<R> {
     /// Blocks until everything enqueued so far has run. With a stall handler, polls instead
     /// and hands a wait that outlasts its timeout to the handler.
     pub fn synchronize(&self) -> Result<(), BackendError> {
+        self.count(|c| c.synchronizations += 1);
         let event = self.runtime.create_event()?;
         let stream = self.stream();
         // SAFETY: live handles; the event is destroyed after it has happened (or the handler
@@ -307,6 +365,7 @@ impl<R: GpuRuntime> Device<R> {
     /// `bytes` of device memory in stream order.
     pub fn alloc(&self, bytes: u64) -> Result<DevicePtr, BackendError> {
         let ptr = self.runtime.alloc(bytes.max(1), self.stream())?;
+        self.count(|c| c.allocations += 1);
         self.allocations.borrow_mut().insert(ptr.0, bytes);
         self.live.set(self.live.get() + bytes);
         self.peak.set(self.peak.get().max(self.live.get()));
@@ -319,6 +378,11 @@ impl<R: GpuRuntime> Device<R> {
         (self.live.get(), self.peak.get())
     }
 
+    /// Starts a new peak of [`Device::allocated_bytes`] from what is held now.
+    pub fn reset_peak(&self) {
+        self.peak.set(self.live.get());
+    }
+
     /// Frees `ptr` in stream order.
     ///
     /// # Safety
@@ -327,6 +391,7 @@ impl<R: GpuRuntime> Device<R> {
         if let Some(bytes) = self.allocations.borrow_mut().remove(&ptr.0) {
             self.live.set(self.live.get() - bytes);
         }
+        self.count(|c| c.frees += 1);
         self.runtime.free(ptr, self.stream());
     }
 
@@ -345,6 +410,7 @@ impl<R: GpuRuntime> Device<R> {
             } else {
                 let l = rect_launch(src.0, dst.0, c);
                 self.runtime.check_rect(&l)?;
+                self.count(|c| c.launches += 1);
                 self.runtime.launch(&l.launch(), &mut l.args(), stream)?;
             }
         }
@@ -356,6 +422,7 @@ impl<R: GpuRuntime> Device<R> {
     /// # Safety
     /// As [`GpuRuntime::launch`].
     pub unsafe fn launch(&self, launch: &Launch, args: &mut KernelArgs) -> Result<(), BackendError> {
+        self.count(|c| c.launches += 1);
         self.runtime.launch(launch, args, self.stream())
     }
 
@@ -364,6 +431,7 @@ impl<R: GpuRuntime> Device<R> {
     /// # Safety
     /// As [`GpuRuntime::gemm`].
     pub unsafe fn gemm(&self, g: &Gemm, a: DevicePtr, b: DevicePtr, c: DevicePtr) -> Result<(), BackendError> {
+        self.count(|n| n.gemms += 1);
         self.runtime.gemm(g, a, b, c, self.stream())
     }
 
@@ -371,6 +439,7 @@ impl<R: GpuRuntime> Device<R> {
     /// staging, and waits for them.
     pub fn download(&self, src: DevicePtr, bytes: &mut [u8]) -> Result<(), BackendError> {
         let (staging, size) = self.staging(bytes.len())?;
+        self.count(|c| c.d2h_bytes += bytes.len() as u64);
         for (k, chunk) in bytes.chunks_mut(size).enumerate() {
             // SAFETY: staging holds `size` bytes; we wait before reading it.
             unsafe {
@@ -385,6 +454,7 @@ impl<R: GpuRuntime> Device<R> {
     /// Copies `bytes` from host memory to the device at `dst`, through pinned staging.
     pub fn upload(&self, bytes: &[u8], dst: DevicePtr) -> Result<(), BackendError> {
         let (staging, size) = self.staging(bytes.len())?;
+        self.count(|c| c.h2d_bytes += bytes.len() as u64);
         for (k, chunk) in bytes.chunks(size).enumerate() {
             // SAFETY: staging holds `size` bytes; the wait keeps it untouched until the copy ran.
             unsafe {
@@ -418,16 +488,16 @@ impl<R: GpuRuntime> Device<R> {
 }
 
 /// A device allocation of `T`s, freed in stream order when dropped.
-pub struct DeviceArray<'d, R: GpuRuntime, T: bytemuck::Pod> {
-    device: &'d Device<R>,
+pub struct DeviceArray<'d, T: bytemuck::Pod> {
+    device: &'d Device,
     ptr: DevicePtr,
     len: usize,
     _elements: std::marker::PhantomData<T>,
 }
 
-impl<'d, R: GpuRuntime, T: bytemuck::Pod> DeviceArray<'d, R, T> {
+impl<'d, T: bytemuck::Pod> DeviceArray<'d, T> {
     /// `len` zeroed elements on `device`.
-    pub fn zeros(device: &'d Device<R>, len: usize) -> Result<Self, BackendError> {
+    pub fn zeros(device: &'d Device, len: usize) -> Result<Self, BackendError> {
         let bytes = (len * std::mem::size_of::<T>()) as u64;
         let ptr = device.alloc(bytes)?;
         let buffer = DeviceArray { device, ptr, len, _elements: std::marker::PhantomData };
@@ -438,7 +508,7 @@ impl<'d, R: GpuRuntime, T: bytemuck::Pod> DeviceArray<'d, R, T> {
     }
 
     /// A copy of `values` on `device`.
-    pub fn from(device: &'d Device<R>, values: &[T]) -> Result<Self, BackendError> {
+    pub fn from(device: &'d Device, values: &[T]) -> Result<Self, BackendError> {
         let bytes: &[u8] = bytemuck::cast_slice(values);
         let ptr = device.alloc(bytes.len() as u64)?;
         let buffer = DeviceArray { device, ptr, len: values.len(), _elements: std::marker::PhantomData };
@@ -515,14 +585,14 @@ impl<T> DeviceView<T> {
 
 impl<T: bytemuck::Pod> DeviceView<T> {
     /// The elements, copied to the host once the work enqueued before on `device` has run.
-    pub fn read<R: GpuRuntime>(&self, device: &Device<R>) -> Result<Vec<T>, BackendError> {
+    pub fn read(&self, device: &Device) -> Result<Vec<T>, BackendError> {
         let mut out = vec![T::zeroed(); self.len];
         device.download(self.ptr, bytemuck::cast_slice_mut(&mut out))?;
         Ok(out)
     }
 
     /// Overwrites the window with `values` (as many as it holds) from the host.
-    pub fn write<R: GpuRuntime>(&self, device: &Device<R>, values: &[T]) -> Result<(), BackendError> {
+    pub fn write(&self, device: &Device, values: &[T]) -> Result<(), BackendError> {
         if values.len() != self.len {
             let reason = format!("writing {} elements into a view of {}", values.len(), self.len);
             return Err(BackendError::Driver { backend: "device", reason });
@@ -531,14 +601,14 @@ impl<T: bytemuck::Pod> DeviceView<T> {
     }
 }
 
-impl<R: GpuRuntime, T: bytemuck::Pod> Drop for DeviceArray<'_, R, T> {
+impl<T: bytemuck::Pod> Drop for DeviceArray<'_, T> {
     fn drop(&mut self) {
         // SAFETY: our allocation; work enqueued later on this stream cannot name it any more.
         unsafe { self.device.free(self.ptr) };
     }
 }
 
-impl<R: GpuRuntime> Drop for Device<R> {
+impl Drop for Device {
     fn drop(&mut self) {
         let _ = self.synchronize();
         let s = self.streams.get_mut();
@@ -561,7 +631,7 @@ impl<R: GpuRuntime> Drop for Device<R> {
 /// every test run and on a real GPU in `scripts/gpu-check.sh` (the ignored tests of `cuda.rs`
 /// and `rocm.rs`).
 #[cfg(test)]
-pub(crate) fn check_rect_copies_against_host<R: GpuRuntime>(device: &Device<R>) {
+pub(crate) fn check_rect_copies_against_host(device: &Device) {
     use super::kernels::in_place_schedule;
     let bytes = 1 << 20;
     let host: Vec<u8> = (0..bytes).map(|i| ((i * 2_654_435_761usize) >> 13) as u8).collect();

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 
 use super::collectives::{CollectiveLib, DataType, RawComm, UniqueId, SPLIT_NO_COLOR};
 use super::{CommError, DataPlane, GroupId, Transfer, Watchdog};
-use crate::backend::gpu::{Device, DevicePtr, GpuRuntime};
+use crate::backend::gpu::{Device, DevicePtr};
 use nereus_core::index_list::format_index_list;
 
 /// A device communicator made by [`GpuPlane::device_group`] or [`GpuPlane::device_groups`].
@@ -49,10 +49,10 @@ pub enum Made {
 }
 
 /// The GPU data plane of one rank.
-pub struct GpuPlane<C: DataPlane, L: CollectiveLib, R: GpuRuntime> {
+pub struct GpuPlane<'l, C: DataPlane> {
     control: C,
-    lib: L,
-    device: Rc<Device<R>>,
+    lib: Box<dyn CollectiveLib + 'l>,
+    device: Rc<Device>,
     watchdog: Watchdog,
     world_size: i32,
     comms: Vec<(Vec<i32>, RawComm, Made)>,
@@ -63,16 +63,16 @@ pub struct GpuPlane<C: DataPlane, L: CollectiveLib, R: GpuRuntime> {
     sent: Cell<u64>,
 }
 
-impl<C: DataPlane, L: CollectiveLib, R: GpuRuntime> GpuPlane<C, L, R> {
+impl<'l, C: DataPlane> GpuPlane<'l, C> {
     /// The plane of this rank (every rank of the world calls it): makes the world communicator
     /// and hands the device's waits to the watchdog.
     pub fn new(
         control: C,
-        lib: L,
-        device: Rc<Device<R>>,
+        lib: Box<dyn CollectiveLib + 'l>,
+        device: Rc<Device>,
         watchdog: Watchdog,
         world_size: i32,
-    ) -> Result<GpuPlane<C, L, R>, CommError> {
+    ) -> Result<GpuPlane<'l, C>, CommError> {
         let mut plane = GpuPlane {
             control,
             lib,
@@ -100,7 +100,7 @@ impl<C: DataPlane, L: CollectiveLib, R: GpuRuntime> GpuPlane<C, L, R> {
     }
 
     /// The device.
-    pub fn device(&self) -> &Rc<Device<R>> {
+    pub fn device(&self) -> &Rc<Device> {
         &self.device
     }
 
@@ -110,8 +110,8 @@ impl<C: DataPlane, L: CollectiveLib, R: GpuRuntime> GpuPlane<C, L, R> {
     }
 
     /// The collective library.
-    pub fn lib(&self) -> &L {
-        &self.lib
+    pub fn lib(&self) -> &dyn CollectiveLib {
+        self.lib.as_ref()
     }
 
     /// Bytes this rank has handed to `ncclSend` so far.
@@ -291,7 +291,7 @@ fn abort_all(comms: &Mutex<Vec<RawComm>>, abort: &super::collectives::Aborter) {
     }
 }
 
-impl<C: DataPlane, L: CollectiveLib, R: GpuRuntime> Drop for GpuPlane<C, L, R> {
+impl<C: DataPlane> Drop for GpuPlane<'_, C> {
     fn drop(&mut self) {
         if self.synchronize().is_ok() {
             for (_, comm, _) in &self.comms {
@@ -302,7 +302,7 @@ impl<C: DataPlane, L: CollectiveLib, R: GpuRuntime> Drop for GpuPlane<C, L, R> {
     }
 }
 
-impl<C: DataPlane, L: CollectiveLib, R: GpuRuntime> DataPlane for GpuPlane<C, L, R> {
+impl<C: DataPlane> DataPlane for GpuPlane<'_, C> {
     fn rank(&self) -> i32 {
         self.control.rank()
     }
@@ -380,13 +380,13 @@ mod tests {
     use crate::backend::emulated::Emulated;
     use crate::comm::testing::{run_ranks, Calls, FakeLib, LoopbackPlane, Mailbox};
 
-    type Plane = GpuPlane<LoopbackPlane, FakeLib, Emulated>;
+    type Plane = GpuPlane<'static, LoopbackPlane>;
 
     fn plane(rank: i32, n: i32, split: bool, mail: Arc<Mailbox>, calls: &Arc<Mutex<Calls>>) -> Plane {
         let device = Rc::new(Device::new(Emulated::new(rank as u32, 1 << 30)).unwrap());
         let lib = FakeLib::new(rank, split, mail.clone(), calls.clone());
         let watchdog = Watchdog::new(Duration::from_secs(30), rank, false);
-        GpuPlane::new(LoopbackPlane::new(rank, mail), lib, device, watchdog, n).unwrap()
+        GpuPlane::new(LoopbackPlane::new(rank, mail), Box::new(lib), device, watchdog, n).unwrap()
     }
 
     #[test]

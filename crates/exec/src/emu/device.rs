@@ -12,9 +12,8 @@
 use std::borrow::Cow;
 use std::rc::Rc;
 
-use crate::backend::gpu::{Device, DevicePtr, GpuRuntime};
+use crate::backend::gpu::{Device, DevicePtr};
 use crate::backend::BackendError;
-use crate::comm::collectives::CollectiveLib;
 use crate::comm::gpu_plane::{DeviceTransfer, GpuPlane};
 use crate::comm::{CommError, DataPlane};
 
@@ -22,32 +21,32 @@ use super::memory::{Buffers, Exchange, HostFill, Message, Place, RectCopy, Shard
 use super::{EmuError, LocalShard};
 
 /// One device allocation; freed in stream order when dropped.
-pub struct DeviceBuffer<R: GpuRuntime> {
+pub struct DeviceBuffer {
     ptr: DevicePtr,
     len: u64,
-    device: Rc<Device<R>>,
+    device: Rc<Device>,
 }
 
-impl<R: GpuRuntime> DeviceBuffer<R> {
+impl DeviceBuffer {
     /// Its device address.
     pub fn ptr(&self) -> DevicePtr {
         self.ptr
     }
 }
 
-impl<R: GpuRuntime> std::fmt::Debug for DeviceBuffer<R> {
+impl std::fmt::Debug for DeviceBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "DeviceBuffer({:#x}, {} bytes)", self.ptr.0, self.len)
     }
 }
 
-impl<R: GpuRuntime> ShardBuffer for DeviceBuffer<R> {
+impl ShardBuffer for DeviceBuffer {
     fn byte_len(&self) -> u64 {
         self.len
     }
 }
 
-impl<R: GpuRuntime> Drop for DeviceBuffer<R> {
+impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         // SAFETY: our allocation; work enqueued before this free still sees it.
         unsafe { self.device.free(self.ptr) };
@@ -55,35 +54,35 @@ impl<R: GpuRuntime> Drop for DeviceBuffer<R> {
 }
 
 /// Shards in one GPU's memory.
-pub struct DeviceMemory<R: GpuRuntime> {
-    device: Rc<Device<R>>,
+pub struct DeviceMemory {
+    device: Rc<Device>,
 }
 
-impl<R: GpuRuntime> Clone for DeviceMemory<R> {
+impl Clone for DeviceMemory {
     fn clone(&self) -> Self {
         DeviceMemory { device: self.device.clone() }
     }
 }
 
-impl<R: GpuRuntime> std::fmt::Debug for DeviceMemory<R> {
+impl std::fmt::Debug for DeviceMemory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "DeviceMemory({})", self.describe())
     }
 }
 
-impl<R: GpuRuntime> DeviceMemory<R> {
+impl DeviceMemory {
     /// Shards on `device` (the one the data plane drives).
-    pub fn new(device: Rc<Device<R>>) -> DeviceMemory<R> {
+    pub fn new(device: Rc<Device>) -> DeviceMemory {
         DeviceMemory { device }
     }
 
     /// The device the shards live on.
-    pub fn device(&self) -> &Device<R> {
+    pub fn device(&self) -> &Device {
         &self.device
     }
 
     /// The device, shared (to compute on while the store is borrowed).
-    pub fn shared_device(&self) -> Rc<Device<R>> {
+    pub fn shared_device(&self) -> Rc<Device> {
         self.device.clone()
     }
 
@@ -99,8 +98,8 @@ impl<R: GpuRuntime> DeviceMemory<R> {
     }
 }
 
-impl<R: GpuRuntime> ShardMemory for DeviceMemory<R> {
-    type Buffer = DeviceBuffer<R>;
+impl ShardMemory for DeviceMemory {
+    type Buffer = DeviceBuffer;
 
     fn describe(&self) -> String {
         let d = self.device.runtime().device();
@@ -119,7 +118,7 @@ impl<R: GpuRuntime> ShardMemory for DeviceMemory<R> {
         self.device.runtime().synchronous()
     }
 
-    fn allocate(&self, bytes: u64) -> Result<DeviceBuffer<R>, EmuError> {
+    fn allocate(&self, bytes: u64) -> Result<DeviceBuffer, EmuError> {
         Ok(DeviceBuffer { ptr: self.device.alloc(bytes)?, len: bytes, device: self.device.clone() })
     }
 
@@ -157,12 +156,12 @@ impl<R: GpuRuntime> ShardMemory for DeviceMemory<R> {
     }
 }
 
-impl<C: DataPlane, L: CollectiveLib, R: GpuRuntime> Exchange<DeviceMemory<R>> for GpuPlane<C, L, R> {
+impl<C: DataPlane> Exchange<DeviceMemory> for GpuPlane<'_, C> {
     fn exchange_buffers(
         &self,
-        _memory: &DeviceMemory<R>,
+        _memory: &DeviceMemory,
         messages: &[Message],
-        buffers: Buffers<'_, '_, DeviceBuffer<R>>,
+        buffers: Buffers<'_, '_, DeviceBuffer>,
     ) -> Result<(), CommError> {
         let (mut sends, mut recvs) = (Vec::new(), Vec::new());
         for m in messages {
@@ -245,14 +244,14 @@ mod tests {
                 let lib = FakeLib::new(rank, true, mail.clone(), calls.clone());
                 let watchdog = Watchdog::new(Duration::from_secs(30), rank, false);
                 let control = LoopbackPlane::new(rank, mail);
-                let mut plane = GpuPlane::new(control, lib, device.clone(), watchdog, 4).unwrap();
+                let mut plane = GpuPlane::new(control, Box::new(lib), device.clone(), watchdog, 4).unwrap();
                 let memory = DeviceMemory::new(device.clone());
                 let mut on_device = EmuSet::in_memory(rank, 4, 1 << 30, catalogues, memory);
                 assert_eq!(on_device.store().ledger().capacity(), 1 << 28, "capped at the device's capacity");
                 let device_trace = primitives(&mut plane, &mut on_device, |p| p.bytes_sent());
                 drop(on_device);
                 plane.synchronize().unwrap();
-                let leaked = device.runtime().allocated_bytes() - device.staging_bytes() as u64;
+                let leaked = device.allocated_bytes().0;
                 (host_trace, device_trace, leaked)
             });
             let sent: u64 = traces.iter().map(|(_, d, _)| d.2).sum();

@@ -6,7 +6,7 @@
 //! copy and moments in place and rewrites the bf16 parameters from it. θ and ω never leave the
 //! device, so a transition moves exactly what the optimizer wrote.
 
-use crate::backend::gpu::{DeviceArray, DeviceView, GpuRuntime};
+use crate::backend::gpu::{DeviceArray, DeviceView};
 use crate::backend::sources::AdamTensor;
 use crate::comm::collectives::DataType;
 use crate::comm::DataPlane;
@@ -29,7 +29,7 @@ struct MixedSections {
     master: DeviceView<f32>,
 }
 
-fn mixed_sections<R: GpuRuntime>(shard: &LocalShard<DeviceBuffer<R>>) -> Result<MixedSections, EngineError> {
+fn mixed_sections(shard: &LocalShard<DeviceBuffer>) -> Result<MixedSections, EngineError> {
     let what = |reason: String| EngineError::Shape { what: format!("{} shard on the device: {reason}", shard.emu) };
     let expected = [Section::Params, Section::AdamM, Section::AdamV, Section::Master];
     if shard.dtype != Dtype::Bf16 || shard.sections != expected {
@@ -47,7 +47,7 @@ fn mixed_sections<R: GpuRuntime>(shard: &LocalShard<DeviceBuffer<R>>) -> Result<
 }
 
 /// This rank's bf16 parameters of a shard on a device (any stage: θ is the first section).
-fn device_params<R: GpuRuntime>(shard: &LocalShard<DeviceBuffer<R>>) -> Result<DeviceView<u16>, EngineError> {
+fn device_params(shard: &LocalShard<DeviceBuffer>) -> Result<DeviceView<u16>, EngineError> {
     if shard.dtype != Dtype::Bf16 {
         let what =
             format!("{} shard on the device is {:?}; the device engine computes in bf16", shard.emu, shard.dtype);
@@ -59,10 +59,10 @@ fn device_params<R: GpuRuntime>(shard: &LocalShard<DeviceBuffer<R>>) -> Result<D
 /// Runs `f` with a device compute over this rank's shard of `replica` and its bf16 parameters,
 /// buffers charged to the rank's ledger (released when `f` returns): the device counterpart of
 /// [`super::with_params`], for generation and inference.
-pub fn with_device_params<R: GpuRuntime, T>(
-    set: &mut EmuSet<DeviceMemory<R>>,
+pub fn with_device_params<T>(
+    set: &mut EmuSet<DeviceMemory>,
     replica: &Replica,
-    f: impl FnOnce(&mut OnDevice<'_, '_, '_, R>, &DeviceView<u16>) -> Result<T, EngineError>,
+    f: impl FnOnce(&mut OnDevice<'_, '_, '_>, &DeviceView<u16>) -> Result<T, EngineError>,
 ) -> Result<T, EngineError> {
     let id = replica.emu;
     let device = set.store().memory().shared_device();
@@ -81,9 +81,9 @@ pub fn with_device_params<R: GpuRuntime, T>(
 /// [`super::train_step`] for a replica whose shards are on a device: every rank of every replica
 /// of the model-stage calls it. Reports and skips a non-finite update as the host step does.
 #[allow(clippy::too_many_arguments)]
-pub fn train_step_on_device<R: GpuRuntime, P: DataPlane>(
+pub fn train_step_on_device<P: DataPlane>(
     plane: &P,
-    set: &mut EmuSet<DeviceMemory<R>>,
+    set: &mut EmuSet<DeviceMemory>,
     replica: &Replica,
     batch: &Batch,
     micro_batch: usize,
@@ -100,7 +100,7 @@ pub fn train_step_on_device<R: GpuRuntime, P: DataPlane>(
     let s = mixed_sections(shard)?;
     let mut arena = Arena::new(ledger);
     arena.charge(MemoryItem::Gradients, 4 * s.master.len() as u64)?;
-    let grads = DeviceArray::<R, f32>::zeros(&device, s.master.len())?;
+    let grads = DeviceArray::<f32>::zeros(&device, s.master.len())?;
     let mut c = OnDevice::new(&device, &mut arena, replica.model.rope())?;
     let loss =
         replica.forward_backward_on(&mut c, plane, &s.params, &mut grads.view(), batch, micro_batch, objective)?;
@@ -287,12 +287,7 @@ mod tests {
 
     /// [`PARALLEL_STEPS`] steps of the bf16 actor on `device` over `plane` (the rank's replica of
     /// `dp` in `layout`): each step's loss bits, then the shard's bytes after the last.
-    fn device_run<P: DataPlane>(
-        mut plane: P,
-        device: Rc<Device<Emulated>>,
-        layout: Layout,
-        dp: i32,
-    ) -> (Vec<u64>, Vec<u8>) {
+    fn device_run<P: DataPlane>(mut plane: P, device: Rc<Device>, layout: Layout, dp: i32) -> (Vec<u64>, Vec<u8>) {
         let (rank, world) = (plane.rank(), layout.size() as i32 * dp);
         let mut set = EmuSet::in_memory(rank, world, 1 << 30, catalogues(Dtype::Bf16), DeviceMemory::new(device));
         let ids = create(&mut plane, &mut set, layout, dp);
@@ -327,7 +322,8 @@ mod tests {
                 let lib = FakeLib::new(rank, false, mail.clone(), calls.clone());
                 let watchdog = Watchdog::new(Duration::from_secs(30), rank, false);
                 let plane =
-                    GpuPlane::new(LoopbackPlane::new(rank, mail), lib, device.clone(), watchdog, world).unwrap();
+                    GpuPlane::new(LoopbackPlane::new(rank, mail), Box::new(lib), device.clone(), watchdog, world)
+                        .unwrap();
                 device_run(plane, device, layout, dp)
             });
             let at = (tp, pp, dp);
@@ -454,21 +450,19 @@ mod tests {
         Peaks { training, inference, generation }
     }
 
-    /// Runs `pass` with fresh peaks on the ledger and the emulator's allocator; checks that the
-    /// pass gave back every byte it allocated, and returns the ledger's peak and how far the
-    /// allocator's own peak lay below it (negative: above).
+    /// Runs `pass` with fresh peaks on the ledger and the device's own count of what it asked
+    /// the runtime for; checks that the pass gave back every byte it allocated, and returns the
+    /// ledger's peak and how far the device's peak lay below it (negative: above).
     fn device_peak_of(
-        set: &mut EmuSet<DeviceMemory<Emulated>>,
-        device: &Device<Emulated>,
-        pass: impl FnOnce(&mut EmuSet<DeviceMemory<Emulated>>),
+        set: &mut EmuSet<DeviceMemory>,
+        device: &Device,
+        pass: impl FnOnce(&mut EmuSet<DeviceMemory>),
     ) -> (MemoryBreakdown, i64) {
-        let allocated = || device.runtime().allocated_bytes() - device.staging_bytes() as u64;
-        let before = allocated();
-        device.runtime().reset_peak();
+        let before = device.allocated_bytes().0;
+        device.reset_peak();
         let ledger = peak_of(set, pass);
-        assert_eq!(allocated(), before, "the pass freed every buffer it allocated");
-        let staging = device.staging_bytes() as u64;
-        (ledger, ledger.total() as i64 - (device.runtime().peak_allocated_bytes() - staging) as i64)
+        assert_eq!(device.allocated_bytes().0, before, "the pass freed every buffer it allocated");
+        (ledger, ledger.total() as i64 - device.allocated_bytes().1 as i64)
     }
 
     /// The device's ledger peaks, and by how much each lay above the allocator's own peak.

@@ -9,7 +9,6 @@ use super::device_train::{train_step_on_device, with_device_params};
 use super::generate::{Generated, Sampling};
 use super::train::{train_step, Batch, Objective, StepReport};
 use super::{with_params, AdamW, EngineError, Replica};
-use crate::backend::gpu::GpuRuntime;
 use crate::comm::DataPlane;
 use crate::emu::{DeviceMemory, EmuSet, HostMemory, ShardMemory};
 use nereus_core::config::Dtype;
@@ -135,13 +134,13 @@ impl EngineOn<HostMemory> for HostEngine {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DeviceEngine;
 
-impl<R: GpuRuntime> EngineOn<DeviceMemory<R>> for DeviceEngine {
+impl EngineOn<DeviceMemory> for DeviceEngine {
     const DTYPE: Dtype = Dtype::Bf16;
 
     fn train_step<P: DataPlane>(
         &self,
         plane: &P,
-        set: &mut EmuSet<DeviceMemory<R>>,
+        set: &mut EmuSet<DeviceMemory>,
         replica: &Replica,
         batch: &Batch,
         micro_batch: usize,
@@ -154,7 +153,7 @@ impl<R: GpuRuntime> EngineOn<DeviceMemory<R>> for DeviceEngine {
     fn infer<P: DataPlane>(
         &self,
         plane: &P,
-        set: &mut EmuSet<DeviceMemory<R>>,
+        set: &mut EmuSet<DeviceMemory>,
         replica: &Replica,
         batch: &Batch,
         micro_batch: usize,
@@ -165,7 +164,7 @@ impl<R: GpuRuntime> EngineOn<DeviceMemory<R>> for DeviceEngine {
     fn generate<P: DataPlane>(
         &self,
         plane: &P,
-        set: &mut EmuSet<DeviceMemory<R>>,
+        set: &mut EmuSet<DeviceMemory>,
         replica: &Replica,
         waves: &[Wave],
         s: &Sampling,

@@ -40,13 +40,10 @@ pub use job::TrainJob;
 use std::path::Path;
 
 use nereus_core::config::{DeviceChoice, JobConfig, Overrides, ResumeFrom};
-use nereus_exec::backend::gpu::GpuRuntime;
-use nereus_exec::comm::collectives::CollectiveLib;
-use nereus_exec::comm::MpiPlane;
-use nereus_exec::emu::{DeviceMemory, Exchange, HostMemory, ShardMemory};
+use nereus_exec::emu::{Exchange, HostMemory, ShardMemory};
 use nereus_exec::engine::{DeviceEngine, EngineError, EngineOn, HostEngine};
 
-use crate::device::{with_device, DeviceJob, Plane};
+use crate::device::open_device;
 use crate::{RuntimeError, Session};
 
 /// How `nereus train` starts, beside its job file.
@@ -101,29 +98,13 @@ pub fn run_config(session: &Session, config: &JobConfig, options: &TrainOptions)
     session.agree("engine checks", start::engine_checks(config))?;
     match config.cluster.device {
         None => {
-            let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
+            let mut plane = session.control_plane();
             train(TrainJob::start(session, config, options, &mut plane, HostMemory, HostEngine)?)
         }
-        Some(choice) => with_device(session, choice, OnDevice { session, config, options }),
-    }
-}
-
-/// `nereus train` on the device `--device` opened.
-struct OnDevice<'s> {
-    session: &'s Session,
-    config: &'s JobConfig,
-    options: &'s TrainOptions,
-}
-
-impl DeviceJob for OnDevice<'_> {
-    type Output = ();
-
-    fn run<L: CollectiveLib, R: GpuRuntime>(
-        self,
-        plane: &mut Plane<'_, L, R>,
-        memory: DeviceMemory<R>,
-    ) -> Result<(), RuntimeError> {
-        train(TrainJob::start(self.session, self.config, self.options, plane, memory, DeviceEngine)?)
+        Some(choice) => {
+            let (mut plane, memory) = open_device(session, choice)?;
+            train(TrainJob::start(session, config, options, &mut plane, memory, DeviceEngine)?)
+        }
     }
 }
 

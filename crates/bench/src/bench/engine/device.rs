@@ -26,15 +26,14 @@ use nereus_core::cost::MemoryItem;
 use nereus_core::model::{Architecture, Catalogue, Layout, OutputHead};
 use nereus_core::plan::{ModelStage, Role, Stage};
 use nereus_exec::backend::blas::{Gemm, GemmOut};
-use nereus_exec::backend::gpu::{Device, DeviceArray, GpuRuntime};
-use nereus_exec::comm::collectives::CollectiveLib;
+use nereus_exec::backend::gpu::{Device, DeviceArray};
 use nereus_exec::emu::{Counters, DeviceMemory, EmuSet};
 use nereus_exec::engine::compute::{Compute, OnDevice};
 use nereus_exec::engine::{
     init_shard, with_device_params, AdamW, Batch, CrossEntropy, DeviceEngine, EngineError, EngineOn, Op, Replica,
     Sampling, StopIds, Wave,
 };
-use nereus_runtime::device::{DeviceJob, Plane};
+use nereus_runtime::device::Plane;
 use nereus_runtime::RuntimeError;
 
 /// The model and batch a device benchmark runs.
@@ -90,7 +89,7 @@ pub struct Peaks {
     pub hbm_bytes_per_s: f64,
 }
 
-/// The benchmark as a [`DeviceJob`]: rank 0 measures, other ranks return at once.
+/// The benchmark on the device plane: rank 0 measures, other ranks return at once.
 pub struct DeviceBench {
     /// Measured repetitions after one warm-up.
     pub reps: usize,
@@ -105,14 +104,9 @@ pub struct DeviceBench {
 /// What the benchmark measured: a title, rows and floors (rank 0; empty elsewhere).
 pub type Measured = Option<(String, Vec<Row>, Vec<Floor>)>;
 
-impl DeviceJob for DeviceBench {
-    type Output = Measured;
-
-    fn run<L: CollectiveLib, R: GpuRuntime>(
-        self,
-        plane: &mut Plane<'_, L, R>,
-        memory: DeviceMemory<R>,
-    ) -> Result<Measured, RuntimeError> {
+impl DeviceBench {
+    /// Runs on this rank's device plane, with shards in `memory`.
+    pub(super) fn run(self, plane: &mut Plane<'_>, memory: DeviceMemory) -> Result<Measured, RuntimeError> {
         use nereus_exec::comm::DataPlane;
         if plane.rank() != 0 {
             return Ok(None);
@@ -147,11 +141,7 @@ struct Phases {
 }
 
 /// Times `f` after one warm-up run: `runs` back to back, then one wait for the device.
-fn per_run<R: GpuRuntime>(
-    device: &Device<R>,
-    runs: usize,
-    mut f: impl FnMut() -> Result<(), EngineError>,
-) -> Result<f64, EngineError> {
+fn per_run(device: &Device, runs: usize, mut f: impl FnMut() -> Result<(), EngineError>) -> Result<f64, EngineError> {
     f()?;
     device.synchronize()?;
     let start = Instant::now();
@@ -163,11 +153,7 @@ fn per_run<R: GpuRuntime>(
 }
 
 /// The host benchmark's operand values ([`super::operand`]), rounded to bf16 on the compute.
-fn filled<'d, R: GpuRuntime>(
-    c: &mut OnDevice<'d, '_, '_, R>,
-    len: usize,
-    seed: f32,
-) -> Result<DeviceArray<'d, R, u16>, EngineError> {
+fn filled<'d>(c: &mut OnDevice<'d, '_, '_>, len: usize, seed: f32) -> Result<DeviceArray<'d, u16>, EngineError> {
     let mut x = c.zeros(MemoryItem::Activations, len)?;
     let values = super::operand(len, seed);
     c.modify(&mut x, |v| {
@@ -179,8 +165,8 @@ fn filled<'d, R: GpuRuntime>(
 
 /// Seconds of every product of a training step on `n` tokens, issued bare and through the
 /// engine's linear layers (each distinct layer shape timed once, weighted by its count).
-fn time_gemms<R: GpuRuntime>(
-    set: &mut EmuSet<DeviceMemory<R>>,
+fn time_gemms(
+    set: &mut EmuSet<DeviceMemory>,
     replica: &Replica,
     arch: &Architecture,
     n: usize,
@@ -234,9 +220,9 @@ fn time_gemms<R: GpuRuntime>(
 
 /// Median seconds of a forward pass, a training step, a prefill (one new token) and one decode
 /// step, over `reps` rounds after a warm-up.
-fn time_phases<P: nereus_exec::comm::DataPlane, R: GpuRuntime>(
+fn time_phases<P: nereus_exec::comm::DataPlane>(
     plane: &P,
-    set: &mut EmuSet<DeviceMemory<R>>,
+    set: &mut EmuSet<DeviceMemory>,
     replica: &Replica,
     arch: &Architecture,
     (b, t, db, dp, dn): (usize, usize, usize, usize, usize),
@@ -270,7 +256,7 @@ fn time_phases<P: nereus_exec::comm::DataPlane, R: GpuRuntime>(
         let step = timed(&mut || DeviceEngine.train_step(plane, set, replica, &batch, b, &objective, &opt).map(drop))?;
         let wave = [Wave { prompts: prompts.to_vec(), starts: Vec::new(), ids: ids.clone() }];
         let generate =
-            |set: &mut EmuSet<DeviceMemory<R>>, new| DeviceEngine.generate(plane, set, replica, &wave, &sampling(new));
+            |set: &mut EmuSet<DeviceMemory>, new| DeviceEngine.generate(plane, set, replica, &wave, &sampling(new));
         let prefill = timed(&mut || generate(set, 1).map(drop))?;
         let full = timed(&mut || generate(set, dn).map(drop))?;
         // The first round warms the allocator, the libraries' heuristics and the caches.

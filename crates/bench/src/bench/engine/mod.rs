@@ -23,7 +23,6 @@ use nereus_core::config::Dtype;
 use nereus_core::config::{load_cluster_file, DeviceChoice};
 use nereus_core::model::{Architecture, Catalogue, Layout, OutputHead};
 use nereus_core::plan::{ModelStage, Role, Stage};
-use nereus_exec::comm::MpiPlane;
 use nereus_exec::emu::{Counters, EmuSet};
 use nereus_exec::engine::{
     init_shard, matmul, train_step, with_params, AdamW, Batch, CrossEntropy, Op, Replica, Sampling, StopIds,
@@ -204,7 +203,8 @@ fn on_device(session: &Session, args: &Args, choice: DeviceChoice) -> Result<(),
     let shape =
         args.shape.unwrap_or(if choice == DeviceChoice::Emulated { EngineShape::Tiny } else { EngineShape::Llama1b });
     let job = DeviceBench { reps: args.reps, shape, choice, peaks };
-    let Some((title, rows, floors)) = nereus_runtime::device::with_device(session, choice, job)? else {
+    let (mut plane, memory) = nereus_runtime::device::open_device(session, choice)?;
+    let Some((title, rows, floors)) = job.run(&mut plane, memory)? else {
         return Ok(());
     };
     print_rows(&title, &rows)?;
@@ -251,7 +251,7 @@ fn benchmark(session: &Session, reps: usize, json: Option<&Path>) -> Result<(), 
 fn time_phases(session: &Session, arch: &Architecture, reps: usize) -> Result<(f64, f64, f64), RuntimeError> {
     let (b, t) = BATCH;
     let n = b * t;
-    let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
+    let mut plane = session.control_plane();
     let ms = ModelStage::new(Role::Actor, Stage::Training);
     let mut set = EmuSet::new(0, 1, 16 << 30, [(Role::Actor, Catalogue::new(arch.clone()))].into_iter().collect());
     let id = set.create(&mut plane, ms, Layout::new(1, 1), &[0], Counters::default(), |shard, cat| {

@@ -42,11 +42,9 @@ use nereus_core::model::{Architecture, Catalogue, Layout, OutputHead, Position};
 use nereus_core::plan::{Candidate, ModelStage, Placement, Plan, Recompute, Role, Stage};
 use nereus_core::transition::global::Links;
 use nereus_core::transition::TransitionDag;
-use nereus_exec::backend::gpu::GpuRuntime;
-use nereus_exec::comm::collectives::CollectiveLib;
-use nereus_exec::comm::{DataPlane, GroupId, MpiPlane};
+use nereus_exec::comm::{DataPlane, GroupId};
 use nereus_exec::emu::{DeviceMemory, Digest, EmuSet, Exchange, HostMemory, ShardMemory};
-use nereus_runtime::device::{with_device, DeviceJob, Plane};
+use nereus_runtime::device::{open_device, Plane};
 use nereus_runtime::transition::{agree_on_dag, execute};
 use nereus_runtime::{RuntimeError, Session};
 
@@ -393,7 +391,7 @@ pub fn run(session: &Session, options: &Args) -> Result<(), RuntimeError> {
     }
     let (rows, bandwidth) = match options.device.device {
         None => {
-            let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
+            let mut plane = session.control_plane();
             let all = plane.group(&(0..world).collect::<Vec<_>>())?;
             let wait = Wait::Calm(session.world(), session.watchdog());
             let bandwidth =
@@ -401,7 +399,10 @@ pub fn run(session: &Session, options: &Args) -> Result<(), RuntimeError> {
             let bench = Bench::new(session, &mut plane, HostMemory, None, options, all, bandwidth);
             (bench.measure(&cases)?, bandwidth)
         }
-        Some(choice) => with_device(session, choice, OnDevice { session, options, choice, cases: &cases })?,
+        Some(choice) => {
+            let (mut plane, memory) = open_device(session, choice)?;
+            OnDevice { session, options, choice, cases: &cases }.run(&mut plane, memory)?
+        }
     };
     if session.rank() != 0 {
         return Ok(());
@@ -428,14 +429,9 @@ struct OnDevice<'s, 'c> {
     cases: &'c [Case],
 }
 
-impl DeviceJob for OnDevice<'_, '_> {
-    type Output = (Vec<Row>, f64);
-
-    fn run<L: CollectiveLib, R: GpuRuntime>(
-        self,
-        plane: &mut Plane<'_, L, R>,
-        memory: DeviceMemory<R>,
-    ) -> Result<(Vec<Row>, f64), RuntimeError> {
+impl OnDevice<'_, '_> {
+    /// Runs on this rank's device plane, with shards in `memory`.
+    fn run(self, plane: &mut Plane<'_>, memory: DeviceMemory) -> Result<(Vec<Row>, f64), RuntimeError> {
         let all = plane.group(&(0..self.session.world().size()).collect::<Vec<_>>())?;
         let wait = Wait::Calm(self.session.world(), self.session.watchdog());
         let bytes = yardstick_bytes(self.options);

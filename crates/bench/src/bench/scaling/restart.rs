@@ -21,16 +21,14 @@ use nereus_core::config::{DeviceChoice, Dtype};
 use nereus_core::model::Section;
 use nereus_core::model::{Catalogue, Layout, Position, Region};
 use nereus_core::plan::{ModelStage, Plan, Role};
-use nereus_exec::backend::gpu::GpuRuntime;
-use nereus_exec::comm::collectives::CollectiveLib;
-use nereus_exec::comm::{calm_barrier, MpiPlane};
+use nereus_exec::comm::calm_barrier;
 use nereus_exec::emu::{
     copy_rect_host, Counters, DeviceMemory, Digest, EmuSet, Exchange, HostMemory, LocalShard, RectCopy, ShardMemory,
 };
 use nereus_runtime::checkpoint::save::write_durably;
 use nereus_runtime::checkpoint::tensors::{serialize, NamedTensor};
 use nereus_runtime::checkpoint::TensorFile;
-use nereus_runtime::device::{with_device, DeviceJob, Plane};
+use nereus_runtime::device::{open_device, Plane};
 use nereus_runtime::{io_error, RuntimeError, Session};
 
 use super::{Bench, Case, CAPACITY};
@@ -302,10 +300,13 @@ pub fn restore(session: &Session, dir: &Path) -> Result<(), RuntimeError> {
         serde_json::from_slice(&text).map_err(|e| RuntimeError::Usage(format!("{}: {e}", path.display())))?;
     match job.device {
         None => {
-            let mut plane = MpiPlane::new(session.world(), session.watchdog().clone());
+            let mut plane = session.control_plane();
             restore_into(session, &mut plane, HostMemory, &job, dir)
         }
-        Some(choice) => with_device(session, choice, Restore { session, job: &job, dir }),
+        Some(choice) => {
+            let (mut plane, memory) = open_device(session, choice)?;
+            Restore { session, job: &job, dir }.run(&mut plane, memory)
+        }
     }
 }
 
@@ -316,14 +317,9 @@ struct Restore<'a> {
     dir: &'a Path,
 }
 
-impl DeviceJob for Restore<'_> {
-    type Output = ();
-
-    fn run<L: CollectiveLib, R: GpuRuntime>(
-        self,
-        plane: &mut Plane<'_, L, R>,
-        memory: DeviceMemory<R>,
-    ) -> Result<(), RuntimeError> {
+impl Restore<'_> {
+    /// Runs on this rank's device plane, with shards in `memory`.
+    fn run(self, plane: &mut Plane<'_>, memory: DeviceMemory) -> Result<(), RuntimeError> {
         restore_into(self.session, plane, memory, self.job, self.dir)
     }
 }

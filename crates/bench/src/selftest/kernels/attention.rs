@@ -2,7 +2,7 @@
 
 use nereus_core::half::{bf16_to_f32, f32_to_bf16};
 use nereus_core::rng::Rng;
-use nereus_exec::backend::gpu::{Device, DeviceArray, GpuRuntime};
+use nereus_exec::backend::gpu::{Device, DeviceArray};
 use nereus_exec::backend::sources::{
     flash_keys_grid, flash_rows_grid, FlashWidth, KernelArg, ATTENTION_BLOCK, FLASH_WARPS,
 };
@@ -28,11 +28,7 @@ fn in_shard(token: i32, v0: usize, v: usize) -> Option<usize> {
     (token as usize).checked_sub(v0).filter(|&row| row < v)
 }
 
-pub(super) fn check_embedding_forward<R: GpuRuntime>(
-    d: &Device<R>,
-    rng: &mut Rng,
-    verdict: &mut Verdict,
-) -> Result<(), BackendError> {
+pub(super) fn check_embedding_forward(d: &Device, rng: &mut Rng, verdict: &mut Verdict) -> Result<(), BackendError> {
     let (v0, v, tokens, c) = vocab_case(rng);
     let w = bf16_values(rng, v * c, 1.0);
     let (ws, ts, outs) = (
@@ -56,11 +52,7 @@ pub(super) fn check_embedding_forward<R: GpuRuntime>(
     Ok(())
 }
 
-pub(super) fn check_embedding_backward<R: GpuRuntime>(
-    d: &Device<R>,
-    rng: &mut Rng,
-    verdict: &mut Verdict,
-) -> Result<(), BackendError> {
+pub(super) fn check_embedding_backward(d: &Device, rng: &mut Rng, verdict: &mut Verdict) -> Result<(), BackendError> {
     let (v0, v, tokens, c) = vocab_case(rng);
     let dy = bf16_values(rng, tokens.len() * c, 1.0);
     let (dys, ts, dws) =
@@ -80,11 +72,7 @@ pub(super) fn check_embedding_backward<R: GpuRuntime>(
     Ok(())
 }
 
-pub(super) fn check_rope<R: GpuRuntime>(
-    d: &Device<R>,
-    rng: &mut Rng,
-    verdict: &mut Verdict,
-) -> Result<(), BackendError> {
+pub(super) fn check_rope(d: &Device, rng: &mut Rng, verdict: &mut Verdict) -> Result<(), BackendError> {
     let (b, t, heads, half) = (1 + rng.below(3), 1 + rng.below(40), 1 + rng.below(4), 1 + rng.below(64));
     let (pos0, inverse) = (rng.below(100), rng.below(2) == 1);
     let positions = pos0 + t;
@@ -116,11 +104,7 @@ pub(super) fn check_rope<R: GpuRuntime>(
     Ok(())
 }
 
-pub(super) fn check_kv_append<R: GpuRuntime>(
-    d: &Device<R>,
-    rng: &mut Rng,
-    verdict: &mut Verdict,
-) -> Result<(), BackendError> {
+pub(super) fn check_kv_append(d: &Device, rng: &mut Rng, verdict: &mut Verdict) -> Result<(), BackendError> {
     let (b, tn, kd) = (1 + rng.below(3), 1 + rng.below(20), 1 + rng.below(300));
     let at = rng.below(30);
     let tc = at + tn + rng.below(5);
@@ -203,7 +187,7 @@ impl AttentionCase {
     }
 
     /// The `starts` argument: the buffer, or null for a case without padding.
-    fn starts_arg<R: GpuRuntime>(&self, buffer: &DeviceArray<'_, R, i32>) -> KernelArg {
+    fn starts_arg(&self, buffer: &DeviceArray<'_, i32>) -> KernelArg {
         if self.no_starts {
             KernelArg::Ptr(0)
         } else {
@@ -216,8 +200,8 @@ impl AttentionCase {
 /// the shape), checks `lse` against the f64 reference (finite where the reference is, −inf for a
 /// pad query), and returns the output read back, the reference's, and max |v| (the scale of the
 /// caller's tolerance for the output).
-fn run_forward<R: GpuRuntime>(
-    d: &Device<R>,
+fn run_forward(
+    d: &Device,
     case: &AttentionCase,
     verdict: &mut Verdict,
     launch: impl FnOnce(Vec<KernelArg>) -> Result<(), BackendError>,
@@ -242,11 +226,7 @@ fn run_forward<R: GpuRuntime>(
     Ok((outs.read()?, out, v_scale))
 }
 
-pub(super) fn check_attention_forward<R: GpuRuntime>(
-    d: &Device<R>,
-    rng: &mut Rng,
-    verdict: &mut Verdict,
-) -> Result<(), BackendError> {
+pub(super) fn check_attention_forward(d: &Device, rng: &mut Rng, verdict: &mut Verdict) -> Result<(), BackendError> {
     let case = attention_case(rng);
     let kernel = verdict.kernel;
     let (got, out, v_scale) =
@@ -256,11 +236,7 @@ pub(super) fn check_attention_forward<R: GpuRuntime>(
     Ok(())
 }
 
-pub(super) fn check_attention_backward<R: GpuRuntime>(
-    d: &Device<R>,
-    rng: &mut Rng,
-    verdict: &mut Verdict,
-) -> Result<(), BackendError> {
+pub(super) fn check_attention_backward(d: &Device, rng: &mut Rng, verdict: &mut Verdict) -> Result<(), BackendError> {
     let case = attention_case(rng);
     let a = case.shape;
     let (q, k, v) = (widen(&case.q), widen(&case.k), widen(&case.v));
@@ -321,15 +297,11 @@ fn flash_case(rng: &mut Rng) -> AttentionCase {
 }
 
 /// Threads of a flash block on `d`: its warps at the device's width.
-fn flash_threads<R: GpuRuntime>(d: &Device<R>) -> u32 {
+fn flash_threads(d: &Device) -> u32 {
     FLASH_WARPS * d.runtime().warp_width()
 }
 
-pub(super) fn check_flash_forward<R: GpuRuntime>(
-    d: &Device<R>,
-    rng: &mut Rng,
-    verdict: &mut Verdict,
-) -> Result<(), BackendError> {
+pub(super) fn check_flash_forward(d: &Device, rng: &mut Rng, verdict: &mut Verdict) -> Result<(), BackendError> {
     let case = flash_case(rng);
     let a = case.shape;
     let width = FlashWidth::for_head(a.d).expect("flash cases fit a width");
@@ -342,11 +314,7 @@ pub(super) fn check_flash_forward<R: GpuRuntime>(
     Ok(())
 }
 
-pub(super) fn check_flash_backward<R: GpuRuntime>(
-    d: &Device<R>,
-    rng: &mut Rng,
-    verdict: &mut Verdict,
-) -> Result<(), BackendError> {
+pub(super) fn check_flash_backward(d: &Device, rng: &mut Rng, verdict: &mut Verdict) -> Result<(), BackendError> {
     let case = flash_case(rng);
     let a = case.shape;
     let width = FlashWidth::for_head(a.d).expect("flash cases fit a width");

@@ -27,14 +27,12 @@ use nereus_core::half::{bf16_to_f32, f32_to_bf16};
 use nereus_core::rng::Rng;
 use nereus_exec::backend::blas::{Gemm, GemmOut};
 use nereus_exec::backend::emulated::Emulated;
-use nereus_exec::backend::gpu::{Device, DeviceArray, GpuRuntime};
+use nereus_exec::backend::gpu::{Device, DeviceArray};
 use nereus_exec::backend::grid::WarpWidth;
 use nereus_exec::backend::sources::{AdamTensor, KernelArg, KernelArgs, Launch};
 use nereus_exec::backend::BackendError;
-use nereus_exec::comm::collectives::CollectiveLib;
-use nereus_exec::emu::DeviceMemory;
 use nereus_exec::engine::{sample_token, Op, Sampling, StopIds};
-use nereus_runtime::device::{with_device, DeviceJob, Plane};
+use nereus_runtime::device::open_device;
 use nereus_runtime::{RuntimeError, Session};
 
 use reference::AdamStep;
@@ -107,8 +105,12 @@ pub fn kernels(session: &Session, seed: u64, device: Option<DeviceChoice>) -> Re
             }
         }
         choice => {
-            let (device, runs, failures) = with_device(session, choice, OnDevice { seed })?;
-            summary.device = device;
+            // The plane is opened (and held) only so that every rank brings its device up
+            // together; the checks themselves stay on this rank's device.
+            let (_plane, memory) = open_device(session, choice)?;
+            let (device, d) = (memory.device(), memory.device().runtime().device());
+            summary.device = format!("{} device {} ({})", device.runtime().backend(), d.ordinal, d.name);
+            let (runs, failures) = check_every_kernel(device, seed, device.runtime().warp_width())?;
             summary.runs = runs;
             summary.failures.extend(failures);
         }
@@ -116,36 +118,10 @@ pub fn kernels(session: &Session, seed: u64, device: Option<DeviceChoice>) -> Re
     Ok(summary)
 }
 
-/// The checks as a job on a real device.
-struct OnDevice {
-    seed: u64,
-}
-
-impl DeviceJob for OnDevice {
-    type Output = (String, Vec<KernelRun>, Vec<String>);
-
-    fn run<L: CollectiveLib, R: GpuRuntime>(
-        self,
-        _plane: &mut Plane<'_, L, R>,
-        memory: DeviceMemory<R>,
-    ) -> Result<Self::Output, RuntimeError> {
-        let device = memory.device();
-        let d = device.runtime().device();
-        let name = format!("{} device {} ({})", device.runtime().backend(), d.ordinal, d.name);
-        let warp = if device.runtime().backend() == "ROCm" { 64 } else { 32 };
-        let (runs, failures) = check_every_kernel(device, self.seed, warp)?;
-        Ok((name, runs, failures))
-    }
-}
-
 /// Every kernel, [`CASES`] random cases each, on `device`: each kernel's run and the failed checks.
-fn check_every_kernel<R: GpuRuntime>(
-    device: &Device<R>,
-    seed: u64,
-    warp: u32,
-) -> Result<(Vec<KernelRun>, Vec<String>), RuntimeError> {
-    type Check<R> = fn(&Device<R>, &mut Rng, &mut Verdict) -> Result<(), BackendError>;
-    let checks: [(&'static str, Check<R>); 22] = [
+fn check_every_kernel(device: &Device, seed: u64, warp: u32) -> Result<(Vec<KernelRun>, Vec<String>), RuntimeError> {
+    type Check = fn(&Device, &mut Rng, &mut Verdict) -> Result<(), BackendError>;
+    let checks: [(&'static str, Check); 22] = [
         ("nereus_cast_f32_to_bf16", check_cast_to_bf16),
         ("nereus_cast_bf16_to_f32", check_cast_to_f32),
         ("nereus_rmsnorm_forward", check_rmsnorm_forward),
@@ -238,25 +214,20 @@ trait Arg {
     fn arg(&self) -> KernelArg;
 }
 
-impl<R: GpuRuntime, T: Pod> Arg for DeviceArray<'_, R, T> {
+impl<T: Pod> Arg for DeviceArray<'_, T> {
     fn arg(&self) -> KernelArg {
         KernelArg::Ptr(self.ptr().0)
     }
 }
 
 /// Launches `kernel` over `grid` blocks of [`BLOCK`] threads and waits for it.
-fn run<R: GpuRuntime>(
-    device: &Device<R>,
-    kernel: &'static str,
-    grid: u64,
-    args: Vec<KernelArg>,
-) -> Result<(), BackendError> {
+fn run(device: &Device, kernel: &'static str, grid: u64, args: Vec<KernelArg>) -> Result<(), BackendError> {
     run_shaped(device, kernel, [grid.clamp(1, 4096) as u32, 1, 1], BLOCK, args)
 }
 
 /// Launches `kernel` over `grid` blocks of `block` threads and waits for it.
-fn run_shaped<R: GpuRuntime>(
-    device: &Device<R>,
+fn run_shaped(
+    device: &Device,
     kernel: &'static str,
     grid: [u32; 3],
     block: u32,
@@ -295,7 +266,7 @@ fn length(rng: &mut Rng, max: usize) -> usize {
     }
 }
 
-fn check_cast_to_bf16<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
+fn check_cast_to_bf16(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
     let n = length(rng, 20_000);
     let specials = [0.0f32, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0];
     let x: Vec<f32> =
@@ -310,7 +281,7 @@ fn check_cast_to_bf16<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdi
     Ok(())
 }
 
-fn check_cast_to_f32<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
+fn check_cast_to_f32(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
     let n = length(rng, 20_000);
     let x: Vec<u16> = (0..n).map(|_| rng.next_u64() as u16).collect();
     let (xs, ys) = (DeviceArray::from(d, &x)?, DeviceArray::from(d, &vec![0f32; n])?);
@@ -329,7 +300,7 @@ fn row_shape(rng: &mut Rng) -> (usize, usize) {
 
 const EPS: f32 = 1e-5;
 
-fn check_rmsnorm_forward<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
+fn check_rmsnorm_forward(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
     let (rows, cols) = row_shape(rng);
     let (x, w) = (bf16_values(rng, rows * cols, 2.0), bf16_values(rng, cols, 1.0));
     let (xs, ws) = (DeviceArray::from(d, &x)?, DeviceArray::from(d, &w)?);
@@ -348,7 +319,7 @@ fn check_rmsnorm_forward<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Ve
     Ok(())
 }
 
-fn check_rmsnorm_backward<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
+fn check_rmsnorm_backward(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
     let (rows, cols) = row_shape(rng);
     let (x, w, dy) =
         (bf16_values(rng, rows * cols, 2.0), bf16_values(rng, cols, 1.0), bf16_values(rng, rows * cols, 1.0));
@@ -393,7 +364,7 @@ fn cancelled_terms(dy: &[f64], x: &[f64], weight: &[f64]) -> Vec<f64> {
     g.iter().zip(x).map(|(g, x)| r * (g.abs() + x.abs() * r * r * mean_gx)).collect()
 }
 
-fn check_swiglu_forward<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
+fn check_swiglu_forward(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
     let n = length(rng, 20_000);
     let (g, u) = (bf16_values(rng, n, 4.0), bf16_values(rng, n, 2.0));
     let (gs, us, outs) = (DeviceArray::from(d, &g)?, DeviceArray::from(d, &u)?, DeviceArray::from(d, &vec![0u16; n])?);
@@ -403,7 +374,7 @@ fn check_swiglu_forward<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Ver
     Ok(())
 }
 
-fn check_swiglu_backward<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
+fn check_swiglu_backward(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
     let n = length(rng, 20_000);
     let (g, u, dout) = (bf16_values(rng, n, 4.0), bf16_values(rng, n, 2.0), bf16_values(rng, n, 1.0));
     let (gs, us, ds) = (DeviceArray::from(d, &g)?, DeviceArray::from(d, &u)?, DeviceArray::from(d, &dout)?);
@@ -417,7 +388,7 @@ fn check_swiglu_backward<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Ve
     Ok(())
 }
 
-fn check_residual_add<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
+fn check_residual_add(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
     let n = length(rng, 20_000);
     let (x, y) = (bf16_values(rng, n, 3.0), bf16_values(rng, n, 3.0));
     let (xs, ys) = (DeviceArray::from(d, &x)?, DeviceArray::from(d, &y)?);
@@ -427,7 +398,7 @@ fn check_residual_add<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdi
     Ok(())
 }
 
-fn check_row_stats<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
+fn check_row_stats(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
     let (rows, cols) = (1 + rng.below(9), length(rng, 50_000));
     let shard_start = rng.below(100_000) as i64;
     let logits = bf16_values(rng, rows * cols, 8.0);
@@ -458,7 +429,7 @@ fn check_row_stats<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict)
     Ok(())
 }
 
-fn check_adamw<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
+fn check_adamw(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
     let step = 1 + rng.below(1000) as i32;
     let (beta1, beta2) = (0.9f32, 0.95f32);
     let a = AdamStep {
@@ -526,12 +497,12 @@ impl AdamCase {
     }
 
     /// The kernel's master, moments and working copy against the f64 update.
-    fn compare<R: GpuRuntime>(
+    fn compare(
         &self,
         a: &AdamStep,
         clip: f64,
-        bufs: &[DeviceArray<'_, R, f32>; 4],
-        work: &DeviceArray<'_, R, u16>,
+        bufs: &[DeviceArray<'_, f32>; 4],
+        work: &DeviceArray<'_, u16>,
         v: &mut Verdict,
     ) -> Result<(), BackendError> {
         let n = self.p.len();
@@ -562,7 +533,7 @@ impl AdamCase {
     }
 }
 
-fn check_logprob_backward<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
+fn check_logprob_backward(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
     let (rows, cols) = (1 + rng.below(9), length(rng, 5_000));
     let shard_start = rng.below(10_000);
     let logits = bf16_values(rng, rows * cols, 8.0);
@@ -604,7 +575,7 @@ fn check_logprob_backward<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut V
     Ok(())
 }
 
-fn check_argmax<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
+fn check_argmax(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
     let (rows, cols) = (1 + rng.below(9), length(rng, 50_000));
     let mut logits = bf16_values(rng, rows * cols, 8.0);
     // Ties at the maximum: the lowest column must win.
@@ -632,7 +603,7 @@ fn check_argmax<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) ->
     Ok(())
 }
 
-fn check_sum_squares<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
+fn check_sum_squares(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
     let n = length(rng, 200_000);
     let x: Vec<f32> = (0..n).map(|_| (uniform(rng) * 3.0) as f32).collect();
     let blocks = elementwise_grid(n).min(64);
@@ -649,7 +620,7 @@ fn check_sum_squares<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdic
     Ok(())
 }
 
-fn check_gemm<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
+fn check_gemm(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
     let (m, k, n) = (length(rng, 150), length(rng, 300), length(rng, 150));
     let op = |rng: &mut Rng| if rng.below(2) == 0 { Op::N } else { Op::T };
     let (op_a, op_b) = (op(rng), op(rng));
@@ -704,7 +675,7 @@ fn host_draw(logits: &[f32], temperature: f32, top_p: f32, greedy: bool, u: f64)
     sample_token(logits, &sampling, u) as i32
 }
 
-fn check_sample<R: GpuRuntime>(d: &Device<R>, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
+fn check_sample(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
     let (rows, cols) = (1 + rng.below(6), length(rng, 12_000));
     let scale = [0.5, 3.0, 12.0][rng.below(3)];
     let mut logits: Vec<f32> = (0..rows * cols).map(|_| (uniform(rng) * scale) as f32).collect();

@@ -16,7 +16,7 @@ use std::ops::Range;
 
 use super::{pipe_through_host, Compute, GradView, KvRows, Neighbour, PipeLink, RowCopy, View};
 use crate::backend::blas::{Gemm, GemmOut};
-use crate::backend::gpu::{Device, DeviceArray, DevicePtr, DeviceView, GpuRuntime};
+use crate::backend::gpu::{Device, DeviceArray, DevicePtr, DeviceView};
 use crate::backend::kernels::RectCopy;
 use crate::backend::sources::{
     flash_keys_grid, flash_rows_grid, AdamTensor, FlashWidth, KernelArg, KernelArgs, Launch, ATTENTION_BLOCK,
@@ -36,23 +36,23 @@ const BLOCK: u32 = 256;
 const MAX_BLOCKS: u64 = 4096;
 
 /// bf16 activations on a device.
-pub type Bf16<'d, R> = DeviceArray<'d, R, u16>;
+pub type Bf16<'d> = DeviceArray<'d, u16>;
 /// f32 statistics or gradients on a device.
-pub type F32<'d, R> = DeviceArray<'d, R, f32>;
+pub type F32<'d> = DeviceArray<'d, f32>;
 
 /// A stage's layers on `device`, buffers charged to the rank's [`Arena`] under the items the
 /// cost model prices, rotary tables uploaded once.
-pub struct OnDevice<'d, 'a, 'l, R: GpuRuntime> {
-    device: &'d Device<R>,
+pub struct OnDevice<'d, 'a, 'l> {
+    device: &'d Device,
     arena: &'a mut Arena<'l>,
-    cos: F32<'d, R>,
-    sin: F32<'d, R>,
+    cos: F32<'d>,
+    sin: F32<'d>,
     half: usize,
 }
 
-impl<'d, 'a, 'l, R: GpuRuntime> OnDevice<'d, 'a, 'l, R> {
+impl<'d, 'a, 'l> OnDevice<'d, 'a, 'l> {
     /// Computes on `device` with buffers charged to `arena` and the tables of `rope`.
-    pub fn new(device: &'d Device<R>, arena: &'a mut Arena<'l>, rope: &Rope<f32>) -> Result<Self, EngineError> {
+    pub fn new(device: &'d Device, arena: &'a mut Arena<'l>, rope: &Rope<f32>) -> Result<Self, EngineError> {
         let (cos, sin) = rope.tables();
         let bytes = 4 * (cos.len() + sin.len()) as u64;
         arena.charge(MemoryItem::Activations, bytes)?;
@@ -61,7 +61,7 @@ impl<'d, 'a, 'l, R: GpuRuntime> OnDevice<'d, 'a, 'l, R> {
     }
 
     /// The device computed on.
-    pub fn device(&self) -> &'d Device<R> {
+    pub fn device(&self) -> &'d Device {
         self.device
     }
 
@@ -127,13 +127,13 @@ impl<'d, 'a, 'l, R: GpuRuntime> OnDevice<'d, 'a, 'l, R> {
     }
 
     /// `f32` scratch charged under `item`.
-    fn f32_zeros(&mut self, item: MemoryItem, len: usize) -> Result<F32<'d, R>, EngineError> {
+    fn f32_zeros(&mut self, item: MemoryItem, len: usize) -> Result<F32<'d>, EngineError> {
         self.arena.charge(item, 4 * len as u64)?;
         Ok(DeviceArray::zeros(self.device, len)?)
     }
 
     /// `y = bf16(x)`.
-    fn round(&self, y: &Bf16<'d, R>, x: &F32<'d, R>) -> Result<(), EngineError> {
+    fn round(&self, y: &Bf16<'d>, x: &F32<'d>) -> Result<(), EngineError> {
         self.elementwise("nereus_cast_f32_to_bf16", x.len(), vec![ptr(y.ptr()), ptr(x.ptr()), len(x.len())])
     }
 
@@ -143,13 +143,13 @@ impl<'d, 'a, 'l, R: GpuRuntime> OnDevice<'d, 'a, 'l, R> {
     }
 
     /// Token ids as the kernels read them.
-    fn tokens(&self, tokens: &[u32]) -> Result<DeviceArray<'d, R, i32>, EngineError> {
+    fn tokens(&self, tokens: &[u32]) -> Result<DeviceArray<'d, i32>, EngineError> {
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         Ok(DeviceArray::from(self.device, &ids)?)
     }
 
     /// The `starts` argument: null when no sequence is padded, as the kernels read it.
-    fn starts(&self, starts: &[usize]) -> Result<Option<DeviceArray<'d, R, i32>>, EngineError> {
+    fn starts(&self, starts: &[usize]) -> Result<Option<DeviceArray<'d, i32>>, EngineError> {
         if starts.iter().all(|&s| s == 0) {
             return Ok(None);
         }
@@ -206,9 +206,9 @@ fn attention_grid(a: &AttentionShape) -> [u32; 3] {
     [a.tq as u32, a.heads as u32, a.b as u32]
 }
 
-impl<'d, R: GpuRuntime> Compute for OnDevice<'d, '_, '_, R> {
-    type Act = Bf16<'d, R>;
-    type Stat = F32<'d, R>;
+impl<'d> Compute for OnDevice<'d, '_, '_> {
+    type Act = Bf16<'d>;
+    type Stat = F32<'d>;
     type Params = DeviceView<u16>;
     type Grads = DeviceView<f32>;
 
@@ -513,8 +513,7 @@ impl<'d, R: GpuRuntime> Compute for OnDevice<'d, '_, '_, R> {
         let cast = vec![ptr(wide.ptr()), ptr(logits.ptr()), len(logits.len())];
         self.elementwise("nereus_cast_bf16_to_f32", logits.len(), cast)?;
         let draws: Vec<f32> = u.iter().map(|&u| u as f32).collect();
-        let (draws, tokens) =
-            (DeviceArray::from(self.device, &draws)?, DeviceArray::<R, i32>::zeros(self.device, rows)?);
+        let (draws, tokens) = (DeviceArray::from(self.device, &draws)?, DeviceArray::<i32>::zeros(self.device, rows)?);
         let mut args =
             vec![ptr(tokens.ptr()), ptr(wide.ptr()), ptr(draws.ptr()), len(rows), len(logits.len() / rows.max(1))];
         args.extend([KernelArg::F32(s.temperature), KernelArg::F32(s.top_p), KernelArg::I32(i32::from(s.greedy))]);
