@@ -20,9 +20,9 @@ use nereus_core::config::{hf, Dtype};
 use nereus_core::model::{Catalogue, Layout, OutputHead};
 use nereus_core::plan::{ModelStage, Role, Stage};
 use nereus_exec::comm::DataPlane;
-use nereus_exec::emu::{Counters, EmuSet};
+use nereus_exec::emu::{Counters, EmuSet, HostMemory};
 use nereus_exec::engine::parallel::assemble_rows;
-use nereus_exec::engine::{with_params, Batch, Replica};
+use nereus_exec::engine::{Batch, EngineMemory, Replica};
 
 /// What `nereus logprobs` scores and how.
 #[derive(Debug, Clone, clap::Args)]
@@ -100,7 +100,7 @@ pub fn run(session: &Session, options: &LogprobsOptions) -> Result<(), RuntimeEr
     let batch = Batch { tokens: &tokens, seq_len, starts: &[] };
     let replica = Replica::new(&mut plane, &set, id, seq_len)?;
     let micro_batch = options.micro_batch.max(1);
-    let outputs = with_params(&mut set, id, |params, arena| replica.infer(&plane, params, &batch, micro_batch, arena))?;
+    let outputs = HostMemory::infer(&plane, &mut set, &replica, &batch, micro_batch)?;
     let contribution =
         replica.groups.speaks_for_outputs().then(|| (batch.share(replica.groups.replica).start, outputs));
     let everyone = plane.group(&(0..world).collect::<Vec<_>>())?;

@@ -6,17 +6,14 @@
 
 use serde::Serialize;
 
-use std::collections::BTreeMap;
-
 use nereus_core::config::{DeviceChoice, Dtype};
 use nereus_core::model::{Architecture, Catalogue, Layout, OutputHead};
 use nereus_core::plan::{ModelStage, Role, Stage};
 use nereus_exec::comm::DataPlane;
-use nereus_exec::emu::{Counters, DeviceMemory, EmuSet, Exchange, HostMemory, LocalShard, ShardMemory};
+use nereus_exec::emu::{Counters, DeviceMemory, EmuSet, Exchange, HostMemory, LocalShard};
 use nereus_exec::engine::parallel::assemble_rows;
 use nereus_exec::engine::{
-    init_shard, AdamW, Batch, CrossEntropy, DeviceEngine, EngineOn, HostEngine, Objective, Replica, Sampling, StopIds,
-    Wave,
+    init_shard, train_step, AdamW, Batch, CrossEntropy, EngineMemory, Objective, Replica, Sampling, StopIds, Wave,
 };
 use nereus_runtime::device::{open_device, Plane};
 use nereus_runtime::{RuntimeError, Session};
@@ -148,7 +145,7 @@ pub fn engine(session: &Session, device: Option<DeviceChoice>) -> Result<EngineS
             let layouts = layouts(session.world().size());
             let mut reference: Option<LayoutRun> = None;
             for layout in layouts {
-                let run = run_layout(session, &mut plane, &HostEngine, head, &tokens, layout)?;
+                let run = run_layout(session, &mut plane, &HostMemory, head, &tokens, layout)?;
                 match &reference {
                     _ if run.gathered.is_none() => {}
                     None => {
@@ -163,7 +160,7 @@ pub fn engine(session: &Session, device: Option<DeviceChoice>) -> Result<EngineS
     };
     let mut references = Vec::new();
     for (name, head) in MODELS {
-        let run = run_layout(session, &mut plane, &HostEngine, head, &tokens, (1, 1, 1))?;
+        let run = run_layout(session, &mut plane, &HostMemory, head, &tokens, (1, 1, 1))?;
         summary.rows.push(reference_row(name, (1, 1, 1), &run));
         references.push(run);
     }
@@ -206,10 +203,9 @@ impl DeviceParity<'_> {
     /// Runs on this rank's device plane, with shards in `memory`.
     fn run(self, plane: &mut Plane<'_>, memory: DeviceMemory) -> Result<EngineSummary, RuntimeError> {
         let mut summary = EngineSummary::default();
-        let on_device = OnDevice { memory };
         for ((name, head), want) in MODELS.into_iter().zip(self.references) {
             for layout in layouts(self.session.world().size()) {
-                let run = run_layout(self.session, plane, &on_device, head, self.tokens, layout)?;
+                let run = run_layout(self.session, plane, &memory, head, self.tokens, layout)?;
                 if run.gathered.is_some() {
                     compare(&mut summary, &DEVICE_PARITY, name, layout, &run, want);
                 }
@@ -219,52 +215,12 @@ impl DeviceParity<'_> {
     }
 }
 
-/// Where a layout's replicas keep their shards, and the engine (shared with the RL step) that
-/// computes them.
-trait Backend<M: ShardMemory> {
-    /// The engine that computes on these shards.
-    type Engine: EngineOn<M>;
-    /// That engine.
-    fn engine(&self) -> &Self::Engine;
-    /// An empty set of EMUs for this rank.
-    fn new_set(&self, rank: i32, world: i32, catalogues: BTreeMap<Role, Catalogue>) -> EmuSet<M>;
-}
-
-impl Backend<HostMemory> for HostEngine {
-    type Engine = HostEngine;
-
-    fn engine(&self) -> &HostEngine {
-        self
-    }
-
-    fn new_set(&self, rank: i32, world: i32, catalogues: BTreeMap<Role, Catalogue>) -> EmuSet {
-        EmuSet::new(rank, world, 1 << 30, catalogues)
-    }
-}
-
-/// The bf16 engine on a device, its shards in the device shard store.
-struct OnDevice {
-    memory: DeviceMemory,
-}
-
-impl Backend<DeviceMemory> for OnDevice {
-    type Engine = DeviceEngine;
-
-    fn engine(&self) -> &DeviceEngine {
-        &DeviceEngine
-    }
-
-    fn new_set(&self, rank: i32, world: i32, catalogues: BTreeMap<Role, Catalogue>) -> EmuSet<DeviceMemory> {
-        EmuSet::in_memory(rank, world, 1 << 30, catalogues, self.memory.clone())
-    }
-}
-
 /// One training step (and, for the LM, a sampling) of the parity model under `(tp, pp, dp)`,
-/// computed by `backend`.
-fn run_layout<M: ShardMemory, P: DataPlane + Exchange<M>, B: Backend<M>>(
+/// with the shards in `memory` (computed by its engine, the RL step's).
+fn run_layout<M: EngineMemory + Clone, P: DataPlane + Exchange<M>>(
     session: &Session,
     plane: &mut P,
-    backend: &B,
+    memory: &M,
     head: OutputHead,
     tokens: &[u32],
     (tp, pp, dp): (u32, u32, u32),
@@ -279,8 +235,9 @@ fn run_layout<M: ShardMemory, P: DataPlane + Exchange<M>, B: Backend<M>>(
         OutputHead::Value => Box::new(ValueRegression { batch }),
     };
     let layout = Layout::new(tp, pp);
-    let arch = Architecture { dtype: <B::Engine as EngineOn<M>>::DTYPE, ..parity_arch(head) };
-    let mut set = backend.new_set(plane.rank(), world, [(role, Catalogue::new(arch))].into_iter().collect());
+    let arch = Architecture { dtype: M::DTYPE, ..parity_arch(head) };
+    let catalogues = [(role, Catalogue::new(arch))].into_iter().collect();
+    let mut set = EmuSet::in_memory(plane.rank(), world, 1 << 30, catalogues, memory.clone());
     let size = layout.size() as i32;
     let counters = Counters { seed: 7, ..Counters::default() };
     let model_stage = ModelStage { role, stage: Stage::Training };
@@ -296,17 +253,9 @@ fn run_layout<M: ShardMemory, P: DataPlane + Exchange<M>, B: Backend<M>>(
     for &id in &ids {
         if set.emu(id).is_some_and(|e| e.ranks.contains(&plane.rank())) {
             let replica = Replica::new(plane, &set, id, seq_len)?;
-            report = Some(backend.engine().train_step(
-                plane,
-                &mut set,
-                &replica,
-                &batch,
-                micro_batch,
-                objective.as_ref(),
-                &opt,
-            )?);
+            report = Some(train_step(plane, &mut set, &replica, &batch, micro_batch, objective.as_ref(), &opt)?);
             if head == OutputHead::Lm {
-                let share = sample_share(plane, backend, &mut set, &replica, tokens, seq_len)?;
+                let share = sample_share(plane, &mut set, &replica, tokens, seq_len)?;
                 // One rank per replica contributes its rows (every rank of it holds them).
                 sampled = replica.groups.is_leader().then_some(share);
             }
@@ -388,9 +337,8 @@ fn compare(
 
 /// Samples 4 tokens after the first half of each of this replica's sequences with the KV cache;
 /// returns the replica's first sequence and its tokens (as f32, exact below 2^24).
-fn sample_share<M: ShardMemory, P: DataPlane, B: Backend<M>>(
+fn sample_share<M: EngineMemory, P: DataPlane>(
     plane: &P,
-    backend: &B,
     set: &mut EmuSet<M>,
     replica: &Replica,
     tokens: &[u32],
@@ -410,7 +358,7 @@ fn sample_share<M: ShardMemory, P: DataPlane, B: Backend<M>>(
         seed: 11,
     };
     let wave = Wave { prompts, starts: Vec::new(), ids };
-    let out = backend.engine().generate(plane, set, replica, &[wave], &sampling)?;
+    let out = M::generate(plane, set, replica, &[wave], &sampling)?;
     Ok((share.start, out.tokens.iter().map(|&t| t as f32).collect()))
 }
 

@@ -10,8 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::comm::DataPlane;
 
-use super::arena::Arena;
-use super::compute::{Compute, Host, Neighbour, RowCopy};
+use super::compute::{Compute, Neighbour, RowCopy};
 use super::init::uniform;
 use super::stage::{KvCache, Rows};
 use super::{EngineError, Replica};
@@ -109,23 +108,7 @@ pub fn sample_token(logits: &[f32], s: &Sampling, u: f64) -> u32 {
     }
     probs[kept - 1].0 as u32
 }
-
 impl Replica {
-    /// Generates responses to `prompts[B, P]` on the host (see [`Replica::generate_on`]).
-    #[allow(clippy::too_many_arguments)]
-    pub fn generate<P: DataPlane>(
-        &self,
-        plane: &P,
-        params: &[f32],
-        prompts: &[u32],
-        starts: &[usize],
-        ids: &[u64],
-        s: &Sampling,
-        arena: &mut Arena,
-    ) -> Result<Generated, EngineError> {
-        self.generate_on(&mut Host::new(arena, self.model.rope()), plane, params, prompts, starts, ids, s)
-    }
-
     /// Generates responses to `prompts[B, P]` (sequence ids `ids` seed the draws; `starts[i]`
     /// is where sequence `i`'s left-padded prompt begins, empty when none is padded). Every rank
     /// of the EMU calls it and returns the same tokens.

@@ -8,14 +8,13 @@
 
 pub mod arena;
 pub mod compute;
-pub mod device_train;
 pub mod generate;
 pub mod init;
 pub mod ops;
 pub mod optimizer;
 mod output;
 pub mod parallel;
-pub mod placed;
+pub mod passes;
 pub(crate) mod real;
 pub mod stage;
 pub mod timers;
@@ -23,15 +22,14 @@ pub mod train;
 pub mod weights;
 
 pub use arena::Arena;
-pub use device_train::{train_step_on_device, with_device_params};
 pub use generate::{sample_token, Generated, Sampling, StopIds};
 pub use init::{init_piece, init_shard};
 pub use optimizer::AdamW;
 pub use parallel::EmuGroups;
-pub use placed::{DeviceEngine, EngineOn, HostEngine, Wave};
+pub use passes::{optimize, train_step, with_device_params, with_params, EngineMemory, StepInputs, Wave};
 pub use real::{matmul, Op, Real};
 pub use stage::{KvCache, Rows, StageModel};
-pub use train::{share, train_step, Batch, CrossEntropy, Objective, StepReport};
+pub use train::{share, Batch, CrossEntropy, Objective, StepReport};
 pub use weights::StageWeights;
 
 use thiserror::Error;
@@ -130,22 +128,6 @@ pub fn bf16_sections(shard: &mut LocalShard) -> Result<(&mut [u16], Option<Mixed
         }
         other => Err(what(format!("unexpected state sections {other:?}"))),
     }
-}
-
-/// Runs `f` on the parameters of this rank's shard of EMU `id`, with an arena charging the
-/// rank's ledger (released when `f` returns).
-pub fn with_params<T, E: From<EngineError>>(
-    set: &mut EmuSet,
-    id: EmuId,
-    f: impl FnOnce(&[f32], &mut Arena) -> Result<T, E>,
-) -> Result<T, E> {
-    let (shard, ledger) = set
-        .store_mut()
-        .shard_and_ledger(id)
-        .ok_or_else(|| EngineError::Shape { what: format!("this rank holds no shard of {id}") })?;
-    let mut arena = Arena::new(ledger);
-    let (params, _) = f32_sections(shard)?;
-    f(params, &mut arena)
 }
 
 /// This rank's part of one EMU, ready to compute: its stage of the model and its groups.

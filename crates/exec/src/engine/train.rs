@@ -12,14 +12,11 @@ use std::collections::VecDeque;
 use std::ops::Range;
 
 use crate::comm::DataPlane;
-use crate::emu::{EmuId, EmuSet};
 
-use super::arena::Arena;
-use super::compute::{Compute, Host, Neighbour};
-use super::optimizer::AdamW;
+use super::compute::{Compute, Neighbour};
 use super::output::HeadActs;
 use super::stage::{BlockActs, Rows};
-use super::{f32_sections, EngineError, Replica};
+use super::{EngineError, Replica};
 
 /// A training loss over per-position outputs of the model.
 ///
@@ -201,18 +198,6 @@ impl Replica {
 
     /// Forward only (inference): the outputs of this replica's share of `batch`, `[share × T]`,
     /// on the last pipeline stage (empty elsewhere).
-    pub fn infer<P: DataPlane>(
-        &self,
-        plane: &P,
-        params: &[f32],
-        batch: &Batch,
-        micro_batch: usize,
-        arena: &mut Arena,
-    ) -> Result<Vec<f32>, EngineError> {
-        self.infer_on(&mut Host::new(arena, self.model.rope()), plane, params, batch, micro_batch)
-    }
-
-    /// [`Replica::infer`] on any [`Compute`].
     pub fn infer_on<C: Compute, P: DataPlane>(
         &self,
         c: &mut C,
@@ -299,23 +284,6 @@ impl Replica {
             return Ok(None);
         }
         Ok(Some(dx))
-    }
-
-    /// Forward and backward over this replica's share of `batch` on the host, accumulating into
-    /// `grads` (see [`Replica::forward_backward_on`]).
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward_backward<P: DataPlane>(
-        &self,
-        plane: &P,
-        params: &[f32],
-        grads: &mut [f32],
-        batch: &Batch,
-        micro_batch: usize,
-        objective: &dyn Objective,
-        arena: &mut Arena,
-    ) -> Result<f64, EngineError> {
-        let mut host = Host::new(arena, self.model.rope());
-        self.forward_backward_on(&mut host, plane, params, grads, batch, micro_batch, objective)
     }
 
     /// Forward and backward over this replica's share of `batch`, accumulating into `grads`,
@@ -445,57 +413,4 @@ impl Replica {
         }
         Ok((f64::from(sums[0]).sqrt(), f64::from(loss[0])))
     }
-}
-
-/// One optimizer step of replica `id` of a training model-stage on `batch` (every rank of every
-/// replica of the model-stage calls it): forward, backward, DP all-reduce, clipping, AdamW on
-/// the EMU's parameter and moment sections, and `updates += 1` in its counters on this rank
-/// (ranks outside the model-stage learn the new counters from the caller, in lockstep).
-///
-/// An update whose loss or gradient norm is not finite is never applied: every rank of the
-/// model-stage sees the same all-reduced values, so all of them skip it, and the caller decides
-/// whether the job stops or goes on (`train.on_nonfinite`).
-#[allow(clippy::too_many_arguments)]
-pub fn train_step<P: DataPlane>(
-    plane: &P,
-    set: &mut EmuSet,
-    replica: &Replica,
-    batch: &Batch,
-    micro_batch: usize,
-    objective: &dyn Objective,
-    opt: &AdamW,
-) -> Result<StepReport, EngineError> {
-    let id: EmuId = replica.emu;
-    let mut counters = set.emu(id).ok_or_else(|| EngineError::Shape { what: format!("{id} does not exist") })?.counters;
-    let (shard, ledger) = set
-        .store_mut()
-        .shard_and_ledger(id)
-        .ok_or_else(|| EngineError::Shape { what: format!("this rank holds no shard of {id}") })?;
-    let mut arena = Arena::new(ledger);
-    let (params, moments) = f32_sections(shard)?;
-    let (m, v) = moments.ok_or_else(|| EngineError::Shape { what: format!("{id} keeps no optimizer state") })?;
-    let mut grads = arena.zeros::<f32>(MemoryItem::Gradients, params.len())?;
-    let loss = replica.forward_backward(plane, params, &mut grads, batch, micro_batch, objective, &mut arena)?;
-    let (grad_norm, loss) = replica.reduce(plane, &mut grads, loss)?;
-    if !(grad_norm.is_finite() && loss.is_finite()) {
-        return Ok(StepReport { loss, grad_norm, skipped: true });
-    }
-    let scale = opt.clip_scale(grad_norm);
-    for (r, replicated) in &replica.model.weights.tensors {
-        let r = r.clone();
-        opt.update(
-            &mut params[r.clone()],
-            &mut m[r.clone()],
-            &mut v[r.clone()],
-            &grads[r],
-            counters.updates + 1,
-            scale,
-            !replicated,
-        );
-    }
-    drop(arena);
-    counters.updates += 1;
-    counters.model_version += 1;
-    set.set_counters(id, counters);
-    Ok(StepReport { loss, grad_norm, skipped: false })
 }

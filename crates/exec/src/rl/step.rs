@@ -23,7 +23,8 @@ use crate::emu::{Counters, EmuId, EmuSet, Exchange, ShardMemory};
 use crate::engine::parallel::assemble_rows;
 use crate::engine::timers::{self, timed};
 use crate::engine::{
-    share, AdamW, Batch, EngineError, EngineOn, Generated, HostEngine, Objective, Replica, Sampling, StepReport, Wave,
+    share, train_step, AdamW, Batch, EngineError, EngineMemory, Generated, Objective, Replica, Sampling, StepReport,
+    Wave,
 };
 use nereus_core::config::{Algorithm, JobConfig, RewardSource};
 use nereus_core::cost::OpClass;
@@ -249,9 +250,10 @@ impl NonFinite {
     }
 }
 
-/// This rank's part of a running RL job: the plan, every replica's id, the replicas this rank
-/// computes for, and the engine that computes them (the host's, or a device's: [`EngineOn`]).
-pub struct RlJob<E = HostEngine> {
+/// This rank's part of a running RL job: the plan, every replica's id and the replicas this rank
+/// computes for. The engine that computes them is the shards' memory's ([`EngineMemory`]: the
+/// host's, or a device's).
+pub struct RlJob {
     /// Settings.
     pub settings: StepSettings,
     /// The plan the EMUs follow.
@@ -260,7 +262,6 @@ pub struct RlJob<E = HostEngine> {
     pub replicas: BTreeMap<ModelStage, Vec<EmuId>>,
     mine: BTreeMap<ModelStage, Replica>,
     world: GroupId,
-    engine: E,
 }
 
 const GENERATION: ModelStage = ModelStage::new(Role::Actor, Stage::Generation);
@@ -271,27 +272,14 @@ const REFERENCE: ModelStage = ModelStage::new(Role::Reference, Stage::Inference)
 const REWARD: ModelStage = ModelStage::new(Role::Reward, Stage::Inference);
 
 impl RlJob {
-    /// The job over the EMUs of `set` on the host engine (see [`RlJob::on`]).
-    pub fn new<P: DataPlane>(
-        plane: &mut P,
-        set: &EmuSet,
-        plan: Plan,
-        settings: StepSettings,
-    ) -> Result<RlJob, EngineError> {
-        RlJob::on(HostEngine, plane, set, plan, settings)
-    }
-}
-
-impl<E> RlJob<E> {
-    /// The job over the EMUs of `set` (created from `plan`, replicas in plan order), computed by
-    /// `engine`. Every rank calls it; groups are formed here, model-stage by model-stage.
-    pub fn on<M: ShardMemory, P: DataPlane>(
-        engine: E,
+    /// The job over the EMUs of `set` (created from `plan`, replicas in plan order). Every rank
+    /// calls it; groups are formed here, model-stage by model-stage.
+    pub fn new<M: ShardMemory, P: DataPlane>(
         plane: &mut P,
         set: &EmuSet<M>,
         plan: Plan,
         settings: StepSettings,
-    ) -> Result<RlJob<E>, EngineError> {
+    ) -> Result<RlJob, EngineError> {
         let mut replicas: BTreeMap<ModelStage, Vec<EmuId>> = BTreeMap::new();
         for emu in set.emus() {
             replicas.entry(emu.model_stage).or_default().push(emu.id);
@@ -306,19 +294,16 @@ impl<E> RlJob<E> {
             }
         }
         let world = plane.group(&(0..set.world_size()).collect::<Vec<_>>())?;
-        Ok(RlJob { settings, plan, replicas, mine, world, engine })
+        Ok(RlJob { settings, plan, replicas, mine, world })
     }
 
     /// Runs RL step `step` (0-based) on every rank; rank 0's metrics are the job's.
-    pub fn step<M: ShardMemory, P: Exchange<M>>(
+    pub fn step<M: EngineMemory, P: Exchange<M>>(
         &self,
         plane: &mut P,
         set: &mut EmuSet<M>,
         step: u64,
-    ) -> Result<StepMetrics, EngineError>
-    where
-        E: EngineOn<M>,
-    {
+    ) -> Result<StepMetrics, EngineError> {
         let s = &self.settings;
         let start = Instant::now();
         let counters: Vec<(EmuId, ModelStage, Counters)> =
@@ -461,16 +446,13 @@ impl<E> RlJob<E> {
     /// reward, and with `data.pass_k = k` also `k` sampled answers per prompt (pass@k); `None`
     /// for a job without held-out prompts. Every rank calls it; the state is not touched.
     /// `step` is the number of RL steps done, for messages.
-    pub fn evaluate<M: ShardMemory, P: DataPlane>(
+    pub fn evaluate<M: EngineMemory, P: DataPlane>(
         &self,
         plane: &mut P,
         set: &mut EmuSet<M>,
         count: usize,
         step: u64,
-    ) -> Result<Option<EvalResult>, EngineError>
-    where
-        E: EngineOn<M>,
-    {
+    ) -> Result<Option<EvalResult>, EngineError> {
         let s = &self.settings;
         let Task::Text(t) = &s.task else { return Ok(None) };
         let n = match (t.eval_len(), count) {
@@ -503,17 +485,14 @@ impl<E> RlJob<E> {
     /// among `k` sampled at the job's temperature and top-p (with n = k samples, the estimator
     /// of Chen et al. 2021, "Evaluating Large Language Models Trained on Code", is exactly this
     /// share). The config ensures the reward has a rule to give the verdicts.
-    fn pass_at_k<M: ShardMemory, P: DataPlane>(
+    fn pass_at_k<M: EngineMemory, P: DataPlane>(
         &self,
         plane: &mut P,
         set: &mut EmuSet<M>,
         n: usize,
         k: usize,
         step: u64,
-    ) -> Result<f64, EngineError>
-    where
-        E: EngineOn<M>,
-    {
+    ) -> Result<f64, EngineError> {
         let Task::Text(t) = &self.settings.task else { unreachable!("evaluate checked the task") };
         let prompts = Prompts {
             tokens: |i| t.eval_prompt(i / k).0,
@@ -532,7 +511,7 @@ impl<E> RlJob<E> {
 
     /// Samples `count` sequences on the generation replicas and assembles their tokens and
     /// lengths on every rank, as a rollout.
-    fn sample<M: ShardMemory, P: DataPlane, A, B, C>(
+    fn sample<M: EngineMemory, P: DataPlane, A, B, C>(
         &self,
         plane: &mut P,
         set: &mut EmuSet<M>,
@@ -541,7 +520,6 @@ impl<E> RlJob<E> {
         prompts: Prompts<A, B, C>,
     ) -> Result<Rollout, EngineError>
     where
-        E: EngineOn<M>,
         A: Fn(usize) -> Vec<u32>,
         B: Fn(usize) -> usize,
         C: Fn(usize) -> u64,
@@ -567,7 +545,7 @@ impl<E> RlJob<E> {
                     }
                 })
                 .collect();
-            let out = self.engine.generate(plane, set, replica, &waves, sampling)?;
+            let out = M::generate(plane, set, replica, &waves, sampling)?;
             if replica.groups.is_leader() {
                 let rows: Vec<f32> = out
                     .tokens
@@ -594,15 +572,12 @@ impl<E> RlJob<E> {
         Ok(self.settings.rollout_of(Generated { tokens, lengths }, starts))
     }
 
-    fn generate<M: ShardMemory, P: DataPlane>(
+    fn generate<M: EngineMemory, P: DataPlane>(
         &self,
         plane: &mut P,
         set: &mut EmuSet<M>,
         step: u64,
-    ) -> Result<Rollout, EngineError>
-    where
-        E: EngineOn<M>,
-    {
+    ) -> Result<Rollout, EngineError> {
         let s = &self.settings;
         let n = s.sequences();
         let prompts = Prompts {
@@ -614,15 +589,12 @@ impl<E> RlJob<E> {
     }
 
     /// ReMax: the rule score of each prompt's greedy response, one per sequence.
-    fn greedy_scores<M: ShardMemory, P: DataPlane>(
+    fn greedy_scores<M: EngineMemory, P: DataPlane>(
         &self,
         plane: &mut P,
         set: &mut EmuSet<M>,
         step: u64,
-    ) -> Result<Vec<f32>, EngineError>
-    where
-        E: EngineOn<M>,
-    {
+    ) -> Result<Vec<f32>, EngineError> {
         let s = &self.settings;
         let greedy = Sampling { greedy: true, ..s.sampling };
         let prompts = Prompts {
@@ -639,22 +611,19 @@ impl<E> RlJob<E> {
     /// Reference, reward and critic inference plus the actor's own log-probabilities, each on
     /// its ranks; one sum over the world assembles `[rm S | ref S·T | old S·T | values S·T]`.
     /// Returns the reward model's scores.
-    fn infer<M: ShardMemory, P: DataPlane>(
+    fn infer<M: EngineMemory, P: DataPlane>(
         &self,
         plane: &mut P,
         set: &mut EmuSet<M>,
         rollout: &mut Rollout,
-    ) -> Result<Vec<f32>, EngineError>
-    where
-        E: EngineOn<M>,
-    {
+    ) -> Result<Vec<f32>, EngineError> {
         let (n, t) = (rollout.sequences(), rollout.seq_len);
         let (batch_tokens, batch_starts) = (rollout.tokens.clone(), rollout.starts.clone());
         let batch = Batch { tokens: &batch_tokens, seq_len: t, starts: &batch_starts };
         let mut buf = vec![0f32; n + 3 * n * t];
         for (ms, offset) in [(REWARD, 0), (REFERENCE, n), (ACTOR, n + n * t), (CRITIC_INFERENCE, n + 2 * n * t)] {
             let Some(replica) = self.mine.get(&ms) else { continue };
-            let out = self.engine.infer(plane, set, replica, &batch, self.micro_batch(ms))?;
+            let out = M::infer(plane, set, replica, &batch, self.micro_batch(ms))?;
             if !replica.groups.speaks_for_outputs() {
                 continue;
             }
@@ -675,15 +644,12 @@ impl<E> RlJob<E> {
     }
 
     /// Actor and critic updates over mini-batches; what they did reaches every rank.
-    fn train<M: ShardMemory, P: DataPlane>(
+    fn train<M: EngineMemory, P: DataPlane>(
         &self,
         plane: &mut P,
         set: &mut EmuSet<M>,
         rollout: &Rollout,
-    ) -> Result<[Updates; 2], EngineError>
-    where
-        E: EngineOn<M>,
-    {
+    ) -> Result<[Updates; 2], EngineError> {
         let s = &self.settings;
         let (mut actor, mut critic) = (Updates::default(), Updates::default());
         for _ in 0..s.epochs {
@@ -694,7 +660,7 @@ impl<E> RlJob<E> {
                 if let Some(replica) = self.mine.get(&ACTOR) {
                     let loss = PolicyLoss { rollout, members: chunk, clip: s.clip, kl_coef: s.loss_kl_coef };
                     let opt = &s.actor_opt;
-                    actor.add(self.engine.train_step(
+                    actor.add(train_step(
                         plane,
                         set,
                         replica,
@@ -707,7 +673,7 @@ impl<E> RlJob<E> {
                 if let Some(replica) = self.mine.get(&CRITIC) {
                     let loss = ValueLoss { rollout, members: chunk, clip: s.value_clip };
                     let opt = &s.critic_opt;
-                    critic.add(self.engine.train_step(
+                    critic.add(train_step(
                         plane,
                         set,
                         replica,
@@ -733,7 +699,7 @@ impl<E> RlJob<E> {
 
     /// Reshards trained weights into the layouts that use them: generation replica `g` from
     /// training replica `g mod dp` (spreading the senders), same for the critic's inference.
-    fn sync_weights<M: ShardMemory, P: Exchange<M>>(
+    fn sync_weights<M: EngineMemory, P: Exchange<M>>(
         &self,
         plane: &mut P,
         set: &mut EmuSet<M>,

@@ -16,7 +16,7 @@ use nereus_core::transition::target::state_bytes;
 use nereus_core::transition::{global::Links, TransitionDag};
 use nereus_exec::comm::{max_over_ranks, DataPlane};
 use nereus_exec::emu::{EmuSet, Exchange, ShardMemory};
-use nereus_exec::engine::EngineOn;
+use nereus_exec::engine::EngineMemory;
 use nereus_exec::rl::{RlJob, StepMetrics};
 
 use super::fault::surviving;
@@ -56,11 +56,10 @@ impl ControllerStop {
     }
 }
 
-impl<P, M, E> TrainJob<'_, P, M, E>
+impl<P, M> TrainJob<'_, P, M>
 where
     P: Exchange<M>,
-    M: ShardMemory + Clone,
-    E: EngineOn<M> + Copy,
+    M: EngineMemory + Clone,
 {
     /// A boundary failed with `e`: when every rank holds the error (an agreed failure, such as
     /// a rank loss nothing can restore), the step it followed is still recorded, so no
@@ -145,7 +144,7 @@ where
 
     /// The RL job rebuilt over the live EMUs for the plan and settings in force.
     fn rebuild_rl(&mut self) -> Result<(), RuntimeError> {
-        self.rl = RlJob::on(self.engine, &mut *self.plane, &self.set, self.plan.clone(), self.settings.clone())?;
+        self.rl = RlJob::new(&mut *self.plane, &self.set, self.plan.clone(), self.settings.clone())?;
         Ok(())
     }
 

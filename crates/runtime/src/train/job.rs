@@ -8,7 +8,7 @@ use nereus_core::policy::controller::{Controller, ControllerState};
 use nereus_core::record::Event;
 use nereus_exec::comm::max_over_ranks;
 use nereus_exec::emu::{EmuSet, Exchange, HostMemory, ShardMemory};
-use nereus_exec::engine::{EngineError, EngineOn, HostEngine};
+use nereus_exec::engine::{EngineError, EngineMemory};
 use nereus_exec::rl::{RlJob, StepMetrics, StepSettings, Task, TextTask};
 
 use super::console;
@@ -31,17 +31,16 @@ const MAX_SKIPPING_STEPS: u32 = 3;
 /// A running `nereus train` on one rank: the plane, the EMUs, the RL job over them, the plan
 /// and pool in force, the ranks lost, the controller (rank 0's), and the run's records.
 ///
-/// The same job runs on the host reference engine (`P` an MPI plane, shards in [`HostMemory`],
-/// [`HostEngine`]) and on a device (`P` the GPU plane, shards in device memory, the device
-/// engine): every method below is written once for both.
-pub struct TrainJob<'s, P, M: ShardMemory = HostMemory, E = HostEngine> {
+/// The same job runs on the host reference engine (`P` an MPI plane, shards in [`HostMemory`])
+/// and on a device (`P` the GPU plane, shards in device memory, which the device engine computes
+/// on: [`EngineMemory`]): every method below is written once for both.
+pub struct TrainJob<'s, P, M: ShardMemory = HostMemory> {
     pub(super) session: &'s Session,
     pub(super) config: &'s JobConfig,
     pub(super) options: &'s TrainOptions,
     pub(super) plane: &'s mut P,
-    pub(super) engine: E,
     pub(super) set: EmuSet<M>,
-    pub(super) rl: RlJob<E>,
+    pub(super) rl: RlJob,
     pub(super) settings: StepSettings,
     pub(super) plan: Plan,
     pub(super) predicted: Predicted,
@@ -89,14 +88,13 @@ pub struct InForce {
     pub slowest_ops: PerPhase<OpSeconds>,
 }
 
-impl<'s, P, M, E> TrainJob<'s, P, M, E>
+impl<'s, P, M> TrainJob<'s, P, M>
 where
     P: Exchange<M>,
-    M: ShardMemory + Clone,
-    E: EngineOn<M> + Copy,
+    M: EngineMemory + Clone,
 {
     /// Checks the job, prepares the output directory, finds the resume point, plans, and
-    /// creates the plan's EMUs (in `memory`, computed by `engine`) from the model directories,
+    /// creates the plan's EMUs (in `memory`, computed by its engine) from the model directories,
     /// warm-ups or the checkpoint.
     pub fn start(
         session: &'s Session,
@@ -104,7 +102,6 @@ where
         options: &'s TrainOptions,
         plane: &'s mut P,
         memory: M,
-        engine: E,
     ) -> Result<Self, RuntimeError> {
         let started = std::time::Instant::now();
         let world = session.world().size();
@@ -137,7 +134,7 @@ where
         let controller = (session.rank() == 0).then(|| controller(config, base, cap, state, &plan)).flatten();
         session.agree("device memory", fits_devices(session.rank(), &planner, &plan, &memory))?;
         let set = create_state(plane, config, &plan, &sources, world, &memory)?;
-        let rl = RlJob::on(engine, plane, &set, plan.clone(), settings.clone())?;
+        let rl = RlJob::new(plane, &set, plan.clone(), settings.clone())?;
         if session.rank() == 0 {
             console::print_plan(&plan);
         }
@@ -151,7 +148,6 @@ where
             config,
             options,
             plane,
-            engine,
             set,
             rl,
             settings,

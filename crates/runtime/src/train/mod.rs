@@ -40,8 +40,8 @@ pub use job::TrainJob;
 use std::path::Path;
 
 use nereus_core::config::{DeviceChoice, JobConfig, Overrides, ResumeFrom};
-use nereus_exec::emu::{Exchange, HostMemory, ShardMemory};
-use nereus_exec::engine::{DeviceEngine, EngineError, EngineOn, HostEngine};
+use nereus_exec::emu::{Exchange, HostMemory};
+use nereus_exec::engine::{EngineError, EngineMemory};
 
 use crate::device::open_device;
 use crate::{RuntimeError, Session};
@@ -99,22 +99,21 @@ pub fn run_config(session: &Session, config: &JobConfig, options: &TrainOptions)
     match config.cluster.device {
         None => {
             let mut plane = session.control_plane();
-            train(TrainJob::start(session, config, options, &mut plane, HostMemory, HostEngine)?)
+            train(TrainJob::start(session, config, options, &mut plane, HostMemory)?)
         }
         Some(choice) => {
             let (mut plane, memory) = open_device(session, choice)?;
-            train(TrainJob::start(session, config, options, &mut plane, memory, DeviceEngine)?)
+            train(TrainJob::start(session, config, options, &mut plane, memory)?)
         }
     }
 }
 
 /// Steps the started `job` to the end: each step followed by its boundary, its record and,
 /// when due, an evaluation and a checkpoint.
-fn train<P, M, E>(mut job: TrainJob<'_, P, M, E>) -> Result<(), RuntimeError>
+fn train<P, M>(mut job: TrainJob<'_, P, M>) -> Result<(), RuntimeError>
 where
     P: Exchange<M>,
-    M: ShardMemory + Clone,
-    E: EngineOn<M> + Copy,
+    M: EngineMemory + Clone,
 {
     let steps = u64::from(job.config.job.steps);
     if job.first_step() == 0 {

@@ -10,7 +10,7 @@ use nereus_core::planner::{Planner, StepSeconds};
 use nereus_core::record::{placements, CountersRecord, ElasticRecord, Measured, RankMemory, StepLine};
 use nereus_exec::comm::DataPlane;
 use nereus_exec::emu::{EmuSet, Exchange, ShardMemory};
-use nereus_exec::engine::EngineOn;
+use nereus_exec::engine::EngineMemory;
 use nereus_exec::rl::StepMetrics;
 
 use super::boundary::Boundary;
@@ -44,11 +44,10 @@ impl Predicted {
     }
 }
 
-impl<P, M, E> TrainJob<'_, P, M, E>
+impl<P, M> TrainJob<'_, P, M>
 where
     P: Exchange<M>,
-    M: ShardMemory + Clone,
-    E: EngineOn<M> + Copy,
+    M: EngineMemory + Clone,
 {
     /// Records step `step`: its line built (every rank takes part), printed and appended by
     /// rank 0 with the boundary after it, and the timeline extended.

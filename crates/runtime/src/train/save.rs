@@ -7,17 +7,16 @@ use nereus_core::plan::{ModelStage, Role, Stage};
 
 use super::sources::spec;
 use super::TrainJob;
-use nereus_exec::emu::{Exchange, ShardMemory};
-use nereus_exec::engine::EngineOn;
+use nereus_exec::emu::Exchange;
+use nereus_exec::engine::EngineMemory;
 
 use crate::checkpoint::{self, Lineage, ModelToSave, SaveOptions, Sidecar};
 use crate::RuntimeError;
 
-impl<'s, P, M, E> TrainJob<'s, P, M, E>
+impl<'s, P, M> TrainJob<'s, P, M>
 where
     P: Exchange<M>,
-    M: ShardMemory + Clone,
-    E: EngineOn<M> + Copy,
+    M: EngineMemory + Clone,
 {
     /// Saves every model as checkpoint `step` (every rank calls it; see [`checkpoint::save`]);
     /// every rank learns where it went, or every rank fails.

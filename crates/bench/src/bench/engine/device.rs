@@ -19,7 +19,7 @@
 
 use std::time::Instant;
 
-use super::{attention_flops, step_gemms, Gemm as StepGemm, Row};
+use super::{attention_flops, step_gemms, time_phases, Gemm as StepGemm, Phases, Row};
 use crate::bench::Floor;
 use nereus_core::config::{DeviceChoice, Dtype};
 use nereus_core::cost::MemoryItem;
@@ -29,10 +29,7 @@ use nereus_exec::backend::blas::{Gemm, GemmOut};
 use nereus_exec::backend::gpu::{Device, DeviceArray};
 use nereus_exec::emu::{Counters, DeviceMemory, EmuSet};
 use nereus_exec::engine::compute::{Compute, OnDevice};
-use nereus_exec::engine::{
-    init_shard, with_device_params, AdamW, Batch, CrossEntropy, DeviceEngine, EngineError, EngineOn, Op, Replica,
-    Sampling, StopIds, Wave,
-};
+use nereus_exec::engine::{init_shard, with_device_params, EngineError, Op, Replica};
 use nereus_runtime::device::Plane;
 use nereus_runtime::RuntimeError;
 
@@ -132,14 +129,6 @@ impl DeviceBench {
     }
 }
 
-/// Median seconds of the step's phases on the device.
-struct Phases {
-    forward: f64,
-    step: f64,
-    prefill: f64,
-    decode_step: f64,
-}
-
 /// Times `f` after one warm-up run: `runs` back to back, then one wait for the device.
 fn per_run(device: &Device, runs: usize, mut f: impl FnMut() -> Result<(), EngineError>) -> Result<f64, EngineError> {
     f()?;
@@ -216,59 +205,6 @@ fn time_gemms(
         }
         Ok((library, engine))
     })?)
-}
-
-/// Median seconds of a forward pass, a training step, a prefill (one new token) and one decode
-/// step, over `reps` rounds after a warm-up.
-fn time_phases<P: nereus_exec::comm::DataPlane>(
-    plane: &P,
-    set: &mut EmuSet<DeviceMemory>,
-    replica: &Replica,
-    arch: &Architecture,
-    (b, t, db, dp, dn): (usize, usize, usize, usize, usize),
-    reps: usize,
-) -> Result<Phases, RuntimeError> {
-    let tokens: Vec<u32> =
-        (0..(b * t).max(db * dp)).map(|i| (nereus_core::rng::mix(i as u64) % arch.vocab) as u32).collect();
-    let batch = Batch { tokens: &tokens[..b * t], seq_len: t, starts: &[] };
-    let objective = CrossEntropy { sequences: b, seq_len: t };
-    let opt = AdamW::default();
-    let ids: Vec<u64> = (0..db as u64).collect();
-    // EOS outside the vocabulary: every sequence decodes all its tokens.
-    let sampling = |new| Sampling {
-        temperature: 1.0,
-        top_p: 1.0,
-        max_new_tokens: new,
-        eos: arch.vocab as u32,
-        also_stop: StopIds::NONE,
-        greedy: true,
-        seed: 1,
-    };
-    let prompts = &tokens[..db * dp];
-    let timed = |f: &mut dyn FnMut() -> Result<(), EngineError>| -> Result<f64, EngineError> {
-        let start = Instant::now();
-        f()?;
-        Ok(start.elapsed().as_secs_f64())
-    };
-    let mut runs: [Vec<f64>; 4] = Default::default();
-    for rep in 0..=reps.max(1) {
-        let forward = timed(&mut || DeviceEngine.infer(plane, set, replica, &batch, b).map(drop))?;
-        let step = timed(&mut || DeviceEngine.train_step(plane, set, replica, &batch, b, &objective, &opt).map(drop))?;
-        let wave = [Wave { prompts: prompts.to_vec(), starts: Vec::new(), ids: ids.clone() }];
-        let generate =
-            |set: &mut EmuSet<DeviceMemory>, new| DeviceEngine.generate(plane, set, replica, &wave, &sampling(new));
-        let prefill = timed(&mut || generate(set, 1).map(drop))?;
-        let full = timed(&mut || generate(set, dn).map(drop))?;
-        // The first round warms the allocator, the libraries' heuristics and the caches.
-        if rep > 0 {
-            let decode_step = (full - prefill).max(0.0) / (dn.max(2) - 1) as f64;
-            for (k, v) in [forward, step, prefill, decode_step].into_iter().enumerate() {
-                runs[k].push(v);
-            }
-        }
-    }
-    let [forward, step, prefill, decode_step] = runs.map(crate::bench::median);
-    Ok(Phases { forward, step, prefill, decode_step })
 }
 
 /// Bytes one decode step reads at context `context`: the bf16 weights (an untied embedding

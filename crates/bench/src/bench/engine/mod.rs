@@ -23,9 +23,11 @@ use nereus_core::config::Dtype;
 use nereus_core::config::{load_cluster_file, DeviceChoice};
 use nereus_core::model::{Architecture, Catalogue, Layout, OutputHead};
 use nereus_core::plan::{ModelStage, Role, Stage};
+use nereus_exec::comm::DataPlane;
 use nereus_exec::emu::{Counters, EmuSet};
 use nereus_exec::engine::{
-    init_shard, matmul, train_step, with_params, AdamW, Batch, CrossEntropy, Op, Replica, Sampling, StopIds,
+    init_shard, matmul, train_step, AdamW, Batch, CrossEntropy, EngineError, EngineMemory, Op, Replica, Sampling,
+    StopIds, Wave,
 };
 use nereus_runtime::{RuntimeError, Session};
 
@@ -222,19 +224,21 @@ fn benchmark(session: &Session, reps: usize, json: Option<&Path>) -> Result<(), 
     let arch = bench_arch();
     let (b, t) = BATCH;
     let n = b * t;
-    let (f, s, d) = time_phases(session, &arch, reps)?;
+    let p = time_host_phases(session, &arch, reps)?;
     let gemms = step_gemms(&arch, n);
     let (gemm_flops, gemm_seconds) = gemm_reference(&gemms);
     let reference = gemm_flops / gemm_seconds;
     let attention = attention_flops(&arch, b, t);
     let row = |phase: &str, tokens: u64, seconds: f64, flops: f64| Row::new(phase, tokens, seconds, flops, reference);
     let (db, dp, dn) = DECODE;
+    let steps = dn.max(2) as u64 - 1;
     let rows = vec![
         row("gemm_reference", n as u64, gemm_seconds, gemm_flops),
-        row("forward", n as u64, f, gemm_flops / 3.0 + attention / 3.0),
-        row("backward", n as u64, (s - f).max(1e-9), 2.0 * (gemm_flops + attention) / 3.0),
-        row("train_step", n as u64, s, gemm_flops + attention),
-        row("decode", (db * dn) as u64, d, 0.0),
+        row("forward", n as u64, p.forward, gemm_flops / 3.0 + attention / 3.0),
+        row("backward", n as u64, (p.step - p.forward).max(1e-9), 2.0 * (gemm_flops + attention) / 3.0),
+        row("train_step", n as u64, p.step, gemm_flops + attention),
+        row("prefill", (db * dp) as u64, p.prefill, 0.0),
+        row("decode", db as u64 * steps, p.decode_step * steps as f64, 0.0),
     ];
     let title = format!(
         "model: {} parameters; batch {b} x {t} tokens; decode {db} x ({dp} + {dn}) tokens",
@@ -246,55 +250,81 @@ fn benchmark(session: &Session, reps: usize, json: Option<&Path>) -> Result<(), 
     BenchReport { bench: "engine".into(), machine: machine(session), rows, floors }.finish(json)
 }
 
-/// Median seconds of a forward pass, a training step and a decode of the benchmark's model on
-/// one rank, over `reps` rounds after a warm-up.
-fn time_phases(session: &Session, arch: &Architecture, reps: usize) -> Result<(f64, f64, f64), RuntimeError> {
+/// The host engine's model on one rank, its phases timed.
+fn time_host_phases(session: &Session, arch: &Architecture, reps: usize) -> Result<Phases, RuntimeError> {
     let (b, t) = BATCH;
-    let n = b * t;
+    let (db, dp, dn) = DECODE;
     let mut plane = session.control_plane();
     let ms = ModelStage::new(Role::Actor, Stage::Training);
     let mut set = EmuSet::new(0, 1, 16 << 30, [(Role::Actor, Catalogue::new(arch.clone()))].into_iter().collect());
     let id = set.create(&mut plane, ms, Layout::new(1, 1), &[0], Counters::default(), |shard, cat| {
         init_shard(shard, cat, 3).map_err(|e| e.to_string())
     })?;
-    let replica = Replica::new(&mut plane, &set, id, t.max(DECODE.1 + DECODE.2))?;
-    let tokens: Vec<u32> = (0..n).map(|i| (nereus_core::rng::mix(i as u64) % arch.vocab) as u32).collect();
-    let batch = Batch { tokens: &tokens, seq_len: t, starts: &[] };
+    let replica = Replica::new(&mut plane, &set, id, t.max(dp + dn))?;
+    time_phases(&plane, &mut set, &replica, arch, (b, t, db, dp, dn), reps)
+}
+
+/// Median seconds of the phases of one replica's step.
+pub struct Phases {
+    /// A forward pass over the training batch.
+    pub forward: f64,
+    /// A training step.
+    pub step: f64,
+    /// Generation of one new token (the prompts' prefill).
+    pub prefill: f64,
+    /// One decode step: generating all new tokens less generating one, per token.
+    pub decode_step: f64,
+}
+
+/// Median seconds of a forward pass, a training step, a prefill (one new token) and one decode
+/// step of `replica` in memory `M`, over `reps` rounds after a warm-up: the same passes the RL
+/// step runs, on the host or a device (whose passes end with a wait for the device).
+pub fn time_phases<M: EngineMemory, P: DataPlane>(
+    plane: &P,
+    set: &mut EmuSet<M>,
+    replica: &Replica,
+    arch: &Architecture,
+    (b, t, db, dp, dn): (usize, usize, usize, usize, usize),
+    reps: usize,
+) -> Result<Phases, RuntimeError> {
+    let tokens: Vec<u32> =
+        (0..(b * t).max(db * dp)).map(|i| (nereus_core::rng::mix(i as u64) % arch.vocab) as u32).collect();
+    let batch = Batch { tokens: &tokens[..b * t], seq_len: t, starts: &[] };
     let objective = CrossEntropy { sequences: b, seq_len: t };
     let opt = AdamW::default();
-    let (mut fwd, mut steps, mut decodes) = (Vec::new(), Vec::new(), Vec::new());
-    let (db, dp, dn) = DECODE;
-    // EOS outside the vocabulary: every sequence decodes all `dn` tokens.
-    let sampling = Sampling {
+    let ids: Vec<u64> = (0..db as u64).collect();
+    // EOS outside the vocabulary: every sequence decodes all its tokens.
+    let sampling = |new| Sampling {
         temperature: 1.0,
         top_p: 1.0,
-        max_new_tokens: dn,
+        max_new_tokens: new,
         eos: arch.vocab as u32,
         also_stop: StopIds::NONE,
         greedy: true,
         seed: 1,
     };
-    let ids: Vec<u64> = (0..db as u64).collect();
-    for rep in 0..=reps.max(1) {
-        let (f, d) = with_params(&mut set, id, |params, arena| -> Result<(f64, f64), RuntimeError> {
-            let start = Instant::now();
-            replica.infer(&plane, params, &batch, b, arena)?;
-            let f = start.elapsed().as_secs_f64();
-            let start = Instant::now();
-            replica.generate(&plane, params, &tokens[..db * dp], &[], &ids, &sampling, arena)?;
-            Ok((f, start.elapsed().as_secs_f64()))
-        })?;
+    let wave = [Wave { prompts: tokens[..db * dp].to_vec(), starts: Vec::new(), ids }];
+    let timed = |f: &mut dyn FnMut() -> Result<(), EngineError>| -> Result<f64, EngineError> {
         let start = Instant::now();
-        train_step(&plane, &mut set, &replica, &batch, b, &objective, &opt)?;
-        let s = start.elapsed().as_secs_f64();
+        f()?;
+        Ok(start.elapsed().as_secs_f64())
+    };
+    let mut runs: [Vec<f64>; 4] = Default::default();
+    for rep in 0..=reps.max(1) {
+        let forward = timed(&mut || M::infer(plane, set, replica, &batch, b).map(drop))?;
+        let step = timed(&mut || train_step(plane, set, replica, &batch, b, &objective, &opt).map(drop))?;
+        let prefill = timed(&mut || M::generate(plane, set, replica, &wave, &sampling(1)).map(drop))?;
+        let full = timed(&mut || M::generate(plane, set, replica, &wave, &sampling(dn)).map(drop))?;
+        // The first round warms the allocator, the libraries' heuristics and the caches.
         if rep > 0 {
-            // the first round warms caches and the allocator
-            fwd.push(f);
-            decodes.push(d);
-            steps.push(s);
+            let decode_step = (full - prefill).max(0.0) / (dn.max(2) - 1) as f64;
+            for (k, v) in [forward, step, prefill, decode_step].into_iter().enumerate() {
+                runs[k].push(v);
+            }
         }
     }
-    Ok((median(fwd), median(steps), median(decodes)))
+    let [forward, step, prefill, decode_step] = runs.map(median);
+    Ok(Phases { forward, step, prefill, decode_step })
 }
 
 /// The FLOPs of a step's GEMMs and the seconds the GEMM crate takes for them alone (each

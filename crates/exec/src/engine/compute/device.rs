@@ -3,7 +3,7 @@
 //! the vendor GEMMs ([`crate::backend::blas`]). Every launch is enqueued on the device's current
 //! stream. The tensor-parallel sums (bf16) and the pipeline's transfers run on the plane's
 //! device collectives in the same stream order, as the data-parallel gradient sum does
-//! (`device_train.rs`); on a plane without them they go through the host. The host waits only
+//! ([`Optimize::reduce_gradients`]); on a plane without them they go through the host. The host waits only
 //! where it reads bytes back: the loss, the norm's one value, and the LM head's per-row
 //! statistics (their TP maxima and sums are a few values per row).
 //! Input gradients accumulate in place (bf16 GEMMs with `beta = 1`, RMSNorm's backward adds to
@@ -14,7 +14,7 @@
 
 use std::ops::Range;
 
-use super::{pipe_through_host, Compute, GradView, KvRows, Neighbour, PipeLink, RowCopy, View};
+use super::{pipe_through_host, Compute, GradView, KvRows, Neighbour, Optimize, PipeLink, RowCopy, View};
 use crate::backend::blas::{Gemm, GemmOut};
 use crate::backend::gpu::{Device, DeviceArray, DevicePtr, DeviceView};
 use crate::backend::kernels::RectCopy;
@@ -22,12 +22,15 @@ use crate::backend::sources::{
     flash_keys_grid, flash_rows_grid, AdamTensor, FlashWidth, KernelArg, KernelArgs, Launch, ATTENTION_BLOCK,
     FLASH_WARPS,
 };
+use crate::comm::collectives::DataType;
+use crate::comm::DataPlane;
 use crate::engine::arena::{Arena, Mark};
 use crate::engine::generate::Sampling;
 use crate::engine::ops::{AttentionShape, Rope, TensorGroup};
 use crate::engine::real::Op;
-use crate::engine::{AdamW, EngineError};
-use nereus_core::cost::{MemoryBreakdown, MemoryItem};
+use crate::engine::timers::timed;
+use crate::engine::{AdamW, EngineError, Replica};
+use nereus_core::cost::{MemoryBreakdown, MemoryItem, OpClass};
 use nereus_core::half::{bf16_to_f32, f32_to_bf16};
 
 /// Threads per block of the row and element-wise kernels.
@@ -65,9 +68,9 @@ impl<'d, 'a, 'l> OnDevice<'d, 'a, 'l> {
         self.device
     }
 
-    /// One fused AdamW step over `tensors` (update number `t`, gradients scaled by `clip`):
-    /// the f32 master weights and moments, then each bf16 working copy (`nereus_adamw`).
-    pub fn adamw(&mut self, tensors: &[AdamTensor], opt: &AdamW, t: u64, clip: f32) -> Result<(), EngineError> {
+    /// One fused AdamW launch over the table `tensors` (update number `t`, gradients scaled by
+    /// `clip`): the f32 master weights and moments, then each bf16 working copy.
+    fn adamw_table(&mut self, tensors: &[AdamTensor], opt: &AdamW, t: u64, clip: f32) -> Result<(), EngineError> {
         let table = DeviceArray::from(self.device, tensors)?;
         let (c1, c2) = (1.0 - opt.beta1.powi(t as i32), 1.0 - opt.beta2.powi(t as i32));
         let hyper = [opt.lr, opt.beta1, opt.beta2, opt.eps, c1, c2, clip].map(KernelArg::F32);
@@ -79,7 +82,7 @@ impl<'d, 'a, 'l> OnDevice<'d, 'a, 'l> {
 
     /// `Σ x²` over `runs` of `x`, on the device (`nereus_sum_squares`: a partial per block, then
     /// one block adds them), read back as one value per run.
-    pub fn sum_squares(&mut self, x: &DeviceView<f32>, runs: &[Range<usize>]) -> Result<f64, EngineError> {
+    fn sum_squares(&mut self, x: &DeviceView<f32>, runs: &[Range<usize>]) -> Result<f64, EngineError> {
         let widest = runs.iter().map(Range::len).max().unwrap_or(0);
         let blocks = (widest as u64).div_ceil(u64::from(BLOCK) * 2).clamp(1, MAX_BLOCKS);
         let partial = self.f32_zeros(MemoryItem::Workspace, blocks as usize + 1)?;
@@ -155,6 +158,76 @@ impl<'d, 'a, 'l> OnDevice<'d, 'a, 'l> {
         }
         let values: Vec<i32> = starts.iter().map(|&s| s as i32).collect();
         Ok(Some(DeviceArray::from(self.device, &values)?))
+    }
+}
+
+/// A training bf16 shard on a device: the parameters the layers read, Adam's moments and the
+/// f32 master copy the optimizer updates (the shard's four sections, in place).
+#[derive(Debug, Clone, Copy)]
+pub struct MixedShard {
+    /// bf16 working parameters.
+    pub params: DeviceView<u16>,
+    /// Adam's first moment.
+    pub m: DeviceView<f32>,
+    /// Adam's second moment.
+    pub v: DeviceView<f32>,
+    /// f32 master weights.
+    pub master: DeviceView<f32>,
+}
+
+impl<'d> Optimize for OnDevice<'d, '_, '_> {
+    type Trainable<'s> = MixedShard;
+
+    fn params(shard: &MixedShard) -> &DeviceView<u16> {
+        &shard.params
+    }
+
+    /// The gradients stay on the device: the data-parallel sum runs on the plane's device
+    /// collective (NCCL, RCCL) in stream order and the norm is summed there; a plane without
+    /// device collectives sums them through the host.
+    fn reduce_gradients<P: DataPlane>(
+        &mut self,
+        replica: &Replica,
+        plane: &P,
+        grads: &mut DeviceView<f32>,
+        loss: f64,
+    ) -> Result<(f64, f64), EngineError> {
+        let on_device = match replica.groups.dp {
+            Some(_) => timed(OpClass::DpAllReduce, || {
+                plane.all_reduce_device(&replica.groups.dp_ranks, grads.ptr(), grads.len() as u64, DataType::F32)
+            })?,
+            None => true,
+        };
+        if !on_device {
+            return self.modify_grads(grads, |g| replica.reduce(plane, g, loss));
+        }
+        let sq = self.sum_squares(grads, &replica.counted_runs())?;
+        replica.norm_and_loss(plane, sq, loss)
+    }
+
+    fn adamw(
+        &mut self,
+        shard: &mut MixedShard,
+        grads: &DeviceView<f32>,
+        tensors: &[(Range<usize>, bool)],
+        opt: &AdamW,
+        t: u64,
+        clip: f32,
+    ) -> Result<(), EngineError> {
+        let table: Vec<AdamTensor> = tensors
+            .iter()
+            .map(|(r, replicated)| AdamTensor {
+                param: shard.master.at(r.start).0,
+                m: shard.m.at(r.start).0,
+                v: shard.v.at(r.start).0,
+                working: shard.params.at(r.start).0,
+                grad: grads.at(r.start).0,
+                n: r.len() as u64,
+                weight_decay: if *replicated { 0.0 } else { opt.weight_decay },
+                pad: 0,
+            })
+            .collect();
+        self.adamw_table(&table, opt, t, clip)
     }
 }
 

@@ -1,10 +1,14 @@
 //! The host f32 reference: each layer is the `ops/` function of the same name.
 
-use super::{Compute, GradView, KvRows, RowCopy, View};
+use std::ops::Range;
+
+use super::{Compute, GradView, KvRows, Optimize, RowCopy, View};
+use crate::comm::DataPlane;
 use crate::engine::arena::{Arena, Mark};
 use crate::engine::generate::{sample_token, Sampling};
 use crate::engine::ops::*;
 use crate::engine::EngineError;
+use crate::engine::{AdamW, Replica};
 use nereus_core::cost::{MemoryBreakdown, MemoryItem};
 
 /// The host f32 engine: buffers from the rank's [`Arena`], layers from `ops/`.
@@ -17,6 +21,50 @@ impl<'a, 'l> Host<'a, 'l> {
     /// Computes with buffers charged to `arena` and the rotary tables `rope`.
     pub fn new(arena: &'a mut Arena<'l>, rope: &'a Rope<f32>) -> Self {
         Host { arena, rope }
+    }
+}
+
+/// A training f32 shard in host memory: its parameters and Adam's moments, updated in place.
+pub struct HostShard<'s> {
+    /// Parameters.
+    pub params: &'s mut [f32],
+    /// Adam's first moment.
+    pub m: &'s mut [f32],
+    /// Adam's second moment.
+    pub v: &'s mut [f32],
+}
+
+impl Optimize for Host<'_, '_> {
+    type Trainable<'s> = HostShard<'s>;
+
+    fn params<'a>(shard: &'a HostShard<'_>) -> &'a [f32] {
+        shard.params
+    }
+
+    fn reduce_gradients<P: DataPlane>(
+        &mut self,
+        replica: &Replica,
+        plane: &P,
+        grads: &mut [f32],
+        loss: f64,
+    ) -> Result<(f64, f64), EngineError> {
+        replica.reduce(plane, grads, loss)
+    }
+
+    fn adamw(
+        &mut self,
+        shard: &mut HostShard<'_>,
+        grads: &[f32],
+        tensors: &[(Range<usize>, bool)],
+        opt: &AdamW,
+        t: u64,
+        clip: f32,
+    ) -> Result<(), EngineError> {
+        for (r, replicated) in tensors {
+            let (p, m, v) = (&mut shard.params[r.clone()], &mut shard.m[r.clone()], &mut shard.v[r.clone()]);
+            opt.update(p, m, v, &grads[r.clone()], t, clip, !replicated);
+        }
+        Ok(())
     }
 }
 

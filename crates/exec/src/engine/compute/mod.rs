@@ -17,16 +17,17 @@
 mod device;
 mod host;
 
-pub use device::OnDevice;
-pub use host::Host;
+pub use device::{MixedShard, OnDevice};
+pub use host::{Host, HostShard};
 
 use std::ops::Range;
 
 use super::arena::Mark;
 use super::generate::Sampling;
 use super::ops::{AttentionShape, TensorGroup};
-use super::EngineError;
+use super::{AdamW, EngineError, Replica};
 use crate::backend::gpu::DevicePtr;
+use crate::comm::DataPlane;
 use nereus_core::cost::{MemoryBreakdown, MemoryItem};
 
 /// A view of one tensor in a stage's flat parameter (or gradient) buffer.
@@ -331,6 +332,43 @@ pub trait Compute {
     ) -> Result<(), EngineError> {
         pipe_through_host(self, link, send, recv)
     }
+}
+
+/// What one optimizer step needs of a compute beyond the layers: the data-parallel gradient
+/// sum with the global norm, and AdamW over a training shard's own buffers. With [`Compute`] it
+/// is the whole seam between the one training step ([`crate::engine::train_step`]) and the
+/// memory the shard lives in.
+pub trait Optimize: Compute {
+    /// A training shard as the optimizer sees it: the parameters the layers read, Adam's
+    /// moments, and the f32 master copy where the parameters are bf16.
+    type Trainable<'s>;
+
+    /// The parameters the layers read.
+    fn params<'a>(shard: &'a Self::Trainable<'_>) -> &'a Self::Params;
+
+    /// Sums `grads` over the replica's data-parallel group; returns the global gradient norm
+    /// (tensors replicated over TP counted once) and the loss summed over the model-stage.
+    fn reduce_gradients<P: DataPlane>(
+        &mut self,
+        replica: &Replica,
+        plane: &P,
+        grads: &mut Self::Grads,
+        loss: f64,
+    ) -> Result<(f64, f64), EngineError>;
+
+    /// One AdamW update (number `t`, gradients scaled by `clip`) of every tensor of `shard`;
+    /// `tensors` are their ranges in the flat buffers and whether each is replicated over TP
+    /// (no weight decay).
+    #[allow(clippy::too_many_arguments)]
+    fn adamw(
+        &mut self,
+        shard: &mut Self::Trainable<'_>,
+        grads: &Self::Grads,
+        tensors: &[(Range<usize>, bool)],
+        opt: &AdamW,
+        t: u64,
+        clip: f32,
+    ) -> Result<(), EngineError>;
 }
 
 /// A strided copy between activation buffers, in elements: `rows` runs of `width`, the `i`-th
