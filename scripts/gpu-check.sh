@@ -16,7 +16,7 @@
 #   6. trains configs/llama3.2-1b-grpo-1gpu.toml for 3 steps and prints per step tokens/s, decode
 #      tokens/s, the training phase's MFU and peak memory measured beside predicted;
 #   7. `bench calibration` on 8 CPU ranks, one a core (issue 29's quiet-machine floors);
-#   8. the rectangle-copy kernels (kernels/pack.cu) on GPU 0 against the host reference;
+#   8. the rectangle-copy kernels (crates/kernels/device/pack.cu) on GPU 0 against the host reference;
 #   9. `selftest primitives --device` (and `selftest transitions --device` with 3+ GPUs), one rank
 #      per GPU, device-resident shards checked by digests and byte-exact gathers;
 #  10. `bench primitives --device --json` and its floors (pack/unpack >= 70% of the device's
@@ -229,7 +229,7 @@ else
 fi
 fi
 if step 60 "primitives"; then
-echo "== 8. kernels/pack.cu on GPU 0 against the host reference"
+echo "== 8. crates/kernels/device/pack.cu on GPU 0 against the host reference"
 if [ -n "$prebuilt" ]; then
   "$prebuilt/bin/kernel-test" --ignored "$kernel_test" 2>&1 | tee "$out/kernels.txt" | grep -E "^test |test result"
 else

@@ -1,6 +1,6 @@
 # Sourced by scripts/compile-kernels.sh and scripts/gpu-check.sh: makes the CUDA pieces that
 # PyPI ships loadable without a CUDA toolkit. Each is used only when installed:
-#   nvidia-cuda-nvrtc-cu12  libnvrtc.so.12   -> LD_LIBRARY_PATH (NVRTC compiles kernels/*.cu)
+#   nvidia-cuda-nvrtc-cu12  libnvrtc.so.12   -> LD_LIBRARY_PATH (NVRTC compiles crates/kernels/device/*.cu)
 #   nvidia-cuda-nvcc-cu12   ptxas            -> NEREUS_PTXAS (assembles the PTX for sm_80/sm_90)
 #   nvidia-cublas-cu12      libcublas.so.12  -> LD_LIBRARY_PATH (the GEMM symbols are resolved in CI)
 #   nvidia-nccl-cu12        libnccl.so.2     -> a libnccl.so link in target/nccl-link on

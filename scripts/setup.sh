@@ -5,7 +5,7 @@
 #   NEREUS_WITH_SLURM=1 bash scripts/setup.sh  # + Slurm and munge, for the local test cluster
 #   NEREUS_WITH_HIP=1 bash scripts/setup.sh    # + HIP headers and runtime, to compile `--features rocm`
 #   NEREUS_WITH_KERNEL_TOOLS=1 bash scripts/setup.sh  # + hipcc (apt) and NVRTC and ptxas (PyPI) to
-#                                              # compile kernels/ without a GPU (scripts/compile-kernels.sh)
+#                                              # compile crates/kernels/device/ without a GPU (scripts/compile-kernels.sh)
 #   NEREUS_WITH_EXACT=1 bash scripts/setup.sh  # + cmake, to build HiGHS for `--features exact`
 #                                              # (`nereus bench solver`; the build takes ~7 min on 2 cores)
 #
@@ -38,7 +38,7 @@ if [ -n "$missing" ]; then
   fi
 fi
 
-# NVRTC (compiles kernels/*.cu to PTX), ptxas (assembles it) and cuBLAS (its symbols are resolved)
+# NVRTC (compiles crates/kernels/device/*.cu to PTX), ptxas (assembles it) and cuBLAS (its symbols are resolved)
 # from PyPI: no CUDA toolkit needed.
 if [ "${NEREUS_WITH_KERNEL_TOOLS:-0}" = 1 ]; then
   for wheel in nvidia-cuda-nvrtc-cu12 nvidia-cuda-nvcc-cu12 nvidia-cublas-cu12; do

@@ -78,7 +78,7 @@ fi
 if [ "$ci" = true ]; then
   export NEREUS_REQUIRE_KERNEL_TOOLS=1  # build.rs then fails without hipcc, as it does on a bad kernel
 fi
-# NVRTC and ptxas from PyPI, for the unit test that compiles kernels/*.cu (skipped when absent
+# NVRTC and ptxas from PyPI, for the unit test that compiles crates/kernels/device/*.cu (skipped when absent
 # outside CI).
 source scripts/kernel-env.sh
 cargo clippy --release --locked --workspace --all-targets --features "$features" -- -D warnings
@@ -86,7 +86,7 @@ cargo clippy --release --locked --workspace --all-targets --features "$features"
 # every backend: a separate `cargo build` of it would compile everything once more).
 cargo test --release --locked --workspace --features "$features" --lib --bins
 
-echo "== device kernels compile without a GPU (kernels/*.cu: NVRTC + ptxas for sm_80/sm_90, hipcc for gfx90a, no register spills)"
+echo "== device kernels compile without a GPU (crates/kernels/device/*.cu: NVRTC + ptxas for sm_80/sm_90, hipcc for gfx90a, no register spills)"
 if [ "$ci" = true ] || { python3 -c 'import nvidia.cuda_nvrtc' 2>/dev/null && command -v hipcc >/dev/null; }; then
   bash scripts/compile-kernels.sh --workspace --features "$features"
 else

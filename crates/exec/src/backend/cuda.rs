@@ -1,6 +1,6 @@
 //! CUDA through the driver API, loaded at run time by cudarc (no toolkit is needed to build;
-//! `libcuda.so` is needed to run, and `libnvrtc.so.12` to compile the kernels in `kernels/` for
-//! the device): device discovery, and [`Cuda`], the [`GpuRuntime`] of one device.
+//! `libcuda.so` is needed to run, and NVRTC to compile the `nereus-kernels` sources for the
+//! device): device discovery, and [`Cuda`], the [`GpuRuntime`] of one device.
 
 use std::ffi::CString;
 
@@ -10,8 +10,8 @@ use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 
 use super::blas::{Gemm, VendorBlas, CUBLAS};
 use super::gpu::{DevicePtr, GpuRuntime, RawHandle};
-use super::sources::{loaded, KernelArgs, KernelSource, Launch, SOURCES};
 use super::{BackendError, DriverDevice};
+use nereus_kernels::{Kernel, KernelArgs, Launch, Source};
 
 fn driver_error(e: impl std::fmt::Debug) -> BackendError {
     BackendError::Driver { backend: "CUDA", reason: format!("{e:?}") }
@@ -83,8 +83,8 @@ fn nvrtc_error(what: &str, e: impl std::fmt::Debug) -> BackendError {
 
 /// Compiles one kernel source (with the prelude) by NVRTC, loaded at run time; the compiler's log
 /// on failure.
-pub fn compile_source(source: &KernelSource, output: NvrtcOutput) -> Result<Vec<u8>, BackendError> {
-    compile(&source.with_prelude(), source.file, output)
+pub fn compile_source(source: Source, output: NvrtcOutput) -> Result<Vec<u8>, BackendError> {
+    compile(&source.with_prelude(), source.file(), output)
 }
 
 /// Compiles one CUDA source text with NVRTC (loaded at run time); the compiler's log on failure.
@@ -144,12 +144,13 @@ fn c_chars_to_string(chars: &[std::ffi::c_char]) -> String {
 }
 
 /// One CUDA device: its primary context (current on the thread that opened it) and every kernel
-/// in `kernels/` compiled for it.
+/// compiled for it.
 pub struct Cuda {
     device: DriverDevice,
     cu_device: sys::CUdevice,
     modules: Vec<sys::CUmodule>,
-    kernels: Vec<(&'static str, sys::CUfunction)>,
+    /// Every kernel's loaded function, indexed by [`Kernel::index`].
+    kernels: Vec<sys::CUfunction>,
     /// The vendor BLAS, opened at the first GEMM (a job that never multiplies never needs it).
     blas: std::cell::OnceCell<VendorBlas>,
 }
@@ -185,16 +186,17 @@ impl Cuda {
         let sm = (major.map_err(driver_error)? * 10 + minor.map_err(driver_error)?) as u32;
         keep_freed_memory(cu_device)?;
         let mut modules = Vec::new();
-        let mut kernels = Vec::new();
-        for source in &SOURCES {
+        let mut kernels = vec![std::ptr::null_mut(); Kernel::ALL.len()];
+        for &source in Source::ALL {
             let image = compile_source(source, NvrtcOutput::Cubin(sm))?;
             // SAFETY: `image` is a complete cubin; the module lives until Drop.
             let module = unsafe { result::module::load_data(image.as_ptr().cast()) }.map_err(driver_error)?;
             modules.push(module);
-            for &name in source.entry_points {
+            for kernel in source.kernels() {
+                let name = CString::new(kernel.name()).map_err(|e| nvrtc_error("kernel name", e))?;
                 // SAFETY: `module` is loaded.
-                let f = unsafe { result::module::get_function(module, CString::new(name).expect("no NUL")) };
-                kernels.push((name, f.map_err(driver_error)?));
+                kernels[kernel.index()] =
+                    unsafe { result::module::get_function(module, name) }.map_err(driver_error)?;
             }
         }
         Ok(Cuda { device, cu_device, modules, kernels, blas: std::cell::OnceCell::new() })
@@ -335,7 +337,7 @@ impl GpuRuntime for Cuda {
     }
 
     unsafe fn launch(&self, l: &Launch, args: &mut KernelArgs, s: RawHandle) -> Result<(), BackendError> {
-        let f = loaded(&self.kernels, l.kernel, "CUDA")?;
+        let f = self.kernels[l.kernel.index()];
         let mut params = args.pointers();
         let (grid, block) = ((l.grid[0], l.grid[1], l.grid[2]), (l.block[0], l.block[1], l.block[2]));
         result::launch_kernel(f, grid, block, l.shared_bytes, stream(s), &mut params).map_err(driver_error)
@@ -363,15 +365,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let ptxas = std::env::var("NEREUS_PTXAS").map(PathBuf::from).unwrap_or_else(|_| "ptxas".into());
         for (source, (virtual_arch, sm)) in
-            SOURCES.iter().flat_map(|s| [(s, ("compute_80", 80)), (s, ("compute_90", 90))])
+            Source::ALL.iter().flat_map(|&s| [(s, ("compute_80", 80)), (s, ("compute_90", 90))])
         {
             let ptx = compile_source(source, NvrtcOutput::Ptx(virtual_arch)).unwrap();
             let text = String::from_utf8(ptx.clone()).unwrap();
-            for kernel in source.entry_points {
-                assert!(text.contains(&format!(".entry {kernel}(")), "{kernel} missing from the {virtual_arch} PTX");
+            for kernel in source.kernels() {
+                let name = kernel.name();
+                assert!(text.contains(&format!(".entry {name}(")), "{name} missing from the {virtual_arch} PTX");
             }
             assert!(!compile_source(source, NvrtcOutput::Cubin(sm)).unwrap().is_empty());
-            let path = dir.path().join(format!("{}.{virtual_arch}.ptx", source.file));
+            let path = dir.path().join(format!("{}.{virtual_arch}.ptx", source.file()));
             std::fs::write(&path, &ptx).unwrap();
             let cubin = path.with_extension("cubin");
             match Command::new(&ptxas).arg(format!("-arch=sm_{sm}")).arg("-v").arg(&path).arg("-o").arg(cubin).output()
@@ -386,7 +389,7 @@ mod tests {
                             l.contains("spill stores") && !l.contains(" 0 bytes spill stores, 0 bytes spill loads")
                         })
                         .collect();
-                    assert!(spills.is_empty(), "{} spills registers on sm_{sm}:\n{}", source.file, spills.join("\n"));
+                    assert!(spills.is_empty(), "{} spills registers on sm_{sm}:\n{}", source.file(), spills.join("\n"));
                 }
                 Err(e) => {
                     assert!(

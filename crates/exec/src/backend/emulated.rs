@@ -5,7 +5,7 @@
 //!
 //! Allocations are host buffers addressed by their host address; every copy and every launch's
 //! extent is checked against them. Kernels are the device kernels themselves, run by the grid
-//! emulator ([`grid`](super::grid)) at the device's warp width, so a launch that strays out of
+//! emulator ([`nereus_kernels::grid`]) at the device's warp width, so a launch that strays out of
 //! its allocation, reads what it writes, or diverges around a barrier fails here as it would
 //! race or hang on a device.
 
@@ -16,10 +16,10 @@ use std::time::Instant;
 
 use super::blas::{gemm_on_host, Gemm};
 use super::gpu::{DevicePtr, GpuRuntime, RawHandle};
-use super::grid::{self, WarpWidth};
-use super::kernels::RectLaunch;
-use super::sources::{KernelArgs, Launch};
 use super::{BackendError, DriverDevice};
+use nereus_kernels::grid::{GridKernels, WarpWidth};
+use nereus_kernels::pack::RectLaunch;
+use nereus_kernels::{KernelArgs, Launch};
 
 /// An emulated device of a given capacity.
 pub struct Emulated {
@@ -30,7 +30,9 @@ pub struct Emulated {
     live: Cell<u64>,
     peak: Cell<u64>,
     handles: Cell<usize>,
-    warp: WarpWidth,
+    /// The grid emulator at the device's warp width, every kernel resolved once (an emulator
+    /// missing one fails every launch with its name).
+    kernels: Result<GridKernels, nereus_kernels::grid::GridError>,
     /// When each event was recorded (work is synchronous, so that is when it happened).
     recorded: RefCell<HashMap<usize, Instant>>,
 }
@@ -45,12 +47,17 @@ impl Emulated {
         let device = DriverDevice { ordinal, name: "emulated device (host memory)".into(), memory_bytes };
         let (allocations, recorded) = (RefCell::new(BTreeMap::new()), RefCell::new(HashMap::new()));
         let (live, peak) = (Cell::new(0), Cell::new(0));
-        Emulated { device, allocations, live, peak, handles: Cell::new(0), warp: WarpWidth::W32, recorded }
+        let kernels = GridKernels::resolve(WarpWidth::W32);
+        Emulated { device, allocations, live, peak, handles: Cell::new(0), kernels, recorded }
     }
 
     /// The same device with another warp width (64 emulates AMD's CDNA).
     pub fn with_warp(self, warp: WarpWidth) -> Emulated {
-        Emulated { warp, ..self }
+        Emulated { kernels: GridKernels::resolve(warp), ..self }
+    }
+
+    fn warp(&self) -> WarpWidth {
+        self.kernels.as_ref().map_or(WarpWidth::W32, GridKernels::warp)
     }
 
     /// Bytes allocated now (device and pinned).
@@ -130,7 +137,7 @@ impl GpuRuntime for Emulated {
     }
 
     fn warp_width(&self) -> u32 {
-        self.warp.lanes()
+        self.warp().lanes()
     }
 
     fn device(&self) -> &DriverDevice {
@@ -216,11 +223,12 @@ impl GpuRuntime for Emulated {
     unsafe fn launch(&self, launch: &Launch, args: &mut KernelArgs, _stream: RawHandle) -> Result<(), BackendError> {
         // A null pointer is an absent optional argument (attention's `starts`), as on a device.
         for address in args.addresses().filter(|&a| a != 0) {
-            self.check(address, 1, &format!("{} argument", launch.kernel))?;
+            self.check(address, 1, &format!("{} argument", launch.kernel.name()))?;
         }
         // SAFETY: the caller's contract ([`GpuRuntime::launch`]); every other address is in an
         // allocation.
-        unsafe { grid::launch(self.warp, launch, args) }
+        let kernels = self.kernels.as_ref().map_err(Clone::clone)?;
+        Ok(unsafe { kernels.launch(launch, args) }?)
     }
 
     unsafe fn gemm(
@@ -242,10 +250,10 @@ impl GpuRuntime for Emulated {
 
     fn check_rect(&self, l: &RectLaunch) -> Result<(), BackendError> {
         let (s, d) = (span(l.src, l.src_pitch, l), span(l.dst, l.dst_pitch, l));
-        self.check(s.0, s.1 - s.0, &format!("{} source", l.kernel))?;
-        self.check(d.0, d.1 - d.0, &format!("{} target", l.kernel))?;
+        self.check(s.0, s.1 - s.0, &format!("{} source", l.kernel.name()))?;
+        self.check(d.0, d.1 - d.0, &format!("{} target", l.kernel.name()))?;
         if d.0 < s.1 && s.0 < d.1 {
-            return Err(fault(format!("{} launch reads what it writes: {l:?}", l.kernel)));
+            return Err(fault(format!("{} launch reads what it writes: {l:?}", l.kernel.name())));
         }
         Ok(())
     }
@@ -255,7 +263,7 @@ impl GpuRuntime for Emulated {
 mod tests {
     use super::*;
     use crate::backend::gpu::Device;
-    use crate::backend::kernels::RectCopy;
+    use nereus_kernels::pack::RectCopy;
 
     #[test]
     fn rectangle_copies_match_the_host_reference_at_both_warp_widths() {

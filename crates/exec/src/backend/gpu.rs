@@ -13,20 +13,12 @@ use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
 use super::blas::Gemm;
-use super::kernels::{rect_launch, RectCopy, RectLaunch};
-use super::sources::{KernelArgs, Launch};
 use super::{BackendError, DriverDevice};
+use nereus_kernels::pack::{rect_launch, RectCopy, RectLaunch};
+use nereus_kernels::{KernelArgs, KernelCall, Launch};
 
 /// A device address (`CUdeviceptr`, `hipDeviceptr_t`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct DevicePtr(pub u64);
-
-impl DevicePtr {
-    /// The address `bytes` further on.
-    pub fn offset(self, bytes: u64) -> DevicePtr {
-        DevicePtr(self.0 + bytes)
-    }
-}
+pub use nereus_kernels::DevicePtr;
 
 /// An opaque stream or event handle (`CUstream`/`hipStream_t`, `CUevent`/`hipEvent_t`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -417,13 +409,15 @@ impl Device {
         Ok(())
     }
 
-    /// Enqueues a kernel on the current stream.
+    /// Enqueues `call`'s kernel on the current stream over `grid` blocks of `block` threads.
     ///
     /// # Safety
-    /// As [`GpuRuntime::launch`].
-    pub unsafe fn launch(&self, launch: &Launch, args: &mut KernelArgs) -> Result<(), BackendError> {
+    /// As [`GpuRuntime::launch`]: every address among `call`'s arguments lies, over the range the
+    /// kernel touches, inside a live allocation.
+    pub unsafe fn launch(&self, call: &impl KernelCall, grid: [u32; 3], block: [u32; 3]) -> Result<(), BackendError> {
+        let launch = Launch { kernel: call.kernel(), grid, block, shared_bytes: 0 };
         self.count(|c| c.launches += 1);
-        self.runtime.launch(launch, args, self.stream())
+        self.runtime.launch(&launch, &mut call.args(), self.stream())
     }
 
     /// Enqueues a GEMM on the current stream.
@@ -632,7 +626,7 @@ impl Drop for Device {
 /// and `rocm.rs`).
 #[cfg(test)]
 pub(crate) fn check_rect_copies_against_host(device: &Device) {
-    use super::kernels::in_place_schedule;
+    use nereus_kernels::pack::in_place_schedule;
     let bytes = 1 << 20;
     let host: Vec<u8> = (0..bytes).map(|i| ((i * 2_654_435_761usize) >> 13) as u8).collect();
     let copy = |src_offset, src_pitch, dst_offset, dst_pitch, row_bytes, rows| RectCopy {

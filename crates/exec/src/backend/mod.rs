@@ -4,21 +4,16 @@
 //!
 //! `gpu.rs` is the seam the GPU data plane and the device shard store use ([`gpu::GpuRuntime`],
 //! [`gpu::Device`]); `cuda.rs` and `rocm.rs` implement it over the CUDA driver and the HIP
-//! runtime, `emulated.rs` in host memory for tests; `kernels.rs` holds the launch geometry of
-//! the rectangle-copy kernels in `kernels/pack.cu`. `sources.rs` lists the kernel sources (one
-//! per concern, compiled by NVRTC, hipcc and the host compiler), and `grid.rs` runs them on the
-//! grid emulator.
+//! runtime, `emulated.rs` in host memory over the grid emulator. The kernels themselves, their
+//! typed ids and argument structs and their launch geometry are the `nereus-kernels` crate's.
 
 pub mod blas;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod emulated;
 pub mod gpu;
-pub mod grid;
-pub mod kernels;
 #[cfg(feature = "rocm")]
 pub mod rocm;
-pub mod sources;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -65,12 +60,12 @@ pub enum BackendError {
         /// The driver's message.
         reason: String,
     },
-    /// The rectangle-copy kernels cannot be compiled or loaded.
+    /// The kernels cannot be compiled, loaded or launched.
     #[error("{backend} kernels: {reason}")]
     Kernels {
-        /// `CUDA` or `ROCm`.
+        /// `CUDA`, `ROCm` or `grid emulator`.
         backend: &'static str,
-        /// The compiler's or loader's message.
+        /// The compiler's, loader's or emulator's message.
         reason: String,
     },
 }
@@ -80,6 +75,12 @@ impl BackendError {
     /// rather than a driver failing at run time.
     pub fn is_usage(&self) -> bool {
         matches!(self, BackendError::NotCompiled { .. } | BackendError::NoDevice { .. })
+    }
+}
+
+impl From<nereus_kernels::grid::GridError> for BackendError {
+    fn from(e: nereus_kernels::grid::GridError) -> Self {
+        BackendError::Kernels { backend: "grid emulator", reason: e.0 }
     }
 }
 

@@ -1,7 +1,7 @@
 //! HIP through the HIP runtime (`libamdhip64`, linked at build time; build with `HIP_PATH`
 //! pointing at a ROCm or Debian HIP installation, e.g. `HIP_PATH=/usr`): device discovery, and
-//! [`Hip`], the [`GpuRuntime`] of one device, running `kernels/pack.cu` from the code object
-//! that `build.rs` embedded (`hipcc --genco --offload-arch=gfx90a`).
+//! [`Hip`], the [`GpuRuntime`] of one device, running the kernels from the code objects the
+//! `nereus-kernels` crate embedded (`hipcc --genco --offload-arch=gfx90a`).
 
 use hip_sys::hiprt;
 use std::ffi::{c_void, CStr, CString};
@@ -9,53 +9,9 @@ use std::os::raw::{c_char, c_int};
 
 use super::blas::{Gemm, VendorBlas, HIPBLAS};
 use super::gpu::{DevicePtr, GpuRuntime, RawHandle};
-use super::sources::{loaded, KernelArgs, Launch, SOURCES};
 use super::{BackendError, DriverDevice};
-
-/// The code object of `kernels/pack.cu`, when hipcc was present at build time.
-#[cfg(nereus_hip_kernels)]
-pub const PACK_CODE_OBJECT: Option<&[u8]> = Some(include_bytes!(concat!(env!("OUT_DIR"), "/pack.co")));
-/// The code object of `kernels/pack.cu`, when hipcc was present at build time.
-#[cfg(not(nereus_hip_kernels))]
-pub const PACK_CODE_OBJECT: Option<&[u8]> = None;
-/// The code object of `kernels/engine.cu`, when hipcc was present at build time.
-#[cfg(nereus_hip_kernels)]
-pub const ENGINE_CODE_OBJECT: Option<&[u8]> = Some(include_bytes!(concat!(env!("OUT_DIR"), "/engine.co")));
-/// The code object of `kernels/engine.cu`, when hipcc was present at build time.
-#[cfg(not(nereus_hip_kernels))]
-pub const ENGINE_CODE_OBJECT: Option<&[u8]> = None;
-/// The code object of `kernels/attention.cu`, when hipcc was present at build time.
-#[cfg(nereus_hip_kernels)]
-pub const ATTENTION_CODE_OBJECT: Option<&[u8]> = Some(include_bytes!(concat!(env!("OUT_DIR"), "/attention.co")));
-/// The code object of `kernels/attention.cu`, when hipcc was present at build time.
-#[cfg(not(nereus_hip_kernels))]
-pub const ATTENTION_CODE_OBJECT: Option<&[u8]> = None;
-/// The code object of `kernels/sample.cu`, when hipcc was present at build time.
-#[cfg(nereus_hip_kernels)]
-pub const SAMPLE_CODE_OBJECT: Option<&[u8]> = Some(include_bytes!(concat!(env!("OUT_DIR"), "/sample.co")));
-/// The code object of `kernels/sample.cu`, when hipcc was present at build time.
-#[cfg(not(nereus_hip_kernels))]
-pub const SAMPLE_CODE_OBJECT: Option<&[u8]> = None;
-/// The code object of `kernels/probe.cu`, when hipcc was present at build time.
-#[cfg(nereus_hip_kernels)]
-pub const PROBE_CODE_OBJECT: Option<&[u8]> = Some(include_bytes!(concat!(env!("OUT_DIR"), "/probe.co")));
-/// The code object of `kernels/probe.cu`, when hipcc was present at build time.
-#[cfg(not(nereus_hip_kernels))]
-pub const PROBE_CODE_OBJECT: Option<&[u8]> = None;
-
-/// Each kernel source's embedded code object.
-const CODE_OBJECTS: [(&str, Option<&[u8]>); 5] = [
-    ("pack.cu", PACK_CODE_OBJECT),
-    ("engine.cu", ENGINE_CODE_OBJECT),
-    ("attention.cu", ATTENTION_CODE_OBJECT),
-    ("sample.cu", SAMPLE_CODE_OBJECT),
-    ("probe.cu", PROBE_CODE_OBJECT),
-];
-
-/// The code object of kernel source `file`, when embedded.
-fn code_object(file: &str) -> Option<&'static [u8]> {
-    CODE_OBJECTS.iter().find(|(f, _)| *f == file).and_then(|(_, object)| *object)
-}
+use nereus_kernels::hip::code_object;
+use nereus_kernels::{Kernel, KernelArgs, Launch, Source};
 
 fn check(status: hiprt::hipError_t, call: &str) -> Result<(), BackendError> {
     if status == hiprt::hipError_t::hipSuccess {
@@ -119,42 +75,48 @@ pub fn ordinal_of(pci_address: &str) -> Result<Option<u32>, BackendError> {
 pub struct Hip {
     device: DriverDevice,
     modules: Vec<hiprt::hipModule_t>,
-    kernels: Vec<(&'static str, hiprt::hipFunction_t)>,
+    /// Every kernel's loaded function, indexed by [`Kernel::index`].
+    kernels: Vec<hiprt::hipFunction_t>,
     /// The vendor BLAS, opened at the first GEMM (a job that never multiplies never needs it).
     blas: std::cell::OnceCell<VendorBlas>,
 }
 
 impl Hip {
-    /// Opens device `ordinal` and loads the embedded code object of `kernels/pack.cu`.
+    /// Opens device `ordinal` and loads the embedded code object of every kernel source.
     pub fn open(ordinal: u32) -> Result<Hip, BackendError> {
         let count = device_count()?;
         if ordinal as c_int >= count {
             let reason = format!("device {ordinal} was asked for, the runtime sees {count}");
             return Err(BackendError::NoDevice { backend: "ROCm", reason });
         }
-        if CODE_OBJECTS.iter().any(|(_, object)| object.is_none()) {
+        let missing: Vec<&str> =
+            Source::ALL.iter().map(|s| s.file()).filter(|file| code_object(file).is_none()).collect();
+        if !missing.is_empty() {
             return Err(BackendError::Kernels {
                 backend: "ROCm",
-                reason: "this binary was built without hipcc, so kernels/ is not embedded; install hipcc and \
-                         rebuild with `--features rocm`"
-                    .into(),
+                reason: format!(
+                    "this binary was built without hipcc, so {} is not embedded; install hipcc and rebuild with \
+                     `--features rocm`",
+                    missing.join(", ")
+                ),
             });
         }
         let (device, _) = describe(ordinal as c_int)?;
         // SAFETY: selects the device the modules are loaded on.
         check(unsafe { hiprt::hipSetDevice(ordinal as c_int) }, "hipSetDevice")?;
-        let (mut modules, mut kernels) = (Vec::new(), Vec::new());
-        for (source, image) in SOURCES.iter().filter_map(|s| code_object(s.file).map(|image| (s, image))) {
+        let (mut modules, mut kernels) = (Vec::new(), vec![std::ptr::null_mut(); Kernel::ALL.len()]);
+        for (source, image) in Source::ALL.iter().filter_map(|&s| code_object(s.file()).map(|image| (s, image))) {
             let mut module: hiprt::hipModule_t = std::ptr::null_mut();
             // SAFETY: `image` is a complete code object (an offload bundle) that outlives the call.
             check(unsafe { hiprt::hipModuleLoadData(&mut module, image.as_ptr().cast()) }, "hipModuleLoadData")?;
             modules.push(module);
-            for &name in source.entry_points {
+            for kernel in source.kernels() {
                 let mut f: hiprt::hipFunction_t = std::ptr::null_mut();
-                let c_name = CString::new(name).expect("no NUL");
+                let c_name = CString::new(kernel.name())
+                    .map_err(|e| BackendError::Driver { backend: "ROCm", reason: format!("kernel name: {e}") })?;
                 // SAFETY: `module` is loaded; `f` is an out-parameter.
-                check(unsafe { hiprt::hipModuleGetFunction(&mut f, module, c_name.as_ptr()) }, name)?;
-                kernels.push((name, f));
+                check(unsafe { hiprt::hipModuleGetFunction(&mut f, module, c_name.as_ptr()) }, kernel.name())?;
+                kernels[kernel.index()] = f;
             }
         }
         Ok(Hip { device, modules, kernels, blas: std::cell::OnceCell::new() })
@@ -293,7 +255,7 @@ impl GpuRuntime for Hip {
     }
 
     unsafe fn launch(&self, l: &Launch, args: &mut KernelArgs, s: RawHandle) -> Result<(), BackendError> {
-        let f = loaded(&self.kernels, l.kernel, "ROCm")?;
+        let f = self.kernels[l.kernel.index()];
         let mut params = args.pointers();
         let status = hiprt::hipModuleLaunchKernel(
             f,
@@ -308,7 +270,7 @@ impl GpuRuntime for Hip {
             params.as_mut_ptr(),
             std::ptr::null_mut(),
         );
-        check(status, l.kernel)
+        check(status, l.kernel.name())
     }
 }
 
@@ -407,26 +369,25 @@ mod tests {
         assert_eq!(HIPBLAS.compute_and_algo, (value("HIPBLAS_R_32F"), value("HIPBLAS_GEMM_DEFAULT")));
     }
 
-    /// CI builds with hipcc (NEREUS_REQUIRE_KERNEL_TOOLS=1 makes build.rs insist); then each
-    /// embedded code object is a clang offload bundle holding every kernel of its source.
+    /// CI builds with hipcc (NEREUS_REQUIRE_KERNEL_TOOLS=1 makes the kernels crate's build.rs
+    /// insist); then every source's code object is a clang offload bundle holding each of its
+    /// kernels.
     #[test]
     fn the_embedded_code_object_holds_every_kernel() {
-        use crate::backend::sources::SOURCES;
-        for (file, object) in
-            [("pack.cu", PACK_CODE_OBJECT), ("engine.cu", ENGINE_CODE_OBJECT), ("probe.cu", PROBE_CODE_OBJECT)]
-        {
-            let Some(image) = object else {
-                assert!(!crate::backend::tools_required(), "no code object");
+        for &source in Source::ALL {
+            let Some(image) = code_object(source.file()) else {
+                assert!(!crate::backend::tools_required(), "no code object for {}", source.file());
                 eprintln!("skipped: built without hipcc");
                 return;
             };
             assert!(image.starts_with(b"__CLANG_OFFLOAD_BUNDLE__"), "an offload bundle");
             let text = String::from_utf8_lossy(image);
-            let source = SOURCES.iter().find(|s| s.file == file).unwrap();
-            for name in source.entry_points {
+            for kernel in source.kernels() {
+                let name = kernel.name();
                 assert!(
                     text.contains(&format!("{name}.kd")),
-                    "{name}'s kernel descriptor missing from {file}'s code object"
+                    "{name}'s kernel descriptor missing from {}",
+                    source.file()
                 );
             }
         }

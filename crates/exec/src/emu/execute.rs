@@ -13,8 +13,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 
-use crate::backend::kernels::in_place_schedule;
 use nereus_core::model::Region;
+use nereus_kernels::pack::in_place_schedule;
 
 use super::memory::{Buffers, Exchange, Message, Place, RectCopy, ShardMemory};
 use super::movement::{Movement, Segment, Stored};

@@ -10,8 +10,8 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::ops::Range;
 
-pub use crate::backend::kernels::RectCopy;
 use crate::comm::{CommError, DataPlane, Transfer};
+pub use nereus_kernels::pack::RectCopy;
 
 use super::{EmuError, EmuId, LocalShard};
 

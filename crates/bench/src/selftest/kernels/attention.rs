@@ -1,20 +1,18 @@
-//! The checks of `kernels/attention.cu`: embedding, RoPE, KV-cache append and attention.
+//! The checks of the embedding, RoPE, KV-cache append and attention kernels (scalar and flash).
 
 use nereus_core::half::{bf16_to_f32, f32_to_bf16};
 use nereus_core::rng::Rng;
+use nereus_exec::backend::gpu::DevicePtr;
 use nereus_exec::backend::gpu::{Device, DeviceArray};
-use nereus_exec::backend::sources::{
-    flash_keys_grid, flash_rows_grid, FlashWidth, KernelArg, ATTENTION_BLOCK, FLASH_WARPS,
-};
 use nereus_exec::backend::BackendError;
 use nereus_exec::engine::ops::frequencies;
+use nereus_kernels::args::{self as k, AttentionDims};
+use nereus_kernels::attention::{
+    attention_grid, flash_keys_grid, flash_rows_grid, flash_threads, FlashWidth, ATTENTION_BLOCK,
+};
 
 use super::reference::{self, Attention};
-use super::{bf16_values, elementwise_grid, run, run_shaped, uniform, widen, Arg, Verdict};
-
-fn u64s(values: &[usize]) -> Vec<KernelArg> {
-    values.iter().map(|&v| KernelArg::U64(v as u64)).collect()
-}
+use super::{bf16_values, elementwise_grid, run, run_shaped, uniform, widen, Verdict};
 
 /// A vocab shard `(v0, V)`, `n` tokens of which about half fall in it, and the width `C`.
 fn vocab_case(rng: &mut Rng) -> (usize, usize, Vec<i32>, usize) {
@@ -36,8 +34,9 @@ pub(super) fn check_embedding_forward(d: &Device, rng: &mut Rng, verdict: &mut V
         DeviceArray::from(d, &tokens)?,
         DeviceArray::from(d, &vec![0xffffu16; tokens.len() * c])?,
     );
-    let args = [vec![outs.arg(), ts.arg(), ws.arg()], u64s(&[tokens.len(), c, v0, v])].concat();
-    run(d, verdict.kernel, elementwise_grid(tokens.len() * c), args)?;
+    let [n, c_, v0_, v_] = [tokens.len(), c, v0, v].map(|x| x as u64);
+    let call = k::EmbeddingForward { out: outs.ptr(), tokens: ts.ptr(), w: ws.ptr(), n, c: c_, v0: v0_, v: v_ };
+    run(d, &call, elementwise_grid(tokens.len() * c))?;
     let want: Vec<u16> = tokens
         .iter()
         .flat_map(|&t| match in_shard(t, v0, v) {
@@ -57,8 +56,9 @@ pub(super) fn check_embedding_backward(d: &Device, rng: &mut Rng, verdict: &mut 
     let dy = bf16_values(rng, tokens.len() * c, 1.0);
     let (dys, ts, dws) =
         (DeviceArray::from(d, &dy)?, DeviceArray::from(d, &tokens)?, DeviceArray::from(d, &vec![0f32; v * c])?);
-    let args = [vec![dws.arg(), dys.arg(), ts.arg()], u64s(&[tokens.len(), c, v0, v])].concat();
-    run(d, verdict.kernel, elementwise_grid(tokens.len() * c), args)?;
+    let [n, c_, v0_, v_] = [tokens.len(), c, v0, v].map(|x| x as u64);
+    let call = k::EmbeddingBackward { dw: dws.ptr(), dy: dys.ptr(), tokens: ts.ptr(), n, c: c_, v0: v0_, v: v_ };
+    run(d, &call, elementwise_grid(tokens.len() * c))?;
     let (mut want, mut scale) = (vec![0.0; v * c], vec![0.0; v * c]);
     for (row, &t) in widen(&dy).chunks(c).zip(&tokens) {
         if let Some(r) = in_shard(t, v0, v) {
@@ -83,9 +83,19 @@ pub(super) fn check_rope(d: &Device, rng: &mut Rng, verdict: &mut Verdict) -> Re
     let sin: Vec<f32> = angles.iter().map(|a| a.sin() as f32).collect();
     let x = bf16_values(rng, b * t * heads * 2 * half, 2.0);
     let (xs, cs, ss) = (DeviceArray::from(d, &x)?, DeviceArray::from(d, &cos)?, DeviceArray::from(d, &sin)?);
-    let mut args = [vec![xs.arg(), cs.arg(), ss.arg()], u64s(&[b * t, t, heads, half, pos0])].concat();
-    args.push(KernelArg::I32(i32::from(inverse)));
-    run(d, verdict.kernel, elementwise_grid(b * t * heads * half), args)?;
+    let [rows, t_, heads_, half_, pos0_] = [b * t, t, heads, half, pos0].map(|x| x as u64);
+    let call = k::Rope {
+        x: xs.ptr(),
+        cos_table: cs.ptr(),
+        sin_table: ss.ptr(),
+        rows,
+        t: t_,
+        heads: heads_,
+        half: half_,
+        pos0: pos0_,
+        inverse: i32::from(inverse),
+    };
+    run(d, &call, elementwise_grid(b * t * heads * half))?;
     let xf = widen(&x);
     let (mut want, mut scale) = (xf.clone(), vec![0.0; xf.len()]);
     for (head, chunk) in xf.chunks(2 * half).enumerate() {
@@ -111,12 +121,9 @@ pub(super) fn check_kv_append(d: &Device, rng: &mut Rng, verdict: &mut Verdict) 
     let cache: Vec<u16> = (0..b * tc * kd).map(|_| rng.next_u64() as u16).collect();
     let fresh: Vec<u16> = (0..b * tn * kd).map(|_| rng.next_u64() as u16).collect();
     let (cs, fs) = (DeviceArray::from(d, &cache)?, DeviceArray::from(d, &fresh)?);
-    run(
-        d,
-        verdict.kernel,
-        elementwise_grid(fresh.len()),
-        [vec![cs.arg(), fs.arg()], u64s(&[b, tn, tc, at, kd])].concat(),
-    )?;
+    let [b_, tn_, tc_, at_, kd_] = [b, tn, tc, at, kd].map(|x| x as u64);
+    let call = k::KvAppend { cache: cs.ptr(), fresh: fs.ptr(), b: b_, tn: tn_, tc: tc_, at: at_, kd: kd_ };
+    run(d, &call, elementwise_grid(fresh.len()))?;
     let mut want = cache.clone();
     for seq in 0..b {
         let to = (seq * tc + at) * kd;
@@ -174,12 +181,13 @@ impl AttentionCase {
     }
 
     fn grid(&self) -> [u32; 3] {
-        [self.shape.tq as u32, self.shape.heads as u32, self.shape.b as u32]
+        attention_grid(self.shape.b, self.shape.tq, self.shape.heads)
     }
 
-    fn shape_args(&self) -> Vec<KernelArg> {
+    fn dims(&self) -> AttentionDims {
         let a = &self.shape;
-        u64s(&[a.b, a.tq, a.tk, a.tc, a.heads, a.kv_heads, a.d])
+        let [b, tq, tk, tc, heads, kv_heads, d] = [a.b, a.tq, a.tk, a.tc, a.heads, a.kv_heads, a.d].map(|x| x as u64);
+        AttentionDims { b, tq, tk, tc, heads, kv_heads, d }
     }
 
     fn starts(&self) -> Vec<usize> {
@@ -187,24 +195,24 @@ impl AttentionCase {
     }
 
     /// The `starts` argument: the buffer, or null for a case without padding.
-    fn starts_arg(&self, buffer: &DeviceArray<'_, i32>) -> KernelArg {
+    fn starts_arg(&self, buffer: &DeviceArray<'_, i32>) -> DevicePtr {
         if self.no_starts {
-            KernelArg::Ptr(0)
+            DevicePtr::NULL
         } else {
-            buffer.arg()
+            buffer.ptr()
         }
     }
 }
 
-/// Runs a forward kernel on `case` (`launch` gets its arguments: out, lse, q, k, v, starts, then
-/// the shape), checks `lse` against the f64 reference (finite where the reference is, −inf for a
-/// pad query), and returns the output read back, the reference's, and max |v| (the scale of the
-/// caller's tolerance for the output).
+/// Runs a forward kernel on `case` (`launch` gets its arguments: out, lse, q, k, v, starts and
+/// the shape, as the scalar kernel takes them), checks `lse` against the f64 reference (finite
+/// where the reference is, −inf for a pad query), and returns the output read back, the
+/// reference's, and max |v| (the scale of the caller's tolerance for the output).
 fn run_forward(
     d: &Device,
     case: &AttentionCase,
     verdict: &mut Verdict,
-    launch: impl FnOnce(Vec<KernelArg>) -> Result<(), BackendError>,
+    launch: impl FnOnce(k::AttentionForward) -> Result<(), BackendError>,
 ) -> Result<(Vec<u16>, Vec<f64>, f64), BackendError> {
     let a = case.shape;
     let (qs, ks, vs) = (DeviceArray::from(d, &case.q)?, DeviceArray::from(d, &case.k)?, DeviceArray::from(d, &case.v)?);
@@ -212,8 +220,8 @@ fn run_forward(
     // Poisoned, so an output the kernel never writes fails the comparison.
     let outs = DeviceArray::from(d, &vec![0xffffu16; case.q.len()])?;
     let lses = DeviceArray::from(d, &vec![0f32; a.b * a.heads * a.tq])?;
-    let buffers = vec![outs.arg(), lses.arg(), qs.arg(), ks.arg(), vs.arg(), case.starts_arg(&starts)];
-    launch([buffers, case.shape_args()].concat())?;
+    let (out, lse, q, k, v) = (outs.ptr(), lses.ptr(), qs.ptr(), ks.ptr(), vs.ptr());
+    launch(k::AttentionForward { out, lse, q, k, v, starts: case.starts_arg(&starts), dims: case.dims() })?;
     let (out, lse) = reference::attention(&a, &widen(&case.q), &widen(&case.k), &widen(&case.v), &case.starts());
     let got_lse: Vec<f32> = lses.read()?;
     let (finite_got, finite_want): (Vec<f32>, Vec<f64>) =
@@ -228,9 +236,8 @@ fn run_forward(
 
 pub(super) fn check_attention_forward(d: &Device, rng: &mut Rng, verdict: &mut Verdict) -> Result<(), BackendError> {
     let case = attention_case(rng);
-    let kernel = verdict.kernel;
     let (got, out, v_scale) =
-        run_forward(d, &case, verdict, |args| run_shaped(d, kernel, case.grid(), ATTENTION_BLOCK, args))?;
+        run_forward(d, &case, verdict, |call| run_shaped(d, &call, case.grid(), ATTENTION_BLOCK))?;
     // The output is a convex combination of value rows: f32 rounds relative to their size.
     verdict.bf16_scaled("out", &got, &out, &vec![v_scale; out.len()]);
     Ok(())
@@ -252,19 +259,20 @@ pub(super) fn check_attention_backward(d: &Device, rng: &mut Rng, verdict: &mut 
     let dqs = DeviceArray::from(d, &vec![0u16; case.q.len()])?;
     let (dks, dvs) =
         (DeviceArray::from(d, &vec![0f32; case.k.len()])?, DeviceArray::from(d, &vec![0f32; case.v.len()])?);
-    let buffers = vec![
-        dqs.arg(),
-        dks.arg(),
-        dvs.arg(),
-        dos.arg(),
-        outs.arg(),
-        lses.arg(),
-        qs.arg(),
-        ks.arg(),
-        vs.arg(),
-        case.starts_arg(&starts),
-    ];
-    run_shaped(d, verdict.kernel, case.grid(), ATTENTION_BLOCK, [buffers, case.shape_args()].concat())?;
+    let call = k::AttentionBackward {
+        dq: dqs.ptr(),
+        dk: dks.ptr(),
+        dv: dvs.ptr(),
+        dout: dos.ptr(),
+        out: outs.ptr(),
+        lse: lses.ptr(),
+        q: qs.ptr(),
+        k: ks.ptr(),
+        v: vs.ptr(),
+        starts: case.starts_arg(&starts),
+        dims: case.dims(),
+    };
+    run_shaped(d, &call, case.grid(), ATTENTION_BLOCK)?;
     let seen_out: Vec<f64> = out_bf16.iter().map(|&h| f64::from(bf16_to_f32(h))).collect();
     let ([dq, dk, dv], [sq, sk, sv]) =
         reference::attention_backward(&a, (&q, &k, &v), &seen_out, &widen(&dout), &case.starts());
@@ -297,8 +305,8 @@ fn flash_case(rng: &mut Rng) -> AttentionCase {
 }
 
 /// Threads of a flash block on `d`: its warps at the device's width.
-fn flash_threads(d: &Device) -> u32 {
-    FLASH_WARPS * d.runtime().warp_width()
+fn threads(d: &Device) -> u32 {
+    flash_threads(d.runtime().warp_width())
 }
 
 pub(super) fn check_flash_forward(d: &Device, rng: &mut Rng, verdict: &mut Verdict) -> Result<(), BackendError> {
@@ -306,8 +314,11 @@ pub(super) fn check_flash_forward(d: &Device, rng: &mut Rng, verdict: &mut Verdi
     let a = case.shape;
     let width = FlashWidth::for_head(a.d).expect("flash cases fit a width");
     let grid = flash_rows_grid(a.b, a.tq, a.heads, a.kv_heads);
-    let (got, out, v_scale) =
-        run_forward(d, &case, verdict, |args| run_shaped(d, width.forward(), grid, flash_threads(d), args))?;
+    let (got, out, v_scale) = run_forward(d, &case, verdict, |a| {
+        let call =
+            k::FlashForward { width, out: a.out, lse: a.lse, q: a.q, k: a.k, v: a.v, starts: a.starts, dims: a.dims };
+        run_shaped(d, &call, grid, threads(d))
+    })?;
     // The probabilities enter the product as bf16: at most 2⁻⁸ (bf16's unit roundoff) of max |v|
     // off, besides the output's own rounding.
     verdict.bf16_products("out", &got, &out, &vec![v_scale; out.len()]);
@@ -332,13 +343,38 @@ pub(super) fn check_flash_backward(d: &Device, rng: &mut Rng, verdict: &mut Verd
     let (dks, dvs) =
         (DeviceArray::from(d, &vec![0u16; case.k.len()])?, DeviceArray::from(d, &vec![0u16; case.v.len()])?);
     let delta = DeviceArray::from(d, &vec![0f32; a.b * a.heads * a.tq])?;
-    let dq_args = vec![dqs.arg(), delta.arg(), dos.arg(), outs.arg(), lses.arg(), qs.arg(), ks.arg(), vs.arg()];
-    let tail = [vec![case.starts_arg(&starts)], case.shape_args()].concat();
-    let rows = flash_rows_grid(a.b, a.tq, a.heads, a.kv_heads);
-    run_shaped(d, width.backward_dq(), rows, flash_threads(d), [dq_args, tail.clone()].concat())?;
-    let dkv_args = vec![dks.arg(), dvs.arg(), dos.arg(), lses.arg(), delta.arg(), qs.arg(), ks.arg(), vs.arg()];
-    let keys = flash_keys_grid(a.b, a.tk, a.kv_heads);
-    run_shaped(d, width.backward_dkv(), keys, flash_threads(d), [dkv_args, tail].concat())?;
+    let (starts, dims) = (case.starts_arg(&starts), case.dims());
+    let (dout_p, lse, q_p, k_p, v_p, delta) = (dos.ptr(), lses.ptr(), qs.ptr(), ks.ptr(), vs.ptr(), delta.ptr());
+    let (dq_p, out_p) = (dqs.ptr(), outs.ptr());
+    let dq_call = k::FlashBackwardDq {
+        width,
+        dq: dq_p,
+        delta,
+        dout: dout_p,
+        out: out_p,
+        lse,
+        q: q_p,
+        k: k_p,
+        v: v_p,
+        starts,
+        dims,
+    };
+    run_shaped(d, &dq_call, flash_rows_grid(a.b, a.tq, a.heads, a.kv_heads), threads(d))?;
+    let (dk_p, dv_p) = (dks.ptr(), dvs.ptr());
+    let dkv_call = k::FlashBackwardDkv {
+        width,
+        dk: dk_p,
+        dv: dv_p,
+        dout: dout_p,
+        lse,
+        delta,
+        q: q_p,
+        k: k_p,
+        v: v_p,
+        starts,
+        dims,
+    };
+    run_shaped(d, &dkv_call, flash_keys_grid(a.b, a.tk, a.kv_heads), threads(d))?;
     let seen_out: Vec<f64> = out_bf16.iter().map(|&h| f64::from(bf16_to_f32(h))).collect();
     let ([dq, dk, dv], [sq, sk, sv]) =
         reference::attention_backward(&a, (&q, &k, &v), &seen_out, &widen(&dout), &case.starts());

@@ -19,7 +19,6 @@ pub mod reference;
 
 use std::time::Instant;
 
-use bytemuck::Pod;
 use serde::Serialize;
 
 use nereus_core::config::DeviceChoice;
@@ -28,10 +27,11 @@ use nereus_core::rng::Rng;
 use nereus_exec::backend::blas::{Gemm, GemmOut};
 use nereus_exec::backend::emulated::Emulated;
 use nereus_exec::backend::gpu::{Device, DeviceArray};
-use nereus_exec::backend::grid::WarpWidth;
-use nereus_exec::backend::sources::{AdamTensor, KernelArg, KernelArgs, Launch};
 use nereus_exec::backend::BackendError;
 use nereus_exec::engine::{sample_token, Op, Sampling, StopIds};
+use nereus_kernels::args::{self as k, AdamTensor};
+use nereus_kernels::grid::WarpWidth;
+use nereus_kernels::KernelCall;
 use nereus_runtime::device::open_device;
 use nereus_runtime::{RuntimeError, Session};
 
@@ -209,33 +209,15 @@ impl Verdict {
     }
 }
 
-/// A device buffer as a kernel's pointer argument.
-trait Arg {
-    fn arg(&self) -> KernelArg;
+/// Launches `call` over `grid` blocks of [`BLOCK`] threads and waits for it.
+fn run(device: &Device, call: &impl KernelCall, grid: u64) -> Result<(), BackendError> {
+    run_shaped(device, call, [grid.clamp(1, 4096) as u32, 1, 1], BLOCK)
 }
 
-impl<T: Pod> Arg for DeviceArray<'_, T> {
-    fn arg(&self) -> KernelArg {
-        KernelArg::Ptr(self.ptr().0)
-    }
-}
-
-/// Launches `kernel` over `grid` blocks of [`BLOCK`] threads and waits for it.
-fn run(device: &Device, kernel: &'static str, grid: u64, args: Vec<KernelArg>) -> Result<(), BackendError> {
-    run_shaped(device, kernel, [grid.clamp(1, 4096) as u32, 1, 1], BLOCK, args)
-}
-
-/// Launches `kernel` over `grid` blocks of `block` threads and waits for it.
-fn run_shaped(
-    device: &Device,
-    kernel: &'static str,
-    grid: [u32; 3],
-    block: u32,
-    args: Vec<KernelArg>,
-) -> Result<(), BackendError> {
-    let launch = Launch { kernel, grid, block: [block, 1, 1], shared_bytes: 0 };
-    // SAFETY: each check passes the kernel's parameters with buffers of the sizes it touches.
-    unsafe { device.launch(&launch, &mut KernelArgs::new(args))? };
+/// Launches `call` over `grid` blocks of `block` threads and waits for it.
+fn run_shaped(device: &Device, call: &impl KernelCall, grid: [u32; 3], block: u32) -> Result<(), BackendError> {
+    // SAFETY: each check passes buffers of the sizes its kernel touches.
+    unsafe { device.launch(call, grid, [block, 1, 1])? };
     device.synchronize()
 }
 
@@ -272,7 +254,7 @@ fn check_cast_to_bf16(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), 
     let x: Vec<f32> =
         (0..n).map(|i| if i < specials.len() { specials[i] } else { f32::from_bits(rng.next_u64() as u32) }).collect();
     let (xs, ys) = (DeviceArray::from(d, &x)?, DeviceArray::from(d, &vec![0u16; n])?);
-    run(d, v.kernel, elementwise_grid(n), vec![ys.arg(), xs.arg(), KernelArg::U64(n as u64)])?;
+    run(d, &k::CastF32ToBf16 { y: ys.ptr(), x: xs.ptr(), n: n as u64 }, elementwise_grid(n))?;
     let got: Vec<u16> = ys.read()?;
     let mismatched = x.iter().zip(&got).position(|(x, g)| f32_to_bf16(*x) != *g);
     if let Some(i) = mismatched {
@@ -285,7 +267,7 @@ fn check_cast_to_f32(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), B
     let n = length(rng, 20_000);
     let x: Vec<u16> = (0..n).map(|_| rng.next_u64() as u16).collect();
     let (xs, ys) = (DeviceArray::from(d, &x)?, DeviceArray::from(d, &vec![0f32; n])?);
-    run(d, v.kernel, elementwise_grid(n), vec![ys.arg(), xs.arg(), KernelArg::U64(n as u64)])?;
+    run(d, &k::CastBf16ToF32 { y: ys.ptr(), x: xs.ptr(), n: n as u64 }, elementwise_grid(n))?;
     let got: Vec<f32> = ys.read()?;
     if let Some(i) = x.iter().zip(&got).position(|(x, g)| bf16_to_f32(*x).to_bits() != g.to_bits()) {
         v.failures.push(format!("{}: f32({:#06x}) = {:e}, want {:e}", v.kernel, x[i], got[i], bf16_to_f32(x[i])));
@@ -305,8 +287,17 @@ fn check_rmsnorm_forward(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(
     let (x, w) = (bf16_values(rng, rows * cols, 2.0), bf16_values(rng, cols, 1.0));
     let (xs, ws) = (DeviceArray::from(d, &x)?, DeviceArray::from(d, &w)?);
     let (ys, rs) = (DeviceArray::from(d, &vec![0u16; rows * cols])?, DeviceArray::from(d, &vec![0f32; rows])?);
-    let shape = [KernelArg::U64(rows as u64), KernelArg::U64(cols as u64), KernelArg::F32(EPS)];
-    run(d, v.kernel, rows as u64, [vec![ys.arg(), rs.arg(), xs.arg(), ws.arg()], shape.to_vec()].concat())?;
+    let (rows_, cols_) = (rows as u64, cols as u64);
+    let call = k::RmsnormForward {
+        y: ys.ptr(),
+        inv_rms: rs.ptr(),
+        x: xs.ptr(),
+        weight: ws.ptr(),
+        rows: rows_,
+        cols: cols_,
+        eps: EPS,
+    };
+    run(d, &call, rows_)?;
     let (xf, wf) = (widen(&x), widen(&w));
     let (mut want_y, mut want_r) = (Vec::new(), Vec::new());
     for row in xf.chunks(cols) {
@@ -334,8 +325,9 @@ fn check_rmsnorm_backward(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<
     // dx accumulates: it starts from the residual stream's gradient.
     let dx0 = bf16_values(rng, rows * cols, 1.0);
     let (dxs, dws) = (DeviceArray::from(d, &dx0)?, DeviceArray::from(d, &vec![0f32; cols])?);
-    let buffers = vec![dxs.arg(), dws.arg(), dys.arg(), xs.arg(), ws.arg(), rs.arg()];
-    run(d, v.kernel, rows as u64, [buffers, vec![KernelArg::U64(rows as u64), KernelArg::U64(cols as u64)]].concat())?;
+    let (dx, dweight, dy, x, weight, inv_rms) = (dxs.ptr(), dws.ptr(), dys.ptr(), xs.ptr(), ws.ptr(), rs.ptr());
+    let call = k::RmsnormBackward { dx, dweight, dy, x, weight, inv_rms, rows: rows as u64, cols: cols as u64 };
+    run(d, &call, rows as u64)?;
     let (mut want_dx, mut dx_scale, mut want_dw, mut dw_scale) =
         (Vec::new(), Vec::new(), vec![0.0; cols], vec![0.0; cols]);
     for (xr, dyr) in xf.chunks(cols).zip(dyf.chunks(cols)) {
@@ -368,7 +360,7 @@ fn check_swiglu_forward(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<()
     let n = length(rng, 20_000);
     let (g, u) = (bf16_values(rng, n, 4.0), bf16_values(rng, n, 2.0));
     let (gs, us, outs) = (DeviceArray::from(d, &g)?, DeviceArray::from(d, &u)?, DeviceArray::from(d, &vec![0u16; n])?);
-    run(d, v.kernel, elementwise_grid(n), vec![outs.arg(), gs.arg(), us.arg(), KernelArg::U64(n as u64)])?;
+    run(d, &k::SwigluForward { out: outs.ptr(), gate: gs.ptr(), up: us.ptr(), n: n as u64 }, elementwise_grid(n))?;
     let want: Vec<f64> = widen(&g).iter().zip(widen(&u)).map(|(g, u)| reference::swiglu(*g, u)).collect();
     v.bf16("out", &outs.read()?, &want);
     Ok(())
@@ -379,8 +371,15 @@ fn check_swiglu_backward(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(
     let (g, u, dout) = (bf16_values(rng, n, 4.0), bf16_values(rng, n, 2.0), bf16_values(rng, n, 1.0));
     let (gs, us, ds) = (DeviceArray::from(d, &g)?, DeviceArray::from(d, &u)?, DeviceArray::from(d, &dout)?);
     let (dgs, dus) = (DeviceArray::from(d, &vec![0u16; n])?, DeviceArray::from(d, &vec![0u16; n])?);
-    let args = vec![dgs.arg(), dus.arg(), ds.arg(), gs.arg(), us.arg(), KernelArg::U64(n as u64)];
-    run(d, v.kernel, elementwise_grid(n), args)?;
+    let call = k::SwigluBackward {
+        dgate: dgs.ptr(),
+        dup: dus.ptr(),
+        dout: ds.ptr(),
+        gate: gs.ptr(),
+        up: us.ptr(),
+        n: n as u64,
+    };
+    run(d, &call, elementwise_grid(n))?;
     let (gf, uf, df) = (widen(&g), widen(&u), widen(&dout));
     let grads: Vec<(f64, f64)> = (0..n).map(|i| reference::swiglu_backward(gf[i], uf[i])).collect();
     v.bf16("dgate", &dgs.read()?, &grads.iter().zip(&df).map(|((dg, _), d)| dg * d).collect::<Vec<_>>());
@@ -392,7 +391,7 @@ fn check_residual_add(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), 
     let n = length(rng, 20_000);
     let (x, y) = (bf16_values(rng, n, 3.0), bf16_values(rng, n, 3.0));
     let (xs, ys) = (DeviceArray::from(d, &x)?, DeviceArray::from(d, &y)?);
-    run(d, v.kernel, elementwise_grid(n), vec![xs.arg(), ys.arg(), KernelArg::U64(n as u64)])?;
+    run(d, &k::ResidualAdd { x: xs.ptr(), y: ys.ptr(), n: n as u64 }, elementwise_grid(n))?;
     let want: Vec<f64> = widen(&x).iter().zip(widen(&y)).map(|(a, b)| a + b).collect();
     v.bf16("x", &xs.read()?, &want);
     Ok(())
@@ -414,8 +413,18 @@ fn check_row_stats(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), Bac
     let zeros = vec![0f32; rows];
     let (maxs, sums, tls) =
         (DeviceArray::from(d, &zeros)?, DeviceArray::from(d, &zeros)?, DeviceArray::from(d, &zeros)?);
-    let shape = vec![KernelArg::U64(rows as u64), KernelArg::U64(cols as u64), KernelArg::U64(shard_start as u64)];
-    run(d, v.kernel, rows as u64, [vec![maxs.arg(), sums.arg(), tls.arg(), ls.arg(), ts.arg()], shape].concat())?;
+    let (rows_, cols_, shard_start_) = (rows as u64, cols as u64, shard_start as u64);
+    let call = k::LogitsRowStats {
+        row_max: maxs.ptr(),
+        row_sum: sums.ptr(),
+        target_logit: tls.ptr(),
+        logits: ls.ptr(),
+        targets: ts.ptr(),
+        rows: rows_,
+        cols: cols_,
+        shard_start: shard_start_,
+    };
+    run(d, &call, rows_)?;
     let stats: Vec<(f64, f64, f64)> = widen(&logits)
         .chunks(cols)
         .zip(&targets)
@@ -470,8 +479,10 @@ fn check_adamw(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), Backend
     let grid = elementwise_grid(tensors.iter().map(|t| t.p.len()).max().unwrap_or(1));
     // A clipped step one time in two: the kernel scales each gradient by the factor.
     let clip = [1.0f32, 0.37][rng.below(2)];
-    let hyper = [a.lr, a.beta1, a.beta2, a.eps, a.c1, a.c2, f64::from(clip)].map(|x| KernelArg::F32(x as f32));
-    run(d, v.kernel, grid, [vec![table_buffer.arg(), KernelArg::I32(table.len() as i32)], hyper.to_vec()].concat())?;
+    let [lr, beta1, beta2, eps, c1, c2, clip] =
+        [a.lr, a.beta1, a.beta2, a.eps, a.c1, a.c2, f64::from(clip)].map(|x| x as f32);
+    let call = k::Adamw { tensors: table_buffer.ptr(), count: table.len() as i32, lr, beta1, beta2, eps, c1, c2, clip };
+    run(d, &call, grid)?;
     for (t, (bufs, work)) in tensors.iter().zip(&buffers) {
         t.compare(&AdamStep { weight_decay: t.decay, ..a }, f64::from(clip), bufs, work, v)?;
     }
@@ -554,13 +565,18 @@ fn check_logprob_backward(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<
         DeviceArray::from(d, &targets)?,
     );
     let out = DeviceArray::from(d, &vec![0u16; rows * cols])?;
-    let shape = vec![KernelArg::U64(rows as u64), KernelArg::U64(cols as u64), KernelArg::U64(shard_start as u64)];
-    run(
-        d,
-        v.kernel,
-        elementwise_grid(rows * cols),
-        [vec![out.arg(), ls.arg(), lses.arg(), gs.arg(), ts.arg()], shape].concat(),
-    )?;
+    let [rows_, cols_, shard_start_] = [rows, cols, shard_start].map(|x| x as u64);
+    let call = k::LogprobBackward {
+        dlogits: out.ptr(),
+        logits: ls.ptr(),
+        lse: lses.ptr(),
+        dlogp: gs.ptr(),
+        targets: ts.ptr(),
+        rows: rows_,
+        cols: cols_,
+        shard_start: shard_start_,
+    };
+    run(d, &call, elementwise_grid(rows * cols))?;
     let (mut want, mut scale) = (Vec::with_capacity(rows * cols), Vec::with_capacity(rows * cols));
     for (r, row) in widen(&logits).chunks(cols).enumerate() {
         let g = f64::from(dlogp[r]);
@@ -590,8 +606,8 @@ fn check_argmax(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), Backen
         DeviceArray::from(d, &vec![-1i32; rows])?,
         DeviceArray::from(d, &vec![0f32; rows])?,
     );
-    let shape = vec![KernelArg::U64(rows as u64), KernelArg::U64(cols as u64)];
-    run(d, v.kernel, rows as u64, [vec![ts.arg(), vs.arg(), ls.arg()], shape].concat())?;
+    let call = k::Argmax { tokens: ts.ptr(), values: vs.ptr(), logits: ls.ptr(), rows: rows as u64, cols: cols as u64 };
+    run(d, &call, rows as u64)?;
     let (tokens, values): (Vec<i32>, Vec<f32>) = (ts.read()?, vs.read()?);
     for (r, row) in widen(&logits).chunks(cols).enumerate() {
         let best = (0..cols).fold(0, |b, c| if row[c] > row[b] { c } else { b });
@@ -612,8 +628,8 @@ fn check_sum_squares(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), B
         DeviceArray::from(d, &vec![0f32; blocks as usize])?,
         DeviceArray::from(d, &[0f32])?,
     );
-    run(d, v.kernel, blocks, vec![partial.arg(), xs.arg(), KernelArg::U64(n as u64), KernelArg::I32(1)])?;
-    run(d, v.kernel, 1, vec![total.arg(), partial.arg(), KernelArg::U64(blocks), KernelArg::I32(0)])?;
+    run(d, &k::SumSquares { partial: partial.ptr(), x: xs.ptr(), n: n as u64, square: 1 }, blocks)?;
+    run(d, &k::SumSquares { partial: total.ptr(), x: partial.ptr(), n: blocks, square: 0 }, 1)?;
     let want: f64 = x.iter().map(|&e| f64::from(e) * f64::from(e)).sum();
     // Every term is positive: the sum of magnitudes is the sum.
     v.f32("sum", &total.read()?, &[want], &[want]);
@@ -693,9 +709,19 @@ fn check_sample(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), Backen
     let u: Vec<f32> = (0..rows).map(|_| (uniform(rng).abs() as f32).min(0.999_999)).collect();
     let (ls, us, ts) =
         (DeviceArray::from(d, &logits)?, DeviceArray::from(d, &u)?, DeviceArray::from(d, &vec![-1i32; rows])?);
-    let mut args = vec![ts.arg(), ls.arg(), us.arg(), KernelArg::U64(rows as u64), KernelArg::U64(cols as u64)];
-    args.extend([KernelArg::F32(temperature), KernelArg::F32(top_p), KernelArg::I32(i32::from(greedy))]);
-    run(d, v.kernel, rows as u64, args)?;
+    let (rows_, v_) = (rows as u64, cols as u64);
+    let greedy_ = i32::from(greedy);
+    let call = k::Sample {
+        tokens: ts.ptr(),
+        logits: ls.ptr(),
+        u: us.ptr(),
+        rows: rows_,
+        v: v_,
+        temperature,
+        top_p,
+        greedy: greedy_,
+    };
+    run(d, &call, rows_)?;
     let got: Vec<i32> = ts.read()?;
     for (r, row) in logits.chunks(cols).enumerate() {
         let draw = |u: f64, top_p: f32| host_draw(row, temperature, top_p, greedy, u);

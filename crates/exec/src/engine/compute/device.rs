@@ -17,11 +17,6 @@ use std::ops::Range;
 use super::{pipe_through_host, Compute, GradView, KvRows, Neighbour, Optimize, PipeLink, RowCopy, View};
 use crate::backend::blas::{Gemm, GemmOut};
 use crate::backend::gpu::{Device, DeviceArray, DevicePtr, DeviceView};
-use crate::backend::kernels::RectCopy;
-use crate::backend::sources::{
-    flash_keys_grid, flash_rows_grid, AdamTensor, FlashWidth, KernelArg, KernelArgs, Launch, ATTENTION_BLOCK,
-    FLASH_WARPS,
-};
 use crate::comm::collectives::DataType;
 use crate::comm::DataPlane;
 use crate::engine::arena::{Arena, Mark};
@@ -32,9 +27,17 @@ use crate::engine::timers::timed;
 use crate::engine::{AdamW, EngineError, Replica};
 use nereus_core::cost::{MemoryBreakdown, MemoryItem, OpClass};
 use nereus_core::half::{bf16_to_f32, f32_to_bf16};
+use nereus_kernels::args::{self as k, AdamTensor, AttentionDims};
+use nereus_kernels::attention::{
+    attention_grid, flash_keys_grid, flash_rows_grid, flash_threads, FlashWidth, ATTENTION_BLOCK, FLASH_MAX_HEAD_DIM,
+};
+use nereus_kernels::pack::RectCopy;
+use nereus_kernels::KernelCall;
 
 /// Threads per block of the row and element-wise kernels.
 const BLOCK: u32 = 256;
+// The cost model prices the flash path for exactly the heads the kernels take.
+const _: () = assert!(nereus_core::cost::reference::FLASH_MAX_HEAD_DIM == FLASH_MAX_HEAD_DIM);
 /// At most this many blocks per launch: the kernels stride over the rest.
 const MAX_BLOCKS: u64 = 4096;
 
@@ -73,11 +76,11 @@ impl<'d, 'a, 'l> OnDevice<'d, 'a, 'l> {
     fn adamw_table(&mut self, tensors: &[AdamTensor], opt: &AdamW, t: u64, clip: f32) -> Result<(), EngineError> {
         let table = DeviceArray::from(self.device, tensors)?;
         let (c1, c2) = (1.0 - opt.beta1.powi(t as i32), 1.0 - opt.beta2.powi(t as i32));
-        let hyper = [opt.lr, opt.beta1, opt.beta2, opt.eps, c1, c2, clip].map(KernelArg::F32);
-        let args = [vec![ptr(table.ptr()), KernelArg::I32(tensors.len() as i32)], hyper.to_vec()].concat();
+        let (lr, beta1, beta2, eps) = (opt.lr, opt.beta1, opt.beta2, opt.eps);
+        let call = k::Adamw { tensors: table.ptr(), count: tensors.len() as i32, lr, beta1, beta2, eps, c1, c2, clip };
         let widest = tensors.iter().map(|x| x.n as usize).max().unwrap_or(1);
         // The table is freed in stream order, after the launch has read it.
-        self.elementwise("nereus_adamw", widest, args)
+        self.elementwise(&call, widest)
     }
 
     /// `Σ x²` over `runs` of `x`, on the device (`nereus_sum_squares`: a partial per block, then
@@ -89,38 +92,32 @@ impl<'d, 'a, 'l> OnDevice<'d, 'a, 'l> {
         let mut total = 0.0;
         for r in runs.iter().filter(|r| !r.is_empty()) {
             let grid = (r.len() as u64).div_ceil(u64::from(BLOCK) * 2).clamp(1, MAX_BLOCKS);
-            let first = vec![ptr(partial.at(1)), ptr(x.at(r.start)), len(r.len()), KernelArg::I32(1)];
-            self.launch("nereus_sum_squares", [grid as u32, 1, 1], BLOCK, first)?;
-            let second = vec![ptr(partial.ptr()), ptr(partial.at(1)), KernelArg::U64(grid), KernelArg::I32(0)];
-            self.launch("nereus_sum_squares", [1, 1, 1], BLOCK, second)?;
+            let first = k::SumSquares { partial: partial.at(1), x: x.at(r.start), n: r.len() as u64, square: 1 };
+            self.launch(&first, [grid as u32, 1, 1], BLOCK)?;
+            let second = k::SumSquares { partial: partial.ptr(), x: partial.at(1), n: grid, square: 0 };
+            self.launch(&second, [1, 1, 1], BLOCK)?;
             // The first element holds the run's sum (a few KiB come back with it).
             total += f64::from(partial.read()?[0]);
         }
         Ok(total)
     }
 
-    fn launch(
-        &self,
-        kernel: &'static str,
-        grid: [u32; 3],
-        block: u32,
-        args: Vec<KernelArg>,
-    ) -> Result<(), EngineError> {
-        let launch = Launch { kernel, grid, block: [block, 1, 1], shared_bytes: 0 };
-        // SAFETY: each caller passes the kernel's parameters with buffers of the sizes it touches.
-        unsafe { self.device.launch(&launch, &mut KernelArgs::new(args))? };
+    /// Enqueues `call` over `grid` blocks of `threads` threads.
+    fn launch(&self, call: &impl KernelCall, grid: [u32; 3], threads: u32) -> Result<(), EngineError> {
+        // SAFETY: each caller's arguments hold buffers of the sizes its kernel touches.
+        unsafe { self.device.launch(call, grid, [threads, 1, 1])? };
         Ok(())
     }
 
     /// One block per row (up to [`MAX_BLOCKS`]; the kernels stride over the rest).
-    fn rows(&self, kernel: &'static str, rows: usize, args: Vec<KernelArg>) -> Result<(), EngineError> {
-        self.launch(kernel, [(rows as u64).clamp(1, MAX_BLOCKS) as u32, 1, 1], BLOCK, args)
+    fn rows(&self, call: &impl KernelCall, rows: usize) -> Result<(), EngineError> {
+        self.launch(call, [(rows as u64).clamp(1, MAX_BLOCKS) as u32, 1, 1], BLOCK)
     }
 
     /// A grid-stride launch over `n` elements, a few elements per thread.
-    fn elementwise(&self, kernel: &'static str, n: usize, args: Vec<KernelArg>) -> Result<(), EngineError> {
+    fn elementwise(&self, call: &impl KernelCall, n: usize) -> Result<(), EngineError> {
         let blocks = (n as u64).div_ceil(u64::from(BLOCK) * 2).clamp(1, MAX_BLOCKS);
-        self.launch(kernel, [blocks as u32, 1, 1], BLOCK, args)
+        self.launch(call, [blocks as u32, 1, 1], BLOCK)
     }
 
     fn gemm(&self, g: Gemm, a: DevicePtr, b: DevicePtr, c: DevicePtr) -> Result<(), EngineError> {
@@ -137,12 +134,12 @@ impl<'d, 'a, 'l> OnDevice<'d, 'a, 'l> {
 
     /// `y = bf16(x)`.
     fn round(&self, y: &Bf16<'d>, x: &F32<'d>) -> Result<(), EngineError> {
-        self.elementwise("nereus_cast_f32_to_bf16", x.len(), vec![ptr(y.ptr()), ptr(x.ptr()), len(x.len())])
+        self.elementwise(&k::CastF32ToBf16 { y: y.ptr(), x: x.ptr(), n: x.len() as u64 }, x.len())
     }
 
     /// Threads per block of the flash attention kernels: their warps at this device's width.
     fn flash_threads(&self) -> u32 {
-        FLASH_WARPS * self.device.runtime().warp_width()
+        flash_threads(self.device.runtime().warp_width())
     }
 
     /// Token ids as the kernels read them.
@@ -151,7 +148,7 @@ impl<'d, 'a, 'l> OnDevice<'d, 'a, 'l> {
         Ok(DeviceArray::from(self.device, &ids)?)
     }
 
-    /// The `starts` argument: null when no sequence is padded, as the kernels read it.
+    /// The `starts` argument: none when no sequence is padded (the kernels read a null pointer).
     fn starts(&self, starts: &[usize]) -> Result<Option<DeviceArray<'d, i32>>, EngineError> {
         if starts.iter().all(|&s| s == 0) {
             return Ok(None);
@@ -259,24 +256,19 @@ fn narrow(values: &[f32]) -> Vec<u16> {
     values.iter().map(|&v| f32_to_bf16(v)).collect()
 }
 
-fn ptr(p: DevicePtr) -> KernelArg {
-    KernelArg::Ptr(p.0)
-}
-
-fn len(n: usize) -> KernelArg {
-    KernelArg::U64(n as u64)
-}
-
 fn weight((p, r): View<DeviceView<u16>>) -> DevicePtr {
     p.at(r.start)
 }
 
-fn attention_args(a: &AttentionShape) -> Vec<KernelArg> {
-    [a.b, a.tq, a.tk, a.t_cap, a.heads, a.kv_heads, a.d].iter().map(|&v| len(v)).collect()
+/// The kernels' shape arguments of `a`.
+fn dims(a: &AttentionShape) -> AttentionDims {
+    let [b, tq, tk, tc, heads, kv_heads, d] = [a.b, a.tq, a.tk, a.t_cap, a.heads, a.kv_heads, a.d].map(|v| v as u64);
+    AttentionDims { b, tq, tk, tc, heads, kv_heads, d }
 }
 
-fn attention_grid(a: &AttentionShape) -> [u32; 3] {
-    [a.tq as u32, a.heads as u32, a.b as u32]
+/// The device address of an optional buffer (null when absent).
+fn ptr_or_null<T: bytemuck::Pod>(x: &Option<DeviceArray<'_, T>>) -> DevicePtr {
+    x.as_ref().map_or(DevicePtr::NULL, DeviceArray::ptr)
 }
 
 impl<'d> Compute for OnDevice<'d, '_, '_> {
@@ -302,7 +294,7 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
     }
 
     fn add(&mut self, x: &mut Self::Act, y: &Self::Act) -> Result<(), EngineError> {
-        self.elementwise("nereus_residual_add", x.len(), vec![ptr(x.ptr()), ptr(y.ptr()), len(x.len())])
+        self.elementwise(&k::ResidualAdd { x: x.ptr(), y: y.ptr(), n: x.len() as u64 }, x.len())
     }
 
     fn rmsnorm_forward(
@@ -315,8 +307,9 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
         eps: f64,
     ) -> Result<(), EngineError> {
         let rows = x.len() / cols;
-        let args = vec![ptr(y.ptr()), ptr(rstd.ptr()), ptr(x.ptr()), ptr(weight(w)), len(rows), len(cols)];
-        self.rows("nereus_rmsnorm_forward", rows, [args, vec![KernelArg::F32(eps as f32)]].concat())
+        let (y, inv_rms, x, weight) = (y.ptr(), rstd.ptr(), x.ptr(), weight(w));
+        let call = k::RmsnormForward { y, inv_rms, x, weight, rows: rows as u64, cols: cols as u64, eps: eps as f32 };
+        self.rows(&call, rows)
     }
 
     fn rmsnorm_backward(
@@ -331,8 +324,10 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
     ) -> Result<(), EngineError> {
         let rows = x.len() / cols;
         // The kernel adds its dx to the residual stream's gradient.
-        let args = [ptr(dx.ptr()), ptr(grads.at(range.start)), ptr(dy.ptr()), ptr(x.ptr()), ptr(weight(w))];
-        self.rows("nereus_rmsnorm_backward", rows, [&args[..], &[ptr(rstd.ptr()), len(rows), len(cols)]].concat())
+        let (dx, dweight, dy, x, weight, inv_rms) =
+            (dx.ptr(), grads.at(range.start), dy.ptr(), x.ptr(), weight(w), rstd.ptr());
+        let call = k::RmsnormBackward { dx, dweight, dy, x, weight, inv_rms, rows: rows as u64, cols: cols as u64 };
+        self.rows(&call, rows)
     }
 
     fn linear_forward(
@@ -369,7 +364,7 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
     }
 
     fn swiglu_forward(&mut self, h: &mut Self::Act, g: &Self::Act, u: &Self::Act) -> Result<(), EngineError> {
-        self.elementwise("nereus_swiglu_forward", h.len(), vec![ptr(h.ptr()), ptr(g.ptr()), ptr(u.ptr()), len(h.len())])
+        self.elementwise(&k::SwigluForward { out: h.ptr(), gate: g.ptr(), up: u.ptr(), n: h.len() as u64 }, h.len())
     }
 
     fn swiglu_backward(
@@ -380,8 +375,8 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
         g: &Self::Act,
         u: &Self::Act,
     ) -> Result<(), EngineError> {
-        let args = vec![ptr(dg.ptr()), ptr(du.ptr()), ptr(dh.ptr()), ptr(g.ptr()), ptr(u.ptr()), len(dh.len())];
-        self.elementwise("nereus_swiglu_backward", dh.len(), args)
+        let (dgate, dup, dout, gate, up) = (dg.ptr(), du.ptr(), dh.ptr(), g.ptr(), u.ptr());
+        self.elementwise(&k::SwigluBackward { dgate, dup, dout, gate, up, n: dh.len() as u64 }, dh.len())
     }
 
     fn rope(
@@ -393,10 +388,10 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
         inverse: bool,
     ) -> Result<(), EngineError> {
         let rows = x.len() / (heads * 2 * self.half);
-        let mut args = vec![ptr(x.ptr()), ptr(self.cos.ptr()), ptr(self.sin.ptr())];
-        args.extend([rows, t, heads, self.half, pos0].map(len));
-        args.push(KernelArg::I32(i32::from(inverse)));
-        self.elementwise("nereus_rope", rows * heads * self.half, args)
+        let [rows_, t, heads_, half, pos0] = [rows, t, heads, self.half, pos0].map(|v| v as u64);
+        let (x, cos_table, sin_table, inverse) = (x.ptr(), self.cos.ptr(), self.sin.ptr(), i32::from(inverse));
+        let call = k::Rope { x, cos_table, sin_table, rows: rows_, t, heads: heads_, half, pos0, inverse };
+        self.elementwise(&call, rows * heads * self.half)
     }
 
     fn attention_forward(
@@ -410,15 +405,18 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
     ) -> Result<Self::Stat, EngineError> {
         let lse = self.f32_zeros(MemoryItem::Activations, shape.b * shape.heads * shape.tq)?;
         let starts = self.starts(starts)?;
-        let buffers =
-            [out.ptr(), lse.ptr(), q.ptr(), k.ptr(), v.ptr(), starts.as_ref().map_or(DevicePtr(0), |s| s.ptr())];
-        let args = [buffers.map(ptr).to_vec(), attention_args(&shape)].concat();
+        let (out, lse_ptr, q, k, v, starts, dims) =
+            (out.ptr(), lse.ptr(), q.ptr(), k.ptr(), v.ptr(), ptr_or_null(&starts), dims(&shape));
         match FlashWidth::for_head(shape.d) {
             Some(width) => {
                 let grid = flash_rows_grid(shape.b, shape.tq, shape.heads, shape.kv_heads);
-                self.launch(width.forward(), grid, self.flash_threads(), args)?;
+                let call = k::FlashForward { width, out, lse: lse_ptr, q, k, v, starts, dims };
+                self.launch(&call, grid, self.flash_threads())?;
             }
-            None => self.launch("nereus_attention_forward", attention_grid(&shape), ATTENTION_BLOCK, args)?,
+            None => {
+                let call = k::AttentionForward { out, lse: lse_ptr, q, k, v, starts, dims };
+                self.launch(&call, attention_grid(shape.b, shape.tq, shape.heads), ATTENTION_BLOCK)?;
+            }
         }
         Ok(lse)
     }
@@ -434,37 +432,55 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
         starts: &[usize],
     ) -> Result<(), EngineError> {
         let starts_buffer = self.starts(starts)?;
-        let starts_ptr = ptr(starts_buffer.as_ref().map_or(DevicePtr(0), |s| s.ptr()));
+        let starts = ptr_or_null(&starts_buffer);
+        let (dims, (dout_p, out_p, lse_p), (q, k, v)) =
+            (dims(&shape), (dout.ptr(), out.ptr(), lse.ptr()), (q.ptr(), k.ptr(), v.ptr()));
         if let Some(width) = FlashWidth::for_head(shape.d) {
             // dq (and each row's Σ dout·out) per row tile, then dk, dv per key tile: no atomics.
             let delta = self.f32_zeros(MemoryItem::ActivationGradients, shape.b * shape.heads * shape.tq)?;
-            let dq_buffers = [dq.ptr(), delta.ptr(), dout.ptr(), out.ptr()];
-            let inputs = [lse.ptr(), q.ptr(), k.ptr(), v.ptr()];
-            let args =
-                [dq_buffers.map(ptr).to_vec(), inputs.map(ptr).to_vec(), vec![starts_ptr], attention_args(&shape)];
-            let grid = flash_rows_grid(shape.b, shape.tq, shape.heads, shape.kv_heads);
-            self.launch(width.backward_dq(), grid, self.flash_threads(), args.concat())?;
-            let dkv_buffers = [dk.ptr(), dv.ptr(), dout.ptr(), lse.ptr(), delta.ptr(), q.ptr(), k.ptr(), v.ptr()];
-            let args = [dkv_buffers.map(ptr).to_vec(), vec![starts_ptr], attention_args(&shape)];
-            let grid = flash_keys_grid(shape.b, shape.tk, shape.kv_heads);
-            return self.launch(width.backward_dkv(), grid, self.flash_threads(), args.concat());
+            let call = k::FlashBackwardDq {
+                width,
+                dq: dq.ptr(),
+                delta: delta.ptr(),
+                dout: dout_p,
+                out: out_p,
+                lse: lse_p,
+                q,
+                k,
+                v,
+                starts,
+                dims,
+            };
+            self.launch(&call, flash_rows_grid(shape.b, shape.tq, shape.heads, shape.kv_heads), self.flash_threads())?;
+            let (dk, dv, delta) = (dk.ptr(), dv.ptr(), delta.ptr());
+            let call = k::FlashBackwardDkv { width, dk, dv, dout: dout_p, lse: lse_p, delta, q, k, v, starts, dims };
+            return self.launch(&call, flash_keys_grid(shape.b, shape.tk, shape.kv_heads), self.flash_threads());
         }
         // Key and value gradients gather over query rows with f32 atomics, then round once.
         let dk32 = self.f32_zeros(MemoryItem::ActivationGradients, dk.len())?;
         let dv32 = self.f32_zeros(MemoryItem::ActivationGradients, dv.len())?;
-        let buffers = [dq.ptr(), dk32.ptr(), dv32.ptr(), dout.ptr(), out.ptr(), lse.ptr(), q.ptr(), k.ptr(), v.ptr()];
-        let mut args = buffers.map(ptr).to_vec();
-        args.push(starts_ptr);
-        args.extend(attention_args(&shape));
-        self.launch("nereus_attention_backward", attention_grid(&shape), ATTENTION_BLOCK, args)?;
+        let (dq, dk_p, dv_p) = (dq.ptr(), dk32.ptr(), dv32.ptr());
+        let call = k::AttentionBackward {
+            dq,
+            dk: dk_p,
+            dv: dv_p,
+            dout: dout_p,
+            out: out_p,
+            lse: lse_p,
+            q,
+            k,
+            v,
+            starts,
+            dims,
+        };
+        self.launch(&call, attention_grid(shape.b, shape.tq, shape.heads), ATTENTION_BLOCK)?;
         self.round(dk, &dk32)?;
         self.round(dv, &dv32)
     }
 
     fn kv_append(&mut self, cache: &mut Self::Act, fresh: &Self::Act, r: KvRows) -> Result<(), EngineError> {
-        let args = vec![ptr(cache.ptr()), ptr(fresh.ptr())];
-        let shape = [r.b, r.t, r.t_cap, r.pos0, r.width].map(len);
-        self.elementwise("nereus_kv_append", fresh.len(), [args, shape.to_vec()].concat())
+        let [b, tn, tc, at, kd] = [r.b, r.t, r.t_cap, r.pos0, r.width].map(|v| v as u64);
+        self.elementwise(&k::KvAppend { cache: cache.ptr(), fresh: fresh.ptr(), b, tn, tc, at, kd }, fresh.len())
     }
 
     fn embedding_forward(
@@ -476,9 +492,9 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
         c: usize,
     ) -> Result<(), EngineError> {
         let ids = self.tokens(tokens)?;
-        let rows = w.1.len() / c;
-        let args = vec![ptr(x.ptr()), ptr(ids.ptr()), ptr(weight(w)), len(tokens.len()), len(c), len(v0), len(rows)];
-        self.elementwise("nereus_embedding_forward", tokens.len() * c, args)
+        let [n, c_, v0, v] = [tokens.len(), c, v0, w.1.len() / c].map(|v| v as u64);
+        let call = k::EmbeddingForward { out: x.ptr(), tokens: ids.ptr(), w: weight(w), n, c: c_, v0, v };
+        self.elementwise(&call, tokens.len() * c)
     }
 
     fn embedding_backward(
@@ -490,9 +506,9 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
         c: usize,
     ) -> Result<(), EngineError> {
         let ids = self.tokens(tokens)?;
-        let rows = range.len() / c;
-        let args = vec![ptr(grads.at(range.start)), ptr(dx.ptr()), ptr(ids.ptr()), len(tokens.len()), len(c), len(v0)];
-        self.elementwise("nereus_embedding_backward", tokens.len() * c, [args, vec![len(rows)]].concat())
+        let [n, c_, v0, v] = [tokens.len(), c, v0, range.len() / c].map(|v| v as u64);
+        let call = k::EmbeddingBackward { dw: grads.at(range.start), dy: dx.ptr(), tokens: ids.ptr(), n, c: c_, v0, v };
+        self.elementwise(&call, tokens.len() * c)
     }
 
     fn log_probs_forward<G: TensorGroup<f32>>(
@@ -506,8 +522,11 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
         let ids = self.tokens(targets)?;
         let item = MemoryItem::Logits;
         let (max, sum, target) = (self.f32_zeros(item, n)?, self.f32_zeros(item, n)?, self.f32_zeros(item, n)?);
-        let args = vec![ptr(max.ptr()), ptr(sum.ptr()), ptr(target.ptr()), ptr(logits.ptr()), ptr(ids.ptr())];
-        self.rows("nereus_logits_row_stats", n, [args, vec![len(n), len(logits.len() / n.max(1)), len(v0)]].concat())?;
+        let [rows, cols, shard_start] = [n, logits.len() / n.max(1), v0].map(|v| v as u64);
+        let (row_max, row_sum, target_logit, logits, targets) =
+            (max.ptr(), sum.ptr(), target.ptr(), logits.ptr(), ids.ptr());
+        let call = k::LogitsRowStats { row_max, row_sum, target_logit, logits, targets, rows, cols, shard_start };
+        self.rows(&call, n)?;
         let (lse, logp) = combine_shards(max.read()?, sum.read()?, target.read()?, tp)?;
         self.arena.charge(item, 8 * n as u64)?;
         Ok((DeviceArray::from(self.device, &logp)?, DeviceArray::from(self.device, &lse)?))
@@ -524,8 +543,10 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
     ) -> Result<(), EngineError> {
         let ids = self.tokens(targets)?;
         let (n, v) = (targets.len(), logits.len() / targets.len().max(1));
-        let args = vec![ptr(dlogits.ptr()), ptr(logits.ptr()), ptr(lse.ptr()), ptr(dlogp.ptr()), ptr(ids.ptr())];
-        self.elementwise("nereus_logprob_backward", n * v, [args, vec![len(n), len(v), len(v0)]].concat())
+        let [rows, cols, shard_start] = [n, v, v0].map(|v| v as u64);
+        let (dlogits, logits, lse, dlogp, targets) = (dlogits.ptr(), logits.ptr(), lse.ptr(), dlogp.ptr(), ids.ptr());
+        let call = k::LogprobBackward { dlogits, logits, lse, dlogp, targets, rows, cols, shard_start };
+        self.elementwise(&call, n * v)
     }
 
     fn value_forward(
@@ -583,14 +604,23 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
         let rows = u.len();
         // The sampler reads f32 logits (its bisection runs over float bit patterns).
         let wide = self.f32_zeros(MemoryItem::Logits, logits.len())?;
-        let cast = vec![ptr(wide.ptr()), ptr(logits.ptr()), len(logits.len())];
-        self.elementwise("nereus_cast_bf16_to_f32", logits.len(), cast)?;
+        let cast = k::CastBf16ToF32 { y: wide.ptr(), x: logits.ptr(), n: logits.len() as u64 };
+        self.elementwise(&cast, logits.len())?;
         let draws: Vec<f32> = u.iter().map(|&u| u as f32).collect();
         let (draws, tokens) = (DeviceArray::from(self.device, &draws)?, DeviceArray::<i32>::zeros(self.device, rows)?);
-        let mut args =
-            vec![ptr(tokens.ptr()), ptr(wide.ptr()), ptr(draws.ptr()), len(rows), len(logits.len() / rows.max(1))];
-        args.extend([KernelArg::F32(s.temperature), KernelArg::F32(s.top_p), KernelArg::I32(i32::from(s.greedy))]);
-        self.rows("nereus_sample", rows, args)?;
+        let [rows_, v] = [rows, logits.len() / rows.max(1)].map(|v| v as u64);
+        let (temperature, top_p, greedy) = (s.temperature, s.top_p, i32::from(s.greedy));
+        let call = k::Sample {
+            tokens: tokens.ptr(),
+            logits: wide.ptr(),
+            u: draws.ptr(),
+            rows: rows_,
+            v,
+            temperature,
+            top_p,
+            greedy,
+        };
+        self.rows(&call, rows)?;
         let drawn = tokens.read()?.into_iter().zip(active);
         Ok(drawn.map(|(t, &active)| if active { t as u32 } else { s.eos }).collect())
     }

@@ -6,7 +6,6 @@
 use super::*;
 use crate::backend::emulated::Emulated;
 use crate::backend::gpu::{Device, DeviceArray};
-use crate::backend::grid::WarpWidth;
 use crate::emu::MemoryLedger;
 use crate::engine::arena::Arena;
 use crate::engine::ops::Local;
@@ -17,6 +16,7 @@ use nereus_core::config::RopeScaling;
 use nereus_core::half::{bf16_to_f32, f32_to_bf16};
 use nereus_core::model::{Architecture, Catalogue, Layout, Numerics, OutputHead, Position};
 use nereus_core::rng::Rng;
+use nereus_kernels::grid::WarpWidth;
 
 /// Relative L2 error a bf16 pass may reach on outputs and matrix gradients: every activation is
 /// rounded to 8 significant bits (relative error ≤ 2⁻⁹) at every layer, and a two-block stage's

@@ -1,57 +1,18 @@
-// kernels/attention.cu: token embedding, rotary embeddings, KV-cache append and causal
-// grouped-query attention, bf16 in memory and f32 in registers. The CPU engine's ops
-// (crates/exec/src/engine/ops/{embedding,rope,attention}.rs) define the semantics; the f64
+// attention.cu: the KV-cache append and the scalar causal grouped-query attention, for heads
+// wider than the flash kernels take (flash_attention.cu); bf16 in memory, f32 in registers. The
+// CPU engine's op (crates/exec/src/engine/ops/attention.rs) defines the semantics; the f64
 // references are in crates/bench/src/selftest/kernels/reference.rs.
 //
 // Legend: B sequences, Tq query positions, Tk valid key positions (Tk ≥ Tq), Tc positions per
 // sequence in the K/V buffers (the KV cache's capacity, ≥ Tk), H query heads, K key/value heads
-// (K divides H; query head h reads group h / (H/K)), D head width, C model width, V local vocab
-// rows starting at global row v0. Query i sits at position Tk − Tq + i, so one kernel serves
+// (K divides H; query head h reads group h / (H/K)), D head width. Query i sits at position Tk − Tq + i, so one kernel serves
 // training and prefill (Tq = Tk) and decoding against the cache (Tq = 1). Sequence b starts at
 // key starts[b] (left padding): earlier keys are masked and a query before it outputs zero.
-
-#define NEREUS_ATTENTION_GRID_STRIDE(i, n) \
-  for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (u64)gridDim.x * blockDim.x)
-
-// out[N,C] = W[token − v0] where this rank holds the row, else zero (a TP all-reduce completes it).
-NEREUS_KERNEL nereus_embedding_forward(bf16* __restrict__ out, const int* __restrict__ tokens,
-                                       const bf16* __restrict__ w, u64 n, u64 c, u64 v0, u64 v) {
-  NEREUS_ATTENTION_GRID_STRIDE(i, n * c) {
-    const long long row = (long long)tokens[i / c] - (long long)v0;
-    out[i] = row >= 0 && row < (long long)v ? w[(u64)row * c + i % c] : (bf16)0;
-  }
-}
-
-// dW[token − v0] += dy (f32 accumulators, atomically: tokens repeat).
-NEREUS_KERNEL nereus_embedding_backward(float* __restrict__ dw, const bf16* __restrict__ dy,
-                                        const int* __restrict__ tokens, u64 n, u64 c, u64 v0, u64 v) {
-  NEREUS_ATTENTION_GRID_STRIDE(i, n * c) {
-    const long long row = (long long)tokens[i / c] - (long long)v0;
-    if (row >= 0 && row < (long long)v) atomicAdd(&dw[(u64)row * c + i % c], nereus_bf16_to_f32(dy[i]));
-  }
-}
-
-// Rotates x[B·T, H, D] in place ("rotate half": channel j < D/2 pairs with j + D/2), row r at
-// position pos0 + r % T, by the host's tables cos/sin[P, D/2] (f64-computed, llama3 scaling
-// included); `inverse` = 1 turns back, which is the backward pass.
-NEREUS_KERNEL nereus_rope(bf16* __restrict__ x, const float* __restrict__ cos_table,
-                          const float* __restrict__ sin_table, u64 rows, u64 t, u64 heads, u64 half, u64 pos0,
-                          int inverse) {
-  NEREUS_ATTENTION_GRID_STRIDE(i, rows * heads * half) {
-    const u64 j = i % half, head_row = i / half, row = head_row / heads;
-    const u64 pos = pos0 + row % t;
-    const float c = cos_table[pos * half + j], s = inverse ? -sin_table[pos * half + j] : sin_table[pos * half + j];
-    bf16* xh = x + head_row * 2 * half;  // [D] one head
-    const float a = nereus_bf16_to_f32(xh[j]), b = nereus_bf16_to_f32(xh[j + half]);
-    xh[j] = nereus_f32_to_bf16(a * c - b * s);
-    xh[j + half] = nereus_f32_to_bf16(b * c + a * s);
-  }
-}
 
 // Appends new[B, Tn, K, D] to the cache [B, Tc, K, D] at positions at..at+Tn of every sequence.
 NEREUS_KERNEL nereus_kv_append(bf16* __restrict__ cache, const bf16* __restrict__ fresh, u64 b, u64 tn, u64 tc,
                                u64 at, u64 kd) {
-  NEREUS_ATTENTION_GRID_STRIDE(i, b * tn * kd) {
+  NEREUS_GRID_STRIDE(i, b * tn * kd) {
     const u64 seq = i / (tn * kd), rest = i % (tn * kd);
     cache[(seq * tc + at) * kd + rest] = fresh[i];
   }
@@ -188,7 +149,5 @@ NEREUS_KERNEL nereus_attention_backward(bf16* __restrict__ dq, float* __restrict
     dq[row + m * blockDim.x + threadIdx.x] = nereus_f32_to_bf16(scale * dq_acc[m]);
 }
 
-// Every entry point, for the grid emulator's table (kernels/emulator/kernels.cpp).
-#define NEREUS_ATTENTION_KERNELS(X)                                                                 \
-  X(nereus_embedding_forward) X(nereus_embedding_backward) X(nereus_rope) X(nereus_kv_append)        \
-  X(nereus_attention_forward) X(nereus_attention_backward)
+// Every entry point, for the grid emulator's table (crates/kernels/emulator/kernels.cpp).
+#define NEREUS_ATTENTION_KERNELS(X) X(nereus_kv_append) X(nereus_attention_forward) X(nereus_attention_backward)

@@ -1,4 +1,4 @@
-//! Launch geometry of the rectangle-copy kernels (`kernels/pack.cu`) and the
+//! Launch geometry of the rectangle-copy kernels (`device/pack.cu`) and the
 //! schedule of Merge's in-place slice: pure functions, tested without a device.
 //!
 //! One kernel family serves every rectangle the data plane moves: packing (pitched source,
@@ -14,7 +14,7 @@
 
 use std::ops::Range;
 
-use super::sources::{KernelArg, KernelArgs, Launch};
+use crate::{DevicePtr, Kernel, KernelArgs, KernelCall, Launch, PushArgs};
 
 /// Threads per block (x · y).
 pub const BLOCK_THREADS: u32 = 256;
@@ -26,13 +26,13 @@ pub const MAX_BLOCKS: u64 = 32_768;
 /// Kernel launches one in-place slice may take; beyond it Merge copies out of place.
 pub const MAX_IN_PLACE_LAUNCHES: usize = 4_096;
 
-/// Entry points by vector width in bytes, widest first (`kernels/pack.cu`).
-pub const RECT_COPY_KERNELS: [(u64, &str); 5] = [
-    (16, "nereus_rect_copy_16"),
-    (8, "nereus_rect_copy_8"),
-    (4, "nereus_rect_copy_4"),
-    (2, "nereus_rect_copy_2"),
-    (1, "nereus_rect_copy_1"),
+/// Entry points by vector width in bytes, widest first (`device/pack.cu`).
+pub const RECT_COPY_KERNELS: [(u64, Kernel); 5] = [
+    (16, Kernel::RectCopy16),
+    (8, Kernel::RectCopy8),
+    (4, Kernel::RectCopy4),
+    (2, Kernel::RectCopy2),
+    (1, Kernel::RectCopy1),
 ];
 
 /// A rectangle copy inside one memory, in bytes: `rows` rows of `row_bytes`, read from
@@ -89,11 +89,11 @@ impl RectCopy {
 }
 
 /// One kernel launch: entry point, grid, block and arguments (addresses in bytes, pitches and
-/// row length in vectors of `width` bytes).
+/// row length in vectors of `width` bytes); the typed arguments of `rect_copy`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RectLaunch {
     /// Entry point.
-    pub kernel: &'static str,
+    pub kernel: Kernel,
     /// Bytes per vector.
     pub width: u64,
     /// Blocks (x along rows, y across rows).
@@ -119,17 +119,22 @@ impl RectLaunch {
     pub fn launch(&self) -> Launch {
         Launch { kernel: self.kernel, grid: self.grid, block: self.block, shared_bytes: 0 }
     }
+}
 
-    /// The kernel's arguments, in its parameter order.
-    pub fn args(&self) -> KernelArgs {
-        KernelArgs::new([
-            KernelArg::Ptr(self.dst),
-            KernelArg::U64(self.dst_pitch),
-            KernelArg::Ptr(self.src),
-            KernelArg::U64(self.src_pitch),
-            KernelArg::U64(self.row_vectors),
-            KernelArg::U64(self.rows),
-        ])
+impl KernelCall for RectLaunch {
+    fn kernel(&self) -> Kernel {
+        self.kernel
+    }
+
+    fn args(&self) -> KernelArgs {
+        let mut args = KernelArgs::default();
+        DevicePtr(self.dst).push_args(&mut args);
+        self.dst_pitch.push_args(&mut args);
+        DevicePtr(self.src).push_args(&mut args);
+        for v in [self.src_pitch, self.row_vectors, self.rows] {
+            v.push_args(&mut args);
+        }
+        args
     }
 }
 
@@ -286,7 +291,7 @@ mod tests {
             row_bytes,
             rows: 2,
         };
-        assert_eq!(covers_each_vector_once(&c(64, 128), 0, 256).kernel, "nereus_rect_copy_16");
+        assert_eq!(covers_each_vector_once(&c(64, 128), 0, 256).kernel, Kernel::RectCopy16);
         assert_eq!(covers_each_vector_once(&c(8, 24), 0, 256).width, 8);
         assert_eq!(covers_each_vector_once(&c(64, 128), 4, 256).width, 4, "a misaligned base narrows");
         assert_eq!(covers_each_vector_once(&c(6, 10), 0, 256).width, 2, "bf16 rows of three");

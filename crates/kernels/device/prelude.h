@@ -1,8 +1,8 @@
-// kernels/prelude.h: the portability prelude every kernel source in kernels/ is compiled with.
+// prelude.h: the portability prelude every kernel source in crates/kernels/device/ is compiled with.
 //
 // One kernel source, three compilers (docs/kernels.md):
-//   NVRTC (CUDA, sm_80/sm_90)   __CUDACC_RTC__   warp 32  src/backend/cuda.rs prepends this file
-//   hipcc (ROCm, gfx90a)        __HIPCC__        warp 64  build.rs: -include kernels/prelude.h
+//   NVRTC (CUDA, sm_80/sm_90)   __CUDACC_RTC__   warp 32  exec's backend/cuda.rs prepends this file
+//   hipcc (ROCm, gfx90a)        __HIPCC__        warp 64  build.rs: -include device/prelude.h
 //   host C++ (grid emulator)    neither          warp NEREUS_WARP_SIZE (32 and 64 are both built)
 //
 // Kernels use only what this file names: NEREUS_KERNEL for entry points, NEREUS_WARP for the
@@ -26,7 +26,7 @@ __device__ __forceinline__ float nereus_shfl_xor(float v, int lane_mask) {
   return __shfl_xor_sync(0xffffffffu, v, lane_mask);
 }
 #else
-#include "emulator/grid.h"
+#include "../emulator/grid.h"
 #endif
 
 // What CUDA and HIP spell alike (the emulator defines its own in grid.h).
@@ -50,6 +50,13 @@ __device__ __forceinline__ unsigned int nereus_f32_to_bits(float f) { return __f
 #endif
 
 typedef unsigned long long u64;
+
+// The two loop shapes of the element-wise and row kernels: a 1-D grid-stride loop over N
+// elements, and one block per row (grid-stride over rows).
+#define NEREUS_GRID_STRIDE(i, n) \
+  for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (u64)gridDim.x * blockDim.x)
+#define NEREUS_ROWS(row, rows) for (u64 row = blockIdx.x; row < (rows); row += gridDim.x)
+
 typedef unsigned short bf16;  // bfloat16 as its bits: the upper half of an f32
 
 // Device math under one name on every compiler.

@@ -1,0 +1,75 @@
+// logits.cu: the LM head's log-softmax statistics over a vocabulary shard, the backward through
+// log p(target), and greedy argmax. The f64 references they are checked against, and their launches, are in
+// crates/bench/src/selftest/kernels/ (`nereus selftest kernels`, docs/kernels.md).
+//
+// Legend: R rows, C columns (the local vocab shard). Row kernels: one block per row (grid-stride
+// over rows), blockDim.x a multiple of the warp and at most 1024. Element-wise: 1-D grid-stride.
+
+// The largest of a bf16 row of C values, on every thread of the block.
+__device__ __forceinline__ float nereus_row_max(const bf16* row, u64 cols, float* scratch) {
+  float m = nereus_bits_to_f32(0xff800000u);
+  for (u64 c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, nereus_bf16_to_f32(row[c]));
+  return nereus_block_reduce(m, scratch, true);
+}
+
+// The LM head's per-row statistics over one vocab shard: row_max[R] and row_sum[R] = Σ exp(l −
+// row_max), and the target's logit where the target falls in this shard [shard_start, shard_start
+// + C) (else −inf). Under TP the shards' (max, sum, target) are combined across ranks
+// (nereus_logprob_combine's formula) before the log-prob is read.
+NEREUS_KERNEL nereus_logits_row_stats(float* __restrict__ row_max, float* __restrict__ row_sum,
+                                      float* __restrict__ target_logit, const bf16* __restrict__ logits,
+                                      const int* __restrict__ targets, u64 rows, u64 cols, u64 shard_start) {
+  __shared__ float scratch[1024 / NEREUS_WARP];
+  const float neg_inf = nereus_bits_to_f32(0xff800000u);
+  NEREUS_ROWS(row, rows) {
+    const bf16* lr = logits + row * cols;  // [C]
+    const float m = nereus_row_max(lr, cols, scratch);
+    float s = 0.0f;
+    for (u64 c = threadIdx.x; c < cols; c += blockDim.x) s += nereus_exp(nereus_bf16_to_f32(lr[c]) - m);
+    s = nereus_block_reduce(s, scratch, false);
+    if (threadIdx.x == 0) {
+      const long long t = (long long)targets[row] - (long long)shard_start;
+      row_max[row] = m;
+      row_sum[row] = s;
+      target_logit[row] = t >= 0 && t < (long long)cols ? nereus_bf16_to_f32(lr[t]) : neg_inf;
+    }
+  }
+}
+
+// The LM head's backward through log p(target) over one vocab shard, given each row's global
+// log-sum-exp (after the TP combine) and the loss's gradient g[R] with respect to log p:
+//   dlogits[R,C] = g · (onehot(target − shard_start) − exp(l − lse))
+NEREUS_KERNEL nereus_logprob_backward(bf16* __restrict__ dlogits, const bf16* __restrict__ logits,
+                                      const float* __restrict__ lse, const float* __restrict__ dlogp,
+                                      const int* __restrict__ targets, u64 rows, u64 cols, u64 shard_start) {
+  NEREUS_GRID_STRIDE(i, rows * cols) {
+    const u64 row = i / cols, col = i % cols;
+    const float p = nereus_exp(nereus_bf16_to_f32(logits[i]) - lse[row]);
+    const float hit = (long long)targets[row] - (long long)shard_start == (long long)col ? 1.0f : 0.0f;
+    dlogits[i] = nereus_f32_to_bf16(dlogp[row] * (hit - p));
+  }
+}
+
+// Greedy decoding over one vocab shard: tokens[R] = the lowest column holding the row's largest
+// logit (the host combines shards by (value, shard_start + column)); values[R] that logit.
+NEREUS_KERNEL nereus_argmax(int* __restrict__ tokens, float* __restrict__ values, const bf16* __restrict__ logits,
+                            u64 rows, u64 cols) {
+  __shared__ float scratch[1024 / NEREUS_WARP];
+  const float neg_inf = nereus_bits_to_f32(0xff800000u);
+  NEREUS_ROWS(row, rows) {
+    const bf16* lr = logits + row * cols;  // [C]
+    const float m = nereus_row_max(lr, cols, scratch);
+    // The lowest column at the maximum, as the largest −column (exact in f32 below 2^24 columns).
+    float first = neg_inf;
+    for (u64 c = threadIdx.x; c < cols; c += blockDim.x)
+      if (nereus_bf16_to_f32(lr[c]) == m) first = fmaxf(first, -(float)c);
+    first = nereus_block_reduce(first, scratch, true);
+    if (threadIdx.x == 0) {
+      tokens[row] = (int)(-first);
+      values[row] = m;
+    }
+  }
+}
+
+// Every entry point, for the grid emulator's table (crates/kernels/emulator/kernels.cpp).
+#define NEREUS_LOGITS_KERNELS(X) X(nereus_logits_row_stats) X(nereus_logprob_backward) X(nereus_argmax)

@@ -1,0 +1,58 @@
+// norm.cu: RMSNorm forward and backward and the residual add, bf16 in memory and f32 in
+// registers. The f64 references they are checked against, and their launches, are in
+// crates/bench/src/selftest/kernels/ (`nereus selftest kernels`, docs/kernels.md).
+//
+// Legend: R rows, C columns (the model width), N elements. Row kernels: one block per row
+// (grid-stride over rows), blockDim.x a multiple of the warp and at most 1024, reductions through
+// nereus_block_reduce (pairwise trees, never one long f32 chain). Element-wise: 1-D grid-stride.
+
+// RMSNorm: y[R,C] = x · rsqrt(mean(x²) + eps) · weight[C]; inv_rms[R] kept for the backward pass.
+NEREUS_KERNEL nereus_rmsnorm_forward(bf16* __restrict__ y, float* __restrict__ inv_rms, const bf16* __restrict__ x,
+                                     const bf16* __restrict__ weight, u64 rows, u64 cols, float eps) {
+  __shared__ float scratch[1024 / NEREUS_WARP];
+  NEREUS_ROWS(row, rows) {
+    const bf16* xr = x + row * cols;  // [C]
+    float squares = 0.0f;
+    for (u64 c = threadIdx.x; c < cols; c += blockDim.x) {
+      const float v = nereus_bf16_to_f32(xr[c]);
+      squares += v * v;
+    }
+    const float r = nereus_rsqrt(nereus_block_reduce(squares, scratch, false) / (float)cols + eps);
+    for (u64 c = threadIdx.x; c < cols; c += blockDim.x)
+      y[row * cols + c] = nereus_f32_to_bf16(nereus_bf16_to_f32(xr[c]) * r * nereus_bf16_to_f32(weight[c]));
+    if (threadIdx.x == 0) inv_rms[row] = r;
+  }
+}
+
+// RMSNorm backward: dx[R,C] += (in f32, rounded once: the residual stream's gradient is added to)
+// and dweight[C] += Σ_rows dy·x·inv_rms (f32, atomically).
+//   g = dy·weight;  dx += inv_rms · (g − x · inv_rms² · mean(g·x))
+NEREUS_KERNEL nereus_rmsnorm_backward(bf16* __restrict__ dx, float* __restrict__ dweight, const bf16* __restrict__ dy,
+                                      const bf16* __restrict__ x, const bf16* __restrict__ weight,
+                                      const float* __restrict__ inv_rms, u64 rows, u64 cols) {
+  __shared__ float scratch[1024 / NEREUS_WARP];
+  NEREUS_ROWS(row, rows) {
+    const bf16* xr = x + row * cols;    // [C]
+    const bf16* dyr = dy + row * cols;  // [C]
+    const float r = inv_rms[row];
+    float dot = 0.0f;
+    for (u64 c = threadIdx.x; c < cols; c += blockDim.x)
+      dot += nereus_bf16_to_f32(dyr[c]) * nereus_bf16_to_f32(weight[c]) * nereus_bf16_to_f32(xr[c]);
+    const float mean_gx = nereus_block_reduce(dot, scratch, false) / (float)cols;
+    for (u64 c = threadIdx.x; c < cols; c += blockDim.x) {
+      const float xv = nereus_bf16_to_f32(xr[c]), dyv = nereus_bf16_to_f32(dyr[c]);
+      const float g = dyv * nereus_bf16_to_f32(weight[c]);
+      const u64 i = row * cols + c;
+      dx[i] = nereus_f32_to_bf16(nereus_bf16_to_f32(dx[i]) + r * (g - xv * r * r * mean_gx));
+      atomicAdd(&dweight[c], dyv * xv * r);
+    }
+  }
+}
+
+// Residual add: x[N] += y[N], in place on the bf16 residual stream.
+NEREUS_KERNEL nereus_residual_add(bf16* __restrict__ x, const bf16* __restrict__ y, u64 n) {
+  NEREUS_GRID_STRIDE(i, n) x[i] = nereus_f32_to_bf16(nereus_bf16_to_f32(x[i]) + nereus_bf16_to_f32(y[i]));
+}
+
+// Every entry point, for the grid emulator's table (crates/kernels/emulator/kernels.cpp).
+#define NEREUS_NORM_KERNELS(X) X(nereus_rmsnorm_forward) X(nereus_rmsnorm_backward) X(nereus_residual_add)
