@@ -77,6 +77,20 @@ impl RectCopy {
         start..start + self.row_bytes
     }
 
+    /// The copy on host bytes: what the kernels do on a device (the host memory's copy, and
+    /// the reference the device copies are checked against).
+    pub fn copy_on_host(&self, src: &[u8], dst: &mut [u8]) {
+        if self.is_contiguous() {
+            let (s, d, n) = (self.src_offset as usize, self.dst_offset as usize, self.bytes() as usize);
+            dst[d..d + n].copy_from_slice(&src[s..s + n]);
+            return;
+        }
+        for row in 0..self.rows {
+            let (s, d) = (self.src_row(row), self.dst_row(row));
+            dst[d.start as usize..d.end as usize].copy_from_slice(&src[s.start as usize..s.end as usize]);
+        }
+    }
+
     /// Rows `rows` of this copy as a copy of their own.
     fn rows_of(&self, rows: Range<u64>) -> RectCopy {
         RectCopy {

@@ -17,8 +17,8 @@ use nereus_exec::comm::emulated_collectives::MpiCollectives;
 use nereus_exec::comm::gpu_plane::GpuPlane;
 use nereus_exec::comm::{agree, all_gather_bytes, MpiPlane};
 use nereus_exec::emu::DeviceMemory;
-use nereus_exec::topology::placement::{bind, cores, locality, scan_nics};
-use nereus_exec::topology::{assign_device, closest_cores, CpuBinding, NodeTopology, Placement};
+use nereus_topology::placement::{bind, cores, locality, scan_nics};
+use nereus_topology::{assign_device, closest_cores, CpuBinding, NodeTopology, Placement};
 
 use nereus_core::config::DeviceChoice;
 

@@ -5,7 +5,7 @@ use std::io::Write;
 
 use nereus_exec::backend::{self, DriverDevice};
 use nereus_exec::comm::{gather_bytes_to_root, CommError};
-use nereus_exec::topology::{assign_device, tp_within_node, CpuBinding, GpuVendor, NodeTopology, RankPlacement};
+use nereus_topology::{assign_device, tp_within_node, CpuBinding, GpuVendor, NodeTopology, RankPlacement};
 
 use super::{RuntimeError, Session};
 

@@ -22,7 +22,7 @@ use nereus_core::config::ConfigError;
 use nereus_core::file_error::FileError;
 use nereus_exec::backend::BackendError;
 use nereus_exec::comm::{CommError, PhaseFailure};
-use nereus_exec::topology::TopologyError;
+use nereus_topology::TopologyError;
 
 use nereus_core::exit::{EXIT_FAILURE, EXIT_PREEMPTED, EXIT_USAGE};
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use nereus_core::config::{ClusterSection, JobConfig, Overrides};
 use nereus_exec::comm::{agree, agree_outcome, all_gather_bytes, broadcast_bytes, MpiPlane, Watchdog, World};
-use nereus_exec::topology::{detect_cluster, Launcher, NodeTopology, WorldLayout};
+use nereus_topology::{detect_cluster, Launcher, NodeTopology, WorldLayout};
 
 use super::RuntimeError;
 

@@ -180,7 +180,7 @@ impl<R: Serialize> BenchReport<R> {
 
 /// The machine description for reports.
 pub fn machine(session: &Session) -> Machine {
-    let cores = nereus_exec::topology::NodeTopology::discover(session.hostname()).map_or(0, |n| n.cores);
+    let cores = nereus_topology::NodeTopology::discover(session.hostname()).map_or(0, |n| n.cores);
     Machine {
         hostname: session.hostname().into(),
         ranks: session.world().size(),

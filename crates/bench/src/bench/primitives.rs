@@ -23,7 +23,7 @@ use nereus_core::config::Dtype;
 use nereus_core::model::{Architecture, Catalogue, Layout, OutputHead};
 use nereus_core::plan::{ModelStage, Role, Stage};
 use nereus_exec::backend::BackendError;
-use nereus_exec::comm::gpu_plane::DeviceTransfer;
+use nereus_exec::comm::DeviceTransfer;
 use nereus_exec::comm::{calm_barrier, DataPlane, GroupId, MpiPlane, Transfer, Watchdog, World};
 use nereus_exec::emu::{
     Counters, DeviceMemory, EmuId, EmuSet, Exchange, HostMemory, PrimitiveOptions, PrimitiveReport, ShardMemory,

@@ -21,7 +21,6 @@ pub use memory::{
 };
 pub use placement::{RankMemory, RankPeaks};
 pub use position::PositionCost;
-use position::{micro, per_replica};
 pub use stats::ModelStats;
 
 use serde::Serialize;
@@ -478,4 +477,13 @@ impl Schedule {
             hop_sequences: share / pp,
         }
     }
+}
+/// Sequences of the slowest replica.
+fn per_replica(sequences: u64, dp: u32) -> u64 {
+    sequences.div_ceil(u64::from(dp))
+}
+
+/// Sequences per micro-batch (or generation wave) of a replica holding `share` sequences.
+fn micro(c: &Candidate, share: u64) -> u64 {
+    u64::from(c.micro_batch).min(share).max(1)
 }

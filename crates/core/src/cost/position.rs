@@ -9,7 +9,7 @@ use super::memory::{
     GRADIENT_BYTES,
 };
 use super::reference::{self, Residence};
-use super::{CostModel, ModelStats, PositionMemory, Workload};
+use super::{micro, per_replica, CostModel, ModelStats, PositionMemory, Workload};
 use crate::model::catalogue::blocks_of_stage;
 use crate::model::{Layout, LocalShape, OutputHead, Position};
 use crate::plan::{Candidate, ModelStage, Recompute, Stage};
@@ -168,7 +168,7 @@ impl PositionCost {
                 let micro_batches = share.div_ceil(micro);
                 let train = reference::training(s, self.params, micro, micro_batches, seq, self.pp, self.j, on);
                 // The actor's old log-probabilities run forward-only on its training replicas.
-                let old_logp = reference::inference(s, self::micro(c, rollout), seq, on);
+                let old_logp = reference::inference(s, super::micro(c, rollout), seq, on);
                 if old_logp.total() > train.total() {
                     old_logp
                 } else {
@@ -238,16 +238,6 @@ pub fn heavier(first: PositionMemory, last: Option<PositionMemory>) -> PositionM
 /// at `first` (on equal peaks, the first).
 pub fn last_is_heavier(first: u64, last: u64) -> bool {
     last > first
-}
-
-/// Sequences of the slowest replica.
-pub(super) fn per_replica(sequences: u64, dp: u32) -> u64 {
-    sequences.div_ceil(u64::from(dp))
-}
-
-/// Sequences per micro-batch (or generation wave) of a replica holding `share` sequences.
-pub(super) fn micro(c: &Candidate, share: u64) -> u64 {
-    u64::from(c.micro_batch).min(share).max(1)
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 //! Every matrix is row-major, as the engine stores them; the vendor libraries are column-major,
 //! so a row-major `C = op(A)·op(B)` is issued as the column-major `Cᵀ = op(B)ᵀ·op(A)ᵀ`.
 
-use crate::engine::real::{matmul, Op};
+use super::linalg::{matmul, Op};
 
 /// What the GEMM writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,8 +110,8 @@ mod vendor {
     use std::ffi::c_void;
 
     use super::{Gemm, GemmOut};
+    use crate::backend::linalg::Op;
     use crate::backend::BackendError;
-    use crate::engine::real::Op;
 
     /// A vendor BLAS's names and enumeration values (the parts of the ABI the engine uses).
     #[derive(Debug, Clone, Copy)]

@@ -650,7 +650,7 @@ pub(crate) fn check_rect_copies_against_host(device: &Device) {
     for c in cases {
         let mut expected = vec![0u8; bytes];
         device.upload(&expected, dst).unwrap();
-        crate::emu::copy_rect_host(&host, &mut expected, &c);
+        c.copy_on_host(&host, &mut expected);
         // SAFETY: every case lies inside the 1 MiB allocations.
         unsafe { device.copy_rects(src, dst, &[c]).unwrap() };
         let mut got = vec![0u8; bytes];

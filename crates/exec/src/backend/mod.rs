@@ -12,6 +12,7 @@ pub mod blas;
 pub mod cuda;
 pub mod emulated;
 pub mod gpu;
+pub mod linalg;
 #[cfg(feature = "rocm")]
 pub mod rocm;
 

@@ -12,7 +12,6 @@ use mpi::traits::{CommunicatorCollectives, Destination, Group as _, Root, Source
 use std::collections::HashMap;
 
 use super::collectives::DataType;
-use super::gpu_plane::DeviceTransfer;
 use super::{CommError, Watchdog, World};
 use crate::backend::gpu::DevicePtr;
 
@@ -22,6 +21,17 @@ const MAX_MESSAGE_BYTES: usize = 1 << 30;
 /// Handle of a group created with [`DataPlane::group`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct GroupId(pub(crate) usize);
+
+/// One device transfer of an exchange: bytes at a device address to or from a world rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceTransfer {
+    /// World rank of the other end.
+    pub peer: i32,
+    /// Device address of the bytes.
+    pub data: DevicePtr,
+    /// How many.
+    pub bytes: u64,
+}
 
 /// One point-to-point transfer of an exchange: bytes to or from a world rank.
 pub enum Transfer<'a> {

@@ -20,24 +20,13 @@ use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 
 use super::collectives::{CollectiveLib, DataType, RawComm, UniqueId, SPLIT_NO_COLOR};
-use super::{CommError, DataPlane, GroupId, Transfer, Watchdog};
+use super::{CommError, DataPlane, DeviceTransfer, GroupId, Transfer, Watchdog};
 use crate::backend::gpu::{Device, DevicePtr};
 use nereus_core::index_list::format_index_list;
 
 /// A device communicator made by [`GpuPlane::device_group`] or [`GpuPlane::device_groups`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DeviceGroup(usize);
-
-/// One device transfer of an exchange: bytes at a device address to or from a world rank.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DeviceTransfer {
-    /// World rank of the other end.
-    pub peer: i32,
-    /// Device address of the bytes.
-    pub data: DevicePtr,
-    /// How many.
-    pub bytes: u64,
-}
 
 /// How the plane made a communicator (for tests and logs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

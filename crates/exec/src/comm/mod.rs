@@ -26,7 +26,7 @@ pub use control::{
     agree, agree_outcome, all_gather_bytes, broadcast_bytes, calm_barrier, gather_bytes_to_root, max_over_ranks,
     Agreement, PhaseFailure,
 };
-pub use data_plane::{DataPlane, GroupId, MpiPlane, Transfer};
+pub use data_plane::{DataPlane, DeviceTransfer, GroupId, MpiPlane, Transfer};
 pub use error::CommError;
 pub use watchdog::{FaultInjection, Watchdog};
 pub use world::World;

@@ -14,10 +14,12 @@ use std::rc::Rc;
 
 use crate::backend::gpu::{Device, DevicePtr};
 use crate::backend::BackendError;
-use crate::comm::gpu_plane::{DeviceTransfer, GpuPlane};
+use crate::comm::gpu_plane::GpuPlane;
+use crate::comm::DeviceTransfer;
 use crate::comm::{CommError, DataPlane};
 
-use super::memory::{Buffers, Exchange, HostFill, Message, Place, RectCopy, ShardBuffer, ShardMemory};
+use super::memory::{Buffers, Exchange, HostFill, Message, Place, RectCopy, ShardMemory};
+use super::shard::ShardBuffer;
 use super::{EmuError, LocalShard};
 
 /// One device allocation; freed in stream order when dropped.

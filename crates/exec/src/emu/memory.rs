@@ -13,19 +13,8 @@ use std::ops::Range;
 use crate::comm::{CommError, DataPlane, Transfer};
 pub use nereus_kernels::pack::RectCopy;
 
-use super::{EmuError, EmuId, LocalShard};
-
-/// A flat shard buffer in some memory.
-pub trait ShardBuffer {
-    /// Its length in bytes (what the ledger charges for it).
-    fn byte_len(&self) -> u64;
-}
-
-impl ShardBuffer for Vec<u8> {
-    fn byte_len(&self) -> u64 {
-        self.len() as u64
-    }
-}
+use super::shard::{LocalShard, ShardBuffer};
+use super::{EmuError, EmuId};
 
 /// Where shard buffers live and how rectangles are copied there.
 pub trait ShardMemory {
@@ -75,19 +64,6 @@ pub type HostFill<'f> = dyn FnMut(&mut LocalShard) -> Result<(), String> + 'f;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct HostMemory;
 
-/// Copies one rectangle between host byte slices.
-pub fn copy_rect_host(src: &[u8], dst: &mut [u8], c: &RectCopy) {
-    if c.is_contiguous() {
-        let (s, d, n) = (c.src_offset as usize, c.dst_offset as usize, c.bytes() as usize);
-        dst[d..d + n].copy_from_slice(&src[s..s + n]);
-        return;
-    }
-    for row in 0..c.rows {
-        let (s, d) = (c.src_row(row), c.dst_row(row));
-        dst[d.start as usize..d.end as usize].copy_from_slice(&src[s.start as usize..s.end as usize]);
-    }
-}
-
 impl ShardMemory for HostMemory {
     type Buffer = Vec<u8>;
 
@@ -104,7 +80,7 @@ impl ShardMemory for HostMemory {
     }
 
     fn copy_rects(&self, src: &Vec<u8>, dst: &mut Vec<u8>, copies: &[RectCopy]) -> Result<(), EmuError> {
-        copies.iter().for_each(|c| copy_rect_host(src, dst, c));
+        copies.iter().for_each(|c| c.copy_on_host(src, dst));
         Ok(())
     }
 
@@ -244,11 +220,11 @@ mod tests {
         // Two rows of 4 bytes from a pitch-8 source, packed.
         let c = RectCopy { src_offset: 2, src_pitch: 8, dst_offset: 0, dst_pitch: 4, row_bytes: 4, rows: 2 };
         assert!(!c.is_contiguous());
-        copy_rect_host(&src, &mut dst, &c);
+        c.copy_on_host(&src, &mut dst);
         assert_eq!(dst, [2, 3, 4, 5, 10, 11, 12, 13]);
         let whole = RectCopy { src_offset: 8, src_pitch: 4, dst_offset: 0, dst_pitch: 4, row_bytes: 4, rows: 2 };
         assert!(whole.is_contiguous());
-        copy_rect_host(&src, &mut dst, &whole);
+        whole.copy_on_host(&src, &mut dst);
         assert_eq!(dst, (8..16).collect::<Vec<u8>>());
     }
 

@@ -12,6 +12,7 @@ mod ledger;
 mod memory;
 mod movement;
 mod set;
+mod shard;
 mod store;
 mod unit;
 
@@ -19,12 +20,11 @@ pub use device::{DeviceBuffer, DeviceMemory};
 pub use digest::{synthetic_fill, Digest};
 pub use execute::RankPlan;
 pub use ledger::MemoryLedger;
-pub use memory::{
-    copy_rect_host, Buffers, Exchange, HostFill, HostMemory, Message, Place, RectCopy, ShardBuffer, ShardMemory,
-};
+pub use memory::{Buffers, Exchange, HostFill, HostMemory, Message, Place, RectCopy, ShardMemory};
 pub use movement::{Movement, Segment, TargetEmu};
 pub use set::{merge_ranks, split_ranks, EmuSet, PrimitiveOptions, PrimitiveReport};
-pub use store::{LocalShard, ShardStore};
+pub use shard::{shard_charges, LocalShard, ShardBuffer};
+pub use store::ShardStore;
 pub use unit::{Counters, Emu, EmuId};
 
 use nereus_core::model::Section;

@@ -13,7 +13,8 @@ use nereus_core::plan::{ModelStage, Role};
 
 use super::digest::{counters_digest, shard_digest};
 use super::execute::{move_sections, RankPlan};
-use super::memory::{Exchange, HostMemory, ShardBuffer, ShardMemory};
+use super::memory::{Exchange, HostMemory, ShardMemory};
+use super::shard::ShardBuffer;
 use super::{
     synthetic_fill, Counters, Digest, Emu, EmuError, EmuId, LocalShard, Movement, Section, ShardStore, TargetEmu,
 };

@@ -9,7 +9,7 @@
 
 use crate::backend::gpu::DevicePtr;
 use crate::comm::collectives::DataType;
-use crate::comm::gpu_plane::DeviceTransfer;
+use crate::comm::DeviceTransfer;
 use crate::comm::{DataPlane, GroupId, Transfer};
 use crate::emu::Emu;
 use nereus_core::cost::OpClass;

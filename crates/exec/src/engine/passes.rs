@@ -7,7 +7,8 @@
 
 use super::arena::Arena;
 use super::compute::{Compute, Host, HostShard, MixedShard, OnDevice, Optimize};
-use super::generate::{Generated, Sampling};
+use super::generate::Generated;
+use super::sampling::Sampling;
 use super::train::{Batch, Objective, StepReport};
 use super::{f32_sections, AdamW, EngineError, Replica};
 use crate::backend::gpu::{DeviceArray, DeviceView};

@@ -23,7 +23,7 @@ use nereus_core::model::{Catalogue, Layout, Position, Region};
 use nereus_core::plan::{ModelStage, Plan, Role};
 use nereus_exec::comm::calm_barrier;
 use nereus_exec::emu::{
-    copy_rect_host, Counters, DeviceMemory, Digest, EmuSet, Exchange, HostMemory, LocalShard, RectCopy, ShardMemory,
+    Counters, DeviceMemory, Digest, EmuSet, Exchange, HostMemory, LocalShard, RectCopy, ShardMemory,
 };
 use nereus_runtime::checkpoint::save::write_durably;
 use nereus_runtime::checkpoint::tensors::{serialize, NamedTensor};
@@ -171,7 +171,7 @@ impl SavedFiles {
                         row_bytes: overlap.cols * eb,
                         rows: overlap.rows,
                     };
-                    copy_rect_host(view.data(), &mut shard.buffer, &copy);
+                    copy.copy_on_host(view.data(), &mut shard.buffer);
                 }
             }
         }

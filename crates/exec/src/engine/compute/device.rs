@@ -17,12 +17,12 @@ use std::ops::Range;
 use super::{pipe_through_host, Compute, GradView, KvRows, Neighbour, Optimize, PipeLink, RowCopy, View};
 use crate::backend::blas::{Gemm, GemmOut};
 use crate::backend::gpu::{Device, DeviceArray, DevicePtr, DeviceView};
+use crate::backend::linalg::Op;
 use crate::comm::collectives::DataType;
 use crate::comm::DataPlane;
 use crate::engine::arena::{Arena, Mark};
-use crate::engine::generate::Sampling;
 use crate::engine::ops::{AttentionShape, Rope, TensorGroup};
-use crate::engine::real::Op;
+use crate::engine::sampling::Sampling;
 use crate::engine::timers::timed;
 use crate::engine::{AdamW, EngineError, Replica};
 use nereus_core::cost::{MemoryBreakdown, MemoryItem, OpClass};
@@ -122,7 +122,14 @@ impl<'d, 'a, 'l> OnDevice<'d, 'a, 'l> {
 
     fn gemm(&self, g: Gemm, a: DevicePtr, b: DevicePtr, c: DevicePtr) -> Result<(), EngineError> {
         // SAFETY: callers pass buffers holding op(A)[m,k], op(B)[k,n] and C[m,n] of `g`.
-        unsafe { self.device.gemm(&g, a, b, c)? };
+        let run = || unsafe { self.device.gemm(&g, a, b, c) };
+        // A host timer measures a GEMM only where it has run when the call returns (the
+        // emulated device); a GPU's would time its issue.
+        if self.device.runtime().synchronous() {
+            timed(OpClass::Gemm, run)?;
+        } else {
+            run()?;
+        }
         Ok(())
     }
 

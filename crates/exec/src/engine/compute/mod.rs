@@ -23,8 +23,8 @@ pub use host::{Host, HostShard};
 use std::ops::Range;
 
 use super::arena::Mark;
-use super::generate::Sampling;
 use super::ops::{AttentionShape, TensorGroup};
+use super::sampling::Sampling;
 use super::{AdamW, EngineError, Replica};
 use crate::backend::gpu::DevicePtr;
 use crate::comm::DataPlane;

@@ -1,11 +1,12 @@
 //! Linear layer without bias, Hugging Face weight layout `W[out, in]`.
 
-use crate::engine::real::{matmul, Op};
-use crate::engine::Real;
+use crate::backend::linalg::{matmul, Op, Real};
+use crate::engine::timers::timed;
+use nereus_core::cost::OpClass;
 
 /// `y[N,out] = x[N,in] · W[out,in]ᵀ`.
 pub fn linear_forward<T: Real>(y: &mut [T], x: &[T], w: &[T], n: usize, inp: usize, out: usize) {
-    matmul(y, x, Op::N, w, Op::T, n, inp, out, false);
+    timed(OpClass::Gemm, || matmul(y, x, Op::N, w, Op::T, n, inp, out, false));
 }
 
 /// `dx[N,in] += dy · W` (when `dx` is given) and `dW[out,in] += dyᵀ · x`.
@@ -20,8 +21,10 @@ pub fn linear_backward<T: Real>(
     inp: usize,
     out: usize,
 ) {
-    if let Some(dx) = dx {
-        matmul(dx, dy, Op::N, w, Op::N, n, out, inp, true);
-    }
-    matmul(dw, dy, Op::T, x, Op::N, out, n, inp, true);
+    timed(OpClass::Gemm, || {
+        if let Some(dx) = dx {
+            matmul(dx, dy, Op::N, w, Op::N, n, out, inp, true);
+        }
+        matmul(dw, dy, Op::T, x, Op::N, out, n, inp, true);
+    });
 }

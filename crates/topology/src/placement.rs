@@ -11,6 +11,9 @@ use hwloc2::{CpuBindFlags, CpuSet, ObjectType, Topology};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
+use super::device::DeviceAssignment;
+use super::launcher::Launcher;
+use super::node::CpuBinding;
 use super::{TopologyError, WorldLayout, MAX_CPU_INDEX};
 use nereus_core::index_list::{format_index_list, parse_index_list};
 
@@ -198,6 +201,28 @@ pub fn tp_within_node(layout: &WorldLayout, world: usize) -> usize {
         .filter(|&t| (0..world).all(|r| layout.node_of(r) == layout.node_of(r - r % t)))
         .max()
         .unwrap_or(1)
+}
+
+/// Everything `nereus inspect topology` reports about one rank.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RankPlacement {
+    /// World rank.
+    pub rank: i32,
+    /// Host name.
+    pub hostname: String,
+    /// Node index in the world layout.
+    pub node: usize,
+    /// Position among the ranks of its node.
+    pub local_rank: usize,
+    /// CPU binding.
+    pub binding: CpuBinding,
+    /// Device this rank drives.
+    pub device: DeviceAssignment,
+    /// How the rank was started.
+    pub launcher: Launcher,
+    /// The cores closest to its GPU and NIC (`None` for a rank without a GPU).
+    #[serde(default)]
+    pub closest: Option<Placement>,
 }
 
 #[cfg(test)]

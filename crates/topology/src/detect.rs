@@ -65,7 +65,7 @@ pub fn detect_cluster(node: &NodeTopology, layout: &WorldLayout) -> ClusterSecti
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::topology::pci::GpuInfo;
+    use crate::pci::GpuInfo;
 
     fn node(gpus: Vec<GpuInfo>) -> NodeTopology {
         NodeTopology {

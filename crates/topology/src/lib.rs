@@ -1,8 +1,10 @@
-//! Topology: nodes, devices and links; hwloc discovery; rank placement and binding (the cores
-//! closest to a rank's GPU and NIC: `placement.rs`).
+//! Where ranks run: nodes, their GPUs and NICs as hwloc and sysfs describe them, the launcher
+//! that started the ranks, the device each rank drives, and the cores it is bound to (the cores
+//! closest to its GPU and NIC: `placement.rs`). The runtime uses it at start-up and `nereus
+//! inspect topology` reports it; nothing that moves tensors needs it.
 //!
 //! Rank arithmetic about *where* ranks run lives here ([`WorldLayout`]); which ranks a
-//! model-stage uses lives in `plan`.
+//! model-stage uses lives in core's `plan`.
 
 mod detect;
 mod device;
@@ -21,10 +23,10 @@ pub const MAX_DEVICE_INDEX: u32 = 1 << 10;
 pub use detect::detect_cluster;
 pub use device::{assign_device, DeviceAssignment};
 pub use launcher::Launcher;
-pub use layout::{RankPlacement, WorldLayout};
+pub use layout::WorldLayout;
 pub use node::{CpuBinding, NodeTopology};
 pub use pci::{GpuInfo, GpuVendor};
-pub use placement::{closest_cores, tp_within_node, Placement};
+pub use placement::{closest_cores, tp_within_node, Placement, RankPlacement};
 
 use thiserror::Error;
 

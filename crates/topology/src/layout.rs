@@ -1,10 +1,4 @@
-//! The world layout: which node each rank runs on, and each rank's full placement.
-
-use serde::{Deserialize, Serialize};
-
-use super::device::DeviceAssignment;
-use super::launcher::Launcher;
-use super::node::CpuBinding;
+//! The world layout: which node each rank runs on.
 
 /// Ranks grouped into nodes by host name. Nodes are numbered in order of their lowest rank.
 ///
@@ -64,28 +58,6 @@ impl WorldLayout {
     pub fn max_ranks_per_node(&self) -> usize {
         (0..self.nodes()).map(|n| self.node_of_rank.iter().filter(|&&m| m == n).count()).max().unwrap_or(0)
     }
-}
-
-/// Everything `nereus inspect topology` reports about one rank.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RankPlacement {
-    /// World rank.
-    pub rank: i32,
-    /// Host name.
-    pub hostname: String,
-    /// Node index in the world layout.
-    pub node: usize,
-    /// Position among the ranks of its node.
-    pub local_rank: usize,
-    /// CPU binding.
-    pub binding: CpuBinding,
-    /// Device this rank drives.
-    pub device: DeviceAssignment,
-    /// How the rank was started.
-    pub launcher: Launcher,
-    /// The cores closest to its GPU and NIC (`None` for a rank without a GPU).
-    #[serde(default)]
-    pub closest: Option<super::Placement>,
 }
 
 #[cfg(test)]

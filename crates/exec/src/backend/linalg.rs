@@ -1,11 +1,12 @@
-//! The scalar type of the reference engine: `f32` for training, `f64` for finite-difference
-//! checks. Matrix products go through the `gemm` crate, single-threaded (one core per MPI rank):
+//! The host's linear algebra: the scalar type of the reference engine (`f32` for training, `f64`
+//! for finite-difference checks) and the matrix product, which the host engine's linear layers and
+//! the emulated device's GEMMs share. Products go through the `gemm` crate, single-threaded (one
+//! core per MPI rank):
 //! measured on this machine's shapes it ran 8–15% faster than `matrixmultiply`, and clearly
 //! faster with a transposed operand (`docs/engine.md`); everything else is plain loops.
 
 use std::fmt::Debug;
 
-use nereus_core::cost::OpClass;
 use std::iter::Sum;
 use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Neg, Sub, SubAssign};
 
@@ -183,7 +184,7 @@ pub fn matmul<T: Real>(
         Op::T => (1, k as isize),
     };
     let beta = if accumulate { T::ONE } else { T::ZERO };
-    super::timers::timed(OpClass::Gemm, || {
+    {
         // SAFETY: the lengths were checked against the shapes above and `c` is a distinct slice.
         unsafe {
             T::gemm_raw(
@@ -203,7 +204,7 @@ pub fn matmul<T: Real>(
                 1,
             )
         }
-    })
+    }
 }
 
 #[cfg(test)]

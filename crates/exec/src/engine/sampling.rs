@@ -1,0 +1,112 @@
+//! How responses are sampled: the settings ([`Sampling`], [`StopIds`]) and the host's draw of one
+//! token from a row of logits ([`sample_token`], the reference a device's sampler is checked
+//! against).
+
+use serde::{Deserialize, Serialize};
+
+/// How responses are sampled.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Sampling {
+    /// Softmax temperature.
+    pub temperature: f32,
+    /// Nucleus: sample among the most likely tokens whose probabilities sum to at least this.
+    pub top_p: f32,
+    /// Longest response.
+    pub max_new_tokens: usize,
+    /// End-of-sequence token (also the padding after a response ends).
+    pub eos: u32,
+    /// Further ids a response ends at (Llama 3 and Qwen models stop at several).
+    pub also_stop: StopIds,
+    /// Take the most likely token instead of sampling (ReMax's baseline rollout).
+    pub greedy: bool,
+    /// Seed of the draws.
+    pub seed: u64,
+}
+
+/// Up to four more token ids a response stops at, beside [`Sampling::eos`] (a fixed array, so
+/// that [`Sampling`] stays `Copy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct StopIds {
+    ids: [u32; 4],
+    len: u8,
+}
+
+impl StopIds {
+    /// No further stop ids.
+    pub const NONE: StopIds = StopIds { ids: [0; 4], len: 0 };
+
+    /// `ids` (at most four), or `None` when there are more.
+    pub fn new(ids: &[u32]) -> Option<StopIds> {
+        let mut stop = StopIds::NONE;
+        for &id in ids {
+            *stop.ids.get_mut(stop.len as usize)? = id;
+            stop.len += 1;
+        }
+        Some(stop)
+    }
+
+    /// The ids.
+    pub fn as_slice(&self) -> &[u32] {
+        &self.ids[..self.len as usize]
+    }
+}
+
+impl Sampling {
+    /// Whether `token` ends a response.
+    pub fn stops_at(&self, token: u32) -> bool {
+        token == self.eos || self.also_stop.as_slice().contains(&token)
+    }
+}
+
+/// Picks a token from `logits` with the uniform draw `u ∈ [0, 1)`: greedy takes the arg-max
+/// (lowest index on ties); otherwise softmax at `temperature`, keep the smallest set of most
+/// likely tokens whose mass reaches `top_p`, and invert its cumulative distribution at `u`.
+pub fn sample_token(logits: &[f32], s: &Sampling, u: f64) -> u32 {
+    let argmax = (0..logits.len()).fold(0, |best, i| if logits[i] > logits[best] { i } else { best });
+    if s.greedy || s.temperature <= 0.0 {
+        return argmax as u32;
+    }
+    let t = f64::from(s.temperature);
+    let max = f64::from(logits[argmax]);
+    let mut probs: Vec<(usize, f64)> =
+        logits.iter().enumerate().map(|(i, &z)| (i, ((f64::from(z) - max) / t).exp())).collect();
+    let total: f64 = probs.iter().map(|p| p.1).sum();
+    probs.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    let (mut kept, mut mass) = (0, 0.0);
+    while kept < probs.len() && (kept == 0 || mass < f64::from(s.top_p) * total) {
+        mass += probs[kept].1;
+        kept += 1;
+    }
+    let target = u.clamp(0.0, 1.0) * mass;
+    let mut acc = 0.0;
+    for &(i, p) in &probs[..kept] {
+        acc += p;
+        if target < acc {
+            return i as u32;
+        }
+    }
+    probs[kept - 1].0 as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sampling(temperature: f32, top_p: f32) -> Sampling {
+        Sampling { temperature, top_p, max_new_tokens: 4, eos: 0, also_stop: StopIds::NONE, greedy: false, seed: 1 }
+    }
+
+    #[test]
+    fn sampling_inverts_the_nucleus_distribution() {
+        // Probabilities ∝ e^{0}, e^{ln 2}, e^{ln 5}: 1/8, 2/8, 5/8.
+        let logits = [0.0, 2f32.ln(), 5f32.ln()];
+        let s = sampling(1.0, 1.0);
+        assert_eq!(sample_token(&logits, &s, 0.0), 2);
+        assert_eq!(sample_token(&logits, &s, 0.62), 2);
+        assert_eq!(sample_token(&logits, &s, 0.63), 1);
+        assert_eq!(sample_token(&logits, &s, 0.9), 0);
+        // top_p = 0.8 keeps {2, 1} (mass 7/8): u = 0.9 lands in token 1.
+        assert_eq!(sample_token(&logits, &sampling(1.0, 0.8), 0.9), 1);
+        assert_eq!(sample_token(&logits, &Sampling { greedy: true, ..s }, 0.9), 2);
+    }
+}
