@@ -57,10 +57,10 @@ enum Command {
     Reward(reward::RewardArgs),
     /// Measure the runtime's machinery (run under mpirun/srun).
     #[cfg_attr(feature = "mpi", command(subcommand))]
-    Bench(bench::BenchArgs),
+    Bench(bench::BenchCommand),
     /// Check the runtime's machinery on this job's ranks.
     #[cfg_attr(feature = "mpi", command(subcommand))]
-    Selftest(selftest::SelftestArgs),
+    Selftest(selftest::SelftestCommand),
 }
 
 /// Heap metering for `nereus bench planner`'s peak-memory figure, in bench builds only

@@ -13,7 +13,8 @@ use common::{
     fast_ppo, run_mpi_timed, run_single, send_signal, set_key, spawn_mpi, step_records, text, wait_for_steps, write,
     Tmpfs,
 };
-use nereus_runtime::checkpoint::{FileDigest, Sidecar};
+use nereus_data::model_files::FileDigest;
+use nereus_runtime::checkpoint::Sidecar;
 use safetensors::tensor::TensorView;
 use safetensors::SafeTensors;
 

@@ -14,7 +14,7 @@ use common::{run_mpi, run_single, set_key, shipped, text, write};
 use nereus_core::config::hf::{self, ConfigJsonOptions};
 use nereus_core::config::{Dtype, ModelSpec, RopeScaling};
 use nereus_core::model::Catalogue;
-use nereus_runtime::checkpoint::{write_model_dir, NamedTensor, WriteOptions};
+use nereus_data::model_files::{write_model_dir, NamedTensor, WriteOptions};
 use safetensors::SafeTensors;
 use serde_json::Value;
 

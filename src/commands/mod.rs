@@ -12,11 +12,13 @@ pub mod simulate;
 pub mod trace;
 pub mod train;
 
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::Args;
 use std::path::PathBuf;
 
 use nereus_core::config::sets::KeySet;
-use nereus_core::config::{Algorithm, Overrides, PolicyMode};
+use nereus_core::config::{Algorithm, DeviceChoice, Overrides, PolicyMode};
+use nereus_core::named::Named;
 
 /// Flags that override keys of the job file.
 #[derive(Args, Debug, Clone)]
@@ -30,11 +32,11 @@ pub struct OverrideArgs {
     /// Overrides job.output_dir.
     #[arg(long, value_name = "DIR")]
     pub output_dir: Option<PathBuf>,
-    /// Overrides rl.algorithm (ppo, grpo, remax).
-    #[arg(long, value_parser = parse_algorithm)]
+    /// Overrides rl.algorithm.
+    #[arg(long, value_parser = named::<Algorithm>())]
     pub algorithm: Option<Algorithm>,
-    /// Overrides policy.mode: off, nereus, static, every-k or greedy.
-    #[arg(long, value_enum)]
+    /// Overrides policy.mode.
+    #[arg(long, value_parser = named::<PolicyMode>())]
     pub policy: Option<PolicyMode>,
     /// Cluster file replacing the job file's [cluster] table (e.g. configs/clusters/lumi-g.toml).
     #[arg(long, value_name = "FILE")]
@@ -48,14 +50,21 @@ pub struct OverrideArgs {
     pub sets: Vec<KeySet>,
 }
 
-/// `--algorithm`'s values.
-pub fn parse_algorithm(s: &str) -> Result<Algorithm, String> {
-    match s {
-        "ppo" => Ok(Algorithm::Ppo),
-        "grpo" => Ok(Algorithm::Grpo),
-        "remax" => Ok(Algorithm::Remax),
-        other => Err(format!("unknown algorithm `{other}`; expected ppo, grpo or remax")),
-    }
+/// The value parser of a flag that takes one of an enum's words (`--help` lists them).
+pub fn named<T: Named + Clone + Send + Sync>() -> impl TypedValueParser<Value = T> {
+    PossibleValuesParser::new(T::ALL.iter().map(|v| v.name())).try_map(|word: String| {
+        T::from_name(&word).ok_or_else(|| format!("unknown value `{word}`; expected one of {}", T::names()))
+    })
+}
+
+/// `--device[=KIND]`: device-resident state over the GPU data plane.
+#[derive(Args, Debug, Clone)]
+pub struct DeviceArg {
+    /// Keep shards in device memory and move them over NCCL/RCCL: `auto` (the backend this
+    /// binary has; the default when the flag has no value), `cuda`, `rocm`, or `emulated` (host
+    /// memory posing as a device over MPI, to test the device path without a GPU).
+    #[arg(long, value_name = "KIND", num_args = 0..=1, default_missing_value = "auto")]
+    pub device: Option<DeviceChoice>,
 }
 
 impl From<OverrideArgs> for Overrides {
@@ -68,6 +77,7 @@ impl From<OverrideArgs> for Overrides {
             policy: a.policy,
             cluster_file: a.cluster,
             nodes: a.nodes,
+            device: None,
             sets: a.sets,
         }
     }

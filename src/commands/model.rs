@@ -1,7 +1,12 @@
 //! `nereus model import-gguf FILE --out DIR`: a llama.cpp GGUF file as a Hugging Face model
-//! directory (docs/models.md).
+//! directory (docs/models.md). Pure file I/O: it runs in this process, in any build.
 
-use clap::Subcommand;
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+
+use nereus_core::config::Dtype;
+use nereus_data::gguf::import::import_gguf;
 
 use crate::launch::Global;
 
@@ -15,30 +20,51 @@ pub enum ModelCommand {
 }
 
 /// `nereus model import-gguf`'s arguments.
-#[cfg(feature = "mpi")]
-pub type ImportArgs = nereus_runtime::import::ImportGgufOptions;
-/// `nereus model import-gguf` (needs the `mpi` feature, which builds the model-directory writer).
-#[cfg(not(feature = "mpi"))]
-pub type ImportArgs = super::Unavailable;
+#[derive(Debug, Clone, Args)]
+pub struct ImportArgs {
+    /// The GGUF file.
+    pub file: PathBuf,
+    /// The model directory to write (created; files in it are replaced).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Dtype of the written weights: f32 (exactly the dequantized values) or bf16.
+    #[arg(long, default_value = "f32", value_parser = parse_dtype)]
+    pub dtype: Dtype,
+}
+
+fn parse_dtype(s: &str) -> Result<Dtype, String> {
+    match s {
+        "f32" => Ok(Dtype::F32),
+        "bf16" => Ok(Dtype::Bf16),
+        other => Err(format!("`{other}`: f32 or bf16")),
+    }
+}
 
 /// Runs `nereus model …` in this process (no MPI launch needed).
 pub fn exec(command: ModelCommand, global: &Global) -> u8 {
+    crate::logging::init(0, &global.log());
     match command {
-        #[cfg(feature = "mpi")]
-        ModelCommand::ImportGguf(args) => {
-            crate::logging::init(0, &global.log());
-            match nereus_runtime::import::import_gguf(&args) {
-                Ok(()) => 0,
-                Err(e) => {
-                    eprintln!("nereus: error: {e}");
-                    e.exit_code()
-                }
+        ModelCommand::ImportGguf(args) => match import_gguf(&args.file, &args.out, args.dtype) {
+            Ok(done) => {
+                let s = &done.spec;
+                println!(
+                    "{}: {} layers, hidden {}, {} heads ({} KV), vocab {}, {} tensors as {} in {}",
+                    args.file.display(),
+                    s.layers,
+                    s.hidden,
+                    s.heads,
+                    s.kv_heads,
+                    s.vocab,
+                    done.tensors,
+                    nereus_core::config::hf::hf_dtype_name(args.dtype),
+                    args.out.display()
+                );
+                0
             }
-        }
-        #[cfg(not(feature = "mpi"))]
-        ModelCommand::ImportGguf(_) => {
-            let _ = global;
-            crate::launch::needs_mpi("model import-gguf")
-        }
+            Err(e) => {
+                eprintln!("nereus: error: {e}");
+                e.exit_code()
+            }
+        },
     }
 }

@@ -42,7 +42,7 @@ pub struct RewardArgs {
     #[arg(long, default_value_t = 30.0)]
     pub timeout: f64,
     /// What a scorer failure does: stop (exit naming the line) or zero (score 0, count it).
-    #[arg(long, value_enum, default_value = "stop")]
+    #[arg(long, value_parser = super::named::<OnError>(), default_value = "stop")]
     pub on_error: OnError,
     /// Also write every line's score as JSON.
     #[arg(long, value_name = "PATH")]

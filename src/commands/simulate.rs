@@ -27,7 +27,7 @@ pub struct SimulateArgs {
     #[arg(long, allow_negative_numbers = true)]
     pub gpus: Option<u32>,
     /// Policies to simulate, comma-separated.
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "nereus,static,greedy,every-k")]
+    #[arg(long, value_parser = super::named::<PolicyMode>(), value_delimiter = ',', default_value = "nereus,static,greedy,every-k")]
     pub policies: Vec<PolicyMode>,
     /// γ of the nereus policy (default: policy.gamma).
     #[arg(long, conflicts_with = "gamma_sweep", allow_negative_numbers = true)]
@@ -98,8 +98,8 @@ pub enum TruthKind {
 /// truth's, not `job.seed`).
 #[derive(Args, Debug, Clone)]
 pub struct SimulateOverrides {
-    /// Overrides rl.algorithm (ppo, grpo, remax).
-    #[arg(long, value_parser = super::parse_algorithm)]
+    /// Overrides rl.algorithm.
+    #[arg(long, value_parser = super::named::<nereus_core::config::Algorithm>())]
     pub algorithm: Option<nereus_core::config::Algorithm>,
     /// Cluster file replacing the job file's [cluster] table (e.g. configs/clusters/lumi-g.toml).
     #[arg(long, value_name = "FILE")]

@@ -23,7 +23,7 @@ pub struct SynthArgs {
     /// The CSV file to write.
     pub out: PathBuf,
     /// The shape.
-    #[arg(long, value_enum, default_value = "growth")]
+    #[arg(long, value_parser = super::named::<Shape>(), default_value = "growth")]
     pub shape: Shape,
     /// Steps (paper26 has 26).
     #[arg(long, default_value_t = 1000)]

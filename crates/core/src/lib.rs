@@ -3,7 +3,7 @@
 //!
 //! Layers, bottom-up (see `docs/architecture.md`): [`config`] → [`model`] → [`plan`] → [`cost`]
 //! → [`planner`] → [`transition`] (planning) → [`policy`] → [`sim`]; [`plot`], [`units`],
-//! [`rng`] and [`index_list`] are shared helpers below every layer, and `exact` (feature
+//! [`rng`], [`index_list`] and [`named`] are shared helpers below every layer, and `exact` (feature
 //! `exact`) holds the MILPs the planner and the transition scheduler are checked against.
 //! The user's data (prompt files, tokenizers, rewards) lives in the `nereus-data` crate.
 
@@ -16,6 +16,7 @@ pub mod file_error;
 pub mod half;
 pub mod index_list;
 pub mod model;
+pub mod named;
 pub mod plan;
 pub mod planner;
 pub mod plot;

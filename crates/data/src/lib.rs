@@ -4,11 +4,14 @@
 //!   every error naming the file, the line and the field;
 //! - [`text`]: the model directory's tokenizer (`tokenizer.json`), chat template and special
 //!   tokens, rendering chat messages into the token ids a prompt starts from;
-//! - [`reward`]: rewards over text — rules (`math`, `exact`) and external scorer commands.
+//! - [`reward`]: rewards over text — rules (`math`, `exact`) and external scorer commands;
+//! - [`model_files`]: Hugging Face model directories and safetensors files, read and written;
+//! - [`gguf`]: llama.cpp's GGUF files, imported as model directories.
 //!
 //! See `docs/data.md` for the file formats and the keys.
 
 pub mod gguf;
+pub mod model_files;
 pub mod prompts;
 pub mod records;
 pub mod reward;

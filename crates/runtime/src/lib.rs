@@ -5,7 +5,6 @@
 
 pub mod checkpoint;
 pub mod device;
-pub mod import;
 pub mod inspect;
 pub mod logprobs;
 pub mod probe;
@@ -128,6 +127,12 @@ impl From<ConfigError> for RuntimeError {
 impl From<checkpoint::CheckpointError> for RuntimeError {
     fn from(e: checkpoint::CheckpointError) -> RuntimeError {
         RuntimeError::Checkpoint(Box::new(e))
+    }
+}
+
+impl From<nereus_data::model_files::ModelFileError> for RuntimeError {
+    fn from(e: nereus_data::model_files::ModelFileError) -> RuntimeError {
+        checkpoint::CheckpointError::from(e).into()
     }
 }
 

@@ -13,37 +13,33 @@ use std::path::{Path, PathBuf};
 
 use serde_json::json;
 
-use super::checkpoint::{fill_shard, open_weights, CheckpointError, Expect, ModelWeights, SIDECAR};
+use super::checkpoint::{fill_shard, CheckpointError, SIDECAR};
 use super::{io_error, RuntimeError, Session};
 use nereus_core::config::check::MAX_TOKENS;
 use nereus_core::config::{hf, Dtype};
 use nereus_core::model::{Catalogue, Layout, OutputHead};
 use nereus_core::plan::{ModelStage, Role, Stage};
+use nereus_data::model_files::{open_weights, Expect, ModelWeights};
 use nereus_exec::comm::DataPlane;
 use nereus_exec::emu::{Counters, EmuSet, HostMemory};
 use nereus_exec::engine::parallel::assemble_rows;
 use nereus_exec::engine::{Batch, EngineMemory, Replica};
 
 /// What `nereus logprobs` scores and how.
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Debug, Clone)]
 pub struct LogprobsOptions {
     /// The model directory (config.json and *.safetensors), e.g. a checkpoint's step-N/actor.
     pub dir: PathBuf,
     /// JSON file with a list of token-id sequences, e.g. [[1, 5, 9], [2, 7]].
-    #[arg(long, value_name = "FILE.json")]
     pub tokens: PathBuf,
     /// Write the JSON here instead of standard output.
-    #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
     /// Tensor-parallel degree of each replica (the ranks form ranks / (tp x pp) replicas that
     /// share the sequences).
-    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
     pub tp: u32,
     /// Pipeline-parallel degree of each replica.
-    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
     pub pp: u32,
     /// Sequences per forward pass.
-    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
     pub micro_batch: usize,
 }
 

@@ -73,29 +73,24 @@ struct Case {
 
 /// The cost model calibrated on this machine: the tiny PPO job under 16 fixed plans on 4 and
 /// 8 ranks, efficiencies fitted on half, the other half predicted (mpirun -n 8).
-#[derive(Debug, Clone, clap::Args)]
-pub struct Args {
+#[derive(Debug, Clone)]
+pub struct Options {
     /// Cluster file whose detected figures the start-up probes measure.
-    #[arg(long, default_value = "configs/clusters/local-detect.toml")]
     pub cluster: PathBuf,
     /// Training steps per plan (the first is a warm-up and not measured).
-    #[arg(long, default_value_t = 8)]
     pub steps: u32,
     /// Where the plans' runs are written (replaced).
-    #[arg(long, default_value = "runs/bench-calibration")]
     pub out_dir: PathBuf,
     /// Also write the report as JSON.
-    #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
     /// Busy threads rank 0 spins beside the measurement, standing in for other work on the
     /// node's cores (a loaded machine); 0, the default, measures a quiet one. The floors hold
     /// for a quiet machine only; a loaded run reports its errors without them.
-    #[arg(long, default_value_t = 0)]
     pub load: u32,
 }
 
 /// Runs the benchmark on every rank with `args`.
-pub fn run(session: &mut Session, args: &Args) -> Result<(), RuntimeError> {
+pub fn run(session: &mut Session, args: &Options) -> Result<(), RuntimeError> {
     let _load = (session.rank() == 0).then(|| Load::start(args.load));
     benchmark(session, &args.cluster, args.steps, &args.out_dir, args.json.as_deref(), args.load)
 }

@@ -59,18 +59,16 @@ pub struct Row {
 
 /// The time of one controller decision: the tiny job's recorded run, and Llama-3.1-8B PPO
 /// at 1,024 and 16,384 GPUs from modelled monitor records.
-#[derive(Debug, Clone, clap::Args)]
-pub struct Args {
+#[derive(Debug, Clone)]
+pub struct Options {
     /// The large job (run from the repository root for the defaults).
-    #[arg(long, default_value = "configs/llama3.1-8b-ppo.toml")]
     pub config: PathBuf,
     /// Also write the report as JSON.
-    #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
 }
 
 /// Runs the benchmark on every rank with `args`.
-pub fn run(session: &mut Session, args: &Args) -> Result<(), RuntimeError> {
+pub fn run(session: &mut Session, args: &Options) -> Result<(), RuntimeError> {
     benchmark(session, &args.config, args.json.as_deref())
 }
 

@@ -165,21 +165,18 @@ fn scenario(kind: usize, rng: &mut Rng, world: i32) -> (Plan, Plan) {
 
 /// The three overlap types at eight memory capacities, Nereus and the per-component baseline executed
 /// (8 ranks).
-#[derive(Debug, Clone, clap::Args)]
-pub struct Args {
+#[derive(Debug, Clone)]
+pub struct Options {
     /// Trials per overlap type and capacity.
-    #[arg(long, default_value_t = 25)]
     pub trials: u32,
     /// Seed of the random placements and delays.
-    #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Also write the report as JSON.
-    #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
 }
 
 /// Runs the benchmark on every rank with `args`.
-pub fn run(session: &mut Session, args: &Args) -> Result<(), RuntimeError> {
+pub fn run(session: &mut Session, args: &Options) -> Result<(), RuntimeError> {
     benchmark(session, args.trials, args.seed, args.json.as_deref())
 }
 

@@ -1,5 +1,7 @@
-//! `nereus bench <what>`: benchmarks that need MPI ranks. Each prints a table and can write the
-//! JSON contract of `docs/benchmarks.md`: `{"bench", "machine", "rows", "floors"}`.
+//! `nereus bench <what>`: benchmarks that need MPI ranks, one module each with its `Options` and
+//! `run` (the binary's `commands/bench.rs` parses the flags into the options). Each prints a
+//! table and can write the JSON contract of `docs/benchmarks.md`: `{"bench", "machine", "rows",
+//! "floors"}`.
 
 pub mod calibration;
 pub mod controller;
@@ -18,15 +20,12 @@ pub mod transition;
 pub mod solver {
     use nereus_runtime::{RuntimeError, Session};
 
-    /// `nereus bench solver` (needs the `exact` feature).
-    #[derive(Debug, Clone, clap::Args)]
-    pub struct Args {
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
-        args: Vec<String>,
-    }
+    /// `nereus bench solver`'s options (none without the `exact` feature).
+    #[derive(Debug, Clone, Default)]
+    pub struct Options;
 
     /// Fails with a usage error (exit status 2) that names the build.
-    pub fn run(_: &mut Session, _: &Args) -> Result<(), RuntimeError> {
+    pub fn run(_: &mut Session, _: &Options) -> Result<(), RuntimeError> {
         Err(RuntimeError::Usage(
             "nereus bench solver needs the exact solvers: build with `cargo build --release --features exact` \
              (HiGHS is built from source: cmake and a C++ compiler)"
@@ -40,63 +39,6 @@ use std::io::Write;
 use std::path::Path;
 
 use nereus_runtime::{RuntimeError, Session};
-
-/// `nereus bench <what>`: measure the runtime's machinery (run under mpirun/srun).
-#[derive(Debug, Clone, clap::Subcommand)]
-pub enum BenchCommand {
-    /// Plan selection on 8–64 GPUs and transition scheduling on DAGs of up to 64 primitives
-    /// against exact MILPs solved by HiGHS (build with --features exact): gap and time ratio.
-    Solver(solver::Args),
-    /// The simulator: a 1,000-step length-growth trace, four policies, at 1,024 and 16,384 GPUs.
-    Simulate(simulate::Args),
-    /// Forward, backward, training-step and decode throughput of the CPU engine on one rank,
-    /// and its FLOP/s against the GEMM crate's on the step's own shapes.
-    Engine(engine::Args),
-    /// Split/Merge/Extend/Destroy bytes, time and bandwidth vs point-to-point (>= 2 ranks; with
-    /// --device, also the pack/unpack kernels vs the device's copy engine, from 1 rank).
-    Primitives(primitives::Args),
-    /// Scaling a PPO job's training state (two 50M+-parameter models, θ and Adam moments):
-    /// DP 2→4→8 ranks, 8→4, and a reshard, each by the transition DAG, by checkpoint/restart
-    /// (UCP-style, a fresh mpirun) and tensor by tensor (Tenplex-style), against the
-    /// point-to-point bandwidth (mpirun -n 8).
-    Scaling(scaling::Args),
-    /// Global transition DAG build time from 32 to 16,384 ranks, and its gap to the best order.
-    TransitionPlanning(transition::Args),
-    /// The three overlap types at eight memory capacities, Nereus and the per-component
-    /// baseline both executed on live EMUs (8 ranks).
-    Coordination(coordination::Args),
-    /// The cost model calibrated on this machine: the tiny PPO job under 16 fixed plans on 4 and
-    /// 8 ranks, efficiencies fitted on half, the other half predicted (mpirun -n 8).
-    Calibration(calibration::Args),
-    /// The time of one controller decision: the tiny job's recorded run, and Llama-3.1-8B PPO
-    /// at 1,024 and 16,384 GPUs from modelled monitor records.
-    Controller(controller::Args),
-    /// Replan time and peak memory of the plan search from 8 to 16,384 GPUs.
-    Planner(planner::Args),
-    /// The restarted job of `bench scaling` (launched by it).
-    #[command(hide = true)]
-    ScalingRestore {
-        /// The checkpoint directory.
-        dir: std::path::PathBuf,
-    },
-}
-
-/// Runs `command` on every rank of `session`.
-pub fn run(session: &mut Session, command: &BenchCommand) -> Result<(), RuntimeError> {
-    match command {
-        BenchCommand::Solver(args) => solver::run(session, args),
-        BenchCommand::Simulate(args) => simulate::run(session, args),
-        BenchCommand::Engine(args) => engine::run(session, args),
-        BenchCommand::Primitives(args) => primitives::run(session, args),
-        BenchCommand::Scaling(args) => scaling::run(session, args),
-        BenchCommand::TransitionPlanning(args) => transition::run(session, args),
-        BenchCommand::Coordination(args) => coordination::run(session, args),
-        BenchCommand::Calibration(args) => calibration::run(session, args),
-        BenchCommand::Controller(args) => controller::run(session, args),
-        BenchCommand::Planner(args) => planner::run(session, args),
-        BenchCommand::ScalingRestore { dir } => scaling::restore(session, dir),
-    }
-}
 
 /// The median of `xs` (the upper one of an even count; 0 when there is nothing to take it of).
 pub fn median(mut xs: Vec<f64>) -> f64 {

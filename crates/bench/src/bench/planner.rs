@@ -50,24 +50,20 @@ fn links(planner: &Planner, host_gbps: f64) -> Links {
 pub const SIZES: [u32; 12] = [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384];
 
 /// Replan time and peak memory of the plan search from 8 to 16,384 GPUs.
-#[derive(Debug, Clone, clap::Args)]
-pub struct Args {
+#[derive(Debug, Clone)]
+pub struct Options {
     /// The job to plan (run from the repository root for the default).
-    #[arg(long, default_value = "configs/llama3.1-8b-ppo.toml")]
     pub config: PathBuf,
     /// Response length in tokens to plan for.
-    #[arg(long, default_value_t = 4096)]
     pub seq_len: u64,
     /// Repetitions per size (the median is reported).
-    #[arg(long, default_value_t = 5)]
     pub reps: usize,
     /// Also write the report as JSON.
-    #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
 }
 
 /// Runs the benchmark on every rank with `args`.
-pub fn run(session: &mut Session, args: &Args) -> Result<(), RuntimeError> {
+pub fn run(session: &mut Session, args: &Options) -> Result<(), RuntimeError> {
     benchmark(session, &args.config, args.seq_len, args.reps, args.json.as_deref())
 }
 

@@ -31,7 +31,6 @@ use nereus_exec::emu::{
 use nereus_kernels::pack::RectCopy;
 
 use super::{machine, median, BenchReport, Floor};
-use crate::DeviceArg;
 use nereus_core::config::DeviceChoice;
 use nereus_runtime::device::{open_device, Plane};
 use nereus_runtime::{RuntimeError, Session};
@@ -170,24 +169,20 @@ fn p2p_seconds<P: Measured>(
 
 /// Split/Merge/Extend/Destroy bytes, time and bandwidth vs point-to-point (>= 2 ranks; with
 /// --device, also the pack/unpack kernels vs the device's copy engine, from 1 rank).
-#[derive(Debug, Clone, clap::Args)]
-pub struct Args {
+#[derive(Debug, Clone)]
+pub struct Options {
     /// Unit sizes in MiB, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64,256,1024")]
     pub sizes_mib: Vec<u64>,
     /// Measured repetitions per size after one warm-up (the median is reported).
-    #[arg(long, default_value_t = 5)]
     pub reps: usize,
     /// Also write the report as JSON.
-    #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
-    #[command(flatten)]
-    pub device: DeviceArg,
+    pub device: Option<DeviceChoice>,
 }
 
 /// Runs the benchmark on every rank with `args`.
-pub fn run(session: &mut Session, args: &Args) -> Result<(), RuntimeError> {
-    benchmark(session, &args.sizes_mib, args.reps.max(1), args.json.as_deref(), args.device.device)
+pub fn run(session: &mut Session, args: &Options) -> Result<(), RuntimeError> {
+    benchmark(session, &args.sizes_mib, args.reps.max(1), args.json.as_deref(), args.device)
 }
 
 /// Runs the benchmark; rank 0 prints the table and writes the report.

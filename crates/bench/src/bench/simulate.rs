@@ -37,21 +37,18 @@ pub struct Row {
 }
 
 /// The simulator: a 1,000-step length-growth trace, four policies, at 1,024 and 16,384 GPUs.
-#[derive(Debug, Clone, clap::Args)]
-pub struct Args {
+#[derive(Debug, Clone)]
+pub struct Options {
     /// The job to simulate (run from the repository root for the default).
-    #[arg(long, default_value = "configs/llama3.1-8b-ppo.toml")]
     pub config: PathBuf,
     /// The trace (its available_gpus column, if any, is replaced by each size).
-    #[arg(long, default_value = "configs/traces/growth-1000.csv")]
     pub trace: PathBuf,
     /// Also write the report as JSON.
-    #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
 }
 
 /// Runs the benchmark on every rank with `args`.
-pub fn run(session: &mut Session, args: &Args) -> Result<(), RuntimeError> {
+pub fn run(session: &mut Session, args: &Options) -> Result<(), RuntimeError> {
     benchmark(session, &args.config, &args.trace, args.json.as_deref())
 }
 

@@ -116,25 +116,21 @@ pub struct DagRow {
 
 /// Plan selection on 8–64 GPUs and transition scheduling on DAGs of up to 64 primitives
 /// against exact MILPs solved by HiGHS (build with --features exact): gap and time ratio.
-#[derive(Debug, Clone, clap::Args)]
-pub struct Args {
+#[derive(Debug, Clone)]
+pub struct Options {
     /// The job to plan (run from the repository root for the default).
-    #[arg(long, default_value = "configs/llama3.1-8b-ppo.toml")]
     pub config: PathBuf,
     /// Repetitions per instance of our searches and of plan selection's MILP (the median is
     /// reported; a DAG's MILP is solved once).
-    #[arg(long, default_value_t = 3)]
     pub reps: usize,
     /// Seconds each DAG-scheduling MILP may run before it reports its best schedule and bound.
-    #[arg(long, default_value_t = 60.0)]
     pub time_limit: f64,
     /// Also write the report as JSON.
-    #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
 }
 
 /// Runs the benchmark on every rank with `args`.
-pub fn run(session: &mut Session, args: &Args) -> Result<(), RuntimeError> {
+pub fn run(session: &mut Session, args: &Options) -> Result<(), RuntimeError> {
     benchmark(session, &args.config, args.reps, args.time_limit, args.json.as_deref())
 }
 

@@ -42,24 +42,20 @@ pub struct Row {
 }
 
 /// Global transition DAG build time from 32 to 16,384 ranks, and its gap to the best order.
-#[derive(Debug, Clone, clap::Args)]
-pub struct Args {
+#[derive(Debug, Clone)]
+pub struct Options {
     /// The job whose plans change (run from the repository root for the default).
-    #[arg(long, default_value = "configs/llama3.1-8b-ppo.toml")]
     pub config: PathBuf,
     /// Pool sizes (ranks), comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "32,64,128,256,512,1024,2048,4096,8192,16384")]
     pub ranks: Vec<u32>,
     /// Repetitions per size (the median is reported).
-    #[arg(long, default_value_t = 5)]
     pub reps: usize,
     /// Also write the report as JSON.
-    #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
 }
 
 /// Runs the benchmark on every rank with `args`.
-pub fn run(session: &mut Session, args: &Args) -> Result<(), RuntimeError> {
+pub fn run(session: &mut Session, args: &Options) -> Result<(), RuntimeError> {
     benchmark(session, &args.config, &args.ranks, args.reps, args.json.as_deref())
 }
 

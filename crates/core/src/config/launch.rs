@@ -42,16 +42,4 @@ pub enum DeviceChoice {
     Emulated,
 }
 
-impl FromStr for DeviceChoice {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "auto" => Ok(DeviceChoice::Auto),
-            "cuda" => Ok(DeviceChoice::Cuda),
-            "rocm" => Ok(DeviceChoice::Rocm),
-            "emulated" => Ok(DeviceChoice::Emulated),
-            other => Err(format!("unknown device `{other}`; expected auto, cuda, rocm or emulated")),
-        }
-    }
-}
+crate::named_enum!(DeviceChoice { Auto => "auto", Cuda => "cuda", Rocm => "rocm", Emulated => "emulated" });

@@ -143,6 +143,8 @@ pub struct Overrides {
     pub cluster_file: Option<PathBuf>,
     /// `cluster.nodes`.
     pub nodes: Option<u32>,
+    /// `cluster.device` (`nereus train --device`).
+    pub device: Option<DeviceChoice>,
     /// `--set section.key=value`, in order (later ones win), applied to the file before the
     /// flags above.
     pub sets: Vec<sets::KeySet>,
@@ -258,7 +260,7 @@ fn resolve_cluster(
         Some(path) => load_cluster_file(path)?,
         None => ClusterSection::default(),
     };
-    let cli = ClusterSection { nodes: overrides.nodes, ..ClusterSection::default() };
+    let cli = ClusterSection { nodes: overrides.nodes, device: overrides.device, ..ClusterSection::default() };
     let merged = included.overlaid_with(ClusterSection { include: None, ..written }).overlaid_with(cli);
     let merged = if merged.detect == Some(true) { detect().overlaid_with(merged) } else { merged };
     merged.resolve()
@@ -279,6 +281,16 @@ pub fn load_cluster_file(path: &Path) -> Result<ClusterSection, ConfigError> {
 }
 
 impl JobConfig {
+    /// The job as `nereus train` runs it: `cluster.device` resolved by the data plane
+    /// ([`ClusterSpec::train_device`]), so that a job naming only a GPU data plane is planned
+    /// for Nereus's own device engine there, as it trains (`nereus plan` sizes such a job for a
+    /// Megatron-style engine instead: `EngineKind::of`).
+    pub fn as_trained(&self) -> JobConfig {
+        let mut config = self.clone();
+        config.cluster.device = config.cluster.train_device();
+        config
+    }
+
     /// The reward of a text job against the rest: pass@k needs a rule's verdicts, and a
     /// `model` term is for `train.reward = "rule"` (with `"model"` the score is the model's
     /// alone).

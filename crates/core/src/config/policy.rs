@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use super::{check, ConfigError};
 
 /// Which transitions the controller makes (`[policy] mode`, `--policy`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum PolicyMode {
     /// One plan from start to finish; no controller.
@@ -20,18 +20,13 @@ pub enum PolicyMode {
     Greedy,
 }
 
-impl PolicyMode {
-    /// The name written in files and on the command line (`every-k`).
-    pub fn name(self) -> &'static str {
-        match self {
-            PolicyMode::Off => "off",
-            PolicyMode::Nereus => "nereus",
-            PolicyMode::Static => "static",
-            PolicyMode::EveryK => "every-k",
-            PolicyMode::Greedy => "greedy",
-        }
-    }
-}
+crate::named_enum!(PolicyMode {
+    Off => "off",
+    Nereus => "nereus",
+    Static => "static",
+    EveryK => "every-k",
+    Greedy => "greedy",
+});
 
 /// `policy.plan_error`'s default: the low end of `bench calibration`'s held-out error on plans
 /// the calibration was not fitted to, fitted by stage totals on a quiet machine (8–13% MAPE,

@@ -42,13 +42,14 @@ impl fmt::Display for ValueSource {
 }
 
 /// The flags that name one key each.
-const FLAGS: [(&str, &str); 6] = [
+const FLAGS: [(&str, &str); 7] = [
     ("job.seed", "--seed"),
     ("job.steps", "--steps"),
     ("job.output_dir", "--output-dir"),
     ("rl.algorithm", "--algorithm"),
     ("policy.mode", "--policy"),
     ("cluster.nodes", "--nodes"),
+    ("cluster.device", "--device"),
 ];
 
 /// The layers of one resolution, read back for lookups.
@@ -75,6 +76,7 @@ impl Provenance {
             overrides.algorithm.is_some(),
             overrides.policy.is_some(),
             overrides.nodes.is_some(),
+            overrides.device.is_some(),
         ];
         let flags = FLAGS.iter().zip(given).filter(|(_, g)| *g).map(|(f, _)| *f).collect();
         let include = file.get("cluster").and_then(|c| c.get("include")).and_then(toml::Value::as_str);

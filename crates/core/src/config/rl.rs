@@ -21,16 +21,9 @@ impl Algorithm {
     pub fn uses_critic(self) -> bool {
         matches!(self, Algorithm::Ppo)
     }
-
-    /// The name as written in TOML.
-    pub fn name(self) -> &'static str {
-        match self {
-            Algorithm::Ppo => "ppo",
-            Algorithm::Grpo => "grpo",
-            Algorithm::Remax => "remax",
-        }
-    }
 }
+
+crate::named_enum!(Algorithm { Ppo => "ppo", Grpo => "grpo", Remax => "remax" });
 
 /// The `[rl]` section.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -20,7 +20,7 @@
 use super::trace::{Trace, TraceRow};
 
 /// The kind of trace.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shape {
     /// Response lengths grow; the pool is fixed.
     Growth,
@@ -35,11 +35,21 @@ pub enum Shape {
     /// DeepSeek-R1-Zero's average response length during RL (Guo et al. 2025, Fig. 1b).
     R1Zero,
     /// DeepScaleR-1.5B's response length over its 8K/16K/24K context phases (Luo et al. 2025).
-    #[value(name = "deepscaler")]
     DeepScaleR,
     /// The pool of an elastic allocation: granted nodes one by one, a rare preemption.
     Elastic,
 }
+
+crate::named_enum!(Shape {
+    Growth => "growth",
+    Spot => "spot",
+    Both => "both",
+    Paper26 => "paper26",
+    PaperGrowth => "paper-growth",
+    R1Zero => "r1-zero",
+    DeepScaleR => "deepscaler",
+    Elastic => "elastic",
+});
 
 /// A published run's mean response length: `(fraction of the run, tokens)`, linear between.
 type Curve = &'static [(f64, f64)];

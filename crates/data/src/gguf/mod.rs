@@ -4,6 +4,7 @@
 //! ggml's repository (`docs/gguf.md`) defines it: little-endian, a header, key–value metadata,
 //! tensor infos, then the data aligned to `general.alignment` (32 by default).
 
+pub mod import;
 pub mod llama;
 pub mod quant;
 mod tokenizer;

@@ -18,7 +18,7 @@ use serde_json::Value;
 use thiserror::Error;
 
 /// What a scorer failure does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OnError {
     /// Stop: the job checkpoints its last complete step and exits naming the line.
@@ -27,6 +27,8 @@ pub enum OnError {
     /// Score the response 0 and count the failure.
     Zero,
 }
+
+nereus_core::named_enum!(OnError { Stop => "stop", Zero => "zero" });
 
 /// Why a scorer gave no reward.
 #[derive(Debug, Error, Clone, PartialEq)]

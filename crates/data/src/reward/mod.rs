@@ -17,7 +17,7 @@ pub mod math;
 use serde::{Deserialize, Serialize};
 
 /// Which rule scores a response.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RuleKind {
     /// The final answer, normalised, against the reference (numbers compared as numbers).
@@ -25,6 +25,8 @@ pub enum RuleKind {
     /// The whole response, normalised, against the reference.
     Exact,
 }
+
+nereus_core::named_enum!(RuleKind { Math => "math", Exact => "exact" });
 
 /// A rule and its format bonus.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]

@@ -98,10 +98,10 @@ pub enum CheckpointError {
 }
 
 impl CheckpointError {
-    /// The same error about a model directory outside any checkpoint: its files are model
-    /// files, not a checkpoint's.
-    pub fn outside_checkpoint(self) -> CheckpointError {
-        match self {
+    /// An error about a model directory outside any checkpoint (one a job starts from, or one
+    /// `nereus logprobs` scores): its damaged files are model files, not a checkpoint's.
+    pub fn outside_checkpoint(e: nereus_data::model_files::ModelFileError) -> CheckpointError {
+        match CheckpointError::from(e) {
             CheckpointError::Damaged { path, reason } => CheckpointError::DamagedModelFile { path, reason },
             e => e,
         }
@@ -113,6 +113,16 @@ impl CheckpointError {
         match self {
             CheckpointError::Io { .. } | CheckpointError::NonFinite { .. } => EXIT_FAILURE,
             _ => EXIT_USAGE,
+        }
+    }
+}
+
+impl From<nereus_data::model_files::ModelFileError> for CheckpointError {
+    fn from(e: nereus_data::model_files::ModelFileError) -> Self {
+        use nereus_data::model_files::ModelFileError;
+        match e {
+            ModelFileError::Io { action, path, source } => CheckpointError::Io { action, path, source },
+            ModelFileError::Damaged { path, reason } => CheckpointError::Damaged { path, reason },
         }
     }
 }

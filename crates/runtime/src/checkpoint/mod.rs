@@ -24,18 +24,16 @@
 //! created; each rank then copies only its rectangles out of the memory-mapped files.
 
 mod error;
-pub mod model_dir;
 pub mod resume;
 pub mod save;
 pub mod sidecar;
 pub mod tensors;
 
 pub use error::CheckpointError;
-pub use model_dir::{open_weights, write_model_dir, WriteOptions};
 pub use resume::{ModelFiles, ResumeOptions, Resumed};
 pub use save::{save, save_params_file, ModelToSave, SaveOptions};
-pub use sidecar::{FileDigest, Lineage, SavedModel, Sidecar, FORMAT, SIDECAR};
-pub use tensors::{fill_shard, Absent, Expect, ModelWeights, NamedTensor, TensorFile};
+pub use sidecar::{Lineage, SavedModel, Sidecar, FORMAT, SIDECAR};
+pub use tensors::fill_shard;
 
 use std::path::{Path, PathBuf};
 

@@ -8,14 +8,15 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::error::CheckpointError;
-use super::model_dir::{digest_file, open_weights};
-use super::sidecar::{FileDigest, SavedModel, Sidecar};
-use super::tensors::{optimizer_prefixes, Expect, ModelWeights, TensorFile};
+use super::sidecar::{SavedModel, Sidecar};
+use super::tensors::optimizer_prefixes;
 use nereus_core::config::hf::{self, CONFIG_JSON};
 use nereus_core::config::models::spec_map;
 use nereus_core::config::{Dtype, JobConfig, ModelSpec};
 use nereus_core::model::{Catalogue, OutputHead};
 use nereus_core::plan::{model_stages, Role};
+use nereus_data::model_files::{digest_file, open_weights, FileDigest};
+use nereus_data::model_files::{Expect, ModelWeights, TensorFile};
 
 /// Changes a resume may make on purpose, each logged loudly.
 #[derive(Debug, Clone, Copy, Default)]

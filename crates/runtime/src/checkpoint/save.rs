@@ -4,41 +4,21 @@
 //! (`step-N/<model>/`) with its optimizer file beside it (`step-N/<model>.optim.safetensors`).
 
 use std::collections::HashMap;
-use std::fs::File;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use super::error::{io, CheckpointError};
-use super::model_dir::{write_model_dir, WriteOptions};
-use super::sidecar::{FileDigest, SavedModel, Sidecar};
-use super::tensors::{first_non_finite, model_tensors, serialize, NamedTensor};
+use super::sidecar::{SavedModel, Sidecar};
+use super::tensors::model_tensors;
 use super::Checkpoints;
 use nereus_core::config::hf::{self, ConfigJsonOptions};
 use nereus_core::config::{Dtype, ModelSpec};
 use nereus_core::plan::Role;
+use nereus_data::model_files::{
+    first_non_finite, pause_before_each_file_for_tests, replace_durably, serialize, sync_dir, write_durably,
+    write_model_dir, FileDigest, NamedTensor, WriteOptions,
+};
 use nereus_exec::comm::DataPlane;
 use nereus_exec::emu::{EmuId, EmuSet, Exchange, ShardMemory};
-
-/// Writes `bytes` to `path` and waits until they are on disk. Files get the process's default
-/// mode (0644 under the usual umask), the sidecar and the tensors alike.
-pub fn write_durably(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
-    let mut file = File::create(path).map_err(io("create", path))?;
-    file.write_all(bytes).map_err(io("write", path))?;
-    file.sync_all().map_err(io("sync", path))
-}
-
-/// Flushes a directory's entries (new names, renames) to disk.
-pub fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
-    File::open(dir).and_then(|d| d.sync_all()).map_err(io("sync directory", dir))
-}
-
-/// Writes `bytes` as `path` atomically: a temporary name beside it, then a rename.
-pub fn replace_durably(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
-    let tmp = path.with_extension("tmp");
-    write_durably(&tmp, bytes)?;
-    std::fs::rename(&tmp, path).map_err(io("rename", &tmp))?;
-    sync_dir(path.parent().unwrap_or(Path::new(".")))
-}
 
 /// One model to save: its role, the replica to save it from, its architecture.
 pub struct ModelToSave<'a> {
@@ -171,7 +151,7 @@ fn write_model(
         .collect();
     let optimizer = moments
         .map(|t| -> Result<FileDigest, CheckpointError> {
-            slow_save_for_tests();
+            pause_before_each_file_for_tests();
             let file = super::optimizer_file(name);
             let path = dir.join(&file);
             let bytes = serialize(t, Dtype::F32, file_metadata(sidecar, name), &path)?;
@@ -227,13 +207,5 @@ pub fn save_params_file<P: DataPlane>(
         std::fs::create_dir_all(parent).map_err(io("create directory", parent))?;
     }
     let meta = HashMap::from([("format".to_string(), "pt".to_string()), ("nereus.model".into(), role.name().into())]);
-    replace_durably(path, &serialize(&params, Dtype::F32, meta, path)?)
-}
-
-/// Test hook: `NEREUS_FAULT_SLOW_SAVE_MS=<ms>` pauses before each checkpoint file, so that a
-/// test can kill rank 0 in the middle of a save (`tests/hardening.rs`).
-pub(super) fn slow_save_for_tests() {
-    if let Some(ms) = std::env::var("NEREUS_FAULT_SLOW_SAVE_MS").ok().and_then(|v| v.parse::<u64>().ok()) {
-        std::thread::sleep(std::time::Duration::from_millis(ms));
-    }
+    Ok(replace_durably(path, &serialize(&params, Dtype::F32, meta, path)?)?)
 }

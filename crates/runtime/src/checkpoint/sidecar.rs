@@ -5,12 +5,12 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest as _, Sha256};
 
 use super::error::CheckpointError;
 use nereus_core::config::ModelSpec;
 use nereus_core::plan::Plan;
 use nereus_core::policy::controller::ControllerState;
+use nereus_data::model_files::{sha256_hex, write_durably, FileDigest};
 use nereus_exec::emu::Counters;
 
 /// Sidecar format version (2: architectures, file digests, atomic directories; 3: every model a
@@ -19,30 +19,6 @@ pub const FORMAT: u32 = 3;
 
 /// The sidecar's file name inside a checkpoint directory.
 pub const SIDECAR: &str = "state.json";
-
-/// One file of a checkpoint (a model directory's files are named `<model>/<file>`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FileDigest {
-    /// Path inside the checkpoint directory.
-    pub file: String,
-    /// Size in bytes.
-    pub bytes: u64,
-    /// SHA-256 of the whole file, lowercase hex.
-    pub sha256: String,
-}
-
-impl FileDigest {
-    /// The digest of `bytes` written as `file`.
-    pub fn of(file: &str, bytes: &[u8]) -> FileDigest {
-        FileDigest { file: file.into(), bytes: bytes.len() as u64, sha256: sha256_hex(bytes) }
-    }
-}
-
-/// Lowercase hex SHA-256.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
-}
 
 /// One model of a checkpoint.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -166,7 +142,7 @@ impl Sidecar {
     /// Writes the sidecar, sealed, as `dir/state.json` (durably).
     pub fn write_sealed(&mut self, dir: &Path) -> Result<(), CheckpointError> {
         self.seal();
-        super::save::write_durably(&dir.join(SIDECAR), &self.to_bytes())
+        Ok(write_durably(&dir.join(SIDECAR), &self.to_bytes())?)
     }
 
     /// The sidecar as written into the checkpoint.

@@ -10,7 +10,7 @@ use nereus_core::config::PolicyMode;
 use nereus_core::plan::Plan;
 use nereus_core::planner::Planner;
 use nereus_core::policy::controller::{Action, StepRecord};
-use nereus_core::policy::{Decision, TransitionKind};
+use nereus_core::policy::TransitionKind;
 use nereus_core::record::{RankLossRecord, TransitionRecord};
 use nereus_core::transition::target::state_bytes;
 use nereus_core::transition::{global::Links, TransitionDag};
@@ -20,41 +20,12 @@ use nereus_exec::engine::EngineMemory;
 use nereus_exec::rl::{RlJob, StepMetrics};
 
 use super::fault::surviving;
-use super::job::InForce;
-use super::record::Predicted;
+use super::outcome::{Boundary, ControllerStop, InForce, Predicted};
 use super::sources::{create_replica, from_checkpoint};
 use super::start::next_pool;
 use super::TrainJob;
 use crate::transition::{agree_on_dag, execute};
 use crate::{RuntimeError, Session};
-
-/// What a step boundary did, for the JSON lines and the log.
-#[derive(Debug, Clone, Default)]
-pub struct Boundary {
-    /// The decision record (`None` when no trigger fired).
-    pub decision: Option<Decision>,
-    /// The transition record (`None` when nothing moved).
-    pub transition: Option<TransitionRecord>,
-    /// A rank lost at this boundary.
-    pub rank_loss: Option<RankLossRecord>,
-    /// The controller found nothing that fits and the job stops here (after the step's record).
-    pub stop: Option<ControllerStop>,
-}
-
-/// Why the controller stopped the job, and the checkpoint it wrote first.
-#[derive(Debug, Clone)]
-pub struct ControllerStop {
-    step: u64,
-    reason: String,
-    checkpoint: std::path::PathBuf,
-}
-
-impl ControllerStop {
-    /// The error the job ends with.
-    pub fn into_error(self) -> RuntimeError {
-        RuntimeError::ControllerStop { step: self.step, reason: self.reason, checkpoint: self.checkpoint }
-    }
-}
 
 impl<P, M> TrainJob<'_, P, M>
 where

@@ -6,7 +6,7 @@ use nereus_core::plan::Plan;
 use nereus_core::record::EvalResult;
 use nereus_exec::rl::StepMetrics;
 
-use super::boundary::Boundary;
+use super::outcome::Boundary;
 
 /// The plan, one model-stage per line.
 pub fn print_plan(plan: &Plan) {

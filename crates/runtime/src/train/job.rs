@@ -1,8 +1,7 @@
 //! The live job: everything a running `nereus train` holds between steps, and its steps.
 
 use nereus_core::config::{JobConfig, OnNonFinite, PolicyMode};
-use nereus_core::cost::OpSeconds;
-use nereus_core::plan::{PerPhase, Plan};
+use nereus_core::plan::Plan;
 use nereus_core::planner::Planner;
 use nereus_core::policy::controller::{Controller, ControllerState};
 use nereus_core::record::Event;
@@ -13,9 +12,10 @@ use nereus_exec::rl::{RlJob, StepMetrics, StepSettings, Task, TextTask};
 
 use super::console;
 use super::fault::{rank_fault, RankFault};
+use super::gather::{held_bytes, slowest_op_seconds};
 use super::metrics::MetricsLog;
+use super::outcome::{InForce, Predicted};
 use super::pool::{PoolSignal, PoolSource};
-use super::record::{held_bytes, slowest_op_seconds, Predicted};
 use super::signals::{self, StopSignals};
 use super::sources::{create_state, from_checkpoint, initial_sources};
 use super::start::{agreed_pool, continued, fits_devices, job_checks, mark_resume, pool_source, resume_directory};
@@ -68,24 +68,6 @@ pub struct TrainJob<'s, P, M: ShardMemory = HostMemory> {
     skipping: u32,
     signals: &'static StopSignals,
     _pool_signal: Option<PoolSignal>,
-}
-
-/// What was in force during a step, recorded beside its measurements: the boundary after it
-/// may change all of it.
-pub struct InForce {
-    /// The plan the step ran under.
-    pub plan: Plan,
-    /// What the cost model predicted for it.
-    pub predicted: Predicted,
-    /// Ranks in the pool.
-    pub pool: u32,
-    /// Ranks lost so far.
-    pub lost: Vec<u32>,
-    /// Bytes every rank's ledger held at the end of the step (when the pool can change).
-    pub held: Vec<u64>,
-    /// Per phase and operation class, the most seconds any rank's timers gave the step (the
-    /// step line records them; the controller calibrates with them).
-    pub slowest_ops: PerPhase<OpSeconds>,
 }
 
 impl<'s, P, M> TrainJob<'s, P, M>

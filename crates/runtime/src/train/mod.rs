@@ -16,6 +16,8 @@
 //! - `sources`: where every model's initial state comes from (directories, warm-ups,
 //!   checkpoints) and the EMUs made from it;
 //! - `boundary`: decisions, transitions, pool changes and rank loss;
+//! - `outcome`: what a step leaves for its record (what was in force, what the boundary did);
+//! - `gather`: measurements that need every rank;
 //! - `record`: the step line, predictions beside measurements;
 //! - `console`: what rank 0 prints;
 //! - [`pool`], [`fault`], [`signals`], [`metrics`], [`tensorboard`], [`timeline`]: the machinery
@@ -24,8 +26,10 @@
 mod boundary;
 mod console;
 pub mod fault;
+mod gather;
 pub mod job;
 pub mod metrics;
+mod outcome;
 pub mod pool;
 mod record;
 mod save;
@@ -39,7 +43,7 @@ pub use job::TrainJob;
 
 use std::path::Path;
 
-use nereus_core::config::{DeviceChoice, JobConfig, Overrides, ResumeFrom};
+use nereus_core::config::{JobConfig, Overrides, ResumeFrom};
 use nereus_exec::emu::{Exchange, HostMemory};
 use nereus_exec::engine::{EngineError, EngineMemory};
 
@@ -47,32 +51,22 @@ use crate::device::open_device;
 use crate::{RuntimeError, Session};
 
 /// How `nereus train` starts, beside its job file.
-#[derive(Debug, Clone, Default, clap::Args)]
+#[derive(Debug, Clone, Default)]
 pub struct TrainOptions {
     /// Resume from a checkpoint (any layout): a `step-N` directory, `latest` (the newest
     /// complete checkpoint of the output directory), or `auto` (that, or a fresh start when
     /// there is none: for batch scripts that requeue).
-    #[arg(long, value_name = "DIR|latest|auto")]
     pub resume: Option<ResumeFrom>,
     /// Resume without the optimizer state: AdamW restarts from zero moments.
-    #[arg(long = "resume-reset-optimizer", requires = "resume")]
     pub reset_optimizer: bool,
     /// The ranks the job may use at the start: a count N or the index list of the first N
     /// ranks (`0-5`); `[pool] trace` and `<output_dir>/pool` take over when present.
-    #[arg(long, value_name = "N|0-(N-1)", allow_hyphen_values = true)]
     pub pool: Option<String>,
     /// Declare this rank lost without warning at the start of `--at-step` (its state is
     /// gone; the controller replans around it, a checkpoint restores what had no replica).
-    #[arg(long, value_name = "R", requires = "fail_at_step", allow_negative_numbers = true)]
     pub fail_rank: Option<u32>,
     /// The step at whose start `--fail-rank` is lost.
-    #[arg(long = "at-step", value_name = "K", requires = "fail_rank", allow_negative_numbers = true)]
     pub fail_at_step: Option<u64>,
-    /// Keep state on and compute with this device (`cuda`, `rocm`, `emulated`, `auto`);
-    /// replaces `cluster.device`. Without either, the host reference engine trains on `mpi`,
-    /// and `nccl`/`rccl` jobs train on CUDA/ROCm devices.
-    #[arg(long, value_name = "cuda|rocm|emulated|auto")]
-    pub device: Option<DeviceChoice>,
 }
 
 /// Runs `nereus train` on every rank.
@@ -89,12 +83,9 @@ pub fn run(
 /// Trains the job `config` describes (already agreed by every rank) on the engine it names:
 /// the host reference engine over MPI, or each rank's device over the GPU data plane.
 pub fn run_config(session: &Session, config: &JobConfig, options: &TrainOptions) -> Result<(), RuntimeError> {
-    // The job is planned for the engine it runs on (`EngineKind::of`): `--device`, else
-    // `cluster.device`, else the data plane's device.
-    let mut config = config.clone();
-    config.cluster.device = options.device.or(config.cluster.device);
-    config.cluster.device = config.cluster.train_device();
-    let config = &config;
+    // The job is planned for the engine it runs on (`EngineKind::of`): `cluster.device` (or
+    // `--device`), else the data plane's device.
+    let config = &config.as_trained();
     session.agree("engine checks", start::engine_checks(config))?;
     match config.cluster.device {
         None => {

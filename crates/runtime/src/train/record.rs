@@ -3,46 +3,21 @@
 
 use std::collections::BTreeMap;
 
-use nereus_core::cost::{MemoryBreakdown, MemoryItem, OpClass, OpSeconds, RankPeaks};
+use nereus_core::cost::{MemoryBreakdown, MemoryItem};
 use nereus_core::index_list::format_index_list;
-use nereus_core::plan::{PerPhase, Phase, Plan};
-use nereus_core::planner::{Planner, StepSeconds};
 use nereus_core::record::{placements, CountersRecord, ElasticRecord, Measured, RankMemory, StepLine};
 use nereus_exec::comm::DataPlane;
 use nereus_exec::emu::{EmuSet, Exchange, ShardMemory};
 use nereus_exec::engine::EngineMemory;
 use nereus_exec::rl::StepMetrics;
 
-use super::boundary::Boundary;
 use super::console;
 use super::fault::pool_ranks;
-use super::job::InForce;
+use super::gather::gather_u64s;
 use super::metrics::MetricsLog;
+use super::outcome::{Boundary, InForce};
 use super::TrainJob;
 use crate::RuntimeError;
-
-/// What the cost model predicts for the plan the job runs, recorded beside every measurement.
-#[derive(Clone)]
-pub struct Predicted {
-    peaks: RankPeaks,
-    seconds: StepSeconds,
-    /// Per phase, the seconds per operation class along its critical path.
-    op_seconds: PerPhase<OpSeconds>,
-}
-
-impl Predicted {
-    /// What `planner` predicts for `plan`.
-    pub fn of(planner: &Planner, plan: &Plan) -> Predicted {
-        let efficiencies = planner.cost().efficiencies;
-        let op_seconds = planner.stage_parts(plan).map(|(_, ideal)| ideal.at(&efficiencies));
-        Predicted { peaks: planner.rank_peaks(plan), seconds: planner.step_seconds(plan), op_seconds }
-    }
-
-    /// The predicted step seconds.
-    pub fn step_seconds(&self) -> f64 {
-        self.seconds.total()
-    }
-}
 
 impl<P, M> TrainJob<'_, P, M>
 where
@@ -182,28 +157,6 @@ fn step_line<M: ShardMemory, P: DataPlane>(
     })
 }
 
-/// Per phase and operation class, the most seconds any rank spent (one all-gather).
-pub fn slowest_op_seconds<P: DataPlane>(
-    plane: &mut P,
-    world: i32,
-    mine: &PerPhase<OpSeconds>,
-) -> Result<PerPhase<OpSeconds>, RuntimeError> {
-    let local: Vec<f64> = mine.iter().flat_map(|(_, s)| s.0).collect();
-    let group = plane.group(&(0..world).collect::<Vec<_>>())?;
-    let mut all = vec![0u8; local.len() * 8 * world as usize];
-    plane.all_gather(group, bytemuck::cast_slice(&local), &mut all)?;
-    let classes = OpClass::ALL.len();
-    let mut out = PerPhase::<OpSeconds>::default();
-    for rank in bytemuck::cast_slice::<u8, f64>(&all).chunks_exact(local.len()) {
-        // This rank's values, phase after phase in step order, class after class.
-        for (k, phase) in Phase::ALL.into_iter().enumerate() {
-            let theirs = OpSeconds(std::array::from_fn(|c| rank[k * classes + c]));
-            *out.get_mut(phase) = out.get(phase).max(&theirs);
-        }
-    }
-    Ok(out)
-}
-
 /// Every rank's ledger peak, item by item, and on a device each rank's peak by its allocator's
 /// own count (one all-gather).
 fn measured_peaks<M: ShardMemory, P: DataPlane>(
@@ -229,17 +182,4 @@ fn measured_peaks<M: ShardMemory, P: DataPlane>(
         .collect();
     let allocators = allocator.map(|_| ranks.map(|rank| rank[MemoryItem::ALL.len()]).collect());
     Ok((ledger, allocators))
-}
-
-/// Bytes each rank's ledger holds now (all-gathered): zero on ranks outside the pool.
-pub fn held_bytes<M: ShardMemory, P: DataPlane>(plane: &mut P, set: &EmuSet<M>) -> Result<Vec<u64>, RuntimeError> {
-    gather_u64s(plane, set.world_size(), &[set.store().ledger().used()])
-}
-
-/// Every rank's `local` values, rank after rank (one all-gather over the world).
-fn gather_u64s<P: DataPlane>(plane: &mut P, world: i32, local: &[u64]) -> Result<Vec<u64>, RuntimeError> {
-    let group = plane.group(&(0..world).collect::<Vec<_>>())?;
-    let mut all = vec![0u8; 8 * local.len() * world as usize];
-    plane.all_gather(group, bytemuck::cast_slice(local), &mut all)?;
-    Ok(all.chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8]))).collect())
 }

@@ -16,10 +16,9 @@ use nereus_exec::engine::{init_piece, init_shard, EngineError};
 use nereus_exec::rl::{warm_up, StepSettings, Warmup};
 
 use super::TrainOptions;
-use crate::checkpoint::{
-    self, fill_shard, open_weights, resume, CheckpointError, Expect, ModelWeights, ResumeOptions, TensorFile,
-};
+use crate::checkpoint::{self, fill_shard, resume, CheckpointError, ResumeOptions};
 use crate::{RuntimeError, Session};
+use nereus_data::model_files::{open_weights, Expect, ModelWeights, TensorFile};
 
 /// One model's initial state: parameters (a tensor absent there starts fresh: a value head
 /// on a causal LM), and the moments of a resumed checkpoint.

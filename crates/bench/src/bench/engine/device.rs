@@ -19,7 +19,7 @@
 
 use std::time::Instant;
 
-use super::{attention_flops, step_gemms, time_phases, Gemm as StepGemm, Phases, Row};
+use super::measure::{attention_flops, operand, step_gemms, time_phases, Gemm as StepGemm, Phases, Row};
 use crate::bench::Floor;
 use nereus_core::config::{DeviceChoice, Dtype};
 use nereus_core::cost::MemoryItem;
@@ -34,7 +34,7 @@ use nereus_runtime::device::Plane;
 use nereus_runtime::RuntimeError;
 
 /// The model and batch a device benchmark runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EngineShape {
     /// Two blocks 128 wide, 2 × 64 tokens, decode 4 × (8 + 8): seconds on the grid emulator.
     Tiny,
@@ -43,6 +43,8 @@ pub enum EngineShape {
     /// 4,096-token sequence; decode 64 sequences of 128 + 128 tokens.
     Llama1b,
 }
+
+nereus_core::named_enum!(EngineShape { Tiny => "tiny", Llama1b => "llama1b" });
 
 /// A shape's model, training batch (sequences, tokens) and decode (sequences, prompt, new).
 struct Sizes {
@@ -144,7 +146,7 @@ fn per_run(device: &Device, runs: usize, mut f: impl FnMut() -> Result<(), Engin
 /// The host benchmark's operand values ([`super::operand`]), rounded to bf16 on the compute.
 fn filled<'d>(c: &mut OnDevice<'d, '_, '_>, len: usize, seed: f32) -> Result<DeviceArray<'d, u16>, EngineError> {
     let mut x = c.zeros(MemoryItem::Activations, len)?;
-    let values = super::operand(len, seed);
+    let values = operand(len, seed);
     c.modify(&mut x, |v| {
         v.copy_from_slice(&values);
         Ok(())

@@ -50,7 +50,6 @@ use nereus_runtime::{RuntimeError, Session};
 
 use super::primitives::{device_p2p_seconds, host_p2p_seconds, timed, Measured, Wait};
 use super::{machine, BenchReport, Floor};
-use crate::DeviceArg;
 
 /// Bytes every rank may hold (host memory: the machine, not a device, is the limit).
 const CAPACITY: u64 = u64::MAX / 4;
@@ -62,32 +61,25 @@ const PAPER_TABLE_4: (f64, f64, f64) = (6.52, 66.43, 836.74);
 /// and Adam moments): DP 2→4→8 ranks, 8→4, and a reshard, each by the transition DAG, by
 /// checkpoint/restart (UCP-style, a fresh mpirun) and tensor by tensor (Tenplex-style), against
 /// the point-to-point bandwidth (mpirun -n 8).
-#[derive(Debug, Clone, clap::Args)]
-pub struct Args {
+#[derive(Debug, Clone)]
+pub struct Options {
     /// A state of a few MB (tests) instead of the 50M+-parameter models.
-    #[arg(long)]
     pub small: bool,
     /// Where the checkpoint/restart method writes its checkpoints (replaced per case).
-    #[arg(long, value_name = "DIR", default_value = "runs/bench-scaling")]
     pub dir: PathBuf,
     /// The launcher of the restarted job; `-n N`, this binary and its arguments follow.
-    #[arg(long, value_name = "COMMAND", default_value = "mpirun --oversubscribe")]
     pub launcher: String,
     /// Measurements of the DAG and of the per-tensor baseline per case (the median is
     /// reported; checkpoint/restart runs once).
-    #[arg(long, default_value_t = 3)]
     pub reps: usize,
     /// Only these cases (extend-2-4, extend-4-8, destroy-8-4, reshard-tp2-pp2,
     /// reshard-tp2-pp2-dp2), comma-separated.
-    #[arg(long, value_delimiter = ',')]
     pub cases: Vec<String>,
     /// Also write the report as JSON.
-    #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
     /// The state lives in device memory and moves over the GPU data plane (all three methods;
     /// the restarted job of (b) opens the same device).
-    #[command(flatten)]
-    pub device: DeviceArg,
+    pub device: Option<DeviceChoice>,
 }
 
 /// One case, measured three ways.
@@ -232,7 +224,7 @@ pub(crate) struct Bench<'s, 'p, P, M: ShardMemory> {
     /// The cores this node's ranks share for their copies: host-resident state is copied by
     /// them; a device's copies run on its own engines (`None`).
     shared_cores: Option<u32>,
-    options: &'s Args,
+    options: &'s Options,
     /// Every buffer the last measurement's store held, live or cached: the next one starts
     /// with them cached, as a long-running job's caching allocator holds the buffers of the
     /// transitions it ran before. On a CPU rank the kernel's first touch of a new page costs
@@ -380,7 +372,7 @@ fn median_of<T>(
 
 /// Runs the benchmark on every rank, with the state in host memory over MPI or on the device
 /// `--device` names; rank 0 prints the table and writes the report.
-pub fn run(session: &Session, options: &Args) -> Result<(), RuntimeError> {
+pub fn run(session: &Session, options: &Options) -> Result<(), RuntimeError> {
     let world = session.world().size();
     let mut cases = cases(world);
     cases.retain(|c| options.cases.is_empty() || options.cases.iter().any(|n| n == c.name));
@@ -389,7 +381,7 @@ pub fn run(session: &Session, options: &Args) -> Result<(), RuntimeError> {
             "bench scaling: no case fits; it needs at least 4 MPI ranks, 8 for every case (mpirun -n 8 …), and case names among extend-2-4, extend-4-8, destroy-8-4, reshard-tp2-pp2, reshard-tp2-pp2-dp2".into(),
         ));
     }
-    let (rows, bandwidth) = match options.device.device {
+    let (rows, bandwidth) = match options.device {
         None => {
             let mut plane = session.control_plane();
             let all = plane.group(&(0..world).collect::<Vec<_>>())?;
@@ -407,13 +399,13 @@ pub fn run(session: &Session, options: &Args) -> Result<(), RuntimeError> {
     if session.rank() != 0 {
         return Ok(());
     }
-    print_table(&models(options.small), options.device.device, bandwidth, &rows).map_err(RuntimeError::Stdout)?;
+    print_table(&models(options.small), options.device, bandwidth, &rows).map_err(RuntimeError::Stdout)?;
     let report = BenchReport { bench: "scaling".into(), machine: machine(session), floors: floors(&rows), rows };
     report.finish(options.json.as_deref())
 }
 
 /// Bytes of the point-to-point yardstick's message.
-fn yardstick_bytes(options: &Args) -> u64 {
+fn yardstick_bytes(options: &Options) -> u64 {
     if options.small {
         4 << 20
     } else {
@@ -424,7 +416,7 @@ fn yardstick_bytes(options: &Args) -> u64 {
 /// The benchmark on device-resident state (`--device`): the yardstick is one device send.
 struct OnDevice<'s, 'c> {
     session: &'s Session,
-    options: &'s Args,
+    options: &'s Options,
     choice: DeviceChoice,
     cases: &'c [Case],
 }
@@ -450,7 +442,7 @@ impl<'s, 'p, P: Measured + Exchange<M>, M: ShardMemory + Clone> Bench<'s, 'p, P,
         plane: &'p mut P,
         memory: M,
         device: Option<DeviceChoice>,
-        options: &'s Args,
+        options: &'s Options,
         all: GroupId,
         bandwidth: f64,
     ) -> Self {

@@ -21,13 +21,11 @@ use nereus_core::config::{DeviceChoice, Dtype};
 use nereus_core::model::Section;
 use nereus_core::model::{Catalogue, Layout, Position, Region};
 use nereus_core::plan::{ModelStage, Plan, Role};
+use nereus_data::model_files::{serialize, write_durably, NamedTensor, TensorFile};
 use nereus_exec::comm::calm_barrier;
 use nereus_exec::emu::{
     Counters, DeviceMemory, Digest, EmuSet, Exchange, HostMemory, LocalShard, RectCopy, ShardMemory,
 };
-use nereus_runtime::checkpoint::save::write_durably;
-use nereus_runtime::checkpoint::tensors::{serialize, NamedTensor};
-use nereus_runtime::checkpoint::TensorFile;
 use nereus_runtime::device::{open_device, Plane};
 use nereus_runtime::{io_error, RuntimeError, Session};
 

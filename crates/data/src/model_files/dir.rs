@@ -12,12 +12,39 @@ use std::path::Path;
 
 use serde_json::{json, Map, Value};
 
-use super::error::{io, CheckpointError};
-use super::save::{slow_save_for_tests, sync_dir, write_durably};
-use super::sidecar::FileDigest;
-use super::tensors::{serialize, ModelWeights, NamedTensor, TensorFile};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
+
+use super::durable::{pause_before_each_file_for_tests, sync_dir, write_durably};
+use super::error::{io, ModelFileError};
+use super::safetensors::{serialize, ModelWeights, NamedTensor, TensorFile};
 use nereus_core::config::hf::{CONFIG_JSON, GENERATION_CONFIG_JSON};
 use nereus_core::config::Dtype;
+
+/// One written file: its name (relative to where it is recorded), size and SHA-256 (a
+/// checkpoint's sidecar lists them; a model directory's files are named `<model>/<file>` there).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileDigest {
+    /// Path inside the directory recorded.
+    pub file: String,
+    /// Size in bytes.
+    pub bytes: u64,
+    /// SHA-256 of the whole file, lowercase hex.
+    pub sha256: String,
+}
+
+impl FileDigest {
+    /// The digest of `bytes` written as `file`.
+    pub fn of(file: &str, bytes: &[u8]) -> FileDigest {
+        FileDigest { file: file.into(), bytes: bytes.len() as u64, sha256: sha256_hex(bytes) }
+    }
+}
+
+/// Lowercase hex SHA-256.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
 
 /// The weights of an unsharded model directory.
 pub const WEIGHTS: &str = "model.safetensors";
@@ -43,12 +70,12 @@ pub const DEFAULT_MAX_SHARD_BYTES: u64 = 5_000_000_000;
 
 /// The file names of a model directory's weights: the shards its index names (each once, in
 /// order), or `model.safetensors`.
-pub fn weight_files(dir: &Path) -> Result<Vec<String>, CheckpointError> {
+pub fn weight_files(dir: &Path) -> Result<Vec<String>, ModelFileError> {
     let index = dir.join(INDEX);
     if !index.is_file() {
         return Ok(vec![WEIGHTS.into()]);
     }
-    let damaged = |reason: String| CheckpointError::Damaged { path: index.clone(), reason };
+    let damaged = |reason: String| ModelFileError::Damaged { path: index.clone(), reason };
     let text = std::fs::read_to_string(&index).map_err(io("read", &index))?;
     let json: Value = serde_json::from_str(&text).map_err(|e| damaged(format!("not JSON: {e}")))?;
     let map = json.get("weight_map").and_then(Value::as_object).ok_or_else(|| damaged("no weight_map".into()))?;
@@ -68,7 +95,7 @@ pub fn weight_files(dir: &Path) -> Result<Vec<String>, CheckpointError> {
 }
 
 /// Opens the weights of model directory `dir`, memory-mapped.
-pub fn open_weights(dir: &Path) -> Result<ModelWeights, CheckpointError> {
+pub fn open_weights(dir: &Path) -> Result<ModelWeights, ModelFileError> {
     let files = weight_files(dir)?.iter().map(|f| TensorFile::open(&dir.join(f))).collect::<Result<Vec<_>, _>>()?;
     ModelWeights::of_files(files)
 }
@@ -101,7 +128,7 @@ pub fn write_model_dir(
     dir: &Path,
     tensors: &[NamedTensor],
     options: &WriteOptions,
-) -> Result<Vec<FileDigest>, CheckpointError> {
+) -> Result<Vec<FileDigest>, ModelFileError> {
     std::fs::create_dir_all(dir).map_err(io("create directory", dir))?;
     let mut digests = vec![write_file(dir, CONFIG_JSON, &pretty(&Value::Object(options.config.clone())))?];
     let copied_generation = options.source.map(|s| s.join(GENERATION_CONFIG_JSON)).filter(|p| p.is_file());
@@ -161,20 +188,19 @@ fn pretty(value: &Value) -> Vec<u8> {
     bytes
 }
 
-fn write_file(dir: &Path, name: &str, bytes: &[u8]) -> Result<FileDigest, CheckpointError> {
-    slow_save_for_tests();
+fn write_file(dir: &Path, name: &str, bytes: &[u8]) -> Result<FileDigest, ModelFileError> {
+    pause_before_each_file_for_tests();
     write_durably(&dir.join(name), bytes)?;
     Ok(FileDigest::of(name, bytes))
 }
 
 /// The SHA-256 and size of a file, streamed (a multi-gigabyte shard is never held in memory).
-pub fn digest_file(path: &Path, name: &str) -> Result<FileDigest, CheckpointError> {
-    use sha2::{Digest as _, Sha256};
+pub fn digest_file(path: &Path, name: &str) -> Result<FileDigest, ModelFileError> {
     let mut file = std::fs::File::open(path).map_err(|source| match source.kind() {
         std::io::ErrorKind::NotFound => {
-            CheckpointError::Damaged { path: path.into(), reason: "the file is missing".into() }
+            ModelFileError::Damaged { path: path.into(), reason: "the file is missing".into() }
         }
-        _ => CheckpointError::Io { action: "open", path: path.into(), source },
+        _ => ModelFileError::Io { action: "open", path: path.into(), source },
     })?;
     let mut hasher = Sha256::new();
     let bytes = std::io::copy(&mut file, &mut hasher).map_err(io("read", path))?;

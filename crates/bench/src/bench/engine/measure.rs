@@ -1,0 +1,173 @@
+//! What both engine benchmarks (the host's and a device's) measure and count: the rows, the
+//! products and attention FLOPs of a training step, and the timed passes.
+
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::bench::median;
+use nereus_core::model::Architecture;
+use nereus_exec::comm::DataPlane;
+use nereus_exec::emu::EmuSet;
+use nereus_exec::engine::{
+    train_step, AdamW, Batch, CrossEntropy, EngineError, EngineMemory, Op, Replica, Sampling, StopIds, Wave,
+};
+use nereus_runtime::RuntimeError;
+
+/// One measured phase.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    /// `forward`, `backward`, `train_step`, `decode`, or `gemm_reference`.
+    pub phase: String,
+    /// Tokens processed per run.
+    pub tokens: u64,
+    /// Median seconds per run.
+    pub seconds: f64,
+    /// Tokens per second.
+    pub tokens_per_second: f64,
+    /// Counted FLOPs per run.
+    pub flops: f64,
+    /// Achieved GFLOP/s.
+    pub gflops_per_second: f64,
+    /// Achieved FLOP/s over the GEMM crate's FLOP/s on the step's shapes (on a device: over
+    /// the bare library GEMM's).
+    pub fraction_of_gemm: f64,
+    /// Achieved FLOP/s over the device's dense peak (model FLOP utilisation; on a device with
+    /// a cluster file).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fraction_of_peak: Option<f64>,
+    /// The HBM roofline's time over the measured time (decode on a device with a cluster file).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fraction_of_roofline: Option<f64>,
+}
+
+impl Row {
+    /// A phase of `tokens` in `seconds` doing `flops`, against `reference` FLOP/s.
+    pub fn new(phase: &str, tokens: u64, seconds: f64, flops: f64, reference: f64) -> Row {
+        Row {
+            phase: phase.into(),
+            tokens,
+            seconds,
+            tokens_per_second: tokens as f64 / seconds,
+            flops,
+            gflops_per_second: flops / seconds / 1e9,
+            fraction_of_gemm: if flops > 0.0 { flops / seconds / reference } else { 0.0 },
+            fraction_of_peak: None,
+            fraction_of_roofline: None,
+        }
+    }
+}
+
+/// One matrix product `C[m,n] = op(A)·op(B)` of a training step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gemm {
+    /// Rows of the product.
+    pub m: usize,
+    /// The contracted dimension.
+    pub k: usize,
+    /// Columns of the product.
+    pub n: usize,
+    /// Whether `A` is stored transposed.
+    pub a: Op,
+    /// Whether `B` is stored transposed.
+    pub b: Op,
+}
+
+impl Gemm {
+    pub fn flops(&self) -> f64 {
+        2.0 * (self.m * self.k * self.n) as f64
+    }
+}
+
+/// Every product of one training step on `n` tokens: per linear layer `(in, out)` the forward
+/// `x·Wᵀ`, and backward `dy·W` and `dyᵀ·x` (the engine's `linear_forward/_backward`).
+pub fn step_gemms(a: &Architecture, n: usize) -> Vec<Gemm> {
+    let (c, q, kv, f, v) =
+        (a.hidden as usize, a.q_width() as usize, a.kv_width() as usize, a.ffn as usize, a.vocab as usize);
+    let block = [(c, q), (c, kv), (c, kv), (q, c), (c, f), (c, f), (f, c)];
+    let linears = (0..a.layers).flat_map(|_| block).chain([(c, v)]);
+    linears
+        .flat_map(|(inp, out)| {
+            [
+                Gemm { m: n, k: inp, n: out, a: Op::N, b: Op::T },
+                Gemm { m: n, k: out, n: inp, a: Op::N, b: Op::N },
+                Gemm { m: out, k: n, n: inp, a: Op::T, b: Op::N },
+            ]
+        })
+        .collect()
+}
+
+/// Attention FLOPs of a training step: `2·D·T(T+1)` forward (scores and values, causal) per
+/// sequence, head and block, and twice that backward.
+pub fn attention_flops(a: &Architecture, b: usize, t: usize) -> f64 {
+    3.0 * (a.layers as usize * b * a.heads as usize * 2 * a.head_dim as usize * t * (t + 1)) as f64
+}
+
+/// `len` benchmark operand values in ±0.1 from `seed` (not zeros, which multiply faster on
+/// some hardware and draw less power on a GPU).
+pub fn operand(len: usize, seed: f32) -> Vec<f32> {
+    (0..len).map(|i| (i as f32 * 0.37 + seed).sin() * 0.1).collect()
+}
+
+/// Median seconds of the phases of one replica's step.
+pub struct Phases {
+    /// A forward pass over the training batch.
+    pub forward: f64,
+    /// A training step.
+    pub step: f64,
+    /// Generation of one new token (the prompts' prefill).
+    pub prefill: f64,
+    /// One decode step: generating all new tokens less generating one, per token.
+    pub decode_step: f64,
+}
+
+/// Median seconds of a forward pass, a training step, a prefill (one new token) and one decode
+/// step of `replica` in memory `M`, over `reps` rounds after a warm-up: the same passes the RL
+/// step runs, on the host or a device (whose passes end with a wait for the device).
+pub fn time_phases<M: EngineMemory, P: DataPlane>(
+    plane: &P,
+    set: &mut EmuSet<M>,
+    replica: &Replica,
+    arch: &Architecture,
+    (b, t, db, dp, dn): (usize, usize, usize, usize, usize),
+    reps: usize,
+) -> Result<Phases, RuntimeError> {
+    let tokens: Vec<u32> =
+        (0..(b * t).max(db * dp)).map(|i| (nereus_core::rng::mix(i as u64) % arch.vocab) as u32).collect();
+    let batch = Batch { tokens: &tokens[..b * t], seq_len: t, starts: &[] };
+    let objective = CrossEntropy { sequences: b, seq_len: t };
+    let opt = AdamW::default();
+    let ids: Vec<u64> = (0..db as u64).collect();
+    // EOS outside the vocabulary: every sequence decodes all its tokens.
+    let sampling = |new| Sampling {
+        temperature: 1.0,
+        top_p: 1.0,
+        max_new_tokens: new,
+        eos: arch.vocab as u32,
+        also_stop: StopIds::NONE,
+        greedy: true,
+        seed: 1,
+    };
+    let wave = [Wave { prompts: tokens[..db * dp].to_vec(), starts: Vec::new(), ids }];
+    let timed = |f: &mut dyn FnMut() -> Result<(), EngineError>| -> Result<f64, EngineError> {
+        let start = Instant::now();
+        f()?;
+        Ok(start.elapsed().as_secs_f64())
+    };
+    let mut runs: [Vec<f64>; 4] = Default::default();
+    for rep in 0..=reps.max(1) {
+        let forward = timed(&mut || M::infer(plane, set, replica, &batch, b).map(drop))?;
+        let step = timed(&mut || train_step(plane, set, replica, &batch, b, &objective, &opt).map(drop))?;
+        let prefill = timed(&mut || M::generate(plane, set, replica, &wave, &sampling(1)).map(drop))?;
+        let full = timed(&mut || M::generate(plane, set, replica, &wave, &sampling(dn)).map(drop))?;
+        // The first round warms the allocator, the libraries' heuristics and the caches.
+        if rep > 0 {
+            let decode_step = (full - prefill).max(0.0) / (dn.max(2) - 1) as f64;
+            for (k, v) in [forward, step, prefill, decode_step].into_iter().enumerate() {
+                runs[k].push(v);
+            }
+        }
+    }
+    let [forward, step, prefill, decode_step] = runs.map(median);
+    Ok(Phases { forward, step, prefill, decode_step })
+}
