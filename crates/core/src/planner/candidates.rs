@@ -698,7 +698,7 @@ mod tests {
     use super::*;
     use crate::config::DataPlane;
     use crate::cost::Efficiencies;
-    use crate::planner::search::tests::tiny_jobs_and_llama;
+    use crate::planner::testing::tiny_jobs_and_llama;
 
     #[test]
     fn a_variants_summary_is_the_cost_models_estimate_of_it() {

@@ -22,6 +22,8 @@ mod initial;
 mod predict;
 mod search;
 pub mod stage;
+#[cfg(test)]
+mod testing;
 
 pub use front::{catalogues, fixed_plan, ModelStagePlan, PlannedJob, Planner, PlannerError, StepSeconds};
 pub use initial::initial_plan;
