@@ -140,7 +140,7 @@ fn the_seconds_floor_is_under_every_variant_of_a_layout() {
             let planner = Planner::new(&config, gpus, None, Efficiencies::default()).unwrap();
             let per_node = planner.cost().hardware.devices_per_node;
             for &ms in planner.model_stages() {
-                let cost = planner.stage_cost(ms);
+                let cost = planner.job.stage_cost(ms);
                 let powers = |limit: u32| (0..6).map(|k| 1u32 << k).filter(move |&x| x <= limit);
                 for (tp, pp) in powers(per_node).flat_map(|tp| powers(4).map(move |pp| (tp, pp))) {
                     let layout = Layout::new(tp, pp);
@@ -156,7 +156,7 @@ fn the_seconds_floor_is_under_every_variant_of_a_layout() {
                                 let c = Candidate { micro_batch, recompute, ..base };
                                 let seconds = planner
                                     .cost()
-                                    .latency(&planner.models[&ms.role].stats, &c, planner.workload(ms))
+                                    .latency(&planner.job.models[&ms.role].stats, &c, planner.workload(ms))
                                     .seconds(&planner.cost().efficiencies);
                                 assert!(floor <= seconds * (1.0 + 1e-12), "{c:?}: floor {floor} over {seconds}");
                                 checked += 1;
