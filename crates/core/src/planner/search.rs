@@ -81,7 +81,7 @@ impl Planner {
     }
 
     /// Why `ms` fits no candidate, with what would fit.
-    pub(super) fn does_not_fit(&self, ms: ModelStage) -> PlannerError {
+    fn does_not_fit(&self, ms: ModelStage) -> PlannerError {
         let hw = &self.cost().hardware;
         let need = self.candidates().smallest_peak(ms);
         PlannerError::DoesNotFit {
@@ -95,7 +95,7 @@ impl Planner {
     }
 
     /// What would fit: more GPUs, or shorter responses (recomputation is already searched).
-    pub(super) fn hint(&self) -> String {
+    fn hint(&self) -> String {
         let len = self.response_len();
         let feasible_with = |gpus: u32, response: u64| {
             self.replanned(gpus, response, self.cost().efficiencies).is_ok_and(|p| p.search_quiet())
@@ -126,7 +126,7 @@ impl Planner {
     }
 
     /// Whether a plan exists (the hints' probe: the same search, without a message).
-    pub(super) fn search_quiet(&self) -> bool {
+    fn search_quiet(&self) -> bool {
         self.place(None).is_ok()
     }
 
