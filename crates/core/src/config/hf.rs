@@ -9,9 +9,15 @@
 //! the top-level `rope_theta`/`rope_scaling` of released directories or as the
 //! `rope_parameters` object newer transformers versions write; the scaling may be none
 //! (`default`) or Llama 3.1's `llama3`.
+//!
+//! Reading deserializes the keys Nereus reads into a struct (`ConfigKeys`; the file's other
+//! keys are carried along untouched), each value kept as written beside its typed reading, so
+//! that a value of the wrong type is refused by a message naming its key and showing it.
 
 use std::path::Path;
 
+use serde::de::{self, DeserializeOwned, Deserializer};
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::models::{spec_map, DEFAULT_ROPE_THETA};
@@ -135,150 +141,268 @@ pub fn read_model_config(dir: &Path) -> Result<HfModel, String> {
 pub fn parse_config(text: &str) -> Result<HfModel, String> {
     let json: Value = serde_json::from_str(text).map_err(|e| format!("{CONFIG_JSON} is not JSON: {e}"))?;
     let Value::Object(obj) = json else { return Err(format!("{CONFIG_JSON} is not a JSON object")) };
-    let family = match text_of(&obj, "model_type")? {
+    // Every key is read leniently (see `Written`), so any object deserializes; the keys' types
+    // are checked below, in a fixed order, by messages that name them.
+    let keys = ConfigKeys::deserialize(&obj).map_err(|e| format!("{CONFIG_JSON}: {e}"))?;
+    let family = match read(&keys.model_type, "model_type")?.map(String::as_str) {
         Some("llama") => Family::Llama,
         Some("qwen3") => Family::Qwen3,
         Some(other) => return Err(format!("model_type `{other}` is not supported (supported: llama, qwen3)")),
         None => return Err(format!("{CONFIG_JSON} has no model_type")),
     };
-    check_unsupported(&obj)?;
-    let heads = count(&obj, "num_attention_heads")?;
-    let (rope_theta, rope_scaling) = rope(&obj)?;
+    keys.check_unsupported()?;
+    let heads = required(&keys.num_attention_heads, "num_attention_heads")?;
+    let (rope_theta, rope_scaling) = keys.rope()?;
     let spec = ModelSpec {
         path: None,
-        layers: count(&obj, "num_hidden_layers")?,
-        hidden: count(&obj, "hidden_size")?,
+        layers: required(&keys.num_hidden_layers, "num_hidden_layers")?,
+        hidden: required(&keys.hidden_size, "hidden_size")?,
         heads,
-        kv_heads: optional_count(&obj, "num_key_value_heads")?.unwrap_or(heads),
-        ffn: count(&obj, "intermediate_size")?,
-        vocab: count(&obj, "vocab_size")?,
-        dtype: dtype(&obj)?,
-        tie_embeddings: flag(&obj, "tie_word_embeddings")?.unwrap_or(false),
-        head_dim: optional_count(&obj, "head_dim")?,
+        kv_heads: read(&keys.num_key_value_heads, "num_key_value_heads")?.copied().unwrap_or(heads),
+        ffn: required(&keys.intermediate_size, "intermediate_size")?,
+        vocab: required(&keys.vocab_size, "vocab_size")?,
+        dtype: keys.weights_dtype()?,
+        tie_embeddings: read(&keys.tie_word_embeddings, "tie_word_embeddings")?.copied().unwrap_or(false),
+        head_dim: read(&keys.head_dim, "head_dim")?.copied(),
         qk_norm: family == Family::Qwen3,
         rope_theta,
-        rms_norm_eps: number(&obj, "rms_norm_eps")?.unwrap_or(HF_DEFAULT_RMS_NORM_EPS),
+        rms_norm_eps: read(&keys.rms_norm_eps, "rms_norm_eps")?.copied().unwrap_or(HF_DEFAULT_RMS_NORM_EPS),
         rope_scaling,
     };
-    Ok(HfModel { spec, value_head: value_head(&obj)?, json: obj })
+    Ok(HfModel { spec, value_head: keys.value_head()?, json: obj })
 }
 
+/// The keys of a `config.json` that Nereus reads, named as transformers names them; the file's
+/// other keys are ignored here (they stay in [`HfModel::json`]). An absent or `null` key is
+/// `None`, and [`parse_config`] fills in transformers' default where it has one.
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct ConfigKeys {
+    /// The family: `llama` or `qwen3`.
+    model_type: Key<String>,
+    /// The transformers classes; the first says causal LM or sequence classifier.
+    architectures: Key<Vec<Value>>,
+    /// A sequence classifier's labels (only their count is read) …
+    id2label: Key<Map<String, Value>>,
+    /// … or, without them, their count.
+    num_labels: Key<u64>,
+    /// The MLP's activation (`silu` only).
+    hidden_act: Key<String>,
+    /// Biases and sliding-window attention, which the engine does not implement.
+    attention_bias: Key<bool>,
+    mlp_bias: Key<bool>,
+    use_sliding_window: Key<bool>,
+    /// The shapes.
+    num_hidden_layers: Key<u32>,
+    hidden_size: Key<u32>,
+    num_attention_heads: Key<u32>,
+    num_key_value_heads: Key<u32>,
+    intermediate_size: Key<u32>,
+    vocab_size: Key<u32>,
+    head_dim: Key<u32>,
+    tie_word_embeddings: Key<bool>,
+    rms_norm_eps: Key<f64>,
+    /// The weights' dtype: `dtype` in newer transformers, `torch_dtype` before.
+    dtype: Key<String>,
+    torch_dtype: Key<String>,
+    /// RoPE as released directories give it: θ and the scaling at the top level …
+    rope_theta: Key<f64>,
+    rope_scaling: Key<Object<RopeKeys>>,
+    /// … or as newer transformers write it: θ and the scaling in one object.
+    rope_parameters: Key<Object<RopeKeys>>,
+}
+
+/// The keys of `rope_scaling` or `rope_parameters` that Nereus reads.
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct RopeKeys {
+    /// The rule (`default`, `llama3`); older files call it `type`.
+    rope_type: Key<String>,
+    #[serde(rename = "type")]
+    kind: Key<String>,
+    /// θ, in `rope_parameters`.
+    rope_theta: Key<f64>,
+    /// Llama 3.1's parameters.
+    factor: Key<f64>,
+    low_freq_factor: Key<f64>,
+    high_freq_factor: Key<f64>,
+    original_max_position_embeddings: Key<u32>,
+}
+
+/// One key of a `config.json`: absent (or `null`), or as written.
+type Key<T> = Option<Written<T>>;
+
+/// A value as written, and as the type Nereus reads it when it is of that type. A wrong type is
+/// not a deserialization error: [`parse_config`] refuses it by [`Written::get`], in its own order
+/// of keys, with a message that names the key and shows the value.
+struct Written<T> {
+    value: Value,
+    typed: Option<T>,
+}
+
+impl<'de, T: DeserializeOwned> Deserialize<'de> for Written<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let value = Value::deserialize(d)?;
+        let typed = T::deserialize(&value).ok();
+        Ok(Written { value, typed })
+    }
+}
+
+impl<T: Expected> Written<T> {
+    /// The value as a `T`, or why not, naming `key`.
+    fn get(&self, key: &str) -> Result<&T, String> {
+        self.typed.as_ref().ok_or_else(|| format!("{key} = {} is not {}", self.value, T::WHAT))
+    }
+}
+
+/// A JSON object read as `T` (a derived struct alone would also take an array, by position).
+struct Object<T>(T);
+
+impl<'de, T: DeserializeOwned> Deserialize<'de> for Object<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let map = Map::<String, Value>::deserialize(d)?;
+        T::deserialize(&map).map(Object).map_err(de::Error::custom)
+    }
+}
+
+/// What a value read as `Self` must be, as a refusal says it.
+trait Expected {
+    /// `hidden_size = -1 is not` …
+    const WHAT: &'static str;
+}
+
+impl Expected for String {
+    const WHAT: &'static str = "a string";
+}
+
+impl Expected for u32 {
+    const WHAT: &'static str = "a count below 2^32";
+}
+
+impl Expected for f64 {
+    const WHAT: &'static str = "a number";
+}
+
+impl Expected for bool {
+    const WHAT: &'static str = "true or false";
+}
+
+/// The value of `key` when it is present, refused when it is not a `T`.
+fn read<'a, T: Expected>(written: &'a Key<T>, key: &str) -> Result<Option<&'a T>, String> {
+    written.as_ref().map(|w| w.get(key)).transpose()
+}
+
+/// The value of a key the file must give.
+fn required<T: Expected + Copy>(written: &Key<T>, key: &str) -> Result<T, String> {
+    read(written, key)?.copied().ok_or_else(|| format!("{CONFIG_JSON} has no {key}"))
+}
+
+/// `key`'s value in a `config.json` object, unless absent or `null`.
 fn present<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
     obj.get(key).filter(|v| !v.is_null())
 }
 
-fn text_of<'a>(obj: &'a Map<String, Value>, key: &str) -> Result<Option<&'a str>, String> {
-    present(obj, key).map(|v| v.as_str().ok_or_else(|| format!("{key} = {v} is not a string"))).transpose()
-}
-
-fn optional_count(obj: &Map<String, Value>, key: &str) -> Result<Option<u32>, String> {
-    present(obj, key)
-        .map(|v| {
-            v.as_u64()
-                .and_then(|n| u32::try_from(n).ok())
-                .ok_or_else(|| format!("{key} = {v} is not a count below 2^32"))
-        })
-        .transpose()
-}
-
-fn count(obj: &Map<String, Value>, key: &str) -> Result<u32, String> {
-    optional_count(obj, key)?.ok_or_else(|| format!("{CONFIG_JSON} has no {key}"))
-}
-
-fn number(obj: &Map<String, Value>, key: &str) -> Result<Option<f64>, String> {
-    present(obj, key).map(|v| v.as_f64().ok_or_else(|| format!("{key} = {v} is not a number"))).transpose()
-}
-
-fn flag(obj: &Map<String, Value>, key: &str) -> Result<Option<bool>, String> {
-    present(obj, key).map(|v| v.as_bool().ok_or_else(|| format!("{key} = {v} is not true or false"))).transpose()
-}
-
-/// Features of the families that the engine does not implement.
-fn check_unsupported(obj: &Map<String, Value>) -> Result<(), String> {
-    if let Some(act) = text_of(obj, "hidden_act")? {
-        if act != "silu" {
-            return Err(format!("hidden_act `{act}` is not supported (the engine's MLP is SwiGLU: silu)"));
-        }
-    }
-    for (key, why) in [
-        ("attention_bias", "the engine's projections have no bias"),
-        ("mlp_bias", "the engine's projections have no bias"),
-        ("use_sliding_window", "the engine's attention is full causal attention"),
-    ] {
-        if flag(obj, key)? == Some(true) {
-            return Err(format!("{key} = true is not supported ({why})"));
-        }
-    }
-    Ok(())
-}
-
-/// Whether `architectures` names a sequence classifier (a value model) or a causal LM.
-fn value_head(obj: &Map<String, Value>) -> Result<bool, String> {
-    let Some(list) = present(obj, "architectures") else { return Ok(false) };
-    let first = list.as_array().and_then(|a| a.first()).and_then(Value::as_str);
-    match first {
-        Some(class) if class.ends_with("ForCausalLM") => Ok(false),
-        Some(class) if class.ends_with("ForSequenceClassification") => {
-            let labels = match (present(obj, "id2label"), present(obj, "num_labels")) {
-                (Some(Value::Object(m)), _) => m.len() as u64,
-                (_, Some(n)) => n.as_u64().unwrap_or(0),
-                _ => 2, // transformers' default
-            };
-            if labels != 1 {
-                return Err(format!(
-                    "{class} with {labels} labels: a value model (critic, reward) has one (`num_labels = 1`)"
-                ));
+impl ConfigKeys {
+    /// Features of the families that the engine does not implement.
+    fn check_unsupported(&self) -> Result<(), String> {
+        if let Some(act) = read(&self.hidden_act, "hidden_act")? {
+            if act != "silu" {
+                return Err(format!("hidden_act `{act}` is not supported (the engine's MLP is SwiGLU: silu)"));
             }
-            Ok(true)
         }
-        _ => Err(format!("architectures = {list} names no causal LM or sequence classifier")),
+        for (flag, key, why) in [
+            (&self.attention_bias, "attention_bias", "the engine's projections have no bias"),
+            (&self.mlp_bias, "mlp_bias", "the engine's projections have no bias"),
+            (&self.use_sliding_window, "use_sliding_window", "the engine's attention is full causal attention"),
+        ] {
+            if read(flag, key)? == Some(&true) {
+                return Err(format!("{key} = true is not supported ({why})"));
+            }
+        }
+        Ok(())
     }
-}
 
-/// θ and the scaling, from `rope_parameters` (newer transformers) or the top-level keys.
-fn rope(obj: &Map<String, Value>) -> Result<(f64, Option<RopeScaling>), String> {
-    let (source, theta) = match present(obj, "rope_parameters") {
-        Some(p) => (Some(p), p.get("rope_theta").filter(|v| !v.is_null()).or(present(obj, "rope_theta"))),
-        None => (present(obj, "rope_scaling"), present(obj, "rope_theta")),
-    };
-    let theta = match theta {
-        Some(v) => v.as_f64().ok_or_else(|| format!("rope_theta = {v} is not a number"))?,
-        None => DEFAULT_ROPE_THETA,
-    };
-    let Some(Value::Object(s)) = source else {
-        return match source {
-            None => Ok((theta, None)),
-            Some(v) => Err(format!("rope scaling {v} is not an object")),
+    /// Whether `architectures` names a sequence classifier (a value model) or a causal LM.
+    fn value_head(&self) -> Result<bool, String> {
+        let Some(list) = &self.architectures else { return Ok(false) };
+        let first = list.typed.as_ref().and_then(|a| a.first()).and_then(Value::as_str);
+        match first {
+            Some(class) if class.ends_with("ForCausalLM") => Ok(false),
+            Some(class) if class.ends_with("ForSequenceClassification") => {
+                // Anything but an object of labels or a count of them counts as no label.
+                let labels = match (&self.id2label, &self.num_labels) {
+                    (Some(Written { typed: Some(m), .. }), _) => m.len() as u64,
+                    (_, Some(n)) => n.typed.unwrap_or(0),
+                    _ => 2, // transformers' default
+                };
+                if labels != 1 {
+                    return Err(format!(
+                        "{class} with {labels} labels: a value model (critic, reward) has one (`num_labels = 1`)"
+                    ));
+                }
+                Ok(true)
+            }
+            _ => Err(format!("architectures = {} names no causal LM or sequence classifier", list.value)),
+        }
+    }
+
+    /// θ and the scaling, from `rope_parameters` (newer transformers) or the top-level keys.
+    fn rope(&self) -> Result<(f64, Option<RopeScaling>), String> {
+        let (source, theta) = match &self.rope_parameters {
+            Some(p) => {
+                let inner = p.typed.as_ref().and_then(|Object(r)| r.rope_theta.as_ref());
+                (Some(p), inner.or(self.rope_theta.as_ref()))
+            }
+            None => (self.rope_scaling.as_ref(), self.rope_theta.as_ref()),
         };
-    };
-    let kind = text_of(s, "rope_type")?.or(text_of(s, "type")?).unwrap_or("default");
-    match kind {
-        "default" => Ok((theta, None)),
-        "llama3" => {
-            let need = |k: &str| number(s, k)?.ok_or_else(|| format!("rope scaling `llama3` needs {k}"));
-            let (factor, low_freq_factor, high_freq_factor) =
-                (need("factor")?, need("low_freq_factor")?, need("high_freq_factor")?);
-            let original = optional_count(s, "original_max_position_embeddings")?
-                .ok_or("rope scaling `llama3` needs original_max_position_embeddings")?;
-            let scaling = RopeScaling::Llama3 {
-                factor,
-                low_freq_factor,
-                high_freq_factor,
-                original_max_position_embeddings: original,
-            };
-            Ok((theta, Some(scaling)))
+        let theta = match theta {
+            Some(theta) => *theta.get("rope_theta")?,
+            None => DEFAULT_ROPE_THETA,
+        };
+        let Some(source) = source else { return Ok((theta, None)) };
+        let Some(Object(scaling)) = &source.typed else {
+            return Err(format!("rope scaling {} is not an object", source.value));
+        };
+        let kind = read(&scaling.rope_type, "rope_type")?.or(read(&scaling.kind, "type")?);
+        match kind.map_or("default", String::as_str) {
+            "default" => Ok((theta, None)),
+            "llama3" => Ok((theta, Some(scaling.llama3()?))),
+            other => Err(format!("rope scaling `{other}` is not supported (supported: default, llama3)")),
         }
-        other => Err(format!("rope scaling `{other}` is not supported (supported: default, llama3)")),
+    }
+
+    /// The weights' dtype (`float32` when the file gives none, as transformers loads it).
+    fn weights_dtype(&self) -> Result<Dtype, String> {
+        let name = read(&self.dtype, "dtype")?.or(read(&self.torch_dtype, "torch_dtype")?);
+        match name.map(|n| n.trim_start_matches("torch.")) {
+            None | Some("float32") => Ok(Dtype::F32),
+            Some("bfloat16") => Ok(Dtype::Bf16),
+            Some("float16") => Ok(Dtype::F16),
+            Some(other) => Err(format!("dtype `{other}` is not supported (float32, bfloat16, float16)")),
+        }
     }
 }
 
-fn dtype(obj: &Map<String, Value>) -> Result<Dtype, String> {
-    let name = text_of(obj, "dtype")?.or(text_of(obj, "torch_dtype")?);
-    match name.map(|n| n.trim_start_matches("torch.")) {
-        None | Some("float32") => Ok(Dtype::F32),
-        Some("bfloat16") => Ok(Dtype::Bf16),
-        Some("float16") => Ok(Dtype::F16),
-        Some(other) => Err(format!("dtype `{other}` is not supported (float32, bfloat16, float16)")),
+impl RopeKeys {
+    /// Llama 3.1's scaling, every parameter given.
+    fn llama3(&self) -> Result<RopeScaling, String> {
+        let need = |written: &Key<f64>, key: &str| {
+            read(written, key)?.copied().ok_or_else(|| format!("rope scaling `llama3` needs {key}"))
+        };
+        let (factor, low_freq_factor, high_freq_factor) = (
+            need(&self.factor, "factor")?,
+            need(&self.low_freq_factor, "low_freq_factor")?,
+            need(&self.high_freq_factor, "high_freq_factor")?,
+        );
+        let original = read(&self.original_max_position_embeddings, "original_max_position_embeddings")?
+            .copied()
+            .ok_or("rope scaling `llama3` needs original_max_position_embeddings")?;
+        Ok(RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings: original,
+        })
     }
 }
 

@@ -18,12 +18,27 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 
-use super::front::{Planner, StageCost};
-use super::search::Caps;
+use super::job::{JobModel, StageCost};
 use crate::cost::position::last_is_heavier;
 use crate::cost::{EngineKind, Estimate, PositionCost};
 use crate::model::Layout;
 use crate::plan::{Candidate, ModelStage, Recompute, Stage};
+
+/// Per-rank limits on candidates when the uncapped plan does not fit every rank (a capped
+/// round of the search).
+pub(super) struct Caps {
+    /// State per rank, per model-stage.
+    pub(super) state: BTreeMap<ModelStage, u64>,
+    /// Transient peak per rank.
+    pub(super) transient: u64,
+}
+
+impl Caps {
+    /// The state cap of `ms`.
+    pub(super) fn state(&self, ms: ModelStage) -> u64 {
+        self.state.get(&ms).copied().unwrap_or(u64::MAX)
+    }
+}
 
 /// What a frontier is cached by: everything it depends on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -152,17 +167,17 @@ pub struct Skeleton {
 }
 
 impl Skeleton {
-    /// The entries of every model-stage of `planner`'s job on its pool.
-    pub fn of(planner: &Planner) -> Skeleton {
+    /// The entries of every model-stage of `job` on its pool.
+    pub(super) fn of(job: &JobModel) -> Skeleton {
         let mut layouts = 0;
-        let entries = planner.model_stages().iter().map(|&ms| (ms, entries_of(planner, ms, &mut layouts))).collect();
+        let entries = job.model_stages().iter().map(|&ms| (ms, entries_of(job, ms, &mut layouts))).collect();
         Skeleton { entries, layouts }
     }
 }
 
 /// Every model-stage's entries, estimated as far as the frontiers asked so far.
 pub struct CandidateCache<'p> {
-    planner: &'p Planner,
+    job: &'p JobModel,
     entries: BTreeMap<ModelStage, Vec<Entry>>,
     estimates: Estimates,
     /// Frontiers already built (see [`FrontierKey`]).
@@ -170,16 +185,16 @@ pub struct CandidateCache<'p> {
 }
 
 impl<'p> CandidateCache<'p> {
-    /// The entries of every model-stage of `planner`'s job (nothing estimated yet).
-    pub fn new(planner: &'p Planner) -> CandidateCache<'p> {
-        let skeleton = planner.skeleton();
+    /// The entries of every model-stage of `job` (nothing estimated yet), from its `skeleton`
+    /// on its pool.
+    pub(super) fn new(job: &'p JobModel, skeleton: &Skeleton) -> CandidateCache<'p> {
         let entries = skeleton.entries.clone();
         // Room for every entry at once: growing the store would copy it over and over.
         let estimates = Estimates {
             positions: (0..skeleton.layouts).map(|_| None).collect(),
             summaries: Vec::with_capacity(entries.values().flatten().map(Entry::variants).sum()),
         };
-        CandidateCache { planner, entries, estimates, built: BTreeMap::new() }
+        CandidateCache { job, entries, estimates, built: BTreeMap::new() }
     }
 
     /// The latency-versus-ranks frontier of `ms` (ascending ranks, strictly falling latency)
@@ -230,19 +245,19 @@ impl<'p> CandidateCache<'p> {
 
     /// What fits in a frontier of `ms` under a capped round's (state, transient) `limits`.
     fn within(&self, ms: ModelStage, limits: Option<(u64, u64)>) -> Within<'p> {
-        Within { stage: self.planner.stage_cost(ms), usable: self.planner.cost().hardware.usable_bytes(), limits }
+        Within { stage: self.job.stage_cost(ms), usable: self.job.cost().hardware.usable_bytes(), limits }
     }
 
     /// Every variant of every entry of `ms` that fits a rank of its own, as the frontier counts
     /// fitting (the exact solver's input: nothing pruned).
     pub fn every_fitting(&mut self, ms: ModelStage) -> Vec<Scored> {
-        let planner = self.planner;
-        let usable = planner.cost().hardware.usable_bytes();
+        let job = self.job;
+        let usable = job.cost().hardware.usable_bytes();
         let mut out = Vec::new();
         for entry in self.entries.get_mut(&ms).into_iter().flatten() {
             for k in 0..entry.variants() {
                 let c = entry.candidate(ms, k);
-                let e = planner.estimate(&c);
+                let e = job.estimate(&c);
                 if e.feasible && e.memory.peak() <= usable {
                     out.push((c, e));
                 }
@@ -253,7 +268,7 @@ impl<'p> CandidateCache<'p> {
 
     /// Every fitting first variant of `ms` (not reduced to a frontier), for brute-force checks.
     pub fn all_fitting(&mut self, ms: ModelStage) -> Vec<Scored> {
-        let stage = self.planner.stage_cost(ms);
+        let stage = self.job.stage_cost(ms);
         let fits = |e: &Summary| e.feasible;
         let est = &mut self.estimates;
         self.entries
@@ -270,7 +285,7 @@ impl<'p> CandidateCache<'p> {
 
     /// The smallest peak any variant of `ms` reaches (for the "does not fit" message).
     pub fn smallest_peak(&mut self, ms: ModelStage) -> u64 {
-        let stage = self.planner.stage_cost(ms);
+        let stage = self.job.stage_cost(ms);
         let mut least = u64::MAX;
         for entry in self.entries.get_mut(&ms).into_iter().flatten() {
             for k in 0..entry.variants() {
@@ -629,14 +644,14 @@ impl Entry {
 /// The entries of `ms`: every power-of-two layout with TP inside a node that the model divides
 /// into, every replica count that divides the batch (and, for training, the mini-batch), each
 /// with its variants; by ascending rank count.
-fn entries_of(planner: &Planner, ms: ModelStage, layout_slots: &mut usize) -> Vec<Entry> {
-    let hw = &planner.cost().hardware;
-    let workload = planner.workload(ms);
+fn entries_of(job: &JobModel, ms: ModelStage, layout_slots: &mut usize) -> Vec<Entry> {
+    let hw = &job.cost().hardware;
+    let workload = job.workload(ms);
     let sequences = workload.sequences;
-    let catalogue = planner.catalogue(ms.role);
+    let catalogue = job.catalogue(ms.role);
     let layers = catalogue.arch.layers as u32;
     // The reference engine keeps every activation: recomputation is a GPU-engine option.
-    let recomputes: &'static [Recompute] = match (ms.trains(), planner.cost().engine) {
+    let recomputes: &'static [Recompute] = match (ms.trains(), job.cost().engine) {
         (true, EngineKind::Gpu) => &[Recompute::None, Recompute::Selective, Recompute::Full],
         _ => &[Recompute::None],
     };
@@ -648,7 +663,7 @@ fn entries_of(planner: &Planner, ms: ModelStage, layout_slots: &mut usize) -> Ve
     for tp in powers(hw.devices_per_node.min(hw.devices)).filter(|t| hw.devices_per_node.is_multiple_of(*t)) {
         for pp in powers((hw.devices / tp).min(layers)) {
             let layout = Layout::new(tp, pp);
-            if catalogue.check_layout(layout).is_err() || planner.fixed_layout(ms).is_some_and(|l| l != layout) {
+            if catalogue.check_layout(layout).is_err() || job.fixed_layout(ms).is_some_and(|l| l != layout) {
                 continue;
             }
             let layout_slot = *layout_slots;
@@ -698,7 +713,7 @@ mod tests {
     use super::*;
     use crate::config::DataPlane;
     use crate::cost::Efficiencies;
-    use crate::planner::search::tests::tiny_jobs_and_llama;
+    use crate::planner::testing::tiny_jobs_and_llama;
 
     #[test]
     fn a_variants_summary_is_the_cost_models_estimate_of_it() {
@@ -709,14 +724,15 @@ mod tests {
         for (mut config, gpus) in tiny_jobs_and_llama(2000, 30, 32) {
             for plane in [DataPlane::Mpi, DataPlane::Nccl] {
                 config.cluster.data_plane = plane;
-                let planner = Planner::new(&config, gpus, None, Efficiencies::default()).unwrap();
-                let mut cache = CandidateCache::new(&planner);
-                for &ms in planner.model_stages() {
-                    let stage = planner.stage_cost(ms);
+                let job = JobModel::new(&config, gpus, None, Efficiencies::default());
+                let skeleton = Skeleton::of(&job);
+                let mut cache = CandidateCache::new(&job, &skeleton);
+                for &ms in job.model_stages() {
+                    let stage = job.stage_cost(ms);
                     for entry in cache.entries.get_mut(&ms).into_iter().flatten() {
                         for k in 0..entry.variants() {
                             let c = entry.candidate(ms, k);
-                            let e = planner.estimate(&c);
+                            let e = job.estimate(&c);
                             let s = entry.estimate(&mut cache.estimates, &stage, k);
                             let memory = (e.memory.peak(), e.memory.state.total(), e.memory.transient.total());
                             assert_eq!(

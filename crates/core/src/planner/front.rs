@@ -1,7 +1,8 @@
 //! The planner's front end: a [`Planner`] for a job on a pool, built once and re-targeted
-//! ([`Planner::replanned`]) as the pool, lengths and calibration move; what it knows of the
-//! job (catalogues, workloads, the cost model's estimates); the plans a config fixes; and
-//! the errors that say why nothing fits.
+//! ([`Planner::replanned`]) as the pool, lengths and calibration move: what it knows of the
+//! job (`job.rs`, asked through the planner) and the search's candidates on the pool; the
+//! plans a config fixes; what a search finds ([`PlannedJob`]); and the errors that say why
+//! nothing fits. The search itself (`search.rs`) builds on this file, never the other way.
 
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -9,16 +10,13 @@ use std::sync::Arc;
 use thiserror::Error;
 
 use super::candidates::{CandidateCache, Scored, Skeleton};
-use crate::config::{Algorithm, JobConfig};
-use crate::cost::{
-    CostModel, Efficiencies, EngineKind, Estimate, Hardware, MemoryBreakdown, ModelStats, PositionCost, PositionMemory,
-    RankPeaks, Workload,
-};
-use crate::model::{Architecture, Catalogue, Layout};
-use crate::plan::{model_stages, Candidate, ModelStage, Placement, Plan, Recompute, Role, Stage};
+use super::job::{catalogues, JobModel};
+use super::predict::StepSeconds;
+use crate::config::JobConfig;
+use crate::cost::{CostModel, Efficiencies, Estimate, MemoryBreakdown, OpSeconds, PositionMemory, RankPeaks, Workload};
+use crate::model::{Catalogue, Layout};
+use crate::plan::{model_stages, Candidate, ModelStage, PerPhase, Placement, Plan, Recompute, Role, Stage};
 use crate::units::format_bytes;
-
-use super::search::Found;
 
 /// Why no plan was found.
 #[derive(Debug, Error)]
@@ -86,9 +84,6 @@ pub struct ModelStagePlan {
     pub estimate: Estimate,
 }
 
-/// Predicted seconds per phase of a step.
-pub type StepSeconds = crate::plan::PerPhase<f64>;
-
 /// A global plan with its predictions.
 #[derive(Debug, Clone, Serialize)]
 pub struct PlannedJob {
@@ -109,43 +104,31 @@ impl PlannedJob {
     }
 }
 
-pub(super) struct Model {
-    pub(super) catalogue: Catalogue,
-    pub(super) stats: ModelStats,
+/// A plan the search found or kept, with every rank's peak and its step's predicted seconds
+/// (a [`PlannedJob`] before the estimates of its candidates).
+pub(super) struct Found {
+    pub(super) plan: Plan,
+    pub(super) peaks: RankPeaks,
+    pub(super) step: StepSeconds,
 }
 
-/// A planner for one job on one pool. The models' catalogues are built once and shared by
-/// every [`Planner::replanned`] copy, and so are the search's candidates while the pool keeps
-/// its size, so a replan only redoes the search.
+impl Found {
+    /// The step's predicted seconds ([`Planner::predict`]).
+    pub(super) fn seconds(&self) -> f64 {
+        self.step.total()
+    }
+}
+
+/// A planner for one job on one pool: what it knows of the job and the search's candidates.
+/// The models' catalogues are built once and shared by every [`Planner::replanned`] copy, and
+/// so are the search's candidates while the pool keeps its size, so a replan only redoes the
+/// search.
 #[derive(Clone)]
 pub struct Planner {
-    pub(super) cost: CostModel,
-    pub(super) models: Arc<BTreeMap<Role, Model>>,
-    pub(super) workloads: BTreeMap<ModelStage, Workload>,
-    pub(super) model_stages: Vec<ModelStage>,
+    /// The cost model, models, workloads and fixed layouts.
+    pub(super) job: JobModel,
     /// Every model-stage's candidate layouts and replica counts on this pool.
     pub(super) skeleton: Arc<Skeleton>,
-    /// The one layout each model-stage may take, when they are fixed (the static policy):
-    /// only replica counts and ranks are searched.
-    pub(super) fixed_layouts: Option<Arc<BTreeMap<ModelStage, Layout>>>,
-}
-
-/// The parameter catalogue of every model of a job (critic and reward carry value heads).
-pub fn catalogues(config: &JobConfig) -> BTreeMap<Role, Catalogue> {
-    config
-        .models
-        .roles()
-        .into_iter()
-        .map(|(name, spec)| {
-            let role = match name {
-                "actor" => Role::Actor,
-                "critic" => Role::Critic,
-                "reference" => Role::Reference,
-                _ => Role::Reward,
-            };
-            (role, Catalogue::new(Architecture::from_spec(spec, matches!(role, Role::Critic | Role::Reward))))
-        })
-        .collect()
 }
 
 /// The plan written in `config`'s `[plan]` tables (`None` when there are none, to let the
@@ -175,56 +158,6 @@ pub fn fixed_plan(config: &JobConfig, pool: u32) -> Result<Option<Plan>, String>
     plan.validate(pool).map_err(|err| format!("[plan] does not fit {pool} ranks: {err}"))?;
     Ok(Some(plan))
 }
-/// One model-stage's cost model inputs (statistics, workload), for candidates of it.
-pub(super) struct StageCost<'p> {
-    pub(super) cost: &'p CostModel,
-    pub(super) stats: &'p ModelStats,
-    pub(super) workload: &'p Workload,
-    pub(super) ms: ModelStage,
-}
-
-impl StageCost<'_> {
-    /// The model-stage.
-    pub(super) fn model_stage(&self) -> ModelStage {
-        self.ms
-    }
-
-    /// [`Planner::estimate`] of a candidate of this model-stage.
-    pub(super) fn estimate(&self, c: &Candidate) -> Estimate {
-        self.cost.estimate(self.stats, c, self.workload)
-    }
-
-    /// [`CostModel::position_cost`] of a candidate of this model-stage.
-    pub(super) fn position_cost(&self, c: &Candidate, j: u32) -> PositionCost {
-        self.cost.position_cost(self.stats, c, self.workload, j)
-    }
-
-    /// [`PositionCost::transient`] of `c` at `position`, in bytes.
-    pub(super) fn transient_bytes(&self, position: &PositionCost, c: &Candidate) -> u64 {
-        position.transient(c, self.workload).total()
-    }
-
-    /// Whether a position peaking at `peak` bytes fits a rank of its own
-    /// ([`CostModel::fits_alone`]).
-    pub(super) fn fits_alone(&self, peak: u64) -> bool {
-        self.cost.fits_alone(peak)
-    }
-
-    /// [`CostModel::seconds`] of a feasible candidate of this model-stage.
-    pub(super) fn seconds(&self, c: &Candidate) -> f64 {
-        self.cost.seconds(self.stats, c, self.workload)
-    }
-
-    /// [`CostModel::seconds_floor`] of a candidate's layout and replica count.
-    pub(super) fn seconds_floor(&self, c: &Candidate) -> f64 {
-        self.cost.seconds_floor(self.stats, c, self.workload)
-    }
-
-    /// [`Planner::position_memory`] of a candidate of this model-stage.
-    pub(super) fn position_memory(&self, c: &Candidate, j: u32) -> PositionMemory {
-        self.cost.position_memory(self.stats, c, self.workload, j)
-    }
-}
 
 impl Planner {
     /// A planner for `config`'s job on `gpus` devices of its cluster, at `response_len` tokens
@@ -238,45 +171,9 @@ impl Planner {
         if gpus == 0 {
             return Err(PlannerError::EmptyPool);
         }
-        let hardware = Hardware::new(&config.cluster, gpus, config.policy.memory_headroom);
-        let models = catalogues(config)
-            .into_iter()
-            .map(|(role, catalogue)| {
-                let stats = ModelStats::new(&catalogue);
-                (role, Model { catalogue, stats })
-            })
-            .collect();
-        let rl = &config.rl;
-        let sequences = u64::from(rl.prompts_per_step) * u64::from(rl.samples_per_prompt);
-        let model_stages = model_stages(rl.algorithm);
-        let mut workloads = BTreeMap::new();
-        for ms in &model_stages {
-            let greedy = if rl.algorithm == Algorithm::Remax && ms.stage == Stage::Generation {
-                u64::from(rl.prompts_per_step)
-            } else {
-                0
-            };
-            let w = Workload {
-                sequences: sequences + greedy,
-                prompt_len: rl.prompt_len.into(),
-                response_len: response_len.unwrap_or(rl.max_response_len.into()),
-                micro_batch: rl.micro_batch.into(),
-                mini_batch: rl.mini_batch.into(),
-                epochs: rl.epochs.into(),
-            };
-            workloads.insert(*ms, w);
-        }
-        let cost = CostModel { hardware, efficiencies, engine: EngineKind::of(&config.cluster) };
-        let mut planner = Planner {
-            cost,
-            models: Arc::new(models),
-            workloads,
-            model_stages,
-            skeleton: Arc::default(),
-            fixed_layouts: None,
-        };
-        planner.skeleton = Arc::new(Skeleton::of(&planner));
-        Ok(planner)
+        let job = JobModel::new(config, gpus, response_len, efficiencies);
+        let skeleton = Arc::new(Skeleton::of(&job));
+        Ok(Planner { job, skeleton })
     }
 
     /// The same job re-targeted: another pool size, response length or calibration. Cheap:
@@ -286,13 +183,10 @@ impl Planner {
             return Err(PlannerError::EmptyPool);
         }
         let mut p = self.clone();
-        p.cost.efficiencies = efficiencies;
-        for w in p.workloads.values_mut() {
-            w.response_len = response_len;
-        }
-        if gpus != p.cost.hardware.devices {
-            p.cost.hardware.devices = gpus;
-            p.skeleton = Arc::new(Skeleton::of(&p));
+        let resized = gpus != p.job.cost.hardware.devices;
+        p.job.retarget(gpus, response_len, efficiencies);
+        if resized {
+            p.skeleton = Arc::new(Skeleton::of(&p.job));
         }
         Ok(p)
     }
@@ -312,77 +206,20 @@ impl Planner {
     /// The same planner searching only `layouts` for their model-stages (the rest free).
     fn fixing(&self, layouts: BTreeMap<ModelStage, Layout>) -> Planner {
         let mut p = self.clone();
-        p.fixed_layouts = Some(Arc::new(layouts));
-        p.skeleton = Arc::new(Skeleton::of(&p));
+        p.job.fixed_layouts = Some(Arc::new(layouts));
+        p.skeleton = Arc::new(Skeleton::of(&p.job));
         p
     }
 
-    /// How many model-stages have a fixed layout (0 unless [`Planner::keeping_layouts`] or
-    /// [`Planner::holding_layout`]).
-    pub fn fixed_layout_count(&self) -> usize {
-        self.fixed_layouts.as_ref().map_or(0, |l| l.len())
-    }
-
-    /// The layout `ms` must keep, when the planner keeps layouts.
-    pub(super) fn fixed_layout(&self, ms: ModelStage) -> Option<Layout> {
-        self.fixed_layouts.as_ref().and_then(|l| l.get(&ms).copied())
-    }
-
-    /// The search's candidates on this pool, before any estimate.
-    pub(super) fn skeleton(&self) -> &Skeleton {
-        &self.skeleton
-    }
-
-    /// The cost model.
-    pub fn cost(&self) -> &CostModel {
-        &self.cost
-    }
-
-    /// The model-stages planned, in stage order.
-    pub fn model_stages(&self) -> &[ModelStage] {
-        &self.model_stages
-    }
-
-    /// Parameters per model.
-    pub fn parameters(&self) -> BTreeMap<Role, u64> {
-        self.models.iter().map(|(r, m)| (*r, m.stats.params)).collect()
-    }
-
-    /// The catalogue of a model.
-    pub fn catalogue(&self, role: Role) -> &Catalogue {
-        &self.models[&role].catalogue
-    }
-
-    /// The response length planned for.
-    pub fn response_len(&self) -> u64 {
-        self.workloads.values().next().map_or(0, |w| w.response_len)
-    }
-
-    /// Estimates one candidate (its heaviest position on a rank of its own).
-    pub fn estimate(&self, c: &Candidate) -> Estimate {
-        self.stage_cost(c.model_stage).estimate(c)
-    }
-
-    /// The cost inputs of `ms`, looked up once for the many candidates a search estimates.
-    pub(super) fn stage_cost(&self, ms: ModelStage) -> StageCost<'_> {
-        StageCost { cost: &self.cost, stats: &self.models[&ms.role].stats, workload: &self.workloads[&ms], ms }
-    }
-
-    /// What one rank at pipeline position `j` of `c` holds.
-    pub fn position_memory(&self, c: &Candidate, j: u32) -> PositionMemory {
-        self.stage_cost(c.model_stage).position_memory(c, j)
-    }
-
-    /// The state one rank at pipeline position `j` of a `layout` unit of `ms` keeps
-    /// ([`Planner::position_memory`]'s state, the same for every variant of the layout).
-    pub fn position_state(&self, ms: ModelStage, layout: Layout, j: u32) -> MemoryBreakdown {
-        self.cost.position_state(&self.models[&ms.role].stats, ms, layout, j)
+    /// A cache of the search's candidates on this pool, nothing estimated yet.
+    pub(super) fn candidates(&self) -> CandidateCache<'_> {
+        CandidateCache::new(&self.job, &self.skeleton)
     }
 
     /// The latency-versus-ranks frontier of `ms`: ascending ranks, strictly falling latency.
     /// Among equally fast candidates with the same rank count, `prefer` (the current one) wins.
     pub fn frontier(&self, ms: ModelStage, prefer: Option<&Candidate>) -> Vec<Scored> {
-        let points = CandidateCache::new(self).frontier(ms, prefer, None, u32::MAX);
+        let points = self.candidates().frontier(ms, prefer, None, u32::MAX);
         points.into_iter().map(|p| (p.candidate, self.estimate(&p.candidate))).collect()
     }
 
@@ -391,7 +228,7 @@ impl Planner {
     /// looks for plans one layout away from the best (`policy::trial`).
     pub fn layouts_by_speed(&self, ms: ModelStage) -> Vec<(Layout, f64)> {
         let mut fastest: BTreeMap<Layout, f64> = BTreeMap::new();
-        for (candidate, estimate) in CandidateCache::new(self).all_fitting(ms) {
+        for (candidate, estimate) in self.candidates().all_fitting(ms) {
             let seconds = fastest.entry(candidate.layout).or_insert(f64::INFINITY);
             *seconds = seconds.min(estimate.seconds);
         }
@@ -400,16 +237,12 @@ impl Planner {
         layouts
     }
 
-    /// What one step asks of `ms`.
-    pub fn workload(&self, ms: ModelStage) -> &Workload {
-        &self.workloads[&ms]
-    }
-
     /// Any plan with this planner's predictions (its placements kept as they are).
     pub fn evaluate(&self, plan: &Plan) -> PlannedJob {
         self.planned(Found { step: self.step_seconds(plan), peaks: self.rank_peaks(plan), plan: plan.clone() })
     }
 
+    /// A plan found, with the estimates of its candidates.
     pub(super) fn planned(&self, found: Found) -> PlannedJob {
         let Found { plan, peaks, step } = found;
         let model_stages = plan
@@ -419,53 +252,89 @@ impl Planner {
             .collect();
         PlannedJob { model_stages, step_latency_s: step.total(), step_seconds: step, rank_peaks: peaks }
     }
+}
 
-    pub(super) fn does_not_fit(&self, ms: ModelStage) -> PlannerError {
-        let hw = &self.cost.hardware;
-        let need = CandidateCache::new(self).smallest_peak(ms);
-        PlannerError::DoesNotFit {
-            gpus: hw.devices,
-            model_stage: ms,
-            need_bytes: need,
-            usable_bytes: hw.usable_bytes(),
-            headroom: hw.headroom * 100.0,
-            hint: self.hint(),
-        }
+/// What the planner knows of the job and predicts of any plan, asked of the planner as ever;
+/// the answers come from the job's model (`job.rs`, `predict.rs`), which the search's
+/// candidates are built on too.
+impl Planner {
+    /// How many model-stages have a fixed layout (0 unless [`Planner::keeping_layouts`] or
+    /// [`Planner::holding_layout`]).
+    pub fn fixed_layout_count(&self) -> usize {
+        self.job.fixed_layout_count()
     }
 
-    /// What would fit: more GPUs, or shorter responses (recomputation is already searched).
-    pub(super) fn hint(&self) -> String {
-        let len = self.response_len();
-        let feasible_with = |gpus: u32, response: u64| {
-            self.replanned(gpus, response, self.cost.efficiencies).is_ok_and(|p| p.search_quiet())
-        };
-        let n = self.cost.hardware.devices;
-        let mut hints = Vec::new();
-        // The smallest pool that fits: doubling finds one, bisection the least below it.
-        if let Some(k) = (1..=6).find(|&k| feasible_with(n << k, len)) {
-            let (mut lo, mut hi) = (n << (k - 1), n << k);
-            while hi - lo > 1 {
-                let mid = lo + (hi - lo) / 2;
-                if feasible_with(mid, len) {
-                    hi = mid;
-                } else {
-                    lo = mid;
-                }
-            }
-            hints.push(format!("{hi} GPUs would fit"));
-        }
-        if let Some(l) = (1..=6).map(|k| len >> k).filter(|&l| l > 0).find(|&l| feasible_with(n, l)) {
-            hints.push(format!("responses of {l} tokens would fit (--seq-len {l})"));
-        }
-        if hints.is_empty() {
-            "; neither 64x the GPUs nor 64x shorter responses would fit: use a larger device or a smaller model".into()
-        } else {
-            format!("; {} (activation recomputation was already considered)", hints.join(", or "))
-        }
+    /// The cost model.
+    pub fn cost(&self) -> &CostModel {
+        self.job.cost()
     }
 
-    /// Whether a plan exists (the hints' probe: the same search, without a message).
-    pub(super) fn search_quiet(&self) -> bool {
-        self.place(None).is_ok()
+    /// The model-stages planned, in stage order.
+    pub fn model_stages(&self) -> &[ModelStage] {
+        self.job.model_stages()
+    }
+
+    /// Parameters per model.
+    pub fn parameters(&self) -> BTreeMap<Role, u64> {
+        self.job.parameters()
+    }
+
+    /// The catalogue of a model.
+    pub fn catalogue(&self, role: Role) -> &Catalogue {
+        self.job.catalogue(role)
+    }
+
+    /// The response length planned for.
+    pub fn response_len(&self) -> u64 {
+        self.job.response_len()
+    }
+
+    /// What one step asks of `ms`.
+    pub fn workload(&self, ms: ModelStage) -> &Workload {
+        self.job.workload(ms)
+    }
+
+    /// Estimates one candidate (its heaviest position on a rank of its own).
+    pub fn estimate(&self, c: &Candidate) -> Estimate {
+        self.job.estimate(c)
+    }
+
+    /// What one rank at pipeline position `j` of `c` holds.
+    pub fn position_memory(&self, c: &Candidate, j: u32) -> PositionMemory {
+        self.job.position_memory(c, j)
+    }
+
+    /// The state one rank at pipeline position `j` of a `layout` unit of `ms` keeps
+    /// ([`Planner::position_memory`]'s state, the same for every variant of the layout).
+    pub fn position_state(&self, ms: ModelStage, layout: Layout, j: u32) -> MemoryBreakdown {
+        self.job.position_state(ms, layout, j)
+    }
+
+    /// Every rank's predicted peak under `plan` (placement-exact), the weight sync's pack
+    /// buffers included.
+    pub fn rank_peaks(&self, plan: &Plan) -> RankPeaks {
+        self.job.rank_peaks(plan)
+    }
+
+    /// Predicted seconds of one step under `plan`, stage by stage (infinite when a
+    /// placement does not fit a rank on its own). Inside a stage, model-stages that share
+    /// ranks run one after another and the others concurrently (the execution-overlap graph);
+    /// the actor's old log-probabilities run on its training ranks during inference; the
+    /// weight sync reshards the trained parameters into the generation and critic inference
+    /// layouts.
+    pub fn step_seconds(&self, plan: &Plan) -> StepSeconds {
+        self.job.step_seconds(plan)
+    }
+
+    /// Per stage (generation, inference, training, weight sync): its predicted seconds and the
+    /// roofline time per operation class along its critical path (the slowest group of the
+    /// overlap graph) — what calibration fits efficiencies to.
+    pub fn stage_parts(&self, plan: &Plan) -> PerPhase<(f64, OpSeconds)> {
+        self.job.stage_parts(plan)
+    }
+
+    /// Predicted step latency of any plan (what admission compares, `ΔL = L(S) − L(S*)`).
+    pub fn predict(&self, plan: &Plan) -> f64 {
+        self.job.predict(plan)
     }
 }

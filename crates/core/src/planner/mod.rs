@@ -19,9 +19,14 @@ mod candidates;
 mod check;
 mod front;
 mod initial;
+mod job;
 mod predict;
 mod search;
 pub mod stage;
+#[cfg(test)]
+mod testing;
 
-pub use front::{catalogues, fixed_plan, ModelStagePlan, PlannedJob, Planner, PlannerError, StepSeconds};
+pub use front::{fixed_plan, ModelStagePlan, PlannedJob, Planner, PlannerError};
 pub use initial::initial_plan;
+pub use job::catalogues;
+pub use predict::StepSeconds;

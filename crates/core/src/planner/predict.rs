@@ -1,10 +1,14 @@
 //! Predictions of any plan: every rank's peak memory and the step's seconds per phase, with
-//! the roofline time per operation class along each phase's critical path.
+//! the roofline time per operation class along each phase's critical path. They need only
+//! what the planner knows of the job ([`JobModel`]), not the search, which reads them.
 
 use crate::cost::{MemoryBreakdown, MemoryItem, OpSeconds, RankPeaks};
 use crate::plan::{overlap_critical, ModelStage, PerPhase, Plan, Role, Stage};
 
-use super::front::{Planner, StepSeconds};
+use super::job::JobModel;
+
+/// Predicted seconds per phase of a step.
+pub type StepSeconds = PerPhase<f64>;
 
 pub(super) const GENERATION: ModelStage = ModelStage::new(Role::Actor, Stage::Generation);
 /// The weight syncs of a step: trained parameters into the layouts that use them.
@@ -14,10 +18,10 @@ pub(super) const ACTOR_TRAINING: ModelStage = ModelStage::new(Role::Actor, Stage
 pub(super) const CRITIC_TRAINING: ModelStage = ModelStage::new(Role::Critic, Stage::Training);
 pub(super) const CRITIC_INFERENCE: ModelStage = ModelStage::new(Role::Critic, Stage::Inference);
 
-impl Planner {
+impl JobModel {
     /// Every rank's predicted peak under `plan` (placement-exact), the weight sync's pack
     /// buffers included.
-    pub fn rank_peaks(&self, plan: &Plan) -> RankPeaks {
+    pub(super) fn rank_peaks(&self, plan: &Plan) -> RankPeaks {
         let pool = plan.placements.iter().flat_map(|p| p.ranks.iter()).map(|&r| r as u32 + 1).max().unwrap_or(0);
         let mut peaks = RankPeaks::of(plan, pool.max(self.cost.hardware.devices), |c, j| self.position_memory(c, j));
         let find = |ms: ModelStage| plan.placements.iter().find(|p| p.candidate.model_stage == ms);
@@ -56,24 +60,24 @@ impl Planner {
     /// the actor's old log-probabilities run on its training ranks during inference; the
     /// weight sync reshards the trained parameters into the generation and critic inference
     /// layouts.
-    pub fn step_seconds(&self, plan: &Plan) -> StepSeconds {
+    pub(super) fn step_seconds(&self, plan: &Plan) -> StepSeconds {
         self.stage_parts(plan).map(|(seconds, _)| *seconds)
     }
 
     /// Per stage (generation, inference, training, weight sync): its predicted seconds and the
     /// roofline time per operation class along its critical path (the slowest group of the
     /// overlap graph) — what calibration fits efficiencies to.
-    pub fn stage_parts(&self, plan: &Plan) -> PerPhase<(f64, OpSeconds)> {
+    pub(super) fn stage_parts(&self, plan: &Plan) -> PerPhase<(f64, OpSeconds)> {
         self.parts_of(plan, false)
     }
 
-    /// [`Planner::step_seconds`] of a plan known to keep every rank within memory (so every
+    /// [`JobModel::step_seconds`] of a plan known to keep every rank within memory (so every
     /// position of it fits a rank of its own: its candidates' memory is not estimated again).
     pub(super) fn fitting_step_seconds(&self, plan: &Plan) -> StepSeconds {
         self.parts_of(plan, true).map(|(seconds, _)| *seconds)
     }
 
-    /// [`Planner::stage_parts`]; `fits`: every candidate of `plan` is known to fit a rank of its
+    /// [`JobModel::stage_parts`]; `fits`: every candidate of `plan` is known to fit a rank of its
     /// own, so only its latency is estimated (the estimate's own, as it is for any that fits).
     pub(super) fn parts_of(&self, plan: &Plan, fits: bool) -> PerPhase<(f64, OpSeconds)> {
         let e = &self.cost.efficiencies;
@@ -120,7 +124,7 @@ impl Planner {
     }
 
     /// Predicted step latency of any plan (what admission compares, `ΔL = L(S) − L(S*)`).
-    pub fn predict(&self, plan: &Plan) -> f64 {
+    pub(super) fn predict(&self, plan: &Plan) -> f64 {
         self.step_seconds(plan).total()
     }
 

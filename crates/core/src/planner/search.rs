@@ -5,14 +5,13 @@
 use std::collections::BTreeMap;
 
 use super::assign::{assign, GroupToPlace};
-use super::candidates::{CandidateCache, Fastest, Point, SHAVE};
+use super::candidates::{CandidateCache, Caps, Fastest, Point, SHAVE};
+use super::front::{Found, PlannedJob, Planner, PlannerError};
+use super::predict::SYNCS;
 use super::stage::{self, StageChoice};
 use crate::cost::RankPeaks;
 use crate::model::Layout;
 use crate::plan::{Candidate, ModelStage, Placement, Plan, Stage};
-
-use super::front::{PlannedJob, Planner, PlannerError, StepSeconds};
-use super::predict::SYNCS;
 
 /// Stages in the order they run.
 pub(super) const STAGES: [Stage; 3] = [Stage::Generation, Stage::Inference, Stage::Training];
@@ -30,21 +29,6 @@ pub(super) const RUNG_ORDER_SPAN: f64 = 2.0;
 /// The weight sync's share of the step above which fewer sync-filled replicas are tried.
 pub(super) const SYNC_SWEEP_SHARE: f64 = 0.1;
 
-/// Per-rank limits on candidates when the uncapped plan does not fit every rank.
-pub(super) struct Caps {
-    /// State per rank, per model-stage.
-    pub(super) state: BTreeMap<ModelStage, u64>,
-    /// Transient peak per rank.
-    pub(super) transient: u64,
-}
-
-impl Caps {
-    /// The state cap of `ms`.
-    pub(super) fn state(&self, ms: ModelStage) -> u64 {
-        self.state.get(&ms).copied().unwrap_or(u64::MAX)
-    }
-}
-
 impl Planner {
     /// The fastest plan whose every rank fits in memory (ties: the current plan's candidates
     /// and ranks).
@@ -59,7 +43,7 @@ impl Planner {
     }
 
     pub(super) fn search_kept(&self, current: Option<&Plan>) -> Result<(PlannedJob, f64), PlannerError> {
-        let gpus = self.cost.hardware.devices;
+        let gpus = self.cost().hardware.devices;
         let kept = current.and_then(|plan| self.still_fits(plan));
         let current_seconds = kept.as_ref().map_or(f64::INFINITY, Found::seconds);
         let keep = |k: Found| Ok((self.planned(k), current_seconds));
@@ -81,7 +65,7 @@ impl Planner {
                     .filter(|p| p.ranks.contains(&rank))
                     .map(|p| p.candidate.model_stage.to_string())
                     .collect();
-                let usable_bytes = self.cost.hardware.usable_bytes();
+                let usable_bytes = self.cost().hardware.usable_bytes();
                 Err(PlannerError::Placement { gpus, rank, peak_bytes: peak, usable_bytes, holders, hint: self.hint() })
             }
         }
@@ -90,10 +74,60 @@ impl Planner {
     /// `plan` with its peaks and step, if it is valid on this pool and every rank still fits
     /// (so every position of it fits a rank of its own: a rank's peak is at least its own).
     pub(super) fn still_fits(&self, plan: &Plan) -> Option<Found> {
-        plan.validate(self.cost.hardware.devices).ok()?;
+        plan.validate(self.cost().hardware.devices).ok()?;
         let peaks = self.rank_peaks(plan);
-        let fits = peaks.max().0 <= self.cost.hardware.usable_bytes();
-        fits.then(|| Found { step: self.fitting_step_seconds(plan), plan: plan.clone(), peaks })
+        let fits = peaks.max().0 <= self.cost().hardware.usable_bytes();
+        fits.then(|| Found { step: self.job.fitting_step_seconds(plan), plan: plan.clone(), peaks })
+    }
+
+    /// Why `ms` fits no candidate, with what would fit.
+    fn does_not_fit(&self, ms: ModelStage) -> PlannerError {
+        let hw = &self.cost().hardware;
+        let need = self.candidates().smallest_peak(ms);
+        PlannerError::DoesNotFit {
+            gpus: hw.devices,
+            model_stage: ms,
+            need_bytes: need,
+            usable_bytes: hw.usable_bytes(),
+            headroom: hw.headroom * 100.0,
+            hint: self.hint(),
+        }
+    }
+
+    /// What would fit: more GPUs, or shorter responses (recomputation is already searched).
+    fn hint(&self) -> String {
+        let len = self.response_len();
+        let feasible_with = |gpus: u32, response: u64| {
+            self.replanned(gpus, response, self.cost().efficiencies).is_ok_and(|p| p.search_quiet())
+        };
+        let n = self.cost().hardware.devices;
+        let mut hints = Vec::new();
+        // The smallest pool that fits: doubling finds one, bisection the least below it.
+        if let Some(k) = (1..=6).find(|&k| feasible_with(n << k, len)) {
+            let (mut lo, mut hi) = (n << (k - 1), n << k);
+            while hi - lo > 1 {
+                let mid = lo + (hi - lo) / 2;
+                if feasible_with(mid, len) {
+                    hi = mid;
+                } else {
+                    lo = mid;
+                }
+            }
+            hints.push(format!("{hi} GPUs would fit"));
+        }
+        if let Some(l) = (1..=6).map(|k| len >> k).filter(|&l| l > 0).find(|&l| feasible_with(n, l)) {
+            hints.push(format!("responses of {l} tokens would fit (--seq-len {l})"));
+        }
+        if hints.is_empty() {
+            "; neither 64x the GPUs nor 64x shorter responses would fit: use a larger device or a smaller model".into()
+        } else {
+            format!("; {} (activation recomputation was already considered)", hints.join(", or "))
+        }
+    }
+
+    /// Whether a plan exists (the hints' probe: the same search, without a message).
+    fn search_quiet(&self) -> bool {
+        self.place(None).is_ok()
     }
 
     /// The fastest placement found. The stages are laid out one by one, but the weight sync
@@ -102,7 +136,7 @@ impl Planner {
     /// its sync. When the sync is a noticeable part of the step, fewer replicas of the layouts
     /// it fills are tried (halving), until two halvings in a row bring nothing.
     pub(super) fn place(&self, current: Option<&Plan>) -> Result<Found, Unfit> {
-        let mut cache = CandidateCache::new(self);
+        let mut cache = self.candidates();
         let mut best = self.place_within(current, &mut cache, u32::MAX, f64::INFINITY)?;
         if best.step.weight_sync < SYNC_SWEEP_SHARE * best.seconds() {
             return Ok(best);
@@ -139,12 +173,12 @@ impl Planner {
         sync_dp: u32,
         beat: f64,
     ) -> Result<Found, Unfit> {
-        let usable = self.cost.hardware.usable_bytes();
+        let usable = self.cost().hardware.usable_bytes();
         let uncapped = self.stage_layouts(cache, &Round { current, caps: None, sync_dp }, f64::INFINITY, &[])?;
         let first = self.ranks_for(&uncapped.stages, current);
         let peaks = self.rank_peaks(&first);
         if peaks.max().0 <= usable {
-            return Ok(Found { step: self.fitting_step_seconds(&first), plan: first, peaks });
+            return Ok(Found { step: self.job.fitting_step_seconds(&first), plan: first, peaks });
         }
         // Every rank holds a position of (nearly) every model-stage: its state adds up, and the
         // largest transient comes on top. So the transient is capped at a rung of a ladder, the
@@ -183,7 +217,7 @@ impl Planner {
                 let peaks = self.rank_peaks(&plan);
                 let (worst, _) = peaks.max();
                 if worst <= usable {
-                    let found = Found { step: self.fitting_step_seconds(&plan), plan, peaks };
+                    let found = Found { step: self.job.fitting_step_seconds(&plan), plan, peaks };
                     let seconds = found.seconds();
                     if best
                         .as_ref()
@@ -213,7 +247,7 @@ impl Planner {
     /// the loosest transient cap down, each rung's capped picks bounding the next one's, and
     /// only up to [`RUNG_ORDER_SPAN`] times the fastest so far.
     pub(super) fn rungs_in_order(&self, current: Option<&Plan>, cache: &mut CandidateCache, sync_dp: u32) -> Vec<Rung> {
-        let usable = self.cost.hardware.usable_bytes();
+        let usable = self.cost().hardware.usable_bytes();
         let mut fastest = f64::INFINITY;
         let mut rungs = Vec::with_capacity(TRANSIENT_LADDER.len());
         for (rung, &share) in TRANSIENT_LADDER.iter().enumerate() {
@@ -235,7 +269,7 @@ impl Planner {
 
     /// The model-stages `stage` runs, each with whether it is the stage's only one.
     pub(super) fn stage_members(&self, stage: Stage) -> impl Iterator<Item = (ModelStage, bool)> + '_ {
-        let of_stage = move || self.model_stages.iter().copied().filter(move |m| m.stage == stage);
+        let of_stage = move || self.model_stages().iter().copied().filter(move |m| m.stage == stage);
         let alone = of_stage().count() == 1;
         of_stage().map(move |ms| (ms, alone))
     }
@@ -267,8 +301,8 @@ impl Planner {
     /// state of one of its replicas.
     pub(super) fn state_caps(&self, room: u64) -> BTreeMap<ModelStage, u64> {
         let replica_state = |ms: &ModelStage| self.position_state(*ms, Layout::new(1, 1), 0).total() as f64;
-        let total: f64 = self.model_stages.iter().map(replica_state).sum::<f64>().max(1.0);
-        self.model_stages.iter().map(|ms| (*ms, (room as f64 * replica_state(ms) / total) as u64)).collect()
+        let total: f64 = self.model_stages().iter().map(replica_state).sum::<f64>().max(1.0);
+        self.model_stages().iter().map(|ms| (*ms, (room as f64 * replica_state(ms) / total) as u64)).collect()
     }
 
     /// One round: every stage's layout, stage by stage, and a floor under the step any plan
@@ -333,8 +367,8 @@ impl Planner {
     /// The ranks of every stage's groups (see [`assign`]), in model-stage order.
     pub(super) fn ranks_for(&self, stages: &[Vec<GroupToPlace>], current: Option<&Plan>) -> Plan {
         let state_of = |c: &Candidate, j: u32| self.position_state(c.model_stage, c.layout, j).total();
-        let mut placements = assign(stages, self.cost.hardware.devices, current, &state_of);
-        placements.sort_by_key(|p| self.model_stages.iter().position(|&m| m == p.candidate.model_stage));
+        let mut placements = assign(stages, self.cost().hardware.devices, current, &state_of);
+        placements.sort_by_key(|p| self.model_stages().iter().position(|&m| m == p.candidate.model_stage));
         Plan { placements }
     }
 
@@ -342,7 +376,7 @@ impl Planner {
         let points: Vec<Vec<(u32, f64)>> =
             frontiers.iter().map(|f| f.iter().map(|p| (p.candidate.ranks(), p.seconds)).collect()).collect();
         let refs: Vec<&stage::Frontier> = points.iter().map(|p| p.as_slice()).collect();
-        stage::solve(&refs, self.cost.hardware.devices)
+        stage::solve(&refs, self.cost().hardware.devices)
     }
 }
 
@@ -360,20 +394,6 @@ pub(super) struct Rung {
     first_floor: f64,
     index: usize,
     caps: Caps,
-}
-
-/// A plan the search found or kept, with every rank's peak and its step's predicted seconds.
-pub(super) struct Found {
-    pub(super) plan: Plan,
-    pub(super) peaks: RankPeaks,
-    pub(super) step: StepSeconds,
-}
-
-impl Found {
-    /// The step's predicted seconds ([`Planner::predict`]).
-    pub(super) fn seconds(&self) -> f64 {
-        self.step.total()
-    }
 }
 
 /// One round's stage layouts: per stage, its groups; and per stage laid out, a floor under
