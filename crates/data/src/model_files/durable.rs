@@ -29,7 +29,7 @@ pub fn replace_durably(path: &Path, bytes: &[u8]) -> Result<(), ModelFileError> 
 }
 
 /// Test hook: `NEREUS_FAULT_SLOW_SAVE_MS=<ms>` pauses before each file a checkpoint writes, so
-/// that a test can kill a rank in the middle of a save (`tests/checkpoint_faults.rs`).
+/// that a test can kill a rank in the middle of a save (`tests/failures.rs`).
 pub fn pause_before_each_file_for_tests() {
     if let Some(ms) = std::env::var("NEREUS_FAULT_SLOW_SAVE_MS").ok().and_then(|v| v.parse::<u64>().ok()) {
         std::thread::sleep(std::time::Duration::from_millis(ms));

@@ -1,6 +1,8 @@
-//! Hostile inputs: every case exits with its documented status (1 runtime, 2 usage/config) and a
-//! message naming the problem, never panics, and under MPI ends within 15 s of the failure with
-//! the watchdog at its default (300 s) — so a hang shows as a wall time, not a pass.
+//! How the job fails: runtime failures on some ranks, damaged or foreign checkpoints, divergence,
+//! configs that passed validation once and should not have, a rank killed mid-save, a stop
+//! signal. Every case exits with its documented status (1 runtime, 2 usage/config) and a message
+//! naming the problem, never panics, and under MPI ends within 15 s of the failure with the
+//! watchdog at its default (300 s) — so a hang shows as a wall time, not a pass.
 
 mod common;
 

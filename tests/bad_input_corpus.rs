@@ -1,9 +1,9 @@
-//! A generated hostile corpus (hardening, round 2): bad pools and pool files, fail-rank
+//! A generated corpus of bad input: bad pools and pool files, fail-rank
 //! variants, resume variants, simulate and logprobs inputs, signals at seeded random times, and
 //! small, inode-limited and read-only file systems. Every case ends with a clear error (a
 //! non-zero status, a message naming the problem) or correct behaviour (status 0, every step
 //! recorded): never an abort, a panic, a hang, an exit 0 on nonsense, or a lost step.
-//! Each test prints its counts; `tests/hardening2.rs` holds the numbered defects.
+//! Each test prints its counts; `tests/pools_resume_signals.rs` holds one test per defect found.
 
 mod common;
 

@@ -1,6 +1,6 @@
-//! Hardening, round 2: one test per defect a hostile user found in pools, resume variants,
-//! signals, simulate and logprobs (the numbered items of the issue), each failing before its
-//! fix. The generated corpus of the same kinds is `tests/hostile.rs`.
+//! Pools, resume variants, signals, simulate and logprobs under inputs a user got wrong: one test
+//! per defect once found there, each of which failed before its fix. The generated corpus of the
+//! same kinds is `tests/bad_input_corpus.rs`.
 
 mod common;
 
