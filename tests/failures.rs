@@ -341,7 +341,7 @@ fn resume_refuses_damaged_or_foreign_checkpoints_naming_the_problem() {
     d.edit_tensors("actor/model.safetensors", |_, meta| drop(meta.insert("nereus.model".into(), "reference".into())));
     add("a file written for another model", d, &["written for model reference"]);
     let d = fresh("grpo");
-    d.edit_sidecar(|s| s.algorithm = "grpo".into());
+    d.edit_sidecar(|s| s.algorithm = nereus_core::config::Algorithm::Grpo);
     add("another algorithm", d, &["rl.algorithm", "\"grpo\""]);
     let d = fresh("job");
     d.edit_sidecar(|s| s.job = "someone-else".into());

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use common::{run_mpi, run_single, set_key, shipped, text, write};
 use nereus_core::config::hf::{self, ConfigJsonOptions};
 use nereus_core::config::{Dtype, ModelSpec, RopeScaling};
-use nereus_core::model::Catalogue;
+use nereus_core::model::{Catalogue, OutputHead};
 use nereus_data::model_files::{write_model_dir, NamedTensor, WriteOptions};
 use safetensors::SafeTensors;
 use serde_json::Value;
@@ -60,8 +60,8 @@ fn uniform(state: &mut u64) -> f32 {
 
 /// Writes a model directory of `spec` with random weights through the project's writer:
 /// norm gains near one, embeddings of unit scale, matrices small.
-fn write_random_model(dir: &Path, spec: &ModelSpec, value_head: bool, seed: u64, max_shard_bytes: u64) {
-    let catalogue = Catalogue::of_spec(spec, value_head);
+fn write_random_model(dir: &Path, spec: &ModelSpec, head: OutputHead, seed: u64, max_shard_bytes: u64) {
+    let catalogue = Catalogue::of_spec(spec, head);
     let mut state = seed;
     let tensors: Vec<NamedTensor> = catalogue
         .tensors
@@ -81,7 +81,7 @@ fn write_random_model(dir: &Path, spec: &ModelSpec, value_head: bool, seed: u64,
         })
         .collect();
     let options = ConfigJsonOptions { base: None, max_position_embeddings: 64, eos_token_id: Some(0) };
-    let config = hf::config_json(spec, value_head, &options);
+    let config = hf::config_json(spec, head, &options);
     let generation = hf::generation_config_json(&config, 1.0, 1.0);
     let write = WriteOptions {
         dtype: spec.dtype,
@@ -143,7 +143,7 @@ fn tensor_bytes(dir: &Path) -> HashMap<String, Vec<u8>> {
 struct Reference {
     w: HashMap<String, (Vec<usize>, Vec<f64>)>,
     spec: ModelSpec,
-    value_head: bool,
+    head: OutputHead,
 }
 
 impl Reference {
@@ -259,7 +259,7 @@ impl Reference {
             }
         }
         let finals: Vec<Vec<f64>> = h.iter().map(|x| self.norm(x, self.get("model.norm.weight"))).collect();
-        if self.value_head {
+        if self.head == OutputHead::Value {
             return finals.iter().map(|x| self.mv("score.weight", x)[0]).collect();
         }
         let head = if s.tie_embeddings { "model.embed_tokens.weight" } else { "lm_head.weight" };
@@ -323,25 +323,25 @@ fn logprobs_agree_on_one_rank_under_tp_pp_and_dp_and_with_an_independent_impleme
     let tied = ModelSpec { dtype: Dtype::Bf16, ..spec(2, false, true, None, 10_000.0, 1e-6) };
     let qwen = spec(2, true, true, Some(16), 1_000_000.0, 1e-6);
     let qwen_untied = ModelSpec { dtype: Dtype::Bf16, ..spec(3, true, false, Some(16), 1_000_000.0, 1e-6) };
-    // (name, spec, value model, shard threshold, layouts as (ranks, tp, pp))
+    // (name, spec, head, shard threshold, layouts as (ranks, tp, pp))
     let untied_layouts: &[(usize, &str, &str)] =
         &[(2, "2", "1"), (2, "1", "2"), (4, "2", "2"), (3, "1", "1"), (3, "1", "3")];
     let tied_layouts: &[(usize, &str, &str)] = &[(2, "2", "1"), (4, "2", "1")];
     let cases = [
-        ("llama-llama3-untied-f32", llama.clone(), false, u64::MAX, untied_layouts),
-        ("llama-tied-bf16-sharded", tied, false, 8_000, tied_layouts),
-        ("qwen3-tied-f32-sharded", qwen, false, 20_000, tied_layouts),
-        ("qwen3-untied-bf16", qwen_untied, false, u64::MAX, untied_layouts),
-        ("llama-value-model", llama, true, 30_000, untied_layouts),
+        ("llama-llama3-untied-f32", llama.clone(), OutputHead::Lm, u64::MAX, untied_layouts),
+        ("llama-tied-bf16-sharded", tied, OutputHead::Lm, 8_000, tied_layouts),
+        ("qwen3-tied-f32-sharded", qwen, OutputHead::Lm, 20_000, tied_layouts),
+        ("qwen3-untied-bf16", qwen_untied, OutputHead::Lm, u64::MAX, untied_layouts),
+        ("llama-value-model", llama, OutputHead::Value, 30_000, untied_layouts),
     ];
     let (tokens, sequences) = token_file(dir.path(), 64);
     let mut report = Vec::new();
-    for (k, (name, spec, value_head, shard, layouts)) in cases.iter().enumerate() {
+    for (k, (name, spec, head, shard, layouts)) in cases.iter().enumerate() {
         let model = dir.path().join(name);
-        write_random_model(&model, spec, *value_head, 7 + k as u64, *shard);
+        write_random_model(&model, spec, *head, 7 + k as u64, *shard);
         let out = dir.path().join(format!("{name}.json"));
         let one = logprobs(1, &model, &tokens, &out, &[]).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let reference = Reference { w: read_tensors(&model), spec: spec.clone(), value_head: *value_head };
+        let reference = Reference { w: read_tensors(&model), spec: spec.clone(), head: *head };
         let want: Vec<Vec<f64>> = sequences.iter().map(|s| reference.run(s)).collect();
         let independent = max_difference(&one, &want);
         assert!(independent < 5e-5, "{name}: 1 rank vs the f64 reference: max |Δ| = {independent:e}");
@@ -367,7 +367,7 @@ fn logprobs_agree_on_one_rank_under_tp_pp_and_dp_and_with_an_independent_impleme
 fn bad_model_directories_and_tokens_are_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("m");
-    write_random_model(&model, &spec(1, false, false, None, 10_000.0, 1e-5), false, 1, u64::MAX);
+    write_random_model(&model, &spec(1, false, false, None, 10_000.0, 1e-5), OutputHead::Lm, 1, u64::MAX);
     let out = dir.path().join("o.json");
     let bad_tokens = write(dir.path(), "bad.json", "[[1, 2], [3, 64]]");
     let err = logprobs(1, &model, &bad_tokens, &out, &[]).unwrap_err();
@@ -439,7 +439,7 @@ fn a_job_starts_from_model_directories_and_checkpoints_model_directories() {
         rope_scaling: Some(llama3()),
         ..spec(2, false, false, None, 500_000.0, 1e-5)
     };
-    write_random_model(&actor, &llama, false, 3, u64::MAX);
+    write_random_model(&actor, &llama, OutputHead::Lm, 3, u64::MAX);
     std::fs::write(actor.join("tokenizer.json"), "{\"model\": {\"type\": \"WordLevel\"}}").unwrap();
     std::fs::write(actor.join("tokenizer_config.json"), "{}").unwrap();
     let scorer = dir.path().join("qwen3");
@@ -450,7 +450,7 @@ fn a_job_starts_from_model_directories_and_checkpoints_model_directories() {
         dtype: Dtype::Bf16,
         ..spec(2, true, true, Some(16), 1_000_000.0, 1e-6)
     };
-    write_random_model(&scorer, &qwen, false, 4, 40_000);
+    write_random_model(&scorer, &qwen, OutputHead::Lm, 4, 40_000);
     let mut toml = set_key(&shipped("tiny-ppo.toml"), "train", "checkpoint_every", Some("1"));
     toml = set_key(&toml, "train", "checkpoint_shard_gb", Some("0.00003"));
     for (role, from) in [("actor", &actor), ("reference", &actor), ("critic", &scorer), ("reward", &scorer)] {

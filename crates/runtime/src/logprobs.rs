@@ -140,7 +140,7 @@ fn prepare(options: &LogprobsOptions, world: i32) -> Result<Prepared, RuntimeErr
     // The engine computes in f32 whatever the files hold (bf16 and f16 convert exactly).
     let spec = nereus_core::config::ModelSpec { dtype: Dtype::F32, ..found.spec };
     spec.validate("model").map_err(|e| usage(format!("config.json describes a model the engine cannot hold: {e}")))?;
-    let catalogue = Catalogue::of_spec(&spec, found.value_head);
+    let catalogue = Catalogue::of_spec(&spec, found.head);
     if options.micro_batch == 0 {
         return Err(RuntimeError::Usage("--micro-batch 0: a forward pass takes at least 1 sequence".into()));
     }

@@ -9,7 +9,7 @@ use nereus_exec::comm::{agree, Watchdog, World};
 use petgraph::graph::NodeIndex;
 
 use nereus_core::transition::{Primitive, TransitionDag, UnitId};
-use nereus_exec::emu::{EmuId, EmuSet, Exchange, PrimitiveOptions, PrimitiveReport, ShardMemory};
+use nereus_exec::emu::{EmuId, EmuSet, Exchange, PrimitiveOptions, PrimitiveReport, Route, ShardMemory};
 
 use super::RuntimeError;
 
@@ -148,13 +148,13 @@ fn run_node<M: ShardMemory, P: Exchange<M>>(
 ) -> Result<(PrimitiveReport, Vec<UnitId>), RuntimeError> {
     let node = &dag.graph[NodeIndex::new(i)];
     let made = node.primitive.creates().to_vec();
-    let options = PrimitiveOptions { through_host: node.staged, in_transition: true };
+    let options = PrimitiveOptions { route: Route::staged_if(node.staged), in_transition: true };
     let done = match &node.primitive {
         Primitive::Split { source, .. } if fused.contains_key(&i) => {
             let merge = &dag.graph[NodeIndex::new(fused[&i])];
             let Primitive::Merge { merged, .. } = &merge.primitive else { unreachable!("fused with a Merge") };
             let (unit, staged) = (&dag.units[merged], node.staged || merge.staged);
-            let done = set.reshard_with(plane, ids[source], unit.layout, &unit.ranks, staged)?;
+            let done = set.reshard_with(plane, ids[source], unit.layout, &unit.ranks, Route::staged_if(staged))?;
             return Ok((done, vec![*merged]));
         }
         Primitive::Merge { .. } if fused.values().any(|&m| m == i) => {

@@ -21,7 +21,7 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::models::{spec_map, DEFAULT_ROPE_THETA};
-use super::{Dtype, ModelSpec, RopeScaling};
+use super::{Dtype, ModelSpec, OutputHead, RopeScaling};
 
 /// The architecture file of a model directory.
 pub const CONFIG_JSON: &str = "config.json";
@@ -103,14 +103,18 @@ impl Family {
         }
     }
 
-    /// The transformers class for a causal LM or, with `value_head`, a one-label sequence
+    /// The transformers class for a causal LM or, with a value head, a one-label sequence
     /// classifier (the critic and reward models).
-    pub fn class(self, value_head: bool) -> String {
+    pub fn class(self, head: OutputHead) -> String {
         let prefix = match self {
             Family::Llama => "Llama",
             Family::Qwen3 => "Qwen3",
         };
-        format!("{prefix}For{}", if value_head { "SequenceClassification" } else { "CausalLM" })
+        let kind = match head {
+            OutputHead::Lm => "CausalLM",
+            OutputHead::Value => "SequenceClassification",
+        };
+        format!("{prefix}For{kind}")
     }
 }
 
@@ -119,9 +123,8 @@ impl Family {
 pub struct HfModel {
     /// The architecture as a resolved table (`path` unset; `dtype` the weights' dtype).
     pub spec: ModelSpec,
-    /// Whether the model is a one-label sequence classifier (a value model) rather than a
-    /// causal LM.
-    pub value_head: bool,
+    /// A value head for a one-label sequence classifier (a value model), else an LM head.
+    pub head: OutputHead,
     /// The whole `config.json` object (keys the engine does not use are carried through when a
     /// checkpoint writes the model back).
     pub json: Map<String, Value>,
@@ -169,7 +172,7 @@ pub fn parse_config(text: &str) -> Result<HfModel, String> {
         rms_norm_eps: read(&keys.rms_norm_eps, "rms_norm_eps")?.copied().unwrap_or(HF_DEFAULT_RMS_NORM_EPS),
         rope_scaling,
     };
-    Ok(HfModel { spec, value_head: keys.value_head()?, json: obj })
+    Ok(HfModel { spec, head: keys.head()?, json: obj })
 }
 
 /// The keys of a `config.json` that Nereus reads, named as transformers names them; the file's
@@ -322,12 +325,12 @@ impl ConfigKeys {
         Ok(())
     }
 
-    /// Whether `architectures` names a sequence classifier (a value model) or a causal LM.
-    fn value_head(&self) -> Result<bool, String> {
-        let Some(list) = &self.architectures else { return Ok(false) };
+    /// The head `architectures` names: a sequence classifier's value head, or a causal LM's.
+    fn head(&self) -> Result<OutputHead, String> {
+        let Some(list) = &self.architectures else { return Ok(OutputHead::Lm) };
         let first = list.typed.as_ref().and_then(|a| a.first()).and_then(Value::as_str);
         match first {
-            Some(class) if class.ends_with("ForCausalLM") => Ok(false),
+            Some(class) if class.ends_with("ForCausalLM") => Ok(OutputHead::Lm),
             Some(class) if class.ends_with("ForSequenceClassification") => {
                 // Anything but an object of labels or a count of them counts as no label.
                 let labels = match (&self.id2label, &self.num_labels) {
@@ -340,7 +343,7 @@ impl ConfigKeys {
                         "{class} with {labels} labels: a value model (critic, reward) has one (`num_labels = 1`)"
                     ));
                 }
-                Ok(true)
+                Ok(OutputHead::Value)
             }
             _ => Err(format!("architectures = {} names no causal LM or sequence classifier", list.value)),
         }
@@ -464,15 +467,15 @@ pub struct ConfigJsonOptions<'a> {
 }
 
 /// The `config.json` of a model directory holding the model `spec` describes (a value model
-/// with `value_head`), in the form transformers' `from_pretrained` reads.
-pub fn config_json(spec: &ModelSpec, value_head: bool, options: &ConfigJsonOptions) -> Map<String, Value> {
+/// with a value head), in the form transformers' `from_pretrained` reads.
+pub fn config_json(spec: &ModelSpec, head: OutputHead, options: &ConfigJsonOptions) -> Map<String, Value> {
     let family = Family::of(spec);
     let mut out = options.base.cloned().unwrap_or_default();
     let parameters_form = out.get("rope_parameters").is_some_and(|v| !v.is_null());
     for key in OWNED {
         out.remove(key);
     }
-    out.insert("architectures".into(), json!([family.class(value_head)]));
+    out.insert("architectures".into(), json!([family.class(head)]));
     out.insert("model_type".into(), json!(family.model_type()));
     for (key, value) in [
         ("hidden_size", spec.hidden),
@@ -509,7 +512,7 @@ pub fn config_json(spec: &ModelSpec, value_head: bool, options: &ConfigJsonOptio
     if let Some(eos) = options.eos_token_id {
         out.entry("eos_token_id").or_insert(json!(eos));
     }
-    if value_head {
+    if head == OutputHead::Value {
         out.insert("id2label".into(), json!({"0": "LABEL_0"}));
         out.insert("label2id".into(), json!({"LABEL_0": 0}));
         // Sequence classifiers find each sequence's last token through the pad token.

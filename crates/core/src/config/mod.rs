@@ -39,7 +39,7 @@ pub use error::ConfigError;
 pub use faults::FaultsSection;
 pub use job::JobSection;
 pub use launch::{DeviceChoice, ResumeFrom};
-pub use models::{Dtype, ModelSpec, ModelsSection, RopeScaling};
+pub use models::{Dtype, ModelSpec, ModelsSection, OutputHead, RopeScaling};
 pub use plan::PlanEntry;
 pub use policy::{PolicyMode, PolicySection, PLAN_ERROR};
 pub use pool::PoolSection;

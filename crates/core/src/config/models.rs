@@ -14,6 +14,16 @@ use serde::{Deserialize, Serialize};
 
 use super::{check, ConfigError};
 
+/// What sits on top of the last block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputHead {
+    /// Language-model head over the vocabulary (actor, reference).
+    Lm,
+    /// Scalar value head (critic, reward model), as Hugging Face's `score.weight`.
+    Value,
+}
+
 /// Number format of parameters and activations on the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

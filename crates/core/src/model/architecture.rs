@@ -6,15 +6,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::models::{DEFAULT_RMS_NORM_EPS, DEFAULT_ROPE_THETA};
 use crate::config::{Dtype, ModelSpec, RopeScaling};
 
-/// What sits on top of the last block.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OutputHead {
-    /// Language-model head over the vocabulary (actor, reference).
-    Lm,
-    /// Scalar value head (critic, reward model), as Hugging Face's `score.weight`.
-    Value,
-}
+pub use crate::config::OutputHead;
 
 /// The shape of a decoder-only transformer (Llama 3 / Qwen3 family).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -44,8 +36,9 @@ pub struct Architecture {
 }
 
 impl Architecture {
-    /// The architecture a `[models.<role>]` table describes; `value_head` for critic and reward.
-    pub fn from_spec(spec: &ModelSpec, value_head: bool) -> Architecture {
+    /// The architecture a `[models.<role>]` table describes, with `head` on top (a value head
+    /// for critic and reward).
+    pub fn from_spec(spec: &ModelSpec, head: OutputHead) -> Architecture {
         Architecture {
             vocab: spec.vocab.into(),
             hidden: spec.hidden.into(),
@@ -56,7 +49,7 @@ impl Architecture {
             ffn: spec.ffn.into(),
             tie_embeddings: spec.tie_embeddings,
             qk_norm: spec.qk_norm,
-            head: if value_head { OutputHead::Value } else { OutputHead::Lm },
+            head,
             dtype: spec.dtype,
         }
     }

@@ -18,6 +18,14 @@ pub enum Role {
 }
 
 impl Role {
+    /// The head its model carries: a value head for the critic and the reward model.
+    pub fn head(self) -> crate::model::OutputHead {
+        match self {
+            Role::Critic | Role::Reward => crate::model::OutputHead::Value,
+            Role::Actor | Role::Reference => crate::model::OutputHead::Lm,
+        }
+    }
+
     /// The name in model-stage names and checkpoint files: `actor`, `critic`, `reference`,
     /// `reward`.
     pub fn name(self) -> &'static str {

@@ -28,7 +28,7 @@ pub fn catalogues(config: &JobConfig) -> BTreeMap<Role, Catalogue> {
                 "reference" => Role::Reference,
                 _ => Role::Reward,
             };
-            (role, Catalogue::new(Architecture::from_spec(spec, matches!(role, Role::Critic | Role::Reward))))
+            (role, Catalogue::new(Architecture::from_spec(spec, role.head())))
         })
         .collect()
 }

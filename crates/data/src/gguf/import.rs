@@ -6,6 +6,7 @@
 
 use std::path::Path;
 
+use serde_json::Value;
 use thiserror::Error;
 
 use super::llama::LlamaImport;
@@ -56,12 +57,13 @@ pub fn import_gguf(file: &Path, out: &Path, dtype: Dtype) -> Result<Imported, Im
             (name.clone(), shape.clone(), values.iter().flat_map(|x| x.to_le_bytes()).collect())
         })
         .collect();
+    let (config, generation_config) = (model.config_json(), Value::Object(model.generation_config()));
     let write = WriteOptions {
         dtype,
         max_shard_bytes: 2 << 30,
         metadata: [("source".to_string(), file.display().to_string())].into(),
-        config: &model.config,
-        generation_config: &model.generation_config,
+        config: &config,
+        generation_config: &generation_config,
         source: None,
         tokenizer: None,
     };

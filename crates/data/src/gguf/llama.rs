@@ -7,7 +7,7 @@
 use serde_json::{json, Map, Value};
 
 use nereus_core::config::hf::{config_json, ConfigJsonOptions};
-use nereus_core::config::{Dtype, ModelSpec};
+use nereus_core::config::{Dtype, ModelSpec, OutputHead};
 
 use super::tokenizer::{strings, tokenizer_json};
 use super::{Gguf, GgufError, GgufValue};
@@ -15,14 +15,25 @@ use super::{Gguf, GgufError, GgufValue};
 /// One tensor: transformers' name, its shape (slowest first), its values.
 pub type HfTensor = (String, Vec<usize>, Vec<f32>);
 
+/// The special-token ids a GGUF file's metadata names (`tokenizer.ggml.*_token_id`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SpecialIds {
+    /// Beginning of sequence.
+    pub bos: Option<u32>,
+    /// End of sequence.
+    pub eos: Option<u32>,
+    /// Padding.
+    pub pad: Option<u32>,
+}
+
 /// A model directory's contents, from a GGUF file.
 pub struct LlamaImport {
     /// The model.
     pub spec: ModelSpec,
-    /// `config.json`.
-    pub config: Map<String, Value>,
-    /// `generation_config.json`.
-    pub generation_config: Value,
+    /// The special tokens (in `config.json` and `generation_config.json`).
+    pub special: SpecialIds,
+    /// Positions the model was trained for (`llama.context_length`: `max_position_embeddings`).
+    pub context: u64,
     /// `tokenizer.json`.
     pub tokenizer: Value,
     /// `tokenizer_config.json` (special tokens and the chat template).
@@ -59,18 +70,24 @@ impl LlamaImport {
         }
         let spec = spec(gguf, dtype)?;
         let tensors = tensors(gguf, &spec)?;
-        let (tokenizer, tokenizer_config, ids) = tokenizer_files(gguf)?;
-        let mut base = Map::new();
-        for (key, id) in ["bos_token_id", "eos_token_id", "pad_token_id"].iter().zip(ids) {
-            if let Some(id) = id {
-                base.insert(key.to_string(), json!(id));
-            }
-        }
+        let (tokenizer, tokenizer_config, [bos, eos, pad]) = tokenizer_files(gguf)?;
         let context = gguf.int("llama.context_length")? as u64;
-        let options = ConfigJsonOptions { base: Some(&base), max_position_embeddings: context, eos_token_id: None };
-        let config = config_json(&spec, false, &options);
-        let generation_config = Value::Object(base.clone());
-        Ok(LlamaImport { spec, config, generation_config, tokenizer, tokenizer_config, tensors })
+        Ok(LlamaImport { spec, special: SpecialIds { bos, eos, pad }, context, tokenizer, tokenizer_config, tensors })
+    }
+
+    /// `generation_config.json`: the special-token ids.
+    pub fn generation_config(&self) -> Map<String, Value> {
+        let SpecialIds { bos, eos, pad } = self.special;
+        let named = [("bos_token_id", bos), ("eos_token_id", eos), ("pad_token_id", pad)];
+        named.into_iter().filter_map(|(key, id)| id.map(|id| (key.to_string(), json!(id)))).collect()
+    }
+
+    /// `config.json`, as the runtime writes a causal LM's.
+    pub fn config_json(&self) -> Map<String, Value> {
+        let base = self.generation_config();
+        let options =
+            ConfigJsonOptions { base: Some(&base), max_position_embeddings: self.context, eos_token_id: None };
+        config_json(&self.spec, OutputHead::Lm, &options)
     }
 }
 
@@ -165,13 +182,14 @@ pub fn halves_from_pairs(values: &[f32], heads: usize, head_dim: usize, cols: us
 }
 
 /// `tokenizer.json`, `tokenizer_config.json`, and the BOS, EOS and pad ids.
-fn tokenizer_files(gguf: &Gguf) -> Result<(Value, Value, [Option<i64>; 3]), GgufError> {
+fn tokenizer_files(gguf: &Gguf) -> Result<(Value, Value, [Option<u32>; 3]), GgufError> {
     let tokenizer = tokenizer_json(gguf)?;
     let tokens = strings(gguf, "tokenizer.ggml.tokens")?;
-    let id = |key: &str| gguf.int(key).ok().filter(|&i| (i as usize) < tokens.len());
+    let id =
+        |key: &str| gguf.int(key).ok().and_then(|i| u32::try_from(i).ok()).filter(|&i| (i as usize) < tokens.len());
     let ids =
         [id("tokenizer.ggml.bos_token_id"), id("tokenizer.ggml.eos_token_id"), id("tokenizer.ggml.padding_token_id")];
-    let token = |i: Option<i64>| i.map(|i| json!(tokens[i as usize])).unwrap_or(Value::Null);
+    let token = |i: Option<u32>| i.map(|i| json!(tokens[i as usize])).unwrap_or(Value::Null);
     let mut config = json!({
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": token(ids[0]),

@@ -87,10 +87,27 @@ pub const SPLIT_NO_COLOR: i32 = -1;
 /// The first NCCL version with `ncclCommSplit` (2.18.0); RCCL numbers its releases alike.
 pub const SPLIT_SINCE_VERSION: i32 = 21_800;
 
+/// Why a call of a collective library failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CollectiveError {
+    /// The library answered with an error code (`ncclResult_t`) and its own text.
+    #[error("{text} (ncclResult_t {code})")]
+    Library {
+        /// The `ncclResult_t` code.
+        code: i32,
+        /// The library's text for it.
+        text: String,
+    },
+    /// The call is not one this library can make (a split without `ncclCommSplit`, a nested
+    /// group in the emulation).
+    #[error("{0}")]
+    Unsupported(&'static str),
+}
+
 /// Aborts a communicator from any thread (the watchdog's).
 pub type Aborter = Arc<dyn Fn(RawComm) + Send + Sync>;
 
-/// The calls of NCCL's C API the GPU data plane uses. Errors are the library's own message.
+/// The calls of NCCL's C API the GPU data plane uses. Errors carry the library's code and text.
 ///
 /// `members` (the world ranks of a new communicator, in its rank order) is what the plane
 /// already knows; NCCL and RCCL ignore it, and the emulation over MPI needs it to address peers.
@@ -98,22 +115,28 @@ pub trait CollectiveLib {
     /// `NCCL`, `RCCL` or `emulated`.
     fn name(&self) -> &'static str;
     /// `ncclGetVersion`: e.g. 22305 for 2.23.5.
-    fn version(&self) -> Result<i32, String>;
+    fn version(&self) -> Result<i32, CollectiveError>;
     /// Whether `ncclCommSplit` can be called (the symbol is there and the version has it).
     fn has_split(&self) -> bool;
     /// `ncclGetUniqueId`.
-    fn unique_id(&self) -> Result<UniqueId, String>;
+    fn unique_id(&self) -> Result<UniqueId, CollectiveError>;
     /// `ncclCommInitRank`: blocks until all `members` have joined.
     ///
     /// # Safety
     /// The rank's device is current on this thread.
-    unsafe fn init_rank(&self, id: &UniqueId, rank: i32, members: &[i32]) -> Result<RawComm, String>;
+    unsafe fn init_rank(&self, id: &UniqueId, rank: i32, members: &[i32]) -> Result<RawComm, CollectiveError>;
     /// `ncclCommSplit` of `comm` (every member of `comm` calls it); `None` for
     /// [`SPLIT_NO_COLOR`]. `members` are the world ranks of this rank's new communicator.
     ///
     /// # Safety
     /// `comm` is live.
-    unsafe fn split(&self, comm: RawComm, color: i32, key: i32, members: &[i32]) -> Result<Option<RawComm>, String>;
+    unsafe fn split(
+        &self,
+        comm: RawComm,
+        color: i32,
+        key: i32,
+        members: &[i32],
+    ) -> Result<Option<RawComm>, CollectiveError>;
     /// `ncclAllGather` of `count` elements per rank.
     ///
     /// # Safety
@@ -126,7 +149,7 @@ pub trait CollectiveLib {
         ty: DataType,
         comm: RawComm,
         stream: RawHandle,
-    ) -> Result<(), String>;
+    ) -> Result<(), CollectiveError>;
     /// `ncclBroadcast` in place from comm rank `root`.
     ///
     /// # Safety
@@ -139,7 +162,7 @@ pub trait CollectiveLib {
         root: i32,
         comm: RawComm,
         stream: RawHandle,
-    ) -> Result<(), String>;
+    ) -> Result<(), CollectiveError>;
     /// `ncclAllReduce` with `ncclSum`, in place.
     ///
     /// # Safety
@@ -151,7 +174,7 @@ pub trait CollectiveLib {
         ty: DataType,
         comm: RawComm,
         stream: RawHandle,
-    ) -> Result<(), String>;
+    ) -> Result<(), CollectiveError>;
     /// `ncclSend` of `bytes` bytes to comm rank `peer`.
     ///
     /// # Safety
@@ -163,7 +186,7 @@ pub trait CollectiveLib {
         peer: i32,
         comm: RawComm,
         stream: RawHandle,
-    ) -> Result<(), String>;
+    ) -> Result<(), CollectiveError>;
     /// `ncclRecv` of `bytes` bytes from comm rank `peer`.
     ///
     /// # Safety
@@ -175,11 +198,11 @@ pub trait CollectiveLib {
         peer: i32,
         comm: RawComm,
         stream: RawHandle,
-    ) -> Result<(), String>;
+    ) -> Result<(), CollectiveError>;
     /// `ncclGroupStart`.
-    fn group_start(&self) -> Result<(), String>;
+    fn group_start(&self) -> Result<(), CollectiveError>;
     /// `ncclGroupEnd`: issues the grouped calls (blocking while connections are set up).
-    fn group_end(&self) -> Result<(), String>;
+    fn group_end(&self) -> Result<(), CollectiveError>;
     /// A function calling `ncclCommAbort` that the watchdog thread may hold.
     fn aborter(&self) -> Aborter;
     /// `ncclCommDestroy`.

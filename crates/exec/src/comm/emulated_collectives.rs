@@ -10,7 +10,9 @@ use std::sync::Arc;
 use mpi::topology::Communicator;
 use mpi::traits::{Destination, Source};
 
-use super::collectives::{sum_members, Aborter, CollectiveLib, DataType, RawComm, UniqueId, SPLIT_NO_COLOR};
+use super::collectives::{
+    sum_members, Aborter, CollectiveError, CollectiveLib, DataType, RawComm, UniqueId, SPLIT_NO_COLOR,
+};
 use super::World;
 use crate::backend::gpu::{DevicePtr, RawHandle};
 
@@ -123,7 +125,7 @@ impl CollectiveLib for MpiCollectives<'_> {
         "emulated"
     }
 
-    fn version(&self) -> Result<i32, String> {
+    fn version(&self) -> Result<i32, CollectiveError> {
         Ok(0)
     }
 
@@ -131,7 +133,7 @@ impl CollectiveLib for MpiCollectives<'_> {
         true
     }
 
-    fn unique_id(&self) -> Result<UniqueId, String> {
+    fn unique_id(&self) -> Result<UniqueId, CollectiveError> {
         self.serial.set(self.serial.get() + 1);
         let mut id = [0u8; 128];
         id[..4].copy_from_slice(&self.world.rank().to_le_bytes());
@@ -139,11 +141,17 @@ impl CollectiveLib for MpiCollectives<'_> {
         Ok(UniqueId(id))
     }
 
-    unsafe fn init_rank(&self, id: &UniqueId, _rank: i32, members: &[i32]) -> Result<RawComm, String> {
+    unsafe fn init_rank(&self, id: &UniqueId, _rank: i32, members: &[i32]) -> Result<RawComm, CollectiveError> {
         Ok(self.add(members, tag_of(id)))
     }
 
-    unsafe fn split(&self, comm: RawComm, color: i32, _key: i32, members: &[i32]) -> Result<Option<RawComm>, String> {
+    unsafe fn split(
+        &self,
+        comm: RawComm,
+        color: i32,
+        _key: i32,
+        members: &[i32],
+    ) -> Result<Option<RawComm>, CollectiveError> {
         if color == SPLIT_NO_COLOR {
             return Ok(None);
         }
@@ -159,7 +167,7 @@ impl CollectiveLib for MpiCollectives<'_> {
         ty: DataType,
         comm: RawComm,
         _: RawHandle,
-    ) -> Result<(), String> {
+    ) -> Result<(), CollectiveError> {
         let all = self.with(comm, |c| self.gather(c, send.0, count * ty.bytes()));
         std::ptr::copy_nonoverlapping(all.as_ptr(), recv.0 as *mut u8, all.len());
         Ok(())
@@ -173,7 +181,7 @@ impl CollectiveLib for MpiCollectives<'_> {
         root: i32,
         comm: RawComm,
         _: RawHandle,
-    ) -> Result<(), String> {
+    ) -> Result<(), CollectiveError> {
         let bytes = count * ty.bytes();
         let ops: Vec<Op> = self.with(comm, |c| {
             let from = c.members[root as usize];
@@ -198,7 +206,7 @@ impl CollectiveLib for MpiCollectives<'_> {
         ty: DataType,
         comm: RawComm,
         _: RawHandle,
-    ) -> Result<(), String> {
+    ) -> Result<(), CollectiveError> {
         let bytes = count * ty.bytes();
         let all = self.with(comm, |c| self.gather(c, buf.0, bytes));
         let out = std::slice::from_raw_parts_mut(buf.0 as *mut u8, bytes);
@@ -207,29 +215,47 @@ impl CollectiveLib for MpiCollectives<'_> {
         Ok(())
     }
 
-    unsafe fn send(&self, buf: DevicePtr, bytes: usize, peer: i32, comm: RawComm, _: RawHandle) -> Result<(), String> {
+    unsafe fn send(
+        &self,
+        buf: DevicePtr,
+        bytes: usize,
+        peer: i32,
+        comm: RawComm,
+        _: RawHandle,
+    ) -> Result<(), CollectiveError> {
         let (to, tag) = self.with(comm, |c| (c.members[peer as usize], c.tag));
         self.submit(Op::Send { buf: buf.0, bytes, to, tag });
         Ok(())
     }
 
-    unsafe fn recv(&self, buf: DevicePtr, bytes: usize, peer: i32, comm: RawComm, _: RawHandle) -> Result<(), String> {
+    unsafe fn recv(
+        &self,
+        buf: DevicePtr,
+        bytes: usize,
+        peer: i32,
+        comm: RawComm,
+        _: RawHandle,
+    ) -> Result<(), CollectiveError> {
         let (from, tag) = self.with(comm, |c| (c.members[peer as usize], c.tag));
         self.submit(Op::Recv { buf: buf.0, bytes, from, tag });
         Ok(())
     }
 
-    fn group_start(&self) -> Result<(), String> {
+    fn group_start(&self) -> Result<(), CollectiveError> {
         let mut grouped = self.grouped.borrow_mut();
         if grouped.is_some() {
-            return Err("nested groups are not emulated".into());
+            return Err(CollectiveError::Unsupported("nested groups are not emulated"));
         }
         *grouped = Some(Vec::new());
         Ok(())
     }
 
-    fn group_end(&self) -> Result<(), String> {
-        let ops = self.grouped.borrow_mut().take().ok_or("ncclGroupEnd without ncclGroupStart")?;
+    fn group_end(&self) -> Result<(), CollectiveError> {
+        let ops = self
+            .grouped
+            .borrow_mut()
+            .take()
+            .ok_or(CollectiveError::Unsupported("ncclGroupEnd without ncclGroupStart"))?;
         self.run(&ops);
         Ok(())
     }

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 
-use super::collectives::{CollectiveLib, DataType, RawComm, UniqueId, SPLIT_NO_COLOR};
+use super::collectives::{CollectiveError, CollectiveLib, DataType, RawComm, UniqueId, SPLIT_NO_COLOR};
 use super::{CommError, DataPlane, DeviceTransfer, GroupId, Transfer, Watchdog};
 use crate::backend::gpu::{Device, DevicePtr};
 use nereus_core::index_list::format_index_list;
@@ -126,13 +126,13 @@ impl<'l, C: DataPlane> GpuPlane<'l, C> {
         }
     }
 
-    fn failed(&self, op: &str, ranks: &[i32], reason: String) -> CommError {
+    fn failed(&self, op: &str, ranks: &[i32], reason: impl ToString) -> CommError {
         CommError::Collective {
             lib: self.lib.name(),
             op: op.into(),
             group: self.describe(ranks),
             rank: self.control.rank(),
-            reason,
+            reason: reason.to_string(),
         }
     }
 
@@ -145,7 +145,12 @@ impl<'l, C: DataPlane> GpuPlane<'l, C> {
 
     /// Runs a blocking library call under the watchdog, aborting every communicator if it
     /// does not return in time.
-    fn guarded<T>(&self, op: &str, ranks: &[i32], call: impl FnOnce() -> Result<T, String>) -> Result<T, CommError> {
+    fn guarded<T>(
+        &self,
+        op: &str,
+        ranks: &[i32],
+        call: impl FnOnce() -> Result<T, CollectiveError>,
+    ) -> Result<T, CommError> {
         let (abortable, abort) = (self.abortable.clone(), self.lib.aborter());
         let _guard =
             self.watchdog.guard_with(op, &self.describe(ranks), Box::new(move || abort_all(&abortable, &abort)));
@@ -162,7 +167,7 @@ impl<'l, C: DataPlane> GpuPlane<'l, C> {
         let me = ranks
             .iter()
             .position(|&r| r == self.control.rank())
-            .ok_or_else(|| self.failed("communicator creation", ranks, "this rank is not a member".into()))?;
+            .ok_or_else(|| self.failed("communicator creation", ranks, "this rank is not a member"))?;
         let control_group = self.control.group(ranks)?;
         let mut id = if me == 0 {
             self.lib.unique_id().map_err(|e| self.failed("ncclGetUniqueId", ranks, e))?
@@ -249,7 +254,7 @@ impl<'l, C: DataPlane> GpuPlane<'l, C> {
         let world: Vec<i32> = (0..self.world_size).collect();
         let comm = self.comms[self.index[&world]].1;
         let stream = self.device.stream();
-        let fail = |op: &str, e: String| self.failed(op, &world, e);
+        let fail = |op: &str, e: CollectiveError| self.failed(op, &world, e);
         self.lib.group_start().map_err(|e| fail("ncclGroupStart", e))?;
         for t in sends {
             // SAFETY: the caller keeps `bytes` of device memory at `data` until the stream passes.
@@ -306,7 +311,7 @@ impl<C: DataPlane> DataPlane for GpuPlane<'_, C> {
 
     fn all_reduce_device(&self, ranks: &[i32], data: DevicePtr, count: u64, ty: DataType) -> Result<bool, CommError> {
         let group = self.index.get(ranks).copied().ok_or_else(|| {
-            self.failed("ncclAllReduce", ranks, "no communicator for these ranks (prepare_device_sum)".into())
+            self.failed("ncclAllReduce", ranks, "no communicator for these ranks (prepare_device_sum)")
         })?;
         self.all_reduce_sum(DeviceGroup(group), data, count, ty).map(|()| true)
     }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use cudarc::nccl::{result, sys};
 
-use super::collectives::{Aborter, CollectiveLib, DataType, RawComm, UniqueId, SPLIT_SINCE_VERSION};
+use super::collectives::{Aborter, CollectiveError, CollectiveLib, DataType, RawComm, UniqueId, SPLIT_SINCE_VERSION};
 use crate::backend::gpu::{DevicePtr, RawHandle};
 use crate::backend::BackendError;
 
@@ -14,8 +14,8 @@ pub struct Nccl {
     version: i32,
 }
 
-fn error(e: result::NcclError) -> String {
-    format!("{:?}", e.0)
+fn error(e: result::NcclError) -> CollectiveError {
+    CollectiveError::Library { code: e.0 as i32, text: format!("{:?}", e.0) }
 }
 
 fn comm(c: RawComm) -> sys::ncclComm_t {
@@ -59,7 +59,7 @@ impl CollectiveLib for Nccl {
         "NCCL"
     }
 
-    fn version(&self) -> Result<i32, String> {
+    fn version(&self) -> Result<i32, CollectiveError> {
         Ok(self.version)
     }
 
@@ -67,19 +67,25 @@ impl CollectiveLib for Nccl {
         self.version >= SPLIT_SINCE_VERSION
     }
 
-    fn unique_id(&self) -> Result<UniqueId, String> {
+    fn unique_id(&self) -> Result<UniqueId, CollectiveError> {
         let id = result::get_uniqueid().map_err(error)?;
         Ok(UniqueId(id.internal.map(|c| c as u8)))
     }
 
-    unsafe fn init_rank(&self, id: &UniqueId, rank: i32, members: &[i32]) -> Result<RawComm, String> {
+    unsafe fn init_rank(&self, id: &UniqueId, rank: i32, members: &[i32]) -> Result<RawComm, CollectiveError> {
         let mut out = std::mem::MaybeUninit::uninit();
         let id = sys::ncclUniqueId { internal: id.0.map(|b| b as std::ffi::c_char) };
         result::comm_init_rank(out.as_mut_ptr(), members.len() as i32, id, rank).map_err(error)?;
         Ok(RawComm(out.assume_init().cast()))
     }
 
-    unsafe fn split(&self, parent: RawComm, color: i32, key: i32, _members: &[i32]) -> Result<Option<RawComm>, String> {
+    unsafe fn split(
+        &self,
+        parent: RawComm,
+        color: i32,
+        key: i32,
+        _members: &[i32],
+    ) -> Result<Option<RawComm>, CollectiveError> {
         let mut out: sys::ncclComm_t = std::ptr::null_mut();
         sys::ncclCommSplit(comm(parent), color, key, &mut out, std::ptr::null_mut()).result().map_err(error)?;
         Ok((!out.is_null()).then_some(RawComm(out.cast())))
@@ -93,7 +99,7 @@ impl CollectiveLib for Nccl {
         ty: DataType,
         c: RawComm,
         s: RawHandle,
-    ) -> Result<(), String> {
+    ) -> Result<(), CollectiveError> {
         let (send, recv) = (send.0 as *const std::ffi::c_void, recv.0 as *mut std::ffi::c_void);
         result::all_gather(send, recv, count, data_type(ty), comm(c), stream(s)).map(|_| ()).map_err(error)
     }
@@ -106,7 +112,7 @@ impl CollectiveLib for Nccl {
         root: i32,
         c: RawComm,
         s: RawHandle,
-    ) -> Result<(), String> {
+    ) -> Result<(), CollectiveError> {
         let p = buf.0 as *mut std::ffi::c_void;
         result::broadcast(p, p, count, data_type(ty), root, comm(c), stream(s)).map(|_| ()).map_err(error)
     }
@@ -118,27 +124,41 @@ impl CollectiveLib for Nccl {
         ty: DataType,
         c: RawComm,
         s: RawHandle,
-    ) -> Result<(), String> {
+    ) -> Result<(), CollectiveError> {
         let p = buf.0 as *mut std::ffi::c_void;
         let sum = sys::ncclRedOp_t::ncclSum;
         result::all_reduce(p, p, count, data_type(ty), sum, comm(c), stream(s)).map(|_| ()).map_err(error)
     }
 
-    unsafe fn send(&self, buf: DevicePtr, bytes: usize, peer: i32, c: RawComm, s: RawHandle) -> Result<(), String> {
+    unsafe fn send(
+        &self,
+        buf: DevicePtr,
+        bytes: usize,
+        peer: i32,
+        c: RawComm,
+        s: RawHandle,
+    ) -> Result<(), CollectiveError> {
         let p = buf.0 as *const std::ffi::c_void;
         result::send(p, bytes, sys::ncclDataType_t::ncclUint8, peer, comm(c), stream(s)).map(|_| ()).map_err(error)
     }
 
-    unsafe fn recv(&self, buf: DevicePtr, bytes: usize, peer: i32, c: RawComm, s: RawHandle) -> Result<(), String> {
+    unsafe fn recv(
+        &self,
+        buf: DevicePtr,
+        bytes: usize,
+        peer: i32,
+        c: RawComm,
+        s: RawHandle,
+    ) -> Result<(), CollectiveError> {
         let p = buf.0 as *mut std::ffi::c_void;
         result::recv(p, bytes, sys::ncclDataType_t::ncclUint8, peer, comm(c), stream(s)).map(|_| ()).map_err(error)
     }
 
-    fn group_start(&self) -> Result<(), String> {
+    fn group_start(&self) -> Result<(), CollectiveError> {
         result::group_start().map(|_| ()).map_err(error)
     }
 
-    fn group_end(&self) -> Result<(), String> {
+    fn group_end(&self) -> Result<(), CollectiveError> {
         result::group_end().map(|_| ()).map_err(error)
     }
 

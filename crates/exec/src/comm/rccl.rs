@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use libloading::Library;
 
-use super::collectives::{Aborter, CollectiveLib, DataType, RawComm, UniqueId, REDUCE_SUM, SPLIT_SINCE_VERSION};
+use super::collectives::{
+    Aborter, CollectiveError, CollectiveLib, DataType, RawComm, UniqueId, REDUCE_SUM, SPLIT_SINCE_VERSION,
+};
 use crate::backend::gpu::{DevicePtr, RawHandle};
 use crate::backend::BackendError;
 
@@ -140,13 +142,13 @@ impl Rccl {
         &self.path
     }
 
-    fn check(&self, status: Res) -> Result<(), String> {
+    fn check(&self, status: Res) -> Result<(), CollectiveError> {
         if status == 0 {
             return Ok(());
         }
         // SAFETY: ncclGetErrorString returns a static C string for any code.
         let text = unsafe { CStr::from_ptr((self.table.error_string)(status)) };
-        Err(format!("{} (ncclResult_t {status})", text.to_string_lossy()))
+        Err(CollectiveError::Library { code: status, text: text.to_string_lossy().into_owned() })
     }
 }
 
@@ -159,7 +161,7 @@ impl CollectiveLib for Rccl {
         "RCCL"
     }
 
-    fn version(&self) -> Result<i32, String> {
+    fn version(&self) -> Result<i32, CollectiveError> {
         Ok(self.version)
     }
 
@@ -167,22 +169,28 @@ impl CollectiveLib for Rccl {
         self.table.comm_split.is_some() && self.version >= SPLIT_SINCE_VERSION
     }
 
-    fn unique_id(&self) -> Result<UniqueId, String> {
+    fn unique_id(&self) -> Result<UniqueId, CollectiveError> {
         let mut id = RawId { internal: [0; 128] };
         // SAFETY: an out-parameter of the right size.
         self.check(unsafe { (self.table.get_unique_id)(&mut id) })?;
         Ok(UniqueId(id.internal.map(|c| c as u8)))
     }
 
-    unsafe fn init_rank(&self, id: &UniqueId, rank: i32, members: &[i32]) -> Result<RawComm, String> {
+    unsafe fn init_rank(&self, id: &UniqueId, rank: i32, members: &[i32]) -> Result<RawComm, CollectiveError> {
         let mut comm: Comm = std::ptr::null_mut();
         let id = RawId { internal: id.0.map(|b| b as c_char) };
         self.check((self.table.comm_init_rank)(&mut comm, members.len() as c_int, id, rank))?;
         Ok(RawComm(comm))
     }
 
-    unsafe fn split(&self, comm: RawComm, color: i32, key: i32, _members: &[i32]) -> Result<Option<RawComm>, String> {
-        let split = self.table.comm_split.ok_or("this RCCL has no ncclCommSplit")?;
+    unsafe fn split(
+        &self,
+        comm: RawComm,
+        color: i32,
+        key: i32,
+        _members: &[i32],
+    ) -> Result<Option<RawComm>, CollectiveError> {
+        let split = self.table.comm_split.ok_or(CollectiveError::Unsupported("this RCCL has no ncclCommSplit"))?;
         let mut out: Comm = std::ptr::null_mut();
         self.check(split(comm.0, color, key, &mut out, std::ptr::null_mut()))?;
         Ok((!out.is_null()).then_some(RawComm(out)))
@@ -196,7 +204,7 @@ impl CollectiveLib for Rccl {
         ty: DataType,
         comm: RawComm,
         stream: RawHandle,
-    ) -> Result<(), String> {
+    ) -> Result<(), CollectiveError> {
         self.check((self.table.all_gather)(ptr(send), ptr(recv), count, ty as c_int, comm.0, stream.0))
     }
 
@@ -208,7 +216,7 @@ impl CollectiveLib for Rccl {
         root: i32,
         comm: RawComm,
         stream: RawHandle,
-    ) -> Result<(), String> {
+    ) -> Result<(), CollectiveError> {
         self.check((self.table.broadcast)(ptr(buf), ptr(buf), count, ty as c_int, root, comm.0, stream.0))
     }
 
@@ -219,24 +227,38 @@ impl CollectiveLib for Rccl {
         ty: DataType,
         comm: RawComm,
         stream: RawHandle,
-    ) -> Result<(), String> {
+    ) -> Result<(), CollectiveError> {
         self.check((self.table.all_reduce)(ptr(buf), ptr(buf), count, ty as c_int, REDUCE_SUM, comm.0, stream.0))
     }
 
-    unsafe fn send(&self, buf: DevicePtr, bytes: usize, peer: i32, comm: RawComm, s: RawHandle) -> Result<(), String> {
+    unsafe fn send(
+        &self,
+        buf: DevicePtr,
+        bytes: usize,
+        peer: i32,
+        comm: RawComm,
+        s: RawHandle,
+    ) -> Result<(), CollectiveError> {
         self.check((self.table.send)(ptr(buf), bytes, DataType::U8 as c_int, peer, comm.0, s.0))
     }
 
-    unsafe fn recv(&self, buf: DevicePtr, bytes: usize, peer: i32, comm: RawComm, s: RawHandle) -> Result<(), String> {
+    unsafe fn recv(
+        &self,
+        buf: DevicePtr,
+        bytes: usize,
+        peer: i32,
+        comm: RawComm,
+        s: RawHandle,
+    ) -> Result<(), CollectiveError> {
         self.check((self.table.recv)(ptr(buf), bytes, DataType::U8 as c_int, peer, comm.0, s.0))
     }
 
-    fn group_start(&self) -> Result<(), String> {
+    fn group_start(&self) -> Result<(), CollectiveError> {
         // SAFETY: no arguments.
         self.check(unsafe { (self.table.group_start)() })
     }
 
-    fn group_end(&self) -> Result<(), String> {
+    fn group_end(&self) -> Result<(), CollectiveError> {
         // SAFETY: no arguments.
         self.check(unsafe { (self.table.group_end)() })
     }

@@ -7,7 +7,9 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Condvar, Mutex};
 
-use super::collectives::{sum_members, Aborter, CollectiveLib, DataType, RawComm, UniqueId, SPLIT_NO_COLOR};
+use super::collectives::{
+    sum_members, Aborter, CollectiveError, CollectiveLib, DataType, RawComm, UniqueId, SPLIT_NO_COLOR,
+};
 use super::{CommError, DataPlane, GroupId, Transfer};
 use crate::backend::gpu::{DevicePtr, RawHandle};
 
@@ -183,7 +185,7 @@ impl CollectiveLib for FakeLib {
         "fake"
     }
 
-    fn version(&self) -> Result<i32, String> {
+    fn version(&self) -> Result<i32, CollectiveError> {
         Ok(if self.split { 21_800 } else { 21_700 })
     }
 
@@ -191,7 +193,7 @@ impl CollectiveLib for FakeLib {
         self.split
     }
 
-    fn unique_id(&self) -> Result<UniqueId, String> {
+    fn unique_id(&self) -> Result<UniqueId, CollectiveError> {
         let mut calls = self.calls.lock().unwrap();
         let mut id = [0u8; 128];
         id[0] = calls.ids.len() as u8 + 1;
@@ -199,12 +201,18 @@ impl CollectiveLib for FakeLib {
         Ok(UniqueId(id))
     }
 
-    unsafe fn init_rank(&self, id: &UniqueId, rank: i32, members: &[i32]) -> Result<RawComm, String> {
+    unsafe fn init_rank(&self, id: &UniqueId, rank: i32, members: &[i32]) -> Result<RawComm, CollectiveError> {
         self.calls.lock().unwrap().inits.push((self.rank, *id, rank, members.to_vec()));
         Ok(self.add(members))
     }
 
-    unsafe fn split(&self, _comm: RawComm, color: i32, key: i32, members: &[i32]) -> Result<Option<RawComm>, String> {
+    unsafe fn split(
+        &self,
+        _comm: RawComm,
+        color: i32,
+        key: i32,
+        members: &[i32],
+    ) -> Result<Option<RawComm>, CollectiveError> {
         self.calls.lock().unwrap().splits.push((self.rank, color, key));
         Ok((color != SPLIT_NO_COLOR).then(|| self.add(members)))
     }
@@ -217,7 +225,7 @@ impl CollectiveLib for FakeLib {
         ty: DataType,
         comm: RawComm,
         _: RawHandle,
-    ) -> Result<(), String> {
+    ) -> Result<(), CollectiveError> {
         let members = self.members(comm);
         let mine = std::slice::from_raw_parts(send.0 as *const u8, count * ty.bytes());
         let all = gather(&self.mail, self.rank, &members, channel_of(&members, 2), mine).concat();
@@ -233,7 +241,7 @@ impl CollectiveLib for FakeLib {
         root: i32,
         comm: RawComm,
         _: RawHandle,
-    ) -> Result<(), String> {
+    ) -> Result<(), CollectiveError> {
         let members = self.members(comm);
         let data = std::slice::from_raw_parts_mut(buf.0 as *mut u8, count * ty.bytes());
         let all = gather(&self.mail, self.rank, &members, channel_of(&members, 3), data);
@@ -248,7 +256,7 @@ impl CollectiveLib for FakeLib {
         ty: DataType,
         comm: RawComm,
         _: RawHandle,
-    ) -> Result<(), String> {
+    ) -> Result<(), CollectiveError> {
         let members = self.members(comm);
         let data = std::slice::from_raw_parts_mut(buf.0 as *mut u8, count * ty.bytes());
         self.log(format!("all_reduce {ty:?} ×{count}"));
@@ -258,14 +266,28 @@ impl CollectiveLib for FakeLib {
         Ok(())
     }
 
-    unsafe fn send(&self, buf: DevicePtr, bytes: usize, peer: i32, comm: RawComm, _: RawHandle) -> Result<(), String> {
+    unsafe fn send(
+        &self,
+        buf: DevicePtr,
+        bytes: usize,
+        peer: i32,
+        comm: RawComm,
+        _: RawHandle,
+    ) -> Result<(), CollectiveError> {
         let to = self.members(comm)[peer as usize];
         self.log(format!("send→{to}"));
         self.mail.send(self.rank, to, 9, std::slice::from_raw_parts(buf.0 as *const u8, bytes));
         Ok(())
     }
 
-    unsafe fn recv(&self, buf: DevicePtr, bytes: usize, peer: i32, comm: RawComm, _: RawHandle) -> Result<(), String> {
+    unsafe fn recv(
+        &self,
+        buf: DevicePtr,
+        bytes: usize,
+        peer: i32,
+        comm: RawComm,
+        _: RawHandle,
+    ) -> Result<(), CollectiveError> {
         let from = self.members(comm)[peer as usize];
         self.log(format!("recv←{from}"));
         let data = self.mail.recv(from, self.rank, 9);
@@ -274,12 +296,12 @@ impl CollectiveLib for FakeLib {
         Ok(())
     }
 
-    fn group_start(&self) -> Result<(), String> {
+    fn group_start(&self) -> Result<(), CollectiveError> {
         self.log("start".into());
         Ok(())
     }
 
-    fn group_end(&self) -> Result<(), String> {
+    fn group_end(&self) -> Result<(), CollectiveError> {
         self.log("end".into());
         Ok(())
     }

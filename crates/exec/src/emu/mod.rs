@@ -22,7 +22,7 @@ pub use execute::RankPlan;
 pub use ledger::MemoryLedger;
 pub use memory::{Buffers, Exchange, HostFill, HostMemory, Message, Place, RectCopy, ShardMemory};
 pub use movement::{Movement, Segment, TargetEmu};
-pub use set::{merge_ranks, split_ranks, EmuSet, PrimitiveOptions, PrimitiveReport};
+pub use set::{merge_ranks, split_ranks, EmuSet, PrimitiveOptions, PrimitiveReport, Route};
 pub use shard::{shard_charges, LocalShard, ShardBuffer};
 pub use store::ShardStore;
 pub use unit::{Counters, Emu, EmuId};

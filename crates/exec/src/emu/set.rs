@@ -22,12 +22,42 @@ use super::{
 /// How a primitive runs: on its own (the default), or as a node of a transition's schedule.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PrimitiveOptions {
-    /// Stage the sources (a Split's source, a Merge's parts) through host memory: a node the
-    /// transition's schedule found no room for beside them.
-    pub through_host: bool,
+    /// How the sources (a Split's source, a Merge's parts) travel: through host memory for a
+    /// node the transition's schedule found no room for beside them.
+    pub route: Route,
     /// Inside a transition: intermediate units of one model-stage may share ranks (the
     /// schedule has checked memory); only the target plan's replicas must be disjoint.
     pub in_transition: bool,
+}
+
+/// What a redistribution does with its sources once its targets hold their bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sources {
+    /// Freed (Split, Merge, a reshard): a resident source may become its one target in place.
+    Consumed,
+    /// Kept (Extend: the source replica stays).
+    Kept,
+}
+
+/// How the sources' bytes reach the targets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Route {
+    /// Straight from the memory the sources live in.
+    #[default]
+    Direct,
+    /// Staged through host memory first (a node the schedule found no room for beside them).
+    ThroughHost,
+}
+
+impl Route {
+    /// `ThroughHost` when `staged`.
+    pub fn staged_if(staged: bool) -> Route {
+        if staged {
+            Route::ThroughHost
+        } else {
+            Route::Direct
+        }
+    }
 }
 
 /// What a primitive did (identical on every rank: computed from the movement, not measured).
@@ -443,17 +473,19 @@ impl<M: ShardMemory> EmuSet<M> {
         }
     }
 
-    /// Builds `targets` from `sources` (same model-stage, same layout), then frees the sources
-    /// if `consume`. Fails before moving a byte if any rank lacks room.
+    /// Builds `targets` from `sources` (same model-stage, same layout) by `route`, then frees
+    /// the sources when they are [`Sources::Consumed`]. Fails before moving a byte if any rank
+    /// lacks room.
     fn redistribute<P: Exchange<M>>(
         &mut self,
         plane: &mut P,
         what: String,
         sources: &[EmuId],
         targets: Vec<TargetEmu>,
-        consume: bool,
-        through_host: bool,
+        after: Sources,
+        route: Route,
     ) -> Result<PrimitiveReport, EmuError> {
+        let (consume, through_host) = (after == Sources::Consumed, route == Route::ThroughHost);
         let start = Instant::now();
         let src: Vec<Emu> = sources.iter().map(|id| self.get(*id, &what).cloned()).collect::<Result<_, _>>()?;
         let model_stage = src[0].model_stage;
@@ -553,7 +585,7 @@ impl<M: ShardMemory> EmuSet<M> {
         sub: Layout,
         options: PrimitiveOptions,
     ) -> Result<PrimitiveReport, EmuError> {
-        let through_host = options.through_host;
+        let route = options.route;
         let what = format!("Split {id} -> {sub}");
         let emu = self.get(id, &what)?.clone();
         let l = emu.layout;
@@ -567,7 +599,7 @@ impl<M: ShardMemory> EmuSet<M> {
             .into_iter()
             .map(|ranks| TargetEmu { id: self.fresh_id(), layout: sub, ranks })
             .collect();
-        self.redistribute(plane, what, &[id], targets, true, through_host)
+        self.redistribute(plane, what, &[id], targets, Sources::Consumed, route)
     }
 
     /// `Merge(k EMUs, T) → one EMU` on the union of their ranks (see [`merge_ranks`]).
@@ -578,7 +610,7 @@ impl<M: ShardMemory> EmuSet<M> {
         layout: Layout,
         options: PrimitiveOptions,
     ) -> Result<PrimitiveReport, EmuError> {
-        let through_host = options.through_host;
+        let route = options.route;
         let what = format!("Merge {ids:?} -> {layout}");
         let parts: Vec<Emu> = ids.iter().map(|id| self.get(*id, &what).cloned()).collect::<Result<_, _>>()?;
         let sub = parts[0].layout;
@@ -597,7 +629,7 @@ impl<M: ShardMemory> EmuSet<M> {
         }
         let refs: Vec<&Emu> = parts.iter().collect();
         let target = TargetEmu { id: self.fresh_id(), layout, ranks: merge_ranks(&refs, layout) };
-        self.redistribute(plane, what, ids, vec![target], true, through_host)
+        self.redistribute(plane, what, ids, vec![target], Sources::Consumed, route)
     }
 
     /// `Split` of unit `id` and `Merge` of all its parts, as one redistribution: how a transition
@@ -605,14 +637,14 @@ impl<M: ShardMemory> EmuSet<M> {
     /// `T_sub` on the same ranks, e.g. `(tp=2, pp=1) → (tp=1, pp=2)`). The unit becomes one in
     /// `layout` on `ranks`; each rectangle of the target moves once from the source (a local
     /// slice where the rank holds it), and nothing the Merge would discard is sent. The sources
-    /// are staged through host memory when `through_host`.
+    /// travel by `route`.
     pub fn reshard_with<P: Exchange<M>>(
         &mut self,
         plane: &mut P,
         id: EmuId,
         layout: Layout,
         ranks: &[i32],
-        through_host: bool,
+        route: Route,
     ) -> Result<PrimitiveReport, EmuError> {
         let what = format!("Split+Merge {id} -> {layout} on {ranks:?}");
         self.get(id, &what)?;
@@ -623,7 +655,7 @@ impl<M: ShardMemory> EmuSet<M> {
             });
         }
         let target = TargetEmu { id: self.fresh_id(), layout, ranks: ranks.to_vec() };
-        self.redistribute(plane, what, &[id], vec![target], true, through_host)
+        self.redistribute(plane, what, &[id], vec![target], Sources::Consumed, route)
     }
 
     /// `Extend(EMU, R') → EMU + EMU'`: a new replica on `ranks`, each shard sent once from the
@@ -655,7 +687,7 @@ impl<M: ShardMemory> EmuSet<M> {
             )?;
         }
         let target = TargetEmu { id: self.fresh_id(), layout: emu.layout, ranks: ranks.to_vec() };
-        self.redistribute(plane, what, &[id], vec![target], false, false)
+        self.redistribute(plane, what, &[id], vec![target], Sources::Kept, Route::Direct)
     }
 
     /// A replica lost with a rank (not a primitive: its state is gone, never read): frees this

@@ -13,7 +13,7 @@ use super::tensors::optimizer_prefixes;
 use nereus_core::config::hf::{self, CONFIG_JSON};
 use nereus_core::config::models::spec_map;
 use nereus_core::config::{Dtype, JobConfig, ModelSpec};
-use nereus_core::model::{Catalogue, OutputHead};
+use nereus_core::model::Catalogue;
 use nereus_core::plan::{model_stages, Role};
 use nereus_data::model_files::{digest_file, open_weights, FileDigest};
 use nereus_data::model_files::{Expect, ModelWeights, TensorFile};
@@ -109,8 +109,9 @@ fn check_job(dir: &Path, s: &Sidecar, config: &JobConfig) -> Result<(), Checkpoi
     if s.job != config.job.name {
         return Err(mismatch(dir, "job.name", quoted(&s.job), quoted(&config.job.name), ""));
     }
-    if s.algorithm != config.rl.algorithm.name() {
-        return Err(mismatch(dir, "rl.algorithm", quoted(&s.algorithm), quoted(config.rl.algorithm.name()), ""));
+    if s.algorithm != config.rl.algorithm {
+        let (saved, asked) = (quoted(s.algorithm.name()), quoted(config.rl.algorithm.name()));
+        return Err(mismatch(dir, "rl.algorithm", saved, asked, ""));
     }
     if s.seed != config.job.seed {
         let hint = "; the seed fixes the prompts and every sampling draw, so another seed is another run";
@@ -240,7 +241,7 @@ fn open_model_dir(
             d.hf_key, d.theirs, d.key, d.ours
         )));
     }
-    if found.value_head != (catalogue.arch.head == OutputHead::Value) {
+    if found.head != catalogue.arch.head {
         return Err(damaged(format!("it describes {}, which is not the {model} model", found.json["architectures"])));
     }
     Ok(weights)

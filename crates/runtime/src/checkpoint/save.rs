@@ -11,7 +11,7 @@ use super::sidecar::{SavedModel, Sidecar};
 use super::tensors::model_tensors;
 use super::Checkpoints;
 use nereus_core::config::hf::{self, ConfigJsonOptions};
-use nereus_core::config::{Dtype, ModelSpec};
+use nereus_core::config::{Dtype, ModelSpec, OutputHead};
 use nereus_core::plan::Role;
 use nereus_data::model_files::{
     first_non_finite, pause_before_each_file_for_tests, replace_durably, serialize, sync_dir, write_durably,
@@ -28,8 +28,9 @@ pub struct ModelToSave<'a> {
     pub emu: EmuId,
     /// `[models.<role>]`.
     pub architecture: &'a ModelSpec,
-    /// Whether it is a value model (critic, reward): a sequence classifier with `score.weight`.
-    pub value_head: bool,
+    /// Its head: a value model's (critic, reward) makes it a sequence classifier with
+    /// `score.weight`.
+    pub head: OutputHead,
     /// The model directory it started from: the keys of its `config.json` the job does not
     /// own, its generation config and its tokenizer files are carried into the checkpoint.
     pub source: Option<&'a Path>,
@@ -128,7 +129,7 @@ fn write_model(
     let base = m.source.and_then(|s| hf::read_model_config(s).ok()).map(|found| found.json);
     let config = hf::config_json(
         m.architecture,
-        m.value_head,
+        m.head,
         &ConfigJsonOptions {
             base: base.as_ref(),
             max_position_embeddings: options.max_position_embeddings,

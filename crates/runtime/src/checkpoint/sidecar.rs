@@ -7,7 +7,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::error::CheckpointError;
-use nereus_core::config::ModelSpec;
+use nereus_core::config::{Algorithm, ModelSpec};
 use nereus_core::plan::Plan;
 use nereus_core::policy::controller::ControllerState;
 use nereus_data::model_files::{sha256_hex, write_durably, FileDigest};
@@ -43,8 +43,8 @@ pub struct Sidecar {
     pub format: u32,
     /// `job.name`.
     pub job: String,
-    /// `ppo`, `grpo` or `remax`.
-    pub algorithm: String,
+    /// `rl.algorithm`.
+    pub algorithm: Algorithm,
     /// `job.seed`.
     pub seed: u64,
     /// RL steps completed.

@@ -102,7 +102,10 @@ where
         // SIGHUP re-reads the pool file at once (rank 0 says what the next boundary will do).
         let follows_pool = config.policy.mode != PolicyMode::Off;
         let pool_signal = (follows_pool && session.rank() == 0).then(|| PoolSignal::install(&pools)).transpose()?;
-        let task = session.agree("data", job_task(config, session.rank() == 0))?;
+        let task = session.agree("data", job_task(config))?;
+        if let (0, Task::Text(text)) = (session.rank(), &task) {
+            log::info!("{}", loaded_prompts(text));
+        }
         let mut settings = StepSettings::new(config, task);
         settings.sampling.max_new_tokens = fresh.2 as usize;
         let mut sources = match &resume_dir {
@@ -320,28 +323,23 @@ fn controller(
 
 /// The job's task: the text task its `[data]` section describes (prompts read, rendered and
 /// tokenized on every rank, which then agree), or the arithmetic task.
-fn job_task(config: &JobConfig, log: bool) -> Result<Task, RuntimeError> {
+fn job_task(config: &JobConfig) -> Result<Task, RuntimeError> {
     if config.data.is_none() {
         return Ok(StepSettings::arithmetic_task(config));
     }
     let task = TextTask::load(config).map_err(RuntimeError::Usage)?;
-    if log {
-        let dropped = task.train.dropped();
-        log::info!(
-            "{} training prompts from {}{}; responses stop at ids {:?}",
-            task.train.len(),
-            task.train.path.display(),
-            match dropped.len() {
-                0 => String::new(),
-                n => format!(
-                    " ({n} longer than rl.prompt_len = {} left out, first at line {})",
-                    task.prompt_len, dropped[0]
-                ),
-            },
-            task.text.special().eos_ids
-        );
-    }
     Ok(Task::Text(std::sync::Arc::new(task)))
+}
+
+/// What a text task loaded, for the log: its prompts, those left out, and the stop ids.
+fn loaded_prompts(task: &TextTask) -> String {
+    let dropped = task.train.dropped();
+    let left_out = match dropped.len() {
+        0 => String::new(),
+        n => format!(" ({n} longer than rl.prompt_len = {} left out, first at line {})", task.prompt_len, dropped[0]),
+    };
+    let (count, path, eos) = (task.train.len(), task.train.path.display(), &task.text.special().eos_ids);
+    format!("{count} training prompts from {path}{left_out}; responses stop at ids {eos:?}")
 }
 
 /// The step a checkpoint directory `step-N` continues from.

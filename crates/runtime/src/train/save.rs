@@ -3,7 +3,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use nereus_core::plan::{ModelStage, Role, Stage};
+use nereus_core::model::OutputHead;
+use nereus_core::plan::{ModelStage, Stage};
 
 use super::sources::spec;
 use super::TrainJob;
@@ -52,18 +53,12 @@ where
             }
             // A model that started from a directory carries what the job does not own of it.
             let source = spec(config, role).path.as_deref();
-            let value_head = matches!(role, Role::Critic | Role::Reward);
+            let head = role.head();
             // A text job's language models carry the tokenizer they were trained with, so that
             // the checkpoint is a model directory transformers (and a later job) can use as is.
-            let tokenizer = (!value_head).then(|| config.data.as_ref().and_then(|d| d.tokenizer.as_deref())).flatten();
-            models.push(ModelToSave {
-                role,
-                emu: ids[0],
-                architecture: spec(config, role),
-                value_head,
-                source,
-                tokenizer,
-            });
+            let tokenizer =
+                (head == OutputHead::Lm).then(|| config.data.as_ref().and_then(|d| d.tokenizer.as_deref())).flatten();
+            models.push(ModelToSave { role, emu: ids[0], architecture: spec(config, role), head, source, tokenizer });
         }
         models
     }
@@ -80,7 +75,7 @@ where
         Sidecar {
             format: checkpoint::FORMAT,
             job: config.job.name.clone(),
-            algorithm: config.rl.algorithm.name().into(),
+            algorithm: config.rl.algorithm,
             seed: config.job.seed,
             step,
             prompts_per_step: config.rl.prompts_per_step,

@@ -254,7 +254,7 @@ fn open_model_dirs(
             RuntimeError::Usage(format!("models.{}.path = `{}`: {reason}", role.name(), dir.display()))
         })?;
         let value = catalogue.arch.head == OutputHead::Value;
-        if found.value_head && !value {
+        if found.head == OutputHead::Value && !value {
             return Err(RuntimeError::Usage(format!(
                 "models.{}.path = `{}` holds a sequence classifier ({}); the {} model needs a causal LM",
                 role.name(),
@@ -263,7 +263,7 @@ fn open_model_dirs(
                 role.name()
             )));
         }
-        let fresh: &[&str] = if value && !found.value_head { &["score.weight"] } else { &[] };
+        let fresh: &[&str] = if value && found.head == OutputHead::Lm { &["score.weight"] } else { &[] };
         let params = open_weights(&dir).map_err(CheckpointError::outside_checkpoint)?;
         let absent = params
             .check(catalogue, &[""], Expect::Pretrained { fresh })

@@ -43,8 +43,8 @@ fn released_llama_and_qwen3_configs_read_as_their_published_architectures() {
     assert_eq!((s.layers, s.hidden, s.heads, s.kv_heads, s.ffn, s.vocab), (32, 4096, 32, 8, 14_336, 128_256));
     assert_eq!((s.rope_theta, s.rms_norm_eps, s.rope_scaling), (500_000.0, 1e-5, Some(llama3_scaling())));
     assert_eq!(
-        (s.dtype, s.tie_embeddings, s.qk_norm, s.head_dim, llama.value_head),
-        (Dtype::Bf16, false, false, None, false)
+        (s.dtype, s.tie_embeddings, s.qk_norm, s.head_dim, llama.head),
+        (Dtype::Bf16, false, false, None, OutputHead::Lm)
     );
     let qwen = parse_config(QWEN3_0_6B).unwrap();
     let s = &qwen.spec;
@@ -95,18 +95,18 @@ fn what_the_engine_does_not_implement_is_refused_by_name() {
 #[test]
 fn a_written_config_reads_back_as_the_same_architecture_and_keeps_the_source_keys() {
     let llama = parse_config(LLAMA_3_1_8B).unwrap();
-    for value_head in [false, true] {
+    for head in [OutputHead::Lm, OutputHead::Value] {
         let options = ConfigJsonOptions { base: Some(&llama.json), max_position_embeddings: 64, eos_token_id: Some(0) };
-        let written = config_json(&llama.spec, value_head, &options);
+        let written = config_json(&llama.spec, head, &options);
         let back = parse_config(&Value::Object(written.clone()).to_string()).unwrap();
         assert_eq!(back.spec, ModelSpec { head_dim: Some(128), ..llama.spec.clone() });
-        assert_eq!(back.value_head, value_head);
+        assert_eq!(back.head, head);
         assert_eq!(
             (written["bos_token_id"].clone(), written["eos_token_id"].clone()),
             (json!(128_000), json!(128_001))
         );
         assert_eq!(written["max_position_embeddings"], json!(131_072), "the source's value is kept");
-        if value_head {
+        if head == OutputHead::Value {
             assert_eq!(written["architectures"], json!(["LlamaForSequenceClassification"]));
             assert_eq!(written["pad_token_id"], json!(128_001));
         }
@@ -116,7 +116,7 @@ fn a_written_config_reads_back_as_the_same_architecture_and_keeps_the_source_key
     let mut base = qwen.json.clone();
     base.insert("rope_parameters".into(), json!({"rope_type": "default", "rope_theta": 1e6}));
     let options = ConfigJsonOptions { base: Some(&base), ..ConfigJsonOptions::default() };
-    let written = config_json(&qwen.spec, false, &options);
+    let written = config_json(&qwen.spec, OutputHead::Lm, &options);
     assert!(written.get("rope_scaling").is_none() && written["rope_parameters"]["rope_theta"] == json!(1e6));
     assert_eq!(parse_config(&Value::Object(written).to_string()).unwrap().spec, qwen.spec);
     let generation = generation_config_json(&qwen.json, 0.7, 0.9);

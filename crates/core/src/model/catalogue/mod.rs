@@ -255,10 +255,10 @@ pub struct Catalogue {
 }
 
 impl Catalogue {
-    /// The catalogue of a `[models.<role>]` table, numbers included; `value_head` for the
-    /// critic and the reward model.
-    pub fn of_spec(spec: &ModelSpec, value_head: bool) -> Catalogue {
-        Catalogue::new(Architecture::from_spec(spec, value_head)).with_numerics(Numerics::from_spec(spec))
+    /// The catalogue of a `[models.<role>]` table, numbers included, with `head` on top (a value
+    /// head for the critic and the reward model).
+    pub fn of_spec(spec: &ModelSpec, head: OutputHead) -> Catalogue {
+        Catalogue::new(Architecture::from_spec(spec, head)).with_numerics(Numerics::from_spec(spec))
     }
 
     /// The same catalogue computing with `numerics`.
