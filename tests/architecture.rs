@@ -402,3 +402,70 @@ fn the_checker_finds_a_cycle_it_is_shown() {
     assert_eq!(found.len(), 1, "{found:?}");
     assert_eq!(found[0], vec![src.join("a/b.rs"), src.join("a/c.rs")]);
 }
+
+/// The workspace's crates and their workspace dependencies, from `cargo metadata`: each crate's
+/// normal dependencies among the workspace's own, an optional one marked with a trailing `?`.
+fn workspace_edges() -> BTreeMap<String, BTreeSet<String>> {
+    let out = std::process::Command::new(env!("CARGO"))
+        .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
+        .current_dir(ROOT)
+        .output()
+        .expect("cargo runs");
+    assert!(out.status.success(), "cargo metadata: {}", String::from_utf8_lossy(&out.stderr));
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).expect("cargo metadata writes JSON");
+    let packages = meta["packages"].as_array().expect("a package list");
+    let names: BTreeSet<&str> = packages.iter().filter_map(|p| p["name"].as_str()).collect();
+    let mut edges = BTreeMap::new();
+    for p in packages {
+        let deps = p["dependencies"].as_array().into_iter().flatten();
+        let mine: BTreeSet<String> = deps
+            .filter(|d| d["kind"].is_null() && d["name"].as_str().is_some_and(|n| names.contains(n)))
+            .map(|d| format!("{}{}", d["name"].as_str().unwrap_or(""), if d["optional"] == true { "?" } else { "" }))
+            .collect();
+        edges.insert(p["name"].as_str().unwrap_or("").to_string(), mine);
+    }
+    edges
+}
+
+/// The `crate dependencies` block of docs/architecture.md.
+fn documented_edges() -> BTreeMap<String, BTreeSet<String>> {
+    let doc = std::fs::read_to_string(Path::new(ROOT).join("docs/architecture.md")).unwrap();
+    let block = doc.split("```text\ncrate dependencies\n").nth(1).expect("docs/architecture.md has the block");
+    let block = block.split("```").next().unwrap_or("");
+    block
+        .lines()
+        .filter_map(|l| l.split_once("->"))
+        .map(|(from, to)| {
+            let to = to.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect();
+            (from.trim().to_string(), to)
+        })
+        .collect()
+}
+
+#[test]
+fn the_crate_graph_in_the_docs_is_cargos() {
+    assert_eq!(
+        documented_edges(),
+        workspace_edges(),
+        "docs/architecture.md's crate dependencies against cargo metadata"
+    );
+}
+
+#[test]
+fn no_library_crate_depends_on_the_command_line_parser() {
+    let crates: Vec<String> = workspace_edges().into_keys().filter(|name| name != "nereus").collect();
+    assert!(crates.len() >= 7, "{crates:?}");
+    for name in crates {
+        // `cargo tree` resolves for this machine only (`cargo metadata` would fetch every
+        // platform's crates).
+        let out = std::process::Command::new(env!("CARGO"))
+            .args(["tree", "--offline", "-e", "normal", "--prefix", "none", "-p", &name])
+            .current_dir(ROOT)
+            .output()
+            .expect("cargo runs");
+        assert!(out.status.success(), "cargo tree -p {name}: {}", String::from_utf8_lossy(&out.stderr));
+        let tree = String::from_utf8_lossy(&out.stdout);
+        let clap: Vec<&str> = tree.lines().filter(|l| l.starts_with("clap")).collect();
+        assert!(clap.is_empty(), "{name} depends on {clap:?}: command-line parsing belongs in the binary");
+    }
+}
