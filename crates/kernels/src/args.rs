@@ -63,6 +63,32 @@ impl PushArgs for AttentionDims {
     }
 }
 
+/// What every attention kernel reads after its outputs: bf16 queries `[B, Tq, H, D]`, keys and
+/// values `[B, Tc, K, D]`, each sequence's first key (`int [B]`, or null when none is padded)
+/// and the shape.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AttentionInputs {
+    /// Queries.
+    pub q: DevicePtr,
+    /// Keys.
+    pub k: DevicePtr,
+    /// Values.
+    pub v: DevicePtr,
+    /// First key of each sequence, or null.
+    pub starts: DevicePtr,
+    /// Shape.
+    pub dims: AttentionDims,
+}
+
+impl PushArgs for AttentionInputs {
+    fn push_args(&self, args: &mut KernelArgs) {
+        for p in [self.q, self.k, self.v, self.starts] {
+            p.push_args(args);
+        }
+        self.dims.push_args(args);
+    }
+}
+
 kernel_args! {
     /// `y[N] = bf16(x[N])`.
     CastF32ToBf16 => CastF32ToBf16 {
@@ -231,16 +257,8 @@ kernel_args! {
         out: DevicePtr,
         /// f32 log-sum-exp per row.
         lse: DevicePtr,
-        /// bf16 queries `[B, Tq, H, D]`.
-        q: DevicePtr,
-        /// bf16 keys `[B, Tc, K, D]`.
-        k: DevicePtr,
-        /// bf16 values `[B, Tc, K, D]`.
-        v: DevicePtr,
-        /// `int` first key of each sequence `[B]`, or null when none is padded.
-        starts: DevicePtr,
-        /// Shape.
-        dims: AttentionDims,
+        /// Queries, keys, values, first keys and the shape.
+        inputs: AttentionInputs,
     }
     /// Scalar causal GQA attention backward (f32 `dk`, `dv` gathered atomically).
     AttentionBackward => AttentionBackward {
@@ -256,16 +274,8 @@ kernel_args! {
         out: DevicePtr,
         /// f32 forward log-sum-exp.
         lse: DevicePtr,
-        /// bf16 queries.
-        q: DevicePtr,
-        /// bf16 keys.
-        k: DevicePtr,
-        /// bf16 values.
-        v: DevicePtr,
-        /// `int` first key of each sequence, or null.
-        starts: DevicePtr,
-        /// Shape.
-        dims: AttentionDims,
+        /// Queries, keys, values, first keys and the shape.
+        inputs: AttentionInputs,
     }
     /// The LM head's per-row `(max, Σ exp(l − max), target logit)` over one vocabulary shard.
     LogitsRowStats => LogitsRowStats {
@@ -419,16 +429,8 @@ flash_args! {
         out: DevicePtr,
         /// f32 log-sum-exp per row.
         lse: DevicePtr,
-        /// bf16 queries `[B, Tq, H, D]`.
-        q: DevicePtr,
-        /// bf16 keys `[B, Tc, K, D]`.
-        k: DevicePtr,
-        /// bf16 values `[B, Tc, K, D]`.
-        v: DevicePtr,
-        /// `int` first key of each sequence, or null.
-        starts: DevicePtr,
-        /// Shape.
-        dims: AttentionDims,
+        /// Queries, keys, values, first keys and the shape.
+        inputs: AttentionInputs,
     }
     /// Flash attention backward, first pass: `dq` and each row's `delta = Σ dout·out`.
     FlashBackwardDq by backward_dq {
@@ -442,16 +444,8 @@ flash_args! {
         out: DevicePtr,
         /// f32 forward log-sum-exp.
         lse: DevicePtr,
-        /// bf16 queries.
-        q: DevicePtr,
-        /// bf16 keys.
-        k: DevicePtr,
-        /// bf16 values.
-        v: DevicePtr,
-        /// `int` first key of each sequence, or null.
-        starts: DevicePtr,
-        /// Shape.
-        dims: AttentionDims,
+        /// Queries, keys, values, first keys and the shape.
+        inputs: AttentionInputs,
     }
     /// Flash attention backward, second pass: `dk`, `dv` per key tile (no atomics).
     FlashBackwardDkv by backward_dkv {
@@ -465,16 +459,8 @@ flash_args! {
         lse: DevicePtr,
         /// f32 `Σ dout·out` per row (from the first pass).
         delta: DevicePtr,
-        /// bf16 queries.
-        q: DevicePtr,
-        /// bf16 keys.
-        k: DevicePtr,
-        /// bf16 values.
-        v: DevicePtr,
-        /// `int` first key of each sequence, or null.
-        starts: DevicePtr,
-        /// Shape.
-        dims: AttentionDims,
+        /// Queries, keys, values, first keys and the shape.
+        inputs: AttentionInputs,
     }
 }
 

@@ -104,6 +104,33 @@ pub enum CollectiveError {
     Unsupported(&'static str),
 }
 
+/// The elements of a collective: `count` of `ty` at device address `buf`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Elements {
+    /// Device address.
+    pub buf: DevicePtr,
+    /// Elements.
+    pub count: usize,
+    /// Their type.
+    pub ty: DataType,
+}
+
+impl Elements {
+    /// Bytes they span.
+    pub fn bytes(&self) -> usize {
+        self.count * self.ty.bytes()
+    }
+}
+
+/// Where a call runs: a communicator, and the stream its work is ordered on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct On {
+    /// The communicator.
+    pub comm: RawComm,
+    /// The stream.
+    pub stream: RawHandle,
+}
+
 /// Aborts a communicator from any thread (the watchdog's).
 pub type Aborter = Arc<dyn Fn(RawComm) + Send + Sync>;
 
@@ -137,68 +164,31 @@ pub trait CollectiveLib {
         key: i32,
         members: &[i32],
     ) -> Result<Option<RawComm>, CollectiveError>;
-    /// `ncclAllGather` of `count` elements per rank.
+    /// `ncclAllGather` of `send`'s elements from every rank into `recv` (rank order).
     ///
     /// # Safety
     /// Both buffers are device memory of the right sizes, live until the stream passes.
-    unsafe fn all_gather(
-        &self,
-        send: DevicePtr,
-        recv: DevicePtr,
-        count: usize,
-        ty: DataType,
-        comm: RawComm,
-        stream: RawHandle,
-    ) -> Result<(), CollectiveError>;
-    /// `ncclBroadcast` in place from comm rank `root`.
+    unsafe fn all_gather(&self, send: Elements, recv: DevicePtr, on: On) -> Result<(), CollectiveError>;
+    /// `ncclBroadcast` of `data` in place from comm rank `root`.
     ///
     /// # Safety
     /// As [`CollectiveLib::all_gather`].
-    unsafe fn broadcast(
-        &self,
-        buf: DevicePtr,
-        count: usize,
-        ty: DataType,
-        root: i32,
-        comm: RawComm,
-        stream: RawHandle,
-    ) -> Result<(), CollectiveError>;
-    /// `ncclAllReduce` with `ncclSum`, in place.
+    unsafe fn broadcast(&self, data: Elements, root: i32, on: On) -> Result<(), CollectiveError>;
+    /// `ncclAllReduce` with `ncclSum` of `data`, in place.
     ///
     /// # Safety
     /// As [`CollectiveLib::all_gather`].
-    unsafe fn all_reduce_sum(
-        &self,
-        buf: DevicePtr,
-        count: usize,
-        ty: DataType,
-        comm: RawComm,
-        stream: RawHandle,
-    ) -> Result<(), CollectiveError>;
-    /// `ncclSend` of `bytes` bytes to comm rank `peer`.
+    unsafe fn all_reduce_sum(&self, data: Elements, on: On) -> Result<(), CollectiveError>;
+    /// `ncclSend` of `bytes` bytes at `buf` to comm rank `peer`.
     ///
     /// # Safety
     /// As [`CollectiveLib::all_gather`].
-    unsafe fn send(
-        &self,
-        buf: DevicePtr,
-        bytes: usize,
-        peer: i32,
-        comm: RawComm,
-        stream: RawHandle,
-    ) -> Result<(), CollectiveError>;
-    /// `ncclRecv` of `bytes` bytes from comm rank `peer`.
+    unsafe fn send(&self, buf: DevicePtr, bytes: usize, peer: i32, on: On) -> Result<(), CollectiveError>;
+    /// `ncclRecv` of `bytes` bytes into `buf` from comm rank `peer`.
     ///
     /// # Safety
     /// As [`CollectiveLib::all_gather`].
-    unsafe fn recv(
-        &self,
-        buf: DevicePtr,
-        bytes: usize,
-        peer: i32,
-        comm: RawComm,
-        stream: RawHandle,
-    ) -> Result<(), CollectiveError>;
+    unsafe fn recv(&self, buf: DevicePtr, bytes: usize, peer: i32, on: On) -> Result<(), CollectiveError>;
     /// `ncclGroupStart`.
     fn group_start(&self) -> Result<(), CollectiveError>;
     /// `ncclGroupEnd`: issues the grouped calls (blocking while connections are set up).

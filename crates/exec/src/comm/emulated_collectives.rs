@@ -11,10 +11,10 @@ use mpi::topology::Communicator;
 use mpi::traits::{Destination, Source};
 
 use super::collectives::{
-    sum_members, Aborter, CollectiveError, CollectiveLib, DataType, RawComm, UniqueId, SPLIT_NO_COLOR,
+    sum_members, Aborter, CollectiveError, CollectiveLib, Elements, On, RawComm, UniqueId, SPLIT_NO_COLOR,
 };
 use super::World;
-use crate::backend::gpu::{DevicePtr, RawHandle};
+use crate::backend::gpu::DevicePtr;
 
 /// Largest single MPI message (counts are 32-bit).
 const MAX_MESSAGE_BYTES: usize = 1 << 30;
@@ -159,84 +159,43 @@ impl CollectiveLib for MpiCollectives<'_> {
         Ok(Some(self.add(members, tag)))
     }
 
-    unsafe fn all_gather(
-        &self,
-        send: DevicePtr,
-        recv: DevicePtr,
-        count: usize,
-        ty: DataType,
-        comm: RawComm,
-        _: RawHandle,
-    ) -> Result<(), CollectiveError> {
-        let all = self.with(comm, |c| self.gather(c, send.0, count * ty.bytes()));
+    unsafe fn all_gather(&self, send: Elements, recv: DevicePtr, on: On) -> Result<(), CollectiveError> {
+        let all = self.with(on.comm, |c| self.gather(c, send.buf.0, send.bytes()));
         std::ptr::copy_nonoverlapping(all.as_ptr(), recv.0 as *mut u8, all.len());
         Ok(())
     }
 
-    unsafe fn broadcast(
-        &self,
-        buf: DevicePtr,
-        count: usize,
-        ty: DataType,
-        root: i32,
-        comm: RawComm,
-        _: RawHandle,
-    ) -> Result<(), CollectiveError> {
-        let bytes = count * ty.bytes();
-        let ops: Vec<Op> = self.with(comm, |c| {
+    unsafe fn broadcast(&self, data: Elements, root: i32, on: On) -> Result<(), CollectiveError> {
+        let (buf, bytes) = (data.buf.0, data.bytes());
+        let ops: Vec<Op> = self.with(on.comm, |c| {
             let from = c.members[root as usize];
             if c.rank == root as usize {
-                c.members
-                    .iter()
-                    .filter(|&&r| r != from)
-                    .map(|&to| Op::Send { buf: buf.0, bytes, to, tag: c.tag })
-                    .collect()
+                c.members.iter().filter(|&&r| r != from).map(|&to| Op::Send { buf, bytes, to, tag: c.tag }).collect()
             } else {
-                vec![Op::Recv { buf: buf.0, bytes, from, tag: c.tag }]
+                vec![Op::Recv { buf, bytes, from, tag: c.tag }]
             }
         });
         self.run(&ops);
         Ok(())
     }
 
-    unsafe fn all_reduce_sum(
-        &self,
-        buf: DevicePtr,
-        count: usize,
-        ty: DataType,
-        comm: RawComm,
-        _: RawHandle,
-    ) -> Result<(), CollectiveError> {
-        let bytes = count * ty.bytes();
-        let all = self.with(comm, |c| self.gather(c, buf.0, bytes));
-        let out = std::slice::from_raw_parts_mut(buf.0 as *mut u8, bytes);
+    unsafe fn all_reduce_sum(&self, data: Elements, on: On) -> Result<(), CollectiveError> {
+        let bytes = data.bytes();
+        let all = self.with(on.comm, |c| self.gather(c, data.buf.0, bytes));
+        let out = std::slice::from_raw_parts_mut(data.buf.0 as *mut u8, bytes);
         let parts: Vec<&[u8]> = all.chunks_exact(bytes).collect();
-        sum_members(ty, &parts, out);
+        sum_members(data.ty, &parts, out);
         Ok(())
     }
 
-    unsafe fn send(
-        &self,
-        buf: DevicePtr,
-        bytes: usize,
-        peer: i32,
-        comm: RawComm,
-        _: RawHandle,
-    ) -> Result<(), CollectiveError> {
-        let (to, tag) = self.with(comm, |c| (c.members[peer as usize], c.tag));
+    unsafe fn send(&self, buf: DevicePtr, bytes: usize, peer: i32, on: On) -> Result<(), CollectiveError> {
+        let (to, tag) = self.with(on.comm, |c| (c.members[peer as usize], c.tag));
         self.submit(Op::Send { buf: buf.0, bytes, to, tag });
         Ok(())
     }
 
-    unsafe fn recv(
-        &self,
-        buf: DevicePtr,
-        bytes: usize,
-        peer: i32,
-        comm: RawComm,
-        _: RawHandle,
-    ) -> Result<(), CollectiveError> {
-        let (from, tag) = self.with(comm, |c| (c.members[peer as usize], c.tag));
+    unsafe fn recv(&self, buf: DevicePtr, bytes: usize, peer: i32, on: On) -> Result<(), CollectiveError> {
+        let (from, tag) = self.with(on.comm, |c| (c.members[peer as usize], c.tag));
         self.submit(Op::Recv { buf: buf.0, bytes, from, tag });
         Ok(())
     }

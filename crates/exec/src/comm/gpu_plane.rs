@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 
-use super::collectives::{CollectiveError, CollectiveLib, DataType, RawComm, UniqueId, SPLIT_NO_COLOR};
+use super::collectives::{CollectiveError, CollectiveLib, DataType, Elements, On, RawComm, UniqueId, SPLIT_NO_COLOR};
 use super::{CommError, DataPlane, DeviceTransfer, GroupId, Transfer, Watchdog};
 use crate::backend::gpu::{Device, DevicePtr};
 use nereus_core::index_list::format_index_list;
@@ -217,7 +217,8 @@ impl<'l, C: DataPlane> GpuPlane<'l, C> {
         let (ranks, comm, _) = &self.comms[group.0];
         let stream = self.device.stream();
         // SAFETY: the caller's buffers hold `bytes` and `bytes × members` bytes of device memory.
-        unsafe { self.lib.all_gather(send, recv, bytes as usize, DataType::U8, *comm, stream) }
+        let send = Elements { buf: send, count: bytes as usize, ty: DataType::U8 };
+        unsafe { self.lib.all_gather(send, recv, On { comm: *comm, stream }) }
             .map_err(|e| self.failed("ncclAllGather", ranks, e))
     }
 
@@ -226,7 +227,8 @@ impl<'l, C: DataPlane> GpuPlane<'l, C> {
         let (ranks, comm, _) = &self.comms[group.0];
         let stream = self.device.stream();
         // SAFETY: the caller's buffer holds `bytes` bytes of device memory.
-        unsafe { self.lib.broadcast(data, bytes as usize, DataType::U8, root as i32, *comm, stream) }
+        let data = Elements { buf: data, count: bytes as usize, ty: DataType::U8 };
+        unsafe { self.lib.broadcast(data, root as i32, On { comm: *comm, stream }) }
             .map_err(|e| self.failed("ncclBroadcast", ranks, e))
     }
 
@@ -241,7 +243,8 @@ impl<'l, C: DataPlane> GpuPlane<'l, C> {
         let (ranks, comm, _) = &self.comms[group.0];
         let stream = self.device.stream();
         // SAFETY: the caller's buffer holds `count` elements of `ty` in device memory.
-        unsafe { self.lib.all_reduce_sum(data, count as usize, ty, *comm, stream) }
+        let data = Elements { buf: data, count: count as usize, ty };
+        unsafe { self.lib.all_reduce_sum(data, On { comm: *comm, stream }) }
             .map_err(|e| self.failed("ncclAllReduce", ranks, e))
     }
 
@@ -258,13 +261,13 @@ impl<'l, C: DataPlane> GpuPlane<'l, C> {
         self.lib.group_start().map_err(|e| fail("ncclGroupStart", e))?;
         for t in sends {
             // SAFETY: the caller keeps `bytes` of device memory at `data` until the stream passes.
-            unsafe { self.lib.send(t.data, t.bytes as usize, t.peer, comm, stream) }
+            unsafe { self.lib.send(t.data, t.bytes as usize, t.peer, On { comm, stream }) }
                 .map_err(|e| fail("ncclSend", e))?;
             self.sent.set(self.sent.get() + t.bytes);
         }
         for t in recvs {
             // SAFETY: as above.
-            unsafe { self.lib.recv(t.data, t.bytes as usize, t.peer, comm, stream) }
+            unsafe { self.lib.recv(t.data, t.bytes as usize, t.peer, On { comm, stream }) }
                 .map_err(|e| fail("ncclRecv", e))?;
         }
         // Connections to new peers are set up here, blocking: under the watchdog.

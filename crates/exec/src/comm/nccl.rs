@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use cudarc::nccl::{result, sys};
 
-use super::collectives::{Aborter, CollectiveError, CollectiveLib, DataType, RawComm, UniqueId, SPLIT_SINCE_VERSION};
+use super::collectives::{
+    Aborter, CollectiveError, CollectiveLib, DataType, Elements, On, RawComm, UniqueId, SPLIT_SINCE_VERSION,
+};
 use crate::backend::gpu::{DevicePtr, RawHandle};
 use crate::backend::BackendError;
 
@@ -91,67 +93,34 @@ impl CollectiveLib for Nccl {
         Ok((!out.is_null()).then_some(RawComm(out.cast())))
     }
 
-    unsafe fn all_gather(
-        &self,
-        send: DevicePtr,
-        recv: DevicePtr,
-        count: usize,
-        ty: DataType,
-        c: RawComm,
-        s: RawHandle,
-    ) -> Result<(), CollectiveError> {
-        let (send, recv) = (send.0 as *const std::ffi::c_void, recv.0 as *mut std::ffi::c_void);
-        result::all_gather(send, recv, count, data_type(ty), comm(c), stream(s)).map(|_| ()).map_err(error)
+    unsafe fn all_gather(&self, send: Elements, recv: DevicePtr, on: On) -> Result<(), CollectiveError> {
+        let (src, dst) = (send.buf.0 as *const std::ffi::c_void, recv.0 as *mut std::ffi::c_void);
+        let (ty, c, s) = (data_type(send.ty), comm(on.comm), stream(on.stream));
+        result::all_gather(src, dst, send.count, ty, c, s).map(|_| ()).map_err(error)
     }
 
-    unsafe fn broadcast(
-        &self,
-        buf: DevicePtr,
-        count: usize,
-        ty: DataType,
-        root: i32,
-        c: RawComm,
-        s: RawHandle,
-    ) -> Result<(), CollectiveError> {
-        let p = buf.0 as *mut std::ffi::c_void;
-        result::broadcast(p, p, count, data_type(ty), root, comm(c), stream(s)).map(|_| ()).map_err(error)
+    unsafe fn broadcast(&self, data: Elements, root: i32, on: On) -> Result<(), CollectiveError> {
+        let p = data.buf.0 as *mut std::ffi::c_void;
+        let (ty, c, s) = (data_type(data.ty), comm(on.comm), stream(on.stream));
+        result::broadcast(p, p, data.count, ty, root, c, s).map(|_| ()).map_err(error)
     }
 
-    unsafe fn all_reduce_sum(
-        &self,
-        buf: DevicePtr,
-        count: usize,
-        ty: DataType,
-        c: RawComm,
-        s: RawHandle,
-    ) -> Result<(), CollectiveError> {
-        let p = buf.0 as *mut std::ffi::c_void;
-        let sum = sys::ncclRedOp_t::ncclSum;
-        result::all_reduce(p, p, count, data_type(ty), sum, comm(c), stream(s)).map(|_| ()).map_err(error)
+    unsafe fn all_reduce_sum(&self, data: Elements, on: On) -> Result<(), CollectiveError> {
+        let p = data.buf.0 as *mut std::ffi::c_void;
+        let (ty, c, s) = (data_type(data.ty), comm(on.comm), stream(on.stream));
+        result::all_reduce(p, p, data.count, ty, sys::ncclRedOp_t::ncclSum, c, s).map(|_| ()).map_err(error)
     }
 
-    unsafe fn send(
-        &self,
-        buf: DevicePtr,
-        bytes: usize,
-        peer: i32,
-        c: RawComm,
-        s: RawHandle,
-    ) -> Result<(), CollectiveError> {
+    unsafe fn send(&self, buf: DevicePtr, bytes: usize, peer: i32, on: On) -> Result<(), CollectiveError> {
         let p = buf.0 as *const std::ffi::c_void;
-        result::send(p, bytes, sys::ncclDataType_t::ncclUint8, peer, comm(c), stream(s)).map(|_| ()).map_err(error)
+        let (bytes_type, c, s) = (sys::ncclDataType_t::ncclUint8, comm(on.comm), stream(on.stream));
+        result::send(p, bytes, bytes_type, peer, c, s).map(|_| ()).map_err(error)
     }
 
-    unsafe fn recv(
-        &self,
-        buf: DevicePtr,
-        bytes: usize,
-        peer: i32,
-        c: RawComm,
-        s: RawHandle,
-    ) -> Result<(), CollectiveError> {
+    unsafe fn recv(&self, buf: DevicePtr, bytes: usize, peer: i32, on: On) -> Result<(), CollectiveError> {
         let p = buf.0 as *mut std::ffi::c_void;
-        result::recv(p, bytes, sys::ncclDataType_t::ncclUint8, peer, comm(c), stream(s)).map(|_| ()).map_err(error)
+        let (bytes_type, c, s) = (sys::ncclDataType_t::ncclUint8, comm(on.comm), stream(on.stream));
+        result::recv(p, bytes, bytes_type, peer, c, s).map(|_| ()).map_err(error)
     }
 
     fn group_start(&self) -> Result<(), CollectiveError> {

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use libloading::Library;
 
 use super::collectives::{
-    Aborter, CollectiveError, CollectiveLib, DataType, RawComm, UniqueId, REDUCE_SUM, SPLIT_SINCE_VERSION,
+    Aborter, CollectiveError, CollectiveLib, DataType, Elements, On, RawComm, UniqueId, REDUCE_SUM, SPLIT_SINCE_VERSION,
 };
-use crate::backend::gpu::{DevicePtr, RawHandle};
+use crate::backend::gpu::DevicePtr;
 use crate::backend::BackendError;
 
 /// Every symbol resolved from `librccl.so`, and whether the plane needs it (`ncclCommSplit`
@@ -196,61 +196,27 @@ impl CollectiveLib for Rccl {
         Ok((!out.is_null()).then_some(RawComm(out)))
     }
 
-    unsafe fn all_gather(
-        &self,
-        send: DevicePtr,
-        recv: DevicePtr,
-        count: usize,
-        ty: DataType,
-        comm: RawComm,
-        stream: RawHandle,
-    ) -> Result<(), CollectiveError> {
-        self.check((self.table.all_gather)(ptr(send), ptr(recv), count, ty as c_int, comm.0, stream.0))
+    unsafe fn all_gather(&self, send: Elements, recv: DevicePtr, on: On) -> Result<(), CollectiveError> {
+        let (ty, c, s) = (send.ty as c_int, on.comm.0, on.stream.0);
+        self.check((self.table.all_gather)(ptr(send.buf), ptr(recv), send.count, ty, c, s))
     }
 
-    unsafe fn broadcast(
-        &self,
-        buf: DevicePtr,
-        count: usize,
-        ty: DataType,
-        root: i32,
-        comm: RawComm,
-        stream: RawHandle,
-    ) -> Result<(), CollectiveError> {
-        self.check((self.table.broadcast)(ptr(buf), ptr(buf), count, ty as c_int, root, comm.0, stream.0))
+    unsafe fn broadcast(&self, data: Elements, root: i32, on: On) -> Result<(), CollectiveError> {
+        let (p, ty, c, s) = (ptr(data.buf), data.ty as c_int, on.comm.0, on.stream.0);
+        self.check((self.table.broadcast)(p, p, data.count, ty, root, c, s))
     }
 
-    unsafe fn all_reduce_sum(
-        &self,
-        buf: DevicePtr,
-        count: usize,
-        ty: DataType,
-        comm: RawComm,
-        stream: RawHandle,
-    ) -> Result<(), CollectiveError> {
-        self.check((self.table.all_reduce)(ptr(buf), ptr(buf), count, ty as c_int, REDUCE_SUM, comm.0, stream.0))
+    unsafe fn all_reduce_sum(&self, data: Elements, on: On) -> Result<(), CollectiveError> {
+        let (p, ty, c, s) = (ptr(data.buf), data.ty as c_int, on.comm.0, on.stream.0);
+        self.check((self.table.all_reduce)(p, p, data.count, ty, REDUCE_SUM, c, s))
     }
 
-    unsafe fn send(
-        &self,
-        buf: DevicePtr,
-        bytes: usize,
-        peer: i32,
-        comm: RawComm,
-        s: RawHandle,
-    ) -> Result<(), CollectiveError> {
-        self.check((self.table.send)(ptr(buf), bytes, DataType::U8 as c_int, peer, comm.0, s.0))
+    unsafe fn send(&self, buf: DevicePtr, bytes: usize, peer: i32, on: On) -> Result<(), CollectiveError> {
+        self.check((self.table.send)(ptr(buf), bytes, DataType::U8 as c_int, peer, on.comm.0, on.stream.0))
     }
 
-    unsafe fn recv(
-        &self,
-        buf: DevicePtr,
-        bytes: usize,
-        peer: i32,
-        comm: RawComm,
-        s: RawHandle,
-    ) -> Result<(), CollectiveError> {
-        self.check((self.table.recv)(ptr(buf), bytes, DataType::U8 as c_int, peer, comm.0, s.0))
+    unsafe fn recv(&self, buf: DevicePtr, bytes: usize, peer: i32, on: On) -> Result<(), CollectiveError> {
+        self.check((self.table.recv)(ptr(buf), bytes, DataType::U8 as c_int, peer, on.comm.0, on.stream.0))
     }
 
     fn group_start(&self) -> Result<(), CollectiveError> {

@@ -8,10 +8,10 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Condvar, Mutex};
 
 use super::collectives::{
-    sum_members, Aborter, CollectiveError, CollectiveLib, DataType, RawComm, UniqueId, SPLIT_NO_COLOR,
+    sum_members, Aborter, CollectiveError, CollectiveLib, Elements, On, RawComm, UniqueId, SPLIT_NO_COLOR,
 };
 use super::{CommError, DataPlane, GroupId, Transfer};
-use crate::backend::gpu::{DevicePtr, RawHandle};
+use crate::backend::gpu::DevicePtr;
 
 /// Queued messages by (from, to, channel).
 type Queues = HashMap<(i32, i32, u64), VecDeque<Vec<u8>>>;
@@ -217,78 +217,41 @@ impl CollectiveLib for FakeLib {
         Ok((color != SPLIT_NO_COLOR).then(|| self.add(members)))
     }
 
-    unsafe fn all_gather(
-        &self,
-        send: DevicePtr,
-        recv: DevicePtr,
-        count: usize,
-        ty: DataType,
-        comm: RawComm,
-        _: RawHandle,
-    ) -> Result<(), CollectiveError> {
-        let members = self.members(comm);
-        let mine = std::slice::from_raw_parts(send.0 as *const u8, count * ty.bytes());
+    unsafe fn all_gather(&self, send: Elements, recv: DevicePtr, on: On) -> Result<(), CollectiveError> {
+        let members = self.members(on.comm);
+        let mine = std::slice::from_raw_parts(send.buf.0 as *const u8, send.bytes());
         let all = gather(&self.mail, self.rank, &members, channel_of(&members, 2), mine).concat();
         std::ptr::copy_nonoverlapping(all.as_ptr(), recv.0 as *mut u8, all.len());
         Ok(())
     }
 
-    unsafe fn broadcast(
-        &self,
-        buf: DevicePtr,
-        count: usize,
-        ty: DataType,
-        root: i32,
-        comm: RawComm,
-        _: RawHandle,
-    ) -> Result<(), CollectiveError> {
-        let members = self.members(comm);
-        let data = std::slice::from_raw_parts_mut(buf.0 as *mut u8, count * ty.bytes());
-        let all = gather(&self.mail, self.rank, &members, channel_of(&members, 3), data);
-        data.copy_from_slice(&all[root as usize]);
+    unsafe fn broadcast(&self, data: Elements, root: i32, on: On) -> Result<(), CollectiveError> {
+        let members = self.members(on.comm);
+        let bytes = std::slice::from_raw_parts_mut(data.buf.0 as *mut u8, data.bytes());
+        let all = gather(&self.mail, self.rank, &members, channel_of(&members, 3), bytes);
+        bytes.copy_from_slice(&all[root as usize]);
         Ok(())
     }
 
-    unsafe fn all_reduce_sum(
-        &self,
-        buf: DevicePtr,
-        count: usize,
-        ty: DataType,
-        comm: RawComm,
-        _: RawHandle,
-    ) -> Result<(), CollectiveError> {
-        let members = self.members(comm);
-        let data = std::slice::from_raw_parts_mut(buf.0 as *mut u8, count * ty.bytes());
-        self.log(format!("all_reduce {ty:?} ×{count}"));
-        let all = gather(&self.mail, self.rank, &members, channel_of(&members, 4), data);
+    unsafe fn all_reduce_sum(&self, data: Elements, on: On) -> Result<(), CollectiveError> {
+        let members = self.members(on.comm);
+        let bytes = std::slice::from_raw_parts_mut(data.buf.0 as *mut u8, data.bytes());
+        self.log(format!("all_reduce {:?} ×{}", data.ty, data.count));
+        let all = gather(&self.mail, self.rank, &members, channel_of(&members, 4), bytes);
         let parts: Vec<&[u8]> = all.iter().map(Vec::as_slice).collect();
-        sum_members(ty, &parts, data);
+        sum_members(data.ty, &parts, bytes);
         Ok(())
     }
 
-    unsafe fn send(
-        &self,
-        buf: DevicePtr,
-        bytes: usize,
-        peer: i32,
-        comm: RawComm,
-        _: RawHandle,
-    ) -> Result<(), CollectiveError> {
-        let to = self.members(comm)[peer as usize];
+    unsafe fn send(&self, buf: DevicePtr, bytes: usize, peer: i32, on: On) -> Result<(), CollectiveError> {
+        let to = self.members(on.comm)[peer as usize];
         self.log(format!("send→{to}"));
         self.mail.send(self.rank, to, 9, std::slice::from_raw_parts(buf.0 as *const u8, bytes));
         Ok(())
     }
 
-    unsafe fn recv(
-        &self,
-        buf: DevicePtr,
-        bytes: usize,
-        peer: i32,
-        comm: RawComm,
-        _: RawHandle,
-    ) -> Result<(), CollectiveError> {
-        let from = self.members(comm)[peer as usize];
+    unsafe fn recv(&self, buf: DevicePtr, bytes: usize, peer: i32, on: On) -> Result<(), CollectiveError> {
+        let from = self.members(on.comm)[peer as usize];
         self.log(format!("recv←{from}"));
         let data = self.mail.recv(from, self.rank, 9);
         assert_eq!(data.len(), bytes, "a receive matches its send's size");

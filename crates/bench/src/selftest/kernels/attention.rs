@@ -6,7 +6,7 @@ use nereus_exec::backend::gpu::DevicePtr;
 use nereus_exec::backend::gpu::{Device, DeviceArray};
 use nereus_exec::backend::BackendError;
 use nereus_exec::engine::ops::frequencies;
-use nereus_kernels::args::{self as k, AttentionDims};
+use nereus_kernels::args::{self as k, AttentionDims, AttentionInputs};
 use nereus_kernels::attention::{
     attention_grid, flash_keys_grid, flash_rows_grid, flash_threads, FlashWidth, ATTENTION_BLOCK,
 };
@@ -220,8 +220,9 @@ fn run_forward(
     // Poisoned, so an output the kernel never writes fails the comparison.
     let outs = DeviceArray::from(d, &vec![0xffffu16; case.q.len()])?;
     let lses = DeviceArray::from(d, &vec![0f32; a.b * a.heads * a.tq])?;
-    let (out, lse, q, k, v) = (outs.ptr(), lses.ptr(), qs.ptr(), ks.ptr(), vs.ptr());
-    launch(k::AttentionForward { out, lse, q, k, v, starts: case.starts_arg(&starts), dims: case.dims() })?;
+    let inputs =
+        AttentionInputs { q: qs.ptr(), k: ks.ptr(), v: vs.ptr(), starts: case.starts_arg(&starts), dims: case.dims() };
+    launch(k::AttentionForward { out: outs.ptr(), lse: lses.ptr(), inputs })?;
     let (out, lse) = reference::attention(&a, &widen(&case.q), &widen(&case.k), &widen(&case.v), &case.starts());
     let got_lse: Vec<f32> = lses.read()?;
     let (finite_got, finite_want): (Vec<f32>, Vec<f64>) =
@@ -243,42 +244,63 @@ pub(super) fn check_attention_forward(d: &Device, rng: &mut Rng, verdict: &mut V
     Ok(())
 }
 
+/// A backward case on the device: the inputs, and the forward's outputs as training stores them
+/// (bf16 out, f32 lse), with a random output gradient; and on the host what the f64 reference
+/// of the backward needs.
+struct BackwardCase<'d> {
+    qs: DeviceArray<'d, u16>,
+    ks: DeviceArray<'d, u16>,
+    vs: DeviceArray<'d, u16>,
+    starts: DeviceArray<'d, i32>,
+    outs: DeviceArray<'d, u16>,
+    lses: DeviceArray<'d, f32>,
+    dos: DeviceArray<'d, u16>,
+    /// The reference's gradients of q, k, v and the scales of their tolerances.
+    want: ([Vec<f64>; 3], [Vec<f64>; 3]),
+}
+
+impl<'d> BackwardCase<'d> {
+    fn upload(d: &'d Device, rng: &mut Rng, case: &AttentionCase) -> Result<BackwardCase<'d>, BackendError> {
+        let a = case.shape;
+        let (q, k, v) = (widen(&case.q), widen(&case.k), widen(&case.v));
+        let (out, lse) = reference::attention(&a, &q, &k, &v, &case.starts());
+        let out_bf16: Vec<u16> = out.iter().map(|&x| f32_to_bf16(x as f32)).collect();
+        let lse_f32: Vec<f32> = lse.iter().map(|&x| x as f32).collect();
+        let dout = bf16_values(rng, out.len(), 1.0);
+        let seen_out: Vec<f64> = out_bf16.iter().map(|&h| f64::from(bf16_to_f32(h))).collect();
+        let want = reference::attention_backward(&a, (&q, &k, &v), &seen_out, &widen(&dout), &case.starts());
+        Ok(BackwardCase {
+            qs: DeviceArray::from(d, &case.q)?,
+            ks: DeviceArray::from(d, &case.k)?,
+            vs: DeviceArray::from(d, &case.v)?,
+            starts: DeviceArray::from(d, &case.starts)?,
+            outs: DeviceArray::from(d, &out_bf16)?,
+            lses: DeviceArray::from(d, &lse_f32)?,
+            dos: DeviceArray::from(d, &dout)?,
+            want,
+        })
+    }
+
+    /// What every attention kernel reads besides its outputs.
+    fn inputs(&self, case: &AttentionCase) -> AttentionInputs {
+        let (q, k, v, starts) = (self.qs.ptr(), self.ks.ptr(), self.vs.ptr(), case.starts_arg(&self.starts));
+        AttentionInputs { q, k, v, starts, dims: case.dims() }
+    }
+}
+
 pub(super) fn check_attention_backward(d: &Device, rng: &mut Rng, verdict: &mut Verdict) -> Result<(), BackendError> {
     let case = attention_case(rng);
-    let a = case.shape;
-    let (q, k, v) = (widen(&case.q), widen(&case.k), widen(&case.v));
-    let (out, lse) = reference::attention(&a, &q, &k, &v, &case.starts());
-    // The kernel gets the forward's outputs as training stores them: bf16 out, f32 lse.
-    let out_bf16: Vec<u16> = out.iter().map(|&x| f32_to_bf16(x as f32)).collect();
-    let lse_f32: Vec<f32> = lse.iter().map(|&x| x as f32).collect();
-    let dout = bf16_values(rng, out.len(), 1.0);
-    let (qs, ks, vs) = (DeviceArray::from(d, &case.q)?, DeviceArray::from(d, &case.k)?, DeviceArray::from(d, &case.v)?);
-    let (outs, lses, dos) =
-        (DeviceArray::from(d, &out_bf16)?, DeviceArray::from(d, &lse_f32)?, DeviceArray::from(d, &dout)?);
-    let starts = DeviceArray::from(d, &case.starts)?;
+    let c = BackwardCase::upload(d, rng, &case)?;
     let dqs = DeviceArray::from(d, &vec![0u16; case.q.len()])?;
     let (dks, dvs) =
         (DeviceArray::from(d, &vec![0f32; case.k.len()])?, DeviceArray::from(d, &vec![0f32; case.v.len()])?);
-    let call = k::AttentionBackward {
-        dq: dqs.ptr(),
-        dk: dks.ptr(),
-        dv: dvs.ptr(),
-        dout: dos.ptr(),
-        out: outs.ptr(),
-        lse: lses.ptr(),
-        q: qs.ptr(),
-        k: ks.ptr(),
-        v: vs.ptr(),
-        starts: case.starts_arg(&starts),
-        dims: case.dims(),
-    };
+    let (dout, out, lse, inputs) = (c.dos.ptr(), c.outs.ptr(), c.lses.ptr(), c.inputs(&case));
+    let call = k::AttentionBackward { dq: dqs.ptr(), dk: dks.ptr(), dv: dvs.ptr(), dout, out, lse, inputs };
     run_shaped(d, &call, case.grid(), ATTENTION_BLOCK)?;
-    let seen_out: Vec<f64> = out_bf16.iter().map(|&h| f64::from(bf16_to_f32(h))).collect();
-    let ([dq, dk, dv], [sq, sk, sv]) =
-        reference::attention_backward(&a, (&q, &k, &v), &seen_out, &widen(&dout), &case.starts());
-    verdict.bf16_scaled("dq", &dqs.read()?, &dq, &sq);
-    verdict.f32("dk", &dks.read()?, &dk, &sk);
-    verdict.f32("dv", &dvs.read()?, &dv, &sv);
+    let ([dq, dk, dv], [sq, sk, sv]) = &c.want;
+    verdict.bf16_scaled("dq", &dqs.read()?, dq, sq);
+    verdict.f32("dk", &dks.read()?, dk, sk);
+    verdict.f32("dv", &dvs.read()?, dv, sv);
     Ok(())
 }
 
@@ -315,8 +337,7 @@ pub(super) fn check_flash_forward(d: &Device, rng: &mut Rng, verdict: &mut Verdi
     let width = FlashWidth::for_head(a.d).expect("flash cases fit a width");
     let grid = flash_rows_grid(a.b, a.tq, a.heads, a.kv_heads);
     let (got, out, v_scale) = run_forward(d, &case, verdict, |a| {
-        let call =
-            k::FlashForward { width, out: a.out, lse: a.lse, q: a.q, k: a.k, v: a.v, starts: a.starts, dims: a.dims };
+        let call = k::FlashForward { width, out: a.out, lse: a.lse, inputs: a.inputs };
         run_shaped(d, &call, grid, threads(d))
     })?;
     // The probabilities enter the product as bf16: at most 2⁻⁸ (bf16's unit roundoff) of max |v|
@@ -329,58 +350,21 @@ pub(super) fn check_flash_backward(d: &Device, rng: &mut Rng, verdict: &mut Verd
     let case = flash_case(rng);
     let a = case.shape;
     let width = FlashWidth::for_head(a.d).expect("flash cases fit a width");
-    let (q, k, v) = (widen(&case.q), widen(&case.k), widen(&case.v));
-    let (out, lse) = reference::attention(&a, &q, &k, &v, &case.starts());
-    let out_bf16: Vec<u16> = out.iter().map(|&x| f32_to_bf16(x as f32)).collect();
-    let lse_f32: Vec<f32> = lse.iter().map(|&x| x as f32).collect();
-    let dout = bf16_values(rng, out.len(), 1.0);
-    let (qs, ks, vs) = (DeviceArray::from(d, &case.q)?, DeviceArray::from(d, &case.k)?, DeviceArray::from(d, &case.v)?);
-    let (outs, lses, dos) =
-        (DeviceArray::from(d, &out_bf16)?, DeviceArray::from(d, &lse_f32)?, DeviceArray::from(d, &dout)?);
-    let starts = DeviceArray::from(d, &case.starts)?;
+    let c = BackwardCase::upload(d, rng, &case)?;
     // The outputs start zeroed, as the engine passes them; the kernels write every key below Tk.
     let dqs = DeviceArray::from(d, &vec![0xffffu16; case.q.len()])?;
     let (dks, dvs) =
         (DeviceArray::from(d, &vec![0u16; case.k.len()])?, DeviceArray::from(d, &vec![0u16; case.v.len()])?);
     let delta = DeviceArray::from(d, &vec![0f32; a.b * a.heads * a.tq])?;
-    let (starts, dims) = (case.starts_arg(&starts), case.dims());
-    let (dout_p, lse, q_p, k_p, v_p, delta) = (dos.ptr(), lses.ptr(), qs.ptr(), ks.ptr(), vs.ptr(), delta.ptr());
-    let (dq_p, out_p) = (dqs.ptr(), outs.ptr());
-    let dq_call = k::FlashBackwardDq {
-        width,
-        dq: dq_p,
-        delta,
-        dout: dout_p,
-        out: out_p,
-        lse,
-        q: q_p,
-        k: k_p,
-        v: v_p,
-        starts,
-        dims,
-    };
+    let (dout, out, lse, delta, inputs) = (c.dos.ptr(), c.outs.ptr(), c.lses.ptr(), delta.ptr(), c.inputs(&case));
+    let dq_call = k::FlashBackwardDq { width, dq: dqs.ptr(), delta, dout, out, lse, inputs };
     run_shaped(d, &dq_call, flash_rows_grid(a.b, a.tq, a.heads, a.kv_heads), threads(d))?;
-    let (dk_p, dv_p) = (dks.ptr(), dvs.ptr());
-    let dkv_call = k::FlashBackwardDkv {
-        width,
-        dk: dk_p,
-        dv: dv_p,
-        dout: dout_p,
-        lse,
-        delta,
-        q: q_p,
-        k: k_p,
-        v: v_p,
-        starts,
-        dims,
-    };
+    let dkv_call = k::FlashBackwardDkv { width, dk: dks.ptr(), dv: dvs.ptr(), dout, lse, delta, inputs };
     run_shaped(d, &dkv_call, flash_keys_grid(a.b, a.tk, a.kv_heads), threads(d))?;
-    let seen_out: Vec<f64> = out_bf16.iter().map(|&h| f64::from(bf16_to_f32(h))).collect();
-    let ([dq, dk, dv], [sq, sk, sv]) =
-        reference::attention_backward(&a, (&q, &k, &v), &seen_out, &widen(&dout), &case.starts());
-    verdict.bf16_products("dq", &dqs.read()?, &dq, &sq);
-    verdict.bf16_products("dk", &dks.read()?, &dk, &sk);
-    verdict.bf16_products("dv", &dvs.read()?, &dv, &sv);
+    let ([dq, dk, dv], [sq, sk, sv]) = &c.want;
+    verdict.bf16_products("dq", &dqs.read()?, dq, sq);
+    verdict.bf16_products("dk", &dks.read()?, dk, sk);
+    verdict.bf16_products("dv", &dvs.read()?, dv, sv);
     Ok(())
 }
 

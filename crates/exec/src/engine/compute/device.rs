@@ -27,7 +27,7 @@ use crate::engine::timers::timed;
 use crate::engine::{AdamW, EngineError, Replica};
 use nereus_core::cost::{MemoryBreakdown, MemoryItem, OpClass};
 use nereus_core::half::{bf16_to_f32, f32_to_bf16};
-use nereus_kernels::args::{self as k, AdamTensor, AttentionDims};
+use nereus_kernels::args::{self as k, AdamTensor, AttentionDims, AttentionInputs};
 use nereus_kernels::attention::{
     attention_grid, flash_keys_grid, flash_rows_grid, flash_threads, FlashWidth, ATTENTION_BLOCK, FLASH_MAX_HEAD_DIM,
 };
@@ -267,15 +267,17 @@ fn weight((p, r): View<DeviceView<u16>>) -> DevicePtr {
     p.at(r.start)
 }
 
-/// The kernels' shape arguments of `a`.
-fn dims(a: &AttentionShape) -> AttentionDims {
+/// The attention kernels' inputs: `q, k, v`, the sequences' first keys (null when none is
+/// padded) and the shape `a`.
+fn attention_inputs(
+    (q, k, v): (&Bf16<'_>, &Bf16<'_>, &Bf16<'_>),
+    starts: &Option<DeviceArray<'_, i32>>,
+    a: &AttentionShape,
+) -> AttentionInputs {
     let [b, tq, tk, tc, heads, kv_heads, d] = [a.b, a.tq, a.tk, a.t_cap, a.heads, a.kv_heads, a.d].map(|v| v as u64);
-    AttentionDims { b, tq, tk, tc, heads, kv_heads, d }
-}
-
-/// The device address of an optional buffer (null when absent).
-fn ptr_or_null<T: bytemuck::Pod>(x: &Option<DeviceArray<'_, T>>) -> DevicePtr {
-    x.as_ref().map_or(DevicePtr::NULL, DeviceArray::ptr)
+    let dims = AttentionDims { b, tq, tk, tc, heads, kv_heads, d };
+    let starts = starts.as_ref().map_or(DevicePtr::NULL, DeviceArray::ptr);
+    AttentionInputs { q: q.ptr(), k: k.ptr(), v: v.ptr(), starts, dims }
 }
 
 impl<'d> Compute for OnDevice<'d, '_, '_> {
@@ -412,16 +414,16 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
     ) -> Result<Self::Stat, EngineError> {
         let lse = self.f32_zeros(MemoryItem::Activations, shape.b * shape.heads * shape.tq)?;
         let starts = self.starts(starts)?;
-        let (out, lse_ptr, q, k, v, starts, dims) =
-            (out.ptr(), lse.ptr(), q.ptr(), k.ptr(), v.ptr(), ptr_or_null(&starts), dims(&shape));
+        let inputs = attention_inputs((q, k, v), &starts, &shape);
+        let (out, lse_ptr) = (out.ptr(), lse.ptr());
         match FlashWidth::for_head(shape.d) {
             Some(width) => {
                 let grid = flash_rows_grid(shape.b, shape.tq, shape.heads, shape.kv_heads);
-                let call = k::FlashForward { width, out, lse: lse_ptr, q, k, v, starts, dims };
+                let call = k::FlashForward { width, out, lse: lse_ptr, inputs };
                 self.launch(&call, grid, self.flash_threads())?;
             }
             None => {
-                let call = k::AttentionForward { out, lse: lse_ptr, q, k, v, starts, dims };
+                let call = k::AttentionForward { out, lse: lse_ptr, inputs };
                 self.launch(&call, attention_grid(shape.b, shape.tq, shape.heads), ATTENTION_BLOCK)?;
             }
         }
@@ -438,48 +440,22 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
         shape: AttentionShape,
         starts: &[usize],
     ) -> Result<(), EngineError> {
-        let starts_buffer = self.starts(starts)?;
-        let starts = ptr_or_null(&starts_buffer);
-        let (dims, (dout_p, out_p, lse_p), (q, k, v)) =
-            (dims(&shape), (dout.ptr(), out.ptr(), lse.ptr()), (q.ptr(), k.ptr(), v.ptr()));
+        let starts = self.starts(starts)?;
+        let inputs = attention_inputs((q, k, v), &starts, &shape);
+        let (dout, out, lse) = (dout.ptr(), out.ptr(), lse.ptr());
         if let Some(width) = FlashWidth::for_head(shape.d) {
             // dq (and each row's Σ dout·out) per row tile, then dk, dv per key tile: no atomics.
             let delta = self.f32_zeros(MemoryItem::ActivationGradients, shape.b * shape.heads * shape.tq)?;
-            let call = k::FlashBackwardDq {
-                width,
-                dq: dq.ptr(),
-                delta: delta.ptr(),
-                dout: dout_p,
-                out: out_p,
-                lse: lse_p,
-                q,
-                k,
-                v,
-                starts,
-                dims,
-            };
+            let (dq, delta) = (dq.ptr(), delta.ptr());
+            let call = k::FlashBackwardDq { width, dq, delta, dout, out, lse, inputs };
             self.launch(&call, flash_rows_grid(shape.b, shape.tq, shape.heads, shape.kv_heads), self.flash_threads())?;
-            let (dk, dv, delta) = (dk.ptr(), dv.ptr(), delta.ptr());
-            let call = k::FlashBackwardDkv { width, dk, dv, dout: dout_p, lse: lse_p, delta, q, k, v, starts, dims };
+            let call = k::FlashBackwardDkv { width, dk: dk.ptr(), dv: dv.ptr(), dout, lse, delta, inputs };
             return self.launch(&call, flash_keys_grid(shape.b, shape.tk, shape.kv_heads), self.flash_threads());
         }
         // Key and value gradients gather over query rows with f32 atomics, then round once.
         let dk32 = self.f32_zeros(MemoryItem::ActivationGradients, dk.len())?;
         let dv32 = self.f32_zeros(MemoryItem::ActivationGradients, dv.len())?;
-        let (dq, dk_p, dv_p) = (dq.ptr(), dk32.ptr(), dv32.ptr());
-        let call = k::AttentionBackward {
-            dq,
-            dk: dk_p,
-            dv: dv_p,
-            dout: dout_p,
-            out: out_p,
-            lse: lse_p,
-            q,
-            k,
-            v,
-            starts,
-            dims,
-        };
+        let call = k::AttentionBackward { dq: dq.ptr(), dk: dk32.ptr(), dv: dv32.ptr(), dout, out, lse, inputs };
         self.launch(&call, attention_grid(shape.b, shape.tq, shape.heads), ATTENTION_BLOCK)?;
         self.round(dk, &dk32)?;
         self.round(dv, &dv32)
