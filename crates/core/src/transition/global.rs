@@ -502,11 +502,23 @@ impl TransitionDag {
 
     /// Longest path from each node to the end of the local DAG, its own duration included.
     fn bottom_levels(&self, work: &mut BuildWork) -> Vec<f64> {
-        let mut level = vec![0.0f64; self.graph.node_count()];
-        let order = petgraph::algo::toposort(&self.graph, None).expect("local DAGs are acyclic");
-        // The sort visits every node and edge once, and so does the sweep.
-        work.node_visits += 2 * self.graph.node_count() as u64;
-        work.edge_visits += 2 * self.graph.edge_count() as u64;
+        let n = self.graph.node_count();
+        let mut level = vec![0.0f64; n];
+        // A local DAG's phases come in node order (Splits, Extends, Destroys, Merges), and its
+        // edges only go from one phase to a later one: then the node order is topological and
+        // no sort is needed. The check follows every edge once, a sort every node and edge.
+        work.edge_visits += self.graph.edge_count() as u64;
+        let forward = self.graph.raw_edges().iter().all(|e| e.source() < e.target());
+        let order: Vec<NodeIndex> = if forward {
+            (0..n).map(NodeIndex::new).collect()
+        } else {
+            work.node_visits += n as u64;
+            work.edge_visits += self.graph.edge_count() as u64;
+            petgraph::algo::toposort(&self.graph, None).expect("local DAGs are acyclic")
+        };
+        // The sweep visits every node and edge once.
+        work.node_visits += n as u64;
+        work.edge_visits += self.graph.edge_count() as u64;
         for &i in order.iter().rev() {
             let below =
                 self.graph.neighbors_directed(i, Direction::Outgoing).map(|s| level[s.index()]).fold(0.0, f64::max);
@@ -549,6 +561,9 @@ struct ResourceState {
     usage: Vec<u64>,
     /// Per rank: the latest node of each model-stage that freed bytes there.
     last_release: Vec<[Option<(ModelStage, usize, u64)>; MAX_MODEL_STAGES]>,
+    /// Per rank: the most bytes any release there freed, at least what each of its
+    /// `last_release` freed (an acquisition that fits beside that needs none of them).
+    most_freed: Vec<u64>,
     peak: u64,
 }
 
@@ -565,7 +580,8 @@ impl ResourceState {
         let usage = dag.initial_bytes(bytes);
         let pool = usage.len();
         let peak = usage.iter().copied().max().unwrap_or(0);
-        ResourceState { capacity, cross, usage, last_release: vec![[None; MAX_MODEL_STAGES]; pool], peak }
+        let last_release = vec![[None; MAX_MODEL_STAGES]; pool];
+        ResourceState { capacity, cross, usage, last_release, most_freed: vec![0; pool], peak }
     }
 
     /// `Ok` if `node`'s allocations fit now (with its sources already moved to host memory
@@ -606,6 +622,13 @@ impl ResourceState {
         if self.cross {
             for &(r, b) in &node.acquire {
                 let used = self.usage[r as usize];
+                // Beside the most any release here freed it fits: it needed none of them.
+                let most = self.most_freed[r as usize];
+                let total =
+                    used.checked_add(b).and_then(|u| u.checked_add(node.transient)).and_then(|u| u.checked_add(most));
+                if total.is_some_and(|total| total <= self.capacity) {
+                    continue;
+                }
                 for &(other, d, freed) in self.last_release[r as usize].iter().flatten() {
                     let needed = used + b + node.transient + freed > self.capacity;
                     if other != node.model_stage && needed && !deps.contains(&d) {
@@ -618,6 +641,8 @@ impl ResourceState {
             for &(r, b) in &node.release {
                 let u = &mut s.usage[r as usize];
                 *u = u.saturating_sub(b);
+                let most = &mut s.most_freed[r as usize];
+                *most = (*most).max(b);
                 let last = &mut s.last_release[r as usize];
                 match last.iter_mut().position(|e| e.is_none_or(|(m, _, _)| m == node.model_stage)) {
                     Some(k) => last[k] = Some((node.model_stage, i, b)),
