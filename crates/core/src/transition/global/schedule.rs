@@ -4,12 +4,13 @@
 //! Earliest start first: among the ready nodes that fit, the one that can start first (after
 //! its predecessors and its ranks' earlier nodes) runs next; ties go to Destroys, then to the
 //! longest remaining path, then to stage order generation → inference → training. Ready nodes
-//! sit in a heap keyed by their earliest start, which only grows, so stale keys are refreshed
-//! when popped; a node that does not fit waits on the ranks that block it until something is
-//! freed there.
+//! are keyed by their earliest start ([`ready`]), which only grows, so stale keys are refreshed
+//! when they come first; a node that does not fit waits on the ranks that block it until
+//! something is freed there.
 
 use petgraph::graph::NodeIndex;
 use petgraph::Direction;
+use rustc_hash::FxHashMap;
 
 use super::{stage_rank, BuildWork, EdgeKind, NodeTiming, ResourceState, Schedule, TransitionDag, TransitionError};
 use crate::index_list::format_index_list;
@@ -137,11 +138,10 @@ impl<'d> ListScheduler<'d> {
     /// Schedules every node, or says which one is blocked and why; and what the pass visited,
     /// either way.
     pub fn run(mut self) -> (Result<Scheduled, TransitionError>, BuildWork) {
-        while let Some((start_bits, tie)) = self.ready.peek() {
+        while let Some((start_bits, tie)) = self.ready.pop() {
             self.work.node_visits += 1;
             let i = self.by_priority[(tie & POSITION) as usize];
             let start = self.earliest_start(i);
-            self.ready.pop();
             if start.to_bits() > start_bits {
                 // A stale key is put back under the node's start now. (Each ready node has one
                 // key and its own tie rank, so the keys are distinct and the order is that of
@@ -264,20 +264,41 @@ fn priorities(dag: &TransitionDag, work: &mut BuildWork) -> (Vec<usize>, Vec<u64
     let n = dag.graph.node_count();
     let bottom = dag.bottom_levels(work);
     work.node_visits += 2 * n as u64;
-    // One integer per node that orders as the comparison would: the longest path's bits in
-    // `total_cmp` order, flipped (longest first), above the stage rank, above the index. Nodes
-    // of one kind in one model-stage share their longest path and come in index order, so the
-    // keys are a few long ascending runs, which the (run-merging) stable sort takes in
-    // near-linear time. (The indices make every key distinct: any sort gives this order.)
-    let key = |(i, node): (usize, &super::Node)| {
+    // The order of (longest path, longest first; stage rank) as one integer per node: the
+    // path's bits in `total_cmp` order, flipped, above the stage rank.
+    let class_key = |i: usize, node: &super::Node| {
         let bits = bottom[i].to_bits();
         let ordered = if bits >> 63 == 1 { !bits } else { bits | 1 << 63 };
-        let stage = stage_rank(node.model_stage.stage) as u128;
-        (u128::from(!ordered) << 64) | stage << 32 | i as u128
+        (u128::from(!ordered) << 64) | stage_rank(node.model_stage.stage) as u128
     };
-    let mut keys: Vec<u128> = dag.graph.node_weights().enumerate().map(key).collect();
-    keys.sort();
-    let by_priority: Vec<usize> = keys.iter().map(|&k| k as u32 as usize).collect();
+    // A transition has a handful of such classes (a kind of node of a model-stage), met in
+    // runs of consecutive nodes: a counting sort lays the nodes out class by class, each class
+    // in index order, asking a map only where a run begins.
+    let mut classes: FxHashMap<u128, usize> = FxHashMap::default();
+    let mut run = (u128::MAX, 0);
+    let mut class_of = Vec::with_capacity(n);
+    for (i, node) in dag.graph.node_weights().enumerate() {
+        let key = class_key(i, node);
+        if key != run.0 {
+            let next = classes.len();
+            run = (key, *classes.entry(key).or_insert(next));
+        }
+        class_of.push(run.1);
+    }
+    let mut sizes = vec![0; classes.len()];
+    class_of.iter().for_each(|&c| sizes[c] += 1);
+    let mut sorted: Vec<(u128, usize)> = classes.into_iter().collect();
+    sorted.sort_unstable();
+    let (mut first, mut at) = (vec![0; sizes.len()], 0);
+    for &(_, c) in &sorted {
+        first[c] = at;
+        at += sizes[c];
+    }
+    let mut by_priority = vec![0; n];
+    for (i, &c) in class_of.iter().enumerate() {
+        by_priority[first[c]] = i;
+        first[c] += 1;
+    }
     let mut tie = vec![0u64; n];
     for (position, &i) in by_priority.iter().enumerate() {
         let destroy = matches!(dag.graph[NodeIndex::new(i)].primitive, Primitive::Destroy { .. });

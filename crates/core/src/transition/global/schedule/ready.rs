@@ -39,10 +39,16 @@ struct Current {
 }
 
 impl Current {
-    fn least(&self) -> Option<u64> {
-        match (self.sorted.get(self.next), self.since.peek()) {
-            (Some(&a), Some(&Reverse(b))) => Some(a.min(b)),
-            (a, b) => a.copied().or(b.map(|r| r.0)),
+    /// Removes and returns the least tie rank.
+    fn pop(&mut self) -> Option<u64> {
+        let sorted = self.sorted.get(self.next).copied();
+        match (sorted, self.since.peek()) {
+            (Some(a), Some(&Reverse(b))) if b < a => self.since.pop().map(|r| r.0),
+            (Some(a), _) => {
+                self.next += 1;
+                Some(a)
+            }
+            (None, _) => self.since.pop().map(|r| r.0),
         }
     }
 }
@@ -92,12 +98,12 @@ impl ReadyQueue {
         bucket
     }
 
-    /// The least key, `(start, tie)`.
-    pub fn peek(&mut self) -> Option<(u64, u64)> {
+    /// Removes and returns the least key, `(start, tie)`.
+    pub fn pop(&mut self) -> Option<(u64, u64)> {
         loop {
-            if let Some(current) = &self.current {
-                if let Some(least) = current.least() {
-                    return Some((current.start, least));
+            if let Some(current) = &mut self.current {
+                if let Some(tie) = current.pop() {
+                    return Some((current.start, tie));
                 }
             }
             // The least start's bucket is empty: the next start's comes first, sorted now. Its
@@ -114,17 +120,6 @@ impl ReadyQueue {
             // few ascending runs, which the (run-merging) stable sort takes in near-linear time.
             sorted.sort();
             self.current = Some(Current { start, sorted, next: 0, since: BinaryHeap::new() });
-        }
-    }
-
-    /// Removes the least key (the one [`ReadyQueue::peek`] gave).
-    pub fn pop(&mut self) {
-        let current = self.current.as_mut().expect("pop after peek");
-        let least = current.least();
-        if least.is_some() && current.sorted.get(current.next).copied() == least {
-            current.next += 1;
-        } else {
-            current.since.pop();
         }
     }
 }
@@ -150,16 +145,13 @@ mod tests {
                 model.push((start, t));
             } else {
                 model.sort_unstable();
-                assert_eq!(queue.peek(), Some(model[0]));
-                queue.pop();
-                model.remove(0);
+                assert_eq!(queue.pop(), Some(model.remove(0)));
             }
         }
         model.sort_unstable();
         for key in model {
-            assert_eq!(queue.peek(), Some(key));
-            queue.pop();
+            assert_eq!(queue.pop(), Some(key));
         }
-        assert_eq!(queue.peek(), None);
+        assert_eq!(queue.pop(), None);
     }
 }
