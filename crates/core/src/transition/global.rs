@@ -181,17 +181,21 @@ pub struct BuildWork {
     pub node_visits: u64,
     /// Edges followed or looked up, over every pass.
     pub edge_visits: u64,
+    /// Units looked at while the local DAGs are built and gathered
+    /// ([`LocalDag::unit_visits`](super::local::LocalDag::unit_visits), and one each).
+    pub unit_visits: u64,
 }
 
 impl BuildWork {
-    /// Node visits and edge visits together.
+    /// Node, edge and unit visits together.
     pub fn total(&self) -> u64 {
-        self.node_visits + self.edge_visits
+        self.node_visits + self.edge_visits + self.unit_visits
     }
 
     fn add(&mut self, other: BuildWork) {
         self.node_visits += other.node_visits;
         self.edge_visits += other.edge_visits;
+        self.unit_visits += other.unit_visits;
     }
 }
 
@@ -316,6 +320,7 @@ impl TransitionDag {
         let mut initial = Vec::new();
         let mut targets = BTreeMap::new();
         let mut locals = Vec::with_capacity(current.placements.len());
+        let mut unit_visits = 0;
         for placement in &current.placements {
             let ms = placement.candidate.model_stage;
             let goal = target
@@ -328,6 +333,7 @@ impl TransitionDag {
                 (0..goal.candidate.dp as usize).map(|r| (goal.candidate.layout, goal.replica(r))).collect();
             let mut local = local_dag(&cur, &want, &mut next);
             initial.extend(cur.iter().map(|u| u.id));
+            unit_visits += local.unit_visits + (cur.len() + local.units.len()) as u64;
             for u in cur.into_iter().chain(std::mem::take(&mut local.units)) {
                 units.push(u);
             }
@@ -351,7 +357,7 @@ impl TransitionDag {
                 graph.add_edge(NodeIndex::new(base + a), NodeIndex::new(base + b), EdgeKind::Local);
             }
         }
-        let work = BuildWork { node_visits: nodes as u64, edge_visits: edges as u64 };
+        let work = BuildWork { node_visits: nodes as u64, edge_visits: edges as u64, unit_visits };
         let mut dag = TransitionDag {
             graph,
             units,

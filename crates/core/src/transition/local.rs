@@ -99,6 +99,10 @@ pub struct LocalDag {
     pub units: Vec<Unit>,
     /// Target units, as they will exist at the end (ids of kept or created units).
     pub targets: Vec<UnitId>,
+    /// Units looked at while building it, counted by each phase as it goes (a unit counts each
+    /// time a phase looks at it): its share of the transition's
+    /// [`BuildWork`](super::global::BuildWork).
+    pub unit_visits: u64,
 }
 
 fn gcd(a: u32, b: u32) -> u32 {
@@ -134,7 +138,8 @@ pub fn local_dag(current: &[Unit], target: &[(Layout, &[i32])], next: &mut usize
         current.iter().all(|c| goal.contains(&(c.layout, c.ranks.as_slice())))
     };
     if unchanged {
-        return LocalDag { targets: current.iter().map(|c| c.id).collect(), ..LocalDag::default() };
+        let unit_visits = (current.len() + target.len()) as u64;
+        return LocalDag { targets: current.iter().map(|c| c.id).collect(), unit_visits, ..LocalDag::default() };
     }
     let (t, t_star) = (current[0].layout, target[0].0);
     let sub = Layout::new(gcd(t.tp, t_star.tp), gcd(t.pp, t_star.pp));
@@ -156,6 +161,9 @@ fn build(current: &[Unit], target: &[(Layout, &[i32])], sub: Layout, next: &mut 
     b.dag.units.reserve(count + target.len());
     b.dag.edges.reserve(2 * count + b.available.len());
     let kept = b.kept(&needed);
+    // Splitting the targets looks at each and at every sub-unit they need, and so does indexing
+    // those for the available units, each looked up once.
+    b.dag.unit_visits += (target.len() + 2 * count + b.available.len()) as u64;
     let (producer, feeds) = b.extend(&needed, &kept);
     b.destroy(&kept, &feeds);
     b.merge(target, &needed, &producer, &feeds);
@@ -288,6 +296,7 @@ impl Builder<'_> {
 
     /// Split: every current unit not already in `sub` becomes its sub-units.
     fn split(&mut self) {
+        self.dag.unit_visits += self.current.len() as u64;
         for c in self.current {
             if c.layout == self.sub {
                 self.available.push((c.id, None));
@@ -319,6 +328,9 @@ impl Builder<'_> {
     /// (kept units first: they outlive the transition). Returns who produces each needed
     /// sub-unit and the Extends each available unit feeds.
     fn extend(&mut self, needed: &Needed, kept: &[Option<usize>]) -> (Vec<Made>, Feeds) {
+        // Each needed sub-unit once, each available one twice to order them, once more to map
+        // the kept ones.
+        self.dag.unit_visits += (needed.count() + 3 * self.available.len()) as u64;
         let mut producer: Vec<Option<Made>> = vec![None; needed.count()];
         for (i, k) in kept.iter().enumerate() {
             if let Some(k) = k {
@@ -352,6 +364,7 @@ impl Builder<'_> {
 
     /// Destroy what no target needs, after the Extends it feeds.
     fn destroy(&mut self, kept: &[Option<usize>], feeds: &Feeds) {
+        self.dag.unit_visits += (self.available.len() + feeds.nodes.len()) as u64;
         for (i, &(id, made_by)) in self.available.iter().enumerate() {
             if kept[i].is_some() {
                 continue;
@@ -382,6 +395,8 @@ impl Builder<'_> {
     /// Merge each target from its parts (a target in `sub` is its one part).
     fn merge(&mut self, target: &[(Layout, &[i32])], needed: &Needed, producer: &[Made], feeds: &Feeds) {
         let (base, index_of) = (self.current[0].id.0, self.available_index());
+        // Indexing the available units, then each target and each of its parts.
+        self.dag.unit_visits += (self.available.len() + target.len() + producer.len()) as u64;
         let mut k = 0;
         for &(layout, ranks) in target {
             let count = if layout == self.sub { 1 } else { (layout.size() / self.sub.size()) as usize };
@@ -406,6 +421,7 @@ impl Builder<'_> {
                 // A kept part may also be an Extend's source: the Merge consumes it only after.
                 let available = part.0.checked_sub(base).and_then(|j| index_of.get(j)).filter(|&&i| i != usize::MAX);
                 if let Some(&i) = available {
+                    self.dag.unit_visits += feeds.of_unit(i).len() as u64;
                     for &extend in feeds.of_unit(i) {
                         self.dag.edges.push((extend, node));
                     }

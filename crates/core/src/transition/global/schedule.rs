@@ -105,7 +105,8 @@ impl<'d> ListScheduler<'d> {
         for edge in dag.graph.raw_edges() {
             waiting[edge.target().index()] += 1;
         }
-        let mut work = BuildWork { node_visits: 2 * n as u64, edge_visits: dag.graph.edge_count() as u64 };
+        let mut work =
+            BuildWork { node_visits: 2 * n as u64, edge_visits: dag.graph.edge_count() as u64, ..BuildWork::default() };
         let (by_priority, tie) = priorities(dag, &mut work);
         let mut scheduler = ListScheduler {
             dag,
