@@ -181,17 +181,21 @@ pub struct BuildWork {
     pub node_visits: u64,
     /// Edges followed or looked up, over every pass.
     pub edge_visits: u64,
+    /// Units looked at while the local DAGs are built and gathered
+    /// ([`LocalDag::unit_visits`](super::local::LocalDag::unit_visits), and one each).
+    pub unit_visits: u64,
 }
 
 impl BuildWork {
-    /// Node visits and edge visits together.
+    /// Node, edge and unit visits together.
     pub fn total(&self) -> u64 {
-        self.node_visits + self.edge_visits
+        self.node_visits + self.edge_visits + self.unit_visits
     }
 
     fn add(&mut self, other: BuildWork) {
         self.node_visits += other.node_visits;
         self.edge_visits += other.edge_visits;
+        self.unit_visits += other.unit_visits;
     }
 }
 
@@ -216,31 +220,48 @@ pub struct TransitionDag {
 
 /// Every unit of a transition, indexed by its id (ids are dense, in creation order).
 #[derive(Debug, Clone, Default)]
-pub struct Units(Vec<Unit>);
+pub struct Units {
+    units: Vec<Unit>,
+    /// One more than the highest rank of any unit so far (kept as units come: every pass
+    /// sizes its per-rank state by it).
+    pool: usize,
+}
 
 impl Units {
     fn push(&mut self, unit: Unit) {
-        debug_assert_eq!(unit.id.0, self.0.len(), "unit ids are dense and in creation order");
-        self.0.push(unit);
+        debug_assert_eq!(unit.id.0, self.units.len(), "unit ids are dense and in creation order");
+        let highest = unit.ranks.iter().copied().max().map_or(0, |r| r as usize + 1);
+        self.pool = self.pool.max(highest);
+        self.units.push(unit);
     }
 
     /// One more than the highest rank any unit uses.
     pub fn pool(&self) -> usize {
-        self.0.iter().flat_map(|u| u.ranks.iter().copied()).max().map_or(0, |r| r as usize + 1)
+        self.pool
+    }
+
+    /// How many units.
+    pub fn len(&self) -> usize {
+        self.units.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.units.is_empty()
     }
 }
 
 impl std::ops::Index<UnitId> for Units {
     type Output = Unit;
     fn index(&self, id: UnitId) -> &Unit {
-        &self.0[id.0]
+        &self.units[id.0]
     }
 }
 
 impl std::ops::Index<&UnitId> for Units {
     type Output = Unit;
     fn index(&self, id: &UnitId) -> &Unit {
-        &self.0[id.0]
+        &self.units[id.0]
     }
 }
 
@@ -275,54 +296,7 @@ impl TransitionDag {
                 )));
             }
         }
-        let mut next = 0;
-        let mut units = Units::default();
-        let mut initial = Vec::new();
-        let mut graph: DiGraph<Node, EdgeKind> = DiGraph::new();
-        let mut targets = BTreeMap::new();
-        let mut work = BuildWork::default();
-        for placement in &current.placements {
-            let ms = placement.candidate.model_stage;
-            let goal = target
-                .placements
-                .iter()
-                .find(|p| p.candidate.model_stage == ms)
-                .ok_or_else(|| TransitionError::Mismatch(format!("{ms} has no target")))?;
-            let cur = units_of(placement, &mut next);
-            let want: Vec<(Layout, Vec<i32>)> =
-                (0..goal.candidate.dp as usize).map(|r| (goal.candidate.layout, goal.replica(r).to_vec())).collect();
-            let local = local_dag(&cur, &want, &mut next);
-            initial.extend(cur.iter().map(|u| u.id));
-            for u in cur.into_iter().chain(local.units) {
-                units.push(u);
-            }
-            let base = graph.node_count();
-            work.node_visits += local.nodes.len() as u64;
-            graph.reserve_nodes(local.nodes.len());
-            graph.reserve_edges(local.edges.len());
-            for p in local.nodes {
-                let node = make_node(p, ms, &units, bytes, links);
-                graph.add_node(node);
-            }
-            work.edge_visits += local.edges.len() as u64;
-            for (a, b) in &local.edges {
-                graph.add_edge(NodeIndex::new(base + a), NodeIndex::new(base + b), EdgeKind::Local);
-            }
-            targets.insert(ms, local.targets);
-        }
-        if target.placements.len() != current.placements.len() {
-            return Err(TransitionError::Mismatch("different numbers of model-stages".into()));
-        }
-        let mut dag = TransitionDag {
-            graph,
-            units,
-            initial,
-            targets,
-            resource_edges: 0,
-            schedule: Schedule { order: vec![], timings: vec![], seconds: 0.0, peak_bytes: 0 },
-            work,
-        };
-        dag.copy_fused_pairs_once(bytes, links);
+        let mut dag = TransitionDag::build(current, target, &mut Shards::new(bytes), links)?;
         // Staging through host memory is the fallback of a transition blocked by memory, not
         // a choice among equals: only when the plain schedule is blocked.
         match dag.schedule(bytes, links, cross_model_stage, None) {
@@ -334,6 +308,69 @@ impl TransitionDag {
         Ok(dag)
     }
 
+    /// Every model-stage's local DAG, as one graph of costed nodes (not yet scheduled).
+    fn build(
+        current: &Plan,
+        target: &Plan,
+        shards: &mut Shards,
+        links: &Links,
+    ) -> Result<TransitionDag, TransitionError> {
+        let mut next = 0;
+        let mut units = Units::default();
+        let mut initial = Vec::new();
+        let mut targets = BTreeMap::new();
+        let mut locals = Vec::with_capacity(current.placements.len());
+        let mut unit_visits = 0;
+        for placement in &current.placements {
+            let ms = placement.candidate.model_stage;
+            let goal = target
+                .placements
+                .iter()
+                .find(|p| p.candidate.model_stage == ms)
+                .ok_or_else(|| TransitionError::Mismatch(format!("{ms} has no target")))?;
+            let cur = units_of(placement, &mut next);
+            let want: Vec<(Layout, &[i32])> =
+                (0..goal.candidate.dp as usize).map(|r| (goal.candidate.layout, goal.replica(r))).collect();
+            let mut local = local_dag(&cur, &want, &mut next);
+            initial.extend(cur.iter().map(|u| u.id));
+            unit_visits += local.unit_visits + (cur.len() + local.units.len()) as u64;
+            for u in cur.into_iter().chain(std::mem::take(&mut local.units)) {
+                units.push(u);
+            }
+            targets.insert(ms, std::mem::take(&mut local.targets));
+            locals.push((ms, local));
+        }
+        if target.placements.len() != current.placements.len() {
+            return Err(TransitionError::Mismatch("different numbers of model-stages".into()));
+        }
+        // Every local DAG is known before the graph is made: its storage is sized once.
+        let nodes = locals.iter().map(|(_, l)| l.nodes.len()).sum();
+        let edges = locals.iter().map(|(_, l)| l.edges.len()).sum();
+        let mut graph: DiGraph<Node, EdgeKind> = DiGraph::with_capacity(nodes, edges);
+        let machine = Machine::new(links, units.pool());
+        for (ms, local) in locals {
+            let base = graph.node_count();
+            for p in local.nodes {
+                graph.add_node(make_node(p, ms, &units, shards, &machine));
+            }
+            for (a, b) in &local.edges {
+                graph.add_edge(NodeIndex::new(base + a), NodeIndex::new(base + b), EdgeKind::Local);
+            }
+        }
+        let work = BuildWork { node_visits: nodes as u64, edge_visits: edges as u64, unit_visits };
+        let mut dag = TransitionDag {
+            graph,
+            units,
+            initial,
+            targets,
+            resource_edges: 0,
+            schedule: Schedule { order: vec![], timings: vec![], seconds: 0.0, peak_bytes: 0 },
+            work,
+        };
+        dag.copy_fused_pairs_once(shards, &machine);
+        Ok(dag)
+    }
+
     /// The Splits whose parts all go, and go only, into one Merge (no Extend copies a part, no
     /// Destroy frees one), mapped to that Merge: the pair is one layout change on the same ranks,
     /// run as one redistribution so that nothing the Merge would discard crosses ranks.
@@ -342,10 +379,55 @@ impl TransitionDag {
     }
 
     /// [`TransitionDag::fused_splits`], counting its visits into `work`: one pass over the nodes
-    /// to index the Merges by their sorted parts and the units an Extend or Destroy uses, one to
-    /// look each Split up.
+    /// to index the Merges by their smallest part and the units an Extend or Destroy uses, one
+    /// to look each Split up.
     fn fused_pairs(&self, work: &mut BuildWork) -> BTreeMap<usize, usize> {
         work.node_visits += 2 * self.graph.node_count() as u64;
+        let mut used_elsewhere = vec![false; self.units.len()];
+        // Per unit: the first Merge (in node order) whose smallest part it is. A Split's parts
+        // are a Merge's exactly when their smallest part leads to a Merge with the same parts.
+        let mut by_smallest = vec![usize::MAX; self.units.len()];
+        let (mut theirs, mut ours) = (Vec::new(), Vec::new());
+        for (j, node) in self.graph.node_weights().enumerate() {
+            match &node.primitive {
+                Primitive::Extend { source, .. } => used_elsewhere[source.0] = true,
+                Primitive::Destroy { unit } => used_elsewhere[unit.0] = true,
+                Primitive::Merge { parts, .. } => {
+                    let Some(smallest) = parts.iter().min() else { return self.fused_pairs_by_sets() };
+                    let first = by_smallest[smallest.0];
+                    if first == usize::MAX {
+                        by_smallest[smallest.0] = j;
+                    } else if !same_units(self.parts_of(first), parts, &mut theirs, &mut ours) {
+                        // Two different Merges share a unit (no planned DAG does): index by
+                        // every set of parts instead.
+                        return self.fused_pairs_by_sets();
+                    }
+                }
+                Primitive::Split { .. } => {}
+            }
+        }
+        let mut fused = BTreeMap::new();
+        for (i, node) in self.graph.node_weights().enumerate() {
+            let Primitive::Split { parts, .. } = &node.primitive else { continue };
+            let Some(j) = parts.iter().min().map(|p| by_smallest[p.0]).filter(|&j| j != usize::MAX) else { continue };
+            if same_units(self.parts_of(j), parts, &mut theirs, &mut ours) && !parts.iter().any(|p| used_elsewhere[p.0])
+            {
+                fused.insert(i, j);
+            }
+        }
+        fused
+    }
+
+    /// The parts of Merge node `j`.
+    fn parts_of(&self, j: usize) -> &[UnitId] {
+        match &self.graph[NodeIndex::new(j)].primitive {
+            Primitive::Merge { parts, .. } => parts,
+            _ => &[],
+        }
+    }
+
+    /// [`TransitionDag::fused_pairs`] for any DAG: Merges indexed by their sorted parts.
+    fn fused_pairs_by_sets(&self) -> BTreeMap<usize, usize> {
         let mut used_elsewhere: FxHashSet<UnitId> = FxHashSet::default();
         // The first Merge of each set of parts, as a scan in node order would find it.
         let mut merges: FxHashMap<Vec<UnitId>, usize> = FxHashMap::default();
@@ -364,13 +446,9 @@ impl TransitionDag {
             }
         }
         let mut fused = BTreeMap::new();
-        let mut key = Vec::new();
         for (i, node) in self.graph.node_weights().enumerate() {
             let Primitive::Split { parts, .. } = &node.primitive else { continue };
-            key.clear();
-            key.extend_from_slice(parts);
-            key.sort_unstable();
-            if let Some(&j) = merges.get(key.as_slice()).filter(|_| !parts.iter().any(|p| used_elsewhere.contains(p))) {
+            if let Some(&j) = merges.get(&sorted(parts)).filter(|_| !parts.iter().any(|p| used_elsewhere.contains(p))) {
                 fused.insert(i, j);
             }
         }
@@ -382,15 +460,15 @@ impl TransitionDag {
     /// part of it and slicing the rest from its old shard (on a CPU node both are copies by its
     /// core, at about the same rate), where the two nodes priced apart copy most bytes twice.
     /// Their durations stay as priced apart (the critical path).
-    fn copy_fused_pairs_once(&mut self, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64, links: &Links) {
+    fn copy_fused_pairs_once(&mut self, shards: &mut Shards, machine: &Machine) {
         let mut work = BuildWork::default();
         let fused = self.fused_pairs(&mut work);
         self.work.add(work);
         for (split, merge) in fused {
             let Primitive::Merge { merged, .. } = &self.graph[NodeIndex::new(merge)].primitive else { continue };
             let unit = &self.units[merged];
-            let bw = slowest_link(links, &unit.ranks);
-            let copying = per_rank(unit, bytes).into_iter().map(|(r, b)| (r, b as f64 / bw)).collect();
+            let bw = machine.slowest_link(&unit.ranks);
+            let copying = shards.per_rank(unit).into_iter().map(|(r, b)| (r, b as f64 / bw)).collect();
             self.graph[NodeIndex::new(split)].copying = copying;
             self.graph[NodeIndex::new(merge)].copying.clear();
         }
@@ -430,11 +508,23 @@ impl TransitionDag {
 
     /// Longest path from each node to the end of the local DAG, its own duration included.
     fn bottom_levels(&self, work: &mut BuildWork) -> Vec<f64> {
-        let mut level = vec![0.0f64; self.graph.node_count()];
-        let order = petgraph::algo::toposort(&self.graph, None).expect("local DAGs are acyclic");
-        // The sort visits every node and edge once, and so does the sweep.
-        work.node_visits += 2 * self.graph.node_count() as u64;
-        work.edge_visits += 2 * self.graph.edge_count() as u64;
+        let n = self.graph.node_count();
+        let mut level = vec![0.0f64; n];
+        // A local DAG's phases come in node order (Splits, Extends, Destroys, Merges), and its
+        // edges only go from one phase to a later one: then the node order is topological and
+        // no sort is needed. The check follows every edge once, a sort every node and edge.
+        work.edge_visits += self.graph.edge_count() as u64;
+        let forward = self.graph.raw_edges().iter().all(|e| e.source() < e.target());
+        let order: Vec<NodeIndex> = if forward {
+            (0..n).map(NodeIndex::new).collect()
+        } else {
+            work.node_visits += n as u64;
+            work.edge_visits += self.graph.edge_count() as u64;
+            petgraph::algo::toposort(&self.graph, None).expect("local DAGs are acyclic")
+        };
+        // The sweep visits every node and edge once.
+        work.node_visits += n as u64;
+        work.edge_visits += self.graph.edge_count() as u64;
         for &i in order.iter().rev() {
             let below =
                 self.graph.neighbors_directed(i, Direction::Outgoing).map(|s| level[s.index()]).fold(0.0, f64::max);
@@ -451,8 +541,10 @@ impl TransitionDag {
     /// Bytes each rank of the pool holds before the transition (the current plan's units).
     pub fn initial_bytes(&self, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64) -> Vec<u64> {
         let mut usage = vec![0; self.units.pool()];
+        let mut shards = Shards::new(bytes);
         for id in &self.initial {
-            for (r, b) in per_rank(&self.units[id], bytes) {
+            let unit = &self.units[id];
+            for (&r, &b) in unit.ranks.iter().zip(shards.of(unit.model_stage, unit.layout)) {
                 usage[r as usize] += b;
             }
         }
@@ -475,6 +567,9 @@ struct ResourceState {
     usage: Vec<u64>,
     /// Per rank: the latest node of each model-stage that freed bytes there.
     last_release: Vec<[Option<(ModelStage, usize, u64)>; MAX_MODEL_STAGES]>,
+    /// Per rank: the most bytes any release there freed, at least what each of its
+    /// `last_release` freed (an acquisition that fits beside that needs none of them).
+    most_freed: Vec<u64>,
     peak: u64,
 }
 
@@ -491,7 +586,8 @@ impl ResourceState {
         let usage = dag.initial_bytes(bytes);
         let pool = usage.len();
         let peak = usage.iter().copied().max().unwrap_or(0);
-        ResourceState { capacity, cross, usage, last_release: vec![[None; MAX_MODEL_STAGES]; pool], peak }
+        let last_release = vec![[None; MAX_MODEL_STAGES]; pool];
+        ResourceState { capacity, cross, usage, last_release, most_freed: vec![0; pool], peak }
     }
 
     /// `Ok` if `node`'s allocations fit now (with its sources already moved to host memory
@@ -532,6 +628,13 @@ impl ResourceState {
         if self.cross {
             for &(r, b) in &node.acquire {
                 let used = self.usage[r as usize];
+                // Beside the most any release here freed it fits: it needed none of them.
+                let most = self.most_freed[r as usize];
+                let total =
+                    used.checked_add(b).and_then(|u| u.checked_add(node.transient)).and_then(|u| u.checked_add(most));
+                if total.is_some_and(|total| total <= self.capacity) {
+                    continue;
+                }
                 for &(other, d, freed) in self.last_release[r as usize].iter().flatten() {
                     let needed = used + b + node.transient + freed > self.capacity;
                     if other != node.model_stage && needed && !deps.contains(&d) {
@@ -544,6 +647,8 @@ impl ResourceState {
             for &(r, b) in &node.release {
                 let u = &mut s.usage[r as usize];
                 *u = u.saturating_sub(b);
+                let most = &mut s.most_freed[r as usize];
+                *most = (*most).max(b);
                 let last = &mut s.last_release[r as usize];
                 match last.iter_mut().position(|e| e.is_none_or(|(m, _, _)| m == node.model_stage)) {
                     Some(k) => last[k] = Some((node.model_stage, i, b)),
@@ -569,73 +674,122 @@ fn node_of(links: &Links, r: i32) -> i32 {
     r / links.devices_per_node as i32
 }
 
-/// Bytes/s of the slowest link between `ranks`: a node's own, or between nodes.
-fn slowest_link(links: &Links, ranks: &[i32]) -> f64 {
-    let one_node = ranks.iter().all(|&r| node_of(links, r) == node_of(links, ranks[0]));
-    if one_node {
-        links.intra_bytes_per_s
-    } else {
-        links.inter_bytes_per_s
+/// The links, and which node each rank of the pool is on: pricing the nodes asks it of every
+/// rank they copy between, a division each otherwise.
+struct Machine<'l> {
+    links: &'l Links,
+    node: Vec<i32>,
+}
+
+impl<'l> Machine<'l> {
+    fn new(links: &'l Links, pool: usize) -> Machine<'l> {
+        Machine { links, node: (0..pool as i32).map(|r| node_of(links, r)).collect() }
     }
-}
 
-fn per_rank(unit: &Unit, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64) -> Vec<(i32, u64)> {
-    let mut out = Vec::with_capacity(unit.ranks.len());
-    per_rank_into(unit, bytes, &mut out);
-    out
-}
+    fn node_of(&self, r: i32) -> i32 {
+        usize::try_from(r).ok().and_then(|k| self.node.get(k)).copied().unwrap_or_else(|| node_of(self.links, r))
+    }
 
-/// [`per_rank`] of `unit`, appended to `out`.
-fn per_rank_into(unit: &Unit, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64, out: &mut Vec<(i32, u64)>) {
-    // Ranks are TP-fastest and TP positions of a stage hold equal shards: ask once per stage.
-    let mut stage = (u32::MAX, 0);
-    out.extend(unit.ranks.iter().enumerate().map(|(k, &r)| {
-        let p = unit.layout.position(k);
-        if stage.0 != p.pp {
-            stage = (p.pp, bytes(unit.model_stage, unit.layout, p));
+    /// Bytes/s between ranks `a` and `b`.
+    fn link(&self, a: i32, b: i32) -> f64 {
+        if self.node_of(a) == self.node_of(b) {
+            self.links.intra_bytes_per_s
+        } else {
+            self.links.inter_bytes_per_s
         }
-        (r, stage.1)
-    }));
+    }
+
+    /// Bytes/s of the slowest link between `ranks`: a node's own, or between nodes.
+    fn slowest_link(&self, ranks: &[i32]) -> f64 {
+        let one_node = ranks.iter().all(|&r| self.node_of(r) == self.node_of(ranks[0]));
+        if one_node {
+            self.links.intra_bytes_per_s
+        } else {
+            self.links.inter_bytes_per_s
+        }
+    }
 }
 
-/// [`per_rank`] of every unit of `ids`, one after another.
-fn per_rank_of_all(
-    ids: &[UnitId],
-    units: &Units,
-    bytes: &dyn Fn(ModelStage, Layout, Position) -> u64,
-) -> Vec<(i32, u64)> {
-    let mut out = Vec::with_capacity(ids.iter().map(|id| units[id].ranks.len()).sum());
-    for id in ids {
-        per_rank_into(&units[id], bytes, &mut out);
+/// Bytes each rank of `unit` holds.
+#[cfg(test)]
+fn per_rank(unit: &Unit, bytes: &dyn Fn(ModelStage, Layout, Position) -> u64) -> Vec<(i32, u64)> {
+    Shards::new(bytes).per_rank(unit)
+}
+
+/// The state bytes of every unit's positions, from `bytes` asked once per model-stage, layout
+/// and pipeline stage: units of one layout of one model-stage hold the same shards whatever
+/// their ranks, and a transition of thousands of units has a handful of layouts.
+struct Shards<'b> {
+    bytes: &'b dyn Fn(ModelStage, Layout, Position) -> u64,
+    /// Per (model-stage, layout) asked for: the bytes of each position, in rank-list order.
+    known: Vec<(ModelStage, Layout, Vec<u64>)>,
+    /// The entries of `known` asked for last, latest first (units come in runs of one layout, or
+    /// of two in turn: a Merge's target and its parts).
+    recent: [usize; 2],
+}
+
+impl<'b> Shards<'b> {
+    fn new(bytes: &'b dyn Fn(ModelStage, Layout, Position) -> u64) -> Shards<'b> {
+        Shards { bytes, known: Vec::new(), recent: [0; 2] }
     }
-    out
+
+    /// The bytes of each position of a `layout` unit of `ms`, in rank-list order.
+    fn of(&mut self, ms: ModelStage, layout: Layout) -> &[u64] {
+        let hit = |(m, l, _): &(ModelStage, Layout, Vec<u64>)| *m == ms && *l == layout;
+        if !self.known.get(self.recent[0]).is_some_and(hit) {
+            let k = if self.known.get(self.recent[1]).is_some_and(hit) {
+                self.recent[1]
+            } else if let Some(k) = self.known.iter().position(hit) {
+                k
+            } else {
+                // Ranks are TP-fastest and TP positions of a stage hold equal shards: ask once per
+                // stage, at its first position.
+                let stages: Vec<u64> =
+                    (0..layout.pp).map(|pp| (self.bytes)(ms, layout, Position { tp: 0, pp })).collect();
+                let positions = (0..layout.size() as usize).map(|k| stages[layout.position(k).pp as usize]);
+                self.known.push((ms, layout, positions.collect()));
+                self.known.len() - 1
+            };
+            self.recent = [k, self.recent[0]];
+        }
+        &self.known[self.recent[0]].2
+    }
+
+    /// Bytes each rank of `unit` holds, appended to `out`.
+    fn per_rank_into(&mut self, unit: &Unit, out: &mut Vec<(i32, u64)>) {
+        let shard = self.of(unit.model_stage, unit.layout);
+        out.extend(unit.ranks.iter().zip(shard).map(|(&r, &b)| (r, b)));
+    }
+
+    /// Bytes each rank of `unit` holds.
+    fn per_rank(&mut self, unit: &Unit) -> Vec<(i32, u64)> {
+        let mut out = Vec::with_capacity(unit.ranks.len());
+        self.per_rank_into(unit, &mut out);
+        out
+    }
+
+    /// [`Shards::per_rank`] of every unit of `ids`, one after another.
+    fn per_rank_of_all(&mut self, ids: &[UnitId], units: &Units) -> Vec<(i32, u64)> {
+        let mut out = Vec::with_capacity(ids.iter().map(|id| units[id].ranks.len()).sum());
+        for id in ids {
+            self.per_rank_into(&units[id], &mut out);
+        }
+        out
+    }
 }
 
 /// A node with its rank set, memory effects and estimated duration.
-fn make_node(
-    p: Primitive,
-    ms: ModelStage,
-    units: &Units,
-    bytes: &dyn Fn(ModelStage, Layout, Position) -> u64,
-    links: &Links,
-) -> Node {
-    let u = |id: &UnitId| &units[id];
-    let bw = |a: i32, b: i32| {
-        if node_of(links, a) == node_of(links, b) {
-            links.intra_bytes_per_s
-        } else {
-            links.inter_bytes_per_s
-        }
-    };
+fn make_node(p: Primitive, ms: ModelStage, units: &Units, shards: &mut Shards, machine: &Machine) -> Node {
+    let (u, links) = (|id: &UnitId| &units[id], machine.links);
     let mut transient = 0;
     let mut copying = Vec::new();
     let (acquire, release, seconds) = match &p {
         Primitive::Split { source, parts } => {
             let src = u(source);
-            let acquire = per_rank_of_all(parts, units, bytes);
-            let held = per_rank(src, bytes);
+            let acquire = shards.per_rank_of_all(parts, units);
+            let held = shards.per_rank(src);
             // Each rank receives what its new shard has beyond its old one, from its unit's ranks.
-            let slowest_bw = slowest_link(links, &src.ranks);
+            let slowest_bw = machine.slowest_link(&src.ranks);
             // At most: the largest new shard less the smallest old one.
             let largest_new = acquire.iter().map(|(_, b)| *b).max().unwrap_or(0);
             let smallest_old = held.iter().map(|(_, b)| *b).min().unwrap_or(0);
@@ -650,25 +804,39 @@ fn make_node(
         }
         Primitive::Extend { source, copy } => {
             let (src, dst) = (u(source), u(copy));
-            let acquire = per_rank(dst, bytes);
-            copying = acquire.iter().zip(&src.ranks).map(|((r, b), s)| (*r, *b as f64 / bw(*s, *r))).collect();
+            let acquire = shards.per_rank(dst);
+            copying =
+                acquire.iter().zip(&src.ranks).map(|((r, b), s)| (*r, *b as f64 / machine.link(*s, *r))).collect();
             let secs = copying.iter().map(|(_, t)| *t).fold(0.0, f64::max) + links.setup_seconds;
             (acquire, vec![], secs)
         }
         Primitive::Merge { parts, merged } => {
             let m = u(merged);
-            let acquire = per_rank(m, bytes);
-            let release = per_rank_of_all(parts, units, bytes);
+            let acquire = shards.per_rank(m);
+            let release = shards.per_rank_of_all(parts, units);
             copying = acquire.iter().map(|(r, b)| (*r, *b as f64 / links.memory_bytes_per_s)).collect();
             let secs = copying.iter().map(|(_, t)| *t).fold(0.0, f64::max);
             (acquire, release, secs)
         }
         Primitive::Destroy { unit } => {
             let x = u(unit);
-            (vec![], per_rank(x, bytes), 0.0)
+            (vec![], shards.per_rank(x), 0.0)
         }
     };
     Node { primitive: p, model_stage: ms, acquire, release, seconds, transient, staged: false, copying }
+}
+
+/// Whether `a` and `b` hold the same units (as multisets), sorted into the two buffers.
+fn same_units(a: &[UnitId], b: &[UnitId], a_sorted: &mut Vec<UnitId>, b_sorted: &mut Vec<UnitId>) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    for (items, out) in [(a, &mut *a_sorted), (b, &mut *b_sorted)] {
+        out.clear();
+        out.extend_from_slice(items);
+        out.sort_unstable();
+    }
+    a_sorted == b_sorted
 }
 
 /// `items` in ascending order (ranks, unit ids).

@@ -99,6 +99,10 @@ pub struct LocalDag {
     pub units: Vec<Unit>,
     /// Target units, as they will exist at the end (ids of kept or created units).
     pub targets: Vec<UnitId>,
+    /// Units looked at while building it, counted by each phase as it goes (a unit counts each
+    /// time a phase looks at it): its share of the transition's
+    /// [`BuildWork`](super::global::BuildWork).
+    pub unit_visits: u64,
 }
 
 fn gcd(a: u32, b: u32) -> u32 {
@@ -127,11 +131,15 @@ pub fn units_of(placement: &Placement, next: &mut usize) -> Vec<Unit> {
 
 /// Builds the local DAG turning `current` units into units laid out as `target`
 /// (`(layout, ranks)` per replica); new unit ids come from `next`.
-pub fn local_dag(current: &[Unit], target: &[(Layout, Vec<i32>)], next: &mut usize) -> LocalDag {
-    let goal: HashSet<(Layout, &Vec<i32>)> = target.iter().map(|(l, r)| (*l, r)).collect();
-    let unchanged = current.len() == target.len() && current.iter().all(|c| goal.contains(&(c.layout, &c.ranks)));
+pub fn local_dag(current: &[Unit], target: &[(Layout, &[i32])], next: &mut usize) -> LocalDag {
+    // Different numbers of units cannot be the same units: no set to build then.
+    let unchanged = current.len() == target.len() && {
+        let goal: HashSet<(Layout, &[i32])> = target.iter().copied().collect();
+        current.iter().all(|c| goal.contains(&(c.layout, c.ranks.as_slice())))
+    };
     if unchanged {
-        return LocalDag { targets: current.iter().map(|c| c.id).collect(), ..LocalDag::default() };
+        let unit_visits = (current.len() + target.len()) as u64;
+        return LocalDag { targets: current.iter().map(|c| c.id).collect(), unit_visits, ..LocalDag::default() };
     }
     let (t, t_star) = (current[0].layout, target[0].0);
     let sub = Layout::new(gcd(t.tp, t_star.tp), gcd(t.pp, t_star.pp));
@@ -142,19 +150,117 @@ pub fn local_dag(current: &[Unit], target: &[(Layout, Vec<i32>)], next: &mut usi
 /// sub-units no current unit already is, Destroy what no target needs, Merge each target.
 /// Intermediate units of one model-stage may share ranks (memory is what the global schedule
 /// checks); only the target units must be disjoint, as the plan says.
-fn build(current: &[Unit], target: &[(Layout, Vec<i32>)], sub: Layout, next: &mut usize) -> LocalDag {
+fn build(current: &[Unit], target: &[(Layout, &[i32])], sub: Layout, next: &mut usize) -> LocalDag {
     let mut b = Builder { current, sub, first_new: *next, next, dag: LocalDag::default(), available: Vec::new() };
     b.split();
-    let needed: Vec<Vec<Vec<i32>>> = target
-        .iter()
-        .map(|(layout, ranks)| if *layout == sub { vec![ranks.clone()] } else { split_ranks_of(*layout, ranks, sub) })
-        .collect();
-    let flat: Vec<&[i32]> = needed.iter().flatten().map(Vec::as_slice).collect();
-    let kept = b.kept(&flat);
-    let (producer, feeds) = b.extend(&flat, &kept);
+    let needed = Needed::of(target, sub);
+    // Every needed sub-unit is kept or extended, every available one kept or destroyed, and
+    // each target not in `sub` merged: room for all of them up front.
+    let count = needed.count();
+    b.dag.nodes.reserve(count + b.available.len() + target.len());
+    b.dag.units.reserve(count + target.len());
+    b.dag.edges.reserve(2 * count + b.available.len());
+    let kept = b.kept(&needed);
+    // Splitting the targets looks at each and at every sub-unit they need, and so does indexing
+    // those for the available units, each looked up once.
+    b.dag.unit_visits += (target.len() + 2 * count + b.available.len()) as u64;
+    let (producer, feeds) = b.extend(&needed, &kept);
     b.destroy(&kept, &feeds);
     b.merge(target, &needed, &producer, &feeds);
     b.dag
+}
+
+/// The ranks of the sub-units every target splits into, target after target, in one vector:
+/// each sub-unit has `sub.size()` ranks.
+struct Needed {
+    ranks: Vec<i32>,
+    size: usize,
+}
+
+impl Needed {
+    /// The sub-units of `target` in `sub`, as [`split_ranks_of`] orders them (a target already
+    /// in `sub` is its own sub-unit).
+    fn of(target: &[(Layout, &[i32])], sub: Layout) -> Needed {
+        let size = sub.size() as usize;
+        let mut ranks = Vec::with_capacity(target.iter().map(|(_, r)| r.len()).sum());
+        // Which of a target's positions each sub-unit takes, in order: the split of the
+        // positions themselves, once per layout (the targets of a model-stage share theirs).
+        let mut split: Option<(Layout, Vec<usize>)> = None;
+        for &(layout, replica) in target {
+            if layout == sub {
+                ranks.extend_from_slice(replica);
+                continue;
+            }
+            if split.as_ref().is_none_or(|(l, _)| *l != layout) {
+                let positions: Vec<i32> = (0..layout.size() as i32).collect();
+                let order = split_ranks_of(layout, &positions, sub).into_iter().flatten().map(|k| k as usize);
+                split = Some((layout, order.collect()));
+            }
+            let (_, order) = split.as_ref().expect("set above");
+            ranks.extend(order.iter().map(|&k| replica[k]));
+        }
+        Needed { ranks, size }
+    }
+
+    /// Per rank: the sub-unit that has it (`u32::MAX`: none); `None` when some rank is in two
+    /// places or is negative (not a plan's targets: then only a comparison of whole rank lists
+    /// tells which sub-unit a unit is).
+    fn owners(&self) -> Option<Vec<u32>> {
+        let highest = self.ranks.iter().copied().max().unwrap_or(0);
+        let mut owner = vec![u32::MAX; usize::try_from(highest).ok()? + 1];
+        for (k, ranks) in self.ranks.chunks(self.size).enumerate() {
+            for &r in ranks {
+                let slot = owner.get_mut(usize::try_from(r).ok()?)?;
+                if *slot != u32::MAX {
+                    return None;
+                }
+                *slot = k as u32;
+            }
+        }
+        Some(owner)
+    }
+
+    /// How many sub-units.
+    fn count(&self) -> usize {
+        self.ranks.len() / self.size
+    }
+
+    /// The ranks of sub-unit `k`.
+    fn ranks(&self, k: usize) -> &[i32] {
+        &self.ranks[k * self.size..(k + 1) * self.size]
+    }
+}
+
+/// Per available sub-unit, the Extends it feeds (node indices, ascending), all in one vector.
+struct Feeds {
+    /// Where each available sub-unit's Extends begin in `nodes` (one more entry at the end).
+    start: Vec<usize>,
+    nodes: Vec<usize>,
+}
+
+impl Feeds {
+    /// From `(available sub-unit, Extend)` pairs in the order the Extends were made.
+    fn of(available: usize, pairs: &[(usize, usize)]) -> Feeds {
+        let mut start = vec![0; available + 1];
+        for &(src, _) in pairs {
+            start[src + 1] += 1;
+        }
+        for i in 0..available {
+            start[i + 1] += start[i];
+        }
+        let mut fill = start.clone();
+        let mut nodes = vec![0; pairs.len()];
+        for &(src, node) in pairs {
+            nodes[fill[src]] = node;
+            fill[src] += 1;
+        }
+        Feeds { start, nodes }
+    }
+
+    /// The Extends available sub-unit `i` feeds.
+    fn of_unit(&self, i: usize) -> &[usize] {
+        &self.nodes[self.start[i]..self.start[i + 1]]
+    }
 }
 
 /// A unit and the node that made it (`None`: it existed before the transition).
@@ -190,6 +296,7 @@ impl Builder<'_> {
 
     /// Split: every current unit not already in `sub` becomes its sub-units.
     fn split(&mut self) {
+        self.dag.unit_visits += self.current.len() as u64;
         for c in self.current {
             if c.layout == self.sub {
                 self.available.push((c.id, None));
@@ -203,17 +310,28 @@ impl Builder<'_> {
         }
     }
 
-    /// Per available sub-unit: which needed sub-unit (index into `flat`) it already is.
-    fn kept(&self, flat: &[&[i32]]) -> Vec<Option<usize>> {
-        let slot: HashMap<&[i32], usize> = flat.iter().enumerate().map(|(k, r)| (*r, k)).collect();
-        self.available.iter().map(|(id, _)| slot.get(self.ranks_of(*id)).copied()).collect()
+    /// Per available sub-unit: which needed sub-unit it already is.
+    fn kept(&self, needed: &Needed) -> Vec<Option<usize>> {
+        let Some(owner) = needed.owners() else {
+            let slot: HashMap<&[i32], usize> = (0..needed.count()).map(|k| (needed.ranks(k), k)).collect();
+            return self.available.iter().map(|(id, _)| slot.get(self.ranks_of(*id)).copied()).collect();
+        };
+        // Needed sub-units share no rank: the only one a unit can be owns its first rank.
+        let is = |ranks: &[i32]| {
+            let k = *owner.get(*ranks.first()? as usize)?;
+            (k != u32::MAX && needed.ranks(k as usize) == ranks).then_some(k as usize)
+        };
+        self.available.iter().map(|(id, _)| is(self.ranks_of(*id))).collect()
     }
 
     /// Extend: each needed sub-unit nobody is yet, copied from an available one in rotation
     /// (kept units first: they outlive the transition). Returns who produces each needed
-    /// sub-unit and, per available unit, the Extends it feeds.
-    fn extend(&mut self, flat: &[&[i32]], kept: &[Option<usize>]) -> (Vec<Made>, Vec<Vec<usize>>) {
-        let mut producer: Vec<Option<Made>> = vec![None; flat.len()];
+    /// sub-unit and the Extends each available unit feeds.
+    fn extend(&mut self, needed: &Needed, kept: &[Option<usize>]) -> (Vec<Made>, Feeds) {
+        // Each needed sub-unit once, each available one twice to order them, once more to map
+        // the kept ones.
+        self.dag.unit_visits += (needed.count() + 3 * self.available.len()) as u64;
+        let mut producer: Vec<Option<Made>> = vec![None; needed.count()];
         for (i, k) in kept.iter().enumerate() {
             if let Some(k) = k {
                 producer[*k] = Some(self.available[i]);
@@ -221,28 +339,32 @@ impl Builder<'_> {
         }
         let mut ordered: Vec<usize> = (0..self.available.len()).filter(|&i| kept[i].is_some()).collect();
         ordered.extend((0..self.available.len()).filter(|&i| kept[i].is_none()));
-        let mut feeds: Vec<Vec<usize>> = vec![Vec::new(); self.available.len()];
+        let mut feeds = Vec::with_capacity(needed.count());
+        // The next source in rotation (counted round, not divided: a division per Extend costs
+        // more than the rest of choosing its source).
         let mut rotation = 0;
-        for (k, ranks) in flat.iter().enumerate() {
-            if producer[k].is_some() {
+        for (k, made) in producer.iter_mut().enumerate() {
+            if made.is_some() {
                 continue;
             }
-            let src = ordered[rotation % ordered.len()];
-            rotation += 1;
-            let copy = self.fresh(self.sub, ranks.to_vec());
+            let src = ordered[rotation];
+            rotation = if rotation + 1 == ordered.len() { 0 } else { rotation + 1 };
+            let copy = self.fresh(self.sub, needed.ranks(k).to_vec());
             let node = self.dag.nodes.len();
             self.dag.nodes.push(Primitive::Extend { source: self.available[src].0, copy });
             if let Some(split) = self.available[src].1 {
                 self.dag.edges.push((split, node));
             }
-            feeds[src].push(node);
-            producer[k] = Some((copy, Some(node)));
+            feeds.push((src, node));
+            *made = Some((copy, Some(node)));
         }
-        (producer.into_iter().map(|p| p.expect("every needed unit is produced")).collect(), feeds)
+        let producer = producer.into_iter().map(|p| p.expect("every needed unit is produced")).collect();
+        (producer, Feeds::of(self.available.len(), &feeds))
     }
 
     /// Destroy what no target needs, after the Extends it feeds.
-    fn destroy(&mut self, kept: &[Option<usize>], feeds: &[Vec<usize>]) {
+    fn destroy(&mut self, kept: &[Option<usize>], feeds: &Feeds) {
+        self.dag.unit_visits += (self.available.len() + feeds.nodes.len()) as u64;
         for (i, &(id, made_by)) in self.available.iter().enumerate() {
             if kept[i].is_some() {
                 continue;
@@ -252,32 +374,44 @@ impl Builder<'_> {
             if let Some(split) = made_by {
                 self.dag.edges.push((split, node));
             }
-            for &extend in &feeds[i] {
+            for &extend in feeds.of_unit(i) {
                 self.dag.edges.push((extend, node));
             }
         }
     }
 
+    /// Per unit id from the first current one's: its index among the available sub-units
+    /// (`usize::MAX`: not available), for the ids below the Extends' copies.
+    fn available_index(&self) -> Vec<usize> {
+        let base = self.current[0].id.0;
+        let end = self.available.iter().map(|(id, _)| id.0 + 1).max().unwrap_or(base);
+        let mut index = vec![usize::MAX; end - base];
+        for (i, (id, _)) in self.available.iter().enumerate() {
+            index[id.0 - base] = i;
+        }
+        index
+    }
+
     /// Merge each target from its parts (a target in `sub` is its one part).
-    fn merge(
-        &mut self,
-        target: &[(Layout, Vec<i32>)],
-        needed: &[Vec<Vec<i32>>],
-        producer: &[Made],
-        feeds: &[Vec<usize>],
-    ) {
-        let index_of: HashMap<UnitId, usize> = self.available.iter().enumerate().map(|(i, (id, _))| (*id, i)).collect();
+    fn merge(&mut self, target: &[(Layout, &[i32])], needed: &Needed, producer: &[Made], feeds: &Feeds) {
+        let (base, index_of) = (self.current[0].id.0, self.available_index());
+        // Indexing the available units, then each target and each of its parts.
+        self.dag.unit_visits += (self.available.len() + target.len() + producer.len()) as u64;
         let mut k = 0;
-        for ((layout, ranks), parts) in target.iter().zip(needed) {
-            let part_ids = &producer[k..k + parts.len()];
-            k += parts.len();
-            if *layout == self.sub {
+        for &(layout, ranks) in target {
+            let count = if layout == self.sub { 1 } else { (layout.size() / self.sub.size()) as usize };
+            let part_ids = &producer[k..k + count];
+            if layout == self.sub {
+                k += count;
                 self.dag.targets.push(part_ids[0].0);
                 continue;
             }
-            let merged = self.fresh(*layout, ranks.clone());
-            let part_ranks: Vec<&[i32]> = parts.iter().map(Vec::as_slice).collect();
-            debug_assert_eq!(merge_ranks_of(self.sub, &part_ranks, *layout), *ranks);
+            let merged = self.fresh(layout, ranks.to_vec());
+            debug_assert_eq!(
+                merge_ranks_of(self.sub, &(k..k + count).map(|j| needed.ranks(j)).collect::<Vec<_>>(), layout),
+                ranks
+            );
+            k += count;
             let node = self.dag.nodes.len();
             self.dag.nodes.push(Primitive::Merge { parts: part_ids.iter().map(|(id, _)| *id).collect(), merged });
             for (part, made_by) in part_ids {
@@ -285,8 +419,10 @@ impl Builder<'_> {
                     self.dag.edges.push((*n, node));
                 }
                 // A kept part may also be an Extend's source: the Merge consumes it only after.
-                if let Some(&i) = index_of.get(part) {
-                    for &extend in &feeds[i] {
+                let available = part.0.checked_sub(base).and_then(|j| index_of.get(j)).filter(|&&i| i != usize::MAX);
+                if let Some(&i) = available {
+                    self.dag.unit_visits += feeds.of_unit(i).len() as u64;
+                    for &extend in feeds.of_unit(i) {
                         self.dag.edges.push((extend, node));
                     }
                 }

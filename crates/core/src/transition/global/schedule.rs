@@ -4,22 +4,51 @@
 //! Earliest start first: among the ready nodes that fit, the one that can start first (after
 //! its predecessors and its ranks' earlier nodes) runs next; ties go to Destroys, then to the
 //! longest remaining path, then to stage order generation → inference → training. Ready nodes
-//! sit in a heap keyed by their earliest start, which only grows, so stale keys are refreshed
-//! when popped; a node that does not fit waits on the ranks that block it until something is
-//! freed there.
+//! are keyed by their earliest start ([`ready`]), which only grows, so stale keys are refreshed
+//! when they come first; a node that does not fit waits on the ranks that block it until
+//! something is freed there.
 
 use petgraph::graph::NodeIndex;
 use petgraph::Direction;
-use std::cmp::Reverse;
-use std::collections::binary_heap::PeekMut;
-use std::collections::BinaryHeap;
+use rustc_hash::FxHashMap;
 
 use super::{stage_rank, BuildWork, EdgeKind, NodeTiming, ResourceState, Schedule, TransitionDag, TransitionError};
 use crate::index_list::format_index_list;
 use crate::transition::local::Primitive;
 
-/// A heap key: (earliest start's bits, tie-break rank), smallest first.
-type Key = Reverse<(u64, u64)>;
+mod ready;
+
+use ready::ReadyQueue;
+
+/// The tie rank's bits of a key (the node's position in priority order, below the Destroy bit).
+const POSITION: u64 = !(1 << 63);
+
+/// Every node's ranks ([`Node::ranks`](super::Node::ranks)), one node after another in one
+/// vector: looked up at every pop, refreshed key and placement.
+struct NodeRanks {
+    /// Where each node's ranks begin in `ranks` (one more entry at the end).
+    start: Vec<u32>,
+    ranks: Vec<u32>,
+}
+
+impl NodeRanks {
+    fn of(dag: &TransitionDag) -> NodeRanks {
+        let n = dag.graph.node_count();
+        let mut start = Vec::with_capacity(n + 1);
+        let mut ranks = Vec::with_capacity(2 * n);
+        start.push(0);
+        for node in dag.graph.node_weights() {
+            ranks.extend(node.ranks(&dag.units).map(|r| r as u32));
+            start.push(ranks.len() as u32);
+        }
+        NodeRanks { start, ranks }
+    }
+
+    /// The ranks of node `i`.
+    fn of_node(&self, i: usize) -> &[u32] {
+        &self.ranks[self.start[i] as usize..self.start[i + 1] as usize]
+    }
+}
 
 /// One scheduling pass over a DAG.
 pub(super) struct ListScheduler<'d> {
@@ -35,13 +64,16 @@ pub(super) struct ListScheduler<'d> {
     finish: Vec<f64>,
     /// Per rank: when its last scheduled node finishes.
     rank_free: Vec<f64>,
+    ranks: NodeRanks,
     /// Nodes by tie-break priority; a key's low bits index this.
     by_priority: Vec<usize>,
     /// Per node: its tie-break rank (not-Destroy in the top bit, then its priority position).
     tie: Vec<u64>,
-    heap: BinaryHeap<Key>,
+    ready: ReadyQueue,
     /// Per rank: nodes blocked by memory there.
     blocked_on: Vec<Vec<usize>>,
+    /// Entries in `blocked_on`, all ranks together (none: nothing to wake).
+    blocked_entries: usize,
     is_blocked: Vec<bool>,
     first_block: Option<(usize, Vec<i32>, String)>,
     order: Vec<usize>,
@@ -69,21 +101,27 @@ impl<'d> ListScheduler<'d> {
     pub fn new(dag: &'d TransitionDag, state: ResourceState, stage_to_host: Option<f64>) -> Self {
         let n = dag.graph.node_count();
         let pool = state.usage.len();
-        let incoming = |i: usize| dag.graph.neighbors_directed(NodeIndex::new(i), Direction::Incoming).count();
-        let mut work = BuildWork { node_visits: n as u64, edge_visits: dag.graph.edge_count() as u64 };
+        let mut waiting = vec![0; n];
+        for edge in dag.graph.raw_edges() {
+            waiting[edge.target().index()] += 1;
+        }
+        let mut work =
+            BuildWork { node_visits: 2 * n as u64, edge_visits: dag.graph.edge_count() as u64, ..BuildWork::default() };
         let (by_priority, tie) = priorities(dag, &mut work);
         let mut scheduler = ListScheduler {
             dag,
             state,
             stage_to_host,
-            waiting: (0..n).map(incoming).collect(),
+            waiting,
             preds_finish: vec![0.0; n],
             finish: vec![0.0; n],
             rank_free: vec![0.0; pool],
+            ranks: NodeRanks::of(dag),
             by_priority,
             tie,
-            heap: BinaryHeap::new(),
+            ready: ReadyQueue::default(),
             blocked_on: vec![Vec::new(); pool],
+            blocked_entries: 0,
             is_blocked: vec![false; n],
             first_block: None,
             order: Vec::with_capacity(n),
@@ -92,33 +130,26 @@ impl<'d> ListScheduler<'d> {
             staged: vec![None; n],
             work,
         };
-        scheduler.heap = (0..n).filter(|&i| scheduler.waiting[i] == 0).map(|i| scheduler.key(i, 0.0)).collect();
+        for i in (0..n).filter(|&i| scheduler.waiting[i] == 0) {
+            scheduler.ready.push(0.0f64.to_bits(), scheduler.tie[i]);
+        }
         scheduler
     }
 
     /// Schedules every node, or says which one is blocked and why; and what the pass visited,
     /// either way.
     pub fn run(mut self) -> (Result<Scheduled, TransitionError>, BuildWork) {
-        loop {
-            // The heap is taken out while its top is looked at, and put back before `place`
-            // pushes onto it.
-            let mut heap = std::mem::take(&mut self.heap);
-            let Some(mut top) = heap.peek_mut() else { break };
-            let Reverse((start_bits, tie_bits)) = *top;
+        while let Some((start_bits, tie)) = self.ready.pop() {
             self.work.node_visits += 1;
-            let i = self.by_priority[(tie_bits & !(1 << 63)) as usize];
+            let i = self.by_priority[(tie & POSITION) as usize];
             let start = self.earliest_start(i);
             if start.to_bits() > start_bits {
-                // A stale key is refreshed in place: one sift down instead of a pop and a push.
-                // (Each ready node has one entry and its own tie rank, so the keys are distinct
-                // and the order is that of the keys alone.)
-                *top = self.key(i, start);
-                drop(top);
-                self.heap = heap;
+                // A stale key is put back under the node's start now. (Each ready node has one
+                // key and its own tie rank, so the keys are distinct and the order is that of
+                // the keys alone.)
+                self.ready.push(start.to_bits(), tie);
                 continue;
             }
-            PeekMut::pop(top);
-            self.heap = heap;
             if self.admit(i) {
                 self.place(i, start);
             }
@@ -138,21 +169,16 @@ impl<'d> ListScheduler<'d> {
         (Ok(scheduled), work)
     }
 
-    fn key(&self, i: usize, start: f64) -> Key {
-        // Starts are non-negative, so their bits order like the numbers.
-        Reverse((start.to_bits(), self.tie[i]))
-    }
-
-    /// Puts node `i` on the heap, keyed by when it could start now.
+    /// Puts node `i` among the ready ones, keyed by when it could start now.
     fn push_ready(&mut self, i: usize) {
+        // Starts are non-negative, so their bits order like the numbers.
         let start = self.earliest_start(i);
-        self.heap.push(self.key(i, start));
+        self.ready.push(start.to_bits(), self.tie[i]);
     }
 
     /// When ready node `i` could start: after its predecessors and its ranks' earlier nodes.
     fn earliest_start(&self, i: usize) -> f64 {
-        let node = &self.dag.graph[NodeIndex::new(i)];
-        node.ranks(&self.dag.units).map(|r| self.rank_free[r as usize]).fold(self.preds_finish[i], f64::max)
+        self.ranks.of_node(i).iter().map(|&r| self.rank_free[r as usize]).fold(self.preds_finish[i], f64::max)
     }
 
     /// Whether node `i` fits now (staged through host memory if it must and may); a node that
@@ -166,6 +192,7 @@ impl<'d> ListScheduler<'d> {
                 for &r in &ranks {
                     self.blocked_on[r as usize].push(i);
                 }
+                self.blocked_entries += ranks.len();
                 self.is_blocked[i] = true;
                 self.first_block.get_or_insert((i, ranks, reason));
                 return false;
@@ -188,12 +215,17 @@ impl<'d> ListScheduler<'d> {
         let added = self.deps.iter().copied().filter(|&d| !graph.contains_edge(NodeIndex::new(d), NodeIndex::new(i)));
         self.new_edges.extend(added.map(|d| (d, i)));
         self.finish[i] = begin + node.seconds + self.staged[i].unwrap_or(0.0);
-        for r in node.ranks(&dag.units) {
+        for &r in self.ranks.of_node(i) {
             self.rank_free[r as usize] = self.finish[i];
         }
         // Whatever waited on a rank this node freed may fit now.
         for &(r, _) in &node.release {
-            for j in std::mem::take(&mut self.blocked_on[r as usize]) {
+            if self.blocked_entries == 0 {
+                break;
+            }
+            let waiting = std::mem::take(&mut self.blocked_on[r as usize]);
+            self.blocked_entries -= waiting.len();
+            for j in waiting {
                 self.work.node_visits += 1;
                 if self.is_blocked[j] {
                     self.is_blocked[j] = false;
@@ -233,9 +265,41 @@ fn priorities(dag: &TransitionDag, work: &mut BuildWork) -> (Vec<usize>, Vec<u64
     let n = dag.graph.node_count();
     let bottom = dag.bottom_levels(work);
     work.node_visits += 2 * n as u64;
-    let stage = |i: usize| stage_rank(dag.graph[NodeIndex::new(i)].model_stage.stage);
-    let mut by_priority: Vec<usize> = (0..n).collect();
-    by_priority.sort_by(|&a, &b| bottom[b].total_cmp(&bottom[a]).then(stage(a).cmp(&stage(b))).then(a.cmp(&b)));
+    // The order of (longest path, longest first; stage rank) as one integer per node: the
+    // path's bits in `total_cmp` order, flipped, above the stage rank.
+    let class_key = |i: usize, node: &super::Node| {
+        let bits = bottom[i].to_bits();
+        let ordered = if bits >> 63 == 1 { !bits } else { bits | 1 << 63 };
+        (u128::from(!ordered) << 64) | stage_rank(node.model_stage.stage) as u128
+    };
+    // A transition has a handful of such classes (a kind of node of a model-stage), met in
+    // runs of consecutive nodes: a counting sort lays the nodes out class by class, each class
+    // in index order, asking a map only where a run begins.
+    let mut classes: FxHashMap<u128, usize> = FxHashMap::default();
+    let mut run = (u128::MAX, 0);
+    let mut class_of = Vec::with_capacity(n);
+    for (i, node) in dag.graph.node_weights().enumerate() {
+        let key = class_key(i, node);
+        if key != run.0 {
+            let next = classes.len();
+            run = (key, *classes.entry(key).or_insert(next));
+        }
+        class_of.push(run.1);
+    }
+    let mut sizes = vec![0; classes.len()];
+    class_of.iter().for_each(|&c| sizes[c] += 1);
+    let mut sorted: Vec<(u128, usize)> = classes.into_iter().collect();
+    sorted.sort_unstable();
+    let (mut first, mut at) = (vec![0; sizes.len()], 0);
+    for &(_, c) in &sorted {
+        first[c] = at;
+        at += sizes[c];
+    }
+    let mut by_priority = vec![0; n];
+    for (i, &c) in class_of.iter().enumerate() {
+        by_priority[first[c]] = i;
+        first[c] += 1;
+    }
     let mut tie = vec![0u64; n];
     for (position, &i) in by_priority.iter().enumerate() {
         let destroy = matches!(dag.graph[NodeIndex::new(i)].primitive, Primitive::Destroy { .. });
