@@ -1,7 +1,7 @@
 //! The user's data for an RL job, and nothing that touches a rank:
 //!
-//! - [`records`]: prompt files (JSON lines) read into records with named, possibly nested fields,
-//!   every error naming the file, the line and the field;
+//! - [`records`]: prompt files (JSON lines, Parquet) read into records with named, possibly
+//!   nested fields, every error naming the file, the line and the field;
 //! - [`text`]: the model directory's tokenizer (`tokenizer.json`), chat template and special
 //!   tokens, rendering chat messages into the token ids a prompt starts from;
 //! - [`reward`]: rewards over text — rules (`math`, `exact`) and external scorer commands;
