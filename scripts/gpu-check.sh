@@ -204,7 +204,7 @@ echo "== 7. bench calibration on the CPU cores, one rank per core (issue 29's qu
 # carries across layouts (docs/cost-model.md, "Calibration"); a machine with a core per rank is
 # the quiet machine the floors were set for. The GPU is not used.
 # Detection would take the GPU as the device: the CPU node is written out as detection describes
-# one (crates/exec/src/topology/detect.rs: a device per rank, 2 GHz × 32 f32 FLOP a cycle a core).
+# one (crates/topology/src/detect.rs: a device per rank, 2 GHz × 32 f32 FLOP a cycle a core).
 cores=$(nproc)
 cat > "$out/cpu-node.toml" <<TOML
 [cluster]

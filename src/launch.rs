@@ -101,7 +101,7 @@ pub fn spmd(
 pub fn needs_mpi(command: &str) -> u8 {
     eprintln!(
         "nereus: error: `nereus {command}` runs on MPI ranks, and this binary was built without the `mpi` feature \
-         (a planner-only build: plan, simulate, trace and inspect config); rebuild with the default features \
+         (a planner-only build: plan, simulate, trace, inspect config, data, reward and model import-gguf); rebuild with the default features \
          (`cargo build --release`, which needs MPI, hwloc and libclang)"
     );
     EXIT_USAGE

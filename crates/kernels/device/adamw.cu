@@ -6,7 +6,7 @@
 
 // One tensor of the fused AdamW: f32 master weights, moments and gradient, the bf16 working copy
 // it rewrites, and its own weight decay (0 for norms). Mirrors `AdamTensor` in
-// crates/exec/src/backend/sources.rs (56 bytes).
+// crates/kernels/src/args.rs (56 bytes).
 struct NereusAdamTensor {
   float* param;
   float* m;

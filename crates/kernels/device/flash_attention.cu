@@ -1,4 +1,4 @@
-// kernels/flash_attention.cu: causal grouped-query attention on tensor cores, forward and
+// flash_attention.cu: causal grouped-query attention on tensor cores, forward and
 // backward, after FlashAttention-2 (Dao, 2023): tiles of queries stay in registers, tiles of keys
 // and values stream through shared memory, the softmax is computed online in f32 with the
 // log-sum-exp trick, and the backward pass recomputes the probabilities from the forward's
@@ -452,7 +452,7 @@ NEREUS_FLASH_ENTRY_POINTS(32, 64, 64, 64)
 NEREUS_FLASH_ENTRY_POINTS(64, 64, 64, 64)
 NEREUS_FLASH_ENTRY_POINTS(128, 64, 32, 16)
 
-// Every entry point, for the grid emulator's table (kernels/emulator/kernels.cpp).
+// Every entry point, for the grid emulator's table (crates/kernels/emulator/kernels.cpp).
 #define NEREUS_FLASH_KERNELS(X)                                                                               \
   X(nereus_flash_forward_32) X(nereus_flash_backward_dq_32) X(nereus_flash_backward_dkv_32)                   \
   X(nereus_flash_forward_64) X(nereus_flash_backward_dq_64) X(nereus_flash_backward_dkv_64)                   \

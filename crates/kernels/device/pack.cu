@@ -1,15 +1,15 @@
-// kernels/pack.cu: the rectangle copies of the GPU data plane.
+// pack.cu: the rectangle copies of the GPU data plane.
 //
 // One concern: copy R rows of C vectors of W bytes between two pitched places. The data plane
 // uses it to pack a shard rectangle into a contiguous transfer buffer (target pitch = C),
 // unpack one (source pitch = C), and slice locally (both pitched): Merge's in-place slice runs
-// it in waves whose targets never overlap their sources (crates/exec/src/backend/kernels.rs,
+// it in waves whose targets never overlap their sources (crates/kernels/src/pack.rs,
 // in_place_schedule), which is what makes `__restrict__` true.
 //
 // Legend: R rows, C row_vectors, W vector bytes (16, 8, 4, 2, 1: the widest every address and
-// pitch is a multiple of), pitches in vectors. Launch geometry: crates/exec/src/backend/kernels.rs
+// pitch is a multiple of), pitches in vectors. Launch geometry: crates/kernels/src/pack.rs
 // (rect_launch): block (x along a row, y across rows) of 256 threads, 2-D grid-stride loops.
-// Compiled with kernels/prelude.h by NVRTC, hipcc and the grid emulator (docs/kernels.md).
+// Compiled with prelude.h by NVRTC, hipcc and the grid emulator (docs/kernels.md).
 
 struct alignas(16) vec16 { u64 lo, hi; };
 struct alignas(8) vec8 { u64 v; };
@@ -43,6 +43,6 @@ NEREUS_RECT_COPY(4)
 NEREUS_RECT_COPY(2)
 NEREUS_RECT_COPY(1)
 
-// Every entry point, for the grid emulator's table (kernels/emulator/kernels.cpp).
+// Every entry point, for the grid emulator's table (crates/kernels/emulator/kernels.cpp).
 #define NEREUS_PACK_KERNELS(X) \
   X(nereus_rect_copy_16) X(nereus_rect_copy_8) X(nereus_rect_copy_4) X(nereus_rect_copy_2) X(nereus_rect_copy_1)

@@ -1,6 +1,6 @@
-// kernels/probe.cu: kernels that probe the execution model itself (barriers, shuffles, shared
+// probe.cu: kernels that probe the execution model itself (barriers, shuffles, shared
 // memory, warp width), so that the grid emulator is checked against what a device guarantees
-// (crates/exec/src/backend/grid.rs tests) and a device against the emulator (selftest kernels).
+// (crates/kernels/src/grid.rs tests) and a device against the emulator (selftest kernels).
 //
 // Legend: N threads in one block (blockDim.x), out[N] floats.
 
@@ -34,5 +34,5 @@ NEREUS_KERNEL nereus_probe_divergent_barrier(float* __restrict__ out) {
 #define NEREUS_PROBE_EMULATOR_ONLY(X)
 #endif
 
-// Every entry point, for the grid emulator's table (kernels/emulator/kernels.cpp).
+// Every entry point, for the grid emulator's table (crates/kernels/emulator/kernels.cpp).
 #define NEREUS_PROBE_KERNELS(X) X(nereus_probe_block_reverse) X(nereus_probe_reductions) NEREUS_PROBE_EMULATOR_ONLY(X)

@@ -1,5 +1,5 @@
 // kernels/sample.cu: drawing the next token from one full-vocabulary row of f32 logits, exactly
-// as the CPU engine's `sample_token` (crates/exec/src/engine/generate.rs) defines it, without
+// as the CPU engine's `sample_token` (crates/exec/src/engine/sampling.rs) defines it, without
 // sorting the vocabulary:
 //   p_i = exp((z_i − max) / T); the nucleus is the smallest set of most likely tokens (ties by
 //   lower id) whose mass reaches top_p·Σp; the token is where the nucleus's cumulative mass, in
@@ -120,5 +120,5 @@ NEREUS_KERNEL nereus_sample(int* __restrict__ tokens, const float* __restrict__ 
   }
 }
 
-// Every entry point, for the grid emulator's table (kernels/emulator/kernels.cpp).
+// Every entry point, for the grid emulator's table (crates/kernels/emulator/kernels.cpp).
 #define NEREUS_SAMPLE_KERNELS(X) X(nereus_sample)

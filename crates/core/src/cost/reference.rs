@@ -13,7 +13,7 @@
 use super::memory::{MemoryBreakdown, MemoryItem};
 use crate::model::{LocalShape, OutputHead};
 
-/// The widest head the device's flash attention kernels take (`kernels/flash_attention.cu`);
+/// The widest head the device's flash attention kernels take (`crates/kernels/device/flash_attention.cu`);
 /// wider heads run the scalar kernels, whose backward gathers `dk, dv` in f32 with atomics.
 pub const FLASH_MAX_HEAD_DIM: usize = 128;
 

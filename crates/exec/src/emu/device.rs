@@ -4,7 +4,7 @@
 //!
 //! [`DeviceMemory`] is the [`ShardMemory`]: allocations and frees are stream-ordered on the
 //! device's current stream; local slices, packs and unpacks are the rectangle-copy kernels
-//! (`kernels/pack.cu`) or the copy engine; Merge with resident targets slices the
+//! (`crates/kernels/device/pack.cu`) or the copy engine; Merge with resident targets slices the
 //! source in place. Host bytes cross only where a checkpoint, a digest or a test reads or writes
 //! a shard, through the device's pinned staging buffer. The [`GpuPlane`] moves these buffers
 //! between ranks over NCCL/RCCL ([`Exchange`]).

@@ -8,7 +8,7 @@
 //! one message, so an Extend sends each shard as one contiguous buffer per rank pair. Only
 //! non-contiguous rectangles (column blocks of row-parallel weights) are packed or unpacked
 //! through scratch. [`move_sections`] runs the plan in any [`ShardMemory`]: host memory over
-//! MPI, or device memory over NCCL/RCCL with the pack kernels of `kernels/pack.cu`.
+//! MPI, or device memory over NCCL/RCCL with the pack kernels of `crates/kernels/device/pack.cu`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;

@@ -1,4 +1,4 @@
-//! The synchronous RL step across model-stages (DESIGN.md, "One RL step"):
+//! The synchronous RL step across model-stages (docs/engine.md, "The RL step"):
 //!
 //! 1. generation — `actor/generation` replicas sample responses to their share of the prompts
 //!    (ReMax also decodes each prompt greedily for its baseline);

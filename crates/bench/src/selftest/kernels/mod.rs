@@ -1,4 +1,4 @@
-//! `nereus selftest kernels`: every engine kernel in `kernels/engine.cu`, on seeded random shapes
+//! `nereus selftest kernels`: every engine kernel in `crates/kernels/device/`, on seeded random shapes
 //! and inputs, against the f64 references of [`reference`] (whose backward passes are checked by
 //! finite differences in f64 first). On `--device emulated` (the default) the kernels run on the
 //! grid emulator at warp 32 and at warp 64; on `cuda` or `rocm`, on this rank's GPU.

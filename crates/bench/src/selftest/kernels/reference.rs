@@ -105,7 +105,7 @@ mod tests {
     }
 }
 
-/// The shapes of one attention call (the kernels' legend in `kernels/attention.cu`).
+/// The shapes of one attention call (the kernels' legend in `crates/kernels/device/attention.cu`).
 #[derive(Debug, Clone, Copy)]
 pub struct Attention {
     /// Sequences `B`.

@@ -1,5 +1,5 @@
 //! A GPU (or the grid emulator): activations in bf16, statistics, gradients and accumulations in
-//! f32, layers as the kernels of `kernels/engine.cu` and `kernels/attention.cu`, linear layers as
+//! f32, layers as the kernels of `crates/kernels/device/` (one file per op family), linear layers as
 //! the vendor GEMMs ([`crate::backend::blas`]). Every launch is enqueued on the device's current
 //! stream. The tensor-parallel sums (bf16) and the pipeline's transfers run on the plane's
 //! device collectives in the same stream order, as the data-parallel gradient sum does
