@@ -11,7 +11,7 @@ use nereus_core::cost::Hardware;
 use nereus_core::model::{Layout, Position};
 use nereus_core::plan::ModelStage;
 use nereus_core::transition::testing::{base_planner, replanned_pair, whole_memory_links, Sizer};
-use nereus_core::transition::TransitionDag;
+use nereus_core::transition::{Coordination, TransitionDag};
 
 fn transition_planning(c: &mut Criterion) {
     let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../configs/llama3.1-8b-ppo.toml"));
@@ -28,7 +28,7 @@ fn transition_planning(c: &mut Criterion) {
             // Dropping the DAG is not part of planning (`nereus bench transition-planning` does
             // not time it either).
             b.iter_with_large_drop(|| {
-                TransitionDag::plan(&from, &to, &bytes, &links, true).expect("the transition plans")
+                TransitionDag::plan(&from, &to, &bytes, &links, Coordination::Global).expect("the transition plans")
             });
         });
     }

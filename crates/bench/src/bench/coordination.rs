@@ -42,7 +42,7 @@ use nereus_core::plan::{Candidate, ModelStage, Placement, Plan, Recompute, Role,
 use nereus_core::rng::Rng;
 use nereus_core::transition::global::{check, Links};
 use nereus_core::transition::testing::{fullest_rank, tiny_catalogue};
-use nereus_core::transition::TransitionDag;
+use nereus_core::transition::{Coordination, TransitionDag};
 use nereus_exec::comm::{DataPlane, MpiPlane};
 use nereus_exec::emu::{Digest, EmuError};
 use nereus_runtime::transition::{agree_on_dag, execute, execute_in_order, Agreement};
@@ -245,7 +245,7 @@ fn trial_pair(
     };
     let delays: BTreeMap<ModelStage, f64> =
         from.placements.iter().map(|p| (p.candidate.model_stage, rng.below(1000) as f64 * 1e-4)).collect();
-    match TransitionDag::plan(&from, &to, &bytes, &links, true) {
+    match TransitionDag::plan(&from, &to, &bytes, &links, Coordination::Global) {
         Err(e) => {
             row.nereus_blocked += 1;
             row.blocked_example.get_or_insert(e.to_string());
@@ -263,7 +263,7 @@ fn trial_pair(
     // The per-component DAG (no resource edges, no memory check at planning) in the order the
     // model-stages' own delays interleave it.
     let unchecked = Links { capacity_bytes: u64::MAX / 4, ..links };
-    let alone = TransitionDag::plan(&from, &to, &bytes, &unchecked, false).map_err(|e| {
+    let alone = TransitionDag::plan(&from, &to, &bytes, &unchecked, Coordination::PerModelStage).map_err(|e| {
         RuntimeError::Usage(format!("the per-component baseline cannot plan {name}: {e}", name = OVERLAPS[kind]))
     })?;
     let order = check::delayed_order(&alone, &|ms| delays[&ms]);

@@ -27,7 +27,7 @@ use nereus_core::transition::global::{check, Links};
 use nereus_core::transition::testing::{
     base_planner, plan_pair, replanned_pair, tightest_capacity, tiny_catalogue, whole_memory_links, Sizer, SMALL_LINKS,
 };
-use nereus_core::transition::TransitionDag;
+use nereus_core::transition::{Coordination, TransitionDag};
 use nereus_runtime::{RuntimeError, Session};
 
 /// Pool sizes measured.
@@ -273,7 +273,7 @@ fn dag_instance(case: &DagCase, reps: usize, time_limit_s: f64) -> Option<DagRow
     let mut dag = None;
     for _ in 0..reps.max(1) {
         let start = Instant::now();
-        dag = Some(TransitionDag::plan(&case.from, &case.to, case.bytes, &case.links, true));
+        dag = Some(TransitionDag::plan(&case.from, &case.to, case.bytes, &case.links, Coordination::Global));
         times.push(start.elapsed().as_secs_f64());
     }
     let dag = dag?.ok()?;
@@ -343,7 +343,7 @@ fn random_dags(reps: usize, time_limit_s: f64) -> Vec<DagRow> {
         let mut rng = Rng::new(seed);
         let ranks = 4 + rng.below(61) as u32;
         let (from, to) = plan_pair(&mut rng, &tiny, ranks);
-        let Ok(dag) = TransitionDag::plan(&from, &to, &bytes, &SMALL_LINKS, true) else { continue };
+        let Ok(dag) = TransitionDag::plan(&from, &to, &bytes, &SMALL_LINKS, Coordination::Global) else { continue };
         let Some(bin) = NODE_BINS.iter().position(|&top| dag.graph.node_count() <= top) else { continue };
         if dag.graph.node_count() == 0 || kept[bin] >= PER_BIN {
             continue;

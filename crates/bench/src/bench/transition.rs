@@ -17,7 +17,7 @@ use nereus_core::model::{Layout, Position};
 use nereus_core::plan::{ModelStage, Plan};
 use nereus_core::transition::global::check;
 use nereus_core::transition::testing::{base_planner, replanned_pair, whole_memory_links, Sizer, SMALL_LINKS};
-use nereus_core::transition::TransitionDag;
+use nereus_core::transition::{Coordination, TransitionDag};
 
 use super::{machine, BenchReport, Floor};
 use nereus_runtime::{RuntimeError, Session};
@@ -132,7 +132,7 @@ fn large(config: &JobConfig, sizes: &[u32], reps: usize) -> Result<Vec<Row>, Run
         let mut last = None;
         for _ in 0..reps.max(1) {
             let start = Instant::now();
-            let dag = TransitionDag::plan(&from, &to, &bytes, &links, true);
+            let dag = TransitionDag::plan(&from, &to, &bytes, &links, Coordination::Global);
             times.push(start.elapsed().as_secs_f64());
             last = Some(dag);
         }
@@ -177,7 +177,7 @@ fn small(cases: u64) -> Vec<Row> {
         let (from, to): (Plan, Plan) = nereus_core::transition::testing::plan_pair(&mut rng, &tiny, pool);
         let links = SMALL_LINKS;
         let start = Instant::now();
-        let Ok(dag) = TransitionDag::plan(&from, &to, &bytes, &links, true) else { continue };
+        let Ok(dag) = TransitionDag::plan(&from, &to, &bytes, &links, Coordination::Global) else { continue };
         let build = start.elapsed().as_secs_f64();
         if dag.graph.node_count() == 0 || dag.graph.node_count() > 8 {
             continue;

@@ -22,7 +22,7 @@ use nereus_core::planner::{catalogues, Planner};
 use nereus_core::rng::Rng;
 use nereus_core::transition::global::Links;
 use nereus_core::transition::testing::{plan_pair, tightest_capacity, tiny_catalogue};
-use nereus_core::transition::{choose, TransitionDag, TransitionError};
+use nereus_core::transition::{choose, Coordination, TransitionDag, TransitionError};
 use nereus_exec::comm::{broadcast_bytes, DataPlane, MpiPlane};
 use nereus_exec::emu::{Counters, DeviceMemory, Digest, EmuSet, Exchange, HostMemory, LocalShard, ShardMemory};
 use nereus_runtime::device::{open_device, Plane};
@@ -270,7 +270,7 @@ fn random_case(session: &Session, rng: &mut Rng, tight: bool) -> Result<Option<C
     if tight {
         links.capacity_bytes = tightest_capacity(&pair.from, &pair.to, &bytes, &links);
     }
-    match TransitionDag::plan(&pair.from, &pair.to, &bytes, &links, true) {
+    match TransitionDag::plan(&pair.from, &pair.to, &bytes, &links, Coordination::Global) {
         Ok(dag) => Ok(Some(Case {
             dag,
             from: pair.from,

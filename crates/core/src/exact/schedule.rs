@@ -38,7 +38,7 @@ use super::{solve, Optimum};
 use crate::model::{Layout, Position};
 use crate::plan::ModelStage;
 use crate::transition::global::EdgeKind;
-use crate::transition::TransitionDag;
+use crate::transition::{Coordination, TransitionDag};
 
 /// The horizon in the model's time unit. HiGHS's tolerances are absolute (1e-7 for a row,
 /// 1e-6 for an integer): with durations of 0.1 ms a row could be violated by a node's whole
@@ -430,7 +430,7 @@ mod tests {
             let (from, to) = plan_pair(&mut rng, &c, pool);
             let tight = Links { capacity_bytes: tightest_capacity(&from, &to, &bytes, &unbounded), ..unbounded };
             for links in [unbounded, tight] {
-                let dag = TransitionDag::plan(&from, &to, &bytes, &links, true).expect("plannable");
+                let dag = TransitionDag::plan(&from, &to, &bytes, &links, Coordination::Global).expect("plannable");
                 let n = dag.graph.node_count();
                 if n == 0 || n > 8 {
                     continue;

@@ -271,18 +271,29 @@ fn stage_rank(s: Stage) -> usize {
     STAGES.iter().position(|x| *x == s).unwrap_or(0)
 }
 
+/// How far a transition's schedule looks across model-stages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Coordination {
+    /// Nereus's global DAG: release-before-acquire edges between model-stages, every rank's
+    /// memory and time shared by all of them.
+    Global,
+    /// The per-component baseline: each model-stage scheduled as if alone (no resource edges,
+    /// no check against other model-stages' memory or ranks).
+    PerModelStage,
+}
+
 impl TransitionDag {
     /// Plans the transition from `current` to `target`. `bytes(ms, layout, position)` is the
-    /// state one position of a unit holds. With `cross_model_stage = false`, each model-stage
-    /// is scheduled as if alone (the per-component baseline): no resource edges, no check
-    /// against other model-stages' memory or ranks.
+    /// state one position of a unit holds; `coordination` says whether model-stages are
+    /// scheduled together (Nereus) or each alone (the per-component baseline).
     pub fn plan(
         current: &Plan,
         target: &Plan,
         bytes: &dyn Fn(ModelStage, Layout, Position) -> u64,
         links: &Links,
-        cross_model_stage: bool,
+        coordination: Coordination,
     ) -> Result<TransitionDag, TransitionError> {
+        let cross_model_stage = coordination == Coordination::Global;
         for (name, plan) in [("current", current), ("target", target)] {
             let short = plan.placements.iter().find(|p| p.ranks.len() != (p.candidate.ranks()) as usize);
             if let Some(p) = short {

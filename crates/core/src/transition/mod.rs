@@ -20,6 +20,6 @@ pub mod local;
 pub mod target;
 pub mod testing;
 
-pub use global::{NodeTiming, Schedule, TransitionDag, TransitionError};
+pub use global::{Coordination, NodeTiming, Schedule, TransitionDag, TransitionError};
 pub use local::{Primitive, Unit, UnitId};
 pub use target::{cheaper_targets, choose, toward, TargetChoice};

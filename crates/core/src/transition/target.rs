@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 
-use super::global::{Links, TransitionDag, TransitionError};
+use super::global::{Coordination, Links, TransitionDag, TransitionError};
 use crate::model::{Layout, Position};
 use crate::plan::{ModelStage, Plan};
 use crate::planner::{PlannedJob, Planner, PlannerError};
@@ -83,7 +83,8 @@ pub fn choose(planner: &Planner, current: &Plan, links: &Links) -> Result<Target
     }
     let bytes = state_bytes(planner);
     let device_only = Links { host_bytes_per_s: None, ..*links };
-    let attempt = |target: &Plan, links: &Links| TransitionDag::plan(current, target, &bytes, links, true);
+    let attempt =
+        |target: &Plan, links: &Links| TransitionDag::plan(current, target, &bytes, links, Coordination::Global);
     let first_block = match attempt(&best.plan(), &device_only) {
         Ok(dag) => return Ok(reached(best, dag, current_seconds, 0)),
         Err(e) => e,
@@ -125,7 +126,7 @@ pub fn choose(planner: &Planner, current: &Plan, links: &Links) -> Result<Target
 /// The move from `current` to `target`, a plan of `planner`'s pool (`None` when no DAG reaches
 /// it): how a controller goes back to a plan it left.
 pub fn toward(planner: &Planner, current: &Plan, target: &Plan, links: &Links) -> Option<TargetChoice> {
-    let dag = TransitionDag::plan(current, target, &state_bytes(planner), links, true).ok()?;
+    let dag = TransitionDag::plan(current, target, &state_bytes(planner), links, Coordination::Global).ok()?;
     Some(reached(planner.evaluate(target), dag, planner.predict(current), 0))
 }
 
@@ -223,7 +224,7 @@ pub fn cheaper_targets<'a>(
     let plans = if choice.keep { Vec::new() } else { kept_in_place(planner, current, target, order) };
     plans.into_iter().filter(move |plan| planner.predict(plan) < choice.current_seconds).enumerate().filter_map(
         move |(k, plan)| {
-            let dag = TransitionDag::plan(current, &plan, &state_bytes(planner), links, true).ok()?;
+            let dag = TransitionDag::plan(current, &plan, &state_bytes(planner), links, Coordination::Global).ok()?;
             Some(reached(planner.evaluate(&plan), dag, choice.current_seconds, choice.fallback_rank + k + 1))
         },
     )

@@ -15,7 +15,7 @@ use crate::plan::{Candidate, ModelStage, Placement, Plan, Recompute, Role, Stage
 use crate::planner::{Planner, PlannerError};
 use crate::rng::Rng;
 use crate::transition::global::Links;
-use crate::transition::TransitionDag;
+use crate::transition::{Coordination, TransitionDag};
 
 /// PPO's model-stages.
 pub const MODEL_STAGES: [(Role, Stage); 6] = [
@@ -128,7 +128,9 @@ pub fn tightest_capacity(
     bytes: &dyn Fn(ModelStage, Layout, Position) -> u64,
     links: &Links,
 ) -> u64 {
-    let feasible = |c: u64| TransitionDag::plan(from, to, bytes, &Links { capacity_bytes: c, ..*links }, true).is_ok();
+    let feasible = |c: u64| {
+        TransitionDag::plan(from, to, bytes, &Links { capacity_bytes: c, ..*links }, Coordination::Global).is_ok()
+    };
     let (mut lo, mut hi) = (fullest_rank(from, bytes).max(fullest_rank(to, bytes)).saturating_sub(1), 1u64 << 40);
     while lo + 1 < hi {
         let mid = lo + (hi - lo) / 2;

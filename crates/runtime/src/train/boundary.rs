@@ -13,7 +13,7 @@ use nereus_core::policy::controller::{Action, StepRecord};
 use nereus_core::policy::TransitionKind;
 use nereus_core::record::{RankLossRecord, TransitionRecord};
 use nereus_core::transition::target::state_bytes;
-use nereus_core::transition::{global::Links, TransitionDag};
+use nereus_core::transition::{global::Links, Coordination, TransitionDag};
 use nereus_exec::comm::{max_over_ranks, DataPlane};
 use nereus_exec::emu::{EmuSet, Exchange, ShardMemory};
 use nereus_exec::engine::EngineMemory;
@@ -214,7 +214,7 @@ fn transition<M: ShardMemory, P: Exchange<M>>(
     kind: Option<TransitionKind>,
 ) -> Result<TransitionRecord, RuntimeError> {
     let links = Links::of(&planner.cost().hardware, Some(host_bytes_per_s));
-    let dag = TransitionDag::plan(from, to, &state_bytes(planner), &links, true)?;
+    let dag = TransitionDag::plan(from, to, &state_bytes(planner), &links, Coordination::Global)?;
     agree_on_dag(session.world(), session.watchdog(), &dag)?;
     let digests_before = stage_digests(plane, set)?;
     let start = Instant::now();

@@ -41,7 +41,7 @@ use nereus_core::config::Dtype;
 use nereus_core::model::{Architecture, Catalogue, Layout, OutputHead, Position};
 use nereus_core::plan::{Candidate, ModelStage, Placement, Plan, Recompute, Role, Stage};
 use nereus_core::transition::global::Links;
-use nereus_core::transition::TransitionDag;
+use nereus_core::transition::{Coordination, TransitionDag};
 use nereus_exec::comm::{DataPlane, GroupId};
 use nereus_exec::emu::{DeviceMemory, Digest, EmuSet, Exchange, HostMemory, ShardMemory};
 use nereus_runtime::device::{open_device, Plane};
@@ -285,7 +285,7 @@ impl<P: Measured + Exchange<M>, M: ShardMemory + Clone> Bench<'_, '_, P, M> {
     fn nereus(&mut self, case: &Case) -> Result<(f64, u64, u64, f64), RuntimeError> {
         let (mut set, before) = self.materialize(&case.from)?;
         let bytes = |ms: ModelStage, l: Layout, p: Position| self.state_bytes(ms, l, p);
-        let dag = TransitionDag::plan(&case.from, &case.to, &bytes, &self.links(), true)?;
+        let dag = TransitionDag::plan(&case.from, &case.to, &bytes, &self.links(), Coordination::Global)?;
         agree_on_dag(self.session.world(), self.session.watchdog(), &dag)?;
         let wait = Wait::Calm(self.session.world(), self.session.watchdog());
         let (report, seconds) = timed(self.plane, self.all, wait, |plane| Ok(execute(&mut set, plane, &dag)?.1))?;

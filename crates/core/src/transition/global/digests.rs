@@ -93,13 +93,13 @@ fn replanned(config: &JobConfig, from: (u32, u64), to: (u32, u64)) -> String {
     let links = Links::of(&next.cost().hardware, Some(config.cluster.host_link_gbps * 1e9));
     let bytes = state_bytes(&next);
     let mut out = String::new();
-    for cross in [true, false] {
+    for cross in [Coordination::Global, Coordination::PerModelStage] {
         out += &digest(&TransitionDag::plan(&current, &target, &bytes, &links, cross));
         out += " ";
     }
     // At the device's whole memory and without host staging as well.
     let roomy = Links { host_bytes_per_s: None, ..whole_memory_links(&next.cost().hardware) };
-    out + &digest(&TransitionDag::plan(&current, &target, &bytes, &roomy, true))
+    out + &digest(&TransitionDag::plan(&current, &target, &bytes, &roomy, Coordination::Global))
 }
 
 /// `plan` with each model-stage's layout transposed (`tp` ↔ `pp`) on the same ranks where
@@ -144,7 +144,10 @@ fn cases() -> Vec<(String, String)> {
     for ranks in [64, 1024] {
         let (from, to) = replanned_pair(&base, ranks).unwrap();
         let links = whole_memory_links(&Hardware::new(&config.cluster, ranks, 0.0));
-        cases.push((format!("large {ranks}"), digest(&TransitionDag::plan(&from, &to, &bytes, &links, true))));
+        cases.push((
+            format!("large {ranks}"),
+            digest(&TransitionDag::plan(&from, &to, &bytes, &links, Coordination::Global)),
+        ));
         // Each model-stage re-laid in place, on nodes whose 8 ranks share 2 cores: with the
         // device's memory and host staging, and with unbounded memory.
         let relaid = transposed(&from, |ms, l| catalogues[&ms.role].check_layout(l).is_ok());
@@ -152,7 +155,7 @@ fn cases() -> Vec<(String, String)> {
         let unbounded = Links { capacity_bytes: u64::MAX, ..staging };
         let outcomes: Vec<String> = [&staging, &unbounded]
             .into_iter()
-            .map(|links| digest(&TransitionDag::plan(&from, &relaid, &bytes, links, true)))
+            .map(|links| digest(&TransitionDag::plan(&from, &relaid, &bytes, links, Coordination::Global)))
             .collect();
         cases.push((format!("relaid {ranks}"), outcomes.join(" ")));
     }
@@ -170,8 +173,8 @@ fn cases() -> Vec<(String, String)> {
         let relaid = transposed(&from, |_, l| catalogue.check_layout(l).is_ok());
         let outcomes: Vec<String> = [&SMALL_LINKS, &tight, &staging, &tighter]
             .into_iter()
-            .map(|links| digest(&TransitionDag::plan(&from, &to, &bytes, links, true)))
-            .chain([digest(&TransitionDag::plan(&from, &relaid, &bytes, &staging, true))])
+            .map(|links| digest(&TransitionDag::plan(&from, &to, &bytes, links, Coordination::Global)))
+            .chain([digest(&TransitionDag::plan(&from, &relaid, &bytes, &staging, Coordination::Global))])
             .collect();
         cases.push((format!("random {seed} on {pool}"), outcomes.join(" ")));
     }

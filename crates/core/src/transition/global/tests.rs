@@ -134,7 +134,7 @@ fn random_plan_pairs_give_acyclic_memory_safe_dags_that_reach_the_target() {
             .unwrap();
         // From no room to spare to twice the initial state per rank.
         let capacity = initial + initial * rng.below(3) as u64 / 2;
-        match TransitionDag::plan(&from, &to, &bytes, &links(capacity), true) {
+        match TransitionDag::plan(&from, &to, &bytes, &links(capacity), Coordination::Global) {
             Ok(dag) => {
                 assert!(!is_cyclic_directed(&dag.graph), "case {case}");
                 replay(&dag, &to, &bytes, capacity);
@@ -159,7 +159,7 @@ fn an_unchanged_plan_has_no_nodes() {
     let c = catalogue();
     let mut rng = Rng::new(7);
     let plan = random_plan(&mut rng, 16);
-    let dag = TransitionDag::plan(&plan, &plan, &sizer(&c), &links(u64::MAX), true).unwrap();
+    let dag = TransitionDag::plan(&plan, &plan, &sizer(&c), &links(u64::MAX), Coordination::Global).unwrap();
     assert_eq!(dag.graph.node_count(), 0);
     assert_eq!(dag.schedule.seconds, 0.0);
 }
@@ -176,7 +176,7 @@ fn an_extend_onto_a_rank_another_model_stage_vacates_waits_for_its_release() {
     let to = Plan { placements: vec![place(Role::Reference, vec![0]), place(Role::Reward, vec![2, 1])] };
     let bytes = sizer(&c);
     let one_model = bytes(ms(Role::Reward), Layout::new(1, 1), Position { tp: 0, pp: 0 });
-    let dag = TransitionDag::plan(&from, &to, &bytes, &links(one_model), true).unwrap();
+    let dag = TransitionDag::plan(&from, &to, &bytes, &links(one_model), Coordination::Global).unwrap();
     replay(&dag, &to, &bytes, one_model);
     let extend = dag.graph.node_indices().find(|&i| dag.label(i.index()).starts_with("Extend reward")).unwrap();
     let waits = dag
@@ -185,7 +185,7 @@ fn an_extend_onto_a_rank_another_model_stage_vacates_waits_for_its_release() {
         .any(|e| *e.weight() == EdgeKind::Resource && dag.graph[e.source()].model_stage.role == Role::Reference);
     assert!(waits && dag.resource_edges == 1, "the Extend waits for the reference's Destroy");
     // With room for both, nothing waits.
-    let roomy = TransitionDag::plan(&from, &to, &bytes, &links(2 * one_model), true).unwrap();
+    let roomy = TransitionDag::plan(&from, &to, &bytes, &links(2 * one_model), Coordination::Global).unwrap();
     assert_eq!(roomy.resource_edges, 0);
 }
 
@@ -203,11 +203,11 @@ fn a_split_with_no_room_beside_its_source_stages_through_host_memory() {
     let whole = b(ms, Layout::new(1, 1), Position { tp: 0, pp: 0 });
     let capacity = whole + held / 2;
     assert!(matches!(
-        TransitionDag::plan(&from, &to, &b, &links(capacity), true),
+        TransitionDag::plan(&from, &to, &b, &links(capacity), Coordination::Global),
         Err(TransitionError::Blocked { .. })
     ));
     let staging = Links { host_bytes_per_s: Some(1e9), ..links(capacity) };
-    let dag = TransitionDag::plan(&from, &to, &b, &staging, true).expect("staged through host memory");
+    let dag = TransitionDag::plan(&from, &to, &b, &staging, Coordination::Global).expect("staged through host memory");
     assert!(dag.staged_bytes() > 0);
     assert!(dag.graph.node_weights().any(|n| n.staged && matches!(n.primitive, Primitive::Split { .. })));
     replay(&dag, &to, &b, capacity);
@@ -228,7 +228,9 @@ fn concurrent_copies_on_shared_cores_take_their_summed_time_over_the_cores() {
     let node = Links { devices_per_node: 8, setup_seconds: 0.0, ..links(u64::MAX) };
     let one_copy = replica as f64 / node.intra_bytes_per_s;
     let seconds = |cores| {
-        let dag = TransitionDag::plan(&from, &to, &bytes, &Links { cores_per_node: cores, ..node }, true).unwrap();
+        let dag =
+            TransitionDag::plan(&from, &to, &bytes, &Links { cores_per_node: cores, ..node }, Coordination::Global)
+                .unwrap();
         assert_eq!(dag.graph.node_weights().filter(|n| matches!(n.primitive, Primitive::Extend { .. })).count(), 4);
         dag.schedule.seconds
     };
@@ -247,7 +249,7 @@ fn a_fused_split_and_merge_copy_the_new_shards_once() {
     let c = catalogue();
     let b = sizer(&c);
     let one_core = Links { cores_per_node: Some(1), setup_seconds: 0.0, ..links(u64::MAX) };
-    let dag = TransitionDag::plan(&from, &to, &b, &one_core, true).unwrap();
+    let dag = TransitionDag::plan(&from, &to, &b, &one_core, Coordination::Global).unwrap();
     let fused = dag.fused_splits();
     assert_eq!(fused.len(), 1, "{:?}", (0..dag.graph.node_count()).map(|i| dag.label(i)).collect::<Vec<_>>());
     let (split, merge) = fused.into_iter().next().unwrap();
@@ -286,7 +288,7 @@ fn the_1024_rank_instance_is_built_with_work_linear_in_its_size() {
     let planned = |ranks: u32| {
         let (from, to) = replanned_pair(&base, ranks).unwrap();
         let links = whole_memory_links(&Hardware::new(&config.cluster, ranks, 0.0));
-        TransitionDag::plan(&from, &to, &bytes, &links, true).unwrap()
+        TransitionDag::plan(&from, &to, &bytes, &links, Coordination::Global).unwrap()
     };
     let size = |dag: &TransitionDag| (dag.graph.node_count() + dag.graph.edge_count()) as u64;
     let (small, dag) = (planned(64), planned(1024));
