@@ -7,12 +7,17 @@
 //! enqueued on the current stream; [`Device::begin_transition`] starts a fresh stream ordered
 //! after the previous one by an event; each DAG node ends with an event ([`Device::mark`]) so a
 //! stall can be located; the host waits only where it reads device bytes ([`Device::synchronize`]).
+//! Freed blocks are kept for reuse by size ([`super::cache`]) and uploads pass through a ring of
+//! pinned memory with events ([`super::staging`]), so a step in steady state asks the driver for
+//! nothing and waits for the device only where it reads a result.
 
 use std::cell::{Cell, RefCell};
 use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
 use super::blas::Gemm;
+use super::cache::BlockCache;
+use super::staging::{UploadRing, UPLOAD_RING_BYTES};
 use super::{BackendError, DriverDevice};
 use nereus_kernels::pack::{rect_launch, RectCopy, RectLaunch};
 use nereus_kernels::{KernelArgs, KernelCall, Launch};
@@ -145,16 +150,18 @@ pub trait GpuRuntime {
     }
 }
 
-/// Streams and events of the transition in flight, and the host staging buffer.
+/// Streams and events of the transition in flight, and the host staging memory.
 struct Streams {
     current: RawHandle,
     /// Events recorded at the end of each DAG node of the current stream, with the node's label.
     marks: Vec<(String, RawHandle)>,
-    /// Pinned host memory for staging copies, and its size.
+    /// Pinned host memory downloads land in, and its size.
     staging: Option<(*mut u8, usize)>,
+    /// Pinned host memory uploads pass through (made on the first upload).
+    uploads: Option<UploadRing>,
 }
 
-/// Bytes of pinned host memory used to stage one piece of a host↔device copy.
+/// Bytes of pinned host memory used to stage one piece of a device-to-host copy.
 pub const STAGING_BYTES: usize = 64 << 20;
 
 /// What a wait does when the device stops making progress: it gets the first unfinished node
@@ -172,12 +179,17 @@ pub struct DeviceCounters {
     pub launches: u64,
     /// GEMM library calls.
     pub gemms: u64,
-    /// Device allocations asked of the runtime.
+    /// Device allocations asked of the runtime (a block reused from the cache is not one).
     pub allocations: u64,
-    /// Device frees.
+    /// Allocations served by a cached block of the same size, without the runtime.
+    pub reuses: u64,
+    /// Blocks returned to the runtime.
     pub frees: u64,
-    /// Host waits for the stream ([`Device::synchronize`], once per staged chunk of a copy).
+    /// Host waits for the stream ([`Device::synchronize`], once per staged chunk of a download).
     pub synchronizations: u64,
+    /// Host waits for an upload's room in the pinned ring (the device had not yet copied what
+    /// was there): 0 while a step uploads less than the ring holds.
+    pub upload_waits: u64,
     /// Bytes copied host to device.
     pub h2d_bytes: u64,
     /// Bytes copied device to host.
@@ -191,11 +203,23 @@ impl DeviceCounters {
             launches: self.launches - earlier.launches,
             gemms: self.gemms - earlier.gemms,
             allocations: self.allocations - earlier.allocations,
+            reuses: self.reuses - earlier.reuses,
             frees: self.frees - earlier.frees,
             synchronizations: self.synchronizations - earlier.synchronizations,
+            upload_waits: self.upload_waits - earlier.upload_waits,
             h2d_bytes: self.h2d_bytes - earlier.h2d_bytes,
             d2h_bytes: self.d2h_bytes - earlier.d2h_bytes,
         }
+    }
+
+    /// Every time the host waited for the device: stream synchronizations and upload waits.
+    pub fn host_waits(&self) -> u64 {
+        self.synchronizations + self.upload_waits
+    }
+
+    /// Bytes that crossed the host link, both ways.
+    pub fn host_device_bytes(&self) -> u64 {
+        self.h2d_bytes + self.d2h_bytes
     }
 }
 
@@ -209,6 +233,8 @@ pub struct Device {
     /// The allocator's own count: every live allocation's bytes, their sum, and the most that
     /// sum has been (the ledger is checked against it).
     allocations: RefCell<std::collections::HashMap<u64, u64>>,
+    /// Freed blocks kept for reuse (their bytes are not in `live`).
+    cache: RefCell<BlockCache>,
     live: Cell<u64>,
     peak: Cell<u64>,
     counters: Cell<DeviceCounters>,
@@ -223,10 +249,10 @@ impl Device {
     /// Wraps a runtime chosen at run time with a first stream.
     pub fn from_boxed(runtime: Box<dyn GpuRuntime>) -> Result<Device, BackendError> {
         let current = runtime.create_stream()?;
-        let streams = RefCell::new(Streams { current, marks: Vec::new(), staging: None });
+        let streams = RefCell::new(Streams { current, marks: Vec::new(), staging: None, uploads: None });
         let (allocations, live, peak) = (RefCell::default(), Default::default(), Default::default());
-        let counters = Cell::default();
-        Ok(Device { runtime, streams, stall: RefCell::new(None), allocations, live, peak, counters })
+        let (cache, counters) = (RefCell::default(), Cell::default());
+        Ok(Device { runtime, streams, stall: RefCell::new(None), allocations, cache, live, peak, counters })
     }
 
     /// What the device has done since it was opened (see [`DeviceCounters`]).
@@ -255,8 +281,11 @@ impl Device {
         self.streams.borrow().current
     }
 
-    /// Starts the stream of a new transition, ordered after everything enqueued so far.
+    /// Starts the stream of a new transition, ordered after everything enqueued so far. The
+    /// cached blocks go back to the runtime first: they were freed on the old stream, and the
+    /// new layouts ask for other sizes.
     pub fn begin_transition(&self) -> Result<(), BackendError> {
+        self.release_cached();
         let next = self.runtime.create_stream()?;
         let done = self.runtime.create_event()?;
         let mut s = self.streams.borrow_mut();
@@ -301,16 +330,25 @@ impl Device {
         // has ended the job).
         unsafe {
             self.runtime.record(event, stream)?;
-            let waited = match &*self.stall.borrow() {
-                None => self.runtime.event_synchronize(event),
-                Some((timeout, handler)) => self.poll(event, *timeout).map(|done| {
-                    if !done {
-                        handler(self.first_unfinished());
-                    }
-                }),
-            };
+            let waited = self.wait_for(event);
             self.runtime.destroy_event(event);
             waited
+        }
+    }
+
+    /// Blocks until `event` has happened; with a stall handler, polls and hands a wait that
+    /// outlasts its timeout to the handler.
+    ///
+    /// # Safety
+    /// `event` is live and recorded.
+    unsafe fn wait_for(&self, event: RawHandle) -> Result<(), BackendError> {
+        match &*self.stall.borrow() {
+            None => self.runtime.event_synchronize(event),
+            Some((timeout, handler)) => self.poll(event, *timeout).map(|done| {
+                if !done {
+                    handler(self.first_unfinished());
+                }
+            }),
         }
     }
 
@@ -354,20 +392,58 @@ impl Device {
         }
     }
 
-    /// `bytes` of device memory in stream order.
+    /// `bytes` of device memory in stream order: a cached block of that size if one was freed,
+    /// else the runtime's (after returning the cache to it, if it refuses at first).
     pub fn alloc(&self, bytes: u64) -> Result<DevicePtr, BackendError> {
-        let ptr = self.runtime.alloc(bytes.max(1), self.stream())?;
-        self.count(|c| c.allocations += 1);
+        let size = bytes.max(1);
+        let cached = self.cache.borrow_mut().take(size);
+        let ptr = match cached {
+            Some(ptr) => {
+                self.count(|c| c.reuses += 1);
+                ptr
+            }
+            None => self.alloc_from_runtime(size)?,
+        };
         self.allocations.borrow_mut().insert(ptr.0, bytes);
         self.live.set(self.live.get() + bytes);
         self.peak.set(self.peak.get().max(self.live.get()));
         Ok(ptr)
     }
 
-    /// Bytes this process holds in device allocations now, and the most it has held: what
-    /// Nereus asked the driver for (libraries' own workspaces, NCCL's buffers, left out).
+    /// A fresh block from the runtime; when it refuses and blocks are cached, they are given
+    /// back and the runtime asked once more.
+    fn alloc_from_runtime(&self, size: u64) -> Result<DevicePtr, BackendError> {
+        let ptr = match self.runtime.alloc(size, self.stream()) {
+            Ok(ptr) => ptr,
+            Err(_) if self.cache.borrow().bytes() > 0 => {
+                self.release_cached();
+                self.runtime.alloc(size, self.stream())?
+            }
+            Err(e) => return Err(e),
+        };
+        self.count(|c| c.allocations += 1);
+        Ok(ptr)
+    }
+
+    /// Returns every cached block to the runtime, in stream order.
+    pub fn release_cached(&self) {
+        let blocks = self.cache.borrow_mut().drain();
+        self.count(|c| c.frees += blocks.len() as u64);
+        for ptr in blocks {
+            // SAFETY: a cached block was freed by its owner; nothing enqueued since names it.
+            unsafe { self.runtime.free(ptr, self.stream()) };
+        }
+    }
+
+    /// Bytes this process's live buffers hold now, and the most they have held: what Nereus
+    /// asked for (libraries' own workspaces, NCCL's buffers and the cached blocks left out).
     pub fn allocated_bytes(&self) -> (u64, u64) {
         (self.live.get(), self.peak.get())
+    }
+
+    /// Bytes held from the runtime now: the live buffers and the cached blocks.
+    pub fn reserved_bytes(&self) -> u64 {
+        self.live.get() + self.cache.borrow().bytes()
     }
 
     /// Starts a new peak of [`Device::allocated_bytes`] from what is held now.
@@ -375,16 +451,16 @@ impl Device {
         self.peak.set(self.live.get());
     }
 
-    /// Frees `ptr` in stream order.
+    /// Frees `ptr` in stream order: into the cache, for the next allocation of its size.
     ///
     /// # Safety
     /// `ptr` came from [`Device::alloc`] and nothing enqueued later uses it.
     pub unsafe fn free(&self, ptr: DevicePtr) {
-        if let Some(bytes) = self.allocations.borrow_mut().remove(&ptr.0) {
-            self.live.set(self.live.get() - bytes);
-        }
-        self.count(|c| c.frees += 1);
-        self.runtime.free(ptr, self.stream());
+        let Some(bytes) = self.allocations.borrow_mut().remove(&ptr.0) else {
+            return;
+        };
+        self.live.set(self.live.get() - bytes);
+        self.cache.borrow_mut().put(bytes.max(1), ptr);
     }
 
     /// Enqueues the rectangle copies from the allocation at `src` to the one at `dst` (the same
@@ -445,19 +521,37 @@ impl Device {
         Ok(())
     }
 
-    /// Copies `bytes` from host memory to the device at `dst`, through pinned staging.
+    /// Copies `bytes` from host memory to the device at `dst` in stream order, through the
+    /// pinned upload ring: `bytes` is free again when this returns, and the host does not wait
+    /// for the device unless the ring is full of copies it has not run.
     pub fn upload(&self, bytes: &[u8], dst: DevicePtr) -> Result<(), BackendError> {
-        let (staging, size) = self.staging(bytes.len())?;
         self.count(|c| c.h2d_bytes += bytes.len() as u64);
-        for (k, chunk) in bytes.chunks(size).enumerate() {
-            // SAFETY: staging holds `size` bytes; the wait keeps it untouched until the copy ran.
-            unsafe {
-                std::ptr::copy_nonoverlapping(chunk.as_ptr(), staging, chunk.len());
-                self.runtime.copy_h2d(dst.offset((k * size) as u64), staging, chunk.len() as u64, self.stream())?;
-                self.synchronize()?;
+        let stream = self.stream();
+        // Out of `streams` while in use: a stalled wait reads the marks.
+        let taken = self.streams.borrow_mut().uploads.take();
+        let mut ring = match taken {
+            Some(ring) => ring,
+            None => UploadRing::new(self.runtime.as_ref(), UPLOAD_RING_BYTES)?,
+        };
+        let piece = ring.piece();
+        let wait = |event| {
+            // SAFETY: the ring's events are live and recorded.
+            unsafe { self.wait_for(event) }
+        };
+        let mut uploaded = Ok(());
+        for (k, chunk) in bytes.chunks(piece).enumerate() {
+            let dst = dst.offset((k * piece) as u64);
+            // SAFETY: `dst` has room for `bytes` (the caller's allocation).
+            match unsafe { ring.upload(self.runtime.as_ref(), chunk, dst, stream, &wait) } {
+                Ok(waits) => self.count(|c| c.upload_waits += waits),
+                Err(e) => {
+                    uploaded = Err(e);
+                    break;
+                }
             }
         }
-        Ok(())
+        self.streams.borrow_mut().uploads = Some(ring);
+        uploaded
     }
 
     /// Pinned staging of at least `want` bytes (at most [`STAGING_BYTES`]), grown on demand.
@@ -473,11 +567,6 @@ impl Device {
         let staging = (self.runtime.alloc_pinned(want)?, want);
         s.staging = Some(staging);
         Ok(staging)
-    }
-
-    /// Bytes of pinned staging held now.
-    pub fn staging_bytes(&self) -> usize {
-        self.streams.borrow().staging.map_or(0, |(_, n)| n)
     }
 }
 
@@ -613,6 +702,12 @@ impl Drop for Device {
             }
             if let Some((ptr, _)) = s.staging.take() {
                 self.runtime.free_pinned(ptr);
+            }
+            if let Some(ring) = s.uploads.take() {
+                ring.release(self.runtime.as_ref());
+            }
+            for ptr in self.cache.get_mut().drain() {
+                self.runtime.free(ptr, s.current);
             }
             self.runtime.destroy_stream(s.current);
         }

@@ -8,6 +8,7 @@
 //! typed ids and argument structs and their launch geometry are the `nereus-kernels` crate's.
 
 pub mod blas;
+mod cache;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod emulated;
@@ -15,6 +16,7 @@ pub mod gpu;
 pub mod linalg;
 #[cfg(feature = "rocm")]
 pub mod rocm;
+mod staging;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
