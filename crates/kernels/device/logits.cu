@@ -14,10 +14,13 @@ __device__ __forceinline__ float nereus_row_max(const bf16* row, u64 cols, float
 
 // The LM head's per-row statistics over one vocab shard: row_max[R] and row_sum[R] = Σ exp(l −
 // row_max), and the target's logit where the target falls in this shard [shard_start, shard_start
-// + C) (else −inf). Under TP the shards' (max, sum, target) are combined across ranks
-// (nereus_logprob_combine's formula) before the log-prob is read.
+// + C) (else −inf). Under TP the shards' (max, sum, target) are combined across ranks (on the
+// host: lse = M + log Σ_r sum_r · exp(max_r − M), M the largest max) before the log-prob is read.
+// When the shard is the whole vocabulary (no TP) the combine is the identity, and lse[R] and
+// logp[R] = target − lse are written here too (both null under TP), so nothing leaves the device.
 NEREUS_KERNEL nereus_logits_row_stats(float* __restrict__ row_max, float* __restrict__ row_sum,
-                                      float* __restrict__ target_logit, const bf16* __restrict__ logits,
+                                      float* __restrict__ target_logit, float* __restrict__ lse,
+                                      float* __restrict__ logp, const bf16* __restrict__ logits,
                                       const int* __restrict__ targets, u64 rows, u64 cols, u64 shard_start) {
   __shared__ float scratch[1024 / NEREUS_WARP];
   const float neg_inf = nereus_bits_to_f32(0xff800000u);
@@ -29,11 +32,36 @@ NEREUS_KERNEL nereus_logits_row_stats(float* __restrict__ row_max, float* __rest
     s = nereus_block_reduce(s, scratch, false);
     if (threadIdx.x == 0) {
       const long long t = (long long)targets[row] - (long long)shard_start;
+      const float target = t >= 0 && t < (long long)cols ? nereus_bf16_to_f32(lr[t]) : neg_inf;
       row_max[row] = m;
       row_sum[row] = s;
-      target_logit[row] = t >= 0 && t < (long long)cols ? nereus_bf16_to_f32(lr[t]) : neg_inf;
+      target_logit[row] = target;
+      if (lse) {
+        const float l = m + nereus_log(s);
+        lse[row] = l;
+        logp[row] = target - l;
+      }
     }
   }
+}
+
+// Mean next-token cross-entropy on the device, for one micro-batch of R = B·T rows of log p
+// (row r is position r % T of its sequence; the last position has no next token): the gradient
+// with respect to log p, dlogp[r] = −inv_count for counted rows and 0 for the last position, and
+// the loss −inv_count · Σ_counted logp added to loss[0] (which the step reads once, at its end).
+// inv_count is 1 / (counted positions of the global batch). One block; blockDim.x a multiple of
+// the warp and at most 1024.
+NEREUS_KERNEL nereus_cross_entropy(float* __restrict__ dlogp, float* __restrict__ loss, const float* __restrict__ logp,
+                                   u64 rows, u64 seq_len, float inv_count) {
+  __shared__ float scratch[1024 / NEREUS_WARP];
+  float partial = 0.0f;
+  for (u64 r = threadIdx.x; r < rows; r += blockDim.x) {
+    const bool counted = r % seq_len != seq_len - 1;
+    dlogp[r] = counted ? -inv_count : 0.0f;
+    if (counted) partial -= logp[r];
+  }
+  partial = nereus_block_reduce(partial, scratch, false);
+  if (threadIdx.x == 0) loss[0] += partial * inv_count;
 }
 
 // The LM head's backward through log p(target) over one vocab shard, given each row's global
@@ -72,4 +100,5 @@ NEREUS_KERNEL nereus_argmax(int* __restrict__ tokens, float* __restrict__ values
 }
 
 // Every entry point, for the grid emulator's table (crates/kernels/emulator/kernels.cpp).
-#define NEREUS_LOGITS_KERNELS(X) X(nereus_logits_row_stats) X(nereus_logprob_backward) X(nereus_argmax)
+#define NEREUS_LOGITS_KERNELS(X) \
+  X(nereus_logits_row_stats) X(nereus_cross_entropy) X(nereus_logprob_backward) X(nereus_argmax)

@@ -285,6 +285,10 @@ kernel_args! {
         row_sum: DevicePtr,
         /// f32 target logits `[R]` (−inf outside the shard).
         target_logit: DevicePtr,
+        /// f32 log-sum-exp `[R]` when the shard is the whole vocabulary, else null.
+        lse: DevicePtr,
+        /// f32 log p(target) `[R]` when the shard is the whole vocabulary, else null.
+        logp: DevicePtr,
         /// bf16 logits `[R, C]`.
         logits: DevicePtr,
         /// `int` targets `[R]`.
@@ -295,6 +299,21 @@ kernel_args! {
         cols: u64,
         /// First vocabulary id of the shard.
         shard_start: u64,
+    }
+    /// Next-token cross-entropy over `R` rows of log p: `dlogp` and the loss added to `loss[0]`.
+    CrossEntropy => CrossEntropy {
+        /// f32 gradient with respect to log p `[R]`.
+        dlogp: DevicePtr,
+        /// f32 loss accumulator `[1]`.
+        loss: DevicePtr,
+        /// f32 log p(target) `[R]`.
+        logp: DevicePtr,
+        /// Rows (`B·T`).
+        rows: u64,
+        /// Positions per sequence `T`.
+        seq_len: u64,
+        /// One over the global batch's counted positions.
+        inv_count: f32,
     }
     /// `dlogits[R,C] = dlogp · (onehot(target) − exp(l − lse))`.
     LogprobBackward => LogprobBackward {

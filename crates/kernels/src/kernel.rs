@@ -100,6 +100,8 @@ kernels! {
     FlashBackwardDkv128 = "nereus_flash_backward_dkv_128" in FlashAttention;
     /// The LM head's per-row statistics over a vocabulary shard.
     LogitsRowStats = "nereus_logits_row_stats" in Logits;
+    /// Next-token cross-entropy's loss and gradient with respect to log p.
+    CrossEntropy = "nereus_cross_entropy" in Logits;
     /// The LM head's backward through log p(target).
     LogprobBackward = "nereus_logprob_backward" in Logits;
     /// Greedy argmax over a vocabulary shard.

@@ -30,7 +30,7 @@ pub use parallel::EmuGroups;
 pub use passes::{optimize, train_step, with_device_params, with_params, EngineMemory, StepInputs, Wave};
 pub use sampling::{sample_token, Sampling, StopIds};
 pub use stage::{KvCache, Rows, StageModel};
-pub use train::{share, Batch, CrossEntropy, Objective, StepReport};
+pub use train::{share, Batch, CrossEntropy, DeviceObjective, Objective, StepReport};
 pub use weights::StageWeights;
 
 use thiserror::Error;

@@ -290,7 +290,9 @@ impl EngineMemory for DeviceMemory {
         let mut arena = Arena::new(ledger);
         arena.charge(MemoryItem::Gradients, 4 * shard.master.len() as u64)?;
         let grads = DeviceArray::<f32>::zeros(&device, shard.master.len())?;
-        let mut c = OnDevice::new(&device, &mut arena, replica.model.rope())?;
+        // The loss and the norm's sums, read back together once (a few bytes, not charged).
+        let scalars = DeviceArray::<f32>::zeros(&device, 1 + replica.counted_runs().len())?;
+        let mut c = OnDevice::new(&device, &mut arena, replica.model.rope())?.with_step_scalars(scalars.view());
         let report = optimize(&mut c, plane, replica, &mut shard, &mut grads.view(), step)?;
         device.synchronize()?;
         Ok(report)

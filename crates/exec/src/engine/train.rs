@@ -27,6 +27,26 @@ pub trait Objective {
     /// This micro-batch's share of the loss for sequences `seqs` (global indices), writing
     /// `d loss / d output` for each of their rows into `grad`.
     fn loss_and_grad(&self, seqs: Range<usize>, outputs: &[f32], grad: &mut [f32]) -> f64;
+
+    /// The objective in a form a device computes without reading the outputs back, if it has
+    /// one; objectives without one (the RL losses) are computed on the host from the outputs.
+    fn on_device(&self) -> Option<DeviceObjective> {
+        None
+    }
+}
+
+/// An objective a device computes itself (`nereus_cross_entropy`): its loss is added to the
+/// step's accumulator on the device and read once, with the gradient norm, at the step's end.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum DeviceObjective {
+    /// Mean next-token cross-entropy over rows of log p of `seq_len` positions per sequence (the
+    /// last has no next token), over the global batch's `1 / inv_count` counted positions.
+    NextToken {
+        /// Positions per sequence.
+        seq_len: usize,
+        /// One over the counted positions.
+        inv_count: f32,
+    },
 }
 
 /// Mean next-token cross-entropy over every position that has a next token, for a language model
@@ -48,6 +68,11 @@ impl Objective for CrossEntropy {
             loss -= if counted { f64::from(lp) / norm } else { 0.0 };
         }
         loss
+    }
+
+    fn on_device(&self) -> Option<DeviceObjective> {
+        let counted = (self.sequences * (self.seq_len - 1)) as f64;
+        Some(DeviceObjective::NextToken { seq_len: self.seq_len, inv_count: (1.0 / counted) as f32 })
     }
 }
 
@@ -241,8 +266,7 @@ impl Replica {
         let (head, hidden) = match out {
             StageOut::Head(out, head) => {
                 let mut dout = c.stats(MemoryItem::Logits, seqs.len() * batch.seq_len)?;
-                *loss +=
-                    c.read_modify_stats(&out, &mut dout, |o, d| Ok(objective.loss_and_grad(seqs.clone(), o, d)))?;
+                *loss += c.objective(objective, seqs.clone(), &out, &mut dout)?;
                 (Some((head, dout)), None)
             }
             StageOut::Hidden(x) => (None, Some(x)),

@@ -26,7 +26,7 @@ use nereus_core::half::{bf16_to_f32, f32_to_bf16};
 use nereus_core::rng::Rng;
 use nereus_exec::backend::blas::{Gemm, GemmOut};
 use nereus_exec::backend::emulated::Emulated;
-use nereus_exec::backend::gpu::{Device, DeviceArray};
+use nereus_exec::backend::gpu::{Device, DeviceArray, DevicePtr};
 use nereus_exec::backend::BackendError;
 use nereus_exec::engine::{sample_token, Op, Sampling, StopIds};
 use nereus_kernels::args::{self as k, AdamTensor};
@@ -121,7 +121,7 @@ pub fn kernels(session: &Session, seed: u64, device: Option<DeviceChoice>) -> Re
 /// Every kernel, [`CASES`] random cases each, on `device`: each kernel's run and the failed checks.
 fn check_every_kernel(device: &Device, seed: u64, warp: u32) -> Result<(Vec<KernelRun>, Vec<String>), RuntimeError> {
     type Check = fn(&Device, &mut Rng, &mut Verdict) -> Result<(), BackendError>;
-    let checks: [(&'static str, Check); 22] = [
+    let checks: [(&'static str, Check); 23] = [
         ("nereus_cast_f32_to_bf16", check_cast_to_bf16),
         ("nereus_cast_bf16_to_f32", check_cast_to_f32),
         ("nereus_rmsnorm_forward", check_rmsnorm_forward),
@@ -130,6 +130,7 @@ fn check_every_kernel(device: &Device, seed: u64, warp: u32) -> Result<(Vec<Kern
         ("nereus_swiglu_backward", check_swiglu_backward),
         ("nereus_residual_add", check_residual_add),
         ("nereus_logits_row_stats", check_row_stats),
+        ("nereus_cross_entropy", check_cross_entropy),
         ("nereus_adamw", check_adamw),
         ("nereus_logprob_backward", check_logprob_backward),
         ("nereus_argmax", check_argmax),
@@ -399,25 +400,29 @@ fn check_residual_add(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), 
 
 fn check_row_stats(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
     let (rows, cols) = (1 + rng.below(9), length(rng, 50_000));
-    let shard_start = rng.below(100_000) as i64;
+    // Half the cases hold the whole vocabulary (no TP), where the kernel also writes each row's
+    // log-sum-exp and log-prob; the others a shard, with half the targets before or after it.
+    let whole = rng.below(2) == 0;
+    let shard_start = if whole { 0 } else { rng.below(100_000) as i64 };
     let logits = bf16_values(rng, rows * cols, 8.0);
-    // Half the targets fall in this shard, the others before or after it.
     let targets: Vec<i32> = (0..rows)
         .map(|_| match rng.below(4) {
-            0 => (shard_start - 1 - rng.below(50) as i64).max(0) as i32,
-            1 => (shard_start + cols as i64 + rng.below(50) as i64) as i32,
+            0 if !whole => (shard_start - 1 - rng.below(50) as i64).max(0) as i32,
+            1 if !whole => (shard_start + cols as i64 + rng.below(50) as i64) as i32,
             _ => (shard_start + rng.below(cols) as i64) as i32,
         })
         .collect();
     let (ls, ts) = (DeviceArray::from(d, &logits)?, DeviceArray::from(d, &targets)?);
     let zeros = vec![0f32; rows];
-    let (maxs, sums, tls) =
-        (DeviceArray::from(d, &zeros)?, DeviceArray::from(d, &zeros)?, DeviceArray::from(d, &zeros)?);
+    let [maxs, sums, tls, lses, logps] = [(); 5].map(|()| DeviceArray::from(d, &zeros));
+    let [maxs, sums, tls, lses, logps] = [maxs?, sums?, tls?, lses?, logps?];
     let (rows_, cols_, shard_start_) = (rows as u64, cols as u64, shard_start as u64);
     let call = k::LogitsRowStats {
         row_max: maxs.ptr(),
         row_sum: sums.ptr(),
         target_logit: tls.ptr(),
+        lse: if whole { lses.ptr() } else { DevicePtr::NULL },
+        logp: if whole { logps.ptr() } else { DevicePtr::NULL },
         logits: ls.ptr(),
         targets: ts.ptr(),
         rows: rows_,
@@ -435,6 +440,40 @@ fn check_row_stats(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), Bac
     // Σexp's terms are each ≤ 1, so the sum of magnitudes is the sum itself.
     v.f32("row_sum", &sums.read()?, &stats.iter().map(|s| s.1).collect::<Vec<_>>(), &none);
     v.f32("target_logit", &tls.read()?, &stats.iter().map(|s| s.2).collect::<Vec<_>>(), &none);
+    if whole {
+        let lse: Vec<f64> = stats.iter().map(|&(max, sum, _)| max + sum.ln()).collect();
+        let logp: Vec<f64> = stats.iter().zip(&lse).map(|(s, l)| s.2 - l).collect();
+        v.f32("lse", &lses.read()?, &lse, &none);
+        // The difference of two values of |lse|'s size: lse's rounding is the scale.
+        v.f32("logp", &logps.read()?, &logp, &lse.iter().map(|l| l.abs()).collect::<Vec<_>>());
+    }
+    Ok(())
+}
+
+fn check_cross_entropy(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
+    let (seq_len, sequences) = (1 + length(rng, 300), 1 + rng.below(4));
+    let rows = seq_len * sequences;
+    let logp: Vec<f32> = (0..rows).map(|_| (-12.0 * uniform(rng).abs()) as f32).collect();
+    let (inv_count, start) = ((1.0 / (1.0 + rng.below(5000) as f64)) as f32, uniform(rng) as f32);
+    let (logps, dlogps, loss) =
+        (DeviceArray::from(d, &logp)?, DeviceArray::from(d, &vec![7f32; rows])?, DeviceArray::from(d, &[start])?);
+    let call = k::CrossEntropy {
+        dlogp: dlogps.ptr(),
+        loss: loss.ptr(),
+        logp: logps.ptr(),
+        rows: rows as u64,
+        seq_len: seq_len as u64,
+        inv_count,
+    };
+    run(d, &call, 1)?;
+    let inv = f64::from(inv_count);
+    let counted = |r: usize| r % seq_len != seq_len - 1;
+    let dlogp: Vec<f64> = (0..rows).map(|r| if counted(r) { -inv } else { 0.0 }).collect();
+    let terms: Vec<f64> = (0..rows).filter(|&r| counted(r)).map(|r| -f64::from(logp[r]) * inv).collect();
+    let want = f64::from(start) + terms.iter().sum::<f64>();
+    v.f32("dlogp", &dlogps.read()?, &dlogp, &vec![0.0; rows]);
+    // Every term is positive: their sum is the sum of magnitudes.
+    v.f32("loss", &loss.read()?, &[want], &[f64::from(start).abs() + terms.iter().sum::<f64>()]);
     Ok(())
 }
 

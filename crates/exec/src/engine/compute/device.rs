@@ -4,8 +4,10 @@
 //! stream. The tensor-parallel sums (bf16) and the pipeline's transfers run on the plane's
 //! device collectives in the same stream order, as the data-parallel gradient sum does
 //! ([`Optimize::reduce_gradients`]); on a plane without them they go through the host. The host waits only
-//! where it reads bytes back: the loss, the norm's one value, and the LM head's per-row
-//! statistics (their TP maxima and sums are a few values per row).
+//! where it reads bytes back: once a step for the loss and the norm's sums (the step's scalars,
+//! one read), and, per micro-batch, where an objective has no device form (the RL losses read
+//! their log-probs) or the LM head is split over TP (its per-row maxima and sums are combined on
+//! the host: a few values per row).
 //! Input gradients accumulate in place (bf16 GEMMs with `beta = 1`, RMSNorm's backward adds to
 //! `dx`); the few f32 scratch buffers (the flash attention backward's per-row `delta`, or the
 //! scalar kernels' `dk`/`dv` gathers for heads wider than 128, the LM head's per-shard
@@ -24,7 +26,7 @@ use crate::engine::arena::{Arena, Mark};
 use crate::engine::ops::{AttentionShape, Rope, TensorGroup};
 use crate::engine::sampling::Sampling;
 use crate::engine::timers::timed;
-use crate::engine::{AdamW, EngineError, Replica};
+use crate::engine::{AdamW, DeviceObjective, EngineError, Objective, Replica};
 use nereus_core::cost::{MemoryBreakdown, MemoryItem, OpClass};
 use nereus_core::half::{bf16_to_f32, f32_to_bf16};
 use nereus_kernels::args::{self as k, AdamTensor, AttentionDims, AttentionInputs};
@@ -54,6 +56,8 @@ pub struct OnDevice<'d, 'a, 'l> {
     cos: F32<'d>,
     sin: F32<'d>,
     half: usize,
+    /// A training step's accumulators (see [`OnDevice::with_step_scalars`]).
+    step_scalars: Option<DeviceView<f32>>,
 }
 
 impl<'d, 'a, 'l> OnDevice<'d, 'a, 'l> {
@@ -63,7 +67,14 @@ impl<'d, 'a, 'l> OnDevice<'d, 'a, 'l> {
         let bytes = 4 * (cos.len() + sin.len()) as u64;
         arena.charge(MemoryItem::Activations, bytes)?;
         let (cos, sin) = (DeviceArray::from(device, cos)?, DeviceArray::from(device, sin)?);
-        Ok(OnDevice { device, arena, cos, sin, half: rope.half() })
+        Ok(OnDevice { device, arena, cos, sin, half: rope.half(), step_scalars: None })
+    }
+
+    /// Makes `scalars` — zeroed, one f32 for the device objective's loss and one per counted
+    /// run of the gradients ([`Replica::counted_runs`]) for its sum of squares — the step's
+    /// accumulators, so that the step reads the loss and the norm back in one copy.
+    pub fn with_step_scalars(self, scalars: DeviceView<f32>) -> Self {
+        OnDevice { step_scalars: Some(scalars), ..self }
     }
 
     /// The device computed on.
@@ -83,23 +94,27 @@ impl<'d, 'a, 'l> OnDevice<'d, 'a, 'l> {
         self.elementwise(&call, widest)
     }
 
-    /// `Σ x²` over `runs` of `x`, on the device (`nereus_sum_squares`: a partial per block, then
-    /// one block adds them), read back as one value per run.
-    fn sum_squares(&mut self, x: &DeviceView<f32>, runs: &[Range<usize>]) -> Result<f64, EngineError> {
+    /// `Σ x²` over each of `runs` of `x`, on the device (`nereus_sum_squares`: a partial per
+    /// block, then one block adds them), written to `sums[i]` for run `i` (empty runs: left).
+    fn sum_squares(&mut self, x: &DeviceView<f32>, runs: &[Range<usize>], sums: DevicePtr) -> Result<(), EngineError> {
         let widest = runs.iter().map(Range::len).max().unwrap_or(0);
         let blocks = (widest as u64).div_ceil(u64::from(BLOCK) * 2).clamp(1, MAX_BLOCKS);
         let partial = self.f32_zeros(MemoryItem::Workspace, blocks as usize + 1)?;
-        let mut total = 0.0;
-        for r in runs.iter().filter(|r| !r.is_empty()) {
+        for (i, r) in runs.iter().enumerate().filter(|(_, r)| !r.is_empty()) {
             let grid = (r.len() as u64).div_ceil(u64::from(BLOCK) * 2).clamp(1, MAX_BLOCKS);
             let first = k::SumSquares { partial: partial.at(1), x: x.at(r.start), n: r.len() as u64, square: 1 };
             self.launch(&first, [grid as u32, 1, 1], BLOCK)?;
-            let second = k::SumSquares { partial: partial.ptr(), x: partial.at(1), n: grid, square: 0 };
+            let second = k::SumSquares { partial: sums.offset(4 * i as u64), x: partial.at(1), n: grid, square: 0 };
             self.launch(&second, [1, 1, 1], BLOCK)?;
-            // The first element holds the run's sum (a few KiB come back with it).
-            total += f64::from(partial.read()?[0]);
         }
-        Ok(total)
+        Ok(())
+    }
+
+    /// The step's scalars as host values (one wait: everything enqueued before has run).
+    fn read_step_scalars(&self, scalars: &DeviceView<f32>) -> Result<(f64, f64), EngineError> {
+        let values = scalars.read(self.device)?;
+        let (loss, sums) = values.split_first().expect("the loss and one sum per run");
+        Ok((f64::from(*loss), sums.iter().map(|&s| f64::from(s)).sum()))
     }
 
     /// Enqueues `call` over `grid` blocks of `threads` threads.
@@ -202,11 +217,22 @@ impl<'d> Optimize for OnDevice<'d, '_, '_> {
             })?,
             None => true,
         };
+        let runs = replica.counted_runs();
+        let owned;
+        let scalars = match self.step_scalars {
+            Some(scalars) => scalars,
+            None => {
+                owned = DeviceArray::<f32>::zeros(self.device, 1 + runs.len())?;
+                owned.view()
+            }
+        };
         if !on_device {
+            let loss = loss + self.read_step_scalars(&scalars)?.0;
             return self.modify_grads(grads, |g| replica.reduce(plane, g, loss));
         }
-        let sq = self.sum_squares(grads, &replica.counted_runs())?;
-        replica.norm_and_loss(plane, sq, loss)
+        self.sum_squares(grads, &runs, scalars.at(1))?;
+        let (device_loss, sq) = self.read_step_scalars(&scalars)?;
+        replica.norm_and_loss(plane, sq, loss + device_loss)
     }
 
     fn adamw(
@@ -505,14 +531,29 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
         let ids = self.tokens(targets)?;
         let item = MemoryItem::Logits;
         let (max, sum, target) = (self.f32_zeros(item, n)?, self.f32_zeros(item, n)?, self.f32_zeros(item, n)?);
+        // A rank holding the whole vocabulary combines nothing: the kernel writes lse and log p.
+        let (lse, logp) = (self.f32_zeros(item, n)?, self.f32_zeros(item, n)?);
+        let whole = |p: DevicePtr| if tp.is_single() { p } else { DevicePtr::NULL };
         let [rows, cols, shard_start] = [n, logits.len() / n.max(1), v0].map(|v| v as u64);
-        let (row_max, row_sum, target_logit, logits, targets) =
-            (max.ptr(), sum.ptr(), target.ptr(), logits.ptr(), ids.ptr());
-        let call = k::LogitsRowStats { row_max, row_sum, target_logit, logits, targets, rows, cols, shard_start };
+        let call = k::LogitsRowStats {
+            row_max: max.ptr(),
+            row_sum: sum.ptr(),
+            target_logit: target.ptr(),
+            lse: whole(lse.ptr()),
+            logp: whole(logp.ptr()),
+            logits: logits.ptr(),
+            targets: ids.ptr(),
+            rows,
+            cols,
+            shard_start,
+        };
         self.rows(&call, n)?;
-        let (lse, logp) = combine_shards(max.read()?, sum.read()?, target.read()?, tp)?;
-        self.arena.charge(item, 8 * n as u64)?;
-        Ok((DeviceArray::from(self.device, &logp)?, DeviceArray::from(self.device, &lse)?))
+        if !tp.is_single() {
+            let (lse_values, logp_values) = combine_shards(max.read()?, sum.read()?, target.read()?, tp)?;
+            lse.view().write(self.device, &lse_values)?;
+            logp.view().write(self.device, &logp_values)?;
+        }
+        Ok((logp, lse))
     }
 
     fn log_probs_backward(
@@ -641,17 +682,35 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
         f(&x.read()?)
     }
 
-    fn read_modify_stats<T>(
+    fn objective(
         &mut self,
-        src: &Self::Stat,
-        dst: &mut Self::Stat,
-        f: impl FnOnce(&[f32], &mut [f32]) -> Result<T, EngineError>,
-    ) -> Result<T, EngineError> {
-        let src = src.read()?;
-        let mut values = dst.read()?;
-        let out = f(&src, &mut values)?;
-        dst.view().write(self.device, &values)?;
-        Ok(out)
+        objective: &dyn Objective,
+        seqs: Range<usize>,
+        out: &Self::Stat,
+        dout: &mut Self::Stat,
+    ) -> Result<f64, EngineError> {
+        match (objective.on_device(), self.step_scalars) {
+            (Some(DeviceObjective::NextToken { seq_len, inv_count }), Some(scalars)) => {
+                let (rows, seq_len) = (out.len() as u64, seq_len as u64);
+                let call = k::CrossEntropy {
+                    dlogp: dout.ptr(),
+                    loss: scalars.ptr(),
+                    logp: out.ptr(),
+                    rows,
+                    seq_len,
+                    inv_count,
+                };
+                self.launch(&call, [1, 1, 1], BLOCK)?;
+                Ok(0.0)
+            }
+            _ => {
+                // `dout` is written whole: only the outputs come back.
+                let mut grad = vec![0.0; dout.len()];
+                let loss = objective.loss_and_grad(seqs, &out.read()?, &mut grad);
+                dout.view().write(self.device, &grad)?;
+                Ok(loss)
+            }
+        }
     }
 
     fn modify_grads<T>(

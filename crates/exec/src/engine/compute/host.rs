@@ -8,7 +8,7 @@ use crate::engine::arena::{Arena, Mark};
 use crate::engine::ops::*;
 use crate::engine::sampling::{sample_token, Sampling};
 use crate::engine::EngineError;
-use crate::engine::{AdamW, Replica};
+use crate::engine::{AdamW, Objective, Replica};
 use nereus_core::cost::{MemoryBreakdown, MemoryItem};
 
 /// The host f32 engine: buffers from the rank's [`Arena`], layers from `ops/`.
@@ -332,13 +332,14 @@ impl Compute for Host<'_, '_> {
         f(x)
     }
 
-    fn read_modify_stats<T>(
+    fn objective(
         &mut self,
-        src: &Vec<f32>,
-        dst: &mut Vec<f32>,
-        f: impl FnOnce(&[f32], &mut [f32]) -> Result<T, EngineError>,
-    ) -> Result<T, EngineError> {
-        f(src, dst)
+        objective: &dyn Objective,
+        seqs: Range<usize>,
+        out: &Vec<f32>,
+        dout: &mut Vec<f32>,
+    ) -> Result<f64, EngineError> {
+        Ok(objective.loss_and_grad(seqs, out, dout))
     }
 
     fn modify_grads<T>(

@@ -25,7 +25,7 @@ use std::ops::Range;
 use super::arena::Mark;
 use super::ops::{AttentionShape, TensorGroup};
 use super::sampling::Sampling;
-use super::{AdamW, EngineError, Replica};
+use super::{AdamW, EngineError, Objective, Replica};
 use crate::backend::gpu::DevicePtr;
 use crate::comm::DataPlane;
 use nereus_core::cost::{MemoryBreakdown, MemoryItem};
@@ -284,13 +284,17 @@ pub trait Compute {
         x: &Self::Stat,
         f: impl FnOnce(&[f32]) -> Result<T, EngineError>,
     ) -> Result<T, EngineError>;
-    /// Runs `f` on `src` as host values while it rewrites `dst` (a loss and its gradient).
-    fn read_modify_stats<T>(
+    /// This micro-batch's share of `objective`'s loss over the head's outputs `out` (sequences
+    /// `seqs`), writing `d loss / d out` into `dout`. A device runs an objective's device form
+    /// ([`Objective::on_device`]) itself, adds its loss to the step's accumulator and returns 0
+    /// ([`Optimize::reduce_gradients`] reads the accumulator); other objectives read `out` back.
+    fn objective(
         &mut self,
-        src: &Self::Stat,
-        dst: &mut Self::Stat,
-        f: impl FnOnce(&[f32], &mut [f32]) -> Result<T, EngineError>,
-    ) -> Result<T, EngineError>;
+        objective: &dyn Objective,
+        seqs: Range<usize>,
+        out: &Self::Stat,
+        dout: &mut Self::Stat,
+    ) -> Result<f64, EngineError>;
     /// Lets `f` rewrite the gradients as host values (the data-parallel all-reduce, the norm).
     fn modify_grads<T>(
         &mut self,
