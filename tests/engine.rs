@@ -44,8 +44,10 @@ fn every_layout_on_emulated_devices_matches_the_host_f32_step_within_bf16_tolera
 
 /// `bench engine --device emulated` runs the bf16 engine on the grid emulator and reports what
 /// a GPU run is judged by: the FLOPs it counts are the tiny model's, and the model FLOP
-/// utilisation and the decode roofline follow from the cluster file's peaks (no floor applies
-/// on the emulator).
+/// utilisation and the decode roofline follow from the cluster file's peaks (no speed floor
+/// applies on the emulator). The step's counts do: after the warm-up round no phase asks the
+/// runtime for memory, and a training step waits for the device twice (the loss and the norm's
+/// sums in one read, and the step's end).
 #[test]
 fn bench_engine_on_the_emulated_device_counts_flops_and_bytes_against_the_cluster_peaks() {
     let dir = tempfile::tempdir().unwrap();
@@ -76,5 +78,18 @@ fn bench_engine_on_the_emulated_device_counts_flops_and_bytes_against_the_cluste
     let bytes = decode["fraction_of_roofline"].as_f64().unwrap() * per_step * 4.8e12;
     let want = 2.0 * (500_352.0 - 512.0 * 128.0) + 4.0 * 2.0 * 2.0 * 64.0 * 12.0 * 2.0;
     assert!((bytes / want - 1.0).abs() < 1e-9, "{bytes} bytes for {want}: {decode}");
-    assert_eq!(report["floors"].as_array().unwrap().len(), 0, "the emulator is held to no floor");
+    let floors: Vec<(&str, f64, bool)> = report["floors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f["name"].as_str().unwrap(), f["value"].as_f64().unwrap(), f["ok"].as_bool().unwrap()))
+        .collect();
+    assert_eq!(floors, [("allocations_after_warmup", 0.0, true), ("syncs_per_train_step", 2.0, true)], "{report}");
+    // Every measured pass is counted: kernels ran, and a step's tokens and results crossed.
+    for name in ["forward", "train_step", "prefill", "decode"] {
+        let r = phase(name);
+        assert_eq!(r["allocations"], 0, "{r}");
+        assert!(r["launches"].as_u64().unwrap() > 0 && r["host_device_bytes"].as_u64().unwrap() > 0, "{r}");
+    }
+    assert!(phase("gemm_library").get("launches").is_none(), "the bare GEMMs are not a pass");
 }

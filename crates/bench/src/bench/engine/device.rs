@@ -14,19 +14,24 @@
 //!   at the steps' mean context) over the cluster file's HBM bandwidth, against the measured
 //!   step time (generating `new` tokens less generating one, per step).
 //!
-//! On the grid emulator every number is measured and reported but no floor applies: it checks
-//! that the benchmark runs, not how fast a GPU is.
+//! - **the step's host round trips**: every phase's launches, driver allocations, host waits and
+//!   host↔device bytes, counted by the device; after the warm-up round no phase allocates, and
+//!   a training step waits for the device at most twice.
+//!
+//! On the grid emulator every number is measured and reported, but only the counts' floors
+//! apply (they do not depend on speed): it checks that the benchmark runs and that the step
+//! makes no round trip a GPU would pay for, not how fast a GPU is.
 
 use std::time::Instant;
 
-use super::measure::{attention_flops, operand, step_gemms, time_phases, Gemm as StepGemm, Phases, Row};
+use super::measure::{attention_flops, operand, step_gemms, time_phases, Gemm as StepGemm, PassCounts, Phases, Row};
 use crate::bench::Floor;
 use nereus_core::config::{DeviceChoice, Dtype};
 use nereus_core::cost::MemoryItem;
 use nereus_core::model::{Architecture, Catalogue, Layout, OutputHead};
 use nereus_core::plan::{ModelStage, Role, Stage};
 use nereus_exec::backend::blas::{Gemm, GemmOut};
-use nereus_exec::backend::gpu::{Device, DeviceArray};
+use nereus_exec::backend::gpu::{Device, DeviceArray, DeviceCounters};
 use nereus_exec::emu::{Counters, DeviceMemory, EmuSet};
 use nereus_exec::engine::compute::{Compute, OnDevice};
 use nereus_exec::engine::{init_shard, with_device_params, EngineError, Op, Replica};
@@ -120,9 +125,14 @@ impl DeviceBench {
         })?;
         let replica = Replica::new(plane, &set, id, t.max(dp + dn))?;
         let (library, engine) = time_gemms(&mut set, &replica, &arch, b * t, self.reps)?;
-        let phases = time_phases(&*plane, &mut set, &replica, &arch, (b, t, db, dp, dn), self.reps)?;
+        let device = set.store().memory().shared_device();
+        let counters = || Some(device.counters());
+        let phases = time_phases(&*plane, &mut set, &replica, &arch, (b, t, db, dp, dn), self.reps, &counters)?;
         let rows = rows(&arch, (b, t, db, dp, dn), params, (library, engine), &phases, self.peaks);
-        let floors = if self.choice == DeviceChoice::Emulated { Vec::new() } else { floors(&rows) };
+        let mut floors = step_floors(&phases);
+        if self.choice != DeviceChoice::Emulated {
+            floors.extend(speed_floors(&rows));
+        }
         let title = format!(
             "device engine ({:?}): {params} parameters in bf16; batch {b} x {t} tokens; decode {db} x ({dp} + {dn})",
             self.choice
@@ -240,19 +250,36 @@ fn rows(
     let context = dp as f64 + dn as f64 / 2.0;
     let roofline = |pk: Peaks| decode_bytes(arch, params, db as u64, context) / pk.hbm_bytes_per_s;
     decode.fraction_of_roofline = peaks.map(|pk| roofline(pk) / p.decode_step);
+    let counted = |mut r: Row, counts: Option<DeviceCounters>| {
+        r.counts = counts.map(PassCounts::from);
+        r
+    };
+    let c = p.counts;
     vec![
         row("gemm_library", n, library, gemm_flops),
         row("gemm_engine", n, engine, gemm_flops),
-        row("forward", n, p.forward, gemm_flops / 3.0 + attention / 3.0),
+        counted(row("forward", n, p.forward, gemm_flops / 3.0 + attention / 3.0), c.map(|c| c.forward)),
         row("backward", n, (p.step - p.forward).max(1e-9), 2.0 * (gemm_flops + attention) / 3.0),
-        row("train_step", n, p.step, gemm_flops + attention),
-        row("prefill", (db * dp) as u64, p.prefill, 0.0),
-        decode,
+        counted(row("train_step", n, p.step, gemm_flops + attention), c.map(|c| c.step)),
+        counted(row("prefill", (db * dp) as u64, p.prefill, 0.0), c.map(|c| c.prefill)),
+        // Decode's span: generating every new token less generating one.
+        counted(decode, c.map(|c| c.generate.since(&c.prefill))),
     ]
 }
 
-/// The device engine's floors, from the rows (GPUs only).
-fn floors(rows: &[Row]) -> Vec<Floor> {
+/// The floors a step's device counts are held to, on every device the emulated one included:
+/// no driver allocation once the first round has warmed the cache, and at most two host waits
+/// in a training step (reading the loss and the gradient norm for the log line).
+fn step_floors(p: &Phases) -> Vec<Floor> {
+    let Some(c) = p.counts else { return Vec::new() };
+    vec![
+        Floor::at_most("allocations_after_warmup", c.allocations_after_warmup as f64, 0.0, "allocations"),
+        Floor::at_most("syncs_per_train_step", c.most_syncs_per_step as f64, 2.0, "host waits"),
+    ]
+}
+
+/// The device engine's speed floors, from the rows (GPUs only).
+fn speed_floors(rows: &[Row]) -> Vec<Floor> {
     let find = |phase: &str| rows.iter().find(|r| r.phase == phase);
     let mut out = Vec::new();
     if let Some(r) = find("gemm_engine") {

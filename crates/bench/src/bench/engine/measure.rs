@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use crate::bench::median;
 use nereus_core::model::Architecture;
+use nereus_exec::backend::gpu::DeviceCounters;
 use nereus_exec::comm::DataPlane;
 use nereus_exec::emu::EmuSet;
 use nereus_exec::engine::{
@@ -39,6 +40,33 @@ pub struct Row {
     /// The HBM roofline's time over the measured time (decode on a device with a cluster file).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fraction_of_roofline: Option<f64>,
+    /// What the device did over the phase's span (on a device).
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub counts: Option<PassCounts>,
+}
+
+/// What a device did over one measured span: the overheads a GPU profile is read against.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct PassCounts {
+    /// Kernel launches (GEMM library calls included).
+    pub launches: u64,
+    /// Device allocations asked of the runtime (not those the cache served).
+    pub allocations: u64,
+    /// Times the host waited for the device (stream synchronizations and upload waits).
+    pub syncs: u64,
+    /// Bytes that crossed the host link, both ways.
+    pub host_device_bytes: u64,
+}
+
+impl From<DeviceCounters> for PassCounts {
+    fn from(c: DeviceCounters) -> PassCounts {
+        PassCounts {
+            launches: c.launches + c.gemms,
+            allocations: c.allocations,
+            syncs: c.host_waits(),
+            host_device_bytes: c.host_device_bytes(),
+        }
+    }
 }
 
 impl Row {
@@ -54,6 +82,7 @@ impl Row {
             fraction_of_gemm: if flops > 0.0 { flops / seconds / reference } else { 0.0 },
             fraction_of_peak: None,
             fraction_of_roofline: None,
+            counts: None,
         }
     }
 }
@@ -109,6 +138,24 @@ pub fn operand(len: usize, seed: f32) -> Vec<f32> {
     (0..len).map(|i| (i as f32 * 0.37 + seed).sin() * 0.1).collect()
 }
 
+/// What the device did in each phase of the last measured round, and over every round after
+/// the warm-up.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PhaseCounts {
+    /// The forward pass.
+    pub forward: DeviceCounters,
+    /// The training step.
+    pub step: DeviceCounters,
+    /// Generation of one new token.
+    pub prefill: DeviceCounters,
+    /// Generation of all new tokens.
+    pub generate: DeviceCounters,
+    /// Device allocations asked of the runtime in every phase of every round after the first.
+    pub allocations_after_warmup: u64,
+    /// The most host waits one training step made (after the first round).
+    pub most_syncs_per_step: u64,
+}
+
 /// Median seconds of the phases of one replica's step.
 pub struct Phases {
     /// A forward pass over the training batch.
@@ -119,11 +166,14 @@ pub struct Phases {
     pub prefill: f64,
     /// One decode step: generating all new tokens less generating one, per token.
     pub decode_step: f64,
+    /// What the device did (on a device).
+    pub counts: Option<PhaseCounts>,
 }
 
 /// Median seconds of a forward pass, a training step, a prefill (one new token) and one decode
 /// step of `replica` in memory `M`, over `reps` rounds after a warm-up: the same passes the RL
-/// step runs, on the host or a device (whose passes end with a wait for the device).
+/// step runs, on the host or a device (whose passes end with a wait for the device). On a
+/// device, `counters` reads its [`DeviceCounters`] (on the host it gives `None`).
 pub fn time_phases<M: EngineMemory, P: DataPlane>(
     plane: &P,
     set: &mut EmuSet<M>,
@@ -131,6 +181,7 @@ pub fn time_phases<M: EngineMemory, P: DataPlane>(
     arch: &Architecture,
     (b, t, db, dp, dn): (usize, usize, usize, usize, usize),
     reps: usize,
+    counters: &dyn Fn() -> Option<DeviceCounters>,
 ) -> Result<Phases, RuntimeError> {
     let tokens: Vec<u32> =
         (0..(b * t).max(db * dp)).map(|i| (nereus_core::rng::mix(i as u64) % arch.vocab) as u32).collect();
@@ -149,25 +200,40 @@ pub fn time_phases<M: EngineMemory, P: DataPlane>(
         seed: 1,
     };
     let wave = [Wave { prompts: tokens[..db * dp].to_vec(), starts: Vec::new(), ids }];
-    let timed = |f: &mut dyn FnMut() -> Result<(), EngineError>| -> Result<f64, EngineError> {
-        let start = Instant::now();
+    // Seconds and device counts of one pass.
+    let timed = |f: &mut dyn FnMut() -> Result<(), EngineError>| -> Result<(f64, Option<DeviceCounters>), EngineError> {
+        let (start, before) = (Instant::now(), counters());
         f()?;
-        Ok(start.elapsed().as_secs_f64())
+        let seconds = start.elapsed().as_secs_f64();
+        Ok((seconds, counters().zip(before).map(|(after, before)| after.since(&before))))
     };
     let mut runs: [Vec<f64>; 4] = Default::default();
+    let mut counts: Option<PhaseCounts> = None;
     for rep in 0..=reps.max(1) {
-        let forward = timed(&mut || M::infer(plane, set, replica, &batch, b).map(drop))?;
-        let step = timed(&mut || train_step(plane, set, replica, &batch, b, &objective, &opt).map(drop))?;
-        let prefill = timed(&mut || M::generate(plane, set, replica, &wave, &sampling(1)).map(drop))?;
-        let full = timed(&mut || M::generate(plane, set, replica, &wave, &sampling(dn)).map(drop))?;
+        let (forward, fc) = timed(&mut || M::infer(plane, set, replica, &batch, b).map(drop))?;
+        let (step, sc) = timed(&mut || train_step(plane, set, replica, &batch, b, &objective, &opt).map(drop))?;
+        let (prefill, pc) = timed(&mut || M::generate(plane, set, replica, &wave, &sampling(1)).map(drop))?;
+        let (full, gc) = timed(&mut || M::generate(plane, set, replica, &wave, &sampling(dn)).map(drop))?;
         // The first round warms the allocator, the libraries' heuristics and the caches.
         if rep > 0 {
             let decode_step = (full - prefill).max(0.0) / (dn.max(2) - 1) as f64;
             for (k, v) in [forward, step, prefill, decode_step].into_iter().enumerate() {
                 runs[k].push(v);
             }
+            if let (Some(forward), Some(step), Some(prefill), Some(generate)) = (fc, sc, pc, gc) {
+                let earlier = counts.unwrap_or_default();
+                let allocations = [forward, step, prefill, generate].iter().map(|c| c.allocations).sum::<u64>();
+                counts = Some(PhaseCounts {
+                    forward,
+                    step,
+                    prefill,
+                    generate,
+                    allocations_after_warmup: earlier.allocations_after_warmup + allocations,
+                    most_syncs_per_step: earlier.most_syncs_per_step.max(step.host_waits()),
+                });
+            }
         }
     }
     let [forward, step, prefill, decode_step] = runs.map(median);
-    Ok(Phases { forward, step, prefill, decode_step })
+    Ok(Phases { forward, step, prefill, decode_step, counts })
 }

@@ -111,7 +111,7 @@ fn on_device(session: &Session, args: &Options, choice: DeviceChoice) -> Result<
     };
     print_rows(&title, &rows)?;
     if choice == DeviceChoice::Emulated {
-        println!("(the grid emulator: no floor applies)");
+        println!("(the grid emulator: only the step's counts are held to floors, not its speed)");
     }
     BenchReport { bench: "engine".into(), machine: machine(session), rows, floors }.finish(args.json.as_deref())
 }
@@ -161,7 +161,7 @@ fn time_host_phases(session: &Session, arch: &Architecture, reps: usize) -> Resu
         init_shard(shard, cat, 3).map_err(|e| e.to_string())
     })?;
     let replica = Replica::new(&mut plane, &set, id, t.max(dp + dn))?;
-    time_phases(&plane, &mut set, &replica, arch, (b, t, db, dp, dn), reps)
+    time_phases(&plane, &mut set, &replica, arch, (b, t, db, dp, dn), reps, &|| None)
 }
 
 /// The FLOPs of a step's GEMMs and the seconds the GEMM crate takes for them alone (each
