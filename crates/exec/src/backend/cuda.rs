@@ -9,8 +9,9 @@ use cudarc::driver::sys;
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 
 use super::blas::{Gemm, VendorBlas, CUBLAS};
-use super::gpu::{DevicePtr, GpuRuntime, RawHandle};
+use super::runtime::{GpuRuntime, RawHandle};
 use super::{BackendError, DriverDevice};
+use nereus_kernels::DevicePtr;
 use nereus_kernels::{Kernel, KernelArgs, Launch, Source};
 
 fn driver_error(e: impl std::fmt::Debug) -> BackendError {

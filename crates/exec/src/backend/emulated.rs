@@ -15,10 +15,11 @@ use std::ffi::c_void;
 use std::time::Instant;
 
 use super::blas::{gemm_on_host, Gemm};
-use super::gpu::{DevicePtr, GpuRuntime, RawHandle};
+use super::runtime::{GpuRuntime, RawHandle};
 use super::{BackendError, DriverDevice};
 use nereus_kernels::grid::{GridKernels, WarpWidth};
 use nereus_kernels::pack::RectLaunch;
+use nereus_kernels::DevicePtr;
 use nereus_kernels::{KernelArgs, Launch};
 
 /// An emulated device of a given capacity.

@@ -12,143 +12,19 @@
 //! nothing and waits for the device only where it reads a result.
 
 use std::cell::{Cell, RefCell};
-use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
 use super::blas::Gemm;
 use super::cache::BlockCache;
 use super::staging::{UploadRing, UPLOAD_RING_BYTES};
-use super::{BackendError, DriverDevice};
-use nereus_kernels::pack::{rect_launch, RectCopy, RectLaunch};
-use nereus_kernels::{KernelArgs, KernelCall, Launch};
+use super::BackendError;
+use nereus_kernels::pack::{rect_launch, RectCopy};
+use nereus_kernels::{KernelCall, Launch};
 
 /// A device address (`CUdeviceptr`, `hipDeviceptr_t`).
 pub use nereus_kernels::DevicePtr;
 
-/// An opaque stream or event handle (`CUstream`/`hipStream_t`, `CUevent`/`hipEvent_t`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RawHandle(pub *mut c_void);
-
-/// One GPU as a runtime drives it. Every enqueueing call is `unsafe`: the caller keeps the
-/// pointers valid until the stream has passed the operation.
-pub trait GpuRuntime {
-    /// `CUDA`, `ROCm` or `emulated`.
-    fn backend(&self) -> &'static str;
-    /// Whether work has run when the call that enqueued it returns (the emulated device); a
-    /// GPU's stream runs it later, so a host timer around a launch measures its issue.
-    fn synchronous(&self) -> bool {
-        false
-    }
-    /// Lanes per warp: 32 on NVIDIA GPUs, 64 on AMD's CDNA (kernels whose blocks are counted in
-    /// warps are launched with this many threads a warp).
-    fn warp_width(&self) -> u32 {
-        32
-    }
-    /// The device: ordinal, name and total memory as the driver reports them.
-    fn device(&self) -> &DriverDevice;
-    /// `bytes` of device memory, usable in `stream` order.
-    fn alloc(&self, bytes: u64, stream: RawHandle) -> Result<DevicePtr, BackendError>;
-    /// Returns `ptr` in `stream` order.
-    ///
-    /// # Safety
-    /// `ptr` came from [`GpuRuntime::alloc`] and is not used by work enqueued after this.
-    unsafe fn free(&self, ptr: DevicePtr, stream: RawHandle);
-    /// Page-locked host memory for staging copies.
-    fn alloc_pinned(&self, bytes: usize) -> Result<*mut u8, BackendError>;
-    /// # Safety
-    /// `ptr` came from [`GpuRuntime::alloc_pinned`] and no pending copy uses it.
-    unsafe fn free_pinned(&self, ptr: *mut u8);
-    /// A new non-blocking stream.
-    fn create_stream(&self) -> Result<RawHandle, BackendError>;
-    /// # Safety
-    /// `stream` came from [`GpuRuntime::create_stream`]; pending work still completes.
-    unsafe fn destroy_stream(&self, stream: RawHandle);
-    /// A new event (with timing).
-    fn create_event(&self) -> Result<RawHandle, BackendError>;
-    /// # Safety
-    /// `event` came from [`GpuRuntime::create_event`] and no stream waits on it any more.
-    unsafe fn destroy_event(&self, event: RawHandle);
-    /// Records `event` when `stream` reaches this point.
-    ///
-    /// # Safety
-    /// Both handles are live.
-    unsafe fn record(&self, event: RawHandle, stream: RawHandle) -> Result<(), BackendError>;
-    /// Makes `stream` wait for `event`.
-    ///
-    /// # Safety
-    /// Both handles are live.
-    unsafe fn wait_event(&self, stream: RawHandle, event: RawHandle) -> Result<(), BackendError>;
-    /// Whether the work before `event` has finished.
-    ///
-    /// # Safety
-    /// `event` is live.
-    unsafe fn event_done(&self, event: RawHandle) -> Result<bool, BackendError>;
-    /// Blocks the host until `event` has happened.
-    ///
-    /// # Safety
-    /// `event` is live.
-    unsafe fn event_synchronize(&self, event: RawHandle) -> Result<(), BackendError>;
-    /// Milliseconds between two recorded events.
-    ///
-    /// # Safety
-    /// Both events are live and have happened.
-    unsafe fn elapsed_ms(&self, start: RawHandle, end: RawHandle) -> Result<f32, BackendError>;
-    /// Host to device.
-    ///
-    /// # Safety
-    /// `src` (pinned) holds `bytes` and `dst` has room, until the stream passes the copy.
-    unsafe fn copy_h2d(
-        &self,
-        dst: DevicePtr,
-        src: *const u8,
-        bytes: u64,
-        stream: RawHandle,
-    ) -> Result<(), BackendError>;
-    /// Device to host.
-    ///
-    /// # Safety
-    /// As [`GpuRuntime::copy_h2d`], the other way.
-    unsafe fn copy_d2h(&self, dst: *mut u8, src: DevicePtr, bytes: u64, stream: RawHandle) -> Result<(), BackendError>;
-    /// Device to device (the copy engine).
-    ///
-    /// # Safety
-    /// Both ranges are valid, distinct allocations' bytes.
-    unsafe fn copy_d2d(
-        &self,
-        dst: DevicePtr,
-        src: DevicePtr,
-        bytes: u64,
-        stream: RawHandle,
-    ) -> Result<(), BackendError>;
-    /// Zeroes `bytes` at `dst` in stream order (`cuMemsetD8Async`, `hipMemsetAsync`).
-    ///
-    /// # Safety
-    /// The range lies inside a live allocation.
-    unsafe fn zero(&self, dst: DevicePtr, bytes: u64, stream: RawHandle) -> Result<(), BackendError>;
-    /// Enqueues one kernel launch on `stream`. A kernel the runtime did not load is an error.
-    ///
-    /// # Safety
-    /// `args` match the kernel's parameters, and every address among them lies, over the range
-    /// the kernel touches, inside a live allocation (with no overlap the kernel does not allow).
-    unsafe fn launch(&self, launch: &Launch, args: &mut KernelArgs, stream: RawHandle) -> Result<(), BackendError>;
-    /// Enqueues a GEMM on `stream` (bf16 inputs, f32 accumulation; see [`Gemm`]).
-    ///
-    /// # Safety
-    /// `a`, `b` and `c` are live allocations of at least the sizes `g` implies.
-    unsafe fn gemm(
-        &self,
-        g: &Gemm,
-        a: DevicePtr,
-        b: DevicePtr,
-        c: DevicePtr,
-        stream: RawHandle,
-    ) -> Result<(), BackendError>;
-    /// Checks a rectangle copy's extent before its launch, where the runtime can (the emulated
-    /// device knows its allocations); devices check nothing here.
-    fn check_rect(&self, _launch: &RectLaunch) -> Result<(), BackendError> {
-        Ok(())
-    }
-}
+pub use super::runtime::{GpuRuntime, RawHandle};
 
 /// Streams and events of the transition in flight, and the host staging memory.
 struct Streams {

@@ -16,6 +16,7 @@ pub mod gpu;
 pub mod linalg;
 #[cfg(feature = "rocm")]
 pub mod rocm;
+pub mod runtime;
 mod staging;
 
 use serde::{Deserialize, Serialize};

@@ -8,9 +8,10 @@ use std::ffi::{c_void, CStr, CString};
 use std::os::raw::{c_char, c_int};
 
 use super::blas::{Gemm, VendorBlas, HIPBLAS};
-use super::gpu::{DevicePtr, GpuRuntime, RawHandle};
+use super::runtime::{GpuRuntime, RawHandle};
 use super::{BackendError, DriverDevice};
 use nereus_kernels::hip::code_object;
+use nereus_kernels::DevicePtr;
 use nereus_kernels::{Kernel, KernelArgs, Launch, Source};
 
 fn check(status: hiprt::hipError_t, call: &str) -> Result<(), BackendError> {

@@ -8,7 +8,7 @@
 
 use std::collections::VecDeque;
 
-use super::gpu::{GpuRuntime, RawHandle};
+use super::runtime::{GpuRuntime, RawHandle};
 use super::BackendError;
 use nereus_kernels::DevicePtr;
 

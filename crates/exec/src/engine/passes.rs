@@ -8,8 +8,9 @@
 use super::arena::Arena;
 use super::compute::{Compute, Host, HostShard, MixedShard, OnDevice, Optimize};
 use super::generate::Generated;
+use super::objective::Objective;
 use super::sampling::Sampling;
-use super::train::{Batch, Objective, StepReport};
+use super::train::{Batch, StepReport};
 use super::{f32_sections, AdamW, EngineError, Replica};
 use crate::backend::gpu::{DeviceArray, DeviceView};
 use crate::comm::DataPlane;

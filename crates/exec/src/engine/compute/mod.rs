@@ -23,9 +23,10 @@ pub use host::{Host, HostShard};
 use std::ops::Range;
 
 use super::arena::Mark;
+use super::objective::Objective;
 use super::ops::{AttentionShape, TensorGroup};
 use super::sampling::Sampling;
-use super::{AdamW, EngineError, Objective, Replica};
+use super::{AdamW, EngineError, Replica};
 use crate::backend::gpu::DevicePtr;
 use crate::comm::DataPlane;
 use nereus_core::cost::{MemoryBreakdown, MemoryItem};
