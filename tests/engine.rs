@@ -27,14 +27,16 @@ fn every_layout_that_fits_8_ranks_matches_the_single_rank_step() {
 
 #[test]
 fn every_layout_on_emulated_devices_matches_the_host_f32_step_within_bf16_tolerance() {
-    let out = run_mpi(8, &["selftest", "engine", "--device", "emulated"]);
+    // On 4 ranks: the emulator runs each kernel's grid on the host, so the 10 layouts that fit 4
+    // ranks take half the time of 8 ranks' 17, and the host test above covers all 17.
+    let out = run_mpi(4, &["selftest", "engine", "--device", "emulated"]);
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "selftest engine --device emulated: {stderr}");
     let summary: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON summary from rank 0");
     assert_eq!(summary["failures"].as_array().unwrap().len(), 0, "{summary}");
     let rows = summary["rows"].as_array().unwrap();
-    // The host's (1, 1, 1) for each model, then the 17 layouts of each on the devices.
-    assert_eq!(rows.iter().filter(|r| r["device"] == true).count(), 34, "{summary}");
+    // The host's (1, 1, 1) for each model, then the 10 layouts of each on the devices.
+    assert_eq!(rows.iter().filter(|r| r["device"] == true).count(), 20, "{summary}");
     for row in rows.iter().filter(|r| r["device"] == true) {
         // bf16 rounding shows (the device is not computing in f32), within the stated tolerances.
         let (params, grads) = (row["params_rel"].as_f64().unwrap(), row["grads_rel"].as_f64().unwrap());

@@ -36,9 +36,11 @@ fn tiny_ppo_grpo_and_remax_learn_and_lengthen_their_answers_on_8_ranks() {
     for name in ["ppo", "grpo", "remax"] {
         let config = dir.path().join(format!("{name}.toml"));
         std::fs::write(&config, shipped(&format!("tiny-{name}.toml"))).unwrap();
-        let records = train(8, &config, &dir.path().join(name), 100, &[]);
-        assert_eq!(records.len(), 100);
-        let (first, last) = (&records[..3], &records[90..]);
+        // 50 steps: by then the last 10 steps' mean reward is 0.92 (PPO), 0.91 (GRPO) and 0.61
+        // (ReMax, the slowest), from 0.14-0.20 over the first 3, and answers are 10-18 tokens longer.
+        let records = train(8, &config, &dir.path().join(name), 50, &[]);
+        assert_eq!(records.len(), 50);
+        let (first, last) = (&records[..3], &records[40..]);
         let (r0, r1) = (mean(first, "reward_mean"), mean(last, "reward_mean"));
         let (l0, l1) = (mean(first, "response_len_mean"), mean(last, "response_len_mean"));
         assert!(r1 >= 0.5 && r1 >= 2.0 * r0, "{name}: reward {r0:.3} at the start, {r1:.3} at the end");
