@@ -8,6 +8,8 @@
 #                                              # compile crates/kernels/device/ without a GPU (scripts/compile-kernels.sh)
 #   NEREUS_WITH_EXACT=1 bash scripts/setup.sh  # + cmake, to build HiGHS for `--features exact`
 #                                              # (`nereus bench solver`; the build takes ~7 min on 2 cores)
+#   NEREUS_FEATURES=cuda,exact,rocm bash scripts/setup.sh  # build the binary with these cargo features
+#                                              # (CI does: the test suite then builds nothing twice)
 #
 # Debian/Ubuntu packages are installed with apt-get when running as root; otherwise the missing
 # ones are listed (on a cluster, load the site's MPI and hwloc modules instead).
@@ -64,4 +66,6 @@ if [ "${NEREUS_WITH_KERNEL_TOOLS:-0}" = 1 ] && [ ! -f "$hipblas_api/hipblas-sys-
 fi
 
 command -v cargo >/dev/null || { echo "setup: cargo not found; install Rust from https://rustup.rs" >&2; exit 1; }
-cargo build --release --locked
+features=${NEREUS_FEATURES:-}
+case ",$features," in *,rocm,*) export HIP_PATH=${HIP_PATH:-/usr} ;; esac
+cargo build --release --locked ${features:+--features "$features"}

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# The pure core builds and tests, and the planner-only binary builds and runs, where MPI, hwloc
-# and libclang cannot be found: a laptop that only wants `nereus plan` or `nereus simulate`.
+# The pure core and the planner-only binary build, and the binary runs, where MPI, hwloc and
+# libclang cannot be found: a laptop that only wants `nereus plan` or `nereus simulate`. (The
+# core's unit tests run with the workspace's in scripts/test.sh.)
 #
 #   bash scripts/test-core.sh
 #
 # On a machine that has them (as root), they are hidden first in a private mount namespace
 # (tmpfs over their folders, /dev/null over their files); elsewhere the script checks that none
-# of them is there. Builds use the dev profile (target/debug), apart from the release build the
-# rest of the suite runs.
+# of them is there. The build is a release build, so that the dependencies it compiles are
+# reused by the rest of the suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,11 +45,10 @@ if [ -n "$(present)" ] || pkg-config --exists ompi 2>/dev/null || pkg-config --e
   exit 1
 fi
 echo "== core without MPI, hwloc or libclang (none is visible here)"
-cargo test --locked -p nereus-core
-cargo build --locked -p nereus --no-default-features
+cargo build --release --locked -p nereus --no-default-features
 
 echo "== the planner-only binary plans, simulates and traces; the SPMD commands say what they need"
-bin=target/debug/nereus
+bin=target/release/nereus
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$bin" plan configs/llama3.1-8b-ppo.toml --gpus 64 --json >"$tmp/plan.json"

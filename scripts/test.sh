@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test suite: rustfmt and clippy, unit tests, integration tests that launch target/release/nereus under
 # `mpirun -n 4` (and under `sbatch`/`srun --mpi=pmix` on a local one-node Slurm cluster when one
-# can be started), then the `cuda` and `rocm` builds with their tests.
+# can be started), all built once with the `cuda`, `rocm` and `exact` features, then the device
+# kernels' compiles.
 #
 #   bash scripts/test.sh
 #
@@ -12,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ci=${CI:-false}
 
-# The suite builds three feature sets in target/ (a few GiB) beside the Python reference and the
+# The suite builds in target/ (a few GiB) beside the Python reference and the
 # kernel tools; say up front when the disk is short, since running out shows up later as a
 # linker's bus error or a pip traceback.
 free_kib=$(df -Pk . | awk 'NR == 2 { print $4 }')
@@ -44,18 +45,11 @@ else
   echo "test: no reference Python environment; the transformers parity tests are skipped"
 fi
 
-echo "== rustfmt and clippy (the house style is enforced, not suggested)"
-cargo fmt --check
-cargo clippy --release --locked --workspace --all-targets -- -D warnings
-
-echo "== default build: unit + MPI + Slurm integration tests"
-cargo test --release --locked --workspace
-
-# The criterion benches are type-checked by clippy's --all-targets above.
-
-echo "== cuda feature (cudarc loads the CUDA driver and NCCL at run time: no toolkit needed to build)"
-# `exact` (the MILPs beside the planner and the transition scheduler, solved by HiGHS, which
-# highs-sys builds from source with cmake) rides along with the backends' builds.
+# One feature set for everything: the backends (`cuda`, `rocm`: cudarc and HIP load the driver and
+# the collectives at run time, so no toolkit is needed to build) and `exact` (the MILPs beside the
+# planner and the transition scheduler, solved by HiGHS, which highs-sys builds from source with
+# cmake). The binary the integration tests launch is the one `scripts/setup.sh` built with
+# NEREUS_FEATURES set to the same list (CI does), so nothing is compiled twice.
 features=cuda
 if command -v cmake >/dev/null; then
   features=cuda,exact
@@ -68,7 +62,6 @@ fi
 if [ -f /usr/include/hip/hip_runtime_api.h ] || [ -n "${HIP_PATH:-}" ]; then
   export HIP_PATH=${HIP_PATH:-/usr}
   features=$features,rocm
-  echo "== rocm feature (HIP runtime from HIP_PATH=$HIP_PATH)"
 elif [ "$ci" = true ]; then
   echo "test: CI needs the HIP headers (libamdhip64-dev) to compile the rocm feature" >&2
   exit 1
@@ -81,10 +74,17 @@ fi
 # NVRTC and ptxas from PyPI, for the unit test that compiles crates/kernels/device/*.cu (skipped when absent
 # outside CI).
 source scripts/kernel-env.sh
+
+echo "== rustfmt and clippy, with features $features and with the default features (the house style is enforced, not suggested)"
+cargo fmt --check
 cargo clippy --release --locked --workspace --all-targets --features "$features" -- -D warnings
-# The libraries' unit tests, and the binary's test harness (which links the whole binary with
-# every backend: a separate `cargo build` of it would compile everything once more).
-cargo test --release --locked --workspace --features "$features" --lib --bins
+# The default build (what `cargo build --release` gives a user) has its own cfg branches.
+cargo clippy --release --locked --workspace --all-targets -- -D warnings
+
+echo "== unit tests, MPI and Slurm integration tests (features $features)"
+cargo test --release --locked --workspace --features "$features"
+
+# The criterion benches are type-checked by clippy's --all-targets above.
 
 echo "== device kernels compile without a GPU (crates/kernels/device/*.cu: NVRTC + ptxas for sm_80/sm_90, hipcc for gfx90a, no register spills)"
 if [ "$ci" = true ] || { python3 -c 'import nvidia.cuda_nvrtc' 2>/dev/null && command -v hipcc >/dev/null; }; then
