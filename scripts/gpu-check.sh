@@ -48,7 +48,7 @@ have_wheel() { python3 -c "import nvidia.$1" 2>/dev/null; }
 # of device time in pip's retries.
 if [ "${NEREUS_GPU_PIP:-0}" = 1 ]; then
   if ! have_lib 'libnvrtc.so.12' && ! have_wheel cuda_nvrtc; then python3 -m pip install -q nvidia-cuda-nvrtc-cu12 || true; fi
-  if ! have_lib 'libnccl.so' && ! have_wheel nccl; then python3 -m pip install -q nvidia-nccl-cu12 || true; fi
+  if ! have_lib 'libnccl.so.2' && ! have_wheel nccl; then python3 -m pip install -q nvidia-nccl-cu12 || true; fi
   if ! have_lib 'libcublas.so.12' && ! have_wheel cublas; then python3 -m pip install -q --no-deps nvidia-cublas-cu12 || true; fi
 fi
 source scripts/kernel-env.sh
@@ -57,23 +57,9 @@ source scripts/kernel-env.sh
 for lib in $(ls -d /usr/local/cuda*/lib64 2>/dev/null | sort -V); do
   export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 done
-# cudarc opens libnvrtc.so (or .so.12) and libnccl.so. A machine with only a runtime package
-# (libnccl.so.2) or a newer CUDA (libnvrtc.so.13, in the toolkit or PyTorch's wheels) gets a link
-# in target/nccl-link to the newest one found.
-link_for_cudarc() {
-  local name=$1 found
-  have_lib "$name.so " && return 0
-  [ -e "target/nccl-link/$name.so" ] && return 0
-  found=$({ ldconfig -p | awk -v n="$name" '$1 ~ "^"n"\\.so\\.[0-9]+$" {print $NF}'
-    find /usr/local /opt /usr/lib/python3* -name "$name.so.[0-9]*" ! -name '*builtins*' ! -name '*alt*' 2>/dev/null
-  } | sort -V | tail -1)
-  [ -n "$found" ] || return 0
-  mkdir -p target/nccl-link && ln -sf "$found" "target/nccl-link/$name.so"
-  echo "gpu-check: $name.so -> $found"
-}
-link_for_cudarc libnccl
-if ! have_lib 'libnvrtc.so.12 ' && [ -z "${nereus_nvrtc:-}" ]; then link_for_cudarc libnvrtc; fi
-[ -d target/nccl-link ] && export LD_LIBRARY_PATH="$PWD/target/nccl-link${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# NVRTC, cuBLAS and NCCL are opened by soname across CUDA 12 and 13 (libnvrtc.so.13/.12,
+# libcublas.so.13/.12, libnccl.so.2): no links are made. NEREUS_NVRTC_LIBRARY,
+# NEREUS_CUBLAS_LIBRARY and NEREUS_NCCL_LIBRARY name other files.
 # A prebuilt bundle (scripts/gpu-bundle.sh) for machines without Rust or MPI: its binaries, and
 # the OpenMPI it carries.
 prebuilt=${NEREUS_PREBUILT:-}

@@ -3,8 +3,7 @@
 #   nvidia-cuda-nvrtc-cu12  libnvrtc.so.12   -> LD_LIBRARY_PATH (NVRTC compiles crates/kernels/device/*.cu)
 #   nvidia-cuda-nvcc-cu12   ptxas            -> NEREUS_PTXAS (assembles the PTX for sm_80/sm_90)
 #   nvidia-cublas-cu12      libcublas.so.12  -> LD_LIBRARY_PATH (the GEMM symbols are resolved in CI)
-#   nvidia-nccl-cu12        libnccl.so.2     -> a libnccl.so link in target/nccl-link on
-#                                               LD_LIBRARY_PATH (cudarc loads libnccl.so)
+#   nvidia-nccl-cu12        libnccl.so.2     -> LD_LIBRARY_PATH (the NCCL binding loads by soname)
 #   hipblas-sys (crates.io) bindings.rs      -> NEREUS_HIPBLAS_API (hipBLAS's declarations)
 py=${PYTHON:-python3}
 pkg_dir() { "$py" -c "import importlib.util as u, os; s = u.find_spec('nvidia.$1'); print(os.path.dirname(s.origin) if s and s.origin else (list(s.submodule_search_locations)[0] if s else ''))" 2>/dev/null || true; }
@@ -24,9 +23,7 @@ if [ -n "$nereus_cublas" ] && [ -e "$nereus_cublas/lib/libcublas.so.12" ]; then
 fi
 nereus_nccl=$(pkg_dir nccl)
 if [ -n "$nereus_nccl" ] && [ -e "$nereus_nccl/lib/libnccl.so.2" ]; then
-  mkdir -p target/nccl-link
-  ln -sf "$nereus_nccl/lib/libnccl.so.2" target/nccl-link/libnccl.so
-  export LD_LIBRARY_PATH="$PWD/target/nccl-link:$nereus_nccl/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export LD_LIBRARY_PATH="$nereus_nccl/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 # hipBLAS's declarations (fetched by setup.sh): the engine's hipBLAS ABI is checked against them.
 nereus_hipblas_api=${XDG_CACHE_HOME:-$HOME/.cache}/nereus/hipblas-api/hipblas-sys-0.1.0/src/bindings.rs

@@ -109,8 +109,9 @@ fn open_runtime(session: &Session, choice: DeviceChoice) -> Result<Opened<'_>, R
         #[cfg(feature = "cuda")]
         DeviceChoice::Cuda => {
             use nereus_exec::backend::cuda::{devices, ordinal_of, Cuda};
+            use nereus_exec::comm::nccl_api::{NcclApi, NCCL};
             Ok(ordinal(session, ordinal_of, devices).and_then(Cuda::open).and_then(|cuda| {
-                let nccl = nereus_exec::comm::nccl::Nccl::load()?;
+                let nccl = NcclApi::load(&NCCL)?;
                 Ok((Box::new(cuda) as Box<dyn GpuRuntime>, Box::new(nccl) as Box<dyn CollectiveLib>))
             }))
         }
@@ -119,8 +120,9 @@ fn open_runtime(session: &Session, choice: DeviceChoice) -> Result<Opened<'_>, R
         #[cfg(feature = "rocm")]
         DeviceChoice::Rocm => {
             use nereus_exec::backend::rocm::{devices, ordinal_of, Hip};
+            use nereus_exec::comm::nccl_api::{NcclApi, RCCL};
             Ok(ordinal(session, ordinal_of, devices).and_then(Hip::open).and_then(|hip| {
-                let rccl = nereus_exec::comm::rccl::Rccl::load()?;
+                let rccl = NcclApi::load(&RCCL)?;
                 Ok((Box::new(hip) as Box<dyn GpuRuntime>, Box::new(rccl) as Box<dyn CollectiveLib>))
             }))
         }

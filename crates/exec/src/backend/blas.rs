@@ -110,6 +110,7 @@ mod vendor {
     use std::ffi::c_void;
 
     use super::{Gemm, GemmOut};
+    use crate::backend::library::LibrarySearch;
     use crate::backend::linalg::Op;
     use crate::backend::BackendError;
 
@@ -205,17 +206,8 @@ mod vendor {
 
     /// Opens the first library of `abi` that loads (or the one its environment variable names).
     pub fn open_library(abi: &BlasAbi) -> Result<libloading::Library, BackendError> {
-        let named = std::env::var(abi.env).ok();
-        let candidates: Vec<&str> = named.as_deref().into_iter().chain(abi.libraries.iter().copied()).collect();
-        let mut last = String::new();
-        for candidate in &candidates {
-            // SAFETY: loading a vendor library runs its initializers, as linking it would.
-            match unsafe { libloading::Library::new(*candidate) } {
-                Ok(library) => return Ok(library),
-                Err(e) => last = e.to_string(),
-            }
-        }
-        Err(blas_error(abi, format!("none of {candidates:?} loads ({last}); install it or set {}", abi.env)))
+        let search = LibrarySearch { name: abi.name, env: abi.env, sonames: abi.libraries };
+        search.open().map(|opened| opened.library).map_err(|reason| blas_error(abi, reason))
     }
 
     /// Resolves every symbol the engine uses from `library` (what CI checks against the PyPI wheel).

@@ -4,9 +4,9 @@
 
 use std::ffi::CString;
 
+use super::nvrtc;
 use cudarc::driver::result::{self, stream::StreamKind};
 use cudarc::driver::sys;
-use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 
 use super::blas::{Gemm, VendorBlas, CUBLAS};
 use super::runtime::{GpuRuntime, RawHandle};
@@ -78,10 +78,6 @@ pub enum NvrtcOutput {
     Cubin(u32),
 }
 
-fn nvrtc_error(what: &str, e: impl std::fmt::Debug) -> BackendError {
-    BackendError::Kernels { backend: "CUDA", reason: format!("NVRTC {what}: {e:?}") }
-}
-
 /// Compiles one kernel source (with the prelude) by NVRTC, loaded at run time; the compiler's log
 /// on failure.
 pub fn compile_source(source: Source, output: NvrtcOutput) -> Result<Vec<u8>, BackendError> {
@@ -90,58 +86,11 @@ pub fn compile_source(source: Source, output: NvrtcOutput) -> Result<Vec<u8>, Ba
 
 /// Compiles one CUDA source text with NVRTC (loaded at run time); the compiler's log on failure.
 pub fn compile(source: &str, name: &str, output: NvrtcOutput) -> Result<Vec<u8>, BackendError> {
-    // SAFETY: only probes whether the shared library loads.
-    if !unsafe { nvrtc_sys::is_culib_present() } {
-        return Err(BackendError::Kernels {
-            backend: "CUDA",
-            reason: "NVRTC (libnvrtc.so.12) is not installed; install the CUDA toolkit or `pip install \
-                     nvidia-cuda-nvrtc-cu12` and add its lib directory to LD_LIBRARY_PATH"
-                .into(),
-        });
-    }
-    let source = CString::new(source).map_err(|e| nvrtc_error("source", e))?;
-    let name = CString::new(name).map_err(|e| nvrtc_error("name", e))?;
-    let program = nvrtc::create_program(&source, Some(&name)).map_err(|e| nvrtc_error("create", e))?;
     let arch = match output {
         NvrtcOutput::Ptx(virtual_arch) => format!("--gpu-architecture={virtual_arch}"),
         NvrtcOutput::Cubin(sm) => format!("--gpu-architecture=sm_{sm}"),
     };
-    // SAFETY: `program` is live until destroyed below; `source` outlives it.
-    unsafe {
-        let compiled = nvrtc::compile_program(program, &[arch.as_str(), "--std=c++17"]);
-        let log = nvrtc::get_program_log(program).map(|l| c_chars_to_string(&l)).unwrap_or_default();
-        let out =
-            compiled.map_err(|e| nvrtc_error(&format!("compile ({arch})"), format!("{e:?}: {log}"))).and_then(|()| {
-                match output {
-                    NvrtcOutput::Ptx(_) => {
-                        nvrtc::get_ptx(program).map(|p| c_chars_to_bytes(&p)).map_err(|e| nvrtc_error("PTX", e))
-                    }
-                    NvrtcOutput::Cubin(_) => cubin(program),
-                }
-            });
-        let _ = nvrtc::destroy_program(program);
-        out
-    }
-}
-
-/// The cubin of a compiled program.
-///
-/// # Safety
-/// `program` is live and compiled for a real architecture.
-unsafe fn cubin(program: nvrtc_sys::nvrtcProgram) -> Result<Vec<u8>, BackendError> {
-    let mut size = 0usize;
-    nvrtc_sys::nvrtcGetCUBINSize(program, &mut size).result().map_err(|e| nvrtc_error("cubin size", e))?;
-    let mut bytes = vec![0u8; size];
-    nvrtc_sys::nvrtcGetCUBIN(program, bytes.as_mut_ptr().cast()).result().map_err(|e| nvrtc_error("cubin", e))?;
-    Ok(bytes)
-}
-
-fn c_chars_to_bytes(chars: &[std::ffi::c_char]) -> Vec<u8> {
-    chars.iter().map(|&c| c as u8).take_while(|&b| b != 0).collect()
-}
-
-fn c_chars_to_string(chars: &[std::ffi::c_char]) -> String {
-    String::from_utf8_lossy(&c_chars_to_bytes(chars)).into_owned()
+    nvrtc::compile(source, name, &[arch.as_str(), "--std=c++17"], matches!(output, NvrtcOutput::Cubin(_)))
 }
 
 /// One CUDA device: its primary context (current on the thread that opened it) and every kernel
@@ -194,7 +143,8 @@ impl Cuda {
             let module = unsafe { result::module::load_data(image.as_ptr().cast()) }.map_err(driver_error)?;
             modules.push(module);
             for kernel in source.kernels() {
-                let name = CString::new(kernel.name()).map_err(|e| nvrtc_error("kernel name", e))?;
+                let name = CString::new(kernel.name())
+                    .map_err(|e| BackendError::Kernels { backend: "CUDA", reason: format!("kernel name: {e}") })?;
                 // SAFETY: `module` is loaded.
                 kernels[kernel.index()] =
                     unsafe { result::module::get_function(module, name) }.map_err(driver_error)?;
@@ -357,8 +307,7 @@ mod tests {
     /// or spills, fails here, with no GPU.
     #[test]
     fn cuda_kernels_compile_with_nvrtc_and_assemble_with_ptxas_without_spills() {
-        // SAFETY: only probes whether the shared library loads.
-        if !unsafe { nvrtc_sys::is_culib_present() } {
+        if !nvrtc::is_present() {
             assert!(!tools_required(), "NEREUS_REQUIRE_KERNEL_TOOLS=1 but NVRTC is not on LD_LIBRARY_PATH");
             eprintln!("skipped: NVRTC not found (scripts/compile-kernels.sh sets it up)");
             return;

@@ -13,7 +13,11 @@ mod cache;
 pub mod cuda;
 pub mod emulated;
 pub mod gpu;
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+pub mod library;
 pub mod linalg;
+#[cfg(feature = "cuda")]
+pub mod nvrtc;
 #[cfg(feature = "rocm")]
 pub mod rocm;
 pub mod runtime;

@@ -3,8 +3,8 @@
 //!
 //! MPI is always the control plane: rank 0 plans, every rank agrees on what it received before
 //! acting. The tensor data plane is MPI over host memory ([`MpiPlane`]) or, for device-resident
-//! shards, [`gpu_plane::GpuPlane`] over NCCL (`nccl.rs`, `cuda` feature) or RCCL (`rccl.rs`,
-//! `rocm` feature) — or over MPI with an emulated device (`emulated_collectives.rs`) for tests
+//! shards, [`gpu_plane::GpuPlane`] over NCCL (`cuda` feature) or RCCL (`rocm` feature), one binding
+//! of their common C API (`nccl_api.rs`) — or over MPI with an emulated device (`emulated_collectives.rs`) for tests
 //! without a GPU — built on the same world and watchdog.
 
 pub mod collectives;
@@ -13,10 +13,8 @@ pub mod data_plane;
 pub mod emulated_collectives;
 mod error;
 pub mod gpu_plane;
-#[cfg(feature = "cuda")]
-pub mod nccl;
-#[cfg(feature = "rocm")]
-pub mod rccl;
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+pub mod nccl_api;
 #[cfg(test)]
 pub(crate) mod testing;
 mod watchdog;

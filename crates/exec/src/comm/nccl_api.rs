@@ -1,6 +1,8 @@
-//! RCCL (`rocm` feature): a thin binding over the NCCL C API that RCCL exports, resolved at run
-//! time from `librccl.so` with libloading, so building needs no ROCm install. There is no
-//! `rccl-sys` crate; [`SYMBOLS`] is the whole surface the GPU data plane uses.
+//! The NCCL C API, bound at run time with libloading: NCCL for the NVIDIA data plane (`cuda`
+//! feature) and RCCL, which exports the same API, for the AMD one (`rocm`). Building needs
+//! neither installed; [`SYMBOLS`] is the whole surface the GPU data plane uses. NCCL is found by
+//! its soname `libnccl.so.2` (what the CUDA 12 and 13 packages and PyPI's wheels install), RCCL
+//! as ROCm installs it; `NEREUS_NCCL_LIBRARY` and `NEREUS_RCCL_LIBRARY` name another.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::Arc;
@@ -10,11 +12,37 @@ use libloading::Library;
 use super::collectives::{
     Aborter, CollectiveError, CollectiveLib, DataType, Elements, On, RawComm, UniqueId, REDUCE_SUM, SPLIT_SINCE_VERSION,
 };
-use crate::backend::gpu::DevicePtr;
+use crate::backend::library::{symbol, LibrarySearch, Opened};
 use crate::backend::BackendError;
+use nereus_kernels::DevicePtr;
 
-/// Every symbol resolved from `librccl.so`, and whether the plane needs it (`ncclCommSplit`
-/// came with RCCL 2.18; without it groups are made from unique ids).
+/// A library exporting the NCCL API, and the backend it serves (for messages).
+#[derive(Debug)]
+pub struct CollectiveVendor {
+    /// Where the library is looked for.
+    pub search: LibrarySearch,
+    /// `CUDA` or `ROCm`.
+    pub backend: &'static str,
+}
+
+/// NVIDIA's NCCL.
+pub static NCCL: CollectiveVendor = CollectiveVendor {
+    search: LibrarySearch { name: "NCCL", env: "NEREUS_NCCL_LIBRARY", sonames: &["libnccl.so.2", "libnccl.so"] },
+    backend: "CUDA",
+};
+
+/// AMD's RCCL.
+pub static RCCL: CollectiveVendor = CollectiveVendor {
+    search: LibrarySearch {
+        name: "RCCL",
+        env: "NEREUS_RCCL_LIBRARY",
+        sonames: &["librccl.so", "librccl.so.1", "/opt/rocm/lib/librccl.so"],
+    },
+    backend: "ROCm",
+};
+
+/// Every symbol resolved, and whether the plane needs it (`ncclCommSplit` came with NCCL and
+/// RCCL 2.18; without it groups are made from unique ids).
 pub const SYMBOLS: [(&str, bool); 14] = [
     ("ncclGetVersion", true),
     ("ncclGetUniqueId", true),
@@ -31,9 +59,6 @@ pub const SYMBOLS: [(&str, bool); 14] = [
     ("ncclCommDestroy", true),
     ("ncclGetErrorString", true),
 ];
-
-/// Where `librccl.so` is looked for, after `NEREUS_RCCL_LIBRARY`.
-pub const LIBRARY_NAMES: [&str; 3] = ["librccl.so", "librccl.so.1", "/opt/rocm/lib/librccl.so"];
 
 /// `ncclUniqueId`, passed by value to `ncclCommInitRank`.
 #[repr(C)]
@@ -64,8 +89,9 @@ struct Table {
     error_string: unsafe extern "C" fn(Res) -> *const c_char,
 }
 
-/// RCCL loaded in this process.
-pub struct Rccl {
+/// The NCCL API of one vendor's library, loaded in this process.
+pub struct NcclApi {
+    vendor: &'static CollectiveVendor,
     table: Arc<Table>,
     // Keeps the entry points valid; dropped after every clone of the table.
     _library: Arc<Library>,
@@ -73,68 +99,54 @@ pub struct Rccl {
     version: i32,
 }
 
-fn load_error(reason: String) -> BackendError {
-    BackendError::Driver { backend: "ROCm", reason }
+fn load_error(vendor: &CollectiveVendor, reason: String) -> BackendError {
+    BackendError::Driver { backend: vendor.backend, reason }
 }
 
-/// Resolves `name` from `library`.
-///
-/// # Safety
-/// `T` is the symbol's true C signature.
-unsafe fn symbol<T: Copy>(library: &Library, path: &str, name: &str) -> Result<T, BackendError> {
-    library
-        .get::<T>(name.as_bytes())
-        .map(|s| *s)
-        .map_err(|e| load_error(format!("{path} has no `{name}` ({e}); is it RCCL (librccl.so from ROCm 5 or later)?")))
-}
-
-impl Rccl {
-    /// Loads RCCL from `NEREUS_RCCL_LIBRARY`, else from [`LIBRARY_NAMES`].
-    pub fn load() -> Result<Rccl, BackendError> {
-        let candidates: Vec<String> =
-            std::env::var("NEREUS_RCCL_LIBRARY").into_iter().chain(LIBRARY_NAMES.map(String::from)).collect();
-        let mut tried = Vec::new();
-        for path in &candidates {
-            match Rccl::load_from(path) {
-                Err(BackendError::Driver { reason, .. }) if reason.starts_with("cannot load") => tried.push(reason),
-                other => return other,
-            }
-        }
-        Err(load_error(format!(
-            "RCCL not found ({}); set NEREUS_RCCL_LIBRARY to librccl.so or add its directory to LD_LIBRARY_PATH",
-            tried.join("; ")
-        )))
+impl NcclApi {
+    /// Loads `vendor`'s library from its environment variable, else from its sonames.
+    pub fn load(vendor: &'static CollectiveVendor) -> Result<NcclApi, BackendError> {
+        let opened = vendor.search.open().map_err(|reason| load_error(vendor, reason))?;
+        NcclApi::bind(vendor, opened)
     }
 
-    /// Loads RCCL from one path and resolves [`SYMBOLS`].
-    pub fn load_from(path: &str) -> Result<Rccl, BackendError> {
-        // SAFETY: loading a shared library runs its initializers; RCCL's are benign.
-        let library = unsafe { Library::new(path) }.map_err(|e| load_error(format!("cannot load {path}: {e}")))?;
-        // SAFETY: each type below is the C signature of the symbol of that name in rccl.h.
+    /// Loads `vendor`'s library from one path and resolves [`SYMBOLS`].
+    pub fn load_from(vendor: &'static CollectiveVendor, path: &str) -> Result<NcclApi, BackendError> {
+        // SAFETY: loading a shared library runs its initializers; NCCL's and RCCL's are benign.
+        let library =
+            unsafe { Library::new(path) }.map_err(|e| load_error(vendor, format!("cannot load {path}: {e}")))?;
+        NcclApi::bind(vendor, Opened { library, path: path.into() })
+    }
+
+    fn bind(vendor: &'static CollectiveVendor, opened: Opened) -> Result<NcclApi, BackendError> {
+        let Opened { library, path } = opened;
+        let name = vendor.search.name;
+        let missing = |reason: String| load_error(vendor, format!("{reason}; is it {name} (2.x)?"));
+        // SAFETY: each type below is the C signature of the symbol of that name in nccl.h.
         let table = unsafe {
             Table {
-                get_version: symbol(&library, path, "ncclGetVersion")?,
-                get_unique_id: symbol(&library, path, "ncclGetUniqueId")?,
-                comm_init_rank: symbol(&library, path, "ncclCommInitRank")?,
-                comm_split: symbol(&library, path, "ncclCommSplit").ok(),
-                all_gather: symbol(&library, path, "ncclAllGather")?,
-                broadcast: symbol(&library, path, "ncclBroadcast")?,
-                all_reduce: symbol(&library, path, "ncclAllReduce")?,
-                send: symbol(&library, path, "ncclSend")?,
-                recv: symbol(&library, path, "ncclRecv")?,
-                group_start: symbol(&library, path, "ncclGroupStart")?,
-                group_end: symbol(&library, path, "ncclGroupEnd")?,
-                comm_abort: symbol(&library, path, "ncclCommAbort")?,
-                comm_destroy: symbol(&library, path, "ncclCommDestroy")?,
-                error_string: symbol(&library, path, "ncclGetErrorString")?,
+                get_version: symbol(&library, &path, "ncclGetVersion").map_err(missing)?,
+                get_unique_id: symbol(&library, &path, "ncclGetUniqueId").map_err(missing)?,
+                comm_init_rank: symbol(&library, &path, "ncclCommInitRank").map_err(missing)?,
+                comm_split: symbol(&library, &path, "ncclCommSplit").ok(),
+                all_gather: symbol(&library, &path, "ncclAllGather").map_err(missing)?,
+                broadcast: symbol(&library, &path, "ncclBroadcast").map_err(missing)?,
+                all_reduce: symbol(&library, &path, "ncclAllReduce").map_err(missing)?,
+                send: symbol(&library, &path, "ncclSend").map_err(missing)?,
+                recv: symbol(&library, &path, "ncclRecv").map_err(missing)?,
+                group_start: symbol(&library, &path, "ncclGroupStart").map_err(missing)?,
+                group_end: symbol(&library, &path, "ncclGroupEnd").map_err(missing)?,
+                comm_abort: symbol(&library, &path, "ncclCommAbort").map_err(missing)?,
+                comm_destroy: symbol(&library, &path, "ncclCommDestroy").map_err(missing)?,
+                error_string: symbol(&library, &path, "ncclGetErrorString").map_err(missing)?,
             }
         };
         let mut version = 0;
         // SAFETY: an out-parameter.
         let status = unsafe { (table.get_version)(&mut version) };
-        let rccl = Rccl { table: Arc::new(table), _library: Arc::new(library), path: path.into(), version };
-        rccl.check(status).map_err(|e| load_error(format!("ncclGetVersion: {e}")))?;
-        Ok(rccl)
+        let api = NcclApi { vendor, table: Arc::new(table), _library: Arc::new(library), path, version };
+        api.check(status).map_err(|e| load_error(vendor, format!("ncclGetVersion: {e}")))?;
+        Ok(api)
     }
 
     /// Where it was loaded from.
@@ -156,9 +168,9 @@ fn ptr(p: DevicePtr) -> *mut c_void {
     p.0 as *mut c_void
 }
 
-impl CollectiveLib for Rccl {
+impl CollectiveLib for NcclApi {
     fn name(&self) -> &'static str {
-        "RCCL"
+        self.vendor.search.name
     }
 
     fn version(&self) -> Result<i32, CollectiveError> {
@@ -190,7 +202,7 @@ impl CollectiveLib for Rccl {
         key: i32,
         _members: &[i32],
     ) -> Result<Option<RawComm>, CollectiveError> {
-        let split = self.table.comm_split.ok_or(CollectiveError::Unsupported("this RCCL has no ncclCommSplit"))?;
+        let split = self.table.comm_split.ok_or(CollectiveError::Unsupported("this library has no ncclCommSplit"))?;
         let mut out: Comm = std::ptr::null_mut();
         self.check(split(comm.0, color, key, &mut out, std::ptr::null_mut()))?;
         Ok((!out.is_null()).then_some(RawComm(out)))
@@ -260,14 +272,17 @@ mod tests {
 
     #[test]
     fn a_missing_library_or_symbol_is_named_in_the_error() {
-        let Err(missing) = Rccl::load_from("/nonexistent/librccl.so") else { panic!("loaded a missing library") };
+        let Err(missing) = NcclApi::load_from(&RCCL, "/nonexistent/librccl.so") else {
+            panic!("loaded a missing library")
+        };
         assert!(missing.to_string().contains("cannot load /nonexistent/librccl.so"), "{missing}");
-        let Err(not_rccl) = Rccl::load_from("libc.so.6") else { panic!("libc is not RCCL") };
-        assert!(not_rccl.to_string().contains("has no `ncclGetVersion`"), "{not_rccl}");
+        let Err(not_nccl) = NcclApi::load_from(&NCCL, "libc.so.6") else { panic!("libc is not NCCL") };
+        let text = not_nccl.to_string();
+        assert!(text.contains("has no `ncclGetVersion`") && text.contains("is it NCCL"), "{text}");
     }
 
-    /// A stand-in librccl.so built from C: the table resolves, the optional split is detected
-    /// as absent, and a unique id passed by value arrives intact.
+    /// A stand-in library built from C: the table resolves, the optional split is detected as
+    /// absent, and a unique id passed by value arrives intact.
     #[test]
     fn a_library_with_the_api_loads_and_answers_through_the_table() {
         let dir = tempfile::tempdir().unwrap();
@@ -292,7 +307,7 @@ mod tests {
             return;
         };
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let rccl = Rccl::load_from(lib.to_str().unwrap()).unwrap();
+        let rccl = NcclApi::load_from(&RCCL, lib.to_str().unwrap()).unwrap();
         assert_eq!((rccl.version(), rccl.has_split()), (Ok(21700), false));
         let id = rccl.unique_id().unwrap();
         assert_eq!(id.0[5], 5);
@@ -300,5 +315,24 @@ mod tests {
         let comm = unsafe { rccl.init_rank(&id, 2, &[10, 11, 12]) }.unwrap();
         assert_eq!(comm.0 as usize, 127 * 1000 + 3 * 10 + 2, "id by value, nranks and rank arrive");
         assert!(rccl.group_start().is_ok() && rccl.group_end().is_ok());
+    }
+
+    /// Where NCCL is installed (scripts/kernel-env.sh puts PyPI's on LD_LIBRARY_PATH), it loads by
+    /// its soname and answers without a GPU: its version, whether it splits, and a unique id the
+    /// plane would broadcast; elsewhere the error names the sonames tried and the variable.
+    #[test]
+    fn nccl_loads_by_soname_or_says_what_it_tried() {
+        match NcclApi::load(&NCCL) {
+            Ok(nccl) => {
+                assert!(nccl.version().unwrap() >= 20_000, "NCCL 2.x");
+                assert_eq!(nccl.has_split(), nccl.version().unwrap() >= SPLIT_SINCE_VERSION);
+                assert_ne!(nccl.unique_id().unwrap().0, [0u8; 128]);
+                assert_eq!(nccl.name(), "NCCL");
+            }
+            Err(e) => {
+                let text = e.to_string();
+                assert!(text.contains("libnccl.so.2") && text.contains("NEREUS_NCCL_LIBRARY"), "{text}");
+            }
+        }
     }
 }
