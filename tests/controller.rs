@@ -69,7 +69,10 @@ fn the_adaptive_job_transitions_urgently_and_opportunistically_without_changing_
     // reward has climbed from 0.05 to about 0.8.
     let (run, static_run) = std::thread::scope(|s| {
         let nereus = s.spawn(|| {
-            run_mpi(8, &["train", "configs/tiny-ppo-adaptive.toml", "--steps", STEPS, "--output-dir", out.to_str().unwrap()])
+            run_mpi(
+                8,
+                &["train", "configs/tiny-ppo-adaptive.toml", "--steps", STEPS, "--output-dir", out.to_str().unwrap()],
+            )
         });
         let fixed = [
             "train",
@@ -113,7 +116,8 @@ fn the_adaptive_job_transitions_urgently_and_opportunistically_without_changing_
     let roomy = set_key(&roomy, "policy", "mode", Some("\"off\""));
     let fixed_out = dir.path().join("fixed");
     let job = write(dir.path(), "fixed.toml", &roomy);
-    let run = run_mpi(8, &["train", job.to_str().unwrap(), "--steps", STEPS, "--output-dir", fixed_out.to_str().unwrap()]);
+    let run =
+        run_mpi(8, &["train", job.to_str().unwrap(), "--steps", STEPS, "--output-dir", fixed_out.to_str().unwrap()]);
     assert!(run.status.success(), "{}", text(&run).1);
     let fixed = step_records(&fixed_out);
     assert!(fixed.iter().all(|r| r["transition"].is_null()));
