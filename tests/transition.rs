@@ -27,7 +27,8 @@ fn random_transitions_reach_their_targets_without_changing_state() {
 fn bench_coordination_executes_both_schedulers_and_nereus_completes_what_it_runs() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("c.json");
-    let out = run_mpi(8, &["bench", "coordination", "--trials", "20", "--json", json.to_str().unwrap()]);
+    // 8 trials per row: every assertion below holds from 8 on (the bench's default is 20).
+    let out = run_mpi(8, &["bench", "coordination", "--trials", "8", "--json", json.to_str().unwrap()]);
     let (_, stderr) = text(&out);
     assert!(out.status.success(), "{stderr}");
     let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
