@@ -47,7 +47,7 @@ fi
 echo "== core without MPI, hwloc or libclang (none is visible here)"
 cargo build --release --locked -p nereus --no-default-features
 
-echo "== the planner-only binary plans, simulates and traces; the SPMD commands say what they need"
+echo "== the planner-only binary plans, simulates, traces and reads GGUF files; the SPMD commands say what they need"
 bin=target/release/nereus
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -58,6 +58,13 @@ grep -q '"step_latency_s"' "$tmp/plan.json"
 "$bin" simulate configs/llama3.1-8b-ppo.toml --cluster configs/clusters/a100.toml --trace "$tmp/p26.csv" \
   --json "$tmp/sim.json" >/dev/null
 grep -q '"policy": "every-k"' "$tmp/sim.json"
+# model import-gguf needs no MPI: it reads the file (here not a GGUF one) and says so.
+status=0
+"$bin" model import-gguf configs/tiny-ppo.toml --out "$tmp/model" 2>"$tmp/err" || status=$?
+if [ "$status" != 2 ] || ! grep -q "not a GGUF file" "$tmp/err"; then
+  echo "test-core: \`nereus model import-gguf\` exited $status: $(cat "$tmp/err")" >&2
+  exit 1
+fi
 for command in "train" "selftest engine" "bench planner" "logprobs x --tokens y" "inspect topology"; do
   status=0
   "$bin" $command 2>"$tmp/err" || status=$?
