@@ -38,7 +38,7 @@ use super::{solve, Optimum};
 use crate::model::{Layout, Position};
 use crate::plan::ModelStage;
 use crate::transition::global::EdgeKind;
-use crate::transition::{Coordination, TransitionDag};
+use crate::transition::TransitionDag;
 
 /// The horizon in the model's time unit. HiGHS's tolerances are absolute (1e-7 for a row,
 /// 1e-6 for an integer): with durations of 0.1 ms a row could be violated by a node's whole
@@ -368,6 +368,7 @@ mod tests {
     use super::*;
     use crate::transition::global::{check, Links};
     use crate::transition::testing::{plan_pair, tightest_capacity, tiny_catalogue};
+    use crate::transition::Coordination;
 
     fn job(seconds: f64, ranks: &[i32]) -> Job {
         Job { seconds, ranks: ranks.to_vec(), ..Job::default() }
