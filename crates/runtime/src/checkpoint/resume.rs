@@ -133,7 +133,7 @@ fn check_counters(dir: &Path, s: &Sidecar, config: &JobConfig) -> Result<(), Che
     let bad = |reason: String| CheckpointError::Inconsistent { dir: dir.into(), reason };
     // Dynamic sampling takes whole rounds of prompts_per_step prompts, at least one a step.
     let least = s.step * u64::from(s.prompts_per_step);
-    let whole_rounds = s.data_position >= least && s.data_position % u64::from(s.prompts_per_step).max(1) == 0;
+    let whole_rounds = s.data_position >= least && s.data_position.is_multiple_of(u64::from(s.prompts_per_step).max(1));
     if s.data_position != least && !(config.rl.dynamic_sampling() && whole_rounds) {
         return Err(bad(format!(
             "data position {} is not step {} × {} prompts per step",
