@@ -14,7 +14,7 @@ use super::advantage::{
     discounted_returns, gae, group_advantages, group_mean_advantages, leave_one_out_advantages, remax_advantages,
     whiten, Estimator,
 };
-use super::losses::kl_token;
+use super::kl::kl_token;
 use nereus_core::config::{Algorithm, KlEstimator, KlIn};
 
 /// Rollouts of one RL step.
