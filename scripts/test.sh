@@ -35,14 +35,14 @@ if [ "$(id -u)" = 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
 
-echo "== the test-only Python reference (transformers' tokenizers and chat templates)"
+echo "== the test-only Python reference (transformers' tokenizers and chat templates, numpy's RL formulas)"
 if python=$(bash scripts/py-test-env.sh); then
   export NEREUS_TEST_PYTHON=$python
 elif [ "$ci" = true ]; then
   echo "test: CI needs the reference Python environment (scripts/py-test-env.sh)" >&2
   exit 1
 else
-  echo "test: no reference Python environment; the transformers parity tests are skipped"
+  echo "test: no reference Python environment; the parity tests against it are skipped"
 fi
 
 # One feature set for everything: the backends (`cuda`, `rocm`: cudarc and HIP load the driver and

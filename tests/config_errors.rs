@@ -200,6 +200,31 @@ fn cases() -> Vec<Case> {
             expect: &["`reward.terms` = model", "greedy baseline"],
         },
         Case {
+            name: "clip_low above clip_high",
+            toml: set("train", "clip_low", "0.3"),
+            expect: &["`train.clip_low` = 0.3", "train.clip_high (0.2)"],
+        },
+        Case {
+            name: "unknown KL estimator",
+            toml: set("rl", "kl_estimator", "\"k4\""),
+            expect: &["rl.kl_estimator", "unknown variant `k4`", "low-var-kl"],
+        },
+        Case {
+            name: "dynamic sampling with one sample per prompt",
+            toml: set("rl", "dynamic_sampling", "true"),
+            expect: &["`rl.dynamic_sampling` = true", "rl.samples_per_prompt = 1"],
+        },
+        Case {
+            name: "RLOO with one sample per prompt",
+            toml: set("rl", "algorithm", "\"rloo\""),
+            expect: &["`rl.samples_per_prompt` = 1", "`rloo` takes its baseline"],
+        },
+        Case {
+            name: "overlong buffer past the length cap",
+            toml: set("rl", "overlong_buffer", "100"),
+            expect: &["`rl.overlong_buffer` = 100", "rl.max_response_len (24)"],
+        },
+        Case {
             name: "included cluster file missing",
             toml: format!("{}\n[cluster]\ninclude = \"clusters/nope.toml\"\n", drop_section(&ppo, "cluster")),
             expect: &["cannot read config file", "clusters/nope.toml"],

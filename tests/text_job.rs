@@ -13,10 +13,15 @@ use serde_json::Value;
 /// The shipped text job, small: `steps` steps of 8 prompts × 2 samples on `dir`'s synthesized
 /// data (200 training, 16 held-out problems), output under `dir/out`.
 fn job(dir: &Path, steps: u32) -> String {
+    job_from("tiny-math-grpo.toml", dir, steps)
+}
+
+/// The shipped config `name` made small as [`job`] makes the GRPO one.
+fn job_from(name: &str, dir: &Path, steps: u32) -> String {
     let data = dir.join("data");
     let out = run_single(&["data", "synth", data.to_str().unwrap(), "--train", "200", "--eval", "16"]);
     assert!(out.status.success(), "{:?}", text(&out));
-    let mut toml = shipped("tiny-math-grpo.toml");
+    let mut toml = shipped(name);
     for (section, key, value) in [
         ("job", "steps", steps.to_string()),
         ("job", "output_dir", format!("{:?}", dir.join("out"))),
@@ -327,4 +332,78 @@ fn weighted_reward_terms_sum_and_pass_at_k_counts_solved_prompts() {
         assert_eq!(e["pass_at_k"].as_f64(), e["accuracy"].as_f64(), "{e}");
     }
     assert!(stdout.contains("eval after step 2: accuracy ") && stdout.contains("pass@2 "), "{stdout}");
+}
+
+/// The shipped DAPO job, small, scored by the parity of the response's length (so that some
+/// groups of 2 have equal rewards and some do not): every group it trains on has unequal
+/// rewards, the rounds it sampled advance the data position, and a resume from the first
+/// step's checkpoint takes the same prompts and rounds as the straight run.
+#[test]
+fn dapo_trains_on_unequal_groups_only_and_resumes_where_its_rounds_left_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let parity = write(
+        dir.path(),
+        "parity.py",
+        "import json, sys\nfor line in sys.stdin:\n    r = json.loads(line)['response']\n    print(json.dumps({'reward': len(r) % 2}), flush=True)\n",
+    );
+    let mut toml = job_from("tiny-math-dapo.toml", dir.path(), 2);
+    toml = set_key(&toml, "reward", "kind", Some("\"command\""));
+    toml = set_key(&toml, "reward", "command", Some(&format!("[\"python3\", {:?}]", parity)));
+    toml = set_key(&toml, "data", "eval", None);
+    toml = set_key(&toml, "train", "checkpoint_every", Some("1"));
+    let config = write(dir.path(), "job.toml", &toml);
+    let (code, stdout, stderr) = train(4, &config, &[]);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    let out = dir.path().join("out");
+    let records = step_records(&out);
+    let rounds: Vec<u64> = records.iter().map(|r| r["sampling_rounds"].as_u64().unwrap()).collect();
+    let dropped: Vec<u64> = records.iter().map(|r| r["dropped_groups"].as_u64().unwrap_or(0)).collect();
+    // A step that needed one round dropped nothing; one that needed more dropped some of the
+    // first round's groups, and at most every group of every round.
+    for (r, d) in rounds.iter().zip(&dropped) {
+        assert!((1..=10).contains(r) && *d <= 8 * r && (*r == 1) == (*d == 0), "{rounds:?} {dropped:?}");
+    }
+    assert!(dropped.iter().sum::<u64>() > 0, "length parity leaves some groups equal: {dropped:?}");
+    let samples = lines(&out.join("samples.jsonl"));
+    assert_eq!(samples.len(), 4, "{samples:?}");
+    for pair in samples.chunks(2) {
+        assert_eq!(pair[0]["prompt"], pair[1]["prompt"], "a group is one prompt's");
+        assert_ne!(pair[0]["reward"], pair[1]["reward"], "a kept group has unequal rewards: {pair:?}");
+    }
+    let position = |step: u64| -> Option<u64> {
+        let sidecar = std::fs::read_to_string(out.join(format!("checkpoints/step-{step}/state.json"))).unwrap();
+        serde_json::from_str::<Value>(&sidecar).unwrap()["data_position"].as_u64()
+    };
+    assert_eq!((position(1), position(2)), (Some(8 * rounds[0]), Some(8 * (rounds[0] + rounds[1]))));
+
+    let again = dir.path().join("again");
+    let step_1 = out.join("checkpoints/step-1");
+    let (code, stdout, stderr) =
+        train(4, &config, &["--resume", step_1.to_str().unwrap(), "--output-dir", again.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    let resumed = step_records(&again);
+    assert_eq!(resumed.iter().map(|r| r["sampling_rounds"].as_u64().unwrap()).collect::<Vec<_>>(), rounds[1..]);
+    let prompts = |v: &[Value]| v.iter().map(|s| s["prompt"].to_string()).collect::<Vec<_>>();
+    assert_eq!(prompts(&lines(&again.join("samples.jsonl"))), prompts(&samples[2..]));
+}
+
+/// A scorer that gives every response the same reward leaves no group to train on: the step
+/// stops after `rl.max_sampling_rounds` rounds, naming the keys to change.
+#[test]
+fn dapo_says_which_keys_to_change_when_sampling_rounds_run_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let same = scorer(dir.path(), "garbage", 1 << 20); // 1.0 for every response
+    let mut toml = job_from("tiny-math-dapo.toml", dir.path(), 2);
+    toml = set_key(&toml, "reward", "kind", Some("\"command\""));
+    toml = set_key(&toml, "reward", "command", Some(&format!("[\"python3\", {:?}]", same)));
+    toml = set_key(&toml, "data", "eval", None);
+    toml = set_key(&toml, "rl", "max_sampling_rounds", Some("2"));
+    let config = write(dir.path(), "job.toml", &toml);
+    let (code, stdout, stderr) = train(4, &config, &[]);
+    assert_eq!(code, Some(1), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("step 0: dynamic sampling kept 0 of 8 groups")
+            && stderr.contains("raise rl.max_sampling_rounds (2), or set rl.dynamic_sampling = false"),
+        "{stderr}"
+    );
 }

@@ -297,7 +297,7 @@ pub fn reference_python() -> Option<String> {
         }
         Err(_) => {
             eprintln!(
-                "note: NEREUS_TEST_PYTHON is not set; the transformers parity is skipped (scripts/py-test-env.sh)"
+                "note: NEREUS_TEST_PYTHON is not set; the parity with the reference Python (transformers, numpy) is skipped (scripts/py-test-env.sh)"
             );
             None
         }

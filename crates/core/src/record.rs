@@ -91,6 +91,13 @@ pub struct StepStats {
     /// "zero"`); absent when none.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub reward_failures: u64,
+    /// Sampling rounds the step took under dynamic sampling (`rl.dynamic_sampling`); absent
+    /// without it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub sampling_rounds: u64,
+    /// Groups dynamic sampling dropped because their rewards were all equal; absent when none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub dropped_groups: u64,
 }
 
 fn is_zero(n: &u64) -> bool {

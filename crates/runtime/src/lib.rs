@@ -173,6 +173,7 @@ impl RuntimeError {
                 | RuntimeError::Phase(_)
                 | RuntimeError::Diverged { .. }
                 | RuntimeError::Engine(nereus_exec::engine::EngineError::Diverged { .. })
+                | RuntimeError::Engine(nereus_exec::engine::EngineError::SamplingExhausted { .. })
                 | RuntimeError::Preempted { .. }
                 | RuntimeError::ControllerStop { .. }
                 | RuntimeError::RewardFailed { .. }

@@ -14,6 +14,7 @@
 //!
 //! [`JobConfig::hash`] is what ranks compare to prove they run the same job.
 
+pub mod algorithm;
 pub mod check;
 pub mod cluster;
 pub mod data;
@@ -44,7 +45,7 @@ pub use plan::PlanEntry;
 pub use policy::{PolicyMode, PolicySection, PLAN_ERROR};
 pub use pool::PoolSection;
 pub use raw_models::{RawModelSpec, RawModelsSection};
-pub use rl::{Algorithm, RlSection};
+pub use rl::{Algorithm, KlEstimator, KlIn, LossAgg, Recipe, RlSection};
 pub use train::{OnNonFinite, RewardSource, TrainSection};
 
 use serde::de::DeserializeOwned;
@@ -229,8 +230,19 @@ impl RawJobConfig {
         overrides: &Overrides,
         detect: &mut dyn FnMut() -> ClusterSection,
     ) -> Result<JobConfig, ConfigError> {
-        let RawJobConfig { mut job, cluster, models, mut rl, mut policy, train, mut pool, faults, plan, data, reward } =
-            self;
+        let RawJobConfig {
+            mut job,
+            cluster,
+            models,
+            mut rl,
+            mut policy,
+            mut train,
+            mut pool,
+            faults,
+            plan,
+            data,
+            reward,
+        } = self;
         pool.trace = pool.trace.map(|t| source.base_dir.join(t));
         let data = data.map(|d| d.resolved(&source.base_dir));
         policy.mode = overrides.policy.unwrap_or(policy.mode);
@@ -238,6 +250,8 @@ impl RawJobConfig {
         job.steps = overrides.steps.unwrap_or(job.steps);
         job.output_dir = overrides.output_dir.clone().unwrap_or(job.output_dir);
         rl.algorithm = overrides.algorithm.unwrap_or(rl.algorithm);
+        rl.complete();
+        train.complete(rl.algorithm);
         let cluster = resolve_cluster(cluster, source, overrides, detect)?;
         let models = models.resolve(&source.base_dir)?;
         let config = JobConfig { job, cluster, models, rl, policy, train, pool, faults, plan, data, reward };
@@ -349,7 +363,7 @@ impl JobConfig {
         self.models.validate()?;
         self.rl.validate()?;
         self.policy.validate()?;
-        self.train.validate()?;
+        self.train.validate(self.rl.algorithm)?;
         self.reward.validate()?;
         if let Some(data) = &self.data {
             data.validate()?;

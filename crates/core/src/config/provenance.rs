@@ -23,6 +23,8 @@ pub enum ValueSource {
     Detected,
     /// A model directory's `config.json` (`models.<role>.path`).
     ModelDirectory(PathBuf),
+    /// The default the job's algorithm gives a key it shapes (`config::algorithm::Recipe`).
+    Recipe(&'static str),
     /// The schema's default.
     Default,
 }
@@ -36,6 +38,7 @@ impl fmt::Display for ValueSource {
             ValueSource::ClusterFile(path) => write!(f, "cluster file {}", path.display()),
             ValueSource::Detected => write!(f, "detected"),
             ValueSource::ModelDirectory(path) => write!(f, "{}", path.join("config.json").display()),
+            ValueSource::Recipe(algorithm) => write!(f, "default for {algorithm}"),
             ValueSource::Default => write!(f, "default"),
         }
     }
@@ -52,6 +55,17 @@ const FLAGS: [(&str, &str); 7] = [
     ("cluster.device", "--device"),
 ];
 
+/// The keys whose defaults come from the algorithm's recipe.
+const RECIPE_KEYS: [&str; 7] = [
+    "rl.loss_agg",
+    "rl.kl_in",
+    "rl.kl_estimator",
+    "rl.dynamic_sampling",
+    "rl.overlong_buffer",
+    "train.clip_low",
+    "train.clip_high",
+];
+
 /// The layers of one resolution, read back for lookups.
 pub struct Provenance {
     file: toml::Table,
@@ -62,6 +76,8 @@ pub struct Provenance {
     cluster_replaced: bool,
     detected: bool,
     model_dirs: Vec<(String, PathBuf)>,
+    /// The job's algorithm, whose recipe gives the [`RECIPE_KEYS`] their defaults.
+    algorithm: &'static str,
 }
 
 impl Provenance {
@@ -104,6 +120,7 @@ impl Provenance {
             cluster_replaced: replaced,
             detected,
             model_dirs,
+            algorithm: config.rl.algorithm.name(),
         }
     }
 
@@ -127,6 +144,9 @@ impl Provenance {
             if let Some((_, dir)) = dir {
                 return ValueSource::ModelDirectory(dir.clone());
             }
+        }
+        if RECIPE_KEYS.contains(&dotted.as_str()) {
+            return ValueSource::Recipe(self.algorithm);
         }
         ValueSource::Default
     }

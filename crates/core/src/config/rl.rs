@@ -1,35 +1,16 @@
-//! `[rl]`: the RL algorithm and its batch geometry.
+//! `[rl]`: the RL algorithm, its batch geometry, and the choices of its loss and sampling.
 
 use serde::{Deserialize, Serialize};
 
+pub use super::algorithm::{Algorithm, KlEstimator, KlIn, LossAgg, Recipe};
 use super::{check, ConfigError};
-
-/// The RL post-training algorithm.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Algorithm {
-    /// Proximal Policy Optimization with a learned critic and GAE (Schulman et al., 2017).
-    Ppo,
-    /// Group Relative Policy Optimization: group-normalized rewards, no critic (Shao et al., 2024).
-    Grpo,
-    /// ReMax: REINFORCE with a greedy-decoding baseline, no critic (Li et al., 2023).
-    Remax,
-}
-
-impl Algorithm {
-    /// Whether the algorithm trains a critic (value model).
-    pub fn uses_critic(self) -> bool {
-        matches!(self, Algorithm::Ppo)
-    }
-}
-
-crate::named_enum!(Algorithm { Ppo => "ppo", Grpo => "grpo", Remax => "remax" });
 
 /// The `[rl]` section.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RlSection {
-    /// `ppo`, `grpo` or `remax`.
+    /// `ppo`, `grpo`, `remax`, `dapo`, `dr-grpo`, `rloo`, `reinforce++`,
+    /// `reinforce++-baseline` or `gspo` ([`Algorithm`]).
     pub algorithm: Algorithm,
     /// Prompts per RL step (the global prompt batch, split over the actor's DP replicas).
     pub prompts_per_step: u32,
@@ -47,10 +28,40 @@ pub struct RlSection {
     /// Passes over each step's rollouts.
     #[serde(default = "one")]
     pub epochs: u32,
+    /// How the policy loss aggregates its tokens ([`LossAgg`]); unset: the algorithm's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_agg: Option<LossAgg>,
+    /// Where the KL to the reference enters: `reward`, `loss` or `none` ([`KlIn`]); unset: the
+    /// algorithm's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kl_in: Option<KlIn>,
+    /// The per-token KL estimator: `k1`, `k2`, `k3` or `low-var-kl` ([`KlEstimator`]); unset:
+    /// the algorithm's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kl_estimator: Option<KlEstimator>,
+    /// DAPO's dynamic sampling (Yu et al., 2025, arXiv:2503.14476): groups whose rewards are all
+    /// equal are dropped and the step samples the next prompts until its batch is full; unset:
+    /// the algorithm's (on for `dapo`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dynamic_sampling: Option<bool>,
+    /// Most sampling rounds of one step under dynamic sampling (each round samples
+    /// `prompts_per_step` prompts); the step fails, naming this key, when they do not fill it.
+    #[serde(default = "ten")]
+    pub max_sampling_rounds: u32,
+    /// DAPO's overlong reward shaping (Yu et al., 2025, arXiv:2503.14476): a response longer
+    /// than `max_response_len − overlong_buffer` tokens loses `(len − (max_response_len −
+    /// overlong_buffer)) / overlong_buffer` of reward, linearly up to 1 at the cap (0: off);
+    /// unset: the algorithm's (`max_response_len / 5` for `dapo`, else 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlong_buffer: Option<u32>,
 }
 
 fn one() -> u32 {
     1
+}
+
+fn ten() -> u32 {
+    10
 }
 
 impl RlSection {
@@ -59,17 +70,47 @@ impl RlSection {
         self.prompts_per_step.saturating_mul(self.samples_per_prompt)
     }
 
+    /// `loss_agg`, or the algorithm's.
+    pub fn loss_agg(&self) -> LossAgg {
+        self.loss_agg.unwrap_or(self.algorithm.recipe().loss_agg)
+    }
+
+    /// `kl_in`, or the algorithm's.
+    pub fn kl_in(&self) -> KlIn {
+        self.kl_in.unwrap_or(self.algorithm.recipe().kl_in)
+    }
+
+    /// `kl_estimator`, or the algorithm's.
+    pub fn kl_estimator(&self) -> KlEstimator {
+        self.kl_estimator.unwrap_or(self.algorithm.recipe().kl_estimator)
+    }
+
+    /// `dynamic_sampling`, or the algorithm's.
+    pub fn dynamic_sampling(&self) -> bool {
+        self.dynamic_sampling.unwrap_or(self.algorithm.recipe().dynamic_sampling)
+    }
+
+    /// `overlong_buffer`, or the algorithm's share of `max_response_len`.
+    pub fn overlong_buffer(&self) -> u32 {
+        let share = self.algorithm.recipe().overlong_fraction * f64::from(self.max_response_len);
+        self.overlong_buffer.unwrap_or(share as u32)
+    }
+
+    /// Writes the algorithm's value into every key of its recipe left unset (after the flags
+    /// are applied), so the resolved job shows them.
+    pub fn complete(&mut self) {
+        self.loss_agg = Some(self.loss_agg());
+        self.kl_in = Some(self.kl_in());
+        self.kl_estimator = Some(self.kl_estimator());
+        self.dynamic_sampling = Some(self.dynamic_sampling());
+        self.overlong_buffer = Some(self.overlong_buffer());
+    }
+
     /// Checks ranges and batch divisibility; errors name the key under `rl.`.
     pub fn validate(&self) -> Result<(), ConfigError> {
         check::at_least_one("rl.prompts_per_step", self.prompts_per_step)?;
         check::at_least_one("rl.samples_per_prompt", self.samples_per_prompt)?;
-        if self.algorithm == Algorithm::Grpo && self.samples_per_prompt < 2 {
-            return Err(ConfigError::invalid(
-                "rl.samples_per_prompt",
-                self.samples_per_prompt,
-                "GRPO normalizes rewards within a group of samples of one prompt, so it needs at least 2",
-            ));
-        }
+        self.check_groups()?;
         let sequences = u64::from(self.prompts_per_step) * u64::from(self.samples_per_prompt);
         if sequences > u64::from(check::MAX_SEQUENCES) {
             return Err(ConfigError::invalid(
@@ -98,6 +139,46 @@ impl RlSection {
         check::at_least_one("rl.epochs", self.epochs)?;
         let sequences = self.sequences_per_step();
         check::divides("rl.mini_batch", self.mini_batch, sequences, "prompts_per_step * samples_per_prompt")?;
-        check::divides("rl.micro_batch", self.micro_batch, self.mini_batch, "rl.mini_batch")
+        check::divides("rl.micro_batch", self.micro_batch, self.mini_batch, "rl.mini_batch")?;
+        self.check_sampling()
+    }
+
+    /// Algorithms that compare the samples of one prompt, and dynamic sampling, need at least
+    /// two of them.
+    fn check_groups(&self) -> Result<(), ConfigError> {
+        if self.dynamic_sampling() && self.samples_per_prompt < 2 {
+            let why = format!(
+                "rl.samples_per_prompt = {} gives one sample per prompt, whose group always has equal rewards; set samples_per_prompt >= 2 or dynamic_sampling = false",
+                self.samples_per_prompt
+            );
+            return Err(ConfigError::invalid("rl.dynamic_sampling", true, why));
+        }
+        if self.algorithm.needs_groups() && self.samples_per_prompt < 2 {
+            let why = match self.algorithm {
+                Algorithm::Grpo => {
+                    "GRPO normalizes rewards within a group of samples of one prompt, so it needs at least 2".into()
+                }
+                a => format!(
+                    "`{}` takes its baseline from the other samples of the same prompt, so it needs at least 2",
+                    a.name()
+                ),
+            };
+            return Err(ConfigError::invalid("rl.samples_per_prompt", self.samples_per_prompt, why));
+        }
+        Ok(())
+    }
+
+    /// Dynamic sampling and overlong shaping against the rest of `[rl]`.
+    fn check_sampling(&self) -> Result<(), ConfigError> {
+        check::between("rl.max_sampling_rounds", self.max_sampling_rounds, 1 << 16)?;
+        if self.dynamic_sampling() && self.algorithm == Algorithm::Remax {
+            let why = "ReMax's baseline is one greedy answer per prompt of the step, taken before any sample is scored; set dynamic_sampling = false";
+            return Err(ConfigError::invalid("rl.dynamic_sampling", true, why));
+        }
+        if self.overlong_buffer() > self.max_response_len {
+            let why = format!("must be at most rl.max_response_len ({})", self.max_response_len);
+            return Err(ConfigError::invalid("rl.overlong_buffer", self.overlong_buffer(), why));
+        }
+        Ok(())
     }
 }

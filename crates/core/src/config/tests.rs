@@ -194,3 +194,30 @@ fn parse_errors_carry_line_column_and_key() {
         other => panic!("unexpected {other}"),
     }
 }
+
+#[test]
+fn an_algorithm_fills_the_keys_of_its_recipe_and_written_keys_win() {
+    let dapo = Overrides { algorithm: Some(Algorithm::Dapo), ..Overrides::default() };
+    let config = load("configs/tiny-grpo.toml", &dapo).unwrap();
+    let (rl, t) = (&config.rl, &config.train);
+    assert_eq!((rl.loss_agg, rl.kl_in, rl.dynamic_sampling), (Some(LossAgg::TokenMean), Some(KlIn::Off), Some(true)));
+    assert_eq!((rl.overlong_buffer, t.clip_low, t.clip_high), (Some(24 / 5), Some(0.2), Some(0.28)));
+    let text = std::fs::read_to_string(repo_path("configs/tiny-grpo.toml")).unwrap();
+    let written = text
+        .replace("epochs = 1\n", "epochs = 1\nkl_in = \"loss\"\n")
+        .replace("kl_coef = 0.01\n", "kl_coef = 0.01\nclip_high = 0.3\n");
+    let source = source(&written);
+    let config = RawJobConfig::parse(&source).unwrap().resolve(&source, &dapo, &mut no_detection).unwrap();
+    assert_eq!((config.rl.kl_in, config.train.clip_range(Algorithm::Dapo)), (Some(KlIn::Loss), (0.2, 0.3)));
+    let provenance = provenance::Provenance::of(&config, &source, &dapo);
+    let path = |p: &[&str]| p.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(provenance.source(&path(&["rl", "kl_in"])).to_string(), "job file");
+    assert_eq!(provenance.source(&path(&["train", "clip_low"])).to_string(), "default for dapo");
+    // PPO, GRPO and ReMax keep what they always did.
+    let ppo = load("configs/tiny-ppo.toml", &Overrides::default()).unwrap();
+    assert_eq!(
+        (ppo.rl.kl_in(), ppo.rl.kl_estimator(), ppo.rl.loss_agg()),
+        (KlIn::Reward, KlEstimator::K1, LossAgg::TokenMean)
+    );
+    assert_eq!(ppo.train.clip_range(Algorithm::Ppo), (ppo.train.clip_ratio, ppo.train.clip_ratio));
+}

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{check, ConfigError};
+use super::{check, Algorithm, ConfigError};
 
 /// Which score the policy is trained on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -46,6 +46,20 @@ pub struct TrainSection {
     pub kl_coef: f64,
     /// PPO ratio clip ε.
     pub clip_ratio: f64,
+    /// Lower clip of the importance ratio, `1 − clip_low` (DAPO's decoupled clip, Yu et al.,
+    /// 2025, arXiv:2503.14476); unset: the algorithm's (0.2 for `dapo`, 3e-4 for `gspo`, else
+    /// `clip_ratio`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clip_low: Option<f64>,
+    /// Upper clip of the importance ratio, `1 + clip_high` (DAPO's clip-higher: 0.28; GSPO's,
+    /// Zheng et al., 2025, arXiv:2507.18071: 4e-4); unset: the algorithm's, else `clip_ratio`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clip_high: Option<f64>,
+    /// Coefficient of the entropy bonus in the policy loss (0: none). The entropy of each
+    /// response token's distribution is estimated from the sampled token, `−log π(y_t)`, and its
+    /// gradient by the score function, `−log π(y_t) · ∇log π(y_t)` (the engine's objective sees
+    /// the sampled token's log-probability, not the whole vocabulary's distribution).
+    pub entropy_coef: f64,
     /// Critic value clip.
     pub value_clip: f64,
     /// GAE discount γ.
@@ -90,6 +104,9 @@ impl Default for TrainSection {
             top_p: 1.0,
             kl_coef: 0.02,
             clip_ratio: 0.2,
+            clip_low: None,
+            clip_high: None,
+            entropy_coef: 0.0,
             value_clip: 0.2,
             discount: 1.0,
             gae_lambda: 0.95,
@@ -108,8 +125,44 @@ impl Default for TrainSection {
 }
 
 impl TrainSection {
-    /// Checks ranges; errors name the key under `train.`.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    /// `(clip_low, clip_high)`: the keys, else `algorithm`'s, else `clip_ratio` for both.
+    pub fn clip_range(&self, algorithm: Algorithm) -> (f64, f64) {
+        let (low, high) = algorithm.recipe().clip.unwrap_or((self.clip_ratio, self.clip_ratio));
+        (self.clip_low.unwrap_or(low), self.clip_high.unwrap_or(high))
+    }
+
+    /// Writes `algorithm`'s clip range into the clip keys left unset (see
+    /// [`super::RlSection::complete`]).
+    pub fn complete(&mut self, algorithm: Algorithm) {
+        let (low, high) = self.clip_range(algorithm);
+        (self.clip_low, self.clip_high) = (Some(low), Some(high));
+    }
+
+    /// The decoupled clip range: `clip_low` in [0, 1], `clip_high` ≥ 0, and `clip_low ≤
+    /// clip_high` (the algorithm's values count where the keys are unset).
+    fn check_clip_range(&self, algorithm: Algorithm) -> Result<(), ConfigError> {
+        let (low, high) = self.clip_range(algorithm);
+        check::within("train.clip_low", low, 0.0, 1.0)?;
+        check::within("train.clip_high", high, 0.0, f64::MAX)?;
+        if low > high {
+            let why = format!(
+                "is above train.clip_high ({}): the ratio's trust region would be narrower above 1 than below (DAPO's clip-higher widens the upper side)",
+                check::show(high)
+            );
+            return Err(ConfigError::invalid("train.clip_low", check::show(low), why));
+        }
+        Ok(())
+    }
+
+    /// Checks ranges (the clip range against the job's `algorithm`); errors name the key under
+    /// `train.`.
+    pub fn validate(&self, algorithm: Algorithm) -> Result<(), ConfigError> {
+        self.check_ranges()?;
+        self.check_clip_range(algorithm)
+    }
+
+    /// Every key's range on its own.
+    fn check_ranges(&self) -> Result<(), ConfigError> {
         for (key, value) in [
             ("train.actor_lr", self.actor_lr),
             ("train.critic_lr", self.critic_lr),
@@ -129,6 +182,7 @@ impl TrainSection {
             ("train.max_grad_norm", self.max_grad_norm),
             ("train.kl_coef", self.kl_coef),
             ("train.value_clip", self.value_clip),
+            ("train.entropy_coef", self.entropy_coef),
         ] {
             check::within(key, value, 0.0, f64::MAX)?;
         }

@@ -75,6 +75,20 @@ pub enum EngineError {
         /// What failed, naming the line.
         what: String,
     },
+    /// DAPO's dynamic sampling ran out of rounds before enough groups had unequal rewards.
+    #[error(
+        "step {step}: dynamic sampling kept {kept} of {needed} groups (rewards not all equal) in {rounds} rounds; raise rl.max_sampling_rounds ({rounds}), or set rl.dynamic_sampling = false"
+    )]
+    SamplingExhausted {
+        /// The step (0-based).
+        step: u64,
+        /// Groups kept.
+        kept: usize,
+        /// Groups the step trains on (`rl.prompts_per_step`).
+        needed: usize,
+        /// Rounds taken (`rl.max_sampling_rounds`).
+        rounds: usize,
+    },
 }
 
 /// Adam's first and second moments of a shard.

@@ -1,30 +1,193 @@
 //! Training objectives of the RL step, as [`Objective`]s over the engine's per-row outputs.
-//! Every loss is a mean over the action tokens of the whole mini-batch (all DP replicas), so
-//! the gradient does not depend on how the mini-batch is split.
+//! Every loss is normalized by counts of the whole mini-batch (all DP replicas: its tokens, or
+//! its sequences), so the gradient does not depend on how the mini-batch is split.
+//!
+//! The actor's loss ([`ActorLoss`]) is composed from small per-token functions by
+//! [`PolicyTerms`]: a clipped importance-ratio surrogate (per token, [`clipped_surrogate`], or
+//! per sequence, [`gspo_token`]), a KL estimator ([`kl_token`]), the entropy estimate
+//! ([`entropy_token`]), and an aggregation ([`agg_divisor`]). The objectives run on the host
+//! from the gathered log-probabilities, one host synchronization per micro-batch.
 
 use std::ops::Range;
 
+pub use super::kl::{kl_k1, kl_k2, kl_k3, kl_low_var, kl_token};
 use super::Rollout;
 use crate::engine::Objective;
+use nereus_core::config::{Algorithm, KlEstimator, LossAgg};
 
-/// PPO's clipped surrogate for one token (Schulman et al. 2017): with `ρ = e^{logp − old}`,
-/// `loss = −min(ρA, clip(ρ, 1−ε, 1+ε)A)`. Returns the loss and `d loss / d logp`.
-pub fn ppo_token(logp: f64, old_logp: f64, advantage: f64, clip: f64) -> (f64, f64) {
-    let ratio = (logp - old_logp).exp();
+/// The clipped surrogate for one token with the decoupled clip range `[1 − low, 1 + high]`
+/// (PPO, Schulman et al. 2017, with `low = high = ε`; DAPO's clip-higher, Yu et al. 2025,
+/// arXiv:2503.14476): with `ρ = e^{log_ratio}`, `loss = −min(ρA, clip(ρ, 1−low, 1+high)A)`.
+/// Returns the loss and `d loss / d log_ratio`. `low ≤ 1` and `high ≥ 0` (the config checks).
+pub fn clipped_surrogate(log_ratio: f64, advantage: f64, low: f64, high: f64) -> (f64, f64) {
+    let ratio = log_ratio.exp();
     let unclipped = ratio * advantage;
-    let clipped = ratio.clamp(1.0 - clip, 1.0 + clip) * advantage;
-    if unclipped <= clipped || (1.0 - clip..=1.0 + clip).contains(&ratio) {
+    let clipped = ratio.clamp(1.0 - low, 1.0 + high) * advantage;
+    if unclipped <= clipped || (1.0 - low..=1.0 + high).contains(&ratio) {
         (-unclipped.min(clipped), -unclipped)
     } else {
         (-clipped, 0.0)
     }
 }
 
-/// The k3 estimator of `KL(π ‖ π_ref)` for one token, `e^{ref − logp} − (ref − logp) − 1`
-/// (Schulman 2020; GRPO's KL term), and its derivative in `logp`.
-pub fn kl_k3(logp: f64, ref_logp: f64) -> (f64, f64) {
-    let d = ref_logp - logp;
-    (d.exp() - d - 1.0, 1.0 - d.exp())
+/// PPO's clipped surrogate for one token (Schulman et al. 2017): with `ρ = e^{logp − old}`,
+/// `loss = −min(ρA, clip(ρ, 1−ε, 1+ε)A)`. Returns the loss and `d loss / d logp`.
+pub fn ppo_token(logp: f64, old_logp: f64, advantage: f64, clip: f64) -> (f64, f64) {
+    clipped_surrogate(logp - old_logp, advantage, clip, clip)
+}
+
+/// GSPO's loss for one token of a sequence (Zheng et al. 2025, arXiv:2507.18071, "GSPO-token"
+/// with a sequence-level advantage): the clipped surrogate of the sequence's ratio `s = e^{x̄}`,
+/// `x̄` the mean of its tokens' `logp − old` (the geometric mean of the token ratios), whose
+/// gradient reaches each token as `sg[s] · π/sg[π]` does. `x̄` is capped at 10 with no gradient
+/// beyond, as verl's `compute_policy_loss_gspo` does. Returns the loss and `d loss / d logp`.
+pub fn gspo_token(seq_log_ratio: f64, advantage: f64, low: f64, high: f64) -> (f64, f64) {
+    let (loss, grad) = clipped_surrogate(seq_log_ratio.min(10.0), advantage, low, high);
+    (loss, if seq_log_ratio > 10.0 { 0.0 } else { grad })
+}
+
+/// The entropy of one token's distribution estimated from the sampled token, `Ĥ = −logp`
+/// (its expectation under the policy is the entropy), and the score-function estimate of its
+/// gradient, `−logp · ∇logp` (Williams 1992), as a derivative in `logp`: both `−logp`.
+pub fn entropy_token(logp: f64) -> (f64, f64) {
+    (-logp, -logp)
+}
+
+/// Counts of a mini-batch that normalize its loss.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BatchCounts {
+    /// Response tokens.
+    pub tokens: usize,
+    /// Sequences with at least one response token.
+    pub sequences: usize,
+    /// The longest response allowed (`rl.max_response_len`), Dr. GRPO's constant.
+    pub horizon: usize,
+}
+
+impl BatchCounts {
+    /// The counts of the sequences `members` of `rollout`.
+    pub fn of(rollout: &Rollout, members: &[usize]) -> BatchCounts {
+        BatchCounts {
+            tokens: rollout.action_count(members),
+            sequences: members.iter().filter(|&&s| rollout.lengths[s] > 0).count(),
+            horizon: rollout.seq_len - rollout.prompt_len,
+        }
+    }
+}
+
+/// What one token's loss of a sequence of `len` response tokens is divided by under `agg`
+/// (verl's `agg_loss`, `verl/trainer/ppo/core_algos.py`, with the global batch's counts).
+pub fn agg_divisor(agg: LossAgg, len: usize, batch: BatchCounts) -> f64 {
+    let sequences = batch.sequences as f64;
+    match agg {
+        LossAgg::TokenMean => batch.tokens as f64,
+        LossAgg::SeqMeanTokenSum => sequences,
+        LossAgg::SeqMeanTokenMean => sequences * len as f64,
+        LossAgg::SeqMeanTokenSumNorm => sequences * batch.horizon as f64,
+    }
+}
+
+/// Whether the importance ratio is per token or per sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RatioLevel {
+    /// `π(y_t)/π_old(y_t)` per token (PPO and its descendants).
+    Token,
+    /// The geometric mean of a sequence's token ratios (GSPO, Zheng et al. 2025,
+    /// arXiv:2507.18071).
+    Sequence,
+}
+
+impl RatioLevel {
+    /// The ratio `algorithm` clips.
+    pub fn of(algorithm: Algorithm) -> RatioLevel {
+        match algorithm {
+            Algorithm::Gspo => RatioLevel::Sequence,
+            _ => RatioLevel::Token,
+        }
+    }
+}
+
+/// The terms of the actor's loss and their aggregation, from the job's configuration.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PolicyTerms {
+    /// Per-token or per-sequence importance ratio.
+    pub ratio: RatioLevel,
+    /// The ratio's lower clip, `1 − clip_low`.
+    pub clip_low: f64,
+    /// The ratio's upper clip, `1 + clip_high`.
+    pub clip_high: f64,
+    /// Coefficient of the KL term in the loss (0: none).
+    pub kl_coef: f64,
+    /// The KL term's estimator.
+    pub kl_estimator: KlEstimator,
+    /// Coefficient of the entropy bonus (0: none).
+    pub entropy_coef: f64,
+    /// How the tokens' losses are aggregated.
+    pub agg: LossAgg,
+}
+
+impl PolicyTerms {
+    /// PPO's and GRPO's loss as [`PolicyLoss`] computes it: per-token ratio clipped to `1 ± clip`,
+    /// `kl_coef ·` k3 in the loss, no entropy bonus, the mean over the mini-batch's tokens.
+    pub fn ppo(clip: f64, kl_coef: f64) -> PolicyTerms {
+        PolicyTerms {
+            ratio: RatioLevel::Token,
+            clip_low: clip,
+            clip_high: clip,
+            kl_coef,
+            kl_estimator: KlEstimator::K3,
+            entropy_coef: 0.0,
+            agg: LossAgg::TokenMean,
+        }
+    }
+
+    /// One token's `(loss, d loss / d logp)` before aggregation: the surrogate on row `i`'s
+    /// advantage (per token, or on the sequence's mean log-ratio `seq_log_ratio`), plus the KL
+    /// term, minus the entropy bonus.
+    fn token(&self, r: &Rollout, i: usize, logp: f64, seq_log_ratio: f64) -> (f64, f64) {
+        let advantage = f64::from(r.advantages[i]);
+        let (l, g) = match self.ratio {
+            RatioLevel::Token => {
+                clipped_surrogate(logp - f64::from(r.old_logp[i]), advantage, self.clip_low, self.clip_high)
+            }
+            RatioLevel::Sequence => gspo_token(seq_log_ratio, advantage, self.clip_low, self.clip_high),
+        };
+        let (kl, dkl) =
+            if self.kl_coef > 0.0 { kl_token(self.kl_estimator, logp, f64::from(r.ref_logp[i])) } else { (0.0, 0.0) };
+        let (l, g) = (l + self.kl_coef * kl, g + self.kl_coef * dkl);
+        if self.entropy_coef > 0.0 {
+            let (h, dh) = entropy_token(logp);
+            (l - self.entropy_coef * h, g - self.entropy_coef * dh)
+        } else {
+            (l, g)
+        }
+    }
+}
+
+/// The actor's loss of a mini-batch (the sequences `members` of `rollout`, in order), composed
+/// by [`PolicyTerms`].
+pub struct ActorLoss<'a> {
+    /// Rollouts.
+    pub rollout: &'a Rollout,
+    /// Rollout sequence of each mini-batch sequence.
+    pub members: &'a [usize],
+    /// The loss's terms.
+    pub terms: PolicyTerms,
+}
+
+/// The policy loss of a mini-batch (the sequences `members` of `rollout`, in order): PPO's
+/// clipped surrogate on the advantages, plus `kl_coef ·` k3 KL to the reference in the loss
+/// (GRPO, ReMax; PPO puts its KL into the rewards and passes 0) — [`ActorLoss`] with
+/// [`PolicyTerms::ppo`].
+pub struct PolicyLoss<'a> {
+    /// Rollouts.
+    pub rollout: &'a Rollout,
+    /// Rollout sequence of each mini-batch sequence.
+    pub members: &'a [usize],
+    /// ε of the ratio clip.
+    pub clip: f64,
+    /// Coefficient of the KL term.
+    pub kl_coef: f64,
 }
 
 /// PPO's clipped value loss for one token: `½·max((V − R)², (V_clip − R)²)` with
@@ -37,20 +200,6 @@ pub fn value_token(value: f64, old_value: f64, ret: f64, clip: f64) -> (f64, f64
     } else {
         (0.5 * b, 0.0)
     }
-}
-
-/// The policy loss of a mini-batch (the sequences `members` of `rollout`, in order): PPO's
-/// clipped surrogate on the advantages, plus `kl_coef ·` k3 KL to the reference in the loss
-/// (GRPO, ReMax; PPO puts its KL into the rewards and passes 0).
-pub struct PolicyLoss<'a> {
-    /// Rollouts.
-    pub rollout: &'a Rollout,
-    /// Rollout sequence of each mini-batch sequence.
-    pub members: &'a [usize],
-    /// ε of the ratio clip.
-    pub clip: f64,
-    /// Coefficient of the KL term.
-    pub kl_coef: f64,
 }
 
 /// PPO's clipped value loss of a mini-batch.
@@ -84,53 +233,80 @@ pub struct ScoreRegression<'a> {
     pub members: &'a [usize],
 }
 
-/// Walks the action rows of the mini-batch sequences `seqs`: `f(rollout row, local row)`.
-fn for_actions(rollout: &Rollout, members: &[usize], seqs: Range<usize>, mut f: impl FnMut(usize, usize)) {
+/// Walks the action rows of the mini-batch sequences `seqs`: `f(k, s, rollout row, local row)`
+/// for the `k`-th of them, rollout sequence `s`.
+fn for_actions(
+    rollout: &Rollout,
+    members: &[usize],
+    seqs: Range<usize>,
+    mut f: impl FnMut(usize, usize, usize, usize),
+) {
     let t = rollout.seq_len;
     for (k, mb) in seqs.clone().enumerate() {
         let s = members[mb];
         for row in rollout.action_rows(s) {
-            f(s * t + row, k * t + row);
+            f(k, s, s * t + row, k * t + row);
         }
     }
 }
 
-/// The mean over the mini-batch's action tokens of a per-token `(loss, d loss / d output)`:
-/// writes each row's gradient (zero off the action rows) and returns this micro-batch's share.
-fn token_mean(
+/// The aggregation `agg` over the mini-batch of a per-token `(loss, d loss / d output)`
+/// (`per_token(k, rollout row, local row)`): writes each row's gradient (zero off the action
+/// rows) and returns this micro-batch's share.
+fn aggregate(
     rollout: &Rollout,
     members: &[usize],
     seqs: Range<usize>,
     grad: &mut [f32],
-    mut per_token: impl FnMut(usize, usize) -> (f64, f64),
+    agg: LossAgg,
+    mut per_token: impl FnMut(usize, usize, usize) -> (f64, f64),
 ) -> f64 {
-    let norm = rollout.action_count(members) as f64;
+    let counts = BatchCounts::of(rollout, members);
     let mut loss = 0.0;
     grad.fill(0.0);
-    for_actions(rollout, members, seqs, |i, j| {
-        let (l, g) = per_token(i, j);
+    for_actions(rollout, members, seqs, |k, s, i, j| {
+        let norm = agg_divisor(agg, rollout.lengths[s], counts);
+        let (l, g) = per_token(k, i, j);
         loss += l / norm;
         grad[j] = (g / norm) as f32;
     });
     loss
 }
 
+/// The mean over each sequence's action rows of `outputs − old_logp` (GSPO's `log s`), for the
+/// mini-batch sequences `seqs` (0 for a sequence without response tokens).
+fn sequence_log_ratios(rollout: &Rollout, members: &[usize], seqs: Range<usize>, outputs: &[f32]) -> Vec<f64> {
+    let mut sums = vec![0.0; seqs.len()];
+    for_actions(rollout, members, seqs.clone(), |k, _, i, j| {
+        sums[k] += f64::from(outputs[j]) - f64::from(rollout.old_logp[i]);
+    });
+    seqs.zip(&mut sums).map(|(mb, sum)| *sum / rollout.lengths[members[mb]].max(1) as f64).collect()
+}
+
+impl Objective for ActorLoss<'_> {
+    fn loss_and_grad(&self, seqs: Range<usize>, outputs: &[f32], grad: &mut [f32]) -> f64 {
+        let (r, t) = (self.rollout, &self.terms);
+        let ratios = match t.ratio {
+            RatioLevel::Sequence => sequence_log_ratios(r, self.members, seqs.clone(), outputs),
+            RatioLevel::Token => Vec::new(),
+        };
+        aggregate(r, self.members, seqs, grad, t.agg, |k, i, j| {
+            t.token(r, i, f64::from(outputs[j]), ratios.get(k).copied().unwrap_or(0.0))
+        })
+    }
+}
+
 impl Objective for PolicyLoss<'_> {
     fn loss_and_grad(&self, seqs: Range<usize>, outputs: &[f32], grad: &mut [f32]) -> f64 {
-        let r = self.rollout;
-        token_mean(r, self.members, seqs, grad, |i, j| {
-            let logp = f64::from(outputs[j]);
-            let (l, g) = ppo_token(logp, f64::from(r.old_logp[i]), f64::from(r.advantages[i]), self.clip);
-            let (kl, dkl) = if self.kl_coef > 0.0 { kl_k3(logp, f64::from(r.ref_logp[i])) } else { (0.0, 0.0) };
-            (l + self.kl_coef * kl, g + self.kl_coef * dkl)
-        })
+        let terms = PolicyTerms::ppo(self.clip, self.kl_coef);
+        ActorLoss { rollout: self.rollout, members: self.members, terms }.loss_and_grad(seqs, outputs, grad)
     }
 }
 
 impl Objective for ValueLoss<'_> {
     fn loss_and_grad(&self, seqs: Range<usize>, outputs: &[f32], grad: &mut [f32]) -> f64 {
         let r = self.rollout;
-        token_mean(r, self.members, seqs, grad, |i, j| {
+        aggregate(r, self.members, seqs, grad, LossAgg::TokenMean, |_, i, j| {
             value_token(f64::from(outputs[j]), f64::from(r.values[i]), f64::from(r.returns[i]), self.clip)
         })
     }
@@ -267,5 +443,47 @@ mod tests {
         close(f64::from(r.returns[2]), 0.5);
         close(f64::from(r.advantages[1]), 1.0);
         close(f64::from(r.advantages[2]), -1.0);
+    }
+
+    #[test]
+    fn decoupled_clip_sequence_ratio_kl_estimators_and_entropy_by_hand() {
+        // ρ = e^{0.22} = 1.2461: clipped at 1.2 with ε = 0.2, free under DAPO's clip-higher 0.28.
+        assert_eq!(clipped_surrogate(0.22, 1.0, 0.2, 0.2), (-1.2, 0.0));
+        let (l, g) = clipped_surrogate(0.22, 1.0, 0.2, 0.28);
+        close(l, -(0.22f64).exp());
+        close(g, -(0.22f64).exp());
+        assert_eq!(ppo_token(-1.0, -1.22, 1.0, 0.2), clipped_surrogate(-1.0 - -1.22, 1.0, 0.2, 0.2));
+        // GSPO's sequence ratio e^{x̄} clipped the same way; above x̄ = 10 no gradient.
+        assert_eq!(gspo_token(0.22, 1.0, 0.2, 0.2), (-1.2, 0.0));
+        assert_eq!(gspo_token(11.0, -1.0, 0.2, 0.2).1, 0.0);
+        // k1, k2 at logp − ref = 0.5; low-var-kl is k3 below its clamps, 10 with no slope above.
+        assert_eq!(kl_k1(-1.0, -1.5), (0.5, 1.0));
+        assert_eq!(kl_k2(-1.0, -1.5), (0.125, 0.5));
+        assert_eq!(kl_low_var(-2.0, -1.5), kl_k3(-2.0, -1.5));
+        assert_eq!(kl_low_var(-20.0, -5.0), (10.0, 0.0));
+        assert_eq!(entropy_token(-0.7), (0.7, 0.7));
+    }
+
+    #[test]
+    fn aggregation_modes_and_the_ppo_terms_by_hand() {
+        // Two sequences of lengths 2 and 0 (all masked) and 4 in a mini-batch, horizon 5.
+        let counts = BatchCounts { tokens: 6, sequences: 2, horizon: 5 };
+        assert_eq!(agg_divisor(LossAgg::TokenMean, 2, counts), 6.0);
+        assert_eq!(agg_divisor(LossAgg::SeqMeanTokenSum, 2, counts), 2.0);
+        assert_eq!(agg_divisor(LossAgg::SeqMeanTokenMean, 2, counts), 4.0);
+        assert_eq!(agg_divisor(LossAgg::SeqMeanTokenSumNorm, 2, counts), 10.0);
+        // PolicyLoss is ActorLoss with the PPO terms, bit for bit.
+        let r = batch();
+        let outputs = [9.0, -1.0, -1.9, 9.0];
+        let (mut a, mut b) = ([0f32; 4], [0f32; 4]);
+        let old =
+            PolicyLoss { rollout: &r, members: &[0], clip: 0.2, kl_coef: 0.1 }.loss_and_grad(0..1, &outputs, &mut a);
+        let terms = PolicyTerms::ppo(0.2, 0.1);
+        let new = ActorLoss { rollout: &r, members: &[0], terms }.loss_and_grad(0..1, &outputs, &mut b);
+        assert_eq!((old.to_bits(), a), (new.to_bits(), b));
+        // seq-mean-token-sum of the one sequence: twice the token mean.
+        let terms = PolicyTerms { agg: LossAgg::SeqMeanTokenSum, ..terms };
+        let sum = ActorLoss { rollout: &r, members: &[0], terms }.loss_and_grad(0..1, &outputs, &mut b);
+        close(sum, 2.0 * old);
     }
 }

@@ -4,6 +4,7 @@
 //! synchronous RL step across model-stages (generation → inference → training → weight sync).
 
 pub mod advantage;
+pub mod kl;
 pub mod losses;
 pub mod rollout;
 pub mod step;

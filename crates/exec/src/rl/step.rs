@@ -16,8 +16,10 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use super::advantage::{overlong_penalty, varied_groups, Estimator};
+use super::losses::{ActorLoss, PolicyTerms, RatioLevel};
 use super::task::{ArithmeticTask, Scores, Split, Task, TextSample};
-use super::{AdvantageParams, PolicyLoss, Rollout, ValueLoss};
+use super::{AdvantageParams, Rollout, ValueLoss};
 use crate::comm::{DataPlane, GroupId};
 use crate::emu::{Counters, EmuId, EmuSet, Exchange, ShardMemory};
 use crate::engine::parallel::assemble_rows;
@@ -26,7 +28,7 @@ use crate::engine::{
     share, train_step, AdamW, Batch, EngineError, EngineMemory, Generated, Objective, Replica, Sampling, StepReport,
     Wave,
 };
-use nereus_core::config::{Algorithm, JobConfig, RewardSource};
+use nereus_core::config::{Algorithm, JobConfig, KlEstimator, KlIn, RewardSource};
 use nereus_core::cost::OpClass;
 use nereus_core::cost::OpSeconds;
 use nereus_core::plan::{ModelStage, PerPhase, Phase, Plan, Role, Stage};
@@ -36,7 +38,7 @@ use nereus_core::record::{EvalResult, StepStats};
 /// Everything an RL step needs besides the state, derived from the job config.
 #[derive(Debug, Clone)]
 pub struct StepSettings {
-    /// `ppo`, `grpo` or `remax`.
+    /// The algorithm (`rl.algorithm`).
     pub algorithm: Algorithm,
     /// The task and its reward.
     pub task: Task,
@@ -58,12 +60,18 @@ pub struct StepSettings {
     pub critic_opt: AdamW,
     /// Advantage coefficients.
     pub advantage: AdvantageParams,
-    /// PPO ratio clip.
-    pub clip: f64,
+    /// How advantages are estimated.
+    pub estimator: Estimator,
+    /// The KL estimator of the rewards' penalty (`rl.kl_in = "reward"`), else `None`.
+    pub reward_kl: Option<KlEstimator>,
+    /// The actor loss's terms.
+    pub policy: PolicyTerms,
     /// Critic value clip.
     pub value_clip: f64,
-    /// KL coefficient in the loss (GRPO, ReMax); PPO's goes into the rewards.
-    pub loss_kl_coef: f64,
+    /// Most sampling rounds of a step under DAPO's dynamic sampling; `None` without it.
+    pub dynamic_rounds: Option<usize>,
+    /// DAPO's overlong buffer in tokens (0: no shaping).
+    pub overlong_buffer: usize,
     /// Score the policy is trained on.
     pub reward: RewardSource,
     /// Decoded responses recorded per step (text jobs).
@@ -117,12 +125,31 @@ impl StepSettings {
                 lambda: t.gae_lambda,
                 group: rl.samples_per_prompt as usize,
             },
-            clip: t.clip_ratio,
+            estimator: Estimator::of(rl.algorithm),
+            reward_kl: (rl.kl_in() == KlIn::Reward).then_some(rl.kl_estimator()),
+            policy: Self::policy_terms(config),
             value_clip: t.value_clip,
-            loss_kl_coef: if rl.algorithm == Algorithm::Ppo { 0.0 } else { t.kl_coef },
+            dynamic_rounds: rl.dynamic_sampling().then_some(rl.max_sampling_rounds as usize),
+            overlong_buffer: rl.overlong_buffer() as usize,
             reward: t.reward,
             samples_logged: config.data.as_ref().map_or(0, |d| d.samples_per_step as usize),
             pass_k: config.data.as_ref().map_or(0, |d| d.pass_k as usize),
+        }
+    }
+
+    /// The actor loss's terms of `config`: the algorithm's ratio, `train.clip_low/high`, the KL
+    /// term when `rl.kl_in = "loss"`, the entropy bonus, `rl.loss_agg`.
+    fn policy_terms(config: &JobConfig) -> PolicyTerms {
+        let (rl, t) = (&config.rl, &config.train);
+        let (clip_low, clip_high) = t.clip_range(rl.algorithm);
+        PolicyTerms {
+            ratio: RatioLevel::of(rl.algorithm),
+            clip_low,
+            clip_high,
+            kl_coef: if rl.kl_in() == KlIn::Loss { t.kl_coef } else { 0.0 },
+            kl_estimator: rl.kl_estimator(),
+            entropy_coef: t.entropy_coef,
+            agg: rl.loss_agg(),
         }
     }
 
@@ -161,6 +188,10 @@ struct Prompts<A, B, C> {
 /// Draw ids of pass@k's sampled answers: above every training draw's (`step × sequences + i`),
 /// so an evaluation never repeats a training sample's uniforms.
 const PASS_AT_K_IDS: u64 = 1 << 62;
+
+/// Draw ids of dynamic sampling's later rounds (`position × samples + j`): above every first
+/// round's, below pass@k's.
+const RESAMPLED_IDS: u64 = 1 << 61;
 
 /// What one RL step reports on rank 0.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -232,6 +263,102 @@ impl Updates {
     }
 }
 
+/// One sampling round of a step, scored: the rollout (its `scores` those the policy trains on),
+/// the task's rewards, the reward model's scores, ReMax's greedy baseline, each sequence's data
+/// position, and the responses whose scorer failed.
+struct Round {
+    rollout: Rollout,
+    rule: Vec<f32>,
+    rm: Vec<f32>,
+    greedy: Vec<f32>,
+    positions: Vec<u64>,
+    failures: u64,
+}
+
+impl Round {
+    /// The groups (`g` consecutive sequences each) `groups`, in that order (the failures count
+    /// stays the round's).
+    fn select(&self, groups: &[usize], g: usize) -> Round {
+        let seqs: Vec<usize> = groups.iter().flat_map(|&k| k * g..(k + 1) * g).collect();
+        let pick = |v: &[f32]| if v.is_empty() { Vec::new() } else { seqs.iter().map(|&i| v[i]).collect() };
+        Round {
+            rollout: self.rollout.select(&seqs),
+            rule: pick(&self.rule),
+            rm: pick(&self.rm),
+            greedy: pick(&self.greedy),
+            positions: seqs.iter().map(|&i| self.positions[i]).collect(),
+            failures: self.failures,
+        }
+    }
+
+    /// Appends `other`'s sequences and failures.
+    fn append(&mut self, other: Round) {
+        self.rollout.append(other.rollout);
+        self.rule.extend(other.rule);
+        self.rm.extend(other.rm);
+        self.greedy.extend(other.greedy);
+        self.positions.extend(other.positions);
+        self.failures += other.failures;
+    }
+
+    /// Groups of `g` sequences.
+    fn groups(&self, g: usize) -> usize {
+        self.rollout.sequences() / g.max(1)
+    }
+
+    /// Response tokens generated.
+    fn tokens(&self) -> u64 {
+        self.rollout.lengths.iter().sum::<usize>() as u64
+    }
+
+    /// What the step reports of its sampling: rewards and lengths of these sequences.
+    fn stats(&self) -> StepStats {
+        let lengths: Vec<f64> = self.rollout.lengths.iter().map(|&l| l as f64).collect();
+        StepStats {
+            reward_mean: self.rule.iter().map(|&x| f64::from(x)).sum::<f64>() / self.rule.len() as f64,
+            rm_score_mean: self.rm.iter().map(|&x| f64::from(x)).sum::<f64>() / self.rm.len().max(1) as f64,
+            response_len_mean: lengths.iter().sum::<f64>() / lengths.len() as f64,
+            response_len_p95: percentile(&lengths, 0.95),
+            reward_failures: self.failures,
+            ..StepStats::default()
+        }
+    }
+}
+
+/// What dynamic sampling took: rounds, groups dropped, tokens generated after the first round.
+#[derive(Debug, Clone, Copy)]
+struct Filled {
+    rounds: usize,
+    dropped: usize,
+    tokens: u64,
+}
+
+/// A step's wall seconds and per-class seconds, phase by phase, added up lap by lap (dynamic
+/// sampling passes through generation and inference once per round).
+struct Laps {
+    lap: Instant,
+    stage: StepSeconds,
+    ops: PerPhase<OpSeconds>,
+}
+
+impl Laps {
+    /// Starts the first lap (and drops the op timers' earlier counts).
+    fn start() -> Laps {
+        timers::take();
+        Laps { lap: Instant::now(), stage: StepSeconds::default(), ops: PerPhase::default() }
+    }
+
+    /// Ends a lap of `phase`.
+    fn done(&mut self, phase: Phase) {
+        *self.stage.get_mut(phase) += self.lap.elapsed().as_secs_f64();
+        let ops = timers::take();
+        for (sum, x) in self.ops.get_mut(phase).0.iter_mut().zip(ops.0) {
+            *sum += x;
+        }
+        self.lap = Instant::now();
+    }
+}
+
 /// An update refused because a value was not finite: which model-stage, which value.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct NonFinite {
@@ -297,7 +424,8 @@ impl RlJob {
         Ok(RlJob { settings, plan, replicas, mine, world })
     }
 
-    /// Runs RL step `step` (0-based) on every rank; rank 0's metrics are the job's.
+    /// Runs RL step `step` (0-based) on every rank; rank 0's metrics are the job's. The step's
+    /// prompts start at the data position the counters hold.
     pub fn step<M: EngineMemory, P: Exchange<M>>(
         &self,
         plane: &mut P,
@@ -308,57 +436,122 @@ impl RlJob {
         let start = Instant::now();
         let counters: Vec<(EmuId, ModelStage, Counters)> =
             set.emus().map(|e| (e.id, e.model_stage, e.counters)).collect();
-        let mut metrics = StepMetrics::default();
-        let mut lap = Instant::now();
-        timers::take();
-        let mut stage_done = |phase: Phase, metrics: &mut StepMetrics| {
-            *metrics.stage_seconds.get_mut(phase) = lap.elapsed().as_secs_f64();
-            *metrics.op_seconds.get_mut(phase) = timers::take();
-            lap = Instant::now();
+        let first = counters.first().map_or(0, |c| c.2.data_position);
+        let mut laps = Laps::start();
+        let mut batch = self.round(plane, set, step, first, 0, &mut laps)?;
+        let mut stats = batch.stats();
+        let mut generated = batch.tokens();
+        let rounds = match s.dynamic_rounds {
+            Some(max) => self.fill(plane, set, step, first, max, &mut batch, &mut laps)?,
+            None => Filled { rounds: 1, dropped: 0, tokens: 0 },
         };
-        let mut rollout = self.generate(plane, set, step)?;
-        let greedy = if s.algorithm == Algorithm::Remax { self.greedy_scores(plane, set, step)? } else { Vec::new() };
-        stage_done(Phase::Generation, &mut metrics);
-        let rm_scores = self.infer(plane, set, &mut rollout)?;
-        let positions: Vec<u64> = (0..rollout.sequences()).map(|i| self.position(step, i / s.samples)).collect();
-        let Scores { rewards: mut rule, failures, .. } = self.score(plane, &rollout, Split::Train, &positions, step)?;
-        let model_weight = s.task.model_weight();
-        if model_weight != 0.0 {
-            rule.iter_mut().zip(&rm_scores).for_each(|(r, m)| *r += model_weight * m);
-        }
-        metrics.samples = self.samples(&rollout, &positions, &rule, plane.rank());
-        rollout.scores = match s.reward {
-            RewardSource::Rule => rule.clone(),
-            RewardSource::Model => rm_scores.clone(),
+        generated += rounds.tokens;
+        stats.reward_failures = batch.failures;
+        let mut metrics = StepMetrics {
+            samples: self.samples(&batch.rollout, &batch.positions, &batch.rule, plane.rank()),
+            ..StepMetrics::default()
         };
-        stage_done(Phase::Inference, &mut metrics);
-        rollout.compute_advantages(s.algorithm, s.advantage, &greedy);
-        let updates = self.train(plane, set, &rollout)?;
-        stage_done(Phase::Training, &mut metrics);
+        self.shape_overlong(&mut batch.rollout);
+        batch.rollout.estimate(s.estimator, s.advantage, s.reward_kl, &batch.greedy);
+        let updates = self.train(plane, set, &batch.rollout)?;
+        laps.done(Phase::Training);
         self.sync_weights(plane, set)?;
-        self.advance_counters(set, counters, step, &updates);
-        stage_done(Phase::WeightSync, &mut metrics);
-        let lengths: Vec<f64> = rollout.lengths.iter().map(|&l| l as f64).collect();
+        let consumed = rounds.rounds as u64 * s.prompts as u64;
+        self.advance_counters(set, counters, step, first + consumed, &updates);
+        laps.done(Phase::WeightSync);
         let [actor, critic] = updates;
-        metrics.stats = StepStats {
-            reward_mean: rule.iter().map(|&x| f64::from(x)).sum::<f64>() / rule.len() as f64,
-            rm_score_mean: rm_scores.iter().map(|&x| f64::from(x)).sum::<f64>() / rm_scores.len().max(1) as f64,
-            response_len_mean: lengths.iter().sum::<f64>() / lengths.len() as f64,
-            response_len_p95: percentile(&lengths, 0.95),
-            kl: rollout.kl_mean(),
-            actor_loss: actor.last.loss,
-            critic_loss: critic.last.loss,
-            actor_grad_norm: actor.last.grad_norm,
-            critic_grad_norm: critic.last.grad_norm,
-            skipped_updates: actor.skipped + critic.skipped,
-            reward_failures: failures,
-        };
+        stats.kl = batch.rollout.kl_mean();
+        stats.actor_loss = actor.last.loss;
+        stats.critic_loss = critic.last.loss;
+        stats.actor_grad_norm = actor.last.grad_norm;
+        stats.critic_grad_norm = critic.last.grad_norm;
+        stats.skipped_updates = actor.skipped + critic.skipped;
+        if s.dynamic_rounds.is_some() {
+            (stats.sampling_rounds, stats.dropped_groups) = (rounds.rounds as u64, rounds.dropped as u64);
+        }
+        metrics.stats = stats;
         metrics.non_finite = [(ACTOR, actor), (CRITIC, critic)]
             .into_iter()
             .find_map(|(ms, u)| u.first_skipped.map(|r| NonFinite::of(ms, r)));
-        metrics.generated_tokens = rollout.lengths.iter().sum::<usize>() as u64;
+        (metrics.stage_seconds, metrics.op_seconds) = (laps.stage, laps.ops);
+        metrics.generated_tokens = generated;
         metrics.step_seconds = start.elapsed().as_secs_f64();
         Ok(metrics)
+    }
+
+    /// One sampling round of step `step`: `prompts_per_step` prompts from data position `first`
+    /// generated (round `round`), inferred and scored.
+    fn round<M: EngineMemory, P: Exchange<M>>(
+        &self,
+        plane: &mut P,
+        set: &mut EmuSet<M>,
+        step: u64,
+        first: u64,
+        round: usize,
+        laps: &mut Laps,
+    ) -> Result<Round, EngineError> {
+        let s = &self.settings;
+        let mut rollout = self.generate(plane, set, step, first, round)?;
+        let greedy =
+            if s.algorithm == Algorithm::Remax { self.greedy_scores(plane, set, step, first)? } else { Vec::new() };
+        laps.done(Phase::Generation);
+        let rm = self.infer(plane, set, &mut rollout)?;
+        let positions: Vec<u64> = (0..rollout.sequences()).map(|i| first + (i / s.samples) as u64).collect();
+        let Scores { rewards: mut rule, failures, .. } = self.score(plane, &rollout, Split::Train, &positions, step)?;
+        let model_weight = s.task.model_weight();
+        if model_weight != 0.0 {
+            rule.iter_mut().zip(&rm).for_each(|(r, m)| *r += model_weight * m);
+        }
+        rollout.scores = match s.reward {
+            RewardSource::Rule => rule.clone(),
+            RewardSource::Model => rm.clone(),
+        };
+        laps.done(Phase::Inference);
+        Ok(Round { rollout, rule, rm, greedy, positions, failures })
+    }
+
+    /// DAPO's dynamic sampling (Yu et al. 2025, arXiv:2503.14476): keeps the groups of `batch`
+    /// whose scores are not all equal, samples the next `prompts_per_step` prompts round after
+    /// round until `prompts_per_step` groups are kept (at most `max` rounds in all), and leaves
+    /// the first of them in `batch`.
+    #[allow(clippy::too_many_arguments)] // the step's context, as `round` takes it, and the batch it fills
+    fn fill<M: EngineMemory, P: Exchange<M>>(
+        &self,
+        plane: &mut P,
+        set: &mut EmuSet<M>,
+        step: u64,
+        first: u64,
+        max: usize,
+        batch: &mut Round,
+        laps: &mut Laps,
+    ) -> Result<Filled, EngineError> {
+        let (g, p) = (self.settings.samples, self.settings.prompts);
+        let keep = |r: &Round| r.select(&varied_groups(&r.rollout.scores, g), g);
+        let mut kept = keep(batch);
+        let mut filled = Filled { rounds: 1, dropped: p - kept.groups(g), tokens: 0 };
+        while kept.groups(g) < p {
+            if filled.rounds == max {
+                return Err(EngineError::SamplingExhausted { step, kept: kept.groups(g), needed: p, rounds: max });
+            }
+            let next = self.round(plane, set, step, first + (filled.rounds * p) as u64, filled.rounds, laps)?;
+            let varied = keep(&next);
+            (filled.rounds, filled.dropped, filled.tokens) =
+                (filled.rounds + 1, filled.dropped + p - varied.groups(g), filled.tokens + next.tokens());
+            kept.append(varied);
+        }
+        *batch = kept.select(&(0..p).collect::<Vec<_>>(), g);
+        Ok(filled)
+    }
+
+    /// DAPO's overlong reward shaping (`rl.overlong_buffer`) on the scores the policy trains on.
+    fn shape_overlong(&self, rollout: &mut Rollout) {
+        let (buffer, cap) = (self.settings.overlong_buffer, self.settings.sampling.max_new_tokens);
+        if buffer == 0 {
+            return;
+        }
+        for (score, &len) in rollout.scores.iter_mut().zip(&rollout.lengths) {
+            *score += overlong_penalty(len, cap, buffer) as f32;
+        }
     }
 
     /// Sequences per micro-batch of `ms`: its candidate's (the planner may pick fewer than the
@@ -371,15 +564,10 @@ impl RlJob {
             .map_or(self.settings.micro_batch, |p| p.candidate.micro_batch as usize)
     }
 
-    /// The run position of prompt `k` of step `step`: `step × prompts + k` (the checkpoint's
-    /// `data_position` is where the next step starts).
-    fn position(&self, step: u64, k: usize) -> u64 {
-        step * self.settings.prompts as u64 + k as u64
-    }
-
-    /// Prompt `k` of step `step`.
-    fn prompt(&self, step: u64, k: usize) -> Vec<u32> {
-        self.settings.task.prompt(self.settings.sampling.seed, self.position(step, k))
+    /// The prompt at run position `position` (the counters' `data_position` is where the next
+    /// step starts: `step × prompts` without dynamic sampling).
+    fn prompt(&self, position: u64) -> Vec<u32> {
+        self.settings.task.prompt(self.settings.sampling.seed, position)
     }
 
     /// The task's rewards for `rollout`, the same on every rank. A scorer command runs on rank
@@ -572,38 +760,49 @@ impl RlJob {
         Ok(self.settings.rollout_of(Generated { tokens, lengths }, starts))
     }
 
+    /// Samples `samples_per_prompt` responses to each of the `prompts_per_step` prompts from
+    /// data position `first`. Draw ids: `step × sequences + i` in a step's first round; later
+    /// rounds (dynamic sampling) draw above them, by position.
     fn generate<M: EngineMemory, P: DataPlane>(
         &self,
         plane: &mut P,
         set: &mut EmuSet<M>,
         step: u64,
+        first: u64,
+        round: usize,
     ) -> Result<Rollout, EngineError> {
         let s = &self.settings;
         let n = s.sequences();
+        let position = |i: usize| first + (i / s.samples) as u64;
         let prompts = Prompts {
-            tokens: |i| self.prompt(step, i / s.samples),
-            start: |i| s.task.prompt_start(self.position(step, i / s.samples)),
-            id: |i| step * n as u64 + i as u64,
+            tokens: |i| self.prompt(position(i)),
+            start: |i| s.task.prompt_start(position(i)),
+            id: |i| match round {
+                0 => step * n as u64 + i as u64,
+                _ => RESAMPLED_IDS + position(i) * s.samples as u64 + (i % s.samples) as u64,
+            },
         };
         self.sample(plane, set, n, &s.sampling, prompts)
     }
 
-    /// ReMax: the rule score of each prompt's greedy response, one per sequence.
+    /// ReMax: the rule score of each prompt's greedy response, one per sequence (the step's
+    /// prompts start at data position `first`).
     fn greedy_scores<M: EngineMemory, P: DataPlane>(
         &self,
         plane: &mut P,
         set: &mut EmuSet<M>,
         step: u64,
+        first: u64,
     ) -> Result<Vec<f32>, EngineError> {
         let s = &self.settings;
         let greedy = Sampling { greedy: true, ..s.sampling };
         let prompts = Prompts {
-            tokens: |k| self.prompt(step, k),
-            start: |k| s.task.prompt_start(self.position(step, k)),
+            tokens: |k| self.prompt(first + k as u64),
+            start: |k| s.task.prompt_start(first + k as u64),
             id: |k| k as u64,
         };
         let r = self.sample(plane, set, s.prompts, &greedy, prompts)?;
-        let positions: Vec<u64> = (0..s.prompts).map(|k| self.position(step, k)).collect();
+        let positions: Vec<u64> = (0..s.prompts).map(|k| first + k as u64).collect();
         let per_prompt = self.score(plane, &r, Split::Train, &positions, step)?.rewards;
         Ok((0..s.sequences()).map(|i| per_prompt[i / s.samples]).collect())
     }
@@ -658,7 +857,7 @@ impl RlJob {
                 let starts = rollout.starts_of(chunk);
                 let batch = Batch { tokens: &tokens, seq_len: rollout.seq_len, starts: &starts };
                 if let Some(replica) = self.mine.get(&ACTOR) {
-                    let loss = PolicyLoss { rollout, members: chunk, clip: s.clip, kl_coef: s.loss_kl_coef };
+                    let loss = ActorLoss { rollout, members: chunk, terms: s.policy };
                     let opt = &s.actor_opt;
                     actor.add(train_step(
                         plane,
@@ -715,16 +914,16 @@ impl RlJob {
 
     /// Brings every rank's metadata to the counters the step produced, from the snapshot taken
     /// before it: the optimizer updates applied on the training replicas (which their own ranks
-    /// already counted, update by update), and the policy version and data position on every
-    /// replica.
+    /// already counted, update by update), and the policy version and data position (`next`,
+    /// where the next step's prompts start) on every replica.
     fn advance_counters<M: ShardMemory>(
         &self,
         set: &mut EmuSet<M>,
         before: Vec<(EmuId, ModelStage, Counters)>,
         step: u64,
+        next: u64,
         updates: &[Updates; 2],
     ) {
-        let s = &self.settings;
         for (id, ms, mut c) in before {
             let applied = match ms {
                 ACTOR => updates[0].applied,
@@ -734,7 +933,7 @@ impl RlJob {
             c.updates += applied;
             c.model_version += applied;
             c.policy_version = step + 1;
-            c.data_position = (step + 1) * s.prompts as u64;
+            c.data_position = next;
             set.set_counters(id, c);
         }
     }

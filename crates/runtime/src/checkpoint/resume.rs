@@ -131,7 +131,10 @@ fn check_job(dir: &Path, s: &Sidecar, config: &JobConfig) -> Result<(), Checkpoi
 /// The step, the data position and every model-stage's counters must tell one story.
 fn check_counters(dir: &Path, s: &Sidecar, config: &JobConfig) -> Result<(), CheckpointError> {
     let bad = |reason: String| CheckpointError::Inconsistent { dir: dir.into(), reason };
-    if s.data_position != s.step * u64::from(s.prompts_per_step) {
+    // Dynamic sampling takes whole rounds of prompts_per_step prompts, at least one a step.
+    let least = s.step * u64::from(s.prompts_per_step);
+    let whole_rounds = s.data_position >= least && s.data_position.is_multiple_of(u64::from(s.prompts_per_step).max(1));
+    if s.data_position != least && !(config.rl.dynamic_sampling() && whole_rounds) {
         return Err(bad(format!(
             "data position {} is not step {} × {} prompts per step",
             s.data_position, s.step, s.prompts_per_step

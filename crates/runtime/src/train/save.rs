@@ -63,15 +63,18 @@ where
         models
     }
 
-    /// The checkpoint's sidecar: the job, the step, the data position and every counter.
+    /// The checkpoint's sidecar: the job, the step, the data position (the counters', where
+    /// the next step's prompts start) and every counter.
     fn sidecar(&self, step: u64) -> Sidecar {
         let config = self.config;
-        let counters = self
+        let counters: BTreeMap<String, _> = self
             .rl
             .replicas
             .iter()
             .filter_map(|(ms, ids)| self.set.emu(ids[0]).map(|e| (ms.to_string(), e.counters)))
             .collect();
+        let data_position =
+            counters.values().next().map_or(step * u64::from(config.rl.prompts_per_step), |c| c.data_position);
         Sidecar {
             format: checkpoint::FORMAT,
             job: config.job.name.clone(),
@@ -79,7 +82,7 @@ where
             seed: config.job.seed,
             step,
             prompts_per_step: config.rl.prompts_per_step,
-            data_position: step * u64::from(config.rl.prompts_per_step),
+            data_position,
             counters,
             models: BTreeMap::new(),
             rng: "counter-based: draws are functions of (seed, sequence id, position)".into(),
