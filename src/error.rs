@@ -40,6 +40,8 @@ impl CommandError {
     pub fn exit_code(&self) -> u8 {
         match self {
             CommandError::Io(_) | CommandError::Stdout(_) => EXIT_FAILURE,
+            // A directory or a pipe named as a trace is the user's mistake, not the system's.
+            CommandError::Sim(SimError::Io(e)) if e.is_not_regular() => EXIT_USAGE,
             CommandError::Sim(SimError::Io(_)) => EXIT_FAILURE,
             CommandError::Transition(_) => EXIT_FAILURE,
             _ => EXIT_USAGE,
@@ -61,6 +63,7 @@ impl From<CommandError> for nereus_runtime::RuntimeError {
             CommandError::Config(e) => e.into(),
             CommandError::Planner(e) => RuntimeError::Planner(e),
             CommandError::Transition(e) => RuntimeError::Transition(e),
+            CommandError::Sim(SimError::Io(e)) if e.is_not_regular() => RuntimeError::Usage(e.to_string()),
             CommandError::Sim(SimError::Io(e)) => RuntimeError::Io(e),
             CommandError::Sim(e) => RuntimeError::Usage(e.to_string()),
             CommandError::Usage(m) => RuntimeError::Usage(m),

@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests: the built binary, mpirun, and config editing.
 #![allow(dead_code)]
 
+pub mod gguf;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -350,4 +352,36 @@ pub fn assert_status(out: &Output, status: i32, needles: &[&str]) {
         assert!(stderr.contains(n), "stderr lacks {n:?}:\n{stderr}");
     }
     assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+/// Runs `nereus ARGS` as a single process, killed after `limit`: `None` when it had to be (a
+/// hang guard for inputs that once hung).
+#[allow(dead_code)] // not every test binary guards a hang
+pub fn run_single_within(args: &[&str], limit: Duration) -> Option<Output> {
+    let child = Command::new(nereus())
+        .args(args)
+        .current_dir(repo())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("nereus starts");
+    wait_within(child, limit)
+}
+
+/// The output of `child` if it ends within `limit`; else it is killed and `None` returned. Its
+/// output is read meanwhile, so a child that writes much never blocks on a full pipe.
+#[allow(dead_code)]
+pub fn wait_within(child: Child, limit: Duration) -> Option<Output> {
+    let pid = child.id();
+    let (send, receive) = std::sync::mpsc::channel();
+    std::thread::spawn(move || send.send(child.wait_with_output()));
+    match receive.recv_timeout(limit) {
+        Ok(out) => Some(out.expect("its output is read")),
+        Err(_) => {
+            send_signal(pid, "-KILL");
+            let _ = receive.recv();
+            None
+        }
+    }
 }

@@ -167,6 +167,7 @@ fn prepare(options: &LogprobsOptions, world: i32) -> Result<Prepared, RuntimeErr
 fn read_tokens(path: &Path, vocab: u32, max_len: usize) -> Result<Vec<Vec<u32>>, RuntimeError> {
     let usage = |reason: String| RuntimeError::Usage(format!("--tokens `{}`: {reason}", path.display()));
     // A file of more digits than the bound allows tokens is refused before it is read.
+    nereus_core::file_error::check_regular(path).map_err(|e| usage(e.source.to_string()))?;
     let bytes = std::fs::metadata(path).map_err(io_error("read", path))?.len();
     if bytes > 24 * MAX_TOTAL_TOKENS as u64 {
         return Err(usage(format!("{bytes} bytes: more than {MAX_TOTAL_TOKENS} token ids can take")));

@@ -142,8 +142,8 @@ fn time_decisions(
 
 /// What the controller was shown of every step of a recorded `metrics.jsonl`.
 fn recorded(path: &Path) -> Result<Vec<StepRecord>, RuntimeError> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        RuntimeError::Usage(format!("cannot read {} (run from the repository root): {e}", path.display()))
+    let text = nereus_core::file_error::read_regular_string(path).map_err(|e| {
+        RuntimeError::Usage(format!("cannot read {} (run from the repository root): {}", path.display(), e.source))
     })?;
     text.lines()
         .filter(|l| !l.trim().is_empty())

@@ -136,7 +136,8 @@ pub fn read_model_config(dir: &Path) -> Result<HfModel, String> {
         return Err("not a directory (a Hugging Face model directory holds config.json and *.safetensors)".into());
     }
     let path = dir.join(CONFIG_JSON);
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("cannot read {CONFIG_JSON}: {e}"))?;
+    let text = crate::file_error::read_regular_string(&path)
+        .map_err(|e| format!("cannot read {CONFIG_JSON}: {}", e.source))?;
     parse_config(&text)
 }
 

@@ -167,8 +167,8 @@ pub struct ConfigSource {
 impl ConfigSource {
     /// Reads a job file from disk.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let text =
-            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        let text = crate::file_error::read_regular_string(path)
+            .map_err(|e| ConfigError::Read { path: path.to_path_buf(), source: e.source })?;
         let base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
         Ok(ConfigSource { name: path.to_path_buf(), text, base_dir })
     }

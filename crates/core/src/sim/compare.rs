@@ -9,7 +9,6 @@ use serde::Serialize;
 use super::{simulate, PolicyRun, RunSummary, SimError, SimOptions, SimStep, Trace};
 use crate::config::{JobConfig, PolicyMode};
 use crate::cost::Efficiencies;
-use crate::file_error::FileError;
 
 /// What to compare over a trace.
 #[derive(Debug, Clone)]
@@ -143,7 +142,7 @@ pub fn spreads(runs: &[RunSummary], job_gamma: f64) -> Vec<PolicySpread> {
 
 /// Reads and parses a trace file.
 pub fn read_trace(path: &Path) -> Result<Trace, SimError> {
-    let bytes = std::fs::read(path).map_err(FileError::on("read", path))?;
+    let bytes = crate::file_error::read_regular(path)?;
     let name = path.display().to_string();
     let text = String::from_utf8(bytes).map_err(|e| {
         let at = e.utf8_error().valid_up_to();
@@ -155,7 +154,7 @@ pub fn read_trace(path: &Path) -> Result<Trace, SimError> {
 
 /// Reads a calibration file: `[e0, …, e7]` or `{"efficiencies": [...]}`, each in (0, 1].
 pub fn read_calibration(path: &Path) -> Result<Efficiencies, SimError> {
-    let text = std::fs::read_to_string(path).map_err(FileError::on("read", path))?;
+    let text = crate::file_error::read_regular_string(path)?;
     let bad = |why: String| SimError::Request(format!("calibration `{}`: {why}", path.display()));
     let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
     let list = value.get("efficiencies").cloned().unwrap_or(value);

@@ -137,7 +137,7 @@ impl Gguf {
     /// Reads and parses the file at `path`; every problem names the file and what was being
     /// read.
     pub fn open(path: &Path) -> Result<Gguf, GgufError> {
-        let bytes = std::fs::read(path).map_err(FileError::on("read", path))?;
+        let bytes = nereus_core::file_error::read_regular(path)?;
         let invalid = |reason: String| GgufError::Invalid { path: path.to_path_buf(), reason };
         let (metadata, tensors) = parse(&bytes).map_err(invalid)?;
         Ok(Gguf { path: path.to_path_buf(), metadata, tensors, bytes })
@@ -170,10 +170,14 @@ impl Gguf {
         }
     }
 
+    /// The directory entry of the tensor named `name`.
+    pub fn info(&self, name: &str) -> Result<&TensorInfo, GgufError> {
+        self.tensors.iter().find(|t| t.name == name).ok_or_else(|| self.invalid(format!("no tensor `{name}`")))
+    }
+
     /// The tensor named `name`, dequantized to f32, and its dimensions (fastest first).
     pub fn tensor(&self, name: &str) -> Result<(Vec<u64>, Vec<f32>), GgufError> {
-        let info =
-            self.tensors.iter().find(|t| t.name == name).ok_or_else(|| self.invalid(format!("no tensor `{name}`")))?;
+        let info = self.info(name)?;
         Ok((info.dims.clone(), info.kind.dequantize(&self.bytes[info.range.clone()])))
     }
 }

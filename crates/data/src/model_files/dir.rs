@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
 use super::durable::{pause_before_each_file_for_tests, sync_dir, write_durably};
-use super::error::{io, ModelFileError};
+use super::error::{io, open_model_file, ModelFileError};
 use super::safetensors::{serialize, ModelWeights, NamedTensor, TensorFile};
 use nereus_core::config::hf::{CONFIG_JSON, GENERATION_CONFIG_JSON};
 use nereus_core::config::Dtype;
@@ -76,7 +76,7 @@ pub fn weight_files(dir: &Path) -> Result<Vec<String>, ModelFileError> {
         return Ok(vec![WEIGHTS.into()]);
     }
     let damaged = |reason: String| ModelFileError::Damaged { path: index.clone(), reason };
-    let text = std::fs::read_to_string(&index).map_err(io("read", &index))?;
+    let text = std::io::read_to_string(open_model_file(&index)?).map_err(io("read", &index))?;
     let json: Value = serde_json::from_str(&text).map_err(|e| damaged(format!("not JSON: {e}")))?;
     let map = json.get("weight_map").and_then(Value::as_object).ok_or_else(|| damaged("no weight_map".into()))?;
     let mut files: Vec<String> = Vec::new();
@@ -196,12 +196,7 @@ fn write_file(dir: &Path, name: &str, bytes: &[u8]) -> Result<FileDigest, ModelF
 
 /// The SHA-256 and size of a file, streamed (a multi-gigabyte shard is never held in memory).
 pub fn digest_file(path: &Path, name: &str) -> Result<FileDigest, ModelFileError> {
-    let mut file = std::fs::File::open(path).map_err(|source| match source.kind() {
-        std::io::ErrorKind::NotFound => {
-            ModelFileError::Damaged { path: path.into(), reason: "the file is missing".into() }
-        }
-        _ => ModelFileError::Io { action: "open", path: path.into(), source },
-    })?;
+    let mut file = open_model_file(path)?;
     let mut hasher = Sha256::new();
     let bytes = std::io::copy(&mut file, &mut hasher).map_err(io("read", path))?;
     hasher.flush().map_err(io("read", path))?;

@@ -32,3 +32,15 @@ pub(crate) fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Erro
     let path = path.to_path_buf();
     move |source| ModelFileError::Io { action, path, source }
 }
+
+/// `path` opened for reading. A missing file, or a path that is not a regular file (opening a
+/// named pipe would block for ever), is a damaged model directory.
+pub(crate) fn open_model_file(path: &Path) -> Result<std::fs::File, ModelFileError> {
+    let damaged = |reason: String| ModelFileError::Damaged { path: path.into(), reason };
+    match nereus_core::file_error::open_regular(path) {
+        Ok(file) => Ok(file),
+        Err(e) if e.source.kind() == std::io::ErrorKind::NotFound => Err(damaged("the file is missing".into())),
+        Err(e) if e.is_not_regular() => Err(damaged(e.source.to_string())),
+        Err(e) => Err(ModelFileError::Io { action: "open", path: path.into(), source: e.source }),
+    }
+}

@@ -5,13 +5,12 @@
 //! them and fills the f32 values of a shard's pieces from them.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype as StDtype, SafeTensors};
 
-use super::error::{io, ModelFileError};
+use super::error::{io, open_model_file, ModelFileError};
 use nereus_core::config::Dtype;
 use nereus_core::half::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 use nereus_core::model::{Catalogue, Piece};
@@ -108,12 +107,7 @@ impl std::fmt::Debug for TensorFile {
 impl TensorFile {
     /// Maps `path` and checks that its header parses.
     pub fn open(path: &Path) -> Result<TensorFile, ModelFileError> {
-        let file = File::open(path).map_err(|source| match source.kind() {
-            std::io::ErrorKind::NotFound => {
-                ModelFileError::Damaged { path: path.into(), reason: "the file is missing".into() }
-            }
-            _ => ModelFileError::Io { action: "open", path: path.into(), source },
-        })?;
+        let file = open_model_file(path)?;
         // SAFETY: checkpoint files are written once, under a temporary directory name, and
         // never modified in place afterwards, so the mapping does not change under us; a model
         // directory is read-only input by contract (docs/models.md).

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use nereus_core::file_error::FileError;
+use nereus_core::file_error::read_regular;
 
 use super::{kind, DataError, Record};
 
@@ -15,7 +15,7 @@ pub const MAX_LINE_BYTES: usize = 64 << 20;
 /// Every record of the JSON-lines file at `path`: one object per non-blank line. A line that
 /// is not UTF-8, not JSON, or not an object is an error naming the line.
 pub fn read_jsonl(path: &Path) -> Result<Vec<Record>, DataError> {
-    let bytes = std::fs::read(path).map_err(FileError::on("read", path))?;
+    let bytes = read_regular(path)?;
     if bytes.starts_with(b"PAR1") {
         let reason = "this is a Parquet file: give it the `.parquet` extension to read it as one".into();
         return Err(DataError::Format { path: path.to_path_buf(), reason });

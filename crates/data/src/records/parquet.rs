@@ -12,7 +12,7 @@ use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::record::{Field, Row};
 use serde_json::{Map, Value};
 
-use nereus_core::file_error::FileError;
+use nereus_core::file_error::open_regular;
 
 use super::{kind, DataError, Record};
 
@@ -20,7 +20,7 @@ use super::{kind, DataError, Record};
 /// Parquet, is truncated, or uses a codec this build does not read is an error naming the file
 /// (and the row where reading stopped).
 pub fn read_parquet(path: &Path) -> Result<Vec<Record>, DataError> {
-    let file = std::fs::File::open(path).map_err(FileError::on("read", path))?;
+    let file = open_regular(path)?;
     let whole = |reason: String| DataError::Format { path: path.to_path_buf(), reason };
     let reader = SerializedFileReader::new(file).map_err(|e| whole(format!("not a readable Parquet file: {e}")))?;
     let rows = reader.get_row_iter(None).map_err(|e| whole(format!("cannot read its rows: {e}")))?;

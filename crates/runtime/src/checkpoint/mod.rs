@@ -53,7 +53,7 @@ pub fn optimizer_file(model: &str) -> String {
 /// A checkpoint's lineage sequence as its sidecar records it (0 when it does not, or cannot be
 /// read: a damaged checkpoint is refused when it is opened, not here).
 fn sequence_of(dir: &Path) -> u64 {
-    let Ok(text) = std::fs::read_to_string(dir.join(SIDECAR)) else { return 0 };
+    let Ok(text) = nereus_core::file_error::read_regular_string(&dir.join(SIDECAR)) else { return 0 };
     serde_json::from_str::<serde_json::Value>(&text)
         .ok()
         .and_then(|v| v.get("lineage")?.get("sequence")?.as_u64())
@@ -111,7 +111,8 @@ impl Checkpoints {
     /// written last (the highest lineage sequence, then the highest step). Either way a higher
     /// `step-N/` of a continuation that a resume from an earlier step abandoned is not taken.
     pub fn latest(&self) -> Option<PathBuf> {
-        let named = std::fs::read_to_string(self.latest_pointer()).ok().map(|s| self.root.join(s.trim()));
+        let named =
+            nereus_core::file_error::read_regular_string(&self.latest_pointer()).ok().map(|s| self.root.join(s.trim()));
         match named {
             Some(dir) if dir.join(SIDECAR).is_file() => Some(dir),
             _ => self.newest_written(),

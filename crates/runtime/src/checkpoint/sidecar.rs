@@ -99,12 +99,13 @@ impl Sidecar {
     /// Reads `dir/state.json`.
     pub fn read(dir: &Path) -> Result<Sidecar, CheckpointError> {
         let path = dir.join(SIDECAR);
-        let text = std::fs::read_to_string(&path).map_err(|source| match source.kind() {
+        let text = nereus_core::file_error::read_regular_string(&path).map_err(|e| match e.source.kind() {
             std::io::ErrorKind::NotFound => CheckpointError::NotFound {
                 dir: dir.into(),
                 reason: format!("`{SIDECAR}` is missing (not a complete checkpoint)"),
             },
-            _ => CheckpointError::Io { action: "read", path: path.clone(), source },
+            _ if e.is_not_regular() => CheckpointError::Damaged { path: path.clone(), reason: e.source.to_string() },
+            _ => CheckpointError::Io { action: "read", path: path.clone(), source: e.source },
         })?;
         let format: serde_json::Value = serde_json::from_str(&text)
             .map_err(|e| CheckpointError::Damaged { path: path.clone(), reason: format!("not JSON: {e}") })?;

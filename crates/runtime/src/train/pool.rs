@@ -74,7 +74,7 @@ impl PoolSource {
 
     /// The pool file's pool, `None` when there is no file.
     fn read_file(&self) -> Result<Option<u32>, RuntimeError> {
-        match std::fs::read_to_string(&self.file) {
+        match nereus_core::file_error::read_regular_string(&self.file).map_err(|e| e.source) {
             Ok(text) if text.trim().is_empty() => Err(RuntimeError::Usage(format!(
                 "the pool file {} is empty (a write in progress? write the new pool to a temporary file and rename it over the pool file)",
                 self.file.display()
@@ -128,8 +128,8 @@ impl Drop for PoolSignal {
 /// Reads a pool trace: a header with `step` and `available_gpus` or `ranks`, one row per change.
 fn read_trace(path: &Path, world: u32) -> Result<Vec<(u64, u32)>, RuntimeError> {
     let name = path.display().to_string();
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| RuntimeError::Usage(format!("cannot read pool.trace {name}: {e}")))?;
+    let text = nereus_core::file_error::read_regular_string(path)
+        .map_err(|e| RuntimeError::Usage(format!("cannot read pool.trace {name}: {}", e.source)))?;
     let at = |line: usize| format!("pool.trace {name} line {line}");
     let table = SteppedCsv::parse(&text, &["step", "available_gpus", "ranks"], Some("ranks"))
         .map_err(|e| RuntimeError::Usage(format!("{}: {}", at(e.line), e.message)))?;
