@@ -11,6 +11,7 @@ mod launch;
 mod logging;
 
 use clap::{Parser, Subcommand};
+use nereus_core::thread_budget::ThreadBudget;
 use std::process::ExitCode;
 
 use commands::{bench, data, inspect, logprobs, model, plan, reward, selftest, simulate, trace, train};
@@ -63,11 +64,18 @@ enum Command {
     Selftest(selftest::SelftestCommand),
 }
 
-/// Heap metering for `nereus bench planner`'s peak-memory figure, in bench builds only
-/// (`--features alloc-meter`): production runs allocate through the system allocator as it is.
+/// The system allocator with the per-thread budgets a chat template renders under
+/// (`nereus_core::thread_budget`: one thread-local read per allocation elsewhere).
+#[cfg(not(feature = "alloc-meter"))]
+#[global_allocator]
+static ALLOCATOR: ThreadBudget<std::alloc::System> = ThreadBudget(std::alloc::System);
+
+/// The same, heap-metered for `nereus bench planner`'s peak-memory figure, in bench builds only
+/// (`--features alloc-meter`).
 #[cfg(feature = "alloc-meter")]
 #[global_allocator]
-static ALLOCATOR: nereus_bench::alloc_meter::MeteredAllocator = nereus_bench::alloc_meter::MeteredAllocator;
+static ALLOCATOR: ThreadBudget<nereus_bench::alloc_meter::MeteredAllocator> =
+    ThreadBudget(nereus_bench::alloc_meter::MeteredAllocator);
 
 fn main() -> ExitCode {
     allocator::keep_freed_buffers();

@@ -3,8 +3,9 @@
 //!
 //! Layers, bottom-up (see `docs/architecture.md`): [`config`] → [`model`] → [`plan`] → [`cost`]
 //! → [`planner`] → [`transition`] (planning) → [`policy`] → [`sim`]; [`plot`], [`units`],
-//! [`rng`], [`index_list`] and [`named`] are shared helpers below every layer, and `exact` (feature
-//! `exact`) holds the MILPs the planner and the transition scheduler are checked against.
+//! [`rng`], [`index_list`], [`named`], [`file_error`] and [`thread_budget`] are shared helpers
+//! below every layer, and `exact` (feature `exact`) holds the MILPs the planner and the
+//! transition scheduler are checked against.
 //! The user's data (prompt files, tokenizers, rewards) lives in the `nereus-data` crate.
 
 pub mod config;
@@ -24,5 +25,6 @@ pub mod policy;
 pub mod record;
 pub mod rng;
 pub mod sim;
+pub mod thread_budget;
 pub mod transition;
 pub mod units;

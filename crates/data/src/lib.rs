@@ -17,3 +17,10 @@ pub mod records;
 pub mod reward;
 pub mod synth;
 pub mod text;
+
+/// The unit tests run under the allocator the `nereus` binary installs, so the bounds on a chat
+/// template's memory hold in them too.
+#[cfg(test)]
+#[global_allocator]
+static ALLOCATOR: nereus_core::thread_budget::ThreadBudget<std::alloc::System> =
+    nereus_core::thread_budget::ThreadBudget(std::alloc::System);

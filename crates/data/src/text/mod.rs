@@ -36,9 +36,15 @@ pub enum TextError {
         /// What is wrong with it.
         reason: String,
     },
-    /// The chat template did not render (the template's own message).
-    #[error("the chat template failed to render: {0}")]
-    Render(String),
+    /// The chat template did not render: its own message (`raise_exception`), an error Jinja
+    /// raises, or a bound it ran past.
+    #[error("{}: the chat template failed to render: {reason}", path.display())]
+    Render {
+        /// The file the template came from.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
     /// Chat messages need a template and the directory has none.
     #[error("{}: no chat template (neither chat_template.jinja nor tokenizer_config.json's chat_template), so chat messages cannot be rendered; give plain-text prompts or add a template", dir.display())]
     NoTemplate {
@@ -76,7 +82,7 @@ impl ModelText {
     /// Reads `dir/tokenizer.json`, the chat template and the special tokens.
     pub fn load(dir: &Path) -> Result<Self, TextError> {
         let path = dir.join("tokenizer.json");
-        let bytes = std::fs::read(&path).map_err(FileError::on("read", &path))?;
+        let bytes = nereus_core::file_error::read_regular(&path)?;
         let tokenizer = tokenizers::Tokenizer::from_bytes(&bytes)
             .map_err(|e| TextError::Invalid { path: path.clone(), reason: format!("not a tokenizers file: {e}") })?;
         let special = SpecialTokens::load(dir, &tokenizer)?;

@@ -3,12 +3,15 @@
 //! `strftime_now` helpers, a `tojson` that writes what Python's `json.dumps` writes, and the
 //! special tokens (`bos_token`, `eos_token`, …) in the context.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
 
 use minijinja::value::{Kwargs, Value, ValueKind};
-use minijinja::{context, Environment, Error, ErrorKind};
+use minijinja::{context, Environment, Error, ErrorKind, Output, State};
 
-use nereus_core::file_error::FileError;
+use nereus_core::file_error::read_regular_string;
+use nereus_core::thread_budget::{run_bounded, Overrun};
 
 use super::special::read_object;
 use super::{SpecialTokens, TextError};
@@ -16,9 +19,24 @@ use crate::records::Message;
 
 const NAME: &str = "chat_template";
 
+/// Instructions one rendering may run (minijinja's fuel). The Llama-3- and Qwen3-style
+/// templates render a 60,000-message conversation within it; a loop that runs on (a nested
+/// 10^5 × 10^4 loop) stops within half a second.
+pub const MAX_INSTRUCTIONS: u64 = 10_000_000;
+/// Bytes one rendered prompt may hold: 16 MiB is several times the longest prompt any model
+/// reads (2^20 tokens of a few bytes each).
+pub const MAX_OUTPUT_BYTES: usize = 16 << 20;
+/// Bytes one rendering may hold at once, the strings it builds included (a template that
+/// doubles a string stops here rather than at the machine's memory).
+pub const MAX_RENDER_BYTES: usize = 256 << 20;
+/// Time one rendering may take: a last bound for a single built-in call that is slow without
+/// running many instructions.
+pub const MAX_RENDER_TIME: Duration = Duration::from_secs(20);
+
 /// A model's chat template, compiled.
 pub struct ChatTemplate {
-    env: Environment<'static>,
+    env: Arc<Environment<'static>>,
+    origin: PathBuf,
 }
 
 impl ChatTemplate {
@@ -28,7 +46,7 @@ impl ChatTemplate {
     pub fn load(dir: &Path) -> Result<Option<Self>, TextError> {
         let jinja = dir.join("chat_template.jinja");
         if jinja.exists() {
-            let source = std::fs::read_to_string(&jinja).map_err(FileError::on("read", &jinja))?;
+            let source = read_regular_string(&jinja)?;
             return Self::compile(source, &jinja).map(Some);
         }
         for file in ["chat_template.json", "tokenizer_config.json"] {
@@ -45,6 +63,8 @@ impl ChatTemplate {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
+        env.set_fuel(Some(MAX_INSTRUCTIONS));
+        env.set_formatter(finite_formatter);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
@@ -53,28 +73,103 @@ impl ChatTemplate {
             path: origin.to_path_buf(),
             reason: format!("the chat template does not compile: {e}"),
         })?;
-        Ok(Self { env })
+        Ok(Self { env: Arc::new(env), origin: origin.to_path_buf() })
     }
 
-    /// `messages` rendered, with the assistant's turn opened when `add_generation_prompt`.
+    /// `messages` rendered, with the assistant's turn opened when `add_generation_prompt`; on a
+    /// thread of its own, within [`MAX_INSTRUCTIONS`], [`MAX_OUTPUT_BYTES`], [`MAX_RENDER_BYTES`]
+    /// and [`MAX_RENDER_TIME`].
     pub fn render(
         &self,
         messages: &[Message],
         special: &SpecialTokens,
         add_generation_prompt: bool,
     ) -> Result<String, TextError> {
-        let template = self.env.get_template(NAME).expect("the template was added at compile");
-        let ctx = context! {
-            messages => messages,
-            add_generation_prompt => add_generation_prompt,
-            bos_token => special.bos_token,
-            eos_token => special.eos_token,
-            pad_token => special.pad_token,
-            unk_token => special.unk_token,
-            tools => (),
-            documents => (),
+        let (env, messages, special) = (Arc::clone(&self.env), messages.to_vec(), special.clone());
+        let rendered = run_bounded(MAX_RENDER_BYTES, MAX_RENDER_TIME, move || {
+            render_capped(&env, &messages, &special, add_generation_prompt)
+        });
+        let reason = match rendered {
+            Ok(Ok(text)) => return Ok(text),
+            Ok(Err(e)) => e,
+            Err(Overrun::Memory(bytes)) => format!(
+                "it holds more than {} at once while rendering (the limit; a string that keeps growing?)",
+                nereus_core::units::format_bytes(bytes as u64)
+            ),
+            Err(Overrun::Time(limit)) => format!("it ran past the limit of {} s", limit.as_secs()),
+            Err(Overrun::Lost) => "its rendering thread could not run".into(),
         };
-        template.render(ctx).map_err(|e| TextError::Render(describe(&e)))
+        Err(TextError::Render { path: self.origin.clone(), reason })
+    }
+}
+
+/// Renders into a writer that refuses more than [`MAX_OUTPUT_BYTES`]; the error says which limit
+/// stopped it, if one did.
+fn render_capped(
+    env: &Environment<'static>,
+    messages: &[Message],
+    special: &SpecialTokens,
+    add_generation_prompt: bool,
+) -> Result<String, String> {
+    let template = env.get_template(NAME).map_err(|e| describe(&e))?;
+    let ctx = context! {
+        messages => messages,
+        add_generation_prompt => add_generation_prompt,
+        bos_token => special.bos_token,
+        eos_token => special.eos_token,
+        pad_token => special.pad_token,
+        unk_token => special.unk_token,
+        tools => (),
+        documents => (),
+    };
+    let mut out = CappedWriter { bytes: Vec::new(), full: false };
+    match template.render_captured_to(ctx, &mut out) {
+        Ok(_) => String::from_utf8(out.bytes).map_err(|_| "the output is not UTF-8".into()),
+        Err(_) if out.full => Err(format!("its output passed the limit of {MAX_OUTPUT_BYTES} bytes")),
+        Err(e) if e.kind() == ErrorKind::OutOfFuel => Err(format!(
+            "it ran past the limit of {MAX_INSTRUCTIONS} instructions (a loop that does not end, or loops nested too deep)"
+        )),
+        Err(e) => Err(describe(&e)),
+    }
+}
+
+/// The rendered bytes, refusing any write past [`MAX_OUTPUT_BYTES`].
+struct CappedWriter {
+    bytes: Vec<u8>,
+    full: bool,
+}
+
+impl std::io::Write for CappedWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len() + buf.len() > MAX_OUTPUT_BYTES {
+            self.full = true;
+            return Err(std::io::Error::other("the rendered prompt is too long"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// minijinja's formatter, except that a number that is not finite is an error: minijinja's
+/// `1 / 0` is `inf` where transformers' Jinja (Python) raises `ZeroDivisionError`, and a float
+/// `%` or `//` by zero or a `**` that overflows raise there too.
+fn finite_formatter(out: &mut Output, state: &State, value: &Value) -> Result<(), Error> {
+    check_finite(value)?;
+    minijinja::escape_formatter(out, state, value)
+}
+
+/// An error when `value` is a number that is not finite.
+fn check_finite(value: &Value) -> Result<(), Error> {
+    match f64::try_from(value.clone()) {
+        Ok(x) if value.is_number() && !x.is_finite() => Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("the template computed {x} (a division by zero?), where transformers' Jinja raises"),
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -183,6 +278,7 @@ fn python_json(value: &Value, indent: Option<usize>, depth: usize, out: &mut Str
             return Ok(());
         }
         _ => {
+            check_finite(value)?;
             let text =
                 serde_json::to_string(value).map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
             out.push_str(&text);
