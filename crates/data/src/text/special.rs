@@ -2,12 +2,12 @@
 //! chat template writes (`tokenizer_config.json`), and the ids generation stops and pads at
 //! (`generation_config.json` first, as `generate` reads them, then `config.json`).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use nereus_core::file_error::FileError;
+use nereus_core::file_error::read_regular_string;
 
 use super::TextError;
 
@@ -29,36 +29,47 @@ pub struct SpecialTokens {
 }
 
 impl SpecialTokens {
-    /// Reads the special tokens of `dir`, whose tokenizer is `tokenizer`.
+    /// Reads the special tokens of `dir`, whose tokenizer is `tokenizer`. Every id and token
+    /// the three files name must be one of the tokenizer's (so one the model can embed and
+    /// generate, once the tokenizer fits the embedding): an id that is not is refused with its
+    /// file, key and value, never replaced by another file's.
     pub fn load(dir: &Path, tokenizer: &tokenizers::Tokenizer) -> Result<Self, TextError> {
-        let tokenizer_config = read_object(&dir.join("tokenizer_config.json"))?;
-        let generation = read_object(&dir.join("generation_config.json"))?;
-        let config = read_object(&dir.join("config.json"))?;
-        let token = |key: &str| tokenizer_config.as_ref().and_then(|c| token_text(c.get(key)?));
-        let (bos_token, mut eos_token, pad_token, unk_token) =
-            (token("bos_token"), token("eos_token"), token("pad_token"), token("unk_token"));
-
-        let ids_in = |object: &Option<Map<String, Value>>, key: &str| object.as_ref().and_then(|o| ids(o.get(key)?));
-        let by_name = |name: &Option<String>| name.as_deref().and_then(|n| tokenizer.token_to_id(n)).map(|id| vec![id]);
-        let eos_ids = ids_in(&generation, "eos_token_id")
-            .or_else(|| ids_in(&config, "eos_token_id"))
-            .or_else(|| by_name(&eos_token))
-            .filter(|ids| !ids.is_empty())
-            .ok_or_else(|| TextError::Invalid {
-                path: dir.to_path_buf(),
-                reason: "no end-of-sequence token: none of generation_config.json, config.json (eos_token_id) \
-                         or tokenizer_config.json (eos_token) names one, so generation would never stop"
-                    .into(),
-            })?;
+        let files = ["tokenizer_config.json", "generation_config.json", "config.json"]
+            .map(|name| read_object(&dir.join(name)).map(|o| o.map(|o| (dir.join(name), o))));
+        let [tokenizer_config, generation, config] = files;
+        let (tokenizer_config, generation, config) = (tokenizer_config?, generation?, config?);
+        let space = tokenizer.get_vocab(true).values().max().map_or(0, |&m| m as usize + 1);
+        let named = |key: &str| named_token(&tokenizer_config, key, tokenizer);
+        let (bos_token, mut eos_token, pad_token) = (named("bos_token")?, named("eos_token")?, named("pad_token")?);
+        let unk_token = tokenizer_config.as_ref().and_then(|(_, c)| token_text(c.get("unk_token")?));
+        // generate() reads generation_config.json first, then config.json.
+        let first = |key: &str| -> Result<Option<Vec<u32>>, TextError> {
+            Ok(match ids_at(&generation, key, space)? {
+                Some(ids) => Some(ids),
+                None => ids_at(&config, key, space)?,
+            })
+        };
+        first("bos_token_id")?;
+        let by_name = |token: &Option<(String, u32)>| token.as_ref().map(|(_, id)| vec![*id]);
+        let eos_ids = first("eos_token_id")?.or_else(|| by_name(&eos_token)).ok_or_else(|| TextError::Invalid {
+            path: dir.to_path_buf(),
+            reason: "no end-of-sequence token: none of generation_config.json, config.json (eos_token_id) \
+                     or tokenizer_config.json (eos_token) names one, so generation would never stop"
+                .into(),
+        })?;
         if eos_token.is_none() {
-            eos_token = tokenizer.id_to_token(eos_ids[0]);
+            eos_token = tokenizer.id_to_token(eos_ids[0]).map(|text| (text, eos_ids[0]));
         }
-        let pad_id = ids_in(&generation, "pad_token_id")
-            .or_else(|| ids_in(&config, "pad_token_id"))
-            .or_else(|| by_name(&pad_token))
-            .and_then(|ids| ids.first().copied())
-            .unwrap_or(eos_ids[0]);
-        Ok(Self { bos_token, eos_token, pad_token, unk_token, eos_ids, pad_id })
+        let pad_id = first("pad_token_id")?.or_else(|| by_name(&pad_token)).map_or(eos_ids[0], |ids| ids[0]);
+        let text = |token: Option<(String, u32)>| token.map(|(text, _)| text);
+        Ok(Self {
+            bos_token: text(bos_token),
+            eos_token: text(eos_token),
+            pad_token: text(pad_token),
+            unk_token,
+            eos_ids,
+            pad_id,
+        })
     }
 
     /// Whether `id` ends a response.
@@ -67,11 +78,57 @@ impl SpecialTokens {
     }
 }
 
+/// A JSON file's path and object, when the file exists.
+type JsonFile = Option<(PathBuf, Map<String, Value>)>;
+
+/// The token `tokenizer_config.json` names at `key` and its id; an error naming the file when
+/// the tokenizer has no such token.
+fn named_token(
+    file: &JsonFile,
+    key: &str,
+    tokenizer: &tokenizers::Tokenizer,
+) -> Result<Option<(String, u32)>, TextError> {
+    let Some((path, object)) = file else { return Ok(None) };
+    let Some(text) = object.get(key).and_then(token_text) else { return Ok(None) };
+    match tokenizer.token_to_id(&text) {
+        Some(id) => Ok(Some((text, id))),
+        None => Err(TextError::Invalid {
+            path: path.clone(),
+            reason: format!("`{key}` is {text:?}, which is not a token of tokenizer.json"),
+        }),
+    }
+}
+
+/// The ids at `key` of a JSON file (one id or a non-empty list; absent or `null`: none), each
+/// below `space`, the tokenizer's id count; anything else is an error naming the file, the key
+/// and the value.
+fn ids_at(file: &JsonFile, key: &str, space: usize) -> Result<Option<Vec<u32>>, TextError> {
+    let Some((path, object)) = file else { return Ok(None) };
+    let value = match object.get(key) {
+        None | Some(Value::Null) => return Ok(None),
+        Some(value) => value,
+    };
+    let bad = |why: String| TextError::Invalid { path: path.clone(), reason: format!("`{key}` is {value}: {why}") };
+    let id = |v: &Value| match v.as_u64() {
+        Some(n) if (n as usize) < space => Ok(n as u32),
+        Some(n) => Err(bad(format!(
+            "{n} is not one of tokenizer.json's ids (0 to {}), so the model could never read or generate it",
+            space.saturating_sub(1)
+        ))),
+        None => Err(bad("a token id is a whole number from 0".into())),
+    };
+    match value {
+        Value::Array(list) if list.is_empty() => Err(bad("an empty list names no token".into())),
+        Value::Array(list) => list.iter().map(id).collect::<Result<_, _>>().map(Some),
+        other => id(other).map(|i| Some(vec![i])),
+    }
+}
+
 /// The JSON object in `path`, or `None` when there is no such file.
 pub(super) fn read_object(path: &Path) -> Result<Option<Map<String, Value>>, TextError> {
-    let text = match std::fs::read_to_string(path) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        other => other.map_err(FileError::on("read", path))?,
+    let text = match read_regular_string(path) {
+        Err(e) if e.source.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        other => other?,
     };
     let invalid = |reason: String| TextError::Invalid { path: path.to_path_buf(), reason };
     match serde_json::from_str(&text).map_err(|e| invalid(format!("not JSON: {e}")))? {
@@ -86,14 +143,5 @@ fn token_text(value: &Value) -> Option<String> {
         Value::String(s) => Some(s.clone()),
         Value::Object(o) => o.get("content")?.as_str().map(str::to_string),
         _ => None,
-    }
-}
-
-/// Token ids as configs write them: one id or a list (`null` is none).
-fn ids(value: &Value) -> Option<Vec<u32>> {
-    let id = |v: &Value| v.as_u64().and_then(|n| u32::try_from(n).ok());
-    match value {
-        Value::Array(list) => list.iter().map(id).collect(),
-        other => id(other).map(|i| vec![i]),
     }
 }
