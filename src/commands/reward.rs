@@ -6,9 +6,11 @@ use serde::Serialize;
 use std::io::Write;
 use std::path::PathBuf;
 
+use nereus_core::config::data::{check_format_bonus, check_scorer_timeout};
 use nereus_data::records::Record;
 use nereus_data::records::{read_records, DataError};
 use nereus_data::reward::command::{CommandScorer, OnError, ScoreRequest};
+use nereus_data::reward::end_scorers_on_signals;
 use nereus_data::reward::{RuleKind, RuleReward, Score};
 
 use super::simulate::write_file;
@@ -24,7 +26,7 @@ pub struct RewardArgs {
     #[arg(long, value_enum)]
     pub kind: KindArg,
     /// Added to a response's reward when it gives its answer in `\boxed{…}`.
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 0.0, allow_hyphen_values = true)]
     pub format_bonus: f64,
     /// The field holding the response (dotted for nested objects).
     #[arg(long, default_value = "response")]
@@ -39,7 +41,7 @@ pub struct RewardArgs {
     #[arg(long, default_value = "metadata")]
     pub metadata_key: String,
     /// Seconds a scorer command may take per line.
-    #[arg(long, default_value_t = 30.0)]
+    #[arg(long, default_value_t = 30.0, allow_hyphen_values = true)]
     pub timeout: f64,
     /// What a scorer failure does: stop (exit naming the line) or zero (score 0, count it).
     #[arg(long, value_parser = super::named::<OnError>(), default_value = "stop")]
@@ -97,9 +99,9 @@ impl LineScore {
 /// Runs `nereus reward` (this process alone).
 pub fn exec(a: RewardArgs, global: &Global) -> u8 {
     solo(global, || {
-        if !(a.format_bonus.is_finite() && a.format_bonus >= 0.0) {
-            return Err(CommandError::Usage(format!("--format-bonus must be 0 or more, not {}", a.format_bonus)));
-        }
+        // The same bounds as the config keys the flags stand for.
+        check_format_bonus("--format-bonus", a.format_bonus)?;
+        check_scorer_timeout("--timeout", a.timeout)?;
         let usage = |e: &dyn std::fmt::Display| CommandError::Usage(e.to_string());
         let records = read_records(&a.file).map_err(|e| usage(&e))?;
         let (scores, failures) = match a.kind {
@@ -107,7 +109,8 @@ pub fn exec(a: RewardArgs, global: &Global) -> u8 {
             KindArg::Command => command_scores(&a, &records)?,
         };
         let count = scores.len();
-        let mean_reward = scores.iter().map(|s| s.reward).sum::<f64>() / count as f64;
+        // Each reward divided first: a scorer's finite rewards near f64::MAX sum to inf.
+        let mean_reward = scores.iter().map(|s| s.reward / count as f64).sum::<f64>();
         // A scorer command says nothing of correctness: its reward is all there is.
         let accuracy = (a.kind != KindArg::Command)
             .then(|| scores.iter().filter(|s| s.correct == Some(true)).count() as f64 / count as f64);
@@ -146,9 +149,6 @@ fn command_scores(a: &RewardArgs, records: &[Record]) -> Result<(Vec<LineScore>,
             "--kind command needs the scorer after `--` (… --kind command -- python3 score.py)".into(),
         ));
     }
-    if !(a.timeout.is_finite() && a.timeout > 0.0) {
-        return Err(CommandError::Usage(format!("--timeout must be a positive number of seconds, not {}", a.timeout)));
-    }
     let usage = |e: &dyn std::fmt::Display| CommandError::Usage(e.to_string());
     let mut fields = Vec::with_capacity(records.len());
     for record in records {
@@ -162,6 +162,7 @@ fn command_scores(a: &RewardArgs, records: &[Record]) -> Result<(Vec<LineScore>,
         .iter()
         .map(|(prompt, response, answer, metadata)| ScoreRequest { prompt, response, answer, metadata })
         .collect();
+    end_scorers_on_signals().map_err(|e| CommandError::Usage(format!("cannot install signal handlers: {e}")))?;
     let timeout = std::time::Duration::from_secs_f64(a.timeout);
     let mut scorer = CommandScorer::start(&a.command, timeout, a.on_error).map_err(|e| usage(&e))?;
     let batch = scorer.score(&requests).map_err(|e| usage(&format!("{}: {e}", a.file.display())))?;

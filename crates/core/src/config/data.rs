@@ -200,6 +200,24 @@ fn timeout_s() -> f64 {
     30.0
 }
 
+/// Most a rule's format bonus may add to a reward.
+pub const MAX_FORMAT_BONUS: f64 = 1e6;
+/// Shortest time a scorer may be given per response, in seconds.
+pub const MIN_SCORER_TIMEOUT_S: f64 = 0.001;
+
+/// A format bonus (`reward.format_bonus`, a term's, `nereus reward --format-bonus`) in
+/// `[0, MAX_FORMAT_BONUS]`.
+pub fn check_format_bonus(key: &str, value: f64) -> Result<(), ConfigError> {
+    check::within(key, value, 0.0, MAX_FORMAT_BONUS)
+}
+
+/// A scorer's time per response (`reward.timeout_s`, `nereus reward --timeout`) in
+/// `[MIN_SCORER_TIMEOUT_S, check::MAX_TIMEOUT_S]`: a week is past any scorer, and a longer
+/// time does not fit the clock it is measured on.
+pub fn check_scorer_timeout(key: &str, value: f64) -> Result<(), ConfigError> {
+    check::within(key, value, MIN_SCORER_TIMEOUT_S, check::MAX_TIMEOUT_S)
+}
+
 impl Default for RewardSection {
     fn default() -> RewardSection {
         RewardSection {
@@ -238,14 +256,14 @@ impl RewardSection {
             let why = "with [[reward.terms]], each rule term has its own format_bonus";
             return Err(ConfigError::invalid("reward.format_bonus", check::show(self.format_bonus), why));
         }
-        check::positive("reward.timeout_s", self.timeout_s)?;
+        check_scorer_timeout("reward.timeout_s", self.timeout_s)?;
         let terms = self.terms();
         for (i, term) in terms.iter().enumerate() {
             let key = |field: &str| match self.terms.is_empty() {
                 true => format!("reward.{field}"),
                 false => format!("reward.terms[{i}].{field}"),
             };
-            check::within(&key("format_bonus"), term.format_bonus, 0.0, 1e6)?;
+            check_format_bonus(&key("format_bonus"), term.format_bonus)?;
             check::within(&key("weight"), term.weight, -1e6, 1e6)?;
             if term.format_bonus != 0.0 && matches!(term.kind, RewardKind::Command | RewardKind::Model) {
                 let why = "a format bonus belongs to a rule (math, exact)";

@@ -6,12 +6,17 @@
 //! a finite reward is an error naming the command and the line of the batch; under
 //! [`OnError::Zero`] that response scores 0, the failure is counted, and a scorer that died or
 //! hung is started again for the rest of the batch.
+//!
+//! The scorer runs in a process group of its own ([`super::process`]): when it finishes, times
+//! out, fails or the job stops, the whole group is ended, whatever the scorer started with it.
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
+use std::io::Write;
+use std::process::ChildStdin;
+use std::sync::mpsc::RecvTimeoutError;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+use super::process::Process;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -97,20 +102,16 @@ pub struct BatchScores {
     pub failures: Vec<(usize, ScorerError)>,
 }
 
+/// Scorers started in a row that answer no line before the batch's remaining lines score 0
+/// under [`OnError::Zero`].
+const SILENT_SCORERS: usize = 2;
+
 /// A running scorer process.
 pub struct CommandScorer {
     argv: Vec<String>,
     timeout: Duration,
     on_error: OnError,
     process: Option<Process>,
-}
-
-/// The child, its input, its output lines and the end of its stderr.
-struct Process {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: Receiver<std::io::Result<String>>,
-    stderr: Arc<Mutex<String>>,
 }
 
 impl CommandScorer {
@@ -128,45 +129,28 @@ impl CommandScorer {
     fn spawn(&self) -> Result<Process, ScorerError> {
         let start_error = |reason: String| ScorerError::Start { command: self.command(), reason };
         let (program, args) = self.argv.split_first().ok_or_else(|| start_error("the command is empty".into()))?;
-        let mut child = Command::new(program)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| start_error(e.to_string()))?;
-        let stdout = child.stdout.take().expect("stdout is piped");
-        let (send, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                if send.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let (sink, pipe) = (Arc::clone(&stderr), child.stderr.take().expect("stderr is piped"));
-        std::thread::spawn(move || {
-            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                let mut tail = sink.lock().expect("the stderr tail is never poisoned");
-                *tail = line; // the last line says most (a traceback's exception, an error)
-            }
-        });
-        Ok(Process { stdin: child.stdin.take(), child, lines, stderr })
+        Process::spawn(program, args).map_err(|e| start_error(e.to_string()))
     }
 
     /// Scores `requests` in one batch: all lines written, then one answer read per line.
     pub fn score(&mut self, requests: &[ScoreRequest]) -> Result<BatchScores, ScorerError> {
         let mut scores = BatchScores::default();
+        let mut silent = 0; // scorers in a row that died or hung before answering any line
         while scores.rewards.len() < requests.len() {
             let done = scores.rewards.len();
             match self.score_from(&requests[done..], done, &mut scores) {
                 Ok(()) => {}
                 Err(e) if self.on_error == OnError::Stop => return Err(e),
                 Err(e) => {
-                    // The scorer died or hung: this line scores 0, a fresh scorer gets the rest.
-                    scores.failures.push((scores.rewards.len(), e));
-                    scores.rewards.push(0.0);
+                    silent = if scores.rewards.len() == done { silent + 1 } else { 0 };
+                    // The scorer died or hung: this line scores 0, a fresh scorer gets the rest,
+                    // unless a fresh one already answered nothing: then the batch's rest scores
+                    // 0 too, so a scorer that never answers costs two timeouts, not one a line.
+                    let last = if silent >= SILENT_SCORERS { requests.len() } else { scores.rewards.len() + 1 };
+                    for index in scores.rewards.len()..last {
+                        scores.failures.push((index, e.clone()));
+                        scores.rewards.push(0.0);
+                    }
                     self.restart()?;
                 }
             }
@@ -187,30 +171,44 @@ impl CommandScorer {
             batch.push_str(&serde_json::to_string(r).expect("a request serializes"));
             batch.push('\n');
         }
+        if self.process.as_ref().is_none_or(Process::ended) {
+            self.restart()?;
+        }
         let (command, timeout, on_error) = (self.command(), self.timeout, self.on_error);
         let process = self.process.as_mut().expect("a scorer holds a process between batches");
         let mut stdin = process.stdin.take();
         // The batch is written from its own thread: a scorer that answers as it reads would
         // otherwise fill its output pipe while we still write.
         let writer = std::thread::spawn(move || {
-            let ok = stdin.as_mut().is_some_and(|s| s.write_all(batch.as_bytes()).and_then(|()| s.flush()).is_ok());
-            (stdin, ok)
+            if let Some(s) = stdin.as_mut() {
+                let _ = s.write_all(batch.as_bytes()).and_then(|()| s.flush());
+            }
+            stdin
         });
         let answers = Answers { command: &command, timeout, on_error };
         let result = answers.read(process, requests.len(), offset, scores);
         if result.is_err() {
-            let _ = process.child.kill(); // unblocks a writer stuck on a scorer that stopped reading
+            // Ends a writer stuck on a scorer that stopped reading: the group's end closes
+            // every copy of the pipe's reading end, the scorer's children's included.
+            process.end();
         }
-        let (stdin, _) = writer.join().expect("the batch writer does not panic");
-        process.stdin = stdin;
-        result
+        match (finished_writer(writer, timeout), result) {
+            (Some(stdin), result) => {
+                process.stdin = stdin;
+                result
+            }
+            (None, Err(e)) => Err(e),
+            (None, Ok(())) => {
+                // Every line answered though the scorer did not read them all: the answers
+                // stand, and a fresh scorer takes the next batch.
+                process.end();
+                Ok(())
+            }
+        }
     }
 
     fn restart(&mut self) -> Result<(), ScorerError> {
-        if let Some(mut old) = self.process.take() {
-            let _ = old.child.kill();
-            let _ = old.child.wait();
-        }
+        drop(self.process.take()); // ends the old group
         self.process = Some(self.spawn()?);
         Ok(())
     }
@@ -264,23 +262,31 @@ impl Answers<'_> {
     }
 }
 
+/// The batch writer's handle on the scorer's input once it has finished, waiting at most
+/// `limit` (`None` past it: the scorer read neither its batch nor to its end, and the writer
+/// is left blocked on a pipe the scorer's end will close).
+fn finished_writer(writer: JoinHandle<Option<ChildStdin>>, limit: Duration) -> Option<Option<ChildStdin>> {
+    let deadline = Instant::now() + limit.max(Duration::from_secs(1));
+    while !writer.is_finished() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    writer.is_finished().then(|| writer.join().ok().flatten())
+}
+
 /// The error for a scorer whose output ended: its exit status and last stderr line.
 fn exited(process: &mut Process, command: &str, line: usize) -> ScorerError {
     // The output closed; the exit follows within moments (or the process closed stdout and
-    // lives on, which is as useless and is then killed).
+    // lives on, which is as useless and is then ended).
     let deadline = Instant::now() + Duration::from_secs(2);
-    let status = loop {
-        match process.child.try_wait() {
-            Ok(Some(status)) => break status.to_string(),
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
-            _ => {
-                let _ = process.child.kill();
-                break "closed its output".to_string();
-            }
-        }
+    while !process.has_exited() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let status = match (process.has_exited(), process.end()) {
+        (true, Some(status)) => status.to_string(),
+        _ => "closed its output".to_string(),
     };
     std::thread::sleep(Duration::from_millis(20)); // the stderr reader takes the last line
-    let tail = process.stderr.lock().expect("the stderr tail is never poisoned").clone();
+    let tail = process.stderr.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let stderr = if tail.is_empty() { String::new() } else { format!("; its stderr ended: {tail}") };
     ScorerError::Exited { command: command.into(), status, line, stderr }
 }
@@ -296,11 +302,10 @@ impl Drop for CommandScorer {
         if let Some(mut p) = self.process.take() {
             drop(p.stdin.take()); // a well-behaved scorer exits at the end of its input
             let deadline = Instant::now() + Duration::from_millis(500);
-            while matches!(p.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            while !p.has_exited() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(10));
             }
-            let _ = p.child.kill();
-            let _ = p.child.wait();
+            p.end(); // and whatever it started goes with it
         }
     }
 }

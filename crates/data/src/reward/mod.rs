@@ -13,6 +13,9 @@
 
 pub mod command;
 pub mod math;
+mod process;
+
+pub use process::{end_all_scorers, end_scorers_on_signals};
 
 use serde::{Deserialize, Serialize};
 

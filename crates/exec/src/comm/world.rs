@@ -75,6 +75,8 @@ impl World {
 /// Ends every process of the job: `MPI_Abort` when allowed (the launcher then exits with
 /// `status`), else this process exits and the launcher (mpirun, srun) tears down the others.
 pub(super) fn abort_processes(status: i32, through_mpi: bool) -> ! {
+    // No destructor runs past this point: a reward scorer's process group would outlive us.
+    nereus_data::reward::end_all_scorers();
     if through_mpi {
         // SAFETY: MPI was initialized with MPI_THREAD_MULTIPLE, so any thread may call MPI_Abort.
         unsafe {
