@@ -88,6 +88,13 @@ struct Rendered {
     ids: Vec<u32>,
 }
 
+/// Most problems `data synth` writes per split: a million is past what a CPU-sized job reads.
+const MAX_SYNTH_PROBLEMS: usize = 1_000_000;
+/// Most token ids its tokenizer may have: 2^20, past any published model's vocabulary.
+const MAX_SYNTH_VOCAB: usize = 1 << 20;
+/// Largest operand: sums and differences of two stay exact in any reader's numbers.
+const MAX_SYNTH_OPERAND: u32 = 1_000_000_000;
+
 /// Runs `nereus data …` (this process alone).
 pub fn exec(command: DataCommand, global: &Global) -> u8 {
     match command {
@@ -97,10 +104,14 @@ pub fn exec(command: DataCommand, global: &Global) -> u8 {
 }
 
 fn synth_job(a: &SynthArgs) -> Result<(), CommandError> {
-    if a.vocab <= 259 || a.train == 0 || a.eval == 0 || !(0.0..=1.0).contains(&a.guess_share) {
+    let sizes_ok = (260..=MAX_SYNTH_VOCAB).contains(&a.vocab)
+        && (1..=MAX_SYNTH_PROBLEMS).contains(&a.train)
+        && (1..=MAX_SYNTH_PROBLEMS).contains(&a.eval)
+        && a.max_operand <= MAX_SYNTH_OPERAND;
+    if !sizes_ok || !(0.0..=1.0).contains(&a.guess_share) {
         return Err(CommandError::Usage(format!(
-            "--vocab must be above 259 (the 256 bytes and 3 special tokens), --train and --eval at least 1, --guess-share in [0, 1]; got {}, {}, {}, {}",
-            a.vocab, a.train, a.eval, a.guess_share
+            "--vocab must lie in [260, {MAX_SYNTH_VOCAB}] (above the 256 bytes and 3 special tokens), --train and --eval in [1, {MAX_SYNTH_PROBLEMS}], --max-operand at most {MAX_SYNTH_OPERAND}, --guess-share in [0, 1]; got {}, {}, {}, {}, {}",
+            a.vocab, a.train, a.eval, a.max_operand, a.guess_share
         )));
     }
     let spec = SynthSpec {
