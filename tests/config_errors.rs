@@ -225,6 +225,26 @@ fn cases() -> Vec<Case> {
             expect: &["`rl.overlong_buffer` = 100", "rl.max_response_len (24)"],
         },
         Case {
+            name: "job name `..` (a path component that climbs)",
+            toml: set("job", "name", "\"..\""),
+            expect: &["`job.name` = \"..\"", "one file-name component"],
+        },
+        Case {
+            name: "job name hidden",
+            toml: set("job", "name", "\".run\""),
+            expect: &["`job.name` = \".run\"", "not starting with `.`"],
+        },
+        Case {
+            name: "device memory past any device",
+            toml: set("cluster", "device_memory_gb", "1e300"),
+            expect: &["`cluster.device_memory_gb` = 1e300", "at most 65536"],
+        },
+        Case {
+            name: "scorer timeout past a week",
+            toml: reward("kind = \"command\"\ncommand = [\"true\"]\ntimeout_s = 1e300"),
+            expect: &["`reward.timeout_s` = 1e300", "[0.001, 604800]"],
+        },
+        Case {
             name: "included cluster file missing",
             toml: format!("{}\n[cluster]\ninclude = \"clusters/nope.toml\"\n", drop_section(&ppo, "cluster")),
             expect: &["cannot read config file", "clusters/nope.toml"],
@@ -320,6 +340,13 @@ fn set_flags_reach_every_key_typed_as_the_file() {
         ("rl.prompts_per_step=0", "invalid value for `rl.prompts_per_step` = 0"),
         ("job.name.x=1", "--set job.name.x=1: `name` is a value in the job file, not a table"),
         ("rl", "`rl` is not KEY=VALUE"),
+        // A value holding a newline once set job.name and silently dropped `steps = 1`.
+        (
+            "job.name=\"x\"\nsteps = 1",
+            "--set job.name=\"x\"\\nsteps = 1: the value parses as more than one key (`steps` after it)",
+        ),
+        ("job.name=x\ny", "control character"),
+        ("job.output_dir=a\tb", "control character"),
     ] {
         let out = run_single(&["inspect", "config", c, "--set", flag]);
         let (_, stderr) = text(&out);

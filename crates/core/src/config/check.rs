@@ -10,6 +10,9 @@ pub const MAX_DEVICES: u32 = 1 << 20;
 pub const MAX_TOKENS: u32 = 1 << 20;
 /// Most sequences per RL step (2^20).
 pub const MAX_SEQUENCES: u32 = 1 << 20;
+/// Most memory one device (or, on CPU-only nodes, one rank) may have, in GB: 64 TB, past the
+/// largest accelerator (a few hundred GB) and the largest shared-memory node.
+pub const MAX_DEVICE_MEMORY_GB: f64 = 65_536.0;
 /// Longest collective time limit: one week, in seconds.
 pub const MAX_TIMEOUT_S: f64 = 7.0 * 24.0 * 3600.0;
 /// Shortest collective time limit, in seconds: below it the watchdog would fire on a healthy

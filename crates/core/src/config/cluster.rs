@@ -229,7 +229,16 @@ impl ClusterSpec {
                 ),
             ));
         }
-        check::positive("cluster.device_memory_gb", self.device_memory_gb)?;
+        if !(self.device_memory_gb > 0.0 && self.device_memory_gb <= check::MAX_DEVICE_MEMORY_GB) {
+            return Err(ConfigError::invalid(
+                "cluster.device_memory_gb",
+                check::show(self.device_memory_gb),
+                format!(
+                    "must be greater than 0 and at most {} (GB per device: no accelerator or node holds more)",
+                    check::show(check::MAX_DEVICE_MEMORY_GB)
+                ),
+            ));
+        }
         check::positive("cluster.device_peak_tflops", self.device_peak_tflops)?;
         check::positive("cluster.device_hbm_gbps", self.device_hbm_gbps)?;
         check::positive("cluster.intra_node_gbps", self.intra_node_gbps)?;

@@ -38,6 +38,9 @@ fn default_output_dir() -> PathBuf {
     PathBuf::from("runs")
 }
 
+/// Longest `job.name`, in characters.
+pub const MAX_NAME_LEN: usize = 128;
+
 fn default_collective_timeout_s() -> f64 {
     300.0
 }
@@ -45,13 +48,16 @@ fn default_collective_timeout_s() -> f64 {
 impl JobSection {
     /// Checks ranges; errors name the key under `job.`.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let name_ok =
-            !self.name.is_empty() && self.name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+        // One safe path component: no separator, not `.` or `..` (nor hidden), short enough
+        // for a file name with suffixes under any file system's 255-byte limit.
+        let name_ok = (1..=MAX_NAME_LEN).contains(&self.name.len())
+            && !self.name.starts_with('.')
+            && self.name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
         if !name_ok {
             return Err(ConfigError::invalid(
                 "job.name",
                 format!("{:?}", self.name),
-                "must be non-empty and use only letters, digits, `-`, `_` and `.`",
+                format!("must be 1 to {MAX_NAME_LEN} letters, digits, `-`, `_` and `.`, not starting with `.` (one file-name component)"),
             ));
         }
         check::at_least_one("job.steps", self.steps)?;

@@ -64,12 +64,26 @@ fn key_path(key: &str) -> Option<Vec<String>> {
     }
 }
 
-/// The value of `--set`: TOML when it parses as a TOML value, else the text as a string.
-fn toml_value(text: &str) -> toml::Value {
-    toml::from_str::<toml::Table>(&format!("v = {text}"))
-        .ok()
-        .and_then(|mut t| t.remove("v"))
-        .unwrap_or_else(|| toml::Value::String(text.to_string()))
+/// The value of `--set`: TOML when it parses as one TOML value, else the text as a string. Text
+/// that parses as more than one key (`"x"` then a newline and `steps = 1`) is refused rather
+/// than cut to its first value, and so is a bare string holding a control character, which no
+/// TOML string holds unescaped.
+fn toml_value(text: &str) -> Result<toml::Value, String> {
+    match toml::from_str::<toml::Table>(&format!("v = {text}")) {
+        Ok(mut table) if table.len() == 1 => Ok(table.remove("v").expect("the one key is `v`")),
+        Ok(table) => {
+            let more: Vec<&str> = table.keys().filter(|k| *k != "v").map(String::as_str).collect();
+            Err(format!(
+                "the value parses as more than one key (`{}` after it): --set takes one value; quote a string that holds a newline or `=`",
+                more.join("`, `")
+            ))
+        }
+        Err(_) if text.chars().any(char::is_control) => Err(
+            "the value holds a control character (a newline, a tab), which a bare string cannot hold; write it as a quoted TOML string with escapes (\"a\\nb\")"
+                .into(),
+        ),
+        Err(_) => Ok(toml::Value::String(text.to_string())),
+    }
 }
 
 /// `document` (a job file's text, already known to parse) with `sets` applied, read into `T`.
@@ -85,7 +99,7 @@ pub fn apply<T: DeserializeOwned>(document: &str, sets: &[KeySet]) -> Result<T, 
                 .as_table_mut()
                 .ok_or_else(|| set_error(set, format!("`{part}` is a value in the job file, not a table")))?;
         }
-        at.insert(last.clone(), toml_value(&set.value));
+        at.insert(last.clone(), toml_value(&set.value).map_err(|why| set_error(set, why))?);
     }
     serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|err| {
         let key = err.path().to_string();
@@ -99,7 +113,13 @@ pub fn apply<T: DeserializeOwned>(document: &str, sets: &[KeySet]) -> Result<T, 
 }
 
 fn set_error(set: &KeySet, message: String) -> ConfigError {
-    ConfigError::Set { flag: format!("--set {}={}", set.key, set.value), message }
+    // Control characters escaped, so the flag is named on one line as it was typed.
+    let shown = |text: &str| {
+        text.chars()
+            .map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() })
+            .collect::<String>()
+    };
+    ConfigError::Set { flag: format!("--set {}={}", shown(&set.key), shown(&set.value)), message }
 }
 
 #[cfg(test)]
@@ -112,8 +132,11 @@ mod tests {
         assert_eq!(key_path("plan.\"actor/training\".tp").unwrap(), ["plan", "actor/training", "tp"]);
         assert!(key_path("rl..x").is_none() && key_path("\"a").is_none());
         assert!("rl".parse::<KeySet>().is_err() && "x=1".parse::<KeySet>().is_err());
-        assert_eq!(toml_value("32"), toml::Value::Integer(32));
-        assert_eq!(toml_value("runs/x"), toml::Value::String("runs/x".into()));
-        assert_eq!(toml_value("[\"a\", \"b\"]").as_array().unwrap().len(), 2);
+        assert_eq!(toml_value("32"), Ok(toml::Value::Integer(32)));
+        assert_eq!(toml_value("runs/x"), Ok(toml::Value::String("runs/x".into())));
+        assert_eq!(toml_value("[\"a\", \"b\"]").unwrap().as_array().unwrap().len(), 2);
+        assert_eq!(toml_value("\"\"\"a\nb\"\"\"").unwrap().as_str(), Some("a\nb"), "a quoted newline is a value");
+        assert!(toml_value("\"x\"\nsteps = 1").unwrap_err().contains("more than one key (`steps` after it)"));
+        assert!(toml_value("x\ny").unwrap_err().contains("control character"));
     }
 }

@@ -186,7 +186,7 @@ impl TrainSection {
         ] {
             check::within(key, value, 0.0, f64::MAX)?;
         }
-        check::within("train.warmup_memory_gb", self.warmup_memory_gb, 0.0, 1e6)?;
+        check::within("train.warmup_memory_gb", self.warmup_memory_gb, 0.0, check::MAX_DEVICE_MEMORY_GB)?;
         Ok(())
     }
 
