@@ -11,6 +11,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use common::gguf::tiny_llama;
 use common::{run_mpi, run_single, text, write};
 use serde_json::{json, Value};
 
@@ -148,5 +149,36 @@ fn bad_gguf_files_are_named() {
         let out = run_single(&["model", "import-gguf", file.to_str().unwrap(), "--out", out_dir.to_str().unwrap()]);
         common::assert_status(&out, 2, &[needle]);
         assert!(!out_dir.exists(), "{needle}: a directory was written");
+    }
+}
+
+/// Every tensor's shape is checked against the architecture the metadata describes before
+/// anything is written (a `token_embd` of shape [0, 8] against 258 tokens was once written, and
+/// only a later `logprobs` found the directory damaged); so is every special id.
+#[test]
+fn tensor_shapes_and_special_ids_are_checked_before_anything_is_written() {
+    let root = tempfile::tempdir().unwrap();
+    let import = |name: &str, bytes: Vec<u8>| {
+        let file = root.path().join(format!("{name}.gguf"));
+        std::fs::write(&file, bytes).unwrap();
+        let out_dir = root.path().join(name);
+        let out = run_single(&["model", "import-gguf", file.to_str().unwrap(), "--out", out_dir.to_str().unwrap()]);
+        (out, out_dir)
+    };
+    let (out, dir) = import("good", tiny_llama(257, [8, 258], &[]));
+    assert_eq!(out.status.code(), Some(0), "{:?}", text(&out));
+    assert!(dir.join("model.safetensors").is_file());
+    for (name, bytes, needles) in [
+        (
+            "empty-embedding",
+            tiny_llama(257, [8, 0], &[]),
+            &["tensor `token_embd.weight` has shape [0, 8]", "vocab 258", "needs [258, 8]"][..],
+        ),
+        ("narrow-embedding", tiny_llama(257, [4, 258], &[]), &["`token_embd.weight` has shape [258, 4]"]),
+        ("eos-outside", tiny_llama(999, [8, 258], &[]), &["`tokenizer.ggml.eos_token_id` is 999", "258 tokens"]),
+    ] {
+        let (out, dir) = import(name, bytes);
+        common::assert_status(&out, 2, needles);
+        assert!(!dir.exists(), "{name}: a directory was written");
     }
 }

@@ -69,7 +69,11 @@ impl LlamaImport {
             return Err(gguf.invalid("RoPE scaling (llama3 frequency factors) is not imported"));
         }
         let spec = spec(gguf, dtype)?;
-        let tensors = tensors(gguf, &spec)?;
+        spec.validate("gguf")
+            .map_err(|e| gguf.invalid(format!("its metadata describes no model Nereus builds: {e}")))?;
+        let names = tensor_names(&spec);
+        check_shapes(gguf, &spec, &names)?;
+        let tensors = tensors(gguf, &spec, names)?;
         let (tokenizer, tokenizer_config, [bos, eos, pad]) = tokenizer_files(gguf)?;
         let context = gguf.int("llama.context_length")? as u64;
         Ok(LlamaImport { spec, special: SpecialIds { bos, eos, pad }, context, tokenizer, tokenizer_config, tensors })
@@ -127,8 +131,8 @@ fn spec(gguf: &Gguf, dtype: Dtype) -> Result<ModelSpec, GgufError> {
     })
 }
 
-/// Every tensor under transformers' name and shape, the query and key rows put back in halves.
-fn tensors(gguf: &Gguf, spec: &ModelSpec) -> Result<Vec<HfTensor>, GgufError> {
+/// The GGUF and transformers names of every tensor the model has.
+fn tensor_names(spec: &ModelSpec) -> Vec<(String, String)> {
     let mut names = vec![("token_embd.weight".to_string(), "model.embed_tokens.weight".to_string())];
     for layer in 0..spec.layers {
         names.extend(
@@ -139,6 +143,51 @@ fn tensors(gguf: &Gguf, spec: &ModelSpec) -> Result<Vec<HfTensor>, GgufError> {
     if !spec.tie_embeddings {
         names.push(("output.weight".into(), "lm_head.weight".into()));
     }
+    names
+}
+
+/// The shape (slowest first) transformers' tensor `hf_name` has in `spec`'s architecture.
+fn expected_shape(spec: &ModelSpec, hf_name: &str) -> Vec<usize> {
+    let (hidden, ffn, vocab) = (spec.hidden as usize, spec.ffn as usize, spec.vocab as usize);
+    let head_dim = spec.head_dim_or_default() as usize;
+    let (q, kv) = (spec.heads as usize * head_dim, spec.kv_heads as usize * head_dim);
+    let last = hf_name.rsplit('.').nth(1).unwrap_or_default();
+    match last {
+        "embed_tokens" | "lm_head" => vec![vocab, hidden],
+        "q_proj" => vec![q, hidden],
+        "k_proj" | "v_proj" => vec![kv, hidden],
+        "o_proj" => vec![hidden, q],
+        "gate_proj" | "up_proj" => vec![ffn, hidden],
+        "down_proj" => vec![hidden, ffn],
+        _ => vec![hidden], // the norms
+    }
+}
+
+/// An error naming the first tensor whose shape is not the one the architecture in the
+/// metadata needs: checked for every tensor before any is dequantized or written.
+fn check_shapes(gguf: &Gguf, spec: &ModelSpec, names: &[(String, String)]) -> Result<(), GgufError> {
+    for (gguf_name, hf_name) in names {
+        let info = gguf.info(gguf_name)?;
+        let shape: Vec<usize> = info.dims.iter().rev().map(|&d| d as usize).collect();
+        let want = expected_shape(spec, hf_name);
+        if shape != want {
+            return Err(gguf.invalid(format!(
+                "tensor `{gguf_name}` has shape {shape:?}, but the architecture its metadata describes (hidden {}, {} heads of {}, {} KV heads, ffn {}, vocab {}) needs {want:?}",
+                spec.hidden,
+                spec.heads,
+                spec.head_dim_or_default(),
+                spec.kv_heads,
+                spec.ffn,
+                spec.vocab
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Every tensor under transformers' name and shape, the query and key rows put back in halves
+/// (the shapes already checked).
+fn tensors(gguf: &Gguf, spec: &ModelSpec, names: Vec<(String, String)>) -> Result<Vec<HfTensor>, GgufError> {
     let head_dim = spec.head_dim_or_default() as usize;
     names
         .into_iter()
@@ -151,11 +200,6 @@ fn tensors(gguf: &Gguf, spec: &ModelSpec) -> Result<Vec<HfTensor>, GgufError> {
                 _ => None,
             };
             if let Some(heads) = heads {
-                if shape[0] != heads as usize * head_dim {
-                    return Err(
-                        gguf.invalid(format!("`{gguf_name}` has {} rows, not {heads} heads of {head_dim}", shape[0]))
-                    );
-                }
                 values = halves_from_pairs(&values, heads as usize, head_dim, shape[1]);
             }
             Ok((hf_name, shape, values))
@@ -185,17 +229,28 @@ pub fn halves_from_pairs(values: &[f32], heads: usize, head_dim: usize, cols: us
 fn tokenizer_files(gguf: &Gguf) -> Result<(Value, Value, [Option<u32>; 3]), GgufError> {
     let tokenizer = tokenizer_json(gguf)?;
     let tokens = strings(gguf, "tokenizer.ggml.tokens")?;
-    let id =
-        |key: &str| gguf.int(key).ok().and_then(|i| u32::try_from(i).ok()).filter(|&i| (i as usize) < tokens.len());
-    let ids =
-        [id("tokenizer.ggml.bos_token_id"), id("tokenizer.ggml.eos_token_id"), id("tokenizer.ggml.padding_token_id")];
+    // A special id outside the vocabulary is refused, not dropped: the model could never
+    // generate it, and dropping it would silently change where generation stops.
+    let id = |key: &str| match gguf.get(key) {
+        None => Ok(None),
+        Some(GgufValue::Int(i)) if (0..tokens.len() as i64).contains(i) => Ok(Some(*i as u32)),
+        Some(other) => {
+            let shown = if let GgufValue::Int(i) = other { i.to_string() } else { "not an integer".into() };
+            Err(gguf.invalid(format!("metadata `{key}` is {shown}, not the id of one of its {} tokens", tokens.len())))
+        }
+    };
+    let ids = [
+        id("tokenizer.ggml.bos_token_id")?,
+        id("tokenizer.ggml.eos_token_id")?,
+        id("tokenizer.ggml.padding_token_id")?,
+    ];
     let token = |i: Option<u32>| i.map(|i| json!(tokens[i as usize])).unwrap_or(Value::Null);
     let mut config = json!({
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": token(ids[0]),
         "eos_token": token(ids[1]),
         "pad_token": token(ids[2]),
-        "unk_token": token(id("tokenizer.ggml.unknown_token_id")),
+        "unk_token": token(id("tokenizer.ggml.unknown_token_id")?),
         "add_bos_token": matches!(gguf.get("tokenizer.ggml.add_bos_token"), Some(GgufValue::Bool(true))),
         "clean_up_tokenization_spaces": false,
     });
