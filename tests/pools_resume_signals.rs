@@ -441,11 +441,7 @@ fn messages_name_the_cause() {
         2,
         &["static policy", "the pool of 1 ranks no longer holds the current plan", "a plan that fits"],
     );
-    // Warm-up out of memory names the warm-up and its key.
-    let toml = set_key(&common::shipped("tiny-ppo.toml"), "train", "warmup_memory_gb", Some("0.0001"));
-    let job = write(dir.path(), "w.toml", &toml);
-    let run = train(2, &job, &dir.path().join("warm"), &["--steps", "1"]);
-    assert_status(&run, 2, &["warm-up", "train.warmup_memory_gb"]);
+    // A warm-up out of memory: tests/out_of_memory.rs.
 }
 
 /// Item 14's checkpoint messages: a damaged model directory is a damaged file (not a

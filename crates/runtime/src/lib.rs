@@ -49,6 +49,10 @@ pub enum RuntimeError {
     /// A command was used wrongly (e.g. too few ranks).
     #[error("{0}")]
     Usage(String),
+    /// Out of memory outside a step's engine error (a supervised warm-up): exit 1, as every
+    /// out-of-memory is (docs/operations.md, "Exit statuses").
+    #[error("{0}")]
+    OutOfMemory(String),
     /// An EMU primitive failed.
     #[error("{0}")]
     Emu(#[from] nereus_exec::emu::EmuError),
@@ -159,6 +163,7 @@ impl RuntimeError {
             RuntimeError::Phase(failure) => failure.status,
             RuntimeError::Preempted { .. } => EXIT_PREEMPTED,
             RuntimeError::ControllerStop { .. } => EXIT_USAGE,
+            RuntimeError::OutOfMemory(_) => EXIT_FAILURE,
             _ => EXIT_FAILURE,
         }
     }

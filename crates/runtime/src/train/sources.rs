@@ -323,7 +323,7 @@ fn run_warm_up<P: DataPlane>(
         config.train.warmup_lr,
     )
     .map_err(|e| match e {
-        EngineError::OutOfMemory(_) => RuntimeError::Usage(format!(
+        EngineError::OutOfMemory(_) => RuntimeError::OutOfMemory(format!(
             "the supervised warm-up of the {} model ran out of memory: {e}; it may use {} per rank (train.warmup_memory_gb, else cluster.device_memory_gb): raise it, or lower rl.prompts_per_step or rl.max_response_len",
             role.name(),
             nereus_core::units::format_bytes(memory)
