@@ -36,19 +36,22 @@ fn pipes_directories_and_devices_are_refused_by_name_without_hanging() {
     let folder = dir.path().to_str().unwrap();
     let named_pipe = [pipe.as_str(), "it is a named pipe (FIFO), not a regular file"];
     let trace = ["simulate", "configs/llama3.1-8b-ppo.toml", "--trace"];
-    for target in [pipe.as_str(), folder, "/dev/null"] {
-        let kind = match target {
-            t if t == pipe => "a named pipe (FIFO)",
-            "/dev/null" => "a character device",
-            _ => "a directory",
-        };
-        let needles = [target, kind];
-        refused(&["data", "preview", target, "--model", tokenizer], 2, &needles);
-        refused(&["reward", target, "--kind", "math"], 2, &needles);
-        refused(&["model", "import-gguf", target, "--out", out], 2, &needles);
-        refused(&["inspect", "config", target], 2, &needles);
-        refused(&[&trace[..], &[target]].concat(), 2, &needles);
-    }
+    // On threads: `inspect config` and `simulate` start MPI (seconds) before they read a file.
+    std::thread::scope(|scope| {
+        for target in [pipe.as_str(), folder, "/dev/null"] {
+            let kind = match target {
+                t if t == pipe => "a named pipe (FIFO)",
+                "/dev/null" => "a character device",
+                _ => "a directory",
+            };
+            let needles = [target, kind];
+            refused(&["data", "preview", target, "--model", tokenizer], 2, &needles);
+            refused(&["reward", target, "--kind", "math"], 2, &needles);
+            refused(&["model", "import-gguf", target, "--out", out], 2, &needles);
+            scope.spawn(move || refused(&["inspect", "config", target], 2, &needles));
+            scope.spawn(move || refused(&[&trace[..], &[target]].concat(), 2, &needles));
+        }
+    });
     // A pipe inside a model directory: the tokenizer, the template, a special-token file.
     for file in ["tokenizer.json", "chat_template.jinja", "generation_config.json"] {
         let model = dir.path().join(file.replace('.', "-"));
