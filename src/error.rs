@@ -40,8 +40,9 @@ impl CommandError {
     pub fn exit_code(&self) -> u8 {
         match self {
             CommandError::Io(_) | CommandError::Stdout(_) => EXIT_FAILURE,
-            // A directory or a pipe named as a trace is the user's mistake, not the system's.
-            CommandError::Sim(SimError::Io(e)) if e.is_not_regular() => EXIT_USAGE,
+            // A trace or calibration file that cannot be read (missing, a directory, a pipe) is
+            // the user's to fix: exit 2, as for every other input file a command names.
+            CommandError::Sim(SimError::Io(e)) if e.is_wrong_input() => EXIT_USAGE,
             CommandError::Sim(SimError::Io(_)) => EXIT_FAILURE,
             CommandError::Transition(_) => EXIT_FAILURE,
             _ => EXIT_USAGE,
@@ -63,7 +64,7 @@ impl From<CommandError> for nereus_runtime::RuntimeError {
             CommandError::Config(e) => e.into(),
             CommandError::Planner(e) => RuntimeError::Planner(e),
             CommandError::Transition(e) => RuntimeError::Transition(e),
-            CommandError::Sim(SimError::Io(e)) if e.is_not_regular() => RuntimeError::Usage(e.to_string()),
+            CommandError::Sim(SimError::Io(e)) if e.is_wrong_input() => RuntimeError::Usage(e.to_string()),
             CommandError::Sim(SimError::Io(e)) => RuntimeError::Io(e),
             CommandError::Sim(e) => RuntimeError::Usage(e.to_string()),
             CommandError::Usage(m) => RuntimeError::Usage(m),

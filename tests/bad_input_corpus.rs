@@ -112,7 +112,7 @@ fn simulate_flags_and_traces() {
         cases.push((format!("trace {name}"), expect, single(args)));
     }
     let missing = strings(&["simulate", LLAMA, "--trace", "/nonexistent/t.csv"]);
-    cases.push(("missing trace".into(), Expect::Refused(1, "/nonexistent/t.csv"), single(missing)));
+    cases.push(("missing trace".into(), Expect::Refused(2, "/nonexistent/t.csv"), single(missing)));
     run_corpus("simulate", cases);
 }
 

@@ -30,6 +30,14 @@ impl FileError {
     pub fn is_not_regular(&self) -> bool {
         self.source.kind() == std::io::ErrorKind::InvalidInput
     }
+
+    /// Whether this is the read of an input file the user named (a job file, a prompt file, a
+    /// trace) that failed, however: missing, unreadable or not a regular file. Every command
+    /// reports that as a usage error (exit 2); exit 1 is for files the system refuses to write,
+    /// or to read back while a job runs.
+    pub fn is_wrong_input(&self) -> bool {
+        self.action == "read"
+    }
 }
 
 /// What `path` is when it is not a regular file (following symbolic links), as a message says
