@@ -154,7 +154,8 @@ fn bad_gguf_files_are_named() {
 
 /// Every tensor's shape is checked against the architecture the metadata describes before
 /// anything is written (a `token_embd` of shape [0, 8] against 258 tokens was once written, and
-/// only a later `logprobs` found the directory damaged); so is every special id.
+/// only a later `logprobs` found the directory damaged); so are every special id and the context
+/// length (0 was written as `max_position_embeddings`).
 #[test]
 fn tensor_shapes_and_special_ids_are_checked_before_anything_is_written() {
     let root = tempfile::tempdir().unwrap();
@@ -176,6 +177,11 @@ fn tensor_shapes_and_special_ids_are_checked_before_anything_is_written() {
         ),
         ("narrow-embedding", tiny_llama(257, [4, 258], &[]), &["`token_embd.weight` has shape [258, 4]"]),
         ("eos-outside", tiny_llama(999, [8, 258], &[]), &["`tokenizer.ggml.eos_token_id` is 999", "258 tokens"]),
+        (
+            "no-context",
+            tiny_llama(257, [8, 258], &[("llama.context_length", 0)]),
+            &["`llama.context_length` is 0", "at least 1 position"],
+        ),
     ] {
         let (out, dir) = import(name, bytes);
         common::assert_status(&out, 2, needles);

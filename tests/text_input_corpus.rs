@@ -540,6 +540,7 @@ fn gguf_files(dir: &Path) -> Vec<Case> {
         ("ffn-mismatch", tiny_llama(257, [8, 258], &[("llama.feed_forward_length", 32)]), r("blk.0.ffn_gate.weight")),
         ("hidden-mismatch", tiny_llama(257, [8, 258], &[("llama.embedding_length", 16)]), r("has shape")),
         ("more-layers", tiny_llama(257, [8, 258], &[("llama.block_count", 2)]), r("no tensor `blk.1.")),
+        ("no-context", tiny_llama(257, [8, 258], &[("llama.context_length", 0)]), r("`llama.context_length` is 0")),
     ];
     let mut truncated = tiny_llama(257, [8, 258], &[]);
     truncated.truncate(truncated.len() - 100);

@@ -71,11 +71,19 @@ impl LlamaImport {
         let spec = spec(gguf, dtype)?;
         spec.validate("gguf")
             .map_err(|e| gguf.invalid(format!("its metadata describes no model Nereus builds: {e}")))?;
+        // A model trained for no position reads nothing (`max_position_embeddings` = 0).
+        let context = match gguf.int("llama.context_length")? {
+            n if n >= 1 => n as u64,
+            n => {
+                return Err(
+                    gguf.invalid(format!("metadata `llama.context_length` is {n}: a model reads at least 1 position"))
+                )
+            }
+        };
         let names = tensor_names(&spec);
         check_shapes(gguf, &spec, &names)?;
         let tensors = tensors(gguf, &spec, names)?;
         let (tokenizer, tokenizer_config, [bos, eos, pad]) = tokenizer_files(gguf)?;
-        let context = gguf.int("llama.context_length")? as u64;
         Ok(LlamaImport { spec, special: SpecialIds { bos, eos, pad }, context, tokenizer, tokenizer_config, tensors })
     }
 
