@@ -201,7 +201,7 @@ fn a_killed_rank_restarts_the_job_from_the_latest_checkpoint_on_the_ranks_that_r
     }
     let dir = tempfile::tempdir().unwrap();
     let config = common::write(dir.path(), "ppo.toml", &common::fast_ppo());
-    let job = Submitted::training(dir.path(), &config, "40");
+    let job = Submitted::training(dir.path(), &config, "16");
     job.wait_for_steps(3);
     let ranks = rank_processes(&job.runs);
     assert_eq!(ranks.len(), 4, "four rank processes: {ranks:?}");
@@ -213,13 +213,13 @@ fn a_killed_rank_restarts_the_job_from_the_latest_checkpoint_on_the_ranks_that_r
     // Every step ran to the end, the last ones on three ranks.
     let records = common::step_records(&runs);
     let steps: std::collections::BTreeSet<u64> = records.iter().map(|r| r["step"].as_u64().unwrap()).collect();
-    assert_eq!(steps, (0..40).collect(), "{job_output}");
+    assert_eq!(steps, (0..16).collect(), "{job_output}");
     let last = records.last().unwrap();
     for p in last["plan"].as_object().unwrap().values() {
         assert!(p["ranks"].as_array().unwrap().iter().all(|r| r.as_u64().unwrap() < 3), "{last}");
     }
     let latest = std::fs::read_to_string(runs.join("checkpoints/latest")).unwrap_or_default();
-    assert_eq!(latest.trim(), "step-40", "{job_output}");
+    assert_eq!(latest.trim(), "step-16", "{job_output}");
 }
 
 #[test]
@@ -233,7 +233,7 @@ fn a_crash_before_the_first_checkpoint_restarts_the_job_afresh_and_it_completes(
         "ppo.toml",
         &common::set_key(&common::fast_ppo(), "train", "checkpoint_every", Some("0")),
     );
-    let job = Submitted::training(dir.path(), &config, "20");
+    let job = Submitted::training(dir.path(), &config, "12");
     job.wait_for_steps(2);
     let ranks = rank_processes(&job.runs);
     let victim = ranks.iter().max().expect("rank processes").to_string();
@@ -248,9 +248,9 @@ fn a_crash_before_the_first_checkpoint_restarts_the_job_afresh_and_it_completes(
         .collect();
     let fresh = lines.iter().position(|l| l["event"] == "fresh-start").expect("the restart started afresh");
     let steps: Vec<u64> = lines[fresh + 1..].iter().filter_map(|l| l["step"].as_u64()).collect();
-    assert_eq!(steps, (0..20).collect::<Vec<_>>(), "{job_output}");
+    assert_eq!(steps, (0..12).collect::<Vec<_>>(), "{job_output}");
     let latest = std::fs::read_to_string(runs.join("checkpoints/latest")).unwrap_or_default();
-    assert_eq!(latest.trim(), "step-20", "{job_output}");
+    assert_eq!(latest.trim(), "step-12", "{job_output}");
 }
 
 /// The NVIDIA batch script as users submit it, its train path on the local cluster: the
