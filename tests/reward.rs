@@ -66,7 +66,7 @@ fn bad_files_and_flags_are_refused_with_their_line_and_field() {
             "ok.jsonl",
             b"{\"response\": \"1\", \"answer\": \"1\"}\n",
             &["--format-bonus", "-1"],
-            "--format-bonus must be",
+            "`--format-bonus` = -1: must lie in [0, 1000000]",
         ),
         ("ok2.jsonl", b"{\"response\": \"1\", \"answer\": \"1\"}\n", &["--answer-key", "a.b"], ":1: no field `a.b`"),
     ];
