@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::{
-    assert_status, mpirun, nereus, run_single, run_single_within, set_key, shipped, text, wait_within, write,
+    assert_status, mpirun, nereus, run_single, run_single_within, set_key, small_text_job, text, wait_within, write,
 };
 
 /// An executable shell script `dir/name` holding `body`.
@@ -108,23 +108,10 @@ fn a_training_job_ends_its_scorers_group_when_it_ends() {
     assert!(out.status.success(), "{:?}", text(&out));
     let pids = dir.path().join("scorer.pids");
     let scorer = forking_scorer(dir.path(), &pids);
-    let mut toml = shipped("tiny-math-grpo.toml");
-    for (section, key, value) in [
-        ("job", "steps", "1".to_string()),
-        ("job", "output_dir", format!("{:?}", dir.path().join("out"))),
-        ("rl", "prompts_per_step", "4".into()),
-        ("rl", "samples_per_prompt", "2".into()),
-        ("rl", "mini_batch", "8".into()),
-        ("rl", "micro_batch", "4".into()),
-        ("data", "train", format!("{:?}", data.join("train.jsonl"))),
-        ("data", "eval", format!("{:?}", data.join("eval.jsonl"))),
-        ("data", "tokenizer", format!("{:?}", data.join("tokenizer"))),
-        ("data", "eval_every", "0".into()),
-        ("train", "warmup_actor_steps", "0".into()),
-        ("reward", "kind", "\"command\"".into()),
-        ("reward", "command", format!("[{:?}]", scorer.to_str().unwrap())),
-    ] {
-        toml = set_key(&toml, section, key, Some(&value));
+    let mut toml = small_text_job("tiny-math-grpo.toml", &data, &dir.path().join("out"), 1, 4, 0);
+    for (key, value) in [("kind", "\"command\"".to_string()), ("command", format!("[{:?}]", scorer.to_str().unwrap()))]
+    {
+        toml = set_key(&toml, "reward", key, Some(&value));
     }
     let job = write(dir.path(), "job.toml", &toml);
     let run = mpirun()

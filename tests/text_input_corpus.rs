@@ -15,7 +15,7 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use common::gguf::tiny_llama;
-use common::{repo, run_single_within, set_key, shipped, text, write};
+use common::{repo, run_single_within, set_key, small_text_job, text, write};
 use serde_json::json;
 
 /// What a case must end with.
@@ -607,21 +607,9 @@ type Edits = Vec<(&'static str, &'static str, String)>;
 
 /// The shipped text job on two ranks, small and without a warm-up, on `data`, with `edits`.
 fn text_job(dir: &Path, data: &Path, name: &str, edits: &[(&str, &str, String)]) -> PathBuf {
-    let mut toml = shipped("tiny-math-grpo.toml");
-    let base = [
-        ("job", "steps", "1".to_string()),
-        ("job", "output_dir", format!("{:?}", dir.join(format!("out-{name}")))),
-        ("rl", "prompts_per_step", "4".into()),
-        ("rl", "samples_per_prompt", "2".into()),
-        ("rl", "mini_batch", "8".into()),
-        ("rl", "micro_batch", "4".into()),
-        ("data", "train", format!("{:?}", data.join("train.jsonl"))),
-        ("data", "eval", format!("{:?}", data.join("eval.jsonl"))),
-        ("data", "tokenizer", format!("{:?}", data.join("tokenizer"))),
-        ("data", "eval_every", "0".into()),
-        ("train", "warmup_actor_steps", "0".into()),
-    ];
-    for (section, key, value) in base.iter().chain(edits) {
+    let out = dir.join(format!("out-{name}"));
+    let mut toml = small_text_job("tiny-math-grpo.toml", data, &out, 1, 4, 0);
+    for (section, key, value) in edits {
         toml = set_key(&toml, section, key, Some(value));
     }
     write(dir, &format!("{name}.toml"), &toml)

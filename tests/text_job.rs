@@ -7,7 +7,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{run_mpi, run_single, set_key, shipped, step_records, text, write};
+use common::{run_mpi, run_single, set_key, small_text_job, step_records, text, write};
 use serde_json::Value;
 
 /// The shipped text job, small: `steps` steps of 8 prompts × 2 samples on `dir`'s synthesized
@@ -21,23 +21,7 @@ fn job_from(name: &str, dir: &Path, steps: u32) -> String {
     let data = dir.join("data");
     let out = run_single(&["data", "synth", data.to_str().unwrap(), "--train", "200", "--eval", "16"]);
     assert!(out.status.success(), "{:?}", text(&out));
-    let mut toml = shipped(name);
-    for (section, key, value) in [
-        ("job", "steps", steps.to_string()),
-        ("job", "output_dir", format!("{:?}", dir.join("out"))),
-        ("rl", "prompts_per_step", "8".into()),
-        ("rl", "samples_per_prompt", "2".into()),
-        ("rl", "mini_batch", "8".into()),
-        ("rl", "micro_batch", "4".into()),
-        ("data", "train", format!("{:?}", data.join("train.jsonl"))),
-        ("data", "eval", format!("{:?}", data.join("eval.jsonl"))),
-        ("data", "tokenizer", format!("{:?}", data.join("tokenizer"))),
-        ("data", "eval_every", "0".into()),
-        ("train", "warmup_actor_steps", "5".into()),
-    ] {
-        toml = set_key(&toml, section, key, Some(&value));
-    }
-    toml
+    small_text_job(name, &data, &dir.join("out"), steps, 8, 5)
 }
 
 fn lines(path: &Path) -> Vec<Value> {

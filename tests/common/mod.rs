@@ -181,6 +181,28 @@ pub fn fast_ppo() -> String {
     set_key(&toml, "train", "checkpoint_every", Some("1"))
 }
 
+/// The shipped text job `config` made small on `data` (a `nereus data synth` directory): `steps`
+/// steps of `prompts` prompts × 2 samples into `out`, `warmup` supervised warm-up steps, no eval.
+pub fn small_text_job(config: &str, data: &Path, out: &Path, steps: u32, prompts: u32, warmup: u32) -> String {
+    let mut toml = shipped(config);
+    for (section, key, value) in [
+        ("job", "steps", steps.to_string()),
+        ("job", "output_dir", format!("{out:?}")),
+        ("rl", "prompts_per_step", prompts.to_string()),
+        ("rl", "samples_per_prompt", "2".into()),
+        ("rl", "mini_batch", "8".into()),
+        ("rl", "micro_batch", "4".into()),
+        ("data", "train", format!("{:?}", data.join("train.jsonl"))),
+        ("data", "eval", format!("{:?}", data.join("eval.jsonl"))),
+        ("data", "tokenizer", format!("{:?}", data.join("tokenizer"))),
+        ("data", "eval_every", "0".into()),
+        ("train", "warmup_actor_steps", warmup.to_string()),
+    ] {
+        toml = set_key(&toml, section, key, Some(&value));
+    }
+    toml
+}
+
 /// A tmpfs mounted for one test (root only): `size` bytes, read-only when asked; unmounted on
 /// drop. `None` where mounting is not allowed.
 pub struct Tmpfs {
