@@ -7,9 +7,9 @@
 // Both "where" questions are answered by bisection over the bit patterns of positive floats
 // (monotone in their value): 31 block-wide passes each, every pass a masked sum over the row.
 // Within the level found, ties are resolved by id with a block scan. Greedy (or T ≤ 0) takes the
-// lowest id at the maximum. u comes from the counter-based draws (a token does not depend on the
-// layout that produced the logits). Sums are f64 per thread and f32 trees across the block, so a
-// draw within ~10⁻⁵ of a boundary may pick the neighbour the host's f64 sorted sums pick; the
+// lowest id at the maximum. u comes from the counter-based draws (`nereus_draw_uniform`, below:
+// a token does not depend on the layout that produced the logits). Sums are f64 per thread and
+// f32 trees across the block, so a draw within ~10⁻⁵ of a boundary may pick the neighbour the host's f64 sorted sums pick; the
 // distribution is the same.
 //
 // Legend: R rows (sequences), V vocabulary. One block per row, blockDim.x a multiple of the warp.
@@ -81,44 +81,91 @@ __device__ __forceinline__ int nereus_tied_id(const float* row, u64 v, const Ner
   return id;  // only the owning thread holds it; the others hold −1
 }
 
-// tokens[R]: the draw for each row of logits[R, V] with uniforms u[R] ∈ [0, 1).
-NEREUS_KERNEL nereus_sample(int* __restrict__ tokens, const float* __restrict__ logits, const float* __restrict__ u,
-                            u64 rows, u64 v, float temperature, float top_p, int greedy) {
+// The counter-based draw u ∈ [0, 1) of sequence `id` at position `pos` (the engine's
+// `draw_uniform`, crates/exec/src/engine/sampling.rs): SplitMix64's finalizer chained over
+// (seed, id, pos), its top 24 bits over 2^24, so f32 and the host's f64 hold the same value.
+__device__ __forceinline__ u64 nereus_mix64(u64 z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+__device__ __forceinline__ float nereus_draw_uniform(u64 seed, u64 id, u64 pos) {
+  const u64 bits = nereus_mix64(nereus_mix64(seed ^ nereus_mix64(id)) ^ pos);
+  return (float)(bits >> 40) * (1.0f / 16777216.0f);
+}
+
+// The draw of one row with uniform u; every thread of the block returns it.
+__device__ __forceinline__ int nereus_draw_row(const float* row, u64 v, float temperature, float top_p, int greedy,
+                                               float u, float* scratch, unsigned int* counts, int* chosen) {
+  const float inf = nereus_bits_to_f32(0x7f800000u);
+  if (threadIdx.x == 0) *chosen = 0;  // ordered before the owner's write by the reductions' barriers
+  float m = nereus_bits_to_f32(0xff800000u);
+  for (u64 c = threadIdx.x; c < v; c += blockDim.x) m = fmaxf(m, row[c]);
+  m = nereus_block_reduce(m, scratch, true);
+  const NereusNucleus n = {m, temperature > 0.0f ? temperature : 1.0f};
+  int id;
+  if (greedy || temperature <= 0.0f) {
+    id = nereus_tied_id(row, v, n, m, 0u, true, counts);
+  } else {
+    // The nucleus: every p above tau, and the first k of those equal to it.
+    const float want = top_p * nereus_mass_between(row, v, n, 0.0f, inf, scratch);
+    const float tau = nereus_level(row, v, n, inf, want, scratch);
+    const float above_tau = nereus_mass_between(row, v, n, nereus_next_up(tau), inf, scratch);
+    // k = the ties at tau the mass still needs, at least one and at most all of them (rounding
+    // in want − above_tau must not take in a token that is not there).
+    float ties = 0.0f;
+    for (u64 c = threadIdx.x; c < v; c += blockDim.x) ties += nereus_sample_p(n, row[c]) == tau ? 1.0f : 0.0f;
+    ties = nereus_block_reduce(ties, scratch, false);
+    const float k = tau > 0.0f ? fminf(fmaxf(ceilf((want - above_tau) / tau), 1.0f), ties) : 1.0f;
+    // Invert the nucleus's cumulative mass at u·kept: the first level whose cumulative mass
+    // exceeds the target (≥ the next float up), never below tau; then the tie within it.
+    const float target = u * (above_tau + k * tau);
+    const float sigma = fmaxf(nereus_level(row, v, n, inf, nereus_next_up(target), scratch), tau);
+    const float above_sigma = nereus_mass_between(row, v, n, nereus_next_up(sigma), inf, scratch);
+    const float j = sigma > 0.0f ? fmaxf(floorf((target - above_sigma) / sigma), 0.0f) : 0.0f;
+    id = nereus_tied_id(row, v, n, sigma, (unsigned int)j, false, counts);
+  }
+  if (id >= 0) *chosen = id;
+  __syncthreads();
+  id = *chosen;
+  __syncthreads();  // the next row reuses the shared scratch
+  return id;
+}
+
+// drawn[R]: the draw for each row of logits[R, V], sequence ids[r] at position `pos` (the
+// draws of `nereus_draw_uniform`, so a draw depends on neither the layout nor the batch).
+NEREUS_KERNEL nereus_sample(int* __restrict__ drawn, const float* __restrict__ logits, const u64* __restrict__ ids,
+                            u64 rows, u64 v, u64 seed, u64 pos, float temperature, float top_p, int greedy) {
   __shared__ float scratch[1024 / NEREUS_WARP];
   __shared__ unsigned int counts[1024];
-  const float inf = nereus_bits_to_f32(0x7f800000u);
-  for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
-    const float* row = logits + r * v;  // [V]
-    float m = nereus_bits_to_f32(0xff800000u);
-    for (u64 c = threadIdx.x; c < v; c += blockDim.x) m = fmaxf(m, row[c]);
-    m = nereus_block_reduce(m, scratch, true);
-    const NereusNucleus n = {m, temperature > 0.0f ? temperature : 1.0f};
-    int id;
-    if (greedy || temperature <= 0.0f) {
-      id = nereus_tied_id(row, v, n, m, 0u, true, counts);
-    } else {
-      // The nucleus: every p above tau, and the first k of those equal to it.
-      const float want = top_p * nereus_mass_between(row, v, n, 0.0f, inf, scratch);
-      const float tau = nereus_level(row, v, n, inf, want, scratch);
-      const float above_tau = nereus_mass_between(row, v, n, nereus_next_up(tau), inf, scratch);
-      // k = the ties at tau the mass still needs, at least one and at most all of them (rounding
-      // in want − above_tau must not take in a token that is not there).
-      float ties = 0.0f;
-      for (u64 c = threadIdx.x; c < v; c += blockDim.x) ties += nereus_sample_p(n, row[c]) == tau ? 1.0f : 0.0f;
-      ties = nereus_block_reduce(ties, scratch, false);
-      const float k = tau > 0.0f ? fminf(fmaxf(ceilf((want - above_tau) / tau), 1.0f), ties) : 1.0f;
-      // Invert the nucleus's cumulative mass at u·kept: the first level whose cumulative mass
-      // exceeds the target (≥ the next float up), never below tau; then the tie within it.
-      const float target = u[r] * (above_tau + k * tau);
-      const float sigma = fmaxf(nereus_level(row, v, n, inf, nereus_next_up(target), scratch), tau);
-      const float above_sigma = nereus_mass_between(row, v, n, nereus_next_up(sigma), inf, scratch);
-      const float j = sigma > 0.0f ? fmaxf(floorf((target - above_sigma) / sigma), 0.0f) : 0.0f;
-      id = nereus_tied_id(row, v, n, sigma, (unsigned int)j, false, counts);
+  __shared__ int chosen;
+  NEREUS_ROWS(r, rows) {
+    const float u = nereus_draw_uniform(seed, ids[r], pos);
+    const int id = nereus_draw_row(logits + r * v, v, temperature, top_p, greedy, u, scratch, counts, &chosen);
+    if (threadIdx.x == 0) drawn[r] = id;
+  }
+}
+
+// One decode step's bookkeeping, sequence r per thread: an unfinished sequence takes drawn[r]
+// at position `pos` of tokens[B, Tc], its length grows, and it ends at a stop id (stops[S]) or
+// at the last position; a finished one holds `eos` there. last[r] is what the next step embeds.
+NEREUS_KERNEL nereus_decode_advance(int* __restrict__ tokens, int* __restrict__ lengths, int* __restrict__ done,
+                                    int* __restrict__ last, const int* __restrict__ drawn,
+                                    const int* __restrict__ stops, u64 rows, u64 t_cap, u64 pos, u64 n_stops,
+                                    int eos) {
+  NEREUS_GRID_STRIDE(r, rows) {
+    int token = eos;
+    if (!done[r]) {
+      token = drawn[r];
+      lengths[r] += 1;
+      bool stop = pos + 1 >= t_cap;
+      for (u64 s = 0; s < n_stops; ++s) stop = stop || token == stops[s];
+      done[r] = stop ? 1 : 0;
     }
-    if (id >= 0) tokens[r] = id;
-    __syncthreads();  // the next row reuses the shared scratch
+    tokens[r * t_cap + pos] = token;
+    last[r] = token;
   }
 }
 
 // Every entry point, for the grid emulator's table (crates/kernels/emulator/kernels.cpp).
-#define NEREUS_SAMPLE_KERNELS(X) X(nereus_sample)
+#define NEREUS_SAMPLE_KERNELS(X) X(nereus_sample) X(nereus_decode_advance)

@@ -379,24 +379,55 @@ kernel_args! {
         /// 1 to square.
         square: i32,
     }
-    /// Temperature and top-p sampling of `tokens[R]` from f32 `logits[R, V]` with draws `u[R]`.
+    /// Temperature and top-p sampling of `drawn[R]` from f32 `logits[R, V]`, sequence `ids[r]`
+    /// at position `pos` drawing the counter-based uniform of `(seed, ids[r], pos)`.
     Sample => Sample {
-        /// `int` tokens `[R]`.
-        tokens: DevicePtr,
+        /// `int` tokens drawn `[R]`.
+        drawn: DevicePtr,
         /// f32 logits `[R, V]`.
         logits: DevicePtr,
-        /// f32 uniform draws `[R]`.
-        u: DevicePtr,
+        /// `u64` sequence ids `[R]`.
+        ids: DevicePtr,
         /// Rows.
         rows: u64,
         /// Vocabulary.
         v: u64,
+        /// Seed of the draws.
+        seed: u64,
+        /// Position drawn.
+        pos: u64,
         /// Temperature.
         temperature: f32,
         /// Top-p mass.
         top_p: f32,
         /// 1 for greedy decoding.
         greedy: i32,
+    }
+    /// One decode step's bookkeeping: `drawn[B]` into `tokens[B, Tc]` at `pos` for unfinished
+    /// sequences, their lengths and finished flags, and `last[B]` for the next step's embedding.
+    DecodeAdvance => DecodeAdvance {
+        /// `int` tokens `[B, Tc]`.
+        tokens: DevicePtr,
+        /// `int` response lengths `[B]`.
+        lengths: DevicePtr,
+        /// `int` finished flags `[B]`.
+        done: DevicePtr,
+        /// `int` tokens at `pos` `[B]`.
+        last: DevicePtr,
+        /// `int` tokens drawn `[B]`.
+        drawn: DevicePtr,
+        /// `int` stop ids `[S]`.
+        stops: DevicePtr,
+        /// Sequences.
+        rows: u64,
+        /// Positions per sequence.
+        t_cap: u64,
+        /// Position written.
+        pos: u64,
+        /// Stop ids.
+        n_stops: u64,
+        /// What a finished sequence holds.
+        eos: i32,
     }
     /// Probe: `out[t] = 255 − t` through shared memory (one block of 256).
     ProbeBlockReverse => ProbeBlockReverse {

@@ -112,6 +112,8 @@ kernels! {
     SumSquares = "nereus_sum_squares" in Adamw;
     /// Temperature and top-p sampling, one block per row.
     Sample = "nereus_sample" in Sample;
+    /// A decode step's token, length and finished-flag bookkeeping.
+    DecodeAdvance = "nereus_decode_advance" in Sample;
     /// Probe: a block reverses its threads' values through shared memory.
     ProbeBlockReverse = "nereus_probe_block_reverse" in Probe;
     /// Probe: warp and block reductions.

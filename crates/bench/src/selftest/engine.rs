@@ -356,6 +356,7 @@ fn sample_share<M: EngineMemory, P: DataPlane>(
         also_stop: StopIds::NONE,
         greedy: false,
         seed: 11,
+        stop_check_every: 16,
     };
     let wave = Wave { prompts, starts: Vec::new(), ids };
     let out = M::generate(plane, set, replica, &[wave], &sampling)?;

@@ -42,6 +42,11 @@ pub struct TrainSection {
     pub temperature: f64,
     /// Nucleus sampling mass.
     pub top_p: f64,
+    /// How often, in generated tokens, a device's host reads whether every response has ended:
+    /// between reads no token step waits for the host; a larger value saves waits and wastes up
+    /// to this many steps of compute after the last response ends (the CPU engine checks every
+    /// step, where a check is free).
+    pub stop_check_every: u32,
     /// KL coefficient: per-token reward penalty (PPO) or loss term (GRPO, ReMax).
     pub kl_coef: f64,
     /// PPO ratio clip ε.
@@ -102,6 +107,7 @@ impl Default for TrainSection {
             max_grad_norm: 1.0,
             temperature: 1.0,
             top_p: 1.0,
+            stop_check_every: 16,
             kl_coef: 0.02,
             clip_ratio: 0.2,
             clip_low: None,
@@ -174,6 +180,7 @@ impl TrainSection {
         }
         check::within("train.top_p", self.top_p, 0.0, 1.0)?;
         check::positive("train.top_p", self.top_p)?;
+        check::within("train.stop_check_every", f64::from(self.stop_check_every), 1.0, 4096.0)?;
         check::within("train.clip_ratio", self.clip_ratio, 0.0, 1.0)?;
         check::within("train.discount", self.discount, 0.0, 1.0)?;
         check::within("train.gae_lambda", self.gae_lambda, 0.0, 1.0)?;

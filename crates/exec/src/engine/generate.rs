@@ -1,28 +1,26 @@
 //! Batched autoregressive sampling with a KV cache sharded by TP heads, under PP too: the prompt
 //! is prefilled in one pass, then one token per pass; the last stage samples from the whole
-//! vocabulary (summed over TP shards) and every rank of the EMU receives the tokens.
+//! vocabulary (summed over TP shards).
+//!
+//! The decode's state (tokens, lengths, finished flags) lives where the compute keeps its
+//! activations ([`Compute::decode_begin`]). Where one rank holds the whole replica (no TP, no
+//! PP) a device draws, appends and embeds the next token without the host: the host reads the
+//! finished flags every [`Sampling::stop_check_every`] steps and the tokens once at the end.
+//! Otherwise the last stage's `(tp 0)` rank draws and every rank of the EMU receives each
+//! step's tokens over the plane (one host round trip per token).
 //!
 //! Sampling is deterministic for a seed: the uniform draw of sequence `id` at position `pos` is a
-//! function of `(seed, id, pos)` only, so any layout and any DP split samples the same tokens
-//! from the same logits.
+//! function of `(seed, id, pos)` only ([`crate::engine::draw_uniform`]), so any layout and any DP
+//! split samples the same tokens from the same logits.
 
 use crate::comm::DataPlane;
 
 use super::compute::{Compute, Neighbour, RowCopy};
-use super::init::uniform;
+use super::decode::{DecodeShape, Generated};
 use super::sampling::Sampling;
 use super::stage::{KvCache, Rows};
 use super::{EngineError, Replica};
 use nereus_core::cost::MemoryItem;
-
-/// Sequences `[B, P + R]` (prompt, response, EOS padding) and response lengths (EOS included).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Generated {
-    /// Tokens, row-major.
-    pub tokens: Vec<u32>,
-    /// Response tokens per sequence, up to and including EOS.
-    pub lengths: Vec<usize>,
-}
 
 impl Replica {
     /// Generates responses to `prompts[B, P]` (sequence ids `ids` seed the draws; `starts[i]`
@@ -41,65 +39,70 @@ impl Replica {
     ) -> Result<Generated, EngineError> {
         let (b, r) = (ids.len(), s.max_new_tokens);
         let p = prompts.len() / b.max(1);
-        let t_cap = p + r;
-        if t_cap > self.model.max_positions() {
-            return Err(EngineError::Shape {
-                what: format!(
-                    "prompt {p} + response {r} tokens exceed the {} positions prepared",
-                    self.model.max_positions()
-                ),
-            });
+        let shape = DecodeShape { b, p, t_cap: p + r };
+        if shape.t_cap > self.model.max_positions() {
+            let most = self.model.max_positions();
+            let what = format!("prompt {p} + response {r} tokens exceed the {most} positions prepared");
+            return Err(EngineError::Shape { what });
         }
         let tp = self.groups.tp_group(plane);
-        let width = self.model.dims().c;
-        let mut cache = KvCache::on(c, &self.model, b, t_cap)?;
-        let mut tokens = vec![s.eos; b * t_cap];
-        for (row, prompt) in tokens.chunks_exact_mut(t_cap).zip(prompts.chunks_exact(p)) {
-            row[..p].copy_from_slice(prompt);
-        }
-        let (mut lengths, mut done) = (vec![0usize; b], vec![false; b]);
-        let (mut input, mut rows) = (prompts.to_vec(), Rows { b, t: p, pos0: 0, starts });
+        let mut cache = KvCache::on(c, &self.model, b, shape.t_cap)?;
+        let mut decoding = c.decode_begin(prompts, ids, shape, s)?;
+        let alone = self.groups.layout.tp == 1 && self.groups.layout.pp == 1;
+        let draws = alone || self.groups.speaks_for_outputs();
         // Step 0 is the prefill; every later step decodes one token per sequence.
         let outside = super::timers::set_decoding(false);
         for step in 0..r {
             super::timers::set_decoding(step > 0);
-            let mark = c.mark();
+            let (pos, mark) = (p + step, c.mark());
+            let rows =
+                if step == 0 { Rows { b, t: p, pos0: 0, starts } } else { Rows { b, t: 1, pos0: pos - 1, starts } };
             let x = match self.recv_input_on(c, plane, b * rows.t)? {
                 Some(x) => x,
-                None => self.model.embed_on(c, params, &input, &tp)?,
+                None if step == 0 => self.model.embed_on(c, params, prompts, &tp)?,
+                None => self.model.embed_decoded_on(c, params, &decoding, b, &tp)?,
             };
             let (x, _) = self.model.blocks_forward_on(c, params, x, rows, Some(&mut cache), &tp)?;
-            let mut next = vec![s.eos; b];
             if self.model.weights.is_last() {
-                let mut last = c.zeros(MemoryItem::Activations, b * width)?;
-                let (t, src_offset) = (rows.t * width, (rows.t - 1) * width);
-                let copy = RowCopy { src_offset, src_pitch: t, dst_offset: 0, dst_pitch: width, width, rows: b };
-                c.copy_rows(&mut last, &x, copy)?;
-                let logits = self.model.full_logits_on(c, params, &last, b, &tp)?;
-                let u: Vec<f64> = (0..b).map(|i| uniform(s.seed, ids[i], (p + step) as u64)).collect();
-                let active: Vec<bool> = done.iter().map(|&d| !d).collect();
-                next = c.sample(&logits, s, &u, &active)?;
+                let logits = self.last_logits_on(c, params, &x, rows, &tp)?;
+                if draws {
+                    c.decode_draw(&mut decoding, &logits, s, pos)?;
+                }
             } else {
                 c.pipe(&self.groups.link(plane), Some((Neighbour::Next, &x)), None)?;
             }
             let since = c.since(mark);
             c.release(&since);
-            self.groups.broadcast_from_last(plane, bytemuck::cast_slice_mut(&mut next))?;
-            for i in 0..b {
-                if done[i] {
-                    continue;
+            if !alone {
+                let mut next = if draws { c.decode_last(&decoding)? } else { vec![s.eos; b] };
+                self.groups.broadcast_from_last(plane, bytemuck::cast_slice_mut(&mut next))?;
+                if !draws {
+                    c.decode_advance(&mut decoding, &next, pos)?;
                 }
-                tokens[i * t_cap + p + step] = next[i];
-                lengths[i] += 1;
-                done[i] = s.stops_at(next[i]);
             }
-            if done.iter().all(|&d| d) {
+            // After the last step the decode ends anyway: no flags to read.
+            if step + 1 < r && c.decode_finished(&decoding, step)? {
                 break;
             }
-            input = next;
-            rows = Rows { b, t: 1, pos0: p + step, starts };
         }
         super::timers::set_decoding(outside);
-        Ok(Generated { tokens, lengths })
+        c.decode_end(decoding)
+    }
+
+    /// The whole vocabulary's logits `[B, V]` at each sequence's last position of `x[B, T, C]`.
+    fn last_logits_on<C: Compute, G: crate::engine::ops::TensorGroup<f32>>(
+        &self,
+        c: &mut C,
+        params: &C::Params,
+        x: &C::Act,
+        rows: Rows,
+        tp: &G,
+    ) -> Result<C::Act, EngineError> {
+        let (b, width) = (rows.b, self.model.dims().c);
+        let mut last = c.zeros(MemoryItem::Activations, b * width)?;
+        let (t, src_offset) = (rows.t * width, (rows.t - 1) * width);
+        let copy = RowCopy { src_offset, src_pitch: t, dst_offset: 0, dst_pitch: width, width, rows: b };
+        c.copy_rows(&mut last, x, copy)?;
+        self.model.full_logits_on(c, params, &last, b, tp)
     }
 }

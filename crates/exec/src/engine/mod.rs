@@ -8,6 +8,7 @@
 
 pub mod arena;
 pub mod compute;
+pub mod decode;
 pub mod generate;
 pub mod init;
 pub mod objective;
@@ -24,13 +25,13 @@ pub mod weights;
 
 pub use crate::backend::linalg::{matmul, Op, Real};
 pub use arena::Arena;
-pub use generate::Generated;
+pub use decode::{DecodeShape, Generated, HostDecoding};
 pub use init::{init_piece, init_shard};
 pub use objective::{CrossEntropy, DeviceObjective, Objective};
 pub use optimizer::AdamW;
 pub use parallel::EmuGroups;
 pub use passes::{optimize, train_step, with_device_params, with_params, EngineMemory, StepInputs, Wave};
-pub use sampling::{sample_token, Sampling, StopIds};
+pub use sampling::{draw_uniform, sample_token, Sampling, StopIds};
 pub use stage::{KvCache, Rows, StageModel};
 pub use train::{share, Batch, StepReport};
 pub use weights::StageWeights;

@@ -7,7 +7,7 @@
 
 use super::arena::Arena;
 use super::compute::{Compute, Host, HostShard, MixedShard, OnDevice, Optimize};
-use super::generate::Generated;
+use super::decode::Generated;
 use super::objective::Objective;
 use super::sampling::Sampling;
 use super::train::{Batch, StepReport};

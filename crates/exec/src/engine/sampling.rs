@@ -1,8 +1,10 @@
-//! How responses are sampled: the settings ([`Sampling`], [`StopIds`]) and the host's draw of one
-//! token from a row of logits ([`sample_token`], the reference a device's sampler is checked
-//! against).
+//! How responses are sampled: the settings ([`Sampling`], [`StopIds`]), the counter-based draws
+//! ([`draw_uniform`]) and the host's draw of one token from a row of logits ([`sample_token`],
+//! the reference a device's sampler is checked against).
 
 use serde::{Deserialize, Serialize};
+
+use nereus_core::rng::mix;
 
 /// How responses are sampled.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -21,6 +23,10 @@ pub struct Sampling {
     pub greedy: bool,
     /// Seed of the draws.
     pub seed: u64,
+    /// How often, in token steps, a device's host reads whether every sequence has finished
+    /// (one wait each time; between reads no token step waits, and the steps after the last
+    /// sequence ends cost a little compute). The host engine checks every step.
+    pub stop_check_every: usize,
 }
 
 /// Up to four more token ids a response stops at, beside [`Sampling::eos`] (a fixed array, so
@@ -58,6 +64,14 @@ impl Sampling {
     }
 }
 
+/// The uniform draw in `[0, 1)` of sequence `id` at position `pos`: SplitMix64's finalizer
+/// chained over the three counters, its top 24 bits over 2^24 (exact in f32, so a device's
+/// sampler, `nereus_draw_uniform` in `kernels/device/sample.cu`, draws the same value).
+pub fn draw_uniform(seed: u64, id: u64, pos: u64) -> f64 {
+    let bits = mix(mix(seed ^ mix(id)) ^ pos);
+    (bits >> 40) as f64 / (1u64 << 24) as f64
+}
+
 /// Picks a token from `logits` with the uniform draw `u ∈ [0, 1)`: greedy takes the arg-max
 /// (lowest index on ties); otherwise softmax at `temperature`, keep the smallest set of most
 /// likely tokens whose mass reaches `top_p`, and invert its cumulative distribution at `u`.
@@ -93,7 +107,16 @@ mod tests {
     use super::*;
 
     fn sampling(temperature: f32, top_p: f32) -> Sampling {
-        Sampling { temperature, top_p, max_new_tokens: 4, eos: 0, also_stop: StopIds::NONE, greedy: false, seed: 1 }
+        Sampling {
+            temperature,
+            top_p,
+            max_new_tokens: 4,
+            eos: 0,
+            also_stop: StopIds::NONE,
+            greedy: false,
+            seed: 1,
+            stop_check_every: 1,
+        }
     }
 
     #[test]
@@ -108,5 +131,20 @@ mod tests {
         // top_p = 0.8 keeps {2, 1} (mass 7/8): u = 0.9 lands in token 1.
         assert_eq!(sample_token(&logits, &sampling(1.0, 0.8), 0.9), 1);
         assert_eq!(sample_token(&logits, &Sampling { greedy: true, ..s }, 0.9), 2);
+    }
+
+    #[test]
+    fn draws_are_uniform_on_the_unit_interval() {
+        // Ten bins over 20,000 draws of distinct (id, pos): each holds 2,000 ± 5σ (σ ≈ 42).
+        let mut bins = [0u32; 10];
+        for id in 0..200 {
+            for pos in 0..100 {
+                let u = draw_uniform(7, id, pos);
+                assert!((0.0..1.0).contains(&u), "{u}");
+                assert_eq!(u, f64::from(u as f32), "a draw is exact in f32");
+                bins[(u * 10.0) as usize] += 1;
+            }
+        }
+        assert!(bins.iter().all(|&n| n.abs_diff(2000) < 210), "{bins:?}");
     }
 }

@@ -3,6 +3,8 @@
 //! backward passes need (`BlockActs`); every buffer comes from the compute, charged to the
 //! rank's [`super::arena::Arena`].
 
+use std::ops::Range;
+
 use super::compute::{Compute, KvRows};
 use super::ops::*;
 use super::weights::{BlockWeights, LocalDims, StageWeights};
@@ -115,6 +117,12 @@ impl StageModel {
         self.rope.max_positions()
     }
 
+    /// The embedding table's range in the stage's parameters (the first stage's only).
+    fn embedding_range(&self) -> Result<&Range<usize>, EngineError> {
+        let what = "embedding on a stage without it";
+        self.weights.embed.as_ref().ok_or_else(|| EngineError::Shape { what: what.into() })
+    }
+
     /// First stage: `x[N,C]` = the embedding rows of `tokens`, summed over vocabulary shards.
     pub fn embed_on<C: Compute, G: TensorGroup<f32>>(
         &self,
@@ -124,14 +132,28 @@ impl StageModel {
         tp: &G,
     ) -> Result<C::Act, EngineError> {
         let d = self.dims();
-        let range = self
-            .weights
-            .embed
-            .as_ref()
-            .ok_or_else(|| EngineError::Shape { what: "embedding on a stage without it".into() })?;
+        let range = self.embedding_range()?;
         let mut x = c.zeros(MemoryItem::Activations, tokens.len() * d.c)?;
         c.embedding_forward(&mut x, tokens, (p, range), d.v0, d.c)?;
         // Each rank holds a vocabulary shard: the rows of the others are zero here, so the shards sum.
+        c.tp_sum(tp, &mut x)?;
+        Ok(x)
+    }
+
+    /// First stage, decoding: `x[B,C]` = the embedding rows of the tokens `decoding` drew last,
+    /// summed over vocabulary shards as [`StageModel::embed_on`] sums them.
+    pub fn embed_decoded_on<C: Compute, G: TensorGroup<f32>>(
+        &self,
+        c: &mut C,
+        p: &C::Params,
+        decoding: &C::Decoding,
+        b: usize,
+        tp: &G,
+    ) -> Result<C::Act, EngineError> {
+        let d = self.dims();
+        let range = self.embedding_range()?;
+        let mut x = c.zeros(MemoryItem::Activations, b * d.c)?;
+        c.decode_embedding(&mut x, decoding, (p, range), d.v0, d.c)?;
         c.tp_sum(tp, &mut x)?;
         Ok(x)
     }

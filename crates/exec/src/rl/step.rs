@@ -116,6 +116,7 @@ impl StepSettings {
                 also_stop,
                 greedy: false,
                 seed: config.job.seed,
+                stop_check_every: t.stop_check_every as usize,
             },
             actor_opt: opt(t.actor_lr),
             critic_opt: opt(t.critic_lr),

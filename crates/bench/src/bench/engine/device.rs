@@ -24,7 +24,9 @@
 
 use std::time::Instant;
 
-use super::measure::{attention_flops, operand, step_gemms, time_phases, Gemm as StepGemm, PassCounts, Phases, Row};
+use super::measure::{
+    attention_flops, operand, step_gemms, time_phases, Gemm as StepGemm, PassCounts, Phases, Row, STOP_CHECK_EVERY,
+};
 use crate::bench::Floor;
 use nereus_core::config::{DeviceChoice, Dtype};
 use nereus_core::cost::MemoryItem;
@@ -129,7 +131,8 @@ impl DeviceBench {
         let counters = || Some(device.counters());
         let phases = time_phases(&*plane, &mut set, &replica, &arch, (b, t, db, dp, dn), self.reps, &counters)?;
         let rows = rows(&arch, (b, t, db, dp, dn), params, (library, engine), &phases, self.peaks);
-        let mut floors = step_floors(&phases);
+        // Decode's span holds the token steps after the first (see `rows`).
+        let mut floors = step_floors(&phases, dn.max(2) as u64 - 1);
         if self.choice != DeviceChoice::Emulated {
             floors.extend(speed_floors(&rows));
         }
@@ -255,6 +258,8 @@ fn rows(
         r
     };
     let c = p.counts;
+    decode.launches_per_token = c.map(|c| c.decode_launches() as f64 / steps as f64);
+    decode.syncs_per_token = c.map(|c| c.decode_syncs() as f64 / steps as f64);
     vec![
         row("gemm_library", n, library, gemm_flops),
         row("gemm_engine", n, engine, gemm_flops),
@@ -263,18 +268,21 @@ fn rows(
         counted(row("train_step", n, p.step, gemm_flops + attention), c.map(|c| c.step)),
         counted(row("prefill", (db * dp) as u64, p.prefill, 0.0), c.map(|c| c.prefill)),
         // Decode's span: generating every new token less generating one.
-        counted(decode, c.map(|c| c.generate.since(&c.prefill))),
+        counted(decode, c.map(|c| c.decode())),
     ]
 }
 
 /// The floors a step's device counts are held to, on every device the emulated one included:
-/// no driver allocation once the first round has warmed the cache, and at most two host waits
-/// in a training step (reading the loss and the gradient norm for the log line).
-fn step_floors(p: &Phases) -> Vec<Floor> {
+/// no driver allocation once the first round has warmed the cache, at most two host waits in a
+/// training step (reading the loss and the gradient norm for the log line), and at most one
+/// per [`STOP_CHECK_EVERY`] generated tokens (the finished flags).
+fn step_floors(p: &Phases, token_steps: u64) -> Vec<Floor> {
     let Some(c) = p.counts else { return Vec::new() };
+    let syncs_per_token = c.decode_syncs() as f64 / token_steps.max(1) as f64;
     vec![
         Floor::at_most("allocations_after_warmup", c.allocations_after_warmup as f64, 0.0, "allocations"),
         Floor::at_most("syncs_per_train_step", c.most_syncs_per_step as f64, 2.0, "host waits"),
+        Floor::at_most("syncs_per_token", syncs_per_token, 1.0 / STOP_CHECK_EVERY as f64, "host waits"),
     ]
 }
 

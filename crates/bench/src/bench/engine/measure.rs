@@ -15,6 +15,10 @@ use nereus_exec::engine::{
 };
 use nereus_runtime::RuntimeError;
 
+/// Token steps between a device's reads of the finished flags in the benchmark's decode (the
+/// engine's default, `[train] stop_check_every`).
+pub const STOP_CHECK_EVERY: usize = 16;
+
 /// One measured phase.
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
@@ -43,6 +47,12 @@ pub struct Row {
     /// What the device did over the phase's span (on a device).
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub counts: Option<PassCounts>,
+    /// Launches per token step, one token of every sequence (decode on a device).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub launches_per_token: Option<f64>,
+    /// Host waits per token step (decode on a device).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub syncs_per_token: Option<f64>,
 }
 
 /// What a device did over one measured span: the overheads a GPU profile is read against.
@@ -83,6 +93,8 @@ impl Row {
             fraction_of_peak: None,
             fraction_of_roofline: None,
             counts: None,
+            launches_per_token: None,
+            syncs_per_token: None,
         }
     }
 }
@@ -156,6 +168,24 @@ pub struct PhaseCounts {
     pub most_syncs_per_step: u64,
 }
 
+impl PhaseCounts {
+    /// Decode's span: generating every new token less generating one.
+    pub fn decode(&self) -> DeviceCounters {
+        self.generate.since(&self.prefill)
+    }
+
+    /// Launches over decode's span (GEMM library calls included).
+    pub fn decode_launches(&self) -> u64 {
+        let d = self.decode();
+        d.launches + d.gemms
+    }
+
+    /// Host waits over decode's span.
+    pub fn decode_syncs(&self) -> u64 {
+        self.decode().host_waits()
+    }
+}
+
 /// Median seconds of the phases of one replica's step.
 pub struct Phases {
     /// A forward pass over the training batch.
@@ -198,6 +228,7 @@ pub fn time_phases<M: EngineMemory, P: DataPlane>(
         also_stop: StopIds::NONE,
         greedy: true,
         seed: 1,
+        stop_check_every: STOP_CHECK_EVERY,
     };
     let wave = [Wave { prompts: tokens[..db * dp].to_vec(), starts: Vec::new(), ids }];
     // Seconds and device counts of one pass.

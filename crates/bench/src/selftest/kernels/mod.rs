@@ -28,7 +28,7 @@ use nereus_exec::backend::blas::{Gemm, GemmOut};
 use nereus_exec::backend::emulated::Emulated;
 use nereus_exec::backend::gpu::{Device, DeviceArray, DevicePtr};
 use nereus_exec::backend::BackendError;
-use nereus_exec::engine::{sample_token, Op, Sampling, StopIds};
+use nereus_exec::engine::{draw_uniform, sample_token, DecodeShape, HostDecoding, Op, Sampling, StopIds};
 use nereus_kernels::args::{self as k, AdamTensor};
 use nereus_kernels::grid::WarpWidth;
 use nereus_kernels::KernelCall;
@@ -121,7 +121,7 @@ pub fn kernels(session: &Session, seed: u64, device: Option<DeviceChoice>) -> Re
 /// Every kernel, [`CASES`] random cases each, on `device`: each kernel's run and the failed checks.
 fn check_every_kernel(device: &Device, seed: u64, warp: u32) -> Result<(Vec<KernelRun>, Vec<String>), RuntimeError> {
     type Check = fn(&Device, &mut Rng, &mut Verdict) -> Result<(), BackendError>;
-    let checks: [(&'static str, Check); 23] = [
+    let checks: [(&'static str, Check); 24] = [
         ("nereus_cast_f32_to_bf16", check_cast_to_bf16),
         ("nereus_cast_bf16_to_f32", check_cast_to_f32),
         ("nereus_rmsnorm_forward", check_rmsnorm_forward),
@@ -136,6 +136,7 @@ fn check_every_kernel(device: &Device, seed: u64, warp: u32) -> Result<(Vec<Kern
         ("nereus_argmax", check_argmax),
         ("nereus_sum_squares", check_sum_squares),
         ("nereus_sample", check_sample),
+        ("nereus_decode_advance", check_decode_advance),
         ("gemm (vendor BLAS)", check_gemm),
         ("nereus_embedding_forward", attention::check_embedding_forward),
         ("nereus_embedding_backward", attention::check_embedding_backward),
@@ -725,9 +726,7 @@ fn check_gemm(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendE
 
 /// The draw of the CPU engine's `sample_token` for one row.
 fn host_draw(logits: &[f32], temperature: f32, top_p: f32, greedy: bool, u: f64) -> i32 {
-    let sampling =
-        Sampling { temperature, top_p, max_new_tokens: 1, eos: 0, also_stop: StopIds::NONE, greedy, seed: 0 };
-    sample_token(logits, &sampling, u) as i32
+    sample_token(logits, &Sampling { temperature, top_p, greedy, ..host_sampling() }, u) as i32
 }
 
 fn check_sample(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
@@ -745,17 +744,20 @@ fn check_sample(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), Backen
     let greedy = rng.below(4) == 0;
     let temperature = [0.3f32, 0.7, 1.0, 1.5][rng.below(4)];
     let top_p = [1.0f32, 0.95, 0.8, 0.5][rng.below(4)];
-    let u: Vec<f32> = (0..rows).map(|_| (uniform(rng).abs() as f32).min(0.999_999)).collect();
-    let (ls, us, ts) =
-        (DeviceArray::from(d, &logits)?, DeviceArray::from(d, &u)?, DeviceArray::from(d, &vec![-1i32; rows])?);
+    let (seed, pos) = (rng.below(1 << 20) as u64, rng.below(4096) as u64);
+    let ids: Vec<u64> = (0..rows).map(|_| rng.below(1 << 30) as u64).collect();
+    let (ls, is, ts) =
+        (DeviceArray::from(d, &logits)?, DeviceArray::from(d, &ids)?, DeviceArray::from(d, &vec![-1i32; rows])?);
     let (rows_, v_) = (rows as u64, cols as u64);
     let greedy_ = i32::from(greedy);
     let call = k::Sample {
-        tokens: ts.ptr(),
+        drawn: ts.ptr(),
         logits: ls.ptr(),
-        u: us.ptr(),
+        ids: is.ptr(),
         rows: rows_,
         v: v_,
+        seed,
+        pos,
         temperature,
         top_p,
         greedy: greedy_,
@@ -764,7 +766,7 @@ fn check_sample(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), Backen
     let got: Vec<i32> = ts.read()?;
     for (r, row) in logits.chunks(cols).enumerate() {
         let draw = |u: f64, top_p: f32| host_draw(row, temperature, top_p, greedy, u);
-        let ur = f64::from(u[r]);
+        let ur = draw_uniform(seed, ids[r], pos);
         if got[r] == draw(ur, top_p) {
             continue;
         }
@@ -787,6 +789,69 @@ fn check_sample(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), Backen
         }
     }
     Ok(())
+}
+
+/// `nereus_decode_advance` against the host's bookkeeping ([`HostDecoding::advance`]) over a
+/// few steps of random draws, stop ids among them: every token, length and flag exactly.
+fn check_decode_advance(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
+    let (b, p) = (1 + rng.below(300), 1 + rng.below(4));
+    let shape = DecodeShape { b, p, t_cap: p + 1 + rng.below(6) };
+    let stops: Vec<u32> = (0..1 + rng.below(3)).map(|_| rng.below(8) as u32).collect();
+    let s = Sampling { eos: stops[0], also_stop: StopIds::new(&stops[1..]).expect("at most four"), ..host_sampling() };
+    let prompts: Vec<u32> = (0..b * p).map(|_| 8 + rng.below(50) as u32).collect();
+    let mut host = HostDecoding::new(&prompts, &vec![0; b], shape, &s);
+    let as_i32 = |x: &[u32]| x.iter().map(|&t| t as i32).collect::<Vec<i32>>();
+    let tokens = DeviceArray::from(d, &as_i32(&host.tokens))?;
+    let (lengths, done, last) =
+        (DeviceArray::<i32>::zeros(d, b)?, DeviceArray::<i32>::zeros(d, b)?, DeviceArray::<i32>::zeros(d, b)?);
+    let stop_ids = DeviceArray::from(d, &as_i32(&host.stops))?;
+    for pos in p..shape.t_cap {
+        let drawn: Vec<u32> = (0..b).map(|_| rng.below(24) as u32).collect();
+        let drawn_ = DeviceArray::from(d, &as_i32(&drawn))?;
+        let call = k::DecodeAdvance {
+            tokens: tokens.ptr(),
+            lengths: lengths.ptr(),
+            done: done.ptr(),
+            last: last.ptr(),
+            drawn: drawn_.ptr(),
+            stops: stop_ids.ptr(),
+            rows: b as u64,
+            t_cap: shape.t_cap as u64,
+            pos: pos as u64,
+            n_stops: host.stops.len() as u64,
+            eos: s.eos as i32,
+        };
+        run(d, &call, elementwise_grid(b))?;
+        host.advance(&drawn, pos);
+    }
+    let flags: Vec<i32> = host.done.iter().map(|&x| i32::from(x)).collect();
+    let lengths_: Vec<i32> = host.lengths.iter().map(|&x| x as i32).collect();
+    let exact = [
+        ("tokens", tokens.read()?, as_i32(&host.tokens)),
+        ("lengths", lengths.read()?, lengths_),
+        ("done", done.read()?, flags),
+        ("last", last.read()?, as_i32(&host.last)),
+    ];
+    for (what, got, want) in exact {
+        if got != want && v.failures.len() < 5 {
+            v.failures.push(format!("{} {what}: got {got:?}, want {want:?}", v.kernel));
+        }
+    }
+    Ok(())
+}
+
+/// Sampling settings of the checks (only the fields a check sets differ).
+fn host_sampling() -> Sampling {
+    Sampling {
+        temperature: 1.0,
+        top_p: 1.0,
+        max_new_tokens: 1,
+        eos: 0,
+        also_stop: StopIds::NONE,
+        greedy: false,
+        seed: 0,
+        stop_check_every: 1,
+    }
 }
 
 /// Largest disagreement of the f64 backward references with central differences on seeded

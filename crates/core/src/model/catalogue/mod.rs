@@ -208,6 +208,12 @@ pub fn blocks_of_stage(layers: u64, pp: u32, stage: u32) -> std::ops::Range<u64>
 }
 
 impl LocalShape {
+    /// Whether this rank draws the tokens in generation: the last stage's first TP rank (the
+    /// one holding vocabulary row 0), which hands them to every other rank of the replica.
+    pub fn draws_tokens(&self) -> bool {
+        self.last && self.v0 == 0
+    }
+
     /// The local shapes of `position` in `layout` for `arch`.
     pub fn of(arch: &Architecture, layout: Layout, position: Position) -> LocalShape {
         let a = arch;

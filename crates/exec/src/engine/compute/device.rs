@@ -16,6 +16,7 @@
 
 use std::ops::Range;
 
+use super::decoding::{as_int, DeviceDecoding};
 use super::{pipe_through_host, Compute, GradView, KvRows, Neighbour, Optimize, PipeLink, RowCopy, View};
 use crate::backend::blas::{Gemm, GemmOut};
 use crate::backend::gpu::{Device, DeviceArray, DevicePtr, DeviceView};
@@ -23,6 +24,7 @@ use crate::backend::linalg::Op;
 use crate::comm::collectives::DataType;
 use crate::comm::DataPlane;
 use crate::engine::arena::{Arena, Mark};
+use crate::engine::decode::{DecodeShape, Generated};
 use crate::engine::ops::{AttentionShape, Rope, TensorGroup};
 use crate::engine::sampling::Sampling;
 use crate::engine::timers::timed;
@@ -177,6 +179,41 @@ impl<'d, 'a, 'l> OnDevice<'d, 'a, 'l> {
         }
         let values: Vec<i32> = starts.iter().map(|&s| s as i32).collect();
         Ok(Some(DeviceArray::from(self.device, &values)?))
+    }
+
+    /// `x[N,C]` = the embedding rows of the `n` token ids at `ids` (this rank's shard `w`).
+    fn embed_ids(
+        &self,
+        x: &Bf16<'d>,
+        ids: DevicePtr,
+        n: usize,
+        w: View<DeviceView<u16>>,
+        v0: usize,
+        c: usize,
+    ) -> Result<(), EngineError> {
+        let [n_, c_, v0, v] = [n, c, v0, w.1.len() / c].map(|v| v as u64);
+        let call = k::EmbeddingForward { out: x.ptr(), tokens: ids, w: weight(w), n: n_, c: c_, v0, v };
+        self.elementwise(&call, n * c)
+    }
+
+    /// One decode step's bookkeeping with the tokens at `drawn` for position `pos`
+    /// (`nereus_decode_advance`).
+    fn advance(&self, d: &DeviceDecoding<'d>, drawn: DevicePtr, pos: usize) -> Result<(), EngineError> {
+        let [rows, t_cap, pos, n_stops] = [d.shape.b, d.shape.t_cap, pos, d.n_stops].map(|v| v as u64);
+        let call = k::DecodeAdvance {
+            tokens: d.tokens.ptr(),
+            lengths: d.lengths.ptr(),
+            done: d.done.ptr(),
+            last: d.last.ptr(),
+            drawn,
+            stops: d.stops.ptr(),
+            rows,
+            t_cap,
+            pos,
+            n_stops,
+            eos: d.eos as i32,
+        };
+        self.elementwise(&call, d.shape.b)
     }
 }
 
@@ -501,9 +538,7 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
         c: usize,
     ) -> Result<(), EngineError> {
         let ids = self.tokens(tokens)?;
-        let [n, c_, v0, v] = [tokens.len(), c, v0, w.1.len() / c].map(|v| v as u64);
-        let call = k::EmbeddingForward { out: x.ptr(), tokens: ids.ptr(), w: weight(w), n, c: c_, v0, v };
-        self.elementwise(&call, tokens.len() * c)
+        self.embed_ids(x, ids.ptr(), tokens.len(), w, v0, c)
     }
 
     fn embedding_backward(
@@ -617,36 +652,70 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
         Ok(())
     }
 
-    /// Every row is drawn in one launch (a block per row); ended rows cost nothing extra.
-    fn sample(
+    type Decoding = DeviceDecoding<'d>;
+
+    fn decode_begin(
         &mut self,
+        prompts: &[u32],
+        ids: &[u64],
+        shape: DecodeShape,
+        s: &Sampling,
+    ) -> Result<DeviceDecoding<'d>, EngineError> {
+        Ok(DeviceDecoding::upload(self.device, prompts, ids, shape, s)?)
+    }
+
+    fn decode_embedding(
+        &mut self,
+        x: &mut Self::Act,
+        d: &DeviceDecoding<'d>,
+        w: View<Self::Params>,
+        v0: usize,
+        c: usize,
+    ) -> Result<(), EngineError> {
+        self.embed_ids(x, d.last.ptr(), d.shape.b, w, v0, c)
+    }
+
+    /// Every row is drawn in one launch (a block per row; ended rows are drawn too and then
+    /// ignored), then one launch advances the decode: nothing waits for the host.
+    fn decode_draw(
+        &mut self,
+        d: &mut DeviceDecoding<'d>,
         logits: &Self::Act,
         s: &Sampling,
-        u: &[f64],
-        active: &[bool],
-    ) -> Result<Vec<u32>, EngineError> {
-        let rows = u.len();
+        pos: usize,
+    ) -> Result<(), EngineError> {
+        let rows = d.shape.b;
         // The sampler reads f32 logits (its bisection runs over float bit patterns).
         let wide = self.f32_zeros(MemoryItem::Logits, logits.len())?;
         let cast = k::CastBf16ToF32 { y: wide.ptr(), x: logits.ptr(), n: logits.len() as u64 };
         self.elementwise(&cast, logits.len())?;
-        let draws: Vec<f32> = u.iter().map(|&u| u as f32).collect();
-        let (draws, tokens) = (DeviceArray::from(self.device, &draws)?, DeviceArray::<i32>::zeros(self.device, rows)?);
-        let [rows_, v] = [rows, logits.len() / rows.max(1)].map(|v| v as u64);
+        let [rows_, v, seed, pos_] = [rows as u64, (logits.len() / rows.max(1)) as u64, s.seed, pos as u64];
         let (temperature, top_p, greedy) = (s.temperature, s.top_p, i32::from(s.greedy));
-        let call = k::Sample {
-            tokens: tokens.ptr(),
-            logits: wide.ptr(),
-            u: draws.ptr(),
-            rows: rows_,
-            v,
-            temperature,
-            top_p,
-            greedy,
-        };
+        let (drawn, ids, logits) = (d.drawn.ptr(), d.ids.ptr(), wide.ptr());
+        let call = k::Sample { drawn, logits, ids, rows: rows_, v, seed, pos: pos_, temperature, top_p, greedy };
         self.rows(&call, rows)?;
-        let drawn = tokens.read()?.into_iter().zip(active);
-        Ok(drawn.map(|(t, &active)| if active { t as u32 } else { s.eos }).collect())
+        self.advance(d, d.drawn.ptr(), pos)
+    }
+
+    fn decode_last(&mut self, d: &DeviceDecoding<'d>) -> Result<Vec<u32>, EngineError> {
+        Ok(d.last_tokens()?)
+    }
+
+    fn decode_advance(&mut self, d: &mut DeviceDecoding<'d>, drawn: &[u32], pos: usize) -> Result<(), EngineError> {
+        // Freed in stream order, after the advance has read it.
+        let received = DeviceArray::from(self.device, &as_int(drawn))?;
+        self.advance(d, received.ptr(), pos)
+    }
+
+    fn decode_finished(&mut self, d: &DeviceDecoding<'d>, step: usize) -> Result<bool, EngineError> {
+        if !(step + 1).is_multiple_of(d.check_every) {
+            return Ok(false);
+        }
+        Ok(d.finished()?)
+    }
+
+    fn decode_end(&mut self, d: DeviceDecoding<'d>) -> Result<Generated, EngineError> {
+        Ok(d.generated()?)
     }
 
     fn read<T>(&mut self, x: &Self::Act, f: impl FnOnce(&[f32]) -> Result<T, EngineError>) -> Result<T, EngineError> {

@@ -5,8 +5,9 @@ use std::ops::Range;
 use super::{Compute, GradView, KvRows, Optimize, RowCopy, View};
 use crate::comm::DataPlane;
 use crate::engine::arena::{Arena, Mark};
+use crate::engine::decode::{DecodeShape, Generated, HostDecoding};
 use crate::engine::ops::*;
-use crate::engine::sampling::{sample_token, Sampling};
+use crate::engine::sampling::{draw_uniform, sample_token, Sampling};
 use crate::engine::EngineError;
 use crate::engine::{AdamW, Objective, Replica};
 use nereus_core::cost::{MemoryBreakdown, MemoryItem};
@@ -230,10 +231,59 @@ impl Compute for Host<'_, '_> {
         Ok(())
     }
 
-    fn sample(&mut self, logits: &Vec<f32>, s: &Sampling, u: &[f64], active: &[bool]) -> Result<Vec<u32>, EngineError> {
-        let vocab = logits.len() / u.len().max(1);
-        let rows = logits.chunks_exact(vocab).zip(u).zip(active);
-        Ok(rows.map(|((row, &u), &active)| if active { sample_token(row, s, u) } else { s.eos }).collect())
+    type Decoding = HostDecoding;
+
+    fn decode_begin(
+        &mut self,
+        prompts: &[u32],
+        ids: &[u64],
+        shape: DecodeShape,
+        s: &Sampling,
+    ) -> Result<HostDecoding, EngineError> {
+        Ok(HostDecoding::new(prompts, ids, shape, s))
+    }
+
+    fn decode_embedding(
+        &mut self,
+        x: &mut Vec<f32>,
+        d: &HostDecoding,
+        w: View<[f32]>,
+        v0: usize,
+        c: usize,
+    ) -> Result<(), EngineError> {
+        self.embedding_forward(x, &d.last, w, v0, c)
+    }
+
+    fn decode_draw(
+        &mut self,
+        d: &mut HostDecoding,
+        logits: &Vec<f32>,
+        s: &Sampling,
+        pos: usize,
+    ) -> Result<(), EngineError> {
+        let vocab = logits.len() / d.shape.b.max(1);
+        let rows = logits.chunks_exact(vocab).zip(&d.ids);
+        let drawn: Vec<u32> =
+            rows.map(|(row, &id)| sample_token(row, s, draw_uniform(s.seed, id, pos as u64))).collect();
+        d.advance(&drawn, pos);
+        Ok(())
+    }
+
+    fn decode_last(&mut self, d: &HostDecoding) -> Result<Vec<u32>, EngineError> {
+        Ok(d.last.clone())
+    }
+
+    fn decode_advance(&mut self, d: &mut HostDecoding, drawn: &[u32], pos: usize) -> Result<(), EngineError> {
+        d.advance(drawn, pos);
+        Ok(())
+    }
+
+    fn decode_finished(&mut self, d: &HostDecoding, _step: usize) -> Result<bool, EngineError> {
+        Ok(d.finished())
+    }
+
+    fn decode_end(&mut self, d: HostDecoding) -> Result<Generated, EngineError> {
+        Ok(d.into_generated())
     }
 
     fn embedding_forward(

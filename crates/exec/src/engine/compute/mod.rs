@@ -14,8 +14,11 @@
 //! consumer and gradients sum over micro-batches. Weights are `(parameters, range)` views into
 //! the stage's flat parameter buffer; gradients are views into the flat f32 gradient buffer.
 
+mod decoding;
 mod device;
 mod host;
+
+pub use decoding::DeviceDecoding;
 
 pub use device::{MixedShard, OnDevice};
 pub use host::{Host, HostShard};
@@ -23,6 +26,7 @@ pub use host::{Host, HostShard};
 use std::ops::Range;
 
 use super::arena::Mark;
+use super::decode::{DecodeShape, Generated};
 use super::objective::Objective;
 use super::ops::{AttentionShape, TensorGroup};
 use super::sampling::Sampling;
@@ -258,11 +262,48 @@ pub trait Compute {
     /// the last position of each sequence, a TP shard's columns of a full row).
     fn copy_rows(&mut self, dst: &mut Self::Act, src: &Self::Act, copy: RowCopy) -> Result<(), EngineError>;
 
-    /// One token per row of `logits[rows, V]` (the whole vocabulary), drawn as
-    /// [`crate::engine::sample_token`] draws it with the uniforms `u[rows]`; rows not `active`
-    /// (sequences that have ended) hold `s.eos` (the host skips drawing them).
-    fn sample(&mut self, logits: &Self::Act, s: &Sampling, u: &[f64], active: &[bool])
-        -> Result<Vec<u32>, EngineError>;
+    /// A decode's state between token steps (see [`crate::engine::decode`]): host vectors on
+    /// the host, device arrays on a device, so that a device's token step needs no host wait.
+    type Decoding;
+    /// The state of a decode of `prompts[B, P]`, sequence ids `ids` (they seed the draws).
+    fn decode_begin(
+        &mut self,
+        prompts: &[u32],
+        ids: &[u64],
+        shape: DecodeShape,
+        s: &Sampling,
+    ) -> Result<Self::Decoding, EngineError>;
+    /// `x[B,C]` = the embedding rows (this rank's shard `w[V,C]`, zero outside it) of the
+    /// tokens the decode holds at its last position written, into zeroed `x`.
+    fn decode_embedding(
+        &mut self,
+        x: &mut Self::Act,
+        d: &Self::Decoding,
+        w: View<Self::Params>,
+        v0: usize,
+        c: usize,
+    ) -> Result<(), EngineError>;
+    /// Draws position `pos` of every sequence from `logits[B, V]` (the whole vocabulary) as
+    /// [`crate::engine::sample_token`] draws it with [`crate::engine::draw_uniform`], and
+    /// advances the decode ([`crate::engine::HostDecoding::advance`]).
+    fn decode_draw(
+        &mut self,
+        d: &mut Self::Decoding,
+        logits: &Self::Act,
+        s: &Sampling,
+        pos: usize,
+    ) -> Result<(), EngineError>;
+    /// The tokens at the last position written, as host values (a device waits once): what
+    /// the last pipeline stage hands the others.
+    fn decode_last(&mut self, d: &Self::Decoding) -> Result<Vec<u32>, EngineError>;
+    /// Advances the decode with tokens drawn on another rank.
+    fn decode_advance(&mut self, d: &mut Self::Decoding, drawn: &[u32], pos: usize) -> Result<(), EngineError>;
+    /// Whether every sequence is known to have ended after token step `step` (0 the prefill).
+    /// The host knows at every step; a device reads its flags only every
+    /// [`Sampling::stop_check_every`] steps (one wait) and answers `false` between.
+    fn decode_finished(&mut self, d: &Self::Decoding, step: usize) -> Result<bool, EngineError>;
+    /// The decode's tokens and response lengths (a device waits once).
+    fn decode_end(&mut self, d: Self::Decoding) -> Result<Generated, EngineError>;
 
     /// Runs `f` on `x` as host f32 values (a device copies them back first, widened).
     fn read<T>(&mut self, x: &Self::Act, f: impl FnOnce(&[f32]) -> Result<T, EngineError>) -> Result<T, EngineError>;
@@ -410,5 +451,7 @@ pub struct KvRows {
     pub width: usize,
 }
 
+#[cfg(test)]
+mod sampler_tests;
 #[cfg(test)]
 mod tests;

@@ -197,6 +197,7 @@ fn greedy_generation_on_the_emulated_device_matches_the_host() {
         also_stop: StopIds::NONE,
         greedy: true,
         seed: 3,
+        stop_check_every: 4,
     };
     let mut plane = LoopbackPlane::new(0, Arc::new(Mailbox::default()));
     let mut host = EmuSet::new(0, 1, 1 << 30, catalogues(Dtype::F32));
@@ -240,6 +241,7 @@ fn greedy() -> Sampling {
         also_stop: StopIds::NONE,
         greedy: true,
         seed: 3,
+        stop_check_every: 4,
     }
 }
 
@@ -314,12 +316,13 @@ fn device_peaks(rank: i32, mail: Arc<Mailbox>, layout: Layout) -> (Peaks, [i64; 
     (Peaks { training, inference, generation }, [t, i, g])
 }
 
-/// What the cost model predicts for pipeline position `j` of `layout`: the state the
-/// position keeps and each pass's transient buffers (`cost/reference.rs`).
-fn predicted(layout: Layout, j: u32, dtype: Dtype, on: Residence) -> Peaks {
+/// What the cost model predicts for `position` of `layout`: the state the position keeps and
+/// each pass's transient buffers (`cost/reference.rs`).
+fn predicted(layout: Layout, position: Position, dtype: Dtype, on: Residence) -> Peaks {
+    let j = position.pp;
     let catalogue = &catalogues(dtype)[&Role::Actor];
     let params = ModelStats::new(catalogue).params_of_stage(layout, j);
-    let shape = LocalShape::of(&catalogue.arch, layout, Position { tp: 0, pp: j });
+    let shape = LocalShape::of(&catalogue.arch, layout, position);
     let mut state = MemoryBreakdown::default();
     state.add(MemoryItem::Params, params * dtype.bytes());
     state.add(MemoryItem::Optimizer, params * optimizer_bytes_per_param(dtype));
@@ -349,17 +352,20 @@ fn every_pass_peaks_at_the_cost_models_prediction_item_by_item_on_host_and_devic
             run_ranks(world, |rank, mail| device_peaks(rank, mail, layout)).into_iter().unzip();
         // The allocator's own count: the ledger holds a pass's scratch until the micro-batch
         // ends (measured: up to 22 KB above the allocator in training), and does not charge
-        // the token ids a kernel reads (`4·n` bytes of one micro-batch, the only way the
-        // allocator can exceed it; measured 64 bytes in inference).
+        // the token ids a kernel reads (`4·n` bytes of one micro-batch; measured 64 bytes in
+        // inference) nor a decode's state of token ids (`DeviceDecoding`: `[B, T]` tokens,
+        // four `[B]` arrays, `B` ids of 8 bytes and one stop id; 228 bytes here), the only
+        // ways the allocator can exceed it.
         eprintln!("({tp}, {pp}) ledger peak above the allocator's [training, inference, generation]: {margins:?}");
-        let uncharged_ids = 4 * (MICRO * SEQ_LEN) as i64;
+        let (b, t) = (SEQUENCES as i64, SEQ_LEN as i64);
+        let uncharged_ids = (4 * (MICRO * SEQ_LEN) as i64).max(4 * b * t + 16 * b + 8 * b + 4);
         assert!(margins.iter().flatten().all(|&m| m >= -uncharged_ids), "{margins:?}");
         for (rank, (host, device)) in host.iter().zip(&device).enumerate() {
             // Ranks are laid out TP-fastest within a replica.
-            let j = rank as u32 / tp;
+            let position = Position { tp: rank as u32 % tp, pp: rank as u32 / tp };
             for (measured, dtype, on) in [(host, Dtype::F32, Residence::Host), (device, Dtype::Bf16, Residence::Device)]
             {
-                let want = predicted(layout, j, dtype, on);
+                let want = predicted(layout, position, dtype, on);
                 let at = format!("{on:?} ({tp}, {pp}) rank {rank}");
                 assert_eq!(measured.training, want.training, "training peak, {at}");
                 assert_eq!(measured.inference, want.inference, "inference peak, {at}");
@@ -367,4 +373,31 @@ fn every_pass_peaks_at_the_cost_models_prediction_item_by_item_on_host_and_devic
             }
         }
     }
+}
+
+/// A decode on one device waits for the host only where it reads the finished flags (every
+/// `stop_check_every` token steps) and at its end: eight more tokens checked every four are
+/// two more waits, so no token step between checks waits (responses never end here: the end
+/// id lies outside the vocabulary).
+#[test]
+fn a_device_decode_waits_for_the_host_only_at_its_finished_checks() {
+    let mut plane = LoopbackPlane::new(0, Arc::new(Mailbox::default()));
+    let device = Rc::new(Device::new(Emulated::new(0, 1 << 30)).unwrap());
+    let memory = DeviceMemory::new(device.clone());
+    let mut set = EmuSet::in_memory(0, 1, 1 << 30, catalogues(Dtype::Bf16), memory);
+    let id = create(&mut plane, &mut set, Layout::new(1, 1), 1)[0];
+    let replica = Replica::new(&mut plane, &set, id, 16).unwrap();
+    let prompts: Vec<u32> = tokens().chunks(SEQ_LEN).flat_map(|s| s[..2].to_vec()).collect();
+    let wave = [Wave { prompts, starts: Vec::new(), ids: (0..SEQUENCES as u64).collect() }];
+    let mut decode = |new: usize| {
+        let s = Sampling { max_new_tokens: new, eos: u32::MAX, greedy: false, stop_check_every: 4, ..greedy() };
+        let before = device.counters();
+        let out = DeviceMemory::generate(&plane, &mut set, &replica, &wave, &s).unwrap();
+        assert_eq!(out.lengths, vec![new; SEQUENCES], "no response ends before the cap");
+        device.counters().since(&before)
+    };
+    let (short, long) = (decode(4), decode(12));
+    eprintln!("host waits: {} for 4 tokens, {} for 12", short.host_waits(), long.host_waits());
+    assert_eq!(long.host_waits() - short.host_waits(), 2, "{short:?} against {long:?}");
+    assert_eq!(long.upload_waits, 0);
 }
