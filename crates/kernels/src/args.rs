@@ -379,8 +379,9 @@ kernel_args! {
         /// 1 to square.
         square: i32,
     }
-    /// Temperature and top-p sampling of `drawn[R]` from f32 `logits[R, V]`, sequence `ids[r]`
-    /// at position `pos` drawing the counter-based uniform of `(seed, ids[r], pos)`.
+    /// Temperature, min-p, top-k and top-p sampling of `drawn[R]` from f32 `logits[R, V]`,
+    /// sequence `ids[r]` at position `pos` drawing the counter-based uniform of
+    /// `(seed, ids[r], pos)`; rows with `done[r]` set are skipped.
     Sample => Sample {
         /// `int` tokens drawn `[R]`.
         drawn: DevicePtr,
@@ -388,6 +389,8 @@ kernel_args! {
         logits: DevicePtr,
         /// `u64` sequence ids `[R]`.
         ids: DevicePtr,
+        /// `int` finished flags `[R]`, or null (every row drawn).
+        done: DevicePtr,
         /// Rows.
         rows: u64,
         /// Vocabulary.
@@ -400,6 +403,10 @@ kernel_args! {
         temperature: f32,
         /// Top-p mass.
         top_p: f32,
+        /// Min-p: the least probability, relative to the most likely token's, kept (0: off).
+        min_p: f32,
+        /// Most tokens kept (0: off).
+        top_k: u64,
         /// 1 for greedy decoding.
         greedy: i32,
     }

@@ -110,7 +110,7 @@ kernels! {
     Adamw = "nereus_adamw" in Adamw;
     /// One pass of a sum (of squares).
     SumSquares = "nereus_sum_squares" in Adamw;
-    /// Temperature and top-p sampling, one block per row.
+    /// Temperature, min-p, top-k and top-p sampling, one block per row.
     Sample = "nereus_sample" in Sample;
     /// A decode step's token, length and finished-flag bookkeeping.
     DecodeAdvance = "nereus_decode_advance" in Sample;

@@ -351,6 +351,8 @@ fn sample_share<M: EngineMemory, P: DataPlane>(
     let sampling = Sampling {
         temperature: 1.0,
         top_p: 0.9,
+        min_p: 0.0,
+        top_k: 0,
         max_new_tokens: seq_len / 2,
         eos: 0,
         also_stop: StopIds::NONE,

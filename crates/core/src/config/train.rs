@@ -40,8 +40,13 @@ pub struct TrainSection {
     pub max_grad_norm: f64,
     /// Sampling temperature of the actor.
     pub temperature: f64,
-    /// Nucleus sampling mass.
+    /// Nucleus sampling mass (of the candidates `min_p` and `top_k` leave).
     pub top_p: f64,
+    /// Min-p sampling: candidates have at least this probability relative to the most likely
+    /// token's (0: off).
+    pub min_p: f64,
+    /// Top-k sampling: at most this many candidates, the most likely (0: off).
+    pub top_k: u32,
     /// How often, in generated tokens, a device's host reads whether every response has ended:
     /// between reads no token step waits for the host; a larger value saves waits and wastes up
     /// to this many steps of compute after the last response ends (the CPU engine checks every
@@ -107,6 +112,8 @@ impl Default for TrainSection {
             max_grad_norm: 1.0,
             temperature: 1.0,
             top_p: 1.0,
+            min_p: 0.0,
+            top_k: 0,
             stop_check_every: 16,
             kl_coef: 0.02,
             clip_ratio: 0.2,
@@ -180,6 +187,7 @@ impl TrainSection {
         }
         check::within("train.top_p", self.top_p, 0.0, 1.0)?;
         check::positive("train.top_p", self.top_p)?;
+        check::within("train.min_p", self.min_p, 0.0, 1.0)?;
         check::within("train.stop_check_every", f64::from(self.stop_check_every), 1.0, 4096.0)?;
         check::within("train.clip_ratio", self.clip_ratio, 0.0, 1.0)?;
         check::within("train.discount", self.discount, 0.0, 1.0)?;

@@ -107,6 +107,8 @@ mod tests {
         let s = Sampling {
             temperature: 1.0,
             top_p: 1.0,
+            min_p: 0.0,
+            top_k: 0,
             max_new_tokens: 3,
             eos: 0,
             also_stop: StopIds::new(&[9]).unwrap(),

@@ -11,8 +11,15 @@ use nereus_core::rng::mix;
 pub struct Sampling {
     /// Softmax temperature.
     pub temperature: f32,
-    /// Nucleus: sample among the most likely tokens whose probabilities sum to at least this.
+    /// Nucleus: sample among the most likely candidates whose probabilities sum to at least this
+    /// share of the candidates' (Holtzman et al., 2020, arXiv:1904.09751).
     pub top_p: f32,
+    /// Min-p: candidates have at least this probability relative to the most likely token's
+    /// (Nguyen et al., 2024, arXiv:2407.01082); 0 turns it off.
+    pub min_p: f32,
+    /// Top-k: at most this many candidates, the most likely (Fan et al., 2018,
+    /// arXiv:1805.04833); 0 turns it off.
+    pub top_k: u32,
     /// Longest response.
     pub max_new_tokens: usize,
     /// End-of-sequence token (also the padding after a response ends).
@@ -73,8 +80,11 @@ pub fn draw_uniform(seed: u64, id: u64, pos: u64) -> f64 {
 }
 
 /// Picks a token from `logits` with the uniform draw `u ∈ [0, 1)`: greedy takes the arg-max
-/// (lowest index on ties); otherwise softmax at `temperature`, keep the smallest set of most
-/// likely tokens whose mass reaches `top_p`, and invert its cumulative distribution at `u`.
+/// (lowest index on ties); otherwise softmax at `temperature`; in the order of probability (ties
+/// by lower index) the candidates are the longest prefix whose probabilities are at least
+/// `min_p` times the largest and which holds at most `top_k` tokens; keep the shortest prefix
+/// of the candidates whose mass reaches `top_p` of theirs, and invert its cumulative
+/// distribution at `u`.
 pub fn sample_token(logits: &[f32], s: &Sampling, u: f64) -> u32 {
     let argmax = (0..logits.len()).fold(0, |best, i| if logits[i] > logits[best] { i } else { best });
     if s.greedy || s.temperature <= 0.0 {
@@ -84,10 +94,15 @@ pub fn sample_token(logits: &[f32], s: &Sampling, u: f64) -> u32 {
     let max = f64::from(logits[argmax]);
     let mut probs: Vec<(usize, f64)> =
         logits.iter().enumerate().map(|(i, &z)| (i, ((f64::from(z) - max) / t).exp())).collect();
-    let total: f64 = probs.iter().map(|p| p.1).sum();
     probs.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    // The most likely token has probability 1 here (its logit is the maximum).
+    let mut candidates = probs.iter().take_while(|p| p.1 >= f64::from(s.min_p)).count().max(1);
+    if s.top_k > 0 {
+        candidates = candidates.min(s.top_k as usize);
+    }
+    let total: f64 = probs[..candidates].iter().map(|p| p.1).sum();
     let (mut kept, mut mass) = (0, 0.0);
-    while kept < probs.len() && (kept == 0 || mass < f64::from(s.top_p) * total) {
+    while kept < candidates && (kept == 0 || mass < f64::from(s.top_p) * total) {
         mass += probs[kept].1;
         kept += 1;
     }
@@ -110,6 +125,8 @@ mod tests {
         Sampling {
             temperature,
             top_p,
+            min_p: 0.0,
+            top_k: 0,
             max_new_tokens: 4,
             eos: 0,
             also_stop: StopIds::NONE,
@@ -131,6 +148,12 @@ mod tests {
         // top_p = 0.8 keeps {2, 1} (mass 7/8): u = 0.9 lands in token 1.
         assert_eq!(sample_token(&logits, &sampling(1.0, 0.8), 0.9), 1);
         assert_eq!(sample_token(&logits, &Sampling { greedy: true, ..s }, 0.9), 2);
+        // top_k = 2 keeps {2, 1} too; min_p = 0.3 keeps p ≥ 0.3 × 5/8: {2, 1} again.
+        assert_eq!(sample_token(&logits, &Sampling { top_k: 2, ..s }, 0.9), 1);
+        assert_eq!(sample_token(&logits, &Sampling { min_p: 0.3, ..s }, 0.9), 1);
+        // top_k = 1 is greedy; top_p = 0.5 of the two candidates {2, 1} keeps {2} alone.
+        assert_eq!(sample_token(&logits, &Sampling { top_k: 1, ..s }, 0.99), 2);
+        assert_eq!(sample_token(&logits, &Sampling { top_k: 2, top_p: 0.5, ..s }, 0.99), 2);
     }
 
     #[test]

@@ -111,6 +111,8 @@ impl StepSettings {
             sampling: Sampling {
                 temperature: t.temperature as f32,
                 top_p: t.top_p as f32,
+                min_p: t.min_p as f32,
+                top_k: t.top_k,
                 max_new_tokens: rl.max_response_len as usize,
                 eos,
                 also_stop,

@@ -223,6 +223,8 @@ pub fn time_phases<M: EngineMemory, P: DataPlane>(
     let sampling = |new| Sampling {
         temperature: 1.0,
         top_p: 1.0,
+        min_p: 0.0,
+        top_k: 0,
         max_new_tokens: new,
         eos: arch.vocab as u32,
         also_stop: StopIds::NONE,

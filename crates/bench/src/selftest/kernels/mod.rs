@@ -724,11 +724,6 @@ fn check_gemm(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendE
     Ok(())
 }
 
-/// The draw of the CPU engine's `sample_token` for one row.
-fn host_draw(logits: &[f32], temperature: f32, top_p: f32, greedy: bool, u: f64) -> i32 {
-    sample_token(logits, &Sampling { temperature, top_p, greedy, ..host_sampling() }, u) as i32
-}
-
 fn check_sample(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
     let (rows, cols) = (1 + rng.below(6), length(rng, 12_000));
     let scale = [0.5, 3.0, 12.0][rng.below(3)];
@@ -741,50 +736,60 @@ fn check_sample(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), Backen
             row[a] = if rng.below(2) == 0 { top } else { row[b] };
         }
     }
-    let greedy = rng.below(4) == 0;
-    let temperature = [0.3f32, 0.7, 1.0, 1.5][rng.below(4)];
-    let top_p = [1.0f32, 0.95, 0.8, 0.5][rng.below(4)];
-    let (seed, pos) = (rng.below(1 << 20) as u64, rng.below(4096) as u64);
+    let s = Sampling {
+        greedy: rng.below(4) == 0,
+        temperature: [0.3f32, 0.7, 1.0, 1.5][rng.below(4)],
+        top_p: [1.0f32, 0.95, 0.8, 0.5][rng.below(4)],
+        min_p: [0.0f32, 0.0, 0.05, 0.3][rng.below(4)],
+        top_k: [0u32, 0, 1, 7, 64][rng.below(5)],
+        seed: rng.below(1 << 20) as u64,
+        ..host_sampling()
+    };
+    let pos = rng.below(4096) as u64;
     let ids: Vec<u64> = (0..rows).map(|_| rng.below(1 << 30) as u64).collect();
     let (ls, is, ts) =
         (DeviceArray::from(d, &logits)?, DeviceArray::from(d, &ids)?, DeviceArray::from(d, &vec![-1i32; rows])?);
-    let (rows_, v_) = (rows as u64, cols as u64);
-    let greedy_ = i32::from(greedy);
     let call = k::Sample {
         drawn: ts.ptr(),
         logits: ls.ptr(),
         ids: is.ptr(),
-        rows: rows_,
-        v: v_,
-        seed,
+        done: DevicePtr::default(),
+        rows: rows as u64,
+        v: cols as u64,
+        seed: s.seed,
         pos,
-        temperature,
-        top_p,
-        greedy: greedy_,
+        temperature: s.temperature,
+        top_p: s.top_p,
+        min_p: s.min_p,
+        top_k: u64::from(s.top_k),
+        greedy: i32::from(s.greedy),
     };
-    run(d, &call, rows_)?;
+    run(d, &call, rows as u64)?;
     let got: Vec<i32> = ts.read()?;
     for (r, row) in logits.chunks(cols).enumerate() {
-        let draw = |u: f64, top_p: f32| host_draw(row, temperature, top_p, greedy, u);
-        let ur = draw_uniform(seed, ids[r], pos);
-        if got[r] == draw(ur, top_p) {
+        let draw = |u: f64, top_p: f32, min_p: f32| sample_token(row, &Sampling { top_p, min_p, ..s }, u) as i32;
+        let ur = draw_uniform(s.seed, ids[r], pos);
+        if got[r] == draw(ur, s.top_p, s.min_p) {
             continue;
         }
         // f32 trees against f64 sums: a draw within 10⁻⁵ of a boundary may fall either side.
+        let (p, m) = (s.top_p, s.min_p);
         let near = [
-            (ur * (1.0 - 1e-5), top_p),
-            ((ur * (1.0 + 1e-5)).min(1.0), top_p),
-            (ur, top_p * (1.0 - 1e-5)),
-            (ur, (top_p * (1.0 + 1e-5)).min(1.0)),
+            (ur * (1.0 - 1e-5), p, m),
+            ((ur * (1.0 + 1e-5)).min(1.0), p, m),
+            (ur, p * (1.0 - 1e-5), m),
+            (ur, (p * (1.0 + 1e-5)).min(1.0), m),
+            (ur, p, m * (1.0 - 1e-5)),
+            (ur, p, m * (1.0 + 1e-5)),
         ];
-        if near.iter().any(|&(u, p)| got[r] == draw(u, p)) {
+        if near.iter().any(|&(u, p, m)| got[r] == draw(u, p, m)) {
             v.worst = v.worst.max(0.5);
         } else {
             v.failures.push(format!(
-                "{} row {r}: drew {}, the host draws {} (u {ur}, T {temperature}, top-p {top_p}, greedy {greedy})",
+                "{} row {r}: drew {}, the host draws {} (u {ur}, {s:?})",
                 v.kernel,
                 got[r],
-                draw(ur, top_p)
+                draw(ur, p, m)
             ));
         }
     }
@@ -845,6 +850,8 @@ fn host_sampling() -> Sampling {
     Sampling {
         temperature: 1.0,
         top_p: 1.0,
+        min_p: 0.0,
+        top_k: 0,
         max_new_tokens: 1,
         eos: 0,
         also_stop: StopIds::NONE,

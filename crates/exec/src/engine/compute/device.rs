@@ -675,8 +675,8 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
         self.embed_ids(x, d.last.ptr(), d.shape.b, w, v0, c)
     }
 
-    /// Every row is drawn in one launch (a block per row; ended rows are drawn too and then
-    /// ignored), then one launch advances the decode: nothing waits for the host.
+    /// Every row is drawn in one launch (a block per row; a block skips a sequence that has
+    /// ended), then one launch advances the decode: nothing waits for the host.
     fn decode_draw(
         &mut self,
         d: &mut DeviceDecoding<'d>,
@@ -690,9 +690,21 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
         let cast = k::CastBf16ToF32 { y: wide.ptr(), x: logits.ptr(), n: logits.len() as u64 };
         self.elementwise(&cast, logits.len())?;
         let [rows_, v, seed, pos_] = [rows as u64, (logits.len() / rows.max(1)) as u64, s.seed, pos as u64];
-        let (temperature, top_p, greedy) = (s.temperature, s.top_p, i32::from(s.greedy));
-        let (drawn, ids, logits) = (d.drawn.ptr(), d.ids.ptr(), wide.ptr());
-        let call = k::Sample { drawn, logits, ids, rows: rows_, v, seed, pos: pos_, temperature, top_p, greedy };
+        let call = k::Sample {
+            drawn: d.drawn.ptr(),
+            logits: wide.ptr(),
+            ids: d.ids.ptr(),
+            done: d.done.ptr(),
+            rows: rows_,
+            v,
+            seed,
+            pos: pos_,
+            temperature: s.temperature,
+            top_p: s.top_p,
+            min_p: s.min_p,
+            top_k: u64::from(s.top_k),
+            greedy: i32::from(s.greedy),
+        };
         self.rows(&call, rows)?;
         self.advance(d, d.drawn.ptr(), pos)
     }

@@ -262,9 +262,13 @@ impl Compute for Host<'_, '_> {
         pos: usize,
     ) -> Result<(), EngineError> {
         let vocab = logits.len() / d.shape.b.max(1);
-        let rows = logits.chunks_exact(vocab).zip(&d.ids);
-        let drawn: Vec<u32> =
-            rows.map(|(row, &id)| sample_token(row, s, draw_uniform(s.seed, id, pos as u64))).collect();
+        // A sequence that has ended is not drawn (the advance keeps `eos` there).
+        let rows = logits.chunks_exact(vocab).zip(&d.ids).zip(&d.done);
+        let draw = |((row, &id), &done): ((&[f32], &u64), &bool)| match done {
+            true => d.eos,
+            false => sample_token(row, s, draw_uniform(s.seed, id, pos as u64)),
+        };
+        let drawn: Vec<u32> = rows.map(draw).collect();
         d.advance(&drawn, pos);
         Ok(())
     }

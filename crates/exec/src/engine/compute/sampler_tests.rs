@@ -10,14 +10,20 @@ use nereus_kernels::args as k;
 use nereus_kernels::grid::WarpWidth;
 
 /// The probability of each token under `s` as [`sample_token`] defines it: softmax at the
-/// temperature, then the smallest set of most likely tokens (ties by id) reaching `top_p`.
+/// temperature; the candidates, the most likely tokens (ties by id) at least `min_p` times
+/// the largest and at most `top_k` of them; then the shortest prefix of the candidates reaching
+/// `top_p` of their mass (written again here from the definition, not from `sample_token`).
 fn nucleus_probabilities(logits: &[f32], s: &Sampling) -> Vec<f64> {
     let t = f64::from(s.temperature);
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let p: Vec<f64> = logits.iter().map(|&z| ((f64::from(z) - f64::from(max)) / t).exp()).collect();
-    let total: f64 = p.iter().sum();
     let mut order: Vec<usize> = (0..p.len()).collect();
     order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+    order.retain(|&i| p[i] >= f64::from(s.min_p));
+    if s.top_k > 0 {
+        order.truncate(s.top_k as usize);
+    }
+    let total: f64 = order.iter().map(|&i| p[i]).sum();
     let (mut kept, mut mass) = (vec![0.0; p.len()], 0.0);
     for &i in &order {
         if mass >= f64::from(s.top_p) * total && mass > 0.0 {
@@ -47,12 +53,15 @@ fn device_draws(device: &Device, logits: &[f32], s: &Sampling, n: usize, pos: u6
         drawn: drawn.ptr(),
         logits: l.ptr(),
         ids: i.ptr(),
+        done: Default::default(),
         rows: n as u64,
         v: logits.len() as u64,
         seed: s.seed,
         pos,
         temperature: s.temperature,
         top_p: s.top_p,
+        min_p: s.min_p,
+        top_k: u64::from(s.top_k),
         greedy: 0,
     };
     let lanes = device.runtime().warp_width();
@@ -65,14 +74,23 @@ fn device_draws(device: &Device, logits: &[f32], s: &Sampling, n: usize, pos: u6
 fn the_device_sampler_draws_the_host_references_distribution() {
     let n = 3000;
     let logits: [f32; 12] = [2.0, 1.5, 1.5, 0.25, -0.5, 1.0, 3.0, 0.0, -2.0, 2.5, 0.75, -1.0];
-    for (case, (temperature, top_p, seed)) in
-        [(1.0f32, 1.0f32, 901u64), (0.7, 0.9, 902), (1.6, 0.75, 903)].into_iter().enumerate()
-    {
+    // (temperature, top-p, min-p, top-k, seed): each cut alone, and all of them at once.
+    let cases = [
+        (1.0f32, 1.0f32, 0.0f32, 0u32, 901u64),
+        (0.7, 0.9, 0.0, 0, 902),
+        (1.6, 0.75, 0.0, 0, 903),
+        (1.0, 1.0, 0.2, 0, 904),
+        (1.3, 1.0, 0.0, 5, 905),
+        (1.5, 0.9, 0.05, 7, 906),
+    ];
+    for (case, (temperature, top_p, min_p, top_k, seed)) in cases.into_iter().enumerate() {
         let warp = WarpWidth::ALL[case % 2];
         let device = Device::new(Emulated::new(0, 1 << 30).with_warp(warp)).unwrap();
         let s = Sampling {
             temperature,
             top_p,
+            min_p,
+            top_k,
             max_new_tokens: 1,
             eos: 0,
             also_stop: StopIds::NONE,

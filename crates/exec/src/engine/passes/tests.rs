@@ -192,6 +192,8 @@ fn greedy_generation_on_the_emulated_device_matches_the_host() {
     let greedy = Sampling {
         temperature: 1.0,
         top_p: 1.0,
+        min_p: 0.0,
+        top_k: 0,
         max_new_tokens: new,
         eos: 47,
         also_stop: StopIds::NONE,
@@ -236,6 +238,8 @@ fn greedy() -> Sampling {
     Sampling {
         temperature: 1.0,
         top_p: 1.0,
+        min_p: 0.0,
+        top_k: 0,
         max_new_tokens: SEQ_LEN - PROMPT,
         eos: 47,
         also_stop: StopIds::NONE,
