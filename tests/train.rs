@@ -45,7 +45,8 @@ fn tiny_ppo_grpo_and_remax_learn_and_lengthen_their_answers_on_8_ranks() {
         let (l0, l1) = (mean(first, "response_len_mean"), mean(last, "response_len_mean"));
         assert!(r1 >= 0.5 && r1 >= 2.0 * r0, "{name}: reward {r0:.3} at the start, {r1:.3} at the end");
         assert!(l1 >= l0 + 5.0, "{name}: response length {l0:.2} at the start, {l1:.2} at the end");
-        for key in ["step", "kl", "step_seconds", "tokens_per_second", "peak_memory_bytes", "response_len_p95"] {
+        let keys = ["step", "kl", "step_seconds", "tokens_per_second", "generation_tokens_per_second"];
+        for key in keys.into_iter().chain(["peak_memory_bytes", "response_len_p95"]) {
             assert!(records[0][key].is_number(), "{name}: {key} missing");
         }
         assert!(records[0]["plan"]["actor/training"]["ranks"].is_array() && records[0]["transition"].is_null());

@@ -33,6 +33,10 @@ pub struct StepLine {
     pub op_seconds: Measured<PerPhase<OpSeconds>>,
     /// Generated tokens per second of step time.
     pub tokens_per_second: f64,
+    /// Generated tokens per second of the generation phase (absent in runs recorded before it
+    /// was).
+    #[serde(default)]
+    pub generation_tokens_per_second: f64,
     /// The plan the step ran under, per model-stage.
     pub plan: BTreeMap<String, PlacementRecord>,
     /// The controller's decision at the boundary after the step (`null` when no trigger fired).

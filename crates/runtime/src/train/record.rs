@@ -134,6 +134,7 @@ fn step_line<M: ShardMemory, P: DataPlane>(
         predicted_stage_seconds: predicted.seconds,
         op_seconds: Measured { measured: in_force.slowest_ops, predicted: predicted.op_seconds },
         tokens_per_second: m.generated_tokens as f64 / m.step_seconds.max(1e-9),
+        generation_tokens_per_second: m.generated_tokens as f64 / m.stage_seconds.generation.max(1e-9),
         plan: placements(&in_force.plan),
         decision: boundary.decision.clone(),
         transition: boundary.transition.clone(),
