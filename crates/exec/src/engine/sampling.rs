@@ -64,13 +64,6 @@ impl StopIds {
     }
 }
 
-impl Sampling {
-    /// Whether `token` ends a response.
-    pub fn stops_at(&self, token: u32) -> bool {
-        token == self.eos || self.also_stop.as_slice().contains(&token)
-    }
-}
-
 /// The uniform draw in `[0, 1)` of sequence `id` at position `pos`: SplitMix64's finalizer
 /// chained over the three counters, its top 24 bits over 2^24 (exact in f32, so a device's
 /// sampler, `nereus_draw_uniform` in `kernels/device/sample.cu`, draws the same value).
