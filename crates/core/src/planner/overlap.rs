@@ -89,7 +89,7 @@ fn within(plan: &Plan, first: u32) -> Plan {
 
 #[cfg(test)]
 mod tests {
-    use super::super::predict::overlapped_total;
+    use super::super::predict::{generation_apart, overlapped_total};
     use super::*;
     use crate::plan::PerPhase;
 
@@ -99,6 +99,32 @@ mod tests {
         assert_eq!(overlapped_total(&step), 3.25);
         let step = PerPhase { generation: 1.0, ..step };
         assert_eq!(overlapped_total(&step), 2.75);
+    }
+
+    #[test]
+    fn async_plans_keep_generation_apart_and_are_priced_overlapped() {
+        use super::super::testing::tiny;
+        use crate::config::{Algorithm, RlMode};
+        use crate::cost::Efficiencies;
+        let mut found = 0;
+        for seed in 0..12 {
+            let mut config = tiny(&mut crate::rng::Rng::new(seed));
+            config.rl.mode = RlMode::Async;
+            if config.rl.algorithm == Algorithm::Remax {
+                continue;
+            }
+            let gpus = 2 + seed as u32 % 7;
+            let Ok(planner) = Planner::new(&config, gpus, None, Efficiencies::default()) else { continue };
+            let Ok(job) = planner.search(None) else { continue };
+            let plan = job.plan();
+            assert!(generation_apart(&plan), "seed {seed}: {plan}");
+            assert_eq!(job.step_latency_s, overlapped_total(&job.step_seconds), "seed {seed}");
+            assert_eq!(planner.predict(&plan), job.step_latency_s);
+            // The controller may keep it (`still_fits` also checks that generation stays apart).
+            assert!(planner.still_fits(&plan).is_some());
+            found += 1;
+        }
+        assert!(found >= 4, "only {found} tiny async jobs had a plan");
     }
 
     #[test]
