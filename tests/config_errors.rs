@@ -215,6 +215,26 @@ fn cases() -> Vec<Case> {
             expect: &["`rl.dynamic_sampling` = true", "rl.samples_per_prompt = 1"],
         },
         Case {
+            name: "max_staleness in synchronous mode",
+            toml: set("rl", "max_staleness", "2"),
+            expect: &["`rl.max_staleness` = 2", "rl.mode = \"async\"", "rl.mode is \"sync\""],
+        },
+        Case {
+            name: "max_staleness 0 in asynchronous mode",
+            toml: set_key(&set("rl", "mode", "\"async\""), "rl", "max_staleness", Some("0")),
+            expect: &["`rl.max_staleness` = 0", "between 1 and 64", "rl.mode = \"sync\""],
+        },
+        Case {
+            name: "DAPO's dynamic sampling in asynchronous mode",
+            toml: set_key(&set_key(&grpo, "rl", "mode", Some("\"async\"")), "rl", "algorithm", Some("\"dapo\"")),
+            expect: &["`rl.dynamic_sampling` = true", "asynchronous mode keeps apart", "rl.mode = \"sync\""],
+        },
+        Case {
+            name: "unknown RL mode",
+            toml: set("rl", "mode", "\"overlapped\""),
+            expect: &["rl.mode", "unknown variant `overlapped`", "sync", "async"],
+        },
+        Case {
             name: "RLOO with one sample per prompt",
             toml: set("rl", "algorithm", "\"rloo\""),
             expect: &["`rl.samples_per_prompt` = 1", "`rloo` takes its baseline"],
@@ -302,6 +322,27 @@ fn usage_errors_exit_2() {
     assert!(stderr.contains("invalid value 'dpo' for '--algorithm") && stderr.contains("ppo, grpo, remax"), "{stderr}");
     let out = run_single(&["--collective-timeout", "-1", "inspect", "topology"]);
     assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn inspect_config_shows_the_rl_mode_and_staleness_with_their_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write(dir.path(), "job.toml", &shipped("tiny-grpo.toml"));
+    let c = config.to_str().unwrap();
+    let sync = text(&run_single(&["inspect", "config", c])).0;
+    assert!(sync.contains("mode = \"sync\"  # default"), "{sync}");
+    assert!(!sync.contains("max_staleness"), "{sync}");
+    let out = run_single(&["inspect", "config", c, "--set", "rl.mode=\"async\""]);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    for line in ["mode = \"async\"  # --set", "max_staleness = 1  # default"] {
+        assert!(stdout.contains(line), "`{line}` missing:\n{stdout}");
+    }
+    let asynchronous = write(dir.path(), "async.toml", &shipped("tiny-math-grpo-async.toml"));
+    let stdout = text(&run_single(&["inspect", "config", asynchronous.to_str().unwrap()])).0;
+    for line in ["mode = \"async\"  # job file", "max_staleness = 1  # job file"] {
+        assert!(stdout.contains(line), "`{line}` missing:\n{stdout}");
+    }
 }
 
 #[test]

@@ -62,6 +62,7 @@ fn batch(seed: u64) -> (Rollout, Vec<f32>, Vec<usize>, Vec<f32>) {
         scores,
         old_logp,
         ref_logp,
+        behav_logp: Vec::new(),
         values,
         advantages,
         returns: Vec::new(),

@@ -65,6 +65,33 @@ pub struct StepLine {
     /// The pool and what it held, when the pool can change during the run.
     #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
     pub elastic: Option<ElasticRecord>,
+    /// An asynchronous step's policy versions and weight sync (`rl.mode = "async"`).
+    #[serde(rename = "async", default, skip_serializing_if = "Option::is_none")]
+    pub asynchronous: Option<AsyncRecord>,
+}
+
+/// What an asynchronous step trained on and left in flight (docs/engine.md, "Asynchronous
+/// training").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AsyncRecord {
+    /// The policy version trained: the training weights' version before the step's updates.
+    pub policy_version: u64,
+    /// Per sample trained on, in batch order, the version of the policy that generated it.
+    pub sample_versions: Vec<u64>,
+    /// `policy_version` less the oldest of `sample_versions` (at most `rl.max_staleness`).
+    pub staleness: u64,
+    /// Rollouts generated ahead that were dropped unused: older than `rl.max_staleness`, or
+    /// for other prompts than the step's (their prompts are generated again).
+    pub dropped_rollouts: u64,
+    /// Where the rollouts generated during this step for the next one start (the data
+    /// position of their first prompt): in flight at the step's end.
+    pub ahead_position: u64,
+    /// The policy version that generated them.
+    pub ahead_version: u64,
+    /// The weight sync after the step: the trained parameters copied into the generation
+    /// layout, with parameter digests of `actor/training` before and `actor/generation` after
+    /// (equal); `null` when the generation weights are still within `rl.max_staleness`.
+    pub weight_sync: Option<TransitionRecord>,
 }
 
 /// What an RL step learned and produced: the numbers a user watches.

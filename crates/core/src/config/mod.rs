@@ -45,7 +45,7 @@ pub use plan::PlanEntry;
 pub use policy::{PolicyMode, PolicySection, PLAN_ERROR};
 pub use pool::PoolSection;
 pub use raw_models::{RawModelSpec, RawModelsSection};
-pub use rl::{Algorithm, KlEstimator, KlIn, LossAgg, Recipe, RlSection};
+pub use rl::{Algorithm, KlEstimator, KlIn, LossAgg, Recipe, RlMode, RlSection};
 pub use train::{OnNonFinite, RewardSource, TrainSection};
 
 use serde::de::DeserializeOwned;

@@ -54,7 +54,33 @@ pub struct RlSection {
     /// unset: the algorithm's (`max_response_len / 5` for `dapo`, else 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overlong_buffer: Option<u32>,
+    /// `sync` (generate, infer, train, then sync weights, one after another) or `async`
+    /// ([`RlMode`]): generation for the next step overlaps training on this one.
+    #[serde(default)]
+    pub mode: RlMode,
+    /// Asynchronous mode only: most policy versions a rollout may lag the policy it trains
+    /// (rollouts older than this are dropped, never trained on); unset: 1 with `mode = "async"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_staleness: Option<u32>,
 }
+
+/// How an RL step orders its stages (`rl.mode`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RlMode {
+    /// Every step generates with the policy it then trains (on-policy).
+    #[default]
+    Sync,
+    /// Rollouts for step n+1 are generated with the policy of step n (or older, up to
+    /// `rl.max_staleness` versions) on ranks disjoint from training, overlapping step n's
+    /// training; the loss corrects for the lag with a truncated importance weight (decoupled
+    /// PPO, as AReaL does: Fu et al. 2025, arXiv:2505.24298).
+    Async,
+}
+
+/// Most policy versions a rollout may lag (`rl.max_staleness`): rollouts are kept in memory
+/// until trained on, so a bound far past any useful lag keeps the buffer small.
+pub const MAX_STALENESS: u32 = 64;
 
 fn one() -> u32 {
     1
@@ -90,6 +116,14 @@ impl RlSection {
         self.dynamic_sampling.unwrap_or(self.algorithm.recipe().dynamic_sampling)
     }
 
+    /// `max_staleness`, or 1 in asynchronous mode; `None` in synchronous mode.
+    pub fn max_staleness(&self) -> Option<u32> {
+        match self.mode {
+            RlMode::Sync => self.max_staleness,
+            RlMode::Async => Some(self.max_staleness.unwrap_or(1)),
+        }
+    }
+
     /// `overlong_buffer`, or the algorithm's share of `max_response_len`.
     pub fn overlong_buffer(&self) -> u32 {
         let share = self.algorithm.recipe().overlong_fraction * f64::from(self.max_response_len);
@@ -104,6 +138,7 @@ impl RlSection {
         self.kl_estimator = Some(self.kl_estimator());
         self.dynamic_sampling = Some(self.dynamic_sampling());
         self.overlong_buffer = Some(self.overlong_buffer());
+        self.max_staleness = self.max_staleness();
     }
 
     /// Checks ranges and batch divisibility; errors name the key under `rl.`.
@@ -140,7 +175,36 @@ impl RlSection {
         let sequences = self.sequences_per_step();
         check::divides("rl.mini_batch", self.mini_batch, sequences, "prompts_per_step * samples_per_prompt")?;
         check::divides("rl.micro_batch", self.micro_batch, self.mini_batch, "rl.mini_batch")?;
-        self.check_sampling()
+        self.check_sampling()?;
+        self.check_mode()
+    }
+
+    /// `max_staleness` belongs to asynchronous mode, where it is at least 1 (0 would train
+    /// only on rollouts of the policy being trained, which is synchronous mode).
+    fn check_mode(&self) -> Result<(), ConfigError> {
+        match (self.mode, self.max_staleness()) {
+            (RlMode::Sync, Some(k)) => {
+                let why =
+                    "applies only to rl.mode = \"async\" (rl.mode is \"sync\"); remove it or set mode = \"async\"";
+                return Err(ConfigError::invalid("rl.max_staleness", k, why));
+            }
+            (RlMode::Async, Some(k)) if !(1..=MAX_STALENESS).contains(&k) => {
+                let why = format!(
+                    "must be between 1 and {MAX_STALENESS} with rl.mode = \"async\" (0 versions of lag is rl.mode = \"sync\")"
+                );
+                return Err(ConfigError::invalid("rl.max_staleness", k, why));
+            }
+            _ => {}
+        }
+        if self.mode == RlMode::Async && (self.dynamic_sampling() || self.algorithm == Algorithm::Remax) {
+            let (key, value) = match self.algorithm {
+                Algorithm::Remax => ("rl.algorithm", "remax"),
+                _ => ("rl.dynamic_sampling", "true"),
+            };
+            let why = "samples on the generation ranks in the middle of a step (a greedy baseline, or more rounds), which asynchronous mode keeps apart; set rl.mode = \"sync\"";
+            return Err(ConfigError::invalid(key, value, why));
+        }
+        Ok(())
     }
 
     /// Algorithms that compare the samples of one prompt, and dynamic sampling, need at least

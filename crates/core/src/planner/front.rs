@@ -11,7 +11,7 @@ use thiserror::Error;
 
 use super::candidates::{CandidateCache, Scored, Skeleton};
 use super::job::{catalogues, JobModel};
-use super::predict::StepSeconds;
+use super::predict::{overlapped_total, StepSeconds};
 use crate::config::JobConfig;
 use crate::cost::{CostModel, Efficiencies, Estimate, MemoryBreakdown, OpSeconds, PositionMemory, RankPeaks, Workload};
 use crate::model::{Catalogue, Layout};
@@ -110,12 +110,18 @@ pub(super) struct Found {
     pub(super) plan: Plan,
     pub(super) peaks: RankPeaks,
     pub(super) step: StepSeconds,
+    /// Generation overlaps inference and training (`rl.mode = "async"`).
+    pub(super) overlapped: bool,
 }
 
 impl Found {
     /// The step's predicted seconds ([`Planner::predict`]).
     pub(super) fn seconds(&self) -> f64 {
-        self.step.total()
+        if self.overlapped {
+            overlapped_total(&self.step)
+        } else {
+            self.step.total()
+        }
     }
 }
 
@@ -156,6 +162,9 @@ pub fn fixed_plan(config: &JobConfig, pool: u32) -> Result<Option<Plan>, String>
     }
     let plan = Plan { placements };
     plan.validate(pool).map_err(|err| format!("[plan] does not fit {pool} ranks: {err}"))?;
+    if config.rl.mode == crate::config::RlMode::Async && !super::predict::generation_apart(&plan) {
+        return Err("[plan.\"actor/generation\"].ranks: with rl.mode = \"async\" generation runs beside the other model-stages, so its ranks must be ones no other model-stage uses".into());
+    }
     Ok(Some(plan))
 }
 
@@ -189,6 +198,14 @@ impl Planner {
             p.skeleton = Arc::new(Skeleton::of(&p.job));
         }
         Ok(p)
+    }
+
+    /// The same planner for a synchronous step: what an asynchronous job's search plans each
+    /// side of its split with (`overlap.rs`).
+    pub(super) fn synchronous(&self) -> Planner {
+        let mut p = self.clone();
+        p.job.overlapped = false;
+        p
     }
 
     /// The same planner searching only `plan`'s layout for each model-stage (replica counts and
@@ -239,18 +256,20 @@ impl Planner {
 
     /// Any plan with this planner's predictions (its placements kept as they are).
     pub fn evaluate(&self, plan: &Plan) -> PlannedJob {
-        self.planned(Found { step: self.step_seconds(plan), peaks: self.rank_peaks(plan), plan: plan.clone() })
+        let (step, peaks) = (self.step_seconds(plan), self.rank_peaks(plan));
+        self.planned(Found { step, peaks, plan: plan.clone(), overlapped: self.job.overlapped })
     }
 
     /// A plan found, with the estimates of its candidates.
     pub(super) fn planned(&self, found: Found) -> PlannedJob {
-        let Found { plan, peaks, step } = found;
+        let step_latency_s = found.seconds();
+        let Found { plan, peaks, step, .. } = found;
         let model_stages = plan
             .placements
             .into_iter()
             .map(|p| ModelStagePlan { estimate: self.estimate(&p.candidate), placement: p })
             .collect();
-        PlannedJob { model_stages, step_latency_s: step.total(), step_seconds: step, rank_peaks: peaks }
+        PlannedJob { model_stages, step_latency_s, step_seconds: step, rank_peaks: peaks }
     }
 }
 

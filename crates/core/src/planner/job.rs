@@ -50,6 +50,9 @@ pub(super) struct JobModel {
     /// The one layout each model-stage may take, when they are fixed (the static policy):
     /// only replica counts and ranks are searched.
     pub(super) fixed_layouts: Option<Arc<BTreeMap<ModelStage, Layout>>>,
+    /// `rl.mode = "async"`: generation on ranks of its own, overlapping inference and
+    /// training (`overlap.rs`).
+    pub(super) overlapped: bool,
 }
 
 impl JobModel {
@@ -90,7 +93,8 @@ impl JobModel {
             workloads.insert(*ms, w);
         }
         let cost = CostModel { hardware, efficiencies, engine: EngineKind::of(&config.cluster) };
-        JobModel { cost, models: Arc::new(models), workloads, model_stages, fixed_layouts: None }
+        let overlapped = rl.mode == crate::config::RlMode::Async;
+        JobModel { cost, models: Arc::new(models), workloads, model_stages, fixed_layouts: None, overlapped }
     }
 
     /// The same job on `gpus` devices, at `response_len` tokens, under `efficiencies`.

@@ -11,6 +11,10 @@
 //!    TP-aligned blocks (TP groups stay inside nodes); a model-stage whose candidate is unchanged
 //!    from the current plan keeps its ranks when they are free, so transitions stay cheap.
 //!
+//! 4. An asynchronous job (`rl.mode = "async"`) splits the pool: generation on ranks of its
+//!    own, the rest planned as above on the others, the step priced as the slower pipeline
+//!    plus the weight sync (`overlap.rs`).
+//!
 //! [`Planner::exhaustive`] searches the same space without the frontier and the DP; tests
 //! check that both find the same optimum.
 
@@ -20,6 +24,7 @@ mod check;
 mod front;
 mod initial;
 mod job;
+mod overlap;
 mod predict;
 mod search;
 pub mod stage;

@@ -18,6 +18,20 @@ pub(super) const ACTOR_TRAINING: ModelStage = ModelStage::new(Role::Actor, Stage
 pub(super) const CRITIC_TRAINING: ModelStage = ModelStage::new(Role::Critic, Stage::Training);
 pub(super) const CRITIC_INFERENCE: ModelStage = ModelStage::new(Role::Critic, Stage::Inference);
 
+/// An overlapped step's seconds: generation of the next step's rollouts runs beside inference
+/// and training on this step's, then the weight sync (`max(gen, inf + train) + sync`).
+pub fn overlapped_total(step: &StepSeconds) -> f64 {
+    step.generation.max(step.inference + step.training) + step.weight_sync
+}
+
+/// Whether `plan` keeps `actor/generation` on ranks no other model-stage uses (what an
+/// asynchronous step needs).
+pub fn generation_apart(plan: &Plan) -> bool {
+    let Some(g) = plan.placements.iter().find(|p| p.candidate.model_stage == GENERATION) else { return false };
+    let others = plan.placements.iter().filter(|p| p.candidate.model_stage != GENERATION);
+    others.flat_map(|p| p.ranks.iter()).all(|r| !g.ranks.contains(r))
+}
+
 impl JobModel {
     /// Every rank's predicted peak under `plan` (placement-exact), the weight sync's pack
     /// buffers included.
@@ -125,7 +139,17 @@ impl JobModel {
 
     /// Predicted step latency of any plan (what admission compares, `ΔL = L(S) − L(S*)`).
     pub(super) fn predict(&self, plan: &Plan) -> f64 {
-        self.step_seconds(plan).total()
+        self.total(&self.step_seconds(plan))
+    }
+
+    /// A step's seconds from its parts: their sum, or with generation overlapped the slower
+    /// pipeline plus the sync ([`overlapped_total`]).
+    pub(super) fn total(&self, step: &StepSeconds) -> f64 {
+        if self.overlapped {
+            overlapped_total(step)
+        } else {
+            step.total()
+        }
     }
 
     /// The weight sync's roofline time (the two reshards run one after the other).

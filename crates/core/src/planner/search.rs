@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use super::assign::{assign, GroupToPlace};
 use super::candidates::{CandidateCache, Caps, Fastest, Point, SHAVE};
 use super::front::{Found, PlannedJob, Planner, PlannerError};
-use super::predict::SYNCS;
+use super::predict::{generation_apart, SYNCS};
 use super::stage::{self, StageChoice};
 use crate::cost::RankPeaks;
 use crate::model::Layout;
@@ -75,9 +75,13 @@ impl Planner {
     /// (so every position of it fits a rank of its own: a rank's peak is at least its own).
     pub(super) fn still_fits(&self, plan: &Plan) -> Option<Found> {
         plan.validate(self.cost().hardware.devices).ok()?;
+        let overlapped = self.job.overlapped;
+        if overlapped && !generation_apart(plan) {
+            return None;
+        }
         let peaks = self.rank_peaks(plan);
         let fits = peaks.max().0 <= self.cost().hardware.usable_bytes();
-        fits.then(|| Found { step: self.job.fitting_step_seconds(plan), plan: plan.clone(), peaks })
+        fits.then(|| Found { step: self.job.fitting_step_seconds(plan), plan: plan.clone(), peaks, overlapped })
     }
 
     /// Why `ms` fits no candidate, with what would fit.
@@ -136,6 +140,9 @@ impl Planner {
     /// its sync. When the sync is a noticeable part of the step, fewer replicas of the layouts
     /// it fills are tried (halving), until two halvings in a row bring nothing.
     pub(super) fn place(&self, current: Option<&Plan>) -> Result<Found, Unfit> {
+        if self.job.overlapped {
+            return self.place_overlapped(current);
+        }
         let mut cache = self.candidates();
         let mut best = self.place_within(current, &mut cache, u32::MAX, f64::INFINITY)?;
         if best.step.weight_sync < SYNC_SWEEP_SHARE * best.seconds() {
@@ -178,7 +185,7 @@ impl Planner {
         let first = self.ranks_for(&uncapped.stages, current);
         let peaks = self.rank_peaks(&first);
         if peaks.max().0 <= usable {
-            return Ok(Found { step: self.job.fitting_step_seconds(&first), plan: first, peaks });
+            return Ok(Found { step: self.job.fitting_step_seconds(&first), plan: first, peaks, overlapped: false });
         }
         // Every rank holds a position of (nearly) every model-stage: its state adds up, and the
         // largest transient comes on top. So the transient is capped at a rung of a ladder, the
@@ -217,7 +224,7 @@ impl Planner {
                 let peaks = self.rank_peaks(&plan);
                 let (worst, _) = peaks.max();
                 if worst <= usable {
-                    let found = Found { step: self.job.fitting_step_seconds(&plan), plan, peaks };
+                    let found = Found { step: self.job.fitting_step_seconds(&plan), plan, peaks, overlapped: false };
                     let seconds = found.seconds();
                     if best
                         .as_ref()

@@ -9,7 +9,7 @@
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
-use nereus_core::model::{Catalogue, Sharding};
+use nereus_core::model::{Catalogue, Section, Sharding};
 
 use super::{Counters, LocalShard};
 use nereus_core::rng::mix;
@@ -63,10 +63,29 @@ fn for_each_owned_element<B>(
 
 /// This shard's contribution to its EMU's digest, from `bytes`, a host copy of its buffer.
 pub fn shard_digest<B>(shard: &LocalShard<B>, bytes: &[u8], catalogue: &Catalogue) -> [u64; 2] {
+    digest_where(shard, bytes, catalogue, |_| true)
+}
+
+/// This shard's contribution to its EMU's parameter digest (θ alone: equal between a training
+/// EMU and the generation EMU a weight sync filled from it, whatever their layouts).
+pub fn params_digest<B>(shard: &LocalShard<B>, bytes: &[u8], catalogue: &Catalogue) -> [u64; 2] {
+    digest_where(shard, bytes, catalogue, |s| s == Section::Params)
+}
+
+/// The digest of the sections `keep` accepts.
+fn digest_where<B>(
+    shard: &LocalShard<B>,
+    bytes: &[u8],
+    catalogue: &Catalogue,
+    keep: impl Fn(Section) -> bool,
+) -> [u64; 2] {
     let mut sums = [0u64; 2];
     let mut bases = [0u64; 2];
     let mut current = (usize::MAX, usize::MAX);
     for_each_owned_element(shard, bytes, catalogue, |tensor, section, index, value| {
+        if !keep(shard.sections[section]) {
+            return;
+        }
         if current != (tensor, section) {
             current = (tensor, section);
             for lane in 0..2 {

@@ -11,7 +11,7 @@ use nereus_core::cost::MemoryItem;
 use nereus_core::model::{merge_ranks_of, shard_bytes, split_ranks_of, Catalogue, Layout, Position};
 use nereus_core::plan::{ModelStage, Role};
 
-use super::digest::{counters_digest, shard_digest};
+use super::digest::{counters_digest, params_digest, shard_digest};
 use super::execute::{move_sections, RankPlan};
 use super::memory::{Exchange, HostMemory, ShardMemory};
 use super::shard::ShardBuffer;
@@ -59,6 +59,9 @@ impl Route {
         }
     }
 }
+
+/// A shard's contribution to a digest, from a host copy of its buffer.
+type ShardDigest<B> = fn(&LocalShard<B>, &[u8], &Catalogue) -> [u64; 2];
 
 /// What a primitive did (identical on every rank: computed from the movement, not measured).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -796,6 +799,22 @@ impl<M: ShardMemory> EmuSet<M> {
 
     /// The digest of every EMU, with one all-reduce over the world.
     pub fn digests<P: DataPlane>(&self, plane: &mut P) -> Result<BTreeMap<EmuId, Digest>, EmuError> {
+        self.digests_of(plane, shard_digest, true)
+    }
+
+    /// Every EMU's parameter digest (θ alone, no counters): what a weight sync makes equal
+    /// between a training EMU and the generation EMU it fills. Every rank calls it.
+    pub fn param_digests<P: DataPlane>(&self, plane: &mut P) -> Result<BTreeMap<EmuId, Digest>, EmuError> {
+        self.digests_of(plane, params_digest, false)
+    }
+
+    /// The digests of `digest` over every EMU (and of the counters with `counters`).
+    fn digests_of<P: DataPlane>(
+        &self,
+        plane: &mut P,
+        digest: ShardDigest<M::Buffer>,
+        counters: bool,
+    ) -> Result<BTreeMap<EmuId, Digest>, EmuError> {
         let ids: Vec<EmuId> = self.emus.keys().copied().collect();
         let mut sums = vec![0u64; 2 * ids.len()];
         for (k, id) in ids.iter().enumerate() {
@@ -806,9 +825,9 @@ impl<M: ShardMemory> EmuSet<M> {
             };
             if let Some(shard) = self.store.get(*id) {
                 let bytes = self.store.memory().read(&shard.buffer)?;
-                add(shard_digest(shard, &bytes, &self.catalogues[&emu.model_stage.role]));
+                add(digest(shard, &bytes, &self.catalogues[&emu.model_stage.role]));
             }
-            if emu.ranks[0] == self.rank {
+            if counters && emu.ranks[0] == self.rank {
                 add(counters_digest(&emu.counters));
             }
         }

@@ -13,6 +13,6 @@ pub mod warmup;
 
 pub use losses::{PolicyLoss, ScoreRegression, SequenceCrossEntropy, ValueLoss};
 pub use rollout::{AdvantageParams, Rollout};
-pub use step::{NonFinite, RlJob, StepMetrics, StepSettings};
+pub use step::{Ahead, NonFinite, RlJob, StepMetrics, StepSettings};
 pub use task::{ArithmeticTask, Scores, Split, Task, TextReward, TextSample, TextTask, TextTerm, EOS};
 pub use warmup::{warm_up, Warmup};

@@ -38,6 +38,10 @@ pub struct Rollout {
     pub old_logp: Vec<f32>,
     /// `log π_ref` per row.
     pub ref_logp: Vec<f32>,
+    /// `log π_behav` per row: the log-probabilities of the (older) policy that generated the
+    /// rollout, in asynchronous mode; empty when the rollout is on-policy.
+    #[serde(default)]
+    pub behav_logp: Vec<f32>,
     /// Critic values per row (PPO only).
     pub values: Vec<f32>,
     /// Advantages per row (zero off action rows).
@@ -121,6 +125,7 @@ impl Rollout {
             lengths: keep.iter().map(|&s| self.lengths[s]).collect(),
             scores: each(&self.scores),
             old_logp: rows(&self.old_logp),
+            behav_logp: rows(&self.behav_logp),
             ref_logp: rows(&self.ref_logp),
             values: rows(&self.values),
             advantages: rows(&self.advantages),
@@ -135,14 +140,19 @@ impl Rollout {
         self.lengths.extend(other.lengths);
         self.scores.extend(other.scores);
         self.old_logp.extend(other.old_logp);
+        self.behav_logp.extend(other.behav_logp);
         self.ref_logp.extend(other.ref_logp);
         self.values.extend(other.values);
         self.advantages.extend(other.advantages);
         self.returns.extend(other.returns);
     }
 
-    /// Mean over action tokens of `log π_old − log π_ref` (the sampled KL estimate).
+    /// Mean over action tokens of `log π_old − log π_ref` (the sampled KL estimate; 0 before
+    /// inference fills them in).
     pub fn kl_mean(&self) -> f64 {
+        if self.old_logp.is_empty() || self.ref_logp.is_empty() {
+            return 0.0;
+        }
         let (mut sum, mut n) = (0.0, 0usize);
         for s in 0..self.sequences() {
             for t in self.action_rows(s) {

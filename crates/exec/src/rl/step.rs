@@ -20,6 +20,9 @@ use super::advantage::{overlong_penalty, varied_groups, Estimator};
 use super::losses::{ActorLoss, PolicyTerms, RatioLevel};
 use super::task::{ArithmeticTask, Scores, Split, Task, TextSample};
 use super::{AdvantageParams, Rollout, ValueLoss};
+mod overlap;
+pub use overlap::Ahead;
+
 use crate::comm::{DataPlane, GroupId};
 use crate::emu::{Counters, EmuId, EmuSet, Exchange, ShardMemory};
 use crate::engine::parallel::assemble_rows;
@@ -78,6 +81,8 @@ pub struct StepSettings {
     pub samples_logged: usize,
     /// Sampled answers per held-out prompt for pass@k (0: greedy answers only).
     pub pass_k: usize,
+    /// `rl.max_staleness` in asynchronous mode (`overlap`); `None`: synchronous steps.
+    pub max_staleness: Option<u64>,
 }
 
 impl StepSettings {
@@ -137,6 +142,7 @@ impl StepSettings {
             reward: t.reward,
             samples_logged: config.data.as_ref().map_or(0, |d| d.samples_per_step as usize),
             pass_k: config.data.as_ref().map_or(0, |d| d.pass_k as usize),
+            max_staleness: rl.max_staleness().map(u64::from),
         }
     }
 
@@ -196,6 +202,9 @@ const PASS_AT_K_IDS: u64 = 1 << 62;
 /// round's, below pass@k's.
 const RESAMPLED_IDS: u64 = 1 << 61;
 
+/// A generation replica's share of a sampling: its sequences, what it sampled, the replica.
+type Share<'a> = (std::ops::Range<usize>, Generated, &'a Replica);
+
 /// What one RL step reports on rank 0.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct StepMetrics {
@@ -215,6 +224,8 @@ pub struct StepMetrics {
     /// A text job's first responses, decoded (rank 0).
     #[serde(skip)]
     pub samples: Vec<TextSample>,
+    /// An asynchronous step's policy versions and weight sync (`None` for a synchronous step).
+    pub asynchronous: Option<nereus_core::record::AsyncRecord>,
 }
 
 /// The optimizer updates of one training model-stage during a step.
@@ -279,6 +290,13 @@ struct Round {
 }
 
 impl Round {
+    /// `rollout` (of the prompts from data position `first`, `samples` each) before any score:
+    /// what the ranks that do not score it hold.
+    fn unscored(rollout: Rollout, first: u64, samples: usize) -> Round {
+        let positions = (0..rollout.sequences()).map(|i| first + (i / samples) as u64).collect();
+        Round { rollout, rule: Vec::new(), rm: Vec::new(), greedy: Vec::new(), positions, failures: 0 }
+    }
+
     /// The groups (`g` consecutive sequences each) `groups`, in that order (the failures count
     /// stays the round's).
     fn select(&self, groups: &[usize], g: usize) -> Round {
@@ -318,7 +336,7 @@ impl Round {
     fn stats(&self) -> StepStats {
         let lengths: Vec<f64> = self.rollout.lengths.iter().map(|&l| l as f64).collect();
         StepStats {
-            reward_mean: self.rule.iter().map(|&x| f64::from(x)).sum::<f64>() / self.rule.len() as f64,
+            reward_mean: self.rule.iter().map(|&x| f64::from(x)).sum::<f64>() / self.rule.len().max(1) as f64,
             rm_score_mean: self.rm.iter().map(|&x| f64::from(x)).sum::<f64>() / self.rm.len().max(1) as f64,
             response_len_mean: lengths.iter().sum::<f64>() / lengths.len() as f64,
             response_len_p95: percentile(&lengths, 0.95),
@@ -392,6 +410,9 @@ pub struct RlJob {
     pub replicas: BTreeMap<ModelStage, Vec<EmuId>>,
     mine: BTreeMap<ModelStage, Replica>,
     world: GroupId,
+    /// The ranks that infer, score and train: the world, or in asynchronous mode the ranks
+    /// outside `actor/generation` (on generation's own ranks: the world, never used there).
+    rollout_group: GroupId,
 }
 
 const GENERATION: ModelStage = ModelStage::new(Role::Actor, Stage::Generation);
@@ -424,7 +445,16 @@ impl RlJob {
             }
         }
         let world = plane.group(&(0..set.world_size()).collect::<Vec<_>>())?;
-        Ok(RlJob { settings, plan, replicas, mine, world })
+        let generation = plan.placements.iter().find(|p| p.candidate.model_stage == GENERATION);
+        let generation = generation.map_or(&[][..], |p| p.ranks.as_slice());
+        let rollout_group = match settings.max_staleness {
+            Some(_) if !generation.contains(&plane.rank()) => {
+                let rest: Vec<i32> = (0..set.world_size()).filter(|r| !generation.contains(r)).collect();
+                plane.group(&rest)?
+            }
+            _ => world,
+        };
+        Ok(RlJob { settings, plan, replicas, mine, world, rollout_group })
     }
 
     /// Runs RL step `step` (0-based) on every rank; rank 0's metrics are the job's. The step's
@@ -449,37 +479,50 @@ impl RlJob {
             None => Filled { rounds: 1, dropped: 0, tokens: 0 },
         };
         generated += rounds.tokens;
-        stats.reward_failures = batch.failures;
-        let mut metrics = StepMetrics {
-            samples: self.samples(&batch.rollout, &batch.positions, &batch.rule, plane.rank()),
-            ..StepMetrics::default()
-        };
+        if s.dynamic_rounds.is_some() {
+            (stats.sampling_rounds, stats.dropped_groups) = (rounds.rounds as u64, rounds.dropped as u64);
+        }
+        let samples = self.samples(&batch.rollout, &batch.positions, &batch.rule, plane.rank());
         self.shape_overlong(&mut batch.rollout);
         batch.rollout.estimate(s.estimator, s.advantage, s.reward_kl, &batch.greedy);
         let updates = self.train(plane, set, &batch.rollout)?;
         laps.done(Phase::Training);
-        self.sync_weights(plane, set)?;
+        self.sync_weights(plane, set, &[(ACTOR, GENERATION), (CRITIC, CRITIC_INFERENCE)])?;
         let consumed = rounds.rounds as u64 * s.prompts as u64;
         self.advance_counters(set, counters, step, first + consumed, &updates);
         laps.done(Phase::WeightSync);
-        let [actor, critic] = updates;
+        let mut metrics = self.metrics_of(stats, &batch, updates, laps, start);
+        (metrics.samples, metrics.generated_tokens) = (samples, generated);
+        Ok(metrics)
+    }
+
+    /// What a step reports: the sampling's `stats` completed with the trained `batch`'s KL and
+    /// failures and the `updates`' losses, norms and refusals, with the step's seconds.
+    fn metrics_of(
+        &self,
+        mut stats: StepStats,
+        batch: &Round,
+        [actor, critic]: [Updates; 2],
+        laps: Laps,
+        start: Instant,
+    ) -> StepMetrics {
+        stats.reward_failures = batch.failures;
         stats.kl = batch.rollout.kl_mean();
         stats.actor_loss = actor.last.loss;
         stats.critic_loss = critic.last.loss;
         stats.actor_grad_norm = actor.last.grad_norm;
         stats.critic_grad_norm = critic.last.grad_norm;
         stats.skipped_updates = actor.skipped + critic.skipped;
-        if s.dynamic_rounds.is_some() {
-            (stats.sampling_rounds, stats.dropped_groups) = (rounds.rounds as u64, rounds.dropped as u64);
+        StepMetrics {
+            stats,
+            non_finite: [(ACTOR, actor), (CRITIC, critic)]
+                .into_iter()
+                .find_map(|(ms, u)| u.first_skipped.map(|r| NonFinite::of(ms, r))),
+            stage_seconds: laps.stage,
+            op_seconds: laps.ops,
+            step_seconds: start.elapsed().as_secs_f64(),
+            ..StepMetrics::default()
         }
-        metrics.stats = stats;
-        metrics.non_finite = [(ACTOR, actor), (CRITIC, critic)]
-            .into_iter()
-            .find_map(|(ms, u)| u.first_skipped.map(|r| NonFinite::of(ms, r)));
-        (metrics.stage_seconds, metrics.op_seconds) = (laps.stage, laps.ops);
-        metrics.generated_tokens = generated;
-        metrics.step_seconds = start.elapsed().as_secs_f64();
-        Ok(metrics)
     }
 
     /// One sampling round of step `step`: `prompts_per_step` prompts from data position `first`
@@ -494,13 +537,31 @@ impl RlJob {
         laps: &mut Laps,
     ) -> Result<Round, EngineError> {
         let s = &self.settings;
-        let mut rollout = self.generate(plane, set, step, first, round)?;
+        let rollout = self.generate(plane, set, step, first, round)?;
         let greedy =
             if s.algorithm == Algorithm::Remax { self.greedy_scores(plane, set, step, first)? } else { Vec::new() };
         laps.done(Phase::Generation);
+        let round = self.scored(plane, set, step, (rollout, first), greedy)?;
+        laps.done(Phase::Inference);
+        Ok(round)
+    }
+
+    /// The sampled `rollout` of the prompts from data position `first`, inferred and scored
+    /// by the ranks of the rollout group (ReMax's `greedy` baseline beside it).
+    fn scored<M: EngineMemory, P: Exchange<M>>(
+        &self,
+        plane: &mut P,
+        set: &mut EmuSet<M>,
+        step: u64,
+        (mut rollout, first): (Rollout, u64),
+        greedy: Vec<f32>,
+    ) -> Result<Round, EngineError> {
+        let s = &self.settings;
         let rm = self.infer(plane, set, &mut rollout)?;
         let positions: Vec<u64> = (0..rollout.sequences()).map(|i| first + (i / s.samples) as u64).collect();
-        let Scores { rewards: mut rule, failures, .. } = self.score(plane, &rollout, Split::Train, &positions, step)?;
+        let group = self.rollout_group;
+        let Scores { rewards: mut rule, failures, .. } =
+            self.score(plane, group, &rollout, Split::Train, &positions, step)?;
         let model_weight = s.task.model_weight();
         if model_weight != 0.0 {
             rule.iter_mut().zip(&rm).for_each(|(r, m)| *r += model_weight * m);
@@ -509,7 +570,6 @@ impl RlJob {
             RewardSource::Rule => rule.clone(),
             RewardSource::Model => rm.clone(),
         };
-        laps.done(Phase::Inference);
         Ok(Round { rollout, rule, rm, greedy, positions, failures })
     }
 
@@ -579,6 +639,7 @@ impl RlJob {
     fn score<P: DataPlane>(
         &self,
         plane: &mut P,
+        group: GroupId,
         rollout: &Rollout,
         split: Split,
         positions: &[u64],
@@ -607,7 +668,7 @@ impl RlJob {
                 Err(e) => message = Some(e),
             }
         }
-        plane.all_reduce_sum_f32(self.world, &mut buf)?;
+        plane.all_reduce_sum_f32(group, &mut buf)?;
         if buf[2 * n + 1] == 0.0 {
             return Err(failed(
                 message.unwrap_or_else(|| {
@@ -655,7 +716,7 @@ impl RlJob {
         let prompts = Prompts { tokens: |i| t.eval_prompt(i).0, start: |i| t.eval_prompt(i).1, id: |i| i as u64 };
         let rollout = self.sample(plane, set, n, &greedy, prompts)?;
         let indices: Vec<u64> = (0..n as u64).collect();
-        let scores = self.score(plane, &rollout, Split::Eval, &indices, step)?;
+        let scores = self.score(plane, self.world, &rollout, Split::Eval, &indices, step)?;
         let mean = |xs: &mut dyn Iterator<Item = f64>| xs.sum::<f64>() / n as f64;
         let pass_at_k = match s.pass_k {
             0 => None,
@@ -692,7 +753,7 @@ impl RlJob {
         };
         let rollout = self.sample(plane, set, n * k, &self.settings.sampling, prompts)?;
         let indices: Vec<u64> = (0..(n * k) as u64).map(|i| i / k as u64).collect();
-        let correct = self.score(plane, &rollout, Split::Eval, &indices, step)?.correct;
+        let correct = self.score(plane, self.world, &rollout, Split::Eval, &indices, step)?.correct;
         if correct.len() != n * k {
             return Err(EngineError::Reward { step, what: "pass@k needs a rule's verdicts (math or exact)".into() });
         }
@@ -719,32 +780,9 @@ impl RlJob {
         // Each row is a sequence's tokens followed by its length (f32 is exact below 2^24); the
         // replica leaders contribute their rows, one sum over the world assembles them.
         let mut mine = None;
-        if let Some(replica) = self.mine.get(&GENERATION) {
-            let share = share(count, replica.groups.replica);
-            // Waves of `micro_batch` sequences, each with its own KV cache (the planner sizes
-            // them to fit); draws depend on the sequence id only, so waves change no token.
-            let wave = self.micro_batch(GENERATION).max(1);
-            let waves: Vec<Wave> = share
-                .clone()
-                .step_by(wave)
-                .map(|first| {
-                    let seqs = first..(first + wave).min(share.end);
-                    Wave {
-                        prompts: seqs.clone().flat_map(&prompts.tokens).collect(),
-                        starts: seqs.clone().map(&prompts.start).collect(),
-                        ids: seqs.map(&prompts.id).collect(),
-                    }
-                })
-                .collect();
-            let out = M::generate(plane, set, replica, &waves, sampling)?;
+        if let Some((share, out, replica)) = self.sample_share(plane, set, count, sampling, &prompts)? {
             if replica.groups.is_leader() {
-                let rows: Vec<f32> = out
-                    .tokens
-                    .chunks_exact(t)
-                    .zip(&out.lengths)
-                    .flat_map(|(row, &len)| row.iter().map(|&x| x as f32).chain([len as f32]))
-                    .collect();
-                mine = Some((share.start, rows));
+                mine = Some((share.start, token_rows(&out, t)));
             }
         }
         let all = assemble_rows(
@@ -763,6 +801,64 @@ impl RlJob {
         Ok(self.settings.rollout_of(Generated { tokens, lengths }, starts))
     }
 
+    /// This rank's generation replica's share of `count` sequences sampled, with the replica
+    /// (every rank of it holds the same tokens); `None` on ranks outside `actor/generation`.
+    fn sample_share<M: EngineMemory, P: DataPlane, A, B, C>(
+        &self,
+        plane: &mut P,
+        set: &mut EmuSet<M>,
+        count: usize,
+        sampling: &Sampling,
+        prompts: &Prompts<A, B, C>,
+    ) -> Result<Option<Share<'_>>, EngineError>
+    where
+        A: Fn(usize) -> Vec<u32>,
+        B: Fn(usize) -> usize,
+        C: Fn(usize) -> u64,
+    {
+        let Some(replica) = self.mine.get(&GENERATION) else { return Ok(None) };
+        let share = share(count, replica.groups.replica);
+        // Waves of `micro_batch` sequences, each with its own KV cache (the planner sizes them
+        // to fit); draws depend on the sequence id only, so waves change no token.
+        let wave = self.micro_batch(GENERATION).max(1);
+        let waves: Vec<Wave> = share
+            .clone()
+            .step_by(wave)
+            .map(|first| {
+                let seqs = first..(first + wave).min(share.end);
+                Wave {
+                    prompts: seqs.clone().flat_map(&prompts.tokens).collect(),
+                    starts: seqs.clone().map(&prompts.start).collect(),
+                    ids: seqs.map(&prompts.id).collect(),
+                }
+            })
+            .collect();
+        let out = M::generate(plane, set, replica, &waves, sampling)?;
+        Ok(Some((share, out, replica)))
+    }
+
+    /// The prompts of step `step`'s sampling round `round`, from data position `first`: draw
+    /// ids `step × sequences + i` in the first round; later rounds (dynamic sampling) draw
+    /// above them, by position.
+    fn step_prompts(
+        &self,
+        step: u64,
+        first: u64,
+        round: usize,
+    ) -> Prompts<impl Fn(usize) -> Vec<u32> + '_, impl Fn(usize) -> usize + '_, impl Fn(usize) -> u64 + '_> {
+        let s = &self.settings;
+        let n = s.sequences() as u64;
+        let position = move |i: usize| first + (i / s.samples) as u64;
+        Prompts {
+            tokens: move |i| self.prompt(position(i)),
+            start: move |i| s.task.prompt_start(position(i)),
+            id: move |i| match round {
+                0 => step * n + i as u64,
+                _ => RESAMPLED_IDS + position(i) * s.samples as u64 + (i % s.samples) as u64,
+            },
+        }
+    }
+
     /// Samples `samples_per_prompt` responses to each of the `prompts_per_step` prompts from
     /// data position `first`. Draw ids: `step × sequences + i` in a step's first round; later
     /// rounds (dynamic sampling) draw above them, by position.
@@ -775,17 +871,7 @@ impl RlJob {
         round: usize,
     ) -> Result<Rollout, EngineError> {
         let s = &self.settings;
-        let n = s.sequences();
-        let position = |i: usize| first + (i / s.samples) as u64;
-        let prompts = Prompts {
-            tokens: |i| self.prompt(position(i)),
-            start: |i| s.task.prompt_start(position(i)),
-            id: |i| match round {
-                0 => step * n as u64 + i as u64,
-                _ => RESAMPLED_IDS + position(i) * s.samples as u64 + (i % s.samples) as u64,
-            },
-        };
-        self.sample(plane, set, n, &s.sampling, prompts)
+        self.sample(plane, set, s.sequences(), &s.sampling, self.step_prompts(step, first, round))
     }
 
     /// ReMax: the rule score of each prompt's greedy response, one per sequence (the step's
@@ -806,7 +892,7 @@ impl RlJob {
         };
         let r = self.sample(plane, set, s.prompts, &greedy, prompts)?;
         let positions: Vec<u64> = (0..s.prompts).map(|k| first + k as u64).collect();
-        let per_prompt = self.score(plane, &r, Split::Train, &positions, step)?.rewards;
+        let per_prompt = self.score(plane, self.rollout_group, &r, Split::Train, &positions, step)?.rewards;
         Ok((0..s.sequences()).map(|i| per_prompt[i / s.samples]).collect())
     }
 
@@ -838,7 +924,7 @@ impl RlJob {
                 buf[offset + share.start * t..offset + share.start * t + out.len()].copy_from_slice(&out);
             }
         }
-        plane.all_reduce_sum_f32(self.world, &mut buf)?;
+        plane.all_reduce_sum_f32(self.rollout_group, &mut buf)?;
         rollout.ref_logp = buf[n..n + n * t].to_vec();
         rollout.old_logp = buf[n + n * t..n + 2 * n * t].to_vec();
         rollout.values = buf[n + 2 * n * t..].to_vec();
@@ -899,20 +985,24 @@ impl RlJob {
         Ok([Updates::from_row(&rows[..Updates::WIDTH]), Updates::from_row(&rows[Updates::WIDTH..])])
     }
 
-    /// Reshards trained weights into the layouts that use them: generation replica `g` from
-    /// training replica `g mod dp` (spreading the senders), same for the critic's inference.
+    /// Reshards trained weights into the layouts that use them (`syncs`: from, to): generation
+    /// replica `g` from training replica `g mod dp` (spreading the senders), same for the
+    /// critic's inference. Returns the bytes sent, all ranks together.
     fn sync_weights<M: EngineMemory, P: Exchange<M>>(
         &self,
         plane: &mut P,
         set: &mut EmuSet<M>,
-    ) -> Result<(), EngineError> {
-        for (from, to) in [(ACTOR, GENERATION), (CRITIC, CRITIC_INFERENCE)] {
+        syncs: &[(ModelStage, ModelStage)],
+    ) -> Result<u64, EngineError> {
+        let mut bytes = 0;
+        for &(from, to) in syncs {
             let (Some(sources), Some(targets)) = (self.replicas.get(&from), self.replicas.get(&to)) else { continue };
             for (g, &target) in targets.iter().enumerate() {
-                timed(OpClass::Reshard, || set.sync_params(plane, sources[g % sources.len()], target))?;
+                let done = timed(OpClass::Reshard, || set.sync_params(plane, sources[g % sources.len()], target))?;
+                bytes += done.bytes_sent;
             }
         }
-        Ok(())
+        Ok(bytes)
     }
 
     /// Brings every rank's metadata to the counters the step produced, from the snapshot taken
@@ -940,6 +1030,16 @@ impl RlJob {
             set.set_counters(id, c);
         }
     }
+}
+
+/// Each sequence of `out` as a row of its `t` tokens followed by its length (f32 is exact
+/// below 2^24).
+fn token_rows(out: &Generated, t: usize) -> Vec<f32> {
+    out.tokens
+        .chunks_exact(t)
+        .zip(&out.lengths)
+        .flat_map(|(row, &len)| row.iter().map(|&x| x as f32).chain([len as f32]))
+        .collect()
 }
 
 /// The `q`-quantile of `xs` (nearest rank).

@@ -1,6 +1,6 @@
 //! The live job: everything a running `nereus train` holds between steps, and its steps.
 
-use nereus_core::config::{JobConfig, OnNonFinite, PolicyMode};
+use nereus_core::config::{JobConfig, OnNonFinite, PolicyMode, RlMode};
 use nereus_core::plan::Plan;
 use nereus_core::planner::Planner;
 use nereus_core::policy::controller::{Controller, ControllerState};
@@ -8,7 +8,7 @@ use nereus_core::record::Event;
 use nereus_exec::comm::max_over_ranks;
 use nereus_exec::emu::{EmuSet, Exchange, HostMemory, ShardMemory};
 use nereus_exec::engine::{EngineError, EngineMemory};
-use nereus_exec::rl::{RlJob, StepMetrics, StepSettings, Task, TextTask};
+use nereus_exec::rl::{Ahead, RlJob, StepMetrics, StepSettings, Task, TextTask};
 
 use super::console;
 use super::fault::{rank_fault, RankFault};
@@ -66,6 +66,9 @@ pub struct TrainJob<'s, P, M: ShardMemory = HostMemory> {
     /// The checkpoints this run continues from, oldest first (recorded in its checkpoints).
     pub(super) resumed_from: Vec<String>,
     skipping: u32,
+    /// Asynchronous mode: the rollouts sampled during the last step for the next (never
+    /// checkpointed: a resumed run samples its first step's again, docs/engine.md).
+    ahead: Option<Ahead>,
     signals: &'static StopSignals,
     _pool_signal: Option<PoolSignal>,
 }
@@ -154,6 +157,7 @@ where
             stepping_since: None,
             resumed_from: sources.resumed_from,
             skipping: 0,
+            ahead: None,
             signals,
             _pool_signal: pool_signal,
         })
@@ -167,7 +171,11 @@ where
     /// Runs RL step `step` on every rank.
     pub fn step(&mut self, step: u64) -> Result<StepMetrics, RuntimeError> {
         self.stepping_since.get_or_insert_with(std::time::Instant::now);
-        Ok(self.rl.step(&mut *self.plane, &mut self.set, step)?)
+        let (plane, set) = (&mut *self.plane, &mut self.set);
+        match self.config.rl.mode {
+            RlMode::Sync => Ok(self.rl.step(plane, set, step)?),
+            RlMode::Async => Ok(self.rl.step_async(plane, set, step, &mut self.ahead)?),
+        }
     }
 
     /// What is in force at the end of step `m`, before its boundary moves anything.

@@ -36,6 +36,9 @@ pub struct Predicted {
     pub(super) seconds: StepSeconds,
     /// Per phase, the seconds per operation class along its critical path.
     pub(super) op_seconds: PerPhase<OpSeconds>,
+    /// The predicted step seconds: the phases' sum, or for an asynchronous job the slower
+    /// pipeline plus the weight sync (`planner::overlap`).
+    pub(super) step: f64,
 }
 
 impl Predicted {
@@ -43,12 +46,13 @@ impl Predicted {
     pub fn of(planner: &Planner, plan: &Plan) -> Predicted {
         let efficiencies = planner.cost().efficiencies;
         let op_seconds = planner.stage_parts(plan).map(|(_, ideal)| ideal.at(&efficiencies));
-        Predicted { peaks: planner.rank_peaks(plan), seconds: planner.step_seconds(plan), op_seconds }
+        let (peaks, seconds, step) = (planner.rank_peaks(plan), planner.step_seconds(plan), planner.predict(plan));
+        Predicted { peaks, seconds, op_seconds, step }
     }
 
     /// The predicted step seconds.
     pub fn step_seconds(&self) -> f64 {
-        self.seconds.total()
+        self.step
     }
 }
 

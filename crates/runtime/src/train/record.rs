@@ -129,7 +129,7 @@ fn step_line<M: ShardMemory, P: DataPlane>(
         step,
         stats: m.stats,
         step_seconds: m.step_seconds,
-        predicted_step_seconds: predicted.seconds.total(),
+        predicted_step_seconds: predicted.step_seconds(),
         stage_seconds: m.stage_seconds,
         predicted_stage_seconds: predicted.seconds,
         op_seconds: Measured { measured: in_force.slowest_ops, predicted: predicted.op_seconds },
@@ -155,6 +155,12 @@ fn step_line<M: ShardMemory, P: DataPlane>(
         state_digest,
         counters,
         elastic: None,
+        asynchronous: m.asynchronous.clone().map(|mut a| {
+            if let Some(sync) = a.weight_sync.as_mut() {
+                sync.predicted_seconds = predicted.seconds.weight_sync;
+            }
+            a
+        }),
     })
 }
 

@@ -64,14 +64,23 @@ where
     }
 
     /// The checkpoint's sidecar: the job, the step, the data position (the counters', where
-    /// the next step's prompts start) and every counter.
+    /// the next step's prompts start) and every counter. A model is saved once, as trained, and
+    /// every stage of it resumes from those weights: a generation stage that lagged them (an
+    /// asynchronous job's, docs/engine.md) is recorded at the trained policy version.
     fn sidecar(&self, step: u64) -> Sidecar {
         let config = self.config;
-        let counters: BTreeMap<String, _> = self
-            .rl
-            .replicas
-            .iter()
-            .filter_map(|(ms, ids)| self.set.emu(ids[0]).map(|e| (ms.to_string(), e.counters)))
+        let replicas = &self.rl.replicas;
+        let first = |ms: &ModelStage| replicas.get(ms).and_then(|ids| self.set.emu(ids[0]));
+        let counters: BTreeMap<String, _> = replicas
+            .keys()
+            .filter_map(|ms| {
+                let mut c = first(ms)?.counters;
+                let trained = first(&ModelStage::new(ms.role, Stage::Training));
+                if let (Stage::Generation, Some(t)) = (ms.stage, trained) {
+                    c.policy_version = t.counters.policy_version;
+                }
+                Some((ms.to_string(), c))
+            })
             .collect();
         let data_position =
             counters.values().next().map_or(step * u64::from(config.rl.prompts_per_step), |c| c.data_position);
