@@ -11,7 +11,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::memory::PlanMemory;
+use super::memory::{same_shape, PlanMemory};
 use super::trial::{self, Odds};
 use super::{
     admit, Admission, Decision, Monitor, Observation, Proposal, Signal, Thresholds, TransitionKind, Trigger, Verdict,
@@ -519,15 +519,22 @@ impl Controller {
         self.state.left_until = step + 1 + REGRET_STEPS;
     }
 
-    /// `plan` as `planner`'s pool and cap can run it: itself when it is valid there and fits
-    /// every rank, else the fastest plan with its layouts (DP following the pool, micro-batches
-    /// and recomputation as the memory needs); `None` when none fits.
+    /// `plan` as `planner`'s pool and cap can run it: the fastest plan with its layouts (DP
+    /// following the pool) when that keeps its shape, else `plan` itself when it is valid there
+    /// and fits every rank, else that fastest plan (micro-batches or recomputation as the
+    /// memory needs); `None` when none fits.
     fn on_pool(&self, planner: &Planner, plan: &Plan) -> Option<Plan> {
-        let usable = planner.cost().hardware.usable_bytes();
-        if plan.validate(planner.cost().hardware.devices).is_ok() && planner.rank_peaks(plan).max().0 <= usable {
-            return Some(plan.clone());
+        let fastest = planner.keeping_layouts(plan).search_from(plan).ok().map(|(job, _)| job.plan());
+        if fastest.as_ref().is_some_and(|f| same_shape(f, plan)) {
+            return fastest;
         }
-        planner.keeping_layouts(plan).search_from(plan).ok().map(|(job, _)| job.plan())
+        let usable = planner.cost().hardware.usable_bytes();
+        let runs = plan.validate(planner.cost().hardware.devices).is_ok() && planner.rank_peaks(plan).max().0 <= usable;
+        if runs {
+            Some(plan.clone())
+        } else {
+            fastest
+        }
     }
 
     /// The starting model (never recalibrated) for the pool at response length `len`: what
@@ -1221,7 +1228,7 @@ mod tests {
         c.decide(&record(0, 7.0, reference.predict(&eight)), &eight).unwrap();
         // The pool shrank to 6 ranks and the job moved to a plan of another shape there.
         let moved = half_pool_plan();
-        assert!(!super::super::memory::same_shape(&moved, &eight), "the move changed the shape");
+        assert!(!same_shape(&moved, &eight), "the move changed the shape");
         c.state.gpus = 6;
         c.state.monitor.set_pool(6);
         c.state.unseen_plan = true;

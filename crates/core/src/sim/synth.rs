@@ -268,7 +268,7 @@ const MIXED_POOL_CHANGE: f64 = 0.025;
 /// drawn per step, and a pool changing in eighths of `spec.gpus` (whole nodes), never below a
 /// quarter of it.
 fn mixed(spec: &SynthSpec) -> Trace {
-    let mut state = spec.seed ^ 0x6d69_7865_64;
+    let mut state = spec.seed ^ 0x006d_6978_6564;
     let power = 0.5 + 1.5 * uniform(&mut state);
     let node = spec.gpus_per_node.max(1);
     let unit = (spec.gpus / 8 / node).max(1) * node;
