@@ -39,4 +39,10 @@ for cluster in a100 h200 lumi-g; do
     run "$cluster" "$trace" 1024
   done
 done
+# Lengths and GPUs changing together (issue 52; `nereus trace synth --shape mixed --steps 400
+# --from 1000 --to 6000 --seed N`, --gpus 64 and 1024): noisy, bursty growth while the pool moves.
+for seed in 1 2 3; do
+  run a100 "mixed-64-$seed"
+  run lumi-g "mixed-1024-$seed"
+done
 python3 scripts/evaluation-tables.py "$out"

@@ -15,7 +15,8 @@ use crate::launch::{solo, Global};
 #[derive(Subcommand, Debug, Clone)]
 pub enum TraceCommand {
     /// Write a synthetic trace shaped like the paper's: length growth (Fig. 4a), spot pool
-    /// changes (Fig. 3), both, or the 26-step trace of §6.3.
+    /// changes (Fig. 3), both, the 26-step trace of §6.3, published length curves, an elastic
+    /// pool, or noisy bursty growth with a pool that moves at the same time (mixed).
     Synth(SynthArgs),
 }
 

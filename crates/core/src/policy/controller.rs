@@ -11,7 +11,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::memory::PlanMemory;
+use super::memory::{same_shape, PlanMemory};
 use super::trial::{self, Odds};
 use super::{
     admit, Admission, Decision, Monitor, Observation, Proposal, Signal, Thresholds, TransitionKind, Trigger, Verdict,
@@ -35,6 +35,11 @@ const PRIOR_MOVES: usize = 3;
 /// Cheaper targets tried after a rejection (each costs a DAG; the decision stays within
 /// milliseconds at 1,024 GPUs).
 const MAX_CHEAPER_TARGETS: usize = 2;
+
+/// Steps after a move during which the plan it entered is compared with the plan it left
+/// ([`Controller::remember`]): a window over which the entered plan's smoothed measurements
+/// settle past one step's noise.
+const REGRET_STEPS: u64 = 5;
 
 /// Transitions predicted shorter than this do not calibrate `L̂_tran` (agreement and digest
 /// overheads, which the DAG's critical path leaves out, dominate them).
@@ -165,9 +170,13 @@ pub struct ControllerState {
     /// What the plans the job ran measured (payback admission only).
     #[serde(default)]
     memory: PlanMemory,
-    /// The plan an opportunistic move just left, until the new plan's first step is measured.
+    /// The plan the last move left, while the plan it entered is judged against it (until
+    /// `left_until`, or a regret offers it back).
     #[serde(default)]
     left: Option<Plan>,
+    /// The first step after the last move's judgement window ([`REGRET_STEPS`]).
+    #[serde(default)]
+    left_until: u64,
     /// The first step at which a trial of the best plan's neighbours is priced again.
     #[serde(default)]
     trial_due: u64,
@@ -222,6 +231,9 @@ impl Controller {
     pub fn new(config: &JobConfig, base: Planner, cap: u32) -> Controller {
         let p = &config.policy;
         let mut monitor = Monitor::new(Thresholds { response_length: p.length_drift, step_latency: p.latency_drift });
+        if p.mode == PolicyMode::Nereus {
+            monitor = monitor.with_hysteresis();
+        }
         // The initial plan was made for responses of `cap` tokens: the first step's lengths
         // are compared with that, so a job that starts short is replanned for what it does.
         monitor.set_reference(Signal::ResponseLength, f64::from(cap));
@@ -256,6 +268,7 @@ impl Controller {
                 gap: None,
                 memory: PlanMemory::default(),
                 left: None,
+                left_until: 0,
                 trial_due: 0,
             },
             base,
@@ -438,7 +451,10 @@ impl Controller {
         if self.mode == PolicyMode::EveryK && (step + 1 - self.state.last_switch).is_multiple_of(self.every_k) {
             triggers.push(Trigger::Schedule);
         }
-        let revert = if triggers.is_empty() { regret } else { None };
+        // A regret is offered beside the other triggers (a drift or a growth at the same boundary
+        // must not hide a move that did not pay), only not when the plan cannot go on: then the
+        // urgent path weighs the measured plans itself ([`Controller::measured_instead`]).
+        let revert = if triggers.iter().any(|t| t.is_urgent()) { None } else { regret };
         if revert.is_some() {
             triggers.push(Trigger::Regret);
         } else if triggers.is_empty() && self.state.gap.is_some_and(|g| step >= g.due) {
@@ -460,21 +476,65 @@ impl Controller {
     }
 
     /// Records what step `m` measured on `current` against the starting model (payback
-    /// admission only) and, on the first step after an opportunistic move, returns the plan the
-    /// move left when it measured faster than this one by more than noise: a regret.
+    /// admission only) and, within [`REGRET_STEPS`] steps of a move, returns the plan the move
+    /// left (its layouts on the pool now, [`Controller::on_pool`]) when that plan's shape, by
+    /// what it measured, would run this step's lengths faster than the plan in force's shape
+    /// by what it measured since (smoothed) by more than noise: a regret. Both sides are
+    /// measured ratios times the starting model at this step's lengths and pool, so the
+    /// comparison holds across a pool change.
     fn remember(&mut self, current: &Plan, m: &StepRecord) -> Result<Option<Plan>, PlannerError> {
-        let left = self.state.left.take();
         if self.mode != PolicyMode::Nereus {
+            self.state.left = None;
             return Ok(None);
         }
-        let len = self.ran;
-        let reference = self.reference(len)?;
+        if m.step >= self.state.left_until {
+            self.state.left = None;
+        }
+        let len = f64::from(self.ran);
+        let reference = self.reference(self.ran)?;
         let ratio = m.step_seconds / reference.predict(current);
-        self.state.memory.record(current, ratio, f64::from(len), m.step, self.length_drift);
-        let Some(left) = left.filter(|p| p.validate(self.state.gpus).is_ok()) else { return Ok(None) };
-        let Some(ratio) = self.state.memory.ratio(&left, f64::from(len), self.length_drift) else { return Ok(None) };
-        let expected = ratio * reference.predict(&left);
-        Ok((expected * (1.0 + self.noise().max(self.min_gain)) < m.step_seconds).then_some(left))
+        self.state.memory.record(current, ratio, len, m.step, self.length_drift);
+        let Some(left) = self.state.left.clone().and_then(|p| self.on_pool(&self.planner(self.state.cap).ok()?, &p))
+        else {
+            return Ok(None);
+        };
+        let memory = &self.state.memory;
+        let (Some(theirs), Some(mine)) =
+            (memory.ratio(&left, len, self.length_drift), memory.ratio(current, len, self.length_drift))
+        else {
+            return Ok(None);
+        };
+        let (expected, realized) = (theirs * reference.predict(&left), mine * reference.predict(current));
+        let regret = expected * (1.0 + self.noise().max(self.min_gain)) < realized;
+        if regret {
+            self.state.left = None;
+        }
+        Ok(regret.then_some(left))
+    }
+
+    /// A move from `current` at `step`: the plan it leaves is judged against for
+    /// [`REGRET_STEPS`] steps.
+    fn leave(&mut self, step: u64, current: &Plan) {
+        self.state.left = Some(current.clone());
+        self.state.left_until = step + 1 + REGRET_STEPS;
+    }
+
+    /// `plan` as `planner`'s pool and cap can run it: the fastest plan with its layouts (DP
+    /// following the pool) when that keeps its shape, else `plan` itself when it is valid there
+    /// and fits every rank, else that fastest plan (micro-batches or recomputation as the
+    /// memory needs); `None` when none fits.
+    fn on_pool(&self, planner: &Planner, plan: &Plan) -> Option<Plan> {
+        let fastest = planner.keeping_layouts(plan).search_from(plan).ok().map(|(job, _)| job.plan());
+        if fastest.as_ref().is_some_and(|f| same_shape(f, plan)) {
+            return fastest;
+        }
+        let usable = planner.cost().hardware.usable_bytes();
+        let runs = plan.validate(planner.cost().hardware.devices).is_ok() && planner.rank_peaks(plan).max().0 <= usable;
+        if runs {
+            Some(plan.clone())
+        } else {
+            fastest
+        }
     }
 
     /// The starting model (never recalibrated) for the pool at response length `len`: what
@@ -522,14 +582,19 @@ impl Controller {
             Err(e) => return Ok(self.stopping(triggers, format!("no plan fits the next steps: {e}"))),
         };
         let links = Links::of(&planner.cost().hardware, Some(self.host_bytes_per_s));
-        let back = revert.and_then(|plan| toward(&planner, current, &plan, &links));
+        let back = revert.and_then(|plan| toward(&planner, current, &self.on_pool(&planner, &plan)?, &links));
         let choice = match back.map_or_else(|| choose(&planner, current, &links), Ok) {
             Ok(c) => c,
             Err(e) => return Ok(self.no_plan(triggers, current, len, e)),
         };
         let current_fits = choice.current_seconds.is_finite();
         let urgent = triggers.iter().any(|t| t.is_urgent()) || !current_fits;
+        let measured = if urgent { self.measured_instead(&planner, current, &choice, &links) } else { None };
+        let (choice, kept) = measured.map_or((choice, None), |(c, why)| (c, Some(why)));
         let (mut proposal, mut verdict) = self.judge(&choice, current, triggers, urgent, (step, len));
+        if let Some(why) = kept.filter(|_| verdict.admitted) {
+            verdict.reason = format!("{}; {why}", verdict.reason);
+        }
         let fastest = (choice.clone(), proposal, verdict.clone());
         let mut choice = choice;
         if !verdict.admitted && !choice.keep && !triggers.contains(&Trigger::StandingGap) {
@@ -568,17 +633,60 @@ impl Controller {
             self.state.last_switch = step + 1;
             let target = (choice.target.plan() != *current).then(|| self.to_physical(&choice.target.plan()));
             self.state.unseen_plan = target.is_some();
-            if target.is_some()
-                && verdict.kind == Some(TransitionKind::Opportunistic)
-                && self.mode == PolicyMode::Nereus
-            {
-                self.state.left = Some(current.clone());
+            if target.is_some() && self.mode == PolicyMode::Nereus {
+                // Urgent moves too: a target chosen without a measurement may not pay.
+                self.leave(step, current);
             }
             return Ok(self.action(target, decision, None));
         }
         // Rejected, and the current plan fits the new cap: keep the plan, size the cap.
         self.state.cap = len;
         Ok(self.action(None, decision, None))
+    }
+
+    /// The urgent target chosen with what the job measured: when the plan in force must move,
+    /// its layouts on the pool now ([`Controller::on_pool`], the shape the calibration was fitted
+    /// to and the plan memory measured) are taken instead of the planner's fastest `choice`
+    /// unless that one is faster by more than the model can be trusted on a plan: measured
+    /// faster when its shape ran at these lengths, else predicted faster by more than the
+    /// trusted gain and the model's error on plans ([`Controller::model_error_sd`]). The move
+    /// and why (payback admission only; `None`: the fastest stays).
+    fn measured_instead(
+        &self,
+        planner: &Planner,
+        current: &Plan,
+        choice: &TargetChoice,
+        links: &Links,
+    ) -> Option<(TargetChoice, String)> {
+        if self.mode != PolicyMode::Nereus || choice.keep {
+            return None;
+        }
+        let fastest = choice.target.plan();
+        let kept = self.on_pool(planner, current).filter(|k| *k != fastest)?;
+        let at = f64::from(self.ran);
+        let kept_ratio = self.state.memory.ratio(&kept, at, self.length_drift)?;
+        let (kept_s, fastest_s) = (planner.predict(&kept), planner.predict(&fastest));
+        let gain = 1.0 - fastest_s / kept_s;
+        let why = match self.state.memory.ratio(&fastest, at, self.length_drift) {
+            Some(ratio) => {
+                let reference = self.reference(planner.response_len() as u32).ok()?;
+                let (k, f) = (kept_ratio * reference.predict(&kept), ratio * reference.predict(&fastest));
+                (f >= k).then(|| format!("kept the layouts it ran: measured {:.4} s against {f:.4} s", k))?
+            }
+            None => {
+                let trusted = self.gain_threshold().max(self.model_error_sd());
+                (gain < trusted).then(|| {
+                    format!(
+                        "kept the layouts it ran: the fastest plan, never run, is predicted {:.1}% faster, within the \
+                         {:.1}% the model is trusted on plans",
+                        100.0 * gain,
+                        100.0 * trusted
+                    )
+                })?
+            }
+        };
+        let choice = toward(planner, current, &kept, links)?;
+        Some((choice, why))
     }
 
     /// Keeps the gap between the plan in force and the planner's `fastest` target under watch
@@ -641,7 +749,7 @@ impl Controller {
         let decision = self.record(&[Trigger::Trial], &proposal, &verdict);
         self.state.last_switch = step + 1;
         self.state.unseen_plan = true;
-        self.state.left = Some(current.clone());
+        self.leave(step, current);
         Some(self.action(Some(self.to_physical(&choice.target.plan())), decision, None))
     }
 
@@ -1109,6 +1217,33 @@ mod tests {
         assert_eq!(d.trigger, vec![Trigger::Regret], "{d:?}");
         assert!(d.admitted && d.reason.starts_with("measured on both plans"), "{d:?}");
         assert_eq!(back.target, Some(current));
+    }
+
+    #[test]
+    fn a_move_that_does_not_pay_is_undone_across_a_pool_change() {
+        let (mut c, eight) = controller_with(1, |p| p.latency_drift = 100.0);
+        c.gamma = 1e3;
+        // The plan of the whole pool ran as the starting model predicts: its shape is measured.
+        let reference = c.reference(7).unwrap();
+        c.decide(&record(0, 7.0, reference.predict(&eight)), &eight).unwrap();
+        // The pool shrank to 6 ranks and the job moved to a plan of another shape there.
+        let moved = half_pool_plan();
+        assert!(!same_shape(&moved, &eight), "the move changed the shape");
+        c.state.gpus = 6;
+        c.state.monitor.set_pool(6);
+        c.state.unseen_plan = true;
+        c.leave(0, &eight);
+        // The plan left cannot run on 6 ranks; its layouts can, and what its shape measured says
+        // they would run this step's lengths faster by half than the plan moved to does.
+        let back = c.on_pool(&c.planner(c.cap()).unwrap(), &eight).expect("its layouts fit 6 ranks");
+        assert!(eight.validate(6).is_err() && back.validate(6).is_ok());
+        let expected = c.reference(7).unwrap().predict(&back);
+        let step = StepRecord { pool_size: Some(6), ..record(1, 7.0, 1.5 * expected) };
+        let action = c.decide(&step, &moved).unwrap();
+        let d = action.decision.unwrap();
+        assert_eq!(d.trigger, vec![Trigger::Regret], "{d:?}");
+        assert!(d.admitted && d.reason.starts_with("measured on both plans"), "{d:?}");
+        assert_eq!(action.target, Some(back), "back to the layouts it left, on the pool now");
     }
 
     #[test]

@@ -3,12 +3,16 @@
 //!
 //! The calibrated model is right on the plan it was fitted to. On other plans it can be wrong
 //! in ways no per-class calibration removes: a shape whose kernels or collectives run worse
-//! than its class averages. So for every plan the job has run, the controller keeps the step
-//! seconds it measured over what the *starting* model predicts at the step's length. The
-//! starting model is never recalibrated, so the ratio means the same thing at every step. A
-//! proposal between two plans the job has both run, at comparable lengths, is priced on these
-//! measurements instead of the model. After an opportunistic move, the plan left behind is
-//! offered back if the new plan measured slower ([`super::Trigger::Regret`]).
+//! than its class averages. So for every plan *shape* the job has run (the model-stages'
+//! layouts, micro-batches and recomputation: not DP, not ranks, which the pool decides), the
+//! controller keeps the step seconds it measured over what the *starting* model predicts at the
+//! step's length and pool. The starting model is never recalibrated, so the ratio means the
+//! same thing at every step, and it carries across pool changes: the same shape on more or
+//! fewer replicas keeps what it measured. A proposal between two shapes the job has both run,
+//! at comparable lengths, is priced on these measurements instead of the model. After a move,
+//! the plan left behind (its layouts on the pool now) is offered back if the new plan measured
+//! slower than the left shape's measurement says it would have run
+//! ([`super::Trigger::Regret`]).
 
 use serde::{Deserialize, Serialize};
 
@@ -19,10 +23,10 @@ const CAPACITY: usize = 32;
 /// Weight of the newest step in a plan's ratio (as the controller smooths step latency).
 const SMOOTHING: f64 = 0.3;
 
-/// One plan the job ran.
+/// One plan shape the job ran.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct Ran {
-    /// The plan (the planner's ranks).
+    /// The last plan of the shape the job ran (the planner's ranks).
     plan: Plan,
     /// Measured over the starting model's predicted step seconds (smoothed).
     ratio: f64,
@@ -32,7 +36,7 @@ struct Ran {
     step: u64,
 }
 
-/// The plans the job ran and what they measured.
+/// The plan shapes the job ran and what they measured.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct PlanMemory {
     ran: Vec<Ran>,
@@ -40,17 +44,17 @@ pub struct PlanMemory {
 
 impl PlanMemory {
     /// Step `step` of `plan` ran responses of `len` tokens (p95) at `ratio` times the starting
-    /// model's seconds. Folded into the plan's ratio when its last step ran a length within
-    /// `tolerance` (relative) of this one; otherwise it replaces it.
+    /// model's seconds. Folded into its shape's ratio when the shape's last step ran a length
+    /// within `tolerance` (relative) of this one; otherwise it replaces it.
     pub fn record(&mut self, plan: &Plan, ratio: f64, len: f64, step: u64, tolerance: f64) {
         if !(ratio.is_finite() && ratio > 0.0) {
             return;
         }
-        match self.ran.iter_mut().find(|r| r.plan == *plan) {
+        match self.ran.iter_mut().find(|r| same_shape(&r.plan, plan)) {
             Some(r) if comparable(r.len, len, tolerance) => {
-                *r = Ran { ratio: SMOOTHING * ratio + (1.0 - SMOOTHING) * r.ratio, len, step, plan: r.plan.clone() }
+                *r = Ran { ratio: SMOOTHING * ratio + (1.0 - SMOOTHING) * r.ratio, len, step, plan: plan.clone() }
             }
-            Some(r) => *r = Ran { plan: r.plan.clone(), ratio, len, step },
+            Some(r) => *r = Ran { plan: plan.clone(), ratio, len, step },
             None => {
                 if self.ran.len() == CAPACITY {
                     let oldest = (0..self.ran.len()).min_by_key(|&k| self.ran[k].step).unwrap_or(0);
@@ -61,18 +65,27 @@ impl PlanMemory {
         }
     }
 
-    /// Whether a plan of `plan`'s candidates, on whatever ranks, ran responses within
+    /// Whether a plan of `plan`'s shape, on whatever ranks and replicas, ran responses within
     /// `tolerance` of `len` tokens (what a trial would measure is known already).
     pub fn ran_alike(&self, plan: &Plan, len: f64, tolerance: f64) -> bool {
-        let candidates = |p: &Plan| p.placements.iter().map(|x| x.candidate).collect::<Vec<_>>();
-        let wanted = candidates(plan);
-        self.ran.iter().any(|r| candidates(&r.plan) == wanted && comparable(r.len, len, tolerance))
+        self.ratio(plan, len, tolerance).is_some()
     }
 
-    /// `plan`'s measured ratio, when it ran responses within `tolerance` of `len` tokens.
+    /// The measured ratio of `plan`'s shape, when it ran responses within `tolerance` of `len`
+    /// tokens.
     pub fn ratio(&self, plan: &Plan, len: f64, tolerance: f64) -> Option<f64> {
-        self.ran.iter().find(|r| r.plan == *plan && comparable(r.len, len, tolerance)).map(|r| r.ratio)
+        self.ran.iter().find(|r| same_shape(&r.plan, plan) && comparable(r.len, len, tolerance)).map(|r| r.ratio)
     }
+}
+
+/// Whether `a` and `b` have one shape: per model-stage the same layout, micro-batch and
+/// recomputation (DP and ranks may differ).
+pub fn same_shape(a: &Plan, b: &Plan) -> bool {
+    let part = |x: &crate::plan::Placement| {
+        let c = &x.candidate;
+        (c.model_stage, c.layout, c.micro_batch, c.recompute)
+    };
+    a.placements.len() == b.placements.len() && a.placements.iter().map(part).eq(b.placements.iter().map(part))
 }
 
 fn comparable(a: f64, b: f64, tolerance: f64) -> bool {
@@ -104,6 +117,10 @@ mod tests {
         assert_eq!(m.ratio(&plan(1), 200.0, 0.3), Some(3.0));
         m.record(&plan(1), f64::NAN, 200.0, 3, 0.3);
         assert_eq!(m.ratio(&plan(1), 200.0, 0.3), Some(3.0), "a NaN teaches nothing");
+        let mut wider = plan(1);
+        wider.placements[0].candidate.dp = 4;
+        wider.placements[0].ranks = (0..4).collect();
+        assert_eq!(m.ratio(&wider, 200.0, 0.3), Some(3.0), "DP does not change a shape: the ratio carries");
         for tp in 2..40 {
             m.record(&plan(tp), 1.0, 200.0, 10 + u64::from(tp), 0.3);
         }

@@ -9,7 +9,9 @@
 //!   shrinks (a rank lost) and a predicted memory violation are urgent; a pool that grows, a
 //!   signal whose relative drift from its reference passes its threshold, and a standing gap (the
 //!   plan in force is not the planner's best, kept under watch by the controller) are
-//!   opportunistic.
+//!   opportunistic. Under payback admission, a response length that jumps past its threshold
+//!   from one observation to the next (a burst) fires only when the next observation confirms
+//!   it (hysteresis).
 //! - [`admit`]: urgent targets are taken (profitability waived); opportunistic ones when
 //!   `ΔL > 0` and `L_tran / ΔL ≤ γ · H` (the smallest `H` of the triggers that fired), by mode.
 
@@ -130,11 +132,18 @@ pub struct Track {
     pub reference_step: Option<u64>,
     /// `H_x`: moving average of the steps between crossings.
     pub horizon: f64,
+    /// The value at the last observation (what a jump is measured from).
+    #[serde(default)]
+    pub last: Option<f64>,
+    /// Whether the last observation crossed by a jump that waits for the next to confirm it
+    /// (hysteresis on bursts, response length only).
+    #[serde(default)]
+    pub pending: bool,
 }
 
 impl Default for Track {
     fn default() -> Self {
-        Track { reference: None, last_crossing: None, reference_step: None, horizon: 1.0 }
+        Track { reference: None, last_crossing: None, reference_step: None, horizon: 1.0, last: None, pending: false }
     }
 }
 
@@ -148,12 +157,28 @@ pub struct Monitor {
     /// between changes (the GPU pool's horizon, paper §4).
     #[serde(default)]
     pool_track: Track,
+    /// Whether a response length's jump waits for the next observation ([`Monitor::with_hysteresis`]).
+    #[serde(default)]
+    hysteresis: bool,
 }
 
 impl Monitor {
     /// A monitor with no reference yet (the first observation sets them).
     pub fn new(thresholds: Thresholds) -> Monitor {
-        Monitor { thresholds, tracks: [Track::default(); 2], pool: None, pool_track: Track::default() }
+        Monitor {
+            thresholds,
+            tracks: [Track::default(); 2],
+            pool: None,
+            pool_track: Track::default(),
+            hysteresis: false,
+        }
+    }
+
+    /// This monitor with hysteresis on response-length bursts: a length that jumps past its
+    /// threshold from one observation to the next fires only when the next observation still
+    /// crosses (payback admission's monitor; the baselines fire on every crossing, as built).
+    pub fn with_hysteresis(self) -> Monitor {
+        Monitor { hysteresis: true, ..self }
     }
 
     /// A signal's reference and horizon.
@@ -188,13 +213,24 @@ impl Monitor {
             let value = o.value(signal);
             let track = &mut self.tracks[signal as usize];
             track.reference_step.get_or_insert(o.step);
+            let last = track.last.replace(value);
             let Some(reference) = track.reference else {
                 track.reference = Some(value);
                 continue;
             };
             if (value - reference).abs() / reference.abs().max(1e-12) <= threshold {
+                track.pending = false;
                 continue;
             }
+            // Hysteresis: a length that jumped past the threshold from the last observation at
+            // once (a burst of long responses does, a trend does not) fires only when the next
+            // observation still crosses; a burst that passes fires nothing.
+            let jump = last.is_some_and(|l| (value - l).abs() / l.abs().max(1e-12) > threshold);
+            if self.hysteresis && signal == Signal::ResponseLength && jump && !track.pending {
+                track.pending = true;
+                continue;
+            }
+            track.pending = false;
             // Steps the signal stayed within its threshold: since the last crossing, or, before
             // the first, since the reference was observed — the first crossing already says how
             // long a plan lasts, and without it the first admission would have a horizon of 1.

@@ -125,3 +125,28 @@ fn the_static_baseline_follows_a_growing_pool_and_nothing_else() {
     // horizon is not taken.
     assert!(!admit(PolicyMode::Nereus, &grow, 0.5, 0.0).admitted);
 }
+
+#[test]
+fn a_length_burst_waits_for_the_next_observation_under_hysteresis() {
+    let mut plain = monitor();
+    let mut steady = monitor().with_hysteresis();
+    for m in [&mut plain, &mut steady] {
+        m.observe(&observation(0, 10.0));
+        assert!(m.observe(&observation(1, 10.5)).is_empty());
+    }
+    // A one-step burst of half again the length: the baselines' monitor fires at once...
+    let burst = observation(2, 15.0);
+    assert_eq!(plain.observe(&burst), vec![Trigger::Drift(Signal::ResponseLength)]);
+    // ... the hysteresis waits, and the burst passes without a replan.
+    assert!(steady.observe(&burst).is_empty(), "a jump past δ_len waits for the next step");
+    assert!(steady.observe(&observation(3, 10.4)).is_empty(), "back within δ_len: nothing fires");
+    // A jump that holds is a level shift: it fires on its second step.
+    assert!(steady.observe(&observation(4, 15.0)).is_empty());
+    assert_eq!(steady.observe(&observation(5, 15.2)), vec![Trigger::Drift(Signal::ResponseLength)]);
+    // A trend that crosses without a jump fires at once.
+    let mut trend = monitor().with_hysteresis();
+    for (step, len) in [10.0, 11.0, 12.0, 13.5].into_iter().enumerate() {
+        let fired = trend.observe(&observation(step as u64, len));
+        assert_eq!(!fired.is_empty(), step == 3, "step {step}: {fired:?}");
+    }
+}

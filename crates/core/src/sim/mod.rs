@@ -6,7 +6,8 @@
 //! admission) — so what the simulator says a policy does is what `nereus train` would do.
 //!
 //! - [`trace`]: the CSV traces (`step`, `seq_len_mean`, `seq_len_p95`, `available_gpus`).
-//! - [`synth`]: traces shaped like the paper's (length growth, spot pools, both, its 26 steps).
+//! - [`synth`]: traces shaped like the paper's (length growth, spot pools, both, its 26 steps,
+//!   published curves, elastic pools, and mixed: noisy growth while the pool moves).
 //! - [`compare`]: several policies (and γ values) over one trace, as a table.
 //! - [`run`]: the loop, its step records and run summaries, and [`run::replay`] of recorded
 //!   steps through the controller.

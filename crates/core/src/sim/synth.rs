@@ -16,6 +16,11 @@
 //!   says where each curve comes from and how it was read.
 //! - [`Shape::Elastic`]: an elastic allocation that starts at half the pool and is granted nodes
 //!   one at a time (every 100 steps on average), with a rare preemption of one node (every 500).
+//! - [`Shape::Mixed`]: lengths and the pool change together (issue 52): the mean length rises
+//!   from `from` to `to` along a power curve `x^k` (`k` drawn per seed in `[0.5, 2]`) with 8%
+//!   independent step-to-step noise and rare 1.5× bursts (3% of steps); the p95 is 1.15–1.25×
+//!   the mean; the pool is taken and returned in units of an eighth of it (a node of 8 GPUs at
+//!   64) about every 40 steps, never below a quarter of it (16 GPUs at 64).
 
 use super::trace::{Trace, TraceRow};
 
@@ -38,6 +43,8 @@ pub enum Shape {
     DeepScaleR,
     /// The pool of an elastic allocation: granted nodes one by one, a rare preemption.
     Elastic,
+    /// Noisy, bursty length growth along a power curve while the pool shrinks and grows.
+    Mixed,
 }
 
 crate::named_enum!(Shape {
@@ -49,6 +56,7 @@ crate::named_enum!(Shape {
     R1Zero => "r1-zero",
     DeepScaleR => "deepscaler",
     Elastic => "elastic",
+    Mixed => "mixed",
 });
 
 /// A published run's mean response length: `(fraction of the run, tokens)`, linear between.
@@ -131,8 +139,10 @@ fn uniform(state: &mut u64) -> f64 {
 
 /// The trace `spec` describes.
 pub fn synthesize(spec: &SynthSpec) -> Trace {
-    if spec.shape == Shape::Paper26 {
-        return paper26(spec);
+    match spec.shape {
+        Shape::Paper26 => return paper26(spec),
+        Shape::Mixed => return mixed(spec),
+        _ => {}
     }
     let curve = match spec.shape {
         Shape::PaperGrowth => Some(PAPER_GROWTH),
@@ -245,6 +255,50 @@ fn spot_pool(spec: &SynthSpec) -> Vec<u32> {
         .collect()
 }
 
+/// Relative standard deviation of a mixed trace's step-to-step length noise (independent).
+const MIXED_NOISE: f64 = 0.08;
+/// Chance per step of a mixed trace's length burst, and its factor.
+const MIXED_BURST: (f64, f64) = (0.03, 1.5);
+/// The range of a mixed trace's p95 over mean.
+const MIXED_TAIL: (f64, f64) = (1.15, 1.25);
+/// Chance per step that a mixed trace's pool changes.
+const MIXED_POOL_CHANGE: f64 = 0.025;
+
+/// The [`Shape::Mixed`] trace: a power-curve rise with independent noise and bursts, a p95
+/// drawn per step, and a pool changing in eighths of `spec.gpus` (whole nodes), never below a
+/// quarter of it.
+fn mixed(spec: &SynthSpec) -> Trace {
+    let mut state = spec.seed ^ 0x006d_6978_6564;
+    let power = 0.5 + 1.5 * uniform(&mut state);
+    let node = spec.gpus_per_node.max(1);
+    let unit = (spec.gpus / 8 / node).max(1) * node;
+    let (min, max) = ((spec.gpus / 4).max(unit).min(spec.gpus), spec.gpus);
+    let mut pool = max;
+    let rows = (0..spec.steps)
+        .map(|t| {
+            let x = t as f64 / (spec.steps.max(2) - 1) as f64;
+            let shock = (uniform(&mut state) - 0.5) * (12.0f64).sqrt() * MIXED_NOISE;
+            let burst = if uniform(&mut state) < MIXED_BURST.0 { MIXED_BURST.1 } else { 1.0 };
+            let mean =
+                ((spec.from + (spec.to - spec.from) * x.powf(power)) * (1.0 + shock) * burst).clamp(1.0, spec.max_len);
+            let tail = MIXED_TAIL.0 + (MIXED_TAIL.1 - MIXED_TAIL.0) * uniform(&mut state);
+            if t > 0 && uniform(&mut state) < MIXED_POOL_CHANGE {
+                let delta = unit * (1 + u32::from(uniform(&mut state) < 0.3));
+                // Takes are likelier while the pool is full, returns while it is short.
+                let take = uniform(&mut state) < f64::from(pool - min + 1) / f64::from(max - min + 2);
+                pool = if take { pool.saturating_sub(delta).max(min) } else { (pool + delta).min(max) };
+            }
+            TraceRow {
+                step: t,
+                seq_len_mean: Some((mean * 10.0).round() / 10.0),
+                seq_len_p95: Some(((mean * tail).min(spec.max_len).max(mean) * 10.0).round() / 10.0),
+                available_gpus: spec.pool.then_some(pool),
+            }
+        })
+        .collect();
+    Trace { rows }
+}
+
 /// The paper's 26-step trace: lengths from 1,147 to 3,722 tokens (a straight rise with the same
 /// noise), pool 16 → 32 → 8 → 16 → 32 GPUs (the pool scaled by `gpus / 32`).
 fn paper26(spec: &SynthSpec) -> Trace {
@@ -317,5 +371,35 @@ mod tests {
         assert_eq!(pools[0], 32, "starts at half");
         assert_eq!(*pools.iter().max().unwrap(), 64, "granted the whole pool within 2,000 steps");
         assert!(pools.iter().all(|p| p % 8 == 0));
+    }
+
+    #[test]
+    fn mixed_traces_grow_noisily_while_the_pool_moves_by_nodes_above_a_quarter() {
+        let spec = SynthSpec {
+            shape: Shape::Mixed,
+            steps: 400,
+            gpus: 64,
+            from: 1000.0,
+            to: 6000.0,
+            max_len: 16384.0,
+            ..SynthSpec::default()
+        };
+        let t = synthesize(&spec);
+        assert_eq!(t, synthesize(&spec));
+        let mean = |r: &TraceRow| r.seq_len_mean.unwrap();
+        let head: f64 = t.rows[..20].iter().map(mean).sum::<f64>() / 20.0;
+        let tail: f64 = t.rows[380..].iter().map(mean).sum::<f64>() / 20.0;
+        assert!((900.0..1300.0).contains(&head) && (5000.0..6600.0).contains(&tail), "{head} {tail}");
+        for r in &t.rows {
+            let ratio = r.seq_len_p95.unwrap() / mean(r);
+            assert!((1.149..1.251).contains(&ratio), "step {}: p95/mean {ratio}", r.step);
+        }
+        let pools: Vec<u32> = t.rows.iter().map(|r| r.available_gpus.unwrap()).collect();
+        assert!(pools.iter().all(|&p| (16..=64).contains(&p) && p % 8 == 0), "{pools:?}");
+        let changes = pools.windows(2).filter(|w| w[0] != w[1]).count();
+        assert!((3..=25).contains(&changes), "{changes} pool changes");
+        let big = synthesize(&SynthSpec { gpus: 1024, ..spec });
+        let pools: Vec<u32> = big.rows.iter().map(|r| r.available_gpus.unwrap()).collect();
+        assert!(pools.iter().all(|&p| (256..=1024).contains(&p) && p % 128 == 0), "{pools:?}");
     }
 }
