@@ -86,7 +86,14 @@ fn bench_engine_on_the_emulated_device_counts_flops_and_bytes_against_the_cluste
         .iter()
         .map(|f| (f["name"].as_str().unwrap(), f["value"].as_f64().unwrap(), f["ok"].as_bool().unwrap()))
         .collect();
-    assert_eq!(floors, [("allocations_after_warmup", 0.0, true), ("syncs_per_train_step", 2.0, true)], "{report}");
+    let want =
+        [("allocations_after_warmup", 0.0, true), ("syncs_per_train_step", 2.0, true), ("syncs_per_token", 0.0, true)];
+    assert_eq!(floors, want, "{report}");
+    // Decode's 7 token steps of 8 new tokens: the finished flags are read every 16 steps, so
+    // never; no token step waits for the host. Launches are counted per token step.
+    assert_eq!(decode["syncs"], 0, "{decode}");
+    let launches = decode["launches"].as_f64().unwrap();
+    assert_eq!(decode["launches_per_token"].as_f64().unwrap(), launches / 7.0, "{decode}");
     // Every measured pass is counted: kernels ran, and a step's tokens and results crossed.
     for name in ["forward", "train_step", "prefill", "decode"] {
         let r = phase(name);
