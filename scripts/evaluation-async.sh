@@ -4,7 +4,7 @@
 # shipped length traces, five simulated machines each. Sync runs nereus and static; async runs
 # static (the layouts never change: no adapting at weight sync) and nereus (the controller
 # adapts at each weight sync). Writes $OUT/<cluster>-<trace>-1024-{sync,async}.json (default OUT:
-# docs/evaluation/async), then the table (scripts/evaluation-async-table.py). About 10 minutes
+# docs/evaluation/async), then the table (scripts/evaluation-async-table.py). About 20 minutes a cluster
 # on two cores (the async controller's replans search every generation/training split).
 #
 #   cargo build --release && bash scripts/evaluation-async.sh
