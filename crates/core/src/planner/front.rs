@@ -356,4 +356,10 @@ impl Planner {
     pub fn predict(&self, plan: &Plan) -> f64 {
         self.job.predict(plan)
     }
+
+    /// A step's seconds from its phases as this job runs them: their sum, or for an
+    /// asynchronous job the slower pipeline plus the weight sync ([`overlapped_total`]).
+    pub fn step_total(&self, step: &StepSeconds) -> f64 {
+        self.job.total(step)
+    }
 }

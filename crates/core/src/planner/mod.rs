@@ -34,4 +34,4 @@ mod testing;
 pub use front::{fixed_plan, ModelStagePlan, PlannedJob, Planner, PlannerError};
 pub use initial::initial_plan;
 pub use job::catalogues;
-pub use predict::StepSeconds;
+pub use predict::{overlapped_total, StepSeconds};

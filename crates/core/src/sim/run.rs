@@ -288,7 +288,7 @@ impl Sim<'_> {
         let len = (p.seq_len_p95 * lengths).min(f64::from(cap));
         let at_len = running.base.replanned(p.gpus, len.ceil() as u64, start_efficiencies)?;
         let measured = truth.step(&at_len, &start_efficiencies, &running.plan, p.step)?;
-        let step_s = measured.stages.total();
+        let step_s = measured.seconds;
         let calibrated = at_len.replanned(p.gpus, at_len.response_len(), running.controller.efficiencies())?;
         let predicted_step_s = calibrated.predict(&running.plan);
         let record = StepRecord {

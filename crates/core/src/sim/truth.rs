@@ -24,6 +24,12 @@
 //! seconds times `b · exp(σ_tran · z)`, where `b = exp(σ_tran · z)` is a bias drawn once per
 //! seed (MPI planes here ran 30–60× faster than the model's set-up-dominated estimate).
 //!
+//! An asynchronous job's step (`rl.mode = "async"`) is `max(generation, inference + training) +
+//! weight_sync` of the machine's own phases: generation on the generation ranks' plan, the rest
+//! on the others, the weight sync at the machine's speeds for the plan (the planner's overlap
+//! rule, [`overlapped_total`](crate::planner::overlapped_total), over the truth's phases, not the
+//! model's).
+//!
 //! [`Truth::model`] is the old, exact truth (the cost model itself). There, greedy cannot lose
 //! by construction, and it is kept only to reproduce earlier results. All draws are seeded, so a
 //! run is reproducible.
@@ -126,7 +132,8 @@ impl Truth {
             let timed = OpSeconds(std::array::from_fn(|k| f * ideal.0[k] / e.of(OpClass::ALL[k])));
             (f * seconds, timed)
         });
-        Ok(MeasuredStep { stages: parts.map(|(s, _)| *s), ops: parts.map(|(_, t)| *t) })
+        let stages = parts.map(|(s, _)| *s);
+        Ok(MeasuredStep { seconds: machine.step_total(&stages), stages, ops: parts.map(|(_, t)| *t) })
     }
 
     /// What a transition predicted (before calibration) at `predicted_s` takes, the `index`-th
@@ -141,6 +148,9 @@ impl Truth {
 /// A simulated step as the engine's timers would measure it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MeasuredStep {
+    /// The step's seconds from its phases by the job's rule: their sum, or for an asynchronous
+    /// job `max(generation, inference + training) + weight_sync`.
+    pub seconds: f64,
     /// Seconds per phase.
     pub stages: StepSeconds,
     /// Seconds per phase and operation class.
@@ -204,6 +214,34 @@ mod tests {
         let mean = shape_logs.iter().sum::<f64>() / shape_logs.len() as f64;
         let sd = (shape_logs.iter().map(|l| (l - mean).powi(2)).sum::<f64>() / shape_logs.len() as f64).sqrt();
         assert!((sd - truth.op_error).abs() < 0.01, "{sd}");
+    }
+
+    #[test]
+    fn an_async_step_overlaps_the_machines_own_phases() {
+        use crate::config::{ConfigSource, Overrides, RawJobConfig, RlMode};
+        use crate::planner::overlapped_total;
+        let source = ConfigSource::embedded_default();
+        let mut config = RawJobConfig::parse(&source)
+            .unwrap()
+            .resolve(&source, &Overrides::default(), &mut || unreachable!())
+            .unwrap();
+        config.rl.mode = RlMode::Async;
+        let start = Efficiencies::default();
+        let planner = Planner::new(&config, 8, None, start).unwrap();
+        let plan = planner.search(None).unwrap().plan();
+        let truth = Truth::machine(2);
+        let measured = truth.step(&planner, &start, &plan, 4).unwrap();
+        assert_eq!(measured.seconds, overlapped_total(&measured.stages));
+        assert!(measured.seconds < measured.stages.total(), "{:?}", measured.stages);
+        assert!(measured.stages.weight_sync > 0.0);
+        // The machine's phases, not the model's.
+        assert_ne!(measured.stages, planner.step_seconds(&plan));
+        // A synchronous job's step is the sum of its phases.
+        config.rl.mode = RlMode::Sync;
+        let planner = Planner::new(&config, 8, None, start).unwrap();
+        let plan = planner.search(None).unwrap().plan();
+        let measured = truth.step(&planner, &start, &plan, 4).unwrap();
+        assert_eq!(measured.seconds, measured.stages.total());
     }
 
     #[test]
