@@ -119,7 +119,7 @@ fn a_lost_rank_is_replanned_around_and_its_only_replica_restored_from_the_checkp
     assert_eq!(loss["restored"], serde_json::json!(["critic/training"]));
     assert!(loss["checkpoint"].as_str().unwrap().ends_with("step-2"), "{loss}");
     let t = &records[2]["transition"];
-    assert_eq!(t["kind"], "urgent");
+    assert_eq!(t["kind"], "urgent", "{}", records[2]);
     assert_eq!(t["digests_before"], t["digests_after"], "{t}");
     for r in &records[3..] {
         assert_eq!(r["held_bytes"][6], 0, "{r}");

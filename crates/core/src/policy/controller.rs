@@ -589,7 +589,12 @@ impl Controller {
         };
         let current_fits = choice.current_seconds.is_finite();
         let urgent = triggers.iter().any(|t| t.is_urgent()) || !current_fits;
-        let measured = if urgent { self.measured_instead(&planner, current, &choice, &links) } else { None };
+        // After a rank loss the planner's ranks are renumbered around the lost ones, and the
+        // layouts a plan ran cannot be taken over as they were placed: the fastest stays.
+        let measured = match urgent && self.state.lost.is_empty() {
+            true => self.measured_instead(&planner, current, &choice, &links),
+            false => None,
+        };
         let (choice, kept) = measured.map_or((choice, None), |(c, why)| (c, Some(why)));
         let (mut proposal, mut verdict) = self.judge(&choice, current, triggers, urgent, (step, len));
         if let Some(why) = kept.filter(|_| verdict.admitted) {
