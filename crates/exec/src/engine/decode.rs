@@ -51,8 +51,10 @@ impl HostDecoding {
     /// A decode of `prompts[B, P]` (sequence ids `ids`) under `s`.
     pub fn new(prompts: &[u32], ids: &[u64], shape: DecodeShape, s: &Sampling) -> HostDecoding {
         let mut tokens = vec![s.eos; shape.b * shape.t_cap];
-        for (row, prompt) in tokens.chunks_exact_mut(shape.t_cap).zip(prompts.chunks_exact(shape.p.max(1))) {
-            row[..shape.p].copy_from_slice(prompt);
+        if shape.p > 0 && shape.t_cap > 0 {
+            for (row, prompt) in tokens.chunks_exact_mut(shape.t_cap).zip(prompts.chunks_exact(shape.p)) {
+                row[..shape.p].copy_from_slice(prompt);
+            }
         }
         HostDecoding {
             shape,
