@@ -38,6 +38,9 @@ fn pool_job(dir: &Path, trace: &str, steps: u32, mode: &str) -> PathBuf {
     let toml = set_key(&toml, "policy", "mode", Some(&format!("\"{mode}\"")));
     let toml = set_key(&toml, "policy", "length_drift", Some("100.0"));
     let toml = set_key(&toml, "policy", "latency_drift", Some("100.0"));
+    // No trials: a trial's measured error (on this oversubscribed machine, mostly load) would
+    // raise the gain a later move must show, and these runs test the pool's moves alone.
+    let toml = set_key(&toml, "policy", "plan_error", Some("0.0"));
     write(dir, "pool.toml", &format!("{toml}\n[pool]\ntrace = \"{}\"\n", trace.display()))
 }
 
@@ -82,10 +85,11 @@ fn assert_follows(records: &[Value], want: &[u64], what: &str) {
     let tops: Vec<u64> = records.iter().map(highest_rank).collect();
     assert_eq!(tops.len(), want.len(), "{what}");
     let changed = want.iter().zip(want.iter().skip(1)).position(|(a, b)| a != b).map_or(want.len(), |k| k + 1);
+    let decisions: Vec<String> = records.iter().map(|r| r["decision"].to_string()).collect();
     assert_eq!(
         tops[..=changed.min(want.len() - 1)],
         want[..=changed.min(want.len() - 1)],
-        "{what}: the plan follows the pool"
+        "{what}: the plan follows the pool; the decisions: {decisions:#?}"
     );
     for k in changed + 1..want.len() {
         let regret = records[k - 1]["decision"]["trigger"].to_string().contains("regret");
