@@ -230,6 +230,27 @@ fn cases() -> Vec<Case> {
             expect: &["`rl.dynamic_sampling` = true", "asynchronous mode keeps apart", "rl.mode = \"sync\""],
         },
         Case {
+            name: "asynchronous fixed plan generating on rank 0",
+            toml: format!(
+                "{}{}",
+                set_key(&grpo, "rl", "mode", Some("\"async\"")),
+                [
+                    ("actor/generation", "dp = 2", "[0, 1]"),
+                    ("actor/training", "dp = 2", "[2, 3]"),
+                    ("reference/inference", "dp = 2", "[4, 5]"),
+                    ("reward/inference", "dp = 2", "[6, 7]"),
+                ]
+                .map(|(ms, dp, ranks)| format!("\n[plan.\"{ms}\"]\ntp = 1\npp = 1\n{dp}\nranks = {ranks}\n"))
+                .concat()
+            ),
+            expect: &[
+                "`plan.\"actor/generation\".ranks` = [0, 1]",
+                "actor/generation",
+                "rank 0",
+                "rl.mode = \"async\"",
+            ],
+        },
+        Case {
             name: "unknown RL mode",
             toml: set("rl", "mode", "\"overlapped\""),
             expect: &["rl.mode", "unknown variant `overlapped`", "sync", "async"],

@@ -393,7 +393,7 @@ impl JobConfig {
                 ),
             ));
         }
-        plan::validate(&self.plan)?;
+        plan::validate(&self.plan, self.rl.mode)?;
         match (self.rl.algorithm.uses_critic(), &self.models.critic) {
             (true, None) => Err(ConfigError::Missing {
                 key: "models.critic".into(),

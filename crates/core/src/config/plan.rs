@@ -11,7 +11,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{check, ConfigError};
+use super::{check, ConfigError, RlMode};
 
 /// Model-stage names a plan table may use.
 pub const MODEL_STAGE_NAMES: [&str; 6] = [
@@ -37,8 +37,9 @@ pub struct PlanEntry {
     pub ranks: Vec<i32>,
 }
 
-/// Checks names and degrees; rank sets are checked against the world when the job starts.
-pub fn validate(plan: &std::collections::BTreeMap<String, PlanEntry>) -> Result<(), ConfigError> {
+/// Checks names, degrees and, in asynchronous `mode`, that rank 0 does not generate; rank sets
+/// are checked against the world when the job starts.
+pub fn validate(plan: &std::collections::BTreeMap<String, PlanEntry>, mode: RlMode) -> Result<(), ConfigError> {
     for (name, e) in plan {
         if !MODEL_STAGE_NAMES.contains(&name.as_str()) {
             return Err(ConfigError::invalid(
@@ -65,5 +66,22 @@ pub fn validate(plan: &std::collections::BTreeMap<String, PlanEntry>) -> Result<
             ));
         }
     }
-    Ok(())
+    check_async_generation(plan, mode)
+}
+
+/// In asynchronous mode rank 0 scores step n's rollouts while the generation ranks sample step
+/// n + 1's, so `actor/generation` must not be placed on rank 0 (the planner puts it on the
+/// last ranks of the pool).
+fn check_async_generation(
+    plan: &std::collections::BTreeMap<String, PlanEntry>,
+    mode: RlMode,
+) -> Result<(), ConfigError> {
+    let Some(e) = plan.get("actor/generation").filter(|e| mode == RlMode::Async && e.ranks.contains(&0)) else {
+        return Ok(());
+    };
+    Err(ConfigError::invalid(
+        "plan.\"actor/generation\".ranks",
+        format!("{:?}", e.ranks),
+        "the actor/generation stage is placed on rank 0, which with rl.mode = \"async\" scores the rollouts while generation samples the next ones; put generation on ranks other than 0 (e.g. the last ones), or set rl.mode = \"sync\"",
+    ))
 }
