@@ -202,6 +202,46 @@ fn a_failing_scorer_stops_the_job_after_checkpointing_or_scores_zero() {
     }
 }
 
+/// The same failures in asynchronous mode, where only the scoring ranks (rank 0's side of the
+/// split) see them: every rank still stops at the failing step with the synchronous message
+/// and checkpoint, in seconds (not by the 120 s collective watchdog), and the checkpoint
+/// resumes once the scorer is fixed.
+#[test]
+fn a_failing_scorer_stops_an_async_job_as_it_stops_a_synchronous_one() {
+    for how in ["crash", "hang", "garbage"] {
+        let dir = tempfile::tempdir().unwrap();
+        let script = scorer(dir.path(), how, 40); // 16 responses scored per step: fails in step 2
+        let mut toml = job_from("tiny-math-grpo-async.toml", dir.path(), 4);
+        toml = set_key(&toml, "reward", "kind", Some("\"command\""));
+        toml = set_key(&toml, "reward", "command", Some(&format!("[\"python3\", {:?}]", script)));
+        toml = set_key(&toml, "reward", "timeout_s", Some("2.0"));
+        toml = set_key(&toml, "data", "eval", None);
+        let config = write(dir.path(), "job.toml", &toml);
+        let started = std::time::Instant::now();
+        let (code, stdout, stderr) = train(4, &config, &[]);
+        let took = started.elapsed();
+        assert_eq!(code, Some(1), "{how}: {stdout}{stderr}");
+        assert!(stderr.contains("step 2: the reward failed: reward command `python3 "), "{how}: {stderr}");
+        assert!(stderr.contains("line 9 of the batch"), "{how}: {stderr}");
+        assert!(stderr.contains("the 2 completed steps are checkpointed"), "{how}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{how}: {stderr}");
+        let out = dir.path().join("out");
+        let latest = std::fs::read_to_string(out.join("checkpoints/latest")).unwrap();
+        assert_eq!(latest.trim(), "step-2", "{how}");
+        assert_eq!(step_records(&out).len(), 2, "{how}");
+        assert!(took.as_secs() < 60, "{how} took {took:?}");
+        if how != "crash" {
+            continue;
+        }
+        // The checkpoint is whole: with the scorer fixed, the job resumes and finishes.
+        scorer(dir.path(), how, 1_000);
+        let (code, stdout, stderr) = train(4, &config, &["--resume", "latest"]);
+        assert_eq!(code, Some(0), "{stdout}{stderr}");
+        let steps: Vec<u64> = step_records(&out).iter().map(|r| r["step"].as_u64().unwrap()).collect();
+        assert_eq!(steps, [0, 1, 2, 3]);
+    }
+}
+
 #[test]
 fn bad_data_is_named_before_the_first_step() {
     let dir = tempfile::tempdir().unwrap();

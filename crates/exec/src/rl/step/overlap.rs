@@ -168,10 +168,11 @@ impl RlJob {
         laps: &mut Laps,
     ) -> Result<(Round, [Updates; 2]), EngineError> {
         let s = &self.settings;
-        let mut round = match self.mine.contains_key(&GENERATION) {
-            true => Round::unscored(a.rollout.clone(), a.first, s.samples),
-            false => self.scored(plane, set, step, (a.rollout.clone(), a.first), Vec::new())?,
+        let scored = match self.mine.contains_key(&GENERATION) {
+            true => Ok(Round::unscored(a.rollout.clone(), a.first, s.samples)),
+            false => self.scored(plane, set, step, (a.rollout.clone(), a.first), Vec::new()),
         };
+        let mut round = self.agree_scored(plane, step, scored)?;
         if !self.mine.contains_key(&GENERATION) {
             self.shape_overlong(&mut round.rollout);
             round.rollout.estimate(s.estimator, s.advantage, s.reward_kl, &round.greedy);
@@ -180,6 +181,32 @@ impl RlJob {
         let updates = self.train(plane, set, &round.rollout)?;
         laps.done(Phase::Training);
         Ok((round, updates))
+    }
+
+    /// `scored` agreed on by every rank with one sum over the world: a failed reward, which
+    /// only the scoring ranks (those outside generation) see, becomes an
+    /// [`EngineError::Reward`] on the generation ranks too, so every rank stops before the
+    /// update (nothing of the step changed) instead of the generation ranks waiting in it for
+    /// the collective watchdog. Other errors return at once, as before.
+    fn agree_scored<P: crate::comm::DataPlane>(
+        &self,
+        plane: &mut P,
+        step: u64,
+        scored: Result<Round, EngineError>,
+    ) -> Result<Round, EngineError> {
+        let mut failed = match &scored {
+            Ok(_) => [0f32],
+            Err(EngineError::Reward { .. }) => [1f32],
+            Err(_) => return scored,
+        };
+        plane.all_reduce_sum_f32(self.world, &mut failed)?;
+        match scored {
+            Ok(_) if failed[0] > 0.0 => {
+                let what = "the reward failed on the scoring ranks (rank 0's output names the line)".to_string();
+                Err(EngineError::Reward { step, what })
+            }
+            scored => scored,
+        }
     }
 
     /// The trained actor parameters copied into every generation replica, timed (slowest
