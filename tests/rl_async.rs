@@ -182,3 +182,32 @@ fn an_async_run_of_the_text_job_learns() {
     assert!(accuracy[1] >= accuracy[0] + 0.15, "held-out accuracy {accuracy:?}");
     assert_versions(&step_records(&out), 1);
 }
+
+/// Rollouts more than `max_staleness` versions old are dropped and the step samples its own:
+/// rank 3, the only generation rank, is lost at the start of step 5 and generation is restored
+/// on another rank from the step-3 checkpoint (policy version 3). Step 5 still trains on the
+/// rollouts sampled ahead before the loss (version 4), while the restored weights sample step
+/// 6's; those are 3 versions behind step 6's policy (k = 1), so step 6 drops them and trains on
+/// its own, sampled after the weight sync (staleness 0). Every other step keeps its rollouts.
+#[test]
+fn rollouts_staler_than_max_staleness_are_dropped_and_sampled_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = job(dir.path(), 1, 8);
+    let out = dir.path().join("out");
+    let args = ["--policy", "static", "--set", "train.checkpoint_every=3", "--fail-rank", "3", "--at-step", "5"];
+    assert_status(&train(4, &job, &out, &args), 0, &[]);
+    let records = step_records(&out);
+    let steps: Vec<u64> = records.iter().map(|r| r["step"].as_u64().unwrap()).collect();
+    assert_eq!(steps, (0..8).collect::<Vec<_>>(), "training continues past the drop");
+    let loss = &records[4]["rank_loss"];
+    assert_eq!(loss["restored"], serde_json::json!(["actor/generation"]), "{loss}");
+    assert!(loss["checkpoint"].as_str().unwrap().ends_with("step-3"), "{loss}");
+    assert_generation_apart(&records);
+    assert_versions(&records, 1);
+    let dropped: Vec<u64> = records.iter().map(|r| r["async"]["dropped_rollouts"].as_u64().unwrap()).collect();
+    assert_eq!(dropped, [0, 0, 0, 0, 0, 0, 1, 0]);
+    assert_eq!(records[5]["async"]["ahead_version"].as_u64(), Some(3), "{}", records[5]["async"]);
+    let resampled = &records[6]["async"];
+    assert_eq!(resampled["staleness"].as_u64(), Some(0), "{resampled}");
+    assert!(resampled["sample_versions"].as_array().unwrap().iter().all(|v| v.as_u64() == Some(6)), "{resampled}");
+}
