@@ -40,6 +40,10 @@ const MAX_CHEAPER_TARGETS: usize = 2;
 /// ([`Controller::remember`]): a window over which the entered plan's smoothed measurements
 /// settle past one step's noise.
 const REGRET_STEPS: u64 = 5;
+/// Shapes the job ran, besides the plan in force's, that an urgent move weighs against the
+/// planner's fastest when the plan in force did not run these lengths (the most recently run;
+/// each costs a search on the pool now).
+const KNOWN_SHAPES: usize = 8;
 
 /// Transitions predicted shorter than this do not calibrate `L̂_tran` (agreement and digest
 /// overheads, which the DAG's critical path leaves out, dominate them).
@@ -454,10 +458,16 @@ impl Controller {
         // A regret is offered beside the other triggers (a drift or a growth at the same boundary
         // must not hide a move that did not pay), only not when the plan cannot go on: then the
         // urgent path weighs the measured plans itself ([`Controller::measured_instead`]).
-        let revert = if triggers.iter().any(|t| t.is_urgent()) { None } else { regret };
+        let mut revert = if triggers.iter().any(|t| t.is_urgent()) { None } else { regret };
         if revert.is_some() {
             triggers.push(Trigger::Regret);
-        } else if triggers.is_empty() && self.state.gap.is_some_and(|g| step >= g.due) {
+        } else if triggers.is_empty() && self.state.left.is_none() {
+            revert = self.revisit(current);
+            if revert.is_some() {
+                triggers.push(Trigger::Revisit);
+            }
+        }
+        if triggers.is_empty() && self.state.gap.is_some_and(|g| step >= g.due) {
             triggers.push(Trigger::StandingGap);
         }
         let looks_around = triggers.is_empty() && self.looks_around(step);
@@ -512,6 +522,36 @@ impl Controller {
         Ok(regret.then_some(left))
     }
 
+    /// A plan shape the job ran only at other lengths (among the [`KNOWN_SHAPES`] most
+    /// recently run) that, on the pool now and by its measurement carried to this step's
+    /// lengths ([`PlanMemory::carried`]), runs faster than the plan in force measured here by
+    /// more than the model is trusted on plans; the fastest such, or `None`. The model ranked
+    /// the plan in force first at these lengths, but it was fitted where that plan ran: a
+    /// shape that measured better elsewhere is worth measuring here (a move back that measures
+    /// slower is undone by `regret`, and the shape, measured here, is not revisited until the
+    /// lengths move on).
+    fn revisit(&self, current: &Plan) -> Option<Plan> {
+        if self.mode != PolicyMode::Nereus {
+            return None;
+        }
+        let at = f64::from(self.ran);
+        let (planner, reference) = (self.planner(self.state.cap).ok()?, self.reference(self.ran).ok()?);
+        let memory = &self.state.memory;
+        let realized = memory.ratio(current, at, self.length_drift)? * reference.predict(current);
+        let trusted = self.gain_threshold().max(self.model_error_sd());
+        memory
+            .plans()
+            .into_iter()
+            .take(KNOWN_SHAPES)
+            .filter(|p| memory.ratio(p, at, self.length_drift).is_none())
+            .filter_map(|p| self.on_pool(&planner, p))
+            .filter(|p| !same_shape(p, current))
+            .filter_map(|p| Some((memory.carried(&p)?.ratio * reference.predict(&p), p)))
+            .filter(|(seconds, _)| seconds * (1.0 + trusted) < realized)
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+            .map(|(_, p)| p)
+    }
+
     /// A move from `current` at `step`: the plan it leaves is judged against for
     /// [`REGRET_STEPS`] steps.
     fn leave(&mut self, step: u64, current: &Plan) {
@@ -550,16 +590,21 @@ impl Controller {
     }
 
     /// `ΔL` of moving from `current` to `target` at response length `len` from what the job
-    /// measured on both (`None` unless both ran responses comparable to the last step's).
-    fn measured_delta(&self, current: &Plan, target: &Plan, len: u32) -> Option<f64> {
+    /// measured on both (`None` unless both ran responses comparable to the last step's), and
+    /// the length the target's ratio was carried from when `carry` lets it be measured at
+    /// other lengths ([`PlanMemory::carried`], a [`Trigger::Revisit`]).
+    fn measured_delta(&self, current: &Plan, target: &Plan, len: u32, carry: bool) -> Option<(f64, Option<f64>)> {
         // The ratios are looked up where they were measured (the cap is sized with room above).
         let at = f64::from(self.ran);
-        let (mine, theirs) = (
-            self.state.memory.ratio(current, at, self.length_drift)?,
-            self.state.memory.ratio(target, at, self.length_drift)?,
-        );
+        let memory = &self.state.memory;
+        let mine = memory.ratio(current, at, self.length_drift)?;
+        let (theirs, carried_from) = match memory.ratio(target, at, self.length_drift) {
+            Some(r) => (r, None),
+            None if carry => memory.carried(target).map(|c| (c.ratio, Some(c.len)))?,
+            None => return None,
+        };
         let reference = self.reference(len).ok()?;
-        Some(mine * reference.predict(current) - theirs * reference.predict(target))
+        Some((mine * reference.predict(current) - theirs * reference.predict(target), carried_from))
     }
 
     /// Replans at response cap `len` and admits or rejects the target.
@@ -572,7 +617,7 @@ impl Controller {
         len: u32,
         revert: Option<Plan>,
     ) -> Result<Action, PlannerError> {
-        if triggers != [Trigger::StandingGap] && triggers != [Trigger::Regret] {
+        if ![[Trigger::StandingGap], [Trigger::Regret], [Trigger::Revisit]].iter().any(|only| triggers == only) {
             // The plan is remade for what the signals read now. (A standing gap's offer changes
             // no condition: the references and the intervals between crossings stay.)
             self.state.monitor.replanned(observation);
@@ -654,8 +699,10 @@ impl Controller {
     /// to and the plan memory measured) are taken instead of the planner's fastest `choice`
     /// unless that one is faster by more than the model can be trusted on a plan: measured
     /// faster when its shape ran at these lengths, else predicted faster by more than the
-    /// trusted gain and the model's error on plans ([`Controller::model_error_sd`]). The move
-    /// and why (payback admission only; `None`: the fastest stays).
+    /// trusted gain and the model's error on plans ([`Controller::model_error_sd`]). When those
+    /// layouts did not run these lengths, the plan the job ran that its measurements, carried
+    /// to them, say runs fastest is weighed the same way ([`Controller::a_plan_it_ran`]). The
+    /// move and why (payback admission only; `None`: the fastest stays).
     fn measured_instead(
         &self,
         planner: &Planner,
@@ -667,31 +714,80 @@ impl Controller {
             return None;
         }
         let fastest = choice.target.plan();
-        let kept = self.on_pool(planner, current).filter(|k| *k != fastest)?;
         let at = f64::from(self.ran);
-        let kept_ratio = self.state.memory.ratio(&kept, at, self.length_drift)?;
-        let (kept_s, fastest_s) = (planner.predict(&kept), planner.predict(&fastest));
-        let gain = 1.0 - fastest_s / kept_s;
-        let why = match self.state.memory.ratio(&fastest, at, self.length_drift) {
+        let reference = self.reference(planner.response_len() as u32).ok()?;
+        let kept = self.on_pool(planner, current).filter(|k| *k != fastest);
+        let measured = kept.as_ref().and_then(|k| Some((k, self.state.memory.ratio(k, at, self.length_drift)?)));
+        let (target, why) = match measured {
+            Some((kept, ratio)) => {
+                let kept_s = ratio * reference.predict(kept);
+                let why =
+                    self.outweighs("kept the layouts it ran", kept_s, planner.predict(kept), &fastest, planner)?;
+                (kept.clone(), why)
+            }
+            None => self.a_plan_it_ran(planner, current, &fastest)?,
+        };
+        let choice = toward(planner, current, &target, links)?;
+        Some((choice, why))
+    }
+
+    /// The plan the job ran (the plan in force's and the most recently run [`KNOWN_SHAPES`]
+    /// shapes, each on the pool now) that its measurement carried to these lengths
+    /// ([`PlanMemory::carried`]: its shape's at other lengths, or its layouts' under another
+    /// recomputation) says runs fastest now, when it outweighs the never-run `fastest`
+    /// ([`Controller::outweighs`]). The model ranked these shapes at lengths where it may be
+    /// wrong; a measurement there, scaled by the model, is the better guess.
+    fn a_plan_it_ran(&self, planner: &Planner, current: &Plan, fastest: &Plan) -> Option<(Plan, String)> {
+        let reference = self.reference(planner.response_len() as u32).ok()?;
+        let memory = &self.state.memory;
+        let (known_s, known, carried) = std::iter::once(current)
+            .chain(memory.plans())
+            .take(1 + KNOWN_SHAPES)
+            .filter_map(|p| self.on_pool(planner, p))
+            .filter(|p| p != fastest)
+            .filter_map(|p| {
+                let c = memory.carried(&p)?;
+                Some((c.ratio * reference.predict(&p), p, c))
+            })
+            .min_by(|a, b| a.0.total_cmp(&b.0))?;
+        let source = if carried.same_shape { "its shape" } else { "its layouts under another shape" };
+        let what = format!("took a plan it ran ({source} measured at {:.0} tokens)", carried.len);
+        let why = self.outweighs(&what, known_s, known_s, fastest, planner)?;
+        Some((known, why))
+    }
+
+    /// Why a plan the job ran, at `known_s` seconds by its measurement, is taken instead of the
+    /// planner's `fastest`: that one measured slower when its shape ran at these lengths, else
+    /// predicted faster than `compared_s` (the plan's seconds the gain is judged against: the
+    /// calibrated model's where it was fitted to the plan, else `known_s`) by less than the
+    /// model is trusted on plans. `None`: the fastest is taken.
+    fn outweighs(
+        &self,
+        what: &str,
+        known_s: f64,
+        compared_s: f64,
+        fastest: &Plan,
+        planner: &Planner,
+    ) -> Option<String> {
+        let at = f64::from(self.ran);
+        match self.state.memory.ratio(fastest, at, self.length_drift) {
             Some(ratio) => {
-                let reference = self.reference(planner.response_len() as u32).ok()?;
-                let (k, f) = (kept_ratio * reference.predict(&kept), ratio * reference.predict(&fastest));
-                (f >= k).then(|| format!("kept the layouts it ran: measured {:.4} s against {f:.4} s", k))?
+                let f = ratio * self.reference(planner.response_len() as u32).ok()?.predict(fastest);
+                (f >= known_s).then(|| format!("{what}: measured {known_s:.4} s against {f:.4} s"))
             }
             None => {
+                let gain = 1.0 - planner.predict(fastest) / compared_s;
                 let trusted = self.gain_threshold().max(self.model_error_sd());
                 (gain < trusted).then(|| {
                     format!(
-                        "kept the layouts it ran: the fastest plan, never run, is predicted {:.1}% faster, within the \
-                         {:.1}% the model is trusted on plans",
+                        "{what}: the fastest plan, never run, is predicted {:.1}% faster, within the {:.1}% the \
+                         model is trusted on plans",
                         100.0 * gain,
                         100.0 * trusted
                     )
-                })?
+                })
             }
-        };
-        let choice = toward(planner, current, &kept, links)?;
-        Some((choice, why))
+        }
     }
 
     /// Keeps the gap between the plan in force and the planner's `fastest` target under watch
@@ -890,9 +986,11 @@ impl Controller {
         (step, len): (u64, u32),
     ) -> (Proposal, Verdict) {
         let target = choice.target.plan();
-        let measured = (self.mode == PolicyMode::Nereus && !choice.keep)
-            .then(|| self.measured_delta(current, &target, len))
-            .flatten();
+        let carry = triggers.contains(&Trigger::Revisit);
+        let (measured, carried_from) = (self.mode == PolicyMode::Nereus && !choice.keep)
+            .then(|| self.measured_delta(current, &target, len, carry))
+            .flatten()
+            .map_or((None, None), |(delta, from)| (Some(delta), from));
         let mut proposal = Proposal {
             urgent,
             delta_l_s: measured.unwrap_or(choice.delta_l_s),
@@ -911,7 +1009,10 @@ impl Controller {
             // min_gain covers, stands between it and the truth.
             let threshold = if measured.is_some() { self.min_gain } else { self.gain_threshold() };
             let mut verdict = admit(self.mode, &proposal, self.gamma, threshold);
-            if measured.is_some() {
+            if let Some(from) = carried_from {
+                verdict.reason =
+                    format!("measured on both plans (the target's at {from:.0} tokens): {}", verdict.reason);
+            } else if measured.is_some() {
                 verdict.reason = format!("measured on both plans: {}", verdict.reason);
             }
             // A gain positive but within the model's error: not trusted as a prediction, but
@@ -1249,6 +1350,30 @@ mod tests {
         assert_eq!(d.trigger, vec![Trigger::Regret], "{d:?}");
         assert!(d.admitted && d.reason.starts_with("measured on both plans"), "{d:?}");
         assert_eq!(action.target, Some(back), "back to the layouts it left, on the pool now");
+    }
+
+    #[test]
+    fn a_shape_that_measured_faster_at_other_lengths_is_revisited_on_its_carried_measurement() {
+        for (ratio, revisited) in [(0.3, true), (1.0, false)] {
+            let (mut c, eight) = controller_with(1, |p| p.latency_drift = 100.0);
+            // Another shape on the same layouts (the generation's micro-batch) ran 4-token
+            // responses at `ratio` times the starting model's seconds.
+            let mut other = eight.clone();
+            other.placements[0].candidate.micro_batch = 4;
+            assert!(!same_shape(&other, &eight));
+            c.state.memory.record(&other, ratio, 4.0, 0, c.length_drift);
+            // The plan in force runs 7-token responses (past δ_len from 4) as predicted.
+            let seconds = c.reference(7).unwrap().predict(&eight);
+            let action = c.decide(&record(1, 7.0, seconds), &eight).unwrap();
+            if !revisited {
+                assert!(action.target.is_none() && action.decision.is_none(), "ratio {ratio}: {:?}", action.decision);
+                continue;
+            }
+            let d = action.decision.expect("a revisit");
+            assert_eq!(d.trigger, vec![Trigger::Revisit], "{d:?}");
+            assert!(d.admitted && d.reason.starts_with("measured on both plans (the target's at 4 tokens)"), "{d:?}");
+            assert_eq!(action.target, Some(other), "the shape it ran, on the pool now");
+        }
     }
 
     #[test]

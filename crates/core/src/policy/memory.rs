@@ -76,6 +76,37 @@ impl PlanMemory {
     pub fn ratio(&self, plan: &Plan, len: f64, tolerance: f64) -> Option<f64> {
         self.ran.iter().find(|r| same_shape(&r.plan, plan) && comparable(r.len, len, tolerance)).map(|r| r.ratio)
     }
+
+    /// What the job's measurements say of `plan`'s shape when it did not run these lengths:
+    /// the ratio its shape measured at the lengths it last ran, else the one its layouts last
+    /// measured under another micro-batch or recomputation (the starting model prices what
+    /// the lengths, micro-batch and recomputation change; the ratio carries how the layouts
+    /// ran against it). `None` when the job never ran its layouts.
+    pub fn carried(&self, plan: &Plan) -> Option<Carried> {
+        if let Some(r) = self.ran.iter().find(|r| same_shape(&r.plan, plan)) {
+            return Some(Carried { ratio: r.ratio, len: r.len, same_shape: true });
+        }
+        let latest = self.ran.iter().filter(|r| same_layouts(&r.plan, plan)).max_by_key(|r| r.step)?;
+        Some(Carried { ratio: latest.ratio, len: latest.len, same_shape: false })
+    }
+
+    /// The last plan of every shape the job ran, the most recently run first.
+    pub fn plans(&self) -> Vec<&Plan> {
+        let mut ran: Vec<&Ran> = self.ran.iter().collect();
+        ran.sort_by_key(|r| std::cmp::Reverse(r.step));
+        ran.into_iter().map(|r| &r.plan).collect()
+    }
+}
+
+/// A ratio carried to lengths, or a shape, it was not measured on ([`PlanMemory::carried`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Carried {
+    /// Measured over the starting model's predicted step seconds.
+    pub ratio: f64,
+    /// The response length (p95) it was last measured at.
+    pub len: f64,
+    /// Measured on the plan's own shape (`false`: on its layouts under another shape).
+    pub same_shape: bool,
 }
 
 /// Whether `a` and `b` have one shape: per model-stage the same layout, micro-batch and
@@ -85,6 +116,12 @@ pub fn same_shape(a: &Plan, b: &Plan) -> bool {
         let c = &x.candidate;
         (c.model_stage, c.layout, c.micro_batch, c.recompute)
     };
+    a.placements.len() == b.placements.len() && a.placements.iter().map(part).eq(b.placements.iter().map(part))
+}
+
+/// Whether `a` and `b` run every model-stage on the same layout (TP × PP).
+fn same_layouts(a: &Plan, b: &Plan) -> bool {
+    let part = |x: &crate::plan::Placement| (x.candidate.model_stage, x.candidate.layout);
     a.placements.len() == b.placements.len() && a.placements.iter().map(part).eq(b.placements.iter().map(part))
 }
 
@@ -125,6 +162,26 @@ mod tests {
             m.record(&plan(tp), 1.0, 200.0, 10 + u64::from(tp), 0.3);
         }
         assert_eq!(m.ran.len(), CAPACITY);
+        assert_eq!(m.plans()[0], &plan(39), "the most recently run first");
         assert_eq!(m.ratio(&plan(1), 200.0, 0.3), None, "the least recently run is forgotten");
+    }
+
+    #[test]
+    fn a_ratio_carries_to_other_lengths_and_to_its_layouts_under_another_recomputation() {
+        let mut m = PlanMemory::default();
+        m.record(&plan(2), 1.5, 1000.0, 0, 0.3);
+        m.record(&plan(2), 1.1, 1050.0, 1, 0.3);
+        let smoothed = 0.3 * 1.1 + 0.7 * 1.5;
+        assert_eq!(m.ratio(&plan(2), 3000.0, 0.3), None, "not at these lengths");
+        let own = m.carried(&plan(2)).unwrap();
+        assert!((own.ratio - smoothed).abs() < 1e-12 && own.len == 1050.0 && own.same_shape);
+        let mut recomputed = plan(2);
+        recomputed.placements[0].candidate.recompute = Recompute::Full;
+        recomputed.placements[0].candidate.micro_batch = 4;
+        let layouts = m.carried(&recomputed).unwrap();
+        assert!((layouts.ratio - smoothed).abs() < 1e-12 && !layouts.same_shape, "its layouts' ratio");
+        m.record(&recomputed, 0.9, 3000.0, 2, 0.3);
+        assert_eq!(m.carried(&recomputed).map(|c| (c.ratio, c.same_shape)), Some((0.9, true)), "its own, once run");
+        assert_eq!(m.carried(&plan(4)), None, "layouts never run");
     }
 }

@@ -62,6 +62,10 @@ pub enum Trigger {
     /// The plan an opportunistic move entered measured slower than the plan it left: going back
     /// is offered, priced on both plans' measurements ([`memory`]).
     Regret,
+    /// A plan shape the job ran at other lengths, its measurement carried to the lengths now
+    /// ([`memory::PlanMemory::carried`]), is expected faster than the plan in force measured
+    /// by more than the model is trusted on plans: going back to it is offered.
+    Revisit,
     /// The plan in force has held and a plan one layout away, which the model ranks a little
     /// slower, is expected to run faster by more than a trial costs ([`trial`]).
     Trial,
@@ -274,7 +278,9 @@ impl Monitor {
             .filter_map(|t| match t {
                 Trigger::Drift(s) => Some(self.tracks[*s as usize].horizon),
                 Trigger::PoolGrowth => Some(self.pool_track.horizon),
-                Trigger::StandingGap | Trigger::Regret | Trigger::Trial => Some(self.standing_horizon(step)),
+                Trigger::StandingGap | Trigger::Regret | Trigger::Revisit | Trigger::Trial => {
+                    Some(self.standing_horizon(step))
+                }
                 _ => None,
             })
             .fold(None, |best: Option<f64>, h| Some(best.map_or(h, |b| b.min(h))))
