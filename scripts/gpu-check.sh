@@ -9,8 +9,10 @@
 #      4,096-token sequence; decode 64 × (128 + 128)) and its floors: the engine's GEMMs >= 80% of
 #      bare cuBLAS at the same shapes, the training step's MFU >= 35%, decode >= 50% of the HBM
 #      roofline (peaks from configs/clusters/ for H200 and A100);
-#   4. the peer on the same shape and machine: scripts/peer-torch.py (PyTorch eager, f32 masters,
-#      bf16 autocast, SDPA, fused AdamW; Hugging Face generate), beside step 3's rows;
+#   4. in the same run (`--peer torch`), the peer on the same shape and machine:
+#      scripts/peer-torch.py (PyTorch eager, f32 masters, bf16 autocast, SDPA, fused AdamW; Hugging
+#      Face generate), its rows beside ours and the floors against it (training step and forward
+#      no slower than PyTorch's, decode >= 5x HF generate);
 #   5. `selftest engine --device cuda`: every (tp, pp, dp) layout that fits trains one bf16 step
 #      of the parity LM and value model on the GPU against the host f32 engine's (1, 1, 1);
 #   6. trains configs/llama3.2-1b-grpo-1gpu.toml for 3 steps and prints per step tokens/s, decode
@@ -122,30 +124,18 @@ for path in sys.argv[1:]:
     print(f"{path}: {s['device']}: {len(s['runs'])} checks, worst {worst:.3f} of the tolerance, {len(s['failures'])} failures")
 PY
 fi
-if step 90 "bench engine"; then
-echo "== 3. bench engine --device cuda on GPU 0 (GEMMs, MFU of a training step, decode roofline)"
+if step 150 "bench engine"; then
+echo "== 3-4. bench engine --device cuda --peer torch on GPU 0 (GEMMs, MFU, decode roofline; PyTorch eager and HF generate on the same shape)"
 case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" in
   *H200*) cluster=(--cluster configs/clusters/h200.toml) ;;
   *A100*) cluster=(--cluster configs/clusters/a100.toml) ;;
   *) cluster=(); echo "gpu-check: no cluster file for this GPU; MFU and the roofline are not computed" ;;
 esac
-if run 1 bench engine --device cuda --reps 2 ${cluster[@]+"${cluster[@]}"} --json "$out/bench-engine.json" \
-  | tee "$out/bench-engine.txt"; then
+if run 1 bench engine --device cuda --reps 2 --peer torch ${cluster[@]+"${cluster[@]}"} \
+  --json "$out/bench-engine.json" | tee "$out/bench-engine.txt"; then
   check_floors "$out/bench-engine.json"
 else
   status=1
-fi
-fi
-if step 60 "peer"; then
-echo "== 4. the peer: PyTorch eager on the same shape (f32 masters, bf16 autocast, SDPA, fused AdamW; HF generate)"
-if python3 scripts/peer-torch.py --reps 3 --json "$out/peer-torch.json" 2>&1 | tail -3; then
-  python3 - "$out/bench-engine.json" "$out/peer-torch.json" <<'PY' | tee "$out/peer-ratio.txt" || true
-import json, sys
-ours, peer = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
-print("peer:", {k: peer[k] for k in ("step_s", "forward_s", "mfu", "peak_memory_bytes", "decode_tokens_per_s") if k in peer})
-for r in ours["rows"]:
-    print("ours:", {k: v for k, v in r.items() if not isinstance(v, (list, dict))})
-PY
 fi
 fi
 if step 60 "selftest engine"; then

@@ -102,3 +102,52 @@ fn bench_engine_on_the_emulated_device_counts_flops_and_bytes_against_the_cluste
     }
     assert!(phase("gemm_library").get("launches").is_none(), "the bare GEMMs are not a pass");
 }
+
+/// `bench engine --peer torch`: where PyTorch or a CUDA device is missing (CI) the benchmark says
+/// so and adds no row; a peer that runs adds its rows with our tokens and FLOPs at its own
+/// seconds (a stand-in script here: the same JSON `scripts/peer-torch.py` writes); a peer that
+/// fails fails the command, after our rows are printed.
+#[test]
+fn bench_engine_with_a_peer_adds_its_rows_or_says_plainly_why_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("engine.json");
+    let bench = |env: &[(&str, &str)]| {
+        let args = ["bench", "engine", "--device", "emulated", "--reps", "1", "--peer", "torch", "--json"];
+        common::run_mpi_timed(1, env, &[&args[..], &[json.to_str().unwrap()]].concat()).0
+    };
+    let report = || serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    // This machine: no torch (or no CUDA device), so no peer row.
+    let out = bench(&[]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("peer torch: not run on this machine (peer-torch: "), "{stdout}");
+    assert!(report()["rows"].as_array().unwrap().iter().all(|r| r["phase"] != "torch_train_step"));
+    // A peer that ran: 2 s a step, 0.5 s a forward, 10 ms a decode token step.
+    let peer = dir.path().join("peer.py");
+    let write = r#"import json, sys; json.dump({"torch": "stand-in", "device": "none", "step_s": 2.0, "forward_s": 0.5, "peak_memory_bytes": 7, "decode_step_s": 0.01}, open(sys.argv[sys.argv.index("--json") + 1], "w"))"#;
+    std::fs::write(&peer, write).unwrap();
+    let out = bench(&[("NEREUS_PEER_TORCH", peer.to_str().unwrap())]);
+    assert!(out.status.success(), "{}", text(&out).1);
+    let report = report();
+    let rows = report["rows"].as_array().unwrap();
+    let phase = |name: &str| rows.iter().find(|r| r["phase"] == name).unwrap_or_else(|| panic!("{name}: {report}"));
+    for (ours, theirs, seconds) in [
+        ("train_step", "torch_train_step", 2.0),
+        ("forward", "torch_forward", 0.5),
+        ("decode", "hf_generate_decode", 0.07),
+    ] {
+        let (a, b) = (phase(ours), phase(theirs));
+        assert_eq!((b["tokens"].clone(), b["flops"].clone()), (a["tokens"].clone(), a["flops"].clone()), "{b}");
+        assert!((b["seconds"].as_f64().unwrap() - seconds).abs() < 1e-12, "{b}");
+        let rate = |r: &serde_json::Value| r["tokens_per_second"].as_f64().unwrap() * r["seconds"].as_f64().unwrap();
+        assert!((rate(a) / rate(b) - 1.0).abs() < 1e-9, "the same tokens at the peer's seconds: {b}");
+        assert!(b.get("launches").is_none(), "the peer's passes are not counted: {b}");
+    }
+    assert!(report["floors"].as_array().unwrap().iter().all(|f| !f["name"].as_str().unwrap().contains("torch")));
+    // A peer that crashes.
+    std::fs::write(&peer, "import sys; print('peer-torch: out of memory', file=sys.stderr); sys.exit(1)").unwrap();
+    let out = bench(&[("NEREUS_PEER_TORCH", peer.to_str().unwrap())]);
+    let (stdout, stderr) = text(&out);
+    assert!(!out.status.success() && stdout.contains("train_step"), "{stdout}");
+    assert!(stderr.contains("peer.py failed") && stderr.contains("peer-torch: out of memory"), "{stderr}");
+}

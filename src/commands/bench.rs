@@ -31,6 +31,7 @@ mod flags {
     use std::path::PathBuf;
 
     use nereus_bench::bench::engine::device::EngineShape;
+    use nereus_bench::bench::engine::peer::Peer;
     use nereus_bench::bench::{
         calibration, controller, coordination, engine, planner, primitives, scaling, simulate, solver, transition,
     };
@@ -178,11 +179,22 @@ mod flags {
         /// utilisation and the decode roofline (with `--device`).
         #[arg(long, value_name = "FILE", requires = "device")]
         pub cluster: Option<PathBuf>,
+        /// Also run a peer on the same shape in the same run (`torch`: scripts/peer-torch.py,
+        /// PyTorch eager and Hugging Face generate; said plainly where PyTorch or CUDA is absent).
+        #[arg(long, value_parser = named::<Peer>(), requires = "device")]
+        pub peer: Option<Peer>,
     }
 
     impl From<EngineArgs> for engine::Options {
         fn from(a: EngineArgs) -> Self {
-            engine::Options { reps: a.reps, json: a.json, device: a.device.device, shape: a.shape, cluster: a.cluster }
+            engine::Options {
+                reps: a.reps,
+                json: a.json,
+                device: a.device.device,
+                shape: a.shape,
+                cluster: a.cluster,
+                peer: a.peer,
+            }
         }
     }
 

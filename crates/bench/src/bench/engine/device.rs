@@ -61,6 +61,11 @@ struct Sizes {
 }
 
 impl EngineShape {
+    /// The token steps the decode row spans (every new token less the first).
+    pub(super) fn decode_token_steps(self) -> u64 {
+        self.sizes().decode.2.max(2) as u64 - 1
+    }
+
     fn sizes(self) -> Sizes {
         let lm = |vocab, hidden, layers, heads, kv_heads, head_dim, ffn, tie_embeddings| Architecture {
             vocab,

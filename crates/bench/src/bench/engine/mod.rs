@@ -14,6 +14,9 @@ use std::time::Instant;
 
 pub mod device;
 pub mod measure;
+pub mod peer;
+
+use peer::{Peer, PeerOutcome};
 
 use super::{machine, median, BenchReport, Floor};
 use device::{DeviceBench, EngineShape, Peaks};
@@ -80,6 +83,9 @@ pub struct Options {
     /// A cluster file whose `device_peak_tflops` and `device_hbm_gbps` give the model FLOP
     /// utilisation and the decode roofline (with `--device`).
     pub cluster: Option<PathBuf>,
+    /// A peer run on the same shape in the same run, its rows and floors beside ours (with
+    /// `--device`; [`peer`]).
+    pub peer: Option<Peer>,
 }
 
 /// Runs the benchmark on every rank with `args`.
@@ -106,14 +112,38 @@ fn on_device(session: &Session, args: &Options, choice: DeviceChoice) -> Result<
         args.shape.unwrap_or(if choice == DeviceChoice::Emulated { EngineShape::Tiny } else { EngineShape::Llama1b });
     let job = DeviceBench { reps: args.reps, shape, choice, peaks };
     let (mut plane, memory) = nereus_runtime::device::open_device(session, choice)?;
-    let Some((title, rows, floors)) = job.run(&mut plane, memory)? else {
+    let Some((title, mut rows, mut floors)) = job.run(&mut plane, memory)? else {
         return Ok(());
     };
+    // A peer that fails fails the command, after our rows are reported.
+    let (peer, failed) = match args.peer.map(|Peer::Torch| peer::run_torch(shape, args.reps)) {
+        Some(Ok(outcome)) => (Some(outcome), None),
+        Some(Err(e)) => (None, Some(e)),
+        None => (None, None),
+    };
+    if let Some(PeerOutcome::Ran(run)) = &peer {
+        let theirs = peer::peer_rows(&rows, run, shape.decode_token_steps());
+        if choice != DeviceChoice::Emulated {
+            floors.extend(peer::peer_floors(&rows, &theirs));
+        }
+        rows.extend(theirs);
+    }
     print_rows(&title, &rows)?;
+    match &peer {
+        Some(PeerOutcome::Ran(run)) => println!(
+            "peer: PyTorch {} on {}, peak memory {:.2} GB (scripts/peer-torch.py)",
+            run.torch,
+            run.device,
+            run.peak_memory_bytes as f64 / 1e9
+        ),
+        Some(PeerOutcome::Absent(why)) => println!("peer torch: not run on this machine ({why}); no peer row"),
+        None => {}
+    }
     if choice == DeviceChoice::Emulated {
         println!("(the grid emulator: only the step's counts are held to floors, not its speed)");
     }
-    BenchReport { bench: "engine".into(), machine: machine(session), rows, floors }.finish(args.json.as_deref())
+    BenchReport { bench: "engine".into(), machine: machine(session), rows, floors }.finish(args.json.as_deref())?;
+    failed.map_or(Ok(()), Err)
 }
 
 /// Runs the benchmark on rank 0 (other ranks return at once).
