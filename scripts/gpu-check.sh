@@ -144,13 +144,13 @@ run "$gpus" selftest engine --device cuda | tee "$out/selftest-engine.json" || s
 fi
 if step 120 "train"; then
 echo "== 6. train configs/llama3.2-1b-grpo-1gpu.toml on GPU 0 (GRPO, Llama-3.2-1B shape, 3 steps)"
-# The run's end writes a ~20 GB checkpoint; the step lines come before it, so a run stopped by
-# the timeout there still has its three steps (the job's output stays out of $out).
+# No checkpoint at the end (train.checkpoint_at_end = false: it would be ~20 GB, which nobody
+# resumes); the job's output stays out of $out.
 train_dir=${TMPDIR:-/tmp}/nereus-gpu-check-train
 rm -rf "$train_dir"
 # SIGKILL, not SIGTERM: a stop signal makes the job write its checkpoint before it exits.
 timeout -s KILL "${NEREUS_TRAIN_TIMEOUT_S:-150}" mpirun --oversubscribe -n 1 -x LD_LIBRARY_PATH "$bin" train \
-  configs/llama3.2-1b-grpo-1gpu.toml --steps 3 --output-dir "$train_dir" 2>&1 | tee "$out/train-1gpu.txt" || true
+  configs/llama3.2-1b-grpo-1gpu.toml --steps 3 --set train.checkpoint_at_end=false --output-dir "$train_dir" 2>&1 | tee "$out/train-1gpu.txt" || true
 pkill -KILL -f "nereus train configs/llama3.2-1b" 2>/dev/null || true
 if [ -f "$train_dir/metrics.jsonl" ]; then
   cp "$train_dir/metrics.jsonl" "$out/train-1gpu-metrics.jsonl"

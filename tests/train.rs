@@ -89,12 +89,17 @@ fn runs_are_bit_identical_and_resume_under_other_layouts_with_the_same_losses() 
     let toml = set_key(&shipped("tiny-ppo.toml"), "train", "checkpoint_every", Some("2"));
     let config = write(dir.path(), "ppo.toml", &toml);
     let a = train(8, &config, &dir.path().join("a"), 4, &[]);
-    let b = train(8, &config, &dir.path().join("b"), 4, &[]);
+    // The same run checkpointed every 3 steps and not at the end (checkpoints change nothing
+    // it computes).
+    let no_end = ["--set", "train.checkpoint_every=3", "--set", "train.checkpoint_at_end=false"];
+    let b = train(8, &config, &dir.path().join("b"), 4, &no_end);
     for (x, y) in a.iter().zip(&b) {
         for key in ["reward_mean", "response_len_mean", "kl", "actor_loss", "critic_loss", "state_digest"] {
             assert_eq!(x[key], y[key], "same seed, same layout: {key} differs at step {}", x["step"]);
         }
     }
+    let saved = |run: &str, step: u32| dir.path().join(format!("{run}/checkpoints/step-{step}/state.json")).exists();
+    assert_eq!([saved("a", 2), saved("a", 4), saved("b", 3), saved("b", 4)], [true, true, true, false]);
     let checkpoint = dir.path().join("a/checkpoints/step-2");
     for file in [
         "actor/config.json",

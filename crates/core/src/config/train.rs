@@ -90,8 +90,13 @@ pub struct TrainSection {
     /// the supervised phase before the RL job, not part of its plan: a job that studies a tight
     /// memory cap may give them their own.
     pub warmup_memory_gb: f64,
-    /// Save a checkpoint every this many RL steps (0: only at the end).
+    /// Save a checkpoint every this many RL steps (0: none during the run; the end's is
+    /// `checkpoint_at_end`'s).
     pub checkpoint_every: u32,
+    /// Save a checkpoint after the last step, whatever `checkpoint_every` says (false: the job
+    /// ends without one unless `checkpoint_every` or a stop signal asks; for benchmark and
+    /// throwaway runs whose final state nobody resumes, which at 1 B parameters is ~20 GB).
+    pub checkpoint_at_end: bool,
     /// Record every model-stage's state digest (SHA-256 over its parameters and moments, every
     /// rank) in the step record every this many steps and after the last (0: never; transitions
     /// always digest before and after). Hashing costs about a second per GB a rank holds.
@@ -130,6 +135,7 @@ impl Default for TrainSection {
             warmup_lr: 3e-3,
             warmup_memory_gb: 0.0,
             checkpoint_every: 0,
+            checkpoint_at_end: true,
             digest_every: 1,
             checkpoint_shard_gb: 5.0,
             on_nonfinite: OnNonFinite::Stop,

@@ -240,7 +240,7 @@ where
                 max_over_ranks(self.session.world(), self.session.watchdog(), "stop-signal check", received) as i32
             );
         let every = u64::from(self.config.train.checkpoint_every);
-        let last = done == u64::from(self.config.job.steps);
+        let last = done == u64::from(self.config.job.steps) && self.config.train.checkpoint_at_end;
         if signal.is_none() && !last && !(every > 0 && done.is_multiple_of(every)) {
             return Ok(());
         }
