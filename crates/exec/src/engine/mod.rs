@@ -31,7 +31,7 @@ pub use objective::{CrossEntropy, DeviceObjective, Objective};
 pub use optimizer::AdamW;
 pub use parallel::EmuGroups;
 pub use passes::{optimize, train_step, with_device_params, with_params, EngineMemory, StepInputs, Wave};
-pub use sampling::{draw_uniform, sample_token, Sampling, StopIds};
+pub use sampling::{draw_uniform, sample_token, SampleBuffers, Sampling, StopIds};
 pub use stage::{KvCache, Rows, StageModel};
 pub use train::{share, Batch, StepReport};
 pub use weights::StageWeights;

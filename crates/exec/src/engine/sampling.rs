@@ -5,6 +5,8 @@
 use serde::{Deserialize, Serialize};
 
 use nereus_core::rng::mix;
+use nereus_kernels::args as k;
+use nereus_kernels::DevicePtr;
 
 /// How responses are sampled.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -61,6 +63,42 @@ impl StopIds {
     /// The ids.
     pub fn as_slice(&self) -> &[u32] {
         &self.ids[..self.len as usize]
+    }
+}
+
+/// The device buffers one launch of the sampler kernel works on ([`Sampling::kernel_call`]).
+#[derive(Debug, Clone, Copy)]
+pub struct SampleBuffers {
+    /// `[rows]` i32: the drawn tokens.
+    pub drawn: DevicePtr,
+    /// `[rows, v]` f32 logits.
+    pub logits: DevicePtr,
+    /// `[rows]` u64: each row's sequence id (its draws' counter).
+    pub ids: DevicePtr,
+    /// `[rows]` flags of finished rows, which draw nothing (null: none is finished).
+    pub done: DevicePtr,
+}
+
+impl Sampling {
+    /// The sampler kernel's call (`kernels/device/sample.cu`) drawing one token for each of
+    /// `rows` rows of `v` logits at position `pos` under these settings: the one place the
+    /// settings become the kernel's arguments (the engine, its tests and the kernel selftest).
+    pub fn kernel_call(&self, b: SampleBuffers, rows: usize, v: usize, pos: u64) -> k::Sample {
+        k::Sample {
+            drawn: b.drawn,
+            logits: b.logits,
+            ids: b.ids,
+            done: b.done,
+            rows: rows as u64,
+            v: v as u64,
+            seed: self.seed,
+            pos,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            top_k: u64::from(self.top_k),
+            greedy: i32::from(self.greedy),
+        }
     }
 }
 

@@ -28,7 +28,9 @@ use nereus_exec::backend::blas::{Gemm, GemmOut};
 use nereus_exec::backend::emulated::Emulated;
 use nereus_exec::backend::gpu::{Device, DeviceArray, DevicePtr};
 use nereus_exec::backend::BackendError;
-use nereus_exec::engine::{draw_uniform, sample_token, DecodeShape, HostDecoding, Op, Sampling, StopIds};
+use nereus_exec::engine::{
+    draw_uniform, sample_token, DecodeShape, HostDecoding, Op, SampleBuffers, Sampling, StopIds,
+};
 use nereus_kernels::args::{self as k, AdamTensor};
 use nereus_kernels::grid::WarpWidth;
 use nereus_kernels::KernelCall;
@@ -749,21 +751,8 @@ fn check_sample(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), Backen
     let ids: Vec<u64> = (0..rows).map(|_| rng.below(1 << 30) as u64).collect();
     let (ls, is, ts) =
         (DeviceArray::from(d, &logits)?, DeviceArray::from(d, &ids)?, DeviceArray::from(d, &vec![-1i32; rows])?);
-    let call = k::Sample {
-        drawn: ts.ptr(),
-        logits: ls.ptr(),
-        ids: is.ptr(),
-        done: DevicePtr::default(),
-        rows: rows as u64,
-        v: cols as u64,
-        seed: s.seed,
-        pos,
-        temperature: s.temperature,
-        top_p: s.top_p,
-        min_p: s.min_p,
-        top_k: u64::from(s.top_k),
-        greedy: i32::from(s.greedy),
-    };
+    let buffers = SampleBuffers { drawn: ts.ptr(), logits: ls.ptr(), ids: is.ptr(), done: DevicePtr::default() };
+    let call = s.kernel_call(buffers, rows, cols, pos);
     run(d, &call, rows as u64)?;
     let got: Vec<i32> = ts.read()?;
     for (r, row) in logits.chunks(cols).enumerate() {

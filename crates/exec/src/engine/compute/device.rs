@@ -26,7 +26,7 @@ use crate::comm::DataPlane;
 use crate::engine::arena::{Arena, Mark};
 use crate::engine::decode::{DecodeShape, Generated};
 use crate::engine::ops::{AttentionShape, Rope, TensorGroup};
-use crate::engine::sampling::Sampling;
+use crate::engine::sampling::{SampleBuffers, Sampling};
 use crate::engine::timers::timed;
 use crate::engine::{AdamW, DeviceObjective, EngineError, Objective, Replica};
 use nereus_core::cost::{MemoryBreakdown, MemoryItem, OpClass};
@@ -689,22 +689,8 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
         let wide = self.f32_zeros(MemoryItem::Logits, logits.len())?;
         let cast = k::CastBf16ToF32 { y: wide.ptr(), x: logits.ptr(), n: logits.len() as u64 };
         self.elementwise(&cast, logits.len())?;
-        let [rows_, v, seed, pos_] = [rows as u64, (logits.len() / rows.max(1)) as u64, s.seed, pos as u64];
-        let call = k::Sample {
-            drawn: d.drawn.ptr(),
-            logits: wide.ptr(),
-            ids: d.ids.ptr(),
-            done: d.done.ptr(),
-            rows: rows_,
-            v,
-            seed,
-            pos: pos_,
-            temperature: s.temperature,
-            top_p: s.top_p,
-            min_p: s.min_p,
-            top_k: u64::from(s.top_k),
-            greedy: i32::from(s.greedy),
-        };
+        let buffers = SampleBuffers { drawn: d.drawn.ptr(), logits: wide.ptr(), ids: d.ids.ptr(), done: d.done.ptr() };
+        let call = s.kernel_call(buffers, rows, logits.len() / rows.max(1), pos as u64);
         self.rows(&call, rows)?;
         self.advance(d, d.drawn.ptr(), pos)
     }

@@ -5,7 +5,7 @@
 
 use crate::backend::emulated::Emulated;
 use crate::backend::gpu::{Device, DeviceArray};
-use crate::engine::sampling::{draw_uniform, sample_token, Sampling, StopIds};
+use crate::engine::sampling::{draw_uniform, sample_token, SampleBuffers, Sampling, StopIds};
 use nereus_kernels::args as k;
 use nereus_kernels::grid::WarpWidth;
 
@@ -49,21 +49,8 @@ fn device_draws(device: &Device, logits: &[f32], s: &Sampling, n: usize, pos: u6
     let ids: Vec<u64> = (0..n as u64).collect();
     let (l, i) = (DeviceArray::from(device, &rows).unwrap(), DeviceArray::from(device, &ids).unwrap());
     let drawn = DeviceArray::<i32>::zeros(device, n).unwrap();
-    let call = k::Sample {
-        drawn: drawn.ptr(),
-        logits: l.ptr(),
-        ids: i.ptr(),
-        done: Default::default(),
-        rows: n as u64,
-        v: logits.len() as u64,
-        seed: s.seed,
-        pos,
-        temperature: s.temperature,
-        top_p: s.top_p,
-        min_p: s.min_p,
-        top_k: u64::from(s.top_k),
-        greedy: 0,
-    };
+    let buffers = SampleBuffers { drawn: drawn.ptr(), logits: l.ptr(), ids: i.ptr(), done: Default::default() };
+    let call = s.kernel_call(buffers, n, logits.len(), pos);
     let lanes = device.runtime().warp_width();
     // SAFETY: the buffers hold [n, V] logits, n ids and n draws.
     unsafe { device.launch(&call, [n.min(4096) as u32, 1, 1], [lanes, 1, 1]).unwrap() };
