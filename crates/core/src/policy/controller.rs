@@ -716,14 +716,17 @@ impl Controller {
         let fastest = choice.target.plan();
         let at = f64::from(self.ran);
         let reference = self.reference(planner.response_len() as u32).ok()?;
-        let kept = self.on_pool(planner, current).filter(|k| *k != fastest);
+        let kept = self.on_pool(planner, current);
+        if kept.as_ref() == Some(&fastest) {
+            // The plan in force's layouts are the fastest: nothing to weigh.
+            return None;
+        }
         let measured = kept.as_ref().and_then(|k| Some((k, self.state.memory.ratio(k, at, self.length_drift)?)));
         let (target, why) = match measured {
             Some((kept, ratio)) => {
                 let kept_s = ratio * reference.predict(kept);
-                let why =
-                    self.outweighs("kept the layouts it ran", kept_s, planner.predict(kept), &fastest, planner)?;
-                (kept.clone(), why)
+                let seconds = (kept_s, planner.predict(kept), 0.0);
+                (kept.clone(), self.outweighs("kept the layouts it ran", seconds, &fastest, planner)?)
             }
             None => self.a_plan_it_ran(planner, current, &fastest)?,
         };
@@ -752,28 +755,27 @@ impl Controller {
             .min_by(|a, b| a.0.total_cmp(&b.0))?;
         let source = if carried.same_shape { "its shape" } else { "its layouts under another shape" };
         let what = format!("took a plan it ran ({source} measured at {:.0} tokens)", carried.len);
-        let why = self.outweighs(&what, known_s, known_s, fastest, planner)?;
+        // A measurement carried from other lengths or another shape beats a measurement here
+        // only by more than the model is trusted (as a revisit must).
+        let here = carried.same_shape && memory.ratio(&known, f64::from(self.ran), self.length_drift).is_some();
+        let margin = if here { 0.0 } else { self.gain_threshold().max(self.model_error_sd()) };
+        let why = self.outweighs(&what, (known_s, known_s, margin), fastest, planner)?;
         Some((known, why))
     }
 
-    /// Why a plan the job ran, at `known_s` seconds by its measurement, is taken instead of the
-    /// planner's `fastest`: that one measured slower when its shape ran at these lengths, else
-    /// predicted faster than `compared_s` (the plan's seconds the gain is judged against: the
-    /// calibrated model's where it was fitted to the plan, else `known_s`) by less than the
-    /// model is trusted on plans. `None`: the fastest is taken.
-    fn outweighs(
-        &self,
-        what: &str,
-        known_s: f64,
-        compared_s: f64,
-        fastest: &Plan,
-        planner: &Planner,
-    ) -> Option<String> {
+    /// Why a plan the job ran is taken instead of the planner's `fastest`, given its seconds
+    /// `(known_s, compared_s, margin)`: `known_s` by its measurement, beside which `fastest`,
+    /// when its shape ran at these lengths, measured slower by more than the relative `margin`;
+    /// else `fastest` is predicted faster than `compared_s` (the calibrated model's seconds
+    /// where it was fitted to the plan, else `known_s`) by less than the model is trusted on
+    /// plans. `None`: the fastest is taken.
+    fn outweighs(&self, what: &str, seconds: (f64, f64, f64), fastest: &Plan, planner: &Planner) -> Option<String> {
+        let (known_s, compared_s, margin) = seconds;
         let at = f64::from(self.ran);
         match self.state.memory.ratio(fastest, at, self.length_drift) {
             Some(ratio) => {
                 let f = ratio * self.reference(planner.response_len() as u32).ok()?.predict(fastest);
-                (f >= known_s).then(|| format!("{what}: measured {known_s:.4} s against {f:.4} s"))
+                (f >= known_s * (1.0 + margin)).then(|| format!("{what}: measured {known_s:.4} s against {f:.4} s"))
             }
             None => {
                 let gain = 1.0 - planner.predict(fastest) / compared_s;
