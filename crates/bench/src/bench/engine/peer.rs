@@ -66,12 +66,18 @@ pub fn run_torch(shape: EngineShape, reps: usize) -> Result<PeerOutcome, Runtime
     let script = find_script()?;
     let python = std::env::var_os("NEREUS_PEER_PYTHON").unwrap_or_else(|| "python3".into());
     let json = std::env::temp_dir().join(format!("nereus-peer-torch-{}.json", std::process::id()));
-    let output = Command::new(&python)
+    let ran = Command::new(&python)
         .arg(&script)
         .args(["--shape", shape.name(), "--reps", &reps.max(1).to_string(), "--json"])
         .arg(&json)
-        .output()
-        .map_err(|e| RuntimeError::Usage(format!("--peer torch: cannot run {python:?}: {e}")))?;
+        .output();
+    let output = match ran {
+        // No Python, no PyTorch: as plain as the script's own exit 3.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(PeerOutcome::Absent(format!("no {} interpreter", python.to_string_lossy())))
+        }
+        other => other.map_err(|e| RuntimeError::Usage(format!("--peer torch: cannot run {python:?}: {e}")))?,
+    };
     let said = String::from_utf8_lossy(&output.stderr).trim().lines().last().unwrap_or("").to_string();
     if output.status.code() == Some(ABSENT) {
         return Ok(PeerOutcome::Absent(said));

@@ -6,7 +6,6 @@
 use crate::backend::emulated::Emulated;
 use crate::backend::gpu::{Device, DeviceArray};
 use crate::engine::sampling::{draw_uniform, sample_token, SampleBuffers, Sampling, StopIds};
-use nereus_kernels::args as k;
 use nereus_kernels::grid::WarpWidth;
 
 /// The probability of each token under `s` as [`sample_token`] defines it: softmax at the
