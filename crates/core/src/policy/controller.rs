@@ -11,7 +11,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::memory::{same_shape, PlanMemory};
+use super::memory::{same_shape, Carried, PlanMemory};
 use super::trial::{self, Odds};
 use super::{
     admit, Admission, Decision, Monitor, Observation, Proposal, Signal, Thresholds, TransitionKind, Trigger, Verdict,
@@ -538,18 +538,36 @@ impl Controller {
         let (planner, reference) = (self.planner(self.state.cap).ok()?, self.reference(self.ran).ok()?);
         let memory = &self.state.memory;
         let realized = memory.ratio(current, at, self.length_drift)? * reference.predict(current);
-        let trusted = self.gain_threshold().max(self.model_error_sd());
-        memory
-            .plans()
-            .into_iter()
-            .take(KNOWN_SHAPES)
-            .filter(|p| memory.ratio(p, at, self.length_drift).is_none())
-            .filter_map(|p| self.on_pool(&planner, p))
-            .filter(|p| !same_shape(p, current))
-            .filter_map(|p| Some((memory.carried(&p)?.ratio * reference.predict(&p), p)))
-            .filter(|(seconds, _)| seconds * (1.0 + trusted) < realized)
+        let trusted = self.trusted_gain();
+        let elsewhere =
+            memory.plans().into_iter().take(KNOWN_SHAPES).filter(|p| memory.ratio(p, at, self.length_drift).is_none());
+        self.carried_on_pool(&planner, &reference, elsewhere)
+            .filter(|(seconds, p, _)| !same_shape(p, current) && seconds * (1.0 + trusted) < realized)
             .min_by(|a, b| a.0.total_cmp(&b.0))
-            .map(|(_, p)| p)
+            .map(|(_, p, _)| p)
+    }
+
+    /// `plans` on `planner`'s pool now ([`Controller::on_pool`]), each with the seconds its
+    /// measurement carried to these lengths gives it ([`PlanMemory::carried`] times
+    /// `reference`, the starting model here) and that measurement; plans the job never ran
+    /// the layouts of are left out.
+    fn carried_on_pool<'p>(
+        &'p self,
+        planner: &'p Planner,
+        reference: &'p Planner,
+        plans: impl Iterator<Item = &'p Plan> + 'p,
+    ) -> impl Iterator<Item = (f64, Plan, Carried)> + 'p {
+        plans.filter_map(move |p| {
+            let on_pool = self.on_pool(planner, p)?;
+            let c = self.state.memory.carried(&on_pool)?;
+            Some((c.ratio * reference.predict(&on_pool), on_pool, c))
+        })
+    }
+
+    /// The smallest gain a prediction on a plan never measured here is trusted with: the
+    /// trusted gain, or the model's error on plans when larger.
+    fn trusted_gain(&self) -> f64 {
+        self.gain_threshold().max(self.model_error_sd())
     }
 
     /// A move from `current` at `step`: the plan it leaves is judged against for
@@ -726,9 +744,10 @@ impl Controller {
             Some((kept, ratio)) => {
                 let kept_s = ratio * reference.predict(kept);
                 let seconds = (kept_s, planner.predict(kept), 0.0);
-                (kept.clone(), self.outweighs("kept the layouts it ran", seconds, &fastest, planner)?)
+                let why = self.outweighs("kept the layouts it ran", seconds, &fastest, (planner, &reference))?;
+                (kept.clone(), why)
             }
-            None => self.a_plan_it_ran(planner, current, &fastest)?,
+            None => self.a_plan_it_ran((planner, &reference), current, &fastest)?,
         };
         let choice = toward(planner, current, &target, links)?;
         Some((choice, why))
@@ -740,26 +759,25 @@ impl Controller {
     /// recomputation) says runs fastest now, when it outweighs the never-run `fastest`
     /// ([`Controller::outweighs`]). The model ranked these shapes at lengths where it may be
     /// wrong; a measurement there, scaled by the model, is the better guess.
-    fn a_plan_it_ran(&self, planner: &Planner, current: &Plan, fastest: &Plan) -> Option<(Plan, String)> {
-        let reference = self.reference(planner.response_len() as u32).ok()?;
+    fn a_plan_it_ran(
+        &self,
+        (planner, reference): (&Planner, &Planner),
+        current: &Plan,
+        fastest: &Plan,
+    ) -> Option<(Plan, String)> {
         let memory = &self.state.memory;
-        let (known_s, known, carried) = std::iter::once(current)
-            .chain(memory.plans())
-            .take(1 + KNOWN_SHAPES)
-            .filter_map(|p| self.on_pool(planner, p))
-            .filter(|p| p != fastest)
-            .filter_map(|p| {
-                let c = memory.carried(&p)?;
-                Some((c.ratio * reference.predict(&p), p, c))
-            })
+        let known = std::iter::once(current).chain(memory.plans()).take(1 + KNOWN_SHAPES);
+        let (known_s, known, carried) = self
+            .carried_on_pool(planner, reference, known)
+            .filter(|(_, p, _)| p != fastest)
             .min_by(|a, b| a.0.total_cmp(&b.0))?;
         let source = if carried.same_shape { "its shape" } else { "its layouts under another shape" };
         let what = format!("took a plan it ran ({source} measured at {:.0} tokens)", carried.len);
         // A measurement carried from other lengths or another shape beats a measurement here
         // only by more than the model is trusted (as a revisit must).
         let here = carried.same_shape && memory.ratio(&known, f64::from(self.ran), self.length_drift).is_some();
-        let margin = if here { 0.0 } else { self.gain_threshold().max(self.model_error_sd()) };
-        let why = self.outweighs(&what, (known_s, known_s, margin), fastest, planner)?;
+        let margin = if here { 0.0 } else { self.trusted_gain() };
+        let why = self.outweighs(&what, (known_s, known_s, margin), fastest, (planner, reference))?;
         Some((known, why))
     }
 
@@ -768,18 +786,25 @@ impl Controller {
     /// when its shape ran at these lengths, measured slower by more than the relative `margin`;
     /// else `fastest` is predicted faster than `compared_s` (the calibrated model's seconds
     /// where it was fitted to the plan, else `known_s`) by less than the model is trusted on
-    /// plans. `None`: the fastest is taken.
-    fn outweighs(&self, what: &str, seconds: (f64, f64, f64), fastest: &Plan, planner: &Planner) -> Option<String> {
+    /// plans. `planner` is the calibrated model at the new cap, `reference` the starting one.
+    /// `None`: the fastest is taken.
+    fn outweighs(
+        &self,
+        what: &str,
+        seconds: (f64, f64, f64),
+        fastest: &Plan,
+        (planner, reference): (&Planner, &Planner),
+    ) -> Option<String> {
         let (known_s, compared_s, margin) = seconds;
         let at = f64::from(self.ran);
         match self.state.memory.ratio(fastest, at, self.length_drift) {
             Some(ratio) => {
-                let f = ratio * self.reference(planner.response_len() as u32).ok()?.predict(fastest);
+                let f = ratio * reference.predict(fastest);
                 (f >= known_s * (1.0 + margin)).then(|| format!("{what}: measured {known_s:.4} s against {f:.4} s"))
             }
             None => {
                 let gain = 1.0 - planner.predict(fastest) / compared_s;
-                let trusted = self.gain_threshold().max(self.model_error_sd());
+                let trusted = self.trusted_gain();
                 (gain < trusted).then(|| {
                     format!(
                         "{what}: the fastest plan, never run, is predicted {:.1}% faster, within the {:.1}% the \

@@ -112,17 +112,17 @@ pub struct Carried {
 /// Whether `a` and `b` have one shape: per model-stage the same layout, micro-batch and
 /// recomputation (DP and ranks may differ).
 pub fn same_shape(a: &Plan, b: &Plan) -> bool {
-    let part = |x: &crate::plan::Placement| {
-        let c = &x.candidate;
-        (c.model_stage, c.layout, c.micro_batch, c.recompute)
-    };
-    a.placements.len() == b.placements.len() && a.placements.iter().map(part).eq(b.placements.iter().map(part))
+    same_parts(a, b, |c| (c.model_stage, c.layout, c.micro_batch, c.recompute))
 }
 
 /// Whether `a` and `b` run every model-stage on the same layout (TP × PP).
 fn same_layouts(a: &Plan, b: &Plan) -> bool {
-    let part = |x: &crate::plan::Placement| (x.candidate.model_stage, x.candidate.layout);
-    a.placements.len() == b.placements.len() && a.placements.iter().map(part).eq(b.placements.iter().map(part))
+    same_parts(a, b, |c| (c.model_stage, c.layout))
+}
+
+/// Whether `a` and `b` place the same model-stages with equal `part`s of their candidates.
+fn same_parts<T: PartialEq>(a: &Plan, b: &Plan, part: impl Fn(&crate::plan::Candidate) -> T) -> bool {
+    a.placements.iter().map(|x| part(&x.candidate)).eq(b.placements.iter().map(|x| part(&x.candidate)))
 }
 
 fn comparable(a: f64, b: f64, tolerance: f64) -> bool {
