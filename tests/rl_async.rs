@@ -70,6 +70,10 @@ fn assert_versions(records: &[Value], k: u64) {
             assert!(
                 sync["bytes"].as_u64().unwrap() > 0 && sync["to"].as_str().unwrap().starts_with("actor/generation")
             );
+            // The sync ran as a transition: one Sync per generation replica, priced by its DAG.
+            let replicas = r["plan"]["actor/generation"]["dp"].as_u64().unwrap();
+            assert_eq!(sync["primitives"].as_u64().unwrap(), replicas, "step {step}: {sync:?}");
+            assert!(sync["predicted_seconds"].as_f64().unwrap() > 0.0, "step {step}: {sync:?}");
         }
     }
 }

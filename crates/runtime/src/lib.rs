@@ -10,7 +10,6 @@ pub mod logprobs;
 pub mod probe;
 mod session;
 pub mod train;
-pub mod transition;
 
 pub use session::{Session, SessionOptions};
 
@@ -137,6 +136,17 @@ impl From<checkpoint::CheckpointError> for RuntimeError {
 impl From<nereus_data::model_files::ModelFileError> for RuntimeError {
     fn from(e: nereus_data::model_files::ModelFileError) -> RuntimeError {
         checkpoint::CheckpointError::from(e).into()
+    }
+}
+
+impl From<nereus_exec::emu::dag::DagError> for RuntimeError {
+    fn from(e: nereus_exec::emu::dag::DagError) -> RuntimeError {
+        use nereus_exec::emu::dag::DagError;
+        match e {
+            DagError::Emu(e) => RuntimeError::Emu(e),
+            DagError::Comm(e) => RuntimeError::Comm(e),
+            DagError::Mismatch(what) => RuntimeError::Usage(what),
+        }
     }
 }
 

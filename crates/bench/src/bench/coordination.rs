@@ -44,8 +44,8 @@ use nereus_core::transition::global::{check, Links};
 use nereus_core::transition::testing::{fullest_rank, tiny_catalogue};
 use nereus_core::transition::{Coordination, TransitionDag};
 use nereus_exec::comm::{DataPlane, MpiPlane};
+use nereus_exec::emu::dag::{agree_on_dag, execute, execute_in_order, Agreement, DagError};
 use nereus_exec::emu::{Digest, EmuError};
-use nereus_runtime::transition::{agree_on_dag, execute, execute_in_order, Agreement};
 use nereus_runtime::{RuntimeError, Session};
 
 use super::{machine, BenchReport, Floor};
@@ -304,8 +304,8 @@ fn run_baseline(
     let (mut set, before) = materialize(plane, world, catalogue, from, capacity)?;
     match execute_in_order(&mut set, plane, dag, order, Agreement::World) {
         Ok(_) => {}
-        Err(RuntimeError::Emu(e @ EmuError::NoRoom { .. })) => return Ok(Baseline::Refused(e.to_string())),
-        Err(e) => return Err(e),
+        Err(DagError::Emu(e @ EmuError::NoRoom { .. })) => return Ok(Baseline::Refused(e.to_string())),
+        Err(e) => return Err(e.into()),
     }
     Ok(if completed(plane, &set, to, &before, world)? { Baseline::Completed } else { Baseline::Failed })
 }

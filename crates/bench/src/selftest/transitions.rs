@@ -24,9 +24,9 @@ use nereus_core::transition::global::Links;
 use nereus_core::transition::testing::{plan_pair, tightest_capacity, tiny_catalogue};
 use nereus_core::transition::{choose, Coordination, TransitionDag, TransitionError};
 use nereus_exec::comm::{broadcast_bytes, DataPlane, MpiPlane};
+use nereus_exec::emu::dag::{agree_on_dag, execute};
 use nereus_exec::emu::{Counters, DeviceMemory, Digest, EmuSet, Exchange, HostMemory, LocalShard, ShardMemory};
 use nereus_runtime::device::{open_device, Plane};
-use nereus_runtime::transition::{agree_on_dag, execute};
 use nereus_runtime::{RuntimeError, Session};
 
 /// What the run did.

@@ -7,5 +7,5 @@ mod phase;
 pub use candidate::{
     model_stages, overlap_critical, overlap_latency, Candidate, Placement, Plan, PlanError, Recompute,
 };
-pub use model_stage::{ModelStage, Role, Stage};
+pub use model_stage::{ModelStage, Role, Stage, WEIGHT_SYNCS};
 pub use phase::{PerPhase, Phase};

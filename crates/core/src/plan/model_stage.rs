@@ -71,6 +71,13 @@ impl ModelStage {
     }
 }
 
+/// The weight syncs of an RL step, `(from, into)`: trained parameters copied into the layouts
+/// that use them (the actor's generation, the critic's inference), in the order a step runs them.
+pub const WEIGHT_SYNCS: [(ModelStage, ModelStage); 2] = [
+    (ModelStage::new(Role::Actor, Stage::Training), ModelStage::new(Role::Actor, Stage::Generation)),
+    (ModelStage::new(Role::Critic, Stage::Training), ModelStage::new(Role::Critic, Stage::Inference)),
+];
+
 impl fmt::Display for ModelStage {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let role = self.role.name();

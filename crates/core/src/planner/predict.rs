@@ -3,7 +3,7 @@
 //! what the planner knows of the job ([`JobModel`]), not the search, which reads them.
 
 use crate::cost::{MemoryBreakdown, MemoryItem, OpSeconds, RankPeaks};
-use crate::plan::{overlap_critical, ModelStage, PerPhase, Plan, Role, Stage};
+use crate::plan::{overlap_critical, ModelStage, PerPhase, Plan, Role, Stage, WEIGHT_SYNCS as SYNCS};
 
 use super::job::JobModel;
 
@@ -11,12 +11,7 @@ use super::job::JobModel;
 pub type StepSeconds = PerPhase<f64>;
 
 pub(super) const GENERATION: ModelStage = ModelStage::new(Role::Actor, Stage::Generation);
-/// The weight syncs of a step: trained parameters into the layouts that use them.
-pub(super) const SYNCS: [(ModelStage, ModelStage); 2] =
-    [(ACTOR_TRAINING, GENERATION), (CRITIC_TRAINING, CRITIC_INFERENCE)];
 pub(super) const ACTOR_TRAINING: ModelStage = ModelStage::new(Role::Actor, Stage::Training);
-pub(super) const CRITIC_TRAINING: ModelStage = ModelStage::new(Role::Critic, Stage::Training);
-pub(super) const CRITIC_INFERENCE: ModelStage = ModelStage::new(Role::Critic, Stage::Inference);
 
 /// An overlapped step's seconds: generation of the next step's rollouts runs beside inference
 /// and training on this step's, then the weight sync (`max(gen, inf + train) + sync`).

@@ -7,10 +7,11 @@ use std::collections::BTreeMap;
 use super::assign::{assign, GroupToPlace};
 use super::candidates::{CandidateCache, Caps, Fastest, Point, SHAVE};
 use super::front::{Found, PlannedJob, Planner, PlannerError};
-use super::predict::{generation_apart, SYNCS};
+use super::predict::generation_apart;
 use super::stage::{self, StageChoice};
 use crate::cost::RankPeaks;
 use crate::model::Layout;
+use crate::plan::WEIGHT_SYNCS as SYNCS;
 use crate::plan::{Candidate, ModelStage, Placement, Plan, Stage};
 
 /// Stages in the order they run.

@@ -108,15 +108,18 @@ impl Node {
 }
 
 impl Node {
-    /// The ranks taking part: the unit's ranks, or for an Extend the source's and the copy's.
+    /// The ranks taking part, each once: the unit's ranks, or for an Extend or a Sync the
+    /// source's and then the copy's or target's.
     pub fn ranks<'u>(&self, units: &'u Units) -> impl Iterator<Item = i32> + 'u {
         let (a, b): (&[i32], &[i32]) = match &self.primitive {
             Primitive::Split { source, .. } => (&units[source].ranks, &[]),
             Primitive::Extend { source, copy } => (&units[source].ranks, &units[copy].ranks),
             Primitive::Merge { merged, .. } => (&units[merged].ranks, &[]),
             Primitive::Destroy { unit } => (&units[unit].ranks, &[]),
+            Primitive::Sync { source, target } => (&units[source].ranks, &units[target].ranks),
         };
-        a.iter().chain(b).copied()
+        // A Sync's target may share ranks with its source (an Extend's copy never does).
+        a.iter().chain(b.iter().filter(move |r| !a.contains(r))).copied()
     }
 
     /// `Split actor/training UnitId(3) (tp=2, pp=2) -> (tp=1, pp=2) on [0-3]` and the like
@@ -134,6 +137,14 @@ impl Node {
             Primitive::Extend { source, copy } => format!("Extend {ms} {source:?} [{}] -> [{}]", on(source), on(copy)),
             Primitive::Merge { merged, .. } => format!("Merge {ms} -> {} on [{}]", units[merged].layout, on(merged)),
             Primitive::Destroy { unit } => format!("Destroy {ms} {unit:?} on [{}]", on(unit)),
+            Primitive::Sync { source, target } => format!(
+                "Sync {} {source:?} {} [{}] -> {ms} {target:?} {} [{}]",
+                units[source].model_stage,
+                units[source].layout,
+                on(source),
+                units[target].layout,
+                on(target)
+            ),
         }
     }
 }
@@ -319,6 +330,41 @@ impl TransitionDag {
         Ok(dag)
     }
 
+    /// The weight sync of `plan` from `from` (a training model-stage) into `to` (a stage of the
+    /// same model that does not train) as a transition that keeps every unit where it is: one
+    /// Sync per replica of `to`, from replica `g mod dp` of `from` (spreading the senders),
+    /// timed, memory-checked (pack buffers beside everything `plan` holds) and ordered like any
+    /// transition. `None` when `plan` has no `from` or no `to` (GRPO has no critic).
+    pub fn weight_sync(
+        plan: &Plan,
+        (from, to): (ModelStage, ModelStage),
+        bytes: &dyn Fn(ModelStage, Layout, Position) -> u64,
+        links: &Links,
+    ) -> Result<Option<TransitionDag>, TransitionError> {
+        if from.role != to.role || !from.trains() || to.trains() {
+            return Err(TransitionError::Mismatch(format!("no weight sync from {from} into {to}")));
+        }
+        let mut shards = Shards::new(bytes);
+        let mut dag = TransitionDag::build(plan, plan, &mut shards, links)?;
+        debug_assert_eq!(dag.graph.node_count(), 0, "a plan moved onto itself keeps every unit");
+        let of = |ms: ModelStage| -> Vec<UnitId> {
+            dag.initial.iter().copied().filter(|u| dag.units[u].model_stage == ms).collect()
+        };
+        let (sources, targets) = (of(from), of(to));
+        if sources.is_empty() || targets.is_empty() {
+            return Ok(None);
+        }
+        let machine = Machine::new(links, dag.units.pool());
+        for (g, &target) in targets.iter().enumerate() {
+            let sync = Primitive::Sync { source: sources[g % sources.len()], target };
+            let node = make_node(sync, to, &dag.units, &mut shards, &machine);
+            dag.graph.add_node(node);
+        }
+        dag.work.node_visits += targets.len() as u64;
+        dag.schedule(bytes, links, true, None)?;
+        Ok(Some(dag))
+    }
+
     /// Every model-stage's local DAG, as one graph of costed nodes (not yet scheduled).
     fn build(
         current: &Plan,
@@ -401,7 +447,7 @@ impl TransitionDag {
         let (mut theirs, mut ours) = (Vec::new(), Vec::new());
         for (j, node) in self.graph.node_weights().enumerate() {
             match &node.primitive {
-                Primitive::Extend { source, .. } => used_elsewhere[source.0] = true,
+                Primitive::Extend { source, .. } | Primitive::Sync { source, .. } => used_elsewhere[source.0] = true,
                 Primitive::Destroy { unit } => used_elsewhere[unit.0] = true,
                 Primitive::Merge { parts, .. } => {
                     let Some(smallest) = parts.iter().min() else { return self.fused_pairs_by_sets() };
@@ -444,7 +490,7 @@ impl TransitionDag {
         let mut merges: FxHashMap<Vec<UnitId>, usize> = FxHashMap::default();
         for (j, node) in self.graph.node_weights().enumerate() {
             match &node.primitive {
-                Primitive::Extend { source, .. } => {
+                Primitive::Extend { source, .. } | Primitive::Sync { source, .. } => {
                     used_elsewhere.insert(*source);
                 }
                 Primitive::Destroy { unit } => {
@@ -832,6 +878,29 @@ fn make_node(p: Primitive, ms: ModelStage, units: &Units, shards: &mut Shards, m
         Primitive::Destroy { unit } => {
             let x = u(unit);
             (vec![], shards.per_rank(x), 0.0)
+        }
+        Primitive::Sync { source, target } => {
+            let (src, dst) = (u(source), u(target));
+            // The target does not train: its state is its parameters, already allocated. Each
+            // target rank receives its shard over its slowest link from the source replica, or
+            // copies it locally where it holds the same shard of the same layout.
+            let shard = shards.per_rank(dst);
+            let local = |k: usize, r: i32| src.layout == dst.layout && src.ranks[k] == r;
+            let slowest = |r: i32| src.ranks.iter().map(|&s| machine.link(s, r)).fold(f64::MAX, f64::min);
+            copying = shard
+                .iter()
+                .enumerate()
+                .map(|(k, &(r, b))| (r, b as f64 / if local(k, r) { links.memory_bytes_per_s } else { slowest(r) }))
+                .collect();
+            // Rectangles are packed only when the TP split differs (row-parallel column blocks);
+            // a rank packs at most the shard it receives.
+            if src.layout.tp != dst.layout.tp {
+                transient = shard.iter().map(|(_, b)| *b).max().unwrap_or(0);
+            }
+            // The pairs of ranks a sync uses repeat every step: no communicator is set up.
+            let secs = copying.iter().map(|(_, t)| *t).fold(0.0, f64::max);
+            // Nothing is acquired; the pack buffers are checked on the target's ranks.
+            (shard.iter().map(|&(r, _)| (r, 0)).collect(), vec![], secs)
         }
     };
     Node { primitive: p, model_stage: ms, acquire, release, seconds, transient, staged: false, copying }

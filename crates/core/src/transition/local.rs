@@ -53,6 +53,16 @@ pub enum Primitive {
         /// The unit made.
         merged: UnitId,
     },
+    /// Copy the parameters of `source` into `target`, an existing unit of another model-stage of
+    /// the same model that does not train, resharding between their layouts: the weight sync
+    /// (training into generation or inference). Both units stay; nothing is allocated but pack
+    /// buffers.
+    Sync {
+        /// The unit whose parameters are copied (a training replica).
+        source: UnitId,
+        /// The unit whose parameters are overwritten.
+        target: UnitId,
+    },
 }
 
 impl Primitive {
@@ -62,7 +72,7 @@ impl Primitive {
             Primitive::Split { parts, .. } => parts,
             Primitive::Extend { copy, .. } => std::slice::from_ref(copy),
             Primitive::Merge { merged, .. } => std::slice::from_ref(merged),
-            Primitive::Destroy { .. } => &[],
+            Primitive::Destroy { .. } | Primitive::Sync { .. } => &[],
         }
     }
 
@@ -72,7 +82,7 @@ impl Primitive {
             Primitive::Split { source, .. } => std::slice::from_ref(source),
             Primitive::Merge { parts, .. } => parts,
             Primitive::Destroy { unit } => std::slice::from_ref(unit),
-            Primitive::Extend { .. } => &[],
+            Primitive::Extend { .. } | Primitive::Sync { .. } => &[],
         }
     }
 
@@ -83,6 +93,7 @@ impl Primitive {
             Primitive::Destroy { .. } => "Destroy",
             Primitive::Extend { .. } => "Extend",
             Primitive::Merge { .. } => "Merge",
+            Primitive::Sync { .. } => "Sync",
         }
     }
 }

@@ -14,6 +14,9 @@
 //!    is rejected before any state moves, naming the blocked primitive and ranks.
 //! 3. **Cost**: the critical path of the schedule (DAG edges plus each rank's own sequence),
 //!    from bytes per link and communicator setup, with a per-node breakdown.
+//! 4. **Weight sync** ([`TransitionDag::weight_sync`]): the copy of trained parameters into
+//!    the layout that generates or infers is a transition too, of Sync primitives that keep
+//!    every unit where it is; scheduled, checked and costed the same way.
 
 pub mod global;
 pub mod local;
@@ -22,4 +25,4 @@ pub mod testing;
 
 pub use global::{Coordination, NodeTiming, Schedule, TransitionDag, TransitionError};
 pub use local::{Primitive, Unit, UnitId};
-pub use target::{cheaper_targets, choose, toward, TargetChoice};
+pub use target::{cheaper_targets, choose, toward, weight_syncs, TargetChoice};

@@ -4,10 +4,11 @@
 //! plan", with the reason. Pure: plans, DAGs and predictions.
 
 use serde::Serialize;
+use std::collections::BTreeMap;
 
 use super::global::{Coordination, Links, TransitionDag, TransitionError};
 use crate::model::{Layout, Position};
-use crate::plan::{ModelStage, Plan};
+use crate::plan::{ModelStage, Plan, WEIGHT_SYNCS};
 use crate::planner::{PlannedJob, Planner, PlannerError};
 
 /// What a replan found, and whether the job can get there.
@@ -61,6 +62,24 @@ impl TargetChoice {
 /// The state one rank at `position` of a `layout` unit of `ms` holds, as the planner counts it.
 pub fn state_bytes(planner: &Planner) -> impl Fn(ModelStage, Layout, Position) -> u64 + '_ {
     move |ms, layout, position| planner.position_state(ms, layout, position.pp).total()
+}
+
+/// The weight syncs of `plan` ([`WEIGHT_SYNCS`] whose two ends it has), each planned as a
+/// transition of Syncs ([`TransitionDag::weight_sync`]) with `planner`'s state bytes, keyed by
+/// the model-stage synced into.
+pub fn weight_syncs(
+    planner: &Planner,
+    plan: &Plan,
+    links: &Links,
+) -> Result<BTreeMap<ModelStage, TransitionDag>, TransitionError> {
+    let bytes = state_bytes(planner);
+    let mut syncs = BTreeMap::new();
+    for pair in WEIGHT_SYNCS {
+        if let Some(dag) = TransitionDag::weight_sync(plan, pair, &bytes, links)? {
+            syncs.insert(pair.1, dag);
+        }
+    }
+    Ok(syncs)
 }
 
 /// Plans the move from `current` to the fastest reachable plan of `planner` (its pool and

@@ -5,6 +5,7 @@
 //! primitive to its [`EmuSet`] in the same order, and moves the bytes it takes part in. See
 //! `docs/emu.md` for a worked 8-rank example.
 
+pub mod dag;
 mod device;
 mod digest;
 mod execute;

@@ -92,6 +92,17 @@ pub enum EngineError {
     },
 }
 
+impl From<crate::emu::dag::DagError> for EngineError {
+    fn from(e: crate::emu::dag::DagError) -> EngineError {
+        use crate::emu::dag::DagError;
+        match e {
+            DagError::Emu(e) => EngineError::OutOfMemory(e),
+            DagError::Comm(e) => EngineError::Comm(e),
+            DagError::Mismatch(what) => EngineError::Shape { what },
+        }
+    }
+}
+
 /// Adam's first and second moments of a shard.
 pub type Moments<'a> = (&'a mut [f32], &'a mut [f32]);
 

@@ -24,7 +24,7 @@ mod overlap;
 pub use overlap::Ahead;
 
 use crate::comm::{DataPlane, GroupId};
-use crate::emu::{Counters, EmuId, EmuSet, Exchange, ShardMemory};
+use crate::emu::{dag, Counters, EmuId, EmuSet, Exchange, ShardMemory};
 use crate::engine::parallel::assemble_rows;
 use crate::engine::timers::{self, timed};
 use crate::engine::{
@@ -37,6 +37,7 @@ use nereus_core::cost::OpSeconds;
 use nereus_core::plan::{ModelStage, PerPhase, Phase, Plan, Role, Stage};
 use nereus_core::planner::StepSeconds;
 use nereus_core::record::{EvalResult, StepStats};
+use nereus_core::transition::TransitionDag;
 
 /// Everything an RL step needs besides the state, derived from the job config.
 #[derive(Debug, Clone)]
@@ -413,6 +414,19 @@ pub struct RlJob {
     /// The ranks that infer, score and train: the world, or in asynchronous mode the ranks
     /// outside `actor/generation` (on generation's own ranks: the world, never used there).
     rollout_group: GroupId,
+    /// The plan's weight syncs as transitions, keyed by the model-stage synced into.
+    weight_syncs: BTreeMap<ModelStage, TransitionDag>,
+}
+
+/// What a weight sync ran ([`RlJob::sync_weights`]).
+#[derive(Debug, Default)]
+struct SyncDone {
+    /// Bytes sent over the data plane, all ranks together.
+    bytes: u64,
+    /// Sync primitives run.
+    primitives: usize,
+    /// The transitions' predicted seconds, summed.
+    predicted_seconds: f64,
 }
 
 const GENERATION: ModelStage = ModelStage::new(Role::Actor, Stage::Generation);
@@ -423,13 +437,16 @@ const REFERENCE: ModelStage = ModelStage::new(Role::Reference, Stage::Inference)
 const REWARD: ModelStage = ModelStage::new(Role::Reward, Stage::Inference);
 
 impl RlJob {
-    /// The job over the EMUs of `set` (created from `plan`, replicas in plan order). Every rank
-    /// calls it; groups are formed here, model-stage by model-stage.
+    /// The job over the EMUs of `set` (created from `plan`, replicas in plan order), which
+    /// syncs trained weights by running `weight_syncs` (`plan`'s, planned and agreed on every
+    /// rank: [`nereus_core::transition::weight_syncs`]). Every rank calls it; groups are formed
+    /// here, model-stage by model-stage.
     pub fn new<M: ShardMemory, P: DataPlane>(
         plane: &mut P,
         set: &EmuSet<M>,
         plan: Plan,
         settings: StepSettings,
+        weight_syncs: BTreeMap<ModelStage, TransitionDag>,
     ) -> Result<RlJob, EngineError> {
         let mut replicas: BTreeMap<ModelStage, Vec<EmuId>> = BTreeMap::new();
         for emu in set.emus() {
@@ -454,7 +471,7 @@ impl RlJob {
             }
             _ => world,
         };
-        Ok(RlJob { settings, plan, replicas, mine, world, rollout_group })
+        Ok(RlJob { settings, plan, replicas, mine, world, rollout_group, weight_syncs })
     }
 
     /// Runs RL step `step` (0-based) on every rank; rank 0's metrics are the job's. The step's
@@ -487,7 +504,7 @@ impl RlJob {
         batch.rollout.estimate(s.estimator, s.advantage, s.reward_kl, &batch.greedy);
         let updates = self.train(plane, set, &batch.rollout)?;
         laps.done(Phase::Training);
-        self.sync_weights(plane, set, &[(ACTOR, GENERATION), (CRITIC, CRITIC_INFERENCE)])?;
+        self.sync_weights(plane, set, &[GENERATION, CRITIC_INFERENCE])?;
         let consumed = rounds.rounds as u64 * s.prompts as u64;
         self.advance_counters(set, counters, step, first + consumed, &updates);
         laps.done(Phase::WeightSync);
@@ -985,24 +1002,25 @@ impl RlJob {
         Ok([Updates::from_row(&rows[..Updates::WIDTH]), Updates::from_row(&rows[Updates::WIDTH..])])
     }
 
-    /// Reshards trained weights into the layouts that use them (`syncs`: from, to): generation
-    /// replica `g` from training replica `g mod dp` (spreading the senders), same for the
-    /// critic's inference. Returns the bytes sent, all ranks together.
+    /// Reshards trained weights into the layouts that use them (`into`, one after another): the
+    /// plan's weight-sync transitions ([`TransitionDag::weight_sync`]: generation replica `g`
+    /// from training replica `g mod dp`, spreading the senders; the same for the critic's
+    /// inference), run by the transition executor. Returns what ran: the bytes sent (all ranks
+    /// together), the primitives and their predicted seconds.
     fn sync_weights<M: EngineMemory, P: Exchange<M>>(
         &self,
         plane: &mut P,
         set: &mut EmuSet<M>,
-        syncs: &[(ModelStage, ModelStage)],
-    ) -> Result<u64, EngineError> {
-        let mut bytes = 0;
-        for &(from, to) in syncs {
-            let (Some(sources), Some(targets)) = (self.replicas.get(&from), self.replicas.get(&to)) else { continue };
-            for (g, &target) in targets.iter().enumerate() {
-                let done = timed(OpClass::Reshard, || set.sync_params(plane, sources[g % sources.len()], target))?;
-                bytes += done.bytes_sent;
-            }
+        into: &[ModelStage],
+    ) -> Result<SyncDone, EngineError> {
+        let mut done = SyncDone::default();
+        for dag in into.iter().filter_map(|ms| self.weight_syncs.get(ms)) {
+            let (_, report) = timed(OpClass::Reshard, || dag::execute(set, plane, dag))?;
+            done.bytes += report.bytes_sent;
+            done.primitives += report.primitives;
+            done.predicted_seconds += dag.schedule.seconds;
         }
-        Ok(bytes)
+        Ok(done)
     }
 
     /// Brings every rank's metadata to the counters the step produced, from the snapshot taken

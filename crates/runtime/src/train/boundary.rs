@@ -22,10 +22,10 @@ use nereus_exec::rl::{RlJob, StepMetrics};
 use super::fault::surviving;
 use super::outcome::{Boundary, ControllerStop, InForce, Predicted};
 use super::sources::{create_replica, from_checkpoint};
-use super::start::next_pool;
+use super::start::{next_pool, planned_weight_syncs};
 use super::TrainJob;
-use crate::transition::{agree_on_dag, execute};
 use crate::{RuntimeError, Session};
+use nereus_exec::emu::dag::{agree_on_dag, execute};
 
 impl<P, M> TrainJob<'_, P, M>
 where
@@ -73,11 +73,7 @@ where
         }
         let action = decide(self.session, self.controller.as_mut(), &record, &self.plan)?;
         self.pool = action.pool;
-        let mut boundary = self.act(&action)?;
-        if loss.is_some() && action.target.is_none() {
-            // The plan lost replicas: the RL job runs over what remains.
-            self.rebuild_rl()?;
-        }
+        let mut boundary = self.act(&action, loss.is_some())?;
         boundary.rank_loss = loss;
         if let (Some(c), Some(t)) = (self.controller.as_mut(), &boundary.transition) {
             c.transitioned(t.predicted_seconds, t.seconds);
@@ -90,9 +86,10 @@ where
     }
 
     /// Carries out the controller's `action` on every rank: the transition to its target (if
-    /// any), then the RL job rebuilt over the EMUs for the new plan and response cap — the same
-    /// parameters, moments, counters, data position and seeds, the same global batch.
-    fn act(&mut self, action: &Action) -> Result<Boundary, RuntimeError> {
+    /// any), then the RL job rebuilt over the EMUs for the new plan and response cap (or, when
+    /// a rank was `lost`, over the replicas that remain) — the same parameters, moments,
+    /// counters, data position and seeds, the same global batch.
+    fn act(&mut self, action: &Action, lost: bool) -> Result<Boundary, RuntimeError> {
         let world = self.session.world().size() as u32;
         let cap = action.cap;
         let planner = Planner::new(self.config, world, Some(u64::from(cap)), action.efficiencies)?;
@@ -105,17 +102,19 @@ where
             boundary.transition = Some(record);
             self.plan = target.clone();
         }
-        if action.target.is_some() || self.settings.sampling.max_new_tokens != cap as usize {
+        if lost || action.target.is_some() || self.settings.sampling.max_new_tokens != cap as usize {
             self.settings.sampling.max_new_tokens = cap as usize;
-            self.rebuild_rl()?;
+            self.rebuild_rl(&planner)?;
         }
         self.predicted = Predicted::of(&planner, &self.plan);
         Ok(boundary)
     }
 
-    /// The RL job rebuilt over the live EMUs for the plan and settings in force.
-    fn rebuild_rl(&mut self) -> Result<(), RuntimeError> {
-        self.rl = RlJob::new(&mut *self.plane, &self.set, self.plan.clone(), self.settings.clone())?;
+    /// The RL job rebuilt over the live EMUs for the plan and settings in force, its weight
+    /// syncs planned with `planner`.
+    fn rebuild_rl(&mut self, planner: &Planner) -> Result<(), RuntimeError> {
+        let syncs = planned_weight_syncs(self.session, planner, &self.plan)?;
+        self.rl = RlJob::new(&mut *self.plane, &self.set, self.plan.clone(), self.settings.clone(), syncs)?;
         Ok(())
     }
 

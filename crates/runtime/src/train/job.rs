@@ -18,7 +18,9 @@ use super::outcome::{InForce, Predicted};
 use super::pool::{PoolSignal, PoolSource};
 use super::signals::{self, StopSignals};
 use super::sources::{create_state, from_checkpoint, initial_sources};
-use super::start::{agreed_pool, continued, fits_devices, job_checks, mark_resume, pool_source, resume_directory};
+use super::start::{
+    agreed_pool, continued, fits_devices, job_checks, mark_resume, planned_weight_syncs, pool_source, resume_directory,
+};
 use super::tensorboard::EventWriter;
 use super::timeline::Timeline;
 use super::TrainOptions;
@@ -122,7 +124,8 @@ where
         let controller = (session.rank() == 0).then(|| controller(config, base, cap, state, &plan)).flatten();
         session.agree("device memory", fits_devices(session.rank(), &planner, &plan, &memory))?;
         let set = create_state(plane, config, &plan, &sources, world, &memory)?;
-        let rl = RlJob::new(plane, &set, plan.clone(), settings.clone())?;
+        let syncs = planned_weight_syncs(session, &planner, &plan)?;
+        let rl = RlJob::new(plane, &set, plan.clone(), settings.clone(), syncs)?;
         if session.rank() == 0 {
             console::print_plan(&plan);
         }

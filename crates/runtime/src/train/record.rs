@@ -155,12 +155,7 @@ fn step_line<M: ShardMemory, P: DataPlane>(
         state_digest,
         counters,
         elastic: None,
-        asynchronous: m.asynchronous.clone().map(|mut a| {
-            if let Some(sync) = a.weight_sync.as_mut() {
-                sync.predicted_seconds = predicted.seconds.weight_sync;
-            }
-            a
-        }),
+        asynchronous: m.asynchronous.clone(),
     })
 }
 

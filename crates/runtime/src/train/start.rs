@@ -1,15 +1,20 @@
 //! Before a job touches its state: what every rank checks (the engine can run it here, the
-//! plan), the output directory made ready and the checkpoint to resume from, the pool.
+//! plan), the output directory made ready and the checkpoint to resume from, the pool, and the
+//! weight syncs a plan runs, planned and agreed.
 
 use std::path::{Path, PathBuf};
 
 use nereus_core::config::{DataPlane as PlaneKind, DeviceChoice, Dtype, JobConfig, PolicyMode, ResumeFrom};
-use nereus_core::plan::Plan;
+use std::collections::BTreeMap;
+
+use nereus_core::plan::{ModelStage, Plan};
 use nereus_core::planner::{initial_plan, Planner};
 use nereus_core::policy::controller::ControllerState;
 use nereus_core::record::Event;
+use nereus_core::transition::{global::Links, weight_syncs, TransitionDag};
 use nereus_core::units::format_bytes;
 use nereus_exec::backend::check_data_plane;
+use nereus_exec::emu::dag::agree_on_dag;
 use nereus_exec::emu::ShardMemory;
 
 use super::metrics::MetricsLog;
@@ -305,4 +310,19 @@ pub(super) fn next_pool(pools: &PoolSource, step: u64, in_force: u32) -> u32 {
         log::warn!("{e}; keeping the pool of {in_force} ranks");
         in_force
     })
+}
+
+/// `plan`'s weight syncs as transitions of Syncs ([`weight_syncs`]), planned with `planner`'s
+/// state bytes and links and agreed by hash on every rank before any runs.
+pub(super) fn planned_weight_syncs(
+    session: &Session,
+    planner: &Planner,
+    plan: &Plan,
+) -> Result<BTreeMap<ModelStage, TransitionDag>, RuntimeError> {
+    let links = Links::of(&planner.cost().hardware, None);
+    let syncs = weight_syncs(planner, plan, &links)?;
+    for dag in syncs.values() {
+        agree_on_dag(session.world(), session.watchdog(), dag)?;
+    }
+    Ok(syncs)
 }

@@ -43,9 +43,9 @@ use nereus_core::plan::{Candidate, ModelStage, Placement, Plan, Recompute, Role,
 use nereus_core::transition::global::Links;
 use nereus_core::transition::{Coordination, TransitionDag};
 use nereus_exec::comm::{DataPlane, GroupId};
+use nereus_exec::emu::dag::{agree_on_dag, execute};
 use nereus_exec::emu::{DeviceMemory, Digest, EmuSet, Exchange, HostMemory, ShardMemory};
 use nereus_runtime::device::{open_device, Plane};
-use nereus_runtime::transition::{agree_on_dag, execute};
 use nereus_runtime::{RuntimeError, Session};
 
 use super::primitives::{device_p2p_seconds, host_p2p_seconds, timed, Measured, Wait};

@@ -303,3 +303,55 @@ fn the_1024_rank_instance_is_built_with_work_linear_in_its_size() {
         per_item(&dag)
     );
 }
+
+/// The weight sync of a plan whose two generation replicas (tp 1) are filled from one training
+/// replica (tp 2) on other ranks: one Sync per generation replica, both from the one source,
+/// one after the other on the source's ranks; every unit stays; each target rank receives
+/// its whole shard over its slowest link, and tp 2 → 1 packs.
+#[test]
+fn a_weight_sync_is_one_sync_per_target_replica_priced_by_its_links() {
+    let c = catalogue();
+    let bytes = sizer(&c);
+    let (actor, generation) = WEIGHT_SYNCS_OF_ACTOR;
+    let plan = Plan {
+        placements: vec![
+            placed(actor, Layout::new(2, 1), vec![0, 1]),
+            placed(generation, Layout::new(1, 1), vec![4, 5]),
+        ],
+    };
+    let links = links(u64::MAX);
+    let dag = TransitionDag::weight_sync(&plan, (actor, generation), &bytes, &links).unwrap().expect("both ends");
+    assert_eq!(dag.graph.node_count(), 2);
+    assert_eq!(dag.initial.len(), 3);
+    let source = dag.initial[0];
+    let shard = bytes(generation, Layout::new(1, 1), Layout::new(1, 1).position(0));
+    for (i, node) in dag.graph.node_weights().enumerate() {
+        let Primitive::Sync { source: s, target } = &node.primitive else { panic!("{}", dag.label(i)) };
+        assert_eq!(*s, source);
+        assert_eq!(dag.units[target].model_stage, generation);
+        assert!(node.acquire.iter().all(|(_, b)| *b == 0) && node.release.is_empty());
+        assert_eq!(node.transient, shard, "tp 2 -> 1 packs the received shard");
+        // Ranks 0-1 and 4-5 are on different nodes (4 devices each).
+        assert_eq!(node.seconds, shard as f64 / links.inter_bytes_per_s);
+    }
+    // The two Syncs share the source's ranks: the second starts when the first ends.
+    assert!((dag.schedule.seconds - 2.0 * shard as f64 / links.inter_bytes_per_s).abs() < 1e-12);
+    assert!(dag.targets.values().flatten().all(|u| dag.initial.contains(u)), "every unit stays");
+
+    // Same layout on the same ranks: a local copy at memory speed, no pack buffers.
+    let colocated = Plan {
+        placements: vec![placed(actor, Layout::new(1, 1), vec![0]), placed(generation, Layout::new(1, 1), vec![0])],
+    };
+    let dag = TransitionDag::weight_sync(&colocated, (actor, generation), &bytes, &links).unwrap().unwrap();
+    let node = &dag.graph[NodeIndex::new(0)];
+    assert_eq!((node.transient, node.seconds), (0, shard as f64 / links.memory_bytes_per_s));
+    assert_eq!(node.ranks(&dag.units).collect::<Vec<_>>(), [0], "a rank takes part once");
+
+    // A plan without the target has no weight sync; a training target is refused.
+    let alone = Plan { placements: vec![placed(actor, Layout::new(1, 1), vec![0])] };
+    assert!(TransitionDag::weight_sync(&alone, (actor, generation), &bytes, &links).unwrap().is_none());
+    assert!(TransitionDag::weight_sync(&plan, (generation, actor), &bytes, &links).is_err());
+}
+
+/// The actor's weight sync, `(actor/training, actor/generation)`.
+const WEIGHT_SYNCS_OF_ACTOR: (ModelStage, ModelStage) = crate::plan::WEIGHT_SYNCS[0];

@@ -21,7 +21,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use super::{token_rows, Laps, RlJob, Round, StepMetrics, Updates, ACTOR, CRITIC, CRITIC_INFERENCE, GENERATION};
+use super::{token_rows, Laps, RlJob, Round, StepMetrics, Updates, ACTOR, CRITIC_INFERENCE, GENERATION};
 use crate::emu::{EmuSet, Exchange};
 use crate::engine::{Batch, EngineError, EngineMemory, Generated};
 use crate::rl::Rollout;
@@ -77,7 +77,7 @@ impl RlJob {
             true => Some(self.weight_sync(plane, set)?),
             false => None,
         };
-        self.sync_weights(plane, set, &[(CRITIC, CRITIC_INFERENCE)])?;
+        self.sync_weights(plane, set, &[CRITIC_INFERENCE])?;
         self.advance_counters(set, counters, step, next, &updates);
         let generation_version = if weight_sync.is_some() { step + 1 } else { behaviour };
         set_version(set, GENERATION, generation_version);
@@ -218,7 +218,7 @@ impl RlJob {
         set: &mut EmuSet<M>,
     ) -> Result<TransitionRecord, EngineError> {
         let start = Instant::now();
-        let bytes = self.sync_weights(plane, set, &[(ACTOR, GENERATION)])?;
+        let done = self.sync_weights(plane, set, &[GENERATION])?;
         let mine = start.elapsed().as_secs_f64();
         let mut all = vec![0u8; 8 * set.world_size() as usize];
         plane.all_gather(self.world, &mine.to_le_bytes(), &mut all)?;
@@ -233,10 +233,10 @@ impl RlJob {
         Ok(TransitionRecord {
             kind: None,
             seconds,
-            predicted_seconds: 0.0,
-            bytes,
+            predicted_seconds: done.predicted_seconds,
+            bytes: done.bytes,
             staged_bytes: 0,
-            primitives: self.replicas[&GENERATION].len(),
+            primitives: done.primitives,
             from,
             to,
             digests_before: digest(ACTOR),

@@ -1,17 +1,32 @@
 //! Executing a planned transition on every rank: agree on the DAG, then run its primitives
-//! in the one global order on the EMU set.
+//! in the one global order on the EMU set. A step boundary's transitions and the weight syncs
+//! inside a step ([`Primitive::Sync`]) run here alike.
 
 use std::collections::BTreeMap;
 
 use sha2::{Digest as _, Sha256};
+use thiserror::Error;
 
-use nereus_exec::comm::{agree, Watchdog, World};
+use crate::comm::{agree, CommError, Watchdog, World};
 use petgraph::graph::NodeIndex;
 
 use nereus_core::transition::{Primitive, TransitionDag, UnitId};
-use nereus_exec::emu::{EmuId, EmuSet, Exchange, PrimitiveOptions, PrimitiveReport, Route, ShardMemory};
 
-use super::RuntimeError;
+use super::{EmuError, EmuId, EmuSet, Exchange, PrimitiveOptions, PrimitiveReport, Route, ShardMemory};
+
+/// Why a planned transition did not run to its end.
+#[derive(Debug, Error)]
+pub enum DagError {
+    /// A primitive failed (no room, invalid arguments).
+    #[error(transparent)]
+    Emu(#[from] EmuError),
+    /// The agreement or a transfer failed.
+    #[error(transparent)]
+    Comm(#[from] CommError),
+    /// The DAG does not describe the EMUs this job holds.
+    #[error("{0}")]
+    Mismatch(String),
+}
 
 /// What an executed transition did (identical on every rank).
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -37,7 +52,7 @@ pub fn dag_hash(dag: &TransitionDag) -> u64 {
 
 /// Checks with one all-reduce that every rank holds the same DAG (a mismatch stops the job
 /// before any byte moves).
-pub fn agree_on_dag(world: &World, watchdog: &Watchdog, dag: &TransitionDag) -> Result<(), RuntimeError> {
+pub fn agree_on_dag(world: &World, watchdog: &Watchdog, dag: &TransitionDag) -> Result<(), DagError> {
     agree(world, watchdog, "transition DAG agreement", Ok(dag_hash(dag)))?;
     Ok(())
 }
@@ -49,7 +64,7 @@ pub fn execute<M: ShardMemory, P: Exchange<M>>(
     set: &mut EmuSet<M>,
     plane: &mut P,
     dag: &TransitionDag,
-) -> Result<(BTreeMap<UnitId, EmuId>, ExecutionReport), RuntimeError> {
+) -> Result<(BTreeMap<UnitId, EmuId>, ExecutionReport), DagError> {
     // The schedule has checked memory: primitives need only their own ranks to agree, so
     // primitives on disjoint ranks run concurrently.
     execute_in_order(set, plane, dag, &dag.schedule.order, Agreement::Participants)
@@ -73,7 +88,7 @@ pub fn execute_in_order<M: ShardMemory, P: Exchange<M>>(
     dag: &TransitionDag,
     order: &[usize],
     agreement: Agreement,
-) -> Result<(BTreeMap<UnitId, EmuId>, ExecutionReport), RuntimeError> {
+) -> Result<(BTreeMap<UnitId, EmuId>, ExecutionReport), DagError> {
     let mut ids: BTreeMap<UnitId, EmuId> = BTreeMap::new();
     for uid in &dag.initial {
         let u = &dag.units[uid];
@@ -86,7 +101,7 @@ pub fn execute_in_order<M: ShardMemory, P: Exchange<M>>(
                     && !ids.values().any(|x| *x == e.id)
             })
             .ok_or_else(|| {
-                RuntimeError::Usage(format!(
+                DagError::Mismatch(format!(
                     "the transition starts from {} {} on {:?}, which this job does not hold",
                     u.model_stage, u.layout, u.ranks
                 ))
@@ -112,7 +127,7 @@ fn run_nodes<M: ShardMemory, P: Exchange<M>>(
     order: &[usize],
     ids: &mut BTreeMap<UnitId, EmuId>,
     report: &mut ExecutionReport,
-) -> Result<(), RuntimeError> {
+) -> Result<(), DagError> {
     let fused = dag.fused_splits();
     for &i in order {
         plane.set_context(Some(format!("transition node {i}: {}", dag.label(i))));
@@ -120,7 +135,7 @@ fn run_nodes<M: ShardMemory, P: Exchange<M>>(
         for (unit, emu) in made.iter().zip(&done.created) {
             let made = &set.emu(*emu).expect("a created EMU exists").ranks;
             if *made != dag.units[unit].ranks {
-                return Err(RuntimeError::Usage(format!(
+                return Err(DagError::Mismatch(format!(
                     "{} made ranks {made:?}, the plan expected {:?}",
                     dag.label(i),
                     dag.units[unit].ranks
@@ -145,7 +160,7 @@ fn run_node<M: ShardMemory, P: Exchange<M>>(
     i: usize,
     ids: &BTreeMap<UnitId, EmuId>,
     fused: &BTreeMap<usize, usize>,
-) -> Result<(PrimitiveReport, Vec<UnitId>), RuntimeError> {
+) -> Result<(PrimitiveReport, Vec<UnitId>), DagError> {
     let node = &dag.graph[NodeIndex::new(i)];
     let made = node.primitive.creates().to_vec();
     let options = PrimitiveOptions { route: Route::staged_if(node.staged), in_transition: true };
@@ -170,6 +185,7 @@ fn run_node<M: ShardMemory, P: Exchange<M>>(
             set.merge(plane, &part_ids, dag.units[merged].layout, options)?
         }
         Primitive::Destroy { unit } => set.destroy(ids[unit])?,
+        Primitive::Sync { source, target } => set.sync_params(plane, ids[source], ids[target])?,
     };
     Ok((done, made))
 }
