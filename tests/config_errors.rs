@@ -225,6 +225,16 @@ fn cases() -> Vec<Case> {
             expect: &["`rl.max_staleness` = 0", "between 1 and 64", "rl.mode = \"sync\""],
         },
         Case {
+            name: "behaviour_weight_cap in synchronous mode",
+            toml: set("rl", "behaviour_weight_cap", "3.0"),
+            expect: &["`rl.behaviour_weight_cap` = 3", "rl.mode = \"async\"", "every rollout is on-policy"],
+        },
+        Case {
+            name: "behaviour_weight_cap below 1 in asynchronous mode",
+            toml: set_key(&set("rl", "mode", "\"async\""), "rl", "behaviour_weight_cap", Some("0.5")),
+            expect: &["`rl.behaviour_weight_cap` = 0.5", "at least 1"],
+        },
+        Case {
             name: "DAPO's dynamic sampling in asynchronous mode",
             toml: set_key(&set_key(&grpo, "rl", "mode", Some("\"async\"")), "rl", "algorithm", Some("\"dapo\"")),
             expect: &["`rl.dynamic_sampling` = true", "asynchronous mode keeps apart", "rl.mode = \"sync\""],
@@ -352,11 +362,11 @@ fn inspect_config_shows_the_rl_mode_and_staleness_with_their_source() {
     let c = config.to_str().unwrap();
     let sync = text(&run_single(&["inspect", "config", c])).0;
     assert!(sync.contains("mode = \"sync\"  # default"), "{sync}");
-    assert!(!sync.contains("max_staleness"), "{sync}");
+    assert!(!sync.contains("max_staleness") && !sync.contains("behaviour_weight_cap"), "{sync}");
     let out = run_single(&["inspect", "config", c, "--set", "rl.mode=\"async\""]);
     let (stdout, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
-    for line in ["mode = \"async\"  # --set", "max_staleness = 1  # default"] {
+    for line in ["mode = \"async\"  # --set", "max_staleness = 1  # default", "behaviour_weight_cap = 5.0  # default"] {
         assert!(stdout.contains(line), "`{line}` missing:\n{stdout}");
     }
     let asynchronous = write(dir.path(), "async.toml", &shipped("tiny-math-grpo-async.toml"));

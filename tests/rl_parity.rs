@@ -99,6 +99,8 @@ fn loss_cases() -> Vec<PolicyTerms> {
                 kl_estimator: kl,
                 entropy_coef: if k % 2 == 1 { 0.05 } else { 0.0 },
                 agg,
+                // The rollouts are on-policy (no behaviour log-probs): the cap is never reached.
+                behaviour_cap: nereus_core::config::rl::BEHAVIOUR_WEIGHT_CAP,
             });
         }
     }

@@ -62,6 +62,11 @@ pub struct RlSection {
     /// (rollouts older than this are dropped, never trained on); unset: 1 with `mode = "async"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_staleness: Option<u32>,
+    /// Asynchronous mode only: the truncation of each stale token's behaviour weight
+    /// `π_old / π_behav` (decoupled PPO; AReaL's `behav_imp_weight_cap`, Fu et al. 2025,
+    /// arXiv:2505.24298); unset: [`BEHAVIOUR_WEIGHT_CAP`] with `mode = "async"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub behaviour_weight_cap: Option<f64>,
 }
 
 /// How an RL step orders its stages (`rl.mode`).
@@ -77,6 +82,10 @@ pub enum RlMode {
     /// PPO, as AReaL does: Fu et al. 2025, arXiv:2505.24298).
     Async,
 }
+
+/// The default truncation of the behaviour weight in asynchronous mode
+/// (`rl.behaviour_weight_cap`), AReaL's default for its asynchronous runs.
+pub const BEHAVIOUR_WEIGHT_CAP: f64 = 5.0;
 
 /// Most policy versions a rollout may lag (`rl.max_staleness`): rollouts are kept in memory
 /// until trained on, so a bound far past any useful lag keeps the buffer small.
@@ -124,6 +133,15 @@ impl RlSection {
         }
     }
 
+    /// `behaviour_weight_cap`, or [`BEHAVIOUR_WEIGHT_CAP`] in asynchronous mode; `None` in
+    /// synchronous mode (every rollout is on-policy).
+    pub fn behaviour_weight_cap(&self) -> Option<f64> {
+        match self.mode {
+            RlMode::Sync => self.behaviour_weight_cap,
+            RlMode::Async => Some(self.behaviour_weight_cap.unwrap_or(BEHAVIOUR_WEIGHT_CAP)),
+        }
+    }
+
     /// `overlong_buffer`, or the algorithm's share of `max_response_len`.
     pub fn overlong_buffer(&self) -> u32 {
         let share = self.algorithm.recipe().overlong_fraction * f64::from(self.max_response_len);
@@ -139,6 +157,7 @@ impl RlSection {
         self.dynamic_sampling = Some(self.dynamic_sampling());
         self.overlong_buffer = Some(self.overlong_buffer());
         self.max_staleness = self.max_staleness();
+        self.behaviour_weight_cap = self.behaviour_weight_cap();
     }
 
     /// Checks ranges and batch divisibility; errors name the key under `rl.`.
@@ -176,7 +195,26 @@ impl RlSection {
         check::divides("rl.mini_batch", self.mini_batch, sequences, "prompts_per_step * samples_per_prompt")?;
         check::divides("rl.micro_batch", self.micro_batch, self.mini_batch, "rl.mini_batch")?;
         self.check_sampling()?;
-        self.check_mode()
+        self.check_mode()?;
+        self.check_behaviour_weight_cap()
+    }
+
+    /// `behaviour_weight_cap` belongs to asynchronous mode, where it is finite and at least 1.
+    fn check_behaviour_weight_cap(&self) -> Result<(), ConfigError> {
+        let key = "rl.behaviour_weight_cap";
+        match (self.mode, self.behaviour_weight_cap()) {
+            (RlMode::Sync, Some(cap)) => Err(ConfigError::invalid(
+                key,
+                cap,
+                "applies only to rl.mode = \"async\" (rl.mode is \"sync\": every rollout is on-policy); remove it or set mode = \"async\"",
+            )),
+            (RlMode::Async, Some(cap)) if !(cap.is_finite() && cap >= 1.0) => Err(ConfigError::invalid(
+                key,
+                cap,
+                "must be a finite number of at least 1 (a stale token's weight π_old / π_behav is truncated there; below 1 even on-policy tokens would be scaled down)",
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// `max_staleness` belongs to asynchronous mode, where it is at least 1 (0 would train

@@ -13,6 +13,7 @@ use std::ops::Range;
 pub use super::kl::{kl_k1, kl_k2, kl_k3, kl_low_var, kl_token};
 use super::Rollout;
 use crate::engine::Objective;
+use nereus_core::config::rl::BEHAVIOUR_WEIGHT_CAP;
 use nereus_core::config::{Algorithm, KlEstimator, LossAgg};
 
 /// The clipped surrogate for one token with the decoupled clip range `[1 − low, 1 + high]`
@@ -55,11 +56,6 @@ pub fn gspo_token(seq_log_ratio: f64, advantage: f64, low: f64, high: f64) -> (f
 pub fn behaviour_weight(old_logp: f64, behav_logp: f64, cap: f64) -> f64 {
     (old_logp - behav_logp).exp().min(cap)
 }
-
-/// The behaviour weight's truncation (AReaL's `behav_imp_weight_cap` in its asynchronous
-/// examples): a token whose proximal policy is more than 5 times likelier than the one that
-/// generated it counts 5 times.
-pub const BEHAVIOUR_WEIGHT_CAP: f64 = 5.0;
 
 /// The entropy of one token's distribution estimated from the sampled token, `Ĥ = −logp`
 /// (its expectation under the policy is the entropy), and the score-function estimate of its
@@ -139,6 +135,9 @@ pub struct PolicyTerms {
     pub entropy_coef: f64,
     /// How the tokens' losses are aggregated.
     pub agg: LossAgg,
+    /// The truncation of a stale token's behaviour weight ([`behaviour_weight`]; asynchronous
+    /// mode's `rl.behaviour_weight_cap`).
+    pub behaviour_cap: f64,
 }
 
 impl PolicyTerms {
@@ -153,6 +152,7 @@ impl PolicyTerms {
             kl_estimator: KlEstimator::K3,
             entropy_coef: 0.0,
             agg: LossAgg::TokenMean,
+            behaviour_cap: BEHAVIOUR_WEIGHT_CAP,
         }
     }
 
@@ -170,7 +170,7 @@ impl PolicyTerms {
         // A stale rollout (asynchronous mode) weighs each token by its behaviour weight.
         let (l, g) = match r.behav_logp.get(i) {
             Some(&behav) => {
-                let w = behaviour_weight(f64::from(r.old_logp[i]), f64::from(behav), BEHAVIOUR_WEIGHT_CAP);
+                let w = behaviour_weight(f64::from(r.old_logp[i]), f64::from(behav), self.behaviour_cap);
                 (w * l, w * g)
             }
             None => (l, g),

@@ -31,6 +31,7 @@ use crate::engine::{
     share, train_step, AdamW, Batch, EngineError, EngineMemory, Generated, Objective, Replica, Sampling, StepReport,
     Wave,
 };
+use nereus_core::config::rl::BEHAVIOUR_WEIGHT_CAP;
 use nereus_core::config::{Algorithm, JobConfig, KlEstimator, KlIn, RewardSource};
 use nereus_core::cost::OpClass;
 use nereus_core::cost::OpSeconds;
@@ -160,6 +161,7 @@ impl StepSettings {
             kl_estimator: rl.kl_estimator(),
             entropy_coef: t.entropy_coef,
             agg: rl.loss_agg(),
+            behaviour_cap: rl.behaviour_weight_cap().unwrap_or(BEHAVIOUR_WEIGHT_CAP),
         }
     }
 
