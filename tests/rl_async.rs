@@ -64,6 +64,10 @@ fn assert_versions(records: &[Value], k: u64) {
         assert_eq!(versions.len(), samples);
         assert!(versions.iter().all(|v| v.as_u64().unwrap() == trained - staleness), "{a}");
         assert_eq!(a["ahead_position"].as_u64().unwrap(), prompts * (step + 1));
+        // Every step samples the next one's rollouts: generation's own seconds, whatever the
+        // other ranks waited.
+        assert!(r["stage_seconds"]["generation"].as_f64().unwrap() > 0.0, "step {step}: {}", r["stage_seconds"]);
+        assert!(a["generation_wait_seconds"].as_f64().unwrap() >= 0.0, "step {step}: {a}");
         assert_eq!(r["counters"]["actor/training"]["data_position"].as_u64().unwrap(), prompts * (step + 1));
         if let Some(sync) = a["weight_sync"].as_object() {
             assert_eq!(sync["digests_before"], sync["digests_after"], "step {step}");

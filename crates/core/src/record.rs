@@ -74,6 +74,10 @@ pub struct StepLine {
 /// training").
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AsyncRecord {
+    /// Seconds the ranks outside generation waited on it beyond their own work (inference,
+    /// training), rank 0's: 0 when generation is the shorter pipeline. The step line's
+    /// `stage_seconds.generation` is generation's own time.
+    pub generation_wait_seconds: f64,
     /// The policy version trained: the training weights' version before the step's updates.
     pub policy_version: u64,
     /// Per sample trained on, in batch order, the version of the policy that generated it.

@@ -38,6 +38,8 @@ pub struct Ahead {
     pub first: u64,
     /// The policy version of the weights that sampled them.
     pub version: u64,
+    /// The slowest generation rank's seconds sampling them (with their behaviour log-probs).
+    pub seconds: f64,
 }
 
 impl RlJob {
@@ -83,6 +85,7 @@ impl RlJob {
         set_version(set, GENERATION, generation_version);
         laps.done(Phase::WeightSync);
         let record = AsyncRecord {
+            generation_wait_seconds: laps.stage.generation,
             policy_version: trained,
             sample_versions: vec![current.version; current.rollout.sequences()],
             staleness: trained.saturating_sub(current.version),
@@ -91,10 +94,13 @@ impl RlJob {
             ahead_version: behaviour,
             weight_sync,
         };
-        *ahead = Some(sampled);
         let stats = batch.stats();
         let samples = self.samples(&batch.rollout, &batch.positions, &batch.rule, plane.rank());
         let mut metrics = self.metrics_of(stats, &batch, updates, laps, start);
+        // Generation's own seconds (what the planner predicts for the phase and calibration
+        // compares), not the wait the other ranks saw, which the async record keeps.
+        metrics.stage_seconds.generation = sampled.seconds;
+        *ahead = Some(sampled);
         metrics.generated_tokens = current.rollout.lengths.iter().sum::<usize>() as u64;
         (metrics.samples, metrics.asynchronous) = (samples, Some(record));
         Ok(metrics)
@@ -102,8 +108,9 @@ impl RlJob {
 
     /// This rank's part of the rollouts of step `step` from data position `first`, sampled by
     /// the generation replicas with their behaviour log-probabilities (each replica's own
-    /// forward pass over its share): `[tokens and length S×(T+1) | behav S×T]`, zeros where
-    /// other ranks contribute (all zeros outside `actor/generation`).
+    /// forward pass over its share): `[tokens and length S×(T+1) | behav S×T | seconds W]`,
+    /// zeros where other ranks contribute (all zeros outside `actor/generation`), the seconds
+    /// this rank spent sampling at its own index of the last `W` (world size) entries.
     fn sample_ahead<M: EngineMemory, P: Exchange<M>>(
         &self,
         plane: &mut P,
@@ -113,7 +120,8 @@ impl RlJob {
     ) -> Result<Vec<f32>, EngineError> {
         let s = &self.settings;
         let (n, t) = (s.sequences(), s.seq_len());
-        let mut buf = vec![0f32; n * (t + 1) + n * t];
+        let start = Instant::now();
+        let mut buf = vec![0f32; n * (t + 1) + n * t + set.world_size() as usize];
         let prompts = self.step_prompts(step, first, 0);
         let Some((share, out, replica)) = self.sample_share(plane, set, n, &s.sampling, &prompts)? else {
             return Ok(buf);
@@ -130,6 +138,7 @@ impl RlJob {
             let at = n * (t + 1) + share.start * t;
             buf[at..at + logp.len()].copy_from_slice(&logp);
         }
+        buf[n * (t + 1) + n * t + plane.rank() as usize] = start.elapsed().as_secs_f32();
         Ok(buf)
     }
 
@@ -145,7 +154,8 @@ impl RlJob {
         let s = &self.settings;
         let (n, t) = (s.sequences(), s.seq_len());
         plane.all_reduce_sum_f32(self.world, &mut buf)?;
-        let (rows, behav) = buf.split_at(n * (t + 1));
+        let (rows, rest) = buf.split_at(n * (t + 1));
+        let (behav, seconds) = rest.split_at(n * t);
         let mut generated = Generated { tokens: Vec::with_capacity(n * t), lengths: Vec::with_capacity(n) };
         for row in rows.chunks_exact(t + 1) {
             generated.tokens.extend(row[..t].iter().map(|&x| x as u32));
@@ -154,7 +164,8 @@ impl RlJob {
         let starts = (0..n).map(|i| s.task.prompt_start(first + (i / s.samples) as u64)).collect();
         let mut rollout = s.rollout_of(generated, starts);
         rollout.behav_logp = behav.to_vec();
-        Ok(Ahead { rollout, first, version })
+        let seconds = seconds.iter().copied().fold(0f32, f32::max).into();
+        Ok(Ahead { rollout, first, version, seconds })
     }
 
     /// Inference, scores and advantages of `a` on the ranks outside generation, then the
