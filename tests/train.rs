@@ -89,9 +89,18 @@ fn runs_are_bit_identical_and_resume_under_other_layouts_with_the_same_losses() 
     let toml = set_key(&shipped("tiny-ppo.toml"), "train", "checkpoint_every", Some("2"));
     let config = write(dir.path(), "ppo.toml", &toml);
     let a = train(8, &config, &dir.path().join("a"), 4, &[]);
-    // The same run checkpointed every 3 steps and not at the end (checkpoints change nothing
-    // it computes).
-    let no_end = ["--set", "train.checkpoint_every=3", "--set", "train.checkpoint_at_end=false"];
+    // Run a writes step 2 in the background (`train.checkpoint_async`, the default) and step 4,
+    // the last, before it exits; c and d below resume from a's step 2. The same run
+    // checkpointed every 3 steps, on the loop's own thread, and not at the end (checkpoints
+    // change nothing it computes).
+    let no_end = [
+        "--set",
+        "train.checkpoint_every=3",
+        "--set",
+        "train.checkpoint_at_end=false",
+        "--set",
+        "train.checkpoint_async=false",
+    ];
     let b = train(8, &config, &dir.path().join("b"), 4, &no_end);
     for (x, y) in a.iter().zip(&b) {
         for key in ["reward_mean", "response_len_mean", "kl", "actor_loss", "critic_loss", "state_digest"] {

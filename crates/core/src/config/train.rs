@@ -97,6 +97,11 @@ pub struct TrainSection {
     /// ends without one unless `checkpoint_every` or a stop signal asks; for benchmark and
     /// throwaway runs whose final state nobody resumes, which at 1 B parameters is ~20 GB).
     pub checkpoint_at_end: bool,
+    /// Write a checkpoint due by `checkpoint_every` before the last step in the background:
+    /// the step loop waits only while every model is gathered onto rank 0's host memory, and a
+    /// thread writes the files while training goes on (false: the loop waits for the files).
+    /// Checkpoints at the end, on a stop signal or a failure are on disk before the job exits.
+    pub checkpoint_async: bool,
     /// Record every model-stage's state digest (SHA-256 over its parameters and moments, every
     /// rank) in the step record every this many steps and after the last (0: never; transitions
     /// always digest before and after). Hashing costs about a second per GB a rank holds.
@@ -136,6 +141,7 @@ impl Default for TrainSection {
             warmup_memory_gb: 0.0,
             checkpoint_every: 0,
             checkpoint_at_end: true,
+            checkpoint_async: true,
             digest_every: 1,
             checkpoint_shard_gb: 5.0,
             on_nonfinite: OnNonFinite::Stop,

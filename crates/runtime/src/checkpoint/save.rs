@@ -63,38 +63,87 @@ fn file_metadata(sidecar: &Sidecar, model: &str) -> HashMap<String, String> {
     ])
 }
 
+/// Every model of a checkpoint gathered onto rank 0's host memory, owned: what a writer turns
+/// into files, on the job's thread or in the background while the job trains on.
+pub struct Snapshot {
+    models: Vec<GatheredModel>,
+}
+
+/// One model of a [`Snapshot`]: what [`ModelToSave`] says of it, and its tensors.
+struct GatheredModel {
+    role: Role,
+    architecture: ModelSpec,
+    head: OutputHead,
+    source: Option<PathBuf>,
+    tokenizer: Option<PathBuf>,
+    params: Vec<NamedTensor>,
+    moments: Option<Vec<NamedTensor>>,
+}
+
 /// Saves `models` as checkpoint `sidecar.step` under `checkpoints` (every rank calls it; each
-/// model is gathered onto rank 0, which writes). Rank 0 keeps taking part in every gather
-/// after a local failure, so the caller can end the phase with an agreement; it returns the
-/// first failure, or the directory written. `sidecar.models` is filled here.
+/// model is gathered onto rank 0, which writes: [`snapshot`], then [`write`]). Returns rank 0's
+/// failure, or the directory written.
 pub fn save<M: ShardMemory, P: Exchange<M>>(
     plane: &mut P,
     set: &EmuSet<M>,
     models: &[ModelToSave],
+    sidecar: Sidecar,
+    checkpoints: &Checkpoints,
+    options: &SaveOptions,
+) -> Result<PathBuf, CheckpointError> {
+    match snapshot(plane, set, models, checkpoints, sidecar.step)? {
+        Some(snapshot) => write(snapshot, sidecar, checkpoints, options),
+        None => Ok(checkpoints.step_dir(sidecar.step)),
+    }
+}
+
+/// Gathers `models` onto rank 0 for checkpoint `step` (every rank calls it): rank 0 gets the
+/// snapshot, the other ranks `None`. Rank 0 holds every model at once (its parameters, and its
+/// moments when it trains), in host memory.
+pub fn snapshot<M: ShardMemory, P: Exchange<M>>(
+    plane: &mut P,
+    set: &EmuSet<M>,
+    models: &[ModelToSave],
+    checkpoints: &Checkpoints,
+    step: u64,
+) -> Result<Option<Snapshot>, CheckpointError> {
+    let mut gathered = Vec::with_capacity(models.len());
+    for m in models {
+        let whole = set.gather(plane, m.emu, 0).map_err(|e| CheckpointError::Damaged {
+            path: checkpoints.partial_dir(step),
+            reason: format!("gathering {} failed: {e}", m.role.name()),
+        })?;
+        let Some(whole) = whole else { continue };
+        let (params, moments) = model_tensors(&whole, set.catalogue(m.role));
+        gathered.push(GatheredModel {
+            role: m.role,
+            architecture: m.architecture.clone(),
+            head: m.head,
+            source: m.source.map(Path::to_path_buf),
+            tokenizer: m.tokenizer.map(Path::to_path_buf),
+            params,
+            moments,
+        });
+    }
+    Ok((plane.rank() == 0).then_some(Snapshot { models: gathered }))
+}
+
+/// Writes `snapshot` as checkpoint `sidecar.step` under `checkpoints` (rank 0, on any thread):
+/// every file into `step-N.partial/`, the sidecar sealed, the directory renamed to `step-N/`,
+/// then `latest`. `sidecar.models` is filled here.
+pub fn write(
+    snapshot: Snapshot,
     mut sidecar: Sidecar,
     checkpoints: &Checkpoints,
     options: &SaveOptions,
 ) -> Result<PathBuf, CheckpointError> {
     let step = sidecar.step;
     let (partial, dir) = (checkpoints.partial_dir(step), checkpoints.step_dir(step));
-    let root = plane.rank() == 0;
-    let mut outcome = if root { start_partial(&partial) } else { Ok(()) };
-    for m in models {
-        let whole = set.gather(plane, m.emu, 0).map_err(|e| CheckpointError::Damaged {
-            path: partial.clone(),
-            reason: format!("gathering {} failed: {e}", m.role.name()),
-        })?;
-        let Some(whole) = whole else { continue };
-        if outcome.is_ok() {
-            let (params, moments) = model_tensors(&whole, set.catalogue(m.role));
-            outcome = write_model(&partial, m, &params, moments.as_deref(), &sidecar, options)
-                .map(|saved| drop(sidecar.models.insert(m.role.name().into(), saved)));
-        }
+    start_partial(&partial)?;
+    for m in &snapshot.models {
+        let saved = write_model(&partial, m, &sidecar, options)?;
+        sidecar.models.insert(m.role.name().into(), saved);
     }
-    if !root {
-        return Ok(dir);
-    }
-    outcome?;
     sidecar.lineage.sequence = checkpoints.next_sequence();
     sidecar.write_sealed(&partial)?;
     sync_dir(&partial)?;
@@ -113,22 +162,20 @@ fn start_partial(partial: &Path) -> Result<(), CheckpointError> {
 /// Writes one model's directory (and optimizer file), refusing non-finite state.
 fn write_model(
     dir: &Path,
-    m: &ModelToSave,
-    params: &[NamedTensor],
-    moments: Option<&[NamedTensor]>,
+    m: &GatheredModel,
     sidecar: &Sidecar,
     options: &SaveOptions,
 ) -> Result<SavedModel, CheckpointError> {
-    let name = m.role.name();
+    let (name, params, moments) = (m.role.name(), &m.params, m.moments.as_deref());
     let all = params.iter().chain(moments.into_iter().flatten());
     if let Some((tensor, count)) = first_non_finite(all.map(|(n, _, d)| (n.as_str(), d.as_slice()))) {
         return Err(CheckpointError::NonFinite { model: name.into(), tensor, count });
     }
     // The source's config.json was read when the job started; a source that vanished since
     // only loses its extra keys, never the architecture.
-    let base = m.source.and_then(|s| hf::read_model_config(s).ok()).map(|found| found.json);
+    let base = m.source.as_deref().and_then(|s| hf::read_model_config(s).ok()).map(|found| found.json);
     let config = hf::config_json(
-        m.architecture,
+        &m.architecture,
         m.head,
         &ConfigJsonOptions {
             base: base.as_ref(),
@@ -143,8 +190,8 @@ fn write_model(
         metadata: file_metadata(sidecar, name),
         config: &config,
         generation_config: &generation,
-        source: m.source,
-        tokenizer: m.tokenizer,
+        source: m.source.as_deref(),
+        tokenizer: m.tokenizer.as_deref(),
     };
     let files = write_model_dir(&dir.join(name), params, &write)?
         .into_iter()

@@ -134,6 +134,8 @@ where
         }
         let mut checkpoint = None;
         if !restore.is_empty() {
+            // A checkpoint still being written is the latest once it is sealed.
+            self.finish_checkpoint()?;
             let latest = self.checkpoints.latest().ok_or_else(|| {
                 RuntimeError::Usage(format!(
                     "rank {gone} was lost with the last replica of {} and there is no complete checkpoint to restore it from (train.checkpoint_every)",

@@ -15,6 +15,7 @@ use super::fault::{rank_fault, RankFault};
 use super::gather::{held_bytes, slowest_op_seconds};
 use super::metrics::MetricsLog;
 use super::outcome::{InForce, Predicted};
+use super::save::PendingCheckpoint;
 use super::pool::{PoolSignal, PoolSource};
 use super::signals::{self, StopSignals};
 use super::sources::{create_state, from_checkpoint, initial_sources};
@@ -71,6 +72,8 @@ pub struct TrainJob<'s, P, M: ShardMemory = HostMemory> {
     /// Asynchronous mode: the rollouts sampled during the last step for the next (never
     /// checkpointed: a resumed run samples its first step's again, docs/engine.md).
     ahead: Option<Ahead>,
+    /// The checkpoint rank 0 is writing in the background, if any.
+    pub(super) pending_checkpoint: Option<PendingCheckpoint>,
     signals: &'static StopSignals,
     _pool_signal: Option<PoolSignal>,
 }
@@ -161,6 +164,7 @@ where
             resumed_from: sources.resumed_from,
             skipping: 0,
             ahead: None,
+            pending_checkpoint: None,
             signals,
             _pool_signal: pool_signal,
         })
@@ -235,7 +239,9 @@ where
     }
 
     /// After `done` steps: a checkpoint when one is due (every `train.checkpoint_every`, the
-    /// last step, a stop signal on any rank); a signal then stops the job (exit 75).
+    /// last step, a stop signal on any rank); a signal then stops the job (exit 75). One due
+    /// only by `checkpoint_every` before the last step is written in the background when
+    /// `train.checkpoint_async` says so; the others are on disk when this returns.
     pub fn checkpoint_if_due(&mut self, done: u64) -> Result<(), RuntimeError> {
         let received = self.signals.received().map_or(0, signals::number);
         let signal =
@@ -246,6 +252,10 @@ where
         let last = done == u64::from(self.config.job.steps) && self.config.train.checkpoint_at_end;
         if signal.is_none() && !last && !(every > 0 && done.is_multiple_of(every)) {
             return Ok(());
+        }
+        let end = done == u64::from(self.config.job.steps);
+        if signal.is_none() && !end && self.config.train.checkpoint_async {
+            return self.checkpoint_in_background(done);
         }
         let dir = self.checkpoint(done)?;
         if self.session.rank() == 0 {

@@ -130,6 +130,9 @@ where
         job.evaluate_if_due(step + 1)?;
         job.checkpoint_if_due(step + 1)?;
     }
+    // A run that ends without its own checkpoint (`checkpoint_at_end = false`) may still be
+    // writing an earlier one.
+    job.finish_checkpoint()?;
     job.finish();
     Ok(())
 }

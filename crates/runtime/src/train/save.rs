@@ -11,33 +11,91 @@ use super::TrainJob;
 use nereus_exec::emu::Exchange;
 use nereus_exec::engine::EngineMemory;
 
-use crate::checkpoint::{self, Lineage, ModelToSave, SaveOptions, Sidecar};
+use crate::checkpoint::{self, CheckpointError, Lineage, ModelToSave, SaveOptions, Sidecar};
 use crate::RuntimeError;
+
+/// A checkpoint whose files rank 0's writer thread is still writing (every rank knows its step).
+pub(super) struct PendingCheckpoint {
+    step: u64,
+    /// Rank 0's writer (`None` on the other ranks): the directory and how long writing took.
+    writer: Option<std::thread::JoinHandle<Result<(PathBuf, std::time::Duration), CheckpointError>>>,
+}
 
 impl<'s, P, M> TrainJob<'s, P, M>
 where
     P: Exchange<M>,
     M: EngineMemory + Clone,
 {
-    /// Saves every model as checkpoint `step` (every rank calls it; see [`checkpoint::save`]);
+    /// Saves every model as checkpoint `step` and returns when it is on disk (every rank calls
+    /// it; see [`checkpoint::save`]), after the one being written in the background, if any;
     /// every rank learns where it went, or every rank fails.
     pub fn checkpoint(&mut self, step: u64) -> Result<PathBuf, RuntimeError> {
-        let saved = self.save(step);
-        self.session.agree("checkpoint", saved)
+        self.finish_checkpoint()?;
+        let (models, sidecar, options) = (self.models_to_save(), self.sidecar(step), self.save_options());
+        let saved = checkpoint::save(&mut *self.plane, &self.set, &models, sidecar, &self.checkpoints, &options);
+        self.session.agree("checkpoint", saved.map_err(RuntimeError::from))
     }
 
-    fn save(&mut self, step: u64) -> Result<PathBuf, RuntimeError> {
-        let config = self.config;
+    /// Starts checkpoint `step` and returns once every model is gathered onto rank 0's host
+    /// memory (every rank agrees it arrived); a thread of rank 0 writes the files while the job
+    /// trains on, and [`TrainJob::finish_checkpoint`] (the next checkpoint, the run's end) waits
+    /// for it. Until it is sealed, `latest` names the previous checkpoint.
+    pub fn checkpoint_in_background(&mut self, step: u64) -> Result<(), RuntimeError> {
+        self.finish_checkpoint()?;
         let models = self.models_to_save();
-        let options = SaveOptions {
+        let snapshot = checkpoint::snapshot(&mut *self.plane, &self.set, &models, &self.checkpoints, step);
+        let snapshot = self.session.agree("checkpoint snapshot", snapshot.map_err(RuntimeError::from))?;
+        let writer = match snapshot {
+            Some(snapshot) => {
+                let (sidecar, checkpoints, options) = (self.sidecar(step), self.checkpoints.clone(), self.save_options());
+                let write = move || {
+                    let start = std::time::Instant::now();
+                    checkpoint::write(snapshot, sidecar, &checkpoints, &options).map(|dir| (dir, start.elapsed()))
+                };
+                let spawned = std::thread::Builder::new().name("checkpoint-writer".into()).spawn(write);
+                Some(spawned.map_err(crate::io_error("start the checkpoint writer for", &self.checkpoints.step_dir(step)))?)
+            }
+            None => None,
+        };
+        self.pending_checkpoint = Some(PendingCheckpoint { step, writer });
+        Ok(())
+    }
+
+    /// Waits for the checkpoint being written in the background, if any (every rank calls it):
+    /// every rank learns where it went, or every rank fails with rank 0's error.
+    pub fn finish_checkpoint(&mut self) -> Result<(), RuntimeError> {
+        let Some(pending) = self.pending_checkpoint.take() else { return Ok(()) };
+        let dir = self.checkpoints.step_dir(pending.step);
+        let written = match pending.writer {
+            Some(writer) => writer.join().unwrap_or_else(|_| {
+                Err(CheckpointError::Damaged { path: dir.clone(), reason: "its writer thread panicked".into() })
+            }),
+            None => Ok((dir, std::time::Duration::ZERO)),
+        };
+        let (dir, took) = self.session.agree("checkpoint", written.map_err(RuntimeError::from))?;
+        if self.session.rank() == 0 {
+            let bytes = bytes_under(&dir);
+            let rate = bytes as f64 / took.as_secs_f64().max(1e-9) / 1e6;
+            log::info!(
+                "checkpoint of step {} written to {} in the background: {bytes} bytes in {:.2} s ({rate:.0} MB/s)",
+                pending.step,
+                dir.display(),
+                took.as_secs_f64()
+            );
+        }
+        Ok(())
+    }
+
+    /// What every model directory of a checkpoint takes from the job.
+    fn save_options(&self) -> SaveOptions {
+        let config = self.config;
+        SaveOptions {
             max_shard_bytes: config.train.checkpoint_shard_bytes(),
             max_position_embeddings: (config.rl.prompt_len + config.rl.max_response_len).into(),
             eos_token_id: Some(self.settings.sampling.eos),
             temperature: config.train.temperature,
             top_p: config.train.top_p,
-        };
-        let sidecar = self.sidecar(step);
-        Ok(checkpoint::save(&mut *self.plane, &self.set, &models, sidecar, &self.checkpoints, &options)?)
+        }
     }
 
     /// Each model once: from its first training replica (with Adam's moments) when it trains,
@@ -103,4 +161,14 @@ where
             sha256: String::new(),
         }
     }
+}
+
+/// Bytes of every file under `dir` (what a checkpoint wrote; 0 for what cannot be read).
+fn bytes_under(dir: &std::path::Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    let size = |e: std::fs::DirEntry| match e.file_type() {
+        Ok(t) if t.is_dir() => bytes_under(&e.path()),
+        _ => e.metadata().map_or(0, |m| m.len()),
+    };
+    entries.flatten().map(size).sum()
 }
