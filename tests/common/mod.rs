@@ -23,12 +23,18 @@ pub fn run_single(args: &[&str]) -> Output {
 }
 
 /// `mpirun` with what this machine needs: root allowed, more ranks than cores, shared memory.
+///
+/// A job that has failed is torn down at once: Open MPI's `odls_base_sigkill_timeout` (1 s by
+/// default) makes mpirun sleep twice before it SIGKILLs the ranks of a failed job, even when
+/// they have all exited already, which added 2 s to every launch a test expects to fail. Jobs
+/// that a test stops with a signal through mpirun keep the default grace ([`spawn_mpi`]).
 pub fn mpirun() -> Command {
     let mut cmd = Command::new("mpirun");
     cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .env("OMPI_MCA_btl", "self,vader")
         .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
+        .env("OMPI_MCA_odls_base_sigkill_timeout", "0")
         .current_dir(repo());
     cmd
 }
@@ -39,9 +45,11 @@ pub fn run_mpi(n: usize, args: &[&str]) -> Output {
 }
 
 /// Starts `mpirun -n N nereus ARGS` in the background, stderr piped and stdout as `stdout`, for
-/// tests that act on a running job (signals, pool files).
+/// tests that act on a running job (signals, pool files). mpirun's default grace between the
+/// SIGTERM it passes on and its SIGKILL (1 s) is kept: the ranks checkpoint within it.
 pub fn spawn_mpi(n: usize, args: &[&str], stdout: Stdio) -> Child {
     mpirun()
+        .env("OMPI_MCA_odls_base_sigkill_timeout", "1")
         .arg("-n")
         .arg(n.to_string())
         .arg(nereus())
