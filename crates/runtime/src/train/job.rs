@@ -15,8 +15,8 @@ use super::fault::{rank_fault, RankFault};
 use super::gather::{held_bytes, slowest_op_seconds};
 use super::metrics::MetricsLog;
 use super::outcome::{InForce, Predicted};
-use super::save::PendingCheckpoint;
 use super::pool::{PoolSignal, PoolSource};
+use super::save::PendingCheckpoint;
 use super::signals::{self, StopSignals};
 use super::sources::{create_state, from_checkpoint, initial_sources};
 use super::start::{

@@ -17,9 +17,12 @@ use crate::RuntimeError;
 /// A checkpoint whose files rank 0's writer thread is still writing (every rank knows its step).
 pub(super) struct PendingCheckpoint {
     step: u64,
-    /// Rank 0's writer (`None` on the other ranks): the directory and how long writing took.
-    writer: Option<std::thread::JoinHandle<Result<(PathBuf, std::time::Duration), CheckpointError>>>,
+    /// Rank 0's writer (`None` on the other ranks).
+    writer: Option<Writer>,
 }
+
+/// A checkpoint writer thread: the directory it sealed and how long writing took.
+type Writer = std::thread::JoinHandle<Result<(PathBuf, std::time::Duration), CheckpointError>>;
 
 impl<'s, P, M> TrainJob<'s, P, M>
 where
@@ -45,20 +48,20 @@ where
         let models = self.models_to_save();
         let snapshot = checkpoint::snapshot(&mut *self.plane, &self.set, &models, &self.checkpoints, step);
         let snapshot = self.session.agree("checkpoint snapshot", snapshot.map_err(RuntimeError::from))?;
-        let writer = match snapshot {
-            Some(snapshot) => {
-                let (sidecar, checkpoints, options) = (self.sidecar(step), self.checkpoints.clone(), self.save_options());
-                let write = move || {
-                    let start = std::time::Instant::now();
-                    checkpoint::write(snapshot, sidecar, &checkpoints, &options).map(|dir| (dir, start.elapsed()))
-                };
-                let spawned = std::thread::Builder::new().name("checkpoint-writer".into()).spawn(write);
-                Some(spawned.map_err(crate::io_error("start the checkpoint writer for", &self.checkpoints.step_dir(step)))?)
-            }
-            None => None,
-        };
+        let writer = snapshot.map(|snapshot| self.spawn_writer(snapshot, step)).transpose()?;
         self.pending_checkpoint = Some(PendingCheckpoint { step, writer });
         Ok(())
+    }
+
+    /// Rank 0's thread that writes `snapshot` as checkpoint `step`, timing itself.
+    fn spawn_writer(&self, snapshot: checkpoint::Snapshot, step: u64) -> Result<Writer, RuntimeError> {
+        let (sidecar, checkpoints, options) = (self.sidecar(step), self.checkpoints.clone(), self.save_options());
+        let write = move || {
+            let start = std::time::Instant::now();
+            checkpoint::write(snapshot, sidecar, &checkpoints, &options).map(|dir| (dir, start.elapsed()))
+        };
+        let spawned = std::thread::Builder::new().name("checkpoint-writer".into()).spawn(write);
+        spawned.map_err(crate::io_error("start the checkpoint writer for", &self.checkpoints.step_dir(step)))
     }
 
     /// Waits for the checkpoint being written in the background, if any (every rank calls it):
