@@ -31,7 +31,9 @@ pub mod tensors;
 
 pub use error::CheckpointError;
 pub use resume::{ModelFiles, ResumeOptions, Resumed};
-pub use save::{save, save_params_file, snapshot, write, ModelToSave, SaveOptions, Snapshot};
+pub use save::{
+    save, save_params_file, snapshot, write, ModelToSave, PendingCheckpoint, SaveOptions, Snapshot, Writer,
+};
 pub use sidecar::{Lineage, SavedModel, Sidecar, FORMAT, SIDECAR};
 pub use tensors::fill_shard;
 

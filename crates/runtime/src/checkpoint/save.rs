@@ -63,6 +63,17 @@ fn file_metadata(sidecar: &Sidecar, model: &str) -> HashMap<String, String> {
     ])
 }
 
+/// A checkpoint whose files rank 0's writer thread is still writing (every rank knows its step).
+pub struct PendingCheckpoint {
+    /// The checkpoint's step.
+    pub step: u64,
+    /// Rank 0's writer (`None` on the other ranks).
+    pub writer: Option<Writer>,
+}
+
+/// A checkpoint writer thread: the directory it sealed and how long writing took.
+pub type Writer = std::thread::JoinHandle<Result<(PathBuf, std::time::Duration), CheckpointError>>;
+
 /// Every model of a checkpoint gathered onto rank 0's host memory, owned: what a writer turns
 /// into files, on the job's thread or in the background while the job trains on.
 pub struct Snapshot {

@@ -16,7 +16,6 @@ use super::gather::{held_bytes, slowest_op_seconds};
 use super::metrics::MetricsLog;
 use super::outcome::{InForce, Predicted};
 use super::pool::{PoolSignal, PoolSource};
-use super::save::PendingCheckpoint;
 use super::signals::{self, StopSignals};
 use super::sources::{create_state, from_checkpoint, initial_sources};
 use super::start::{
@@ -25,7 +24,7 @@ use super::start::{
 use super::tensorboard::EventWriter;
 use super::timeline::Timeline;
 use super::TrainOptions;
-use crate::checkpoint::Checkpoints;
+use crate::checkpoint::{Checkpoints, PendingCheckpoint};
 use crate::{RuntimeError, Session};
 
 /// Consecutive steps with skipped updates after which `on_nonfinite = "skip-step"` gives up.

@@ -11,18 +11,8 @@ use super::TrainJob;
 use nereus_exec::emu::Exchange;
 use nereus_exec::engine::EngineMemory;
 
-use crate::checkpoint::{self, CheckpointError, Lineage, ModelToSave, SaveOptions, Sidecar};
+use crate::checkpoint::{self, CheckpointError, Lineage, ModelToSave, PendingCheckpoint, SaveOptions, Sidecar, Writer};
 use crate::RuntimeError;
-
-/// A checkpoint whose files rank 0's writer thread is still writing (every rank knows its step).
-pub(super) struct PendingCheckpoint {
-    step: u64,
-    /// Rank 0's writer (`None` on the other ranks).
-    writer: Option<Writer>,
-}
-
-/// A checkpoint writer thread: the directory it sealed and how long writing took.
-type Writer = std::thread::JoinHandle<Result<(PathBuf, std::time::Duration), CheckpointError>>;
 
 impl<'s, P, M> TrainJob<'s, P, M>
 where
