@@ -128,14 +128,29 @@ fn runtime_failures_end_every_rank_within_seconds_with_one_message() {
         check("read-only output_dir", train(4, &config, &target, 1, &[], &[]), 1, &needles, Reports::Once);
     }
     if let Some(small) = tmpfs(256 << 10, false, "disk full during a checkpoint") {
-        // The metrics fit, the first checkpoint (3 MB) does not.
-        let target = small.path.join("run");
-        let run = train(4, &config, &target, 3, &[], &[]);
-        check("disk full during a checkpoint", run, 1, &["step-1.partial", "No space left on device"], Reports::Once);
-        assert!(
-            !target.join("checkpoints/step-1").exists() && !target.join("checkpoints/latest").exists(),
-            "a failed checkpoint left a complete-looking one"
-        );
+        // The metrics fit, the first checkpoint (3 MB) does not: written on the loop's thread,
+        // its own write fails; written in the background, whichever write finds the disk full
+        // first fails (the step's metrics, or the checkpoint when the job waits for it). Either
+        // way no complete-looking checkpoint is left.
+        for (run_dir, mode, needles) in [
+            ("run", "false", &["step-1.partial", "No space left on device"][..]),
+            ("background", "true", &["No space left on device"][..]),
+        ] {
+            let target = small.path.join(run_dir);
+            let run = train(4, &config, &target, 3, &["--set", &format!("train.checkpoint_async={mode}")], &[]);
+            check(
+                &format!("disk full during a checkpoint (checkpoint_async = {mode})"),
+                run,
+                1,
+                needles,
+                Reports::Once,
+            );
+            assert!(
+                !target.join("checkpoints/step-1").exists() && !target.join("checkpoints/latest").exists(),
+                "a failed checkpoint left a complete-looking one"
+            );
+            std::fs::remove_dir_all(&target).ok();
+        }
     }
     if let Some(tiny) = tmpfs(4096, false, "disk full during a metrics append") {
         let no_checkpoints =
