@@ -333,8 +333,8 @@ impl TransitionDag {
     /// The weight sync of `plan` from `from` (a training model-stage) into `to` (a stage of the
     /// same model that does not train) as a transition that keeps every unit where it is: one
     /// Sync per replica of `to`, from replica `g mod dp` of `from` (spreading the senders),
-    /// timed, memory-checked (pack buffers beside everything `plan` holds) and ordered like any
-    /// transition. `None` when `plan` has no `from` or no `to` (GRPO has no critic).
+    /// timed and ordered like any transition (nodes sharing ranks one after another). `None`
+    /// when `plan` has no `from` or no `to` (GRPO has no critic).
     pub fn weight_sync(
         plan: &Plan,
         (from, to): (ModelStage, ModelStage),
@@ -361,7 +361,10 @@ impl TransitionDag {
             dag.graph.add_node(node);
         }
         dag.work.node_visits += targets.len() as u64;
-        dag.schedule(bytes, links, true, None)?;
+        // Memory is the planner's to check here: its placement-exact peaks count each rank's
+        // own pack buffers for the sync (a Sync's `transient` is its largest rank's), and the
+        // ledger refuses at run time what a restored plan cannot hold.
+        dag.schedule(bytes, links, false, None)?;
         Ok(Some(dag))
     }
 
@@ -899,7 +902,7 @@ fn make_node(p: Primitive, ms: ModelStage, units: &Units, shards: &mut Shards, m
             }
             // The pairs of ranks a sync uses repeat every step: no communicator is set up.
             let secs = copying.iter().map(|(_, t)| *t).fold(0.0, f64::max);
-            // Nothing is acquired; the pack buffers are checked on the target's ranks.
+            // Nothing is acquired; `transient` records the pack buffers (the planner checks them).
             (shard.iter().map(|&(r, _)| (r, 0)).collect(), vec![], secs)
         }
     };

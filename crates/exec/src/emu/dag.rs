@@ -109,11 +109,17 @@ pub fn execute_in_order<M: ShardMemory, P: Exchange<M>>(
         ids.insert(*uid, emu.id);
     }
     let mut report = ExecutionReport::default();
+    // A weight sync (Syncs only) allocates nothing but pack buffers and runs every step: it
+    // stays on the step's stream with the allocator's cache, which a reshaping transition
+    // (whose sizes change) runs apart from and empties.
+    let reshapes = dag.graph.node_weights().any(|n| !matches!(n.primitive, Primitive::Sync { .. }));
     set.set_participants_only(agreement == Agreement::Participants);
-    plane.begin_transition()?;
+    if reshapes {
+        plane.begin_transition()?;
+    }
     let outcome = run_nodes(set, plane, dag, order, &mut ids, &mut report);
     set.set_participants_only(false);
-    let finished = plane.end_transition();
+    let finished = if reshapes { plane.end_transition() } else { Ok(()) };
     plane.set_context(None);
     outcome?;
     finished?;

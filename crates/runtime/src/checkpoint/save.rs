@@ -64,23 +64,56 @@ fn file_metadata(sidecar: &Sidecar, model: &str) -> HashMap<String, String> {
 }
 
 /// A checkpoint whose files rank 0's writer thread is still writing (every rank knows its step).
+/// Dropped without [`PendingCheckpoint::wait`] (a job that stops on an error), it still waits
+/// for the writer, so a checkpoint begun before the failure is sealed, not cut off by the exit.
 pub struct PendingCheckpoint {
     /// The checkpoint's step.
     pub step: u64,
     /// Rank 0's writer (`None` on the other ranks).
-    pub writer: Option<Writer>,
+    writer: Option<Writer>,
 }
 
 /// A checkpoint writer thread: the directory it sealed and how long writing took.
 pub type Writer = std::thread::JoinHandle<Result<(PathBuf, std::time::Duration), CheckpointError>>;
 
-/// Every model of a checkpoint gathered onto rank 0's host memory, owned: what a writer turns
-/// into files, on the job's thread or in the background while the job trains on.
+impl PendingCheckpoint {
+    /// Checkpoint `step`, written by `writer` on rank 0.
+    pub fn new(step: u64, writer: Option<Writer>) -> PendingCheckpoint {
+        PendingCheckpoint { step, writer }
+    }
+
+    /// Waits for the writer: rank 0's outcome (the directory and how long writing took; a
+    /// panicked writer is a damaged checkpoint); the directory at once on the other ranks.
+    pub fn wait(mut self, checkpoints: &Checkpoints) -> Result<(PathBuf, std::time::Duration), CheckpointError> {
+        let dir = checkpoints.step_dir(self.step);
+        match self.writer.take() {
+            Some(writer) => writer.join().unwrap_or_else(|_| {
+                Err(CheckpointError::Damaged { path: dir, reason: "its writer thread panicked".into() })
+            }),
+            None => Ok((dir, std::time::Duration::ZERO)),
+        }
+    }
+}
+
+impl Drop for PendingCheckpoint {
+    fn drop(&mut self) {
+        if let Some(writer) = self.writer.take() {
+            match writer.join() {
+                Ok(Ok((dir, _))) => log::info!("checkpoint of step {} written to {}", self.step, dir.display()),
+                Ok(Err(e)) => log::error!("checkpoint of step {} was not written: {e}", self.step),
+                Err(_) => log::error!("checkpoint of step {} was not written: its writer thread panicked", self.step),
+            }
+        }
+    }
+}
+
+/// Every model of a checkpoint gathered onto rank 0's host memory, owned: what a writer thread
+/// turns into files while the job trains on.
 pub struct Snapshot {
     models: Vec<GatheredModel>,
 }
 
-/// One model of a [`Snapshot`]: what [`ModelToSave`] says of it, and its tensors.
+/// One model gathered onto rank 0: what [`ModelToSave`] says of it, and its tensors.
 struct GatheredModel {
     role: Role,
     architecture: ModelSpec,
@@ -91,9 +124,10 @@ struct GatheredModel {
     moments: Option<Vec<NamedTensor>>,
 }
 
-/// Saves `models` as checkpoint `sidecar.step` under `checkpoints` (every rank calls it; each
-/// model is gathered onto rank 0, which writes: [`snapshot`], then [`write`]). Returns rank 0's
-/// failure, or the directory written.
+/// Saves `models` as checkpoint `sidecar.step` under `checkpoints` (every rank calls it): each
+/// model is gathered onto rank 0, which writes it before the next is gathered (rank 0 holds one
+/// model at a time) and keeps taking part in every gather after a local failure, so the caller
+/// can end the phase with an agreement. Returns rank 0's first failure, or the directory.
 pub fn save<M: ShardMemory, P: Exchange<M>>(
     plane: &mut P,
     set: &EmuSet<M>,
@@ -102,15 +136,23 @@ pub fn save<M: ShardMemory, P: Exchange<M>>(
     checkpoints: &Checkpoints,
     options: &SaveOptions,
 ) -> Result<PathBuf, CheckpointError> {
-    match snapshot(plane, set, models, checkpoints, sidecar.step)? {
-        Some(snapshot) => write(snapshot, sidecar, checkpoints, options),
-        None => Ok(checkpoints.step_dir(sidecar.step)),
+    let step = sidecar.step;
+    let mut files = (plane.rank() == 0).then(|| Files::start(checkpoints, sidecar, options));
+    for m in models {
+        let gathered = gather(plane, set, m, checkpoints, step)?;
+        if let (Some(files), Some(gathered)) = (files.as_mut(), gathered) {
+            files.add(&gathered);
+        }
+    }
+    match files {
+        Some(files) => files.seal(checkpoints),
+        None => Ok(checkpoints.step_dir(step)),
     }
 }
 
 /// Gathers `models` onto rank 0 for checkpoint `step` (every rank calls it): rank 0 gets the
 /// snapshot, the other ranks `None`. Rank 0 holds every model at once (its parameters, and its
-/// moments when it trains), in host memory.
+/// moments when it trains), in host memory, until the snapshot is written.
 pub fn snapshot<M: ShardMemory, P: Exchange<M>>(
     plane: &mut P,
     set: &EmuSet<M>,
@@ -120,13 +162,41 @@ pub fn snapshot<M: ShardMemory, P: Exchange<M>>(
 ) -> Result<Option<Snapshot>, CheckpointError> {
     let mut gathered = Vec::with_capacity(models.len());
     for m in models {
-        let whole = set.gather(plane, m.emu, 0).map_err(|e| CheckpointError::Damaged {
-            path: checkpoints.partial_dir(step),
-            reason: format!("gathering {} failed: {e}", m.role.name()),
-        })?;
-        let Some(whole) = whole else { continue };
+        gathered.extend(gather(plane, set, m, checkpoints, step)?);
+    }
+    Ok((plane.rank() == 0).then_some(Snapshot { models: gathered }))
+}
+
+/// Writes `snapshot` as checkpoint `sidecar.step` under `checkpoints` (rank 0, on any thread),
+/// as [`save`] writes.
+pub fn write(
+    snapshot: Snapshot,
+    sidecar: Sidecar,
+    checkpoints: &Checkpoints,
+    options: &SaveOptions,
+) -> Result<PathBuf, CheckpointError> {
+    let mut files = Files::start(checkpoints, sidecar, options);
+    for m in &snapshot.models {
+        files.add(m);
+    }
+    files.seal(checkpoints)
+}
+
+/// Model `m` gathered onto rank 0 (every rank calls it; `Some` on rank 0).
+fn gather<M: ShardMemory, P: Exchange<M>>(
+    plane: &mut P,
+    set: &EmuSet<M>,
+    m: &ModelToSave,
+    checkpoints: &Checkpoints,
+    step: u64,
+) -> Result<Option<GatheredModel>, CheckpointError> {
+    let whole = set.gather(plane, m.emu, 0).map_err(|e| CheckpointError::Damaged {
+        path: checkpoints.partial_dir(step),
+        reason: format!("gathering {} failed: {e}", m.role.name()),
+    })?;
+    Ok(whole.map(|whole| {
         let (params, moments) = model_tensors(&whole, set.catalogue(m.role));
-        gathered.push(GatheredModel {
+        GatheredModel {
             role: m.role,
             architecture: m.architecture.clone(),
             head: m.head,
@@ -134,33 +204,47 @@ pub fn snapshot<M: ShardMemory, P: Exchange<M>>(
             tokenizer: m.tokenizer.map(Path::to_path_buf),
             params,
             moments,
-        });
-    }
-    Ok((plane.rank() == 0).then_some(Snapshot { models: gathered }))
+        }
+    }))
 }
 
-/// Writes `snapshot` as checkpoint `sidecar.step` under `checkpoints` (rank 0, on any thread):
-/// every file into `step-N.partial/`, the sidecar sealed, the directory renamed to `step-N/`,
-/// then `latest`. `sidecar.models` is filled here.
-pub fn write(
-    snapshot: Snapshot,
-    mut sidecar: Sidecar,
-    checkpoints: &Checkpoints,
-    options: &SaveOptions,
-) -> Result<PathBuf, CheckpointError> {
-    let step = sidecar.step;
-    let (partial, dir) = (checkpoints.partial_dir(step), checkpoints.step_dir(step));
-    start_partial(&partial)?;
-    for m in &snapshot.models {
-        let saved = write_model(&partial, m, &sidecar, options)?;
-        sidecar.models.insert(m.role.name().into(), saved);
+/// A checkpoint being written by rank 0: every file into `step-N.partial/`, then sealed — the
+/// sidecar written, the directory renamed to `step-N/`, then `latest`. After the first failure
+/// it writes nothing more and the seal returns that failure.
+struct Files<'o> {
+    partial: PathBuf,
+    sidecar: Sidecar,
+    options: &'o SaveOptions,
+    outcome: Result<(), CheckpointError>,
+}
+
+impl<'o> Files<'o> {
+    fn start(checkpoints: &Checkpoints, sidecar: Sidecar, options: &'o SaveOptions) -> Files<'o> {
+        let partial = checkpoints.partial_dir(sidecar.step);
+        let outcome = start_partial(&partial);
+        Files { partial, sidecar, options, outcome }
     }
-    sidecar.lineage.sequence = checkpoints.next_sequence();
-    sidecar.write_sealed(&partial)?;
-    sync_dir(&partial)?;
-    commit(&partial, &dir, checkpoints.root())?;
-    replace_durably(&checkpoints.latest_pointer(), format!("step-{step}\n").as_bytes())?;
-    Ok(dir)
+
+    /// Writes model `m`'s directory (and optimizer file), unless an earlier write failed.
+    fn add(&mut self, m: &GatheredModel) {
+        if self.outcome.is_ok() {
+            self.outcome = write_model(&self.partial, m, &self.sidecar, self.options)
+                .map(|saved| drop(self.sidecar.models.insert(m.role.name().into(), saved)));
+        }
+    }
+
+    /// The sidecar sealed, the directory renamed into place, then `latest`; `sidecar.models`
+    /// was filled by [`Files::add`].
+    fn seal(mut self, checkpoints: &Checkpoints) -> Result<PathBuf, CheckpointError> {
+        self.outcome?;
+        let (step, dir) = (self.sidecar.step, checkpoints.step_dir(self.sidecar.step));
+        self.sidecar.lineage.sequence = checkpoints.next_sequence();
+        self.sidecar.write_sealed(&self.partial)?;
+        sync_dir(&self.partial)?;
+        commit(&self.partial, &dir, checkpoints.root())?;
+        replace_durably(&checkpoints.latest_pointer(), format!("step-{step}\n").as_bytes())?;
+        Ok(dir)
+    }
 }
 
 fn start_partial(partial: &Path) -> Result<(), CheckpointError> {

@@ -11,7 +11,7 @@ use super::TrainJob;
 use nereus_exec::emu::Exchange;
 use nereus_exec::engine::EngineMemory;
 
-use crate::checkpoint::{self, CheckpointError, Lineage, ModelToSave, PendingCheckpoint, SaveOptions, Sidecar, Writer};
+use crate::checkpoint::{self, Lineage, ModelToSave, PendingCheckpoint, SaveOptions, Sidecar, Writer};
 use crate::RuntimeError;
 
 impl<'s, P, M> TrainJob<'s, P, M>
@@ -38,8 +38,10 @@ where
         let models = self.models_to_save();
         let snapshot = checkpoint::snapshot(&mut *self.plane, &self.set, &models, &self.checkpoints, step);
         let snapshot = self.session.agree("checkpoint snapshot", snapshot.map_err(RuntimeError::from))?;
-        let writer = snapshot.map(|snapshot| self.spawn_writer(snapshot, step)).transpose()?;
-        self.pending_checkpoint = Some(PendingCheckpoint { step, writer });
+        // A writer that cannot start fails every rank, not rank 0 alone.
+        let writer = snapshot.map(|snapshot| self.spawn_writer(snapshot, step)).transpose();
+        let writer = self.session.agree("checkpoint writer", writer)?;
+        self.pending_checkpoint = Some(PendingCheckpoint::new(step, writer));
         Ok(())
     }
 
@@ -58,20 +60,15 @@ where
     /// every rank learns where it went, or every rank fails with rank 0's error.
     pub fn finish_checkpoint(&mut self) -> Result<(), RuntimeError> {
         let Some(pending) = self.pending_checkpoint.take() else { return Ok(()) };
-        let dir = self.checkpoints.step_dir(pending.step);
-        let written = match pending.writer {
-            Some(writer) => writer.join().unwrap_or_else(|_| {
-                Err(CheckpointError::Damaged { path: dir.clone(), reason: "its writer thread panicked".into() })
-            }),
-            None => Ok((dir, std::time::Duration::ZERO)),
-        };
+        let step = pending.step;
+        let written = pending.wait(&self.checkpoints);
         let (dir, took) = self.session.agree("checkpoint", written.map_err(RuntimeError::from))?;
         if self.session.rank() == 0 {
             let bytes = bytes_under(&dir);
             let rate = bytes as f64 / took.as_secs_f64().max(1e-9) / 1e6;
             log::info!(
                 "checkpoint of step {} written to {} in the background: {bytes} bytes in {:.2} s ({rate:.0} MB/s)",
-                pending.step,
+                step,
                 dir.display(),
                 took.as_secs_f64()
             );
