@@ -69,6 +69,8 @@ fn file_metadata(sidecar: &Sidecar, model: &str) -> HashMap<String, String> {
 pub struct PendingCheckpoint {
     /// The checkpoint's step.
     pub step: u64,
+    /// Its directory once sealed.
+    dir: PathBuf,
     /// Rank 0's writer (`None` on the other ranks).
     writer: Option<Writer>,
 }
@@ -77,34 +79,36 @@ pub struct PendingCheckpoint {
 pub type Writer = std::thread::JoinHandle<Result<(PathBuf, std::time::Duration), CheckpointError>>;
 
 impl PendingCheckpoint {
-    /// Checkpoint `step`, written by `writer` on rank 0.
-    pub fn new(step: u64, writer: Option<Writer>) -> PendingCheckpoint {
-        PendingCheckpoint { step, writer }
+    /// Checkpoint `step` of `checkpoints`, written by `writer` on rank 0.
+    pub fn new(step: u64, checkpoints: &Checkpoints, writer: Option<Writer>) -> PendingCheckpoint {
+        PendingCheckpoint { step, dir: checkpoints.step_dir(step), writer }
     }
 
     /// Waits for the writer: rank 0's outcome (the directory and how long writing took; a
     /// panicked writer is a damaged checkpoint); the directory at once on the other ranks.
-    pub fn wait(mut self, checkpoints: &Checkpoints) -> Result<(PathBuf, std::time::Duration), CheckpointError> {
-        let dir = checkpoints.step_dir(self.step);
+    pub fn wait(mut self) -> Result<(PathBuf, std::time::Duration), CheckpointError> {
         match self.writer.take() {
-            Some(writer) => writer.join().unwrap_or_else(|_| {
-                Err(CheckpointError::Damaged { path: dir, reason: "its writer thread panicked".into() })
-            }),
-            None => Ok((dir, std::time::Duration::ZERO)),
+            Some(writer) => joined(writer, self.dir.clone()),
+            None => Ok((self.dir.clone(), std::time::Duration::ZERO)),
         }
     }
 }
 
 impl Drop for PendingCheckpoint {
     fn drop(&mut self) {
-        if let Some(writer) = self.writer.take() {
-            match writer.join() {
-                Ok(Ok((dir, _))) => log::info!("checkpoint of step {} written to {}", self.step, dir.display()),
-                Ok(Err(e)) => log::error!("checkpoint of step {} was not written: {e}", self.step),
-                Err(_) => log::error!("checkpoint of step {} was not written: its writer thread panicked", self.step),
-            }
+        let Some(writer) = self.writer.take() else { return };
+        match joined(writer, self.dir.clone()) {
+            Ok((dir, _)) => log::info!("checkpoint of step {} written to {}", self.step, dir.display()),
+            Err(e) => log::error!("checkpoint of step {} was not written: {e}", self.step),
         }
     }
+}
+
+/// `writer`'s outcome once it has finished; a panicked writer left `dir` damaged.
+fn joined(writer: Writer, dir: PathBuf) -> Result<(PathBuf, std::time::Duration), CheckpointError> {
+    writer
+        .join()
+        .unwrap_or_else(|_| Err(CheckpointError::Damaged { path: dir, reason: "its writer thread panicked".into() }))
 }
 
 /// Every model of a checkpoint gathered onto rank 0's host memory, owned: what a writer thread

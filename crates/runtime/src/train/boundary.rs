@@ -17,12 +17,12 @@ use nereus_core::transition::{global::Links, Coordination, TransitionDag};
 use nereus_exec::comm::{max_over_ranks, DataPlane};
 use nereus_exec::emu::{EmuSet, Exchange, ShardMemory};
 use nereus_exec::engine::EngineMemory;
-use nereus_exec::rl::{RlJob, StepMetrics};
+use nereus_exec::rl::StepMetrics;
 
 use super::fault::surviving;
 use super::outcome::{Boundary, ControllerStop, InForce, Predicted};
 use super::sources::{create_replica, from_checkpoint};
-use super::start::{next_pool, planned_weight_syncs};
+use super::start::{next_pool, rl_job};
 use super::TrainJob;
 use crate::{RuntimeError, Session};
 use nereus_exec::emu::dag::{agree_on_dag, execute};
@@ -113,8 +113,7 @@ where
     /// The RL job rebuilt over the live EMUs for the plan and settings in force, its weight
     /// syncs planned with `planner`.
     fn rebuild_rl(&mut self, planner: &Planner) -> Result<(), RuntimeError> {
-        let syncs = planned_weight_syncs(self.session, planner, &self.plan)?;
-        self.rl = RlJob::new(&mut *self.plane, &self.set, self.plan.clone(), self.settings.clone(), syncs)?;
+        self.rl = rl_job(self.session, &mut *self.plane, &self.set, (&self.plan, &self.settings), planner)?;
         Ok(())
     }
 

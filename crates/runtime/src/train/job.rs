@@ -19,7 +19,7 @@ use super::pool::{PoolSignal, PoolSource};
 use super::signals::{self, StopSignals};
 use super::sources::{create_state, from_checkpoint, initial_sources};
 use super::start::{
-    agreed_pool, continued, fits_devices, job_checks, mark_resume, planned_weight_syncs, pool_source, resume_directory,
+    agreed_pool, continued, fits_devices, job_checks, mark_resume, pool_source, resume_directory, rl_job,
 };
 use super::tensorboard::EventWriter;
 use super::timeline::Timeline;
@@ -126,8 +126,7 @@ where
         let controller = (session.rank() == 0).then(|| controller(config, base, cap, state, &plan)).flatten();
         session.agree("device memory", fits_devices(session.rank(), &planner, &plan, &memory))?;
         let set = create_state(plane, config, &plan, &sources, world, &memory)?;
-        let syncs = planned_weight_syncs(session, &planner, &plan)?;
-        let rl = RlJob::new(plane, &set, plan.clone(), settings.clone(), syncs)?;
+        let rl = rl_job(session, plane, &set, (&plan, &settings), &planner)?;
         if session.rank() == 0 {
             console::print_plan(&plan);
         }

@@ -41,7 +41,7 @@ where
         // A writer that cannot start fails every rank, not rank 0 alone.
         let writer = snapshot.map(|snapshot| self.spawn_writer(snapshot, step)).transpose();
         let writer = self.session.agree("checkpoint writer", writer)?;
-        self.pending_checkpoint = Some(PendingCheckpoint::new(step, writer));
+        self.pending_checkpoint = Some(PendingCheckpoint::new(step, &self.checkpoints, writer));
         Ok(())
     }
 
@@ -61,7 +61,7 @@ where
     pub fn finish_checkpoint(&mut self) -> Result<(), RuntimeError> {
         let Some(pending) = self.pending_checkpoint.take() else { return Ok(()) };
         let step = pending.step;
-        let written = pending.wait(&self.checkpoints);
+        let written = pending.wait();
         let (dir, took) = self.session.agree("checkpoint", written.map_err(RuntimeError::from))?;
         if self.session.rank() == 0 {
             let bytes = bytes_under(&dir);

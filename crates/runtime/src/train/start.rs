@@ -5,17 +5,18 @@
 use std::path::{Path, PathBuf};
 
 use nereus_core::config::{DataPlane as PlaneKind, DeviceChoice, Dtype, JobConfig, PolicyMode, ResumeFrom};
-use std::collections::BTreeMap;
 
-use nereus_core::plan::{ModelStage, Plan};
+use nereus_core::plan::Plan;
 use nereus_core::planner::{initial_plan, Planner};
 use nereus_core::policy::controller::ControllerState;
 use nereus_core::record::Event;
-use nereus_core::transition::{global::Links, weight_syncs, TransitionDag};
+use nereus_core::transition::{global::Links, weight_syncs};
 use nereus_core::units::format_bytes;
 use nereus_exec::backend::check_data_plane;
+use nereus_exec::comm::DataPlane;
 use nereus_exec::emu::dag::agree_on_dag;
-use nereus_exec::emu::ShardMemory;
+use nereus_exec::emu::{EmuSet, ShardMemory};
+use nereus_exec::rl::{RlJob, StepSettings};
 
 use super::metrics::MetricsLog;
 use super::pool::PoolSource;
@@ -312,17 +313,20 @@ pub(super) fn next_pool(pools: &PoolSource, step: u64, in_force: u32) -> u32 {
     })
 }
 
-/// `plan`'s weight syncs as transitions of Syncs ([`weight_syncs`]), planned with `planner`'s
-/// state bytes and links and agreed by hash on every rank before any runs.
-pub(super) fn planned_weight_syncs(
+/// The RL job over `set` for `plan` and `settings`, with `plan`'s weight syncs as transitions
+/// of Syncs ([`weight_syncs`]), planned with `planner`'s state bytes and links and agreed by
+/// hash on every rank before any runs.
+pub(super) fn rl_job<M: ShardMemory, P: DataPlane>(
     session: &Session,
+    plane: &mut P,
+    set: &EmuSet<M>,
+    (plan, settings): (&Plan, &StepSettings),
     planner: &Planner,
-    plan: &Plan,
-) -> Result<BTreeMap<ModelStage, TransitionDag>, RuntimeError> {
+) -> Result<RlJob, RuntimeError> {
     let links = Links::of(&planner.cost().hardware, None);
     let syncs = weight_syncs(planner, plan, &links)?;
     for dag in syncs.values() {
         agree_on_dag(session.world(), session.watchdog(), dag)?;
     }
-    Ok(syncs)
+    Ok(RlJob::new(plane, set, plan.clone(), settings.clone(), syncs)?)
 }
