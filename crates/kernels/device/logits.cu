@@ -12,27 +12,39 @@ __device__ __forceinline__ float nereus_row_max(const bf16* row, u64 cols, float
   return nereus_block_reduce(m, scratch, true);
 }
 
-// The LM head's per-row statistics over one vocab shard: row_max[R] and row_sum[R] = Σ exp(l −
-// row_max), and the target's logit where the target falls in this shard [shard_start, shard_start
-// + C) (else −inf). Under TP the shards' (max, sum, target) are combined across ranks (on the
-// host: lse = M + log Σ_r sum_r · exp(max_r − M), M the largest max) before the log-prob is read.
-// When the shard is the whole vocabulary (no TP) the combine is the identity, and lse[R] and
-// logp[R] = target − lse are written here too (both null under TP), so nothing leaves the device.
+// The LM head's per-row statistics over one vocab shard (or one chunk of it): row_max[R] and
+// row_sum[R] = Σ exp(l − row_max), and the target's logit where the target falls in this shard
+// [shard_start, shard_start + C) (else −inf). With `fold` set they are merged into the values
+// already there (an earlier chunk's; online softmax, Milakov & Gimelshein 2018):
+//   max' = max(m, m_c),  sum' = sum · exp(m − max') + sum_c · exp(m_c − max'),
+// the target's logit taken from the chunk that holds it. The fused LM head folds its vocabulary
+// chunks one after another this way, so the full logits never exist at once. Under TP the
+// shards' (max, sum, target) are combined across ranks (on the host: lse = M + log Σ_r sum_r ·
+// exp(max_r − M), M the largest max) before the log-prob is read. Where lse and logp are given
+// (the last chunk of a rank holding the whole vocabulary: the combine is the identity) lse[R]
+// and logp[R] = target − lse are written too, so nothing leaves the device.
 NEREUS_KERNEL nereus_logits_row_stats(float* __restrict__ row_max, float* __restrict__ row_sum,
                                       float* __restrict__ target_logit, float* __restrict__ lse,
                                       float* __restrict__ logp, const bf16* __restrict__ logits,
-                                      const int* __restrict__ targets, u64 rows, u64 cols, u64 shard_start) {
+                                      const int* __restrict__ targets, u64 rows, u64 cols, u64 shard_start, int fold) {
   __shared__ float scratch[1024 / NEREUS_WARP];
   const float neg_inf = nereus_bits_to_f32(0xff800000u);
   NEREUS_ROWS(row, rows) {
     const bf16* lr = logits + row * cols;  // [C]
-    const float m = nereus_row_max(lr, cols, scratch);
+    float m = nereus_row_max(lr, cols, scratch);
     float s = 0.0f;
     for (u64 c = threadIdx.x; c < cols; c += blockDim.x) s += nereus_exp(nereus_bf16_to_f32(lr[c]) - m);
     s = nereus_block_reduce(s, scratch, false);
     if (threadIdx.x == 0) {
       const long long t = (long long)targets[row] - (long long)shard_start;
-      const float target = t >= 0 && t < (long long)cols ? nereus_bf16_to_f32(lr[t]) : neg_inf;
+      const bool held = t >= 0 && t < (long long)cols;
+      float target = held ? nereus_bf16_to_f32(lr[t]) : neg_inf;
+      if (fold) {
+        const float m0 = row_max[row], merged = fmaxf(m0, m);
+        s = row_sum[row] * nereus_exp(m0 - merged) + s * nereus_exp(m - merged);
+        m = merged;
+        if (!held) target = target_logit[row];
+      }
       row_max[row] = m;
       row_sum[row] = s;
       target_logit[row] = target;
@@ -64,12 +76,15 @@ NEREUS_KERNEL nereus_cross_entropy(float* __restrict__ dlogp, float* __restrict_
   if (threadIdx.x == 0) loss[0] += partial * inv_count;
 }
 
-// The LM head's backward through log p(target) over one vocab shard, given each row's global
-// log-sum-exp (after the TP combine) and the loss's gradient g[R] with respect to log p:
+// The LM head's backward through log p(target) over one vocab shard (or chunk), given each row's
+// global log-sum-exp (after the chunks' fold and the TP combine) and the loss's gradient g[R]
+// with respect to log p:
 //   dlogits[R,C] = g · (onehot(target − shard_start) − exp(l − lse))
-NEREUS_KERNEL nereus_logprob_backward(bf16* __restrict__ dlogits, const bf16* __restrict__ logits,
-                                      const float* __restrict__ lse, const float* __restrict__ dlogp,
-                                      const int* __restrict__ targets, u64 rows, u64 cols, u64 shard_start) {
+// dlogits may be logits itself (the fused head turns its chunk of logits into their gradient in
+// place): each element is read and then written by the same thread.
+NEREUS_KERNEL nereus_logprob_backward(bf16* dlogits, const bf16* logits, const float* __restrict__ lse,
+                                      const float* __restrict__ dlogp, const int* __restrict__ targets, u64 rows,
+                                      u64 cols, u64 shard_start) {
   NEREUS_GRID_STRIDE(i, rows * cols) {
     const u64 row = i / cols, col = i % cols;
     const float p = nereus_exp(nereus_bf16_to_f32(logits[i]) - lse[row]);

@@ -277,7 +277,8 @@ kernel_args! {
         /// Queries, keys, values, first keys and the shape.
         inputs: AttentionInputs,
     }
-    /// The LM head's per-row `(max, Σ exp(l − max), target logit)` over one vocabulary shard.
+    /// The LM head's per-row `(max, Σ exp(l − max), target logit)` over one vocabulary shard or
+    /// chunk, merged into the values already there when `fold` is set.
     LogitsRowStats => LogitsRowStats {
         /// f32 row maxima `[R]`.
         row_max: DevicePtr,
@@ -299,6 +300,8 @@ kernel_args! {
         cols: u64,
         /// First vocabulary id of the shard.
         shard_start: u64,
+        /// Non-zero: merge into the statistics of earlier chunks instead of writing them.
+        fold: i32,
     }
     /// Next-token cross-entropy over `R` rows of log p: `dlogp` and the loss added to `loss[0]`.
     CrossEntropy => CrossEntropy {
@@ -317,7 +320,7 @@ kernel_args! {
     }
     /// `dlogits[R,C] = dlogp · (onehot(target) − exp(l − lse))`.
     LogprobBackward => LogprobBackward {
-        /// bf16 logit gradient `[R, C]`.
+        /// bf16 logit gradient `[R, C]` (may be `logits`: computed in place).
         dlogits: DevicePtr,
         /// bf16 logits `[R, C]`.
         logits: DevicePtr,

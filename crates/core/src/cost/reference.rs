@@ -47,15 +47,6 @@ impl Residence {
         }
     }
 
-    /// f32 elements a device adds per log-probability row: the per-shard maximum, sum of
-    /// exponentials and target logit, combined across the tensor-parallel group.
-    fn log_prob_scratch(self) -> u64 {
-        match self {
-            Residence::Host => 0,
-            Residence::Device => 3,
-        }
-    }
-
     /// The rotary tables a device uploads for each pass: f32 cosines and sines of `positions`
     /// (the host reads them where the model keeps them). The engine sizes them for its
     /// replica's longest sequence, which the RL step sets to the workload's prompt + response.
@@ -95,8 +86,8 @@ pub fn block_backward(s: &LocalShape, n: u64, on: Residence) -> u64 {
 
 /// What a micro-batch of `b` sequences of `t` positions keeps after its forward pass on this
 /// stage: the input (embedded on the first stage, received elsewhere), every block's
-/// activations, and on the last stage the final norm, the outputs, and for an LM the logits
-/// and log-sum-exps; `training` adds the output gradients.
+/// activations, and on the last stage the final norm, the outputs, and for an LM the rows'
+/// log-sum-exps (the fused head keeps no logits); `training` adds the output gradients.
 pub fn micro_batch_forward(s: &LocalShape, b: u64, t: u64, training: bool, on: Residence) -> MemoryBreakdown {
     let n = b * t;
     let c = s.c as u64;
@@ -106,37 +97,57 @@ pub fn micro_batch_forward(s: &LocalShape, b: u64, t: u64, training: bool, on: R
     m.add(MemoryItem::Activations, s.blocks as u64 * block_forward(s, b, t, t, on));
     if s.last {
         m.add(MemoryItem::Activations, on.act() * n * c + 4 * n);
-        // LM: the logits shard, log-probabilities and log-sum-exps (and a device's per-shard
-        // scratch); value head: the values. Training adds the outputs' gradients.
-        let lm = if s.head == OutputHead::Lm {
-            on.act() * n * s.vocab as u64 + 4 * n * (1 + on.log_prob_scratch())
-        } else {
-            0
-        };
-        m.add(MemoryItem::Logits, 4 * n + lm + if training { 4 * n } else { 0 });
+        let lse = if s.head == OutputHead::Lm { 4 * n } else { 0 };
+        m.add(MemoryItem::Logits, 4 * n + lse + if training { 4 * n } else { 0 });
     }
     m
 }
 
-/// The temporaries of one micro-batch's backward pass, held until it ends: every block's
-/// activation gradients, the head's on the last stage (the final norm's and the head's input
-/// gradients, the logits' gradients, a device's bf16 copy of a value head's), and the gradient
-/// received from the next stage elsewhere.
-pub fn micro_batch_backward(s: &LocalShape, n: u64, on: Residence) -> MemoryBreakdown {
-    let c = s.c as u64;
+/// One chunk of the fused LM head's logits (`engine/output.rs`): `n` rows of
+/// [`LocalShape::vocab_chunk`] columns, the most of them that ever exist at once.
+pub fn logits_chunk(s: &LocalShape, n: u64, on: Residence) -> u64 {
+    on.act() * n * s.vocab_chunk() as u64
+}
+
+/// What the fused LM head's forward holds while it runs, above what it keeps: the rows'
+/// running maximum, sum and target logit (f32) and one chunk of logits.
+fn head_forward_scratch(s: &LocalShape, n: u64, on: Residence) -> MemoryBreakdown {
     let mut m = MemoryBreakdown::default();
-    m.add(MemoryItem::ActivationGradients, s.blocks as u64 * block_backward(s, n, on));
-    if s.last {
-        m.add(MemoryItem::ActivationGradients, on.act() * 2 * n * c);
-        match s.head {
-            OutputHead::Lm => m.add(MemoryItem::Logits, on.act() * n * s.vocab as u64),
-            OutputHead::Value if on == Residence::Device => m.add(MemoryItem::ActivationGradients, 2 * n),
-            OutputHead::Value => {}
-        }
-    } else {
-        m.add(MemoryItem::PipelineBuffers, on.act() * n * c);
+    if s.last && s.head == OutputHead::Lm {
+        m.add(MemoryItem::Logits, 3 * 4 * n + logits_chunk(s, n, on));
     }
     m
+}
+
+/// The temporaries of one micro-batch's backward pass at their peak. They are held until it
+/// ends: every block's activation gradients, the head's on the last stage (the final norm's and
+/// the head's input gradients, a device's bf16 copy of a value head's), and the gradient
+/// received from the next stage elsewhere. The fused LM head's backward peaks before the
+/// blocks' begin, with its input gradient, that gradient's f32 sum and one chunk of logits
+/// (turned into their gradient in place): the peak is the larger of the two moments.
+pub fn micro_batch_backward(s: &LocalShape, n: u64, on: Residence) -> MemoryBreakdown {
+    let c = s.c as u64;
+    let mut held = MemoryBreakdown::default();
+    held.add(MemoryItem::ActivationGradients, s.blocks as u64 * block_backward(s, n, on));
+    if !s.last {
+        held.add(MemoryItem::PipelineBuffers, on.act() * n * c);
+        return held;
+    }
+    held.add(MemoryItem::ActivationGradients, on.act() * 2 * n * c);
+    match s.head {
+        OutputHead::Value if on == Residence::Device => held.add(MemoryItem::ActivationGradients, 2 * n),
+        OutputHead::Value => {}
+        OutputHead::Lm => {
+            let mut head = MemoryBreakdown::default();
+            head.add(MemoryItem::ActivationGradients, on.act() * n * c + 4 * n * c);
+            head.add(MemoryItem::Logits, logits_chunk(s, n, on));
+            // The ledger remembers the first of two equal peaks: the head's comes first.
+            if head.total() >= held.total() {
+                return head;
+            }
+        }
+    }
+    held
 }
 
 /// Peak of one training step on stage `j` of `pp` (1F1B): the f32 gradient buffer of the
@@ -165,11 +176,11 @@ pub fn training(
 }
 
 /// Peak of a forward-only pass (inference, and the actor's old log-probabilities): one
-/// micro-batch's activations.
+/// micro-batch's activations and, at its end, the fused LM head's scratch.
 pub fn inference(s: &LocalShape, micro: u64, seq: u64, on: Residence) -> MemoryBreakdown {
     let mut m = micro_batch_forward(s, micro, seq, false, on);
     m.add(MemoryItem::Activations, on.rope_tables(s, seq));
-    m
+    m.plus(&head_forward_scratch(s, micro * seq, on))
 }
 
 /// Peak of generating `r` tokens after a prompt of `p` for `b` sequences: the KV cache for

@@ -16,12 +16,15 @@ pub struct MemoryLedger {
     capacity: u64,
     used: MemoryBreakdown,
     at_peak: MemoryBreakdown,
+    /// Each item's own highest charge, whenever it came.
+    highs: MemoryBreakdown,
 }
 
 impl MemoryLedger {
     /// A ledger for `rank` with `capacity` bytes.
     pub fn new(rank: i32, capacity: u64) -> MemoryLedger {
-        MemoryLedger { rank, capacity, used: MemoryBreakdown::default(), at_peak: MemoryBreakdown::default() }
+        let none = MemoryBreakdown::default();
+        MemoryLedger { rank, capacity, used: none, at_peak: none, highs: none }
     }
 
     /// Whether `bytes` more would fit.
@@ -41,19 +44,28 @@ impl MemoryLedger {
             });
         }
         self.used.add(item, bytes);
+        self.note_peaks();
+        Ok(())
+    }
+
+    /// Remembers the breakdown at a new highest total, and each item's new highs.
+    fn note_peaks(&mut self) {
         if self.used.total() > self.at_peak.total() {
             self.at_peak = self.used;
         }
-        Ok(())
+        for item in MemoryItem::ALL {
+            let (now, high) = (self.used.get(item), self.highs.get(item));
+            if now > high {
+                self.highs.add(item, now - high);
+            }
+        }
     }
 
     /// Charges `charges` without a capacity check: bytes that are already held under other
     /// items (a buffer re-labelled), so the total cannot grow past what it was.
     pub fn charge_within(&mut self, charges: &MemoryBreakdown) {
         self.used = self.used.plus(charges);
-        if self.used.total() > self.at_peak.total() {
-            self.at_peak = self.used;
-        }
+        self.note_peaks();
     }
 
     /// Returns `bytes` of `item` to the ledger.
@@ -88,9 +100,16 @@ impl MemoryLedger {
         self.at_peak
     }
 
-    /// Starts a new peak from what is charged now (e.g. after a plan changed).
+    /// Each item's highest charge since the start (or the last [`MemoryLedger::reset_peak`]),
+    /// whether or not it came at the highest total: what bounds one kind of buffer.
+    pub fn item_highs(&self) -> MemoryBreakdown {
+        self.highs
+    }
+
+    /// Starts a new peak, and new item highs, from what is charged now (e.g. after a plan changed).
     pub fn reset_peak(&mut self) {
         self.at_peak = self.used;
+        self.highs = self.used;
     }
 
     /// Capacity in bytes.

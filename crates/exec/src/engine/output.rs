@@ -1,7 +1,17 @@
 //! The last stage's output: final RMSNorm, then log-probabilities of target tokens (LM head,
 //! vocabulary-parallel) or one scalar per position (value head).
+//!
+//! The LM head is fused with its log-softmax and computed a vocabulary chunk at a time
+//! ([`nereus_core::model::LocalShape::vocab_chunks`]): the forward pass folds each chunk's
+//! logits into running per-row statistics and keeps only `lse`; the backward pass computes
+//! each chunk's logits again, turns them into their gradient in place and accumulates the
+//! input gradient in f32. The logits `[N, V]` and their gradient never exist at once (a fused
+//! linear cross-entropy, as Liger Kernel's, Hsu et al. 2024, chunked over the vocabulary rather
+//! than the rows so that `W` is read once per pass).
 
-use super::compute::{Compute, RowCopy};
+use std::ops::Range;
+
+use super::compute::{Compute, LogitStats, RowCopy, VocabChunk};
 use super::ops::*;
 use super::stage::StageModel;
 use super::EngineError;
@@ -14,9 +24,15 @@ pub struct HeadActs<A = Vec<f32>, S = Vec<f32>> {
     x: A,
     xf: A,
     rf: S,
-    /// The LM head's logits and log-sum-exp (absent for a value head).
-    lm: Option<(A, S)>,
+    /// The LM head's log-sum-exp per row (absent for a value head).
+    lse: Option<S>,
     targets: Vec<u32>,
+}
+
+/// The rows of `W[V, C]` (a tensor at `w` in the flat parameters) holding vocabulary columns
+/// `cols`: a chunk of the LM head is a contiguous run of its rows.
+fn chunk_rows(w: &Range<usize>, cols: &Range<usize>, width: usize) -> Range<usize> {
+    w.start + cols.start * width..w.start + cols.end * width
 }
 
 impl StageModel {
@@ -49,23 +65,20 @@ impl StageModel {
         targets: Vec<u32>,
         tp: &G,
     ) -> Result<(C::Stat, HeadActs<C::Act, C::Stat>), EngineError> {
-        let (d, n) = (self.dims(), targets.len());
+        let n = targets.len();
         let (xf, rf) = self.final_norm(c, p, &x, n)?;
         let missing = |what: &str| EngineError::Shape { what: format!("{what} head missing") };
         match self.head {
             OutputHead::Lm => {
                 let w = self.weights.lm_head.as_ref().ok_or_else(|| missing("LM"))?;
-                // Entering the vocabulary-parallel head is the identity forward (Megatron's copy region).
-                let mut logits = c.zeros(MemoryItem::Logits, n * d.vocab)?;
-                c.linear_forward(&mut logits, &xf, (p, w), n, d.c, d.vocab)?;
-                let (logp, lse) = c.log_probs_forward(&logits, &targets, d.v0, tp)?;
-                Ok((logp, HeadActs { x, xf, rf, lm: Some((logits, lse)), targets }))
+                let (logp, lse) = self.fused_log_probs(c, p, &xf, w, &targets, tp)?;
+                Ok((logp, HeadActs { x, xf, rf, lse: Some(lse), targets }))
             }
             OutputHead::Value => {
                 let w = self.weights.score.as_ref().ok_or_else(|| missing("value"))?;
                 let mut value = c.stats(MemoryItem::Logits, n)?;
                 c.value_forward(&mut value, &xf, (p, w))?;
-                Ok((value, HeadActs { x, xf, rf, lm: None, targets }))
+                Ok((value, HeadActs { x, xf, rf, lse: None, targets }))
             }
         }
     }
@@ -82,26 +95,103 @@ impl StageModel {
         tp: &G,
     ) -> Result<C::Act, EngineError> {
         let (d, n) = (self.dims(), a.targets.len());
-        let mut dxf = c.zeros(MemoryItem::ActivationGradients, n * d.c)?;
         let none = std::ops::Range::default();
-        match &a.lm {
-            Some((logits, lse)) => {
-                let range = self.weights.lm_head.as_ref().unwrap_or(&none);
-                let mut dlogits = c.zeros(MemoryItem::Logits, n * d.vocab)?;
-                c.log_probs_backward(&mut dlogits, dout, logits, lse, &a.targets, d.v0)?;
-                c.linear_backward(Some(&mut dxf), (grads, range), &dlogits, &a.xf, (p, range), n, d.c, d.vocab)?;
+        let dxf = match &a.lse {
+            Some(lse) => {
+                let w = self.weights.lm_head.as_ref().unwrap_or(&none);
+                let mut dxf = self.fused_log_probs_backward(c, p, grads, (&a.xf, w), lse, dout, &a.targets)?;
                 // Each TP rank's input gradient covers its vocabulary columns: the copy's backward sums them.
                 c.tp_sum(tp, &mut dxf)?;
+                dxf
             }
             None => {
                 let range = self.weights.score.as_ref().unwrap_or(&none);
+                let mut dxf = c.zeros(MemoryItem::ActivationGradients, n * d.c)?;
                 c.value_backward(&mut dxf, (grads, range), dout, &a.xf, (p, range))?;
+                dxf
             }
-        }
+        };
         let range = self.weights.final_norm.as_ref().unwrap_or(&none);
         let mut dx = c.zeros(MemoryItem::ActivationGradients, n * d.c)?;
         c.rmsnorm_backward(&mut dx, (grads, range), &dxf, &a.x, (p, range), &a.rf, d.c)?;
         Ok(dx)
+    }
+
+    /// The fused LM head's forward (see the module comment): `(logp[N], lse[N])` of `targets`
+    /// from the final norm's output `xf[N, C]` and the head `W` at `w`, one vocabulary chunk of
+    /// logits at a time. The chunk and the per-row scratch are released before it returns.
+    fn fused_log_probs<C: Compute, G: TensorGroup<f32>>(
+        &self,
+        c: &mut C,
+        p: &C::Params,
+        xf: &C::Act,
+        w: &Range<usize>,
+        targets: &[u32],
+        tp: &G,
+    ) -> Result<(C::Stat, C::Stat), EngineError> {
+        let (d, n) = (self.dims(), targets.len());
+        let (logp, lse) = (c.stats(MemoryItem::Logits, n)?, c.stats(MemoryItem::Logits, n)?);
+        let scratch = c.mark();
+        let (max, sum, target) =
+            (c.stats(MemoryItem::Logits, n)?, c.stats(MemoryItem::Logits, n)?, c.stats(MemoryItem::Logits, n)?);
+        let mut acc = LogitStats { max, sum, target, lse, logp };
+        let ids = c.ids(targets)?;
+        let last = d.vocab_chunks().count() - 1;
+        for (i, cols) in d.vocab_chunks().enumerate() {
+            let chunk = c.mark();
+            // Entering the vocabulary-parallel head is the identity forward (Megatron's copy region).
+            let mut logits = c.zeros(MemoryItem::Logits, n * cols.len())?;
+            c.linear_forward(&mut logits, xf, (p, &chunk_rows(w, &cols, d.c)), n, d.c, cols.len())?;
+            let at = VocabChunk { col0: d.v0 + cols.start, first: i == 0, completes_rows: tp.is_single() && i == last };
+            c.log_probs_fold(&mut acc, &logits, &ids, at)?;
+            drop(logits);
+            let released = c.since(chunk);
+            c.release(&released);
+        }
+        c.log_probs_finish(&mut acc, tp)?;
+        let LogitStats { max, sum, target, lse, logp } = acc;
+        drop((max, sum, target, ids));
+        let released = c.since(scratch);
+        c.release(&released);
+        Ok((logp, lse))
+    }
+
+    /// The fused LM head's backward: `dxf[N, C]` (this rank's vocabulary columns' share) from
+    /// `d loss / d logp` `dout`, each chunk's logits computed again from `xf` and turned into
+    /// their gradient in place; `dW` accumulates, `dxf` is summed in f32 and rounded once.
+    #[allow(clippy::too_many_arguments)]
+    fn fused_log_probs_backward<C: Compute>(
+        &self,
+        c: &mut C,
+        p: &C::Params,
+        grads: &mut C::Grads,
+        (xf, w): (&C::Act, &Range<usize>),
+        lse: &C::Stat,
+        dout: &C::Stat,
+        targets: &[u32],
+    ) -> Result<C::Act, EngineError> {
+        let (d, n) = (self.dims(), targets.len());
+        let mut dxf = c.zeros(MemoryItem::ActivationGradients, n * d.c)?;
+        let scratch = c.mark();
+        let mut sum = c.stats(MemoryItem::ActivationGradients, n * d.c)?;
+        let ids = c.ids(targets)?;
+        for cols in d.vocab_chunks() {
+            let chunk = c.mark();
+            let rows = chunk_rows(w, &cols, d.c);
+            let mut logits = c.zeros(MemoryItem::Logits, n * cols.len())?;
+            c.linear_forward(&mut logits, xf, (p, &rows), n, d.c, cols.len())?;
+            c.log_probs_backward(&mut logits, dout, lse, &ids, d.v0 + cols.start)?;
+            c.linear_input_grad_f32(&mut sum, &logits, (p, &rows), n, d.c, cols.len())?;
+            c.linear_backward(None, (grads, &rows), &logits, xf, (p, &rows), n, d.c, cols.len())?;
+            drop(logits);
+            let released = c.since(chunk);
+            c.release(&released);
+        }
+        c.narrow(&mut dxf, &sum)?;
+        drop((sum, ids));
+        let released = c.since(scratch);
+        c.release(&released);
+        Ok(dxf)
     }
 
     /// Last stage, generation: the whole vocabulary's logits `[B, vocab]` of the rows `x[B,C]`

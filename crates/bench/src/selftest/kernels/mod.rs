@@ -401,25 +401,54 @@ fn check_residual_add(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), 
     Ok(())
 }
 
+/// Statistics an earlier vocabulary chunk left for `fold` to merge into: a row maximum, a sum
+/// of exponentials relative to it (at least the maximum's own 1), and the target's logit where
+/// that chunk held it: −inf where the target is in this chunk, sometimes where the rank holds
+/// only a shard (the target may be in another rank's), never where it holds the whole vocabulary.
+fn earlier_chunk(rng: &mut Rng, held_here: bool, whole: bool) -> (f64, f64, f64) {
+    let max = f64::from(bf16_to_f32(f32_to_bf16((12.0 * uniform(rng)) as f32)));
+    let sum = f64::from((1.0 + 3000.0 * uniform(rng).abs()) as f32);
+    let elsewhere = held_here || (!whole && rng.below(2) == 0);
+    let target = if elsewhere { f64::NEG_INFINITY } else { max - 4.0 * uniform(rng).abs() };
+    (max, sum, f64::from(target as f32))
+}
+
+/// The online-softmax merge `nereus_logits_row_stats` makes when folding: `(max, sum, target)`
+/// of an earlier chunk and of this one.
+fn merged((m0, s0, t0): (f64, f64, f64), (m, s, t): (f64, f64, f64)) -> (f64, f64, f64) {
+    let max = m0.max(m);
+    (max, s0 * (m0 - max).exp() + s * (m - max).exp(), if t.is_finite() { t } else { t0 })
+}
+
 fn check_row_stats(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
     let (rows, cols) = (1 + rng.below(9), length(rng, 50_000));
     // Half the cases hold the whole vocabulary (no TP), where the kernel also writes each row's
     // log-sum-exp and log-prob; the others a shard, with half the targets before or after it.
-    let whole = rng.below(2) == 0;
-    let shard_start = if whole { 0 } else { rng.below(100_000) as i64 };
+    // Half fold the shard into an earlier chunk's statistics (the fused head's later chunks).
+    let (whole, fold) = (rng.below(2) == 0, rng.below(2) == 0);
+    let shard_start = if whole && !fold { 0 } else { rng.below(100_000) as i64 };
     let logits = bf16_values(rng, rows * cols, 8.0);
     let targets: Vec<i32> = (0..rows)
         .map(|_| match rng.below(4) {
-            0 if !whole => (shard_start - 1 - rng.below(50) as i64).max(0) as i32,
-            1 if !whole => (shard_start + cols as i64 + rng.below(50) as i64) as i32,
+            0 if !whole || fold => (shard_start - 1 - rng.below(50) as i64).max(0) as i32,
+            1 if !whole || fold => (shard_start + cols as i64 + rng.below(50) as i64) as i32,
             _ => (shard_start + rng.below(cols) as i64) as i32,
         })
         .collect();
+    let chunk: Vec<(f64, f64, f64)> = widen(&logits)
+        .chunks(cols)
+        .zip(&targets)
+        .map(|(row, &t)| reference::row_stats(row, i64::from(t), shard_start))
+        .collect();
+    let earlier: Vec<(f64, f64, f64)> = chunk.iter().map(|c| earlier_chunk(rng, c.2.is_finite(), whole)).collect();
+    let f32s = |f: fn(&(f64, f64, f64)) -> f64| -> Vec<f32> { earlier.iter().map(|e| f(e) as f32).collect() };
     let (ls, ts) = (DeviceArray::from(d, &logits)?, DeviceArray::from(d, &targets)?);
-    let zeros = vec![0f32; rows];
-    let [maxs, sums, tls, lses, logps] = [(); 5].map(|()| DeviceArray::from(d, &zeros));
-    let [maxs, sums, tls, lses, logps] = [maxs?, sums?, tls?, lses?, logps?];
-    let (rows_, cols_, shard_start_) = (rows as u64, cols as u64, shard_start as u64);
+    let (maxs, sums, tls) = (
+        DeviceArray::from(d, &f32s(|e| e.0))?,
+        DeviceArray::from(d, &f32s(|e| e.1))?,
+        DeviceArray::from(d, &f32s(|e| e.2))?,
+    );
+    let (lses, logps) = (DeviceArray::from(d, &vec![0f32; rows])?, DeviceArray::from(d, &vec![0f32; rows])?);
     let call = k::LogitsRowStats {
         row_max: maxs.ptr(),
         row_sum: sums.ptr(),
@@ -428,16 +457,14 @@ fn check_row_stats(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), Bac
         logp: if whole { logps.ptr() } else { DevicePtr::NULL },
         logits: ls.ptr(),
         targets: ts.ptr(),
-        rows: rows_,
-        cols: cols_,
-        shard_start: shard_start_,
+        rows: rows as u64,
+        cols: cols as u64,
+        shard_start: shard_start as u64,
+        fold: i32::from(fold),
     };
-    run(d, &call, rows_)?;
-    let stats: Vec<(f64, f64, f64)> = widen(&logits)
-        .chunks(cols)
-        .zip(&targets)
-        .map(|(row, &t)| reference::row_stats(row, i64::from(t), shard_start))
-        .collect();
+    run(d, &call, rows as u64)?;
+    let stats: Vec<(f64, f64, f64)> =
+        if fold { earlier.iter().zip(&chunk).map(|(&e, &c)| merged(e, c)).collect() } else { chunk };
     let none = vec![0.0; rows];
     v.f32("row_max", &maxs.read()?, &stats.iter().map(|s| s.0).collect::<Vec<_>>(), &none);
     // Σexp's terms are each ≤ 1, so the sum of magnitudes is the sum itself.
@@ -606,7 +633,10 @@ fn check_logprob_backward(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<
         DeviceArray::from(d, &dlogp)?,
         DeviceArray::from(d, &targets)?,
     );
-    let out = DeviceArray::from(d, &vec![0u16; rows * cols])?;
+    // Half the cases write the gradient over the logits (the fused head's chunks do).
+    let in_place = rng.below(2) == 0;
+    let separate = DeviceArray::from(d, &vec![0u16; if in_place { 1 } else { rows * cols }])?;
+    let out = if in_place { &ls } else { &separate };
     let [rows_, cols_, shard_start_] = [rows, cols, shard_start].map(|x| x as u64);
     let call = k::LogprobBackward {
         dlogits: out.ptr(),

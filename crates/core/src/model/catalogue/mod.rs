@@ -214,6 +214,23 @@ impl LocalShape {
         self.last && self.v0 == 0
     }
 
+    /// Columns of one chunk of the fused LM head (`engine/output.rs`): this rank's `V`
+    /// vocabulary columns are taken `ceil(V / F)` near-equal chunks at a time, so that one
+    /// chunk's logits `[n, ≤ F]` are no larger than a block's SwiGLU activation; rounded up to
+    /// a multiple of 8 columns (16-byte rows of bf16, which tensor-core GEMMs want). The head's
+    /// logits never exist beyond one chunk, and the cost model charges one.
+    pub fn vocab_chunk(&self) -> usize {
+        let chunks = self.vocab.div_ceil(self.ffn.max(1)).max(1);
+        self.vocab.div_ceil(chunks).next_multiple_of(8).min(self.vocab)
+    }
+
+    /// This rank's vocabulary columns in [`LocalShape::vocab_chunk`]-wide runs (the last may be
+    /// narrower), as local column ranges.
+    pub fn vocab_chunks(&self) -> impl Iterator<Item = std::ops::Range<usize>> {
+        let (width, vocab) = (self.vocab_chunk().max(1), self.vocab);
+        (0..vocab).step_by(width).map(move |start| start..(start + width).min(vocab))
+    }
+
     /// The local shapes of `position` in `layout` for `arch`.
     pub fn of(arch: &Architecture, layout: Layout, position: Position) -> LocalShape {
         let a = arch;

@@ -17,7 +17,9 @@
 use std::ops::Range;
 
 use super::decoding::{as_int, DeviceDecoding};
-use super::{pipe_through_host, Compute, GradView, KvRows, Neighbour, Optimize, PipeLink, RowCopy, View};
+use super::{
+    pipe_through_host, Compute, GradView, KvRows, LogitStats, Neighbour, Optimize, PipeLink, RowCopy, View, VocabChunk,
+};
 use crate::backend::blas::{Gemm, GemmOut};
 use crate::backend::gpu::{Device, DeviceArray, DevicePtr, DeviceView};
 use crate::backend::linalg::Op;
@@ -25,7 +27,7 @@ use crate::comm::collectives::DataType;
 use crate::comm::DataPlane;
 use crate::engine::arena::{Arena, Mark};
 use crate::engine::decode::{DecodeShape, Generated};
-use crate::engine::ops::{AttentionShape, Rope, TensorGroup};
+use crate::engine::ops::{log_probs_finish, AttentionShape, Rope, RowStats, TensorGroup};
 use crate::engine::sampling::{SampleBuffers, Sampling};
 use crate::engine::timers::timed;
 use crate::engine::{AdamW, DeviceObjective, EngineError, Objective, Replica};
@@ -301,21 +303,9 @@ impl<'d> Optimize for OnDevice<'d, '_, '_> {
 /// Per row, `(lse, logp)` over the whole vocabulary from each shard's `(max, Σ exp(z − max),
 /// target logit or −inf)`: the group's maximum, the sums rescaled to it and added, and the one
 /// shard's target logit (Milakov & Gimelshein 2018's online-softmax merge).
-fn combine_shards<G: TensorGroup<f32>>(
-    local_max: Vec<f32>,
-    sum: Vec<f32>,
-    target: Vec<f32>,
-    tp: &G,
-) -> Result<(Vec<f32>, Vec<f32>), EngineError> {
-    let mut max = local_max.clone();
-    tp.max(&mut max)?;
-    let mut sums: Vec<f32> = sum.iter().zip(&local_max).zip(&max).map(|((&s, &m), &g)| s * (m - g).exp()).collect();
-    tp.sum(&mut sums)?;
-    let mut target: Vec<f32> = target.into_iter().map(|t| if t.is_finite() { t } else { 0.0 }).collect();
-    tp.sum(&mut target)?;
-    let lse: Vec<f32> = max.iter().zip(&sums).map(|(&m, &s)| m + s.ln()).collect();
-    let logp = target.iter().zip(&lse).map(|(&t, &l)| t - l).collect();
-    Ok((lse, logp))
+/// The GEMM of a linear layer's input gradient, `dx[N,in] (+)= dy[N,out] · W[out,in]`.
+fn input_grad(n: usize, inp: usize, out: usize, to: GemmOut) -> Gemm {
+    Gemm { m: n, k: out, n: inp, op_a: Op::N, op_b: Op::N, out: to }
 }
 
 fn widen(values: &[u16]) -> Vec<f32> {
@@ -348,6 +338,7 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
     type Stat = F32<'d>;
     type Params = DeviceView<u16>;
     type Grads = DeviceView<f32>;
+    type Ids = DeviceArray<'d, i32>;
 
     fn zeros(&mut self, item: MemoryItem, len: usize) -> Result<Self::Act, EngineError> {
         self.arena.charge(item, 2 * len as u64)?;
@@ -427,8 +418,7 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
         out: usize,
     ) -> Result<(), EngineError> {
         if let Some(dx) = dx {
-            let g = Gemm { m: n, k: out, n: inp, op_a: Op::N, op_b: Op::N, out: GemmOut::Bf16 { accumulate: true } };
-            self.gemm(g, dy.ptr(), weight(w), dx.ptr())?;
+            self.gemm(input_grad(n, inp, out, GemmOut::Bf16 { accumulate: true }), dy.ptr(), weight(w), dx.ptr())?;
         }
         // Weight gradients accumulate in f32, across micro-batches too.
         let g = Gemm { m: out, k: n, n: inp, op_a: Op::T, op_b: Op::N, out: GemmOut::F32 { accumulate: true } };
@@ -555,57 +545,83 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
         self.elementwise(&call, tokens.len() * c)
     }
 
-    fn log_probs_forward<G: TensorGroup<f32>>(
+    fn ids(&mut self, tokens: &[u32]) -> Result<Self::Ids, EngineError> {
+        self.tokens(tokens)
+    }
+
+    fn log_probs_fold(
         &mut self,
+        acc: &mut LogitStats<Self::Stat>,
         logits: &Self::Act,
-        targets: &[u32],
-        v0: usize,
-        tp: &G,
-    ) -> Result<(Self::Stat, Self::Stat), EngineError> {
-        let n = targets.len();
-        let ids = self.tokens(targets)?;
-        let item = MemoryItem::Logits;
-        let (max, sum, target) = (self.f32_zeros(item, n)?, self.f32_zeros(item, n)?, self.f32_zeros(item, n)?);
-        // A rank holding the whole vocabulary combines nothing: the kernel writes lse and log p.
-        let (lse, logp) = (self.f32_zeros(item, n)?, self.f32_zeros(item, n)?);
-        let whole = |p: DevicePtr| if tp.is_single() { p } else { DevicePtr::NULL };
-        let [rows, cols, shard_start] = [n, logits.len() / n.max(1), v0].map(|v| v as u64);
+        targets: &Self::Ids,
+        chunk: VocabChunk,
+    ) -> Result<(), EngineError> {
+        let n = acc.max.len();
+        let completes = |p: DevicePtr| if chunk.completes_rows { p } else { DevicePtr::NULL };
+        let [rows, cols, shard_start] = [n, logits.len() / n.max(1), chunk.col0].map(|v| v as u64);
         let call = k::LogitsRowStats {
-            row_max: max.ptr(),
-            row_sum: sum.ptr(),
-            target_logit: target.ptr(),
-            lse: whole(lse.ptr()),
-            logp: whole(logp.ptr()),
+            row_max: acc.max.ptr(),
+            row_sum: acc.sum.ptr(),
+            target_logit: acc.target.ptr(),
+            lse: completes(acc.lse.ptr()),
+            logp: completes(acc.logp.ptr()),
             logits: logits.ptr(),
-            targets: ids.ptr(),
+            targets: targets.ptr(),
             rows,
             cols,
             shard_start,
+            fold: i32::from(!chunk.first),
         };
-        self.rows(&call, n)?;
-        if !tp.is_single() {
-            let (lse_values, logp_values) = combine_shards(max.read()?, sum.read()?, target.read()?, tp)?;
-            lse.view().write(self.device, &lse_values)?;
-            logp.view().write(self.device, &logp_values)?;
+        self.rows(&call, n)
+    }
+
+    fn log_probs_finish<G: TensorGroup<f32>>(
+        &mut self,
+        acc: &mut LogitStats<Self::Stat>,
+        tp: &G,
+    ) -> Result<(), EngineError> {
+        // One rank holding the whole vocabulary: its last fold wrote lse and log p.
+        if tp.is_single() {
+            return Ok(());
         }
-        Ok((logp, lse))
+        let (mut max, mut sum, mut target) = (acc.max.read()?, acc.sum.read()?, acc.target.read()?);
+        let (mut lse, mut logp) = (vec![0.0; max.len()], vec![0.0; max.len()]);
+        let stats = RowStats { max: &mut max, sum: &mut sum, target: &mut target };
+        log_probs_finish(&mut lse, &mut logp, stats, tp)?;
+        acc.lse.view().write(self.device, &lse)?;
+        acc.logp.view().write(self.device, &logp)?;
+        Ok(())
     }
 
     fn log_probs_backward(
         &mut self,
-        dlogits: &mut Self::Act,
+        logits: &mut Self::Act,
         dlogp: &Self::Stat,
-        logits: &Self::Act,
         lse: &Self::Stat,
-        targets: &[u32],
-        v0: usize,
+        targets: &Self::Ids,
+        col0: usize,
     ) -> Result<(), EngineError> {
-        let ids = self.tokens(targets)?;
-        let (n, v) = (targets.len(), logits.len() / targets.len().max(1));
-        let [rows, cols, shard_start] = [n, v, v0].map(|v| v as u64);
-        let (dlogits, logits, lse, dlogp, targets) = (dlogits.ptr(), logits.ptr(), lse.ptr(), dlogp.ptr(), ids.ptr());
-        let call = k::LogprobBackward { dlogits, logits, lse, dlogp, targets, rows, cols, shard_start };
-        self.elementwise(&call, n * v)
+        let (n, len) = (lse.len(), logits.len());
+        let [rows, cols, shard_start] = [n, len / n.max(1), col0].map(|v| v as u64);
+        let (logits, lse, dlogp, targets) = (logits.ptr(), lse.ptr(), dlogp.ptr(), targets.ptr());
+        let call = k::LogprobBackward { dlogits: logits, logits, lse, dlogp, targets, rows, cols, shard_start };
+        self.elementwise(&call, len)
+    }
+
+    fn linear_input_grad_f32(
+        &mut self,
+        dx: &mut Self::Stat,
+        dy: &Self::Act,
+        w: View<Self::Params>,
+        n: usize,
+        inp: usize,
+        out: usize,
+    ) -> Result<(), EngineError> {
+        self.gemm(input_grad(n, inp, out, GemmOut::F32 { accumulate: true }), dy.ptr(), weight(w), dx.ptr())
+    }
+
+    fn narrow(&mut self, y: &mut Self::Act, x: &Self::Stat) -> Result<(), EngineError> {
+        self.round(y, x)
     }
 
     fn value_forward(

@@ -2,7 +2,7 @@
 
 use std::ops::Range;
 
-use super::{Compute, GradView, KvRows, Optimize, RowCopy, View};
+use super::{Compute, GradView, KvRows, LogitStats, Optimize, RowCopy, View, VocabChunk};
 use crate::comm::DataPlane;
 use crate::engine::arena::{Arena, Mark};
 use crate::engine::decode::{DecodeShape, Generated, HostDecoding};
@@ -78,6 +78,7 @@ impl Compute for Host<'_, '_> {
     type Stat = Vec<f32>;
     type Params = [f32];
     type Grads = [f32];
+    type Ids = Vec<u32>;
 
     fn zeros(&mut self, item: MemoryItem, len: usize) -> Result<Vec<f32>, EngineError> {
         self.arena.zeros(item, len)
@@ -314,29 +315,58 @@ impl Compute for Host<'_, '_> {
         Ok(())
     }
 
-    fn log_probs_forward<G: TensorGroup<f32>>(
+    fn ids(&mut self, tokens: &[u32]) -> Result<Vec<u32>, EngineError> {
+        Ok(tokens.to_vec())
+    }
+
+    fn log_probs_fold(
         &mut self,
+        acc: &mut LogitStats<Vec<f32>>,
         logits: &Vec<f32>,
-        targets: &[u32],
-        v0: usize,
+        targets: &Vec<u32>,
+        chunk: VocabChunk,
+    ) -> Result<(), EngineError> {
+        let stats = RowStats { max: &mut acc.max, sum: &mut acc.sum, target: &mut acc.target };
+        log_probs_fold(stats, logits, targets, chunk.col0, chunk.first);
+        Ok(())
+    }
+
+    fn log_probs_finish<G: TensorGroup<f32>>(
+        &mut self,
+        acc: &mut LogitStats<Vec<f32>>,
         tp: &G,
-    ) -> Result<(Vec<f32>, Vec<f32>), EngineError> {
-        let mut logp = self.arena.zeros(MemoryItem::Logits, targets.len())?;
-        let mut lse = self.arena.zeros(MemoryItem::Logits, targets.len())?;
-        log_probs_forward(&mut logp, &mut lse, logits, targets, v0, tp)?;
-        Ok((logp, lse))
+    ) -> Result<(), EngineError> {
+        let stats = RowStats { max: &mut acc.max, sum: &mut acc.sum, target: &mut acc.target };
+        log_probs_finish(&mut acc.lse, &mut acc.logp, stats, tp)
     }
 
     fn log_probs_backward(
         &mut self,
-        dlogits: &mut Vec<f32>,
+        logits: &mut Vec<f32>,
         dlogp: &Vec<f32>,
-        logits: &Vec<f32>,
         lse: &Vec<f32>,
-        targets: &[u32],
-        v0: usize,
+        targets: &Vec<u32>,
+        col0: usize,
     ) -> Result<(), EngineError> {
-        log_probs_backward(dlogits, dlogp, logits, lse, targets, v0);
+        log_probs_backward(logits, dlogp, lse, targets, col0);
+        Ok(())
+    }
+
+    fn linear_input_grad_f32(
+        &mut self,
+        dx: &mut Vec<f32>,
+        dy: &Vec<f32>,
+        w: View<[f32]>,
+        n: usize,
+        inp: usize,
+        out: usize,
+    ) -> Result<(), EngineError> {
+        linear_input_grad(dx, dy, at(w), n, inp, out);
+        Ok(())
+    }
+
+    fn narrow(&mut self, y: &mut Vec<f32>, x: &Vec<f32>) -> Result<(), EngineError> {
+        y.copy_from_slice(x);
         Ok(())
     }
 

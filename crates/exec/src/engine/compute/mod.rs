@@ -220,26 +220,55 @@ pub trait Compute {
         c: usize,
     ) -> Result<(), EngineError>;
 
-    /// Per row, `log p(target)` over the whole vocabulary from this rank's logit columns
-    /// `v0..v0+V` (`logits[N,V]`): the row maximum, the sum of exponentials and the target's
-    /// logit are reduced over `tp`. Returns `(logp[N], lse[N])`, `lse` for the backward pass.
-    fn log_probs_forward<G: TensorGroup<f32>>(
+    /// Token ids as this compute's kernels read them (a device uploads them once, for every
+    /// vocabulary chunk of the LM head to read).
+    type Ids;
+    /// `tokens` as [`Compute::Ids`].
+    fn ids(&mut self, tokens: &[u32]) -> Result<Self::Ids, EngineError>;
+
+    /// Folds one vocabulary chunk of this rank's logits into the rows' running statistics
+    /// `acc` (the fused LM head, `engine/output.rs`): `logits[N, W]` hold the whole
+    /// vocabulary's columns `chunk.col0..chunk.col0 + W`. The first chunk starts `acc`'s
+    /// maximum, sum of exponentials and target logit, later ones merge into them (online
+    /// softmax); on [`VocabChunk::completes_rows`] `acc.lse` and `acc.logp` are written too.
+    fn log_probs_fold(
         &mut self,
+        acc: &mut LogitStats<Self::Stat>,
         logits: &Self::Act,
-        targets: &[u32],
-        v0: usize,
+        targets: &Self::Ids,
+        chunk: VocabChunk,
+    ) -> Result<(), EngineError>;
+    /// After the last chunk: `(logp[N], lse[N])` over the whole vocabulary, the ranks' statistics
+    /// combined over `tp` (where one rank holds it all the last fold wrote them).
+    fn log_probs_finish<G: TensorGroup<f32>>(
+        &mut self,
+        acc: &mut LogitStats<Self::Stat>,
         tp: &G,
-    ) -> Result<(Self::Stat, Self::Stat), EngineError>;
-    /// `dlogits[N,V] = dlogp[n] · (1[v = target_n] − softmax(logits)[n,v])`, into zeroed `dlogits`.
+    ) -> Result<(), EngineError>;
+    /// In place, one chunk's logits `[N, W]` (columns `col0..col0 + W`) become their gradient
+    /// `dlogp[n] · (1[v = target_n] − exp(logits[n,v] − lse[n]))`.
     fn log_probs_backward(
         &mut self,
-        dlogits: &mut Self::Act,
+        logits: &mut Self::Act,
         dlogp: &Self::Stat,
-        logits: &Self::Act,
         lse: &Self::Stat,
-        targets: &[u32],
-        v0: usize,
+        targets: &Self::Ids,
+        col0: usize,
     ) -> Result<(), EngineError>;
+    /// `dx[N,in] += dy · W`, accumulated in f32 (the fused LM head sums its chunks' input
+    /// gradients before one rounding).
+    #[allow(clippy::too_many_arguments)]
+    fn linear_input_grad_f32(
+        &mut self,
+        dx: &mut Self::Stat,
+        dy: &Self::Act,
+        w: View<Self::Params>,
+        n: usize,
+        inp: usize,
+        out: usize,
+    ) -> Result<(), EngineError>;
+    /// `y = x` as activations (rounded to bf16 on a device), into `y`.
+    fn narrow(&mut self, y: &mut Self::Act, x: &Self::Stat) -> Result<(), EngineError>;
 
     /// `value[N] = x[N,C] · w[C]` (the value head), into zeroed `value`.
     fn value_forward(
@@ -415,6 +444,35 @@ pub trait Optimize: Compute {
         t: u64,
         clip: f32,
     ) -> Result<(), EngineError>;
+}
+
+/// The rows' running statistics of the fused LM head (`[N]` each, f32): over the vocabulary
+/// chunks folded so far, each row's maximum logit, its sum of exponentials relative to that
+/// maximum, and its target's logit (−inf until a chunk holding it); once finished, `lse` and
+/// `logp` over the whole vocabulary.
+pub struct LogitStats<S> {
+    /// Row maxima.
+    pub max: S,
+    /// Sums of `exp(logit − max)`.
+    pub sum: S,
+    /// Target logits.
+    pub target: S,
+    /// Log-sum-exps, kept for the backward pass.
+    pub lse: S,
+    /// `log p(target)`.
+    pub logp: S,
+}
+
+/// Which vocabulary chunk [`Compute::log_probs_fold`] is given.
+#[derive(Debug, Clone, Copy)]
+pub struct VocabChunk {
+    /// Its first column's id in the whole vocabulary.
+    pub col0: usize,
+    /// Whether it is the rank's first chunk (which starts the statistics).
+    pub first: bool,
+    /// Whether it completes every row: the last chunk of a rank holding the whole vocabulary
+    /// (no TP), where the combine over ranks would be the identity.
+    pub completes_rows: bool,
 }
 
 /// A strided copy between activation buffers, in elements: `rows` runs of `width`, the `i`-th

@@ -21,10 +21,13 @@ pub fn linear_backward<T: Real>(
     inp: usize,
     out: usize,
 ) {
-    timed(OpClass::Gemm, || {
-        if let Some(dx) = dx {
-            matmul(dx, dy, Op::N, w, Op::N, n, out, inp, true);
-        }
-        matmul(dw, dy, Op::T, x, Op::N, out, n, inp, true);
-    });
+    if let Some(dx) = dx {
+        linear_input_grad(dx, dy, w, n, inp, out);
+    }
+    timed(OpClass::Gemm, || matmul(dw, dy, Op::T, x, Op::N, out, n, inp, true));
+}
+
+/// `dx[N,in] += dy · W`.
+pub fn linear_input_grad<T: Real>(dx: &mut [T], dy: &[T], w: &[T], n: usize, inp: usize, out: usize) {
+    timed(OpClass::Gemm, || matmul(dx, dy, Op::N, w, Op::N, n, out, inp, true));
 }

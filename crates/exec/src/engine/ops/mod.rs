@@ -26,8 +26,8 @@ mod tests;
 
 pub use attention::{attention_backward, attention_forward, AttentionShape};
 pub use embedding::{embedding_backward, embedding_forward};
-pub use head::{log_probs_backward, log_probs_forward, value_backward, value_forward};
-pub use linear::{linear_backward, linear_forward};
+pub use head::{log_probs_backward, log_probs_finish, log_probs_fold, value_backward, value_forward, RowStats};
+pub use linear::{linear_backward, linear_forward, linear_input_grad};
 pub use rmsnorm::{rmsnorm_backward, rmsnorm_forward};
 pub use rope::{frequencies, Rope};
 pub use swiglu::{swiglu_backward, swiglu_forward};

@@ -302,23 +302,51 @@ fn embedding_gradient_matches_finite_differences_on_a_vocabulary_shard() {
     check("embedding", &inputs, &[dw], loss);
 }
 
+/// Columns `cols` of every row of `x[N, V]`: one vocabulary chunk of logits.
+fn columns(x: &[f64], v: usize, cols: std::ops::Range<usize>) -> Vec<f64> {
+    x.chunks(v).flat_map(|row| row[cols.clone()].to_vec()).collect()
+}
+
+/// `(logp, lse)` of rows `x[N, V]`, folded `width` columns at a time as the fused head does.
+fn chunked_log_probs(x: &[f64], targets: &[u32], v: usize, width: usize) -> (Vec<f64>, Vec<f64>) {
+    let n = targets.len();
+    let (mut max, mut sum, mut target) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+    for col0 in (0..v).step_by(width) {
+        let chunk = columns(x, v, col0..(col0 + width).min(v));
+        let acc = RowStats { max: &mut max, sum: &mut sum, target: &mut target };
+        log_probs_fold(acc, &chunk, targets, col0, col0 == 0);
+    }
+    let (mut logp, mut lse) = (vec![0.0; n], vec![0.0; n]);
+    let acc = RowStats { max: &mut max, sum: &mut sum, target: &mut target };
+    log_probs_finish(&mut lse, &mut logp, acc, &Local).unwrap();
+    (logp, lse)
+}
+
 #[test]
 fn log_prob_and_value_head_gradients_match_finite_differences() {
     let (n, v) = (4, 7);
     let targets = [3u32, 0, 6, 3];
     let r = values(n, 21);
-    let loss = |x: &[Vec<f64>]| {
-        let (mut logp, mut lse) = (vec![0.0; n], vec![0.0; n]);
-        log_probs_forward(&mut logp, &mut lse, &x[0], &targets, 0, &Local).unwrap();
-        dot(&logp, &r)
-    };
+    // Chunks of 3, 3 and 1 columns: targets in the first, second and last chunk.
+    let loss = |x: &[Vec<f64>]| dot(&chunked_log_probs(&x[0], &targets, v, 3).0, &r);
     let inputs = vec![values(n * v, 22).iter().map(|x| 4.0 * x).collect::<Vec<_>>()];
-    let (mut logp, mut lse) = (vec![0.0; n], vec![0.0; n]);
-    log_probs_forward(&mut logp, &mut lse, &inputs[0], &targets, 0, &Local).unwrap();
+    let (logp, lse) = chunked_log_probs(&inputs[0], &targets, v, 3);
+    let (whole_logp, whole_lse) = chunked_log_probs(&inputs[0], &targets, v, v);
+    for (a, b) in logp.iter().chain(&lse).zip(whole_logp.iter().chain(&whole_lse)) {
+        assert!((a - b).abs() < 1e-12, "folded in chunks {a}, at once {b}");
+    }
     let total: f64 = (0..v).map(|j| (inputs[0][j] - lse[0]).exp()).sum();
     assert!((total - 1.0).abs() < 1e-12, "probabilities sum to {total}");
+    // The gradient, chunk by chunk in place, laid back into the rows.
     let mut dlogits = vec![0.0; n * v];
-    log_probs_backward(&mut dlogits, &r, &inputs[0], &lse, &targets, 0);
+    for col0 in (0..v).step_by(3) {
+        let cols = col0..(col0 + 3).min(v);
+        let mut chunk = columns(&inputs[0], v, cols.clone());
+        log_probs_backward(&mut chunk, &r, &lse, &targets, col0);
+        for (row, grads) in dlogits.chunks_mut(v).zip(chunk.chunks(cols.len())) {
+            row[cols.clone()].copy_from_slice(grads);
+        }
+    }
     check("log-probs", &inputs, &[dlogits], loss);
 
     let c = 5;

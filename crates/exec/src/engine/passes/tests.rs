@@ -29,7 +29,9 @@ const NEXT_TOKEN: CrossEntropy = CrossEntropy { sequences: SEQUENCES, seq_len: S
 
 fn catalogues(dtype: Dtype) -> BTreeMap<Role, Catalogue> {
     let base = crate::fixtures::tiny_architecture(dtype);
-    let arch = Architecture { hidden: 32, layers: 2, head_dim: 8, ffn: 48, ..base };
+    // A SwiGLU narrower than the vocabulary: the fused LM head folds three chunks (16 columns
+    // each; 8 on each of two TP ranks).
+    let arch = Architecture { hidden: 32, layers: 2, head_dim: 8, ffn: 20, ..base };
     [(Role::Actor, Catalogue::new(arch))].into_iter().collect()
 }
 
@@ -141,8 +143,11 @@ fn device_run<P: DataPlane>(mut plane: P, device: Rc<Device>, layout: Layout, dp
     let replica = Replica::new(&mut plane, &set, id, SEQ_LEN).unwrap();
     let tokens = tokens();
     let batch = Batch { tokens: &tokens, seq_len: SEQ_LEN, starts: &[] };
+    // Unclipped: with DP the device collectives' path sums the norm's squares on the device and
+    // the host path on the host, in another order, so a clipped update may differ in its last bit.
+    let unclipped = AdamW { max_grad_norm: 0.0, ..OPT };
     let losses = (0..PARALLEL_STEPS)
-        .map(|_| train_step(&plane, &mut set, &replica, &batch, 1, &NEXT_TOKEN, &OPT).unwrap().loss.to_bits())
+        .map(|_| train_step(&plane, &mut set, &replica, &batch, 1, &NEXT_TOKEN, &unclipped).unwrap().loss.to_bits())
         .collect();
     let shard = set.store().get(id).unwrap();
     (losses, set.store().memory().read(&shard.buffer).unwrap().into_owned())
@@ -225,10 +230,10 @@ fn greedy_generation_on_the_emulated_device_matches_the_host() {
 
 /// The ledger's peaks of one rank, pass by pass: a training step, an inference pass and
 /// generation.
-struct Peaks {
-    training: MemoryBreakdown,
-    inference: MemoryBreakdown,
-    generation: MemoryBreakdown,
+struct Peaks<P = Peak> {
+    training: P,
+    inference: P,
+    generation: P,
 }
 
 const PROMPT: usize = 3;
@@ -253,11 +258,19 @@ fn prompts(tokens: &[u32]) -> Vec<u32> {
     tokens.chunks(SEQ_LEN).flat_map(|s| s[..PROMPT].to_vec()).collect()
 }
 
+/// What a pass charged at its highest total, and each item's own highest charge.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Peak {
+    at_peak: MemoryBreakdown,
+    highs: MemoryBreakdown,
+}
+
 /// Runs `pass` with a fresh peak and returns the peak it reached.
-fn peak_of<M: ShardMemory>(set: &mut EmuSet<M>, pass: impl FnOnce(&mut EmuSet<M>)) -> MemoryBreakdown {
+fn peak_of<M: ShardMemory>(set: &mut EmuSet<M>, pass: impl FnOnce(&mut EmuSet<M>)) -> Peak {
     set.store_mut().ledger_mut().reset_peak();
     pass(set);
-    set.store().ledger().peak_breakdown()
+    let ledger = set.store().ledger();
+    Peak { at_peak: ledger.peak_breakdown(), highs: ledger.item_highs() }
 }
 
 /// One training step, one inference pass and generation of the actor in `layout`, in memory
@@ -301,12 +314,12 @@ fn device_peak_of(
     set: &mut EmuSet<DeviceMemory>,
     device: &Device,
     pass: impl FnOnce(&mut EmuSet<DeviceMemory>),
-) -> (MemoryBreakdown, i64) {
+) -> (Peak, i64) {
     let before = device.allocated_bytes().0;
     device.reset_peak();
     let ledger = peak_of(set, pass);
     assert_eq!(device.allocated_bytes().0, before, "the pass freed every buffer it allocated");
-    (ledger, ledger.total() as i64 - device.allocated_bytes().1 as i64)
+    (ledger, ledger.at_peak.total() as i64 - device.allocated_bytes().1 as i64)
 }
 
 /// The device's ledger peaks, and by how much each lay above the allocator's own peak.
@@ -322,7 +335,7 @@ fn device_peaks(rank: i32, mail: Arc<Mailbox>, layout: Layout) -> (Peaks, [i64; 
 
 /// What the cost model predicts for `position` of `layout`: the state the position keeps and
 /// each pass's transient buffers (`cost/reference.rs`).
-fn predicted(layout: Layout, position: Position, dtype: Dtype, on: Residence) -> Peaks {
+fn predicted(layout: Layout, position: Position, dtype: Dtype, on: Residence) -> Peaks<MemoryBreakdown> {
     let j = position.pp;
     let catalogue = &catalogues(dtype)[&Role::Actor];
     let params = ModelStats::new(catalogue).params_of_stage(layout, j);
@@ -371,11 +384,31 @@ fn every_pass_peaks_at_the_cost_models_prediction_item_by_item_on_host_and_devic
             {
                 let want = predicted(layout, position, dtype, on);
                 let at = format!("{on:?} ({tp}, {pp}) rank {rank}");
-                assert_eq!(measured.training, want.training, "training peak, {at}");
-                assert_eq!(measured.inference, want.inference, "inference peak, {at}");
-                assert_eq!(measured.generation, want.generation, "generation peak, {at}");
+                assert_eq!(measured.training.at_peak, want.training, "training peak, {at}");
+                assert_eq!(measured.inference.at_peak, want.inference, "inference peak, {at}");
+                assert_eq!(measured.generation.at_peak, want.generation, "generation peak, {at}");
+                at_most_one_chunk_of_logits(layout, position, measured, on, &at);
             }
         }
+    }
+}
+
+/// The fused LM head never holds more than one vocabulary chunk of logits: the ledger's own
+/// high of the logits item, whenever it came, is one chunk and the per-row f32 statistics (log
+/// p, lse, the loss gradient, and the running maximum, sum and target), below a micro-batch's
+/// logits over the rank's whole vocabulary shard (which the fixture's two chunks halve).
+fn at_most_one_chunk_of_logits(layout: Layout, position: Position, measured: &Peaks, on: Residence, at: &str) {
+    let shape = LocalShape::of(&catalogues(Dtype::F32)[&Role::Actor].arch, layout, position);
+    if !shape.last {
+        return;
+    }
+    let n = (MICRO * SEQ_LEN) as u64;
+    assert!(shape.vocab_chunks().count() >= 2, "the fixture's head has chunks to fold");
+    let bound = reference::logits_chunk(&shape, n, on) + 6 * 4 * n;
+    let whole = on.act() * n * shape.vocab as u64;
+    for (pass, peak) in [("training", &measured.training), ("inference", &measured.inference)] {
+        let high = peak.highs.get(MemoryItem::Logits);
+        assert!(high <= bound && bound < whole, "{pass}: logits held {high} B, one chunk {bound}, all {whole}; {at}");
     }
 }
 
