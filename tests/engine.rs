@@ -61,7 +61,17 @@ fn bench_engine_on_the_emulated_device_counts_flops_and_bytes_against_the_cluste
     let rows = report["rows"].as_array().unwrap();
     let phase = |name: &str| rows.iter().find(|r| r["phase"] == name).unwrap_or_else(|| panic!("{name}: {report}"));
     let phases: Vec<&str> = rows.iter().map(|r| r["phase"].as_str().unwrap()).collect();
-    assert_eq!(phases, ["gemm_library", "gemm_engine", "forward", "backward", "train_step", "prefill", "decode"]);
+    let families = [
+        "kernels:gemm",
+        "kernels:attention_forward",
+        "kernels:attention_backward",
+        "kernels:norms",
+        "kernels:head_and_loss",
+        "kernels:adamw",
+        "kernels:other",
+    ];
+    let steps = ["gemm_library", "gemm_engine", "forward", "backward", "train_step", "prefill", "decode"];
+    assert_eq!(phases, [&steps[..], &families[..]].concat());
     assert!(rows.iter().all(|r| r["seconds"].as_f64().unwrap() > 0.0), "{report}");
     // The tiny shape: 2 blocks of 128 wide, 4 × 32 query and 2 × 32 key-value heads, SwiGLU 352,
     // vocabulary 512, 128 tokens; each linear layer's three products are 6·n·in·out FLOPs.
@@ -101,6 +111,20 @@ fn bench_engine_on_the_emulated_device_counts_flops_and_bytes_against_the_cluste
         assert!(r["launches"].as_u64().unwrap() > 0 && r["host_device_bytes"].as_u64().unwrap() > 0, "{r}");
     }
     assert!(phase("gemm_library").get("launches").is_none(), "the bare GEMMs are not a pass");
+    kernel_table_covers_the_step(&phase, &families);
+}
+
+/// The kernel table of `bench engine --device`: one more training step timed launch by launch
+/// accounts for every launch and GEMM call the timed steps make, and its GEMMs do the step's
+/// counted products plus the fused LM head's recomputed one (`2·n·C·V`).
+fn kernel_table_covers_the_step<'a>(phase: &dyn Fn(&str) -> &'a serde_json::Value, families: &[&str]) {
+    let launches: u64 = families.iter().map(|f| phase(f)["kernel_launches"].as_u64().unwrap()).sum();
+    let step = phase("train_step");
+    assert_eq!(launches, step["launches"].as_u64().unwrap(), "{step}");
+    let gemm = phase("kernels:gemm");
+    let recompute = 2.0 * 128.0 * 128.0 * 512.0;
+    assert_eq!(gemm["flops"].as_f64().unwrap(), phase("gemm_library")["flops"].as_f64().unwrap() + recompute);
+    assert!(phase("kernels:adamw")["bytes"].as_f64().unwrap() == 34.0 * 500_352.0, "{}", phase("kernels:adamw"));
 }
 
 /// `bench engine --peer torch`: where PyTorch or a CUDA device is missing (CI) the benchmark says

@@ -26,6 +26,7 @@ pub use stats::ModelStats;
 use serde::Serialize;
 
 use crate::config::ClusterSpec;
+use crate::model::OutputHead;
 
 use crate::plan::{Candidate, Placement, Recompute, Stage};
 
@@ -303,7 +304,8 @@ impl CostModel {
             (2.0, 1.0, 2.0, 1.0)
         };
         let bubble = pass.bubble;
-        out.add(OpClass::Gemm, gemm_passes * n * tokens / flops_rate * bubble);
+        let head_recompute = if pass.training { self.head_recompute_params(stats) } else { 0.0 };
+        out.add(OpClass::Gemm, (gemm_passes * n + 2.0 * head_recompute) * tokens / flops_rate * bubble);
         out.add(OpClass::Attention, attn_passes * attention_fwd / flops_rate * bubble);
         let tp_msg = s * pass.message_sequences * h * bytes;
         out.add(
@@ -321,6 +323,18 @@ impl CostModel {
             out.add(OpClass::DpAllReduce, ring(dp, grad_bytes, dp_bw));
         }
         out
+    }
+
+    /// Parameters of the LM head whose product a training pass computes once more: the
+    /// reference engine's fused head (on the host or a device) recomputes each vocabulary
+    /// chunk's logits in the backward pass rather than keeping them (`engine/output.rs`).
+    fn head_recompute_params(&self, stats: &ModelStats) -> f64 {
+        let fused = matches!(self.engine, EngineKind::Reference | EngineKind::Device);
+        if fused && stats.arch.head == OutputHead::Lm {
+            (stats.arch.vocab * stats.arch.hidden) as f64
+        } else {
+            0.0
+        }
     }
 
     /// Bytes per gradient element on the wire: f32 in the reference engine (on the host or a

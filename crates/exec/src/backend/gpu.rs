@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use super::blas::Gemm;
 use super::cache::BlockCache;
+use super::profile::{OpenProfile, Work, WorkTime};
 use super::staging::{UploadRing, UPLOAD_RING_BYTES};
 use super::BackendError;
 use nereus_kernels::pack::{rect_launch, RectCopy};
@@ -114,6 +115,8 @@ pub struct Device {
     live: Cell<u64>,
     peak: Cell<u64>,
     counters: Cell<DeviceCounters>,
+    /// Event brackets of every launch, while a profile is open.
+    profile: RefCell<Option<OpenProfile>>,
 }
 
 impl Device {
@@ -127,8 +130,8 @@ impl Device {
         let current = runtime.create_stream()?;
         let streams = RefCell::new(Streams { current, marks: Vec::new(), staging: None, uploads: None });
         let (allocations, live, peak) = (RefCell::default(), Default::default(), Default::default());
-        let (cache, counters) = (RefCell::default(), Cell::default());
-        Ok(Device { runtime, streams, stall: RefCell::new(None), allocations, cache, live, peak, counters })
+        let (cache, counters, profile) = (RefCell::default(), Cell::default(), RefCell::default());
+        Ok(Device { runtime, streams, stall: RefCell::new(None), allocations, cache, live, peak, counters, profile })
     }
 
     /// What the device has done since it was opened (see [`DeviceCounters`]).
@@ -355,7 +358,8 @@ impl Device {
                 let l = rect_launch(src.0, dst.0, c);
                 self.runtime.check_rect(&l)?;
                 self.count(|c| c.launches += 1);
-                self.runtime.launch(&l.launch(), &mut l.args(), stream)?;
+                let launch = l.launch();
+                self.bracketed(Work::Kernel(launch.kernel), || self.runtime.launch(&launch, &mut l.args(), stream))?;
             }
         }
         Ok(())
@@ -369,7 +373,34 @@ impl Device {
     pub unsafe fn launch(&self, call: &impl KernelCall, grid: [u32; 3], block: [u32; 3]) -> Result<(), BackendError> {
         let launch = Launch { kernel: call.kernel(), grid, block, shared_bytes: 0 };
         self.count(|c| c.launches += 1);
-        self.runtime.launch(&launch, &mut call.args(), self.stream())
+        self.bracketed(Work::Kernel(launch.kernel), || self.runtime.launch(&launch, &mut call.args(), self.stream()))
+    }
+
+    /// Runs `enqueue` between two events when a profile is open (see [`super::profile`]).
+    fn bracketed(&self, work: Work, enqueue: impl FnOnce() -> Result<(), BackendError>) -> Result<(), BackendError> {
+        match self.profile.borrow_mut().as_mut() {
+            Some(open) => open.bracket(self.runtime.as_ref(), self.stream(), work, enqueue),
+            None => enqueue(),
+        }
+    }
+
+    /// Starts timing every launch and GEMM by kernel (see [`super::profile`]); a profile
+    /// already open is dropped with its events.
+    pub fn open_profile(&self) {
+        if let Some(old) = self.profile.borrow_mut().replace(OpenProfile::default()) {
+            let _ = old.close(self.runtime.as_ref());
+        }
+    }
+
+    /// Waits for the device and returns each kernel's (and the GEMM's) launches and device
+    /// seconds since [`Device::open_profile`]; empty when none was open.
+    pub fn close_profile(&self) -> Result<Vec<WorkTime>, BackendError> {
+        let Some(open) = self.profile.borrow_mut().take() else {
+            return Ok(Vec::new());
+        };
+        let waited = self.synchronize();
+        let times = open.close(self.runtime.as_ref());
+        waited.and(times)
     }
 
     /// Enqueues a GEMM on the current stream.
@@ -378,7 +409,7 @@ impl Device {
     /// As [`GpuRuntime::gemm`].
     pub unsafe fn gemm(&self, g: &Gemm, a: DevicePtr, b: DevicePtr, c: DevicePtr) -> Result<(), BackendError> {
         self.count(|n| n.gemms += 1);
-        self.runtime.gemm(g, a, b, c, self.stream())
+        self.bracketed(Work::Gemm, || self.runtime.gemm(g, a, b, c, self.stream()))
     }
 
     /// Copies `bytes.len()` bytes from the device at `src` into host memory, through pinned

@@ -18,6 +18,7 @@ pub mod library;
 pub mod linalg;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
+pub mod profile;
 #[cfg(feature = "rocm")]
 pub mod rocm;
 pub mod runtime;

@@ -24,8 +24,10 @@
 
 use std::time::Instant;
 
+use super::kernels::{self, ClassCheck};
 use super::measure::{
-    attention_flops, operand, step_gemms, time_phases, Gemm as StepGemm, PassCounts, Phases, Row, STOP_CHECK_EVERY,
+    attention_flops, operand, step_gemms, time_phases, train_once, Gemm as StepGemm, PassCounts, Phases, Row,
+    STOP_CHECK_EVERY,
 };
 use crate::bench::Floor;
 use nereus_core::config::{DeviceChoice, Dtype};
@@ -64,6 +66,12 @@ impl EngineShape {
     /// The token steps the decode row spans (every new token less the first).
     pub(super) fn decode_token_steps(self) -> u64 {
         self.sizes().decode.2.max(2) as u64 - 1
+    }
+
+    /// The shape's model.
+    #[cfg(test)]
+    pub(super) fn arch(self) -> Architecture {
+        self.sizes().arch
     }
 
     fn sizes(self) -> Sizes {
@@ -112,12 +120,22 @@ pub struct DeviceBench {
     pub peaks: Option<Peaks>,
 }
 
-/// What the benchmark measured: a title, rows and floors (rank 0; empty elsewhere).
-pub type Measured = Option<(String, Vec<Row>, Vec<Floor>)>;
+/// What the benchmark measured on rank 0: a title, rows, floors, and the cost model's
+/// predictions for the kernel table's classes.
+pub struct Measured {
+    /// The table's title.
+    pub title: String,
+    /// Phases, then the kernel families of one training step.
+    pub rows: Vec<Row>,
+    /// Floors computed from the rows.
+    pub floors: Vec<Floor>,
+    /// The cost model's prediction per class beside the measurement (with a cluster file).
+    pub checks: Vec<ClassCheck>,
+}
 
 impl DeviceBench {
     /// Runs on this rank's device plane, with shards in `memory`.
-    pub(super) fn run(self, plane: &mut Plane<'_>, memory: DeviceMemory) -> Result<Measured, RuntimeError> {
+    pub(super) fn run(self, plane: &mut Plane<'_>, memory: DeviceMemory) -> Result<Option<Measured>, RuntimeError> {
         use nereus_exec::comm::DataPlane;
         if plane.rank() != 0 {
             return Ok(None);
@@ -135,17 +153,27 @@ impl DeviceBench {
         let device = set.store().memory().shared_device();
         let counters = || Some(device.counters());
         let phases = time_phases(&*plane, &mut set, &replica, &arch, (b, t, db, dp, dn), self.reps, &counters)?;
-        let rows = rows(&arch, (b, t, db, dp, dn), params, (library, engine), &phases, self.peaks);
+        let mut rows = rows(&arch, (b, t, db, dp, dn), params, (library, engine), &phases, self.peaks);
         // Decode's span holds the token steps after the first (see `rows`).
         let mut floors = step_floors(&phases, dn.max(2) as u64 - 1);
         if self.choice != DeviceChoice::Emulated {
             floors.extend(speed_floors(&rows));
         }
+        device.open_profile();
+        let stepped = train_once(&*plane, &mut set, &replica, &arch, (b, t));
+        let times = device.close_profile();
+        stepped?;
+        let reference = step_gemms(&arch, b * t).iter().map(StepGemm::flops).sum::<f64>() / library;
+        let (families, checks) = kernels::table(&times?, &arch, (b, t), params, reference, self.peaks);
+        rows.extend(families);
+        if self.choice != DeviceChoice::Emulated {
+            floors.extend(checks.iter().flat_map(ClassCheck::floors));
+        }
         let title = format!(
             "device engine ({:?}): {params} parameters in bf16; batch {b} x {t} tokens; decode {db} x ({dp} + {dn})",
             self.choice
         );
-        Ok(Some((title, rows, floors)))
+        Ok(Some(Measured { title, rows, floors, checks }))
     }
 }
 

@@ -22,7 +22,8 @@ pub const STOP_CHECK_EVERY: usize = 16;
 /// One measured phase.
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
-    /// `forward`, `backward`, `train_step`, `decode`, or `gemm_reference`.
+    /// `forward`, `backward`, `train_step`, `decode`, `gemm_reference`, or a kernel family of
+    /// one training step (`kernels:gemm`, …; see `engine/kernels.rs`).
     pub phase: String,
     /// Tokens processed per run.
     pub tokens: u64,
@@ -53,6 +54,13 @@ pub struct Row {
     /// Host waits per token step (decode on a device).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub syncs_per_token: Option<f64>,
+    /// Launches of a kernel family in one training step (the `kernels:*` rows).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_launches: Option<u64>,
+    /// The bytes a memory-bound kernel family must move in one training step, at the least
+    /// (the `kernels:*` rows; `fraction_of_roofline` is their HBM time over the measured).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<f64>,
 }
 
 /// What a device did over one measured span: the overheads a GPU profile is read against.
@@ -95,6 +103,8 @@ impl Row {
             counts: None,
             launches_per_token: None,
             syncs_per_token: None,
+            kernel_launches: None,
+            bytes: None,
         }
     }
 }
@@ -200,6 +210,25 @@ pub struct Phases {
     pub counts: Option<PhaseCounts>,
 }
 
+/// `count` token ids the benchmarks train and prompt on (spread over the vocabulary).
+fn bench_tokens(arch: &Architecture, count: usize) -> Vec<u32> {
+    (0..count).map(|i| (nereus_core::rng::mix(i as u64) % arch.vocab) as u32).collect()
+}
+
+/// One training step of `b` sequences of `t` tokens, as [`time_phases`] times them.
+pub fn train_once<M: EngineMemory, P: DataPlane>(
+    plane: &P,
+    set: &mut EmuSet<M>,
+    replica: &Replica,
+    arch: &Architecture,
+    (b, t): (usize, usize),
+) -> Result<(), EngineError> {
+    let tokens = bench_tokens(arch, b * t);
+    let batch = Batch { tokens: &tokens, seq_len: t, starts: &[] };
+    let objective = CrossEntropy { sequences: b, seq_len: t };
+    train_step(plane, set, replica, &batch, b, &objective, &AdamW::default()).map(drop)
+}
+
 /// Median seconds of a forward pass, a training step, a prefill (one new token) and one decode
 /// step of `replica` in memory `M`, over `reps` rounds after a warm-up: the same passes the RL
 /// step runs, on the host or a device (whose passes end with a wait for the device). On a
@@ -213,8 +242,7 @@ pub fn time_phases<M: EngineMemory, P: DataPlane>(
     reps: usize,
     counters: &dyn Fn() -> Option<DeviceCounters>,
 ) -> Result<Phases, RuntimeError> {
-    let tokens: Vec<u32> =
-        (0..(b * t).max(db * dp)).map(|i| (nereus_core::rng::mix(i as u64) % arch.vocab) as u32).collect();
+    let tokens = bench_tokens(arch, (b * t).max(db * dp));
     let batch = Batch { tokens: &tokens[..b * t], seq_len: t, starts: &[] };
     let objective = CrossEntropy { sequences: b, seq_len: t };
     let opt = AdamW::default();

@@ -13,13 +13,15 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 pub mod device;
+pub mod kernels;
 pub mod measure;
 pub mod peer;
 
 use peer::{Peer, PeerOutcome};
 
 use super::{machine, median, BenchReport, Floor};
-use device::{DeviceBench, EngineShape, Peaks};
+use device::{DeviceBench, EngineShape, Measured, Peaks};
+use kernels::ClassCheck;
 use measure::{attention_flops, operand, step_gemms, time_phases, Gemm, Phases, Row};
 use nereus_core::config::Dtype;
 use nereus_core::config::{load_cluster_file, DeviceChoice};
@@ -112,7 +114,7 @@ fn on_device(session: &Session, args: &Options, choice: DeviceChoice) -> Result<
         args.shape.unwrap_or(if choice == DeviceChoice::Emulated { EngineShape::Tiny } else { EngineShape::Llama1b });
     let job = DeviceBench { reps: args.reps, shape, choice, peaks };
     let (mut plane, memory) = nereus_runtime::device::open_device(session, choice)?;
-    let Some((title, mut rows, mut floors)) = job.run(&mut plane, memory)? else {
+    let Some(Measured { title, mut rows, mut floors, checks }) = job.run(&mut plane, memory)? else {
         return Ok(());
     };
     // A peer that fails fails the command, after our rows are reported.
@@ -129,6 +131,7 @@ fn on_device(session: &Session, args: &Options, choice: DeviceChoice) -> Result<
         rows.extend(theirs);
     }
     print_rows(&title, &rows)?;
+    print_checks(&checks)?;
     match &peer {
         Some(PeerOutcome::Ran(run)) => println!(
             "peer: PyTorch {} on {}, peak memory {:.2} GB (scripts/peer-torch.py)",
@@ -211,13 +214,13 @@ fn gemm_reference(gemms: &[Gemm]) -> (f64, f64) {
 fn print_rows(title: &str, rows: &[Row]) -> Result<(), RuntimeError> {
     let mut text = format!("{title}\n");
     text += &format!(
-        "{:<15} {:>8} {:>10} {:>12} {:>10} {:>9} {:>8} {:>9}\n",
+        "{:<26} {:>8} {:>10} {:>12} {:>10} {:>9} {:>8} {:>9}\n",
         "phase", "tokens", "seconds", "tokens/s", "GFLOP/s", "of GEMM", "of peak", "roofline"
     );
     let optional = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.3}"));
     for r in rows {
         text += &format!(
-            "{:<15} {:>8} {:>10.4} {:>12.0} {:>10.2} {:>9.3} {:>8} {:>9}\n",
+            "{:<26} {:>8} {:>10.4} {:>12.0} {:>10.2} {:>9.3} {:>8} {:>9}\n",
             r.phase,
             r.tokens,
             r.seconds,
@@ -226,6 +229,29 @@ fn print_rows(title: &str, rows: &[Row]) -> Result<(), RuntimeError> {
             r.fraction_of_gemm,
             optional(r.fraction_of_peak),
             optional(r.fraction_of_roofline)
+        );
+    }
+    std::io::stdout().lock().write_all(text.as_bytes()).map_err(RuntimeError::Stdout)
+}
+
+/// The cost model's predictions for the kernel table's classes beside the event timings.
+fn print_checks(checks: &[ClassCheck]) -> Result<(), RuntimeError> {
+    if checks.is_empty() {
+        return Ok(());
+    }
+    let mut text = format!(
+        "cost model (uncalibrated efficiencies) against the kernel table:\n{:<10} {:>10} {:>10} {:>10} {:>10} {:>10}\n",
+        "class", "roofline", "predicted", "measured", "ratio", "implied"
+    );
+    for c in checks {
+        text += &format!(
+            "{:<10} {:>10.3e} {:>10.3e} {:>10.3e} {:>10.3} {:>10.3}\n",
+            c.class.name(),
+            c.ideal,
+            c.predicted,
+            c.measured,
+            c.predicted / c.measured,
+            c.ideal / c.measured
         );
     }
     std::io::stdout().lock().write_all(text.as_bytes()).map_err(RuntimeError::Stdout)

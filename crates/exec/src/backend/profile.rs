@@ -1,0 +1,83 @@
+//! Timing a device's work by kernel: while a profile is open ([`super::gpu::Device::open_profile`])
+//! every kernel launch and GEMM call is bracketed by two events on the stream, and closing it
+//! waits once and reads each bracket's elapsed time. The events time the device's own work
+//! (what `nsys` would show per kernel), not the host's enqueueing; on the grid emulator, which
+//! runs each kernel as it is launched, they time the emulation.
+//!
+//! A profile adds two event records per launch and one wait at its close, so it is for a
+//! dedicated measured step (`nereus bench engine`), never for training.
+
+use super::runtime::{GpuRuntime, RawHandle};
+use super::BackendError;
+use nereus_kernels::Kernel;
+
+/// What one bracketed piece of work was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Work {
+    /// A launch of one of the engine's kernels.
+    Kernel(Kernel),
+    /// A call of the vendor GEMM (cuBLASLt, hipBLAS, the emulator's).
+    Gemm,
+}
+
+/// The brackets recorded so far (events in pairs, in launch order).
+#[derive(Default)]
+pub(super) struct OpenProfile {
+    spans: Vec<(Work, RawHandle, RawHandle)>,
+}
+
+/// One piece of work's launches and the device seconds they took, summed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WorkTime {
+    /// The kernel, or the GEMM.
+    pub work: Work,
+    /// Launches (or GEMM calls).
+    pub launches: u64,
+    /// Seconds between each launch's two events, summed.
+    pub seconds: f64,
+}
+
+impl OpenProfile {
+    /// Records an event before `enqueue` and one after it on `stream`.
+    pub(super) fn bracket(
+        &mut self,
+        runtime: &dyn GpuRuntime,
+        stream: RawHandle,
+        work: Work,
+        enqueue: impl FnOnce() -> Result<(), BackendError>,
+    ) -> Result<(), BackendError> {
+        let (start, end) = (runtime.create_event()?, runtime.create_event()?);
+        self.spans.push((work, start, end));
+        // SAFETY: live events on the current stream; they are destroyed in `close`.
+        unsafe { runtime.record(start, stream)? };
+        enqueue()?;
+        unsafe { runtime.record(end, stream) }
+    }
+
+    /// Each piece of work's launches and seconds, in the order each was first launched; every
+    /// event is destroyed. The caller has waited for the stream.
+    pub(super) fn close(self, runtime: &dyn GpuRuntime) -> Result<Vec<WorkTime>, BackendError> {
+        let mut times: Vec<WorkTime> = Vec::new();
+        let mut failed = None;
+        for (work, start, end) in self.spans {
+            // SAFETY: both events were recorded and the stream has been waited for.
+            let elapsed = unsafe { runtime.elapsed_ms(start, end) };
+            unsafe {
+                runtime.destroy_event(start);
+                runtime.destroy_event(end);
+            }
+            let seconds = match elapsed {
+                Ok(ms) => f64::from(ms) / 1e3,
+                Err(e) => {
+                    failed.get_or_insert(e);
+                    continue;
+                }
+            };
+            match times.iter_mut().find(|t| t.work == work) {
+                Some(t) => (t.launches, t.seconds) = (t.launches + 1, t.seconds + seconds),
+                None => times.push(WorkTime { work, launches: 1, seconds }),
+            }
+        }
+        failed.map_or(Ok(times), Err)
+    }
+}
