@@ -128,7 +128,7 @@ if step 150 "bench engine"; then
 echo "== 3-4. bench engine --device cuda --peer torch on GPU 0 (GEMMs, MFU, decode roofline; PyTorch eager and HF generate on the same shape)"
 case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" in
   *H200*) cluster=(--cluster configs/clusters/h200.toml) ;;
-  *H100*) cluster=(--cluster configs/clusters/h100.toml) ;;
+  *"H100 80GB HBM3"*) cluster=(--cluster configs/clusters/h100.toml) ;;  # SXM5 only: PCIe and NVL have other peaks
   *A100*) cluster=(--cluster configs/clusters/a100.toml) ;;
   *) cluster=(); echo "gpu-check: no cluster file for this GPU; MFU and the roofline are not computed" ;;
 esac

@@ -600,6 +600,8 @@ impl<T: bytemuck::Pod> Drop for DeviceArray<'_, T> {
 
 impl Drop for Device {
     fn drop(&mut self) {
+        // A profile left open (its step failed) gives its events back after the wait inside.
+        let _ = self.close_profile();
         let _ = self.synchronize();
         let s = self.streams.get_mut();
         // SAFETY: everything enqueued has run; the handles are ours.

@@ -1,8 +1,13 @@
 //! Timing a device's work by kernel: while a profile is open ([`super::gpu::Device::open_profile`])
 //! every kernel launch and GEMM call is bracketed by two events on the stream, and closing it
-//! waits once and reads each bracket's elapsed time. The events time the device's own work
-//! (what `nsys` would show per kernel), not the host's enqueueing; on the grid emulator, which
+//! waits once and reads each bracket's elapsed time. The events time the device's work (what
+//! `nsys` would show per kernel) rather than the host's enqueueing; on the grid emulator, which
 //! runs each kernel as it is launched, they time the emulation.
+//!
+//! Where the stream has run dry, a start event completes as soon as it is recorded, so the
+//! span also holds the host's own launch latency (cuBLASLt's host-side work included): on a
+//! GPU kept busy, as a training step keeps it, the two agree. Memsets and device-to-device
+//! copies are not bracketed; their time is in no family.
 //!
 //! A profile adds two event records per launch and one wait at its close, so it is for a
 //! dedicated measured step (`nereus bench engine`), never for training.
@@ -46,12 +51,28 @@ impl OpenProfile {
         work: Work,
         enqueue: impl FnOnce() -> Result<(), BackendError>,
     ) -> Result<(), BackendError> {
-        let (start, end) = (runtime.create_event()?, runtime.create_event()?);
-        self.spans.push((work, start, end));
-        // SAFETY: live events on the current stream; they are destroyed in `close`.
-        unsafe { runtime.record(start, stream)? };
-        enqueue()?;
-        unsafe { runtime.record(end, stream) }
+        let start = runtime.create_event()?;
+        let end = match runtime.create_event() {
+            Ok(end) => end,
+            Err(e) => {
+                // SAFETY: made above and never recorded.
+                unsafe { runtime.destroy_event(start) };
+                return Err(e);
+            }
+        };
+        // SAFETY: live events on the current stream; kept until `close`, or destroyed here
+        // when the work could not be enqueued between them.
+        let bracketed = unsafe { runtime.record(start, stream) }
+            .and_then(|()| enqueue())
+            .and_then(|()| unsafe { runtime.record(end, stream) });
+        match bracketed {
+            Ok(()) => self.spans.push((work, start, end)),
+            Err(_) => unsafe {
+                runtime.destroy_event(start);
+                runtime.destroy_event(end);
+            },
+        }
+        bracketed
     }
 
     /// Each piece of work's launches and seconds, in the order each was first launched; every

@@ -26,7 +26,7 @@ use std::time::Instant;
 
 use super::kernels::{self, ClassCheck};
 use super::measure::{
-    attention_flops, operand, step_gemms, time_phases, train_once, Gemm as StepGemm, PassCounts, Phases, Row,
+    attention_flops, operand, step_gemms, time_phases, train_once, Gemm as StepGemm, PassCounts, Peaks, Phases, Row,
     STOP_CHECK_EVERY,
 };
 use crate::bench::Floor;
@@ -97,15 +97,6 @@ impl EngineShape {
             }
         }
     }
-}
-
-/// The device's dense bf16 peak and HBM bandwidth (from a cluster file).
-#[derive(Debug, Clone, Copy)]
-pub struct Peaks {
-    /// FLOP/s.
-    pub flops: f64,
-    /// Bytes per second.
-    pub hbm_bytes_per_s: f64,
 }
 
 /// The benchmark on the device plane: rank 0 measures, other ranks return at once.

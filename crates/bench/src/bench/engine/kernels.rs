@@ -30,8 +30,7 @@ use nereus_core::plan::{Candidate, ModelStage, Recompute, Role, Stage};
 use nereus_exec::backend::profile::{Work, WorkTime};
 use nereus_kernels::Source;
 
-use super::device::Peaks;
-use super::measure::{attention_flops, step_gemms, Gemm as StepGemm, Row};
+use super::measure::{attention_flops, step_gemms, Gemm as StepGemm, Peaks, Row};
 use crate::bench::Floor;
 
 /// The families a training step's device time is read in.

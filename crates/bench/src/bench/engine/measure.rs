@@ -19,6 +19,15 @@ use nereus_runtime::RuntimeError;
 /// engine's default, `[train] stop_check_every`).
 pub const STOP_CHECK_EVERY: usize = 16;
 
+/// The device's dense bf16 peak and HBM bandwidth (from a cluster file).
+#[derive(Debug, Clone, Copy)]
+pub struct Peaks {
+    /// FLOP/s.
+    pub flops: f64,
+    /// Bytes per second.
+    pub hbm_bytes_per_s: f64,
+}
+
 /// One measured phase.
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
@@ -135,7 +144,8 @@ impl Gemm {
 pub fn step_gemms(a: &Architecture, n: usize) -> Vec<Gemm> {
     let (c, q, kv, f, v) =
         (a.hidden as usize, a.q_width() as usize, a.kv_width() as usize, a.ffn as usize, a.vocab as usize);
-    let block = [(c, q), (c, kv), (c, kv), (q, c), (c, f), (c, f), (f, c)];
+    // Gate and up are one product over their adjacent weights, as the engine issues them.
+    let block = [(c, q), (c, kv), (c, kv), (q, c), (c, 2 * f), (f, c)];
     let linears = (0..a.layers).flat_map(|_| block).chain([(c, v)]);
     linears
         .flat_map(|(inp, out)| {

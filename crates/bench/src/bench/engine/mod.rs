@@ -20,9 +20,9 @@ pub mod peer;
 use peer::{Peer, PeerOutcome};
 
 use super::{machine, median, BenchReport, Floor};
-use device::{DeviceBench, EngineShape, Measured, Peaks};
+use device::{DeviceBench, EngineShape, Measured};
 use kernels::ClassCheck;
-use measure::{attention_flops, operand, step_gemms, time_phases, Gemm, Phases, Row};
+use measure::{attention_flops, operand, step_gemms, time_phases, Gemm, Peaks, Phases, Row};
 use nereus_core::config::Dtype;
 use nereus_core::config::{load_cluster_file, DeviceChoice};
 use nereus_core::model::{Architecture, Catalogue, Layout, OutputHead};

@@ -215,10 +215,11 @@ impl LocalShape {
     }
 
     /// Columns of one chunk of the fused LM head (`engine/output.rs`): this rank's `V`
-    /// vocabulary columns are taken `ceil(V / F)` near-equal chunks at a time, so that one
-    /// chunk's logits `[n, ≤ F]` are no larger than a block's SwiGLU activation; rounded up to
-    /// a multiple of 8 columns (16-byte rows of bf16, which tensor-core GEMMs want). The head's
-    /// logits never exist beyond one chunk, and the cost model charges one.
+    /// vocabulary columns in `ceil(V / F)` chunks of `ceil(V / chunks)` columns, rounded up to a
+    /// multiple of 8 (16-byte rows of bf16, which tensor-core GEMMs want), so one chunk's logits
+    /// are about a block's SwiGLU activation `[n, F]` (at most `F` rounded up to 8; the last
+    /// chunk may be narrower). The head's logits never exist beyond one chunk, and the cost
+    /// model charges one.
     pub fn vocab_chunk(&self) -> usize {
         let chunks = self.vocab.div_ceil(self.ffn.max(1)).max(1);
         self.vocab.div_ceil(chunks).next_multiple_of(8).min(self.vocab)
