@@ -92,6 +92,12 @@ fn runs_are_bit_identical_and_resume_under_other_layouts_with_the_same_losses() 
     let toml = set_key(&shipped("tiny-ppo.toml"), "train", "checkpoint_every", Some("2"));
     let toml = set_key(&toml, "train", "warmup_actor_steps", Some("30"));
     let toml = set_key(&toml, "train", "warmup_reward_steps", Some("15"));
+    // Other layouts sum in other orders (their losses agree to about 1e-6), and PPO's clip makes
+    // the update jump where a token's ratio crosses 1 ± ε: with the shipped ε = 0.2 a ratio that
+    // close to the edge turned that into a 12% different actor loss one step after a resume
+    // (measured, when the MLP's gate and up became one GEMM). With ε = 1 no ratio of these
+    // steps reaches the edge, so the comparison below is of the state, not of that edge.
+    let toml = set_key(&toml, "train", "clip_ratio", Some("1.0"));
     let config = write(dir.path(), "ppo.toml", &toml);
     let a = train(8, &config, &dir.path().join("a"), 4, &[]);
     assert!(a.iter().any(|r| r["reward_mean"].as_f64().unwrap() > 0.0), "no reward to compare: {a:?}");

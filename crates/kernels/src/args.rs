@@ -153,31 +153,29 @@ kernel_args! {
         /// Elements.
         n: u64,
     }
-    /// `out[N] = silu(gate) · up`.
+    /// `out[R, F] = silu(gate) · up` over the fused gate/up rows `gu[R, 2F]`.
     SwigluForward => SwigluForward {
-        /// bf16 output.
+        /// bf16 output `[R, F]`.
         out: DevicePtr,
-        /// bf16 gate.
-        gate: DevicePtr,
-        /// bf16 up projection.
-        up: DevicePtr,
-        /// Elements.
-        n: u64,
+        /// bf16 gate and up projections `[R, 2F]` (each row's gate, then its up).
+        gu: DevicePtr,
+        /// Rows.
+        rows: u64,
+        /// SwiGLU width `F`.
+        f: u64,
     }
-    /// SwiGLU backward: `dgate`, `dup` written.
+    /// SwiGLU backward into the fused layout: `dgu[R, 2F]` written.
     SwigluBackward => SwigluBackward {
-        /// bf16 gate gradient.
-        dgate: DevicePtr,
-        /// bf16 up gradient.
-        dup: DevicePtr,
-        /// bf16 output gradient.
+        /// bf16 gate and up gradients `[R, 2F]`.
+        dgu: DevicePtr,
+        /// bf16 output gradient `[R, F]`.
         dout: DevicePtr,
-        /// bf16 gate.
-        gate: DevicePtr,
-        /// bf16 up projection.
-        up: DevicePtr,
-        /// Elements.
-        n: u64,
+        /// bf16 gate and up projections `[R, 2F]`.
+        gu: DevicePtr,
+        /// Rows.
+        rows: u64,
+        /// SwiGLU width `F`.
+        f: u64,
     }
     /// Rotates `x[B·T, H, D]` in place by the tables `cos/sin[P, D/2]`.
     Rope => Rope {

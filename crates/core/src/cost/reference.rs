@@ -59,8 +59,9 @@ impl Residence {
 }
 
 /// One block's forward pass (`engine::stage::block_forward`): `xn1, xmid, xn2, out` `[n, C]`,
-/// `q_raw, q, att` `[n, H·D]`, `k_raw, k, v` `[n, K·D]`, `gate, up, h` `[n, F]` (activations);
-/// the two RMS vectors and the q/k-norm ones (f32); what attention saves.
+/// `q_raw, q, att` `[n, H·D]`, `k_raw, k, v` `[n, K·D]`, `gu` `[n, 2F]` (gate and up, one
+/// GEMM) and `h` `[n, F]` (activations); the two RMS vectors and the q/k-norm ones (f32); what
+/// attention saves.
 pub fn block_forward(s: &LocalShape, b: u64, t: u64, tk: u64, on: Residence) -> u64 {
     let n = b * t;
     let (c, h, k, f) = (s.c as u64, s.heads as u64, s.kv_heads as u64, s.ffn as u64);
@@ -68,8 +69,8 @@ pub fn block_forward(s: &LocalShape, b: u64, t: u64, tk: u64, on: Residence) -> 
     on.act() * n * (4 * c + 3 * qw + 3 * kw + 3 * f) + 4 * n * (2 + h + k) + on.attention_saved(b, h, t, tk)
 }
 
-/// One block's backward pass (`engine::stage::block_backward`): `dh, dg, du` `[n, F]`, `dxn2,
-/// dxn1` `[n, C]`, `datt, dq` `[n, H·D]`, `dk, dv` `[n, K·D]`, and two more for q/k-norm; a
+/// One block's backward pass (`engine::stage::block_backward`): `dh` `[n, F]`, `dgu` `[n, 2F]`,
+/// `dxn2, dxn1` `[n, C]`, `datt, dq` `[n, H·D]`, `dk, dv` `[n, K·D]`, and two more for q/k-norm; a
 /// device's flash attention keeps one f32 `delta` per query row and head, and its scalar
 /// kernels (heads wider than [`FLASH_MAX_HEAD_DIM`]) gather `dk, dv` in f32 (atomics).
 pub fn block_backward(s: &LocalShape, n: u64, on: Residence) -> u64 {

@@ -57,8 +57,8 @@ pub struct BlockActs<A = Vec<f32>, S = Vec<f32>> {
     xmid: A,
     xn2: A,
     r2: S,
-    g: A,
-    u: A,
+    /// The fused gate/up product `[N, 2F]`.
+    gu: A,
     h: A,
 }
 
@@ -268,15 +268,15 @@ impl StageModel {
         c.add(&mut xmid, &x)?;
         let (mut xn2, mut r2) = (c.zeros(item, n * d.c)?, c.stats(item, n)?);
         c.rmsnorm_forward(&mut xn2, &mut r2, &xmid, (p, &bw.mlp_norm), d.c, self.eps)?;
-        let (mut g, mut u, mut h) = (c.zeros(item, n * d.ffn)?, c.zeros(item, n * d.ffn)?, c.zeros(item, n * d.ffn)?);
-        c.linear_forward(&mut g, &xn2, (p, &bw.gate), n, d.c, d.ffn)?;
-        c.linear_forward(&mut u, &xn2, (p, &bw.up), n, d.c, d.ffn)?;
-        c.swiglu_forward(&mut h, &g, &u)?;
+        // Gate and up in one GEMM over their adjacent weights: gu[n, 2F].
+        let (mut gu, mut h) = (c.zeros(item, n * 2 * d.ffn)?, c.zeros(item, n * d.ffn)?);
+        c.linear_forward(&mut gu, &xn2, (p, &bw.gate_up), n, d.c, 2 * d.ffn)?;
+        c.swiglu_forward(&mut h, &gu, d.ffn)?;
         let mut out = c.zeros(item, n * d.c)?;
         c.linear_forward(&mut out, &h, (p, &bw.down), n, d.ffn, d.c)?;
         c.tp_sum(tp, &mut out)?;
         c.add(&mut out, &xmid)?;
-        let acts = BlockActs { x, xn1, r1, q_raw, k_raw, rq, rk, q, k, v, attention, att, xmid, xn2, r2, g, u, h };
+        let acts = BlockActs { x, xn1, r1, q_raw, k_raw, rq, rk, q, k, v, attention, att, xmid, xn2, r2, gu, h };
         Ok((out, acts))
     }
 
@@ -299,11 +299,11 @@ impl StageModel {
         // every TP rank (the row-parallel reduction's backward is the identity).
         let mut dh = c.zeros(item, n * d.ffn)?;
         c.linear_backward(Some(&mut dh), (grads, &bw.down), &dout, &a.h, (p, &bw.down), n, d.ffn, d.c)?;
-        let (mut dg, mut du) = (c.zeros(item, n * d.ffn)?, c.zeros(item, n * d.ffn)?);
-        c.swiglu_backward(&mut dg, &mut du, &dh, &a.g, &a.u)?;
+        let mut dgu = c.zeros(item, n * 2 * d.ffn)?;
+        c.swiglu_backward(&mut dgu, &dh, &a.gu, d.ffn)?;
         let mut dxn2 = c.zeros(item, n * d.c)?;
-        c.linear_backward(Some(&mut dxn2), (grads, &bw.gate), &dg, &a.xn2, (p, &bw.gate), n, d.c, d.ffn)?;
-        c.linear_backward(Some(&mut dxn2), (grads, &bw.up), &du, &a.xn2, (p, &bw.up), n, d.c, d.ffn)?;
+        let (gu_grads, gu) = ((&mut *grads, &bw.gate_up), (p, &bw.gate_up));
+        c.linear_backward(Some(&mut dxn2), gu_grads, &dgu, &a.xn2, gu, n, d.c, 2 * d.ffn)?;
         // Each TP rank's input gradient covers its own columns: the copy's backward sums them.
         c.tp_sum(tp, &mut dxn2)?;
         let mut dxmid = dout;

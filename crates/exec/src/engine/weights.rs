@@ -31,6 +31,9 @@ pub struct BlockWeights {
     pub gate: Range<usize>,
     /// `up_proj.weight[F, C]`.
     pub up: Range<usize>,
+    /// Gate and up together, `[2F, C]`: the shard table keeps them adjacent, so the MLP's two
+    /// column-parallel products are one GEMM.
+    pub gate_up: Range<usize>,
     /// `down_proj.weight[C, F]` (row-parallel).
     pub down: Range<usize>,
 }
@@ -94,6 +97,13 @@ impl StageWeights {
                 "score.weight" => w.score = Some(range),
                 _ => w.assign_block_tensor(name, range, blocks.start)?,
             }
+        }
+        for block in &mut w.blocks {
+            if block.gate.end != block.up.start {
+                let what = format!("gate_proj at {:?} and up_proj at {:?} are not adjacent", block.gate, block.up);
+                return Err(EngineError::Shape { what });
+            }
+            block.gate_up = block.gate.start..block.up.end;
         }
         if a.tie_embeddings && a.head == OutputHead::Lm && w.final_norm.is_some() {
             w.lm_head = w.embed.clone();

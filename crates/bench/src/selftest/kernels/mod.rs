@@ -360,34 +360,50 @@ fn cancelled_terms(dy: &[f64], x: &[f64], weight: &[f64]) -> Vec<f64> {
     g.iter().zip(x).map(|(g, x)| r * (g.abs() + x.abs() * r * r * mean_gx)).collect()
 }
 
+/// A fused gate/up product `gu[R, 2F]` of random rows and width (gates over ±4, ups over ±2),
+/// and its gates and ups apart, widened.
+fn gate_up(rng: &mut Rng) -> (usize, usize, Vec<u16>, Vec<f64>, Vec<f64>) {
+    let (rows, f) = (1 + rng.below(9), length(rng, 3_000));
+    let gu: Vec<u16> = (0..rows).flat_map(|_| [bf16_values(rng, f, 4.0), bf16_values(rng, f, 2.0)].concat()).collect();
+    let wide = widen(&gu);
+    let (g, u) = wide
+        .chunks(2 * f)
+        .map(|row| row.split_at(f))
+        .map(|(g, u)| (g.to_vec(), u.to_vec()))
+        .unzip::<_, _, Vec<_>, Vec<_>>();
+    (rows, f, gu, g.concat(), u.concat())
+}
+
 fn check_swiglu_forward(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
-    let n = length(rng, 20_000);
-    let (g, u) = (bf16_values(rng, n, 4.0), bf16_values(rng, n, 2.0));
-    let (gs, us, outs) = (DeviceArray::from(d, &g)?, DeviceArray::from(d, &u)?, DeviceArray::from(d, &vec![0u16; n])?);
-    run(d, &k::SwigluForward { out: outs.ptr(), gate: gs.ptr(), up: us.ptr(), n: n as u64 }, elementwise_grid(n))?;
-    let want: Vec<f64> = widen(&g).iter().zip(widen(&u)).map(|(g, u)| reference::swiglu(*g, u)).collect();
+    let (rows, f, gu, g, u) = gate_up(rng);
+    let n = rows * f;
+    let (gus, outs) = (DeviceArray::from(d, &gu)?, DeviceArray::from(d, &vec![0u16; n])?);
+    run(d, &k::SwigluForward { out: outs.ptr(), gu: gus.ptr(), rows: rows as u64, f: f as u64 }, elementwise_grid(n))?;
+    let want: Vec<f64> = g.iter().zip(&u).map(|(g, u)| reference::swiglu(*g, *u)).collect();
     v.bf16("out", &outs.read()?, &want);
     Ok(())
 }
 
 fn check_swiglu_backward(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
-    let n = length(rng, 20_000);
-    let (g, u, dout) = (bf16_values(rng, n, 4.0), bf16_values(rng, n, 2.0), bf16_values(rng, n, 1.0));
-    let (gs, us, ds) = (DeviceArray::from(d, &g)?, DeviceArray::from(d, &u)?, DeviceArray::from(d, &dout)?);
-    let (dgs, dus) = (DeviceArray::from(d, &vec![0u16; n])?, DeviceArray::from(d, &vec![0u16; n])?);
-    let call = k::SwigluBackward {
-        dgate: dgs.ptr(),
-        dup: dus.ptr(),
-        dout: ds.ptr(),
-        gate: gs.ptr(),
-        up: us.ptr(),
-        n: n as u64,
-    };
+    let (rows, f, gu, g, u) = gate_up(rng);
+    let n = rows * f;
+    let dout = bf16_values(rng, n, 1.0);
+    let (gus, ds, dgus) =
+        (DeviceArray::from(d, &gu)?, DeviceArray::from(d, &dout)?, DeviceArray::from(d, &vec![0u16; 2 * n])?);
+    let call = k::SwigluBackward { dgu: dgus.ptr(), dout: ds.ptr(), gu: gus.ptr(), rows: rows as u64, f: f as u64 };
     run(d, &call, elementwise_grid(n))?;
-    let (gf, uf, df) = (widen(&g), widen(&u), widen(&dout));
-    let grads: Vec<(f64, f64)> = (0..n).map(|i| reference::swiglu_backward(gf[i], uf[i])).collect();
-    v.bf16("dgate", &dgs.read()?, &grads.iter().zip(&df).map(|((dg, _), d)| dg * d).collect::<Vec<_>>());
-    v.bf16("dup", &dus.read()?, &grads.iter().zip(&df).map(|((_, du), d)| du * d).collect::<Vec<_>>());
+    let df = widen(&dout);
+    // The reference laid out as the kernel writes it: each row's gate gradients, then its up's.
+    let want: Vec<f64> = (0..rows)
+        .flat_map(|r| {
+            let grads: Vec<(f64, f64)> = (r * f..(r + 1) * f).map(|i| reference::swiglu_backward(g[i], u[i])).collect();
+            let scaled = |pick: fn(&(f64, f64)) -> f64| -> Vec<f64> {
+                grads.iter().zip(&df[r * f..(r + 1) * f]).map(|(gr, d)| pick(gr) * d).collect()
+            };
+            [scaled(|gr| gr.0), scaled(|gr| gr.1)].concat()
+        })
+        .collect();
+    v.bf16("dgu", &dgus.read()?, &want);
     Ok(())
 }
 

@@ -425,20 +425,21 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
         self.gemm(g, dy.ptr(), x.ptr(), grads.at(range.start))
     }
 
-    fn swiglu_forward(&mut self, h: &mut Self::Act, g: &Self::Act, u: &Self::Act) -> Result<(), EngineError> {
-        self.elementwise(&k::SwigluForward { out: h.ptr(), gate: g.ptr(), up: u.ptr(), n: h.len() as u64 }, h.len())
+    fn swiglu_forward(&mut self, h: &mut Self::Act, gu: &Self::Act, f: usize) -> Result<(), EngineError> {
+        let rows = (h.len() / f.max(1)) as u64;
+        self.elementwise(&k::SwigluForward { out: h.ptr(), gu: gu.ptr(), rows, f: f as u64 }, h.len())
     }
 
     fn swiglu_backward(
         &mut self,
-        dg: &mut Self::Act,
-        du: &mut Self::Act,
+        dgu: &mut Self::Act,
         dh: &Self::Act,
-        g: &Self::Act,
-        u: &Self::Act,
+        gu: &Self::Act,
+        f: usize,
     ) -> Result<(), EngineError> {
-        let (dgate, dup, dout, gate, up) = (dg.ptr(), du.ptr(), dh.ptr(), g.ptr(), u.ptr());
-        self.elementwise(&k::SwigluBackward { dgate, dup, dout, gate, up, n: dh.len() as u64 }, dh.len())
+        let rows = (dh.len() / f.max(1)) as u64;
+        let call = k::SwigluBackward { dgu: dgu.ptr(), dout: dh.ptr(), gu: gu.ptr(), rows, f: f as u64 };
+        self.elementwise(&call, dh.len())
     }
 
     fn rope(

@@ -154,20 +154,19 @@ impl Compute for Host<'_, '_> {
         Ok(())
     }
 
-    fn swiglu_forward(&mut self, h: &mut Vec<f32>, g: &Vec<f32>, u: &Vec<f32>) -> Result<(), EngineError> {
-        swiglu_forward(h, g, u);
+    fn swiglu_forward(&mut self, h: &mut Vec<f32>, gu: &Vec<f32>, f: usize) -> Result<(), EngineError> {
+        swiglu_forward(h, gu, f);
         Ok(())
     }
 
     fn swiglu_backward(
         &mut self,
-        dg: &mut Vec<f32>,
-        du: &mut Vec<f32>,
+        dgu: &mut Vec<f32>,
         dh: &Vec<f32>,
-        g: &Vec<f32>,
-        u: &Vec<f32>,
+        gu: &Vec<f32>,
+        f: usize,
     ) -> Result<(), EngineError> {
-        swiglu_backward(dg, du, dh, g, u);
+        swiglu_backward(dgu, dh, gu, f);
         Ok(())
     }
 

@@ -150,18 +150,17 @@ pub trait Compute {
         out: usize,
     ) -> Result<(), EngineError>;
 
-    /// `h = silu(g) · u`.
-    fn swiglu_forward(&mut self, h: &mut Self::Act, g: &Self::Act, u: &Self::Act) -> Result<(), EngineError>;
-    /// Backward of [`Compute::swiglu_forward`] into zeroed `dg`, `du`.
+    /// `h[N,F] = silu(g) · u` from the fused gate/up product `gu[N, 2F]` (each row its gate,
+    /// then its up).
+    fn swiglu_forward(&mut self, h: &mut Self::Act, gu: &Self::Act, f: usize) -> Result<(), EngineError>;
+    /// Backward of [`Compute::swiglu_forward`] into zeroed `dgu[N, 2F]`.
     fn swiglu_backward(
         &mut self,
-        dg: &mut Self::Act,
-        du: &mut Self::Act,
+        dgu: &mut Self::Act,
         dh: &Self::Act,
-        g: &Self::Act,
-        u: &Self::Act,
+        gu: &Self::Act,
+        f: usize,
     ) -> Result<(), EngineError>;
-
     /// Rotates `x[B,T,heads,D]` in place, row `(b, t)` at position `pos0 + t`; `inverse` is the
     /// backward pass.
     fn rope(
@@ -230,7 +229,8 @@ pub trait Compute {
     /// `acc` (the fused LM head, `engine/output.rs`): `logits[N, W]` hold the whole
     /// vocabulary's columns `chunk.col0..chunk.col0 + W`. The first chunk starts `acc`'s
     /// maximum, sum of exponentials and target logit, later ones merge into them (online
-    /// softmax); on [`VocabChunk::completes_rows`] `acc.lse` and `acc.logp` are written too.
+    /// softmax); on [`VocabChunk::completes_rows`] a device writes `acc.lse` and `acc.logp`
+    /// too (the host computes them in [`Compute::log_probs_finish`]).
     fn log_probs_fold(
         &mut self,
         acc: &mut LogitStats<Self::Stat>,

@@ -89,17 +89,20 @@ fn rmsnorm_forward_uses_the_configured_epsilon() {
 
 #[test]
 fn swiglu_gradients_match_finite_differences() {
-    let n = 12;
-    let r = values(n, 7);
+    // Three rows of the fused gate/up product, F = 4: each row's gate, then its up.
+    let (rows, f) = (3, 4);
+    let r = values(rows * f, 7);
     let loss = |v: &[Vec<f64>]| {
-        let mut h = vec![0.0; n];
-        swiglu_forward(&mut h, &v[0], &v[1]);
+        let mut h = vec![0.0; rows * f];
+        swiglu_forward(&mut h, &v[0], f);
         dot(&h, &r)
     };
-    let inputs = vec![values(n, 8).iter().map(|x| 3.0 * x).collect(), values(n, 9)];
-    let (mut dg, mut du) = (vec![0.0; n], vec![0.0; n]);
-    swiglu_backward(&mut dg, &mut du, &r, &inputs[0], &inputs[1]);
-    check("swiglu", &inputs, &[dg, du], loss);
+    let gu: Vec<f64> =
+        values(2 * rows * f, 8).iter().enumerate().map(|(i, x)| if i % (2 * f) < f { 3.0 * x } else { *x }).collect();
+    let inputs = vec![gu];
+    let mut dgu = vec![0.0; 2 * rows * f];
+    swiglu_backward(&mut dgu, &r, &inputs[0], f);
+    check("swiglu", &inputs, &[dgu], loss);
 }
 
 /// Llama 3.1's scaling over a short original context (256): wavelengths below 64 are kept,
