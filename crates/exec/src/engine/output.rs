@@ -117,6 +117,23 @@ impl StageModel {
         Ok(dx)
     }
 
+    /// One vocabulary chunk's logits `[n, cols]` of the final norm's output `xf[n, C]` under the
+    /// head `W` at `w`, charged as logits (the caller releases them with the chunk).
+    fn chunk_logits<C: Compute>(
+        &self,
+        c: &mut C,
+        p: &C::Params,
+        (xf, w): (&C::Act, &Range<usize>),
+        cols: &Range<usize>,
+        n: usize,
+    ) -> Result<C::Act, EngineError> {
+        let width = self.dims().c;
+        // Entering the vocabulary-parallel head is the identity forward (Megatron's copy region).
+        let mut logits = c.zeros(MemoryItem::Logits, n * cols.len())?;
+        c.linear_forward(&mut logits, xf, (p, &chunk_rows(w, cols, width)), n, width, cols.len())?;
+        Ok(logits)
+    }
+
     /// The fused LM head's forward (see the module comment): `(logp[N], lse[N])` of `targets`
     /// from the final norm's output `xf[N, C]` and the head `W` at `w`, one vocabulary chunk of
     /// logits at a time. The chunk and the per-row scratch are released before it returns.
@@ -139,9 +156,7 @@ impl StageModel {
         let last = d.vocab_chunks().count() - 1;
         for (i, cols) in d.vocab_chunks().enumerate() {
             let chunk = c.mark();
-            // Entering the vocabulary-parallel head is the identity forward (Megatron's copy region).
-            let mut logits = c.zeros(MemoryItem::Logits, n * cols.len())?;
-            c.linear_forward(&mut logits, xf, (p, &chunk_rows(w, &cols, d.c)), n, d.c, cols.len())?;
+            let logits = self.chunk_logits(c, p, (xf, w), &cols, n)?;
             let at = VocabChunk { col0: d.v0 + cols.start, first: i == 0, completes_rows: tp.is_single() && i == last };
             c.log_probs_fold(&mut acc, &logits, &ids, at)?;
             drop(logits);
@@ -178,8 +193,7 @@ impl StageModel {
         for cols in d.vocab_chunks() {
             let chunk = c.mark();
             let rows = chunk_rows(w, &cols, d.c);
-            let mut logits = c.zeros(MemoryItem::Logits, n * cols.len())?;
-            c.linear_forward(&mut logits, xf, (p, &rows), n, d.c, cols.len())?;
+            let mut logits = self.chunk_logits(c, p, (xf, w), &cols, n)?;
             c.log_probs_backward(&mut logits, dout, lse, &ids, d.v0 + cols.start)?;
             c.linear_input_grad_f32(&mut sum, &logits, (p, &rows), n, d.c, cols.len())?;
             c.linear_backward(None, (grads, &rows), &logits, xf, (p, &rows), n, d.c, cols.len())?;

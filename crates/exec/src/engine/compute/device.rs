@@ -300,9 +300,6 @@ impl<'d> Optimize for OnDevice<'d, '_, '_> {
     }
 }
 
-/// Per row, `(lse, logp)` over the whole vocabulary from each shard's `(max, Σ exp(z − max),
-/// target logit or −inf)`: the group's maximum, the sums rescaled to it and added, and the one
-/// shard's target logit (Milakov & Gimelshein 2018's online-softmax merge).
 /// The GEMM of a linear layer's input gradient, `dx[N,in] (+)= dy[N,out] · W[out,in]`.
 fn input_grad(n: usize, inp: usize, out: usize, to: GemmOut) -> Gemm {
     Gemm { m: n, k: out, n: inp, op_a: Op::N, op_b: Op::N, out: to }
