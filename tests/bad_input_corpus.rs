@@ -233,11 +233,23 @@ fn pools_pool_files_and_rank_loss() {
         std::fs::write(out.join("pool"), content).unwrap();
         cases.push(train_case(dir.path(), &job, &name, &["--policy", "nereus"], expect, 2));
     }
-    let nereus = write(
-        dir.path(),
-        "n.toml",
-        &set_key(&set_key(&fast_ppo(), "job", "steps", Some("3")), "policy", "mode", Some("\"nereus\"")),
-    );
+    // A plan where each rank holds the only training replica of one model (the actor on 0, the
+    // critic on 1), so a lost rank's model must come back from a checkpoint. The planner's own
+    // choice depends on the cost model (it has been DP on both ranks, which loses nothing), and
+    // a minimum gain of 90% keeps the controller from moving away before the loss.
+    let toml = set_key(&set_key(&fast_ppo(), "job", "steps", Some("3")), "policy", "mode", Some("\"nereus\""));
+    let mut toml = set_key(&toml, "policy", "min_gain", Some("0.9"));
+    for (ms, dp, ranks) in [
+        ("actor/generation", 2, "[0, 1]"),
+        ("reference/inference", 2, "[0, 1]"),
+        ("reward/inference", 2, "[0, 1]"),
+        ("critic/inference", 2, "[0, 1]"),
+        ("actor/training", 1, "[0]"),
+        ("critic/training", 1, "[1]"),
+    ] {
+        toml.push_str(&format!("\n[plan.\"{ms}\"]\ntp = 1\npp = 1\ndp = {dp}\nranks = {ranks}\n"));
+    }
+    let nereus = write(dir.path(), "n.toml", &toml);
     for (rank, at, expect) in [
         ("1", "1", Expect::Refused(2, "no complete checkpoint to restore it from")),
         ("0", "2", Expect::Works),
