@@ -302,8 +302,7 @@ impl StageModel {
         let mut dgu = c.zeros(item, n * 2 * d.ffn)?;
         c.swiglu_backward(&mut dgu, &dh, &a.gu, d.ffn)?;
         let mut dxn2 = c.zeros(item, n * d.c)?;
-        let (gu_grads, gu) = ((&mut *grads, &bw.gate_up), (p, &bw.gate_up));
-        c.linear_backward(Some(&mut dxn2), gu_grads, &dgu, &a.xn2, gu, n, d.c, 2 * d.ffn)?;
+        c.linear_backward(Some(&mut dxn2), (grads, &bw.gate_up), &dgu, &a.xn2, (p, &bw.gate_up), n, d.c, 2 * d.ffn)?;
         // Each TP rank's input gradient covers its own columns: the copy's backward sums them.
         c.tp_sum(tp, &mut dxn2)?;
         let mut dxmid = dout;
