@@ -9,9 +9,11 @@
 // training and prefill (Tq = Tk) and decoding against the cache (Tq = 1). Sequence b starts at
 // key starts[b] (left padding): earlier keys are masked and a query before it outputs zero.
 
-// Appends new[B, Tn, K, D] to the cache [B, Tc, K, D] at positions at..at+Tn of every sequence.
+// Appends new[B, Tn, K, D] to the cache [B, Tc, K, D] at positions at..at+Tn of every sequence, where
+// at = at + *position (position: a decode's row counter in device memory, or null).
 NEREUS_KERNEL nereus_kv_append(bf16* __restrict__ cache, const bf16* __restrict__ fresh, u64 b, u64 tn, u64 tc,
-                               u64 at, u64 kd) {
+                               u64 at, u64 kd, const int* __restrict__ position) {
+  if (position) at += (u64)*position;
   NEREUS_GRID_STRIDE(i, b * tn * kd) {
     const u64 seq = i / (tn * kd), rest = i % (tn * kd);
     cache[(seq * tc + at) * kd + rest] = fresh[i];

@@ -5,11 +5,13 @@
 // Legend: B·T rows, H heads, D = 2·half head width, P positions of the tables. 1-D grid-stride.
 
 // Rotates x[B·T, H, D] in place ("rotate half": channel j < D/2 pairs with j + D/2), row r at
-// position pos0 + r % T, by the host's tables cos/sin[P, D/2] (f64-computed, llama3 scaling
-// included); `inverse` = 1 turns back, which is the backward pass.
+// position pos0 + *position + r % T (position: a decode's row counter in device memory, or null),
+// by the host's tables cos/sin[P, D/2] (f64-computed, llama3 scaling included); `inverse` = 1
+// turns back, which is the backward pass.
 NEREUS_KERNEL nereus_rope(bf16* __restrict__ x, const float* __restrict__ cos_table,
                           const float* __restrict__ sin_table, u64 rows, u64 t, u64 heads, u64 half, u64 pos0,
-                          int inverse) {
+                          int inverse, const int* __restrict__ position) {
+  if (position) pos0 += (u64)*position;
   NEREUS_GRID_STRIDE(i, rows * heads * half) {
     const u64 j = i % half, head_row = i / half, row = head_row / heads;
     const u64 pos = pos0 + row % t;

@@ -205,12 +205,14 @@ __device__ __forceinline__ int nereus_draw_row(const float* row, u64 v, const Ne
   return id;
 }
 
-// drawn[R]: the draw for each row of logits[R, V], sequence ids[r] at position `pos` (the
-// draws of `nereus_draw_uniform`, so a draw depends on neither the layout nor the batch). Rows
-// whose done[r] is set (sequences that have ended; done may be null) are not drawn.
+// drawn[R]: the draw for each row of logits[R, V], sequence ids[r] at position pos + *position
+// (position: a decode's row counter in device memory, or null; the draws of
+// `nereus_draw_uniform`, so a draw depends on neither the layout nor the batch). Rows whose
+// done[r] is set (sequences that have ended; done may be null) are not drawn.
 NEREUS_KERNEL nereus_sample(int* __restrict__ drawn, const float* __restrict__ logits, const u64* __restrict__ ids,
                             const int* __restrict__ done, u64 rows, u64 v, u64 seed, u64 pos, float temperature,
-                            float top_p, float min_p, u64 top_k, int greedy) {
+                            float top_p, float min_p, u64 top_k, int greedy, const int* __restrict__ position) {
+  if (position) pos += (u64)*position;
   __shared__ float scratch[1024 / NEREUS_WARP];
   __shared__ unsigned int counts[1024];
   __shared__ int chosen;
@@ -224,12 +226,15 @@ NEREUS_KERNEL nereus_sample(int* __restrict__ drawn, const float* __restrict__ l
 }
 
 // One decode step's bookkeeping, sequence r per thread: an unfinished sequence takes drawn[r]
-// at position `pos` of tokens[B, Tc], its length grows, and it ends at a stop id (stops[S]) or
-// at the last position; a finished one holds `eos` there. last[r] is what the next step embeds.
+// at position pos + *position of tokens[B, Tc], its length grows, and it ends at a stop id
+// (stops[S]) or at the last position; a finished one holds `eos` there. last[r] is what the next
+// step embeds. With a row counter (position, not null) the step then advances it by one: the
+// launch is then one block, so that every thread has read it before thread 0 moves it.
 NEREUS_KERNEL nereus_decode_advance(int* __restrict__ tokens, int* __restrict__ lengths, int* __restrict__ done,
                                     int* __restrict__ last, const int* __restrict__ drawn,
                                     const int* __restrict__ stops, u64 rows, u64 t_cap, u64 pos, u64 n_stops,
-                                    int eos) {
+                                    int eos, int* __restrict__ position) {
+  if (position) pos += (u64)*position;
   NEREUS_GRID_STRIDE(r, rows) {
     int token = eos;
     if (!done[r]) {
@@ -241,6 +246,10 @@ NEREUS_KERNEL nereus_decode_advance(int* __restrict__ tokens, int* __restrict__ 
     }
     tokens[r * t_cap + pos] = token;
     last[r] = token;
+  }
+  if (position) {  // the same for the whole block: no barrier is skipped by part of it
+    __syncthreads();
+    if (threadIdx.x == 0) *position += 1;
   }
 }
 

@@ -30,6 +30,7 @@ namespace nereus_kernels {
 #include "../device/embedding.cu"
 #include "../device/attention.cu"
 #include "../device/flash_attention.cu"
+#include "../device/decode_attention.cu"
 #include "../device/logits.cu"
 #include "../device/adamw.cu"
 #include "../device/sample.cu"
@@ -74,6 +75,7 @@ const Entry kEntries[] = {
     NEREUS_PACK_KERNELS(NEREUS_ENTRY) NEREUS_CAST_KERNELS(NEREUS_ENTRY) NEREUS_NORM_KERNELS(NEREUS_ENTRY)
         NEREUS_SWIGLU_KERNELS(NEREUS_ENTRY) NEREUS_ROPE_KERNELS(NEREUS_ENTRY) NEREUS_EMBEDDING_KERNELS(NEREUS_ENTRY)
             NEREUS_ATTENTION_KERNELS(NEREUS_ENTRY) NEREUS_FLASH_KERNELS(NEREUS_ENTRY)
+                NEREUS_DECODE_ATTENTION_KERNELS(NEREUS_ENTRY)
                 NEREUS_LOGITS_KERNELS(NEREUS_ENTRY) NEREUS_ADAMW_KERNELS(NEREUS_ENTRY)
                     NEREUS_SAMPLE_KERNELS(NEREUS_ENTRY) NEREUS_PROBE_KERNELS(NEREUS_ENTRY)};
 constexpr size_t kEntryCount = sizeof kEntries / sizeof kEntries[0];

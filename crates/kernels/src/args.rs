@@ -197,6 +197,8 @@ kernel_args! {
         pos0: u64,
         /// 1 to rotate back (the backward pass).
         inverse: i32,
+        /// `int` row counter `[1]` added to `pos0`, or null (a replayed decode step's position).
+        position: DevicePtr,
     }
     /// `out[N,C] = W[token − v0]` where this rank holds the row, else zero.
     EmbeddingForward => EmbeddingForward {
@@ -248,6 +250,8 @@ kernel_args! {
         at: u64,
         /// Elements per position (`K·D`).
         kd: u64,
+        /// `int` row counter `[1]` added to `at`, or null.
+        position: DevicePtr,
     }
     /// Scalar causal GQA attention forward: `out[B,Tq,H,D]`, `lse[B,H,Tq]`.
     AttentionForward => AttentionForward {
@@ -410,6 +414,8 @@ kernel_args! {
         top_k: u64,
         /// 1 for greedy decoding.
         greedy: i32,
+        /// `int` row counter `[1]` added to `pos`, or null.
+        position: DevicePtr,
     }
     /// One decode step's bookkeeping: `drawn[B]` into `tokens[B, Tc]` at `pos` for unfinished
     /// sequences, their lengths and finished flags, and `last[B]` for the next step's embedding.
@@ -436,6 +442,62 @@ kernel_args! {
         n_stops: u64,
         /// What a finished sequence holds.
         eos: i32,
+        /// `int` row counter `[1]` added to `pos` and then advanced by one (the launch is one
+        /// block), or null.
+        position: DevicePtr,
+    }
+    /// Flash-decoding's first pass: each split's unnormalised output `partial[B, H, S, D]` and
+    /// softmax statistics `stats[B, H, S, 2]` for one query per sequence against the KV cache.
+    DecodeAttention => DecodeAttention {
+        /// f32 partial outputs `[B, H, S, D]`.
+        partial: DevicePtr,
+        /// f32 `(max, Σ exp)` per split `[B, H, S, 2]`.
+        stats: DevicePtr,
+        /// bf16 queries `[B, 1, H, D]`.
+        q: DevicePtr,
+        /// bf16 key cache `[B, Tc, K, D]`.
+        k: DevicePtr,
+        /// bf16 value cache `[B, Tc, K, D]`.
+        v: DevicePtr,
+        /// `int` first key per sequence `[B]`, or null.
+        starts: DevicePtr,
+        /// `int` row counter `[1]` added to `tk`, or null.
+        position: DevicePtr,
+        /// Sequences.
+        b: u64,
+        /// Valid keys (the query's position + 1), before the row counter.
+        tk: u64,
+        /// Cache positions per sequence.
+        tc: u64,
+        /// Query heads.
+        heads: u64,
+        /// Key/value heads.
+        kv_heads: u64,
+        /// Head width.
+        d: u64,
+        /// Splits of the keys.
+        splits: u64,
+        /// Keys per split (a multiple of the tile).
+        split_keys: u64,
+    }
+    /// Flash-decoding's combine: `out[B, 1, H, D]` and `lse[B, H]` from the splits.
+    DecodeAttentionCombine => DecodeAttentionCombine {
+        /// bf16 output `[B, 1, H, D]`.
+        out: DevicePtr,
+        /// f32 log-sum-exp `[B, H]`.
+        lse: DevicePtr,
+        /// f32 partial outputs `[B, H, S, D]`.
+        partial: DevicePtr,
+        /// f32 `(max, Σ exp)` per split `[B, H, S, 2]`.
+        stats: DevicePtr,
+        /// Sequences.
+        b: u64,
+        /// Query heads.
+        heads: u64,
+        /// Head width.
+        d: u64,
+        /// Splits.
+        splits: u64,
     }
     /// Probe: `out[t] = 255 − t` through shared memory (one block of 256).
     ProbeBlockReverse => ProbeBlockReverse {

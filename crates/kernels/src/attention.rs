@@ -1,5 +1,6 @@
-//! Launch geometry of the attention kernels (`device/attention.cu`, `device/flash_attention.cu`):
-//! which flash entry point a head width takes, and the grids and blocks each kernel expects.
+//! Launch geometry of the attention kernels (`device/attention.cu`, `device/flash_attention.cu`,
+//! `device/decode_attention.cu`): which flash entry point a head width takes, how flash-decoding
+//! splits the keys, and the grids and blocks each kernel expects.
 
 use crate::Kernel;
 
@@ -87,4 +88,25 @@ pub fn flash_keys_grid(b: usize, tk: usize, kv_heads: usize) -> [u32; 3] {
 /// Blocks of a scalar attention launch: one per (query, head, sequence).
 pub fn attention_grid(b: usize, tq: usize, heads: usize) -> [u32; 3] {
     [tq as u32, heads as u32, b as u32]
+}
+
+/// Threads per block of flash-decoding's first pass (`NEREUS_DECODE_THREADS`).
+pub const DECODE_THREADS: u32 = 128;
+/// Keys flash-decoding stages in shared memory at once (`NEREUS_DECODE_TILE`).
+pub const DECODE_TILE: usize = 32;
+/// Most query heads a group may have (`NEREUS_DECODE_MAX_GROUP`).
+pub const DECODE_MAX_GROUP: usize = 16;
+/// Widest head flash-decoding takes (`NEREUS_DECODE_MAX_HEAD_DIM`).
+pub const DECODE_MAX_HEAD_DIM: usize = 256;
+/// Most outputs (query heads of a group × head width) a block accumulates (`NEREUS_DECODE_MAX_OUTPUTS`).
+pub const DECODE_MAX_OUTPUTS: usize = 1024;
+
+/// Blocks of flash-decoding's first pass: (split, key/value head, sequence).
+pub fn decode_grid(splits: usize, b: usize, kv_heads: usize) -> [u32; 3] {
+    [splits as u32, kv_heads as u32, b as u32]
+}
+
+/// Blocks of flash-decoding's combine: one per (query head, sequence).
+pub fn decode_combine_grid(b: usize, heads: usize) -> [u32; 3] {
+    [heads as u32, b as u32, 1]
 }

@@ -98,6 +98,10 @@ kernels! {
     FlashBackwardDq128 = "nereus_flash_backward_dq_128" in FlashAttention;
     /// Flash attention backward, dk/dv pass, heads up to 128 wide.
     FlashBackwardDkv128 = "nereus_flash_backward_dkv_128" in FlashAttention;
+    /// Flash-decoding's per-split partial softmax over the KV cache.
+    DecodeAttention = "nereus_decode_attention" in DecodeAttention;
+    /// Flash-decoding's combine of the splits.
+    DecodeAttentionCombine = "nereus_decode_attention_combine" in DecodeAttention;
     /// The LM head's per-row statistics over a vocabulary shard.
     LogitsRowStats = "nereus_logits_row_stats" in Logits;
     /// Next-token cross-entropy's loss and gradient with respect to log p.

@@ -48,6 +48,8 @@ sources! {
     Attention = "attention.cu";
     /// Flash attention on the warp-level matrix multiply.
     FlashAttention = "flash_attention.cu";
+    /// Flash-decoding: one query per sequence against the KV cache, keys split across blocks.
+    DecodeAttention = "decode_attention.cu";
     /// The LM head's log-softmax statistics, log-prob backward and argmax.
     Logits = "logits.cu";
     /// AdamW and the gradient norm.

@@ -17,6 +17,58 @@ use crate::model::{LocalShape, OutputHead};
 /// wider heads run the scalar kernels, whose backward gathers `dk, dv` in f32 with atomics.
 pub const FLASH_MAX_HEAD_DIM: usize = 128;
 
+/// Keys flash-decoding stages at once (`crates/kernels/device/decode_attention.cu`): a split
+/// holds a whole number of them.
+pub const DECODE_TILE: usize = 32;
+/// Most query heads a group, widest head and most outputs (heads of a group × width) a
+/// flash-decoding block takes (`NEREUS_DECODE_MAX_*`).
+pub const DECODE_MAX_GROUP: usize = 16;
+/// See [`DECODE_MAX_GROUP`].
+pub const DECODE_MAX_HEAD_DIM: usize = 256;
+/// See [`DECODE_MAX_GROUP`].
+pub const DECODE_MAX_OUTPUTS: usize = 1024;
+/// Blocks flash-decoding aims to keep busy: two waves of a 132-SM H100 or H200 (no more splits
+/// than that once the batch and the key/value heads give that many blocks).
+pub const DECODE_BLOCKS_WANTED: usize = 264;
+
+/// How flash-decoding splits each sequence's keys across blocks, and the f32 scratch its splits
+/// leave for the combine (`engine::compute::OnDevice` keeps one for a whole decode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeSplit {
+    /// Blocks per (sequence, key/value head).
+    pub splits: usize,
+    /// Keys per split, a multiple of [`DECODE_TILE`].
+    pub split_keys: usize,
+}
+
+impl DecodeSplit {
+    /// The split for `b` sequences' caches of `t_cap` positions and `kv_heads` groups, or
+    /// `None` when the kernel does not take the heads (`group` query heads of width `d` a group:
+    /// at most 16 heads, 256 wide, 1,024 outputs). It depends on the cache's capacity, not on
+    /// how far the decode has come, so a recorded step's launches stay valid as it advances.
+    pub fn for_cache(b: usize, t_cap: usize, kv_heads: usize, group: usize, d: usize) -> Option<DecodeSplit> {
+        if group == 0 || group > DECODE_MAX_GROUP || d == 0 || d > DECODE_MAX_HEAD_DIM || group * d > DECODE_MAX_OUTPUTS
+        {
+            return None;
+        }
+        let wanted = DECODE_BLOCKS_WANTED.div_ceil((b * kv_heads).max(1));
+        let splits = wanted.clamp(1, t_cap.div_ceil(DECODE_TILE).max(1));
+        let split_keys = t_cap.div_ceil(splits).div_ceil(DECODE_TILE) * DECODE_TILE;
+        Some(DecodeSplit { splits: t_cap.div_ceil(split_keys).max(1), split_keys })
+    }
+
+    /// The split of a local shape's decode of `b` sequences over `t_cap` positions.
+    pub fn of(s: &LocalShape, b: usize, t_cap: usize) -> Option<DecodeSplit> {
+        DecodeSplit::for_cache(b, t_cap, s.kv_heads, s.heads / s.kv_heads.max(1), s.d)
+    }
+
+    /// Elements of the scratch for `b` sequences and `heads` query heads of width `d`: each
+    /// split's outputs `[b, H, S, D]` and its `(max, Σ exp)` `[b, H, S, 2]` (f32).
+    pub fn scratch_elements(&self, b: usize, heads: usize, d: usize) -> usize {
+        b * heads * self.splits * (d + 2)
+    }
+}
+
 /// Where the reference engine computes, which sets its buffers' element sizes and what
 /// attention saves for its backward pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -185,7 +237,7 @@ pub fn inference(s: &LocalShape, micro: u64, seq: u64, on: Residence) -> MemoryB
 }
 
 /// Peak of generating `r` tokens after a prompt of `p` for `b` sequences: the KV cache for
-/// `p + r` positions, and the larger of the prefill pass and the last decode step (the input,
+/// `p + r` positions, on a device flash-decoding's scratch for the whole decode, and the larger of the prefill pass and the last decode step (the input,
 /// every block's activations, and on the last stage the whole vocabulary's logits, which the
 /// rank that draws the tokens widens to f32 on a device, for its sampler).
 pub fn generation(s: &LocalShape, b: u64, p: u64, r: u64, on: Residence) -> MemoryBreakdown {
@@ -193,6 +245,9 @@ pub fn generation(s: &LocalShape, b: u64, p: u64, r: u64, on: Residence) -> Memo
     let mut m = MemoryBreakdown::default();
     m.add(MemoryItem::KvCache, on.act() * blocks * 2 * b * (p + r) * (s.kv_heads * s.d) as u64);
     m.add(MemoryItem::Activations, on.rope_tables(s, p + r));
+    if let (Residence::Device, Some(split)) = (on, DecodeSplit::of(s, b as usize, (p + r) as usize)) {
+        m.add(MemoryItem::Activations, 4 * split.scratch_elements(b as usize, s.heads, s.d) as u64);
+    }
     let pass = |t: u64, tk: u64| {
         let mut x = MemoryBreakdown::default();
         let input = if s.first { MemoryItem::Activations } else { MemoryItem::PipelineBuffers };
@@ -252,6 +307,23 @@ mod tests {
         let (p0, p1) = (train(0), train(3));
         assert!(p0.total() > p1.total());
         assert_eq!(p0.get(MemoryItem::Gradients), 4000);
+    }
+
+    #[test]
+    fn decode_splits_cover_the_cache_in_tiles_and_fill_the_device_for_small_batches() {
+        let one = DecodeSplit::for_cache(1, 4096, 8, 4, 64).unwrap();
+        assert_eq!((one.splits, one.split_keys), (32, 128));
+        let many = DecodeSplit::for_cache(64, 256, 8, 4, 64).unwrap();
+        assert_eq!((many.splits, many.split_keys), (1, 256), "64 × 8 blocks fill it already");
+        let tiny = DecodeSplit::for_cache(2, 5, 2, 2, 8).unwrap();
+        assert_eq!((tiny.splits, tiny.split_keys), (1, 32));
+        for (b, t_cap) in [(1, 1), (3, 100), (7, 1000), (64, 384)] {
+            let s = DecodeSplit::for_cache(b, t_cap, 8, 4, 64).unwrap();
+            assert!(s.split_keys.is_multiple_of(DECODE_TILE) && s.splits * s.split_keys >= t_cap, "{s:?}");
+            assert!((s.splits - 1) * s.split_keys < t_cap, "no split is empty: {s:?}");
+        }
+        assert!(DecodeSplit::for_cache(1, 64, 2, 32, 64).is_none(), "32 query heads a group");
+        assert!(DecodeSplit::for_cache(1, 64, 8, 1, 512).is_none(), "a head wider than 256");
     }
 
     #[test]

@@ -9,6 +9,7 @@ use cudarc::driver::result::{self, stream::StreamKind};
 use cudarc::driver::sys;
 
 use super::blas::{Gemm, VendorBlas, CUBLAS};
+use super::graph::{replay_list, GraphExec, StreamOp};
 use super::runtime::{GpuRuntime, RawHandle};
 use super::{BackendError, DriverDevice};
 use nereus_kernels::DevicePtr;
@@ -292,6 +293,39 @@ impl GpuRuntime for Cuda {
         let mut params = args.pointers();
         let (grid, block) = ((l.grid[0], l.grid[1], l.grid[2]), (l.block[0], l.block[1], l.block[2]));
         result::launch_kernel(f, grid, block, l.shared_bytes, stream(s), &mut params).map_err(driver_error)
+    }
+
+    /// Captures one replay of `ops` on a stream of its own (relaxed mode: the GEMM library may
+    /// ask the driver for its workspace) and instantiates the graph.
+    unsafe fn instantiate(&self, ops: &[StreamOp]) -> Result<GraphExec, BackendError> {
+        let capture = self.create_stream()?;
+        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        if let Err(e) = sys::cuStreamBeginCapture_v2(stream(capture), mode).result() {
+            self.destroy_stream(capture);
+            return Err(driver_error(e));
+        }
+        let replayed = replay_list(self, ops, capture);
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        let ended = sys::cuStreamEndCapture(stream(capture), &mut graph).result().map_err(driver_error);
+        self.destroy_stream(capture);
+        replayed.and(ended)?;
+        let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+        let made = sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0).result().map_err(driver_error);
+        let _ = sys::cuGraphDestroy(graph);
+        made.map(|()| GraphExec::Native(RawHandle(exec.cast())))
+    }
+
+    unsafe fn launch_graph(&self, graph: &GraphExec, s: RawHandle) -> Result<(), BackendError> {
+        match graph {
+            GraphExec::Native(exec) => sys::cuGraphLaunch(exec.0.cast(), stream(s)).result().map_err(driver_error),
+            GraphExec::Replayed(ops) => replay_list(self, ops, s),
+        }
+    }
+
+    unsafe fn destroy_graph(&self, graph: GraphExec) {
+        if let GraphExec::Native(exec) = graph {
+            let _ = sys::cuGraphExecDestroy(exec.0.cast());
+        }
     }
 }
 

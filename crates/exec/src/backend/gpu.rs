@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use super::blas::Gemm;
 use super::cache::BlockCache;
+use super::graph::{GraphExec, Recording, StreamOp};
 use super::profile::{OpenProfile, Work, WorkTime};
 use super::staging::{UploadRing, UPLOAD_RING_BYTES};
 use super::BackendError;
@@ -71,6 +72,12 @@ pub struct DeviceCounters {
     pub h2d_bytes: u64,
     /// Bytes copied device to host.
     pub d2h_bytes: u64,
+    /// Recorded graphs launched ([`Device::launch_graph`]): one host call each.
+    pub graph_launches: u64,
+    /// Kernels those graph launches ran (not in `launches`, which the host issued one by one).
+    pub graph_kernels: u64,
+    /// GEMMs those graph launches ran (not in `gemms`).
+    pub graph_gemms: u64,
 }
 
 impl DeviceCounters {
@@ -86,6 +93,9 @@ impl DeviceCounters {
             upload_waits: self.upload_waits - earlier.upload_waits,
             h2d_bytes: self.h2d_bytes - earlier.h2d_bytes,
             d2h_bytes: self.d2h_bytes - earlier.d2h_bytes,
+            graph_launches: self.graph_launches - earlier.graph_launches,
+            graph_kernels: self.graph_kernels - earlier.graph_kernels,
+            graph_gemms: self.graph_gemms - earlier.graph_gemms,
         }
     }
 
@@ -117,6 +127,12 @@ pub struct Device {
     counters: Cell<DeviceCounters>,
     /// Event brackets of every launch, while a profile is open.
     profile: RefCell<Option<OpenProfile>>,
+    /// The stream work being recorded instead of enqueued (see [`Device::begin_recording`]).
+    recording: RefCell<Option<Recording>>,
+    /// Bytes of blocks the live graphs keep.
+    graph_bytes: Cell<u64>,
+    /// Whether the engine may record and replay work (see [`Device::allow_graphs`]).
+    graphs: Cell<bool>,
 }
 
 impl Device {
@@ -131,7 +147,21 @@ impl Device {
         let streams = RefCell::new(Streams { current, marks: Vec::new(), staging: None, uploads: None });
         let (allocations, live, peak) = (RefCell::default(), Default::default(), Default::default());
         let (cache, counters, profile) = (RefCell::default(), Cell::default(), RefCell::default());
-        Ok(Device { runtime, streams, stall: RefCell::new(None), allocations, cache, live, peak, counters, profile })
+        let (recording, graph_bytes) = (RefCell::default(), Cell::default());
+        Ok(Device {
+            runtime,
+            streams,
+            stall: RefCell::new(None),
+            allocations,
+            cache,
+            live,
+            peak,
+            counters,
+            profile,
+            recording,
+            graph_bytes,
+            graphs: Cell::new(true),
+        })
     }
 
     /// What the device has done since it was opened (see [`DeviceCounters`]).
@@ -202,6 +232,7 @@ impl Device {
     /// Blocks until everything enqueued so far has run. With a stall handler, polls instead
     /// and hands a wait that outlasts its timeout to the handler.
     pub fn synchronize(&self) -> Result<(), BackendError> {
+        self.refuse_while_recording("a wait for the device")?;
         self.count(|c| c.synchronizations += 1);
         let event = self.runtime.create_event()?;
         let stream = self.stream();
@@ -275,7 +306,8 @@ impl Device {
     /// else the runtime's (after returning the cache to it, if it refuses at first).
     pub fn alloc(&self, bytes: u64) -> Result<DevicePtr, BackendError> {
         let size = bytes.max(1);
-        let cached = self.cache.borrow_mut().take(size);
+        let recorded = self.recording.borrow_mut().as_mut().and_then(|r| r.freed.take(size));
+        let cached = recorded.or_else(|| self.cache.borrow_mut().take(size));
         let ptr = match cached {
             Some(ptr) => {
                 self.count(|c| c.reuses += 1);
@@ -283,6 +315,9 @@ impl Device {
             }
             None => self.alloc_from_runtime(size)?,
         };
+        if let Some(r) = self.recording.borrow_mut().as_mut() {
+            r.owned.insert(ptr.0, size);
+        }
         self.allocations.borrow_mut().insert(ptr.0, bytes);
         self.live.set(self.live.get() + bytes);
         self.peak.set(self.peak.get().max(self.live.get()));
@@ -322,7 +357,7 @@ impl Device {
 
     /// Bytes held from the runtime now: the live buffers and the cached blocks.
     pub fn reserved_bytes(&self) -> u64 {
-        self.live.get() + self.cache.borrow().bytes()
+        self.live.get() + self.cache.borrow().bytes() + self.graph_bytes.get()
     }
 
     /// Starts a new peak of [`Device::allocated_bytes`] from what is held now.
@@ -339,6 +374,13 @@ impl Device {
             return;
         };
         self.live.set(self.live.get() - bytes);
+        if let Some(r) = self.recording.borrow_mut().as_mut() {
+            match r.owned.contains_key(&ptr.0) {
+                true => r.freed.put(bytes.max(1), ptr),
+                false => r.foreign_free = r.foreign_free.or(Some(ptr.0)),
+            }
+            return;
+        }
         self.cache.borrow_mut().put(bytes.max(1), ptr);
     }
 
@@ -352,14 +394,12 @@ impl Device {
         let stream = self.stream();
         for c in copies.iter().filter(|c| c.bytes() > 0) {
             if c.is_contiguous() {
-                let (to, from) = (dst.offset(c.dst_offset), src.offset(c.src_offset));
-                self.runtime.copy_d2d(to, from, c.bytes(), stream)?;
+                let (dst, src) = (dst.offset(c.dst_offset), src.offset(c.src_offset));
+                self.enqueue(StreamOp::CopyD2D { dst, src, bytes: c.bytes() }, stream)?;
             } else {
                 let l = rect_launch(src.0, dst.0, c);
                 self.runtime.check_rect(&l)?;
-                self.count(|c| c.launches += 1);
-                let launch = l.launch();
-                self.bracketed(Work::Kernel(launch.kernel), || self.runtime.launch(&launch, &mut l.args(), stream))?;
+                self.enqueue(StreamOp::Launch { launch: l.launch(), args: l.args() }, stream)?;
             }
         }
         Ok(())
@@ -372,8 +412,113 @@ impl Device {
     /// kernel touches, inside a live allocation.
     pub unsafe fn launch(&self, call: &impl KernelCall, grid: [u32; 3], block: [u32; 3]) -> Result<(), BackendError> {
         let launch = Launch { kernel: call.kernel(), grid, block, shared_bytes: 0 };
-        self.count(|c| c.launches += 1);
-        self.bracketed(Work::Kernel(launch.kernel), || self.runtime.launch(&launch, &mut call.args(), self.stream()))
+        self.enqueue(StreamOp::Launch { launch, args: call.args() }, self.stream())
+    }
+
+    /// Zeroes `bytes` at `dst` in stream order.
+    ///
+    /// # Safety
+    /// The range lies inside a live allocation.
+    pub unsafe fn zero(&self, dst: DevicePtr, bytes: u64) -> Result<(), BackendError> {
+        self.enqueue(StreamOp::Zero { dst, bytes }, self.stream())
+    }
+
+    /// Enqueues `op` on `stream` (counted, and timed while a profile is open), or records it
+    /// while a recording is open.
+    ///
+    /// # Safety
+    /// As [`StreamOp::enqueue`].
+    unsafe fn enqueue(&self, op: StreamOp, stream: RawHandle) -> Result<(), BackendError> {
+        if let Some(r) = self.recording.borrow_mut().as_mut() {
+            r.ops.push(op);
+            return Ok(());
+        }
+        let work = match &op {
+            StreamOp::Launch { launch, .. } => Work::Kernel(launch.kernel),
+            StreamOp::Gemm { .. } => Work::Gemm,
+            StreamOp::CopyD2D { .. } | StreamOp::Zero { .. } => return op.enqueue(self.runtime.as_ref(), stream),
+        };
+        self.count(|c| match work {
+            Work::Gemm => c.gemms += 1,
+            Work::Kernel(_) => c.launches += 1,
+        });
+        self.bracketed(work, || op.enqueue(self.runtime.as_ref(), stream))
+    }
+
+    /// Starts recording: from now on the work this device is given is kept, in order, instead
+    /// of enqueued, until [`Device::end_recording`] turns it into a [`Graph`]. Nothing may wait
+    /// for the device or cross the host link meanwhile (a replay could not repeat it), and a
+    /// buffer allocated before may not be freed inside (a replay would use it after its free).
+    pub fn begin_recording(&self) -> Result<(), BackendError> {
+        self.refuse_while_recording("a recording")?;
+        *self.recording.borrow_mut() = Some(Recording::default());
+        Ok(())
+    }
+
+    /// Ends the recording and makes it a graph launchable with [`Device::launch_graph`]. The
+    /// blocks it allocated stay the graph's until it is dropped; none may still be in use.
+    pub fn end_recording(&self) -> Result<Graph<'_>, BackendError> {
+        let Some(mut r) = self.recording.borrow_mut().take() else {
+            return Err(self.refused("ending a recording that was never begun".into()));
+        };
+        let live: Vec<u64> = r.owned.keys().copied().filter(|p| self.allocations.borrow().contains_key(p)).collect();
+        let blocks: Vec<(DevicePtr, u64)> = r.owned.iter().map(|(&p, &size)| (DevicePtr(p), size)).collect();
+        let (kernels, gemms) = (r.kernels(), r.gemms());
+        // The blocks are the graph's from here on, whatever happens next.
+        let _ = r.freed.drain();
+        self.graph_bytes.set(self.graph_bytes.get() + blocks.iter().map(|b| b.1).sum::<u64>());
+        let mut graph = Graph { device: self, exec: None, blocks, kernels, gemms };
+        if let Some(ptr) = r.foreign_free {
+            return Err(self.refused(format!("a buffer allocated before the recording ({ptr:#x}) was freed inside it")));
+        }
+        if !live.is_empty() {
+            return Err(self.refused(format!("{} buffers made inside the recording outlive it", live.len())));
+        }
+        // SAFETY: the graph keeps the blocks it names; everything else it names was allocated
+        // before the recording and is the caller's to keep alive while the graph is.
+        graph.exec = Some(unsafe { self.runtime.instantiate(&std::mem::take(&mut r.ops))? });
+        Ok(graph)
+    }
+
+    /// Enqueues `graph` on the current stream: the recorded work, with the same arguments.
+    pub fn launch_graph(&self, graph: &Graph<'_>) -> Result<(), BackendError> {
+        self.refuse_while_recording("launching a graph")?;
+        let exec = graph.exec.as_ref().ok_or_else(|| self.refused("a graph that failed to instantiate".into()))?;
+        self.count(|c| {
+            c.graph_launches += 1;
+            c.graph_kernels += graph.kernels;
+            c.graph_gemms += graph.gemms;
+        });
+        // SAFETY: the graph's blocks are its own; its caller keeps what else it names alive.
+        unsafe { self.runtime.launch_graph(exec, self.stream()) }
+    }
+
+    /// Lets the engine record its decode steps and replay them (the default), or makes it
+    /// launch every step's kernels one by one (what replays are checked against).
+    pub fn allow_graphs(&self, allowed: bool) {
+        self.graphs.set(allowed);
+    }
+
+    /// Whether the engine may record and replay work.
+    pub fn graphs_allowed(&self) -> bool {
+        self.graphs.get()
+    }
+
+    /// Whether work is being recorded rather than enqueued.
+    pub fn is_recording(&self) -> bool {
+        self.recording.borrow().is_some()
+    }
+
+    fn refused(&self, reason: String) -> BackendError {
+        BackendError::Driver { backend: self.runtime.backend(), reason: format!("graph recording: {reason}") }
+    }
+
+    /// An error when a recording is open: `what` cannot be part of a replayable step.
+    fn refuse_while_recording(&self, what: &str) -> Result<(), BackendError> {
+        match self.is_recording() {
+            true => Err(self.refused(format!("{what} inside a recorded step (a replay could not repeat it)"))),
+            false => Ok(()),
+        }
     }
 
     /// Runs `enqueue` between two events when a profile is open (see [`super::profile`]).
@@ -407,14 +552,14 @@ impl Device {
     ///
     /// # Safety
     /// As [`GpuRuntime::gemm`].
-    pub unsafe fn gemm(&self, g: &Gemm, a: DevicePtr, b: DevicePtr, c: DevicePtr) -> Result<(), BackendError> {
-        self.count(|n| n.gemms += 1);
-        self.bracketed(Work::Gemm, || self.runtime.gemm(g, a, b, c, self.stream()))
+    pub unsafe fn gemm(&self, gemm: &Gemm, a: DevicePtr, b: DevicePtr, c: DevicePtr) -> Result<(), BackendError> {
+        self.enqueue(StreamOp::Gemm { gemm: *gemm, a, b, c }, self.stream())
     }
 
     /// Copies `bytes.len()` bytes from the device at `src` into host memory, through pinned
     /// staging, and waits for them.
     pub fn download(&self, src: DevicePtr, bytes: &mut [u8]) -> Result<(), BackendError> {
+        self.refuse_while_recording("a download")?;
         let (staging, size) = self.staging(bytes.len())?;
         self.count(|c| c.d2h_bytes += bytes.len() as u64);
         for (k, chunk) in bytes.chunks_mut(size).enumerate() {
@@ -432,6 +577,7 @@ impl Device {
     /// pinned upload ring: `bytes` is free again when this returns, and the host does not wait
     /// for the device unless the ring is full of copies it has not run.
     pub fn upload(&self, bytes: &[u8], dst: DevicePtr) -> Result<(), BackendError> {
+        self.refuse_while_recording("an upload")?;
         self.count(|c| c.h2d_bytes += bytes.len() as u64);
         let stream = self.stream();
         // Out of `streams` while in use: a stalled wait reads the marks.
@@ -477,6 +623,39 @@ impl Device {
     }
 }
 
+/// Work recorded on a device ([`Device::begin_recording`]), launchable again and again with
+/// [`Device::launch_graph`]: a CUDA or HIP graph, or the emulated device's list of launches. It
+/// keeps the blocks the recording allocated until it is dropped.
+pub struct Graph<'d> {
+    device: &'d Device,
+    exec: Option<GraphExec>,
+    blocks: Vec<(DevicePtr, u64)>,
+    kernels: u64,
+    gemms: u64,
+}
+
+impl Graph<'_> {
+    /// Kernel launches one launch of the graph runs.
+    pub fn kernels(&self) -> u64 {
+        self.kernels
+    }
+}
+
+impl Drop for Graph<'_> {
+    fn drop(&mut self) {
+        let d = self.device;
+        if let Some(exec) = self.exec.take() {
+            // SAFETY: our graph; its pending launches are on the device's stream, which lives on.
+            unsafe { d.runtime.destroy_graph(exec) };
+        }
+        d.graph_bytes.set(d.graph_bytes.get() - self.blocks.iter().map(|b| b.1).sum::<u64>());
+        for &(ptr, size) in &self.blocks {
+            // Launches already enqueued use them before anything enqueued after this does.
+            d.cache.borrow_mut().put(size, ptr);
+        }
+    }
+}
+
 /// A device allocation of `T`s, freed in stream order when dropped.
 pub struct DeviceArray<'d, T: bytemuck::Pod> {
     device: &'d Device,
@@ -493,7 +672,7 @@ impl<'d, T: bytemuck::Pod> DeviceArray<'d, T> {
         let buffer = DeviceArray { device, ptr, len, _elements: std::marker::PhantomData };
         // SAFETY: the allocation holds `bytes`; the zeroing is ordered before any later work on
         // the stream, and the host does not wait for it.
-        unsafe { device.runtime.zero(ptr, bytes, device.stream())? };
+        unsafe { device.zero(ptr, bytes)? };
         Ok(buffer)
     }
 

@@ -13,6 +13,7 @@ mod cache;
 pub mod cuda;
 pub mod emulated;
 pub mod gpu;
+pub mod graph;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 pub mod library;
 pub mod linalg;

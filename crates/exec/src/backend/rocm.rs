@@ -8,6 +8,7 @@ use std::ffi::{c_void, CStr, CString};
 use std::os::raw::{c_char, c_int};
 
 use super::blas::{Gemm, VendorBlas, HIPBLAS};
+use super::graph::{replay_list, GraphExec, StreamOp};
 use super::runtime::{GpuRuntime, RawHandle};
 use super::{BackendError, DriverDevice};
 use nereus_kernels::hip::code_object;
@@ -272,6 +273,65 @@ impl GpuRuntime for Hip {
             std::ptr::null_mut(),
         );
         check(status, l.kernel.name())
+    }
+
+    /// Captures one replay of `ops` on a stream of its own (relaxed mode, as on CUDA) and
+    /// instantiates the graph.
+    unsafe fn instantiate(&self, ops: &[StreamOp]) -> Result<GraphExec, BackendError> {
+        let capture = self.create_stream()?;
+        if let Err(e) =
+            check(graphs::hipStreamBeginCapture(stream(capture), graphs::CAPTURE_RELAXED), "hipStreamBeginCapture")
+        {
+            self.destroy_stream(capture);
+            return Err(e);
+        }
+        let replayed = replay_list(self, ops, capture);
+        let mut graph: *mut c_void = std::ptr::null_mut();
+        let ended = check(graphs::hipStreamEndCapture(stream(capture), &mut graph), "hipStreamEndCapture");
+        self.destroy_stream(capture);
+        replayed.and(ended)?;
+        let mut exec: *mut c_void = std::ptr::null_mut();
+        let made = graphs::hipGraphInstantiate(&mut exec, graph, std::ptr::null_mut(), std::ptr::null_mut(), 0);
+        let _ = graphs::hipGraphDestroy(graph);
+        check(made, "hipGraphInstantiate").map(|()| GraphExec::Native(RawHandle(exec)))
+    }
+
+    unsafe fn launch_graph(&self, graph: &GraphExec, s: RawHandle) -> Result<(), BackendError> {
+        match graph {
+            GraphExec::Native(exec) => check(graphs::hipGraphLaunch(exec.0, stream(s)), "hipGraphLaunch"),
+            GraphExec::Replayed(ops) => replay_list(self, ops, s),
+        }
+    }
+
+    unsafe fn destroy_graph(&self, graph: GraphExec) {
+        if let GraphExec::Native(exec) = graph {
+            let _ = graphs::hipGraphExecDestroy(exec.0);
+        }
+    }
+}
+
+/// HIP's graph API (since HIP 4.3; not among hip-sys's bindings), from `hip_runtime_api.h`.
+#[allow(non_snake_case)]
+mod graphs {
+    use super::hiprt::{hipError_t, hipStream_t};
+    use std::ffi::c_void;
+
+    /// `hipStreamCaptureModeRelaxed`.
+    pub const CAPTURE_RELAXED: i32 = 2;
+
+    extern "C" {
+        pub fn hipStreamBeginCapture(stream: hipStream_t, mode: i32) -> hipError_t;
+        pub fn hipStreamEndCapture(stream: hipStream_t, graph: *mut *mut c_void) -> hipError_t;
+        pub fn hipGraphInstantiate(
+            exec: *mut *mut c_void,
+            graph: *mut c_void,
+            error_node: *mut *mut c_void,
+            log: *mut std::ffi::c_char,
+            log_bytes: usize,
+        ) -> hipError_t;
+        pub fn hipGraphLaunch(exec: *mut c_void, stream: hipStream_t) -> hipError_t;
+        pub fn hipGraphExecDestroy(exec: *mut c_void) -> hipError_t;
+        pub fn hipGraphDestroy(graph: *mut c_void) -> hipError_t;
     }
 }
 

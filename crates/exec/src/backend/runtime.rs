@@ -6,6 +6,7 @@
 use std::ffi::c_void;
 
 use super::blas::Gemm;
+use super::graph::{keep_the_list, replay_list, GraphExec, StreamOp};
 use super::{BackendError, DriverDevice};
 use nereus_kernels::pack::RectLaunch;
 use nereus_kernels::{DevicePtr, KernelArgs, Launch};
@@ -128,6 +129,32 @@ pub trait GpuRuntime {
         c: DevicePtr,
         stream: RawHandle,
     ) -> Result<(), BackendError>;
+    /// Makes the recorded `ops` launchable as one graph. By default the list is kept and a
+    /// launch enqueues it operation by operation (the emulated device); CUDA and HIP capture one
+    /// replay of it into a driver graph.
+    ///
+    /// # Safety
+    /// Every address `ops` names stays live while the graph does.
+    unsafe fn instantiate(&self, ops: &[StreamOp]) -> Result<GraphExec, BackendError> {
+        Ok(keep_the_list(ops))
+    }
+    /// Enqueues `graph` on `stream`.
+    ///
+    /// # Safety
+    /// `graph` came from this runtime's [`GpuRuntime::instantiate`] and what it names is live.
+    unsafe fn launch_graph(&self, graph: &GraphExec, stream: RawHandle) -> Result<(), BackendError> {
+        match graph {
+            GraphExec::Replayed(ops) => replay_list(self, ops, stream),
+            GraphExec::Native(_) => {
+                Err(BackendError::Driver { backend: self.backend(), reason: "a driver graph it did not make".into() })
+            }
+        }
+    }
+    /// Gives a graph's driver resources back.
+    ///
+    /// # Safety
+    /// No launch of `graph` is pending on a stream that is then destroyed unfinished.
+    unsafe fn destroy_graph(&self, _graph: GraphExec) {}
     /// Checks a rectangle copy's extent before its launch, where the runtime can (the emulated
     /// device knows its allocations); devices check nothing here.
     fn check_rect(&self, _launch: &RectLaunch) -> Result<(), BackendError> {

@@ -45,34 +45,48 @@ impl Replica {
             let what = format!("prompt {p} + response {r} tokens exceed the {most} positions prepared");
             return Err(EngineError::Shape { what });
         }
-        let tp = self.groups.tp_group(plane);
         let mut cache = KvCache::on(c, &self.model, b, shape.t_cap)?;
-        let mut decoding = c.decode_begin(prompts, ids, shape, s)?;
+        self.generate_into(c, plane, params, (prompts, starts, ids), s, &mut cache)
+    }
+
+    /// [`Replica::generate_on`] into a KV cache the caller made for `p + r` positions (which a
+    /// test reads afterwards).
+    pub(crate) fn generate_into<C: Compute, P: DataPlane>(
+        &self,
+        c: &mut C,
+        plane: &P,
+        params: &C::Params,
+        (prompts, starts, ids): (&[u32], &[usize], &[u64]),
+        s: &Sampling,
+        cache: &mut KvCache<C::Act>,
+    ) -> Result<Generated, EngineError> {
+        let (b, r) = (ids.len(), s.max_new_tokens);
+        let p = prompts.len() / b.max(1);
+        let shape = DecodeShape { b, p, t_cap: p + r };
+        let tp = self.groups.tp_group(plane);
+        let mut decoding = c.decode_begin(prompts, ids, shape, s, &self.model.dims())?;
         let alone = self.groups.layout.tp == 1 && self.groups.layout.pp == 1;
         let draws = alone || self.groups.speaks_for_outputs();
         // Step 0 is the prefill; every later step decodes one token per sequence.
         let outside = super::timers::set_decoding(false);
         for step in 0..r {
             super::timers::set_decoding(step > 0);
-            let (pos, mark) = (p + step, c.mark());
+            let pos = p + step;
             let rows =
                 if step == 0 { Rows { b, t: p, pos0: 0, starts } } else { Rows { b, t: 1, pos0: pos - 1, starts } };
-            let x = match self.recv_input_on(c, plane, b * rows.t)? {
-                Some(x) => x,
-                None if step == 0 => self.model.embed_on(c, params, prompts, &tp)?,
-                None => self.model.embed_decoded_on(c, params, &decoding, b, &tp)?,
+            let mut token_step = |c: &mut C, decoding: &mut C::Decoding| {
+                let mark = c.mark();
+                self.step_on(c, plane, params, (prompts, step == 0), decoding, (rows, &mut *cache, &tp), s, draws)?;
+                let since = c.since(mark);
+                c.release(&since);
+                Ok(())
             };
-            let (x, _) = self.model.blocks_forward_on(c, params, x, rows, Some(&mut cache), &tp)?;
-            if self.model.weights.is_last() {
-                let logits = self.last_logits_on(c, params, &x, rows, &tp)?;
-                if draws {
-                    c.decode_draw(&mut decoding, &logits, s, pos)?;
-                }
-            } else {
-                c.pipe(&self.groups.link(plane), Some((Neighbour::Next, &x)), None)?;
+            match (alone, step) {
+                // Nothing crosses the host inside a token step of a lone replica: a device
+                // records the first and replays it.
+                (true, 1..) => c.decode_step(&mut decoding, rows.pos0, token_step)?,
+                _ => token_step(c, &mut decoding)?,
             }
-            let since = c.since(mark);
-            c.release(&since);
             if !alone {
                 let mut next = if draws { c.decode_last(&decoding)? } else { vec![s.eos; b] };
                 self.groups.broadcast_from_last(plane, bytemuck::cast_slice_mut(&mut next))?;
@@ -87,6 +101,39 @@ impl Replica {
         }
         super::timers::set_decoding(outside);
         c.decode_end(decoding)
+    }
+
+    /// One token step's work on this rank: the rows' input (embedded on the first stage,
+    /// received elsewhere), every block with the cache, and on the last stage the logits and,
+    /// where this rank draws, the draw and the advance; other stages pass `x` on.
+    #[allow(clippy::too_many_arguments)]
+    fn step_on<C: Compute, P: DataPlane, G: crate::engine::ops::TensorGroup<f32>>(
+        &self,
+        c: &mut C,
+        plane: &P,
+        params: &C::Params,
+        (prompts, prefill): (&[u32], bool),
+        decoding: &mut C::Decoding,
+        (rows, cache, tp): (Rows, &mut KvCache<C::Act>, &G),
+        s: &Sampling,
+        draws: bool,
+    ) -> Result<(), EngineError> {
+        let b = rows.b;
+        let x = match self.recv_input_on(c, plane, b * rows.t)? {
+            Some(x) => x,
+            None if prefill => self.model.embed_on(c, params, prompts, tp)?,
+            None => self.model.embed_decoded_on(c, params, decoding, b, tp)?,
+        };
+        let (x, _) = self.model.blocks_forward_on(c, params, x, rows, Some(cache), tp)?;
+        if self.model.weights.is_last() {
+            let logits = self.last_logits_on(c, params, &x, rows, tp)?;
+            if draws {
+                c.decode_draw(decoding, &logits, s, rows.pos0 + rows.t)?;
+            }
+        } else {
+            c.pipe(&self.groups.link(plane), Some((Neighbour::Next, &x)), None)?;
+        }
+        Ok(())
     }
 
     /// The whole vocabulary's logits `[B, V]` at each sequence's last position of `x[B, T, C]`.

@@ -98,6 +98,7 @@ impl Sampling {
             min_p: self.min_p,
             top_k: u64::from(self.top_k),
             greedy: i32::from(self.greedy),
+            position: DevicePtr::NULL,
         }
     }
 }

@@ -15,15 +15,15 @@ use nereus_core::model::{Catalogue, OutputHead};
 /// Key/value cache of one block: `k, v[B, T_cap, K, D]`.
 #[derive(Debug)]
 pub struct LayerCache<A> {
-    k: A,
-    v: A,
+    pub(crate) k: A,
+    pub(crate) v: A,
 }
 
 /// The KV cache of this stage's blocks for a batch of `B` sequences of up to `T_cap` tokens
 /// (host f32 buffers unless `A` says otherwise).
 #[derive(Debug)]
 pub struct KvCache<A = Vec<f32>> {
-    layers: Vec<LayerCache<A>>,
+    pub(crate) layers: Vec<LayerCache<A>>,
     t_cap: usize,
 }
 

@@ -8,7 +8,8 @@ use nereus_exec::backend::BackendError;
 use nereus_exec::engine::ops::frequencies;
 use nereus_kernels::args::{self as k, AttentionDims, AttentionInputs};
 use nereus_kernels::attention::{
-    attention_grid, flash_keys_grid, flash_rows_grid, flash_threads, FlashWidth, ATTENTION_BLOCK,
+    attention_grid, decode_combine_grid, decode_grid, flash_keys_grid, flash_rows_grid, flash_threads, FlashWidth,
+    ATTENTION_BLOCK, DECODE_THREADS, DECODE_TILE,
 };
 
 use super::reference::{self, Attention};
@@ -84,6 +85,7 @@ pub(super) fn check_rope(d: &Device, rng: &mut Rng, verdict: &mut Verdict) -> Re
     let x = bf16_values(rng, b * t * heads * 2 * half, 2.0);
     let (xs, cs, ss) = (DeviceArray::from(d, &x)?, DeviceArray::from(d, &cos)?, DeviceArray::from(d, &sin)?);
     let [rows, t_, heads_, half_, pos0_] = [b * t, t, heads, half, pos0].map(|x| x as u64);
+    let (counter, counter_value) = row_counter(d, rng, pos0)?;
     let call = k::Rope {
         x: xs.ptr(),
         cos_table: cs.ptr(),
@@ -92,8 +94,9 @@ pub(super) fn check_rope(d: &Device, rng: &mut Rng, verdict: &mut Verdict) -> Re
         t: t_,
         heads: heads_,
         half: half_,
-        pos0: pos0_,
+        pos0: pos0_.wrapping_sub(counter_value),
         inverse: i32::from(inverse),
+        position: counter_arg(&counter),
     };
     run(d, &call, elementwise_grid(b * t * heads * half))?;
     let xf = widen(&x);
@@ -122,7 +125,9 @@ pub(super) fn check_kv_append(d: &Device, rng: &mut Rng, verdict: &mut Verdict) 
     let fresh: Vec<u16> = (0..b * tn * kd).map(|_| rng.next_u64() as u16).collect();
     let (cs, fs) = (DeviceArray::from(d, &cache)?, DeviceArray::from(d, &fresh)?);
     let [b_, tn_, tc_, at_, kd_] = [b, tn, tc, at, kd].map(|x| x as u64);
-    let call = k::KvAppend { cache: cs.ptr(), fresh: fs.ptr(), b: b_, tn: tn_, tc: tc_, at: at_, kd: kd_ };
+    let (counter, value) = row_counter(d, rng, at)?;
+    let (at_, position) = (at_.wrapping_sub(value), counter_arg(&counter));
+    let call = k::KvAppend { cache: cs.ptr(), fresh: fs.ptr(), b: b_, tn: tn_, tc: tc_, at: at_, kd: kd_, position };
     run(d, &call, elementwise_grid(fresh.len()))?;
     let mut want = cache.clone();
     for seq in 0..b {
@@ -134,6 +139,26 @@ pub(super) fn check_kv_append(d: &Device, rng: &mut Rng, verdict: &mut Verdict) 
         verdict.failures.push(format!("{}: cache[{i}] = {:#06x}, want {:#06x}", verdict.kernel, got[i], want[i]));
     }
     Ok(())
+}
+
+/// A decode's row counter for half the cases: a device `int` holding part of position `pos`
+/// (possibly more than all of it: the kernels add in `u64`, wrapping), and the part it holds;
+/// else none and 0.
+pub(super) fn row_counter<'d>(
+    d: &'d Device,
+    rng: &mut Rng,
+    pos: usize,
+) -> Result<(Option<DeviceArray<'d, i32>>, u64), BackendError> {
+    if rng.below(2) == 0 {
+        return Ok((None, 0));
+    }
+    let value = rng.below(pos + 2) as i32 - 1;
+    Ok((Some(DeviceArray::from(d, &[value])?), value as i64 as u64))
+}
+
+/// The counter's address, or null.
+pub(super) fn counter_arg(counter: &Option<DeviceArray<'_, i32>>) -> DevicePtr {
+    counter.as_ref().map_or(DevicePtr::NULL, DeviceArray::ptr)
 }
 
 /// A random attention shape (training, prefill or decode), its inputs and per-sequence starts.
@@ -390,4 +415,63 @@ pub(super) fn attention_finite_differences(rng: &mut Rng) -> f64 {
             .max(reference::fd_error(grads[2][ik], reference::central_difference(&v, ik, |x| loss(&q, &k, x))));
     }
     worst
+}
+
+/// Flash-decoding (`nereus_decode_attention` then `nereus_decode_attention_combine`) on a random
+/// decode: one query per sequence, GQA groups of 1 to 8 heads, heads 8 to 256 wide, keys over
+/// several tiles and splits (the split drawn, not the engine's choice, so one key per split, a
+/// split past the last key and a single split all occur), left padding, and the key count
+/// taken partly from a row counter in device memory. Checked as the scalar kernel is: the
+/// probabilities stay f32.
+pub(super) fn check_decode_attention(d: &Device, rng: &mut Rng, verdict: &mut Verdict) -> Result<(), BackendError> {
+    let tk = 1 + rng.below(300);
+    let kv_heads = 1 + rng.below(2);
+    let group = [1, 2, 4, 8][rng.below(4)];
+    let d_head = [8, 20, 64, 128, 256][rng.below(5)].min(1024 / group);
+    let b = 1 + rng.below(3);
+    let shape = Attention { b, tq: 1, tk, tc: tk + rng.below(40), heads: kv_heads * group, kv_heads, d: d_head };
+    let starts = (0..b).map(|_| if rng.below(3) == 0 { 0 } else { rng.below(tk + 1) as i32 }).collect();
+    let (starts, no_starts) = if rng.below(4) == 0 { (vec![0; b], true) } else { (starts, false) };
+    let case = AttentionCase::draw(rng, shape, starts, no_starts);
+    let split_keys = DECODE_TILE * (1 + rng.below(4));
+    let splits = shape.tc.div_ceil(split_keys) + rng.below(2);
+    let (counter, value) = row_counter(d, rng, tk)?;
+    let scratch = DeviceArray::<f32>::zeros(d, b * shape.heads * splits * (d_head + 2))?;
+    let (got, out, v_scale) = run_forward(d, &case, verdict, |a| {
+        let i = a.inputs;
+        let (partial, stats) = (scratch.ptr(), scratch.at(b * shape.heads * splits * d_head));
+        let [splits_, split_keys_] = [splits, split_keys].map(|x| x as u64);
+        let call = k::DecodeAttention {
+            partial,
+            stats,
+            q: i.q,
+            k: i.k,
+            v: i.v,
+            starts: i.starts,
+            position: counter_arg(&counter),
+            b: i.dims.b,
+            tk: i.dims.tk.wrapping_sub(value),
+            tc: i.dims.tc,
+            heads: i.dims.heads,
+            kv_heads: i.dims.kv_heads,
+            d: i.dims.d,
+            splits: splits_,
+            split_keys: split_keys_,
+        };
+        run_shaped(d, &call, decode_grid(splits, b, kv_heads), DECODE_THREADS)?;
+        let (heads, d_) = (i.dims.heads, i.dims.d);
+        let combine = k::DecodeAttentionCombine {
+            out: a.out,
+            lse: a.lse,
+            partial,
+            stats,
+            b: i.dims.b,
+            heads,
+            d: d_,
+            splits: splits_,
+        };
+        run_shaped(d, &combine, decode_combine_grid(b, shape.heads), DECODE_THREADS)
+    })?;
+    verdict.bf16_scaled("out", &got, &out, &vec![v_scale; out.len()]);
+    Ok(())
 }

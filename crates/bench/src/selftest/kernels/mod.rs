@@ -123,7 +123,7 @@ pub fn kernels(session: &Session, seed: u64, device: Option<DeviceChoice>) -> Re
 /// Every kernel, [`CASES`] random cases each, on `device`: each kernel's run and the failed checks.
 fn check_every_kernel(device: &Device, seed: u64, warp: u32) -> Result<(Vec<KernelRun>, Vec<String>), RuntimeError> {
     type Check = fn(&Device, &mut Rng, &mut Verdict) -> Result<(), BackendError>;
-    let checks: [(&'static str, Check); 24] = [
+    let checks: [(&'static str, Check); 25] = [
         ("nereus_cast_f32_to_bf16", check_cast_to_bf16),
         ("nereus_cast_bf16_to_f32", check_cast_to_f32),
         ("nereus_rmsnorm_forward", check_rmsnorm_forward),
@@ -148,6 +148,7 @@ fn check_every_kernel(device: &Device, seed: u64, warp: u32) -> Result<(Vec<Kern
         ("nereus_attention_backward", attention::check_attention_backward),
         ("nereus_flash_forward_{32,64,128}", attention::check_flash_forward),
         ("nereus_flash_backward_{dq,dkv}_{32,64,128}", attention::check_flash_backward),
+        ("nereus_decode_attention{,_combine}", attention::check_decode_attention),
     ];
     let (mut runs, mut failures) = (Vec::new(), Vec::new());
     for (i, (kernel, check)) in checks.into_iter().enumerate() {
@@ -845,6 +846,8 @@ fn check_decode_advance(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<()
     let (lengths, done, last) =
         (DeviceArray::<i32>::zeros(d, b)?, DeviceArray::<i32>::zeros(d, b)?, DeviceArray::<i32>::zeros(d, b)?);
     let stop_ids = DeviceArray::from(d, &as_i32(&host.stops))?;
+    // Half the cases keep the position in a row counter the kernel moves on (one block).
+    let counter = (rng.below(2) == 0).then(|| DeviceArray::from(d, &[p as i32 - 1])).transpose()?;
     for pos in p..shape.t_cap {
         let drawn: Vec<u32> = (0..b).map(|_| rng.below(24) as u32).collect();
         let drawn_ = DeviceArray::from(d, &as_i32(&drawn))?;
@@ -857,11 +860,12 @@ fn check_decode_advance(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<()
             stops: stop_ids.ptr(),
             rows: b as u64,
             t_cap: shape.t_cap as u64,
-            pos: pos as u64,
+            pos: if counter.is_some() { 1 } else { pos as u64 },
             n_stops: host.stops.len() as u64,
             eos: s.eos as i32,
+            position: attention::counter_arg(&counter),
         };
-        run(d, &call, elementwise_grid(b))?;
+        run(d, &call, if counter.is_some() { 1 } else { elementwise_grid(b) })?;
         host.advance(&drawn, pos);
     }
     let flags: Vec<i32> = host.done.iter().map(|&x| i32::from(x)).collect();
@@ -872,6 +876,12 @@ fn check_decode_advance(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<()
         ("done", done.read()?, flags),
         ("last", last.read()?, as_i32(&host.last)),
     ];
+    if let Some(counter) = &counter {
+        let want = shape.t_cap as i32 - 1;
+        if counter.read()? != [want] {
+            v.failures.push(format!("{}: the row counter holds {:?}, want {want}", v.kernel, counter.read()?));
+        }
+    }
     for (what, got, want) in exact {
         if got != want && v.failures.len() < 5 {
             v.failures.push(format!("{} {what}: got {got:?}, want {want:?}", v.kernel));

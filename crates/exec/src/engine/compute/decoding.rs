@@ -1,16 +1,26 @@
 //! A decode's state in device memory ([`DeviceDecoding`]): the tokens, lengths, finished
 //! flags and last tokens of [`HostDecoding`] as `int` arrays the sampler and
-//! `nereus_decode_advance` update in stream order, so a token step needs no host wait. Like the
-//! token ids a pass uploads, these few `int` arrays are not charged to the rank's ledger (the
-//! cost model prices activations, not ids).
+//! `nereus_decode_advance` update in stream order, so a token step needs no host wait, and the
+//! row counter that makes a token step replayable: the position of the rows the next step
+//! feeds, which every position-dependent kernel of the step adds to its arguments and the
+//! advance moves on by one. The host keeps a copy of what the counter holds (it knows how many
+//! advances it enqueued), so an argument is always `position − counter`. Like the token ids a
+//! pass uploads, these few `int` arrays are not charged to the rank's ledger (the cost model
+//! prices activations, not ids).
 
-use crate::backend::gpu::{Device, DeviceArray};
+use crate::backend::gpu::{Device, DeviceArray, DevicePtr, Graph};
 use crate::backend::BackendError;
 use crate::engine::decode::{DecodeShape, Generated, HostDecoding};
 use crate::engine::sampling::Sampling;
 
 /// A decode's state on a device (see the module comment).
 pub struct DeviceDecoding<'d> {
+    /// The recorded token step, once there is one (dropped first: it names the arrays below).
+    pub graph: Option<Graph<'d>>,
+    /// The row counter `[1]`: the position of the rows the next token step feeds.
+    pub position: DeviceArray<'d, i32>,
+    /// What `position` holds once the work enqueued so far has run.
+    pub row: i64,
     /// The shape decoded.
     pub shape: DecodeShape,
     /// Tokens `[B, T_cap]`.
@@ -46,7 +56,12 @@ impl<'d> DeviceDecoding<'d> {
     ) -> Result<Self, BackendError> {
         let host = HostDecoding::new(prompts, ids, shape, s);
         let zeros = || DeviceArray::<i32>::zeros(device, shape.b);
+        // The prefill's draw writes position `p`: its rows are one before.
+        let row = shape.p as i64 - 1;
         Ok(DeviceDecoding {
+            graph: None,
+            position: DeviceArray::from(device, &[row as i32])?,
+            row,
             shape,
             tokens: DeviceArray::from(device, &as_int(&host.tokens))?,
             lengths: zeros()?,
@@ -59,6 +74,12 @@ impl<'d> DeviceDecoding<'d> {
             eos: s.eos,
             check_every: s.stop_check_every.max(1),
         })
+    }
+
+    /// The counter and the offset that makes it position `pos`: a kernel reads
+    /// `offset + *counter` (wrapping, as the kernels add in `u64`).
+    pub fn at(&self, pos: usize) -> (DevicePtr, u64) {
+        (self.position.ptr(), (pos as u64).wrapping_sub(self.row as u64))
     }
 
     /// Whether every sequence has ended (one wait).

@@ -31,11 +31,14 @@ use crate::engine::ops::{log_probs_finish, AttentionShape, Rope, RowStats, Tenso
 use crate::engine::sampling::{SampleBuffers, Sampling};
 use crate::engine::timers::timed;
 use crate::engine::{AdamW, DeviceObjective, EngineError, Objective, Replica};
+use nereus_core::cost::reference::DecodeSplit;
 use nereus_core::cost::{MemoryBreakdown, MemoryItem, OpClass};
 use nereus_core::half::{bf16_to_f32, f32_to_bf16};
+use nereus_core::model::LocalShape;
 use nereus_kernels::args::{self as k, AdamTensor, AttentionDims, AttentionInputs};
 use nereus_kernels::attention::{
-    attention_grid, flash_keys_grid, flash_rows_grid, flash_threads, FlashWidth, ATTENTION_BLOCK, FLASH_MAX_HEAD_DIM,
+    attention_grid, decode_combine_grid, decode_grid, flash_keys_grid, flash_rows_grid, flash_threads, FlashWidth,
+    ATTENTION_BLOCK, DECODE_THREADS, FLASH_MAX_HEAD_DIM,
 };
 use nereus_kernels::pack::RectCopy;
 use nereus_kernels::KernelCall;
@@ -44,6 +47,14 @@ use nereus_kernels::KernelCall;
 const BLOCK: u32 = 256;
 // The cost model prices the flash path for exactly the heads the kernels take.
 const _: () = assert!(nereus_core::cost::reference::FLASH_MAX_HEAD_DIM == FLASH_MAX_HEAD_DIM);
+// The cost model splits flash-decoding's keys, and sizes its scratch, as the kernels take them.
+const _: () = {
+    use nereus_core::cost::reference as model;
+    use nereus_kernels::attention as kernels;
+    assert!(model::DECODE_TILE == kernels::DECODE_TILE && model::DECODE_MAX_GROUP == kernels::DECODE_MAX_GROUP);
+    assert!(model::DECODE_MAX_HEAD_DIM == kernels::DECODE_MAX_HEAD_DIM);
+    assert!(model::DECODE_MAX_OUTPUTS == kernels::DECODE_MAX_OUTPUTS);
+};
 /// At most this many blocks per launch: the kernels stride over the rest.
 const MAX_BLOCKS: u64 = 4096;
 
@@ -62,6 +73,19 @@ pub struct OnDevice<'d, 'a, 'l> {
     half: usize,
     /// A training step's accumulators (see [`OnDevice::with_step_scalars`]).
     step_scalars: Option<DeviceView<f32>>,
+    /// The sequences' first keys as last uploaded (attention reads them in every block).
+    starts: Option<(Vec<usize>, DeviceArray<'d, i32>)>,
+    /// The decode in progress, from `decode_begin` to `decode_end`.
+    decode: Option<DecodeContext<'d>>,
+}
+
+/// A decode in progress on a device.
+struct DecodeContext<'d> {
+    /// Flash-decoding's split of the keys and its scratch (the splits' outputs, then their
+    /// softmax statistics), where its kernels take the heads.
+    flash: Option<(DecodeSplit, F32<'d>)>,
+    /// Inside a recorded token step: the row counter, and what it held when the step began.
+    register: Option<(DevicePtr, i64)>,
 }
 
 impl<'d, 'a, 'l> OnDevice<'d, 'a, 'l> {
@@ -71,7 +95,7 @@ impl<'d, 'a, 'l> OnDevice<'d, 'a, 'l> {
         let bytes = 4 * (cos.len() + sin.len()) as u64;
         arena.charge(MemoryItem::Activations, bytes)?;
         let (cos, sin) = (DeviceArray::from(device, cos)?, DeviceArray::from(device, sin)?);
-        Ok(OnDevice { device, arena, cos, sin, half: rope.half(), step_scalars: None })
+        Ok(OnDevice { device, arena, cos, sin, half: rope.half(), step_scalars: None, starts: None, decode: None })
     }
 
     /// Makes `scalars` — zeroed, one f32 for the device objective's loss and one per counted
@@ -174,13 +198,82 @@ impl<'d, 'a, 'l> OnDevice<'d, 'a, 'l> {
         Ok(DeviceArray::from(self.device, &ids)?)
     }
 
-    /// The `starts` argument: none when no sequence is padded (the kernels read a null pointer).
-    fn starts(&self, starts: &[usize]) -> Result<Option<DeviceArray<'d, i32>>, EngineError> {
+    /// The `starts` argument: null when no sequence is padded; uploaded once for as long as
+    /// the calls pass the same values (every block of a pass, every step of a decode).
+    fn starts(&mut self, starts: &[usize]) -> Result<DevicePtr, EngineError> {
         if starts.iter().all(|&s| s == 0) {
-            return Ok(None);
+            return Ok(DevicePtr::NULL);
+        }
+        if let Some((held, array)) = &self.starts {
+            if held == starts {
+                return Ok(array.ptr());
+            }
         }
         let values: Vec<i32> = starts.iter().map(|&s| s as i32).collect();
-        Ok(Some(DeviceArray::from(self.device, &values)?))
+        let array = DeviceArray::from(self.device, &values)?;
+        let ptr = array.ptr();
+        self.starts = Some((starts.to_vec(), array));
+        Ok(ptr)
+    }
+
+    /// What a kernel is given for position `pos`: inside a recorded token step the row counter
+    /// and `pos` less what it held when the step began (the kernel adds the two); else no
+    /// counter and `pos` itself.
+    fn position(&self, pos: usize) -> (DevicePtr, u64) {
+        match self.decode.as_ref().and_then(|d| d.register) {
+            Some((counter, row)) => (counter, (pos as u64).wrapping_sub(row as u64)),
+            None => (DevicePtr::NULL, pos as u64),
+        }
+    }
+
+    /// Flash-decoding (`decode_attention.cu`): the splits' partial softmaxes into the decode's
+    /// scratch, then their combine into `out` and the returned `lse`.
+    fn decode_attention(
+        &mut self,
+        out: &Bf16<'d>,
+        (q, k, v): (&Bf16<'d>, &Bf16<'d>, &Bf16<'d>),
+        shape: AttentionShape,
+        starts: &[usize],
+    ) -> Result<F32<'d>, EngineError> {
+        let lse = self.f32_zeros(MemoryItem::Activations, shape.b * shape.heads)?;
+        let starts = self.starts(starts)?;
+        let (position, tk) = self.position(shape.tk);
+        let (split, scratch) = self.decode.as_ref().and_then(|d| d.flash.as_ref()).expect("the caller checked");
+        let (split, partial) = (*split, scratch.ptr());
+        let stats = scratch.at(shape.b * shape.heads * split.splits * shape.d);
+        let [b, tc, heads, kv_heads, d] =
+            [shape.b, shape.t_cap, shape.heads, shape.kv_heads, shape.d].map(|v| v as u64);
+        let [splits, split_keys] = [split.splits, split.split_keys].map(|v| v as u64);
+        let call = k::DecodeAttention {
+            partial,
+            stats,
+            q: q.ptr(),
+            k: k.ptr(),
+            v: v.ptr(),
+            starts,
+            position,
+            b,
+            tk,
+            tc,
+            heads,
+            kv_heads,
+            d,
+            splits,
+            split_keys,
+        };
+        self.launch(&call, decode_grid(split.splits, shape.b, shape.kv_heads), DECODE_THREADS)?;
+        let call = k::DecodeAttentionCombine { out: out.ptr(), lse: lse.ptr(), partial, stats, b, heads, d, splits };
+        self.launch(&call, decode_combine_grid(shape.b, shape.heads), DECODE_THREADS)?;
+        Ok(lse)
+    }
+
+    /// Whether `shape` is one query per sequence of the decode in progress, which
+    /// flash-decoding takes.
+    fn flash_decodes(&self, shape: &AttentionShape) -> bool {
+        let scratch = self.decode.as_ref().and_then(|d| d.flash.as_ref());
+        scratch.is_some_and(|(split, scratch)| {
+            shape.tq == 1 && split.scratch_elements(shape.b, shape.heads, shape.d) <= scratch.len()
+        })
     }
 
     /// `x[N,C]` = the embedding rows of the `n` token ids at `ids` (this rank's shard `w`).
@@ -199,9 +292,10 @@ impl<'d, 'a, 'l> OnDevice<'d, 'a, 'l> {
     }
 
     /// One decode step's bookkeeping with the tokens at `drawn` for position `pos`
-    /// (`nereus_decode_advance`).
-    fn advance(&self, d: &DeviceDecoding<'d>, drawn: DevicePtr, pos: usize) -> Result<(), EngineError> {
-        let [rows, t_cap, pos, n_stops] = [d.shape.b, d.shape.t_cap, pos, d.n_stops].map(|v| v as u64);
+    /// (`nereus_decode_advance`, one block: it then moves the row counter on).
+    fn advance(&self, d: &mut DeviceDecoding<'d>, drawn: DevicePtr, pos: usize) -> Result<(), EngineError> {
+        let (position, pos) = d.at(pos);
+        let [rows, t_cap, n_stops] = [d.shape.b, d.shape.t_cap, d.n_stops].map(|v| v as u64);
         let call = k::DecodeAdvance {
             tokens: d.tokens.ptr(),
             lengths: d.lengths.ptr(),
@@ -214,8 +308,11 @@ impl<'d, 'a, 'l> OnDevice<'d, 'a, 'l> {
             pos,
             n_stops,
             eos: d.eos as i32,
+            position,
         };
-        self.elementwise(&call, d.shape.b)
+        self.launch(&call, [1, 1, 1], BLOCK)?;
+        d.row += 1;
+        Ok(())
     }
 }
 
@@ -321,12 +418,11 @@ fn weight((p, r): View<DeviceView<u16>>) -> DevicePtr {
 /// padded) and the shape `a`.
 fn attention_inputs(
     (q, k, v): (&Bf16<'_>, &Bf16<'_>, &Bf16<'_>),
-    starts: &Option<DeviceArray<'_, i32>>,
+    starts: DevicePtr,
     a: &AttentionShape,
 ) -> AttentionInputs {
     let [b, tq, tk, tc, heads, kv_heads, d] = [a.b, a.tq, a.tk, a.t_cap, a.heads, a.kv_heads, a.d].map(|v| v as u64);
     let dims = AttentionDims { b, tq, tk, tc, heads, kv_heads, d };
-    let starts = starts.as_ref().map_or(DevicePtr::NULL, DeviceArray::ptr);
     AttentionInputs { q: q.ptr(), k: k.ptr(), v: v.ptr(), starts, dims }
 }
 
@@ -448,9 +544,10 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
         inverse: bool,
     ) -> Result<(), EngineError> {
         let rows = x.len() / (heads * 2 * self.half);
-        let [rows_, t, heads_, half, pos0] = [rows, t, heads, self.half, pos0].map(|v| v as u64);
+        let (position, pos0) = self.position(pos0);
+        let [rows_, t, heads_, half] = [rows, t, heads, self.half].map(|v| v as u64);
         let (x, cos_table, sin_table, inverse) = (x.ptr(), self.cos.ptr(), self.sin.ptr(), i32::from(inverse));
-        let call = k::Rope { x, cos_table, sin_table, rows: rows_, t, heads: heads_, half, pos0, inverse };
+        let call = k::Rope { x, cos_table, sin_table, rows: rows_, t, heads: heads_, half, pos0, inverse, position };
         self.elementwise(&call, rows * heads * self.half)
     }
 
@@ -463,9 +560,12 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
         shape: AttentionShape,
         starts: &[usize],
     ) -> Result<Self::Stat, EngineError> {
+        if self.flash_decodes(&shape) {
+            return self.decode_attention(out, (q, k, v), shape, starts);
+        }
         let lse = self.f32_zeros(MemoryItem::Activations, shape.b * shape.heads * shape.tq)?;
         let starts = self.starts(starts)?;
-        let inputs = attention_inputs((q, k, v), &starts, &shape);
+        let inputs = attention_inputs((q, k, v), starts, &shape);
         let (out, lse_ptr) = (out.ptr(), lse.ptr());
         match FlashWidth::for_head(shape.d) {
             Some(width) => {
@@ -492,7 +592,7 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
         starts: &[usize],
     ) -> Result<(), EngineError> {
         let starts = self.starts(starts)?;
-        let inputs = attention_inputs((q, k, v), &starts, &shape);
+        let inputs = attention_inputs((q, k, v), starts, &shape);
         let (dout, out, lse) = (dout.ptr(), out.ptr(), lse.ptr());
         if let Some(width) = FlashWidth::for_head(shape.d) {
             // dq (and each row's Σ dout·out) per row tile, then dk, dv per key tile: no atomics.
@@ -513,8 +613,10 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
     }
 
     fn kv_append(&mut self, cache: &mut Self::Act, fresh: &Self::Act, r: KvRows) -> Result<(), EngineError> {
-        let [b, tn, tc, at, kd] = [r.b, r.t, r.t_cap, r.pos0, r.width].map(|v| v as u64);
-        self.elementwise(&k::KvAppend { cache: cache.ptr(), fresh: fresh.ptr(), b, tn, tc, at, kd }, fresh.len())
+        let (position, at) = self.position(r.pos0);
+        let [b, tn, tc, kd] = [r.b, r.t, r.t_cap, r.width].map(|v| v as u64);
+        let call = k::KvAppend { cache: cache.ptr(), fresh: fresh.ptr(), b, tn, tc, at, kd, position };
+        self.elementwise(&call, fresh.len())
     }
 
     fn embedding_forward(
@@ -674,8 +776,54 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
         ids: &[u64],
         shape: DecodeShape,
         s: &Sampling,
+        dims: &LocalShape,
     ) -> Result<DeviceDecoding<'d>, EngineError> {
-        Ok(DeviceDecoding::upload(self.device, prompts, ids, shape, s)?)
+        let decoding = DeviceDecoding::upload(self.device, prompts, ids, shape, s)?;
+        let flash = match DecodeSplit::of(dims, shape.b, shape.t_cap) {
+            Some(split) => {
+                let elements = split.scratch_elements(shape.b, dims.heads, dims.d);
+                Some((split, self.f32_zeros(MemoryItem::Activations, elements)?))
+            }
+            None => None,
+        };
+        self.decode = Some(DecodeContext { flash, register: None });
+        Ok(decoding)
+    }
+
+    /// Records the first step it is given where flash-decoding takes the heads (the scalar
+    /// and flash kernels read their key count from the host) and the device allows graphs,
+    /// launches the graph for it and for every later step; otherwise runs each step.
+    fn decode_step(
+        &mut self,
+        d: &mut DeviceDecoding<'d>,
+        row: usize,
+        step: impl FnOnce(&mut Self, &mut DeviceDecoding<'d>) -> Result<(), EngineError>,
+    ) -> Result<(), EngineError> {
+        if let Some(graph) = &d.graph {
+            self.device.launch_graph(graph)?;
+            d.row += 1; // the graph's advance moves the counter on
+            return Ok(());
+        }
+        let recordable = self.device.graphs_allowed();
+        let Some(context) = self.decode.as_mut().filter(|c| c.flash.is_some() && recordable) else {
+            return step(self, d);
+        };
+        if d.row != row as i64 {
+            let what = format!("a token step at row {row} of a decode whose counter holds {}", d.row);
+            return Err(EngineError::Shape { what });
+        }
+        context.register = Some((d.position.ptr(), d.row));
+        self.device.begin_recording()?;
+        let recorded = step(self, d);
+        if let Some(context) = self.decode.as_mut() {
+            context.register = None;
+        }
+        let graph = self.device.end_recording();
+        recorded?;
+        let graph = graph?;
+        self.device.launch_graph(&graph)?;
+        d.graph = Some(graph);
+        Ok(())
     }
 
     fn decode_embedding(
@@ -704,7 +852,8 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
         let cast = k::CastBf16ToF32 { y: wide.ptr(), x: logits.ptr(), n: logits.len() as u64 };
         self.elementwise(&cast, logits.len())?;
         let buffers = SampleBuffers { drawn: d.drawn.ptr(), logits: wide.ptr(), ids: d.ids.ptr(), done: d.done.ptr() };
-        let call = s.kernel_call(buffers, rows, logits.len() / rows.max(1), pos as u64);
+        let (position, at) = d.at(pos);
+        let call = k::Sample { position, ..s.kernel_call(buffers, rows, logits.len() / rows.max(1), at) };
         self.rows(&call, rows)?;
         self.advance(d, d.drawn.ptr(), pos)
     }
@@ -727,7 +876,9 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
     }
 
     fn decode_end(&mut self, d: DeviceDecoding<'d>) -> Result<Generated, EngineError> {
-        Ok(d.generated()?)
+        let generated = d.generated();
+        self.decode = None;
+        Ok(generated?)
     }
 
     fn read<T>(&mut self, x: &Self::Act, f: impl FnOnce(&[f32]) -> Result<T, EngineError>) -> Result<T, EngineError> {

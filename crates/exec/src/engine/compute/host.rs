@@ -11,6 +11,7 @@ use crate::engine::sampling::{draw_uniform, sample_token, Sampling};
 use crate::engine::EngineError;
 use crate::engine::{AdamW, Objective, Replica};
 use nereus_core::cost::{MemoryBreakdown, MemoryItem};
+use nereus_core::model::LocalShape;
 
 /// The host f32 engine: buffers from the rank's [`Arena`], layers from `ops/`.
 pub struct Host<'a, 'l> {
@@ -239,8 +240,18 @@ impl Compute for Host<'_, '_> {
         ids: &[u64],
         shape: DecodeShape,
         s: &Sampling,
+        _dims: &LocalShape,
     ) -> Result<HostDecoding, EngineError> {
         Ok(HostDecoding::new(prompts, ids, shape, s))
+    }
+
+    fn decode_step(
+        &mut self,
+        d: &mut HostDecoding,
+        _row: usize,
+        step: impl FnOnce(&mut Self, &mut HostDecoding) -> Result<(), EngineError>,
+    ) -> Result<(), EngineError> {
+        step(self, d)
     }
 
     fn decode_embedding(

@@ -34,6 +34,7 @@ use super::{AdamW, EngineError, Replica};
 use crate::backend::gpu::DevicePtr;
 use crate::comm::DataPlane;
 use nereus_core::cost::{MemoryBreakdown, MemoryItem};
+use nereus_core::model::LocalShape;
 
 /// A view of one tensor in a stage's flat parameter (or gradient) buffer.
 pub type View<'a, P> = (&'a P, &'a Range<usize>);
@@ -294,14 +295,27 @@ pub trait Compute {
     /// A decode's state between token steps (see [`crate::engine::decode`]): host vectors on
     /// the host, device arrays on a device, so that a device's token step needs no host wait.
     type Decoding;
-    /// The state of a decode of `prompts[B, P]`, sequence ids `ids` (they seed the draws).
+    /// The state of a decode of `prompts[B, P]`, sequence ids `ids` (they seed the draws), by a
+    /// stage of local shape `dims` (a device sizes flash-decoding's scratch by it).
     fn decode_begin(
         &mut self,
         prompts: &[u32],
         ids: &[u64],
         shape: DecodeShape,
         s: &Sampling,
+        dims: &LocalShape,
     ) -> Result<Self::Decoding, EngineError>;
+    /// Runs one token step, `step`, whose rows sit at position `row`, where one rank holds the
+    /// whole replica (nothing crosses the host inside it). The host runs it. A device records
+    /// the first step it is given as a graph, with every position its kernels read taken from
+    /// the decode's row counter in device memory, and launches that graph for every later step
+    /// instead of running `step` again (docs/engine.md, "Decode as a replayed graph").
+    fn decode_step(
+        &mut self,
+        d: &mut Self::Decoding,
+        row: usize,
+        step: impl FnOnce(&mut Self, &mut Self::Decoding) -> Result<(), EngineError>,
+    ) -> Result<(), EngineError>;
     /// `x[B,C]` = the embedding rows (this rank's shard `w[V,C]`, zero outside it) of the
     /// tokens the decode holds at its last position written, into zeroed `x`.
     fn decode_embedding(

@@ -8,11 +8,12 @@ use std::time::Duration;
 
 use super::*;
 use crate::backend::emulated::Emulated;
-use crate::backend::gpu::Device;
+use crate::backend::gpu::{Device, DeviceCounters};
 use crate::comm::gpu_plane::GpuPlane;
 use crate::comm::testing::{run_ranks, Calls, FakeLib, LoopbackPlane, Mailbox};
 use crate::comm::Watchdog;
 use crate::emu::{Counters, EmuId, ShardMemory};
+use crate::engine::stage::KvCache;
 use crate::engine::{bf16_sections, init_shard, CrossEntropy, StopIds};
 use nereus_core::cost::reference::{self, Residence};
 use nereus_core::cost::{optimizer_bytes_per_param, MemoryBreakdown, ModelStats};
@@ -372,11 +373,11 @@ fn every_pass_peaks_at_the_cost_models_prediction_item_by_item_on_host_and_devic
         // ends (measured: up to 22 KB above the allocator in training), and does not charge
         // the token ids a kernel reads (`4·n` bytes of one micro-batch; measured 64 bytes in
         // inference) nor a decode's state of token ids (`DeviceDecoding`: `[B, T]` tokens,
-        // four `[B]` arrays, `B` ids of 8 bytes and one stop id; 228 bytes here), the only
-        // ways the allocator can exceed it.
+        // four `[B]` arrays, `B` ids of 8 bytes, one stop id and the row counter; 232 bytes
+        // here), the only ways the allocator can exceed it.
         eprintln!("({tp}, {pp}) ledger peak above the allocator's [training, inference, generation]: {margins:?}");
         let (b, t) = (SEQUENCES as i64, SEQ_LEN as i64);
-        let uncharged_ids = (4 * (MICRO * SEQ_LEN) as i64).max(4 * b * t + 16 * b + 8 * b + 4);
+        let uncharged_ids = (4 * (MICRO * SEQ_LEN) as i64).max(4 * b * t + 16 * b + 8 * b + 4 + 4);
         assert!(margins.iter().flatten().all(|&m| m >= -uncharged_ids), "{margins:?}");
         for (rank, (host, device)) in host.iter().zip(&device).enumerate() {
             // Ranks are laid out TP-fastest within a replica.
@@ -438,4 +439,61 @@ fn a_device_decode_waits_for_the_host_only_at_its_finished_checks() {
     eprintln!("host waits: {} for 4 tokens, {} for 12", short.host_waits(), long.host_waits());
     assert_eq!(long.host_waits() - short.host_waits(), 2, "{short:?} against {long:?}");
     assert_eq!(long.upload_waits, 0);
+}
+
+/// What one decode on the emulated device leaves: the tokens and lengths, every layer's keys
+/// then values (bf16 bits), and the device's counters over it.
+type DecodeRecord = (Generated, Vec<Vec<u16>>, DeviceCounters);
+
+fn decode_on_device(graphs: bool) -> DecodeRecord {
+    let mut plane = LoopbackPlane::new(0, Arc::new(Mailbox::default()));
+    let device = Rc::new(Device::new(Emulated::new(0, 1 << 30)).unwrap());
+    device.allow_graphs(graphs);
+    let memory = DeviceMemory::new(device.clone());
+    let mut set = EmuSet::in_memory(0, 1, 1 << 30, catalogues(Dtype::Bf16), memory);
+    let id = create(&mut plane, &mut set, Layout::new(1, 1), 1)[0];
+    let replica = Replica::new(&mut plane, &set, id, 16).unwrap();
+    // Left-padded prompts (the first keys masked), tempered draws (each depends on its
+    // position), and a stop id inside the vocabulary (sequences end at different steps).
+    let prompts: Vec<u32> = tokens().chunks(SEQ_LEN).flat_map(|s| s[..PROMPT].to_vec()).collect();
+    let (starts, ids) = ([0, 1, 0, 2], [11, 12, 13, 14]);
+    let also_stop = StopIds::new(&[7]).unwrap();
+    let s = Sampling { max_new_tokens: 12, greedy: false, temperature: 1.3, also_stop, ..greedy() };
+    let before = device.counters();
+    let (out, kv) = with_device_params(&mut set, &replica, |c, params| {
+        let mut cache = KvCache::on(c, &replica.model, SEQUENCES, PROMPT + s.max_new_tokens)?;
+        let out = replica.generate_into(c, &plane, params, (&prompts, &starts, &ids), &s, &mut cache)?;
+        let layers = cache.layers.iter().flat_map(|l| [&l.k, &l.v]);
+        let kv = layers.map(|x| x.read()).collect::<Result<Vec<_>, _>>()?;
+        Ok((out, kv))
+    })
+    .unwrap();
+    (out, kv, device.counters().since(&before))
+}
+
+/// A decode step recorded once and replayed (a graph on a GPU, the launch list on the emulated
+/// device) writes exactly the tokens, lengths and KV cache bytes that launching every step's
+/// kernels one by one writes; the replays are one launch per token step from the host.
+#[test]
+fn a_replayed_decode_step_writes_the_tokens_and_kv_bytes_of_eager_launches_bit_for_bit() {
+    let (eager, eager_kv, eager_work) = decode_on_device(false);
+    let (replayed, replayed_kv, replayed_work) = decode_on_device(true);
+    assert_eq!(replayed, eager);
+    assert!(replayed_kv == eager_kv, "the KV cache bytes differ");
+    let lengths = &eager.lengths;
+    assert!(lengths.iter().any(|&n| n < 12) && lengths.iter().any(|&n| n > 1), "some stop, some run: {lengths:?}");
+    eprintln!("eager {eager_work:?}\nreplayed {replayed_work:?}");
+    assert_eq!(eager_work.graph_launches, 0);
+    // Steps 1.. of the 12 are replays of step 1's recording, unless every sequence ended.
+    let steps = replayed_work.graph_launches;
+    assert!((1..=11).contains(&steps), "{replayed_work:?}");
+    let per_step = replayed_work.graph_kernels / steps;
+    assert_eq!(replayed_work.graph_kernels, per_step * steps);
+    // Launched one by one: the prefill's kernels and GEMMs; the replayed steps' ran in graphs.
+    assert_eq!(replayed_work.launches + replayed_work.graph_kernels, eager_work.launches);
+    assert_eq!(replayed_work.gemms + replayed_work.graph_gemms, eager_work.gemms);
+    assert_eq!(
+        (replayed_work.synchronizations, replayed_work.h2d_bytes),
+        (eager_work.synchronizations, eager_work.h2d_bytes)
+    );
 }
