@@ -9,8 +9,7 @@ use cudarc::driver::result::{self, stream::StreamKind};
 use cudarc::driver::sys;
 
 use super::blas::{Gemm, VendorBlas, CUBLAS};
-use super::graph::{replay_list, GraphExec, StreamOp};
-use super::runtime::{GpuRuntime, RawHandle};
+use super::runtime::{replay_list, GpuRuntime, GraphExec, RawHandle, StreamOp};
 use super::{BackendError, DriverDevice};
 use nereus_kernels::DevicePtr;
 use nereus_kernels::{Kernel, KernelArgs, Launch, Source};

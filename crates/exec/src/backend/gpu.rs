@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use super::blas::Gemm;
 use super::cache::BlockCache;
-use super::graph::{GraphExec, Recording, StreamOp};
 use super::profile::{OpenProfile, Work, WorkTime};
+use super::recording::Recording;
 use super::staging::{UploadRing, UPLOAD_RING_BYTES};
 use super::BackendError;
 use nereus_kernels::pack::{rect_launch, RectCopy};
@@ -26,7 +26,7 @@ use nereus_kernels::{KernelCall, Launch};
 /// A device address (`CUdeviceptr`, `hipDeviceptr_t`).
 pub use nereus_kernels::DevicePtr;
 
-pub use super::runtime::{GpuRuntime, RawHandle};
+pub use super::runtime::{GpuRuntime, GraphExec, RawHandle, StreamOp};
 
 /// Streams and events of the transition in flight, and the host staging memory.
 struct Streams {

@@ -13,13 +13,13 @@ mod cache;
 pub mod cuda;
 pub mod emulated;
 pub mod gpu;
-pub mod graph;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 pub mod library;
 pub mod linalg;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
 pub mod profile;
+mod recording;
 #[cfg(feature = "rocm")]
 pub mod rocm;
 pub mod runtime;

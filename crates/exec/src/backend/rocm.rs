@@ -8,8 +8,7 @@ use std::ffi::{c_void, CStr, CString};
 use std::os::raw::{c_char, c_int};
 
 use super::blas::{Gemm, VendorBlas, HIPBLAS};
-use super::graph::{replay_list, GraphExec, StreamOp};
-use super::runtime::{GpuRuntime, RawHandle};
+use super::runtime::{replay_list, GpuRuntime, GraphExec, RawHandle, StreamOp};
 use super::{BackendError, DriverDevice};
 use nereus_kernels::hip::code_object;
 use nereus_kernels::DevicePtr;

@@ -1,12 +1,12 @@
 //! The seam a GPU runtime implements ([`GpuRuntime`]): stream-ordered allocations, pinned host
-//! memory, streams, events, copies and launches, with the opaque handles they pass around. Kept
+//! memory, streams, events, copies, launches and graphs (a recorded list of [`StreamOp`]s made
+//! launchable whole: [`GraphExec`]), with the opaque handles they pass around. Kept
 //! apart from [`super::gpu::Device`] so the pieces the device is built from (the upload ring,
 //! the block cache) can name it without importing the device back.
 
 use std::ffi::c_void;
 
 use super::blas::Gemm;
-use super::graph::{keep_the_list, replay_list, GraphExec, StreamOp};
 use super::{BackendError, DriverDevice};
 use nereus_kernels::pack::RectLaunch;
 use nereus_kernels::{DevicePtr, KernelArgs, Launch};
@@ -14,6 +14,86 @@ use nereus_kernels::{DevicePtr, KernelArgs, Launch};
 /// An opaque stream or event handle (`CUstream`/`hipStream_t`, `CUevent`/`hipEvent_t`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RawHandle(pub *mut c_void);
+
+/// One stream operation as a device enqueues it (the arguments owned, so it can be enqueued again).
+#[derive(Debug, Clone, PartialEq)]
+pub enum StreamOp {
+    /// A kernel launch.
+    Launch {
+        /// The kernel and its geometry.
+        launch: Launch,
+        /// Its arguments.
+        args: KernelArgs,
+    },
+    /// A GEMM library call.
+    Gemm {
+        /// Its shape.
+        gemm: Gemm,
+        /// Operand `A`.
+        a: DevicePtr,
+        /// Operand `B`.
+        b: DevicePtr,
+        /// Output `C`.
+        c: DevicePtr,
+    },
+    /// A device-to-device copy on the copy engine.
+    CopyD2D {
+        /// Target.
+        dst: DevicePtr,
+        /// Source.
+        src: DevicePtr,
+        /// Bytes.
+        bytes: u64,
+    },
+    /// Zeroing a range.
+    Zero {
+        /// Start.
+        dst: DevicePtr,
+        /// Bytes.
+        bytes: u64,
+    },
+}
+
+impl StreamOp {
+    /// Enqueues the operation on `stream` of `runtime`.
+    ///
+    /// # Safety
+    /// Every address the operation names is live, as when it was recorded.
+    pub unsafe fn enqueue<R: GpuRuntime + ?Sized>(&self, runtime: &R, stream: RawHandle) -> Result<(), BackendError> {
+        match self {
+            StreamOp::Launch { launch, args } => runtime.launch(launch, &mut args.clone(), stream),
+            StreamOp::Gemm { gemm, a, b, c } => runtime.gemm(gemm, *a, *b, *c, stream),
+            StreamOp::CopyD2D { dst, src, bytes } => runtime.copy_d2d(*dst, *src, *bytes, stream),
+            StreamOp::Zero { dst, bytes } => runtime.zero(*dst, *bytes, stream),
+        }
+    }
+}
+
+/// A recorded list made launchable by a runtime ([`GpuRuntime::instantiate`]).
+#[derive(Debug)]
+pub enum GraphExec {
+    /// The list itself: a launch enqueues its operations one by one (the emulated device).
+    Replayed(Vec<StreamOp>),
+    /// A driver graph (`CUgraphExec`, `hipGraphExec_t`): a launch is one call.
+    Native(RawHandle),
+}
+
+/// What [`GpuRuntime::instantiate`] does unless a runtime has graphs: keep the list.
+pub fn keep_the_list(ops: &[StreamOp]) -> GraphExec {
+    GraphExec::Replayed(ops.to_vec())
+}
+
+/// Enqueues a kept list on `stream` (a [`GraphExec::Replayed`] launch).
+///
+/// # Safety
+/// As [`StreamOp::enqueue`], for every operation.
+pub unsafe fn replay_list<R: GpuRuntime + ?Sized>(
+    runtime: &R,
+    ops: &[StreamOp],
+    stream: RawHandle,
+) -> Result<(), BackendError> {
+    ops.iter().try_for_each(|op| op.enqueue(runtime, stream))
+}
 
 /// One GPU as a runtime drives it. Every enqueueing call is `unsafe`: the caller keeps the
 /// pointers valid until the stream has passed the operation.

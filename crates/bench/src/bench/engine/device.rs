@@ -283,6 +283,7 @@ fn rows(
     };
     let c = p.counts;
     decode.launches_per_token = c.map(|c| c.decode_launches() as f64 / steps as f64);
+    decode.kernels_per_token = c.map(|c| c.decode_kernels() as f64 / steps as f64);
     decode.syncs_per_token = c.map(|c| c.decode_syncs() as f64 / steps as f64);
     vec![
         row("gemm_library", n, library, gemm_flops),

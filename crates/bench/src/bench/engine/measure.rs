@@ -57,9 +57,13 @@ pub struct Row {
     /// What the device did over the phase's span (on a device).
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub counts: Option<PassCounts>,
-    /// Launches per token step, one token of every sequence (decode on a device).
+    /// Launch calls per token step, one token of every sequence (decode on a device): one
+    /// where the step is a replayed graph.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub launches_per_token: Option<f64>,
+    /// Kernels and GEMMs the device ran per token step (decode on a device).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernels_per_token: Option<f64>,
     /// Host waits per token step (decode on a device).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub syncs_per_token: Option<f64>,
@@ -75,8 +79,10 @@ pub struct Row {
 /// What a device did over one measured span: the overheads a GPU profile is read against.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct PassCounts {
-    /// Kernel launches (GEMM library calls included).
+    /// Launch calls the host made: kernels, GEMM library calls and recorded graphs.
     pub launches: u64,
+    /// Kernels and GEMMs the device ran (those inside graph launches included).
+    pub kernels: u64,
     /// Device allocations asked of the runtime (not those the cache served).
     pub allocations: u64,
     /// Times the host waited for the device (stream synchronizations and upload waits).
@@ -88,7 +94,8 @@ pub struct PassCounts {
 impl From<DeviceCounters> for PassCounts {
     fn from(c: DeviceCounters) -> PassCounts {
         PassCounts {
-            launches: c.launches + c.gemms,
+            launches: c.launches + c.gemms + c.graph_launches,
+            kernels: c.launches + c.gemms + c.graph_kernels + c.graph_gemms,
             allocations: c.allocations,
             syncs: c.host_waits(),
             host_device_bytes: c.host_device_bytes(),
@@ -111,6 +118,7 @@ impl Row {
             fraction_of_roofline: None,
             counts: None,
             launches_per_token: None,
+            kernels_per_token: None,
             syncs_per_token: None,
             kernel_launches: None,
             bytes: None,
@@ -194,10 +202,14 @@ impl PhaseCounts {
         self.generate.since(&self.prefill)
     }
 
-    /// Launches over decode's span (GEMM library calls included).
+    /// Launch calls over decode's span (GEMM library calls and graph launches included).
     pub fn decode_launches(&self) -> u64 {
-        let d = self.decode();
-        d.launches + d.gemms
+        PassCounts::from(self.decode()).launches
+    }
+
+    /// Kernels and GEMMs the device ran over decode's span.
+    pub fn decode_kernels(&self) -> u64 {
+        PassCounts::from(self.decode()).kernels
     }
 
     /// Host waits over decode's span.

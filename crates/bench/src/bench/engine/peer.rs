@@ -147,6 +147,7 @@ fn as_peer(ours: &Row, phase: &str, seconds: f64) -> Row {
         fraction_of_roofline: ours.fraction_of_roofline.map(|f| f * speed),
         counts: None,
         launches_per_token: None,
+        kernels_per_token: None,
         syncs_per_token: None,
         ..ours.clone()
     }

@@ -1,0 +1,34 @@
+//! A device's recording in progress ([`Recording`]): the stream operations enqueued since it
+//! began ([`StreamOp`]) and the blocks it owns. What a runtime makes of the list, and how a
+//! kept list is replayed, are the runtime seam's ([`super::runtime`]). The decode step of
+//! `engine::generate` is what is recorded (docs/engine.md, "Decode as a replayed graph").
+
+use super::runtime::StreamOp;
+
+/// A recording in progress on a device: the operations enqueued since it began, and the blocks
+/// it allocated (the graph keeps them: a replay writes them again).
+#[derive(Debug, Default)]
+pub(super) struct Recording {
+    /// The operations, in stream order.
+    pub(super) ops: Vec<StreamOp>,
+    /// Every block allocated while recording, by address, with its size.
+    pub(super) owned: std::collections::HashMap<u64, u64>,
+    /// Owned blocks freed while recording, for its later allocations (stream order holds within
+    /// the recording as it does eagerly).
+    pub(super) freed: super::cache::BlockCache,
+    /// A block allocated before the recording and freed inside it: a replay would use it after
+    /// its owner let it go, so the recording fails.
+    pub(super) foreign_free: Option<u64>,
+}
+
+impl Recording {
+    /// Kernel launches among the operations.
+    pub(super) fn kernels(&self) -> u64 {
+        self.ops.iter().filter(|op| matches!(op, StreamOp::Launch { .. })).count() as u64
+    }
+
+    /// GEMM calls among the operations.
+    pub(super) fn gemms(&self) -> u64 {
+        self.ops.iter().filter(|op| matches!(op, StreamOp::Gemm { .. })).count() as u64
+    }
+}
