@@ -7,7 +7,8 @@
 // K key/value heads (G = H/K query heads per group), D head width, S splits. The query of sequence
 // b sits at position keys − 1, where keys = tk + *position (position is the decode's row counter
 // in device memory, or null: a replayed decode step reads how far it has come there); its keys
-// are the positions starts[b]..keys − 1.
+// are the positions starts[b]..keys − 1. A sequence whose done[b] is set (it has ended; done may
+// be null) costs no attention: it outputs zero, as a query with no key does.
 //
 // A block owns (split, group, sequence): it stages a tile of NEREUS_DECODE_TILE keys and values in
 // shared memory once and scores them against all G query heads of the group (GQA: a K/V tile is
@@ -26,7 +27,8 @@
 NEREUS_KERNEL nereus_decode_attention(float* __restrict__ partial, float* __restrict__ stats,
                                       const bf16* __restrict__ q, const bf16* __restrict__ k,
                                       const bf16* __restrict__ v, const int* __restrict__ starts,
-                                      const int* __restrict__ position, u64 b, u64 tk, u64 tc, u64 heads,
+                                      const int* __restrict__ position, const int* __restrict__ done, u64 b,
+                                      u64 tk, u64 tc, u64 heads,
                                       u64 kv_heads, u64 d, u64 splits, u64 split_keys) {
   __shared__ float q_s[NEREUS_DECODE_MAX_OUTPUTS];  // [G, D], pre-scaled
   __shared__ bf16 k_s[NEREUS_DECODE_TILE * NEREUS_DECODE_K_STRIDE];
@@ -37,7 +39,8 @@ NEREUS_KERNEL nereus_decode_attention(float* __restrict__ partial, float* __rest
   if (split >= splits || g >= kv_heads || seq >= b) return;  // a grid larger than the shape: the block leaves
   const u64 keys = tk + (position ? (u64)*position : 0), first = starts ? (u64)starts[seq] : 0;
   const u64 lo = split * split_keys > first ? split * split_keys : first;
-  const u64 hi = (split + 1) * split_keys < keys ? (split + 1) * split_keys : keys;
+  const u64 end = (split + 1) * split_keys < keys ? (split + 1) * split_keys : keys;
+  const u64 hi = done && done[seq] ? lo : end;  // the same for the whole block
   const u64 outputs = group * d, h0 = g * group;
   const float scale = nereus_rsqrt((float)d), neg_inf = nereus_bits_to_f32(0xff800000u);
   for (u64 e = threadIdx.x; e < outputs; e += blockDim.x)

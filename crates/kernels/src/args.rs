@@ -463,6 +463,8 @@ kernel_args! {
         starts: DevicePtr,
         /// `int` row counter `[1]` added to `tk`, or null.
         position: DevicePtr,
+        /// `int` finished flags `[B]` (a finished sequence outputs zero), or null.
+        done: DevicePtr,
         /// Sequences.
         b: u64,
         /// Valid keys (the query's position + 1), before the row counter.

@@ -421,8 +421,9 @@ pub(super) fn attention_finite_differences(rng: &mut Rng) -> f64 {
 /// decode: one query per sequence, GQA groups of 1 to 8 heads, heads 8 to 256 wide, keys over
 /// several tiles and splits (the split drawn, not the engine's choice, so one key per split, a
 /// split past the last key and a single split all occur), left padding, and the key count
-/// taken partly from a row counter in device memory. Checked as the scalar kernel is: the
-/// probabilities stay f32.
+/// taken partly from a row counter in device memory; some sequences marked finished, which the
+/// reference sees as queries before their first key (zero out, `lse` −inf). Checked as the
+/// scalar kernel is: the probabilities stay f32.
 pub(super) fn check_decode_attention(d: &Device, rng: &mut Rng, verdict: &mut Verdict) -> Result<(), BackendError> {
     let tk = 1 + rng.below(300);
     let kv_heads = 1 + rng.below(2);
@@ -431,8 +432,16 @@ pub(super) fn check_decode_attention(d: &Device, rng: &mut Rng, verdict: &mut Ve
     let b = 1 + rng.below(3);
     let shape = Attention { b, tq: 1, tk, tc: tk + rng.below(40), heads: kv_heads * group, kv_heads, d: d_head };
     let starts = (0..b).map(|_| if rng.below(3) == 0 { 0 } else { rng.below(tk + 1) as i32 }).collect();
-    let (starts, no_starts) = if rng.below(4) == 0 { (vec![0; b], true) } else { (starts, false) };
+    let (mut starts, no_starts) = if rng.below(4) == 0 { (vec![0; b], true) } else { (starts, false) };
+    // The kernel reads the drawn starts and the flags; the reference sees a finished sequence as
+    // one whose keys all lie after its query.
+    let done: Vec<i32> = (0..b).map(|_| i32::from(!no_starts && rng.below(4) == 0)).collect();
+    let kernel_starts = DeviceArray::from(d, &starts)?;
+    for (start, _) in starts.iter_mut().zip(&done).filter(|(_, &d)| d == 1) {
+        *start = tk as i32;
+    }
     let case = AttentionCase::draw(rng, shape, starts, no_starts);
+    let done = DeviceArray::from(d, &done)?;
     let split_keys = DECODE_TILE * (1 + rng.below(4));
     let splits = shape.tc.div_ceil(split_keys) + rng.below(2);
     let (counter, value) = row_counter(d, rng, tk)?;
@@ -447,8 +456,9 @@ pub(super) fn check_decode_attention(d: &Device, rng: &mut Rng, verdict: &mut Ve
             q: i.q,
             k: i.k,
             v: i.v,
-            starts: i.starts,
+            starts: if no_starts { DevicePtr::NULL } else { kernel_starts.ptr() },
             position: counter_arg(&counter),
+            done: done.ptr(),
             b: i.dims.b,
             tk: i.dims.tk.wrapping_sub(value),
             tc: i.dims.tc,

@@ -86,6 +86,8 @@ struct DecodeContext<'d> {
     flash: Option<(DecodeSplit, F32<'d>)>,
     /// Inside a recorded token step: the row counter, and what it held when the step began.
     register: Option<(DevicePtr, i64)>,
+    /// The decode's finished flags: an ended sequence costs no attention.
+    done: DevicePtr,
 }
 
 impl<'d, 'a, 'l> OnDevice<'d, 'a, 'l> {
@@ -238,8 +240,9 @@ impl<'d, 'a, 'l> OnDevice<'d, 'a, 'l> {
         let lse = self.f32_zeros(MemoryItem::Activations, shape.b * shape.heads)?;
         let starts = self.starts(starts)?;
         let (position, tk) = self.position(shape.tk);
-        let (split, scratch) = self.decode.as_ref().and_then(|d| d.flash.as_ref()).expect("the caller checked");
-        let (split, partial) = (*split, scratch.ptr());
+        let context = self.decode.as_ref().expect("the caller checked");
+        let (split, scratch) = context.flash.as_ref().expect("the caller checked");
+        let (split, partial, done) = (*split, scratch.ptr(), context.done);
         let stats = scratch.at(shape.b * shape.heads * split.splits * shape.d);
         let [b, tc, heads, kv_heads, d] =
             [shape.b, shape.t_cap, shape.heads, shape.kv_heads, shape.d].map(|v| v as u64);
@@ -252,6 +255,7 @@ impl<'d, 'a, 'l> OnDevice<'d, 'a, 'l> {
             v: v.ptr(),
             starts,
             position,
+            done,
             b,
             tk,
             tc,
@@ -786,7 +790,7 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
             }
             None => None,
         };
-        self.decode = Some(DecodeContext { flash, register: None });
+        self.decode = Some(DecodeContext { flash, register: None, done: decoding.done.ptr() });
         Ok(decoding)
     }
 
