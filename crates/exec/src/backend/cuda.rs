@@ -400,12 +400,15 @@ mod tests {
         }
     }
 
-    /// The kernels on a real GPU against the host reference (`scripts/gpu-check.sh` runs it).
+    /// The rectangle-copy kernels on a real GPU against the host reference, and a driver graph
+    /// recorded and replayed (`scripts/gpu-check.sh` runs it).
     #[test]
     #[ignore = "needs an NVIDIA GPU; scripts/gpu-check.sh runs it"]
     fn gpu_rectangle_copies_match_the_host_reference() {
         let device = crate::backend::gpu::Device::new(Cuda::open(0).unwrap()).unwrap();
         crate::backend::gpu::check_rect_copies_against_host(&device);
+        // A driver graph recorded and replayed, on a fresh device (its counters start at 0).
+        crate::backend::gpu::check_recorded_graph(&crate::backend::gpu::Device::new(Cuda::open(0).unwrap()).unwrap());
     }
 
     #[test]

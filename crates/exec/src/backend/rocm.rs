@@ -338,12 +338,15 @@ mod graphs {
 mod tests {
     use super::*;
 
-    /// The kernels on a real AMD GPU against the host reference.
+    /// The rectangle-copy kernels on a real AMD GPU against the host reference, and a driver
+    /// graph recorded and replayed.
     #[test]
     #[ignore = "needs an AMD GPU"]
     fn gpu_rectangle_copies_match_the_host_reference() {
         let device = crate::backend::gpu::Device::new(Hip::open(0).unwrap()).unwrap();
         crate::backend::gpu::check_rect_copies_against_host(&device);
+        // A driver graph recorded and replayed, on a fresh device (its counters start at 0).
+        crate::backend::gpu::check_recorded_graph(&crate::backend::gpu::Device::new(Hip::open(0).unwrap()).unwrap());
     }
 
     /// hipBLAS is not in Debian: where it is missing, opening it names the libraries and the
