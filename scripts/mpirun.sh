@@ -5,6 +5,9 @@
 # A SIGTERM or SIGINT to this script reaches the ranks as SIGUSR2 (SIGUSR1 and SIGUSR2 as they
 # are), which mpirun forwards without killing them (on SIGTERM it would kill them a second
 # later): `nereus train` checkpoints at the next step boundary and everything exits 75.
+# mpirun forwards a signal only to ranks it has started, so one that arrives during MPI
+# bring-up would be lost: the script holds it until mpirun's ranks have run for a second (their
+# handlers are installed first thing), then forwards it once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:?usage: scripts/mpirun.sh N nereus-args...}
@@ -15,12 +18,23 @@ fi
 export OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader}
 mpirun --oversubscribe -n "$n" target/release/nereus "$@" &
 pid=$!
-trap 'kill -USR2 "$pid" 2>/dev/null || true' TERM INT
-trap 'kill -USR1 "$pid" 2>/dev/null || true' USR1
-trap 'kill -USR2 "$pid" 2>/dev/null || true' USR2
+pending=""
+trap 'pending=USR2' TERM INT
+trap 'pending=USR1' USR1
+trap 'pending=USR2' USR2
+up=0
 status=0
-# `wait` returns early when a trapped signal arrives: wait again until mpirun has exited.
 while kill -0 "$pid" 2>/dev/null; do
-  wait "$pid" && status=0 || status=$?
+  if pgrep -P "$pid" >/dev/null 2>&1; then
+    up=$((up + 1))
+  fi
+  if [ -n "$pending" ] && [ "$up" -ge 5 ]; then
+    kill -"$pending" "$pid" 2>/dev/null || true
+    pending=""
+  fi
+  # A trap interrupts the wait, so a signal to running ranks goes out at once.
+  sleep 0.2 &
+  wait $! 2>/dev/null || true
 done
+wait "$pid" || status=$?
 exit "$status"
