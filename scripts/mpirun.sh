@@ -19,18 +19,31 @@ export OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader}
 mpirun --oversubscribe -n "$n" target/release/nereus "$@" &
 pid=$!
 pending=""
-trap 'pending=USR2' TERM INT
-trap 'pending=USR1' USR1
+# A second TERM or INT while the first is still held (a bring-up that hangs) ends mpirun.
+on_term() {
+  if [ -n "$pending" ]; then
+    kill -TERM "$pid" 2>/dev/null || true
+  fi
+  pending=USR2
+}
+trap on_term TERM INT
+trap '[ "$pending" = USR2 ] || pending=USR1' USR1
 trap 'pending=USR2' USR2
+# Whether mpirun has started its ranks (Open MPI 4 forks them itself), from /proc: no procps.
+ranks_up() {
+  grep -qs "^PPid:[[:space:]]*$pid\$" /proc/[0-9]*/status
+}
 up=0
 status=0
 while kill -0 "$pid" 2>/dev/null; do
-  if pgrep -P "$pid" >/dev/null 2>&1; then
+  if ranks_up; then
     up=$((up + 1))
-  fi
-  if [ -n "$pending" ] && [ "$up" -ge 5 ]; then
-    kill -"$pending" "$pid" 2>/dev/null || true
-    pending=""
+    if [ -n "$pending" ] && [ "$up" -ge 5 ]; then
+      kill -"$pending" "$pid" 2>/dev/null || true
+      pending=""
+    fi
+  elif [ "$up" -gt 0 ]; then
+    pending="" # the ranks have exited: mpirun is tearing down, and a signal now would kill it
   fi
   # A trap interrupts the wait, so a signal to running ranks goes out at once.
   sleep 0.2 &

@@ -37,6 +37,10 @@ NEREUS_KERNEL nereus_decode_attention(float* __restrict__ partial, float* __rest
   __shared__ float max_s[NEREUS_DECODE_MAX_GROUP], sum_s[NEREUS_DECODE_MAX_GROUP], scale_s[NEREUS_DECODE_MAX_GROUP];
   const u64 split = blockIdx.x, g = blockIdx.y, seq = blockIdx.z, group = heads / kv_heads;
   if (split >= splits || g >= kv_heads || seq >= b) return;  // a grid larger than the shape: the block leaves
+  // A shape the block cannot hold (the host's DecodeSplit refuses it) writes nothing.
+  if (blockDim.x != NEREUS_DECODE_THREADS || group == 0 || group > NEREUS_DECODE_MAX_GROUP ||
+      d > NEREUS_DECODE_MAX_HEAD_DIM || group * d > NEREUS_DECODE_MAX_OUTPUTS)
+    return;
   const u64 keys = tk + (position ? (u64)*position : 0), first = starts ? (u64)starts[seq] : 0;
   const u64 lo = split * split_keys > first ? split * split_keys : first;
   const u64 end = (split + 1) * split_keys < keys ? (split + 1) * split_keys : keys;
@@ -49,7 +53,10 @@ NEREUS_KERNEL nereus_decode_attention(float* __restrict__ partial, float* __rest
     max_s[threadIdx.x] = neg_inf;
     sum_s[threadIdx.x] = 0.0f;
   }
-  float acc[NEREUS_DECODE_MAX_OUTPUTS / NEREUS_DECODE_THREADS];  // outputs e = threadIdx.x + m·blockDim.x
+  // Outputs e = threadIdx.x + m·NEREUS_DECODE_THREADS; the loops over m have a constant trip
+  // count, so acc stays in registers.
+  float acc[NEREUS_DECODE_MAX_OUTPUTS / NEREUS_DECODE_THREADS];
+  NEREUS_UNROLL
   for (int m = 0; m < NEREUS_DECODE_MAX_OUTPUTS / NEREUS_DECODE_THREADS; ++m) acc[m] = 0.0f;
   for (u64 tile = lo; tile < hi; tile += NEREUS_DECODE_TILE) {
     const u64 n = hi - tile < NEREUS_DECODE_TILE ? hi - tile : NEREUS_DECODE_TILE;
@@ -85,17 +92,20 @@ NEREUS_KERNEL nereus_decode_attention(float* __restrict__ partial, float* __rest
       max_s[threadIdx.x] = new_max;
     }
     __syncthreads();
-    for (int m = 0; m * blockDim.x + threadIdx.x < outputs; ++m) {
-      const u64 e = m * blockDim.x + threadIdx.x, r = e / d, c = e % d;
+    NEREUS_UNROLL
+    for (int m = 0; m < NEREUS_DECODE_MAX_OUTPUTS / NEREUS_DECODE_THREADS; ++m) {
+      const u64 e = m * NEREUS_DECODE_THREADS + threadIdx.x, r = e / d, c = e % d;
+      if (e >= outputs) continue;
       float sum = 0.0f;
       for (u64 j = 0; j < n; ++j) sum += p_s[r * NEREUS_DECODE_TILE + j] * nereus_bf16_to_f32(v_s[j * d + c]);
       acc[m] = acc[m] * scale_s[r] + sum;
     }
   }
   __syncthreads();  // max_s and sum_s as the last tile left them
-  for (int m = 0; m * blockDim.x + threadIdx.x < outputs; ++m) {
-    const u64 e = m * blockDim.x + threadIdx.x, r = e / d, c = e % d;
-    partial[((seq * heads + h0 + r) * splits + split) * d + c] = acc[m];
+  NEREUS_UNROLL
+  for (int m = 0; m < NEREUS_DECODE_MAX_OUTPUTS / NEREUS_DECODE_THREADS; ++m) {
+    const u64 e = m * NEREUS_DECODE_THREADS + threadIdx.x, r = e / d, c = e % d;
+    if (e < outputs) partial[((seq * heads + h0 + r) * splits + split) * d + c] = acc[m];
   }
   if (threadIdx.x < group) {
     float* st = stats + ((seq * heads + h0 + threadIdx.x) * splits + split) * 2;

@@ -234,6 +234,8 @@ NEREUS_KERNEL nereus_decode_advance(int* __restrict__ tokens, int* __restrict__ 
                                     int* __restrict__ last, const int* __restrict__ drawn,
                                     const int* __restrict__ stops, u64 rows, u64 t_cap, u64 pos, u64 n_stops,
                                     int eos, int* __restrict__ position) {
+  // With a row counter the launch must be one block (see above): another would race its move.
+  if (position && gridDim.x * gridDim.y * gridDim.z != 1) return;
   if (position) pos += (u64)*position;
   NEREUS_GRID_STRIDE(r, rows) {
     int token = eos;

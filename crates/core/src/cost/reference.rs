@@ -44,11 +44,11 @@ pub struct DecodeSplit {
 impl DecodeSplit {
     /// The split for `b` sequences' caches of `t_cap` positions and `kv_heads` groups, or
     /// `None` when the kernel does not take the heads (`group` query heads of width `d` a group:
-    /// at most 16 heads, 256 wide, 1,024 outputs). It depends on the cache's capacity, not on
+    /// at most 16 heads, 256 wide, 1,024 outputs) or the cache is empty. It depends on the cache's capacity, not on
     /// how far the decode has come, so a recorded step's launches stay valid as it advances.
     pub fn for_cache(b: usize, t_cap: usize, kv_heads: usize, group: usize, d: usize) -> Option<DecodeSplit> {
-        if group == 0 || group > DECODE_MAX_GROUP || d == 0 || d > DECODE_MAX_HEAD_DIM || group * d > DECODE_MAX_OUTPUTS
-        {
+        let takes = group > 0 && group <= DECODE_MAX_GROUP && d > 0 && d <= DECODE_MAX_HEAD_DIM;
+        if !takes || group * d > DECODE_MAX_OUTPUTS || t_cap == 0 {
             return None;
         }
         let wanted = DECODE_BLOCKS_WANTED.div_ceil((b * kv_heads).max(1));
@@ -237,9 +237,10 @@ pub fn inference(s: &LocalShape, micro: u64, seq: u64, on: Residence) -> MemoryB
 }
 
 /// Peak of generating `r` tokens after a prompt of `p` for `b` sequences: the KV cache for
-/// `p + r` positions, on a device flash-decoding's scratch for the whole decode, and the larger of the prefill pass and the last decode step (the input,
-/// every block's activations, and on the last stage the whole vocabulary's logits, which the
-/// rank that draws the tokens widens to f32 on a device, for its sampler).
+/// `p + r` positions, on a device flash-decoding's scratch for the whole decode, and the larger
+/// of the prefill pass and the last decode step (the input, every block's activations, and on
+/// the last stage the whole vocabulary's logits, which the rank that draws the tokens widens to
+/// f32 on a device, for its sampler).
 pub fn generation(s: &LocalShape, b: u64, p: u64, r: u64, on: Residence) -> MemoryBreakdown {
     let (c, blocks) = (s.c as u64, s.blocks as u64);
     let mut m = MemoryBreakdown::default();

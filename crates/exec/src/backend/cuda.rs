@@ -307,7 +307,12 @@ impl GpuRuntime for Cuda {
         let mut graph: sys::CUgraph = std::ptr::null_mut();
         let ended = sys::cuStreamEndCapture(stream(capture), &mut graph).result().map_err(driver_error);
         self.destroy_stream(capture);
-        replayed.and(ended)?;
+        if let Err(e) = replayed.and(ended) {
+            if !graph.is_null() {
+                let _ = sys::cuGraphDestroy(graph);
+            }
+            return Err(e);
+        }
         let mut exec: sys::CUgraphExec = std::ptr::null_mut();
         let made = sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0).result().map_err(driver_error);
         let _ = sys::cuGraphDestroy(graph);

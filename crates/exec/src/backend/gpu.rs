@@ -355,7 +355,8 @@ impl Device {
         (self.live.get(), self.peak.get())
     }
 
-    /// Bytes held from the runtime now: the live buffers and the cached blocks.
+    /// Bytes held from the runtime now: the live buffers, the cached blocks and the blocks live
+    /// graphs keep.
     pub fn reserved_bytes(&self) -> u64 {
         self.live.get() + self.cache.borrow().bytes() + self.graph_bytes.get()
     }
@@ -377,7 +378,7 @@ impl Device {
         if let Some(r) = self.recording.borrow_mut().as_mut() {
             match r.owned.contains_key(&ptr.0) {
                 true => r.freed.put(bytes.max(1), ptr),
-                false => r.foreign_free = r.foreign_free.or(Some(ptr.0)),
+                false => r.foreign_frees.push((ptr, bytes.max(1))),
             }
             return;
         }
@@ -461,27 +462,53 @@ impl Device {
         let Some(mut r) = self.recording.borrow_mut().take() else {
             return Err(self.refused("ending a recording that was never begun".into()));
         };
-        let live: Vec<u64> = r.owned.keys().copied().filter(|p| self.allocations.borrow().contains_key(p)).collect();
-        let blocks: Vec<(DevicePtr, u64)> = r.owned.iter().map(|(&p, &size)| (DevicePtr(p), size)).collect();
+        // Blocks still in use stay their holders' ordinary allocations (nothing recorded has run);
+        // the others, all freed inside, are the graph's from here on, whatever happens next.
+        let live = |p: &u64| self.allocations.borrow().contains_key(p);
+        let outliving = r.owned.keys().filter(|p| live(p)).count();
+        let blocks: Vec<(DevicePtr, u64)> =
+            r.owned.iter().filter(|(p, _)| !live(p)).map(|(&p, &size)| (DevicePtr(p), size)).collect();
         let (kernels, gemms) = (r.kernels(), r.gemms());
-        // The blocks are the graph's from here on, whatever happens next.
         let _ = r.freed.drain();
         self.graph_bytes.set(self.graph_bytes.get() + blocks.iter().map(|b| b.1).sum::<u64>());
         let mut graph = Graph { device: self, exec: None, blocks, kernels, gemms };
-        if let Some(ptr) = r.foreign_free {
-            return Err(self.refused(format!("a buffer allocated before the recording ({ptr:#x}) was freed inside it")));
+        if let Some(&(ptr, _)) = r.foreign_frees.first() {
+            // Nothing recorded has run: the blocks are free as their owners asked.
+            for (ptr, size) in r.foreign_frees.drain(..) {
+                self.cache.borrow_mut().put(size, ptr);
+            }
+            let what = format!("a buffer allocated before the recording ({:#x}) was freed inside it", ptr.0);
+            return Err(self.refused(what));
         }
-        if !live.is_empty() {
-            return Err(self.refused(format!("{} buffers made inside the recording outlive it", live.len())));
+        if outliving > 0 {
+            return Err(self.refused(format!("{outliving} buffers made inside the recording outlive it")));
         }
+        let ops = std::mem::take(&mut r.ops);
         // SAFETY: the graph keeps the blocks it names; everything else it names was allocated
         // before the recording and is the caller's to keep alive while the graph is.
-        graph.exec = Some(unsafe { self.runtime.instantiate(&std::mem::take(&mut r.ops))? });
+        let exec = match unsafe { self.runtime.instantiate(&ops) } {
+            Ok(exec) => exec,
+            // The list replayed operation by operation does the same work: slower to launch,
+            // never wrong.
+            Err(e) => {
+                log::warn!(
+                    "{}: a recorded graph could not be instantiated ({e}); replaying its list",
+                    self.runtime.backend()
+                );
+                GraphExec::Replayed(ops)
+            }
+        };
+        graph.exec = Some(exec);
         Ok(graph)
     }
 
     /// Enqueues `graph` on the current stream: the recorded work, with the same arguments.
-    pub fn launch_graph(&self, graph: &Graph<'_>) -> Result<(), BackendError> {
+    ///
+    /// # Safety
+    /// Every buffer allocated before the recording that the graph names is still live (the
+    /// graph keeps the blocks allocated inside it).
+    pub unsafe fn launch_graph(&self, graph: &Graph<'_>) -> Result<(), BackendError> {
+        debug_assert!(std::ptr::eq(graph.device, self), "a graph launched on another device");
         self.refuse_while_recording("launching a graph")?;
         let exec = graph.exec.as_ref().ok_or_else(|| self.refused("a graph that failed to instantiate".into()))?;
         self.count(|c| {
@@ -779,6 +806,8 @@ impl<T: bytemuck::Pod> Drop for DeviceArray<'_, T> {
 
 impl Drop for Device {
     fn drop(&mut self) {
+        // A recording left open (its step failed or panicked) runs nothing; the wait is allowed.
+        self.recording.get_mut().take();
         // A profile left open (its step failed) gives its events back after the wait inside.
         let _ = self.close_profile();
         let _ = self.synchronize();
@@ -896,11 +925,13 @@ pub(crate) fn check_recorded_graph(device: &Device) {
     };
     assert!(read(b).iter().all(|&x| x == 0), "recording ran nothing");
     let packed = |host: &[u8]| -> Vec<u8> { (0..15).flat_map(|r| host[12 + r * 256..][..100].to_vec()).collect() };
-    device.launch_graph(&graph).unwrap();
+    // SAFETY: `a` and `b` are live.
+    unsafe { device.launch_graph(&graph).unwrap() };
     assert_eq!(read(b)[..1500], packed(&first)[..]);
     let second: Vec<u8> = first.iter().map(|x| x.wrapping_add(1)).collect();
     device.upload(&second, a).unwrap();
-    device.launch_graph(&graph).unwrap();
+    // SAFETY: as above.
+    unsafe { device.launch_graph(&graph).unwrap() };
     assert_eq!(read(b)[..1500], packed(&second)[..]);
     assert_eq!((device.counters().graph_launches, graph.kernels()), (2, 1));
     drop(graph);

@@ -11,14 +11,16 @@ use super::runtime::StreamOp;
 pub(super) struct Recording {
     /// The operations, in stream order.
     pub(super) ops: Vec<StreamOp>,
-    /// Every block allocated while recording, by address, with its size.
-    pub(super) owned: std::collections::HashMap<u64, u64>,
+    /// Every block allocated while recording, by address, with its size (ordered, so blocks
+    /// go back to the cache in the same order every run).
+    pub(super) owned: std::collections::BTreeMap<u64, u64>,
     /// Owned blocks freed while recording, for its later allocations (stream order holds within
     /// the recording as it does eagerly).
     pub(super) freed: super::cache::BlockCache,
-    /// A block allocated before the recording and freed inside it: a replay would use it after
-    /// its owner let it go, so the recording fails.
-    pub(super) foreign_free: Option<u64>,
+    /// Blocks allocated before the recording and freed inside it, with their sizes: a replay
+    /// would use them after their owners let them go, so the recording fails (and they go to
+    /// the cache then).
+    pub(super) foreign_frees: Vec<(nereus_kernels::DevicePtr, u64)>,
 }
 
 impl Recording {

@@ -288,7 +288,12 @@ impl GpuRuntime for Hip {
         let mut graph: *mut c_void = std::ptr::null_mut();
         let ended = check(graphs::hipStreamEndCapture(stream(capture), &mut graph), "hipStreamEndCapture");
         self.destroy_stream(capture);
-        replayed.and(ended)?;
+        if let Err(e) = replayed.and(ended) {
+            if !graph.is_null() {
+                let _ = graphs::hipGraphDestroy(graph);
+            }
+            return Err(e);
+        }
         let mut exec: *mut c_void = std::ptr::null_mut();
         let made = graphs::hipGraphInstantiate(&mut exec, graph, std::ptr::null_mut(), std::ptr::null_mut(), 0);
         let _ = graphs::hipGraphDestroy(graph);

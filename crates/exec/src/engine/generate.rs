@@ -37,6 +37,13 @@ impl Replica {
         ids: &[u64],
         s: &Sampling,
     ) -> Result<Generated, EngineError> {
+        let shape = self.decode_shape(prompts, ids, s)?;
+        let mut cache = KvCache::on(c, &self.model, shape.b, shape.t_cap)?;
+        self.generate_into(c, plane, params, (prompts, starts, ids), s, &mut cache)
+    }
+
+    /// The shape of a decode of `prompts` for `ids` under `s`, if the model's positions hold it.
+    fn decode_shape(&self, prompts: &[u32], ids: &[u64], s: &Sampling) -> Result<DecodeShape, EngineError> {
         let (b, r) = (ids.len(), s.max_new_tokens);
         let p = prompts.len() / b.max(1);
         let shape = DecodeShape { b, p, t_cap: p + r };
@@ -45,8 +52,7 @@ impl Replica {
             let what = format!("prompt {p} + response {r} tokens exceed the {most} positions prepared");
             return Err(EngineError::Shape { what });
         }
-        let mut cache = KvCache::on(c, &self.model, b, shape.t_cap)?;
-        self.generate_into(c, plane, params, (prompts, starts, ids), s, &mut cache)
+        Ok(shape)
     }
 
     /// [`Replica::generate_on`] into a KV cache the caller made for `p + r` positions (which a
@@ -60,9 +66,8 @@ impl Replica {
         s: &Sampling,
         cache: &mut KvCache<C::Act>,
     ) -> Result<Generated, EngineError> {
-        let (b, r) = (ids.len(), s.max_new_tokens);
-        let p = prompts.len() / b.max(1);
-        let shape = DecodeShape { b, p, t_cap: p + r };
+        let shape = self.decode_shape(prompts, ids, s)?;
+        let (b, p, r) = (shape.b, shape.p, s.max_new_tokens);
         let tp = self.groups.tp_group(plane);
         let mut decoding = c.decode_begin(prompts, ids, shape, s, &self.model.dims())?;
         let alone = self.groups.layout.tp == 1 && self.groups.layout.pp == 1;

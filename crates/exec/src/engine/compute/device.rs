@@ -567,6 +567,11 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
         if self.flash_decodes(&shape) {
             return self.decode_attention(out, (q, k, v), shape, starts);
         }
+        if self.decode.as_ref().is_some_and(|d| d.register.is_some()) {
+            // These kernels read their key count from the host: a replay would reuse it.
+            let what = format!("attention of {} queries a sequence inside a recorded token step", shape.tq);
+            return Err(EngineError::Shape { what });
+        }
         let lse = self.f32_zeros(MemoryItem::Activations, shape.b * shape.heads * shape.tq)?;
         let starts = self.starts(starts)?;
         let inputs = attention_inputs((q, k, v), starts, &shape);
@@ -804,7 +809,8 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
         step: impl FnOnce(&mut Self, &mut DeviceDecoding<'d>) -> Result<(), EngineError>,
     ) -> Result<(), EngineError> {
         if let Some(graph) = &d.graph {
-            self.device.launch_graph(graph)?;
+            // SAFETY: as where it was recorded (below).
+            unsafe { self.device.launch_graph(graph)? };
             d.row += 1; // the graph's advance moves the counter on
             return Ok(());
         }
@@ -816,8 +822,9 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
             let what = format!("a token step at row {row} of a decode whose counter holds {}", d.row);
             return Err(EngineError::Shape { what });
         }
-        context.register = Some((d.position.ptr(), d.row));
+        let register = Some((d.position.ptr(), d.row));
         self.device.begin_recording()?;
+        context.register = register;
         let recorded = step(self, d);
         if let Some(context) = self.decode.as_mut() {
             context.register = None;
@@ -825,7 +832,9 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
         let graph = self.device.end_recording();
         recorded?;
         let graph = graph?;
-        self.device.launch_graph(&graph)?;
+        // SAFETY: what the graph names outside its own blocks — the weights, the KV cache, the
+        // decode's arrays and flash-decoding's scratch — lives until the decode ends, after it.
+        unsafe { self.device.launch_graph(&graph)? };
         d.graph = Some(graph);
         Ok(())
     }

@@ -306,10 +306,11 @@ pub trait Compute {
         dims: &LocalShape,
     ) -> Result<Self::Decoding, EngineError>;
     /// Runs one token step, `step`, whose rows sit at position `row`, where one rank holds the
-    /// whole replica (nothing crosses the host inside it). The host runs it. A device records
-    /// the first step it is given as a graph, with every position its kernels read taken from
-    /// the decode's row counter in device memory, and launches that graph for every later step
-    /// instead of running `step` again (docs/engine.md, "Decode as a replayed graph").
+    /// whole replica (nothing crosses the host inside it). The host runs it. A device that
+    /// allows graphs, where flash-decoding takes the heads, records the first step it is given
+    /// as a graph, with every position its kernels read taken from the decode's row counter in
+    /// device memory, and launches that graph for every later step instead of running `step`
+    /// again (docs/engine.md, "Decode as a replayed graph"); otherwise it runs each step.
     fn decode_step(
         &mut self,
         d: &mut Self::Decoding,
