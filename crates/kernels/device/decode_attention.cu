@@ -38,7 +38,7 @@ NEREUS_KERNEL nereus_decode_attention(float* __restrict__ partial, float* __rest
   const u64 split = blockIdx.x, g = blockIdx.y, seq = blockIdx.z, group = heads / kv_heads;
   if (split >= splits || g >= kv_heads || seq >= b) return;  // a grid larger than the shape: the block leaves
   // A shape the block cannot hold (the host's DecodeSplit refuses it) writes nothing.
-  if (blockDim.x != NEREUS_DECODE_THREADS || group == 0 || group > NEREUS_DECODE_MAX_GROUP ||
+  if (blockDim.x != NEREUS_DECODE_THREADS || group == 0 || group > NEREUS_DECODE_MAX_GROUP || d == 0 ||
       d > NEREUS_DECODE_MAX_HEAD_DIM || group * d > NEREUS_DECODE_MAX_OUTPUTS)
     return;
   const u64 keys = tk + (position ? (u64)*position : 0), first = starts ? (u64)starts[seq] : 0;
