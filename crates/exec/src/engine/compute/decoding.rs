@@ -76,10 +76,9 @@ impl<'d> DeviceDecoding<'d> {
         })
     }
 
-    /// The counter and the offset that makes it position `pos`: a kernel reads
-    /// `offset + *counter` (wrapping, as the kernels add in `u64`).
+    /// The counter and the offset that makes it position `pos` now (see [`relative_to`]).
     pub fn at(&self, pos: usize) -> (DevicePtr, u64) {
-        (self.position.ptr(), (pos as u64).wrapping_sub(self.row as u64))
+        relative_to(self.position.ptr(), self.row, pos)
     }
 
     /// Whether every sequence has ended (one wait).
@@ -98,6 +97,13 @@ impl<'d> DeviceDecoding<'d> {
         let lengths = self.lengths.read()?.into_iter().map(|n| n as usize).collect();
         Ok(Generated { tokens, lengths })
     }
+}
+
+/// What a kernel is given for position `pos` when the row counter at `counter` holds `row`:
+/// the counter, and the offset a kernel adds to it (`pos − row`, wrapping, as the kernels add
+/// in `u64`).
+pub fn relative_to(counter: DevicePtr, row: i64, pos: usize) -> (DevicePtr, u64) {
+    (counter, (pos as u64).wrapping_sub(row as u64))
 }
 
 /// Token ids as the kernels read them.

@@ -16,7 +16,7 @@
 
 use std::ops::Range;
 
-use super::decoding::{as_int, DeviceDecoding};
+use super::decoding::{as_int, relative_to, DeviceDecoding};
 use super::{
     pipe_through_host, Compute, GradView, KvRows, LogitStats, Neighbour, Optimize, PipeLink, RowCopy, View, VocabChunk,
 };
@@ -223,7 +223,7 @@ impl<'d, 'a, 'l> OnDevice<'d, 'a, 'l> {
     /// counter and `pos` itself.
     fn position(&self, pos: usize) -> (DevicePtr, u64) {
         match self.decode.as_ref().and_then(|d| d.register) {
-            Some((counter, row)) => (counter, (pos as u64).wrapping_sub(row as u64)),
+            Some((counter, row)) => relative_to(counter, row, pos),
             None => (DevicePtr::NULL, pos as u64),
         }
     }
