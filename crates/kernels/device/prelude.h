@@ -8,8 +8,9 @@
 // Kernels use only what this file names: NEREUS_KERNEL for entry points, NEREUS_WARP for the
 // warp width, nereus_shfl_xor for shuffles, __shared__ arrays of fixed size or
 // NEREUS_DYNAMIC_SHARED for the launch's dynamic shared memory, __syncthreads, atomicAdd on
-// floats, and the bf16 helpers below (bf16 is carried as its 16 bits, never as a vendor type, so
-// that every compiler rounds alike). No standard headers: NVRTC has none.
+// floats, unsigned ints and u64, and the bf16 helpers below (bf16 is carried as its 16 bits,
+// never as a vendor type, so that every compiler rounds alike). No standard headers: NVRTC has
+// none.
 #pragma once
 
 #if defined(__HIPCC__)

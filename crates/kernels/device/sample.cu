@@ -6,13 +6,15 @@
 //   turns either cut off); the nucleus is the shortest prefix of the candidates whose mass
 //   reaches top_p × theirs; the token is where the nucleus's cumulative mass, in that order,
 //   first exceeds u·(nucleus mass).
-// Every "where" question is answered by bisection over the bit patterns of positive floats
-// (monotone in their value): 31 block-wide passes each, every pass a masked sum (or count) over
-// the row. Within the level found, ties are resolved by id with a block scan. Greedy (or T ≤ 0)
-// takes the lowest id at the maximum. u comes from the counter-based draws
-// (`nereus_draw_uniform`, below: a token does not depend on the layout that produced the
-// logits). Sums are f64 per thread and f32 trees across the block, so a draw within ~10⁻⁵ of a
-// boundary may pick the neighbour the host's f64 sorted sums pick; the distribution is the same.
+// A row is read three times in the common case (the histogram path, below): its maximum, a
+// histogram of p that places every cut in a bucket, and one gather of the buckets the cuts fall
+// in, sorted in shared memory. Rows whose cuts need a bucket too full to sort fall back to
+// bisection over the bit patterns of positive floats (monotone in their value: 31 block-wide
+// passes per cut). Greedy (or T ≤ 0) takes the lowest id at the maximum. u comes from the
+// counter-based draws (`nereus_draw_uniform`, below: a token does not depend on the layout that
+// produced the logits). The histogram's masses are fixed-point sums and the bisection's f64 per
+// thread and f32 across the block, so a draw within ~10⁻⁵ of a boundary may pick the neighbour
+// the host's f64 sorted sums pick; the distribution is the same.
 //
 // Legend: R rows (sequences), V vocabulary. One block per row, blockDim.x a multiple of the warp.
 
@@ -174,8 +176,10 @@ __device__ __forceinline__ NereusPrefix nereus_nucleus(const float* row, u64 v, 
   return {tau, k, above_tau};
 }
 
-// The draw of one row with uniform u; every thread of the block returns it.
-__device__ __forceinline__ int nereus_draw_row(const float* row, u64 v, const NereusSampling& s, float u,
+// The draw of one row with uniform u by bisection (about 65–100 passes over the row): the
+// histogram path's fallback when a bucket it must sort holds more entries than its buffer.
+// Every thread of the block returns it.
+__device__ __forceinline__ int nereus_draw_row_bisect(const float* row, u64 v, const NereusSampling& s, float u,
                                                float* scratch, unsigned int* counts, int* chosen) {
   const float inf = nereus_bits_to_f32(0x7f800000u);
   if (threadIdx.x == 0) *chosen = 0;  // ordered before the owner's write by the reductions' barriers
@@ -205,6 +209,258 @@ __device__ __forceinline__ int nereus_draw_row(const float* row, u64 v, const Ne
   return id;
 }
 
+// ---- The histogram path: three passes over the row in the common case ----------------------
+// Pass 1 finds the maximum (p is relative to it). Pass 2 counts the row into buckets of p, 32 to
+// an octave over p ∈ [2^-32, 1] plus one bucket below (bucket 0 holds p = 1, the maximum and its
+// ties; higher buckets hold smaller p), each with its entries' count and mass, the mass in fixed
+// point (p·2^40 rounded down, integer atomics: the sums do not depend on the threads' order, so
+// a draw is reproducible), and the min-p candidates' count and mass. Inclusive prefix sums over
+// the buckets then say in which bucket each cut falls: the top-k candidates (by count), the
+// nucleus (by mass) and the draw (by mass). Pass 3 gathers the entries of the buckets those cuts
+// need (a window of adjacent buckets) into shared memory, sorts them by (p desc, id asc) — the
+// host's order — and resolves every cut inside the window exactly. A window that would not fit
+// is narrowed to the bucket one cut needs (a pass per cut); a single bucket that holds more than
+// NEREUS_SAMPLE_GATHER entries (a nearly flat row: thousands of logits within 0.02·T of each
+// other) falls back to bisection.
+#define NEREUS_SAMPLE_PER_OCTAVE_BITS 5
+#define NEREUS_SAMPLE_OCTAVES 32
+#define NEREUS_SAMPLE_BUCKETS (NEREUS_SAMPLE_OCTAVES * (1 << NEREUS_SAMPLE_PER_OCTAVE_BITS) + 1)
+#define NEREUS_SAMPLE_GATHER 2048
+
+// What the histogram path keeps in shared memory (about 45 KB of the 48 KB a block may hold).
+struct NereusSampleShared {
+  unsigned int count[NEREUS_SAMPLE_BUCKETS];  // then: entries in buckets 0..b
+  u64 mass[NEREUS_SAMPLE_BUCKETS];            // then: fixed-point mass of buckets 0..b
+  u64 keys[NEREUS_SAMPLE_GATHER];             // the window's entries, (p bits, ~id), sorted descending
+  u64 prefix[NEREUS_SAMPLE_GATHER];           // fixed-point mass of the window's first j + 1 entries
+  u64 lanes[64];                              // the prefix sums' per-lane totals
+  float scratch[1024 / NEREUS_WARP];
+  u64 min_p_mass;
+  unsigned int min_p_count, gathered, window_lo, window_hi;
+  int chosen;
+};
+
+// The bucket of probability p ∈ [0, 1]: 0 for p = 1, one per 1/32 octave below it, the last
+// for p < 2^-32 (and for NaN).
+__device__ __forceinline__ unsigned int nereus_sample_bucket(float p) {
+  const unsigned int shift = 23 - NEREUS_SAMPLE_PER_OCTAVE_BITS;
+  const unsigned int from_top = (nereus_f32_to_bits(1.0f) >> shift) - (nereus_f32_to_bits(p) >> shift);
+  return from_top < NEREUS_SAMPLE_BUCKETS - 1 ? from_top : NEREUS_SAMPLE_BUCKETS - 1;
+}
+
+// p in fixed point: exact for p ≥ 2^-40 to 24 bits, 0 below.
+__device__ __forceinline__ u64 nereus_sample_fixed(float p) { return (u64)(p * 1099511627776.0f); }
+
+// A gathered entry's sort key: larger p first, then lower id.
+__device__ __forceinline__ u64 nereus_sample_key(float p, u64 id) {
+  return ((u64)nereus_f32_to_bits(p) << 32) | (u64)(0xffffffffu - (unsigned int)id);
+}
+
+// In-place inclusive prefix sums of a[0..n) in shared memory, by the first warp (each lane a
+// contiguous run; `lanes` holds their totals). Every thread of the block must call it.
+template <typename T>
+__device__ __forceinline__ void nereus_prefix_sums(T* a, unsigned int n, u64* lanes) {
+  const unsigned int lane = threadIdx.x, per = (n + NEREUS_WARP - 1) / NEREUS_WARP;
+  const unsigned int begin = lane * per < n ? lane * per : n, end = begin + per < n ? begin + per : n;
+  __syncthreads();
+  if (threadIdx.x < NEREUS_WARP) {
+    u64 total = 0;
+    for (unsigned int i = begin; i < end; ++i) total += a[i];
+    lanes[lane] = total;
+  }
+  __syncthreads();
+  if (threadIdx.x < NEREUS_WARP) {
+    u64 run = 0;
+    for (unsigned int t = 0; t < lane; ++t) run += lanes[t];
+    for (unsigned int i = begin; i < end; ++i) {
+      run += a[i];
+      a[i] = (T)run;
+    }
+  }
+  __syncthreads();
+}
+
+// Passes 1 and 2: the maximum, then the buckets' counts and masses as prefix sums, and the
+// min-p candidates'. Every thread returns the maximum.
+__device__ __forceinline__ float nereus_sample_histogram(const float* row, u64 v, float temperature, float min_p,
+                                                         NereusSampleShared& sh) {
+  float m = nereus_bits_to_f32(0xff800000u);
+  for (u64 c = threadIdx.x; c < v; c += blockDim.x) m = fmaxf(m, row[c]);
+  m = nereus_block_reduce(m, sh.scratch, true);
+  for (unsigned int b = threadIdx.x; b < NEREUS_SAMPLE_BUCKETS; b += blockDim.x) sh.count[b] = 0u, sh.mass[b] = 0u;
+  if (threadIdx.x == 0) sh.min_p_count = 0u, sh.min_p_mass = 0u, sh.window_lo = 1u, sh.window_hi = 0u;
+  __syncthreads();
+  const NereusNucleus n = {m, temperature};
+  unsigned int kept = 0;
+  u64 kept_mass = 0;
+  for (u64 c = threadIdx.x; c < v; c += blockDim.x) {
+    const float p = nereus_sample_p(n, row[c]);
+    const unsigned int b = nereus_sample_bucket(p);
+    const u64 fixed = nereus_sample_fixed(p);
+    atomicAdd(&sh.count[b], 1u);
+    atomicAdd(&sh.mass[b], fixed);
+    if (p >= min_p) kept += 1u, kept_mass += fixed;
+  }
+  atomicAdd(&sh.min_p_count, kept);
+  atomicAdd(&sh.min_p_mass, kept_mass);
+  nereus_prefix_sums(sh.count, NEREUS_SAMPLE_BUCKETS, sh.lanes);
+  nereus_prefix_sums(sh.mass, NEREUS_SAMPLE_BUCKETS, sh.lanes);
+  return m;
+}
+
+// Entries (or mass) in the buckets before b.
+__device__ __forceinline__ unsigned int nereus_count_before(const NereusSampleShared& sh, unsigned int b) {
+  return b ? sh.count[b - 1] : 0u;
+}
+__device__ __forceinline__ u64 nereus_mass_before(const NereusSampleShared& sh, unsigned int b) {
+  return b ? sh.mass[b - 1] : 0u;
+}
+
+// The first bucket whose prefix holds at least k entries (k ≥ 1, at most the row).
+__device__ __forceinline__ unsigned int nereus_bucket_of_rank(const NereusSampleShared& sh, unsigned int k) {
+  unsigned int lo = 0, hi = NEREUS_SAMPLE_BUCKETS - 1;
+  while (lo < hi) {
+    const unsigned int mid = (lo + hi) / 2;
+    if (sh.count[mid] >= k) hi = mid;
+    else lo = mid + 1;
+  }
+  return lo;
+}
+
+// The first non-empty bucket whose prefix mass reaches `target` (strictly exceeds it when
+// `strict`); the last bucket when none does (float slack).
+__device__ __forceinline__ unsigned int nereus_bucket_of_mass(const NereusSampleShared& sh, u64 target, bool strict) {
+  unsigned int lo = 0, hi = NEREUS_SAMPLE_BUCKETS - 1;
+  while (lo < hi) {
+    const unsigned int mid = (lo + hi) / 2;
+    if (sh.count[mid] > 0u && (strict ? sh.mass[mid] > target : sh.mass[mid] >= target)) hi = mid;
+    else lo = mid + 1;
+  }
+  return lo;
+}
+
+// Pass 3: gathers the entries of buckets [lo, hi] (at most NEREUS_SAMPLE_GATHER), sorts them
+// into the host's order (bitonic, in shared memory) and sums their masses.
+__device__ __forceinline__ void nereus_sample_gather(const float* row, u64 v, const NereusNucleus& n, unsigned int lo,
+                                                     unsigned int hi, NereusSampleShared& sh) {
+  __syncthreads();  // every thread is done reading the previous window
+  if (threadIdx.x == 0) sh.gathered = 0u, sh.window_lo = lo, sh.window_hi = hi;
+  __syncthreads();
+  for (u64 c = threadIdx.x; c < v; c += blockDim.x) {
+    const float p = nereus_sample_p(n, row[c]);
+    const unsigned int b = nereus_sample_bucket(p);
+    if (b >= lo && b <= hi) sh.keys[atomicAdd(&sh.gathered, 1u)] = nereus_sample_key(p, c);
+  }
+  __syncthreads();
+  const unsigned int count = sh.gathered;
+  unsigned int width = 1;
+  while (width < count) width *= 2;
+  for (unsigned int i = count + threadIdx.x; i < width; i += blockDim.x) sh.keys[i] = 0u;  // below every entry
+  for (unsigned int k = 2; k <= width; k *= 2) {
+    for (unsigned int j = k / 2; j > 0; j /= 2) {
+      __syncthreads();
+      for (unsigned int i = threadIdx.x; i < width; i += blockDim.x) {
+        const unsigned int partner = i ^ j;
+        if (partner <= i) continue;
+        const u64 a = sh.keys[i], b = sh.keys[partner];
+        if ((i & k) == 0 ? a < b : a > b) sh.keys[i] = b, sh.keys[partner] = a;  // descending runs first
+      }
+    }
+  }
+  __syncthreads();
+  for (unsigned int i = threadIdx.x; i < count; i += blockDim.x)
+    sh.prefix[i] = nereus_sample_fixed(nereus_bits_to_f32((unsigned int)(sh.keys[i] >> 32)));
+  nereus_prefix_sums(sh.prefix, count, sh.lanes);
+}
+
+// Makes sure the window holds bucket b, gathering [from, b] when that fits (a window that
+// also serves the cuts still to come), else [b, b]. False when b alone does not fit.
+__device__ __forceinline__ bool nereus_sample_window(const float* row, u64 v, const NereusNucleus& n, unsigned int b,
+                                                     unsigned int from, NereusSampleShared& sh) {
+  if (sh.window_lo <= b && b <= sh.window_hi) return true;
+  const unsigned int upto = sh.count[b];
+  if (upto - nereus_count_before(sh, b) > NEREUS_SAMPLE_GATHER) return false;
+  if (from > b || upto - nereus_count_before(sh, from) > NEREUS_SAMPLE_GATHER) from = b;
+  nereus_sample_gather(row, v, n, from, b, sh);
+  return true;
+}
+
+// The mass of the first k entries (k ≥ 1; its bucket in the window).
+__device__ __forceinline__ u64 nereus_mass_of_first(const NereusSampleShared& sh, unsigned int k) {
+  const unsigned int lo = sh.window_lo;
+  return nereus_mass_before(sh, lo) + sh.prefix[k - nereus_count_before(sh, lo) - 1];
+}
+
+// The number of leading entries whose mass first reaches `target` (exceeds it when `strict`),
+// within the window (the bucket where it happens is in it).
+__device__ __forceinline__ unsigned int nereus_rank_of_mass(const NereusSampleShared& sh, u64 target, bool strict) {
+  const unsigned int lo = sh.window_lo;
+  const u64 before = nereus_mass_before(sh, lo);
+  unsigned int a = 0, b = sh.gathered > 0u ? sh.gathered - 1 : 0u;
+  while (a < b) {
+    const unsigned int mid = (a + b) / 2;
+    const u64 mass = before + sh.prefix[mid];
+    if (strict ? mass > target : mass >= target) b = mid;
+    else a = mid + 1;
+  }
+  return nereus_count_before(sh, lo) + a + 1;
+}
+
+// The highest bucket the draw can land in once a cut is known to fall in bucket b: the draw's
+// target is at least u·top_p times the mass above b. A window from there down to b usually
+// serves every cut with one gather.
+__device__ __forceinline__ unsigned int nereus_draw_reach(const NereusSampleShared& sh, unsigned int b, float u,
+                                                          float top_p) {
+  return nereus_bucket_of_mass(sh, (u64)((double)u * top_p * (double)nereus_mass_before(sh, b)), true);
+}
+
+// The draw of one row with uniform u, sampling (not greedy); -1 when a bucket is too full for
+// the window (the caller then bisects). Every thread of the block returns it.
+__device__ __forceinline__ int nereus_draw_sampled(const float* row, u64 v, const NereusSampling& s, float u,
+                                                   NereusSampleShared& sh) {
+  const float m = nereus_sample_histogram(row, v, s.temperature, s.min_p, sh);
+  const NereusNucleus n = {m, s.temperature};
+  const float top_p = fminf(s.top_p, 1.0f);
+  // The candidates: the min-p cut (at least the most likely entry), then at most top_k.
+  unsigned int candidates = sh.min_p_count > 0u ? sh.min_p_count : 1u;
+  if (s.top_k > 0 && s.top_k < (u64)candidates) candidates = (unsigned int)s.top_k;
+  u64 total = sh.min_p_mass;
+  if (candidates != sh.min_p_count) {
+    const unsigned int b = nereus_bucket_of_rank(sh, candidates);
+    if (!nereus_sample_window(row, v, n, b, nereus_draw_reach(sh, b, u, top_p), sh)) return -1;
+    total = nereus_mass_of_first(sh, candidates);
+  }
+  unsigned int kept = candidates;
+  u64 kept_mass = total;
+  if (top_p < 1.0f) {  // the nucleus: the fewest leading candidates whose mass reaches top_p of theirs
+    const u64 want = (u64)ceil((double)top_p * (double)total);
+    const unsigned int b = nereus_bucket_of_mass(sh, want, false);
+    if (!nereus_sample_window(row, v, n, b, nereus_draw_reach(sh, b, u, top_p), sh)) return -1;
+    const unsigned int k = nereus_rank_of_mass(sh, want, false);
+    if (k < kept) kept = k, kept_mass = nereus_mass_of_first(sh, k);
+  }
+  // The draw: the first entry whose cumulative mass exceeds u·(the nucleus's mass).
+  const u64 target = (u64)((double)u * (double)kept_mass);
+  const unsigned int b = nereus_bucket_of_mass(sh, target, true);
+  if (!nereus_sample_window(row, v, n, b, b, sh)) return -1;
+  unsigned int rank = nereus_rank_of_mass(sh, target, true);
+  if (rank > kept) rank = kept;  // never past the nucleus (guarded: target < its mass)
+  const u64 key = sh.keys[rank - nereus_count_before(sh, sh.window_lo) - 1];
+  return (int)(0xffffffffu - (unsigned int)key);
+}
+
+// The draw of one row with uniform u; every thread of the block returns it.
+__device__ __forceinline__ int nereus_draw_row(const float* row, u64 v, const NereusSampling& s, float u,
+                                               NereusSampleShared& sh) {
+  if (!s.greedy && s.temperature > 0.0f) {
+    const int id = nereus_draw_sampled(row, v, s, u, sh);
+    __syncthreads();  // the next row (or the fallback) reuses the shared memory
+    if (id >= 0) return id;
+  }
+  // Greedy, or a bucket too full to sort: the bisection path (its scratch overlays the window).
+  return nereus_draw_row_bisect(row, v, s, u, sh.scratch, reinterpret_cast<unsigned int*>(sh.keys), &sh.chosen);
+}
+
 // drawn[R]: the draw for each row of logits[R, V], sequence ids[r] at position pos + *position
 // (position: a decode's row counter in device memory, or null; the draws of
 // `nereus_draw_uniform`, so a draw depends on neither the layout nor the batch). Rows whose
@@ -213,14 +469,12 @@ NEREUS_KERNEL nereus_sample(int* __restrict__ drawn, const float* __restrict__ l
                             const int* __restrict__ done, u64 rows, u64 v, u64 seed, u64 pos, float temperature,
                             float top_p, float min_p, u64 top_k, int greedy, const int* __restrict__ position) {
   if (position) pos += (u64)*position;
-  __shared__ float scratch[1024 / NEREUS_WARP];
-  __shared__ unsigned int counts[1024];
-  __shared__ int chosen;
+  __shared__ NereusSampleShared shared;
   const NereusSampling s = {temperature, top_p, min_p, top_k, greedy};
   NEREUS_ROWS(r, rows) {
     if (done && done[r]) continue;  // the same for the whole block: no barrier is skipped by part of it
     const float u = nereus_draw_uniform(seed, ids[r], pos);
-    const int id = nereus_draw_row(logits + r * v, v, s, u, scratch, counts, &chosen);
+    const int id = nereus_draw_row(logits + r * v, v, s, u, shared);
     if (threadIdx.x == 0) drawn[r] = id;
   }
 }

@@ -77,3 +77,13 @@ inline float atomicAdd(float* address, float value) {
   *address = old + value;
   return old;
 }
+inline unsigned int atomicAdd(unsigned int* address, unsigned int value) {
+  const unsigned int old = *address;
+  *address = old + value;
+  return old;
+}
+inline unsigned long long atomicAdd(unsigned long long* address, unsigned long long value) {
+  const unsigned long long old = *address;
+  *address = old + value;
+  return old;
+}
