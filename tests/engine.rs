@@ -111,6 +111,7 @@ fn bench_engine_on_the_emulated_device_counts_flops_and_bytes_against_the_cluste
         let r = phase(name);
         assert_eq!(r["allocations"], 0, "{r}");
         assert!(r["kernels"].as_u64().unwrap() > 0 && r["host_device_bytes"].as_u64().unwrap() > 0, "{r}");
+        assert!(r["memset_bytes"].is_u64(), "{r}");
     }
     assert!(phase("gemm_library").get("launches").is_none(), "the bare GEMMs are not a pass");
     kernel_table_covers_the_step(&phase, &families);

@@ -221,6 +221,14 @@ impl GpuRuntime for Emulated {
         Ok(())
     }
 
+    unsafe fn poison(&self, dst: DevicePtr, bytes: u64) -> Result<(), BackendError> {
+        self.check(dst.0, bytes, "uninitialised range")?;
+        // SAFETY: the range lies inside a live allocation (checked) that no work still uses
+        // (the caller's contract; the emulated device runs work as it is enqueued).
+        unsafe { std::ptr::write_bytes(dst.0 as *mut u8, 0xff, bytes as usize) };
+        Ok(())
+    }
+
     unsafe fn launch(&self, launch: &Launch, args: &mut KernelArgs, _stream: RawHandle) -> Result<(), BackendError> {
         // A null pointer is an absent optional argument (attention's `starts`), as on a device.
         for address in args.addresses().filter(|&a| a != 0) {
@@ -299,6 +307,21 @@ mod tests {
             RectCopy { src_offset: 4000, src_pitch: 256, dst_offset: 0, dst_pitch: 100, row_bytes: 100, rows: 2 };
         // SAFETY: the emulation checks bounds and refuses.
         assert!(unsafe { device.copy_rects(a, b, &[outside]) }.is_err());
+    }
+
+    /// An uninitialised buffer reads as NaN until written, also where a cached block held
+    /// values before, so an engine op that reads one early fails the parity tests.
+    #[test]
+    fn an_uninitialised_buffer_reads_as_nan_even_from_a_reused_block() {
+        use crate::backend::gpu::DeviceArray;
+        let device = Device::new(Emulated::new(0, 1 << 30)).unwrap();
+        let held = DeviceArray::from(&device, &[1.5f32; 64]).unwrap();
+        drop(held);
+        let fresh = DeviceArray::<f32>::uninit(&device, 64).unwrap();
+        assert_eq!(device.counters().reuses, 1, "the freed block is handed out again");
+        assert!(fresh.read().unwrap().iter().all(|x| x.is_nan()));
+        let bf16 = DeviceArray::<u16>::uninit(&device, 8).unwrap();
+        assert!(bf16.read().unwrap().iter().all(|&h| f32::from_bits(u32::from(h) << 16).is_nan()));
     }
 
     /// The recording's rules on the emulated device (the GPUs run the same body).

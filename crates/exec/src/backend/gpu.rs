@@ -72,6 +72,8 @@ pub struct DeviceCounters {
     pub h2d_bytes: u64,
     /// Bytes copied device to host.
     pub d2h_bytes: u64,
+    /// Bytes the host had zeroed on the device (memsets; a graph's run inside its launch).
+    pub zeroed_bytes: u64,
     /// Recorded graphs launched ([`Device::launch_graph`]): one host call each.
     pub graph_launches: u64,
     /// Kernels those graph launches ran (not in `launches`, which the host issued one by one).
@@ -93,6 +95,7 @@ impl DeviceCounters {
             upload_waits: self.upload_waits - earlier.upload_waits,
             h2d_bytes: self.h2d_bytes - earlier.h2d_bytes,
             d2h_bytes: self.d2h_bytes - earlier.d2h_bytes,
+            zeroed_bytes: self.zeroed_bytes - earlier.zeroed_bytes,
             graph_launches: self.graph_launches - earlier.graph_launches,
             graph_kernels: self.graph_kernels - earlier.graph_kernels,
             graph_gemms: self.graph_gemms - earlier.graph_gemms,
@@ -437,7 +440,11 @@ impl Device {
         let work = match &op {
             StreamOp::Launch { launch, .. } => Work::Kernel(launch.kernel),
             StreamOp::Gemm { .. } => Work::Gemm,
-            StreamOp::CopyD2D { .. } | StreamOp::Zero { .. } => return op.enqueue(self.runtime.as_ref(), stream),
+            StreamOp::CopyD2D { .. } => return op.enqueue(self.runtime.as_ref(), stream),
+            StreamOp::Zero { bytes, .. } => {
+                self.count(|c| c.zeroed_bytes += bytes);
+                return op.enqueue(self.runtime.as_ref(), stream);
+            }
         };
         self.count(|c| match work {
             Work::Gemm => c.gemms += 1,
@@ -700,6 +707,21 @@ impl<'d, T: bytemuck::Pod> DeviceArray<'d, T> {
         // SAFETY: the allocation holds `bytes`; the zeroing is ordered before any later work on
         // the stream, and the host does not wait for it.
         unsafe { device.zero(ptr, bytes)? };
+        Ok(buffer)
+    }
+
+    /// `len` elements on `device` whose contents are unspecified until written: for outputs the
+    /// next operation writes whole (a GEMM that overwrites, an element-wise kernel), so no
+    /// memset runs first. The emulated device fills them with NaN, so a read before the write
+    /// shows in CI (see [`GpuRuntime::poison`]).
+    pub fn uninit(device: &'d Device, len: usize) -> Result<Self, BackendError> {
+        let bytes = (len * std::mem::size_of::<T>()) as u64;
+        let ptr = device.alloc(bytes)?;
+        let buffer = DeviceArray { device, ptr, len, _elements: std::marker::PhantomData };
+        // SAFETY: the allocation holds `bytes` and is fresh from the allocator: work enqueued
+        // before on the stream no longer uses it (a cached block is handed out in stream order,
+        // and the emulated device, the one runtime that writes here, has run that work already).
+        unsafe { device.runtime().poison(ptr, bytes)? };
         Ok(buffer)
     }
 

@@ -191,6 +191,16 @@ pub trait GpuRuntime {
     /// # Safety
     /// The range lies inside a live allocation.
     unsafe fn zero(&self, dst: DevicePtr, bytes: u64, stream: RawHandle) -> Result<(), BackendError>;
+    /// Marks `bytes` at `dst` as never written, where the runtime can check it: the emulated
+    /// device fills them with NaN (bytes of all ones) so a kernel that reads an element before
+    /// any write shows it in every result downstream. A GPU does nothing (the point of an
+    /// uninitialised buffer is to skip the memset).
+    ///
+    /// # Safety
+    /// The range lies inside a live allocation that no enqueued work still uses.
+    unsafe fn poison(&self, _dst: DevicePtr, _bytes: u64) -> Result<(), BackendError> {
+        Ok(())
+    }
     /// Enqueues one kernel launch on `stream`. A kernel the runtime did not load is an error.
     ///
     /// # Safety

@@ -49,7 +49,8 @@ impl StageModel {
             .as_ref()
             .ok_or_else(|| EngineError::Shape { what: "output head on a stage without it".into() })?;
         let width = self.dims().c;
-        let (mut xf, mut rf) = (c.zeros(MemoryItem::Activations, n * width)?, c.stats(MemoryItem::Activations, n)?);
+        let (mut xf, mut rf) =
+            (c.overwritten(MemoryItem::Activations, n * width)?, c.stats(MemoryItem::Activations, n)?);
         c.rmsnorm_forward(&mut xf, &mut rf, x, (p, range), width, self.eps)?;
         Ok((xf, rf))
     }
@@ -129,7 +130,7 @@ impl StageModel {
     ) -> Result<C::Act, EngineError> {
         let width = self.dims().c;
         // Entering the vocabulary-parallel head is the identity forward (Megatron's copy region).
-        let mut logits = c.zeros(MemoryItem::Logits, n * cols.len())?;
+        let mut logits = c.overwritten(MemoryItem::Logits, n * cols.len())?;
         c.linear_forward(&mut logits, xf, (p, &chunk_rows(w, cols, width)), n, width, cols.len())?;
         Ok(logits)
     }
@@ -186,7 +187,7 @@ impl StageModel {
         targets: &[u32],
     ) -> Result<C::Act, EngineError> {
         let (d, n) = (self.dims(), targets.len());
-        let mut dxf = c.zeros(MemoryItem::ActivationGradients, n * d.c)?;
+        let mut dxf = c.overwritten(MemoryItem::ActivationGradients, n * d.c)?;
         let scratch = c.mark();
         let mut sum = c.stats(MemoryItem::ActivationGradients, n * d.c)?;
         let ids = c.ids(targets)?;
@@ -225,7 +226,7 @@ impl StageModel {
             .lm_head
             .as_ref()
             .ok_or_else(|| EngineError::Shape { what: "sampling from a model without an LM head".into() })?;
-        let mut local = c.zeros(MemoryItem::Logits, b * d.vocab)?;
+        let mut local = c.overwritten(MemoryItem::Logits, b * d.vocab)?;
         c.linear_forward(&mut local, &xf, (p, w), b, d.c, d.vocab)?;
         let mut full = c.zeros(MemoryItem::Logits, b * d.vocab_total)?;
         let columns = RowCopy {

@@ -231,11 +231,12 @@ impl StageModel {
         let (d, n) = (self.dims(), rows.n());
         let (qw, kw) = (d.heads * d.d, d.kv_heads * d.d);
         let item = MemoryItem::Activations;
-        let (mut xn1, mut r1) = (c.zeros(item, n * d.c)?, c.stats(item, n)?);
+        let (mut xn1, mut r1) = (c.overwritten(item, n * d.c)?, c.stats(item, n)?);
         c.rmsnorm_forward(&mut xn1, &mut r1, &x, (p, &bw.attn_norm), d.c, self.eps)?;
         // Entering the column-parallel attention (Megatron's copy_to_tensor_model_parallel_region):
         // the identity forward.
-        let (mut q_raw, mut k_raw, mut v) = (c.zeros(item, n * qw)?, c.zeros(item, n * kw)?, c.zeros(item, n * kw)?);
+        let (mut q_raw, mut k_raw, mut v) =
+            (c.overwritten(item, n * qw)?, c.overwritten(item, n * kw)?, c.overwritten(item, n * kw)?);
         c.linear_forward(&mut q_raw, &xn1, (p, &bw.q), n, d.c, qw)?;
         c.linear_forward(&mut k_raw, &xn1, (p, &bw.k), n, d.c, kw)?;
         c.linear_forward(&mut v, &xn1, (p, &bw.v), n, d.c, kw)?;
@@ -261,18 +262,18 @@ impl StageModel {
                 c.attention_forward(&mut att, &q, &k, &v, shape, rows.starts)?
             }
         };
-        let mut xmid = c.zeros(item, n * d.c)?;
+        let mut xmid = c.overwritten(item, n * d.c)?;
         c.linear_forward(&mut xmid, &att, (p, &bw.o), n, qw, d.c)?;
         // Leaving the row-parallel projection (reduce_from_tensor_model_parallel_region).
         c.tp_sum(tp, &mut xmid)?;
         c.add(&mut xmid, &x)?;
-        let (mut xn2, mut r2) = (c.zeros(item, n * d.c)?, c.stats(item, n)?);
+        let (mut xn2, mut r2) = (c.overwritten(item, n * d.c)?, c.stats(item, n)?);
         c.rmsnorm_forward(&mut xn2, &mut r2, &xmid, (p, &bw.mlp_norm), d.c, self.eps)?;
         // Gate and up in one GEMM over their adjacent weights: gu[n, 2F].
-        let (mut gu, mut h) = (c.zeros(item, n * 2 * d.ffn)?, c.zeros(item, n * d.ffn)?);
+        let (mut gu, mut h) = (c.overwritten(item, n * 2 * d.ffn)?, c.overwritten(item, n * d.ffn)?);
         c.linear_forward(&mut gu, &xn2, (p, &bw.gate_up), n, d.c, 2 * d.ffn)?;
         c.swiglu_forward(&mut h, &gu, d.ffn)?;
-        let mut out = c.zeros(item, n * d.c)?;
+        let mut out = c.overwritten(item, n * d.c)?;
         c.linear_forward(&mut out, &h, (p, &bw.down), n, d.ffn, d.c)?;
         c.tp_sum(tp, &mut out)?;
         c.add(&mut out, &xmid)?;
@@ -299,7 +300,7 @@ impl StageModel {
         // every TP rank (the row-parallel reduction's backward is the identity).
         let mut dh = c.zeros(item, n * d.ffn)?;
         c.linear_backward(Some(&mut dh), (grads, &bw.down), &dout, &a.h, (p, &bw.down), n, d.ffn, d.c)?;
-        let mut dgu = c.zeros(item, n * 2 * d.ffn)?;
+        let mut dgu = c.overwritten(item, n * 2 * d.ffn)?;
         c.swiglu_backward(&mut dgu, &dh, &a.gu, d.ffn)?;
         let mut dxn2 = c.zeros(item, n * d.c)?;
         c.linear_backward(Some(&mut dxn2), (grads, &bw.gate_up), &dgu, &a.xn2, (p, &bw.gate_up), n, d.c, 2 * d.ffn)?;

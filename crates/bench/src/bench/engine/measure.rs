@@ -89,6 +89,8 @@ pub struct PassCounts {
     pub syncs: u64,
     /// Bytes that crossed the host link, both ways.
     pub host_device_bytes: u64,
+    /// Bytes zeroed on the device by memsets (buffers cleared before use).
+    pub memset_bytes: u64,
 }
 
 impl From<DeviceCounters> for PassCounts {
@@ -99,6 +101,7 @@ impl From<DeviceCounters> for PassCounts {
             allocations: c.allocations,
             syncs: c.host_waits(),
             host_device_bytes: c.host_device_bytes(),
+            memset_bytes: c.zeroed_bytes,
         }
     }
 }

@@ -96,6 +96,12 @@ pub trait Compute {
 
     /// `len` zeroed activations holding `item`, charged to the rank's ledger first.
     fn zeros(&mut self, item: MemoryItem, len: usize) -> Result<Self::Act, EngineError>;
+    /// `len` activations holding `item`, charged first, for an output the next operation writes
+    /// whole (a GEMM that overwrites, a norm, an element-wise kernel): a device skips the memset
+    /// [`Compute::zeros`] pays; the host's are zeros.
+    fn overwritten(&mut self, item: MemoryItem, len: usize) -> Result<Self::Act, EngineError> {
+        self.zeros(item, len)
+    }
     /// `len` zeroed statistics holding `item`, charged first.
     fn stats(&mut self, item: MemoryItem, len: usize) -> Result<Self::Stat, EngineError>;
     /// A copy of `x`, charged under `item`.
