@@ -11,7 +11,7 @@
 
 use std::ops::Range;
 
-use super::compute::{Compute, LogitStats, RowCopy, VocabChunk};
+use super::compute::{Compute, InputGrad, LogitStats, RowCopy, VocabChunk};
 use super::ops::*;
 use super::stage::StageModel;
 use super::EngineError;
@@ -197,7 +197,7 @@ impl StageModel {
             let mut logits = self.chunk_logits(c, p, (xf, w), &cols, n)?;
             c.log_probs_backward(&mut logits, dout, lse, &ids, d.v0 + cols.start)?;
             c.linear_input_grad_f32(&mut sum, &logits, (p, &rows), n, d.c, cols.len())?;
-            c.linear_backward(None, (grads, &rows), &logits, xf, (p, &rows), n, d.c, cols.len())?;
+            c.linear_backward(InputGrad::Skip, (grads, &rows), &logits, xf, (p, &rows), n, d.c, cols.len())?;
             drop(logits);
             let released = c.since(chunk);
             c.release(&released);

@@ -5,7 +5,7 @@
 
 use std::ops::Range;
 
-use super::compute::{Compute, KvRows};
+use super::compute::{Compute, InputGrad, KvRows};
 use super::ops::*;
 use super::weights::{BlockWeights, LocalDims, StageWeights};
 use super::EngineError;
@@ -298,19 +298,28 @@ impl StageModel {
         let item = MemoryItem::ActivationGradients;
         // MLP: out = xmid + down(swiglu(gate(xn2), up(xn2))); the output gradient is the same on
         // every TP rank (the row-parallel reduction's backward is the identity).
-        let mut dh = c.zeros(item, n * d.ffn)?;
-        c.linear_backward(Some(&mut dh), (grads, &bw.down), &dout, &a.h, (p, &bw.down), n, d.ffn, d.c)?;
+        let mut dh = c.overwritten(item, n * d.ffn)?;
+        c.linear_backward(InputGrad::Write(&mut dh), (grads, &bw.down), &dout, &a.h, (p, &bw.down), n, d.ffn, d.c)?;
         let mut dgu = c.overwritten(item, n * 2 * d.ffn)?;
         c.swiglu_backward(&mut dgu, &dh, &a.gu, d.ffn)?;
-        let mut dxn2 = c.zeros(item, n * d.c)?;
-        c.linear_backward(Some(&mut dxn2), (grads, &bw.gate_up), &dgu, &a.xn2, (p, &bw.gate_up), n, d.c, 2 * d.ffn)?;
+        let mut dxn2 = c.overwritten(item, n * d.c)?;
+        c.linear_backward(
+            InputGrad::Write(&mut dxn2),
+            (grads, &bw.gate_up),
+            &dgu,
+            &a.xn2,
+            (p, &bw.gate_up),
+            n,
+            d.c,
+            2 * d.ffn,
+        )?;
         // Each TP rank's input gradient covers its own columns: the copy's backward sums them.
         c.tp_sum(tp, &mut dxn2)?;
         let mut dxmid = dout;
         c.rmsnorm_backward(&mut dxmid, (grads, &bw.mlp_norm), &dxn2, &a.xmid, (p, &bw.mlp_norm), &a.r2, d.c)?;
         // Attention: xmid = x + o(attention(rope(q), rope(k), v)).
-        let mut datt = c.zeros(item, n * qw)?;
-        c.linear_backward(Some(&mut datt), (grads, &bw.o), &dxmid, &a.att, (p, &bw.o), n, qw, d.c)?;
+        let mut datt = c.overwritten(item, n * qw)?;
+        c.linear_backward(InputGrad::Write(&mut datt), (grads, &bw.o), &dxmid, &a.att, (p, &bw.o), n, qw, d.c)?;
         let (mut dq, mut dk, mut dv) = (c.zeros(item, n * qw)?, c.zeros(item, n * kw)?, c.zeros(item, n * kw)?);
         let shape = self.attention_shape(rows, rows.t, rows.t);
         let qkv = (&a.q, &a.k, &a.v);
@@ -323,10 +332,10 @@ impl StageModel {
             c.rmsnorm_backward(&mut dk_raw, (grads, kn), &dk, &a.k_raw, (p, kn), &a.rk, d.d)?;
             (dq, dk) = (dq_raw, dk_raw);
         }
-        let mut dxn1 = c.zeros(item, n * d.c)?;
-        c.linear_backward(Some(&mut dxn1), (grads, &bw.q), &dq, &a.xn1, (p, &bw.q), n, d.c, qw)?;
-        c.linear_backward(Some(&mut dxn1), (grads, &bw.k), &dk, &a.xn1, (p, &bw.k), n, d.c, kw)?;
-        c.linear_backward(Some(&mut dxn1), (grads, &bw.v), &dv, &a.xn1, (p, &bw.v), n, d.c, kw)?;
+        let mut dxn1 = c.overwritten(item, n * d.c)?;
+        c.linear_backward(InputGrad::Write(&mut dxn1), (grads, &bw.q), &dq, &a.xn1, (p, &bw.q), n, d.c, qw)?;
+        c.linear_backward(InputGrad::Add(&mut dxn1), (grads, &bw.k), &dk, &a.xn1, (p, &bw.k), n, d.c, kw)?;
+        c.linear_backward(InputGrad::Add(&mut dxn1), (grads, &bw.v), &dv, &a.xn1, (p, &bw.v), n, d.c, kw)?;
         c.tp_sum(tp, &mut dxn1)?;
         let mut dx = dxmid;
         c.rmsnorm_backward(&mut dx, (grads, &bw.attn_norm), &dxn1, &a.x, (p, &bw.attn_norm), &a.r1, d.c)?;

@@ -37,7 +37,7 @@ use nereus_core::plan::{ModelStage, Role, Stage};
 use nereus_exec::backend::blas::{Gemm, GemmOut};
 use nereus_exec::backend::gpu::{Device, DeviceArray, DeviceCounters};
 use nereus_exec::emu::{Counters, DeviceMemory, EmuSet};
-use nereus_exec::engine::compute::{Compute, OnDevice};
+use nereus_exec::engine::compute::{Compute, InputGrad, OnDevice};
 use nereus_exec::engine::{init_shard, with_device_params, EngineError, Op, Replica};
 use nereus_runtime::device::Plane;
 use nereus_runtime::RuntimeError;
@@ -239,7 +239,7 @@ fn time_gemms(
             engine += count as f64
                 * per_run(device, runs, || {
                     c.linear_forward(&mut y, &x, (&wv, &range), n, inp, out)?;
-                    c.linear_backward(Some(&mut dx), (&mut gv, &range), &dy, &x, (&wv, &range), n, inp, out)
+                    c.linear_backward(InputGrad::Write(&mut dx), (&mut gv, &range), &dy, &x, (&wv, &range), n, inp, out)
                 })?;
         }
         Ok((library, engine))

@@ -18,7 +18,8 @@ use std::ops::Range;
 
 use super::decoding::{as_int, relative_to, DeviceDecoding};
 use super::{
-    pipe_through_host, Compute, GradView, KvRows, LogitStats, Neighbour, Optimize, PipeLink, RowCopy, View, VocabChunk,
+    pipe_through_host, Compute, GradView, InputGrad, KvRows, LogitStats, Neighbour, Optimize, PipeLink, RowCopy, View,
+    VocabChunk,
 };
 use crate::backend::blas::{Gemm, GemmOut};
 use crate::backend::gpu::{Device, DeviceArray, DevicePtr, DeviceView};
@@ -516,7 +517,7 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
 
     fn linear_backward(
         &mut self,
-        dx: Option<&mut Self::Act>,
+        dx: InputGrad<'_, Self::Act>,
         (grads, range): GradView<Self::Grads>,
         dy: &Self::Act,
         x: &Self::Act,
@@ -525,8 +526,13 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
         inp: usize,
         out: usize,
     ) -> Result<(), EngineError> {
+        let (dx, accumulate) = match dx {
+            InputGrad::Skip => (None, false),
+            InputGrad::Add(dx) => (Some(dx), true),
+            InputGrad::Write(dx) => (Some(dx), false),
+        };
         if let Some(dx) = dx {
-            self.gemm(input_grad(n, inp, out, GemmOut::Bf16 { accumulate: true }), dy.ptr(), weight(w), dx.ptr())?;
+            self.gemm(input_grad(n, inp, out, GemmOut::Bf16 { accumulate }), dy.ptr(), weight(w), dx.ptr())?;
         }
         // Weight gradients accumulate in f32, across micro-batches too.
         let g = Gemm { m: out, k: n, n: inp, op_a: Op::T, op_b: Op::N, out: GemmOut::F32 { accumulate: true } };

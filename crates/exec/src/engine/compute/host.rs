@@ -2,7 +2,7 @@
 
 use std::ops::Range;
 
-use super::{Compute, GradView, KvRows, LogitStats, Optimize, RowCopy, View, VocabChunk};
+use super::{Compute, GradView, InputGrad, KvRows, LogitStats, Optimize, RowCopy, View, VocabChunk};
 use crate::comm::DataPlane;
 use crate::engine::arena::{Arena, Mark};
 use crate::engine::decode::{DecodeShape, Generated, HostDecoding};
@@ -142,7 +142,7 @@ impl Compute for Host<'_, '_> {
 
     fn linear_backward(
         &mut self,
-        dx: Option<&mut Vec<f32>>,
+        dx: InputGrad<'_, Vec<f32>>,
         (grads, range): GradView<[f32]>,
         dy: &Vec<f32>,
         x: &Vec<f32>,
@@ -151,7 +151,15 @@ impl Compute for Host<'_, '_> {
         inp: usize,
         out: usize,
     ) -> Result<(), EngineError> {
-        linear_backward(dx.map(|d| d.as_mut_slice()), &mut grads[range.clone()], dy, x, at(w), n, inp, out);
+        let dx = match dx {
+            InputGrad::Skip => None,
+            InputGrad::Add(dx) => Some(dx.as_mut_slice()),
+            InputGrad::Write(dx) => {
+                dx.fill(0.0);
+                Some(dx.as_mut_slice())
+            }
+        };
+        linear_backward(dx, &mut grads[range.clone()], dy, x, at(w), n, inp, out);
         Ok(())
     }
 

@@ -82,6 +82,16 @@ pub fn pipe_through_host<C: Compute + ?Sized, L: PipeLink>(
     }
 }
 
+/// Where [`Compute::linear_backward`] puts the input gradient `dy · W`.
+pub enum InputGrad<'a, A> {
+    /// Not wanted (the LM head's chunks, whose input gradient is summed in f32 apart).
+    Skip,
+    /// Added to what the buffer holds (the layers that read the same input add theirs).
+    Add(&'a mut A),
+    /// Written over the buffer, which may be uninitialised ([`Compute::overwritten`]).
+    Write(&'a mut A),
+}
+
 /// The layers the engine needs, on one compute (see the module comment).
 pub trait Compute {
     /// Activations and their gradients (`f32` on the host, bf16 on a device).
@@ -143,11 +153,11 @@ pub trait Compute {
         inp: usize,
         out: usize,
     ) -> Result<(), EngineError>;
-    /// `dx[N,in] += dy · W` (when `dx` is given) and `dW += dyᵀ · x`.
+    /// `dx[N,in] (+)= dy · W` as `dx` says and `dW += dyᵀ · x`.
     #[allow(clippy::too_many_arguments)]
     fn linear_backward(
         &mut self,
-        dx: Option<&mut Self::Act>,
+        dx: InputGrad<'_, Self::Act>,
         dw: GradView<Self::Grads>,
         dy: &Self::Act,
         x: &Self::Act,
@@ -160,7 +170,7 @@ pub trait Compute {
     /// `h[N,F] = silu(g) · u` from the fused gate/up product `gu[N, 2F]` (each row its gate,
     /// then its up).
     fn swiglu_forward(&mut self, h: &mut Self::Act, gu: &Self::Act, f: usize) -> Result<(), EngineError>;
-    /// Backward of [`Compute::swiglu_forward`] into zeroed `dgu[N, 2F]`.
+    /// Backward of [`Compute::swiglu_forward`], writing every element of `dgu[N, 2F]`.
     fn swiglu_backward(
         &mut self,
         dgu: &mut Self::Act,
