@@ -239,7 +239,7 @@ pub fn inference(s: &LocalShape, micro: u64, seq: u64, on: Residence) -> MemoryB
 /// Peak of generating `r` tokens after a prompt of `p` for `b` sequences: the KV cache for
 /// `p + r` positions, on a device flash-decoding's scratch for the whole decode, and the larger
 /// of the prefill pass and the last decode step (the input, every block's activations, and on
-/// the last stage the whole vocabulary's logits, which the rank that draws the tokens widens to
+/// the last stage the whole vocabulary's logits, which a rank that draws the tokens widens to
 /// f32 on a device, for its sampler).
 pub fn generation(s: &LocalShape, b: u64, p: u64, r: u64, on: Residence) -> MemoryBreakdown {
     let (c, blocks) = (s.c as u64, s.blocks as u64);

@@ -6,7 +6,10 @@
 //! activations ([`Compute::decode_begin`]). Where one rank holds the whole replica (no TP, no
 //! PP) a device draws, appends and embeds the next token without the host: the host reads the
 //! finished flags every [`Sampling::stop_check_every`] steps and the tokens once at the end.
-//! Otherwise the last stage's `(tp 0)` rank draws and every rank of the EMU receives each
+//! Under TP on one stage every rank draws, from the summed logits that are bit-identical on
+//! every rank of the group, so no token crosses the host: at every flag check the ranks compare a
+//! digest of what they drew (a small all-reduce) and stop together, or fail together where they
+//! differ. Under PP the last stage's `(tp 0)` rank draws and every rank of the EMU receives each
 //! step's tokens over the plane (one host round trip per token).
 //!
 //! Sampling is deterministic for a seed: the uniform draw of sequence `id` at position `pos` is a
@@ -17,6 +20,7 @@ use crate::comm::DataPlane;
 
 use super::compute::{Compute, Neighbour, RowCopy};
 use super::decode::{DecodeShape, Generated};
+use super::ops::TensorGroup;
 use super::sampling::Sampling;
 use super::stage::{KvCache, Rows};
 use super::{EngineError, Replica};
@@ -71,7 +75,9 @@ impl Replica {
         let tp = self.groups.tp_group(plane);
         let mut decoding = c.decode_begin(prompts, ids, shape, s, &self.model.dims())?;
         let alone = self.groups.layout.tp == 1 && self.groups.layout.pp == 1;
-        let draws = alone || self.groups.speaks_for_outputs();
+        // On one stage every TP rank holds the same summed logits, so each draws the same tokens.
+        let one_stage = self.groups.layout.pp == 1;
+        let draws = one_stage || self.groups.speaks_for_outputs();
         // Step 0 is the prefill; every later step decodes one token per sequence.
         let outside = super::timers::set_decoding(false);
         for step in 0..r {
@@ -92,20 +98,51 @@ impl Replica {
                 (true, 1..) => c.decode_step(&mut decoding, rows.pos0, token_step)?,
                 _ => token_step(c, &mut decoding)?,
             }
-            if !alone {
-                let mut next = if draws { c.decode_last(&decoding)? } else { vec![s.eos; b] };
-                self.groups.broadcast_from_last(plane, bytemuck::cast_slice_mut(&mut next))?;
-                if !draws {
-                    c.decode_advance(&mut decoding, &next, pos)?;
-                }
-            }
-            // After the last step the decode ends anyway: no flags to read.
-            if step + 1 < r && c.decode_finished(&decoding, step)? {
+            if self.step_ends_decode(c, plane, &tp, &mut decoding, (s, draws), (step, pos, b))? {
                 break;
             }
         }
         super::timers::set_decoding(outside);
-        c.decode_end(decoding)
+        let generated = c.decode_end(decoding)?;
+        if !alone && one_stage {
+            agree_on_tokens(&tp, true, &generated.tokens, r)?;
+        }
+        Ok(generated)
+    }
+
+    /// After token step `step` (feeding position `pos`) of `b` sequences: under PP the drawn tokens go from the
+    /// last stage to every rank; then, where the flags are read, whether every sequence has
+    /// ended (TP ranks of one stage decide it together, checking that they drew alike).
+    fn step_ends_decode<C: Compute, P: DataPlane, G: TensorGroup<f32>>(
+        &self,
+        c: &mut C,
+        plane: &P,
+        tp: &G,
+        decoding: &mut C::Decoding,
+        (s, draws): (&Sampling, bool),
+        (step, pos, b): (usize, usize, usize),
+    ) -> Result<bool, EngineError> {
+        let layout = self.groups.layout;
+        if layout.pp > 1 {
+            let mut next = if draws { c.decode_last(decoding)? } else { vec![s.eos; b] };
+            self.groups.broadcast_from_last(plane, bytemuck::cast_slice_mut(&mut next))?;
+            if !draws {
+                c.decode_advance(decoding, &next, pos)?;
+            }
+        }
+        // After the last step the decode ends anyway: no flags to read.
+        if step + 1 == s.max_new_tokens {
+            return Ok(false);
+        }
+        if layout.tp == 1 || layout.pp > 1 {
+            return c.decode_finished(decoding, step);
+        }
+        // TP ranks stop only where all of them check, and together.
+        if !(step + 1).is_multiple_of(s.stop_check_every.max(1)) {
+            return Ok(false);
+        }
+        let finished = c.decode_finished(decoding, step)?;
+        agree_on_tokens(tp, finished, &c.decode_last(decoding)?, step)
     }
 
     /// One token step's work on this rank: the rows' input (embedded on the first stage,
@@ -156,5 +193,75 @@ impl Replica {
         let copy = RowCopy { src_offset, src_pitch: t, dst_offset: 0, dst_pitch: width, width, rows: b };
         c.copy_rows(&mut last, x, copy)?;
         self.model.full_logits_on(c, params, &last, b, tp)
+    }
+}
+
+/// Whether the TP group's ranks, each drawing its own tokens, agree: every rank gives whether
+/// its decode has `finished` and the `tokens` it drew, and all learn the group's maximum and
+/// minimum of both (one all-reduce of eight values), so they stop together or fail together
+/// with [`EngineError::TokensDisagree`] — never one waiting in a collective the others left.
+fn agree_on_tokens<G: TensorGroup<f32>>(
+    tp: &G,
+    finished: bool,
+    tokens: &[u32],
+    step: usize,
+) -> Result<bool, EngineError> {
+    let mut extremes = decode_extremes(finished, tokens);
+    tp.max(&mut extremes)?;
+    let half = extremes.len() / 2;
+    if (0..half).any(|i| extremes[i] != -extremes[i + half]) {
+        return Err(EngineError::TokensDisagree { step });
+    }
+    Ok(finished)
+}
+
+/// What [`agree_on_tokens`] reduces: the flag and an FNV-1a digest of the tokens in 16-bit
+/// parts (exact in f32), then their negations, so one maximum gives the group's maximum and
+/// minimum of each.
+fn decode_extremes(finished: bool, tokens: &[u32]) -> Vec<f32> {
+    let digest = tokens.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &t| (h ^ u64::from(t)).wrapping_mul(0x100_0000_01b3));
+    let parts = [
+        f32::from(u8::from(finished)),
+        (digest & 0xffff) as f32,
+        (digest >> 16 & 0xffff) as f32,
+        (digest >> 32 & 0xffff) as f32,
+    ];
+    parts.iter().copied().chain(parts.iter().map(|x| -x)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two ranks of a TP group: the maximum with the other rank's values.
+    struct WithOther(Vec<f32>);
+
+    impl TensorGroup<f32> for WithOther {
+        fn sum(&self, values: &mut [f32]) -> Result<(), EngineError> {
+            values.iter_mut().zip(&self.0).for_each(|(v, o)| *v += o);
+            Ok(())
+        }
+        fn max(&self, values: &mut [f32]) -> Result<(), EngineError> {
+            values.iter_mut().zip(&self.0).for_each(|(v, o)| *v = v.max(*o));
+            Ok(())
+        }
+    }
+
+    /// Both ranks of a pair reach the same verdict from their own side: they stop together when
+    /// their tokens and flags agree, and both fail when either differs (so neither waits in a
+    /// collective the other has left).
+    #[test]
+    fn tp_ranks_stop_together_or_fail_together() {
+        let (a, b) = ([5u32, 9, 2, 7], [5u32, 9, 3, 7]);
+        let verdict = |mine: (bool, &[u32]), other: (bool, &[u32])| {
+            agree_on_tokens(&WithOther(decode_extremes(other.0, other.1)), mine.0, mine.1, 3)
+        };
+        assert!(verdict((true, &a), (true, &a)).unwrap());
+        assert!(!verdict((false, &a), (false, &a)).unwrap());
+        for (mine, other) in [((true, &a[..]), (true, &b[..])), ((true, &a[..]), (false, &a[..]))] {
+            for (x, y) in [(mine, other), (other, mine)] {
+                assert!(matches!(verdict(x, y), Err(EngineError::TokensDisagree { step: 3 })), "{x:?} against {y:?}");
+            }
+        }
     }
 }

@@ -76,6 +76,15 @@ pub enum EngineError {
         /// What failed, naming the line.
         what: String,
     },
+    /// The tensor-parallel ranks of a one-stage replica, each drawing from the same summed
+    /// logits, drew different tokens: the plane's sums were not bit-identical on every rank.
+    #[error(
+        "decode step {step}: the tensor-parallel ranks drew different tokens (each draws from the summed logits, which must be bit-identical on every rank; the data plane's all-reduce was not)"
+    )]
+    TokensDisagree {
+        /// The decode step (0 is the prefill) at whose check they differed.
+        step: usize,
+    },
     /// DAPO's dynamic sampling ran out of rounds before enough groups had unequal rewards.
     #[error(
         "step {step}: dynamic sampling kept {kept} of {needed} groups (rewards not all equal) in {rounds} rounds; raise rl.max_sampling_rounds ({rounds}), or set rl.dynamic_sampling = false"
