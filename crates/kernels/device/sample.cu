@@ -1,6 +1,6 @@
-// kernels/sample.cu: drawing the next token from one full-vocabulary row of f32 logits, exactly
-// as the CPU engine's `sample_token` (crates/exec/src/engine/sampling.rs) defines it, without
-// sorting the vocabulary:
+// kernels/sample.cu: drawing the next token from one full-vocabulary row of logits (f32, or the
+// decode's bf16 read as they are), exactly as the CPU engine's `sample_token`
+// (crates/exec/src/engine/sampling.rs) defines it, without sorting the vocabulary:
 //   p_i = exp((z_i − max) / T), so the most likely token has p = 1; in the order of p (ties by
 //   lower id) the candidates are the longest prefix with p ≥ min_p and at most top_k entries (0
 //   turns either cut off); the nucleus is the shortest prefix of the candidates whose mass
@@ -29,12 +29,21 @@ struct NereusSampling {
   int greedy;
 };
 
+// One row of logits, f32 or bf16 (the decode's own, read without a widening pass first).
+struct NereusRow {
+  const void* base;
+  int is_bf16;
+  __device__ __forceinline__ float operator[](u64 c) const {
+    return is_bf16 ? nereus_bf16_to_f32(static_cast<const bf16*>(base)[c]) : static_cast<const float*>(base)[c];
+  }
+};
+
 __device__ __forceinline__ float nereus_sample_p(const NereusNucleus& n, float z) {
   return nereus_exp((z - n.max) / n.temperature);
 }
 
 // Σ p_i over ids whose p lies in [lo, hi), over the block's row.
-__device__ __forceinline__ float nereus_mass_between(const float* row, u64 v, const NereusNucleus& n, float lo, float hi,
+__device__ __forceinline__ float nereus_mass_between(NereusRow row, u64 v, const NereusNucleus& n, float lo, float hi,
                                                      float* scratch) {
   double s = 0.0;  // each thread's share in f64: a 128k vocabulary gives it 500 terms
   for (u64 c = threadIdx.x; c < v; c += blockDim.x) {
@@ -45,7 +54,7 @@ __device__ __forceinline__ float nereus_mass_between(const float* row, u64 v, co
 }
 
 // The largest positive float x with mass(p in [x, hi)) + below_hi ≥ target, by bisection on bits.
-__device__ __forceinline__ float nereus_level(const float* row, u64 v, const NereusNucleus& n, float hi,
+__device__ __forceinline__ float nereus_level(NereusRow row, u64 v, const NereusNucleus& n, float hi,
                                               float target, float* scratch) {
   unsigned int lo_bits = 0u, hi_bits = nereus_f32_to_bits(1.0f) + 1u;  // p ≤ 1 (the max has p = 1)
   while (hi_bits - lo_bits > 1u) {
@@ -68,7 +77,7 @@ __device__ __forceinline__ bool nereus_at_level(const NereusNucleus& n, float z,
 // The id of the `rank`-th (0-based) entry of the row at `level`, in id order (the last one when
 // `rank` is past them, which float slack can cause); each thread scans a contiguous chunk and a
 // block prefix over the chunk counts finds the owner. `counts` is shared, one per thread.
-__device__ __forceinline__ int nereus_tied_id(const float* row, u64 v, const NereusNucleus& n, float level,
+__device__ __forceinline__ int nereus_tied_id(NereusRow row, u64 v, const NereusNucleus& n, float level,
                                               unsigned int rank, bool by_logit, unsigned int* counts) {
   const u64 chunk = (v + blockDim.x - 1) / blockDim.x, begin = threadIdx.x * chunk;
   const u64 end = begin + chunk < v ? begin + chunk : v;
@@ -106,7 +115,7 @@ __device__ __forceinline__ float nereus_draw_uniform(u64 seed, u64 id, u64 pos) 
 }
 
 // Entries of the row whose p lies in [lo, ∞).
-__device__ __forceinline__ float nereus_count_from(const float* row, u64 v, const NereusNucleus& n, float lo,
+__device__ __forceinline__ float nereus_count_from(NereusRow row, u64 v, const NereusNucleus& n, float lo,
                                                    float* scratch) {
   float count = 0.0f;  // exact: a row has fewer than 2^24 entries
   for (u64 c = threadIdx.x; c < v; c += blockDim.x) count += nereus_sample_p(n, row[c]) >= lo ? 1.0f : 0.0f;
@@ -114,7 +123,7 @@ __device__ __forceinline__ float nereus_count_from(const float* row, u64 v, cons
 }
 
 // The largest positive float x with at least `k` entries at p ≥ x, by bisection on bits.
-__device__ __forceinline__ float nereus_count_level(const float* row, u64 v, const NereusNucleus& n, float k,
+__device__ __forceinline__ float nereus_count_level(NereusRow row, u64 v, const NereusNucleus& n, float k,
                                                     float* scratch) {
   unsigned int lo_bits = 0u, hi_bits = nereus_f32_to_bits(1.0f) + 1u;
   while (hi_bits - lo_bits > 1u) {
@@ -133,7 +142,7 @@ struct NereusPrefix {
 };
 
 // The candidates min_p and top_k leave (the whole row when both are off).
-__device__ __forceinline__ NereusPrefix nereus_candidates(const float* row, u64 v, const NereusNucleus& n,
+__device__ __forceinline__ NereusPrefix nereus_candidates(NereusRow row, u64 v, const NereusNucleus& n,
                                                           float min_p, u64 top_k, float* scratch) {
   // min_p's cut: every entry at p ≥ min_p (all of them for min_p = 0), ties included.
   float lowest = 2.0f;
@@ -155,7 +164,7 @@ __device__ __forceinline__ NereusPrefix nereus_candidates(const float* row, u64 
 }
 
 // The nucleus: the shortest prefix of the candidates whose mass reaches top_p × theirs.
-__device__ __forceinline__ NereusPrefix nereus_nucleus(const float* row, u64 v, const NereusNucleus& n,
+__device__ __forceinline__ NereusPrefix nereus_nucleus(NereusRow row, u64 v, const NereusNucleus& n,
                                                        const NereusPrefix& candidates, float top_p, float* scratch) {
   const float inf = nereus_bits_to_f32(0x7f800000u);
   const float want = top_p * candidates.mass();
@@ -179,7 +188,7 @@ __device__ __forceinline__ NereusPrefix nereus_nucleus(const float* row, u64 v, 
 // The draw of one row with uniform u by bisection (about 65–100 passes over the row): the
 // histogram path's fallback when a bucket it must sort holds more entries than its buffer.
 // Every thread of the block returns it.
-__device__ __forceinline__ int nereus_draw_row_bisect(const float* row, u64 v, const NereusSampling& s, float u,
+__device__ __forceinline__ int nereus_draw_row_bisect(NereusRow row, u64 v, const NereusSampling& s, float u,
                                                float* scratch, unsigned int* counts, int* chosen) {
   const float inf = nereus_bits_to_f32(0x7f800000u);
   if (threadIdx.x == 0) *chosen = 0;  // ordered before the owner's write by the reductions' barriers
@@ -210,24 +219,27 @@ __device__ __forceinline__ int nereus_draw_row_bisect(const float* row, u64 v, c
 }
 
 // ---- The histogram path: three passes over the row in the common case ----------------------
-// Pass 1 finds the maximum (p is relative to it). Pass 2 counts the row into buckets of p, 32 to
-// an octave over p ∈ [2^-32, 1] plus one bucket below (bucket 0 holds p = 1, the maximum and its
-// ties; higher buckets hold smaller p), each with its entries' count and mass, the mass in fixed
-// point (p·2^40 rounded down, integer atomics: the sums do not depend on the threads' order, so
-// a draw is reproducible), and the min-p candidates' count and mass. Inclusive prefix sums over
+// Pass 1 finds the maximum (p is relative to it). Pass 2 counts the row into buckets of p
+// (nereus_sample_bucket: bucket 0 holds p = 1, the maximum and its ties; 1,023 buckets of 1/32
+// octave below it down to about 2^-32; 33 of 1/4 octave down to 2^-40; the last holds p < 2^-40,
+// whose fixed-point mass is 0), each with its entries' count and mass, the mass in fixed point
+// (p·2^40 rounded down, integer atomics: the sums do not depend on the threads' order, so a
+// draw is reproducible), and the min-p candidates' count and mass. Inclusive prefix sums over
 // the buckets then say in which bucket each cut falls: the top-k candidates (by count), the
 // nucleus (by mass) and the draw (by mass). Pass 3 gathers the entries of the buckets those cuts
 // need (a window of adjacent buckets) into shared memory, sorts them by (p desc, id asc) — the
 // host's order — and resolves every cut inside the window exactly. A window that would not fit
-// is narrowed to the bucket one cut needs (a pass per cut); a single bucket that holds more than
+// is narrowed to the bucket one cut needs (a pass per cut); a top-k cut among the massless
+// entries needs no gather (their order moves no mass); a single bucket that holds more than
 // NEREUS_SAMPLE_GATHER entries (a nearly flat row: thousands of logits within 0.02·T of each
 // other) falls back to bisection.
-#define NEREUS_SAMPLE_PER_OCTAVE_BITS 5
-#define NEREUS_SAMPLE_OCTAVES 32
-#define NEREUS_SAMPLE_BUCKETS (NEREUS_SAMPLE_OCTAVES * (1 << NEREUS_SAMPLE_PER_OCTAVE_BITS) + 1)
+#define NEREUS_SAMPLE_FINE 1024    // buckets of 1/32 octave from p = 1 down
+#define NEREUS_SAMPLE_COARSE 33    // buckets of 1/4 octave from 2^-32 to 2^-40
+#define NEREUS_SAMPLE_BUCKETS (NEREUS_SAMPLE_FINE + NEREUS_SAMPLE_COARSE + 1)
+#define NEREUS_SAMPLE_MASSLESS (NEREUS_SAMPLE_BUCKETS - 1)
 #define NEREUS_SAMPLE_GATHER 2048
 
-// What the histogram path keeps in shared memory (about 45 KB of the 48 KB a block may hold).
+// What the histogram path keeps in shared memory (about 46 KB of the 48 KB a block may hold).
 struct NereusSampleShared {
   unsigned int count[NEREUS_SAMPLE_BUCKETS];  // then: entries in buckets 0..b
   u64 mass[NEREUS_SAMPLE_BUCKETS];            // then: fixed-point mass of buckets 0..b
@@ -240,16 +252,19 @@ struct NereusSampleShared {
   int chosen;
 };
 
-// The bucket of probability p ∈ [0, 1]: 0 for p = 1, one per 1/32 octave below it, the last
-// for p < 2^-32 (and for NaN).
+// The bucket of probability p ∈ [0, 1], monotone (a smaller p never has a smaller bucket): the
+// fine buckets by the top 5 mantissa bits, then the coarse ones by the top 2, then
+// NEREUS_SAMPLE_MASSLESS for p < 2^-40 (and NaN).
 __device__ __forceinline__ unsigned int nereus_sample_bucket(float p) {
-  const unsigned int shift = 23 - NEREUS_SAMPLE_PER_OCTAVE_BITS;
-  const unsigned int from_top = (nereus_f32_to_bits(1.0f) >> shift) - (nereus_f32_to_bits(p) >> shift);
-  return from_top < NEREUS_SAMPLE_BUCKETS - 1 ? from_top : NEREUS_SAMPLE_BUCKETS - 1;
+  const unsigned int bits = nereus_f32_to_bits(p);
+  const unsigned int fine = (nereus_f32_to_bits(1.0f) >> 18) - (bits >> 18);
+  if (fine < NEREUS_SAMPLE_FINE) return fine;
+  const unsigned int coarse = (nereus_f32_to_bits(2.3283064365386963e-10f) >> 21) - (bits >> 21);  // from 2^-32
+  return coarse < NEREUS_SAMPLE_COARSE ? NEREUS_SAMPLE_FINE + coarse : NEREUS_SAMPLE_MASSLESS;
 }
 
-// p in fixed point: exact for p ≥ 2^-40 to 24 bits, 0 below.
-__device__ __forceinline__ u64 nereus_sample_fixed(float p) { return (u64)(p * 1099511627776.0f); }
+// p in fixed point: p·2^40 rounded down (exact for p ≥ 2^-16; 0 below 2^-40 and for NaN).
+__device__ __forceinline__ u64 nereus_sample_fixed(float p) { return p == p ? (u64)(p * 1099511627776.0f) : 0u; }
 
 // A gathered entry's sort key: larger p first, then lower id.
 __device__ __forceinline__ u64 nereus_sample_key(float p, u64 id) {
@@ -282,7 +297,7 @@ __device__ __forceinline__ void nereus_prefix_sums(T* a, unsigned int n, u64* la
 
 // Passes 1 and 2: the maximum, then the buckets' counts and masses as prefix sums, and the
 // min-p candidates'. Every thread returns the maximum.
-__device__ __forceinline__ float nereus_sample_histogram(const float* row, u64 v, float temperature, float min_p,
+__device__ __forceinline__ float nereus_sample_histogram(NereusRow row, u64 v, float temperature, float min_p,
                                                          NereusSampleShared& sh) {
   float m = nereus_bits_to_f32(0xff800000u);
   for (u64 c = threadIdx.x; c < v; c += blockDim.x) m = fmaxf(m, row[c]);
@@ -291,16 +306,21 @@ __device__ __forceinline__ float nereus_sample_histogram(const float* row, u64 v
   if (threadIdx.x == 0) sh.min_p_count = 0u, sh.min_p_mass = 0u, sh.window_lo = 1u, sh.window_hi = 0u;
   __syncthreads();
   const NereusNucleus n = {m, temperature};
-  unsigned int kept = 0;
+  unsigned int kept = 0, massless = 0;
   u64 kept_mass = 0;
   for (u64 c = threadIdx.x; c < v; c += blockDim.x) {
     const float p = nereus_sample_p(n, row[c]);
     const unsigned int b = nereus_sample_bucket(p);
     const u64 fixed = nereus_sample_fixed(p);
-    atomicAdd(&sh.count[b], 1u);
-    atomicAdd(&sh.mass[b], fixed);
+    if (b == NEREUS_SAMPLE_MASSLESS) {
+      massless += 1u;  // most of a peaked row: counted per thread, not on one contended address
+    } else {
+      atomicAdd(&sh.count[b], 1u);
+      atomicAdd(&sh.mass[b], fixed);
+    }
     if (p >= min_p) kept += 1u, kept_mass += fixed;
   }
+  atomicAdd(&sh.count[NEREUS_SAMPLE_MASSLESS], massless);
   atomicAdd(&sh.min_p_count, kept);
   atomicAdd(&sh.min_p_mass, kept_mass);
   nereus_prefix_sums(sh.count, NEREUS_SAMPLE_BUCKETS, sh.lanes);
@@ -341,7 +361,7 @@ __device__ __forceinline__ unsigned int nereus_bucket_of_mass(const NereusSample
 
 // Pass 3: gathers the entries of buckets [lo, hi] (at most NEREUS_SAMPLE_GATHER), sorts them
 // into the host's order (bitonic, in shared memory) and sums their masses.
-__device__ __forceinline__ void nereus_sample_gather(const float* row, u64 v, const NereusNucleus& n, unsigned int lo,
+__device__ __forceinline__ void nereus_sample_gather(NereusRow row, u64 v, const NereusNucleus& n, unsigned int lo,
                                                      unsigned int hi, NereusSampleShared& sh) {
   __syncthreads();  // every thread is done reading the previous window
   if (threadIdx.x == 0) sh.gathered = 0u, sh.window_lo = lo, sh.window_hi = hi;
@@ -375,7 +395,7 @@ __device__ __forceinline__ void nereus_sample_gather(const float* row, u64 v, co
 
 // Makes sure the window holds bucket b, gathering [from, b] when that fits (a window that
 // also serves the cuts still to come), else [b, b]. False when b alone does not fit.
-__device__ __forceinline__ bool nereus_sample_window(const float* row, u64 v, const NereusNucleus& n, unsigned int b,
+__device__ __forceinline__ bool nereus_sample_window(NereusRow row, u64 v, const NereusNucleus& n, unsigned int b,
                                                      unsigned int from, NereusSampleShared& sh) {
   if (sh.window_lo <= b && b <= sh.window_hi) return true;
   const unsigned int upto = sh.count[b];
@@ -416,7 +436,7 @@ __device__ __forceinline__ unsigned int nereus_draw_reach(const NereusSampleShar
 
 // The draw of one row with uniform u, sampling (not greedy); -1 when a bucket is too full for
 // the window (the caller then bisects). Every thread of the block returns it.
-__device__ __forceinline__ int nereus_draw_sampled(const float* row, u64 v, const NereusSampling& s, float u,
+__device__ __forceinline__ int nereus_draw_sampled(NereusRow row, u64 v, const NereusSampling& s, float u,
                                                    NereusSampleShared& sh) {
   const float m = nereus_sample_histogram(row, v, s.temperature, s.min_p, sh);
   const NereusNucleus n = {m, s.temperature};
@@ -427,8 +447,12 @@ __device__ __forceinline__ int nereus_draw_sampled(const float* row, u64 v, cons
   u64 total = sh.min_p_mass;
   if (candidates != sh.min_p_count) {
     const unsigned int b = nereus_bucket_of_rank(sh, candidates);
-    if (!nereus_sample_window(row, v, n, b, nereus_draw_reach(sh, b, u, top_p), sh)) return -1;
-    total = nereus_mass_of_first(sh, candidates);
+    if (b == NEREUS_SAMPLE_MASSLESS) {
+      total = nereus_mass_before(sh, b);  // the cut falls among entries of no mass
+    } else {
+      if (!nereus_sample_window(row, v, n, b, nereus_draw_reach(sh, b, u, top_p), sh)) return -1;
+      total = nereus_mass_of_first(sh, candidates);
+    }
   }
   unsigned int kept = candidates;
   u64 kept_mass = total;
@@ -450,7 +474,7 @@ __device__ __forceinline__ int nereus_draw_sampled(const float* row, u64 v, cons
 }
 
 // The draw of one row with uniform u; every thread of the block returns it.
-__device__ __forceinline__ int nereus_draw_row(const float* row, u64 v, const NereusSampling& s, float u,
+__device__ __forceinline__ int nereus_draw_row(NereusRow row, u64 v, const NereusSampling& s, float u,
                                                NereusSampleShared& sh) {
   if (!s.greedy && s.temperature > 0.0f) {
     const int id = nereus_draw_sampled(row, v, s, u, sh);
@@ -461,20 +485,24 @@ __device__ __forceinline__ int nereus_draw_row(const float* row, u64 v, const Ne
   return nereus_draw_row_bisect(row, v, s, u, sh.scratch, reinterpret_cast<unsigned int*>(sh.keys), &sh.chosen);
 }
 
-// drawn[R]: the draw for each row of logits[R, V], sequence ids[r] at position pos + *position
+// drawn[R]: the draw for each row of logits[R, V] (f32, or bf16 where logits_bf16 is set),
+// sequence ids[r] at position pos + *position
 // (position: a decode's row counter in device memory, or null; the draws of
 // `nereus_draw_uniform`, so a draw depends on neither the layout nor the batch). Rows whose
 // done[r] is set (sequences that have ended; done may be null) are not drawn.
-NEREUS_KERNEL nereus_sample(int* __restrict__ drawn, const float* __restrict__ logits, const u64* __restrict__ ids,
+NEREUS_KERNEL nereus_sample(int* __restrict__ drawn, const void* __restrict__ logits, const u64* __restrict__ ids,
                             const int* __restrict__ done, u64 rows, u64 v, u64 seed, u64 pos, float temperature,
-                            float top_p, float min_p, u64 top_k, int greedy, const int* __restrict__ position) {
+                            float top_p, float min_p, u64 top_k, int greedy, int logits_bf16,
+                            const int* __restrict__ position) {
   if (position) pos += (u64)*position;
   __shared__ NereusSampleShared shared;
   const NereusSampling s = {temperature, top_p, min_p, top_k, greedy};
   NEREUS_ROWS(r, rows) {
     if (done && done[r]) continue;  // the same for the whole block: no barrier is skipped by part of it
     const float u = nereus_draw_uniform(seed, ids[r], pos);
-    const int id = nereus_draw_row(logits + r * v, v, s, u, shared);
+    const u64 row_bytes = v * (logits_bf16 ? 2 : 4);
+    const NereusRow row = {static_cast<const unsigned char*>(logits) + r * row_bytes, logits_bf16};
+    const int id = nereus_draw_row(row, v, s, u, shared);
     if (threadIdx.x == 0) drawn[r] = id;
   }
 }

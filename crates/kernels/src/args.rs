@@ -390,7 +390,7 @@ kernel_args! {
     Sample => Sample {
         /// `int` tokens drawn `[R]`.
         drawn: DevicePtr,
-        /// f32 logits `[R, V]`.
+        /// Logits `[R, V]`, f32 or bf16 (`logits_bf16`).
         logits: DevicePtr,
         /// `u64` sequence ids `[R]`.
         ids: DevicePtr,
@@ -414,6 +414,8 @@ kernel_args! {
         top_k: u64,
         /// 1 for greedy decoding.
         greedy: i32,
+        /// 1 where the logits are bf16 (a decode's, read without widening them first), 0 for f32.
+        logits_bf16: i32,
         /// `int` row counter `[1]` added to `pos`, or null.
         position: DevicePtr,
     }

@@ -239,8 +239,7 @@ pub fn inference(s: &LocalShape, micro: u64, seq: u64, on: Residence) -> MemoryB
 /// Peak of generating `r` tokens after a prompt of `p` for `b` sequences: the KV cache for
 /// `p + r` positions, on a device flash-decoding's scratch for the whole decode, and the larger
 /// of the prefill pass and the last decode step (the input, every block's activations, and on
-/// the last stage the whole vocabulary's logits, which a rank that draws the tokens widens to
-/// f32 on a device, for its sampler).
+/// the last stage the whole vocabulary's logits, which a device's sampler reads as they are).
 pub fn generation(s: &LocalShape, b: u64, p: u64, r: u64, on: Residence) -> MemoryBreakdown {
     let (c, blocks) = (s.c as u64, s.blocks as u64);
     let mut m = MemoryBreakdown::default();
@@ -257,9 +256,7 @@ pub fn generation(s: &LocalShape, b: u64, p: u64, r: u64, on: Residence) -> Memo
         if s.last {
             // Each sequence's last row, the final norm's output and its 1/rms.
             x.add(MemoryItem::Activations, on.act() * 2 * b * c + 4 * b);
-            let draws_on_device = on == Residence::Device && s.draws_tokens();
-            let widened = if draws_on_device { 4 * b * s.vocab_total as u64 } else { 0 };
-            x.add(MemoryItem::Logits, on.act() * b * (s.vocab + s.vocab_total) as u64 + widened);
+            x.add(MemoryItem::Logits, on.act() * b * (s.vocab + s.vocab_total) as u64);
         }
         x
     };

@@ -34,7 +34,8 @@ pub struct Sampling {
     pub seed: u64,
     /// How often, in token steps, a device's host reads whether every sequence has finished
     /// (one wait each time; between reads no token step waits, and the steps after the last
-    /// sequence ends cost a little compute). The host engine checks every step.
+    /// sequence ends cost a little compute). The host engine checks every step, except under
+    /// TP on one stage, where every rank draws and the ranks check together at this cadence.
     pub stop_check_every: usize,
 }
 
@@ -71,8 +72,10 @@ impl StopIds {
 pub struct SampleBuffers {
     /// `[rows]` i32: the drawn tokens.
     pub drawn: DevicePtr,
-    /// `[rows, v]` f32 logits.
+    /// `[rows, v]` logits, f32 or bf16.
     pub logits: DevicePtr,
+    /// Whether `logits` are bf16 (a decode's own) rather than f32.
+    pub logits_bf16: bool,
     /// `[rows]` u64: each row's sequence id (its draws' counter).
     pub ids: DevicePtr,
     /// `[rows]` flags of finished rows, which draw nothing (null: none is finished).
@@ -98,6 +101,7 @@ impl Sampling {
             min_p: self.min_p,
             top_k: u64::from(self.top_k),
             greedy: i32::from(self.greedy),
+            logits_bf16: i32::from(b.logits_bf16),
             position: DevicePtr::NULL,
         }
     }

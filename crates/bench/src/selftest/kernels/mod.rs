@@ -791,6 +791,12 @@ fn check_sample(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), Backen
             row[a] = if rng.below(2) == 0 { top } else { row[b] };
         }
     }
+    // Half the cases draw from bf16 logits, as a decode does (the reference reads them widened,
+    // which is exact; bf16 makes runs of equal p common).
+    let logits_bf16 = rng.below(2) == 0;
+    if logits_bf16 {
+        logits.iter_mut().for_each(|z| *z = bf16_to_f32(f32_to_bf16(*z)));
+    }
     let s = Sampling {
         greedy: rng.below(4) == 0,
         temperature: [0.3f32, 0.7, 1.0, 1.5][rng.below(4)],
@@ -802,9 +808,11 @@ fn check_sample(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), Backen
     };
     let pos = rng.below(4096) as u64;
     let ids: Vec<u64> = (0..rows).map(|_| rng.below(1 << 30) as u64).collect();
-    let (ls, is, ts) =
-        (DeviceArray::from(d, &logits)?, DeviceArray::from(d, &ids)?, DeviceArray::from(d, &vec![-1i32; rows])?);
-    let buffers = SampleBuffers { drawn: ts.ptr(), logits: ls.ptr(), ids: is.ptr(), done: DevicePtr::default() };
+    let (is, ts) = (DeviceArray::from(d, &ids)?, DeviceArray::from(d, &vec![-1i32; rows])?);
+    let narrow: Vec<u16> = logits.iter().map(|&z| f32_to_bf16(z)).collect();
+    let (wide, narrow) = (DeviceArray::from(d, &logits)?, DeviceArray::from(d, &narrow)?);
+    let ls = if logits_bf16 { narrow.ptr() } else { wide.ptr() };
+    let buffers = SampleBuffers { drawn: ts.ptr(), logits: ls, logits_bf16, ids: is.ptr(), done: DevicePtr::default() };
     let call = s.kernel_call(buffers, rows, cols, pos);
     run(d, &call, rows as u64)?;
     let got: Vec<i32> = ts.read()?;

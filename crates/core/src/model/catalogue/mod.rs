@@ -208,13 +208,6 @@ pub fn blocks_of_stage(layers: u64, pp: u32, stage: u32) -> std::ops::Range<u64>
 }
 
 impl LocalShape {
-    /// Whether this rank draws the tokens in generation: on a replica of one stage every TP
-    /// rank (each from the same summed logits, `engine/generate.rs`); under PP the last stage's
-    /// first TP rank (the one holding vocabulary row 0), which hands them to every other rank.
-    pub fn draws_tokens(&self) -> bool {
-        self.last && (self.first || self.v0 == 0)
-    }
-
     /// Columns of one chunk of the fused LM head (`engine/output.rs`): this rank's `V`
     /// vocabulary columns in `ceil(V / F)` chunks of `ceil(V / chunks)` columns, rounded up to a
     /// multiple of 8 (16-byte rows of bf16, which tensor-core GEMMs want), so one chunk's logits

@@ -185,12 +185,6 @@ impl<'d, 'a, 'l> OnDevice<'d, 'a, 'l> {
         Ok(DeviceArray::zeros(self.device, len)?)
     }
 
-    /// `f32` scratch charged under `item` that the next kernel writes whole (not zeroed first).
-    fn f32_overwritten(&mut self, item: MemoryItem, len: usize) -> Result<F32<'d>, EngineError> {
-        self.arena.charge(item, 4 * len as u64)?;
-        Ok(DeviceArray::uninit(self.device, len)?)
-    }
-
     /// `y = bf16(x)`.
     fn round(&self, y: &Bf16<'d>, x: &F32<'d>) -> Result<(), EngineError> {
         self.elementwise(&k::CastF32ToBf16 { y: y.ptr(), x: x.ptr(), n: x.len() as u64 }, x.len())
@@ -877,11 +871,14 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
         pos: usize,
     ) -> Result<(), EngineError> {
         let rows = d.shape.b;
-        // The sampler reads f32 logits (its bisection runs over float bit patterns).
-        let wide = self.f32_overwritten(MemoryItem::Logits, logits.len())?;
-        let cast = k::CastBf16ToF32 { y: wide.ptr(), x: logits.ptr(), n: logits.len() as u64 };
-        self.elementwise(&cast, logits.len())?;
-        let buffers = SampleBuffers { drawn: d.drawn.ptr(), logits: wide.ptr(), ids: d.ids.ptr(), done: d.done.ptr() };
+        // The sampler reads the bf16 logits as they are (no widened copy, no pass to make one).
+        let buffers = SampleBuffers {
+            drawn: d.drawn.ptr(),
+            logits: logits.ptr(),
+            logits_bf16: true,
+            ids: d.ids.ptr(),
+            done: d.done.ptr(),
+        };
         let (position, at) = d.at(pos);
         let call = k::Sample { position, ..s.kernel_call(buffers, rows, logits.len() / rows.max(1), at) };
         self.rows(&call, rows)?;

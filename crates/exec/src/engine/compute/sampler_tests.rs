@@ -48,7 +48,13 @@ fn device_draws(device: &Device, logits: &[f32], s: &Sampling, n: usize, pos: u6
     let ids: Vec<u64> = (0..n as u64).collect();
     let (l, i) = (DeviceArray::from(device, &rows).unwrap(), DeviceArray::from(device, &ids).unwrap());
     let drawn = DeviceArray::<i32>::zeros(device, n).unwrap();
-    let buffers = SampleBuffers { drawn: drawn.ptr(), logits: l.ptr(), ids: i.ptr(), done: Default::default() };
+    let buffers = SampleBuffers {
+        drawn: drawn.ptr(),
+        logits: l.ptr(),
+        logits_bf16: false,
+        ids: i.ptr(),
+        done: Default::default(),
+    };
     let call = s.kernel_call(buffers, n, logits.len(), pos);
     let lanes = device.runtime().warp_width();
     // SAFETY: the buffers hold [n, V] logits, n ids and n draws.
