@@ -72,7 +72,8 @@ pub struct DeviceCounters {
     pub h2d_bytes: u64,
     /// Bytes copied device to host.
     pub d2h_bytes: u64,
-    /// Bytes the host had zeroed on the device (memsets; a graph's run inside its launch).
+    /// Bytes the host had zeroed on the device: the memsets it enqueued (those a recorded graph
+    /// replays are not counted).
     pub zeroed_bytes: u64,
     /// Recorded graphs launched ([`Device::launch_graph`]): one host call each.
     pub graph_launches: u64,

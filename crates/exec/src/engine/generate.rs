@@ -80,32 +80,38 @@ impl Replica {
         let draws = one_stage || self.groups.speaks_for_outputs();
         // Step 0 is the prefill; every later step decodes one token per sequence.
         let outside = super::timers::set_decoding(false);
-        for step in 0..r {
-            super::timers::set_decoding(step > 0);
-            let pos = p + step;
-            let rows =
-                if step == 0 { Rows { b, t: p, pos0: 0, starts } } else { Rows { b, t: 1, pos0: pos - 1, starts } };
-            let mut token_step = |c: &mut C, decoding: &mut C::Decoding| {
-                let mark = c.mark();
-                self.step_on(c, plane, params, (prompts, step == 0), decoding, (rows, &mut *cache, &tp), s, draws)?;
-                let since = c.since(mark);
-                c.release(&since);
-                Ok(())
-            };
-            match (alone, step) {
-                // Nothing crosses the host inside a token step of a lone replica: a device
-                // records the first and replays it.
-                (true, 1..) => c.decode_step(&mut decoding, rows.pos0, token_step)?,
-                _ => token_step(c, &mut decoding)?,
+        let last_step = (|| {
+            for step in 0..r {
+                super::timers::set_decoding(step > 0);
+                let pos = p + step;
+                let rows =
+                    if step == 0 { Rows { b, t: p, pos0: 0, starts } } else { Rows { b, t: 1, pos0: pos - 1, starts } };
+                let mut token_step = |c: &mut C, decoding: &mut C::Decoding| {
+                    let mark = c.mark();
+                    self.step_on(c, plane, params, (prompts, step == 0), decoding, (rows, &mut *cache, &tp), s, draws)?;
+                    let since = c.since(mark);
+                    c.release(&since);
+                    Ok(())
+                };
+                match (alone, step) {
+                    // Nothing crosses the host inside a token step of a lone replica: a device
+                    // records the first and replays it.
+                    (true, 1..) => c.decode_step(&mut decoding, rows.pos0, token_step)?,
+                    _ => token_step(c, &mut decoding)?,
+                }
+                if self.step_ends_decode(c, plane, &tp, &mut decoding, (s, draws), (step, pos, b))? {
+                    return Ok(step);
+                }
             }
-            if self.step_ends_decode(c, plane, &tp, &mut decoding, (s, draws), (step, pos, b))? {
-                break;
-            }
-        }
+            Ok::<_, EngineError>(r.saturating_sub(1))
+        })();
+        // Restored on every way out: a failed decode must not leave the op timers in decoding.
         super::timers::set_decoding(outside);
+        let last_step = last_step?;
         let generated = c.decode_end(decoding)?;
         if !alone && one_stage {
-            agree_on_tokens(&tp, true, &generated.tokens, r)?;
+            // Every token drawn, so a difference between two checks is caught too.
+            agree_on_tokens(&tp, true, &generated.tokens, last_step)?;
         }
         Ok(generated)
     }

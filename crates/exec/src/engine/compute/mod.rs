@@ -354,7 +354,7 @@ pub trait Compute {
         pos: usize,
     ) -> Result<(), EngineError>;
     /// The tokens at the last position written, as host values (a device waits once): what
-    /// the last pipeline stage hands the others.
+    /// the last pipeline stage hands the others, and what TP ranks that each draw compare.
     fn decode_last(&mut self, d: &Self::Decoding) -> Result<Vec<u32>, EngineError>;
     /// Advances the decode with tokens drawn on another rank.
     fn decode_advance(&mut self, d: &mut Self::Decoding, drawn: &[u32], pos: usize) -> Result<(), EngineError>;
