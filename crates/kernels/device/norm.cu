@@ -7,14 +7,23 @@
 // nereus_block_reduce (pairwise trees, never one long f32 chain). Element-wise: 1-D grid-stride.
 
 // RMSNorm: y[R,C] = x · rsqrt(mean(x²) + eps) · weight[C]; inv_rms[R] kept for the backward pass.
-NEREUS_KERNEL nereus_rmsnorm_forward(bf16* __restrict__ y, float* __restrict__ inv_rms, const bf16* __restrict__ x,
-                                     const bf16* __restrict__ weight, u64 rows, u64 cols, float eps) {
+// With a residual (not null) the residual connection comes first, in the same pass: x[R,C] +=
+// residual[R,C], rounded to bf16 as nereus_residual_add rounds it, and the norm reads the sum
+// (each thread reads back only the elements it wrote).
+NEREUS_KERNEL nereus_rmsnorm_forward(bf16* __restrict__ y, float* __restrict__ inv_rms, bf16* __restrict__ x,
+                                     const bf16* __restrict__ weight, u64 rows, u64 cols, float eps,
+                                     const bf16* __restrict__ residual) {
   __shared__ float scratch[1024 / NEREUS_WARP];
   NEREUS_ROWS(row, rows) {
-    const bf16* xr = x + row * cols;  // [C]
+    bf16* xr = x + row * cols;  // [C]
     float squares = 0.0f;
     for (u64 c = threadIdx.x; c < cols; c += blockDim.x) {
-      const float v = nereus_bf16_to_f32(xr[c]);
+      float v = nereus_bf16_to_f32(xr[c]);
+      if (residual) {
+        const bf16 sum = nereus_f32_to_bf16(v + nereus_bf16_to_f32(residual[row * cols + c]));
+        xr[c] = sum;
+        v = nereus_bf16_to_f32(sum);
+      }
       squares += v * v;
     }
     const float r = nereus_rsqrt(nereus_block_reduce(squares, scratch, false) / (float)cols + eps);

@@ -108,13 +108,14 @@ kernel_args! {
         /// Elements.
         n: u64,
     }
-    /// `y[R,C] = x · rsqrt(mean(x²) + eps) · weight`, `inv_rms[R]` kept.
+    /// `y[R,C] = x · rsqrt(mean(x²) + eps) · weight`, `inv_rms[R]` kept; with a residual,
+    /// `x += residual` first, in the same pass.
     RmsnormForward => RmsnormForward {
         /// bf16 output `[R, C]`.
         y: DevicePtr,
         /// f32 `1/rms` per row `[R]`.
         inv_rms: DevicePtr,
-        /// bf16 input `[R, C]`.
+        /// bf16 input `[R, C]` (the sum, written back, where a residual is given).
         x: DevicePtr,
         /// bf16 gain `[C]`.
         weight: DevicePtr,
@@ -124,6 +125,8 @@ kernel_args! {
         cols: u64,
         /// The norm's epsilon.
         eps: f32,
+        /// bf16 `[R, C]` added to `x` before the norm, or null.
+        residual: DevicePtr,
     }
     /// RMSNorm backward: `dx +=`, `dweight +=` (f32).
     RmsnormBackward => RmsnormBackward {

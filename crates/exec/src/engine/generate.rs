@@ -204,7 +204,7 @@ impl Replica {
 
 /// Whether the TP group's ranks, each drawing its own tokens, agree: every rank gives whether
 /// its decode has `finished` and the `tokens` it drew, and all learn the group's maximum and
-/// minimum of both (one all-reduce of eight values), so they stop together or fail together
+/// minimum of both (one reduction of eight values), so they stop together or fail together
 /// with [`EngineError::TokensDisagree`] — never one waiting in a collective the others left.
 fn agree_on_tokens<G: TensorGroup<f32>>(
     tp: &G,

@@ -266,9 +266,8 @@ impl StageModel {
         c.linear_forward(&mut xmid, &att, (p, &bw.o), n, qw, d.c)?;
         // Leaving the row-parallel projection (reduce_from_tensor_model_parallel_region).
         c.tp_sum(tp, &mut xmid)?;
-        c.add(&mut xmid, &x)?;
         let (mut xn2, mut r2) = (c.overwritten(item, n * d.c)?, c.stats(item, n)?);
-        c.rmsnorm_forward(&mut xn2, &mut r2, &xmid, (p, &bw.mlp_norm), d.c, self.eps)?;
+        c.add_rmsnorm_forward(&mut xmid, &x, &mut xn2, &mut r2, (p, &bw.mlp_norm), d.c, self.eps)?;
         // Gate and up in one GEMM over their adjacent weights: gu[n, 2F].
         let (mut gu, mut h) = (c.overwritten(item, n * 2 * d.ffn)?, c.overwritten(item, n * d.ffn)?);
         c.linear_forward(&mut gu, &xn2, (p, &bw.gate_up), n, d.c, 2 * d.ffn)?;

@@ -14,8 +14,9 @@
 //! measurement implies (what calibration would set).
 //!
 //! Bytes counted per training step of `n` tokens (bf16 activations, `L` blocks):
-//! - norms, `L·36·n·C + 12·n·C`: per block two RMSNorms forward (reading `x`, writing `y`) and
-//!   backward (reading `x`, `dy` and `dx`, writing `dx`), and two residual adds (reading two
+//! - norms, `L·34·n·C + 12·n·C`: per block two RMSNorms forward (reading `x`, writing `y`; the
+//!   second also reads the residual and writes the sum, the residual add fused into it) and
+//!   backward (reading `x`, `dy` and `dx`, writing `dx`), and one residual add (reading two
 //!   rows, writing one); the final norm;
 //! - the head and loss, `6·n·V`: the statistics read each chunk of logits, the backward reads
 //!   and rewrites it;
@@ -117,7 +118,7 @@ fn analytic(family: Family, a: &Architecture, (b, t): (usize, usize), params: u6
         }
         Family::AttentionForward => (attention / 3.0, 0.0),
         Family::AttentionBackward => (2.0 * attention / 3.0, 0.0),
-        Family::Norms => (0.0, l * 36.0 * n * c + 12.0 * n * c),
+        Family::Norms => (0.0, l * 34.0 * n * c + 12.0 * n * c),
         Family::HeadAndLoss => (0.0, 6.0 * n * v),
         Family::Adamw => (0.0, 34.0 * params as f64),
         Family::Other => (0.0, l * (16.0 * n * f + 8.0 * n * (q + k)) + 8.0 * n * c),

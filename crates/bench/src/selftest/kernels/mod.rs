@@ -287,10 +287,14 @@ fn row_shape(rng: &mut Rng) -> (usize, usize) {
 
 const EPS: f32 = 1e-5;
 
+/// The norm of `x`, or in half the cases of `x + residual` (the fused residual connection,
+/// whose sum must be `nereus_residual_add`'s bit for bit).
 fn check_rmsnorm_forward(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), BackendError> {
     let (rows, cols) = row_shape(rng);
-    let (x, w) = (bf16_values(rng, rows * cols, 2.0), bf16_values(rng, cols, 1.0));
+    let (mut x, w) = (bf16_values(rng, rows * cols, 2.0), bf16_values(rng, cols, 1.0));
+    let residual = (rng.below(2) == 0).then(|| bf16_values(rng, rows * cols, 2.0));
     let (xs, ws) = (DeviceArray::from(d, &x)?, DeviceArray::from(d, &w)?);
+    let rsd = residual.as_ref().map(|r| DeviceArray::from(d, r)).transpose()?;
     let (ys, rs) = (DeviceArray::from(d, &vec![0u16; rows * cols])?, DeviceArray::from(d, &vec![0f32; rows])?);
     let (rows_, cols_) = (rows as u64, cols as u64);
     let call = k::RmsnormForward {
@@ -301,8 +305,15 @@ fn check_rmsnorm_forward(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(
         rows: rows_,
         cols: cols_,
         eps: EPS,
+        residual: rsd.as_ref().map_or(DevicePtr::default(), |r| r.ptr()),
     };
     run(d, &call, rows_)?;
+    if let Some(residual) = &residual {
+        x.iter_mut().zip(residual).for_each(|(x, r)| *x = f32_to_bf16(bf16_to_f32(*x) + bf16_to_f32(*r)));
+        if xs.read()? != x {
+            v.failures.push(format!("{}: the residual sum x + r differs from bf16(x + r)", v.kernel));
+        }
+    }
     let (xf, wf) = (widen(&x), widen(&w));
     let (mut want_y, mut want_r) = (Vec::new(), Vec::new());
     for row in xf.chunks(cols) {

@@ -185,6 +185,24 @@ impl<'d, 'a, 'l> OnDevice<'d, 'a, 'l> {
         Ok(DeviceArray::zeros(self.device, len)?)
     }
 
+    /// The RMSNorm forward launch: `y` and `rstd` of `x`, after `x += residual` where one is
+    /// given (`nereus_rmsnorm_forward` does both in one pass).
+    fn rmsnorm_rows(
+        &self,
+        y: &Bf16<'d>,
+        rstd: &F32<'d>,
+        x: &Bf16<'d>,
+        residual: Option<&Bf16<'d>>,
+        w: View<DeviceView<u16>>,
+        (cols, eps): (usize, f64),
+    ) -> Result<(), EngineError> {
+        let rows = x.len() / cols;
+        let residual = residual.map_or(DevicePtr::NULL, |r| r.ptr());
+        let (y, inv_rms, x, weight) = (y.ptr(), rstd.ptr(), x.ptr(), weight(w));
+        let (rows, cols, eps) = (rows as u64, cols as u64, eps as f32);
+        self.rows(&k::RmsnormForward { y, inv_rms, x, weight, rows, cols, eps, residual }, rows as usize)
+    }
+
     /// `y = bf16(x)`.
     fn round(&self, y: &Bf16<'d>, x: &F32<'d>) -> Result<(), EngineError> {
         self.elementwise(&k::CastF32ToBf16 { y: y.ptr(), x: x.ptr(), n: x.len() as u64 }, x.len())
@@ -472,10 +490,20 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
         cols: usize,
         eps: f64,
     ) -> Result<(), EngineError> {
-        let rows = x.len() / cols;
-        let (y, inv_rms, x, weight) = (y.ptr(), rstd.ptr(), x.ptr(), weight(w));
-        let call = k::RmsnormForward { y, inv_rms, x, weight, rows: rows as u64, cols: cols as u64, eps: eps as f32 };
-        self.rows(&call, rows)
+        self.rmsnorm_rows(y, rstd, x, None, w, (cols, eps))
+    }
+
+    fn add_rmsnorm_forward(
+        &mut self,
+        x: &mut Self::Act,
+        residual: &Self::Act,
+        y: &mut Self::Act,
+        rstd: &mut Self::Stat,
+        w: View<Self::Params>,
+        cols: usize,
+        eps: f64,
+    ) -> Result<(), EngineError> {
+        self.rmsnorm_rows(y, rstd, x, Some(residual), w, (cols, eps))
     }
 
     fn rmsnorm_backward(

@@ -130,6 +130,22 @@ pub trait Compute {
         cols: usize,
         eps: f64,
     ) -> Result<(), EngineError>;
+    /// The residual connection `x += residual`, then [`Compute::rmsnorm_forward`] of the sum
+    /// into `y`: one pass over `x` on a device.
+    #[allow(clippy::too_many_arguments)]
+    fn add_rmsnorm_forward(
+        &mut self,
+        x: &mut Self::Act,
+        residual: &Self::Act,
+        y: &mut Self::Act,
+        rstd: &mut Self::Stat,
+        w: View<Self::Params>,
+        cols: usize,
+        eps: f64,
+    ) -> Result<(), EngineError> {
+        self.add(x, residual)?;
+        self.rmsnorm_forward(y, rstd, x, w, cols, eps)
+    }
     /// Backward of [`Compute::rmsnorm_forward`]: `dx +=`, `dw +=`.
     #[allow(clippy::too_many_arguments)]
     fn rmsnorm_backward(
