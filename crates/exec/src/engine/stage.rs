@@ -184,12 +184,18 @@ impl StageModel {
         mut cache: Option<&mut KvCache<C::Act>>,
         tp: &G,
     ) -> Result<(C::Act, Vec<BlockActs<C::Act, C::Stat>>), EngineError> {
-        let mut acts = Vec::with_capacity(self.weights.blocks.len());
+        let mut acts: Vec<BlockActs<C::Act, C::Stat>> = Vec::with_capacity(self.weights.blocks.len());
         for (i, bw) in self.weights.blocks.iter().enumerate() {
             let layer = cache.as_deref_mut().map(|kv| (&mut kv.layers[i], kv.t_cap));
-            let (out, a) = self.block_forward(c, p, bw, x, rows, layer, tp)?;
+            // A block's output still lacks its residual (its `xmid`): the next block adds it in
+            // its first norm's pass.
+            let residual = acts.last().map(|a| &a.xmid);
+            let (out, a) = self.block_forward(c, p, bw, (x, residual), rows, layer, tp)?;
             acts.push(a);
             x = out;
+        }
+        if let Some(last) = acts.last() {
+            c.add(&mut x, &last.xmid)?;
         }
         Ok((x, acts))
     }
@@ -217,13 +223,16 @@ impl StageModel {
         AttentionShape { b: rows.b, tq: rows.t, tk, t_cap, heads: d.heads, kv_heads: d.kv_heads, d: d.d }
     }
 
+    /// One block's forward on `x` (plus `residual`, the previous block's `xmid`, added in the
+    /// first norm's pass where given). The output returned lacks its own residual: the caller
+    /// adds this block's `xmid` (the next block does it in its first norm).
     #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     fn block_forward<C: Compute, G: TensorGroup<f32>>(
         &self,
         c: &mut C,
         p: &C::Params,
         bw: &BlockWeights,
-        x: C::Act,
+        (mut x, residual): (C::Act, Option<&C::Act>),
         rows: Rows,
         cache: Option<(&mut LayerCache<C::Act>, usize)>,
         tp: &G,
@@ -232,7 +241,11 @@ impl StageModel {
         let (qw, kw) = (d.heads * d.d, d.kv_heads * d.d);
         let item = MemoryItem::Activations;
         let (mut xn1, mut r1) = (c.overwritten(item, n * d.c)?, c.stats(item, n)?);
-        c.rmsnorm_forward(&mut xn1, &mut r1, &x, (p, &bw.attn_norm), d.c, self.eps)?;
+        let attn_norm = (p, &bw.attn_norm);
+        match residual {
+            Some(r) => c.add_rmsnorm_forward(&mut x, r, &mut xn1, &mut r1, attn_norm, d.c, self.eps)?,
+            None => c.rmsnorm_forward(&mut xn1, &mut r1, &x, attn_norm, d.c, self.eps)?,
+        }
         // Entering the column-parallel attention (Megatron's copy_to_tensor_model_parallel_region):
         // the identity forward.
         let (mut q_raw, mut k_raw, mut v) =
@@ -275,7 +288,6 @@ impl StageModel {
         let mut out = c.overwritten(item, n * d.c)?;
         c.linear_forward(&mut out, &h, (p, &bw.down), n, d.ffn, d.c)?;
         c.tp_sum(tp, &mut out)?;
-        c.add(&mut out, &xmid)?;
         let acts = BlockActs { x, xn1, r1, q_raw, k_raw, rq, rk, q, k, v, attention, att, xmid, xn2, r2, gu, h };
         Ok((out, acts))
     }
