@@ -8,7 +8,7 @@
 //! finished flags every [`Sampling::stop_check_every`] steps and the tokens once at the end.
 //! Under TP on one stage every rank draws, from the summed logits that are bit-identical on
 //! every rank of the group, so no token crosses the host: at every flag check the ranks compare a
-//! digest of what they drew (a small all-reduce) and stop together, or fail together where they
+//! digest of what they drew (a small reduction) and stop together, or fail together where they
 //! differ. Under PP the last stage's `(tp 0)` rank draws and every rank of the EMU receives each
 //! step's tokens over the plane (one host round trip per token).
 //!
@@ -116,9 +116,10 @@ impl Replica {
         Ok(generated)
     }
 
-    /// After token step `step` (feeding position `pos`) of `b` sequences: under PP the drawn tokens go from the
-    /// last stage to every rank; then, where the flags are read, whether every sequence has
-    /// ended (TP ranks of one stage decide it together, checking that they drew alike).
+    /// After token step `step` (feeding position `pos`) of `b` sequences: under PP the drawn
+    /// tokens go from the last stage to every rank; then, where the flags are read, whether
+    /// every sequence has ended (TP ranks of one stage decide it together, checking that they
+    /// drew alike).
     fn step_ends_decode<C: Compute, P: DataPlane, G: TensorGroup<f32>>(
         &self,
         c: &mut C,
