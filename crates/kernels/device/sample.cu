@@ -38,6 +38,13 @@ struct NereusRow {
   }
 };
 
+// The largest logit of the row; every thread of the block returns it.
+__device__ __forceinline__ float nereus_row_max(NereusRow row, u64 v, float* scratch) {
+  float m = nereus_bits_to_f32(0xff800000u);
+  for (u64 c = threadIdx.x; c < v; c += blockDim.x) m = fmaxf(m, row[c]);
+  return nereus_block_reduce(m, scratch, true);
+}
+
 __device__ __forceinline__ float nereus_sample_p(const NereusNucleus& n, float z) {
   return nereus_exp((z - n.max) / n.temperature);
 }
@@ -192,9 +199,7 @@ __device__ __forceinline__ int nereus_draw_row_bisect(NereusRow row, u64 v, cons
                                                float* scratch, unsigned int* counts, int* chosen) {
   const float inf = nereus_bits_to_f32(0x7f800000u);
   if (threadIdx.x == 0) *chosen = 0;  // ordered before the owner's write by the reductions' barriers
-  float m = nereus_bits_to_f32(0xff800000u);
-  for (u64 c = threadIdx.x; c < v; c += blockDim.x) m = fmaxf(m, row[c]);
-  m = nereus_block_reduce(m, scratch, true);
+  const float m = nereus_row_max(row, v, scratch);
   const NereusNucleus n = {m, s.temperature > 0.0f ? s.temperature : 1.0f};
   int id;
   if (s.greedy || s.temperature <= 0.0f) {
@@ -299,9 +304,7 @@ __device__ __forceinline__ void nereus_prefix_sums(T* a, unsigned int n, u64* la
 // min-p candidates'. Every thread returns the maximum.
 __device__ __forceinline__ float nereus_sample_histogram(NereusRow row, u64 v, float temperature, float min_p,
                                                          NereusSampleShared& sh) {
-  float m = nereus_bits_to_f32(0xff800000u);
-  for (u64 c = threadIdx.x; c < v; c += blockDim.x) m = fmaxf(m, row[c]);
-  m = nereus_block_reduce(m, sh.scratch, true);
+  const float m = nereus_row_max(row, v, sh.scratch);
   for (unsigned int b = threadIdx.x; b < NEREUS_SAMPLE_BUCKETS; b += blockDim.x) sh.count[b] = 0u, sh.mass[b] = 0u;
   if (threadIdx.x == 0) sh.min_p_count = 0u, sh.min_p_mass = 0u, sh.window_lo = 1u, sh.window_hi = 0u;
   __syncthreads();

@@ -700,14 +700,24 @@ pub struct DeviceArray<'d, T: bytemuck::Pod> {
 }
 
 impl<'d, T: bytemuck::Pod> DeviceArray<'d, T> {
+    /// `len` elements on `device` as the allocator hands them out (a cached block keeps what
+    /// it held): the one place a buffer is made, for the constructors below.
+    fn allocated(device: &'d Device, len: usize) -> Result<Self, BackendError> {
+        let ptr = device.alloc((len * std::mem::size_of::<T>()) as u64)?;
+        Ok(DeviceArray { device, ptr, len, _elements: std::marker::PhantomData })
+    }
+
+    /// The buffer's size in bytes.
+    fn bytes(&self) -> u64 {
+        (self.len * std::mem::size_of::<T>()) as u64
+    }
+
     /// `len` zeroed elements on `device`.
     pub fn zeros(device: &'d Device, len: usize) -> Result<Self, BackendError> {
-        let bytes = (len * std::mem::size_of::<T>()) as u64;
-        let ptr = device.alloc(bytes)?;
-        let buffer = DeviceArray { device, ptr, len, _elements: std::marker::PhantomData };
-        // SAFETY: the allocation holds `bytes`; the zeroing is ordered before any later work on
+        let buffer = Self::allocated(device, len)?;
+        // SAFETY: the allocation holds its bytes; the zeroing is ordered before any later work on
         // the stream, and the host does not wait for it.
-        unsafe { device.zero(ptr, bytes)? };
+        unsafe { device.zero(buffer.ptr, buffer.bytes())? };
         Ok(buffer)
     }
 
@@ -716,22 +726,18 @@ impl<'d, T: bytemuck::Pod> DeviceArray<'d, T> {
     /// memset runs first. The emulated device fills them with NaN, so a read before the write
     /// shows in CI (see [`GpuRuntime::poison`]).
     pub fn uninit(device: &'d Device, len: usize) -> Result<Self, BackendError> {
-        let bytes = (len * std::mem::size_of::<T>()) as u64;
-        let ptr = device.alloc(bytes)?;
-        let buffer = DeviceArray { device, ptr, len, _elements: std::marker::PhantomData };
-        // SAFETY: the allocation holds `bytes` and is fresh from the allocator: work enqueued
+        let buffer = Self::allocated(device, len)?;
+        // SAFETY: the allocation holds its bytes and is fresh from the allocator: work enqueued
         // before on the stream no longer uses it (a cached block is handed out in stream order,
         // and the emulated device, the one runtime that writes here, has run that work already).
-        unsafe { device.runtime().poison(ptr, bytes)? };
+        unsafe { device.runtime().poison(buffer.ptr, buffer.bytes())? };
         Ok(buffer)
     }
 
     /// A copy of `values` on `device`.
     pub fn from(device: &'d Device, values: &[T]) -> Result<Self, BackendError> {
-        let bytes: &[u8] = bytemuck::cast_slice(values);
-        let ptr = device.alloc(bytes.len() as u64)?;
-        let buffer = DeviceArray { device, ptr, len: values.len(), _elements: std::marker::PhantomData };
-        device.upload(bytes, ptr)?;
+        let buffer = Self::allocated(device, values.len())?;
+        device.upload(bytemuck::cast_slice(values), buffer.ptr)?;
         Ok(buffer)
     }
 
