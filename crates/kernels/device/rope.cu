@@ -23,5 +23,40 @@ NEREUS_KERNEL nereus_rope(bf16* __restrict__ x, const float* __restrict__ cos_ta
   }
 }
 
+// The fused projection's split, or with `merge` its gather (the backward pass). A fused row of
+// qkv[B·T, (H + 2K)·D] holds the row's H query heads, then its K key heads, then its K value
+// heads (one GEMM over the adjacent q, k and v weights wrote it). Split: q[B·T, H·D], k and v
+// receive their heads, q and k rotated when `rotate` (a model with q/k-norms rotates after them).
+// Merge: the reverse, q and k rotated back. k and v rows are q's rows when kv_t is 0; otherwise
+// they are rows of a KV cache [B, kv_t, K·D] at positions pos0 + *position + r % T, so the split
+// is also the cache's append. Each item moves one (row, head, pair j & j + D/2).
+NEREUS_KERNEL nereus_qkv_rope(bf16* __restrict__ qkv, bf16* __restrict__ q, bf16* __restrict__ k,
+                              bf16* __restrict__ v, const float* __restrict__ cos_table,
+                              const float* __restrict__ sin_table, u64 rows, u64 t, u64 heads, u64 kv_heads,
+                              u64 half, u64 pos0, u64 kv_t, int rotate, int merge, const int* __restrict__ position) {
+  if (position) pos0 += (u64)*position;
+  const u64 width = heads + 2 * kv_heads;  // heads of a fused row
+  NEREUS_GRID_STRIDE(i, rows * width * half) {
+    const u64 j = i % half, head = (i / half) % width, row = i / (half * width);
+    const u64 pos = pos0 + row % t;
+    const u64 kv_row = kv_t ? (row / t) * kv_t + pos : row;
+    bf16* part = head < heads              ? q + (row * heads + head) * 2 * half
+                 : head < heads + kv_heads ? k + (kv_row * kv_heads + head - heads) * 2 * half
+                                           : v + (kv_row * kv_heads + head - heads - kv_heads) * 2 * half;
+    bf16* fused = qkv + (row * width + head) * 2 * half;
+    const bf16* from = merge ? part : fused;
+    bf16* to = merge ? fused : part;
+    if (!rotate || head >= heads + kv_heads) {
+      to[j] = from[j];
+      to[j + half] = from[j + half];
+      continue;
+    }
+    const float c = cos_table[pos * half + j], s = merge ? -sin_table[pos * half + j] : sin_table[pos * half + j];
+    const float a = nereus_bf16_to_f32(from[j]), b = nereus_bf16_to_f32(from[j + half]);
+    to[j] = nereus_f32_to_bf16(a * c - b * s);
+    to[j + half] = nereus_f32_to_bf16(b * c + a * s);
+  }
+}
+
 // Every entry point, for the grid emulator's table (crates/kernels/emulator/kernels.cpp).
-#define NEREUS_ROPE_KERNELS(X) X(nereus_rope)
+#define NEREUS_ROPE_KERNELS(X) X(nereus_rope) X(nereus_qkv_rope)

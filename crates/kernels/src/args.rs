@@ -203,6 +203,42 @@ kernel_args! {
         /// `int` row counter `[1]` added to `pos0`, or null (a replayed decode step's position).
         position: DevicePtr,
     }
+    /// Splits the fused projection `qkv[B·T, (H+2K)·D]` into `q` and `k, v` (rows of their own or
+    /// of a KV cache), rotating q and k; or, with `merge`, gathers and rotates back.
+    QkvRope => QkvRope {
+        /// bf16 fused rows `[B·T, (H+2K)·D]`: read by a split, written by a merge.
+        qkv: DevicePtr,
+        /// bf16 queries `[B·T, H·D]`.
+        q: DevicePtr,
+        /// bf16 keys `[B·T, K·D]`, or a KV cache `[B, kv_t, K·D]`.
+        k: DevicePtr,
+        /// bf16 values, laid out as `k`.
+        v: DevicePtr,
+        /// f32 cosines `[P, D/2]`.
+        cos_table: DevicePtr,
+        /// f32 sines `[P, D/2]`.
+        sin_table: DevicePtr,
+        /// Rows (`B·T`).
+        rows: u64,
+        /// Positions per sequence.
+        t: u64,
+        /// Query heads `H`.
+        heads: u64,
+        /// Key/value heads `K`.
+        kv_heads: u64,
+        /// `D/2`.
+        half: u64,
+        /// Position of each sequence's first row.
+        pos0: u64,
+        /// 0 when k and v rows are q's rows, else the KV cache's positions per sequence.
+        kv_t: u64,
+        /// 1 to rotate q and k (0 for a model that rotates after its q/k-norms).
+        rotate: i32,
+        /// 1 to gather `q, k, v` into `qkv` and rotate back (the backward pass).
+        merge: i32,
+        /// `int` row counter `[1]` added to `pos0`, or null (a replayed decode step's position).
+        position: DevicePtr,
+    }
     /// `out[N,C] = W[token − v0]` where this rank holds the row, else zero.
     EmbeddingForward => EmbeddingForward {
         /// bf16 output `[N, C]`.

@@ -70,6 +70,8 @@ kernels! {
     SwigluBackward = "nereus_swiglu_backward" in Swiglu;
     /// Rotary embeddings, in place (forward, or inverse for the backward pass).
     Rope = "nereus_rope" in Rope;
+    /// The fused QKV projection's split (rotating q and k, appending to a KV cache) or merge.
+    QkvRope = "nereus_qkv_rope" in Rope;
     /// Token embedding forward.
     EmbeddingForward = "nereus_embedding_forward" in Embedding;
     /// Token embedding backward.

@@ -111,20 +111,29 @@ impl Residence {
 }
 
 /// One block's forward pass (`engine::stage::block_forward`): `xn1, xmid, xn2, out` `[n, C]`,
-/// `q_raw, q, att` `[n, H·D]`, `k_raw, k, v` `[n, K·D]`, `gu` `[n, 2F]` (gate and up, one
-/// GEMM) and `h` `[n, F]` (activations); the two RMS vectors and the q/k-norm ones (f32); what
-/// attention saves.
-pub fn block_forward(s: &LocalShape, b: u64, t: u64, tk: u64, on: Residence) -> u64 {
+/// the fused projection `qkv` `[n, H·D + 2·K·D]` (q, k and v, one GEMM), `q, att` `[n, H·D]`, and
+/// `k, v` `[n, K·D]` unless `cached` (generation: the split writes them into the KV cache); `gu`
+/// `[n, 2F]` (gate and up, one GEMM) and `h` `[n, F]`; the two RMS vectors (f32); what attention
+/// saves. A model with q/k-norms splits into `q_raw, k_raw, v` first, keeps `k, v` in buffers
+/// even when it caches them (it appends after the norms), and adds the per-head `1/rms` (f32).
+pub fn block_forward(s: &LocalShape, b: u64, t: u64, tk: u64, cached: bool, on: Residence) -> u64 {
     let n = b * t;
     let (c, h, k, f) = (s.c as u64, s.heads as u64, s.kv_heads as u64, s.ffn as u64);
     let (qw, kw) = (h * s.d as u64, k * s.d as u64);
-    on.act() * n * (4 * c + 3 * qw + 3 * kw + 3 * f) + 4 * n * (2 + h + k) + on.attention_saved(b, h, t, tk)
+    let qkv = qw + 2 * kw;
+    let (split, norm_stats) = match (s.qk_norm, cached) {
+        (true, _) => (qkv + qw + kw, h + k),
+        (false, true) => (qw, 0),
+        (false, false) => (qkv, 0),
+    };
+    on.act() * n * (4 * c + qkv + split + qw + 3 * f) + 4 * n * (2 + norm_stats) + on.attention_saved(b, h, t, tk)
 }
 
 /// One block's backward pass (`engine::stage::block_backward`): `dh` `[n, F]`, `dgu` `[n, 2F]`,
-/// `dxn2, dxn1` `[n, C]`, `datt, dq` `[n, H·D]`, `dk, dv` `[n, K·D]`, and two more for q/k-norm; a
-/// device's flash attention keeps one f32 `delta` per query row and head, and its scalar
-/// kernels (heads wider than [`FLASH_MAX_HEAD_DIM`]) gather `dk, dv` in f32 (atomics).
+/// `dxn2, dxn1` `[n, C]`, `datt, dq` `[n, H·D]`, `dk, dv` `[n, K·D]`, the fused `dqkv` `[n, H·D +
+/// 2·K·D]`, and two more for q/k-norm; a device's flash attention keeps one f32 `delta` per
+/// query row and head, and its scalar kernels (heads wider than [`FLASH_MAX_HEAD_DIM`]) gather
+/// `dk, dv` in f32 (atomics).
 pub fn block_backward(s: &LocalShape, n: u64, on: Residence) -> u64 {
     let (c, f) = (s.c as u64, s.ffn as u64);
     let (qw, kw) = ((s.heads * s.d) as u64, (s.kv_heads * s.d) as u64);
@@ -134,7 +143,7 @@ pub fn block_backward(s: &LocalShape, n: u64, on: Residence) -> u64 {
         Residence::Device if s.d <= FLASH_MAX_HEAD_DIM => 4 * n * s.heads as u64,
         Residence::Device => 4 * 2 * n * kw,
     };
-    on.act() * (n * (3 * f + 2 * c + 2 * qw + 2 * kw) + qk_norm) + gathered
+    on.act() * (n * (3 * f + 2 * c + 3 * qw + 4 * kw) + qk_norm) + gathered
 }
 
 /// What a micro-batch of `b` sequences of `t` positions keeps after its forward pass on this
@@ -147,7 +156,7 @@ pub fn micro_batch_forward(s: &LocalShape, b: u64, t: u64, training: bool, on: R
     let mut m = MemoryBreakdown::default();
     let input = if s.first { MemoryItem::Activations } else { MemoryItem::PipelineBuffers };
     m.add(input, on.act() * n * c);
-    m.add(MemoryItem::Activations, s.blocks as u64 * block_forward(s, b, t, t, on));
+    m.add(MemoryItem::Activations, s.blocks as u64 * block_forward(s, b, t, t, false, on));
     if s.last {
         m.add(MemoryItem::Activations, on.act() * n * c + 4 * n);
         let lse = if s.head == OutputHead::Lm { 4 * n } else { 0 };
@@ -252,7 +261,7 @@ pub fn generation(s: &LocalShape, b: u64, p: u64, r: u64, on: Residence) -> Memo
         let mut x = MemoryBreakdown::default();
         let input = if s.first { MemoryItem::Activations } else { MemoryItem::PipelineBuffers };
         x.add(input, on.act() * b * t * c);
-        x.add(MemoryItem::Activations, blocks * block_forward(s, b, t, tk, on));
+        x.add(MemoryItem::Activations, blocks * block_forward(s, b, t, tk, true, on));
         if s.last {
             // Each sequence's last row, the final norm's output and its 1/rms.
             x.add(MemoryItem::Activations, on.act() * 2 * b * c + 4 * b);
@@ -289,10 +298,17 @@ mod tests {
     #[test]
     fn a_block_forward_counts_every_buffer_it_keeps() {
         let s = shape(true, true);
-        // n = 2·3 rows: 4·64 + 2 + 3·64 + 3·32 + 4 + 2 + 3·176 per row, and probs 2·4·3·5.
-        let per_row = 4 * 64 + 2 + 3 * 64 + 3 * 32 + 4 + 2 + 3 * 176;
-        assert_eq!(block_forward(&s, 2, 3, 5, Residence::Host), 4 * (6 * per_row + 2 * 4 * 3 * 5));
-        assert_eq!(block_backward(&s, 6, Residence::Host), 4 * 6 * (3 * 176 + 2 * 64 + 2 * 64 + 2 * 32));
+        // n = 2·3 rows of C = 64, H·D = 64, K·D = 32, F = 176, and probs 2·4·3·5: per row the
+        // four [C] buffers, two 1/rms, qkv (128), q, k, v (128), att (64), gu and h.
+        let per_row = 4 * 64 + 2 + 128 + 128 + 64 + 3 * 176;
+        assert_eq!(block_forward(&s, 2, 3, 5, false, Residence::Host), 4 * (6 * per_row + 2 * 4 * 3 * 5));
+        // Generation's split writes k and v into the cache: 64 fewer per row.
+        assert_eq!(block_forward(&s, 2, 3, 5, true, Residence::Host), 4 * (6 * (per_row - 64) + 2 * 4 * 3 * 5));
+        let qk_norm = LocalShape { qk_norm: true, ..s };
+        // q_raw, k_raw, v, then q, k (224 where 128) and the per-head 1/rms (4 + 2).
+        let normed = per_row + 96 + 4 + 2;
+        assert_eq!(block_forward(&qk_norm, 2, 3, 5, true, Residence::Host), 4 * (6 * normed + 2 * 4 * 3 * 5));
+        assert_eq!(block_backward(&s, 6, Residence::Host), 4 * 6 * (3 * 176 + 2 * 64 + 3 * 64 + 4 * 32));
     }
 
     #[test]

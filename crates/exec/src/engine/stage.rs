@@ -44,13 +44,13 @@ pub struct BlockActs<A = Vec<f32>, S = Vec<f32>> {
     x: A,
     xn1: A,
     r1: S,
-    q_raw: A,
-    k_raw: A,
-    rq: S,
-    rk: S,
+    /// What a model with q/k-norms keeps for their backward pass.
+    qk_norm: Option<QkNormActs<A, S>>,
+    /// The queries as attention read them (rotated).
     q: A,
-    k: A,
-    v: A,
+    /// The keys (rotated) and values as attention read them; `None` where they went straight
+    /// into a KV cache (generation, which has no backward pass).
+    kv: Option<(A, A)>,
     /// Attention's saved state: the probabilities on the host, `lse` on a device.
     attention: S,
     att: A,
@@ -60,6 +60,15 @@ pub struct BlockActs<A = Vec<f32>, S = Vec<f32>> {
     /// The fused gate/up product `[N, 2F]`.
     gu: A,
     h: A,
+}
+
+/// The q/k-norms' inputs (the fused projection's q and k, not yet rotated) and their per-head
+/// `1/rms`.
+struct QkNormActs<A, S> {
+    q_raw: A,
+    k_raw: A,
+    rq: S,
+    rk: S,
 }
 
 /// Token rows of one call: `b` sequences of `t` positions starting at position `pos0`.
@@ -234,7 +243,7 @@ impl StageModel {
         bw: &BlockWeights,
         (mut x, residual): (C::Act, Option<&C::Act>),
         rows: Rows,
-        cache: Option<(&mut LayerCache<C::Act>, usize)>,
+        mut cache: Option<(&mut LayerCache<C::Act>, usize)>,
         tp: &G,
     ) -> Result<(C::Act, BlockActs<C::Act, C::Stat>), EngineError> {
         let (d, n) = (self.dims(), rows.n());
@@ -247,33 +256,22 @@ impl StageModel {
             None => c.rmsnorm_forward(&mut xn1, &mut r1, &x, attn_norm, d.c, self.eps)?,
         }
         // Entering the column-parallel attention (Megatron's copy_to_tensor_model_parallel_region):
-        // the identity forward.
-        let (mut q_raw, mut k_raw, mut v) =
-            (c.overwritten(item, n * qw)?, c.overwritten(item, n * kw)?, c.overwritten(item, n * kw)?);
-        c.linear_forward(&mut q_raw, &xn1, (p, &bw.q), n, d.c, qw)?;
-        c.linear_forward(&mut k_raw, &xn1, (p, &bw.k), n, d.c, kw)?;
-        c.linear_forward(&mut v, &xn1, (p, &bw.v), n, d.c, kw)?;
-        let (mut q, mut k) = (c.duplicate(item, &q_raw)?, c.duplicate(item, &k_raw)?);
-        let (mut rq, mut rk) = (c.stats(item, n * d.heads)?, c.stats(item, n * d.kv_heads)?);
-        if let (Some(qn), Some(kn)) = (&bw.q_norm, &bw.k_norm) {
-            c.rmsnorm_forward(&mut q, &mut rq, &q_raw, (p, qn), d.d, self.eps)?;
-            c.rmsnorm_forward(&mut k, &mut rk, &k_raw, (p, kn), d.d, self.eps)?;
-        }
-        c.rope(&mut q, rows.t, d.heads, rows.pos0, false)?;
-        c.rope(&mut k, rows.t, d.kv_heads, rows.pos0, false)?;
+        // the identity forward. Q, k and v are one GEMM over their adjacent weights.
+        let mut qkv = c.overwritten(item, n * (qw + 2 * kw))?;
+        c.linear_forward(&mut qkv, &xn1, (p, &bw.qkv), n, d.c, qw + 2 * kw)?;
+        let (q, kv, qk_norm) =
+            self.attention_inputs(c, p, bw, &qkv, rows, cache.as_mut().map(|(l, t)| (&mut **l, *t)))?;
         let mut att = c.zeros(item, n * qw)?;
-        let attention = match cache {
-            Some((layer, t_cap)) => {
-                let fresh = KvRows { b: rows.b, t: rows.t, t_cap, pos0: rows.pos0, width: kw };
-                c.kv_append(&mut layer.k, &k, fresh)?;
-                c.kv_append(&mut layer.v, &v, fresh)?;
+        let attention = match (cache, &kv) {
+            (Some((layer, t_cap)), _) => {
                 let shape = self.attention_shape(rows, rows.pos0 + rows.t, t_cap);
                 c.attention_forward(&mut att, &q, &layer.k, &layer.v, shape, rows.starts)?
             }
-            None => {
+            (None, Some((k, v))) => {
                 let shape = self.attention_shape(rows, rows.pos0 + rows.t, rows.t);
-                c.attention_forward(&mut att, &q, &k, &v, shape, rows.starts)?
+                c.attention_forward(&mut att, &q, k, v, shape, rows.starts)?
             }
+            (None, None) => return Err(EngineError::Shape { what: "keys without a KV cache or a buffer".into() }),
         };
         let mut xmid = c.overwritten(item, n * d.c)?;
         c.linear_forward(&mut xmid, &att, (p, &bw.o), n, qw, d.c)?;
@@ -288,8 +286,59 @@ impl StageModel {
         let mut out = c.overwritten(item, n * d.c)?;
         c.linear_forward(&mut out, &h, (p, &bw.down), n, d.ffn, d.c)?;
         c.tp_sum(tp, &mut out)?;
-        let acts = BlockActs { x, xn1, r1, q_raw, k_raw, rq, rk, q, k, v, attention, att, xmid, xn2, r2, gu, h };
+        let acts = BlockActs { x, xn1, r1, qk_norm, q, kv, attention, att, xmid, xn2, r2, gu, h };
         Ok((out, acts))
+    }
+
+    /// Attention's inputs from the fused projection `qkv`: the rotated queries, and the keys and
+    /// values — in a buffer of their own, or (without q/k-norms) written straight into `cache`.
+    /// A model with q/k-norms splits without rotating, normalises q and k per head, then rotates.
+    #[allow(clippy::type_complexity)]
+    fn attention_inputs<C: Compute>(
+        &self,
+        c: &mut C,
+        p: &C::Params,
+        bw: &BlockWeights,
+        qkv: &C::Act,
+        rows: Rows,
+        cache: Option<(&mut LayerCache<C::Act>, usize)>,
+    ) -> Result<(C::Act, Option<(C::Act, C::Act)>, Option<QkNormActs<C::Act, C::Stat>>), EngineError> {
+        let (d, n) = (self.dims(), rows.n());
+        let (qw, kw) = (d.heads * d.d, d.kv_heads * d.d);
+        let item = MemoryItem::Activations;
+        let norms = bw.q_norm.as_ref().zip(bw.k_norm.as_ref());
+        let layout = |kv_t_cap| QkvLayout {
+            t: rows.t,
+            pos0: rows.pos0,
+            heads: d.heads,
+            kv_heads: d.kv_heads,
+            rotate: norms.is_none(),
+            kv_t_cap,
+        };
+        let mut q = c.overwritten(item, n * qw)?;
+        let Some((qn, kn)) = norms else {
+            if let Some((layer, t_cap)) = cache {
+                c.qkv_split((&mut q, &mut layer.k, &mut layer.v), qkv, layout(Some(t_cap)))?;
+                return Ok((q, None, None));
+            }
+            let (mut k, mut v) = (c.overwritten(item, n * kw)?, c.overwritten(item, n * kw)?);
+            c.qkv_split((&mut q, &mut k, &mut v), qkv, layout(None))?;
+            return Ok((q, Some((k, v)), None));
+        };
+        let (mut q_raw, mut k_raw) = (c.overwritten(item, n * qw)?, c.overwritten(item, n * kw)?);
+        let (mut k, mut v) = (c.overwritten(item, n * kw)?, c.overwritten(item, n * kw)?);
+        c.qkv_split((&mut q_raw, &mut k_raw, &mut v), qkv, layout(None))?;
+        let (mut rq, mut rk) = (c.stats(item, n * d.heads)?, c.stats(item, n * d.kv_heads)?);
+        c.rmsnorm_forward(&mut q, &mut rq, &q_raw, (p, qn), d.d, self.eps)?;
+        c.rmsnorm_forward(&mut k, &mut rk, &k_raw, (p, kn), d.d, self.eps)?;
+        c.rope(&mut q, rows.t, d.heads, rows.pos0, false)?;
+        c.rope(&mut k, rows.t, d.kv_heads, rows.pos0, false)?;
+        if let Some((layer, t_cap)) = cache {
+            let fresh = KvRows { b: rows.b, t: rows.t, t_cap, pos0: rows.pos0, width: kw };
+            c.kv_append(&mut layer.k, &k, fresh)?;
+            c.kv_append(&mut layer.v, &v, fresh)?;
+        }
+        Ok((q, Some((k, v)), Some(QkNormActs { q_raw, k_raw, rq, rk })))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -333,20 +382,38 @@ impl StageModel {
         c.linear_backward(InputGrad::Write(&mut datt), (grads, &bw.o), &dxmid, &a.att, (p, &bw.o), n, qw, d.c)?;
         let (mut dq, mut dk, mut dv) = (c.zeros(item, n * qw)?, c.zeros(item, n * kw)?, c.zeros(item, n * kw)?);
         let shape = self.attention_shape(rows, rows.t, rows.t);
-        let qkv = (&a.q, &a.k, &a.v);
-        c.attention_backward((&mut dq, &mut dk, &mut dv), &datt, &a.att, &a.attention, qkv, shape, rows.starts)?;
-        c.rope(&mut dq, rows.t, d.heads, rows.pos0, true)?;
-        c.rope(&mut dk, rows.t, d.kv_heads, rows.pos0, true)?;
-        if let (Some(qn), Some(kn)) = (&bw.q_norm, &bw.k_norm) {
+        let what = "a backward pass through a forward that wrote its keys into a KV cache";
+        let (k, v) = a.kv.as_ref().ok_or_else(|| EngineError::Shape { what: what.into() })?;
+        c.attention_backward(
+            (&mut dq, &mut dk, &mut dv),
+            &datt,
+            &a.att,
+            &a.attention,
+            (&a.q, k, v),
+            shape,
+            rows.starts,
+        )?;
+        let mut layout = QkvLayout {
+            t: rows.t,
+            pos0: rows.pos0,
+            heads: d.heads,
+            kv_heads: d.kv_heads,
+            rotate: true,
+            kv_t_cap: None,
+        };
+        if let (Some(qn), Some(kn), Some(norm)) = (&bw.q_norm, &bw.k_norm, &a.qk_norm) {
+            c.rope(&mut dq, rows.t, d.heads, rows.pos0, true)?;
+            c.rope(&mut dk, rows.t, d.kv_heads, rows.pos0, true)?;
             let (mut dq_raw, mut dk_raw) = (c.zeros(item, n * qw)?, c.zeros(item, n * kw)?);
-            c.rmsnorm_backward(&mut dq_raw, (grads, qn), &dq, &a.q_raw, (p, qn), &a.rq, d.d)?;
-            c.rmsnorm_backward(&mut dk_raw, (grads, kn), &dk, &a.k_raw, (p, kn), &a.rk, d.d)?;
-            (dq, dk) = (dq_raw, dk_raw);
+            c.rmsnorm_backward(&mut dq_raw, (grads, qn), &dq, &norm.q_raw, (p, qn), &norm.rq, d.d)?;
+            c.rmsnorm_backward(&mut dk_raw, (grads, kn), &dk, &norm.k_raw, (p, kn), &norm.rk, d.d)?;
+            (dq, dk, layout.rotate) = (dq_raw, dk_raw, false);
         }
+        let mut dqkv = c.overwritten(item, n * (qw + 2 * kw))?;
+        c.qkv_merge(&mut dqkv, (&dq, &dk, &dv), layout)?;
         let mut dxn1 = c.overwritten(item, n * d.c)?;
-        c.linear_backward(InputGrad::Write(&mut dxn1), (grads, &bw.q), &dq, &a.xn1, (p, &bw.q), n, d.c, qw)?;
-        c.linear_backward(InputGrad::Add(&mut dxn1), (grads, &bw.k), &dk, &a.xn1, (p, &bw.k), n, d.c, kw)?;
-        c.linear_backward(InputGrad::Add(&mut dxn1), (grads, &bw.v), &dv, &a.xn1, (p, &bw.v), n, d.c, kw)?;
+        let (input_grad, weights) = (InputGrad::Write(&mut dxn1), (p, &bw.qkv));
+        c.linear_backward(input_grad, (grads, &bw.qkv), &dqkv, &a.xn1, weights, n, d.c, qw + 2 * kw)?;
         c.tp_sum(tp, &mut dxn1)?;
         let mut dx = dxmid;
         c.rmsnorm_backward(&mut dx, (grads, &bw.attn_norm), &dxn1, &a.x, (p, &bw.attn_norm), &a.r1, d.c)?;

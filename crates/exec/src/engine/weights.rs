@@ -23,6 +23,9 @@ pub struct BlockWeights {
     pub q_norm: Option<Range<usize>>,
     /// `k_norm.weight[D]` (Qwen3).
     pub k_norm: Option<Range<usize>>,
+    /// Q, k and v together, `[(H+2K)·D, C]`: the shard table keeps them adjacent, so the
+    /// attention's three column-parallel products are one GEMM.
+    pub qkv: Range<usize>,
     /// `o_proj.weight[C, H·D]` (row-parallel: local input columns).
     pub o: Range<usize>,
     /// `post_attention_layernorm.weight[C]`.
@@ -63,6 +66,18 @@ pub struct StageWeights {
     pub dims: LocalDims,
 }
 
+/// The range covering `parts`, which must follow one another in the buffer (one GEMM then
+/// reads their weights as one matrix).
+fn adjacent<const N: usize>(parts: [(&str, &Range<usize>); N]) -> Result<Range<usize>, EngineError> {
+    for ((a, first), (b, second)) in parts.iter().zip(parts.iter().skip(1)) {
+        if first.end != second.start {
+            let what = format!("{a} at {first:?} and {b} at {second:?} are not adjacent");
+            return Err(EngineError::Shape { what });
+        }
+    }
+    Ok(parts[0].1.start..parts[N - 1].1.end)
+}
+
 impl StageWeights {
     /// The views of `position` in `layout` of the model `catalogue` describes.
     pub fn new(
@@ -99,11 +114,8 @@ impl StageWeights {
             }
         }
         for block in &mut w.blocks {
-            if block.gate.end != block.up.start {
-                let what = format!("gate_proj at {:?} and up_proj at {:?} are not adjacent", block.gate, block.up);
-                return Err(EngineError::Shape { what });
-            }
-            block.gate_up = block.gate.start..block.up.end;
+            block.qkv = adjacent([("q_proj", &block.q), ("k_proj", &block.k), ("v_proj", &block.v)])?;
+            block.gate_up = adjacent([("gate_proj", &block.gate), ("up_proj", &block.up)])?;
         }
         if a.tie_embeddings && a.head == OutputHead::Lm && w.final_norm.is_some() {
             w.lm_head = w.embed.clone();

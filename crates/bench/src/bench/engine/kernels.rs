@@ -121,7 +121,9 @@ fn analytic(family: Family, a: &Architecture, (b, t): (usize, usize), params: u6
         Family::Norms => (0.0, l * 32.0 * n * c + 14.0 * n * c),
         Family::HeadAndLoss => (0.0, 6.0 * n * v),
         Family::Adamw => (0.0, 34.0 * params as f64),
-        Family::Other => (0.0, l * (16.0 * n * f + 8.0 * n * (q + k)) + 8.0 * n * c),
+        // SwiGLU both ways, the fused projection's split and merge (each reads and writes q, k
+        // and v once), the embedding.
+        Family::Other => (0.0, l * (16.0 * n * f + 8.0 * n * (q + 2.0 * k)) + 8.0 * n * c),
     }
 }
 

@@ -155,8 +155,9 @@ impl Gemm {
 pub fn step_gemms(a: &Architecture, n: usize) -> Vec<Gemm> {
     let (c, q, kv, f, v) =
         (a.hidden as usize, a.q_width() as usize, a.kv_width() as usize, a.ffn as usize, a.vocab as usize);
-    // Gate and up are one product over their adjacent weights, as the engine issues them.
-    let block = [(c, q), (c, kv), (c, kv), (q, c), (c, 2 * f), (f, c)];
+    // Q, k and v are one product over their adjacent weights, as are gate and up, as the engine
+    // issues them.
+    let block = [(c, q + 2 * kv), (q, c), (c, 2 * f), (f, c)];
     let linears = (0..a.layers).flat_map(|_| block).chain([(c, v)]);
     linears
         .flat_map(|(inp, out)| {

@@ -76,12 +76,7 @@ pub(super) fn check_embedding_backward(d: &Device, rng: &mut Rng, verdict: &mut 
 pub(super) fn check_rope(d: &Device, rng: &mut Rng, verdict: &mut Verdict) -> Result<(), BackendError> {
     let (b, t, heads, half) = (1 + rng.below(3), 1 + rng.below(40), 1 + rng.below(4), 1 + rng.below(64));
     let (pos0, inverse) = (rng.below(100), rng.below(2) == 1);
-    let positions = pos0 + t;
-    // Tables as the engine builds them: its frequencies, f64 angles rounded to f32.
-    let omega = frequencies(2 * half, 500_000.0, None);
-    let angles: Vec<f64> = (0..positions).flat_map(|p| omega.iter().map(move |w| p as f64 * w)).collect();
-    let cos: Vec<f32> = angles.iter().map(|a| a.cos() as f32).collect();
-    let sin: Vec<f32> = angles.iter().map(|a| a.sin() as f32).collect();
+    let (cos, sin) = rope_tables(pos0 + t, half);
     let x = bf16_values(rng, b * t * heads * 2 * half, 2.0);
     let (xs, cs, ss) = (DeviceArray::from(d, &x)?, DeviceArray::from(d, &cos)?, DeviceArray::from(d, &sin)?);
     let [rows, t_, heads_, half_, pos0_] = [b * t, t, heads, half, pos0].map(|x| x as u64);
@@ -114,6 +109,81 @@ pub(super) fn check_rope(d: &Device, rng: &mut Rng, verdict: &mut Verdict) -> Re
         }
     }
     verdict.bf16_scaled("x", &xs.read()?, &want, &scale);
+    Ok(())
+}
+
+/// RoPE tables for `positions` and `D/2 = half` as the engine builds them: its frequencies, f64
+/// angles rounded to f32.
+fn rope_tables(positions: usize, half: usize) -> (Vec<f32>, Vec<f32>) {
+    let omega = frequencies(2 * half, 500_000.0, None);
+    let angles: Vec<f64> = (0..positions).flat_map(|p| omega.iter().map(move |w| p as f64 * w)).collect();
+    (angles.iter().map(|a| a.cos() as f32).collect(), angles.iter().map(|a| a.sin() as f32).collect())
+}
+
+/// `nereus_qkv_rope`: a split (rotating or not, into buffers or a KV cache at a position) or a
+/// merge (rotating back or not), every buffer checked — what the call must not write included.
+pub(super) fn check_qkv_rope(d: &Device, rng: &mut Rng, verdict: &mut Verdict) -> Result<(), BackendError> {
+    let (b, t, kv_heads, half) = (1 + rng.below(3), 1 + rng.below(12), 1 + rng.below(3), 1 + rng.below(40));
+    let heads = kv_heads * (1 + rng.below(4));
+    let (pos0, rotate, merge) = (rng.below(50), rng.below(3) != 0, rng.below(2) == 1);
+    let kv_t = if !merge && rng.below(2) == 1 { pos0 + t + rng.below(4) } else { 0 };
+    let (cos, sin) = rope_tables(pos0 + t, half);
+    let (width, rows) = (heads + 2 * kv_heads, b * t);
+    let kv_rows = if kv_t > 0 { b * kv_t } else { rows };
+    // [qkv, q, k, v]
+    let lens = [rows * width, rows * heads, kv_rows * kv_heads, kv_rows * kv_heads].map(|heads| heads * 2 * half);
+    let inputs: Vec<Vec<u16>> = lens.iter().map(|&n| bf16_values(rng, n, 2.0)).collect();
+    let arrays = inputs.iter().map(|x| DeviceArray::from(d, x)).collect::<Result<Vec<_>, _>>()?;
+    let (cs, ss) = (DeviceArray::from(d, &cos)?, DeviceArray::from(d, &sin)?);
+    let (counter, value) = row_counter(d, rng, pos0)?;
+    let [rows_, t_, heads_, kv_heads_, half_, pos0_, kv_t_] =
+        [rows, t, heads, kv_heads, half, pos0, kv_t].map(|x| x as u64);
+    let call = k::QkvRope {
+        qkv: arrays[0].ptr(),
+        q: arrays[1].ptr(),
+        k: arrays[2].ptr(),
+        v: arrays[3].ptr(),
+        cos_table: cs.ptr(),
+        sin_table: ss.ptr(),
+        rows: rows_,
+        t: t_,
+        heads: heads_,
+        kv_heads: kv_heads_,
+        half: half_,
+        pos0: pos0_.wrapping_sub(value),
+        kv_t: kv_t_,
+        rotate: i32::from(rotate),
+        merge: i32::from(merge),
+        position: counter_arg(&counter),
+    };
+    run(d, &call, elementwise_grid(rows * width * half))?;
+    let x: Vec<Vec<f64>> = inputs.iter().map(|v| widen(v)).collect();
+    let (mut want, mut scale) = (x.clone(), x.iter().map(|v| vec![0.0; v.len()]).collect::<Vec<_>>());
+    for (row, head, j) in (0..rows).flat_map(|r| (0..width).flat_map(move |h| (0..half).map(move |j| (r, h, j)))) {
+        let pos = pos0 + row % t;
+        let kv_row = if kv_t > 0 { row / t * kv_t + pos } else { row };
+        let part = match head {
+            h if h < heads => (1, (row * heads + h) * 2 * half),
+            h if h < heads + kv_heads => (2, (kv_row * kv_heads + h - heads) * 2 * half),
+            h => (3, (kv_row * kv_heads + h - heads - kv_heads) * 2 * half),
+        };
+        let fused = (0, (row * width + head) * 2 * half);
+        let (from, to) = if merge { (part, fused) } else { (fused, part) };
+        let (a, bb) = (x[from.0][from.1 + j], x[from.0][from.1 + j + half]);
+        let (c, s) = if rotate && head < heads + kv_heads {
+            let s = f64::from(sin[pos * half + j]);
+            (f64::from(cos[pos * half + j]), if merge { -s } else { s })
+        } else {
+            (1.0, 0.0)
+        };
+        want[to.0][to.1 + j] = a * c - bb * s;
+        want[to.0][to.1 + j + half] = bb * c + a * s;
+        scale[to.0][to.1 + j] = a.abs() + bb.abs();
+        scale[to.0][to.1 + j + half] = a.abs() + bb.abs();
+    }
+    for (i, name) in ["qkv", "q", "k", "v"].into_iter().enumerate() {
+        verdict.bf16_scaled(name, &arrays[i].read()?, &want[i], &scale[i]);
+    }
     Ok(())
 }
 

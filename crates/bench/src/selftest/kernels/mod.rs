@@ -123,7 +123,7 @@ pub fn kernels(session: &Session, seed: u64, device: Option<DeviceChoice>) -> Re
 /// Every kernel, [`CASES`] random cases each, on `device`: each kernel's run and the failed checks.
 fn check_every_kernel(device: &Device, seed: u64, warp: u32) -> Result<(Vec<KernelRun>, Vec<String>), RuntimeError> {
     type Check = fn(&Device, &mut Rng, &mut Verdict) -> Result<(), BackendError>;
-    let checks: [(&'static str, Check); 25] = [
+    let checks: [(&'static str, Check); 26] = [
         ("nereus_cast_f32_to_bf16", check_cast_to_bf16),
         ("nereus_cast_bf16_to_f32", check_cast_to_f32),
         ("nereus_rmsnorm_forward", check_rmsnorm_forward),
@@ -143,6 +143,7 @@ fn check_every_kernel(device: &Device, seed: u64, warp: u32) -> Result<(Vec<Kern
         ("nereus_embedding_forward", attention::check_embedding_forward),
         ("nereus_embedding_backward", attention::check_embedding_backward),
         ("nereus_rope", attention::check_rope),
+        ("nereus_qkv_rope", attention::check_qkv_rope),
         ("nereus_kv_append", attention::check_kv_append),
         ("nereus_attention_forward", attention::check_attention_forward),
         ("nereus_attention_backward", attention::check_attention_backward),

@@ -28,7 +28,7 @@ use crate::comm::collectives::DataType;
 use crate::comm::DataPlane;
 use crate::engine::arena::{Arena, Mark};
 use crate::engine::decode::{DecodeShape, Generated};
-use crate::engine::ops::{log_probs_finish, AttentionShape, Rope, RowStats, TensorGroup};
+use crate::engine::ops::{log_probs_finish, AttentionShape, QkvLayout, Rope, RowStats, TensorGroup};
 use crate::engine::sampling::{SampleBuffers, Sampling};
 use crate::engine::timers::timed;
 use crate::engine::{AdamW, DeviceObjective, EngineError, Objective, Replica};
@@ -245,6 +245,43 @@ impl<'d, 'a, 'l> OnDevice<'d, 'a, 'l> {
             Some((counter, row)) => relative_to(counter, row, pos),
             None => (DevicePtr::NULL, pos as u64),
         }
+    }
+
+    /// `nereus_qkv_rope` over `[qkv, q, k, v]`, the fused buffer `fused_len` elements long: a
+    /// split, or with `merge` its backward.
+    fn qkv_rope(
+        &mut self,
+        [qkv, q, k, v]: [DevicePtr; 4],
+        fused_len: usize,
+        l: QkvLayout,
+        merge: bool,
+    ) -> Result<(), EngineError> {
+        let width = l.heads + 2 * l.kv_heads;
+        let rows = fused_len / (width * 2 * self.half);
+        let (position, pos0) = self.position(l.pos0);
+        let [rows_, t, heads, kv_heads, half, kv_t] =
+            [rows, l.t, l.heads, l.kv_heads, self.half, l.kv_t_cap.unwrap_or(0)].map(|v| v as u64);
+        let (cos_table, sin_table) = (self.cos.ptr(), self.sin.ptr());
+        let (rotate, merge) = (i32::from(l.rotate), i32::from(merge));
+        let call = k::QkvRope {
+            qkv,
+            q,
+            k,
+            v,
+            cos_table,
+            sin_table,
+            rows: rows_,
+            t,
+            heads,
+            kv_heads,
+            half,
+            pos0,
+            kv_t,
+            rotate,
+            merge,
+            position,
+        };
+        self.elementwise(&call, rows * width * self.half)
     }
 
     /// Flash-decoding (`decode_attention.cu`): the splits' partial softmaxes into the decode's
@@ -665,6 +702,24 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
         let [b, tn, tc, kd] = [r.b, r.t, r.t_cap, r.width].map(|v| v as u64);
         let call = k::KvAppend { cache: cache.ptr(), fresh: fresh.ptr(), b, tn, tc, at, kd, position };
         self.elementwise(&call, fresh.len())
+    }
+
+    fn qkv_split(
+        &mut self,
+        (q, k, v): (&mut Self::Act, &mut Self::Act, &mut Self::Act),
+        qkv: &Self::Act,
+        layout: QkvLayout,
+    ) -> Result<(), EngineError> {
+        self.qkv_rope([qkv.ptr(), q.ptr(), k.ptr(), v.ptr()], qkv.len(), layout, false)
+    }
+
+    fn qkv_merge(
+        &mut self,
+        dqkv: &mut Self::Act,
+        (dq, dk, dv): (&Self::Act, &Self::Act, &Self::Act),
+        layout: QkvLayout,
+    ) -> Result<(), EngineError> {
+        self.qkv_rope([dqkv.ptr(), dq.ptr(), dk.ptr(), dv.ptr()], dqkv.len(), layout, true)
     }
 
     fn embedding_forward(

@@ -232,6 +232,26 @@ impl Compute for Host<'_, '_> {
         self.copy_rows(cache, fresh, copy)
     }
 
+    fn qkv_split(
+        &mut self,
+        (q, k, v): (&mut Vec<f32>, &mut Vec<f32>, &mut Vec<f32>),
+        qkv: &Vec<f32>,
+        layout: QkvLayout,
+    ) -> Result<(), EngineError> {
+        self.rope.split_qkv((q, k, v), qkv, layout);
+        Ok(())
+    }
+
+    fn qkv_merge(
+        &mut self,
+        dqkv: &mut Vec<f32>,
+        (dq, dk, dv): (&Vec<f32>, &Vec<f32>, &Vec<f32>),
+        layout: QkvLayout,
+    ) -> Result<(), EngineError> {
+        self.rope.merge_qkv(dqkv, (dq, dk, dv), layout);
+        Ok(())
+    }
+
     fn copy_rows(&mut self, dst: &mut Vec<f32>, src: &Vec<f32>, c: RowCopy) -> Result<(), EngineError> {
         for i in 0..c.rows {
             let (from, to) = (c.src_offset + i * c.src_pitch, c.dst_offset + i * c.dst_pitch);

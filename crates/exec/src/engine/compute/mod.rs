@@ -28,7 +28,7 @@ use std::ops::Range;
 use super::arena::Mark;
 use super::decode::{DecodeShape, Generated};
 use super::objective::Objective;
-use super::ops::{AttentionShape, TensorGroup};
+use super::ops::{AttentionShape, QkvLayout, TensorGroup};
 use super::sampling::Sampling;
 use super::{AdamW, EngineError, Replica};
 use crate::backend::gpu::DevicePtr;
@@ -231,6 +231,25 @@ pub trait Compute {
 
     /// Writes `fresh[B,T,W]` into `cache[B,T_cap,W]` at positions `pos0..pos0+T`.
     fn kv_append(&mut self, cache: &mut Self::Act, fresh: &Self::Act, rows: KvRows) -> Result<(), EngineError>;
+
+    /// Splits the fused projection `qkv[N, (H+2K)·D]` (each row's query heads, then its key
+    /// heads, then its value heads) into `q[N, H·D]` and `k, v` — rows of their own `[N, K·D]`,
+    /// or of a KV cache where `layout.kv_t_cap` says so (the append fused in) — rotating q and k
+    /// where `layout.rotate` says so.
+    fn qkv_split(
+        &mut self,
+        parts: (&mut Self::Act, &mut Self::Act, &mut Self::Act),
+        qkv: &Self::Act,
+        layout: QkvLayout,
+    ) -> Result<(), EngineError>;
+    /// The backward of [`Compute::qkv_split`] without a cache: writes `dqkv` whole from `dq, dk,
+    /// dv`, rotating `dq` and `dk` back where `layout.rotate` says so.
+    fn qkv_merge(
+        &mut self,
+        dqkv: &mut Self::Act,
+        parts: (&Self::Act, &Self::Act, &Self::Act),
+        layout: QkvLayout,
+    ) -> Result<(), EngineError>;
 
     /// `x[N,C]` = rows `tokens - v0` of this rank's embedding shard `w[V,C]` (zero for tokens
     /// outside it), into zeroed `x`.

@@ -29,7 +29,7 @@ pub use embedding::{embedding_backward, embedding_forward};
 pub use head::{log_probs_backward, log_probs_finish, log_probs_fold, value_backward, value_forward, RowStats};
 pub use linear::{linear_backward, linear_forward, linear_input_grad};
 pub use rmsnorm::{rmsnorm_backward, rmsnorm_forward};
-pub use rope::{frequencies, Rope};
+pub use rope::{frequencies, QkvLayout, Rope};
 pub use swiglu::{swiglu_backward, swiglu_forward};
 
 use super::Real;

@@ -37,6 +37,25 @@ pub fn frequencies(d: usize, theta: f64, scaling: Option<&RopeScaling>) -> Vec<f
     }
 }
 
+/// How the fused projection's rows are read by [`Rope::split_qkv`] and [`Rope::merge_qkv`]
+/// (and the engine's `Compute::qkv_split` and `qkv_merge`): `N = B·T` rows, each its `heads`
+/// query heads, then its `kv_heads` key heads, then its `kv_heads` value heads.
+#[derive(Debug, Clone, Copy)]
+pub struct QkvLayout {
+    /// Positions per sequence in the call.
+    pub t: usize,
+    /// Position of each sequence's first row.
+    pub pos0: usize,
+    /// Query heads `H`.
+    pub heads: usize,
+    /// Key/value heads `K`.
+    pub kv_heads: usize,
+    /// Whether q and k are rotated here (not for a model with q/k-norms: it rotates after them).
+    pub rotate: bool,
+    /// Where k and v go into a KV cache: its positions per sequence (a split only).
+    pub kv_t_cap: Option<usize>,
+}
+
 /// Cosine and sine tables for positions `0..max_positions` and head width `D`.
 #[derive(Debug, Clone)]
 pub struct Rope<T> {
@@ -76,6 +95,42 @@ impl<T: Real> Rope<T> {
     /// Positions the tables cover.
     pub fn max_positions(&self) -> usize {
         self.cos.len() / self.half.max(1)
+    }
+
+    /// Splits `qkv[N, (H+2K)·D]` into `q[N, H·D]` and `k, v` (`[N, K·D]`, or a KV cache's rows
+    /// `[B, T_cap, K·D]` at positions `pos0 + t`), rotating q and k where `l.rotate` says so.
+    pub fn split_qkv(&self, (q, k, v): (&mut [T], &mut [T], &mut [T]), qkv: &[T], l: QkvLayout) {
+        let (qw, kw) = (l.heads * 2 * self.half, l.kv_heads * 2 * self.half);
+        for (row, fused) in qkv.chunks_exact(qw + 2 * kw).enumerate() {
+            let pos = l.pos0 + row % l.t;
+            let kv_row = l.kv_t_cap.map_or(row, |t_cap| row / l.t * t_cap + pos);
+            let (qr, kr) = (&mut q[row * qw..][..qw], &mut k[kv_row * kw..][..kw]);
+            qr.copy_from_slice(&fused[..qw]);
+            kr.copy_from_slice(&fused[qw..qw + kw]);
+            v[kv_row * kw..][..kw].copy_from_slice(&fused[qw + kw..]);
+            if l.rotate {
+                self.apply(qr, 1, l.heads, pos, false);
+                self.apply(kr, 1, l.kv_heads, pos, false);
+            }
+        }
+    }
+
+    /// The backward of [`Rope::split_qkv`] (no cache): `dqkv` written whole from `dq, dk, dv`,
+    /// `dq` and `dk` rotated back where `l.rotate` says so.
+    pub fn merge_qkv(&self, dqkv: &mut [T], (dq, dk, dv): (&[T], &[T], &[T]), l: QkvLayout) {
+        let (qw, kw) = (l.heads * 2 * self.half, l.kv_heads * 2 * self.half);
+        for (row, fused) in dqkv.chunks_exact_mut(qw + 2 * kw).enumerate() {
+            let pos = l.pos0 + row % l.t;
+            let (fq, rest) = fused.split_at_mut(qw);
+            let (fk, fv) = rest.split_at_mut(kw);
+            fq.copy_from_slice(&dq[row * qw..][..qw]);
+            fk.copy_from_slice(&dk[row * kw..][..kw]);
+            fv.copy_from_slice(&dv[row * kw..][..kw]);
+            if l.rotate {
+                self.apply(fq, 1, l.heads, pos, true);
+                self.apply(fk, 1, l.kv_heads, pos, true);
+            }
+        }
     }
 
     /// Rotates `x[B,T,H,D]` in place, position of `(b, t)` being `pos0 + t`; `inverse` turns
