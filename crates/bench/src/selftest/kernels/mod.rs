@@ -344,7 +344,10 @@ fn check_rmsnorm_backward(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<
     let (dxs, dws) = (DeviceArray::from(d, &dx0)?, DeviceArray::from(d, &vec![0f32; cols])?);
     let (dx, dweight, dy, x, weight, inv_rms) = (dxs.ptr(), dws.ptr(), dys.ptr(), xs.ptr(), ws.ptr(), rs.ptr());
     let call = k::RmsnormBackward { dx, dweight, dy, x, weight, inv_rms, rows: rows as u64, cols: cols as u64 };
-    run(d, &call, rows as u64)?;
+    // Blocks summing several rows each, and blocks narrow enough that some rows do not fit the
+    // kernel's registers (its per-element atomics), as well as a row a block.
+    let (blocks, threads) = (1 + rng.below(rows), [64, 128, 256][rng.below(3)]);
+    run_shaped(d, &call, [blocks as u32, 1, 1], threads)?;
     let (mut want_dx, mut dx_scale, mut want_dw, mut dw_scale) =
         (Vec::new(), Vec::new(), vec![0.0; cols], vec![0.0; cols]);
     for (xr, dyr) in xf.chunks(cols).zip(dyf.chunks(cols)) {

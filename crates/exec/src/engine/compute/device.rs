@@ -58,6 +58,10 @@ const _: () = {
 };
 /// At most this many blocks per launch: the kernels stride over the rest.
 const MAX_BLOCKS: u64 = 4096;
+/// Blocks of the RMSNorm backward: each sums its rows' weight gradient in registers and adds it
+/// once, so fewer blocks mean fewer atomics on the same `C` addresses (512 blocks of 256 threads
+/// still fill about half of a 132-SM GPU's threads).
+const NORM_BACKWARD_BLOCKS: u64 = 512;
 
 /// bf16 activations on a device.
 pub type Bf16<'d> = DeviceArray<'d, u16>;
@@ -558,7 +562,7 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
         let (dx, dweight, dy, x, weight, inv_rms) =
             (dx.ptr(), grads.at(range.start), dy.ptr(), x.ptr(), weight(w), rstd.ptr());
         let call = k::RmsnormBackward { dx, dweight, dy, x, weight, inv_rms, rows: rows as u64, cols: cols as u64 };
-        self.rows(&call, rows)
+        self.launch(&call, [(rows as u64).clamp(1, NORM_BACKWARD_BLOCKS) as u32, 1, 1], BLOCK)
     }
 
     fn linear_forward(
