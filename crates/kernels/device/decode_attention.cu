@@ -24,12 +24,16 @@
 // Each split's unnormalised output partial[B, H, S, D] (f32) and its softmax statistics
 // stats[B, H, S, 2] = (max score, Σ exp(score − max)); a split with no key writes (−inf, 0).
 // blockDim.x = NEREUS_DECODE_THREADS, grid (S, K, B); split s holds keys s·split_keys and on.
+// With one split and `out` given (not null), the block finishes as the combine would — out[B, 1,
+// H, D] and lse[B, H], bit for bit its results, since a single split's weight is exp(0) = 1 — and
+// writes no partials: a batch that fills the device alone needs no second launch.
 NEREUS_KERNEL nereus_decode_attention(float* __restrict__ partial, float* __restrict__ stats,
                                       const bf16* __restrict__ q, const bf16* __restrict__ k,
                                       const bf16* __restrict__ v, const int* __restrict__ starts,
                                       const int* __restrict__ position, const int* __restrict__ done, u64 b,
                                       u64 tk, u64 tc, u64 heads,
-                                      u64 kv_heads, u64 d, u64 splits, u64 split_keys) {
+                                      u64 kv_heads, u64 d, u64 splits, u64 split_keys, bf16* __restrict__ out,
+                                      float* __restrict__ lse) {
   __shared__ float q_s[NEREUS_DECODE_MAX_OUTPUTS];  // [G, D], pre-scaled
   __shared__ bf16 k_s[NEREUS_DECODE_TILE * NEREUS_DECODE_K_STRIDE];
   __shared__ bf16 v_s[NEREUS_DECODE_TILE * NEREUS_DECODE_MAX_HEAD_DIM];
@@ -102,6 +106,18 @@ NEREUS_KERNEL nereus_decode_attention(float* __restrict__ partial, float* __rest
     }
   }
   __syncthreads();  // max_s and sum_s as the last tile left them
+  if (out && splits == 1) {
+    NEREUS_UNROLL
+    for (int m = 0; m < NEREUS_DECODE_MAX_OUTPUTS / NEREUS_DECODE_THREADS; ++m) {
+      const u64 e = m * NEREUS_DECODE_THREADS + threadIdx.x, r = e / d, c = e % d;
+      if (e < outputs) out[(seq * heads + h0 + r) * d + c] = nereus_f32_to_bf16(sum_s[r] > 0.0f ? acc[m] / sum_s[r] : 0.0f);
+    }
+    if (threadIdx.x < group) {
+      const float sum = sum_s[threadIdx.x];
+      lse[seq * heads + h0 + threadIdx.x] = sum > 0.0f ? max_s[threadIdx.x] + nereus_log(sum) : neg_inf;
+    }
+    return;
+  }
   NEREUS_UNROLL
   for (int m = 0; m < NEREUS_DECODE_MAX_OUTPUTS / NEREUS_DECODE_THREADS; ++m) {
     const u64 e = m * NEREUS_DECODE_THREADS + threadIdx.x, r = e / d, c = e % d;

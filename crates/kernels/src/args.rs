@@ -522,6 +522,10 @@ kernel_args! {
         splits: u64,
         /// Keys per split (a multiple of the tile).
         split_keys: u64,
+        /// bf16 output `[B, 1, H, D]` written directly where there is one split (no combine), or null.
+        out: DevicePtr,
+        /// f32 log-sum-exp `[B, H]` written with `out`, or null.
+        lse: DevicePtr,
     }
     /// Flash-decoding's combine: `out[B, 1, H, D]` and `lse[B, H]` from the splits.
     DecodeAttentionCombine => DecodeAttentionCombine {

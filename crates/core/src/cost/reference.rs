@@ -263,9 +263,13 @@ pub fn generation(s: &LocalShape, b: u64, p: u64, r: u64, on: Residence) -> Memo
         x.add(input, on.act() * b * t * c);
         x.add(MemoryItem::Activations, blocks * block_forward(s, b, t, tk, true, on));
         if s.last {
-            // Each sequence's last row, the final norm's output and its 1/rms.
-            x.add(MemoryItem::Activations, on.act() * 2 * b * c + 4 * b);
-            x.add(MemoryItem::Logits, on.act() * b * (s.vocab + s.vocab_total) as u64);
+            // Each sequence's last row (a decode step's rows are theirs already), the final
+            // norm's output and its 1/rms; the shard's logits, and the whole vocabulary's where
+            // the shards are gathered (TP).
+            let last_rows = if t == 1 { 0 } else { on.act() * b * c };
+            x.add(MemoryItem::Activations, last_rows + on.act() * b * c + 4 * b);
+            let gathered = if s.vocab < s.vocab_total { s.vocab_total as u64 } else { 0 };
+            x.add(MemoryItem::Logits, on.act() * b * (s.vocab as u64 + gathered));
         }
         x
     };
@@ -345,6 +349,9 @@ mod tests {
         let s = shape(true, true);
         let g = generation(&s, 4, 8, 24, Residence::Host);
         assert_eq!(g.get(MemoryItem::KvCache), 4 * 2 * 2 * 4 * 32 * 32);
-        assert!(g.get(MemoryItem::Logits) == 4 * 4 * 64);
+        // One shard: its logits are the rows; under TP the whole vocabulary's are gathered too.
+        assert_eq!(g.get(MemoryItem::Logits), 4 * 4 * 32);
+        let tp = LocalShape { vocab: 16, ..s };
+        assert_eq!(generation(&tp, 4, 8, 24, Residence::Host).get(MemoryItem::Logits), 4 * 4 * (16 + 32));
     }
 }

@@ -195,7 +195,10 @@ impl Replica {
         tp: &G,
     ) -> Result<C::Act, EngineError> {
         let (b, width) = (rows.b, self.model.dims().c);
-        let mut last = c.zeros(MemoryItem::Activations, b * width)?;
+        if rows.t == 1 {
+            return self.model.full_logits_on(c, params, x, b, tp); // a decode step's rows are the last
+        }
+        let mut last = c.overwritten(MemoryItem::Activations, b * width)?;
         let (t, src_offset) = (rows.t * width, (rows.t - 1) * width);
         let copy = RowCopy { src_offset, src_pitch: t, dst_offset: 0, dst_pitch: width, width, rows: b };
         c.copy_rows(&mut last, x, copy)?;

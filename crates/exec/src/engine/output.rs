@@ -210,7 +210,8 @@ impl StageModel {
     }
 
     /// Last stage, generation: the whole vocabulary's logits `[B, vocab]` of the rows `x[B,C]`
-    /// (each TP rank fills its columns and one sum over the group completes every row).
+    /// (each TP rank fills its columns and one sum over the group completes every row; without
+    /// TP the shard's logits are the rows, with no copy).
     pub fn full_logits_on<C: Compute, G: TensorGroup<f32>>(
         &self,
         c: &mut C,
@@ -228,6 +229,9 @@ impl StageModel {
             .ok_or_else(|| EngineError::Shape { what: "sampling from a model without an LM head".into() })?;
         let mut local = c.overwritten(MemoryItem::Logits, b * d.vocab)?;
         c.linear_forward(&mut local, &xf, (p, w), b, d.c, d.vocab)?;
+        if d.vocab == d.vocab_total {
+            return Ok(local); // one shard holds the whole vocabulary
+        }
         let mut full = c.zeros(MemoryItem::Logits, b * d.vocab_total)?;
         let columns = RowCopy {
             src_offset: 0,

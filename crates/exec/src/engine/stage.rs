@@ -142,7 +142,8 @@ impl StageModel {
     ) -> Result<C::Act, EngineError> {
         let d = self.dims();
         let range = self.embedding_range()?;
-        let mut x = c.zeros(MemoryItem::Activations, tokens.len() * d.c)?;
+        // The embedding writes every row: zeros for tokens outside this rank's shard.
+        let mut x = c.overwritten(MemoryItem::Activations, tokens.len() * d.c)?;
         c.embedding_forward(&mut x, tokens, (p, range), d.v0, d.c)?;
         // Each rank holds a vocabulary shard: the rows of the others are zero here, so the shards sum.
         c.tp_sum(tp, &mut x)?;
@@ -161,7 +162,7 @@ impl StageModel {
     ) -> Result<C::Act, EngineError> {
         let d = self.dims();
         let range = self.embedding_range()?;
-        let mut x = c.zeros(MemoryItem::Activations, b * d.c)?;
+        let mut x = c.overwritten(MemoryItem::Activations, b * d.c)?;
         c.decode_embedding(&mut x, decoding, (p, range), d.v0, d.c)?;
         c.tp_sum(tp, &mut x)?;
         Ok(x)
@@ -261,7 +262,8 @@ impl StageModel {
         c.linear_forward(&mut qkv, &xn1, (p, &bw.qkv), n, d.c, qw + 2 * kw)?;
         let (q, kv, qk_norm) =
             self.attention_inputs(c, p, bw, &qkv, rows, cache.as_mut().map(|(l, t)| (&mut **l, *t)))?;
-        let mut att = c.zeros(item, n * qw)?;
+        // Every attention kernel writes each query row whole (zeros for a row with no key).
+        let mut att = c.overwritten(item, n * qw)?;
         let attention = match (cache, &kv) {
             (Some((layer, t_cap)), _) => {
                 let shape = self.attention_shape(rows, rows.pos0 + rows.t, t_cap);

@@ -189,6 +189,12 @@ impl<'d, 'a, 'l> OnDevice<'d, 'a, 'l> {
         Ok(DeviceArray::zeros(self.device, len)?)
     }
 
+    /// An f32 buffer a kernel writes whole: charged, not zeroed (see [`Compute::overwritten`]).
+    fn f32_overwritten(&mut self, item: MemoryItem, len: usize) -> Result<F32<'d>, EngineError> {
+        self.arena.charge(item, 4 * len as u64)?;
+        Ok(DeviceArray::uninit(self.device, len)?)
+    }
+
     /// The RMSNorm forward launch: `y` and `rstd` of `x`, after `x += residual` where one is
     /// given (`nereus_rmsnorm_forward` does both in one pass).
     fn rmsnorm_rows(
@@ -297,7 +303,7 @@ impl<'d, 'a, 'l> OnDevice<'d, 'a, 'l> {
         shape: AttentionShape,
         starts: &[usize],
     ) -> Result<F32<'d>, EngineError> {
-        let lse = self.f32_zeros(MemoryItem::Activations, shape.b * shape.heads)?;
+        let lse = self.f32_overwritten(MemoryItem::Activations, shape.b * shape.heads)?;
         let starts = self.starts(starts)?;
         let (position, tk) = self.position(shape.tk);
         let context = self.decode.as_ref().expect("the caller checked");
@@ -324,10 +330,16 @@ impl<'d, 'a, 'l> OnDevice<'d, 'a, 'l> {
             d,
             splits,
             split_keys,
+            // One split finishes in the same launch (the batch fills the device alone).
+            out: if splits == 1 { out.ptr() } else { DevicePtr::NULL },
+            lse: if splits == 1 { lse.ptr() } else { DevicePtr::NULL },
         };
         self.launch(&call, decode_grid(split.splits, shape.b, shape.kv_heads), DECODE_THREADS)?;
-        let call = k::DecodeAttentionCombine { out: out.ptr(), lse: lse.ptr(), partial, stats, b, heads, d, splits };
-        self.launch(&call, decode_combine_grid(shape.b, shape.heads), DECODE_THREADS)?;
+        if splits > 1 {
+            let call =
+                k::DecodeAttentionCombine { out: out.ptr(), lse: lse.ptr(), partial, stats, b, heads, d, splits };
+            self.launch(&call, decode_combine_grid(shape.b, shape.heads), DECODE_THREADS)?;
+        }
         Ok(lse)
     }
 
@@ -652,7 +664,7 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
             let what = format!("attention of {} queries a sequence inside a recorded token step", shape.tq);
             return Err(EngineError::Shape { what });
         }
-        let lse = self.f32_zeros(MemoryItem::Activations, shape.b * shape.heads * shape.tq)?;
+        let lse = self.f32_overwritten(MemoryItem::Activations, shape.b * shape.heads * shape.tq)?;
         let starts = self.starts(starts)?;
         let inputs = attention_inputs((q, k, v), starts, &shape);
         let (out, lse_ptr) = (out.ptr(), lse.ptr());

@@ -205,8 +205,9 @@ pub trait Compute {
         inverse: bool,
     ) -> Result<(), EngineError>;
 
-    /// Causal GQA attention into zeroed `out`; returns what the backward pass needs (the host
-    /// saves the probabilities, a device only each query row's log-sum-exp).
+    /// Causal GQA attention, writing `out` whole (a query row with no key outputs zeros); returns
+    /// what the backward pass needs (the host saves the probabilities, a device only each query
+    /// row's log-sum-exp).
     fn attention_forward(
         &mut self,
         out: &mut Self::Act,
@@ -251,8 +252,8 @@ pub trait Compute {
         layout: QkvLayout,
     ) -> Result<(), EngineError>;
 
-    /// `x[N,C]` = rows `tokens - v0` of this rank's embedding shard `w[V,C]` (zero for tokens
-    /// outside it), into zeroed `x`.
+    /// `x[N,C]` = rows `tokens - v0` of this rank's embedding shard `w[V,C]`, written whole
+    /// (zero for tokens outside the shard).
     fn embedding_forward(
         &mut self,
         x: &mut Self::Act,
