@@ -382,7 +382,8 @@ impl StageModel {
         // Attention: xmid = x + o(attention(rope(q), rope(k), v)).
         let mut datt = c.overwritten(item, n * qw)?;
         c.linear_backward(InputGrad::Write(&mut datt), (grads, &bw.o), &dxmid, &a.att, (p, &bw.o), n, qw, d.c)?;
-        let (mut dq, mut dk, mut dv) = (c.zeros(item, n * qw)?, c.zeros(item, n * kw)?, c.zeros(item, n * kw)?);
+        let (mut dq, mut dk, mut dv) =
+            (c.overwritten(item, n * qw)?, c.overwritten(item, n * kw)?, c.overwritten(item, n * kw)?);
         let shape = self.attention_shape(rows, rows.t, rows.t);
         let what = "a backward pass through a forward that wrote its keys into a KV cache";
         let (k, v) = a.kv.as_ref().ok_or_else(|| EngineError::Shape { what: what.into() })?;

@@ -697,7 +697,7 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
         let (dout, out, lse) = (dout.ptr(), out.ptr(), lse.ptr());
         if let Some(width) = FlashWidth::for_head(shape.d) {
             // dq (and each row's Σ dout·out) per row tile, then dk, dv per key tile: no atomics.
-            let delta = self.f32_zeros(MemoryItem::ActivationGradients, shape.b * shape.heads * shape.tq)?;
+            let delta = self.f32_overwritten(MemoryItem::ActivationGradients, shape.b * shape.heads * shape.tq)?;
             let (dq, delta) = (dq.ptr(), delta.ptr());
             let call = k::FlashBackwardDq { width, dq, delta, dout, out, lse, inputs };
             self.launch(&call, flash_rows_grid(shape.b, shape.tq, shape.heads, shape.kv_heads), self.flash_threads())?;

@@ -217,7 +217,8 @@ pub trait Compute {
         shape: AttentionShape,
         starts: &[usize],
     ) -> Result<Self::Stat, EngineError>;
-    /// Backward of [`Compute::attention_forward`] (`tq = tk = t_cap`) into zeroed `dq`, `dk`, `dv`.
+    /// Backward of [`Compute::attention_forward`] (`tq = tk = t_cap`), writing `dq`, `dk`, `dv`
+    /// whole.
     #[allow(clippy::too_many_arguments)]
     fn attention_backward(
         &mut self,
