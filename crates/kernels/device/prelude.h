@@ -124,6 +124,29 @@ struct __align__(16) NereusVec16 {
   unsigned int w[4];
 };
 
+// Whether p is 16-byte aligned (a vector load or store may start there).
+__device__ __forceinline__ bool nereus_aligned16(const void* p) { return ((u64)p & 15) == 0; }
+
+// Eight bf16 at p (16-byte aligned) as one load, widened to f32: element j is the low half of
+// word j / 2 for even j (little-endian), the high half for odd j.
+__device__ __forceinline__ void nereus_load8(float v[8], const bf16* p) {
+  const NereusVec16 x = *reinterpret_cast<const NereusVec16*>(p);
+  NEREUS_UNROLL
+  for (int i = 0; i < 4; ++i) {
+    v[2 * i] = nereus_bits_to_f32(x.w[i] << 16);
+    v[2 * i + 1] = nereus_bits_to_f32(x.w[i] & 0xffff0000u);
+  }
+}
+
+// Eight f32 rounded to bf16 and stored at p (16-byte aligned) as one store.
+__device__ __forceinline__ void nereus_store8(bf16* p, const float v[8]) {
+  NereusVec16 x;
+  NEREUS_UNROLL
+  for (int i = 0; i < 4; ++i)
+    x.w[i] = (unsigned int)nereus_f32_to_bf16(v[2 * i]) | ((unsigned int)nereus_f32_to_bf16(v[2 * i + 1]) << 16);
+  *reinterpret_cast<NereusVec16*>(p) = x;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The warp-level matrix multiply-accumulate (docs/kernels.md, "Tensor cores"): one warp computes
 //   C[16×16] (f32) += A[16×16] (bf16) · B[16×16] (bf16)
