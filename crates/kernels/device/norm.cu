@@ -6,31 +6,56 @@
 // (grid-stride over rows), blockDim.x a multiple of the warp and at most 1024, reductions through
 // nereus_block_reduce (pairwise trees, never one long f32 chain). Element-wise: 1-D grid-stride.
 
+// The RMSNorm forward's rows, W columns at a time a thread (W = 8: 16-byte vectors).
+template <int W>
+__device__ __forceinline__ void nereus_rmsnorm_rows(bf16* __restrict__ y, float* __restrict__ inv_rms,
+                                                    bf16* __restrict__ x, const bf16* __restrict__ weight, u64 rows,
+                                                    u64 cols, float eps, const bf16* __restrict__ residual,
+                                                    float* scratch) {
+  NEREUS_ROWS(row, rows) {
+    bf16* xr = x + row * cols;  // [C]
+    float squares = 0.0f;
+    for (u64 c = W * threadIdx.x; c < cols; c += W * blockDim.x) {
+      float v[W];
+      nereus_load_bf16<W>(v, xr + c);
+      if (residual) {
+        float r[W];
+        nereus_load_bf16<W>(r, residual + row * cols + c);
+        NEREUS_UNROLL
+        for (int j = 0; j < W; ++j) v[j] = nereus_bf16_to_f32(nereus_f32_to_bf16(v[j] + r[j]));
+        nereus_store_bf16<W>(xr + c, v);
+      }
+      NEREUS_UNROLL
+      for (int j = 0; j < W; ++j) squares += v[j] * v[j];
+    }
+    const float r = nereus_rsqrt(nereus_block_reduce(squares, scratch, false) / (float)cols + eps);
+    for (u64 c = W * threadIdx.x; c < cols; c += W * blockDim.x) {
+      float v[W], w[W];
+      nereus_load_bf16<W>(v, xr + c);
+      nereus_load_bf16<W>(w, weight + c);
+      NEREUS_UNROLL
+      for (int j = 0; j < W; ++j) v[j] = v[j] * r * w[j];
+      nereus_store_bf16<W>(y + row * cols + c, v);
+    }
+    if (threadIdx.x == 0) inv_rms[row] = r;
+  }
+}
+
 // RMSNorm: y[R,C] = x · rsqrt(mean(x²) + eps) · weight[C]; inv_rms[R] kept for the backward pass.
 // With a residual (not null) the residual connection comes first, in the same pass: x[R,C] +=
 // residual[R,C], rounded to bf16 as nereus_residual_add rounds it, and the norm reads the sum
-// (each thread reads back only the elements it wrote).
+// (each thread reads back only the elements it wrote). Where C is a multiple of 8 and every
+// buffer is 16-byte aligned, each thread moves 8 columns at a time as one vector.
 NEREUS_KERNEL nereus_rmsnorm_forward(bf16* __restrict__ y, float* __restrict__ inv_rms, bf16* __restrict__ x,
                                      const bf16* __restrict__ weight, u64 rows, u64 cols, float eps,
                                      const bf16* __restrict__ residual) {
   __shared__ float scratch[1024 / NEREUS_WARP];
-  NEREUS_ROWS(row, rows) {
-    bf16* xr = x + row * cols;  // [C]
-    float squares = 0.0f;
-    for (u64 c = threadIdx.x; c < cols; c += blockDim.x) {
-      float v = nereus_bf16_to_f32(xr[c]);
-      if (residual) {
-        const bf16 sum = nereus_f32_to_bf16(v + nereus_bf16_to_f32(residual[row * cols + c]));
-        xr[c] = sum;
-        v = nereus_bf16_to_f32(sum);
-      }
-      squares += v * v;
-    }
-    const float r = nereus_rsqrt(nereus_block_reduce(squares, scratch, false) / (float)cols + eps);
-    for (u64 c = threadIdx.x; c < cols; c += blockDim.x)
-      y[row * cols + c] = nereus_f32_to_bf16(nereus_bf16_to_f32(xr[c]) * r * nereus_bf16_to_f32(weight[c]));
-    if (threadIdx.x == 0) inv_rms[row] = r;
-  }
+  const bool vectors = cols % 8 == 0 && nereus_aligned16(y) && nereus_aligned16(x) && nereus_aligned16(weight) &&
+                       (!residual || nereus_aligned16(residual));
+  if (vectors)
+    nereus_rmsnorm_rows<8>(y, inv_rms, x, weight, rows, cols, eps, residual, scratch);
+  else
+    nereus_rmsnorm_rows<1>(y, inv_rms, x, weight, rows, cols, eps, residual, scratch);
 }
 
 // Columns one thread of the RMSNorm backward keeps dweight sums for in registers: a row up to

@@ -147,6 +147,31 @@ __device__ __forceinline__ void nereus_store8(bf16* p, const float v[8]) {
   *reinterpret_cast<NereusVec16*>(p) = x;
 }
 
+// W bf16 at p widened to f32, W = 8 as one vector (p 16-byte aligned) or W = 1: a kernel
+// templated on W reads either way with its arrays in registers.
+template <int W>
+__device__ __forceinline__ void nereus_load_bf16(float (&v)[W], const bf16* p);
+template <>
+__device__ __forceinline__ void nereus_load_bf16<1>(float (&v)[1], const bf16* p) {
+  v[0] = nereus_bf16_to_f32(p[0]);
+}
+template <>
+__device__ __forceinline__ void nereus_load_bf16<8>(float (&v)[8], const bf16* p) {
+  nereus_load8(v, p);
+}
+
+// W f32 rounded to bf16 at p, as nereus_load_bf16 reads them.
+template <int W>
+__device__ __forceinline__ void nereus_store_bf16(bf16* p, const float (&v)[W]);
+template <>
+__device__ __forceinline__ void nereus_store_bf16<1>(bf16* p, const float (&v)[1]) {
+  p[0] = nereus_f32_to_bf16(v[0]);
+}
+template <>
+__device__ __forceinline__ void nereus_store_bf16<8>(bf16* p, const float (&v)[8]) {
+  nereus_store8(p, v);
+}
+
 // ---------------------------------------------------------------------------------------------
 // The warp-level matrix multiply-accumulate (docs/kernels.md, "Tensor cores"): one warp computes
 //   C[16×16] (f32) += A[16×16] (bf16) · B[16×16] (bf16)
