@@ -523,13 +523,6 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
         self.f32_zeros(item, len)
     }
 
-    fn duplicate(&mut self, item: MemoryItem, x: &Self::Act) -> Result<Self::Act, EngineError> {
-        // bf16(0 + x) is x exactly.
-        let mut copy = self.zeros(item, x.len())?;
-        self.add(&mut copy, x)?;
-        Ok(copy)
-    }
-
     fn add(&mut self, x: &mut Self::Act, y: &Self::Act) -> Result<(), EngineError> {
         self.elementwise(&k::ResidualAdd { x: x.ptr(), y: y.ptr(), n: x.len() as u64 }, x.len())
     }

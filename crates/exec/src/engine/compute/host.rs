@@ -89,12 +89,6 @@ impl Compute for Host<'_, '_> {
         self.arena.zeros(item, len)
     }
 
-    fn duplicate(&mut self, item: MemoryItem, x: &Vec<f32>) -> Result<Vec<f32>, EngineError> {
-        let mut copy = self.arena.zeros(item, x.len())?;
-        copy.copy_from_slice(x);
-        Ok(copy)
-    }
-
     fn add(&mut self, x: &mut Vec<f32>, y: &Vec<f32>) -> Result<(), EngineError> {
         x.iter_mut().zip(y).for_each(|(a, &b)| *a += b);
         Ok(())

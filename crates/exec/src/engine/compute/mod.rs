@@ -114,8 +114,6 @@ pub trait Compute {
     }
     /// `len` zeroed statistics holding `item`, charged first.
     fn stats(&mut self, item: MemoryItem, len: usize) -> Result<Self::Stat, EngineError>;
-    /// A copy of `x`, charged under `item`.
-    fn duplicate(&mut self, item: MemoryItem, x: &Self::Act) -> Result<Self::Act, EngineError>;
     /// `x += y` (residual connections).
     fn add(&mut self, x: &mut Self::Act, y: &Self::Act) -> Result<(), EngineError>;
 
