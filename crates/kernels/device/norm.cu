@@ -66,7 +66,7 @@ NEREUS_KERNEL nereus_rmsnorm_forward(bf16* __restrict__ y, float* __restrict__ i
 // One element of the RMSNorm backward: dx[i] += inv_rms · (g − x · inv_rms² · mean(g·x)) for the
 // row's column c, rounded once; returns the element's dweight term dy·x·inv_rms.
 __device__ __forceinline__ float nereus_rmsnorm_dx(bf16* dx, const bf16* dyr, const bf16* xr, const bf16* weight,
-                                                      float r, float mean_gx, u64 row, u64 cols, u64 c) {
+                                                  float r, float mean_gx, u64 row, u64 cols, u64 c) {
   const float xv = nereus_bf16_to_f32(xr[c]), dyv = nereus_bf16_to_f32(dyr[c]);
   const float g = dyv * nereus_bf16_to_f32(weight[c]);
   const u64 i = row * cols + c;
@@ -97,7 +97,7 @@ NEREUS_KERNEL nereus_rmsnorm_backward(bf16* __restrict__ dx, float* __restrict__
       dot += nereus_bf16_to_f32(dyr[c]) * nereus_bf16_to_f32(weight[c]) * nereus_bf16_to_f32(xr[c]);
     const float mean_gx = nereus_block_reduce(dot, scratch, false) / (float)cols;
     if (in_registers) {
-  NEREUS_UNROLL
+      NEREUS_UNROLL
       for (int s = 0; s < NEREUS_NORM_STRIDES; ++s) {
         const u64 c = threadIdx.x + (u64)s * blockDim.x;
         if (c < cols) dw[s] += nereus_rmsnorm_dx(dx, dyr, xr, weight, r, mean_gx, row, cols, c);

@@ -356,7 +356,7 @@ impl StageModel {
         tp: &G,
     ) -> Result<C::Act, EngineError> {
         let (d, n) = (self.dims(), rows.n());
-        let (qw, kw) = (d.heads * d.d, d.kv_heads * d.d);
+        let qw = d.heads * d.d;
         let item = MemoryItem::ActivationGradients;
         // MLP: out = xmid + down(swiglu(gate(xn2), up(xn2))); the output gradient is the same on
         // every TP rank (the row-parallel reduction's backward is the identity).
@@ -382,6 +382,28 @@ impl StageModel {
         // Attention: xmid = x + o(attention(rope(q), rope(k), v)).
         let mut datt = c.overwritten(item, n * qw)?;
         c.linear_backward(InputGrad::Write(&mut datt), (grads, &bw.o), &dxmid, &a.att, (p, &bw.o), n, qw, d.c)?;
+        let mut dxn1 = self.attention_branch_backward(c, (p, grads), bw, a, &datt, rows)?;
+        c.tp_sum(tp, &mut dxn1)?;
+        let mut dx = dxmid;
+        c.rmsnorm_backward(&mut dx, (grads, &bw.attn_norm), &dxn1, &a.x, (p, &bw.attn_norm), &a.r1, d.c)?;
+        Ok(dx)
+    }
+
+    /// From attention's output gradient `datt` back through attention, the rotations (and
+    /// q/k-norms) and the fused projection's merge: the first norm's output gradient `dxn1` on
+    /// this rank's columns, accumulating the q, k, v (and norm) weights' gradients.
+    fn attention_branch_backward<C: Compute>(
+        &self,
+        c: &mut C,
+        (p, grads): (&C::Params, &mut C::Grads),
+        bw: &BlockWeights,
+        a: &BlockActs<C::Act, C::Stat>,
+        datt: &C::Act,
+        rows: Rows,
+    ) -> Result<C::Act, EngineError> {
+        let (d, n) = (self.dims(), rows.n());
+        let (qw, kw) = (d.heads * d.d, d.kv_heads * d.d);
+        let item = MemoryItem::ActivationGradients;
         let (mut dq, mut dk, mut dv) =
             (c.overwritten(item, n * qw)?, c.overwritten(item, n * kw)?, c.overwritten(item, n * kw)?);
         let shape = self.attention_shape(rows, rows.t, rows.t);
@@ -389,7 +411,7 @@ impl StageModel {
         let (k, v) = a.kv.as_ref().ok_or_else(|| EngineError::Shape { what: what.into() })?;
         c.attention_backward(
             (&mut dq, &mut dk, &mut dv),
-            &datt,
+            datt,
             &a.att,
             &a.attention,
             (&a.q, k, v),
@@ -417,10 +439,7 @@ impl StageModel {
         let mut dxn1 = c.overwritten(item, n * d.c)?;
         let (input_grad, weights) = (InputGrad::Write(&mut dxn1), (p, &bw.qkv));
         c.linear_backward(input_grad, (grads, &bw.qkv), &dqkv, &a.xn1, weights, n, d.c, qw + 2 * kw)?;
-        c.tp_sum(tp, &mut dxn1)?;
-        let mut dx = dxmid;
-        c.rmsnorm_backward(&mut dx, (grads, &bw.attn_norm), &dxn1, &a.x, (p, &bw.attn_norm), &a.r1, d.c)?;
-        Ok(dx)
+        Ok(dxn1)
     }
 }
 

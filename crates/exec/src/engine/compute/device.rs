@@ -295,7 +295,8 @@ impl<'d, 'a, 'l> OnDevice<'d, 'a, 'l> {
     }
 
     /// Flash-decoding (`decode_attention.cu`): the splits' partial softmaxes into the decode's
-    /// scratch, then their combine into `out` and the returned `lse`.
+    /// scratch, then their combine into `out` and the returned `lse` — or, with one split, `out`
+    /// and `lse` written by the split itself, in one launch.
     fn decode_attention(
         &mut self,
         out: &Bf16<'d>,
