@@ -9,7 +9,9 @@
 //! whose plane has them (NCCL, RCCL, the emulated library).
 //!
 //! Conventions, as the host ops (`ops/`) keep them: buffers are flat row-major; an output a
-//! method *writes* is passed freshly zeroed by [`Compute::zeros`]; `dx` arguments of backward
+//! method *writes whole* comes from [`Compute::overwritten`] (a device skips the memset; the
+//! emulated one fills it with NaN, so a skipped element shows), one it adds to from
+//! [`Compute::zeros`]; `dx` arguments of backward
 //! passes and every weight gradient *accumulate* (`+=`), because activations feed more than one
 //! consumer and gradients sum over micro-batches. Weights are `(parameters, range)` views into
 //! the stage's flat parameter buffer; gradients are views into the flat f32 gradient buffer.
