@@ -4,6 +4,16 @@
 //
 // Legend: B·T rows, H heads, D = 2·half head width, P positions of the tables. 1-D grid-stride.
 
+// Channel pair (j, j + D/2) of one head at position pos, read from `from` and written to `to`
+// (the same head for an in-place rotation) turned by the tables' angle, or back when `inverse`.
+__device__ __forceinline__ void nereus_rotate_pair(const bf16* from, bf16* to, const float* cos_table,
+                                                   const float* sin_table, u64 pos, u64 half, u64 j, bool inverse) {
+  const float c = cos_table[pos * half + j], s = inverse ? -sin_table[pos * half + j] : sin_table[pos * half + j];
+  const float a = nereus_bf16_to_f32(from[j]), b = nereus_bf16_to_f32(from[j + half]);
+  to[j] = nereus_f32_to_bf16(a * c - b * s);
+  to[j + half] = nereus_f32_to_bf16(b * c + a * s);
+}
+
 // Rotates x[B·T, H, D] in place ("rotate half": channel j < D/2 pairs with j + D/2), row r at
 // position pos0 + *position + r % T (position: a decode's row counter in device memory, or null),
 // by the host's tables cos/sin[P, D/2] (f64-computed, llama3 scaling included); `inverse` = 1
@@ -14,12 +24,8 @@ NEREUS_KERNEL nereus_rope(bf16* __restrict__ x, const float* __restrict__ cos_ta
   if (position) pos0 += (u64)*position;
   NEREUS_GRID_STRIDE(i, rows * heads * half) {
     const u64 j = i % half, head_row = i / half, row = head_row / heads;
-    const u64 pos = pos0 + row % t;
-    const float c = cos_table[pos * half + j], s = inverse ? -sin_table[pos * half + j] : sin_table[pos * half + j];
     bf16* xh = x + head_row * 2 * half;  // [D] one head
-    const float a = nereus_bf16_to_f32(xh[j]), b = nereus_bf16_to_f32(xh[j + half]);
-    xh[j] = nereus_f32_to_bf16(a * c - b * s);
-    xh[j + half] = nereus_f32_to_bf16(b * c + a * s);
+    nereus_rotate_pair(xh, xh, cos_table, sin_table, pos0 + row % t, half, j, inverse);
   }
 }
 
@@ -46,15 +52,12 @@ NEREUS_KERNEL nereus_qkv_rope(bf16* __restrict__ qkv, bf16* __restrict__ q, bf16
     bf16* fused = qkv + (row * width + head) * 2 * half;
     const bf16* from = merge ? part : fused;
     bf16* to = merge ? fused : part;
-    if (!rotate || head >= heads + kv_heads) {
+    if (rotate && head < heads + kv_heads) {
+      nereus_rotate_pair(from, to, cos_table, sin_table, pos, half, j, merge);
+    } else {
       to[j] = from[j];
       to[j + half] = from[j + half];
-      continue;
     }
-    const float c = cos_table[pos * half + j], s = merge ? -sin_table[pos * half + j] : sin_table[pos * half + j];
-    const float a = nereus_bf16_to_f32(from[j]), b = nereus_bf16_to_f32(from[j + half]);
-    to[j] = nereus_f32_to_bf16(a * c - b * s);
-    to[j + half] = nereus_f32_to_bf16(b * c + a * s);
   }
 }
 

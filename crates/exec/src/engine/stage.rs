@@ -233,6 +233,13 @@ impl StageModel {
         AttentionShape { b: rows.b, tq: rows.t, tk, t_cap, heads: d.heads, kv_heads: d.kv_heads, d: d.d }
     }
 
+    /// How `rows` of this stage's fused projection split (or merge): rotating q and k or not,
+    /// into a KV cache of `kv_t_cap` positions or buffers of their own.
+    fn qkv_layout(&self, rows: Rows, rotate: bool, kv_t_cap: Option<usize>) -> QkvLayout {
+        let d = self.dims();
+        QkvLayout { t: rows.t, pos0: rows.pos0, heads: d.heads, kv_heads: d.kv_heads, rotate, kv_t_cap }
+    }
+
     /// One block's forward on `x` (plus `residual`, the previous block's `xmid`, added in the
     /// first norm's pass where given). The output returned lacks its own residual: the caller
     /// adds this block's `xmid` (the next block does it in its first norm).
@@ -309,14 +316,7 @@ impl StageModel {
         let (qw, kw) = (d.heads * d.d, d.kv_heads * d.d);
         let item = MemoryItem::Activations;
         let norms = bw.q_norm.as_ref().zip(bw.k_norm.as_ref());
-        let layout = |kv_t_cap| QkvLayout {
-            t: rows.t,
-            pos0: rows.pos0,
-            heads: d.heads,
-            kv_heads: d.kv_heads,
-            rotate: norms.is_none(),
-            kv_t_cap,
-        };
+        let layout = |kv_t_cap| self.qkv_layout(rows, norms.is_none(), kv_t_cap);
         let mut q = c.overwritten(item, n * qw)?;
         let Some((qn, kn)) = norms else {
             if let Some((layer, t_cap)) = cache {
@@ -418,14 +418,7 @@ impl StageModel {
             shape,
             rows.starts,
         )?;
-        let mut layout = QkvLayout {
-            t: rows.t,
-            pos0: rows.pos0,
-            heads: d.heads,
-            kv_heads: d.kv_heads,
-            rotate: true,
-            kv_t_cap: None,
-        };
+        let mut layout = self.qkv_layout(rows, true, None);
         if let (Some(qn), Some(kn), Some(norm)) = (&bw.q_norm, &bw.k_norm, &a.qk_norm) {
             c.rope(&mut dq, rows.t, d.heads, rows.pos0, true)?;
             c.rope(&mut dk, rows.t, d.kv_heads, rows.pos0, true)?;

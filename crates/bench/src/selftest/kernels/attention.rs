@@ -101,15 +101,24 @@ pub(super) fn check_rope(d: &Device, rng: &mut Rng, verdict: &mut Verdict) -> Re
         for j in 0..half {
             let (c, s) = (f64::from(cos[pos * half + j]), f64::from(sin[pos * half + j]));
             let s = if inverse { -s } else { s };
-            let (a, bb) = (chunk[j], chunk[j + half]);
-            want[head * 2 * half + j] = a * c - bb * s;
-            want[head * 2 * half + j + half] = bb * c + a * s;
-            scale[head * 2 * half + j] = a.abs() + bb.abs();
-            scale[head * 2 * half + j + half] = a.abs() + bb.abs();
+            let at = head * 2 * half + j;
+            rotate_pair((&mut want, &mut scale), (at, half), (chunk[j], chunk[j + half]), (c, s));
         }
     }
     verdict.bf16_scaled("x", &xs.read()?, &want, &scale);
     Ok(())
+}
+
+/// The reference rotation of channel pair `(a, b)` by `(cos, sin)` into `want[at]` and
+/// `want[at + half]`, each with the tolerance's scale `|a| + |b|`.
+fn rotate_pair(
+    (want, scale): (&mut [f64], &mut [f64]),
+    (at, half): (usize, usize),
+    (a, b): (f64, f64),
+    (c, s): (f64, f64),
+) {
+    (want[at], want[at + half]) = (a * c - b * s, b * c + a * s);
+    (scale[at], scale[at + half]) = (a.abs() + b.abs(), a.abs() + b.abs());
 }
 
 /// RoPE tables for `positions` and `D/2 = half` as the engine builds them: its frequencies, f64
@@ -176,10 +185,7 @@ pub(super) fn check_qkv_rope(d: &Device, rng: &mut Rng, verdict: &mut Verdict) -
         } else {
             (1.0, 0.0)
         };
-        want[to.0][to.1 + j] = a * c - bb * s;
-        want[to.0][to.1 + j + half] = bb * c + a * s;
-        scale[to.0][to.1 + j] = a.abs() + bb.abs();
-        scale[to.0][to.1 + j + half] = a.abs() + bb.abs();
+        rotate_pair((&mut want[to.0], &mut scale[to.0]), (to.1 + j, half), (a, bb), (c, s));
     }
     for (i, name) in ["qkv", "q", "k", "v"].into_iter().enumerate() {
         verdict.bf16_scaled(name, &arrays[i].read()?, &want[i], &scale[i]);

@@ -281,10 +281,19 @@ fn check_cast_to_f32(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), B
     Ok(())
 }
 
+/// A row width up to 3,000, a multiple of 8 in half the draws (the widths the row and
+/// element-wise kernels move as 16-byte vectors).
+fn row_width(rng: &mut Rng) -> usize {
+    if rng.below(2) == 0 {
+        8 * length(rng, 375)
+    } else {
+        length(rng, 3_000)
+    }
+}
+
 /// A random `(rows, cols)` row-kernel shape.
 fn row_shape(rng: &mut Rng) -> (usize, usize) {
-    // Half the widths a multiple of 8, which the forward moves as 16-byte vectors.
-    (1 + rng.below(9), if rng.below(2) == 0 { 8 * length(rng, 375) } else { length(rng, 3_000) })
+    (1 + rng.below(9), row_width(rng))
 }
 
 const EPS: f32 = 1e-5;
@@ -380,8 +389,7 @@ fn cancelled_terms(dy: &[f64], x: &[f64], weight: &[f64]) -> Vec<f64> {
 /// A fused gate/up product `gu[R, 2F]` of random rows and width (gates over ±4, ups over ±2),
 /// and its gates and ups apart, widened.
 fn gate_up(rng: &mut Rng) -> (usize, usize, Vec<u16>, Vec<f64>, Vec<f64>) {
-    // Half the widths a multiple of 8, which the kernels move as 16-byte vectors.
-    let (rows, f) = (1 + rng.below(9), if rng.below(2) == 0 { 8 * length(rng, 375) } else { length(rng, 3_000) });
+    let (rows, f) = (1 + rng.below(9), row_width(rng));
     let gu: Vec<u16> = (0..rows).flat_map(|_| [bf16_values(rng, f, 4.0), bf16_values(rng, f, 2.0)].concat()).collect();
     let wide = widen(&gu);
     let (g, u) = wide
