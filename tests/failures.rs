@@ -179,10 +179,11 @@ fn runtime_failures_end_every_rank_within_seconds_with_one_message() {
     let run = train(4, &wider, &out("wider"), 4, &["--resume", step2.to_str().unwrap()], &[]);
     check("resume with another hidden size", run, 2, &["models.actor.hidden", "64", "128"], Reports::Once);
 
-    // A fixed pp = 2 plan in which only the first stages of critic/training run out of memory
-    // (1F1B keeps more micro-batches in flight there): planned for 2 GB, the ranks find 5 MB.
+    // A fixed pp = 2 plan in which only the first stages of the training model-stages run out of
+    // memory (1F1B keeps two micro-batches in flight there, one on the last): planned for 2 GB,
+    // the ranks find 4.5 MB (measured: first stages fail below about 4.8 MB, last ones at 3.9 MB).
     let pp2 = write(dir.path(), "pp2.toml", &pp2_plan(&base));
-    let run = train(8, &pp2, &out("pp2"), 1, &[], &[("NEREUS_FAULT_MEMORY_BYTES", "5000000")]);
+    let run = train(8, &pp2, &out("pp2"), 1, &[], &[("NEREUS_FAULT_MEMORY_BYTES", "4500000")]);
     check("some ranks out of memory under pp = 2", run, 1, &["out of memory on rank"], Reports::AtLeastOnce);
     assert_no_failures(failures, cases);
 }

@@ -5,8 +5,7 @@
 //! prices many variants of one layout derives the first once.
 
 use super::memory::{
-    activation_width, kv_cache_bytes_per_sequence, optimizer_bytes_per_param, EngineKind, MemoryBreakdown, MemoryItem,
-    GRADIENT_BYTES,
+    activation_width, kv_cache_bytes_per_sequence, EngineKind, MemoryBreakdown, MemoryItem, GRADIENT_BYTES,
 };
 use super::reference::{self, Residence};
 use super::{micro, per_replica, CostModel, ModelStats, PositionMemory, Workload};
@@ -94,14 +93,9 @@ impl CostModel {
     /// Parameters, optimizer state (training) and, on GPU engines, persistent gradients
     /// (training) of `params` elements.
     fn state_of(&self, stats: &ModelStats, ms: ModelStage, params: u64) -> MemoryBreakdown {
-        let dtype = stats.arch.dtype;
-        let mut state = MemoryBreakdown::default();
-        state.add(MemoryItem::Params, params * dtype.bytes());
-        if ms.trains() {
-            state.add(MemoryItem::Optimizer, params * optimizer_bytes_per_param(dtype));
-            if self.engine == EngineKind::Gpu {
-                state.add(MemoryItem::Gradients, params * GRADIENT_BYTES);
-            }
+        let mut state = reference::state(params, stats.arch.dtype, ms.trains());
+        if ms.trains() && self.engine == EngineKind::Gpu {
+            state.add(MemoryItem::Gradients, params * GRADIENT_BYTES);
         }
         state
     }

@@ -10,7 +10,8 @@
 //! in flight on stage `j`; generation keeps the KV cache of the whole replica's sequences,
 //! sized for the longest response.
 
-use super::memory::{MemoryBreakdown, MemoryItem};
+use super::memory::{optimizer_bytes_per_param, MemoryBreakdown, MemoryItem};
+use crate::config::Dtype;
 use crate::model::{LocalShape, OutputHead};
 
 /// The widest head the device's flash attention kernels take (`crates/kernels/device/flash_attention.cu`);
@@ -129,21 +130,24 @@ pub fn block_forward(s: &LocalShape, b: u64, t: u64, tk: u64, cached: bool, on: 
     on.act() * n * (4 * c + qkv + split + qw + 3 * f) + 4 * n * (2 + norm_stats) + on.attention_saved(b, h, t, tk)
 }
 
-/// One block's backward pass (`engine::stage::block_backward`): `dh` `[n, F]`, `dgu` `[n, 2F]`,
-/// `dxn2, dxn1` `[n, C]`, `datt, dq` `[n, H·D]`, `dk, dv` `[n, K·D]`, the fused `dqkv` `[n, H·D +
-/// 2·K·D]`, and two more for q/k-norm; a device's flash attention keeps one f32 `delta` per
-/// query row and head, and its scalar kernels (heads wider than [`FLASH_MAX_HEAD_DIM`]) gather
-/// `dk, dv` in f32 (atomics).
+/// One block's backward pass (`engine::stage::block_backward`) at its highest moment: it frees
+/// each temporary once read, so the largest of `dh, dgu` `[n, F]`, `[n, 2F]`; `dgu, dxn2`
+/// (`[n, C]`); `datt, dq` `[n, H·D]` and `dk, dv` `[n, K·D]` while attention's backward runs,
+/// with its scratch (a device's flash kernels keep one f32 `delta` per query row and head; its
+/// scalar kernels, for heads wider than [`FLASH_MAX_HEAD_DIM`], gather `dk, dv` in f32);
+/// `dq, dk, dv` and the fused `dqkv` `[n, H·D + 2·K·D]` at the merge; `dqkv, dxn1`. A model
+/// with q/k-norms holds `dq, dk, dv` and two pre-norm gradients at most, less than the merge.
 pub fn block_backward(s: &LocalShape, n: u64, on: Residence) -> u64 {
     let (c, f) = (s.c as u64, s.ffn as u64);
     let (qw, kw) = ((s.heads * s.d) as u64, (s.kv_heads * s.d) as u64);
-    let qk_norm = if s.qk_norm { n * (qw + kw) } else { 0 };
-    let gathered = match on {
+    let scratch = match on {
         Residence::Host => 0,
         Residence::Device if s.d <= FLASH_MAX_HEAD_DIM => 4 * n * s.heads as u64,
         Residence::Device => 4 * 2 * n * kw,
     };
-    on.act() * (n * (3 * f + 2 * c + 3 * qw + 4 * kw) + qk_norm) + gathered
+    let widths = [3 * f, 2 * f + c, 2 * (qw + 2 * kw), qw + 2 * kw + c];
+    let widest = widths.into_iter().max().unwrap_or(0);
+    (on.act() * n * widest).max(on.act() * n * (2 * qw + 2 * kw) + scratch)
 }
 
 /// What a micro-batch of `b` sequences of `t` positions keeps after its forward pass on this
@@ -181,35 +185,43 @@ fn head_forward_scratch(s: &LocalShape, n: u64, on: Residence) -> MemoryBreakdow
     m
 }
 
-/// The temporaries of one micro-batch's backward pass at their peak. They are held until it
-/// ends: every block's activation gradients, the head's on the last stage (the final norm's and
-/// the head's input gradients, a device's bf16 copy of a value head's), and the gradient
-/// received from the next stage elsewhere. The fused LM head's backward peaks before the
-/// blocks' begin, with its input gradient, that gradient's f32 sum and one chunk of logits
-/// (turned into their gradient in place): the peak is the larger of the two moments.
+/// The temporaries of one micro-batch's backward pass at their peak. Every block frees its own
+/// before the next begins, so one block's highest moment is held above the gradient flowing
+/// between blocks: the head's input gradient on the last stage (a value head's own are freed
+/// first), the one received from the next stage elsewhere. The fused LM head's backward peaks
+/// before the blocks' begin, with its input gradient, that gradient's f32 sum and one chunk of
+/// logits (turned into their gradient in place): the peak is the larger of the two moments.
 pub fn micro_batch_backward(s: &LocalShape, n: u64, on: Residence) -> MemoryBreakdown {
-    let c = s.c as u64;
+    let flowing = on.act() * n * s.c as u64;
     let mut held = MemoryBreakdown::default();
-    held.add(MemoryItem::ActivationGradients, s.blocks as u64 * block_backward(s, n, on));
+    held.add(MemoryItem::ActivationGradients, block_backward(s, n, on));
     if !s.last {
-        held.add(MemoryItem::PipelineBuffers, on.act() * n * c);
+        held.add(MemoryItem::PipelineBuffers, flowing);
         return held;
     }
-    held.add(MemoryItem::ActivationGradients, on.act() * 2 * n * c);
-    match s.head {
-        OutputHead::Value if on == Residence::Device => held.add(MemoryItem::ActivationGradients, 2 * n),
-        OutputHead::Value => {}
-        OutputHead::Lm => {
-            let mut head = MemoryBreakdown::default();
-            head.add(MemoryItem::ActivationGradients, on.act() * n * c + 4 * n * c);
-            head.add(MemoryItem::Logits, logits_chunk(s, n, on));
-            // The ledger remembers the first of two equal peaks: the head's comes first.
-            if head.total() >= held.total() {
-                return head;
-            }
+    held.add(MemoryItem::ActivationGradients, flowing);
+    if s.head == OutputHead::Lm {
+        let mut head = MemoryBreakdown::default();
+        head.add(MemoryItem::ActivationGradients, flowing + 4 * n * s.c as u64);
+        head.add(MemoryItem::Logits, logits_chunk(s, n, on));
+        // The ledger remembers the first of two equal peaks: the head's comes first.
+        if head.total() >= held.total() {
+            return head;
         }
     }
     held
+}
+
+/// What a rank keeps from step to step for `params` elements of `dtype`: the parameters and,
+/// when it trains, the optimizer's state (`optimizer_bytes_per_param`: f32 masters and moments
+/// where the parameters are narrower).
+pub fn state(params: u64, dtype: Dtype, trains: bool) -> MemoryBreakdown {
+    let mut state = MemoryBreakdown::default();
+    state.add(MemoryItem::Params, params * dtype.bytes());
+    if trains {
+        state.add(MemoryItem::Optimizer, params * optimizer_bytes_per_param(dtype));
+    }
+    state
 }
 
 /// Peak of one training step on stage `j` of `pp` (1F1B): the f32 gradient buffer of the
@@ -312,7 +324,24 @@ mod tests {
         // q_raw, k_raw, v, then q, k (224 where 128) and the per-head 1/rms (4 + 2).
         let normed = per_row + 96 + 4 + 2;
         assert_eq!(block_forward(&qk_norm, 2, 3, 5, true, Residence::Host), 4 * (6 * normed + 2 * 4 * 3 * 5));
-        assert_eq!(block_backward(&s, 6, Residence::Host), 4 * 6 * (3 * 176 + 2 * 64 + 3 * 64 + 4 * 32));
+    }
+
+    #[test]
+    fn a_block_backward_holds_its_highest_moment_not_every_temporary() {
+        let s = shape(true, true);
+        // n = 6 rows; C = 64, H·D = 64, K·D = 32: `dh` and `dgu` (3F = 528) are the most, on the
+        // host and on a device (the flash scratch, 4 bytes a row and head, is held with 192).
+        assert_eq!(block_backward(&s, 6, Residence::Host), 4 * 6 * 3 * 176);
+        assert_eq!(block_backward(&s, 6, Residence::Device), 2 * 6 * 3 * 176);
+        // A narrow MLP shard: `dq, dk, dv` beside `dqkv` (2 · 128) are the most.
+        let narrow = LocalShape { ffn: 32, ..s };
+        assert_eq!(block_backward(&narrow, 6, Residence::Host), 4 * 6 * 256);
+        // Heads wider than flash takes: the scalar kernels' f32 `dk, dv` (8 bytes a K·D column)
+        // beside `datt, dq, dk, dv` (H·D = K·D·2 = 512 here) outgrow the merge.
+        let wide = LocalShape { d: 256, ..narrow };
+        let (qw, kw) = (4 * 256, 2 * 256);
+        assert_eq!(block_backward(&wide, 6, Residence::Device), 2 * 6 * (2 * qw + 2 * kw) + 8 * 6 * kw);
+        assert!(block_backward(&wide, 6, Residence::Device) > 2 * 6 * 2 * (qw + 2 * kw));
     }
 
     #[test]

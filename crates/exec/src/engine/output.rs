@@ -115,6 +115,7 @@ impl StageModel {
         let range = self.weights.final_norm.as_ref().unwrap_or(&none);
         let mut dx = c.zeros(MemoryItem::ActivationGradients, n * d.c)?;
         c.rmsnorm_backward(&mut dx, (grads, range), &dxf, &a.x, (p, range), &a.rf, d.c)?;
+        c.free(MemoryItem::ActivationGradients, dxf);
         Ok(dx)
     }
 

@@ -343,6 +343,9 @@ impl StageModel {
         Ok((q, Some((k, v)), Some(QkNormActs { q_raw, k_raw, rq, rk })))
     }
 
+    /// One block's backward from its output gradient `dout` (which becomes the returned `dx`).
+    /// Each temporary is freed once its last reader has run, so a block holds at most the
+    /// moment [`nereus_core::cost::reference::block_backward`] names, and the next block reuses the memory.
     #[allow(clippy::too_many_arguments)]
     fn block_backward<C: Compute, G: TensorGroup<f32>>(
         &self,
@@ -364,41 +367,38 @@ impl StageModel {
         c.linear_backward(InputGrad::Write(&mut dh), (grads, &bw.down), &dout, &a.h, (p, &bw.down), n, d.ffn, d.c)?;
         let mut dgu = c.overwritten(item, n * 2 * d.ffn)?;
         c.swiglu_backward(&mut dgu, &dh, &a.gu, d.ffn)?;
+        c.free(item, dh);
         let mut dxn2 = c.overwritten(item, n * d.c)?;
-        c.linear_backward(
-            InputGrad::Write(&mut dxn2),
-            (grads, &bw.gate_up),
-            &dgu,
-            &a.xn2,
-            (p, &bw.gate_up),
-            n,
-            d.c,
-            2 * d.ffn,
-        )?;
+        let gate_up = (p, &bw.gate_up);
+        c.linear_backward(InputGrad::Write(&mut dxn2), (grads, &bw.gate_up), &dgu, &a.xn2, gate_up, n, d.c, 2 * d.ffn)?;
+        c.free(item, dgu);
         // Each TP rank's input gradient covers its own columns: the copy's backward sums them.
         c.tp_sum(tp, &mut dxn2)?;
         let mut dxmid = dout;
         c.rmsnorm_backward(&mut dxmid, (grads, &bw.mlp_norm), &dxn2, &a.xmid, (p, &bw.mlp_norm), &a.r2, d.c)?;
+        c.free(item, dxn2);
         // Attention: xmid = x + o(attention(rope(q), rope(k), v)).
         let mut datt = c.overwritten(item, n * qw)?;
         c.linear_backward(InputGrad::Write(&mut datt), (grads, &bw.o), &dxmid, &a.att, (p, &bw.o), n, qw, d.c)?;
-        let mut dxn1 = self.attention_branch_backward(c, (p, grads), bw, a, &datt, rows)?;
+        let mut dxn1 = self.attention_branch_backward(c, (p, grads), bw, a, datt, rows)?;
         c.tp_sum(tp, &mut dxn1)?;
         let mut dx = dxmid;
         c.rmsnorm_backward(&mut dx, (grads, &bw.attn_norm), &dxn1, &a.x, (p, &bw.attn_norm), &a.r1, d.c)?;
+        c.free(item, dxn1);
         Ok(dx)
     }
 
     /// From attention's output gradient `datt` back through attention, the rotations (and
     /// q/k-norms) and the fused projection's merge: the first norm's output gradient `dxn1` on
-    /// this rank's columns, accumulating the q, k, v (and norm) weights' gradients.
+    /// this rank's columns, accumulating the q, k, v (and norm) weights' gradients. Frees
+    /// `datt`, and each of its own temporaries, as soon as it has been read.
     fn attention_branch_backward<C: Compute>(
         &self,
         c: &mut C,
         (p, grads): (&C::Params, &mut C::Grads),
         bw: &BlockWeights,
         a: &BlockActs<C::Act, C::Stat>,
-        datt: &C::Act,
+        datt: C::Act,
         rows: Rows,
     ) -> Result<C::Act, EngineError> {
         let (d, n) = (self.dims(), rows.n());
@@ -411,13 +411,14 @@ impl StageModel {
         let (k, v) = a.kv.as_ref().ok_or_else(|| EngineError::Shape { what: what.into() })?;
         c.attention_backward(
             (&mut dq, &mut dk, &mut dv),
-            datt,
+            &datt,
             &a.att,
             &a.attention,
             (&a.q, k, v),
             shape,
             rows.starts,
         )?;
+        c.free(item, datt);
         let mut layout = self.qkv_layout(rows, true, None);
         if let (Some(qn), Some(kn), Some(norm)) = (&bw.q_norm, &bw.k_norm, &a.qk_norm) {
             c.rope(&mut dq, rows.t, d.heads, rows.pos0, true)?;
@@ -425,13 +426,19 @@ impl StageModel {
             let (mut dq_raw, mut dk_raw) = (c.zeros(item, n * qw)?, c.zeros(item, n * kw)?);
             c.rmsnorm_backward(&mut dq_raw, (grads, qn), &dq, &norm.q_raw, (p, qn), &norm.rq, d.d)?;
             c.rmsnorm_backward(&mut dk_raw, (grads, kn), &dk, &norm.k_raw, (p, kn), &norm.rk, d.d)?;
-            (dq, dk, layout.rotate) = (dq_raw, dk_raw, false);
+            c.free(item, std::mem::replace(&mut dq, dq_raw));
+            c.free(item, std::mem::replace(&mut dk, dk_raw));
+            layout.rotate = false;
         }
         let mut dqkv = c.overwritten(item, n * (qw + 2 * kw))?;
         c.qkv_merge(&mut dqkv, (&dq, &dk, &dv), layout)?;
+        for g in [dq, dk, dv] {
+            c.free(item, g);
+        }
         let mut dxn1 = c.overwritten(item, n * d.c)?;
         let (input_grad, weights) = (InputGrad::Write(&mut dxn1), (p, &bw.qkv));
         c.linear_backward(input_grad, (grads, &bw.qkv), &dqkv, &a.xn1, weights, n, d.c, qw + 2 * kw)?;
+        c.free(item, dqkv);
         Ok(dxn1)
     }
 }

@@ -31,8 +31,9 @@ use super::measure::{
 };
 use crate::bench::Floor;
 use nereus_core::config::{DeviceChoice, Dtype};
+use nereus_core::cost::reference::{self, Residence};
 use nereus_core::cost::MemoryItem;
-use nereus_core::model::{Architecture, Catalogue, Layout, OutputHead};
+use nereus_core::model::{Architecture, Catalogue, Layout, LocalShape, OutputHead, Position};
 use nereus_core::plan::{ModelStage, Role, Stage};
 use nereus_exec::backend::blas::{Gemm, GemmOut};
 use nereus_exec::backend::gpu::{Device, DeviceArray, DeviceCounters};
@@ -150,10 +151,15 @@ impl DeviceBench {
         if self.choice != DeviceChoice::Emulated {
             floors.extend(speed_floors(&rows));
         }
+        device.reset_peak();
         device.open_profile();
         let stepped = train_once(&*plane, &mut set, &replica, &arch, (b, t));
         let times = device.close_profile();
         stepped?;
+        if let Some(step) = rows.iter_mut().find(|r| r.phase == "train_step") {
+            step.peak_bytes = Some(device.allocated_bytes().1);
+            step.predicted_peak_bytes = Some(predicted_step_peak(&arch, (b, t), params));
+        }
         let reference = step_gemms(&arch, b * t).iter().map(StepGemm::flops).sum::<f64>() / library;
         let (families, checks) = kernels::table(&times?, &arch, (b, t), params, reference, self.peaks);
         rows.extend(families);
@@ -166,6 +172,14 @@ impl DeviceBench {
         );
         Ok(Some(Measured { title, rows, floors, checks }))
     }
+}
+
+/// The cost model's peak of one training step of `b × t` tokens on one device holding all
+/// `params` (`cost/reference.rs`): the state it keeps and the step's buffers.
+fn predicted_step_peak(arch: &Architecture, (b, t): (usize, usize), params: u64) -> u64 {
+    let shape = LocalShape::of(arch, Layout::new(1, 1), Position { tp: 0, pp: 0 });
+    let step = reference::training(&shape, params, b as u64, 1, t as u64, 1, 0, Residence::Device);
+    reference::state(params, arch.dtype, true).plus(&step).total()
 }
 
 /// Times `f` after one warm-up run: `runs` back to back, then one wait for the device.

@@ -74,6 +74,15 @@ pub struct Row {
     /// (the `kernels:*` rows; `fraction_of_roofline` is their HBM time over the measured).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bytes: Option<f64>,
+    /// The most the device's allocator held during one training step: parameters, optimizer
+    /// state, gradients and the step's buffers (`train_step` on a device; on the peer's row,
+    /// PyTorch's `max_memory_allocated`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_bytes: Option<u64>,
+    /// The cost model's prediction of `peak_bytes` (`cost/reference.rs`; `train_step` on a
+    /// device).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub predicted_peak_bytes: Option<u64>,
 }
 
 /// What a device did over one measured span: the overheads a GPU profile is read against.
@@ -125,6 +134,8 @@ impl Row {
             syncs_per_token: None,
             kernel_launches: None,
             bytes: None,
+            peak_bytes: None,
+            predicted_peak_bytes: None,
         }
     }
 }

@@ -132,6 +132,12 @@ fn on_device(session: &Session, args: &Options, choice: DeviceChoice) -> Result<
     }
     print_rows(&title, &rows)?;
     print_checks(&checks)?;
+    if let Some((peak, predicted)) =
+        rows.iter().find(|r| r.phase == "train_step").and_then(|r| r.peak_bytes.zip(r.predicted_peak_bytes))
+    {
+        let gb = |bytes: u64| bytes as f64 / 1e9;
+        println!("training step memory: {:.4} GB at the allocator's peak, {:.4} GB predicted", gb(peak), gb(predicted));
+    }
     match &peer {
         Some(PeerOutcome::Ran(run)) => println!(
             "peer: PyTorch {} on {}, peak memory {:.2} GB (scripts/peer-torch.py)",

@@ -129,13 +129,14 @@ pub fn peer_rows(ours: &[Row], peer: &TorchRun, decode_steps: u64) -> Vec<Row> {
             let r = ours.iter().find(|r| r.phase == phase)?;
             // The peer's decode time is one token step; our row spans `decode_steps`.
             let seconds = per_run? * if phase == "decode" { decode_steps as f64 } else { 1.0 };
-            Some(as_peer(r, name, seconds))
+            Some(as_peer(r, name, seconds, peer.peak_memory_bytes))
         })
         .collect()
 }
 
-/// `ours` as the peer ran it in `seconds`: every rate rescaled by the time ratio.
-fn as_peer(ours: &Row, phase: &str, seconds: f64) -> Row {
+/// `ours` as the peer ran it in `seconds`: every rate rescaled by the time ratio; its
+/// training step's row carries the peer's peak memory.
+fn as_peer(ours: &Row, phase: &str, seconds: f64, peer_peak_bytes: u64) -> Row {
     let speed = ours.seconds / seconds;
     Row {
         phase: phase.into(),
@@ -149,12 +150,15 @@ fn as_peer(ours: &Row, phase: &str, seconds: f64) -> Row {
         launches_per_token: None,
         kernels_per_token: None,
         syncs_per_token: None,
+        peak_bytes: (phase == "torch_train_step").then_some(peer_peak_bytes),
+        predicted_peak_bytes: None,
         ..ours.clone()
     }
 }
 
 /// The floors against the peer (GPUs only): our training step and forward no slower than
-/// PyTorch's (its seconds over ours ≥ 1), our decode at least 5× HF generate's tokens/s.
+/// PyTorch's (its seconds over ours ≥ 1), our decode at least 5× HF generate's tokens/s, and
+/// our training step's peak memory no more than PyTorch's.
 pub fn peer_floors(ours: &[Row], peer_rows: &[Row]) -> Vec<Floor> {
     let seconds = |rows: &[Row], phase: &str| rows.iter().find(|r| r.phase == phase).map(|r| r.seconds);
     let mut out = Vec::new();
@@ -167,6 +171,10 @@ pub fn peer_floors(ours: &[Row], peer_rows: &[Row]) -> Vec<Floor> {
             out.push(Floor::at_least(name, peer / mine, floor, "ratio"));
         }
     }
+    let peak = |rows: &[Row], phase: &str| rows.iter().find(|r| r.phase == phase).and_then(|r| r.peak_bytes);
+    if let (Some(mine), Some(peer)) = (peak(ours, "train_step"), peak(peer_rows, "torch_train_step")) {
+        out.push(Floor::at_least("torch_peak_memory_over_engine", peer as f64 / mine as f64, 1.0, "ratio"));
+    }
     out
 }
 
@@ -176,23 +184,24 @@ mod tests {
 
     #[test]
     fn the_peers_rows_rescale_ours_and_its_floors_compare_seconds() {
-        let ours = vec![
-            Row::new("forward", 100, 0.5, 1e9, 1e12),
-            Row::new("train_step", 100, 1.0, 3e9, 1e12),
-            Row::new("decode", 28, 0.07, 0.0, 1e12),
-        ];
+        let step =
+            Row { peak_bytes: Some(4), predicted_peak_bytes: Some(5), ..Row::new("train_step", 100, 1.0, 3e9, 1e12) };
+        let ours = vec![Row::new("forward", 100, 0.5, 1e9, 1e12), step, Row::new("decode", 28, 0.07, 0.0, 1e12)];
         let peer = TorchRun {
             torch: "2.11".into(),
             device: "H200".into(),
             step_s: 2.0,
             forward_s: 0.25,
-            peak_memory_bytes: 1,
+            peak_memory_bytes: 6,
             decode_step_s: Some(0.04),
         };
         let theirs = peer_rows(&ours, &peer, 7);
         let seconds: Vec<(&str, f64)> = theirs.iter().map(|r| (r.phase.as_str(), r.seconds)).collect();
         assert_eq!(seconds, [("torch_forward", 0.25), ("torch_train_step", 2.0), ("hf_generate_decode", 0.28)]);
         assert_eq!(theirs[1].tokens_per_second, 50.0);
+        // Only the peer's training step carries its peak memory, and no prediction.
+        let peaks: Vec<_> = theirs.iter().map(|r| (r.peak_bytes, r.predicted_peak_bytes)).collect();
+        assert_eq!(peaks, [(None, None), (Some(6), None), (None, None)]);
         assert!(
             (theirs[1].gflops_per_second - 1.5).abs() < 1e-12 && (theirs[1].fraction_of_gemm - 1.5e-3).abs() < 1e-12
         );
@@ -204,6 +213,7 @@ mod tests {
                 ("torch_train_step_over_engine".to_string(), 2.0, true),
                 ("torch_forward_over_engine".to_string(), 0.5, false),
                 ("engine_decode_over_hf_generate".to_string(), 0.28 / 0.07, false),
+                ("torch_peak_memory_over_engine".to_string(), 1.5, true),
             ]
         );
     }

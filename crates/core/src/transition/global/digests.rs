@@ -181,7 +181,9 @@ fn cases() -> Vec<(String, String)> {
     cases
 }
 
-/// Recorded from main at 948fff6, before the build was made linear.
+/// Recorded from main at 948fff6, before the build was made linear; `tiny-ppo-adaptive (8, 16)`
+/// re-recorded when a block's backward began freeing its temporaries (issue 49): that job's
+/// 4.5 MB devices leave the capped search (a heuristic) other plans to find at 16 tokens.
 #[rustfmt::skip]
 const EXPECTED: &[(&str, &str)] = &[
     ("tiny-ppo (8, 6) -> (8, 24)", "cdcc6c9cf0f28d1dd1c02d581095777548a683edd32f20d66140e8b6aa2bd4cd cdcc6c9cf0f28d1dd1c02d581095777548a683edd32f20d66140e8b6aa2bd4cd cdcc6c9cf0f28d1dd1c02d581095777548a683edd32f20d66140e8b6aa2bd4cd"),
@@ -193,7 +195,7 @@ const EXPECTED: &[(&str, &str)] = &[
     ("tiny-remax (8, 6) -> (8, 24)", "e40cdd73d00d51aa1b6328725f3a1d8be98d6b6dc187ec7ba6f61141568a9cc7 e40cdd73d00d51aa1b6328725f3a1d8be98d6b6dc187ec7ba6f61141568a9cc7 e40cdd73d00d51aa1b6328725f3a1d8be98d6b6dc187ec7ba6f61141568a9cc7"),
     ("tiny-remax (8, 24) -> (4, 24)", "19cf9165fde570081a35d8569192900ce646efdd7c5e1b859462c3c4ddc6e5ef 19cf9165fde570081a35d8569192900ce646efdd7c5e1b859462c3c4ddc6e5ef 19cf9165fde570081a35d8569192900ce646efdd7c5e1b859462c3c4ddc6e5ef"),
     ("tiny-remax (4, 12) -> (8, 12)", "360a062803f7e7d188a6b236a73142c871cfefef0b8285008496e5fb2f2d4e75 360a062803f7e7d188a6b236a73142c871cfefef0b8285008496e5fb2f2d4e75 360a062803f7e7d188a6b236a73142c871cfefef0b8285008496e5fb2f2d4e75"),
-    ("tiny-ppo-adaptive (8, 16) -> (8, 64)", "9ca95abc535214d534b36ae148da559618682f2ace05c095224e9995f9340afc 9ca95abc535214d534b36ae148da559618682f2ace05c095224e9995f9340afc 9ca95abc535214d534b36ae148da559618682f2ace05c095224e9995f9340afc"),
+    ("tiny-ppo-adaptive (8, 16) -> (8, 64)", "71079b30e19803e0e5662149e250cb403c1c20bbf061092c4ca7516e51eeb62f 71079b30e19803e0e5662149e250cb403c1c20bbf061092c4ca7516e51eeb62f 71079b30e19803e0e5662149e250cb403c1c20bbf061092c4ca7516e51eeb62f"),
     ("tiny-ppo-adaptive (8, 64) -> (4, 64)", "4cc25110b86d46a6e8d9f120dc114fff57912847eee4f38f5a8f375543138b5b 4cc25110b86d46a6e8d9f120dc114fff57912847eee4f38f5a8f375543138b5b 4cc25110b86d46a6e8d9f120dc114fff57912847eee4f38f5a8f375543138b5b"),
     ("tiny-ppo-adaptive (4, 32) -> (8, 32)", "9a7087b6ac338cddfd0de6bb142dd302d15100f3a3c4f9a675c095afd56373cc 9a7087b6ac338cddfd0de6bb142dd302d15100f3a3c4f9a675c095afd56373cc 9a7087b6ac338cddfd0de6bb142dd302d15100f3a3c4f9a675c095afd56373cc"),
     ("tiny-math-grpo (8, 8) -> (8, 32)", "9acc66a5cf4b2a1f4d1fee0252c5bcd8b777f9f1e4f3b34db52b6589ae3adb7e 9acc66a5cf4b2a1f4d1fee0252c5bcd8b777f9f1e4f3b34db52b6589ae3adb7e 9acc66a5cf4b2a1f4d1fee0252c5bcd8b777f9f1e4f3b34db52b6589ae3adb7e"),

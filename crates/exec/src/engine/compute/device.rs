@@ -689,14 +689,19 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
         let starts = self.starts(starts)?;
         let inputs = attention_inputs((q, k, v), starts, &shape);
         let (dout, out, lse) = (dout.ptr(), out.ptr(), lse.ptr());
+        // The kernels' scratch is freed (in stream order) and released when they are launched.
+        let scratch = self.arena.mark();
         if let Some(width) = FlashWidth::for_head(shape.d) {
             // dq (and each row's Σ dout·out) per row tile, then dk, dv per key tile: no atomics.
             let delta = self.f32_overwritten(MemoryItem::ActivationGradients, shape.b * shape.heads * shape.tq)?;
-            let (dq, delta) = (dq.ptr(), delta.ptr());
-            let call = k::FlashBackwardDq { width, dq, delta, dout, out, lse, inputs };
+            let (dq, delta_at) = (dq.ptr(), delta.ptr());
+            let call = k::FlashBackwardDq { width, dq, delta: delta_at, dout, out, lse, inputs };
             self.launch(&call, flash_rows_grid(shape.b, shape.tq, shape.heads, shape.kv_heads), self.flash_threads())?;
-            let call = k::FlashBackwardDkv { width, dk: dk.ptr(), dv: dv.ptr(), dout, lse, delta, inputs };
-            return self.launch(&call, flash_keys_grid(shape.b, shape.tk, shape.kv_heads), self.flash_threads());
+            let call = k::FlashBackwardDkv { width, dk: dk.ptr(), dv: dv.ptr(), dout, lse, delta: delta_at, inputs };
+            self.launch(&call, flash_keys_grid(shape.b, shape.tk, shape.kv_heads), self.flash_threads())?;
+            drop(delta);
+            self.arena.release_to(scratch);
+            return Ok(());
         }
         // Key and value gradients gather over query rows with f32 atomics, then round once.
         let dk32 = self.f32_zeros(MemoryItem::ActivationGradients, dk.len())?;
@@ -704,7 +709,10 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
         let call = k::AttentionBackward { dq: dq.ptr(), dk: dk32.ptr(), dv: dv32.ptr(), dout, out, lse, inputs };
         self.launch(&call, attention_grid(shape.b, shape.tq, shape.heads), ATTENTION_BLOCK)?;
         self.round(dk, &dk32)?;
-        self.round(dv, &dv32)
+        self.round(dv, &dv32)?;
+        drop((dk32, dv32));
+        self.arena.release_to(scratch);
+        Ok(())
     }
 
     fn kv_append(&mut self, cache: &mut Self::Act, fresh: &Self::Act, r: KvRows) -> Result<(), EngineError> {
@@ -863,7 +871,9 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
         let g = Gemm { m: n, k: 1, n: c, op_a: Op::N, op_b: Op::N, out: GemmOut::Bf16 { accumulate: true } };
         self.gemm(g, narrow.ptr(), weight(w), dx.ptr())?;
         let g = Gemm { m: 1, k: n, n: c, op_a: Op::T, op_b: Op::N, out: GemmOut::F32 { accumulate: true } };
-        self.gemm(g, narrow.ptr(), x.ptr(), grads.at(range.start))
+        self.gemm(g, narrow.ptr(), x.ptr(), grads.at(range.start))?;
+        self.free(MemoryItem::ActivationGradients, narrow);
+        Ok(())
     }
 
     fn copy_rows(&mut self, dst: &mut Self::Act, src: &Self::Act, c: RowCopy) -> Result<(), EngineError> {
@@ -1112,5 +1122,9 @@ impl<'d> Compute for OnDevice<'d, '_, '_> {
 
     fn release(&mut self, charges: &MemoryBreakdown) {
         self.arena.release(charges)
+    }
+
+    fn elements(a: &Self::Act) -> usize {
+        a.len()
     }
 }

@@ -479,4 +479,8 @@ impl Compute for Host<'_, '_> {
     fn release(&mut self, charges: &MemoryBreakdown) {
         self.arena.release(charges)
     }
+
+    fn elements(a: &Self::Act) -> usize {
+        a.len()
+    }
 }

@@ -449,6 +449,16 @@ pub trait Compute {
     fn since(&self, mark: Mark) -> MemoryBreakdown;
     /// Releases `charges` (buffers the caller has dropped).
     fn release(&mut self, charges: &MemoryBreakdown);
+    /// Elements of `a` (what [`Compute::free`] releases).
+    fn elements(a: &Self::Act) -> usize;
+    /// Drops the temporary `a`, charged as `item`, and releases its charge: the backward pass
+    /// frees each gradient once its last reader has run, so one block's are held at a time.
+    fn free(&mut self, item: MemoryItem, a: Self::Act) {
+        let mut charge = MemoryBreakdown::default();
+        charge.add(item, Self::ACT_BYTES * Self::elements(&a) as u64);
+        drop(a);
+        self.release(&charge);
+    }
 
     /// Element-wise sum over the tensor-parallel group, in place: Megatron's
     /// `reduce_from_tensor_model_parallel_region` forward (a row-parallel layer's partial

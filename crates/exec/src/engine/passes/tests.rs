@@ -342,9 +342,7 @@ fn predicted(layout: Layout, position: Position, dtype: Dtype, on: Residence) ->
     let catalogue = &catalogues(dtype)[&Role::Actor];
     let params = ModelStats::new(catalogue).params_of_stage(layout, j);
     let shape = LocalShape::of(&catalogue.arch, layout, position);
-    let mut state = MemoryBreakdown::default();
-    state.add(MemoryItem::Params, params * dtype.bytes());
-    state.add(MemoryItem::Optimizer, params * optimizer_bytes_per_param(dtype));
+    let state = reference::state(params, dtype, true);
     let (b, seq) = (MICRO as u64, SEQ_LEN as u64);
     let micro_batches = (SEQUENCES / MICRO) as u64;
     let new = (SEQ_LEN - PROMPT) as u64;
@@ -369,8 +367,9 @@ fn every_pass_peaks_at_the_cost_models_prediction_item_by_item_on_host_and_devic
         let host = run_ranks(world, |rank, mail| host_peaks(rank, mail, layout));
         let (device, margins): (Vec<Peaks>, Vec<[i64; 3]>) =
             run_ranks(world, |rank, mail| device_peaks(rank, mail, layout)).into_iter().unzip();
-        // The allocator's own count: the ledger holds a pass's scratch until the micro-batch
-        // ends (measured: up to 22 KB above the allocator in training), and does not charge
+        // The allocator's own count: the ledger holds some of a pass's scratch until the
+        // micro-batch ends (measured: up to 6 KB above the allocator in training, 22 KB before
+        // a block's backward freed its temporaries as it went), and does not charge
         // the token ids a kernel reads (`4·n` bytes of one micro-batch; measured 64 bytes in
         // inference) nor a decode's state of token ids (`DeviceDecoding`: `[B, T]` tokens,
         // four `[B]` arrays, `B` ids of 8 bytes, one stop id and the row counter; 232 bytes
