@@ -124,6 +124,11 @@ struct __align__(16) NereusVec16 {
   unsigned int w[4];
 };
 
+// 8 bytes moved as one vector (4 bf16).
+struct __align__(8) NereusVec8 {
+  unsigned int w[2];
+};
+
 // Whether p is 16-byte aligned (a vector load or store may start there).
 __device__ __forceinline__ bool nereus_aligned16(const void* p) { return ((u64)p & 15) == 0; }
 
@@ -145,6 +150,30 @@ __device__ __forceinline__ void nereus_store8(bf16* p, const float v[8]) {
   for (int i = 0; i < 4; ++i)
     x.w[i] = (unsigned int)nereus_f32_to_bf16(v[2 * i]) | ((unsigned int)nereus_f32_to_bf16(v[2 * i + 1]) << 16);
   *reinterpret_cast<NereusVec16*>(p) = x;
+}
+
+// Four f32 at p (16-byte aligned) as one load.
+__device__ __forceinline__ void nereus_load4(float v[4], const float* p) {
+  const NereusVec16 x = *reinterpret_cast<const NereusVec16*>(p);
+  NEREUS_UNROLL
+  for (int i = 0; i < 4; ++i) v[i] = nereus_bits_to_f32(x.w[i]);
+}
+
+// Four f32 stored at p (16-byte aligned) as one store.
+__device__ __forceinline__ void nereus_store4(float* p, const float v[4]) {
+  NereusVec16 x;
+  NEREUS_UNROLL
+  for (int i = 0; i < 4; ++i) x.w[i] = nereus_f32_to_bits(v[i]);
+  *reinterpret_cast<NereusVec16*>(p) = x;
+}
+
+// Four f32 rounded to bf16 and stored at p (8-byte aligned) as one store.
+__device__ __forceinline__ void nereus_store4_bf16(bf16* p, const float v[4]) {
+  NereusVec8 x;
+  NEREUS_UNROLL
+  for (int i = 0; i < 2; ++i)
+    x.w[i] = (unsigned int)nereus_f32_to_bf16(v[2 * i]) | ((unsigned int)nereus_f32_to_bf16(v[2 * i + 1]) << 16);
+  *reinterpret_cast<NereusVec8*>(p) = x;
 }
 
 // W bf16 at p widened to f32, W = 8 as one vector (p 16-byte aligned) or W = 1: a kernel

@@ -566,19 +566,17 @@ fn check_adamw(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), Backend
     let mut buffers = Vec::new();
     let mut table = Vec::new();
     for t in &tensors {
-        let bufs = [
-            DeviceArray::from(d, &t.p)?,
-            DeviceArray::from(d, &t.m)?,
-            DeviceArray::from(d, &t.v)?,
-            DeviceArray::from(d, &t.g)?,
-        ];
-        let work = DeviceArray::from(d, &vec![0u16; t.p.len()])?;
-        let (p, m, vv, g, w) = (bufs[0].ptr().0, bufs[1].ptr().0, bufs[2].ptr().0, bufs[3].ptr().0, work.ptr().0);
+        // Each array starts `offsets[i]` elements into its buffer (the vector runs' alignment).
+        let at = |i: usize, values: &[f32]| DeviceArray::from(d, &[vec![0.0; t.offsets[i]], values.to_vec()].concat());
+        let bufs = [at(0, &t.p)?, at(1, &t.m)?, at(2, &t.v)?, at(3, &t.g)?];
+        let work = DeviceArray::from(d, &vec![0u16; t.offsets[4] + t.p.len()])?;
+        let ptr = |i: usize, base: DevicePtr, bytes: usize| base.0 + (bytes * t.offsets[i]) as u64;
+        let [p, m, vv, g] = [0, 1, 2, 3].map(|i| ptr(i, bufs[i].ptr(), 4));
         table.push(AdamTensor {
             param: p,
             m,
             v: vv,
-            working: w,
+            working: ptr(4, work.ptr(), 2),
             grad: g,
             n: t.p.len() as u64,
             weight_decay: t.decay as f32,
@@ -600,13 +598,15 @@ fn check_adamw(d: &Device, rng: &mut Rng, v: &mut Verdict) -> Result<(), Backend
     Ok(())
 }
 
-/// One tensor of the AdamW check: master weights, moments, gradient and weight decay.
+/// One tensor of the AdamW check: master weights, moments, gradient and weight decay, and how
+/// many elements into its buffer each array (the four f32 ones, then the working copy) starts.
 struct AdamCase {
     p: Vec<f32>,
     m: Vec<f32>,
     v: Vec<f32>,
     g: Vec<f32>,
     decay: f64,
+    offsets: [usize; 5],
 }
 
 impl AdamCase {
@@ -615,7 +615,11 @@ impl AdamCase {
         let mut draw = |scale: f64| -> Vec<f32> { (0..n).map(|_| (uniform(rng) * scale) as f32).collect() };
         let (p, m, g) = (draw(1.0), draw(1e-2), draw(1e-1));
         let v = draw(1e-2).iter().map(|x| x * x).collect();
-        AdamCase { p, m, v, g, decay: [0.0, 0.1][rng.below(2)] }
+        // Most tensors start at one offset in every array (vectors after a head of up to three
+        // elements); some at offsets of their own (one element at a time).
+        let shared = rng.below(4);
+        let offsets = [0; 5].map(|_| if rng.below(4) == 0 { rng.below(4) } else { shared });
+        AdamCase { p, m, v, g, decay: [0.0, 0.1][rng.below(2)], offsets }
     }
 
     /// The kernel's master, moments and working copy against the f64 update.
@@ -642,11 +646,17 @@ impl AdamCase {
             let step = (w.1 / a.c1).abs() / ((w.2 / a.c2).sqrt() + a.eps) + a.weight_decay * pi;
             p_scale.push(pi + a.lr * step);
         }
-        let got_p: Vec<f32> = bufs[0].read()?;
+        let read = |i: usize| -> Result<Vec<f32>, BackendError> { Ok(bufs[i].read()?[self.offsets[i]..].to_vec()) };
+        let got_p = read(0)?;
         v.f32("param", &got_p, &want.iter().map(|w| w.0).collect::<Vec<_>>(), &p_scale);
-        v.f32("m", &bufs[1].read()?, &want.iter().map(|w| w.1).collect::<Vec<_>>(), &m_scale);
-        v.f32("v", &bufs[2].read()?, &want.iter().map(|w| w.2).collect::<Vec<_>>(), &vec![0.0; n]);
-        let working: Vec<u16> = work.read()?;
+        v.f32("m", &read(1)?, &want.iter().map(|w| w.1).collect::<Vec<_>>(), &m_scale);
+        v.f32("v", &read(2)?, &want.iter().map(|w| w.2).collect::<Vec<_>>(), &vec![0.0; n]);
+        let (whole_p, whole_work) = (bufs[0].read()?, work.read()?);
+        if whole_p[..self.offsets[0]].iter().any(|x| *x != 0.0) || whole_work[..self.offsets[4]].iter().any(|x| *x != 0)
+        {
+            v.failures.push(format!("{}: wrote before the tensor (offsets {:?})", v.kernel, self.offsets));
+        }
+        let working = whole_work[self.offsets[4]..].to_vec();
         if let Some(i) = got_p.iter().zip(&working).position(|(p, w)| f32_to_bf16(*p) != *w) {
             let (got, want) = (working[i], f32_to_bf16(got_p[i]));
             v.failures.push(format!("{}: working[{i}] = {got:#06x}, want bf16({}) = {want:#06x}", v.kernel, got_p[i]));
