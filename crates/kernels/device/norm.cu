@@ -63,56 +63,100 @@ NEREUS_KERNEL nereus_rmsnorm_forward(bf16* __restrict__ y, float* __restrict__ i
 // before one atomic a column.
 #define NEREUS_NORM_STRIDES 16
 
-// One element of the RMSNorm backward: dx[i] += inv_rms · (g − x · inv_rms² · mean(g·x)) for the
-// row's column c, rounded once; returns the element's dweight term dy·x·inv_rms.
-__device__ __forceinline__ float nereus_rmsnorm_dx(bf16* dx, const bf16* dyr, const bf16* xr, const bf16* weight,
-                                                  float r, float mean_gx, u64 row, u64 cols, u64 c) {
-  const float xv = nereus_bf16_to_f32(xr[c]), dyv = nereus_bf16_to_f32(dyr[c]);
-  const float g = dyv * nereus_bf16_to_f32(weight[c]);
-  const u64 i = row * cols + c;
-  dx[i] = nereus_f32_to_bf16(nereus_bf16_to_f32(dx[i]) + r * (g - xv * r * r * mean_gx));
-  return dyv * xv * r;
+// W columns (W = 8: one 16-byte vector each) of a row of the RMSNorm backward from column c:
+// dx += inv_rms · (g − x · inv_rms² · mean(g·x)) each, rounded once, and each element's dweight
+// term dy·x·inv_rms added to dw.
+template <int W>
+__device__ __forceinline__ void nereus_rmsnorm_dx(float (&dw)[W], bf16* dxr, const bf16* dyr, const bf16* xr,
+                                                  const bf16* weight, float r, float mean_gx, u64 c) {
+  float xv[W], dyv[W], w[W], d[W];
+  nereus_load_bf16<W>(xv, xr + c);
+  nereus_load_bf16<W>(dyv, dyr + c);
+  nereus_load_bf16<W>(w, weight + c);
+  nereus_load_bf16<W>(d, dxr + c);
+  NEREUS_UNROLL
+  for (int j = 0; j < W; ++j) {
+    d[j] += r * (dyv[j] * w[j] - xv[j] * r * r * mean_gx);
+    dw[j] += dyv[j] * xv[j] * r;
+  }
+  nereus_store_bf16<W>(dxr + c, d);
+}
+
+// The RMSNorm backward's rows, W columns at a time a thread (see nereus_rmsnorm_backward).
+template <int W>
+__device__ __forceinline__ void nereus_rmsnorm_backward_rows(bf16* __restrict__ dx, float* __restrict__ dweight,
+                                                             const bf16* __restrict__ dy, const bf16* __restrict__ x,
+                                                             const bf16* __restrict__ weight,
+                                                             const float* __restrict__ inv_rms, u64 rows, u64 cols,
+                                                             float* scratch) {
+  constexpr int STRIDES = NEREUS_NORM_STRIDES / W;
+  const bool in_registers = cols <= (u64)NEREUS_NORM_STRIDES * blockDim.x;
+  float dw[STRIDES][W];
+  NEREUS_UNROLL
+  for (int s = 0; s < STRIDES; ++s) {
+    NEREUS_UNROLL
+    for (int j = 0; j < W; ++j) dw[s][j] = 0.0f;
+  }
+  NEREUS_ROWS(row, rows) {
+    const bf16* xr = x + row * cols;    // [C]
+    const bf16* dyr = dy + row * cols;  // [C]
+    bf16* dxr = dx + row * cols;        // [C]
+    const float r = inv_rms[row];
+    float dot = 0.0f;
+    for (u64 c = W * threadIdx.x; c < cols; c += W * blockDim.x) {
+      float xv[W], dyv[W], w[W];
+      nereus_load_bf16<W>(xv, xr + c);
+      nereus_load_bf16<W>(dyv, dyr + c);
+      nereus_load_bf16<W>(w, weight + c);
+      NEREUS_UNROLL
+      for (int j = 0; j < W; ++j) dot += dyv[j] * w[j] * xv[j];
+    }
+    const float mean_gx = nereus_block_reduce(dot, scratch, false) / (float)cols;
+    if (in_registers) {
+      NEREUS_UNROLL
+      for (int s = 0; s < STRIDES; ++s) {
+        const u64 c = W * (threadIdx.x + (u64)s * blockDim.x);
+        if (c < cols) nereus_rmsnorm_dx<W>(dw[s], dxr, dyr, xr, weight, r, mean_gx, c);
+      }
+    } else {
+      for (u64 c = W * threadIdx.x; c < cols; c += W * blockDim.x) {
+        float terms[W];
+        NEREUS_UNROLL
+        for (int j = 0; j < W; ++j) terms[j] = 0.0f;
+        nereus_rmsnorm_dx<W>(terms, dxr, dyr, xr, weight, r, mean_gx, c);
+        NEREUS_UNROLL
+        for (int j = 0; j < W; ++j) atomicAdd(&dweight[c + j], terms[j]);
+      }
+    }
+  }
+  if (!in_registers || blockIdx.x >= rows) return;
+  NEREUS_UNROLL
+  for (int s = 0; s < STRIDES; ++s) {
+    const u64 c = W * (threadIdx.x + (u64)s * blockDim.x);
+    if (c >= cols) continue;
+    NEREUS_UNROLL
+    for (int j = 0; j < W; ++j) atomicAdd(&dweight[c + j], dw[s][j]);
+  }
 }
 
 // RMSNorm backward: dx[R,C] += (in f32, rounded once: the residual stream's gradient is added to)
 // and dweight[C] += Σ_rows dy·x·inv_rms (f32). Each block sums its rows' dweight terms in
 // registers and adds each column once (where C ≤ NEREUS_NORM_STRIDES · blockDim.x, else one
 // atomic per element): a row per block and an atomic per element put every row's atomic on the
-// same C addresses, 4,096 deep on a 4,096-token step, which serialise in L2.
+// same C addresses, 4,096 deep on a 4,096-token step, which serialise in L2. Where C is a
+// multiple of 8 and every bf16 buffer is 16-byte aligned, each thread moves 8 columns at a time
+// as one vector (the same NEREUS_NORM_STRIDES registers of sums: 2 strides of 8).
 //   g = dy·weight;  dx += inv_rms · (g − x · inv_rms² · mean(g·x))
 NEREUS_KERNEL nereus_rmsnorm_backward(bf16* __restrict__ dx, float* __restrict__ dweight, const bf16* __restrict__ dy,
                                       const bf16* __restrict__ x, const bf16* __restrict__ weight,
                                       const float* __restrict__ inv_rms, u64 rows, u64 cols) {
   __shared__ float scratch[1024 / NEREUS_WARP];
-  const bool in_registers = cols <= (u64)NEREUS_NORM_STRIDES * blockDim.x;
-  float dw[NEREUS_NORM_STRIDES];
-  NEREUS_UNROLL
-  for (int s = 0; s < NEREUS_NORM_STRIDES; ++s) dw[s] = 0.0f;
-  NEREUS_ROWS(row, rows) {
-    const bf16* xr = x + row * cols;    // [C]
-    const bf16* dyr = dy + row * cols;  // [C]
-    const float r = inv_rms[row];
-    float dot = 0.0f;
-    for (u64 c = threadIdx.x; c < cols; c += blockDim.x)
-      dot += nereus_bf16_to_f32(dyr[c]) * nereus_bf16_to_f32(weight[c]) * nereus_bf16_to_f32(xr[c]);
-    const float mean_gx = nereus_block_reduce(dot, scratch, false) / (float)cols;
-    if (in_registers) {
-      NEREUS_UNROLL
-      for (int s = 0; s < NEREUS_NORM_STRIDES; ++s) {
-        const u64 c = threadIdx.x + (u64)s * blockDim.x;
-        if (c < cols) dw[s] += nereus_rmsnorm_dx(dx, dyr, xr, weight, r, mean_gx, row, cols, c);
-      }
-    } else {
-      for (u64 c = threadIdx.x; c < cols; c += blockDim.x)
-        atomicAdd(&dweight[c], nereus_rmsnorm_dx(dx, dyr, xr, weight, r, mean_gx, row, cols, c));
-    }
-  }
-  if (!in_registers) return;
-  NEREUS_UNROLL
-  for (int s = 0; s < NEREUS_NORM_STRIDES; ++s) {
-    const u64 c = threadIdx.x + (u64)s * blockDim.x;
-    if (c < cols && blockIdx.x < rows) atomicAdd(&dweight[c], dw[s]);
-  }
+  const bool vectors =
+      cols % 8 == 0 && nereus_aligned16(dx) && nereus_aligned16(dy) && nereus_aligned16(x) && nereus_aligned16(weight);
+  if (vectors)
+    nereus_rmsnorm_backward_rows<8>(dx, dweight, dy, x, weight, inv_rms, rows, cols, scratch);
+  else
+    nereus_rmsnorm_backward_rows<1>(dx, dweight, dy, x, weight, inv_rms, rows, cols, scratch);
 }
 
 // Residual add: x[N] += y[N], in place on the bf16 residual stream; 16-byte vectors of 8 where

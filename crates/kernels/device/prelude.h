@@ -189,6 +189,31 @@ __device__ __forceinline__ void nereus_load_bf16<8>(float (&v)[8], const bf16* p
   nereus_load8(v, p);
 }
 
+// W f32 at p, W = 8 as two 16-byte vectors (p 16-byte aligned) or W = 1.
+template <int W>
+__device__ __forceinline__ void nereus_load_f32(float (&v)[W], const float* p);
+template <>
+__device__ __forceinline__ void nereus_load_f32<1>(float (&v)[1], const float* p) {
+  v[0] = p[0];
+}
+template <>
+__device__ __forceinline__ void nereus_load_f32<8>(float (&v)[8], const float* p) {
+  nereus_load4(v, p);
+  nereus_load4(v + 4, p + 4);
+}
+
+// W bf16 copied bit for bit from `from` to `to`, W = 8 as one 16-byte vector (both aligned).
+template <int W>
+__device__ __forceinline__ void nereus_copy_bf16(bf16* to, const bf16* from);
+template <>
+__device__ __forceinline__ void nereus_copy_bf16<1>(bf16* to, const bf16* from) {
+  to[0] = from[0];
+}
+template <>
+__device__ __forceinline__ void nereus_copy_bf16<8>(bf16* to, const bf16* from) {
+  *reinterpret_cast<NereusVec16*>(to) = *reinterpret_cast<const NereusVec16*>(from);
+}
+
 // W f32 rounded to bf16 at p, as nereus_load_bf16 reads them.
 template <int W>
 __device__ __forceinline__ void nereus_store_bf16(bf16* p, const float (&v)[W]);

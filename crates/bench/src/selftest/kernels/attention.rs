@@ -73,8 +73,18 @@ pub(super) fn check_embedding_backward(d: &Device, rng: &mut Rng, verdict: &mut 
     Ok(())
 }
 
+/// Half a head's width for the rotary kernels: a multiple of 8 half the time (their 8-pair
+/// vectors), any width up to 64 otherwise (one pair an item).
+fn half_width(rng: &mut Rng) -> usize {
+    if rng.below(2) == 0 {
+        8 * (1 + rng.below(8))
+    } else {
+        1 + rng.below(64)
+    }
+}
+
 pub(super) fn check_rope(d: &Device, rng: &mut Rng, verdict: &mut Verdict) -> Result<(), BackendError> {
-    let (b, t, heads, half) = (1 + rng.below(3), 1 + rng.below(40), 1 + rng.below(4), 1 + rng.below(64));
+    let (b, t, heads, half) = (1 + rng.below(3), 1 + rng.below(40), 1 + rng.below(4), half_width(rng));
     let (pos0, inverse) = (rng.below(100), rng.below(2) == 1);
     let (cos, sin) = rope_tables(pos0 + t, half);
     let x = bf16_values(rng, b * t * heads * 2 * half, 2.0);
@@ -132,7 +142,7 @@ fn rope_tables(positions: usize, half: usize) -> (Vec<f32>, Vec<f32>) {
 /// `nereus_qkv_rope`: a split (rotating or not, into buffers or a KV cache at a position) or a
 /// merge (rotating back or not), every buffer checked — what the call must not write included.
 pub(super) fn check_qkv_rope(d: &Device, rng: &mut Rng, verdict: &mut Verdict) -> Result<(), BackendError> {
-    let (b, t, kv_heads, half) = (1 + rng.below(3), 1 + rng.below(12), 1 + rng.below(3), 1 + rng.below(40));
+    let (b, t, kv_heads, half) = (1 + rng.below(3), 1 + rng.below(12), 1 + rng.below(3), half_width(rng));
     let heads = kv_heads * (1 + rng.below(4));
     let (pos0, rotate, merge) = (rng.below(50), rng.below(3) != 0, rng.below(2) == 1);
     let kv_t = if !merge && rng.below(2) == 1 { pos0 + t + rng.below(4) } else { 0 };
