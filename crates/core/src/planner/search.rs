@@ -196,19 +196,12 @@ impl Planner {
         // rungs' latencies are not unimodal — on A100, 0.35 can lose to 0.5 and 0.25 beat both —
         // so no rung is skipped unless its floor shows that it cannot win.)
         let rungs = self.rungs_in_order(current, cache, sync_dp);
-        // The fastest plan that fits, and its rung.
-        let mut best: Option<(Found, usize)> = None;
-        // The unfit plan of the rung latest in the ladder (what the error reports).
-        let mut last = (first, peaks, None);
+        let mut ladder = Ladder { best: None, last: (first, peaks, None) };
         let ahead_of_first: f64 = uncapped.stage_floors.iter().skip(1).sum();
         for Rung { first_floor, index: rung, mut caps } in rungs {
             let mut room = usable - caps.transient;
             for _ in 0..PLACEMENT_ROUNDS {
-                let to_beat = match &best {
-                    Some((b, b_rung)) if rung < *b_rung => b.seconds().next_up().min(beat),
-                    Some((b, _)) => b.seconds().min(beat),
-                    None => beat,
-                };
+                let to_beat = ladder.to_beat(rung, beat);
                 // The rung's first-stage floor (under its first round's caps, so under every
                 // round's) may show already that it cannot win.
                 if first_floor + ahead_of_first >= to_beat {
@@ -226,25 +219,17 @@ impl Planner {
                 let (worst, _) = peaks.max();
                 if worst <= usable {
                     let found = Found { step: self.job.fitting_step_seconds(&plan), plan, peaks, overlapped: false };
-                    let seconds = found.seconds();
-                    if best
-                        .as_ref()
-                        .is_none_or(|(b, b_rung)| seconds < b.seconds() || (seconds == b.seconds() && rung < *b_rung))
-                    {
-                        best = Some((found, rung));
-                    }
+                    ladder.offer(found, rung);
                     break;
                 }
                 room = room.saturating_sub(worst - usable);
                 caps = Caps { state: self.state_caps(room), transient: caps.transient };
-                if last.2.is_none_or(|latest| rung >= latest) {
-                    last = (plan, peaks, Some(rung));
-                }
+                ladder.unfit(plan, peaks, rung);
             }
         }
-        match best {
+        match ladder.best {
             Some((found, _)) => Ok(found),
-            None => Err(Unfit::Placement { plan: last.0, peaks: last.1 }),
+            None => Err(Unfit::Placement { plan: ladder.last.0, peaks: ladder.last.1 }),
         }
     }
 
@@ -402,6 +387,44 @@ pub(super) struct Rung {
     first_floor: f64,
     index: usize,
     caps: Caps,
+}
+
+/// What the capped search over the transient ladder has found (see `Planner::place_within`):
+/// the fastest plan that fits and its rung, and the unfit plan of the rung latest in the ladder
+/// (what the error reports).
+struct Ladder {
+    best: Option<(Found, usize)>,
+    last: (Plan, RankPeaks, Option<usize>),
+}
+
+impl Ladder {
+    /// The seconds a plan of `rung` must beat: the best's (strictly, on a later rung: the
+    /// earlier rung wins ties) and `beat`'s.
+    fn to_beat(&self, rung: usize, beat: f64) -> f64 {
+        match &self.best {
+            Some((b, b_rung)) if rung < *b_rung => b.seconds().next_up().min(beat),
+            Some((b, _)) => b.seconds().min(beat),
+            None => beat,
+        }
+    }
+
+    /// Keeps `found`, a plan of `rung` that fits, if it is the fastest so far (on equal
+    /// seconds, the earlier rung's).
+    fn offer(&mut self, found: Found, rung: usize) {
+        let seconds = found.seconds();
+        let better = |(b, b_rung): &(Found, usize)| seconds < b.seconds() || (seconds == b.seconds() && rung < *b_rung);
+        if self.best.as_ref().is_none_or(better) {
+            self.best = Some((found, rung));
+        }
+    }
+
+    /// Keeps `plan`, a plan of `rung` over memory, as the one to report if no rung later in
+    /// the ladder left one.
+    fn unfit(&mut self, plan: Plan, peaks: RankPeaks, rung: usize) {
+        if self.last.2.is_none_or(|latest| rung >= latest) {
+            self.last = (plan, peaks, Some(rung));
+        }
+    }
 }
 
 /// One round's stage layouts: per stage, its groups; and per stage laid out, a floor under

@@ -283,41 +283,12 @@ impl Sim<'_> {
         };
         let truth = &self.options.truth;
         let cap = running.controller.cap();
-        // The lengths the step ran: the trace's, jittered, cut at the cap as the engine cuts.
-        let lengths = truth.length_factor(p.step);
-        let len = (p.seq_len_p95 * lengths).min(f64::from(cap));
-        let at_len = running.base.replanned(p.gpus, len.ceil() as u64, start_efficiencies)?;
-        let measured = truth.step(&at_len, &start_efficiencies, &running.plan, p.step)?;
-        let step_s = measured.seconds;
-        let calibrated = at_len.replanned(p.gpus, at_len.response_len(), running.controller.efficiencies())?;
-        let predicted_step_s = calibrated.predict(&running.plan);
-        let record = StepRecord {
-            step: p.step,
-            response_len_mean: (p.seq_len_mean * lengths).min(f64::from(cap)),
-            response_len_p95: len,
-            step_seconds: step_s,
-            stage_seconds: Some(measured.stages),
-            op_seconds: Some(measured.ops),
-            pool_size: Some(next_pool),
-            lost_ranks: Vec::new(),
-            transition: None,
-        };
+        let (record, predicted_step_s) = measured_step(running, truth, p, next_pool, start_efficiencies)?;
         let plan = running.plan.to_string();
         let action = running.boundary(&record)?;
         let transition = action.target.as_ref().map(|_| {
-            let decision = action.decision.as_ref();
-            let admission = decision.and_then(|d| d.admission);
-            // The DAG's critical path before the controller's transition calibration: what the
-            // machine's transition time scatters around, and what the controller learns from.
-            let predicted = admission.and_then(|a| a.l_tran_s.map(|l| l / a.l_tran_calibration)).unwrap_or(0.0);
             self.transitions += 1;
-            let seconds = truth.transition_seconds(predicted, self.transitions);
-            running.controller.transitioned(predicted, seconds);
-            SimTransition {
-                kind: decision.and_then(|d| d.kind).unwrap_or(TransitionKind::Urgent),
-                seconds,
-                predicted_seconds: admission.and_then(|a| a.l_tran_s).unwrap_or(0.0),
-            }
+            transition_taken(&action, truth, self.transitions, &mut running.controller)
         });
         let stopped = action.stop.is_some() || !fits(running, next_pool, start_efficiencies)?;
         let restart_s = if stopped { self.options.restart.seconds(&running.base) } else { 0.0 };
@@ -337,7 +308,7 @@ impl Sim<'_> {
             seq_len_p95: p.seq_len_p95,
             gpus: p.gpus,
             cap,
-            step_s,
+            step_s: record.step_seconds,
             predicted_step_s,
             plan,
             decision: action.decision,
@@ -345,6 +316,52 @@ impl Sim<'_> {
             restart_s,
             infeasible: stopped,
         })
+    }
+}
+
+/// Step `p` as the machine ran it on `job`'s plan (the trace's lengths, jittered, cut at the
+/// controller's cap as the engine cuts them, timed by the truth), with the pool announced for
+/// the next step; and the controller's calibrated prediction of the same step.
+fn measured_step(
+    job: &Job,
+    truth: &Truth,
+    p: &Point,
+    next_pool: u32,
+    start_efficiencies: Efficiencies,
+) -> Result<(StepRecord, f64), SimError> {
+    let cap = f64::from(job.controller.cap());
+    let lengths = truth.length_factor(p.step);
+    let len = (p.seq_len_p95 * lengths).min(cap);
+    let at_len = job.base.replanned(p.gpus, len.ceil() as u64, start_efficiencies)?;
+    let measured = truth.step(&at_len, &start_efficiencies, &job.plan, p.step)?;
+    let calibrated = at_len.replanned(p.gpus, at_len.response_len(), job.controller.efficiencies())?;
+    let record = StepRecord {
+        step: p.step,
+        response_len_mean: (p.seq_len_mean * lengths).min(cap),
+        response_len_p95: len,
+        step_seconds: measured.seconds,
+        stage_seconds: Some(measured.stages),
+        op_seconds: Some(measured.ops),
+        pool_size: Some(next_pool),
+        lost_ranks: Vec::new(),
+        transition: None,
+    };
+    Ok((record, calibrated.predict(&job.plan)))
+}
+
+/// The `nth` transition the controller took with `action`: the machine's seconds for it,
+/// scattered by the truth around the DAG's critical path before the controller's transition
+/// calibration (what the controller then learns from).
+fn transition_taken(action: &Action, truth: &Truth, nth: u64, controller: &mut Controller) -> SimTransition {
+    let decision = action.decision.as_ref();
+    let admission = decision.and_then(|d| d.admission);
+    let predicted = admission.and_then(|a| a.l_tran_s.map(|l| l / a.l_tran_calibration)).unwrap_or(0.0);
+    let seconds = truth.transition_seconds(predicted, nth);
+    controller.transitioned(predicted, seconds);
+    SimTransition {
+        kind: decision.and_then(|d| d.kind).unwrap_or(TransitionKind::Urgent),
+        seconds,
+        predicted_seconds: admission.and_then(|a| a.l_tran_s).unwrap_or(0.0),
     }
 }
 
