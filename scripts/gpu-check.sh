@@ -12,7 +12,8 @@
 #   4. in the same run (`--peer torch`), the peer on the same shape and machine:
 #      scripts/peer-torch.py (PyTorch eager, f32 masters, bf16 autocast, SDPA, fused AdamW; Hugging
 #      Face generate), its rows beside ours and the floors against it (training step and forward
-#      no slower than PyTorch's, decode >= 5x HF generate);
+#      no slower than PyTorch's, decode >= 5x HF generate, the training step's peak memory no more
+#      than PyTorch's; ours is printed beside the cost model's prediction);
 #   5. `selftest engine --device cuda`: every (tp, pp, dp) layout that fits trains one bf16 step
 #      of the parity LM and value model on the GPU against the host f32 engine's (1, 1, 1);
 #   6. trains configs/llama3.2-1b-grpo-1gpu.toml for 3 steps and prints per step tokens/s, decode
