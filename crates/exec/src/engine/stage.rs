@@ -345,7 +345,8 @@ impl StageModel {
 
     /// One block's backward from its output gradient `dout` (which becomes the returned `dx`).
     /// Each temporary is freed once its last reader has run, so a block holds at most the
-    /// moment [`nereus_core::cost::reference::block_backward`] names, and the next block reuses the memory.
+    /// moment [`nereus_core::cost::reference::block_backward`] names, and the next block
+    /// reuses the memory.
     #[allow(clippy::too_many_arguments)]
     fn block_backward<C: Compute, G: TensorGroup<f32>>(
         &self,
