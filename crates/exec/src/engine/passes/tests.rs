@@ -16,7 +16,7 @@ use crate::emu::{Counters, EmuId, ShardMemory};
 use crate::engine::stage::KvCache;
 use crate::engine::{bf16_sections, init_shard, CrossEntropy, StopIds};
 use nereus_core::cost::reference::{self, Residence};
-use nereus_core::cost::{optimizer_bytes_per_param, MemoryBreakdown, ModelStats};
+use nereus_core::cost::{MemoryBreakdown, ModelStats};
 use nereus_core::half::f32_to_bf16;
 use nereus_core::model::{Architecture, Catalogue, Layout, LocalShape, Position};
 use nereus_core::plan::{ModelStage, Role, Stage};
