@@ -22,7 +22,7 @@ use super::compute::{Compute, Neighbour, RowCopy};
 use super::decode::{DecodeShape, Generated};
 use super::ops::TensorGroup;
 use super::sampling::Sampling;
-use super::stage::{KvCache, Rows};
+use super::stage::{last_residual, KvCache, LastResidual, Rows};
 use super::{EngineError, Replica};
 use nereus_core::cost::MemoryItem;
 
@@ -173,9 +173,13 @@ impl Replica {
             None if prefill => self.model.embed_on(c, params, prompts, tp)?,
             None => self.model.embed_decoded_on(c, params, decoding, b, tp)?,
         };
-        let (x, _) = self.model.blocks_forward_on(c, params, x, rows, Some(cache), tp)?;
+        // A decode step's rows are the last positions: their final norm adds the residual.
+        let last_rows = self.model.weights.is_last() && rows.t == 1;
+        let last = if last_rows { LastResidual::ToFinalNorm } else { LastResidual::Added };
+        let (mut x, acts) = self.model.blocks_forward_on(c, params, x, rows, Some(cache), tp, last)?;
         if self.model.weights.is_last() {
-            let logits = self.last_logits_on(c, params, &x, rows, tp)?;
+            let residual = last_residual(&acts).filter(|_| last_rows);
+            let logits = self.last_logits_on(c, params, (&mut x, residual), rows, tp)?;
             if draws {
                 c.decode_draw(decoding, &logits, s, rows.pos0 + rows.t)?;
             }
@@ -185,24 +189,25 @@ impl Replica {
         Ok(())
     }
 
-    /// The whole vocabulary's logits `[B, V]` at each sequence's last position of `x[B, T, C]`.
+    /// The whole vocabulary's logits `[B, V]` at each sequence's last position of `x[B, T, C]`
+    /// (with the last block's residual where the blocks left it to the final norm: `T = 1`).
     fn last_logits_on<C: Compute, G: crate::engine::ops::TensorGroup<f32>>(
         &self,
         c: &mut C,
         params: &C::Params,
-        x: &C::Act,
+        (x, residual): (&mut C::Act, Option<&C::Act>),
         rows: Rows,
         tp: &G,
     ) -> Result<C::Act, EngineError> {
         let (b, width) = (rows.b, self.model.dims().c);
         if rows.t == 1 {
-            return self.model.full_logits_on(c, params, x, b, tp); // a decode step's rows are the last
+            return self.model.full_logits_on(c, params, (x, residual), b, tp); // the rows are the last
         }
         let mut last = c.overwritten(MemoryItem::Activations, b * width)?;
         let (t, src_offset) = (rows.t * width, (rows.t - 1) * width);
         let copy = RowCopy { src_offset, src_pitch: t, dst_offset: 0, dst_pitch: width, width, rows: b };
         c.copy_rows(&mut last, x, copy)?;
-        self.model.full_logits_on(c, params, &last, b, tp)
+        self.model.full_logits_on(c, params, (&mut last, None), b, tp)
     }
 }
 

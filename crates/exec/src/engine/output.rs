@@ -36,11 +36,13 @@ fn chunk_rows(w: &Range<usize>, cols: &Range<usize>, width: usize) -> Range<usiz
 }
 
 impl StageModel {
+    /// The final norm of `x[n, C]`, after adding the last block's residual to `x` in the same
+    /// pass where it is given (see [`super::stage::LastResidual::ToFinalNorm`]).
     fn final_norm<C: Compute>(
         &self,
         c: &mut C,
         p: &C::Params,
-        x: &C::Act,
+        (x, residual): (&mut C::Act, Option<&C::Act>),
         n: usize,
     ) -> Result<(C::Act, C::Stat), EngineError> {
         let range = self
@@ -51,23 +53,27 @@ impl StageModel {
         let width = self.dims().c;
         let (mut xf, mut rf) =
             (c.overwritten(MemoryItem::Activations, n * width)?, c.stats(MemoryItem::Activations, n)?);
-        c.rmsnorm_forward(&mut xf, &mut rf, x, (p, range), width, self.eps)?;
+        match residual {
+            Some(r) => c.add_rmsnorm_forward(x, r, &mut xf, &mut rf, (p, range), width, self.eps)?,
+            None => c.rmsnorm_forward(&mut xf, &mut rf, x, (p, range), width, self.eps)?,
+        }
         Ok((xf, rf))
     }
 
     /// Last stage, forward: per row `n`, `log p(targets[n])` for an LM or the value for a value
-    /// model, from the last block's output `x[N,C]`.
+    /// model, from the last block's output `x[N,C]` (and its residual, where the blocks left it
+    /// to the final norm: [`super::stage::LastResidual::ToFinalNorm`]).
     #[allow(clippy::type_complexity)]
     pub fn head_forward_on<C: Compute, G: TensorGroup<f32>>(
         &self,
         c: &mut C,
         p: &C::Params,
-        x: C::Act,
+        (mut x, residual): (C::Act, Option<&C::Act>),
         targets: Vec<u32>,
         tp: &G,
     ) -> Result<(C::Stat, HeadActs<C::Act, C::Stat>), EngineError> {
         let n = targets.len();
-        let (xf, rf) = self.final_norm(c, p, &x, n)?;
+        let (xf, rf) = self.final_norm(c, p, (&mut x, residual), n)?;
         let missing = |what: &str| EngineError::Shape { what: format!("{what} head missing") };
         match self.head {
             OutputHead::Lm => {
@@ -211,13 +217,14 @@ impl StageModel {
     }
 
     /// Last stage, generation: the whole vocabulary's logits `[B, vocab]` of the rows `x[B,C]`
-    /// (each TP rank fills its columns and one sum over the group completes every row; without
-    /// TP the shard's logits are the rows, with no copy).
+    /// (and their residual, where the blocks left it to the final norm; each TP rank fills its
+    /// columns and one sum over the group completes every row; without TP the shard's logits
+    /// are the rows, with no copy).
     pub fn full_logits_on<C: Compute, G: TensorGroup<f32>>(
         &self,
         c: &mut C,
         p: &C::Params,
-        x: &C::Act,
+        x: (&mut C::Act, Option<&C::Act>),
         b: usize,
         tp: &G,
     ) -> Result<C::Act, EngineError> {

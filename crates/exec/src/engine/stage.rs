@@ -91,6 +91,23 @@ impl Rows<'_> {
     }
 }
 
+/// Where [`StageModel::blocks_forward_on`] puts the last block's residual (its `xmid`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LastResidual {
+    /// Added to the output, which is then the residual stream (sent to the next stage, or rows
+    /// copied from it).
+    Added,
+    /// Left out of the output: the caller hands `xmid` to the final norm, which adds it in its
+    /// own pass ([`Compute::add_rmsnorm_forward`]), one launch fewer.
+    ToFinalNorm,
+}
+
+/// The last block's residual (its `xmid`), which [`LastResidual::ToFinalNorm`] left out of
+/// the blocks' output for the final norm to add.
+pub fn last_residual<A, S>(acts: &[BlockActs<A, S>]) -> Option<&A> {
+    acts.last().map(|a| &a.xmid)
+}
+
 /// This rank's stage of one model.
 pub struct StageModel {
     /// Where each tensor lives in the flat buffer.
@@ -183,8 +200,9 @@ impl StageModel {
     }
 
     /// Runs every block of this stage on `x[N,C]`; with `cache`, keys and values are written at
-    /// positions `pos0..pos0+t` and attention reads the whole cache (generation).
-    #[allow(clippy::type_complexity)]
+    /// positions `pos0..pos0+t` and attention reads the whole cache (generation). The last
+    /// block's residual is added to the output, or left to the final norm as `last` says.
+    #[allow(clippy::type_complexity, clippy::too_many_arguments)]
     pub fn blocks_forward_on<C: Compute, G: TensorGroup<f32>>(
         &self,
         c: &mut C,
@@ -193,6 +211,7 @@ impl StageModel {
         rows: Rows,
         mut cache: Option<&mut KvCache<C::Act>>,
         tp: &G,
+        last: LastResidual,
     ) -> Result<(C::Act, Vec<BlockActs<C::Act, C::Stat>>), EngineError> {
         let mut acts: Vec<BlockActs<C::Act, C::Stat>> = Vec::with_capacity(self.weights.blocks.len());
         for (i, bw) in self.weights.blocks.iter().enumerate() {
@@ -204,8 +223,8 @@ impl StageModel {
             acts.push(a);
             x = out;
         }
-        if let Some(last) = acts.last() {
-            c.add(&mut x, &last.xmid)?;
+        if let (LastResidual::Added, Some(a)) = (last, acts.last()) {
+            c.add(&mut x, &a.xmid)?;
         }
         Ok((x, acts))
     }
@@ -475,7 +494,7 @@ mod tests {
         let mut hidden = |ids: &[u32], starts: &[usize], cache: Option<&mut KvCache>, pos0: usize| {
             let x = model.embed_on(&mut host, &params[..], ids, &Local).unwrap();
             let rows = Rows { b: 1, t: ids.len(), pos0, starts };
-            model.blocks_forward_on(&mut host, &params[..], x, rows, cache, &Local).unwrap().0
+            model.blocks_forward_on(&mut host, &params[..], x, rows, cache, &Local, LastResidual::Added).unwrap().0
         };
         let plain = hidden(&tokens, &[], None, 0);
         let masked = hidden(&padded, &[pad], None, 0);

@@ -16,7 +16,7 @@ use crate::comm::DataPlane;
 use super::compute::{Compute, Neighbour};
 use super::objective::Objective;
 use super::output::HeadActs;
-use super::stage::{BlockActs, Rows};
+use super::stage::{last_residual, BlockActs, LastResidual, Rows};
 use super::{EngineError, Replica};
 
 /// The sequences of `sequences` that replica `r` of `dp` takes: contiguous, sizes differing by
@@ -133,13 +133,14 @@ impl Replica {
             Some(x) => x,
             None => self.model.embed_on(c, params, batch.tokens_of(seqs), &tp)?,
         };
-        let (x, acts) = self.model.blocks_forward_on(c, params, x, rows, None, &tp)?;
-        if self.model.weights.is_last() {
-            let (out, head) = self.model.head_forward_on(c, params, x, batch.targets_of(seqs), &tp)?;
-            Ok((acts, StageOut::Head(out, head)))
-        } else {
-            Ok((acts, StageOut::Hidden(x)))
+        if !self.model.weights.is_last() {
+            let (x, acts) = self.model.blocks_forward_on(c, params, x, rows, None, &tp, LastResidual::Added)?;
+            return Ok((acts, StageOut::Hidden(x)));
         }
+        let (x, acts) = self.model.blocks_forward_on(c, params, x, rows, None, &tp, LastResidual::ToFinalNorm)?;
+        let residual = last_residual(&acts);
+        let (out, head) = self.model.head_forward_on(c, params, (x, residual), batch.targets_of(seqs), &tp)?;
+        Ok((acts, StageOut::Head(out, head)))
     }
 
     /// The previous stage's activations for `rows` token rows (`None` on the first stage, which

@@ -14,10 +14,10 @@
 //! measurement implies (what calibration would set).
 //!
 //! Bytes counted per training step of `n` tokens (bf16 activations, `L` blocks):
-//! - norms, `L·32·n·C + 14·n·C`: per block two RMSNorms forward, each reading `x` and the
+//! - norms, `L·32·n·C + 12·n·C`: per block two RMSNorms forward, each reading `x` and the
 //!   residual and writing the sum and `y` (the residual adds fused into them; the first block's
 //!   first norm has no residual to add), and backward (reading `x`, `dy` and `dx`, writing `dx`);
-//!   the last block's residual add (reading two rows, writing one) and the final norm;
+//!   the final norm likewise, which adds the last block's residual in its own pass;
 //! - the head and loss, `6·n·V`: the statistics read each chunk of logits, the backward reads
 //!   and rewrites it;
 //! - AdamW, `34·P`: f32 master, moments and gradient read, master and moments written, the bf16
@@ -118,7 +118,7 @@ fn analytic(family: Family, a: &Architecture, (b, t): (usize, usize), params: u6
         }
         Family::AttentionForward => (attention / 3.0, 0.0),
         Family::AttentionBackward => (2.0 * attention / 3.0, 0.0),
-        Family::Norms => (0.0, l * 32.0 * n * c + 14.0 * n * c),
+        Family::Norms => (0.0, l * 32.0 * n * c + 12.0 * n * c),
         Family::HeadAndLoss => (0.0, 6.0 * n * v),
         Family::Adamw => (0.0, 34.0 * params as f64),
         // SwiGLU both ways, the fused projection's split and merge (each reads and writes q, k

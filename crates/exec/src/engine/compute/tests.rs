@@ -9,7 +9,7 @@ use crate::backend::gpu::{Device, DeviceArray};
 use crate::emu::MemoryLedger;
 use crate::engine::arena::Arena;
 use crate::engine::ops::Local;
-use crate::engine::stage::{Rows, StageModel};
+use crate::engine::stage::{last_residual, LastResidual, Rows, StageModel};
 use crate::engine::weights::StageWeights;
 use nereus_core::config::Dtype;
 use nereus_core::config::RopeScaling;
@@ -115,8 +115,9 @@ impl Objective for GivenGradient<'_> {
 fn run_stage<C: Compute>(c: &mut C, case: &Case, p: &C::Params, grads: &mut C::Grads, rows: Rows) -> C::Stat {
     let m = &case.model;
     let x = m.embed_on(c, p, &case.tokens, &Local).unwrap();
-    let (x, acts) = m.blocks_forward_on(c, p, x, rows, None, &Local).unwrap();
-    let (out, head) = m.head_forward_on(c, p, x, case.targets.clone(), &Local).unwrap();
+    let (x, acts) = m.blocks_forward_on(c, p, x, rows, None, &Local, LastResidual::ToFinalNorm).unwrap();
+    let residual = last_residual(&acts);
+    let (out, head) = m.head_forward_on(c, p, (x, residual), case.targets.clone(), &Local).unwrap();
     let mut dout = c.stats(MemoryItem::ActivationGradients, case.dout.len()).unwrap();
     c.objective(&GivenGradient(&case.dout), 0..1, &out, &mut dout).unwrap();
     let dx = m.head_backward_on(c, p, grads, &head, &dout, &Local).unwrap();
