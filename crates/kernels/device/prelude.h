@@ -143,12 +143,16 @@ __device__ __forceinline__ void nereus_load8(float v[8], const bf16* p) {
   }
 }
 
+// Two f32 rounded to bf16 in one word, as a vector store lays them out: `lo` in the low half.
+__device__ __forceinline__ unsigned int nereus_bf16_pair(float lo, float hi) {
+  return (unsigned int)nereus_f32_to_bf16(lo) | ((unsigned int)nereus_f32_to_bf16(hi) << 16);
+}
+
 // Eight f32 rounded to bf16 and stored at p (16-byte aligned) as one store.
 __device__ __forceinline__ void nereus_store8(bf16* p, const float v[8]) {
   NereusVec16 x;
   NEREUS_UNROLL
-  for (int i = 0; i < 4; ++i)
-    x.w[i] = (unsigned int)nereus_f32_to_bf16(v[2 * i]) | ((unsigned int)nereus_f32_to_bf16(v[2 * i + 1]) << 16);
+  for (int i = 0; i < 4; ++i) x.w[i] = nereus_bf16_pair(v[2 * i], v[2 * i + 1]);
   *reinterpret_cast<NereusVec16*>(p) = x;
 }
 
@@ -171,8 +175,7 @@ __device__ __forceinline__ void nereus_store4(float* p, const float v[4]) {
 __device__ __forceinline__ void nereus_store4_bf16(bf16* p, const float v[4]) {
   NereusVec8 x;
   NEREUS_UNROLL
-  for (int i = 0; i < 2; ++i)
-    x.w[i] = (unsigned int)nereus_f32_to_bf16(v[2 * i]) | ((unsigned int)nereus_f32_to_bf16(v[2 * i + 1]) << 16);
+  for (int i = 0; i < 2; ++i) x.w[i] = nereus_bf16_pair(v[2 * i], v[2 * i + 1]);
   *reinterpret_cast<NereusVec8*>(p) = x;
 }
 
