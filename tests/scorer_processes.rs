@@ -20,9 +20,26 @@ fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
     path
 }
 
-/// Whether the process `pid` (written to `file` by a scorer) is still running; a zombie left
-/// for init to reap has ended.
+/// How long a group's SIGKILL may take to land: a signal is delivered when its target next
+/// runs, so on a loaded machine a killed process can show as running for a moment after `kill`
+/// returns (one such run failed here), while a process never signalled lives for minutes.
+const KILL_GRACE: Duration = Duration::from_secs(5);
+
+/// The processes (pids written to `file` by a scorer) still running once [`KILL_GRACE`] has
+/// passed or none is left; a zombie left for init to reap has ended.
 fn still_running(file: &Path) -> Vec<u32> {
+    let start = Instant::now();
+    loop {
+        let running = running_now(file);
+        if running.is_empty() || start.elapsed() >= KILL_GRACE {
+            return running;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The processes (pids written to `file`) running at this moment.
+fn running_now(file: &Path) -> Vec<u32> {
     let pids = std::fs::read_to_string(file).unwrap_or_default();
     pids.split_whitespace()
         .filter_map(|p| p.parse::<u32>().ok())
